@@ -1,0 +1,131 @@
+/* Status tables, the thread-local last error, and the logging switch. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Thread_local char last_error[1024];
+
+const char *mpg_strerror(mpg_status status) {
+  switch (status) {
+#define XX(name, text) \
+  case MPG_##name:     \
+    return text;
+    MPG_STATUS_MAP(XX)
+#undef XX
+  default:
+    return "unknown status";
+  }
+}
+
+const char *mpg_status_name(mpg_status status) {
+  switch (status) {
+#define XX(name, text) \
+  case MPG_##name:     \
+    return #name;
+    MPG_STATUS_MAP(XX)
+#undef XX
+  default:
+    return "UNKNOWN";
+  }
+}
+
+const char *mpg_last_error(void) { return last_error; }
+
+void mpg__clear_error(void) { last_error[0] = '\0'; }
+
+static void vrecord(const char *prefix, const char *fmt, va_list ap) {
+  size_t n = 0;
+  if (prefix) {
+    n = (size_t)snprintf(last_error, sizeof last_error, "%s", prefix);
+    if (n >= sizeof last_error) n = sizeof last_error - 1;
+  }
+  vsnprintf(last_error + n, sizeof last_error - n, fmt, ap);
+  mpg__log(2, "error: %s", last_error);
+}
+
+mpg_status mpg__fail(mpg_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vrecord(NULL, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+mpg_status mpg__fail_at(mpg_status status, const char *source, mpg_srcpos pos,
+                        const char *fmt, ...) {
+  char prefix[MPG_PATH_MAX + 32] = "";
+  if (pos.line > 0)
+    snprintf(prefix, sizeof prefix, "%s:%d:%d: ",
+             (source && source[0]) ? source : "<string>", pos.line, pos.col);
+  va_list ap;
+  va_start(ap, fmt);
+  vrecord(prefix, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+int mpg__log_level(void) {
+  /* Read each time: cheap, and lets tests flip it. */
+  const char *v = getenv("MESHPG_LOG");
+  if (!v) return 0;
+  if (strcmp(v, "debug") == 0) return 2;
+  if (strcmp(v, "info") == 0) return 1;
+  return 0;
+}
+
+void mpg__log(int level, const char *fmt, ...) {
+  if (mpg__log_level() < level) return;
+  char line[1200];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "meshpg[%s]: %s\n", level >= 2 ? "debug" : "info", line);
+}
+
+int mpg__name_valid(const char *name) {
+  size_t n = strlen(name);
+  if (n == 0 || n >= MPG_NAME_MAX) return 0;
+  if (!((name[0] >= 'A' && name[0] <= 'Z') ||
+        (name[0] >= 'a' && name[0] <= 'z') || name[0] == '_'))
+    return 0;
+  for (size_t i = 1; i < n; i++) {
+    char c = name[i];
+    if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+          (c >= '0' && c <= '9') || c == '_'))
+      return 0;
+  }
+  return 1;
+}
+
+static int edit_distance(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  if (la > 63 || lb > 63) return 99;
+  int prev[64], cur[64];
+  for (size_t j = 0; j <= lb; j++) prev[j] = (int)j;
+  for (size_t i = 1; i <= la; i++) {
+    cur[0] = (int)i;
+    for (size_t j = 1; j <= lb; j++) {
+      int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+      int del = prev[j] + 1, ins = cur[j - 1] + 1;
+      cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+    }
+    memcpy(prev, cur, sizeof(int) * (lb + 1));
+  }
+  return prev[lb];
+}
+
+const char *mpg__closest(const char *word, const char *const *cands, int n) {
+  const char *best = NULL;
+  int bestd = 99;
+  for (int i = 0; i < n; i++) {
+    int d = edit_distance(word, cands[i]);
+    if (d < bestd) bestd = d, best = cands[i];
+  }
+  /* Close enough: at most 2 edits, and at most a third of the word. */
+  size_t len = strlen(word);
+  if (best && bestd <= 2 && (size_t)bestd * 3 <= len) return best;
+  return NULL;
+}

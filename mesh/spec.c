@@ -1,0 +1,358 @@
+/* The mesh specification: defaults, string forms (--mesh, --flatten,
+ * --order) and validation.  TOML reading lives in spec_toml.cc. */
+#include "spec_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+mpg_status mpg_spec_init(mpg_spec *spec) {
+  if (!spec) return mpg__fail(MPG_ERR_INVALID, "mpg_spec_init: spec is NULL");
+  memset(spec, 0, sizeof *spec);
+  spec->size = sizeof *spec;
+  spec->magic = MPG_SPEC_MAGIC;
+  spec->version = MPG_API_VERSION;
+  spec->bind = MPG_BIND_NONE;
+  spec->rank_order = MPG_RANK_ORDER_BLOCK;
+  spec->op = MPG_SYNC_AVG;
+  spec->bucket_mb = 25.0;
+  spec->first_bucket_mb = 1.0;
+  spec->reduce_dtype = MPG_REDUCE_F32;
+  spec->backend = MPG_BACKEND_THREAD;
+  spec->timeout_s = 600.0;
+  return MPG_OK;
+}
+
+static mpg_status check_spec_ptr(const mpg_spec *spec, const char *fn) {
+  if (!spec) return mpg__fail(MPG_ERR_INVALID, "%s: spec is NULL", fn);
+  if (spec->magic != MPG_SPEC_MAGIC || spec->size < sizeof(mpg_spec))
+    return mpg__fail(MPG_ERR_INVALID,
+                     "%s: spec was not initialised with mpg_spec_init", fn);
+  return MPG_OK;
+}
+
+/* Copy the next ','-separated (or sep-separated) item of *s into buf,
+ * trimming blanks; returns 0 at the end of the string. */
+static int next_item(const char **s, char sep, char *buf, size_t cap) {
+  const char *p = *s;
+  if (!p) return 0;
+  const char *e = strchr(p, sep);
+  size_t n = e ? (size_t)(e - p) : strlen(p);
+  while (n && (*p == ' ' || *p == '\t')) p++, n--;
+  while (n && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
+  if (n >= cap) n = cap - 1;
+  memcpy(buf, p, n);
+  buf[n] = '\0';
+  *s = e ? e + 1 : NULL;
+  return 1;
+}
+
+static int parse_int(const char *s, long *out) {
+  char *end;
+  if (!*s) return 0;
+  long v = strtol(s, &end, 10);
+  if (*end) return 0;
+  *out = v;
+  return 1;
+}
+
+mpg_status mpg_spec_set_mesh(mpg_spec *spec, const char *dims) {
+  mpg_status st = check_spec_ptr(spec, "mpg_spec_set_mesh");
+  if (st) return st;
+  if (!dims || !*dims)
+    return mpg__fail(MPG_ERR_SPEC, "mesh: expected dims like \"dp=2,cp=2,tp=2\", found \"\"");
+  mpg_dim out[MPG_MAX_DIMS];
+  int n = 0;
+  const char *p = dims;
+  char item[128];
+  while (next_item(&p, ',', item, sizeof item)) {
+    char *eq = strchr(item, '=');
+    if (!eq)
+      return mpg__fail(MPG_ERR_SPEC,
+                       "mesh \"%s\": item %d \"%s\": expected NAME=SIZE", dims,
+                       n + 1, item);
+    if (n == MPG_MAX_DIMS)
+      return mpg__fail(MPG_ERR_SPEC,
+                       "mesh \"%s\": expected at most %d dims, found more",
+                       dims, MPG_MAX_DIMS);
+    *eq = '\0';
+    const char *name = item, *val = eq + 1;
+    while (*val == ' ') val++;
+    size_t nl = strlen(name);
+    while (nl && name[nl - 1] == ' ') item[--nl] = '\0';
+    long v;
+    if (strcmp(val, "auto") == 0)
+      v = -1;
+    else if (!parse_int(val, &v) || v < -2147483647L || v > 2147483647L)
+      return mpg__fail(MPG_ERR_SPEC,
+                       "mesh \"%s\": dim \"%s\": expected an integer size or "
+                       "\"auto\", found \"%s\"",
+                       dims, name, val);
+    if (strlen(name) >= MPG_NAME_MAX)
+      return mpg__fail(MPG_ERR_SPEC,
+                       "mesh \"%s\": dim name \"%s\" is longer than %d chars",
+                       dims, name, MPG_NAME_MAX - 1);
+    memset(&out[n], 0, sizeof out[n]);
+    strcpy(out[n].name, name);
+    out[n].size = (int)v;
+    n++;
+  }
+  memcpy(spec->dims, out, sizeof(mpg_dim) * (size_t)n);
+  spec->ndims = n;
+  return MPG_OK;
+}
+
+mpg_status mpg_spec_add_flatten(mpg_spec *spec, const char *name,
+                                const char *dims) {
+  mpg_status st = check_spec_ptr(spec, "mpg_spec_add_flatten");
+  if (st) return st;
+  if (!name || !dims)
+    return mpg__fail(MPG_ERR_INVALID, "mpg_spec_add_flatten: NULL argument");
+  if (strlen(name) >= MPG_NAME_MAX)
+    return mpg__fail(MPG_ERR_SPEC,
+                     "flatten \"%s\": name is longer than %d chars", name,
+                     MPG_NAME_MAX - 1);
+  mpg_flatten f;
+  memset(&f, 0, sizeof f);
+  strcpy(f.name, name);
+  const char *p = dims;
+  char item[128];
+  while (next_item(&p, ',', item, sizeof item)) {
+    if (f.ndims == MPG_MAX_DIMS)
+      return mpg__fail(MPG_ERR_SPEC,
+                       "flatten %s=\"%s\": expected at most %d dims", name,
+                       dims, MPG_MAX_DIMS);
+    if (!item[0] || strlen(item) >= MPG_NAME_MAX)
+      return mpg__fail(MPG_ERR_SPEC,
+                       "flatten %s=\"%s\": item %d: expected a dim name, "
+                       "found \"%s\"",
+                       name, dims, f.ndims + 1, item);
+    strcpy(f.dims[f.ndims++], item);
+  }
+  for (int i = 0; i < spec->nflatten; i++)
+    if (strcmp(spec->flatten[i].name, name) == 0) {
+      spec->flatten[i] = f;
+      return MPG_OK;
+    }
+  if (spec->nflatten == MPG_MAX_FLATTEN)
+    return mpg__fail(MPG_ERR_SPEC,
+                     "flatten %s: expected at most %d flattened sets", name,
+                     MPG_MAX_FLATTEN);
+  spec->flatten[spec->nflatten++] = f;
+  return MPG_OK;
+}
+
+static int find_dim(const mpg_spec *spec, const char *name) {
+  for (int i = 0; i < spec->ndims; i++)
+    if (strcmp(spec->dims[i].name, name) == 0) return i;
+  return -1;
+}
+
+/* "dp, cp, tp" into buf. */
+static void dim_list(const mpg_spec *spec, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < spec->ndims && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "",
+                          spec->dims[i].name);
+}
+
+static const char *suggest_dim(const mpg_spec *spec, const char *name,
+                               char *buf, size_t cap) {
+  const char *cands[MPG_MAX_DIMS];
+  for (int i = 0; i < spec->ndims; i++) cands[i] = spec->dims[i].name;
+  const char *c = mpg__closest(name, cands, spec->ndims);
+  if (c)
+    snprintf(buf, cap, " (did you mean \"%s\"?)", c);
+  else
+    buf[0] = '\0';
+  return buf;
+}
+
+mpg_status mpg_spec_apply_order(mpg_spec *spec, const char *order) {
+  mpg_status st = check_spec_ptr(spec, "mpg_spec_apply_order");
+  if (st) return st;
+  if (!order) return mpg__fail(MPG_ERR_INVALID, "mpg_spec_apply_order: order is NULL");
+  char names[MPG_MAX_DIMS + 1][MPG_NAME_MAX];
+  int n = 0;
+  const char *p = order;
+  char item[128], known[512], hint[64];
+  dim_list(spec, known, sizeof known);
+  while (next_item(&p, '-', item, sizeof item)) {
+    if (n == MPG_MAX_DIMS + 1 || strlen(item) >= MPG_NAME_MAX) break;
+    strcpy(names[n++], item);
+  }
+  for (int i = 0; i < n; i++) {
+    if (find_dim(spec, names[i]) < 0)
+      return mpg__fail(MPG_ERR_SPEC,
+                       "order \"%s\": unknown dim \"%s\"%s; the mesh has %s",
+                       order, names[i], suggest_dim(spec, names[i], hint, sizeof hint),
+                       known);
+    for (int j = 0; j < i; j++)
+      if (strcmp(names[i], names[j]) == 0)
+        return mpg__fail(MPG_ERR_SPEC, "order \"%s\": dim \"%s\" is named twice",
+                         order, names[i]);
+  }
+  for (int d = 0; d < spec->ndims; d++) {
+    int seen = 0;
+    for (int i = 0; i < n; i++) seen |= strcmp(names[i], spec->dims[d].name) == 0;
+    if (!seen)
+      return mpg__fail(MPG_ERR_SPEC,
+                       "order \"%s\": dim \"%s\" of the mesh is missing (an "
+                       "order names every dim, innermost first)",
+                       order, spec->dims[d].name);
+  }
+  /* Megatron lists innermost first; the mesh lists outermost first. */
+  mpg_dim old[MPG_MAX_DIMS];
+  memcpy(old, spec->dims, sizeof old);
+  for (int i = 0; i < n; i++)
+    for (int d = 0; d < n; d++)
+      if (strcmp(old[d].name, names[i]) == 0) spec->dims[n - 1 - i] = old[d];
+  return MPG_OK;
+}
+
+static const char *const opt_keys[MPG__OPT_COUNT] = {
+    "topology.nodes",          "topology.gpus_per_node", "sync.bucket_mb",
+    "sync.first_bucket_mb",    "backend.timeout_s",
+};
+
+mpg_status mpg__spec_validate_at(const mpg_spec *spec,
+                                 const mpg_srcpos *opt_pos) {
+  mpg_status st = check_spec_ptr(spec, "mpg_spec_validate");
+  if (st) return st;
+  const char *src = spec->source;
+  char known[512], hint[64];
+  mpg_srcpos nopos = {0, 0};
+  if (spec->ndims < 1)
+    return mpg__fail(MPG_ERR_SPEC, "mesh.dims: expected 1 to %d dims, found 0",
+                     MPG_MAX_DIMS);
+  if (spec->ndims > MPG_MAX_DIMS)
+    return mpg__fail(MPG_ERR_SPEC, "mesh.dims: expected 1 to %d dims, found %d",
+                     MPG_MAX_DIMS, spec->ndims);
+  int auto_dim = -1;
+  for (int i = 0; i < spec->ndims; i++) {
+    const mpg_dim *d = &spec->dims[i];
+    if (!mpg__name_valid(d->name))
+      return mpg__fail_at(MPG_ERR_SPEC, src, d->name_pos,
+                          "mesh.dims[%d].name: expected a name of letters, "
+                          "digits and '_' not starting with a digit, at most "
+                          "%d chars, found \"%s\"",
+                          i, MPG_NAME_MAX - 1, d->name);
+    if (strcmp(d->name, "world") == 0)
+      return mpg__fail_at(MPG_ERR_SPEC, src, d->name_pos,
+                          "mesh.dims[%d].name: \"world\" is reserved for the "
+                          "group of all ranks",
+                          i);
+    for (int j = 0; j < i; j++)
+      if (strcmp(spec->dims[j].name, d->name) == 0)
+        return mpg__fail_at(MPG_ERR_SPEC, src, d->name_pos,
+                            "mesh.dims[%d].name: duplicate dim name \"%s\" "
+                            "(already mesh.dims[%d])",
+                            i, d->name, j);
+    if (d->size == -1) {
+      if (auto_dim >= 0)
+        return mpg__fail_at(MPG_ERR_SPEC, src, d->size_pos,
+                            "mesh.dims[%d].size: only one dim may be -1 "
+                            "(inferred), but \"%s\" is -1 and \"%s\" already is",
+                            i, d->name, spec->dims[auto_dim].name);
+      auto_dim = i;
+    } else if (d->size <= 0) {
+      return mpg__fail_at(MPG_ERR_SPEC, src, d->size_pos,
+                          "mesh.dims[%d].size: expected a positive integer or "
+                          "-1 for dim \"%s\", found %d",
+                          i, d->name, d->size);
+    }
+  }
+  if (spec->nflatten < 0 || spec->nflatten > MPG_MAX_FLATTEN)
+    return mpg__fail(MPG_ERR_SPEC, "mesh.flatten: expected at most %d sets, found %d",
+                     MPG_MAX_FLATTEN, spec->nflatten);
+  dim_list(spec, known, sizeof known);
+  for (int k = 0; k < spec->nflatten; k++) {
+    const mpg_flatten *f = &spec->flatten[k];
+    if (!mpg__name_valid(f->name))
+      return mpg__fail_at(MPG_ERR_SPEC, src, f->name_pos,
+                          "mesh.flatten: expected a set name of letters, "
+                          "digits and '_' not starting with a digit, at most "
+                          "%d chars, found \"%s\"",
+                          MPG_NAME_MAX - 1, f->name);
+    if (find_dim(spec, f->name) >= 0 || strcmp(f->name, "world") == 0)
+      return mpg__fail_at(MPG_ERR_SPEC, src, f->name_pos,
+                          "mesh.flatten.%s: the name \"%s\" clashes with %s",
+                          f->name, f->name,
+                          strcmp(f->name, "world") == 0 ? "the reserved group \"world\""
+                                                         : "a mesh dim");
+    for (int j = 0; j < k; j++)
+      if (strcmp(spec->flatten[j].name, f->name) == 0)
+        return mpg__fail_at(MPG_ERR_SPEC, src, f->name_pos,
+                            "mesh.flatten.%s: the set is defined twice",
+                            f->name);
+    if (f->ndims < 1 || f->ndims > MPG_MAX_DIMS)
+      return mpg__fail_at(MPG_ERR_SPEC, src, f->name_pos,
+                          "mesh.flatten.%s: expected a list of 1 to %d dims, "
+                          "found %d",
+                          f->name, MPG_MAX_DIMS, f->ndims);
+    int prev = -1;
+    for (int i = 0; i < f->ndims; i++) {
+      int d = find_dim(spec, f->dims[i]);
+      mpg_srcpos pos = f->dim_pos[i];
+      if (d < 0)
+        return mpg__fail_at(MPG_ERR_SPEC, src, pos,
+                            "mesh.flatten.%s[%d]: unknown dim \"%s\"%s; the "
+                            "mesh has %s",
+                            f->name, i, f->dims[i],
+                            suggest_dim(spec, f->dims[i], hint, sizeof hint),
+                            known);
+      for (int j = 0; j < i; j++)
+        if (strcmp(f->dims[j], f->dims[i]) == 0)
+          return mpg__fail_at(MPG_ERR_SPEC, src, pos,
+                              "mesh.flatten.%s[%d]: dim \"%s\" is listed twice",
+                              f->name, i, f->dims[i]);
+      if (d < prev)
+        return mpg__fail_at(MPG_ERR_SPEC, src, pos,
+                            "mesh.flatten.%s[%d]: dims must be listed in mesh "
+                            "order (outermost first: %s), but \"%s\" comes "
+                            "after \"%s\"",
+                            f->name, i, known, f->dims[i], f->dims[i - 1]);
+      prev = d;
+    }
+  }
+  /* Scalar options of the other sections. */
+  struct {
+    double v;
+    double lo;
+    int integer;
+  } opts[MPG__OPT_COUNT] = {
+      {spec->nodes, 0, 1},        {spec->gpus_per_node, 0, 1},
+      {spec->bucket_mb, 0, 0},    {spec->first_bucket_mb, 0, 0},
+      {spec->timeout_s, 0, 0},
+  };
+  for (int i = 0; i < MPG__OPT_COUNT; i++) {
+    int bad = opts[i].integer ? opts[i].v < opts[i].lo : !(opts[i].v > opts[i].lo);
+    if (bad)
+      return mpg__fail_at(MPG_ERR_SPEC, src, opt_pos ? opt_pos[i] : nopos,
+                          "%s: expected %s, found %g", opt_keys[i],
+                          opts[i].integer ? "an integer >= 0" : "a number > 0",
+                          opts[i].v);
+  }
+  if (spec->bind < MPG_BIND_NONE || spec->bind > MPG_BIND_CORE)
+    return mpg__fail(MPG_ERR_SPEC, "topology.bind: unknown value %d", (int)spec->bind);
+  if (spec->rank_order < MPG_RANK_ORDER_BLOCK || spec->rank_order > MPG_RANK_ORDER_CYCLIC)
+    return mpg__fail(MPG_ERR_SPEC, "topology.rank_order: unknown value %d",
+                     (int)spec->rank_order);
+  if (spec->op < MPG_SYNC_AVG || spec->op > MPG_SYNC_SUM)
+    return mpg__fail(MPG_ERR_SPEC, "sync.op: unknown value %d", (int)spec->op);
+  if (spec->reduce_dtype < MPG_REDUCE_NATIVE || spec->reduce_dtype > MPG_REDUCE_F32)
+    return mpg__fail(MPG_ERR_SPEC, "sync.reduce_dtype: unknown value %d",
+                     (int)spec->reduce_dtype);
+  if (spec->backend < MPG_BACKEND_THREAD || spec->backend > MPG_BACKEND_NCCL)
+    return mpg__fail(MPG_ERR_SPEC, "backend.name: unknown value %d", (int)spec->backend);
+  if (spec->fsdp_owns_dp && find_dim(spec, "dp") < 0)
+    return mpg__fail(MPG_ERR_SPEC,
+                     "sync.fsdp_owns_dp: true needs a \"dp\" dim; the mesh has %s",
+                     known);
+  return MPG_OK;
+}
+
+mpg_status mpg_spec_validate(const mpg_spec *spec) {
+  return mpg__spec_validate_at(spec, NULL);
+}

@@ -1,0 +1,29 @@
+/* Spec internals shared by spec.c and the TOML reader. */
+#ifndef MPG_SPEC_INTERNAL_H
+#define MPG_SPEC_INTERNAL_H
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Scalar options whose range mpg_spec_validate checks. */
+enum {
+  MPG__OPT_NODES,
+  MPG__OPT_GPUS_PER_NODE,
+  MPG__OPT_BUCKET_MB,
+  MPG__OPT_FIRST_BUCKET_MB,
+  MPG__OPT_TIMEOUT_S,
+  MPG__OPT_COUNT
+};
+
+/* mpg_spec_validate, with the source position of each scalar option
+ * (opt_pos may be NULL). */
+mpg_status mpg__spec_validate_at(const mpg_spec *spec,
+                                 const mpg_srcpos *opt_pos);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,352 @@
+// The TOML reader: the one C++17 file of the library, because toml++ is a
+// C++ library.  It fills an mpg_spec, remembers where each value came from,
+// and turns every problem into an mpg_status with file:line:col, the key
+// path, what was expected and what was found.  No exception leaves it.
+#include <toml++/toml.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "spec_internal.h"
+
+namespace {
+
+struct failure {
+  mpg_status status;
+};
+
+struct reader {
+  mpg_spec *spec;
+  mpg_srcpos opt_pos[MPG__OPT_COUNT] = {};
+
+  static mpg_srcpos pos(const toml::source_region &r) {
+    return mpg_srcpos{static_cast<int>(r.begin.line),
+                      static_cast<int>(r.begin.column)};
+  }
+
+  [[noreturn]] void fail(const toml::source_region &r, const std::string &msg,
+                         mpg_status st = MPG_ERR_SPEC) {
+    mpg__fail_at(st, spec->source, pos(r), "%s", msg.c_str());
+    throw failure{st};
+  }
+
+  static std::string describe(const toml::node &n) {
+    std::ostringstream o;
+    if (auto s = n.as_string())
+      o << "string \"" << s->get() << "\"";
+    else if (auto i = n.as_integer())
+      o << "integer " << i->get();
+    else if (auto f = n.as_floating_point())
+      o << "float " << f->get();
+    else if (auto b = n.as_boolean())
+      o << "boolean " << (b->get() ? "true" : "false");
+    else if (n.is_array())
+      o << "an array";
+    else if (n.is_table())
+      o << "a table";
+    else
+      o << "a date or time";
+    return o.str();
+  }
+
+  [[noreturn]] void expected(const std::string &path, const toml::node &n,
+                             const char *what) {
+    fail(n.source(), path + ": expected " + what + ", found " + describe(n));
+  }
+
+  // Every key of `t` must be one of `keys`; a near miss gets a suggestion.
+  void only_keys(const toml::table &t, const std::string &path,
+                 std::vector<const char *> keys) {
+    for (auto &&[k, v] : t) {
+      bool ok = false;
+      for (auto key : keys) ok = ok || k.str() == key;
+      if (ok) continue;
+      std::string full = path.empty() ? std::string(k.str())
+                                      : path + "." + std::string(k.str());
+      std::string msg = full + ": unknown key";
+      std::string kk(k.str());
+      const char *near = mpg__closest(kk.c_str(), keys.data(),
+                                      static_cast<int>(keys.size()));
+      if (near) msg += std::string(" (did you mean \"") + near + "\"?)";
+      msg += "; expected one of";
+      for (size_t i = 0; i < keys.size(); i++)
+        msg += std::string(i ? ", " : " ") + keys[i];
+      (void)v;
+      fail(k.source(), msg);
+    }
+  }
+
+  const toml::table &section(const toml::node &n, const std::string &path) {
+    if (!n.is_table()) expected(path, n, "a table");
+    return *n.as_table();
+  }
+
+  bool get_bool(const toml::node &n, const std::string &path) {
+    if (!n.is_boolean()) expected(path, n, "true or false");
+    return n.as_boolean()->get();
+  }
+
+  double get_number(const toml::node &n, const std::string &path) {
+    if (auto i = n.as_integer()) return static_cast<double>(i->get());
+    if (auto f = n.as_floating_point()) return f->get();
+    expected(path, n, "a number");
+  }
+
+  int get_int(const toml::node &n, const std::string &path, const char *what) {
+    auto i = n.as_integer();
+    if (!i) expected(path, n, what);
+    int64_t v = i->get();
+    if (v < -2147483647LL || v > 2147483647LL) expected(path, n, what);
+    return static_cast<int>(v);
+  }
+
+  int get_choice(const toml::node &n, const std::string &path,
+                 std::vector<const char *> names) {
+    std::string what = "one of";
+    for (size_t i = 0; i < names.size(); i++)
+      what += std::string(i ? ", " : " ") + "\"" + names[i] + "\"";
+    auto s = n.as_string();
+    if (!s) expected(path, n, what.c_str());
+    for (size_t i = 0; i < names.size(); i++)
+      if (s->get() == names[i]) return static_cast<int>(i);
+    std::string msg = path + ": expected " + what + ", found " + describe(n);
+    const char *near = mpg__closest(s->get().c_str(), names.data(),
+                                    static_cast<int>(names.size()));
+    if (near) msg += std::string(" (did you mean \"") + near + "\"?)";
+    fail(n.source(), msg);
+  }
+
+  void copy_name(char *dst, const toml::node &n, const std::string &path) {
+    auto s = n.as_string();
+    if (!s) expected(path, n, "a string");
+    if (s->get().size() >= MPG_NAME_MAX)
+      fail(n.source(), path + ": expected at most " +
+                           std::to_string(MPG_NAME_MAX - 1) +
+                           " chars, found \"" + s->get() + "\"");
+    std::strcpy(dst, s->get().c_str());
+  }
+
+  void read_dims(const toml::node &n) {
+    const std::string path = "mesh.dims";
+    auto arr = n.as_array();
+    if (!arr) expected(path, n, "an array of tables like { name = \"dp\", size = 2 }");
+    if (arr->size() > MPG_MAX_DIMS)
+      fail(arr->get(MPG_MAX_DIMS)->source(),
+           path + ": expected at most " + std::to_string(MPG_MAX_DIMS) +
+               " dims, found " + std::to_string(arr->size()));
+    if (arr->empty()) fail(n.source(), path + ": expected 1 to 8 dims, found []");
+    for (size_t i = 0; i < arr->size(); i++) {
+      const toml::node &e = *arr->get(i);
+      std::string ep = path + "[" + std::to_string(i) + "]";
+      if (!e.is_table()) expected(ep, e, "a table like { name = \"dp\", size = 2 }");
+      const toml::table &t = *e.as_table();
+      only_keys(t, ep, {"name", "size"});
+      mpg_dim &d = spec->dims[i];
+      auto name = t.get("name");
+      auto size = t.get("size");
+      if (!name) fail(e.source(), ep + ": missing key \"name\"");
+      if (!size) fail(e.source(), ep + ": missing key \"size\"");
+      copy_name(d.name, *name, ep + ".name");
+      d.name_pos = pos(name->source());
+      d.size_pos = pos(size->source());
+      if (auto s = size->as_string()) {
+        if (s->get() != "auto")
+          expected(ep + ".size", *size, "an integer, -1 or \"auto\"");
+        d.size = -1;
+      } else {
+        d.size = get_int(*size, ep + ".size", "an integer, -1 or \"auto\"");
+      }
+    }
+    spec->ndims = static_cast<int>(arr->size());
+  }
+
+  void read_flatten(const toml::node &n) {
+    const toml::table &t = section(n, "mesh.flatten");
+    int k = 0;
+    for (auto &&[key, v] : t) {
+      std::string name(key.str());
+      std::string fp = "mesh.flatten." + name;
+      if (k == MPG_MAX_FLATTEN)
+        fail(key.source(), "mesh.flatten: expected at most " +
+                               std::to_string(MPG_MAX_FLATTEN) + " sets");
+      mpg_flatten &f = spec->flatten[k];
+      if (name.size() >= MPG_NAME_MAX)
+        fail(key.source(), fp + ": the name is longer than " +
+                               std::to_string(MPG_NAME_MAX - 1) + " chars");
+      std::strcpy(f.name, name.c_str());
+      f.name_pos = pos(key.source());
+      auto arr = v.as_array();
+      if (!arr) expected(fp, v, "a list of dim names like [\"dp\", \"cp\"]");
+      if (arr->empty() || arr->size() > MPG_MAX_DIMS)
+        fail(v.source(), fp + ": expected a list of 1 to " +
+                             std::to_string(MPG_MAX_DIMS) + " dims, found " +
+                             std::to_string(arr->size()));
+      for (size_t i = 0; i < arr->size(); i++) {
+        copy_name(f.dims[i], *arr->get(i),
+                  fp + "[" + std::to_string(i) + "]");
+        f.dim_pos[i] = pos(arr->get(i)->source());
+      }
+      f.ndims = static_cast<int>(arr->size());
+      k++;
+    }
+    spec->nflatten = k;
+  }
+
+  void read_mesh(const toml::node &n) {
+    const toml::table &t = section(n, "mesh");
+    only_keys(t, "mesh", {"dims", "flatten", "order"});
+    auto dims = t.get("dims");
+    if (!dims) fail(n.source(), "mesh: missing key \"dims\"");
+    read_dims(*dims);
+    if (auto f = t.get("flatten")) read_flatten(*f);
+    if (auto o = t.get("order")) {
+      auto s = o->as_string();
+      if (!s) expected("mesh.order", *o, "a Megatron order string like \"tp-cp-dp-pp\"");
+      if (mpg_spec_apply_order(spec, s->get().c_str()) != MPG_OK) {
+        std::string msg = std::string("mesh.") + mpg_last_error();
+        fail(o->source(), msg);
+      }
+    }
+  }
+
+  void read_topology(const toml::node &n) {
+    const toml::table &t = section(n, "topology");
+    only_keys(t, "topology",
+              {"nodes", "gpus_per_node", "bind", "rank_order", "strict"});
+    if (auto v = t.get("nodes")) {
+      spec->nodes = get_int(*v, "topology.nodes", "an integer >= 0");
+      opt_pos[MPG__OPT_NODES] = pos(v->source());
+    }
+    if (auto v = t.get("gpus_per_node")) {
+      spec->gpus_per_node = get_int(*v, "topology.gpus_per_node", "an integer >= 0");
+      opt_pos[MPG__OPT_GPUS_PER_NODE] = pos(v->source());
+    }
+    if (auto v = t.get("bind"))
+      spec->bind = static_cast<mpg_bind>(
+          get_choice(*v, "topology.bind", {"none", "numa", "core"}));
+    if (auto v = t.get("rank_order"))
+      spec->rank_order = static_cast<mpg_rank_order>(
+          get_choice(*v, "topology.rank_order", {"block", "cyclic"}));
+    if (auto v = t.get("strict"))
+      spec->strict_placement = get_bool(*v, "topology.strict");
+  }
+
+  void read_sync(const toml::node &n) {
+    const toml::table &t = section(n, "sync");
+    only_keys(t, "sync", {"fsdp_owns_dp", "op", "bucket_mb", "first_bucket_mb",
+                          "reduce_dtype"});
+    if (auto v = t.get("fsdp_owns_dp"))
+      spec->fsdp_owns_dp = get_bool(*v, "sync.fsdp_owns_dp");
+    if (auto v = t.get("op"))
+      spec->op = static_cast<mpg_sync_op>(get_choice(*v, "sync.op", {"avg", "sum"}));
+    if (auto v = t.get("bucket_mb")) {
+      spec->bucket_mb = get_number(*v, "sync.bucket_mb");
+      opt_pos[MPG__OPT_BUCKET_MB] = pos(v->source());
+    }
+    if (auto v = t.get("first_bucket_mb")) {
+      spec->first_bucket_mb = get_number(*v, "sync.first_bucket_mb");
+      opt_pos[MPG__OPT_FIRST_BUCKET_MB] = pos(v->source());
+    }
+    if (auto v = t.get("reduce_dtype"))
+      spec->reduce_dtype = static_cast<mpg_reduce_dtype>(
+          get_choice(*v, "sync.reduce_dtype", {"native", "f32"}));
+  }
+
+  void read_backend(const toml::node &n) {
+    const toml::table &t = section(n, "backend");
+    only_keys(t, "backend", {"name", "timeout_s", "lazy_groups"});
+    if (auto v = t.get("name"))
+      spec->backend = static_cast<mpg_backend_kind>(
+          get_choice(*v, "backend.name", {"thread", "mpi", "nccl"}));
+    if (auto v = t.get("timeout_s")) {
+      spec->timeout_s = get_number(*v, "backend.timeout_s");
+      opt_pos[MPG__OPT_TIMEOUT_S] = pos(v->source());
+    }
+    if (auto v = t.get("lazy_groups"))
+      spec->lazy_groups = get_bool(*v, "backend.lazy_groups");
+  }
+
+  void read(const toml::table &root) {
+    only_keys(root, "", {"mesh", "topology", "sync", "backend"});
+    auto mesh = root.get("mesh");
+    if (!mesh) {
+      mpg__fail_at(MPG_ERR_SPEC, spec->source, mpg_srcpos{1, 1},
+                   "mesh: missing section [mesh] with dims = [...]");
+      throw failure{MPG_ERR_SPEC};
+    }
+    read_mesh(*mesh);
+    if (auto s = root.get("topology")) read_topology(*s);
+    if (auto s = root.get("sync")) read_sync(*s);
+    if (auto s = root.get("backend")) read_backend(*s);
+  }
+};
+
+mpg_status load(std::string_view text, const char *name, mpg_spec *spec) {
+  mpg_spec_init(spec);
+  std::snprintf(spec->source, sizeof spec->source, "%s", name);
+  reader r{spec};
+  mpg_status st = MPG_OK;
+  try {
+    toml::table root = toml::parse(text, std::string_view(name));
+    r.read(root);
+    st = mpg__spec_validate_at(spec, r.opt_pos);
+  } catch (const toml::parse_error &e) {
+    st = mpg__fail_at(MPG_ERR_PARSE, name, reader::pos(e.source()),
+                      "TOML syntax error: %.*s",
+                      static_cast<int>(e.description().size()),
+                      e.description().data());
+  } catch (const failure &f) {
+    st = f.status;
+  } catch (const std::bad_alloc &) {
+    st = mpg__fail(MPG_ERR_NOMEM, "%s: out of memory reading the spec", name);
+  } catch (...) {
+    st = mpg__fail(MPG_ERR_PARSE, "%s: unexpected error reading the spec", name);
+  }
+  if (st != MPG_OK) {
+    mpg_spec_init(spec);
+  }
+  return st;
+}
+
+}  // namespace
+
+extern "C" mpg_status mpg_spec_load_string(const char *toml, const char *name,
+                                           mpg_spec *spec) {
+  if (!toml || !spec)
+    return mpg__fail(MPG_ERR_INVALID, "mpg_spec_load_string: NULL argument");
+  return load(toml, name ? name : "<string>", spec);
+}
+
+extern "C" mpg_status mpg_spec_load_file(const char *path, mpg_spec *spec) {
+  if (!path || !spec)
+    return mpg__fail(MPG_ERR_INVALID, "mpg_spec_load_file: NULL argument");
+  if (std::strlen(path) >= MPG_PATH_MAX)
+    return mpg__fail(MPG_ERR_INVALID, "mpg_spec_load_file: path longer than %d bytes",
+                     MPG_PATH_MAX - 1);
+  try {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      int err = errno;
+      mpg_spec_init(spec);
+      return mpg__fail(MPG_ERR_IO, "%s: cannot open spec file: %s", path,
+                       std::strerror(err));
+    }
+    std::ostringstream buf;
+    buf << in.rdbuf();
+    if (in.bad()) {
+      mpg_spec_init(spec);
+      return mpg__fail(MPG_ERR_IO, "%s: cannot read spec file", path);
+    }
+    std::string text = buf.str();
+    return load(text, path, spec);
+  } catch (...) {
+    mpg_spec_init(spec);
+    return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory reading the spec", path);
+  }
+}
