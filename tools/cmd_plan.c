@@ -1,0 +1,283 @@
+/* meshpg plan: show the dims, the rank -> coordinate table and every group
+ * of a mesh, as text or as JSON. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd.h"
+
+static const char plan_usage[] =
+    "usage: meshpg plan [SPEC.toml] [--mesh dp=2,cp=2,tp=2] "
+    "[--flatten NAME=d1,d2]...\n"
+    "                   [--order tp-cp-dp-pp] [--world N] [--rank R] "
+    "[--json]\n"
+    "\n"
+    "  SPEC.toml          read the mesh (and other sections) from a spec file\n"
+    "  --mesh DIMS        the dims, outermost first; replaces the spec's dims\n"
+    "  --flatten N=D,..   add a flattened dim set (repeatable)\n"
+    "  --order ORDER      reorder the dims by a Megatron order string\n"
+    "                     (innermost first: tp-cp-dp-pp is the mesh pp,dp,cp,tp)\n"
+    "  --world N          world size; resolves a -1 dim (default: the product)\n"
+    "  --rank R           show only rank R's coordinate and groups\n"
+    "  --json             print JSON instead of text\n";
+
+/* Short listings for large worlds: show the head and tail of long lists. */
+#define SHOW_ALL_UP_TO 64
+#define SHOW_EDGE 8
+
+static void print_ranks(const int *r, int n) {
+  putchar('[');
+  for (int i = 0; i < n; i++) printf("%s%d", i ? "," : "", r[i]);
+  putchar(']');
+}
+
+static void print_rank_table(const mpg_mesh *m) {
+  int nd = mpg_mesh_ndims(m), world = mpg_mesh_world_size(m);
+  int coord[MPG_MAX_DIMS];
+  printf("ranks (rank -> coordinate):\n  %6s", "rank");
+  for (int d = 0; d < nd; d++) {
+    const char *name;
+    mpg_mesh_dim(m, d, &name, NULL);
+    printf(" %5s", name);
+  }
+  putchar('\n');
+  for (int r = 0; r < world; r++) {
+    if (world > SHOW_ALL_UP_TO && r == SHOW_EDGE * 2) {
+      printf("  %6s (%d ranks not shown)\n", "...", world - SHOW_EDGE * 4);
+      r = world - SHOW_EDGE * 2 - 1;
+      continue;
+    }
+    mpg_mesh_coord_of(m, r, coord);
+    printf("  %6d", r);
+    for (int d = 0; d < nd; d++) printf(" %5d", coord[d]);
+    putchar('\n');
+  }
+}
+
+static void print_groups(const mpg_mesh *m, int *buf) {
+  printf("groups (ranks in group-rank order):\n");
+  int nsets = mpg_mesh_num_dimsets(m);
+  for (int s = 0; s < nsets; s++) {
+    const char *name;
+    int gsize, ngroups;
+    mpg_mesh_dimset_info(m, s, &name, &gsize, &ngroups);
+    printf("  %-8s %d group%s of %d:", name, ngroups, ngroups == 1 ? "" : "s",
+           gsize);
+    int lines = 0;
+    for (int g = 0; g < ngroups; g++) {
+      if (ngroups > SHOW_ALL_UP_TO && g == SHOW_EDGE) {
+        printf(" ... (%d groups not shown)", ngroups - 2 * SHOW_EDGE);
+        g = ngroups - SHOW_EDGE - 1;
+        continue;
+      }
+      mpg_mesh_group_members(m, s, g, buf);
+      if (gsize > SHOW_ALL_UP_TO) {
+        printf("%s[%d,%d,...,%d] (%d ranks)", lines++ ? "\n           " : " ",
+               buf[0], buf[1], buf[gsize - 1], gsize);
+        continue;
+      }
+      putchar(' ');
+      print_ranks(buf, gsize);
+    }
+    putchar('\n');
+  }
+}
+
+static void print_text(const mpg_mesh *m, const mpg_spec *spec, int rank,
+                       int *buf) {
+  int nd = mpg_mesh_ndims(m);
+  printf("mesh:");
+  for (int d = 0; d < nd; d++) {
+    const char *name;
+    int size;
+    mpg_mesh_dim(m, d, &name, &size);
+    printf("%s%s=%d", d ? " x " : " ", name, size);
+  }
+  printf("  (world %d%s%s)\n", mpg_mesh_world_size(m),
+         spec->source[0] ? ", from " : "", spec->source);
+  if (rank >= 0) {
+    int coord[MPG_MAX_DIMS];
+    mpg_mesh_coord_of(m, rank, coord);
+    printf("rank %d at (", rank);
+    for (int d = 0; d < nd; d++) {
+      const char *name;
+      mpg_mesh_dim(m, d, &name, NULL);
+      printf("%s%s=%d", d ? ", " : "", name, coord[d]);
+    }
+    printf(")\ngroups of rank %d:\n", rank);
+    for (int s = 0; s < mpg_mesh_num_dimsets(m); s++) {
+      const char *name;
+      int gi, pos, gsize, ngroups;
+      mpg_mesh_dimset_info(m, s, &name, NULL, &ngroups);
+      mpg_mesh_group_of(m, s, rank, &gi, &pos, &gsize);
+      mpg_mesh_group_members(m, s, gi, buf);
+      printf("  %-8s group %d of %d, position %d of %d: ", name, gi, ngroups,
+             pos, gsize);
+      if (gsize > SHOW_ALL_UP_TO)
+        printf("[%d,%d,...,%d]", buf[0], buf[1], buf[gsize - 1]);
+      else
+        print_ranks(buf, gsize);
+      putchar('\n');
+    }
+    return;
+  }
+  print_rank_table(m);
+  print_groups(m, buf);
+}
+
+static void json_string(const char *s) {
+  /* Names are [A-Za-z0-9_] by validation: no escaping is needed. */
+  printf("\"%s\"", s);
+}
+
+static void print_json(const mpg_mesh *m, int rank, int *buf) {
+  int nd = mpg_mesh_ndims(m), nsets = mpg_mesh_num_dimsets(m);
+  printf("{\"world_size\": %d, \"dims\": [", mpg_mesh_world_size(m));
+  for (int d = 0; d < nd; d++) {
+    const char *name;
+    int size;
+    mpg_mesh_dim(m, d, &name, &size);
+    printf("%s{\"name\": ", d ? ", " : "");
+    json_string(name);
+    printf(", \"size\": %d}", size);
+  }
+  printf("], \"groups\": {");
+  /* One entry per dim and per flattened set; "world" is left out. */
+  for (int s = 0; s < nsets - 1; s++) {
+    const char *name;
+    int gsize, ngroups;
+    mpg_mesh_dimset_info(m, s, &name, &gsize, &ngroups);
+    printf("%s", s ? ", " : "");
+    json_string(name);
+    printf(": [");
+    for (int g = 0; g < ngroups; g++) {
+      mpg_mesh_group_members(m, s, g, buf);
+      printf("%s[", g ? ", " : "");
+      for (int i = 0; i < gsize; i++) printf("%s%d", i ? ", " : "", buf[i]);
+      putchar(']');
+    }
+    putchar(']');
+  }
+  putchar('}');
+  if (rank >= 0) {
+    int coord[MPG_MAX_DIMS];
+    mpg_mesh_coord_of(m, rank, coord);
+    printf(", \"rank\": {\"rank\": %d, \"coord\": [", rank);
+    for (int d = 0; d < nd; d++) printf("%s%d", d ? ", " : "", coord[d]);
+    printf("], \"groups\": {");
+    for (int s = 0; s < nsets - 1; s++) {
+      const char *name;
+      int gi, pos, gsize;
+      mpg_mesh_dimset_info(m, s, &name, NULL, NULL);
+      mpg_mesh_group_of(m, s, rank, &gi, &pos, &gsize);
+      printf("%s", s ? ", " : "");
+      json_string(name);
+      printf(": {\"index\": %d, \"position\": %d}", gi, pos);
+    }
+    printf("}}");
+  }
+  printf("}\n");
+}
+
+int mpg_cmd_plan(int argc, char **argv) {
+  const char *spec_path = NULL, *mesh_str = NULL, *order = NULL;
+  int world = 0, rank = -1, json = 0;
+  mpg_spec spec;
+  mpg_spec_init(&spec);
+  /* --flatten may repeat: remember the argv indices, apply after the spec. */
+  int flat_idx[MPG_MAX_FLATTEN + 1], nflat = 0;
+
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    int has_next = i + 1 < argc;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(plan_usage, stdout);
+      return MPG_EXIT_OK;
+    } else if (strcmp(a, "--json") == 0) {
+      json = 1;
+    } else if (strcmp(a, "--mesh") == 0 || strcmp(a, "--flatten") == 0 ||
+               strcmp(a, "--order") == 0 || strcmp(a, "--world") == 0 ||
+               strcmp(a, "--rank") == 0) {
+      if (!has_next) {
+        mpg_tool_error("%s needs a value", a);
+        fputs(plan_usage, stderr);
+        return MPG_EXIT_USAGE;
+      }
+      const char *v = argv[++i];
+      if (strcmp(a, "--mesh") == 0) {
+        mesh_str = v;
+      } else if (strcmp(a, "--order") == 0) {
+        order = v;
+      } else if (strcmp(a, "--flatten") == 0) {
+        if (!strchr(v, '=')) {
+          mpg_tool_error("--flatten: expected NAME=d1,d2, found \"%s\"", v);
+          return MPG_EXIT_USAGE;
+        }
+        if (nflat == MPG_MAX_FLATTEN) {
+          mpg_tool_error("--flatten: at most %d flattened sets", MPG_MAX_FLATTEN);
+          return MPG_EXIT_USAGE;
+        }
+        flat_idx[nflat++] = i;
+      } else if (strcmp(a, "--world") == 0) {
+        if (!mpg_tool_parse_int("--world", v, 1, &world)) return MPG_EXIT_USAGE;
+      } else if (!mpg_tool_parse_int("--rank", v, 0, &rank)) {
+        return MPG_EXIT_USAGE;
+      }
+    } else if (a[0] == '-' && a[1] != '\0') {
+      mpg_tool_error("unknown option \"%s\"", a);
+      fputs(plan_usage, stderr);
+      return MPG_EXIT_USAGE;
+    } else if (!spec_path) {
+      spec_path = a;
+    } else {
+      mpg_tool_error("only one spec file may be given (found \"%s\" and \"%s\")",
+                     spec_path, a);
+      return MPG_EXIT_USAGE;
+    }
+  }
+  if (!spec_path && !mesh_str) {
+    mpg_tool_error("give a spec file or --mesh");
+    fputs(plan_usage, stderr);
+    return MPG_EXIT_USAGE;
+  }
+
+  mpg_status st = MPG_OK;
+  if (spec_path) st = mpg_spec_load_file(spec_path, &spec);
+  if (!st && mesh_str) st = mpg_spec_set_mesh(&spec, mesh_str);
+  for (int k = 0; !st && k < nflat; k++) {
+    char name[MPG_NAME_MAX * 2];
+    const char *v = argv[flat_idx[k]];
+    size_t n = (size_t)(strchr(v, '=') - v);
+    if (n >= sizeof name) n = sizeof name - 1;
+    memcpy(name, v, n);
+    name[n] = '\0';
+    st = mpg_spec_add_flatten(&spec, name, v + n + 1);
+  }
+  if (!st && order) st = mpg_spec_apply_order(&spec, order);
+  mpg_mesh *mesh = NULL;
+  if (!st) st = mpg_mesh_create(&spec, world, &mesh);
+  if (st) {
+    mpg_tool_error("%s", mpg_last_error());
+    return MPG_EXIT_FAIL;
+  }
+  int world_size = mpg_mesh_world_size(mesh);
+  if (rank >= world_size) {
+    mpg_tool_error("--rank: rank %d is outside the world of %d ranks", rank,
+                   world_size);
+    mpg_mesh_destroy(mesh);
+    return MPG_EXIT_FAIL;
+  }
+  int *buf = malloc(sizeof(int) * (size_t)world_size);
+  if (!buf) {
+    mpg_tool_error("out of memory for %d ranks", world_size);
+    mpg_mesh_destroy(mesh);
+    return MPG_EXIT_FAIL;
+  }
+  if (json)
+    print_json(mesh, rank, buf);
+  else
+    print_text(mesh, &spec, rank, buf);
+  free(buf);
+  mpg_mesh_destroy(mesh);
+  return MPG_EXIT_OK;
+}
