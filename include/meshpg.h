@@ -234,8 +234,8 @@ typedef struct mpg_mesh mpg_mesh;
 mpg_status mpg_mesh_create(const mpg_spec *spec, int world_size,
                            mpg_mesh **out);
 
-/* Free a mesh.  NULL is a no-op. */
-void mpg_mesh_destroy(mpg_mesh *mesh);
+/* Free a mesh.  NULL is a no-op.  Always returns MPG_OK. */
+mpg_status mpg_mesh_destroy(mpg_mesh *mesh);
 
 int mpg_mesh_world_size(const mpg_mesh *mesh);
 int mpg_mesh_ndims(const mpg_mesh *mesh);
@@ -293,16 +293,675 @@ mpg_status mpg_mesh_group_members(const mpg_mesh *mesh, int dimset,
 /* ------------------------------------------------------------------------ */
 /* Topology (topo/)                                                          */
 /* ------------------------------------------------------------------------ */
+/*
+ * Topology: the GPUs, NUMA nodes, cores and NICs of a machine, read with
+ * hwloc 2 from this machine, from an hwloc XML file or from a synthetic
+ * description.  I/O objects (PCI devices, OS devices) are kept for all three
+ * (synthetic topologies have none, so they never have GPUs).
+ *
+ * GPUs are found through CUDA OS devices ("cuda0"; ordered by CUDA index, so
+ * GPU i is CUDA device i), else NVML OS devices ("nvml0"), else as PCI
+ * devices of vendor 0x10de with a display class (0x03xx, e.g. 0x0302 "3D")
+ * in PCI bus order.  On the live machine, without CUDA OS devices, a
+ * CUDA_VISIBLE_DEVICES list of integers selects and orders the GPUs as CUDA
+ * would.  A mpg_topo is immutable after loading; its functions may be called
+ * from several threads at once.
+ */
+typedef struct mpg_topo mpg_topo;
+
+#define MPG_BUS_ID_MAX 16      /* "0000:18:00.0" with the NUL */
+#define MPG_CPUSET_STR_MAX 256 /* a cpuset as text, with the NUL */
+
+/* A network device near a GPU.  The strings belong to the topology. */
+typedef struct mpg_nic_info {
+  const char *name;   /* the OpenFabrics device ("mlx5_0") if it has one,
+                         else its network interface ("eth0") */
+  const char *netdev; /* its network interface ("ibp23s0"), "" if none */
+  const char *bus_id; /* its PCI bus id, "0000:17:00.0" */
+} mpg_nic_info;
+
+/* One GPU.  Every pointer belongs to the topology and stays valid until
+ * mpg_topo_destroy. */
+typedef struct mpg_gpu_info {
+  int index;          /* 0..num_gpus-1; by default local rank i takes GPU i */
+  const char *name;   /* OS device: "cuda0", "nvml0"; "" for a bare PCI GPU */
+  const char *bus_id; /* PCI bus id, "0000:18:00.0" */
+  unsigned vendor_id; /* 0x10de */
+  unsigned device_id; /* e.g. 0x2330 (H100 SXM) */
+  int numa_node;      /* OS index of the NUMA node it is attached to; -1 when
+                         hwloc attaches it above several NUMA nodes */
+  const char *cpuset; /* the CPUs near it (the cpuset of its first non-I/O
+                         ancestor), as a list of PU OS indexes: "0-7,16-23" */
+  int num_cores;      /* cores inside that cpuset */
+  int pcie_group;     /* GPUs with equal values sit below the same PCIe
+                         switch or root port (numbered from 0) */
+  int num_nics;       /* its nearest NICs: those that share its PCIe switch, */
+  const mpg_nic_info *nics; /* else its host bridge; none beyond that */
+  int nvlink_peers;   /* other GPUs it reaches over NVLink, read from hwloc's
+                         "NVLinkBandwidth" distances (directly or through an
+                         NVSwitch); 0 when there is no such matrix */
+} mpg_gpu_info;
+
+/* Load this machine's topology (honours hwloc's HWLOC_XMLFILE / HWLOC_*
+ * environment like every hwloc program).
+ * Returns MPG_OK; MPG_ERR_TOPO if hwloc cannot read the machine;
+ * MPG_ERR_INVALID if out is NULL; MPG_ERR_NOMEM. */
+mpg_status mpg_topo_load_live(mpg_topo **out);
+
+/* Load an hwloc XML topology file (as written by `lstopo file.xml`).
+ * Returns MPG_OK; MPG_ERR_IO if the file cannot be opened (the message names
+ * the path and the system error); MPG_ERR_TOPO if hwloc rejects its content
+ * (not XML, not an hwloc topology, inconsistent objects); MPG_ERR_INVALID for
+ * NULL arguments; MPG_ERR_NOMEM. */
+mpg_status mpg_topo_load_xml(const char *path, mpg_topo **out);
+
+/* Build a topology from an hwloc synthetic description such as
+ * "pack:2 numa:1 core:32 pu:2".  It has CPUs and NUMA nodes, never GPUs.
+ * Returns MPG_OK; MPG_ERR_TOPO naming the description if hwloc rejects it;
+ * MPG_ERR_INVALID for NULL arguments; MPG_ERR_NOMEM. */
+mpg_status mpg_topo_load_synthetic(const char *description, mpg_topo **out);
+
+/* Free a topology and every string it handed out.  NULL is a no-op. */
+void mpg_topo_destroy(mpg_topo *topo);
+
+/* Where the topology came from, for messages: "this machine (HOST)", the XML
+ * path, or "synthetic \"DESC\"".  Belongs to the topology. */
+const char *mpg_topo_source(const mpg_topo *topo);
+
+/* 1 if the topology is this machine's own (loaded live), so that binding
+ * can be applied; 0 for XML and synthetic topologies (and NULL). */
+int mpg_topo_is_this_system(const mpg_topo *topo);
+
+/* Counts; 0 for NULL. */
+int mpg_topo_num_gpus(const mpg_topo *topo);
+int mpg_topo_num_numa_nodes(const mpg_topo *topo);
+int mpg_topo_num_packages(const mpg_topo *topo);
+int mpg_topo_num_cores(const mpg_topo *topo);
+int mpg_topo_num_pus(const mpg_topo *topo);
+
+/* 1 when every pair of GPUs is linked by NVLink (an all-to-all GPU fabric
+ * such as NVSwitch), 0 otherwise (PCIe only, partial links, fewer than 2
+ * GPUs, no NVLinkBandwidth matrix). */
+int mpg_topo_has_gpu_fabric(const mpg_topo *topo);
+
+/* Describe GPU `gpu` (0..num_gpus-1) into *out.
+ * Returns MPG_OK; MPG_ERR_RANGE naming the index and the GPU count;
+ * MPG_ERR_INVALID for NULL arguments. */
+mpg_status mpg_topo_gpu_info(const mpg_topo *topo, int gpu,
+                             mpg_gpu_info *out);
+
+/* What a binding call chose (and, for mpg_topo_bind*, applied).  A plain
+ * value: it holds no pointers. */
+typedef struct mpg_binding {
+  int local_rank;
+  int gpu;                             /* GPU taken; -1 on a GPU-less node */
+  char gpu_bus_id[MPG_BUS_ID_MAX];     /* "" when gpu == -1 */
+  mpg_bind mode;
+  int numa_node;                       /* NUMA node of the GPU (or of the
+                                          cpuset), -1 if several/unknown */
+  char cpuset[MPG_CPUSET_STR_MAX];     /* the CPUs bound to, as a PU list
+                                          ("0-3,16-19"); "" for
+                                          MPG_BIND_NONE.  A list too long for
+                                          the buffer ends with "..." */
+  int num_cores;                       /* whole cores inside cpuset */
+  int num_pus;                         /* PUs (hardware threads) in cpuset */
+  int applied;                         /* 1: the OS binding was set */
+  int thread;                          /* 1: only the calling thread */
+} mpg_binding;
+
+/* Choose the GPU and the CPUs of local rank `local_rank` of `local_world`
+ * ranks on this node, without binding anything (any topology).
+ *  - GPU: `gpu` >= 0 takes that GPU; gpu == -1 gives local rank i GPU i, and
+ *    then more local ranks than GPUs is an error.  On a node without GPUs a
+ *    rank takes no GPU (gpu must be -1) and its NUMA node is
+ *    local_rank * num_numa_nodes / local_world.
+ *  - MPG_BIND_NONE: no CPUs.  MPG_BIND_NUMA: every CPU of the GPU's NUMA
+ *    node (of its locality cpuset when hwloc attaches it above several).
+ *  - MPG_BIND_CORE: the ranks that share a NUMA node split its cores into
+ *    disjoint contiguous blocks (the first blocks take one extra core when
+ *    they do not divide evenly; PUs are split instead when there are fewer
+ *    cores than ranks).  With gpu == -1 the sharers are local ranks
+ *    0..local_world-1; with an explicit gpu they are all the GPUs of that
+ *    NUMA node, so ranks naming distinct GPUs get disjoint cores.
+ * Returns MPG_OK; MPG_ERR_RANGE for a local rank outside 0..local_world-1,
+ * local_world < 1 or a GPU index outside 0..num_gpus-1; MPG_ERR_TOPO when
+ * local_world exceeds the GPU count (the message names both counts) or
+ * when a NUMA node has fewer PUs than the ranks that share it;
+ * MPG_ERR_INVALID for NULL arguments or an unknown mode.  *report is filled
+ * on success (applied = 0). */
+mpg_status mpg_topo_bind_plan(const mpg_topo *topo, int local_rank,
+                              int local_world, int gpu, mpg_bind mode,
+                              mpg_binding *report);
+
+/* As mpg_topo_bind_plan, then bind the whole calling process to the chosen
+ * CPUs with hwloc_set_cpubind (MPG_BIND_NONE binds nothing).
+ * Returns the errors of mpg_topo_bind_plan, and MPG_ERR_TOPO when the
+ * topology is not this machine's (XML or synthetic: hwloc would silently do
+ * nothing) or when the operating system refuses the binding (the message
+ * has the system error).  On success report->applied is 1 unless the mode
+ * is MPG_BIND_NONE. */
+mpg_status mpg_topo_bind(const mpg_topo *topo, int local_rank,
+                         int local_world, int gpu, mpg_bind mode,
+                         mpg_binding *report);
+
+/* As mpg_topo_bind, binding only the calling thread (for ranks that are
+ * threads of one process).  report->thread is 1. */
+mpg_status mpg_topo_bind_thread(const mpg_topo *topo, int local_rank,
+                                int local_world, int gpu, mpg_bind mode,
+                                mpg_binding *report);
+
+/* Which ranks share a node.  Each rank calls mpg_host_identity, the world
+ * gathers the strings (the groups module does this at start-up), and
+ * mpg_node_ids numbers the nodes. */
+#define MPG_HOST_ID_MAX 320 /* hostname + ':' + boot id, with the NUL */
+
+/* Write this machine's identity, "HOSTNAME:BOOT_ID" (boot id from
+ * /proc/sys/kernel/random/boot_id; just "HOSTNAME" where there is none), so
+ * that two containers or hosts with one name still differ.
+ * Returns MPG_OK; MPG_ERR_RANGE if cap is too small (MPG_HOST_ID_MAX is
+ * always enough); MPG_ERR_IO if the host name cannot be read;
+ * MPG_ERR_INVALID for NULL arguments. */
+mpg_status mpg_host_identity(char *buf, size_t cap);
+
+/* From host_ids[r] (one per rank, world_size of them) compute node_of[r]:
+ * nodes are numbered 0,1,... in the order of their lowest rank; and, if
+ * local_rank is not NULL, local_rank[r]: r's position among the ranks of
+ * its node in rank order.  *num_nodes (may be NULL) gets the node count.
+ * O(world_size log world_size).
+ * Returns MPG_OK; MPG_ERR_INVALID for NULL arrays or a NULL id;
+ * MPG_ERR_RANGE for world_size < 1; MPG_ERR_NOMEM. */
+mpg_status mpg_node_ids(int world_size, const char *const *host_ids,
+                        int *node_of, int *local_rank, int *num_nodes);
+
+/*
+ * Placement: which launcher process sits at which mesh coordinate.
+ *
+ * The mesh keeps its row-major (torch / Megatron) semantics over mesh
+ * ranks; placement only decides that mesh rank m runs as launcher rank
+ * L (the RANK the launcher gave the process), on node n, with GPU g.
+ * Mesh ranks are laid out over the node slots (node 0's GPUs, then node
+ * 1's, ...) row-major in an order that puts the inner dims (by default tp,
+ * then cp) innermost, so their groups stay inside a node whenever their
+ * size divides the GPUs per node.  Inside a node without an all-to-all GPU
+ * fabric, slots follow the GPUs sorted by NUMA node and PCIe switch, so
+ * small groups also stay on one NUMA node or switch.  This holds whatever
+ * the launcher's numbering: block (node by node) or cyclic (round-robin
+ * over nodes, Slurm's cyclic distribution) or measured host identities.
+ */
+typedef struct mpg_placement mpg_placement;
+
+typedef struct mpg_placement_opts {
+  size_t size;       /* sizeof(mpg_placement_opts) of the caller's build */
+  uint32_t magic;    /* MPG_PLACEMENT_MAGIC */
+  uint32_t version;  /* MPG_API_VERSION */
+  int nodes;         /* 0: world_size / gpus_per_node (1 if that is 0 too) */
+  int gpus_per_node; /* ranks per node; 0: world_size / nodes, or, with one
+                        node, the topology's GPU count when it has GPUs */
+  mpg_rank_order rank_order; /* how the launcher numbered the ranks */
+  const int *node_of;        /* optional, world_size entries: launcher rank
+                                -> node id (e.g. from mpg_node_ids); replaces
+                                nodes, gpus_per_node and rank_order */
+  const int *local_rank;     /* optional with node_of: launcher rank -> its
+                                local rank (= GPU); NULL: the order of the
+                                ranks on their node */
+  const mpg_topo *topo;      /* optional: the topology of every node, to
+                                order GPUs by NUMA node and PCIe switch */
+  const char *inner_dims;    /* dims kept inside a node, innermost first,
+                                comma separated; NULL: "tp,cp" (names the
+                                mesh lacks are skipped); "": none, plain mesh
+                                order */
+  int strict;                /* 1: an inner group crossing nodes is an error */
+} mpg_placement_opts;
+
+#define MPG_PLACEMENT_MAGIC 0x6d70706cu /* "mppl" */
+#define MPG_PLACEMENT_OPTS_INIT                                              \
+  { sizeof(mpg_placement_opts), MPG_PLACEMENT_MAGIC, MPG_API_VERSION, 0, 0, \
+    MPG_RANK_ORDER_BLOCK, NULL, NULL, NULL, NULL, 0 }
+
+/* Fill *opts from a spec's [topology] section: nodes, gpus_per_node,
+ * rank_order and strict; the other fields get their defaults.
+ * Returns MPG_OK; MPG_ERR_INVALID for NULL arguments or a spec not set up
+ * with mpg_spec_init. */
+mpg_status mpg_placement_opts_from_spec(const mpg_spec *spec,
+                                        mpg_placement_opts *opts);
+
+/* Place the ranks of `mesh`.  opts NULL means MPG_PLACEMENT_OPTS_INIT (one
+ * node).  Every inner group that crosses nodes is counted as by
+ * mpg_placement_check: a logged warning (MESHPG_LOG=info), or with
+ * opts->strict the error MPG_ERR_TOPO.  The placement keeps a pointer to
+ * mesh (and none to opts or its arrays): the mesh must outlive it.
+ * Returns MPG_OK; MPG_ERR_TOPO when nodes x gpus_per_node differs from the
+ * world size, when cyclic numbering meets unequal nodes, or in strict mode
+ * (the message names the dim set, a crossing group and its nodes);
+ * MPG_ERR_RANGE for a negative count, node id or local rank out of range or
+ * repeated; MPG_ERR_NOT_FOUND for an inner_dims name the mesh lacks (when
+ * inner_dims is given); MPG_ERR_INVALID for NULL mesh/out or opts not set
+ * up with MPG_PLACEMENT_OPTS_INIT; MPG_ERR_NOMEM. */
+mpg_status mpg_placement_create(const mpg_mesh *mesh,
+                                const mpg_placement_opts *opts,
+                                mpg_placement **out);
+
+/* Free a placement.  NULL is a no-op. */
+void mpg_placement_destroy(mpg_placement *placement);
+
+/* Node count; 0 for NULL. */
+int mpg_placement_num_nodes(const mpg_placement *placement);
+
+/* Where mesh rank `mesh_rank` runs: its launcher rank, node and GPU (local
+ * rank on the node).  Out pointers may be NULL.
+ * Returns MPG_OK; MPG_ERR_RANGE for a rank outside 0..world_size-1;
+ * MPG_ERR_INVALID for a NULL placement. */
+mpg_status mpg_placement_of(const mpg_placement *placement, int mesh_rank,
+                            int *launcher_rank, int *node, int *gpu);
+
+/* The inverse: the mesh rank of launcher rank `launcher_rank`, i.e. which
+ * coordinate this process takes.  Returns as mpg_placement_of. */
+mpg_status mpg_placement_mesh_rank(const mpg_placement *placement,
+                                   int launcher_rank, int *mesh_rank);
+
+/* How many distinct nodes group `group_index` of `dimset` spans (1: it
+ * stays inside a node).  Returns MPG_OK; MPG_ERR_RANGE for a bad dim set
+ * or group; MPG_ERR_INVALID for NULL arguments; MPG_ERR_NOMEM. */
+mpg_status mpg_placement_group_nodes(const mpg_placement *placement,
+                                     int dimset, int group_index,
+                                     int *num_nodes);
+
+/* 1 if every dim of `dimset` is an inner dim (one the placement keeps
+ * inside a node), else 0.  "world" is never inner. */
+int mpg_placement_dimset_is_inner(const mpg_placement *placement,
+                                  int dimset);
+
+/* Count the misfits: groups of inner dim sets that span more than one node.
+ * Each dim set with misfits is logged as a warning (MESHPG_LOG=info) with
+ * its first crossing group.  *misfits (may be NULL) gets the count.
+ * Returns MPG_OK; with strict != 0 and misfits, MPG_ERR_TOPO whose message
+ * names the dim set, the group size, the GPUs per node, a crossing group
+ * and its nodes; MPG_ERR_INVALID for NULL; MPG_ERR_NOMEM. */
+mpg_status mpg_placement_check(const mpg_placement *placement, int strict,
+                               int *misfits);
+
 /* @@topo-api@@ */
 
 /* ------------------------------------------------------------------------ */
 /* Groups and collectives (groups/)                                          */
 /* ------------------------------------------------------------------------ */
+/* Element types of collective buffers. */
+typedef enum mpg_dtype {
+  MPG_F32 = 0,
+  MPG_F64 = 1,
+  MPG_F16 = 2,  /* IEEE binary16 */
+  MPG_BF16 = 3, /* bfloat16 */
+  MPG_I32 = 4,
+  MPG_I64 = 5
+} mpg_dtype;
+#define MPG_DTYPE_COUNT 6
+
+/* Reductions.  MPG_OP_AVG divides the sum by the group size (integer
+ * division for integer types).  MPG_OP_PREMUL_SUM multiplies each input by a
+ * scale before summing; it is only reached through mpg_all_reduce_scaled. */
+typedef enum mpg_op {
+  MPG_OP_SUM = 0,
+  MPG_OP_AVG = 1,
+  MPG_OP_MAX = 2,
+  MPG_OP_MIN = 3,
+  MPG_OP_PREMUL_SUM = 4
+} mpg_op;
+
+/* Size in bytes of one element; 0 for an unknown dtype. */
+size_t mpg_dtype_size(mpg_dtype dtype);
+/* "f32", "bf16", ...; "?" for an unknown dtype. */
+const char *mpg_dtype_name(mpg_dtype dtype);
+
+/* In-process simulated ranks (the thread backend).  A thread world is the
+ * shared state of N ranks that run as threads of one process. */
+typedef struct mpg_thread_world mpg_thread_world;
+
+typedef struct mpg_init_opts mpg_init_opts;
+
+/* The body of one simulated rank: it receives init options already filled
+ * for its rank (backend, rank, world size, thread world) and calls the same
+ * public API a real process would.  Its return value is the rank's status. */
+typedef mpg_status (*mpg_rank_main)(const mpg_init_opts *opts, void *arg);
+
+/* Run `nranks` ranks as threads (1..4096), each calling main(opts, arg), and
+ * wait for all.  timeout_s (> 0) is the collective timeout each rank's
+ * options carry.  statuses (may be NULL) receives each rank's return value.
+ * Returns MPG_OK when every rank returned MPG_OK, else the first failing
+ * rank's status (its message is kept in mpg_last_error()); MPG_ERR_NOMEM or
+ * MPG_ERR_BACKEND if the threads cannot be started. */
+mpg_status mpg_thread_run(int nranks, double timeout_s, mpg_rank_main main,
+                          void *arg, mpg_status *statuses);
+
+/* How a process joins the world.  Start from MPG_INIT_OPTS_INIT; a field
+ * left at -1 / NULL is read from the launch environment (see
+ * mpg_launch_from_env).  Fields are only appended. */
+struct mpg_init_opts {
+  size_t size;
+  uint32_t magic;
+  uint32_t version;
+  mpg_backend_kind backend;
+  int rank;             /* -1: from the environment */
+  int world_size;       /* -1: from the environment */
+  int local_rank;       /* -1: from the environment (0 if absent) */
+  int local_world_size; /* -1: from the environment (1 if absent) */
+  double timeout_s;     /* <= 0: 600 s */
+  int lazy_groups;      /* 1: create a group's communicator on first use */
+  int device;           /* NCCL: CUDA device; -1: local_rank */
+  const void *nccl_id;  /* NCCL: a 128-byte ncclUniqueId from the caller */
+  void *mpi_comm;       /* MPI: pointer to the MPI_Comm to use as world;
+                           NULL: MPI_COMM_WORLD */
+  mpg_thread_world *thread_world; /* thread: set by mpg_thread_run */
+};
+#define MPG_INIT_OPTS_MAGIC 0x6d706769u /* "mpgi" */
+#define MPG_INIT_OPTS_INIT                                                  \
+  { sizeof(mpg_init_opts), MPG_INIT_OPTS_MAGIC, MPG_API_VERSION,            \
+    MPG_BACKEND_THREAD, -1, -1, -1, -1, 0.0, 0, -1, NULL, NULL, NULL }
+
+/* What the launcher said, read from the environment. */
+typedef struct mpg_launch {
+  int rank;             /* -1 if no variable gave it */
+  int world_size;       /* -1 if no variable gave it */
+  int local_rank;       /* -1 if no variable gave it */
+  int local_world_size; /* -1 if no variable gave it */
+  char master_addr[256];/* MASTER_ADDR or "" */
+  int master_port;      /* MASTER_PORT or -1 */
+  char source[64];      /* "torchrun", "openmpi", "pmi", "slurm" or "" */
+} mpg_launch;
+
+/* Read the launch environment: torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
+ * LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI
+ * (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE), PMI (PMI_RANK,
+ * PMI_SIZE) and Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+ * SLURM_NTASKS_PER_NODE).  Several launchers may agree.
+ * Returns MPG_OK (fields nobody set stay -1 / ""); MPG_ERR_ENV naming the
+ * variable when one is not a number, out of range (RANK >= WORLD_SIZE), or
+ * contradicts another (RANK=1 but OMPI_COMM_WORLD_RANK=2). */
+mpg_status mpg_launch_from_env(mpg_launch *out);
+
+/* A rank's view of the job: the world and every group of its mesh. */
+typedef struct mpg_ctx mpg_ctx;
+/* A communicator of one dim set, as seen by this rank.  Belongs to its
+ * context: never freed by the caller. */
+typedef struct mpg_group mpg_group;
+/* An asynchronous collective in flight. */
+typedef struct mpg_work mpg_work;
+
+/* Join the world and create this rank's groups: one split of the world per
+ * dim set of `mesh` (colour = group index, key = position), each rank
+ * joining only its own groups.  Collective over the world.  The mesh must
+ * outlive the context.  opts may be NULL (all from the environment, thread
+ * backend).  The world size must equal mpg_mesh_world_size(mesh).
+ * Returns MPG_OK; MPG_ERR_ENV (rank or world missing / contradictory);
+ * MPG_ERR_INVALID; MPG_ERR_UNSUPPORTED (backend not built);
+ * MPG_ERR_BACKEND; MPG_ERR_TIMEOUT (peers never arrived). */
+mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
+                          mpg_ctx **out);
+
+/* Free every communicator and the context.  NULL is a no-op.  After a
+ * timeout or abort it frees what can be freed without blocking.
+ * Returns MPG_OK or the first backend error met while freeing. */
+mpg_status mpg_ctx_destroy(mpg_ctx *ctx);
+
+/* Abort every communicator of the context: waiting peers fail with
+ * MPG_ERR_ABORTED or MPG_ERR_TIMEOUT, and later collectives with
+ * MPG_ERR_ABORTED.  Never blocks.  The context must still be destroyed. */
+mpg_status mpg_ctx_abort(mpg_ctx *ctx);
+
+int mpg_ctx_rank(const mpg_ctx *ctx);
+int mpg_ctx_world_size(const mpg_ctx *ctx);
+int mpg_ctx_local_rank(const mpg_ctx *ctx);
+mpg_backend_kind mpg_ctx_backend(const mpg_ctx *ctx);
+const mpg_mesh *mpg_ctx_mesh(const mpg_ctx *ctx);
+
+/* Number of collective operations this rank has entered to create groups
+ * (splits and their set-up), for benchmarks. */
+long mpg_ctx_setup_collectives(const mpg_ctx *ctx);
+
+/* This rank's group of a dim set, by name ("dp", "tp", "dp_cp", "world").
+ * With lazy groups the first call creates it and is collective over the
+ * world: every rank must ask for the same groups in the same order.
+ * Returns MPG_ERR_NOT_FOUND naming the unknown name. */
+mpg_status mpg_ctx_group(mpg_ctx *ctx, const char *name, mpg_group **out);
+
+/* The same by dim-set id (see mpg_mesh_dimset_find). */
+mpg_status mpg_ctx_group_at(mpg_ctx *ctx, int dimset, mpg_group **out);
+
+/* The group of this rank over an arbitrary union of dims and flattened
+ * sets, e.g. "dp_cp,tp" (= dims dp, cp, tp), ordered row-major over those
+ * dims like a flattened set.  Created on first use by one split of the
+ * world, so the first call is collective over the world: every rank must
+ * make the same calls in the same order.  Cached: later calls are local.
+ * Returns MPG_ERR_NOT_FOUND naming an unknown name. */
+mpg_status mpg_ctx_group_dims(mpg_ctx *ctx, const char *dims, mpg_group **out);
+
+/* A sub-group along one dim (or set) `name`, holding only the members at
+ * the given positions, e.g. the first and last pipeline stage for tied
+ * embeddings: name "pp", positions {0, pp-1}.  Collective over the world
+ * (every rank calls it, members or not); *out is NULL on ranks that are not
+ * at one of the positions.  Members are ordered by position.  Cached by
+ * (name, positions).  Returns MPG_ERR_RANGE for a bad position. */
+mpg_status mpg_ctx_group_select(mpg_ctx *ctx, const char *name,
+                                const int *positions, int npositions,
+                                mpg_group **out);
+
+/* Memory and streams where the backend's collectives want them: host
+ * memory for thread/mpi, device memory for nccl (cudaMalloc, or ncclMemAlloc
+ * when registered = 1).  The memory is zeroed.  Free with mpg_ctx_mem_free.
+ * Returns MPG_ERR_NOMEM. */
+mpg_status mpg_ctx_mem_alloc(mpg_ctx *ctx, size_t bytes, int registered,
+                             void **ptr);
+mpg_status mpg_ctx_mem_free(mpg_ctx *ctx, void *ptr);
+/* Zero `bytes` at ptr, on `stream` for nccl (synchronously elsewhere). */
+mpg_status mpg_ctx_mem_zero(mpg_ctx *ctx, void *ptr, size_t bytes,
+                            void *stream);
+/* A stream of the context's device (nccl: a new cudaStream_t; other
+ * backends: NULL, and ordering calls are no-ops). */
+mpg_status mpg_ctx_stream_create(mpg_ctx *ctx, void **stream);
+mpg_status mpg_ctx_stream_destroy(mpg_ctx *ctx, void *stream);
+/* Make work queued later on `waiter` start after the work queued so far on
+ * `waitee` (an event recorded on waitee, waited on by waiter). */
+mpg_status mpg_ctx_stream_order(mpg_ctx *ctx, void *waiter, void *waitee);
+
+const char *mpg_group_name(const mpg_group *group);
+int mpg_group_rank(const mpg_group *group);  /* position in the group */
+int mpg_group_size(const mpg_group *group);
+int mpg_group_index(const mpg_group *group); /* which group of its dim set */
+/* World rank of the member at `position`. */
+mpg_status mpg_group_member(const mpg_group *group, int position, int *rank);
+
+/* Collectives.  Every one is blocking when work is NULL; otherwise it
+ * returns at once with *work set (NULL for work that finished already) and
+ * the caller must pass it to mpg_work_wait.  Buffers must stay valid and
+ * unchanged until the work completes.  Buffers are host memory for the
+ * thread and mpi backends and device memory for nccl, where `stream` is the
+ * caller's cudaStream_t (ignored elsewhere).  In-place (send == recv) is
+ * allowed.  Every member of the group must make the same calls in the same
+ * order.  A group of size 1 makes no communicator: collectives are local
+ * copies.
+ * Each returns MPG_OK; MPG_ERR_INVALID (NULL buffer, bad dtype, op, root,
+ * peer); MPG_ERR_TIMEOUT when a peer did not arrive within the context's
+ * timeout (the context is then aborted); MPG_ERR_ABORTED after an abort;
+ * MPG_ERR_BACKEND. */
+
+/* recv[i] = op over members of send[i], count elements.  f16/bf16 are
+ * accumulated in f32 where the backend has no native support. */
+mpg_status mpg_all_reduce(mpg_group *group, const void *send, void *recv,
+                          size_t count, mpg_dtype dtype, mpg_op op,
+                          void *stream, mpg_work **work);
+
+/* recv[i] = sum over members of (scale * send[i]): a sum with pre-multiply,
+ * e.g. scale = 1/(dp*cp*microbatches).  Floating dtypes only. */
+mpg_status mpg_all_reduce_scaled(mpg_group *group, const void *send,
+                                 void *recv, size_t count, mpg_dtype dtype,
+                                 double scale, void *stream, mpg_work **work);
+
+/* buf on every member = buf of the member at position root. */
+mpg_status mpg_broadcast(mpg_group *group, void *buf, size_t count,
+                         mpg_dtype dtype, int root, void *stream,
+                         mpg_work **work);
+
+/* recv (size * count elements) = concatenation of every member's send
+ * (count elements), in position order. */
+mpg_status mpg_all_gather(mpg_group *group, const void *send, void *recv,
+                          size_t count, mpg_dtype dtype, void *stream,
+                          mpg_work **work);
+
+/* send has size * count elements; member p receives in recv (count
+ * elements) the reduction of block p of every member's send. */
+mpg_status mpg_reduce_scatter(mpg_group *group, const void *send, void *recv,
+                              size_t count, mpg_dtype dtype, mpg_op op,
+                              void *stream, mpg_work **work);
+
+/* Returns when every member has entered it. */
+mpg_status mpg_barrier(mpg_group *group, mpg_work **work);
+
+/* Point to point with the member at position `peer` of the group. */
+mpg_status mpg_send(mpg_group *group, const void *buf, size_t count,
+                    mpg_dtype dtype, int peer, void *stream, mpg_work **work);
+mpg_status mpg_recv(mpg_group *group, void *buf, size_t count,
+                    mpg_dtype dtype, int peer, void *stream, mpg_work **work);
+
+/* Wait for `work` (up to the context's timeout) and release it, whatever
+ * the outcome.  NULL is MPG_OK.  Returns the collective's status:
+ * MPG_ERR_TIMEOUT (the context is then aborted), MPG_ERR_ABORTED, ... */
+mpg_status mpg_work_wait(mpg_work *work);
+
+/* Non-blocking check: *done = 1 when the work has finished (successfully or
+ * not); it must still be released with mpg_work_wait.  Returns the error if
+ * the work failed. */
+mpg_status mpg_work_test(mpg_work *work, int *done);
+
 /* @@groups-api@@ */
 
 /* ------------------------------------------------------------------------ */
 /* Gradient synchronisation (sync/)                                          */
 /* ------------------------------------------------------------------------ */
+/* Gradient synchronisation.  A trainer registers its parameters, gets a
+ * view into one contiguous gradient buffer per (dtype, reduce group), writes
+ * gradients straight into the views during backward and marks each ready;
+ * buckets (slices of the buffers, no copies) are all-reduced asynchronously
+ * as soon as all their gradients are ready.
+ *
+ * Typical step:
+ *   mpg_sync_begin(s, step, is_last_microbatch);
+ *   ... backward writes grads, calling mpg_sync_mark_ready(s, p) per param
+ *   mpg_sync_finish(s);            // every bucket reduced (last microbatch)
+ */
+typedef struct mpg_sync mpg_sync;
+
+typedef struct mpg_sync_opts {
+  size_t size;
+  uint32_t magic;
+  uint32_t version;
+  int fsdp_owns_dp;       /* 1: default reduce group is "cp", else "dp_cp" */
+  const char *default_dims; /* NULL: as above; else e.g. "dp" (names as in
+                               mpg_ctx_group_dims).  Copied at create. */
+  mpg_sync_op op;         /* MPG_SYNC_AVG (default) or MPG_SYNC_SUM */
+  double grad_scale;      /* extra factor on every reduced gradient, e.g.
+                             1/microbatches (default 1: plain avg op) */
+  double bucket_mb;       /* bucket size in MiB (default 25) */
+  double first_bucket_mb; /* the first bucket launched (default 1) */
+  mpg_reduce_dtype reduce_dtype; /* f32: bf16/f16 reduce with f32 accumulation */
+  int register_buffers;   /* nccl: ncclMemAlloc + ncclCommRegister */
+} mpg_sync_opts;
+#define MPG_SYNC_OPTS_MAGIC 0x6d706779u /* "mpgy" */
+#define MPG_SYNC_OPTS_INIT                                                  \
+  { sizeof(mpg_sync_opts), MPG_SYNC_OPTS_MAGIC, MPG_API_VERSION, 0, NULL,   \
+    MPG_SYNC_AVG, 1.0, 25.0, 1.0, MPG_REDUCE_F32, 0 }
+
+/* Copy the [sync] section of a spec into *opts (which must have been set
+ * from MPG_SYNC_OPTS_INIT). */
+mpg_status mpg_sync_opts_from_spec(const mpg_spec *spec, mpg_sync_opts *opts);
+
+/* Per-parameter overrides. */
+typedef struct mpg_param_opts {
+  size_t size;
+  uint32_t magic;
+  uint32_t version;
+  const char *reduce_dims; /* NULL: the sync's default; else names for
+                              mpg_ctx_group_dims, e.g. "dp_cp,tp" for a
+                              sequence-parallel norm, "edp" for experts */
+  mpg_group *tied_group;   /* NULL, or a group (e.g. first + last pp stage
+                              from mpg_ctx_group_select) over which the
+                              reduced gradient is then summed */
+} mpg_param_opts;
+#define MPG_PARAM_OPTS_MAGIC 0x6d706770u /* "mpgp" */
+#define MPG_PARAM_OPTS_INIT \
+  { sizeof(mpg_param_opts), MPG_PARAM_OPTS_MAGIC, MPG_API_VERSION, NULL, NULL }
+
+/* Create a gradient synchroniser on a context.  opts may be NULL.
+ * Creating the default reduce group may be collective (see
+ * mpg_ctx_group_dims).  Returns MPG_ERR_INVALID, MPG_ERR_NOT_FOUND (no
+ * "dp_cp" / "cp" in the mesh: name what is missing), MPG_ERR_NOMEM. */
+mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
+                           mpg_sync **out);
+
+/* Register a parameter (before mpg_sync_commit): its name (copied), element
+ * count, dtype and optional overrides.  *param receives its id (0, 1, ...
+ * in registration order).  Returns MPG_ERR_STATE after commit,
+ * MPG_ERR_INVALID (count 0, bad dtype, duplicate name). */
+mpg_status mpg_sync_add_param(mpg_sync *sync, const char *name, size_t count,
+                              mpg_dtype dtype, const mpg_param_opts *opts,
+                              int *param);
+
+/* Lay out the gradient buffers (reverse registration order, one buffer per
+ * (dtype, reduce group, tied group)) and the buckets.  Collective over the
+ * world when it creates groups.  Gradients start at zero. */
+mpg_status mpg_sync_commit(mpg_sync *sync);
+
+/* The gradient view of a parameter (count elements of its dtype), valid
+ * until mpg_sync_destroy.  Host memory, or device memory on nccl.  The
+ * trainer writes (or accumulates) its gradient here. */
+mpg_status mpg_sync_grad(mpg_sync *sync, int param, void **grad);
+
+/* Start a step (micro-batch).  When is_last_microbatch is 0 nothing is
+ * launched by mark_ready (gradient accumulation).  On nccl, `stream` is the
+ * caller's stream that produces the gradients (NULL elsewhere). */
+mpg_status mpg_sync_begin(mpg_sync *sync, long step, int is_last_microbatch,
+                          void *stream);
+
+/* The gradient of `param` is complete for this micro-batch.  On the last
+ * micro-batch, a bucket whose parameters are all ready is launched at once
+ * (asynchronously), in bucket order.  Returns MPG_ERR_STATE if the param
+ * was already marked in this step. */
+mpg_status mpg_sync_mark_ready(mpg_sync *sync, int param);
+
+/* Launch what is left and wait for every bucket.  On success every
+ * gradient is reduced over exactly its groups.  On failure (timeout, abort)
+ * the gradients are marked invalid (mpg_sync_grads_valid returns 0) and the
+ * error is returned: never silently half-reduced.  On nccl the caller's
+ * stream is ordered after the reduction. */
+mpg_status mpg_sync_finish(mpg_sync *sync);
+
+/* begin(last microbatch) + mark every param ready + finish. */
+mpg_status mpg_sync_all(mpg_sync *sync, long step, void *stream);
+
+/* Zero every gradient (e.g. after the optimizer step). */
+mpg_status mpg_sync_zero_grads(mpg_sync *sync);
+
+/* 1 when the last finished step reduced every gradient, 0 after a failed
+ * step (until the next successful one). */
+int mpg_sync_grads_valid(const mpg_sync *sync);
+
+/* Layout facts for tools and tests. */
+typedef struct mpg_sync_stats {
+  int num_params;
+  int num_buffers;
+  int num_buckets;
+  size_t total_bytes;
+  long launched_buckets; /* over the sync's lifetime */
+} mpg_sync_stats;
+mpg_status mpg_sync_get_stats(const mpg_sync *sync, mpg_sync_stats *stats);
+
+/* The reduce group of a parameter (belongs to the context). */
+mpg_status mpg_sync_param_group(const mpg_sync *sync, int param,
+                                mpg_group **group);
+
+/* Free the buffers and the synchroniser; waits for nothing (call
+ * mpg_sync_finish first).  NULL is a no-op.  Returns MPG_OK, or the
+ * backend's error freeing device memory. */
+mpg_status mpg_sync_destroy(mpg_sync *sync);
+
 /* @@sync-api@@ */
 
 #ifdef __cplusplus

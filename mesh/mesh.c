@@ -133,7 +133,10 @@ mpg_status mpg_mesh_create(const mpg_spec *spec, int world_size,
   return MPG_OK;
 }
 
-void mpg_mesh_destroy(mpg_mesh *mesh) { free(mesh); }
+mpg_status mpg_mesh_destroy(mpg_mesh *mesh) {
+  free(mesh);
+  return MPG_OK;
+}
 
 int mpg_mesh_world_size(const mpg_mesh *mesh) { return mesh ? mesh->world : 0; }
 int mpg_mesh_ndims(const mpg_mesh *mesh) { return mesh ? mesh->ndims : 0; }

@@ -1,0 +1,130 @@
+/* The one internal interface behind which the three backends (thread, mpi,
+ * nccl) live.  Each backend fills one `struct mpg__backend_ops`
+ * (groups/backend_<name>.c).  The generic layer (groups/groups.c) owns the
+ * public API: argument checks, size-1 groups, timeouts and abort, work
+ * handles.  A backend only moves data. */
+#ifndef MPG_GROUPS_BACKEND_H
+#define MPG_GROUPS_BACKEND_H
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A backend communicator (one per group this rank belongs to) and one
+ * posted operation; both are defined by each backend. */
+typedef struct mpg__comm mpg__comm;
+typedef struct mpg__req mpg__req;
+
+typedef enum mpg__coll_kind {
+  MPG__ALL_REDUCE,
+  MPG__BROADCAST,
+  MPG__ALL_GATHER,
+  MPG__REDUCE_SCATTER,
+  MPG__BARRIER,
+  MPG__SEND,
+  MPG__RECV
+} mpg__coll_kind;
+
+/* One collective call, already validated by the generic layer. */
+typedef struct mpg__coll {
+  mpg__coll_kind kind;
+  const void *send; /* all_reduce, all_gather, reduce_scatter, send */
+  void *recv;       /* all_reduce, all_gather, reduce_scatter, recv;
+                       broadcast: the buffer (send == recv) */
+  size_t count;     /* all_reduce/broadcast/send/recv: elements of the buffer;
+                       all_gather: elements each member sends;
+                       reduce_scatter: elements each member receives */
+  mpg_dtype dtype;
+  mpg_op op;        /* all_reduce, reduce_scatter; MPG_OP_PREMUL_SUM uses scale */
+  double scale;
+  int root;         /* broadcast: position of the root */
+  int peer;         /* send/recv: position of the peer */
+  void *stream;     /* nccl: cudaStream_t */
+} mpg__coll;
+
+/* What world_init needs, resolved from options and environment. */
+typedef struct mpg__world_args {
+  int rank, world_size, local_rank, local_world_size;
+  double timeout_s;
+  int device;                     /* nccl */
+  const void *nccl_id;            /* nccl: 128 bytes or NULL */
+  const char *master_addr;        /* nccl rendezvous: "" if unknown */
+  int master_port;                /* -1 if unknown */
+  void *mpi_comm;                 /* mpi (and nccl bootstrap): MPI_Comm * */
+  mpg_thread_world *thread_world; /* thread */
+} mpg__world_args;
+
+struct mpg__backend_ops {
+  const char *name;
+  /* Join the world.  Collective over all ranks.  Must give up with
+   * MPG_ERR_TIMEOUT after args->timeout_s. */
+  mpg_status (*world_init)(const mpg__world_args *args, mpg__comm **world);
+  /* Split `parent`: collective over every rank of parent.  color >= 0 joins
+   * the group of that colour, ordered by key (ties by parent rank); color
+   * < 0 joins nothing and gets *out = NULL.  Bounded by the timeout. */
+  mpg_status (*split)(mpg__comm *parent, int color, int key, mpg__comm **out);
+  /* Start one operation.  Never blocks past the timeout. */
+  mpg_status (*post)(mpg__comm *comm, const mpg__coll *coll, mpg__req **req);
+  /* *done = 1 when finished; returns the operation's error, if any. */
+  mpg_status (*test)(mpg__req *req, int *done);
+  /* Wait until finished or until `deadline` (mpg__now() seconds):
+   * MPG_ERR_TIMEOUT then, leaving the request pending (the caller aborts
+   * the communicator and frees the request). */
+  mpg_status (*wait)(mpg__req *req, double deadline);
+  void (*req_free)(mpg__req *req);
+  /* Wake every waiter of this communicator and fail later calls with
+   * MPG_ERR_ABORTED (or MPG_ERR_TIMEOUT if reason says so).  Never blocks. */
+  void (*abort)(mpg__comm *comm, mpg_status reason);
+  /* Release the communicator.  Must not block on peers after an abort. */
+  mpg_status (*destroy)(mpg__comm *comm);
+  /* Optional (NULL: mpg__local_host).  Run a collective of a size-1 group,
+   * which has no communicator: every kind reduces to a copy of send into
+   * recv (times scale for MPG_OP_PREMUL_SUM); barrier does nothing.  The
+   * nccl backend copies on the caller's stream. */
+  mpg_status (*local)(const mpg__coll *coll);
+  /* Optional memory and stream hooks (NULL: host memory, no streams), used
+   * by the nccl backend for device buffers and ordering between streams. */
+  mpg_status (*mem_alloc)(mpg__comm *world, size_t bytes, int registered,
+                          void **ptr); /* zeroed */
+  mpg_status (*mem_free)(mpg__comm *world, void *ptr);
+  mpg_status (*mem_zero)(void *ptr, size_t bytes, void *stream);
+  mpg_status (*stream_create)(void **stream);
+  mpg_status (*stream_destroy)(void *stream);
+  mpg_status (*stream_order)(void *waiter, void *waitee);
+};
+
+/* The size-1 collective on host memory. */
+mpg_status mpg__local_host(const mpg__coll *coll);
+
+extern const struct mpg__backend_ops mpg__backend_thread;
+extern const struct mpg__backend_ops mpg__backend_mpi;  /* built with MPI */
+extern const struct mpg__backend_ops mpg__backend_nccl; /* built with NCCL */
+
+/* Monotonic clock in seconds. */
+double mpg__now(void);
+
+/* Element helpers shared by the CPU backends (groups/reduce.c). */
+size_t mpg__dtype_size(mpg_dtype dt);
+int mpg__dtype_is_half(mpg_dtype dt); /* f16 or bf16 */
+int mpg__dtype_is_float(mpg_dtype dt);
+float mpg__half_to_f32(mpg_dtype dt, uint16_t h);
+uint16_t mpg__f32_to_half(mpg_dtype dt, float f); /* round to nearest even */
+/* Widen n f16/bf16 elements to f32, or narrow them back. */
+void mpg__half_widen(mpg_dtype dt, const void *src, float *dst, size_t n);
+void mpg__half_narrow(mpg_dtype dt, const float *src, void *dst, size_t n);
+/* acc[i] = acc[i] (op) x[i] for dtype dt (not half: widen first).
+ * op is SUM, MAX or MIN (AVG and PREMUL_SUM reduce as SUM). */
+void mpg__reduce_into(mpg_dtype dt, mpg_op op, void *acc, const void *x,
+                      size_t n);
+/* buf[i] *= factor (floats), for pre-multiply. */
+void mpg__scale(mpg_dtype dt, void *buf, size_t n, double factor);
+/* buf[i] /= divisor (floats divide; integers truncate toward zero), for
+ * MPG_OP_AVG. */
+void mpg__divide(mpg_dtype dt, void *buf, size_t n, int divisor);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

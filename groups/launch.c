@@ -1,0 +1,109 @@
+/* The launch environment: torchrun, Open MPI, PMI and Slurm variables,
+ * merged into one mpg_launch with contradictions reported by name. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+enum { F_RANK, F_WORLD, F_LOCAL_RANK, F_LOCAL_WORLD, F_COUNT };
+
+/* Each launcher's variable for each field (NULL: it has none). */
+static const struct launcher {
+  const char *name;
+  const char *var[F_COUNT];
+} launchers[] = {
+    {"torchrun", {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}},
+    {"openmpi",
+     {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+      "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"}},
+    {"pmi", {"PMI_RANK", "PMI_SIZE", NULL, NULL}},
+    {"slurm",
+     {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}},
+};
+
+static const char *const field_names[F_COUNT] = {"rank", "world size",
+                                                 "local rank", "local world size"};
+
+/* Parse a non-negative int.  Slurm's SLURM_NTASKS_PER_NODE may read
+ * "4(x2)": the leading count is taken. */
+static int parse_count(const char *s, int allow_suffix, int *out) {
+  char *end;
+  if (!*s) return 0;
+  long v = strtol(s, &end, 10);
+  if (end == s || v < 0 || v > 2147483647L) return 0;
+  if (*end && !(allow_suffix && *end == '(')) return 0;
+  *out = (int)v;
+  return 1;
+}
+
+mpg_status mpg_launch_from_env(mpg_launch *out) {
+  if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_launch_from_env: out is NULL");
+  memset(out, 0, sizeof *out);
+  int value[F_COUNT];
+  const char *from[F_COUNT] = {NULL};
+  for (int f = 0; f < F_COUNT; f++) value[f] = -1;
+
+  for (size_t l = 0; l < sizeof launchers / sizeof launchers[0]; l++) {
+    for (int f = 0; f < F_COUNT; f++) {
+      const char *var = launchers[l].var[f];
+      const char *s = var ? getenv(var) : NULL;
+      if (!s) continue;
+      int v;
+      if (!parse_count(s, strcmp(var, "SLURM_NTASKS_PER_NODE") == 0, &v))
+        return mpg__fail(MPG_ERR_ENV,
+                         "%s=\"%s\": expected a non-negative integer (the %s)",
+                         var, s, field_names[f]);
+      if ((f == F_WORLD || f == F_LOCAL_WORLD) && v == 0)
+        return mpg__fail(MPG_ERR_ENV, "%s=0: the %s must be at least 1", var,
+                         field_names[f]);
+      if (!out->source[0]) snprintf(out->source, sizeof out->source, "%s",
+                                    launchers[l].name);
+      if (from[f] && value[f] != v)
+        return mpg__fail(MPG_ERR_ENV,
+                         "contradictory %s: %s=%d but %s=%d", field_names[f],
+                         from[f], value[f], var, v);
+      if (!from[f]) {
+        value[f] = v;
+        from[f] = var;
+      }
+    }
+  }
+  if (value[F_RANK] >= 0 && value[F_WORLD] > 0 && value[F_RANK] >= value[F_WORLD])
+    return mpg__fail(MPG_ERR_ENV, "%s=%d is not below %s=%d", from[F_RANK],
+                     value[F_RANK], from[F_WORLD], value[F_WORLD]);
+  if (value[F_LOCAL_RANK] >= 0 && value[F_LOCAL_WORLD] > 0 &&
+      value[F_LOCAL_RANK] >= value[F_LOCAL_WORLD])
+    return mpg__fail(MPG_ERR_ENV, "%s=%d is not below %s=%d", from[F_LOCAL_RANK],
+                     value[F_LOCAL_RANK], from[F_LOCAL_WORLD], value[F_LOCAL_WORLD]);
+  if (value[F_RANK] >= 0 && value[F_WORLD] < 0)
+    return mpg__fail(MPG_ERR_ENV, "%s=%d is set but no world size is (set WORLD_SIZE)",
+                     from[F_RANK], value[F_RANK]);
+  if (value[F_WORLD] > 0 && value[F_RANK] < 0)
+    return mpg__fail(MPG_ERR_ENV, "%s=%d is set but no rank is (set RANK)",
+                     from[F_WORLD], value[F_WORLD]);
+  out->rank = value[F_RANK];
+  out->world_size = value[F_WORLD];
+  out->local_rank = value[F_LOCAL_RANK];
+  out->local_world_size = value[F_LOCAL_WORLD];
+  out->master_port = -1;
+
+  const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
+  if (addr) {
+    if (!*addr || strlen(addr) >= sizeof out->master_addr)
+      return mpg__fail(MPG_ERR_ENV, "MASTER_ADDR=\"%s\": expected a host name or address",
+                       addr);
+    snprintf(out->master_addr, sizeof out->master_addr, "%s", addr);
+  }
+  if (port) {
+    int p;
+    if (!parse_count(port, 0, &p) || p < 1 || p > 65535)
+      return mpg__fail(MPG_ERR_ENV, "MASTER_PORT=\"%s\": expected a port 1..65535", port);
+    out->master_port = p;
+  }
+  if ((addr != NULL) != (port != NULL))
+    return mpg__fail(MPG_ERR_ENV, "%s is set but %s is not: set both or neither",
+                     addr ? "MASTER_ADDR" : "MASTER_PORT",
+                     addr ? "MASTER_PORT" : "MASTER_ADDR");
+  return MPG_OK;
+}

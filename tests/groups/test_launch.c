@@ -1,0 +1,185 @@
+/* The launch environment: torchrun, Open MPI, PMI and Slurm variables, and
+ * the errors for missing or contradictory ones.  Criterion runs each test in
+ * its own process, so setenv() does not leak between tests. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "meshpg.h"
+
+static const char *const all_vars[] = {
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+    "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK",
+    "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE"};
+
+static void clean_env(void) {
+  for (size_t i = 0; i < sizeof all_vars / sizeof all_vars[0]; i++)
+    unsetenv(all_vars[i]);
+}
+
+TestSuite(launch, .init = clean_env);
+
+Test(launch, empty_environment_leaves_everything_unset) {
+  mpg_launch l;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_OK);
+  cr_assert_eq(l.rank, -1);
+  cr_assert_eq(l.world_size, -1);
+  cr_assert_eq(l.local_rank, -1);
+  cr_assert_eq(l.master_port, -1);
+  cr_assert_str_empty(l.source);
+}
+
+Test(launch, torchrun_variables) {
+  setenv("RANK", "5", 1);
+  setenv("WORLD_SIZE", "16", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("LOCAL_WORLD_SIZE", "4", 1);
+  setenv("MASTER_ADDR", "10.1.2.3", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  mpg_launch l;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_OK, "%s", mpg_last_error());
+  cr_assert_eq(l.rank, 5);
+  cr_assert_eq(l.world_size, 16);
+  cr_assert_eq(l.local_rank, 1);
+  cr_assert_eq(l.local_world_size, 4);
+  cr_assert_str_eq(l.master_addr, "10.1.2.3");
+  cr_assert_eq(l.master_port, 29500);
+  cr_assert_str_eq(l.source, "torchrun");
+}
+
+Test(launch, openmpi_variables) {
+  setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8", 1);
+  mpg_launch l;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_OK, "%s", mpg_last_error());
+  cr_assert_eq(l.rank, 3);
+  cr_assert_eq(l.world_size, 8);
+  cr_assert_eq(l.local_world_size, 8);
+  cr_assert_str_eq(l.source, "openmpi");
+}
+
+Test(launch, pmi_and_slurm_variables) {
+  setenv("PMI_RANK", "2", 1);
+  setenv("PMI_SIZE", "4", 1);
+  setenv("SLURM_PROCID", "2", 1);
+  setenv("SLURM_NTASKS", "4", 1);
+  setenv("SLURM_LOCALID", "0", 1);
+  setenv("SLURM_NTASKS_PER_NODE", "2(x2)", 1);
+  mpg_launch l;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_OK, "%s", mpg_last_error());
+  cr_assert_eq(l.rank, 2);
+  cr_assert_eq(l.world_size, 4);
+  cr_assert_eq(l.local_rank, 0);
+  cr_assert_eq(l.local_world_size, 2);
+  cr_assert_str_eq(l.source, "pmi");
+}
+
+Test(launch, contradiction_names_both_variables) {
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  mpg_launch l;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
+  cr_assert(strstr(mpg_last_error(), "RANK=1"), "%s", mpg_last_error());
+  cr_assert(strstr(mpg_last_error(), "OMPI_COMM_WORLD_RANK=2"), "%s", mpg_last_error());
+}
+
+Test(launch, not_a_number_names_the_variable) {
+  setenv("RANK", "two", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  mpg_launch l;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
+  cr_assert(strstr(mpg_last_error(), "RANK=\"two\""), "%s", mpg_last_error());
+}
+
+Test(launch, rank_not_below_world) {
+  setenv("RANK", "4", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  mpg_launch l;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
+  cr_assert(strstr(mpg_last_error(), "RANK=4 is not below WORLD_SIZE=4"), "%s",
+            mpg_last_error());
+}
+
+Test(launch, rank_without_world) {
+  setenv("RANK", "0", 1);
+  mpg_launch l;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
+  cr_assert(strstr(mpg_last_error(), "WORLD_SIZE"), "%s", mpg_last_error());
+}
+
+Test(launch, zero_world_size) {
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "0", 1);
+  mpg_launch l;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
+  cr_assert(strstr(mpg_last_error(), "WORLD_SIZE=0"), "%s", mpg_last_error());
+}
+
+Test(launch, master_port_out_of_range) {
+  setenv("MASTER_ADDR", "localhost", 1);
+  setenv("MASTER_PORT", "70000", 1);
+  mpg_launch l;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
+  cr_assert(strstr(mpg_last_error(), "MASTER_PORT=\"70000\""), "%s", mpg_last_error());
+}
+
+Test(launch, master_addr_without_port) {
+  setenv("MASTER_ADDR", "localhost", 1);
+  mpg_launch l;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
+  cr_assert(strstr(mpg_last_error(), "MASTER_PORT is not"), "%s", mpg_last_error());
+}
+
+/* The context reads the same variables and names what is missing. */
+Test(launch, ctx_create_without_rank_names_the_variables) {
+  mpg_spec spec;
+  mpg_spec_init(&spec);
+  cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=2"), MPG_OK);
+  mpg_mesh *mesh;
+  cr_assert_eq(mpg_mesh_create(&spec, 0, &mesh), MPG_OK);
+  mpg_init_opts opts = MPG_INIT_OPTS_INIT;
+  opts.backend = MPG_BACKEND_MPI;
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("RANK", "x", 1);
+  mpg_ctx *ctx = (mpg_ctx *)1;
+  mpg_status st = mpg_ctx_create(mesh, &opts, &ctx);
+  cr_assert_null(ctx);
+  /* Without MPI built the backend is unsupported; otherwise the env error. */
+  cr_assert(st == MPG_ERR_ENV || st == MPG_ERR_UNSUPPORTED, "%s", mpg_status_name(st));
+  if (st == MPG_ERR_ENV)
+    cr_assert(strstr(mpg_last_error(), "RANK=\"x\""), "%s", mpg_last_error());
+  mpg_mesh_destroy(mesh);
+}
+
+Test(launch, thread_backend_needs_a_thread_world) {
+  mpg_spec spec;
+  mpg_spec_init(&spec);
+  cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=2"), MPG_OK);
+  mpg_mesh *mesh;
+  cr_assert_eq(mpg_mesh_create(&spec, 0, &mesh), MPG_OK);
+  mpg_ctx *ctx = (mpg_ctx *)1;
+  cr_assert_eq(mpg_ctx_create(mesh, NULL, &ctx), MPG_ERR_INVALID);
+  cr_assert_null(ctx);
+  cr_assert(strstr(mpg_last_error(), "mpg_thread_run"), "%s", mpg_last_error());
+  mpg_mesh_destroy(mesh);
+}
+
+Test(launch, uninitialised_opts_are_rejected) {
+  mpg_spec spec;
+  mpg_spec_init(&spec);
+  cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=1"), MPG_OK);
+  mpg_mesh *mesh;
+  cr_assert_eq(mpg_mesh_create(&spec, 0, &mesh), MPG_OK);
+  mpg_init_opts opts;
+  memset(&opts, 0, sizeof opts);
+  mpg_ctx *ctx;
+  cr_assert_eq(mpg_ctx_create(mesh, &opts, &ctx), MPG_ERR_INVALID);
+  cr_assert(strstr(mpg_last_error(), "MPG_INIT_OPTS_INIT"), "%s", mpg_last_error());
+  mpg_mesh_destroy(mesh);
+}

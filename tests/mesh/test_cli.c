@@ -1,0 +1,100 @@
+/* meshpg plan, run as a real program: its JSON contract, its text output
+ * and its exit codes (0 ok, 1 invalid spec, 2 usage). */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static char out[1 << 16];
+
+/* Run `meshpg ARGS` (stderr joined to stdout); return its exit code. */
+static int cli(const char *args) {
+  const char *exe = getenv("MESHPG_CLI");
+  const char *data = getenv("MESHPG_TEST_DATA");
+  cr_assert_not_null(exe, "MESHPG_CLI is not set (run through meson test)");
+  cr_assert_not_null(data, "MESHPG_TEST_DATA is not set (run through meson test)");
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "cd '%s/..' && '%s' %s 2>&1", data, exe, args);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  cr_assert(WIFEXITED(st));
+  return WEXITSTATUS(st);
+}
+
+Test(cli, plan_json_matches_the_design_example) {
+  cr_assert_eq(cli("plan --mesh dp=2,tp=2,cp=2 --flatten dp_cp=dp,cp --json"), 0, "%s", out);
+  cr_assert_str_eq(out,
+                   "{\"world_size\": 8, \"dims\": [{\"name\": \"dp\", \"size\": 2}, "
+                   "{\"name\": \"tp\", \"size\": 2}, {\"name\": \"cp\", \"size\": 2}], "
+                   "\"groups\": {\"dp\": [[0, 4], [1, 5], [2, 6], [3, 7]], "
+                   "\"tp\": [[0, 2], [1, 3], [4, 6], [5, 7]], "
+                   "\"cp\": [[0, 1], [2, 3], [4, 5], [6, 7]], "
+                   "\"dp_cp\": [[0, 1, 4, 5], [2, 3, 6, 7]]}}\n");
+}
+
+Test(cli, plan_example_spec_file) {
+  cr_assert_eq(cli("plan examples/seed.toml"), 0, "%s", out);
+  cr_assert(strstr(out, "dp_cp    2 groups of 4: [0,1,4,5] [2,3,6,7]"), "%s", out);
+  cr_assert(strstr(out, "dp       4 groups of 2: [0,4] [1,5] [2,6] [3,7]"), "%s", out);
+}
+
+Test(cli, plan_infers_minus_one_from_world) {
+  cr_assert_eq(cli("plan examples/llama64.toml --world 64 --json"), 0, "%s", out);
+  cr_assert(strstr(out, "{\"name\": \"dp\", \"size\": 4}"), "%s", out);
+}
+
+Test(cli, plan_megatron_order) {
+  cr_assert_eq(cli("plan --mesh tp=2,cp=2,dp=2,pp=2 --order tp-cp-dp-pp --json"), 0, "%s", out);
+  cr_assert(strstr(out, "\"dims\": [{\"name\": \"pp\", \"size\": 2}, {\"name\": \"dp\", "
+                        "\"size\": 2}, {\"name\": \"cp\", \"size\": 2}, {\"name\": "
+                        "\"tp\", \"size\": 2}]"),
+            "%s", out);
+  cr_assert(strstr(out, "\"pp\": [[0, 8], [1, 9]"), "%s", out);
+}
+
+Test(cli, plan_rank_shows_only_its_groups) {
+  cr_assert_eq(cli("plan examples/seed.toml --rank 5"), 0, "%s", out);
+  cr_assert(strstr(out, "rank 5 at (dp=1, tp=0, cp=1)"), "%s", out);
+  cr_assert(strstr(out, "dp_cp    group 0 of 2, position 3 of 4: [0,1,4,5]"), "%s", out);
+  cr_assert_null(strstr(out, "ranks (rank -> coordinate)"), "%s", out);
+}
+
+Test(cli, plan_large_world_is_shortened) {
+  cr_assert_eq(cli("plan --mesh pp=16,dp=128,cp=8,tp=8 --flatten dp_cp=dp,cp"), 0);
+  cr_assert(strstr(out, "ranks not shown"));
+  cr_assert(strstr(out, "groups not shown"));
+  cr_assert_lt(strlen(out), 20000u);
+}
+
+Test(cli, invalid_spec_exits_1_with_the_library_message) {
+  cr_assert_eq(cli("plan --mesh dp=-1,cp=2,tp=8 --world 60"), 1, "%s", out);
+  cr_assert(strstr(out, "world size 60 is not divisible by 16"), "%s", out);
+  cr_assert_eq(cli("plan --mesh dp=2,cp=2 --flatten x=cp,dp"), 1, "%s", out);
+  cr_assert(strstr(out, "mesh order"), "%s", out);
+  cr_assert_eq(cli("plan tests/no/such/file.toml"), 1, "%s", out);
+  cr_assert(strstr(out, "cannot open spec file"), "%s", out);
+  cr_assert_eq(cli("plan --mesh dp=2 --rank 2"), 1, "%s", out);
+}
+
+Test(cli, usage_errors_exit_2) {
+  cr_assert_eq(cli("plan"), 2, "%s", out);
+  cr_assert_eq(cli("plan --mesh"), 2, "%s", out);
+  cr_assert(strstr(out, "--mesh needs a value"), "%s", out);
+  cr_assert_eq(cli("plan --mesh dp=2 --world abc"), 2, "%s", out);
+  cr_assert(strstr(out, "--world: expected an integer"), "%s", out);
+  cr_assert_eq(cli("plan --mesh dp=2 --frobnicate"), 2, "%s", out);
+  cr_assert_eq(cli("plan --mesh dp=2 --flatten nonsense"), 2, "%s", out);
+  cr_assert_eq(cli("plan a.toml b.toml"), 2, "%s", out);
+  cr_assert_eq(cli("nosuchcommand"), 2, "%s", out);
+  cr_assert_eq(cli(""), 2, "%s", out);
+}
+
+Test(cli, help_exits_0) {
+  cr_assert_eq(cli("plan --help"), 0, "%s", out);
+  cr_assert(strstr(out, "--flatten"), "%s", out);
+  cr_assert_eq(cli("--help"), 0, "%s", out);
+}
