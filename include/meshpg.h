@@ -168,7 +168,8 @@ typedef struct mpg_spec {
   double timeout_s;          /* default 600 */
   int lazy_groups;           /* 1: create groups on first use */
 
-  /* The file this spec was read from ("" for strings and the API);
+  /* The file this spec was read from (the name given to
+   * mpg_spec_load_string, "<string>" without one, "" for the API);
    * prefixes every positioned error message. */
   char source[MPG_PATH_MAX];
 } mpg_spec;
@@ -494,9 +495,10 @@ typedef struct mpg_placement_opts {
   size_t size;       /* sizeof(mpg_placement_opts) of the caller's build */
   uint32_t magic;    /* MPG_PLACEMENT_MAGIC */
   uint32_t version;  /* MPG_API_VERSION */
-  int nodes;         /* 0: world_size / gpus_per_node (1 if that is 0 too) */
-  int gpus_per_node; /* ranks per node; 0: world_size / nodes, or, with one
-                        node, the topology's GPU count when it has GPUs */
+  int nodes;         /* 0: world_size / gpus_per_node */
+  int gpus_per_node; /* ranks per node; 0: world_size / nodes.  Both 0: the
+                        topology's GPU count when it divides the world size,
+                        else the whole world on one node */
   mpg_rank_order rank_order; /* how the launcher numbered the ranks */
   const int *node_of;        /* optional, world_size entries: launcher rank
                                 -> node id (e.g. from mpg_node_ids); replaces
@@ -531,7 +533,7 @@ mpg_status mpg_placement_opts_from_spec(const mpg_spec *spec,
  * opts->strict the error MPG_ERR_TOPO.  The placement keeps a pointer to
  * mesh (and none to opts or its arrays): the mesh must outlive it.
  * Returns MPG_OK; MPG_ERR_TOPO when nodes x gpus_per_node differs from the
- * world size, when cyclic numbering meets unequal nodes, or in strict mode
+ * world size (or one of them does not divide it), or in strict mode
  * (the message names the dim set, a crossing group and its nodes);
  * MPG_ERR_RANGE for a negative count, node id or local rank out of range or
  * repeated; MPG_ERR_NOT_FOUND for an inner_dims name the mesh lacks (when

@@ -31,8 +31,8 @@ static mpg_status check_spec_ptr(const mpg_spec *spec, const char *fn) {
   return MPG_OK;
 }
 
-/* Copy the next ','-separated (or sep-separated) item of *s into buf,
- * trimming blanks; returns 0 at the end of the string. */
+/* Copy the next sep-separated item of *s into buf, trimming blanks.
+ * Returns 0 at the end of the string, -1 when the item does not fit. */
 static int next_item(const char **s, char sep, char *buf, size_t cap) {
   const char *p = *s;
   if (!p) return 0;
@@ -40,10 +40,14 @@ static int next_item(const char **s, char sep, char *buf, size_t cap) {
   size_t n = e ? (size_t)(e - p) : strlen(p);
   while (n && (*p == ' ' || *p == '\t')) p++, n--;
   while (n && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
-  if (n >= cap) n = cap - 1;
+  *s = e ? e + 1 : NULL;
+  if (n >= cap) {
+    memcpy(buf, p, cap - 4);
+    strcpy(buf + cap - 4, "...");
+    return -1;
+  }
   memcpy(buf, p, n);
   buf[n] = '\0';
-  *s = e ? e + 1 : NULL;
   return 1;
 }
 
@@ -59,13 +63,18 @@ static int parse_int(const char *s, long *out) {
 mpg_status mpg_spec_set_mesh(mpg_spec *spec, const char *dims) {
   mpg_status st = check_spec_ptr(spec, "mpg_spec_set_mesh");
   if (st) return st;
-  if (!dims || !*dims)
+  if (!dims) return mpg__fail(MPG_ERR_INVALID, "mpg_spec_set_mesh: dims is NULL");
+  if (!*dims)
     return mpg__fail(MPG_ERR_SPEC, "mesh: expected dims like \"dp=2,cp=2,tp=2\", found \"\"");
   mpg_dim out[MPG_MAX_DIMS];
   int n = 0;
   const char *p = dims;
   char item[128];
-  while (next_item(&p, ',', item, sizeof item)) {
+  int got;
+  while ((got = next_item(&p, ',', item, sizeof item))) {
+    if (got < 0)
+      return mpg__fail(MPG_ERR_SPEC, "mesh \"%s\": item %d is longer than %zu chars",
+                       dims, n + 1, sizeof item - 1);
     char *eq = strchr(item, '=');
     if (!eq)
       return mpg__fail(MPG_ERR_SPEC,
@@ -117,7 +126,11 @@ mpg_status mpg_spec_add_flatten(mpg_spec *spec, const char *name,
   strcpy(f.name, name);
   const char *p = dims;
   char item[128];
-  while (next_item(&p, ',', item, sizeof item)) {
+  int got;
+  while ((got = next_item(&p, ',', item, sizeof item))) {
+    if (got < 0)
+      return mpg__fail(MPG_ERR_SPEC, "flatten %s=\"%s\": item %d is longer than %zu chars",
+                       name, dims, f.ndims + 1, sizeof item - 1);
     if (f.ndims == MPG_MAX_DIMS)
       return mpg__fail(MPG_ERR_SPEC,
                        "flatten %s=\"%s\": expected at most %d dims", name,
@@ -173,13 +186,20 @@ mpg_status mpg_spec_apply_order(mpg_spec *spec, const char *order) {
   mpg_status st = check_spec_ptr(spec, "mpg_spec_apply_order");
   if (st) return st;
   if (!order) return mpg__fail(MPG_ERR_INVALID, "mpg_spec_apply_order: order is NULL");
-  char names[MPG_MAX_DIMS + 1][MPG_NAME_MAX];
+  char names[MPG_MAX_DIMS][MPG_NAME_MAX];
   int n = 0;
   const char *p = order;
   char item[128], known[512], hint[64];
   dim_list(spec, known, sizeof known);
-  while (next_item(&p, '-', item, sizeof item)) {
-    if (n == MPG_MAX_DIMS + 1 || strlen(item) >= MPG_NAME_MAX) break;
+  int got;
+  while ((got = next_item(&p, '-', item, sizeof item))) {
+    if (got < 0 || strlen(item) >= MPG_NAME_MAX)
+      return mpg__fail(MPG_ERR_SPEC, "order \"%s\": unknown dim \"%s\"; the mesh has %s",
+                       order, item, known);
+    if (n == MPG_MAX_DIMS)
+      return mpg__fail(MPG_ERR_SPEC,
+                       "order \"%s\": names more dims than the mesh has (%s)", order,
+                       known);
     strcpy(names[n++], item);
   }
   for (int i = 0; i < n; i++) {
@@ -211,7 +231,7 @@ mpg_status mpg_spec_apply_order(mpg_spec *spec, const char *order) {
   return MPG_OK;
 }
 
-static const char *const opt_keys[MPG__OPT_COUNT] = {
+static const char *const opt_keys[MPG__OPT_FSDP_OWNS_DP] = {
     "topology.nodes",          "topology.gpus_per_node", "sync.bucket_mb",
     "sync.first_bucket_mb",    "backend.timeout_s",
 };
@@ -321,12 +341,12 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
     double v;
     double lo;
     int integer;
-  } opts[MPG__OPT_COUNT] = {
+  } opts[MPG__OPT_FSDP_OWNS_DP] = {
       {spec->nodes, 0, 1},        {spec->gpus_per_node, 0, 1},
       {spec->bucket_mb, 0, 0},    {spec->first_bucket_mb, 0, 0},
       {spec->timeout_s, 0, 0},
   };
-  for (int i = 0; i < MPG__OPT_COUNT; i++) {
+  for (int i = 0; i < MPG__OPT_FSDP_OWNS_DP; i++) {
     int bad = opts[i].integer ? opts[i].v < opts[i].lo : !(opts[i].v > opts[i].lo);
     if (bad)
       return mpg__fail_at(MPG_ERR_SPEC, src, opt_pos ? opt_pos[i] : nopos,
@@ -347,9 +367,10 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
   if (spec->backend < MPG_BACKEND_THREAD || spec->backend > MPG_BACKEND_NCCL)
     return mpg__fail(MPG_ERR_SPEC, "backend.name: unknown value %d", (int)spec->backend);
   if (spec->fsdp_owns_dp && find_dim(spec, "dp") < 0)
-    return mpg__fail(MPG_ERR_SPEC,
-                     "sync.fsdp_owns_dp: true needs a \"dp\" dim; the mesh has %s",
-                     known);
+    return mpg__fail_at(MPG_ERR_SPEC, src,
+                        opt_pos ? opt_pos[MPG__OPT_FSDP_OWNS_DP] : nopos,
+                        "sync.fsdp_owns_dp: true needs a \"dp\" dim; the mesh has %s",
+                        known);
   return MPG_OK;
 }
 

@@ -4,7 +4,11 @@
 // path, what was expected and what was found.  No exception leaves it.
 #include <toml++/toml.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -42,8 +46,11 @@ struct reader {
       o << "string \"" << s->get() << "\"";
     else if (auto i = n.as_integer())
       o << "integer " << i->get();
-    else if (auto f = n.as_floating_point())
-      o << "float " << f->get();
+    else if (auto f = n.as_floating_point()) {
+      double v = f->get();
+      o << "float " << v;
+      if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15) o << ".0";
+    }
     else if (auto b = n.as_boolean())
       o << "boolean " << (b->get() ? "true" : "false");
     else if (n.is_array())
@@ -61,9 +68,23 @@ struct reader {
   }
 
   // Every key of `t` must be one of `keys`; a near miss gets a suggestion.
+  // The keys of a table in file order (toml++ iterates sorted by name).
+  static std::vector<std::pair<const toml::key *, const toml::node *>> in_order(
+      const toml::table &t) {
+    std::vector<std::pair<const toml::key *, const toml::node *>> v;
+    for (auto &&[k, n] : t) v.emplace_back(&k, &n);
+    std::stable_sort(v.begin(), v.end(), [](const auto &a, const auto &b) {
+      const auto &pa = a.first->source().begin, &pb = b.first->source().begin;
+      return pa.line != pb.line ? pa.line < pb.line : pa.column < pb.column;
+    });
+    return v;
+  }
+
   void only_keys(const toml::table &t, const std::string &path,
                  std::vector<const char *> keys) {
-    for (auto &&[k, v] : t) {
+    for (auto &&[kp, vp] : in_order(t)) {
+      const toml::key &k = *kp;
+      const toml::node &v = *vp;
       bool ok = false;
       for (auto key : keys) ok = ok || k.str() == key;
       if (ok) continue;
@@ -169,7 +190,9 @@ struct reader {
   void read_flatten(const toml::node &n) {
     const toml::table &t = section(n, "mesh.flatten");
     int k = 0;
-    for (auto &&[key, v] : t) {
+    for (auto &&[keyp, vp] : in_order(t)) {
+      const toml::key &key = *keyp;
+      const toml::node &v = *vp;
       std::string name(key.str());
       std::string fp = "mesh.flatten." + name;
       if (k == MPG_MAX_FLATTEN)
@@ -241,8 +264,10 @@ struct reader {
     const toml::table &t = section(n, "sync");
     only_keys(t, "sync", {"fsdp_owns_dp", "op", "bucket_mb", "first_bucket_mb",
                           "reduce_dtype"});
-    if (auto v = t.get("fsdp_owns_dp"))
+    if (auto v = t.get("fsdp_owns_dp")) {
       spec->fsdp_owns_dp = get_bool(*v, "sync.fsdp_owns_dp");
+      opt_pos[MPG__OPT_FSDP_OWNS_DP] = pos(v->source());
+    }
     if (auto v = t.get("op"))
       spec->op = static_cast<mpg_sync_op>(get_choice(*v, "sync.op", {"avg", "sum"}));
     if (auto v = t.get("bucket_mb")) {
@@ -329,6 +354,12 @@ extern "C" mpg_status mpg_spec_load_file(const char *path, mpg_spec *spec) {
   if (std::strlen(path) >= MPG_PATH_MAX)
     return mpg__fail(MPG_ERR_INVALID, "mpg_spec_load_file: path longer than %d bytes",
                      MPG_PATH_MAX - 1);
+  struct stat sb;
+  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    mpg_spec_init(spec);
+    return mpg__fail(MPG_ERR_IO, "%s: cannot read spec file: %s", path,
+                     S_ISDIR(sb.st_mode) ? "is a directory" : "not a regular file");
+  }
   try {
     std::ifstream in(path, std::ios::binary);
     if (!in) {
