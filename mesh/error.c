@@ -100,21 +100,25 @@ int mpg__name_valid(const char *name) {
   return 1;
 }
 
+/* Edit distance counting an adjacent swap as one edit (optimal string
+ * alignment), so "nmae" is one edit from "name". */
 static int edit_distance(const char *a, const char *b) {
   size_t la = strlen(a), lb = strlen(b);
   if (la > 63 || lb > 63) return 99;
-  int prev[64], cur[64];
-  for (size_t j = 0; j <= lb; j++) prev[j] = (int)j;
-  for (size_t i = 1; i <= la; i++) {
-    cur[0] = (int)i;
+  int d[64][64];
+  for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+  for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+  for (size_t i = 1; i <= la; i++)
     for (size_t j = 1; j <= lb; j++) {
-      int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
-      int del = prev[j] + 1, ins = cur[j - 1] + 1;
-      cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+      int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+      if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+          d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
     }
-    memcpy(prev, cur, sizeof(int) * (lb + 1));
-  }
-  return prev[lb];
+  return d[la][lb];
 }
 
 const char *mpg__closest(const char *word, const char *const *cands, int n) {
@@ -124,8 +128,7 @@ const char *mpg__closest(const char *word, const char *const *cands, int n) {
     int d = edit_distance(word, cands[i]);
     if (d < bestd) bestd = d, best = cands[i];
   }
-  /* Close enough: at most 2 edits, and at most a third of the word. */
-  size_t len = strlen(word);
-  if (best && bestd <= 2 && (size_t)bestd * 3 <= len) return best;
-  return NULL;
+  /* Close enough: one edit for short words, two from five chars on. */
+  int limit = strlen(word) >= 5 ? 2 : 1;
+  return best && bestd > 0 && bestd <= limit ? best : NULL;
 }

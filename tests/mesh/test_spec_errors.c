@@ -110,7 +110,7 @@ static const struct row rows[] = {
 
     /* --- [mesh].flatten ------------------------------------------------- */
     {"flatten_unknown_dim.toml", MPG_ERR_SPEC, 4, 28, 0,
-     "mesh.flatten.dp_cp[1]: unknown dim \"cq\"; the mesh has dp, cp, tp"},
+     "mesh.flatten.dp_cp[1]: unknown dim \"expert\"; the mesh has dp, cp, tp"},
     {"flatten_did_you_mean.toml", MPG_ERR_SPEC, 4, 36, 0,
      "mesh.flatten.data_tensor[1]: unknown dim \"tensr\" (did you mean "
      "\"tensor\"?); the mesh has pipe, data, tensor"},
@@ -138,7 +138,7 @@ static const struct row rows[] = {
 
     /* --- [mesh].order --------------------------------------------------- */
     {"order_unknown_dim.toml", MPG_ERR_SPEC, 4, 9, 0,
-     "mesh.order \"tp-cq-dp\": unknown dim \"cq\"; the mesh has dp, cp, tp"},
+     "mesh.order \"tp-expert-dp\": unknown dim \"expert\"; the mesh has dp, cp, tp"},
     {"order_did_you_mean.toml", MPG_ERR_SPEC, 4, 9, 0,
      "mesh.order \"tensor-dta-pipe\": unknown dim \"dta\" (did you mean \"data\"?)"},
     {"order_missing_dim.toml", MPG_ERR_SPEC, 4, 9, 0,
