@@ -313,12 +313,15 @@ typedef struct mpg_topo mpg_topo;
 #define MPG_BUS_ID_MAX 16      /* "0000:18:00.0" with the NUL */
 #define MPG_CPUSET_STR_MAX 256 /* a cpuset as text, with the NUL */
 
-/* A network device near a GPU.  The strings belong to the topology. */
+/* A network device: a PCI device with network and/or OpenFabrics OS
+ * devices.  The strings belong to the topology. */
 typedef struct mpg_nic_info {
   const char *name;   /* the OpenFabrics device ("mlx5_0") if it has one,
                          else its network interface ("eth0") */
   const char *netdev; /* its network interface ("ibp23s0"), "" if none */
   const char *bus_id; /* its PCI bus id, "0000:17:00.0" */
+  int numa_node;      /* as for GPUs: its NUMA node, -1 if several */
+  const char *cpuset; /* the CPUs near it, "0-7,16-23" */
 } mpg_nic_info;
 
 /* One GPU.  Every pointer belongs to the topology and stays valid until
@@ -350,10 +353,11 @@ typedef struct mpg_gpu_info {
 mpg_status mpg_topo_load_live(mpg_topo **out);
 
 /* Load an hwloc XML topology file (as written by `lstopo file.xml`).
- * Returns MPG_OK; MPG_ERR_IO if the file cannot be opened (the message names
- * the path and the system error); MPG_ERR_TOPO if hwloc rejects its content
- * (not XML, not an hwloc topology, inconsistent objects); MPG_ERR_INVALID for
- * NULL arguments; MPG_ERR_NOMEM. */
+ * Returns MPG_OK; MPG_ERR_IO if the file cannot be opened or read (missing,
+ * no permission, a directory; the message names the path and the system
+ * error); MPG_ERR_TOPO if it is empty or hwloc rejects its content (not XML,
+ * not an hwloc topology, inconsistent objects); MPG_ERR_INVALID for NULL
+ * arguments; MPG_ERR_NOMEM. */
 mpg_status mpg_topo_load_xml(const char *path, mpg_topo **out);
 
 /* Build a topology from an hwloc synthetic description such as
@@ -390,6 +394,12 @@ int mpg_topo_has_gpu_fabric(const mpg_topo *topo);
  * MPG_ERR_INVALID for NULL arguments. */
 mpg_status mpg_topo_gpu_info(const mpg_topo *topo, int gpu,
                              mpg_gpu_info *out);
+
+/* Every NIC of the topology (GPU or not), in PCI order: count, and NIC
+ * `nic` (0..count-1) into *out.  mpg_topo_nic_info returns MPG_OK;
+ * MPG_ERR_RANGE for a bad index; MPG_ERR_INVALID for NULL arguments. */
+int mpg_topo_num_nics(const mpg_topo *topo);
+mpg_status mpg_topo_nic_info(const mpg_topo *topo, int nic, mpg_nic_info *out);
 
 /* What a binding call chose (and, for mpg_topo_bind*, applied).  A plain
  * value: it holds no pointers. */
@@ -839,16 +849,22 @@ mpg_status mpg_work_test(mpg_work *work, int *done);
 /* Gradient synchronisation (sync/)                                          */
 /* ------------------------------------------------------------------------ */
 /* Gradient synchronisation.  A trainer registers its parameters, gets a
- * view into one contiguous gradient buffer per (dtype, reduce group), writes
- * gradients straight into the views during backward and marks each ready;
- * buckets (slices of the buffers, no copies) are all-reduced asynchronously
- * as soon as all their gradients are ready.
+ * view into one contiguous gradient buffer per (dtype, reduce group, tied
+ * group), writes gradients straight into the views during backward and
+ * marks each ready; buckets (slices of the buffers, no copies) are
+ * all-reduced asynchronously as soon as all their gradients are ready.
+ * Only the public groups API is used, so every backend behaves alike.
  *
  * Typical step:
- *   mpg_sync_begin(s, step, is_last_microbatch);
+ *   mpg_sync_begin(s, step, is_last_microbatch, stream);
  *   ... backward writes grads, calling mpg_sync_mark_ready(s, p) per param
  *   mpg_sync_finish(s);            // every bucket reduced (last microbatch)
- */
+ *
+ * Every rank calls mpg_sync_create and mpg_sync_commit: both may create
+ * groups, which is collective over the world.  Ranks that share a reduce
+ * group must register the same layout (counts, dtypes, reduce dims, tied or
+ * not, in the same order).  A mpg_sync is used by one thread at a time; its
+ * context must outlive it. */
 typedef struct mpg_sync mpg_sync;
 
 typedef struct mpg_sync_opts {
@@ -871,8 +887,10 @@ typedef struct mpg_sync_opts {
   { sizeof(mpg_sync_opts), MPG_SYNC_OPTS_MAGIC, MPG_API_VERSION, 0, NULL,   \
     MPG_SYNC_AVG, 1.0, 25.0, 1.0, MPG_REDUCE_F32, 0 }
 
-/* Copy the [sync] section of a spec into *opts (which must have been set
- * from MPG_SYNC_OPTS_INIT). */
+/* Copy the [sync] section of a spec (fsdp_owns_dp, op, bucket_mb,
+ * first_bucket_mb, reduce_dtype) into *opts, which must have been set from
+ * MPG_SYNC_OPTS_INIT; its other fields are left alone.  Returns
+ * MPG_ERR_INVALID for NULL arguments or structs not set up properly. */
 mpg_status mpg_sync_opts_from_spec(const mpg_spec *spec, mpg_sync_opts *opts);
 
 /* Per-parameter overrides. */
@@ -892,57 +910,82 @@ typedef struct mpg_param_opts {
   { sizeof(mpg_param_opts), MPG_PARAM_OPTS_MAGIC, MPG_API_VERSION, NULL, NULL }
 
 /* Create a gradient synchroniser on a context.  opts may be NULL.
- * Creating the default reduce group may be collective (see
- * mpg_ctx_group_dims).  Returns MPG_ERR_INVALID, MPG_ERR_NOT_FOUND (no
- * "dp_cp" / "cp" in the mesh: name what is missing), MPG_ERR_NOMEM. */
+ * The default reduce group is opts->default_dims if set; else with
+ * fsdp_owns_dp "cp" (a one-rank group, nothing reduced, when the mesh has
+ * no cp); else "dp_cp", or without that set the union of whichever of dp
+ * and cp the mesh has.  Creating it may be collective (see
+ * mpg_ctx_group_dims).  Returns MPG_ERR_INVALID (NULL ctx/out, opts not
+ * from MPG_SYNC_OPTS_INIT, unknown op or reduce_dtype, bucket sizes not
+ * > 0, grad_scale not finite), MPG_ERR_NOT_FOUND (an unknown default_dims
+ * name, or a mesh with no dp_cp, dp or cp: the message lists its dims),
+ * MPG_ERR_NOMEM, and the groups layer's errors creating the group. */
 mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
                            mpg_sync **out);
 
 /* Register a parameter (before mpg_sync_commit): its name (copied), element
  * count, dtype and optional overrides.  *param receives its id (0, 1, ...
- * in registration order).  Returns MPG_ERR_STATE after commit,
- * MPG_ERR_INVALID (count 0, bad dtype, duplicate name). */
+ * in registration order; -1 on failure).  Returns MPG_ERR_STATE after
+ * commit, MPG_ERR_INVALID (count 0, bad dtype, duplicate name, an integer
+ * dtype with grad_scale != 1, malformed reduce_dims), MPG_ERR_NOT_FOUND
+ * (reduce_dims names an unknown dim or set), MPG_ERR_RANGE (too large). */
 mpg_status mpg_sync_add_param(mpg_sync *sync, const char *name, size_t count,
                               mpg_dtype dtype, const mpg_param_opts *opts,
                               int *param);
 
 /* Lay out the gradient buffers (reverse registration order, one buffer per
- * (dtype, reduce group, tied group)) and the buckets.  Collective over the
- * world when it creates groups.  Gradients start at zero. */
+ * (dtype, reduce group, tied group), each view on a 64-byte boundary) and
+ * the buckets (slices of one buffer, each up to bucket_mb, the buffer's
+ * first up to first_bucket_mb; a larger parameter has its own).  Collective
+ * over the world when it creates groups: the distinct reduce_dims are
+ * created sorted by their dims, so every rank must register the same set
+ * of reduce_dims (or create those groups first, in one order everywhere).
+ * Gradients start at zero.  Returns MPG_ERR_STATE if already committed,
+ * MPG_ERR_NOMEM, and the groups layer's errors (naming group and param). */
 mpg_status mpg_sync_commit(mpg_sync *sync);
 
 /* The gradient view of a parameter (count elements of its dtype), valid
  * until mpg_sync_destroy.  Host memory, or device memory on nccl.  The
- * trainer writes (or accumulates) its gradient here. */
+ * trainer writes (or accumulates) its gradient here.  Returns MPG_ERR_STATE
+ * before commit, MPG_ERR_RANGE for a bad id. */
 mpg_status mpg_sync_grad(mpg_sync *sync, int param, void **grad);
 
 /* Start a step (micro-batch).  When is_last_microbatch is 0 nothing is
  * launched by mark_ready (gradient accumulation).  On nccl, `stream` is the
- * caller's stream that produces the gradients (NULL elsewhere). */
+ * caller's stream that produces the gradients (NULL elsewhere).  Returns
+ * MPG_ERR_STATE before commit or while a step is open (finish it first);
+ * MPG_ERR_ABORTED once a step failed with a timeout or abort (the context
+ * is aborted: the message names that step and its error). */
 mpg_status mpg_sync_begin(mpg_sync *sync, long step, int is_last_microbatch,
                           void *stream);
 
 /* The gradient of `param` is complete for this micro-batch.  On the last
  * micro-batch, a bucket whose parameters are all ready is launched at once
- * (asynchronously), in bucket order.  Returns MPG_ERR_STATE if the param
- * was already marked in this step. */
+ * (asynchronously), in bucket order: a bucket that fills early waits for
+ * the ones before it, so every rank issues the same collectives in the
+ * same order.  The view must not change after this until finish.  Returns
+ * MPG_ERR_STATE if no step is open or the param was already marked in this
+ * step, MPG_ERR_RANGE for a bad id, or the step's error once it failed. */
 mpg_status mpg_sync_mark_ready(mpg_sync *sync, int param);
 
-/* Launch what is left and wait for every bucket.  On success every
- * gradient is reduced over exactly its groups.  On failure (timeout, abort)
- * the gradients are marked invalid (mpg_sync_grads_valid returns 0) and the
- * error is returned: never silently half-reduced.  On nccl the caller's
- * stream is ordered after the reduction. */
+/* Launch what is left (params never marked as they are) and wait for every
+ * bucket, then sum the tied buffers over their tied groups.  On success
+ * every gradient is reduced over exactly its groups.  On failure (timeout,
+ * abort) the gradients are marked invalid (mpg_sync_grads_valid returns 0)
+ * and the step's first error is returned: never silently half-reduced.  On
+ * nccl the caller's stream is ordered after the reduction.  Returns
+ * MPG_ERR_STATE if no step is open. */
 mpg_status mpg_sync_finish(mpg_sync *sync);
 
 /* begin(last microbatch) + mark every param ready + finish. */
 mpg_status mpg_sync_all(mpg_sync *sync, long step, void *stream);
 
-/* Zero every gradient (e.g. after the optimizer step). */
+/* Zero every gradient (e.g. after the optimizer step); on nccl on the
+ * sync's stream, which the next begin orders before the caller's.  Returns
+ * MPG_ERR_STATE before commit or while buckets of a step are in flight. */
 mpg_status mpg_sync_zero_grads(mpg_sync *sync);
 
-/* 1 when the last finished step reduced every gradient, 0 after a failed
- * step (until the next successful one). */
+/* 1 when the last finished step reduced every gradient (and before any
+ * step), 0 after a failed step (until the next successful one). */
 int mpg_sync_grads_valid(const mpg_sync *sync);
 
 /* Layout facts for tools and tests. */
@@ -950,18 +993,21 @@ typedef struct mpg_sync_stats {
   int num_params;
   int num_buffers;
   int num_buckets;
-  size_t total_bytes;
+  size_t total_bytes;    /* of every buffer, the alignment padding included */
   long launched_buckets; /* over the sync's lifetime */
 } mpg_sync_stats;
 mpg_status mpg_sync_get_stats(const mpg_sync *sync, mpg_sync_stats *stats);
 
-/* The reduce group of a parameter (belongs to the context). */
+/* The reduce group of a parameter (belongs to the context).  Returns
+ * MPG_ERR_STATE before commit. */
 mpg_status mpg_sync_param_group(const mpg_sync *sync, int param,
                                 mpg_group **group);
 
-/* Free the buffers and the synchroniser; waits for nothing (call
- * mpg_sync_finish first).  NULL is a no-op.  Returns MPG_OK, or the
- * backend's error freeing device memory. */
+/* Free the buffers and the synchroniser (before the context).  Call
+ * mpg_sync_finish first: with a step still open it waits for the buckets in
+ * flight (up to the context's timeout) so that nothing writes into freed
+ * memory.  NULL is a no-op.  Returns MPG_OK, or the backend's error
+ * freeing device memory. */
 mpg_status mpg_sync_destroy(mpg_sync *sync);
 
 /* @@sync-api@@ */

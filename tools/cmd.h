@@ -6,6 +6,8 @@
 #include "meshpg.h"
 
 int mpg_cmd_plan(int argc, char **argv);
+int mpg_cmd_sim(int argc, char **argv);
+int mpg_cmd_topo(int argc, char **argv);
 
 /* Shared option parsing helpers. */
 int mpg_tool_parse_int(const char *flag, const char *s, int lo, int *out);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cmd.h"
+#include "plan_placement.h"
 
 static const char plan_usage[] =
     "usage: meshpg plan [SPEC.toml] [--mesh dp=2,cp=2,tp=2] "
@@ -130,7 +131,8 @@ static void json_string(const char *s) {
   printf("\"%s\"", s);
 }
 
-static void print_json(const mpg_mesh *m, int rank, int *buf) {
+static void print_json(const mpg_mesh *m, int rank, int *buf,
+                       const mpg_plan_placement *pp) {
   int nd = mpg_mesh_ndims(m), nsets = mpg_mesh_num_dimsets(m);
   printf("{\"world_size\": %d, \"dims\": [", mpg_mesh_world_size(m));
   for (int d = 0; d < nd; d++) {
@@ -176,6 +178,10 @@ static void print_json(const mpg_mesh *m, int rank, int *buf) {
     }
     printf("}}");
   }
+  if (pp) {
+    printf(", ");
+    mpg_plan_place_json(stdout, pp, m);
+  }
   printf("}\n");
 }
 
@@ -187,11 +193,17 @@ int mpg_cmd_plan(int argc, char **argv) {
   /* --flatten may repeat: remember the argv indices, apply after the spec. */
   int flat_idx[MPG_MAX_FLATTEN + 1], nflat = 0;
 
+  mpg_plan_place_args place_args;
+  mpg_plan_place_args_init(&place_args);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
+    int placed = mpg_plan_place_parse(&place_args, argc, argv, &i);
+    if (placed < 0) return MPG_EXIT_USAGE;
+    if (placed) continue;
     int has_next = i + 1 < argc;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       fputs(plan_usage, stdout);
+      fputs(mpg_plan_place_usage, stdout);
       return MPG_EXIT_OK;
     } else if (strcmp(a, "--json") == 0) {
       json = 1;
@@ -273,11 +285,25 @@ int mpg_cmd_plan(int argc, char **argv) {
     mpg_mesh_destroy(mesh);
     return MPG_EXIT_FAIL;
   }
-  if (json)
-    print_json(mesh, rank, buf);
-  else
+  mpg_plan_placement *pp = NULL;
+  int rc = mpg_plan_place_build(&place_args, &spec, mesh, &pp);
+  if (rc) {
+    free(buf);
+    mpg_mesh_destroy(mesh);
+    return rc;
+  }
+  if (json) {
+    print_json(mesh, rank, buf, pp);
+  } else {
     print_text(mesh, &spec, rank, buf);
+    if (rank >= 0)
+      mpg_plan_place_print_rank(stdout, pp, rank);
+    else
+      mpg_plan_place_print(stdout, pp, mesh);
+  }
+  rc = mpg_plan_place_svg(pp, mesh);
+  mpg_plan_place_free(pp);
   free(buf);
   mpg_mesh_destroy(mesh);
-  return MPG_EXIT_OK;
+  return rc;
 }

@@ -11,6 +11,8 @@ static const char usage[] =
     "\n"
     "commands:\n"
     "  plan   show the dims, ranks and groups of a mesh spec\n"
+    "  topo   show this machine's (or a fixture's) GPUs, NUMA nodes, NICs and bindings\n"
+    "  sim    train a small 3D-parallel model on simulated ranks and check it\n"
     "\n"
     "Run 'meshpg <command> --help' for the options of one command.\n";
 
@@ -41,6 +43,8 @@ int main(int argc, char **argv) {
   }
   const char *cmd = argv[1];
   if (strcmp(cmd, "plan") == 0) return mpg_cmd_plan(argc - 1, argv + 1);
+  if (strcmp(cmd, "topo") == 0) return mpg_cmd_topo(argc - 1, argv + 1);
+  if (strcmp(cmd, "sim") == 0) return mpg_cmd_sim(argc - 1, argv + 1);
   if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
       strcmp(cmd, "help") == 0) {
     fputs(usage, stdout);

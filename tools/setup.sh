@@ -45,7 +45,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 case "$mode" in
   build) ;;
   demo)
-    "$build/tools/meshpg" plan "$root/examples/seed.toml"
+    # The main job: 8 simulated ranks train a tp/cp/dp-parallel MLP with
+    # gradients synchronised over dp_cp, checked against one process.
+    "$build/tools/meshpg" plan "$root/examples/seed.toml" --rank 5
+    echo
+    "$build/tools/meshpg" sim "$root/examples/seed.toml" --steps 50
     ;;
   test)
     log=$(mktemp)
