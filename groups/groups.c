@@ -33,6 +33,10 @@ struct mpg_ctx {
   const struct mpg__backend_ops *ops;
   mpg_backend_kind kind;
   int rank, world, local_rank;
+  int launcher_rank, num_nodes;
+  mpg_binding binding;
+  mpg__comm *launch_comm; /* the launcher-ordered world, kept when placement
+                             renumbered the ranks (freed last) */
   double timeout_s;
   int lazy;
   mpg_status aborted; /* MPG_OK while healthy, else the reason */
@@ -148,7 +152,105 @@ static void abort_all(mpg_ctx *ctx, mpg_status reason) {
   for (mpg_group *g = ctx->extra; g; g = g->next)
     if (g->comm) ctx->ops->abort(g->comm, reason);
   if (ctx->world_comm) ctx->ops->abort(ctx->world_comm, reason);
+  if (ctx->launch_comm) ctx->ops->abort(ctx->launch_comm, reason);
   mpg__log(1, "rank %d: context aborted (%s)", ctx->rank, mpg_status_name(reason));
+}
+
+/* Run one operation on a communicator to completion within the timeout. */
+static mpg_status run_on(mpg_ctx *ctx, mpg__comm *comm, const mpg__coll *c) {
+  mpg__req *req = NULL;
+  mpg_status st = ctx->ops->post(comm, c, &req);
+  if (st) return st;
+  st = ctx->ops->wait(req, mpg__now() + ctx->timeout_s);
+  if (st) abort_all(ctx, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
+  ctx->ops->req_free(req);
+  return st;
+}
+
+/* Topology-aware placement: learn which ranks share a node from their host
+ * identities, place the mesh so inner dims stay inside nodes, and renumber
+ * the world by mesh rank (one split keyed by mesh rank). */
+static mpg_status place(mpg_ctx *ctx, const mpg_init_opts *opts,
+                        const mpg__world_args *a) {
+  enum { ID_INTS = MPG_HOST_ID_MAX / 4 };
+  int world = ctx->world;
+  int32_t mine[ID_INTS];
+  memset(mine, 0, sizeof mine);
+  mpg_status st;
+  if (opts->host_id) {
+    if (strlen(opts->host_id) >= MPG_HOST_ID_MAX)
+      return mpg__fail(MPG_ERR_INVALID, "opts.host_id is longer than %d chars",
+                       MPG_HOST_ID_MAX - 1);
+    memcpy(mine, opts->host_id, strlen(opts->host_id));
+  } else if ((st = mpg_host_identity((char *)mine, sizeof mine))) {
+    return st;
+  }
+  int32_t *all = malloc(sizeof(int32_t) * ID_INTS * (size_t)world);
+  const char **ids = malloc(sizeof(char *) * (size_t)world);
+  int *node_of = malloc(sizeof(int) * (size_t)world);
+  int *local = malloc(sizeof(int) * (size_t)world);
+  mpg_placement *pl = NULL;
+  if (!all || !ids || !node_of || !local) {
+    st = mpg__fail(MPG_ERR_NOMEM, "placement: out of memory for %d host ids", world);
+    goto done;
+  }
+  mpg__coll gather = {MPG__ALL_GATHER, mine, all, ID_INTS, MPG_I32, MPG_OP_SUM,
+                      1.0, 0, 0, NULL};
+  ctx->setup_collectives++;
+  if ((st = run_on(ctx, ctx->world_comm, &gather))) goto done;
+  for (int r = 0; r < world; r++) {
+    ids[r] = (const char *)(all + (size_t)r * ID_INTS);
+    ((char *)(all + (size_t)(r + 1) * ID_INTS))[-1] = '\0';
+  }
+  if ((st = mpg_node_ids(world, ids, node_of, local, &ctx->num_nodes))) goto done;
+  mpg_placement_opts po = MPG_PLACEMENT_OPTS_INIT;
+  po.node_of = node_of;
+  po.local_rank = local;
+  po.strict = opts->strict_placement;
+  if ((st = mpg_placement_create(ctx->mesh, &po, &pl))) goto done;
+  int misfits = 0;
+  if ((st = mpg_placement_check(pl, opts->strict_placement, &misfits))) goto done;
+  int mesh_rank;
+  if ((st = mpg_placement_mesh_rank(pl, a->rank, &mesh_rank))) goto done;
+  mpg__log(1, "placement: launcher rank %d on node %d -> mesh rank %d (%d nodes, %d misfit groups)",
+           a->rank, node_of[a->rank], mesh_rank, ctx->num_nodes, misfits);
+  ctx->binding.local_rank = local[a->rank];
+  if (mesh_rank != a->rank || ctx->num_nodes > 1) {
+    mpg__comm *placed = NULL;
+    ctx->setup_collectives++;
+    st = ctx->ops->split(ctx->world_comm, 0, mesh_rank, &placed);
+    if (st) goto done;
+    ctx->launch_comm = ctx->world_comm;
+    ctx->world_comm = placed;
+  }
+  ctx->rank = mesh_rank;
+done:
+  mpg_placement_destroy(pl);
+  free(all);
+  free(ids);
+  free(node_of);
+  free(local);
+  return st;
+}
+
+/* Pin this rank near its GPU on the live machine. */
+static mpg_status bind_rank(mpg_ctx *ctx, const mpg_init_opts *opts,
+                            const mpg__world_args *a) {
+  mpg_topo *topo = NULL;
+  mpg_status st = mpg_topo_load_live(&topo);
+  if (st) return st;
+  int local = ctx->binding.local_rank, gpu = opts->device;
+  if (ctx->kind == MPG_BACKEND_THREAD)
+    st = mpg_topo_bind_thread(topo, local, a->local_world_size, gpu, opts->bind,
+                              &ctx->binding);
+  else
+    st = mpg_topo_bind(topo, local, a->local_world_size, gpu, opts->bind,
+                       &ctx->binding);
+  mpg_topo_destroy(topo);
+  if (!st)
+    mpg__log(1, "rank %d: bound to cpus %s (numa %d, gpu %d)", ctx->rank,
+             ctx->binding.cpuset, ctx->binding.numa_node, ctx->binding.gpu);
+  return st;
 }
 
 mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
@@ -204,6 +306,26 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
   ctx->timeout_s = a.timeout_s;
   ctx->lazy = opts->lazy_groups;
   ctx->nsets = mpg_mesh_num_dimsets(mesh);
+  ctx->launcher_rank = a.rank;
+  ctx->num_nodes = 1;
+  ctx->binding.local_rank = a.local_rank;
+  ctx->binding.gpu = -1;
+  ctx->binding.numa_node = -1;
+  ctx->setup_collectives = 1;
+  st = ops->world_init(&a, &ctx->world_comm);
+  if (st) {
+    free(ctx);
+    return st;
+  }
+  mpg__log(1, "rank %d of %d: %s backend up", ctx->rank, ctx->world, ops->name);
+  if (opts->placement) st = place(ctx, opts, &a);
+  if (!st && opts->bind != MPG_BIND_NONE) st = bind_rank(ctx, opts, &a);
+  if (st) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", mpg_last_error());
+    mpg_ctx_destroy(ctx);
+    return mpg__fail(st, "%s", msg);
+  }
   int nd = mpg_mesh_ndims(mesh), stride = 1;
   for (int d = nd - 1; d >= 0; d--) {
     mpg_mesh_dim(mesh, d, NULL, &ctx->sizes[d]);
@@ -221,13 +343,7 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
     mpg_mesh_dimset_dims(mesh, s, dims, &n);
     for (int i = 0; i < n; i++) g->mask |= 1u << dims[i];
   }
-  ctx->setup_collectives = 1;
-  st = ops->world_init(&a, &ctx->world_comm);
-  if (st) {
-    free(ctx);
-    return st;
-  }
-  mpg__log(1, "rank %d of %d: %s backend up", ctx->rank, ctx->world, ops->name);
+
   if (!ctx->lazy) {
     for (int s = 0; s < ctx->nsets && !st; s++) st = create_group(ctx, &ctx->groups[s]);
     if (st) {
@@ -269,8 +385,10 @@ mpg_status mpg_ctx_destroy(mpg_ctx *ctx) {
     }
     free(g);
   }
-  if (ctx->world_comm) {
-    mpg_status st = ctx->ops->destroy(ctx->world_comm);
+  mpg__comm *worlds[2] = {ctx->world_comm, ctx->launch_comm};
+  for (int i = 0; i < 2; i++) {
+    if (!worlds[i]) continue;
+    mpg_status st = ctx->ops->destroy(worlds[i]);
     if (st && !first) {
       first = st;
       snprintf(msg, sizeof msg, "%s", mpg_last_error());
@@ -288,6 +406,13 @@ mpg_status mpg_ctx_abort(mpg_ctx *ctx) {
 
 int mpg_ctx_rank(const mpg_ctx *ctx) { return ctx ? ctx->rank : -1; }
 int mpg_ctx_world_size(const mpg_ctx *ctx) { return ctx ? ctx->world : 0; }
+int mpg_ctx_launcher_rank(const mpg_ctx *ctx) { return ctx ? ctx->launcher_rank : -1; }
+int mpg_ctx_num_nodes(const mpg_ctx *ctx) { return ctx ? ctx->num_nodes : 0; }
+mpg_status mpg_ctx_binding(const mpg_ctx *ctx, mpg_binding *out) {
+  if (!ctx || !out) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_binding: NULL argument");
+  *out = ctx->binding;
+  return MPG_OK;
+}
 int mpg_ctx_local_rank(const mpg_ctx *ctx) { return ctx ? ctx->local_rank : -1; }
 mpg_backend_kind mpg_ctx_backend(const mpg_ctx *ctx) {
   return ctx ? ctx->kind : MPG_BACKEND_THREAD;

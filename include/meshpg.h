@@ -663,11 +663,24 @@ struct mpg_init_opts {
   void *mpi_comm;       /* MPI: pointer to the MPI_Comm to use as world;
                            NULL: MPI_COMM_WORLD */
   mpg_thread_world *thread_world; /* thread: set by mpg_thread_run */
+  int placement;        /* 1: gather host identities over the world, place
+                           the ranks so tp then cp groups stay inside a node
+                           (mpg_placement_create), and renumber: the
+                           context's rank becomes this process's mesh rank */
+  int strict_placement; /* 1: with placement, a tp/cp group that crosses
+                           nodes fails mpg_ctx_create with MPG_ERR_TOPO
+                           (default: a logged warning) */
+  mpg_bind bind;        /* bind the process (the calling thread on the
+                           thread backend) near its GPU with hwloc */
+  const char *host_id;  /* this rank's host identity; NULL: the real one
+                           (mpg_host_identity).  For simulations and tests
+                           of multi-node placement. */
 };
 #define MPG_INIT_OPTS_MAGIC 0x6d706769u /* "mpgi" */
 #define MPG_INIT_OPTS_INIT                                                  \
   { sizeof(mpg_init_opts), MPG_INIT_OPTS_MAGIC, MPG_API_VERSION,            \
-    MPG_BACKEND_THREAD, -1, -1, -1, -1, 0.0, 0, -1, NULL, NULL, NULL }
+    MPG_BACKEND_THREAD, -1, -1, -1, -1, 0.0, 0, -1, NULL, NULL, NULL, 0, 0, \
+    MPG_BIND_NONE, NULL }
 
 /* What the launcher said, read from the environment. */
 typedef struct mpg_launch {
@@ -719,7 +732,16 @@ mpg_status mpg_ctx_destroy(mpg_ctx *ctx);
  * MPG_ERR_ABORTED.  Never blocks.  The context must still be destroyed. */
 mpg_status mpg_ctx_abort(mpg_ctx *ctx);
 
+/* This rank in the mesh (0..world-1).  Equal to the launcher's rank unless
+ * opts.placement renumbered it. */
 int mpg_ctx_rank(const mpg_ctx *ctx);
+/* The rank the launcher gave this process (RANK, OMPI_COMM_WORLD_RANK...). */
+int mpg_ctx_launcher_rank(const mpg_ctx *ctx);
+/* Number of nodes found by placement (1 without opts.placement). */
+int mpg_ctx_num_nodes(const mpg_ctx *ctx);
+/* What opts.bind did (mode MPG_BIND_NONE and applied 0 when nothing was
+ * asked).  Returns MPG_ERR_INVALID for NULL arguments. */
+mpg_status mpg_ctx_binding(const mpg_ctx *ctx, mpg_binding *out);
 int mpg_ctx_world_size(const mpg_ctx *ctx);
 int mpg_ctx_local_rank(const mpg_ctx *ctx);
 mpg_backend_kind mpg_ctx_backend(const mpg_ctx *ctx);

@@ -1,0 +1,98 @@
+/* mpg_ctx_create with opts.placement on simulated multi-node worlds: host
+ * identities are gathered, ranks renumbered, and tp then cp groups end up
+ * inside one node whatever the launcher's numbering. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "meshpg.h"
+
+typedef struct job {
+  const char *mesh;
+  int nodes;
+  int cyclic;       /* launcher deals ranks round-robin over nodes */
+  int strict;
+  const char *inner; /* dim sets whose groups must stay inside a node */
+  mpg_status expect;
+} job;
+
+static mpg_status rank_main(const mpg_init_opts *in, void *arg) {
+  const job *j = arg;
+  mpg_init_opts opts = *in;
+  int world = opts.world_size, per_node = world / j->nodes;
+  int node = j->cyclic ? opts.rank % j->nodes : opts.rank / per_node;
+  char host[64];
+  snprintf(host, sizeof host, "node%d:boot-id", node);
+  opts.host_id = host;
+  opts.placement = 1;
+  opts.strict_placement = j->strict;
+
+  mpg_spec spec;
+  mpg_spec_init(&spec);
+  mpg_status st = mpg_spec_set_mesh(&spec, j->mesh);
+  mpg_mesh *mesh = NULL;
+  if (!st) st = mpg_mesh_create(&spec, world, &mesh);
+  mpg_ctx *ctx = NULL;
+  if (!st) st = mpg_ctx_create(mesh, &opts, &ctx);
+  if (st) {
+    mpg_mesh_destroy(mesh);
+    return st;
+  }
+  if (mpg_ctx_launcher_rank(ctx) != in->rank || mpg_ctx_num_nodes(ctx) != j->nodes)
+    st = MPG_ERR_STATE;
+  /* Every member of an inner group reports the same node. */
+  char names[64];
+  snprintf(names, sizeof names, "%s", j->inner);
+  char *save = NULL;
+  for (char *name = strtok_r(names, ",", &save); !st && name;
+       name = strtok_r(NULL, ",", &save)) {
+    mpg_group *g;
+    st = mpg_ctx_group(ctx, name, &g);
+    if (st) break;
+    int n = mpg_group_size(g);
+    int32_t mine = node, got[64];
+    st = mpg_all_gather(g, &mine, got, 1, MPG_I32, NULL, NULL);
+    for (int i = 0; !st && i < n; i++)
+      if (got[i] != node) st = MPG_ERR_TOPO;
+  }
+  /* The world group is ordered by mesh rank. */
+  mpg_group *w;
+  if (!st) st = mpg_ctx_group(ctx, "world", &w);
+  if (!st && mpg_group_rank(w) != mpg_ctx_rank(ctx)) st = MPG_ERR_STATE;
+  mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  return st;
+}
+
+static void run_job(job j, int world) {
+  mpg_status st = mpg_thread_run(world, 10.0, rank_main, &j, NULL);
+  cr_assert_eq(st, j.expect, "mesh %s on %d nodes (%s): got %s: %s", j.mesh, j.nodes,
+               j.cyclic ? "cyclic" : "block", mpg_status_name(st), mpg_last_error());
+}
+
+Test(ctx_placement, cyclic_launcher_keeps_tp_and_cp_inside_nodes) {
+  run_job((job){"dp=2,cp=2,tp=4", 2, 1, 0, "tp,cp", MPG_OK}, 16);
+}
+
+Test(ctx_placement, block_launcher_keeps_tp_and_cp_inside_nodes) {
+  run_job((job){"dp=2,cp=2,tp=4", 2, 0, 0, "tp,cp", MPG_OK}, 16);
+}
+
+Test(ctx_placement, tp_first_even_when_listed_outermost) {
+  /* tp is the outer dim here: placement still keeps its groups on a node. */
+  run_job((job){"tp=4,dp=4", 4, 1, 0, "tp", MPG_OK}, 16);
+}
+
+Test(ctx_placement, many_nodes_cyclic) {
+  run_job((job){"pp=2,dp=4,cp=2,tp=4", 8, 1, 0, "tp,cp", MPG_OK}, 64);
+}
+
+Test(ctx_placement, misfit_is_a_warning_by_default) {
+  /* tp=16 cannot fit in nodes of 8: the context still comes up. */
+  run_job((job){"dp=1,tp=16", 2, 1, 0, "", MPG_OK}, 16);
+}
+
+Test(ctx_placement, misfit_is_an_error_in_strict_mode) {
+  run_job((job){"dp=1,tp=16", 2, 1, 1, "", MPG_ERR_TOPO}, 16);
+  cr_assert(strstr(mpg_last_error(), "tp"), "%s", mpg_last_error());
+}
