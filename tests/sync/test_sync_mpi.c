@@ -1,0 +1,87 @@
+/* The sync policy under real MPI processes: mpirun starts
+ * sync_mpi_worker (MESHPG_SYNC_MPI_WORKER, set by meson), which runs the
+ * scenarios of sync_scenarios.h on the MPI backend, the timeout path, and
+ * (under valgrind) checks that the sync module leaks nothing. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+
+/* Shared-memory transports only, no binding: small shared machines. */
+#define MPIRUN "mpirun --oversubscribe --bind-to none --mca btl self,vader " \
+               "--mca btl_vader_single_copy_mechanism none "
+
+static char out[1 << 20];
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static const char *worker(void) {
+  const char *w = getenv("MESHPG_SYNC_MPI_WORKER");
+  cr_assert_not_null(w, "MESHPG_SYNC_MPI_WORKER is not set (run through meson test)");
+  return w;
+}
+
+static int run(const char *cmd, double *seconds) {
+  char full[4096];
+  snprintf(full, sizeof full, "%s 2>&1", cmd);
+  double t0 = now();
+  FILE *p = popen(full, "r");
+  cr_assert_not_null(p, "popen(%s) failed", cmd);
+  size_t n = 0, k;
+  while ((k = fread(out + n, 1, sizeof out - 1 - n, p)) > 0) n += k;
+  out[n] = '\0';
+  int st = pclose(p);
+  if (seconds) *seconds = now() - t0;
+  cr_assert(WIFEXITED(st), "%s: did not exit normally\n%s", cmd, out);
+  return WEXITSTATUS(st);
+}
+
+/* mpirun -np N [prefix] worker ARGS; expect exit 0 and every rank's OK. */
+static void run_worker(int np, const char *prefix, const char *args, double limit_s) {
+  char cmd[2048], mode[64];
+  snprintf(cmd, sizeof cmd, "timeout -k 5 %d " MPIRUN "-np %d %s '%s' %s", (int)limit_s, np,
+           prefix, worker(), args);
+  sscanf(args, "%63s", mode);
+  double secs = 0;
+  int rc = run(cmd, &secs);
+  cr_log_info("%s: exit %d after %.2f s", cmd, rc, secs);
+  cr_assert_eq(rc, 0, "%s\nexit code %d after %.2f s; output:\n%s", cmd, rc, secs, out);
+  for (int r = 0; r < np; r++) {
+    char ok[96];
+    snprintf(ok, sizeof ok, "OK %s rank %d", mode, r);
+    cr_assert(strstr(out, ok), "%s\nno \"%s\" line; output:\n%s", cmd, ok, out);
+  }
+  cr_assert_null(strstr(out, "FAIL "), "%s\noutput:\n%s", cmd, out);
+}
+
+Test(sync_mpi, scenarios_4_ranks, .timeout = 400) { run_worker(4, "", "all", 380); }
+
+Test(sync_mpi, scenarios_8_ranks, .timeout = 600) { run_worker(8, "", "all", 580); }
+
+Test(sync_mpi, timeout_invalidates_the_step, .timeout = 120) {
+  double t0 = now();
+  run_worker(4, "", "timeout", 100);
+  cr_assert_lt(now() - t0, 60.0, "the timeout job took %.1f s\n%s", now() - t0, out);
+  cr_assert(strstr(out, "after"), "%s", out);
+}
+
+Test(sync_mpi, valgrind_no_sync_leaks, .timeout = 600) {
+  if (system("command -v valgrind >/dev/null 2>&1") != 0) cr_skip_test("valgrind is not installed");
+  const char *data = getenv("MESHPG_TEST_DATA");
+  cr_assert_not_null(data, "MESHPG_TEST_DATA is not set (run through meson test)");
+  char prefix[1024];
+  snprintf(prefix, sizeof prefix,
+           "valgrind -q --error-exitcode=3 --leak-check=full --num-callers=50 "
+           "--errors-for-leak-kinds=definite --show-leak-kinds=definite "
+           "--suppressions=/usr/share/openmpi/openmpi-valgrind.supp "
+           "--suppressions='%s/groups/openmpi.supp'",
+           data);
+  run_worker(4, prefix, "dp_cp_default sp_norm tied_pp2 dtypes", 580);
+  cr_assert_null(strstr(out, "definitely lost"), "%s", out);
+}
