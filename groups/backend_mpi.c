@@ -1,0 +1,1051 @@
+/* The Open MPI backend: one MPI communicator per group, nonblocking MPI
+ * collectives polled against the caller's deadline.
+ *
+ * Data types.  f32, f64, i32 and i64 map to MPI types and reduce natively
+ * (SUM, MAX, MIN).  f16/bf16 have no MPI reduction, so they are widened into
+ * an f32 staging buffer, reduced in f32 and narrowed once when the operation
+ * completes (f32 accumulation).  Broadcast, all_gather and send/recv move
+ * 16-bit data untouched as MPI_UINT16_T.  AVG is a SUM divided by the group
+ * size on completion (integers truncate); PREMUL_SUM multiplies a staged
+ * copy of the input, then sums.  All post-processing (divide, narrow, copy
+ * out) runs in test/wait when completion is first observed.
+ *
+ * Staging.  MPI never sees a caller's buffer: every operation copies its
+ * input into staging memory owned by the request and copies the result
+ * out on completion (half types widen/narrow on the way, which they need
+ * anyway).  This costs a copy in and out, but it is what makes a timeout
+ * safe: an abandoned operation cannot be cancelled (MPI forbids it for
+ * collectives), and if the late peer does arrive while this process is
+ * still inside MPI (MPI_Finalize waits for every process, and progresses
+ * everything meanwhile) MPI completes it and writes its result.  With
+ * staging that write lands in memory the orphan list still owns, never
+ * in a caller's buffer that was freed or reused after the timeout.
+ * Staging buffers are recycled per communicator (a few, up to 256 MiB
+ * each), so steady-state collectives do not allocate.
+ *
+ * Large counts.  MPI counts are int.  An operation of more than INT_MAX
+ * elements is cut into chunks of at most INT_MAX elements, each its own
+ * nonblocking MPI call, all posted in the same order on every rank (so they
+ * match).  all_gather and reduce_scatter chunk through one Ibcast / Ireduce
+ * per member and chunk, which keeps every MPI buffer contiguous and every
+ * reduction on a predefined type.
+ *
+ * Timeouts.  Every operation is nonblocking and wait polls MPI_Test until
+ * the deadline: back to back (yielding the CPU) for a spin window, then
+ * with sleeps growing to 1 ms (see poller_pause()).
+ * Communicator creation is the exception: MPI has no nonblocking split
+ * (MPI_Comm_isplit does not exist; Open MPI 4.1 is MPI-3.1), and an
+ * abandoned MPI_Comm_idup crashes Open MPI's MPI_Finalize.  So
+ * world_init (MPI_Comm_dup) and split (MPI_Comm_split) first run a
+ * two-phase MPI_Ibarrier rendezvous polled against the timeout (see
+ * rendezvous()): an absent peer gives MPG_ERR_TIMEOUT, and the blocking
+ * call is entered only once every rank is known to be entering it too.
+ * A split that times out marks its parent aborted (a barrier stays
+ * pending on it).  MPI_Init_thread itself cannot be bounded: Open MPI's
+ * start-up exchange runs inside it, under the launcher's control.
+ *
+ * Abort.  abort() only sets a flag: it never calls MPI (and never
+ * MPI_Abort, which would kill the job).  Waiters see the flag within one
+ * poll; later posts fail with the reason.  A request freed before it
+ * finished cannot be released: MPI forbids MPI_Request_free and MPI_Cancel
+ * on nonblocking collectives, and MPI may still write its buffers.  Such a
+ * request is parked on a process-wide orphan list (an Irecv is cancelled
+ * first) with its staging memory; orphans are tested now and then and
+ * freed once they complete or once MPI is finalised.  Their buffers are
+ * therefore never freed under MPI's feet, and the caller's buffers are
+ * free for reuse as soon as the call returns, whatever its status.
+ *
+ * Destroy.  MPI_Comm_free is skipped for a communicator that was aborted
+ * or still has unfinished operations: its handle is left to
+ * MPI_Finalize.  (Open MPI frees locally, but pending nonblocking
+ * collectives hold on to the communicator, and the standard lets an
+ * implementation synchronise in MPI_Comm_free.)
+ *
+ * Finalize.  If this backend initialised MPI, it finalises it exactly once
+ * per process: when the last world communicator is destroyed after a clean
+ * run.  In Open MPI MPI_Finalize is a job-wide rendezvous (a PMIx fence):
+ * it returns only when every process has called it.  After an abort or a
+ * timeout a peer may never get there, so destroy must not enter it; yet a
+ * process that exits without MPI_Finalize makes mpirun declare the job
+ * failed and kill the other processes.  So after a fault, finalisation is
+ * deferred to an atexit handler, registered when we initialised MPI: the
+ * process returns from destroy at once and leaves MPI properly when it
+ * exits (waiting there for the other processes, which under mpirun either
+ * exit too or are killed by the launcher).  The same handler finalises
+ * when a program exits without destroying its context.  MPI cannot be
+ * initialised twice, so after a clean finalise a new world_init fails with
+ * MPG_ERR_STATE; a program that creates contexts one after another should
+ * call MPI_Init itself.
+ *
+ * Threads.  We ask for MPI_THREAD_SERIALIZED and serialise our own MPI
+ * calls with one process-wide lock (never held while sleeping), so
+ * contexts may be used from several threads. */
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <mpi.h>
+
+#include "backend.h"
+
+#define MPG_MPI_TAG 0x6d70 /* send/recv tag; below the guaranteed 32767 */
+#define MPG_MPI_SPARES 4   /* staging buffers cached per communicator */
+#define MPG_MPI_SPARE_MAX ((size_t)256 << 20) /* larger ones are not cached */
+
+struct mpg__comm {
+  MPI_Comm comm;
+  int rank, size;
+  double timeout_s;
+  int is_world;
+  atomic_int aborted;  /* MPG_OK, or the reason given to abort() */
+  int refs;            /* 1 while not destroyed + one per live request */
+  int npending;        /* posted requests not yet seen complete */
+  int norphans;        /* requests abandoned unfinished */
+  int destroyed;
+  void *spare[MPG_MPI_SPARES]; /* staging buffers kept for reuse */
+  size_t spare_len[MPG_MPI_SPARES];
+};
+
+enum finish_kind { FIN_NONE, FIN_COPY, FIN_NARROW };
+
+struct mpg__req {
+  mpg__comm *comm;     /* NULL once orphaned */
+  mpg__coll_kind kind;
+  mpg_dtype dtype;
+  mpg_op op;
+  size_t count;
+  int peer;            /* root or peer, for messages */
+  int size, rank;      /* of the group, for messages */
+  int nreq;
+  MPI_Request *reqs;   /* &one, or a malloc'ed array */
+  MPI_Request one;
+  void *stage;         /* owned staging memory or NULL */
+  size_t stage_cap;    /* its allocated size */
+  /* Completion step: divide `out` (work_dtype, nfin elements) by divisor,
+   * then copy or narrow it into dst. */
+  enum finish_kind fin;
+  void *out, *dst;
+  size_t nfin;
+  mpg_dtype work_dtype;
+  int divisor;         /* 0: no division */
+  int finished;
+  mpg_status status;
+  int dead;            /* orphan whose MPI test failed: never freed */
+  struct mpg__req *next; /* orphan list */
+};
+
+/* Process-wide state, guarded by g_lock. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_we_initialized; /* we called MPI_Init_thread */
+static int g_we_finalized;   /* ... and MPI_Finalize */
+static int g_live_worlds;
+static atomic_int g_faulted; /* an abort or timeout happened here */
+static mpg__req *g_orphans;
+static long g_chunk = INT_MAX; /* most elements per MPI call */
+
+/* ------------------------------------------------------------------ */
+/* Helpers                                                             */
+/* ------------------------------------------------------------------ */
+
+static const char *kind_name(mpg__coll_kind k) {
+  static const char *const names[] = {"all_reduce", "broadcast", "all_gather",
+                                      "reduce_scatter", "barrier", "send",
+                                      "recv"};
+  return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
+}
+
+static const char *op_name(mpg_op op) {
+  static const char *const names[] = {"sum", "avg", "max", "min",
+                                      "premul_sum"};
+  return (unsigned)op < sizeof names / sizeof names[0] ? names[op] : "?";
+}
+
+/* "all_reduce (op avg, dtype bf16, count 1024) on a group of size 4
+ * (rank 2)" */
+static void describe(char *buf, size_t n, mpg__coll_kind kind, mpg_dtype dt,
+                     mpg_op op, size_t count, int peer, int size, int rank) {
+  int k = 0;
+  switch (kind) {
+    case MPG__BARRIER:
+      k = snprintf(buf, n, "barrier");
+      break;
+    case MPG__ALL_REDUCE:
+    case MPG__REDUCE_SCATTER:
+      k = snprintf(buf, n, "%s (op %s, dtype %s, count %zu)", kind_name(kind),
+                   op_name(op), mpg_dtype_name(dt), count);
+      break;
+    case MPG__BROADCAST:
+      k = snprintf(buf, n, "broadcast (root %d, dtype %s, count %zu)", peer,
+                   mpg_dtype_name(dt), count);
+      break;
+    case MPG__SEND:
+    case MPG__RECV:
+      k = snprintf(buf, n, "%s (peer %d, dtype %s, count %zu)", kind_name(kind),
+                   peer, mpg_dtype_name(dt), count);
+      break;
+    case MPG__ALL_GATHER:
+      k = snprintf(buf, n, "all_gather (dtype %s, count %zu per member)",
+                   mpg_dtype_name(dt), count);
+      break;
+  }
+  if (k < 0 || (size_t)k >= n) return;
+  snprintf(buf + k, n - (size_t)k, " on a group of size %d (rank %d)", size,
+           rank);
+}
+
+static void req_describe(const mpg__req *q, char *buf, size_t n) {
+  describe(buf, n, q->kind, q->dtype, q->op, q->count, q->peer, q->size,
+           q->rank);
+}
+
+static mpg_status mpi_fail(int rc, const char *call, const char *what) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
+    snprintf(text, sizeof text, "MPI error code %d", rc);
+  return mpg__fail(MPG_ERR_BACKEND, "%s failed for %s: %s", call, what, text);
+}
+
+static MPI_Datatype mpi_type(mpg_dtype dt) {
+  switch (dt) {
+    case MPG_F32: return MPI_FLOAT;
+    case MPG_F64: return MPI_DOUBLE;
+    case MPG_I32: return MPI_INT32_T;
+    case MPG_I64: return MPI_INT64_T;
+    case MPG_F16:
+    case MPG_BF16: return MPI_UINT16_T; /* raw bits; never reduced */
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+static MPI_Op mpi_op(mpg_op op) {
+  return op == MPG_OP_MAX ? MPI_MAX : op == MPG_OP_MIN ? MPI_MIN : MPI_SUM;
+}
+
+/* Pacing of a polling loop.  Open MPI moves data only while some thread
+ * is inside MPI (a large message is a stream of small fragments, each
+ * needing both sides to poll), so sleeping between polls throttles every
+ * transfer: with 1 ms sleeps a 16 MiB all_reduce over shared memory runs
+ * ten times slower than with back-to-back polls.  A waiter therefore
+ * polls continuously (yielding the CPU each time) for a spin window that
+ * grows with the operation's size, and only then, when a peer is
+ * evidently late, backs off with sleeps growing from 1 us to 1 ms, to stop
+ * burning a core while it waits out the timeout. */
+#define MPG_MPI_SPIN_S 1.0            /* spin window of any wait ... */
+#define MPG_MPI_SPIN_S_PER_BYTE 4e-9  /* ... plus 4 s per GB moved */
+
+typedef struct poller {
+  double start, spin_s;
+  unsigned sleeps;
+} poller;
+
+static void poller_init(poller *p, size_t bytes) {
+  p->start = mpg__now();
+  p->spin_s = MPG_MPI_SPIN_S + (double)bytes * MPG_MPI_SPIN_S_PER_BYTE;
+  p->sleeps = 0;
+}
+
+static void poller_pause(poller *p) {
+  if (mpg__now() - p->start < p->spin_s) {
+    sched_yield();
+    return;
+  }
+  unsigned k = p->sleeps < 10 ? p->sleeps++ : 10;
+  long ns = 1000L << k; /* 1 us, 2 us, ... 1 ms */
+  if (ns > 1000000L) ns = 1000000L;
+  struct timespec ts = {0, ns};
+  nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* Orphans and finalisation                                            */
+/* ------------------------------------------------------------------ */
+
+static void req_release(mpg__req *q) {
+  if (q->reqs != &q->one) free(q->reqs);
+  free(q->stage);
+  free(q);
+}
+
+/* Test every orphan once and free those that completed.  Lock held. */
+static void sweep_orphans(void) {
+  if (g_we_finalized) return;
+  mpg__req **pp = &g_orphans;
+  while (*pp) {
+    mpg__req *q = *pp;
+    int flag = 0;
+    if (!q->dead) {
+      int rc = MPI_Testall(q->nreq, q->reqs, &flag, MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS) q->dead = 1; /* keep its memory: MPI may own it */
+    }
+    if (flag) {
+      *pp = q->next;
+      req_release(q);
+    } else {
+      pp = &q->next;
+    }
+  }
+}
+
+/* After MPI_Finalize nothing can touch the orphans' memory.  Lock held. */
+static void free_orphans(void) {
+  while (g_orphans) {
+    mpg__req *q = g_orphans;
+    g_orphans = q->next;
+    req_release(q);
+  }
+}
+
+static void finalize_locked(void) {
+  if (!g_we_initialized || g_we_finalized) return;
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin) MPI_Finalize();
+  g_we_finalized = 1;
+  free_orphans();
+  mpg__log(1, "mpi: MPI finalized");
+}
+
+/* Registered when we initialise MPI: leaves MPI properly at exit after a
+ * fault (see the top of the file) or when a context was never destroyed. */
+static void finalize_at_exit(void) {
+  pthread_mutex_lock(&g_lock);
+  finalize_locked();
+  pthread_mutex_unlock(&g_lock);
+}
+
+/* ------------------------------------------------------------------ */
+/* Communicators                                                       */
+/* ------------------------------------------------------------------ */
+
+static mpg_status comm_wrap(MPI_Comm c, double timeout_s, int is_world,
+                            mpg__comm **out) {
+  mpg__comm *m = calloc(1, sizeof *m);
+  if (!m) return mpg__fail(MPG_ERR_NOMEM, "mpi: out of memory for a communicator");
+  m->comm = c;
+  MPI_Comm_rank(c, &m->rank);
+  MPI_Comm_size(c, &m->size);
+  m->timeout_s = timeout_s;
+  m->is_world = is_world;
+  atomic_init(&m->aborted, MPG_OK);
+  m->refs = 1;
+  *out = m;
+  return MPG_OK;
+}
+
+/* Drop one reference; free the struct at zero.  Lock held. */
+static void comm_unref(mpg__comm *m) {
+  if (--m->refs == 0) free(m);
+}
+
+/* Poll one MPI request until done, `deadline`, or an abort of `m` (may be
+ * NULL).  Takes the lock for each test.  Returns MPI_SUCCESS with *state
+ * 0 (done), 1 (deadline), 2 (aborted), or an MPI error. */
+static int poll_request(MPI_Request *r, double deadline, mpg__comm *m,
+                        int *state) {
+  poller pl;
+  poller_init(&pl, 0);
+  for (;;) {
+    if (m && atomic_load(&m->aborted)) {
+      *state = 2;
+      return MPI_SUCCESS;
+    }
+    int flag = 0;
+    pthread_mutex_lock(&g_lock);
+    int rc = MPI_Test(r, &flag, MPI_STATUS_IGNORE);
+    pthread_mutex_unlock(&g_lock);
+    if (rc != MPI_SUCCESS) return rc;
+    if (flag) {
+      *state = 0;
+      return MPI_SUCCESS;
+    }
+    if (mpg__now() >= deadline) {
+      *state = 1;
+      return MPI_SUCCESS;
+    }
+    poller_pause(&pl);
+  }
+}
+
+/* Park a bare pending MPI request (and memory MPI may still write) on the
+ * orphan list.  Lock held. */
+static void orphan_request(MPI_Request r, void *mem) {
+  mpg__req *q = calloc(1, sizeof *q);
+  if (!q) return; /* cannot track it: leak r and mem deliberately */
+  q->one = r;
+  q->reqs = &q->one;
+  q->nreq = 1;
+  q->stage = mem;
+  q->next = g_orphans;
+  g_orphans = q;
+}
+
+/* Bounded rendezvous of every rank of `c` before a blocking MPI call that
+ * creates a communicator (MPI_Comm_dup, MPI_Comm_split).
+ *
+ * Phase 1 is an MPI_Ibarrier polled until `deadline`.  It is not enough on
+ * its own: a rank that gives up leaves its barrier posted, so a peer that
+ * arrives later still completes phase 1 and would then block forever in
+ * the creation call that the others never enter.  Phase 2 is a second
+ * MPI_Ibarrier, entered only by ranks that completed phase 1 in time and
+ * polled for a fresh `timeout`: a late rank whose peers gave up stalls
+ * there and times out instead of hanging.  Passing phase 2 means every
+ * rank completed phase 1 and is now (within one poll) in phase 2, so all
+ * of them will enter the creation call.  (A peer could still give up in
+ * phase 2 only if its poll were delayed by more than `timeout`.)
+ *
+ * Nonblocking creation (MPI_Comm_idup) would avoid the blocking call, but
+ * Open MPI 4.1 crashes in MPI_Finalize when an abandoned idup is still
+ * pending, whereas abandoned barriers are harmless there.
+ *
+ * Returns MPI_SUCCESS with *state 0 (every rank arrived), 1 (timeout) or
+ * 2 (m was aborted), or an MPI error; a pending barrier is orphaned. */
+static int rendezvous(MPI_Comm c, mpg__comm *m, double deadline,
+                      double timeout, int *state) {
+  for (int phase = 0; phase < 2; phase++) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    pthread_mutex_lock(&g_lock);
+    int rc = MPI_Ibarrier(c, &r);
+    pthread_mutex_unlock(&g_lock);
+    if (rc != MPI_SUCCESS) return rc;
+    if (phase == 1) deadline = mpg__now() + timeout;
+    rc = poll_request(&r, deadline, m, state);
+    if (rc != MPI_SUCCESS || *state != 0) {
+      atomic_store(&g_faulted, 1);
+      pthread_mutex_lock(&g_lock);
+      orphan_request(r, NULL);
+      if (m) m->norphans++;
+      pthread_mutex_unlock(&g_lock);
+      return rc;
+    }
+  }
+  return MPI_SUCCESS;
+}
+
+static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
+  *world = NULL;
+  double timeout = args->timeout_s > 0 ? args->timeout_s : 600.0;
+  int init = 0, fin = 0;
+
+  pthread_mutex_lock(&g_lock);
+  MPI_Finalized(&fin);
+  if (fin) {
+    pthread_mutex_unlock(&g_lock);
+    return mpg__fail(MPG_ERR_STATE,
+                     "mpi: MPI was already finalized%s and cannot be "
+                     "initialised again in this process; to create several "
+                     "contexts one after another, call MPI_Init yourself",
+                     g_we_finalized ? " (by meshpg when the last context was "
+                                      "destroyed)" : "");
+  }
+  MPI_Initialized(&init);
+  if (!init) {
+    int provided = MPI_THREAD_SINGLE;
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+    if (rc != MPI_SUCCESS) {
+      pthread_mutex_unlock(&g_lock);
+      return mpi_fail(rc, "MPI_Init_thread", "the world");
+    }
+    g_we_initialized = 1;
+    atexit(finalize_at_exit);
+    if (provided < MPI_THREAD_SERIALIZED)
+      mpg__log(1, "mpi: MPI gave thread level %d, below MPI_THREAD_SERIALIZED; "
+               "call meshpg from one thread only", provided);
+  } else {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_SERIALIZED)
+      mpg__log(1, "mpi: the application initialised MPI at thread level %d "
+               "(below MPI_THREAD_SERIALIZED); call meshpg from the thread "
+               "that calls MPI only", provided);
+  }
+
+  /* Test hook: a small chunk size exercises the > INT_MAX paths. */
+  const char *chunk = getenv("MESHPG_MPI_MAX_COUNT");
+  long ck = chunk ? atol(chunk) : 0;
+  g_chunk = ck > 0 && ck <= INT_MAX ? ck : INT_MAX;
+
+  MPI_Comm base = args->mpi_comm ? *(MPI_Comm *)args->mpi_comm : MPI_COMM_WORLD;
+  int rank = -1, size = -1;
+  int rc = MPI_Comm_rank(base, &rank);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(base, &size);
+  if (rc != MPI_SUCCESS) {
+    pthread_mutex_unlock(&g_lock);
+    return mpi_fail(rc, "MPI_Comm_rank/MPI_Comm_size", "the world communicator");
+  }
+  const char *which = args->mpi_comm ? "the communicator in opts.mpi_comm"
+                                     : "MPI_COMM_WORLD";
+  if (rank != args->rank || size != args->world_size) {
+    pthread_mutex_unlock(&g_lock);
+    return mpg__fail(MPG_ERR_ENV,
+                     "mpi: %s has rank %d of %d but meshpg was told rank %d of "
+                     "%d (from opts or the launch environment); pass "
+                     "opts.rank and opts.world_size to match MPI",
+                     which, rank, size, args->rank, args->world_size);
+  }
+  pthread_mutex_unlock(&g_lock);
+
+  /* Every rank must arrive within the timeout, counted from here: our
+   * MPI_Init_thread may have taken long, and the peers' may take as long
+   * again.  Then the dup cannot hang. */
+  int state = 0;
+  rc = rendezvous(base, NULL, mpg__now() + timeout, timeout, &state);
+  if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Ibarrier", which);
+  if (state != 0)
+    return mpg__fail(MPG_ERR_TIMEOUT,
+                     "mpi: joining the world (rank %d of %d): not every rank "
+                     "arrived within the %.3g s timeout",
+                     rank, size, timeout);
+  MPI_Comm c = MPI_COMM_NULL;
+  pthread_mutex_lock(&g_lock);
+  rc = MPI_Comm_dup(base, &c);
+  if (rc != MPI_SUCCESS) {
+    pthread_mutex_unlock(&g_lock);
+    return mpi_fail(rc, "MPI_Comm_dup", which);
+  }
+  MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  mpg_status st = comm_wrap(c, timeout, 1, world);
+  if (st) {
+    MPI_Comm_free(&c);
+  } else {
+    g_live_worlds++;
+    MPI_Comm_set_name(c, "meshpg world");
+  }
+  pthread_mutex_unlock(&g_lock);
+  if (!st)
+    mpg__log(2, "mpi: rank %d of %d joined (%s, at most %ld elements per MPI "
+             "call)", rank, size, which, g_chunk);
+  return st;
+}
+
+static mpg_status split(mpg__comm *parent, int color, int key,
+                        mpg__comm **out) {
+  *out = NULL;
+  mpg_status why = atomic_load(&parent->aborted);
+  if (why)
+    return mpg__fail(why, "mpi: split of a group of size %d (rank %d): the "
+                     "communicator was aborted", parent->size, parent->rank);
+  double deadline = mpg__now() + parent->timeout_s;
+
+  /* 1. Bounded rendezvous: every parent rank must reach the split. */
+  int state = 0;
+  int rc = rendezvous(parent->comm, parent, deadline, parent->timeout_s, &state);
+  if (rc != MPI_SUCCESS || state != 0) {
+    /* A barrier stays pending on the parent, which can no longer match
+     * its peers' calls: mark it aborted. */
+    mpg_status reason = state == 2 ? (mpg_status)atomic_load(&parent->aborted)
+                                   : MPG_ERR_TIMEOUT;
+    int expected = MPG_OK;
+    atomic_compare_exchange_strong(&parent->aborted, &expected, (int)reason);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Ibarrier", "the split rendezvous");
+    if (state == 2)
+      return mpg__fail(reason, "mpi: split of a group of size %d (rank %d) into "
+                       "colour %d: aborted while waiting for peers",
+                       parent->size, parent->rank, color);
+    return mpg__fail(MPG_ERR_TIMEOUT,
+                     "mpi: split of a group of size %d (rank %d) into colour "
+                     "%d: not every rank arrived within the %.3g s timeout",
+                     parent->size, parent->rank, color, parent->timeout_s);
+  }
+
+  /* 2. Every rank has arrived; the blocking split completes promptly. */
+  MPI_Comm c = MPI_COMM_NULL;
+  pthread_mutex_lock(&g_lock);
+  rc = MPI_Comm_split(parent->comm, color < 0 ? MPI_UNDEFINED : color, key, &c);
+  mpg_status st = MPG_OK;
+  if (rc != MPI_SUCCESS) {
+    char what[128];
+    snprintf(what, sizeof what, "colour %d, key %d of a group of size %d (rank %d)",
+             color, key, parent->size, parent->rank);
+    st = mpi_fail(rc, "MPI_Comm_split", what);
+  } else if (c != MPI_COMM_NULL) {
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    st = comm_wrap(c, parent->timeout_s, 0, out);
+    if (st) MPI_Comm_free(&c);
+  }
+  pthread_mutex_unlock(&g_lock);
+  if (!st && *out)
+    mpg__log(2, "mpi: split colour %d key %d -> rank %d of %d", color, key,
+             (*out)->rank, (*out)->size);
+  return st;
+}
+
+static void comm_abort(mpg__comm *m, mpg_status reason) {
+  if (!m) return;
+  int expected = MPG_OK;
+  int why = reason == MPG_ERR_TIMEOUT ? MPG_ERR_TIMEOUT : MPG_ERR_ABORTED;
+  atomic_compare_exchange_strong(&m->aborted, &expected, why);
+  atomic_store(&g_faulted, 1);
+}
+
+static mpg_status comm_destroy(mpg__comm *m) {
+  if (!m) return MPG_OK;
+  mpg_status st = MPG_OK;
+  pthread_mutex_lock(&g_lock);
+  sweep_orphans();
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin && !atomic_load(&m->aborted) && m->npending == 0 &&
+      m->norphans == 0) {
+    int rc = MPI_Comm_free(&m->comm);
+    if (rc != MPI_SUCCESS) st = mpi_fail(rc, "MPI_Comm_free", "a group");
+  }
+  /* else: leave the handle to MPI_Finalize (see the top of the file). */
+  if (m->is_world && --g_live_worlds == 0 && g_we_initialized) {
+    if (atomic_load(&g_faulted))
+      mpg__log(1, "mpi: after an abort MPI_Finalize is deferred to exit");
+    else
+      finalize_locked();
+  }
+  m->destroyed = 1;
+  for (int i = 0; i < MPG_MPI_SPARES; i++) {
+    free(m->spare[i]);
+    m->spare[i] = NULL;
+  }
+  comm_unref(m);
+  pthread_mutex_unlock(&g_lock);
+  return st;
+}
+
+/* ------------------------------------------------------------------ */
+/* Operations                                                          */
+/* ------------------------------------------------------------------ */
+
+/* Post chunked contiguous operations.  Lock held.  Each appends requests
+ * to q->reqs[q->nreq++]. */
+static int post_allreduce(mpg__req *q, MPI_Comm c, void *buf, size_t n,
+                          size_t es, MPI_Datatype t, MPI_Op op) {
+  for (size_t off = 0; off < n || (n == 0 && off == 0); off += (size_t)g_chunk) {
+    int k = (int)(n - off < (size_t)g_chunk ? n - off : (size_t)g_chunk);
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + off * es, k, t, op, c,
+                            &q->reqs[q->nreq]);
+    if (rc != MPI_SUCCESS) return rc;
+    q->nreq++;
+    if (n == 0) break;
+  }
+  return MPI_SUCCESS;
+}
+
+static int post_bcast(mpg__req *q, MPI_Comm c, void *buf, size_t n, size_t es,
+                      MPI_Datatype t, int root) {
+  for (size_t off = 0; off < n || (n == 0 && off == 0); off += (size_t)g_chunk) {
+    int k = (int)(n - off < (size_t)g_chunk ? n - off : (size_t)g_chunk);
+    int rc = MPI_Ibcast((char *)buf + off * es, k, t, root, c, &q->reqs[q->nreq]);
+    if (rc != MPI_SUCCESS) return rc;
+    q->nreq++;
+    if (n == 0) break;
+  }
+  return MPI_SUCCESS;
+}
+
+static int post_p2p(mpg__req *q, MPI_Comm c, int is_send, const void *buf,
+                    size_t n, size_t es, MPI_Datatype t, int peer) {
+  for (size_t off = 0; off < n || (n == 0 && off == 0); off += (size_t)g_chunk) {
+    int k = (int)(n - off < (size_t)g_chunk ? n - off : (size_t)g_chunk);
+    char *p = (char *)buf + off * es;
+    int rc = is_send ? MPI_Isend(p, k, t, peer, MPG_MPI_TAG, c, &q->reqs[q->nreq])
+                     : MPI_Irecv(p, k, t, peer, MPG_MPI_TAG, c, &q->reqs[q->nreq]);
+    if (rc != MPI_SUCCESS) return rc;
+    q->nreq++;
+    if (n == 0) break;
+  }
+  return MPI_SUCCESS;
+}
+
+/* buf (size * n elements) gets every member's block; this rank's block is
+ * already in place. */
+static int post_allgather(mpg__req *q, mpg__comm *m, void *buf, size_t n,
+                          size_t es, MPI_Datatype t) {
+  if (n <= (size_t)g_chunk) {
+    int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n, t,
+                            m->comm, &q->reqs[q->nreq]);
+    if (rc == MPI_SUCCESS) q->nreq++;
+    return rc;
+  }
+  for (int p = 0; p < m->size; p++) {
+    int rc = post_bcast(q, m->comm, (char *)buf + (size_t)p * n * es, n, es, t, p);
+    if (rc != MPI_SUCCESS) return rc;
+  }
+  return MPI_SUCCESS;
+}
+
+/* out (n) = reduction of block `rank` of every member's in (size * n);
+ * in and out do not overlap. */
+static int post_reduce_scatter(mpg__req *q, mpg__comm *m, const void *in,
+                               void *out, size_t n, size_t es, MPI_Datatype t,
+                               MPI_Op op) {
+  if (n <= (size_t)g_chunk) {
+    int rc = MPI_Ireduce_scatter_block(in, out, (int)n, t, op, m->comm,
+                                       &q->reqs[q->nreq]);
+    if (rc == MPI_SUCCESS) q->nreq++;
+    return rc;
+  }
+  for (int p = 0; p < m->size; p++) {
+    const char *blk = (const char *)in + (size_t)p * n * es;
+    for (size_t off = 0; off < n; off += (size_t)g_chunk) {
+      int k = (int)(n - off < (size_t)g_chunk ? n - off : (size_t)g_chunk);
+      int rc = MPI_Ireduce(blk + off * es, (char *)out + off * es, k, t, op, p,
+                           m->comm, &q->reqs[q->nreq]);
+      if (rc != MPI_SUCCESS) return rc;
+      q->nreq++;
+    }
+  }
+  return MPI_SUCCESS;
+}
+
+static size_t nchunks(size_t n) {
+  return n <= (size_t)g_chunk ? 1 : (n + (size_t)g_chunk - 1) / (size_t)g_chunk;
+}
+
+/* Orphan a request that cannot be released yet.  Lock held. */
+static void orphan(mpg__req *q) {
+  for (int i = 0; i < q->nreq; i++) {
+    if (q->kind == MPG__RECV && q->reqs[i] != MPI_REQUEST_NULL)
+      MPI_Cancel(&q->reqs[i]); /* legal for point-to-point only */
+  }
+  if (q->comm) {
+    q->comm->norphans++;
+    if (!q->finished) q->comm->npending--;
+    comm_unref(q->comm);
+    q->comm = NULL;
+  }
+  q->next = g_orphans;
+  g_orphans = q;
+}
+
+/* Staging memory, recycled per communicator.  Lock held. */
+static void *stage_take(mpg__comm *m, size_t bytes, size_t *cap) {
+  int best = -1;
+  for (int i = 0; i < MPG_MPI_SPARES; i++)
+    if (m->spare[i] && m->spare_len[i] >= bytes &&
+        (best < 0 || m->spare_len[i] < m->spare_len[best]))
+      best = i;
+  if (best < 0) return NULL;
+  void *p = m->spare[best];
+  *cap = m->spare_len[best];
+  m->spare[best] = NULL;
+  return p;
+}
+
+static void stage_give(mpg__comm *m, void *p, size_t cap) {
+  if (!p) return;
+  if (m->destroyed || cap > MPG_MPI_SPARE_MAX) {
+    free(p);
+    return;
+  }
+  int slot = -1;
+  for (int i = 0; i < MPG_MPI_SPARES && slot < 0; i++)
+    if (!m->spare[i]) slot = i;
+  if (slot < 0) { /* replace the smallest spare if this one is larger */
+    slot = 0;
+    for (int i = 1; i < MPG_MPI_SPARES; i++)
+      if (m->spare_len[i] < m->spare_len[slot]) slot = i;
+    if (m->spare_len[slot] >= cap) {
+      free(p);
+      return;
+    }
+    free(m->spare[slot]);
+  }
+  m->spare[slot] = p;
+  m->spare_len[slot] = cap;
+}
+
+/* Fail a post with "mpi: <the operation>: <why>". */
+static mpg_status post_fail(mpg_status st, const mpg__coll *c,
+                            const mpg__comm *m, const char *why) {
+  char what[256];
+  describe(what, sizeof what, c->kind, c->dtype, c->op, c->count,
+           c->kind == MPG__BROADCAST ? c->root : c->peer, m->size, m->rank);
+  return mpg__fail(st, "mpi: %s: %s", what, why);
+}
+
+static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
+  *out = NULL;
+  int peer = c->kind == MPG__BROADCAST ? c->root : c->peer;
+  mpg_status why = atomic_load(&m->aborted);
+  if (why)
+    return post_fail(why, c, m, why == MPG_ERR_TIMEOUT
+                     ? "the communicator was aborted after a timeout"
+                     : "the communicator was aborted");
+  mpg_dtype dt = c->dtype;
+  size_t es = mpg__dtype_size(dt);
+  size_t n = c->count;
+  int half = mpg__dtype_is_half(dt);
+  int size = m->size, rank = m->rank;
+  if (c->kind != MPG__BARRIER && es == 0)
+    return post_fail(MPG_ERR_INVALID, c, m, "unknown dtype");
+  /* The largest staging buffer, (size + 1) * n elements of up to 8 bytes,
+   * must fit in size_t. */
+  if (n > SIZE_MAX / 8 / ((size_t)size + 1))
+    return post_fail(MPG_ERR_INVALID, c, m, "count too large for memory");
+  if ((c->kind == MPG__SEND || c->kind == MPG__RECV) &&
+      (peer < 0 || peer >= size || peer == rank))
+    return post_fail(MPG_ERR_INVALID, c, m, "the peer is not another member");
+  if (c->kind == MPG__BROADCAST && (peer < 0 || peer >= size))
+    return post_fail(MPG_ERR_INVALID, c, m, "the root is not a member");
+
+  mpg__req *q = calloc(1, sizeof *q);
+  if (!q) return post_fail(MPG_ERR_NOMEM, c, m, "out of memory for a request");
+  q->kind = c->kind;
+  q->dtype = dt;
+  q->op = c->op;
+  q->count = n;
+  q->peer = peer;
+  q->size = size;
+  q->rank = rank;
+  q->work_dtype = dt;
+  int gather_like = c->kind == MPG__ALL_GATHER || c->kind == MPG__REDUCE_SCATTER;
+  size_t maxreq = gather_like && n > (size_t)g_chunk ? (size_t)size * nchunks(n)
+                                                     : nchunks(n);
+  q->reqs = &q->one;
+  if (maxreq > 1 && !(q->reqs = malloc(maxreq * sizeof *q->reqs))) {
+    free(q);
+    return post_fail(MPG_ERR_NOMEM, c, m, "out of memory for the chunk requests");
+  }
+
+  /* Every buffer MPI sees is staging memory owned by the request (see the
+   * top of the file), sized here in elements of the wire type. */
+  int widen = half && (c->kind == MPG__ALL_REDUCE || c->kind == MPG__REDUCE_SCATTER);
+  size_t ws = widen ? sizeof(float) : es; /* f16/bf16 reduce in f32 */
+  size_t elems = 0;
+  switch (c->kind) {
+    case MPG__ALL_REDUCE: case MPG__BROADCAST: case MPG__SEND: case MPG__RECV:
+      elems = n;
+      break;
+    case MPG__ALL_GATHER:
+      elems = (size_t)size * n;
+      break;
+    case MPG__REDUCE_SCATTER:
+      elems = ((size_t)size + 1) * n;
+      break;
+    case MPG__BARRIER:
+      break;
+  }
+  size_t bytes = elems * ws;
+  if (bytes) {
+    pthread_mutex_lock(&g_lock);
+    q->stage = stage_take(m, bytes, &q->stage_cap);
+    pthread_mutex_unlock(&g_lock);
+    if (!q->stage) {
+      q->stage = malloc(bytes);
+      q->stage_cap = bytes;
+    }
+    if (!q->stage) {
+      req_release(q);
+      char why_nomem[64];
+      snprintf(why_nomem, sizeof why_nomem, "out of memory for %zu staging bytes",
+               bytes);
+      return post_fail(MPG_ERR_NOMEM, c, m, why_nomem);
+    }
+  }
+
+  /* Copy in; describe the completion step.  An empty operation still
+   * hands MPI a valid (unused) pointer. */
+  static char empty[8];
+  char *st = q->stage ? (char *)q->stage : empty;
+  MPI_Datatype t = widen ? MPI_FLOAT : mpi_type(dt);
+  MPI_Op op = mpi_op(c->op);
+  mpg_dtype wdt = widen ? MPG_F32 : dt;
+  int premul = c->op == MPG_OP_PREMUL_SUM;
+  q->work_dtype = wdt;
+  q->fin = widen ? FIN_NARROW : FIN_COPY;
+  q->dst = c->recv;
+  q->nfin = n;
+  q->out = st;
+  size_t in_elems = c->kind == MPG__REDUCE_SCATTER ? (size_t)size * n : n;
+  switch (c->kind) {
+    case MPG__ALL_REDUCE:
+    case MPG__REDUCE_SCATTER:
+      if (widen) mpg__half_widen(dt, c->send, (float *)st, in_elems);
+      else if (in_elems) memcpy(st, c->send, in_elems * es);
+      if (premul) mpg__scale(wdt, st, in_elems, c->scale);
+      if (c->kind == MPG__REDUCE_SCATTER) q->out = st + in_elems * ws;
+      if (c->op == MPG_OP_AVG) q->divisor = size;
+      break;
+    case MPG__ALL_GATHER:
+      if (n) memcpy(st + (size_t)rank * n * es, c->send, n * es);
+      q->nfin = (size_t)size * n;
+      break;
+    case MPG__BROADCAST:
+      if (rank == peer) {
+        if (n) memcpy(st, c->recv, n * es);
+        q->fin = FIN_NONE; /* the root's buffer already holds the data */
+      }
+      break;
+    case MPG__SEND:
+      if (n) memcpy(st, c->send, n * es);
+      q->fin = FIN_NONE;
+      break;
+    case MPG__RECV:
+      break;
+    case MPG__BARRIER:
+      q->fin = FIN_NONE;
+      break;
+  }
+
+  const char *call = "?";
+  int rc = MPI_SUCCESS;
+  pthread_mutex_lock(&g_lock);
+  switch (c->kind) {
+    case MPG__ALL_REDUCE:
+      call = "MPI_Iallreduce";
+      rc = post_allreduce(q, m->comm, st, n, ws, t, op);
+      break;
+    case MPG__REDUCE_SCATTER:
+      call = n <= (size_t)g_chunk ? "MPI_Ireduce_scatter_block" : "MPI_Ireduce";
+      rc = post_reduce_scatter(q, m, st, q->out, n, ws, t, op);
+      break;
+    case MPG__ALL_GATHER:
+      call = n <= (size_t)g_chunk ? "MPI_Iallgather" : "MPI_Ibcast";
+      rc = post_allgather(q, m, st, n, es, t);
+      break;
+    case MPG__BROADCAST:
+      call = "MPI_Ibcast";
+      rc = post_bcast(q, m->comm, st, n, es, t, peer);
+      break;
+    case MPG__BARRIER:
+      call = "MPI_Ibarrier";
+      rc = MPI_Ibarrier(m->comm, &q->reqs[0]);
+      if (rc == MPI_SUCCESS) q->nreq = 1;
+      break;
+    case MPG__SEND:
+      call = "MPI_Isend";
+      rc = post_p2p(q, m->comm, 1, st, n, es, t, peer);
+      break;
+    case MPG__RECV:
+      call = "MPI_Irecv";
+      rc = post_p2p(q, m->comm, 0, st, n, es, t, peer);
+      break;
+  }
+  q->comm = m;
+  m->refs++;
+  if (rc != MPI_SUCCESS) {
+    /* Chunks already posted cannot be taken back: park them. */
+    q->finished = 1;
+    if (q->nreq > 0) {
+      orphan(q);
+    } else {
+      comm_unref(m);
+      req_release(q);
+    }
+    pthread_mutex_unlock(&g_lock);
+    char what[256];
+    describe(what, sizeof what, c->kind, dt, c->op, n, peer, size, rank);
+    return mpi_fail(rc, call, what);
+  }
+  m->npending++;
+  pthread_mutex_unlock(&g_lock);
+  *out = q;
+  return MPG_OK;
+}
+
+/* Run the completion step once: divide, then copy or narrow the staged
+ * result into the caller's buffer.  Called without the lock. */
+static void finish(mpg__req *q) {
+  if (q->divisor) mpg__divide(q->work_dtype, q->out, q->nfin, q->divisor);
+  if (!q->nfin) return;
+  if (q->fin == FIN_NARROW)
+    mpg__half_narrow(q->dtype, q->out, q->dst, q->nfin);
+  else if (q->fin == FIN_COPY)
+    memcpy(q->dst, q->out, q->nfin * mpg__dtype_size(q->dtype));
+}
+
+/* Test once.  Returns MPG_OK with *done, or the operation's error. */
+static mpg_status progress(mpg__req *q, int *done) {
+  *done = 0;
+  if (q->finished) {
+    *done = 1;
+    return q->status;
+  }
+  mpg__comm *m = q->comm;
+  mpg_status why = atomic_load(&m->aborted);
+  if (why) {
+    char what[256];
+    req_describe(q, what, sizeof what);
+    *done = 1;
+    return mpg__fail(why, "mpi: %s: %s", what, why == MPG_ERR_TIMEOUT
+                     ? "the communicator was aborted after a timeout"
+                     : "the communicator was aborted");
+  }
+  int flag = 0;
+  pthread_mutex_lock(&g_lock);
+  int rc = q->nreq == 1 ? MPI_Test(q->reqs, &flag, MPI_STATUS_IGNORE)
+                        : MPI_Testall(q->nreq, q->reqs, &flag, MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS || flag) {
+    q->finished = 1;
+    m->npending--;
+  }
+  pthread_mutex_unlock(&g_lock);
+  if (rc != MPI_SUCCESS) {
+    char what[256];
+    req_describe(q, what, sizeof what);
+    q->status = mpi_fail(rc, q->nreq == 1 ? "MPI_Test" : "MPI_Testall", what);
+    *done = 1;
+    return q->status;
+  }
+  if (flag) {
+    finish(q);
+    *done = 1;
+  }
+  return MPG_OK;
+}
+
+static mpg_status req_test(mpg__req *q, int *done) { return progress(q, done); }
+
+static mpg_status req_wait(mpg__req *q, double deadline) {
+  poller pl;
+  poller_init(&pl, q->stage_cap);
+  for (;;) {
+    int done = 0;
+    mpg_status st = progress(q, &done);
+    if (done || st) return st;
+    if (mpg__now() >= deadline) {
+      char what[256];
+      req_describe(q, what, sizeof what);
+      return mpg__fail(MPG_ERR_TIMEOUT,
+                       "mpi: %s: not finished within the %.3g s timeout (a peer "
+                       "did not arrive)",
+                       what, q->comm->timeout_s);
+    }
+    poller_pause(&pl);
+  }
+}
+
+static void req_free(mpg__req *q) {
+  if (!q) return;
+  pthread_mutex_lock(&g_lock);
+  int pending = !q->finished;
+  for (int i = 0; i < q->nreq; i++)
+    if (q->reqs[i] != MPI_REQUEST_NULL) pending = 1; /* or failed mid-way */
+  if (pending) {
+    /* MPI may still use the staging memory: park it (top of the file). */
+    atomic_store(&g_faulted, 1);
+    orphan(q);
+    sweep_orphans();
+  } else {
+    mpg__comm *m = q->comm;
+    stage_give(m, q->stage, q->stage_cap);
+    q->stage = NULL;
+    comm_unref(m);
+    req_release(q);
+  }
+  pthread_mutex_unlock(&g_lock);
+}
+
+const struct mpg__backend_ops mpg__backend_mpi = {
+    .name = "mpi",
+    .world_init = world_init,
+    .split = split,
+    .post = post,
+    .test = req_test,
+    .wait = req_wait,
+    .req_free = req_free,
+    .abort = comm_abort,
+    .destroy = comm_destroy,
+};

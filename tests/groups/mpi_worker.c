@@ -1,0 +1,671 @@
+/* One MPI process of the Open MPI backend tests, started by mpirun from
+ * test_mpi.c.  A plain program on the public API: the rank and world size
+ * come from the Open MPI environment (mpg_launch_from_env), and the
+ * library initialises MPI itself.
+ *
+ *   mpi_worker collectives   every collective x dtype x op on every group of
+ *                            the mesh, checked exactly against local
+ *                            references; group membership; the DESIGN
+ *                            dp_cp check on (dp=2, tp=2, cp=2).
+ *   mpi_worker timeout       the last rank skips one all_reduce: the others
+ *                            must fail with MPG_ERR_TIMEOUT within the
+ *                            timeout + 1 s, later calls with ABORTED, and
+ *                            everybody must exit cleanly.
+ *   mpi_worker split_timeout the last rank creates a (lazy) group late:
+ *                            everybody, the late rank included, gets
+ *                            MPG_ERR_TIMEOUT from the split, none hangs.
+ *
+ * Prints "OK <mode> rank R" on success, "FAIL <mode> rank R: ..." lines
+ * otherwise; exit code 0 / 1.
+ *
+ * Meshes: 8 ranks (dp=2, tp=2, cp=2), 4 ranks (dp=2, tp=2, cp=1: cp groups
+ * have size 1), 2 ranks (dp=2, tp=1, cp=1), else (dp=-1, tp=1, cp=1); the
+ * flattened set dp_cp = [dp, cp] always. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "meshpg.h"
+
+static const char *g_mode = "?";
+static int g_rank = -1;
+static int g_failures;
+
+#define FAIL(...)                                                     \
+  do {                                                                \
+    if (g_failures++ < 20) {                                          \
+      printf("FAIL %s rank %d: ", g_mode, g_rank);                    \
+      printf(__VA_ARGS__);                                            \
+      printf("\n");                                                   \
+      fflush(stdout);                                                 \
+    }                                                                 \
+  } while (0)
+
+/* Check a status; on failure print where and the library's message. */
+#define CHECK(call)                                                   \
+  do {                                                                \
+    mpg_status st_ = (call);                                          \
+    if (st_ != MPG_OK)                                                \
+      FAIL("%s:%d: %s -> %s: %s", __FILE__, __LINE__, #call,          \
+           mpg_status_name(st_), mpg_last_error());                   \
+  } while (0)
+
+/* The timeout of the timeout modes: 1 s, or MESHPG_TEST_TIMEOUT_S (for
+ * slow runs such as valgrind, whose start-up alone takes seconds). */
+static double test_timeout(void) {
+  const char *e = getenv("MESHPG_TEST_TIMEOUT_S");
+  double t = e ? atof(e) : 0;
+  return t > 0 ? t : 1.0;
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------------ */
+/* Element access (values are chosen to be exact in every dtype)       */
+/* ------------------------------------------------------------------ */
+
+static uint32_t fbits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+static float bitsf(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* f32 -> f16 for values that are exact in f16 (normal numbers and 0). */
+static uint16_t to_f16(float f) {
+  uint32_t u = fbits(f);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a == 0) return sign;
+  uint32_t exp = (a >> 23) - 112u, man = a & 0x7fffffu;
+  return (uint16_t)(sign | (exp << 10) | (man >> 13));
+}
+static float from_f16(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0 && man == 0) return bitsf(sign);
+  return bitsf(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+static const mpg_dtype all_dtypes[] = {MPG_F32, MPG_F64, MPG_F16,
+                                       MPG_BF16, MPG_I32, MPG_I64};
+enum { NDTYPES = 6 };
+
+static int is_float(mpg_dtype dt) { return dt != MPG_I32 && dt != MPG_I64; }
+
+static void put(mpg_dtype dt, void *buf, size_t i, double v) {
+  switch (dt) {
+    case MPG_F32: ((float *)buf)[i] = (float)v; break;
+    case MPG_F64: ((double *)buf)[i] = v; break;
+    case MPG_F16: ((uint16_t *)buf)[i] = to_f16((float)v); break;
+    case MPG_BF16: ((uint16_t *)buf)[i] = (uint16_t)(fbits((float)v) >> 16); break;
+    case MPG_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case MPG_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+  }
+}
+
+static double get(mpg_dtype dt, const void *buf, size_t i) {
+  switch (dt) {
+    case MPG_F32: return ((const float *)buf)[i];
+    case MPG_F64: return ((const double *)buf)[i];
+    case MPG_F16: return from_f16(((const uint16_t *)buf)[i]);
+    case MPG_BF16: return bitsf((uint32_t)((const uint16_t *)buf)[i] << 16);
+    case MPG_I32: return ((const int32_t *)buf)[i];
+    case MPG_I64: return (double)((const int64_t *)buf)[i];
+  }
+  return NAN;
+}
+
+/* The value world rank r contributes at index i: integers in [-11, 11],
+ * halves of them for floats.  Sums over 8 ranks stay exact in bf16. */
+static double val(mpg_dtype dt, int r, size_t i) {
+  int v = (int)((r * 13 + (int)i * 7 + 3) % 23) - 11;
+  return is_float(dt) ? v * 0.5 : v;
+}
+
+static const char *op_name(mpg_op op) {
+  switch (op) {
+    case MPG_OP_SUM: return "sum";
+    case MPG_OP_AVG: return "avg";
+    case MPG_OP_MAX: return "max";
+    case MPG_OP_MIN: return "min";
+    case MPG_OP_PREMUL_SUM: return "premul_sum";
+  }
+  return "?";
+}
+
+/* op over the members' values at index i; integer AVG truncates toward
+ * zero like the library. */
+static double reduce_ref(mpg_dtype dt, mpg_op op, const int *members, int n,
+                         size_t i, double scale) {
+  double acc = 0;
+  int64_t iacc = 0;
+  for (int m = 0; m < n; m++) {
+    double v = val(dt, members[m], i);
+    if (op == MPG_OP_PREMUL_SUM) v *= scale;
+    if (m == 0 && (op == MPG_OP_MAX || op == MPG_OP_MIN)) acc = v;
+    else if (op == MPG_OP_MAX) acc = v > acc ? v : acc;
+    else if (op == MPG_OP_MIN) acc = v < acc ? v : acc;
+    else acc += v;
+    iacc += (int64_t)v;
+  }
+  if (op == MPG_OP_AVG) return is_float(dt) ? acc / n : (double)(iacc / n);
+  return acc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Collectives on one group                                            */
+/* ------------------------------------------------------------------ */
+
+typedef struct {
+  mpg_group *g;
+  const char *name;
+  int size, pos;
+  int members[64];
+} grp;
+
+enum { COUNT = 37 };
+
+static void check_buf(const grp *G, const char *what, mpg_dtype dt, const void *buf,
+                      size_t n, const double *expect) {
+  for (size_t i = 0; i < n; i++) {
+    double got = get(dt, buf, i);
+    if (got != expect[i]) {
+      FAIL("group %s (size %d, position %d): %s dtype %s: element %zu is %.17g, "
+           "expected %.17g",
+           G->name, G->size, G->pos, what, mpg_dtype_name(dt), i, got, expect[i]);
+      return;
+    }
+  }
+}
+
+static void test_all_reduce(const grp *G) {
+  static const mpg_op ops[] = {MPG_OP_SUM, MPG_OP_AVG, MPG_OP_MAX, MPG_OP_MIN,
+                               MPG_OP_PREMUL_SUM};
+  unsigned char send[COUNT * 8], recv[COUNT * 8];
+  double expect[COUNT];
+  for (int d = 0; d < NDTYPES; d++) {
+    mpg_dtype dt = all_dtypes[d];
+    for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++) {
+      mpg_op op = ops[o];
+      if (op == MPG_OP_PREMUL_SUM && !is_float(dt)) continue;
+      double scale = 0.25;
+      for (size_t i = 0; i < COUNT; i++)
+        expect[i] = reduce_ref(dt, op, G->members, G->size, i, scale);
+      for (int inplace = 0; inplace < 2; inplace++) {
+        void *s = inplace ? recv : send;
+        for (size_t i = 0; i < COUNT; i++) put(dt, s, i, val(dt, g_rank, i));
+        if (!inplace)
+          for (size_t i = 0; i < COUNT; i++) put(dt, recv, i, 99);
+        char what[96];
+        snprintf(what, sizeof what, "all_reduce op %s%s", op_name(op),
+                 inplace ? " in place" : "");
+        mpg_status st = op == MPG_OP_PREMUL_SUM
+            ? mpg_all_reduce_scaled(G->g, s, recv, COUNT, dt, scale, NULL, NULL)
+            : mpg_all_reduce(G->g, s, recv, COUNT, dt, op, NULL, NULL);
+        if (st) {
+          FAIL("group %s: %s dtype %s -> %s: %s", G->name, what,
+               mpg_dtype_name(dt), mpg_status_name(st), mpg_last_error());
+          continue;
+        }
+        check_buf(G, what, dt, recv, COUNT, expect);
+      }
+    }
+  }
+  /* An empty all_reduce completes. */
+  CHECK(mpg_all_reduce(G->g, send, recv, 0, MPG_F32, MPG_OP_SUM, NULL, NULL));
+}
+
+static void test_async(const grp *G) {
+  /* Every dtype in flight at once, then waited in reverse order. */
+  static unsigned char bufs[NDTYPES][COUNT * 8];
+  mpg_work *w[NDTYPES];
+  double expect[COUNT];
+  for (int d = 0; d < NDTYPES; d++) {
+    for (size_t i = 0; i < COUNT; i++) put(all_dtypes[d], bufs[d], i, val(all_dtypes[d], g_rank, i));
+    mpg_status st = mpg_all_reduce(G->g, bufs[d], bufs[d], COUNT, all_dtypes[d],
+                                   MPG_OP_SUM, NULL, &w[d]);
+    if (st) {
+      FAIL("group %s: async all_reduce %s -> %s: %s", G->name,
+           mpg_dtype_name(all_dtypes[d]), mpg_status_name(st), mpg_last_error());
+      w[d] = NULL;
+    }
+  }
+  /* Poll the first with mpg_work_test until done. */
+  int done = 0;
+  double t0 = now();
+  while (!done && now() - t0 < 30) {
+    mpg_status st = mpg_work_test(w[0], &done);
+    if (st) {
+      FAIL("group %s: mpg_work_test -> %s: %s", G->name, mpg_status_name(st),
+           mpg_last_error());
+      break;
+    }
+  }
+  if (!done) FAIL("group %s: mpg_work_test never reported completion", G->name);
+  for (int d = NDTYPES - 1; d >= 0; d--) {
+    mpg_status st = mpg_work_wait(w[d]);
+    if (st) {
+      FAIL("group %s: mpg_work_wait %s -> %s: %s", G->name,
+           mpg_dtype_name(all_dtypes[d]), mpg_status_name(st), mpg_last_error());
+      continue;
+    }
+    for (size_t i = 0; i < COUNT; i++)
+      expect[i] = reduce_ref(all_dtypes[d], MPG_OP_SUM, G->members, G->size, i, 1);
+    check_buf(G, "async all_reduce sum", all_dtypes[d], bufs[d], COUNT, expect);
+  }
+}
+
+static void test_broadcast(const grp *G) {
+  unsigned char buf[COUNT * 8];
+  double expect[COUNT];
+  for (int d = 0; d < NDTYPES; d++) {
+    mpg_dtype dt = all_dtypes[d];
+    for (int root = 0; root < G->size; root++) {
+      int rr = G->members[root];
+      for (size_t i = 0; i < COUNT; i++) {
+        expect[i] = val(dt, rr + 5, i);
+        put(dt, buf, i, G->pos == root ? expect[i] : 99);
+      }
+      char what[64];
+      snprintf(what, sizeof what, "broadcast root %d", root);
+      mpg_status st = mpg_broadcast(G->g, buf, COUNT, dt, root, NULL, NULL);
+      if (st) {
+        FAIL("group %s: %s dtype %s -> %s: %s", G->name, what, mpg_dtype_name(dt),
+             mpg_status_name(st), mpg_last_error());
+        continue;
+      }
+      check_buf(G, what, dt, buf, COUNT, expect);
+    }
+  }
+}
+
+static void test_all_gather(const grp *G) {
+  size_t n = (size_t)G->size * COUNT;
+  unsigned char send[COUNT * 8];
+  unsigned char *recv = malloc(n * 8);
+  double *expect = malloc(n * sizeof *expect);
+  for (int d = 0; d < NDTYPES; d++) {
+    mpg_dtype dt = all_dtypes[d];
+    size_t es = mpg_dtype_size(dt);
+    for (int p = 0; p < G->size; p++)
+      for (size_t i = 0; i < COUNT; i++)
+        expect[(size_t)p * COUNT + i] = val(dt, G->members[p], i);
+    for (int mode = 0; mode < 3; mode++) {
+      /* 0: separate buffers; 1: send is this rank's block of recv
+       * (NCCL-style in place); 2: send == recv. */
+      for (size_t i = 0; i < n; i++) put(dt, recv, i, 99);
+      void *s = mode == 0 ? (void *)send
+              : mode == 1 ? (void *)(recv + (size_t)G->pos * COUNT * es)
+                          : (void *)recv;
+      for (size_t i = 0; i < COUNT; i++) put(dt, s, i, val(dt, g_rank, i));
+      char what[64];
+      snprintf(what, sizeof what, "all_gather%s",
+               mode == 1 ? " in place (own block)" : mode == 2 ? " send == recv" : "");
+      mpg_status st = mpg_all_gather(G->g, s, recv, COUNT, dt, NULL, NULL);
+      if (st) {
+        FAIL("group %s: %s dtype %s -> %s: %s", G->name, what, mpg_dtype_name(dt),
+             mpg_status_name(st), mpg_last_error());
+        continue;
+      }
+      check_buf(G, what, dt, recv, n, expect);
+    }
+  }
+  free(recv);
+  free(expect);
+}
+
+static void test_reduce_scatter(const grp *G) {
+  static const mpg_op ops[] = {MPG_OP_SUM, MPG_OP_AVG, MPG_OP_MAX, MPG_OP_MIN};
+  size_t n = (size_t)G->size * COUNT;
+  unsigned char *send = malloc(n * 8);
+  unsigned char recv[COUNT * 8];
+  double expect[COUNT];
+  for (int d = 0; d < NDTYPES; d++) {
+    mpg_dtype dt = all_dtypes[d];
+    for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++) {
+      mpg_op op = ops[o];
+      for (size_t i = 0; i < COUNT; i++)
+        expect[i] = reduce_ref(dt, op, G->members, G->size,
+                               (size_t)G->pos * COUNT + i, 1);
+      for (int inplace = 0; inplace < 2; inplace++) {
+        for (size_t i = 0; i < n; i++) put(dt, send, i, val(dt, g_rank, i));
+        void *r = inplace ? (void *)send : (void *)recv;
+        if (!inplace)
+          for (size_t i = 0; i < COUNT; i++) put(dt, recv, i, 99);
+        char what[96];
+        snprintf(what, sizeof what, "reduce_scatter op %s%s", op_name(op),
+                 inplace ? " send == recv" : "");
+        mpg_status st = mpg_reduce_scatter(G->g, send, r, COUNT, dt, op, NULL, NULL);
+        if (st) {
+          FAIL("group %s: %s dtype %s -> %s: %s", G->name, what,
+               mpg_dtype_name(dt), mpg_status_name(st), mpg_last_error());
+          continue;
+        }
+        check_buf(G, what, dt, r, COUNT, expect);
+      }
+    }
+  }
+  free(send);
+}
+
+static void test_send_recv(const grp *G) {
+  if (G->size < 2) return;
+  int to = (G->pos + 1) % G->size, from = (G->pos + G->size - 1) % G->size;
+  unsigned char sbuf[COUNT * 8], rbuf[COUNT * 8];
+  double expect[COUNT];
+  for (int d = 0; d < NDTYPES; d++) {
+    mpg_dtype dt = all_dtypes[d];
+    for (size_t i = 0; i < COUNT; i++) {
+      put(dt, sbuf, i, val(dt, g_rank + 3, i));
+      put(dt, rbuf, i, 99);
+      expect[i] = val(dt, G->members[from] + 3, i);
+    }
+    mpg_work *wr = NULL, *ws = NULL;
+    CHECK(mpg_recv(G->g, rbuf, COUNT, dt, from, NULL, &wr));
+    CHECK(mpg_send(G->g, sbuf, COUNT, dt, to, NULL, &ws));
+    mpg_status a = mpg_work_wait(ws), b = mpg_work_wait(wr);
+    if (a || b) {
+      FAIL("group %s: send/recv dtype %s -> %s / %s: %s", G->name,
+           mpg_dtype_name(dt), mpg_status_name(a), mpg_status_name(b),
+           mpg_last_error());
+      continue;
+    }
+    check_buf(G, "recv", dt, rbuf, COUNT, expect);
+  }
+}
+
+/* The communicator really joins the mesh's members: gather world ranks. */
+static void test_membership(const grp *G, const mpg_mesh *mesh, int s) {
+  int index, pos, size;
+  CHECK(mpg_mesh_group_of(mesh, s, g_rank, &index, &pos, &size));
+  if (mpg_group_size(G->g) != size || mpg_group_rank(G->g) != pos ||
+      mpg_group_index(G->g) != index)
+    FAIL("group %s: size/position/index %d/%d/%d, mesh says %d/%d/%d", G->name,
+         mpg_group_size(G->g), mpg_group_rank(G->g), mpg_group_index(G->g), size,
+         pos, index);
+  for (int p = 0; p < size; p++) {
+    int r = -1;
+    CHECK(mpg_group_member(G->g, p, &r));
+    if (r != G->members[p])
+      FAIL("group %s: member %d is %d, mesh says %d", G->name, p, r, G->members[p]);
+  }
+  int32_t me = g_rank, got[64];
+  CHECK(mpg_all_gather(G->g, &me, got, 1, MPG_I32, NULL, NULL));
+  for (int p = 0; p < size; p++)
+    if (got[p] != G->members[p])
+      FAIL("group %s: position %d holds world rank %d, mpg_mesh_group_members "
+           "says %d", G->name, p, (int)got[p], G->members[p]);
+  CHECK(mpg_barrier(G->g, NULL));
+}
+
+/* DESIGN: a dp_cp all_reduce on (dp=2, tp=2, cp=2) keeps tp-distinct
+ * values apart. */
+static void test_design(mpg_ctx *ctx, const mpg_mesh *mesh) {
+  int world = mpg_ctx_world_size(ctx), coord[8];
+  mpg_group *dpcp = NULL, *wg = NULL;
+  CHECK(mpg_ctx_group(ctx, "dp_cp", &dpcp));
+  CHECK(mpg_ctx_group(ctx, "world", &wg));
+  if (!dpcp || !wg) return;
+  CHECK(mpg_mesh_coord_of(mesh, g_rank, coord));
+  int tp = coord[1];
+  double v = (tp + 1) * 1000.0 + g_rank, r = 0;
+  CHECK(mpg_all_reduce(dpcp, &v, &r, 1, MPG_F64, MPG_OP_SUM, NULL, NULL));
+  int ds, members[8];
+  CHECK(mpg_mesh_dimset_find(mesh, "dp_cp", &ds));
+  CHECK(mpg_mesh_group_members(mesh, ds, mpg_group_index(dpcp), members));
+  double expect = 0;
+  for (int p = 0; p < 4; p++) expect += (tp + 1) * 1000.0 + members[p];
+  if (r != expect) FAIL("design: dp_cp sum is %g, expected %g", r, expect);
+  double all[8];
+  CHECK(mpg_all_gather(wg, &r, all, 1, MPG_F64, NULL, NULL));
+  for (int a = 0; a < world; a++)
+    for (int b = 0; b < world; b++) {
+      int ca[8], cb[8], ga, gb;
+      mpg_mesh_coord_of(mesh, a, ca);
+      mpg_mesh_coord_of(mesh, b, cb);
+      mpg_mesh_group_of(mesh, ds, a, &ga, NULL, NULL);
+      mpg_mesh_group_of(mesh, ds, b, &gb, NULL, NULL);
+      if (ca[1] != cb[1] && all[a] == all[b])
+        FAIL("design: ranks %d (tp %d) and %d (tp %d) both ended with %g", a,
+             ca[1], b, cb[1], all[a]);
+      if (ga == gb && all[a] != all[b])
+        FAIL("design: ranks %d and %d share dp_cp group %d but ended with %g "
+             "and %g", a, b, ga, all[a], all[b]);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Modes                                                               */
+/* ------------------------------------------------------------------ */
+
+static mpg_status make_ctx(int world, double timeout_s, int lazy,
+                           mpg_mesh **mesh, mpg_ctx **ctx) {
+  const char *dims = world == 8 ? "dp=2,tp=2,cp=2"
+                   : world == 4 ? "dp=2,tp=2,cp=1"
+                   : world == 2 ? "dp=2,tp=1,cp=1" : "dp=-1,tp=1,cp=1";
+  mpg_spec spec;
+  mpg_status st;
+  if ((st = mpg_spec_init(&spec)) || (st = mpg_spec_set_mesh(&spec, dims)) ||
+      (st = mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp")) ||
+      (st = mpg_spec_validate(&spec)) || (st = mpg_mesh_create(&spec, world, mesh)))
+    return st;
+  mpg_init_opts opts = MPG_INIT_OPTS_INIT;
+  opts.backend = MPG_BACKEND_MPI;
+  opts.rank = -1;       /* from OMPI_COMM_WORLD_RANK */
+  opts.world_size = -1; /* from OMPI_COMM_WORLD_SIZE */
+  opts.timeout_s = timeout_s;
+  opts.lazy_groups = lazy;
+  return mpg_ctx_create(*mesh, &opts, ctx);
+}
+
+static int run_collectives(int world) {
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  double t0 = now();
+  mpg_status st = make_ctx(world, 60, 0, &mesh, &ctx);
+  if (st) {
+    FAIL("setup -> %s: %s", mpg_status_name(st), mpg_last_error());
+    mpg_mesh_destroy(mesh);
+    return 1;
+  }
+  if (mpg_ctx_rank(ctx) != g_rank || mpg_ctx_world_size(ctx) != world ||
+      mpg_ctx_backend(ctx) != MPG_BACKEND_MPI)
+    FAIL("context says rank %d of %d, backend %d", mpg_ctx_rank(ctx),
+         mpg_ctx_world_size(ctx), (int)mpg_ctx_backend(ctx));
+  int nsets = mpg_mesh_num_dimsets(mesh);
+  for (int s = 0; s < nsets; s++) {
+    grp G;
+    memset(&G, 0, sizeof G);
+    st = mpg_ctx_group_at(ctx, s, &G.g);
+    if (st) {
+      FAIL("mpg_ctx_group_at(%d) -> %s: %s", s, mpg_status_name(st), mpg_last_error());
+      continue;
+    }
+    G.name = mpg_group_name(G.g);
+    G.size = mpg_group_size(G.g);
+    G.pos = mpg_group_rank(G.g);
+    CHECK(mpg_mesh_group_members(mesh, s, mpg_group_index(G.g), G.members));
+    test_membership(&G, mesh, s);
+    test_all_reduce(&G);
+    test_async(&G);
+    test_broadcast(&G);
+    test_all_gather(&G);
+    test_reduce_scatter(&G);
+    test_send_recv(&G);
+    CHECK(mpg_barrier(G.g, NULL));
+  }
+  if (world == 8) test_design(ctx, mesh);
+  double t1 = now();
+  CHECK(mpg_ctx_destroy(ctx));
+  mpg_mesh_destroy(mesh);
+  if (g_failures) {
+    printf("FAIL %s rank %d: %d check(s) failed\n", g_mode, g_rank, g_failures);
+    return 1;
+  }
+  printf("OK %s rank %d (%d dim sets, %.2f s)\n", g_mode, g_rank, nsets, t1 - t0);
+  return 0;
+}
+
+static int run_timeout(int world) {
+  const double timeout = test_timeout();
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_status st = make_ctx(world, timeout, 0, &mesh, &ctx);
+  if (st) {
+    FAIL("setup -> %s: %s", mpg_status_name(st), mpg_last_error());
+    mpg_mesh_destroy(mesh);
+    return 1;
+  }
+  mpg_group *wg = NULL, *dp = NULL;
+  CHECK(mpg_ctx_group(ctx, "world", &wg));
+  CHECK(mpg_ctx_group(ctx, "dp", &dp));
+  float x = 1.0f, y = 0;
+  /* Everybody is healthy first. */
+  CHECK(mpg_all_reduce(wg, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL));
+  if (y != (float)world) FAIL("warm-up all_reduce gave %g, expected %d", y, world);
+  int late = g_rank == world - 1;
+  if (!late) {
+    double t0 = now();
+    st = mpg_all_reduce(wg, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
+    double dt = now() - t0;
+    if (st != MPG_ERR_TIMEOUT)
+      FAIL("all_reduce without rank %d returned %s, expected ERR_TIMEOUT: %s",
+           world - 1, mpg_status_name(st), mpg_last_error());
+    else if (dt < timeout * 0.9 || dt > timeout + 1.0)
+      FAIL("ERR_TIMEOUT after %.3f s, expected %.1f .. %.1f s", dt, timeout * 0.9,
+           timeout + 1.0);
+    else
+      printf("rank %d: ERR_TIMEOUT after %.3f s: %s\n", g_rank, dt, mpg_last_error());
+    /* The context is aborted now: every group refuses work at once. */
+    t0 = now();
+    st = mpg_all_reduce(dp, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
+    if (st != MPG_ERR_ABORTED)
+      FAIL("all_reduce on dp after the timeout returned %s, expected ERR_ABORTED",
+           mpg_status_name(st));
+    st = mpg_barrier(wg, NULL);
+    if (st != MPG_ERR_ABORTED)
+      FAIL("barrier on world after the timeout returned %s, expected ERR_ABORTED",
+           mpg_status_name(st));
+    if (now() - t0 > 0.5) FAIL("calls after the abort took %.3f s", now() - t0);
+  } else {
+    /* Arrive long after the others gave up, then post the op they waited
+     * for.  It may complete (their abandoned requests still progress
+     * while they are inside MPI) or time out: both are fine, a hang is
+     * not. */
+    double until = now() + timeout + 1.5;
+    while (now() < until) {
+      struct timespec ts = {0, 50000000L};
+      nanosleep(&ts, NULL);
+    }
+    double t0 = now();
+    st = mpg_all_reduce(wg, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
+    double dt = now() - t0;
+    if (st != MPG_OK && st != MPG_ERR_TIMEOUT)
+      FAIL("late all_reduce returned %s: %s", mpg_status_name(st), mpg_last_error());
+    else if (dt > timeout + 1.0)
+      FAIL("late all_reduce took %.3f s", dt);
+    else
+      printf("rank %d (late): all_reduce -> %s after %.3f s\n", g_rank,
+             mpg_status_name(st), dt);
+  }
+  double t0 = now();
+  st = mpg_ctx_destroy(ctx);
+  double dt = now() - t0;
+  if (st) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
+  if (!late && dt > 0.5) FAIL("mpg_ctx_destroy after the abort took %.3f s", dt);
+  mpg_mesh_destroy(mesh);
+  if (g_failures) {
+    printf("FAIL %s rank %d: %d check(s) failed\n", g_mode, g_rank, g_failures);
+    return 1;
+  }
+  printf("OK %s rank %d\n", g_mode, g_rank);
+  return 0;
+}
+
+/* Lazy groups: the last rank asks for its dp group (a split of the world)
+ * long after the others.  They must get MPG_ERR_TIMEOUT within the
+ * timeout + 1 s; the late rank then passes the first barrier of the
+ * split's rendezvous (the others' abandoned barrier is still posted) and
+ * must time out in the second instead of hanging in MPI_Comm_split. */
+static int run_split_timeout(int world) {
+  const double timeout = test_timeout();
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_status st = make_ctx(world, timeout, 1, &mesh, &ctx);
+  if (st) {
+    FAIL("setup -> %s: %s", mpg_status_name(st), mpg_last_error());
+    mpg_mesh_destroy(mesh);
+    return 1;
+  }
+  int late = g_rank == world - 1;
+  if (late) {
+    double until = now() + timeout + 1.5;
+    while (now() < until) {
+      struct timespec ts = {0, 50000000L};
+      nanosleep(&ts, NULL);
+    }
+  }
+  mpg_group *dp = NULL;
+  double t0 = now();
+  st = mpg_ctx_group(ctx, "dp", &dp);
+  double dt = now() - t0;
+  if (st != MPG_ERR_TIMEOUT)
+    FAIL("%screating the dp group returned %s, expected ERR_TIMEOUT: %s",
+         late ? "late rank: " : "", mpg_status_name(st), mpg_last_error());
+  else if (dt < timeout * 0.9 || dt > timeout + 1.0)
+    FAIL("ERR_TIMEOUT after %.3f s, expected %.1f .. %.1f s", dt, timeout * 0.9,
+         timeout + 1.0);
+  else
+    printf("rank %d%s: ERR_TIMEOUT after %.3f s: %s\n", g_rank,
+           late ? " (late)" : "", dt, mpg_last_error());
+  mpg_group *wg = NULL;
+  float x = 1.0f, y = 0;
+  st = mpg_ctx_group(ctx, "world", &wg);
+  if (!st) st = mpg_all_reduce(wg, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
+  if (st != MPG_ERR_ABORTED)
+    FAIL("all_reduce on world after the timeout returned %s, expected ERR_ABORTED",
+         mpg_status_name(st));
+  t0 = now();
+  st = mpg_ctx_destroy(ctx);
+  dt = now() - t0;
+  if (st) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
+  if (dt > 0.5) FAIL("mpg_ctx_destroy after the abort took %.3f s", dt);
+  mpg_mesh_destroy(mesh);
+  if (g_failures) {
+    printf("FAIL %s rank %d: %d check(s) failed\n", g_mode, g_rank, g_failures);
+    return 1;
+  }
+  printf("OK %s rank %d\n", g_mode, g_rank);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  g_mode = argc > 1 ? argv[1] : "?";
+  mpg_launch env;
+  mpg_status st = mpg_launch_from_env(&env);
+  if (st || env.rank < 0 || env.world_size <= 0) {
+    printf("FAIL %s rank -1: no launch environment (%s: %s); run under mpirun\n",
+           g_mode, mpg_status_name(st), mpg_last_error());
+    return 1;
+  }
+  g_rank = env.rank;
+  if (strcmp(g_mode, "collectives") == 0) return run_collectives(env.world_size);
+  if (strcmp(g_mode, "timeout") == 0) return run_timeout(env.world_size);
+  if (strcmp(g_mode, "split_timeout") == 0) return run_split_timeout(env.world_size);
+  printf("FAIL %s rank %d: unknown mode (collectives | timeout | split_timeout)\n",
+         g_mode, g_rank);
+  return 1;
+}

@@ -1,0 +1,145 @@
+/* The Open MPI backend, end to end: real processes started by mpirun run
+ * tests/groups/mpi_worker.c, which checks every collective on every group
+ * of the mesh, the timeout and abort path, and (under valgrind) that
+ * meshpg leaks nothing.  MESHPG_MPI_WORKER is set by meson. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+
+/* Shared-memory transports only, no binding: the tests run on small,
+ * shared machines without a network. */
+#define MPIRUN "mpirun --oversubscribe --bind-to none --mca btl self,vader " \
+               "--mca btl_vader_single_copy_mechanism none "
+
+static char out[1 << 20];
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static const char *worker(void) {
+  const char *w = getenv("MESHPG_MPI_WORKER");
+  cr_assert_not_null(w, "MESHPG_MPI_WORKER is not set (run through meson test)");
+  return w;
+}
+
+/* Run a shell command line with stderr joined; return its exit code and
+ * keep the output in `out`. */
+static int run(const char *cmd, double *seconds) {
+  char full[4096];
+  snprintf(full, sizeof full, "%s 2>&1", cmd);
+  double t0 = now();
+  FILE *p = popen(full, "r");
+  cr_assert_not_null(p, "popen(%s) failed", cmd);
+  size_t n = 0, k;
+  while ((k = fread(out + n, 1, sizeof out - 1 - n, p)) > 0) n += k;
+  out[n] = '\0';
+  int st = pclose(p);
+  if (seconds) *seconds = now() - t0;
+  cr_assert(WIFEXITED(st), "%s: did not exit normally\n%s", cmd, out);
+  return WEXITSTATUS(st);
+}
+
+/* mpirun -np N [extra] worker mode; expect exit 0 and every rank's OK. */
+static void run_worker(int np, const char *extra, const char *prefix,
+                       const char *mode, double limit_s) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "timeout -k 5 %d " MPIRUN "%s -np %d %s '%s' %s",
+           (int)limit_s, extra, np, prefix, worker(), mode);
+  double secs = 0;
+  int rc = run(cmd, &secs);
+  cr_log_info("%s: exit %d after %.2f s", cmd, rc, secs);
+  cr_assert_eq(rc, 0, "%s\nexit code %d after %.2f s; output:\n%s", cmd, rc, secs, out);
+  for (int r = 0; r < np; r++) {
+    char ok[64];
+    snprintf(ok, sizeof ok, "OK %s rank %d", mode, r);
+    cr_assert(strstr(out, ok), "%s\nno \"%s\" line; output:\n%s", cmd, ok, out);
+  }
+  cr_assert_null(strstr(out, "FAIL "), "%s\noutput:\n%s", cmd, out);
+}
+
+Test(mpi, collectives_4_ranks, .timeout = 300) {
+  run_worker(4, "", "", "collectives", 280);
+}
+
+Test(mpi, collectives_8_ranks_design_mesh, .timeout = 300) {
+  run_worker(8, "", "", "collectives", 280);
+}
+
+/* A chunk limit of 5 elements sends every operation through the paths
+ * that split counts above INT_MAX (chunked all_reduce, broadcast, p2p;
+ * all_gather by broadcasts; reduce_scatter by reduces). */
+Test(mpi, collectives_chunked_large_count_paths, .timeout = 300) {
+  run_worker(4, "-x MESHPG_MPI_MAX_COUNT=5", "", "collectives", 280);
+}
+
+Test(mpi, timeout_aborts_and_exits_cleanly, .timeout = 120) {
+  double t0 = now();
+  run_worker(4, "", "", "timeout", 100);
+  /* Each waiter checked its own timeout bound; the whole job, start-up
+   * included, must not hang either. */
+  cr_assert_lt(now() - t0, 60.0, "the timeout job took %.1f s\n%s", now() - t0, out);
+  cr_assert(strstr(out, "ERR_TIMEOUT after"), "%s", out);
+}
+
+/* The split's two-phase rendezvous: a rank that arrives after its peers
+ * gave up times out too, rather than hanging in MPI_Comm_split. */
+Test(mpi, split_timeout_never_hangs, .timeout = 120) {
+  run_worker(4, "", "", "split_timeout", 100);
+  cr_assert(strstr(out, "(late): ERR_TIMEOUT after"), "%s", out);
+}
+
+/* valgrind in front of every rank: definite leaks and memory errors fail
+ * the rank with exit code 3.  Open MPI's own suppressions where Debian
+ * installs them, then ours (Open MPI internals only: see the file); deep
+ * stacks so that the Open MPI frame every suppression keys on is always
+ * recorded. */
+static const char *valgrind_prefix(void) {
+  static char prefix[2048];
+  if (system("command -v valgrind >/dev/null 2>&1") != 0)
+    cr_skip_test("valgrind is not installed");
+  const char *data = getenv("MESHPG_TEST_DATA");
+  cr_assert_not_null(data, "MESHPG_TEST_DATA is not set (run through meson test)");
+  const char *ompi_supp = "/usr/share/openmpi/openmpi-valgrind.supp";
+  FILE *f = fopen(ompi_supp, "r");
+  if (f) fclose(f);
+  snprintf(prefix, sizeof prefix,
+           "valgrind -q --error-exitcode=3 --leak-check=full "
+           "--errors-for-leak-kinds=definite --show-leak-kinds=definite "
+           "--num-callers=50 %s%s%s--suppressions='%s/groups/openmpi.supp'",
+           f ? "--suppressions='" : "", f ? ompi_supp : "", f ? "' " : "", data);
+  return prefix;
+}
+
+Test(mpi, valgrind_no_meshpg_leaks, .timeout = 600) {
+  run_worker(4, "", valgrind_prefix(), "collectives", 580);
+  cr_assert_null(strstr(out, "definitely lost"), "%s", out);
+}
+
+/* The abort path under valgrind: abandoned requests, the late peer's
+ * completion of them inside MPI_Finalize (which must land in meshpg's
+ * staging memory, not in the caller's long-gone buffers) and the deferred
+ * finalize at exit.  valgrind starts slowly: a 15 s timeout. */
+Test(mpi, valgrind_timeout_path_is_memory_safe, .timeout = 600) {
+  run_worker(4, "-x MESHPG_TEST_TIMEOUT_S=15", valgrind_prefix(), "timeout", 580);
+  cr_assert_null(strstr(out, "Invalid write"), "%s", out);
+  cr_assert_null(strstr(out, "definitely lost"), "%s", out);
+}
+
+/* The jobs start up to 8 processes each on machines with few cores: run
+ * one at a time so that the timing bounds of the timeout tests are not
+ * judged under another job's load. */
+int main(int argc, char *argv[]) {
+  struct criterion_test_set *tests = criterion_initialize();
+  criterion_options.jobs = 1;
+  int result = 0;
+  if (criterion_handle_args(argc, argv, true))
+    result = !criterion_run_all_tests(tests);
+  criterion_finalize(tests);
+  return result;
+}
