@@ -2,6 +2,7 @@
  * collectives and work handles.  It checks arguments, turns size-1 groups
  * into local copies, applies the context's timeout and aborts the whole
  * context when a peer never arrives.  Backends (backend.h) only move data. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,8 @@ struct mpg_ctx {
                              renumbered the ranks (freed last) */
   double timeout_s;
   int lazy;
-  mpg_status aborted; /* MPG_OK while healthy, else the reason */
+  atomic_int aborted; /* MPG_OK while healthy, else the reason; atomic so
+                        that a watchdog thread may call mpg_ctx_abort */
   mpg__comm *world_comm;
   long setup_collectives;
   int nsets;
@@ -125,8 +127,8 @@ static mpg_status create_group(mpg_ctx *ctx, mpg_group *g) {
   } else if (g->size == ctx->world && strcmp(g->name, "world") == 0) {
     g->comm = ctx->world_comm;
   } else {
-    if (ctx->aborted)
-      return mpg__fail(ctx->aborted, "group \"%s\": the context was aborted",
+    if (atomic_load(&ctx->aborted))
+      return mpg__fail((mpg_status)atomic_load(&ctx->aborted), "group \"%s\": the context was aborted",
                        g->name);
     ctx->setup_collectives++;
     st = ctx->ops->split(ctx->world_comm, g->index, g->position, &g->comm);
@@ -143,8 +145,8 @@ static mpg_status create_group(mpg_ctx *ctx, mpg_group *g) {
 }
 
 static void abort_all(mpg_ctx *ctx, mpg_status reason) {
-  if (ctx->aborted) return;
-  ctx->aborted = reason;
+  int healthy = MPG_OK;
+  if (!atomic_compare_exchange_strong(&ctx->aborted, &healthy, (int)reason)) return;
   for (int s = 0; s < ctx->nsets; s++) {
     mpg_group *g = &ctx->groups[s];
     if (g->comm && g->comm != ctx->world_comm) ctx->ops->abort(g->comm, reason);
@@ -406,6 +408,10 @@ mpg_status mpg_ctx_abort(mpg_ctx *ctx) {
 
 int mpg_ctx_rank(const mpg_ctx *ctx) { return ctx ? ctx->rank : -1; }
 int mpg_ctx_world_size(const mpg_ctx *ctx) { return ctx ? ctx->world : 0; }
+mpg_status mpg_ctx_status(const mpg_ctx *ctx) {
+  if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_status: ctx is NULL");
+  return (mpg_status)atomic_load(&((mpg_ctx *)ctx)->aborted);
+}
 int mpg_ctx_launcher_rank(const mpg_ctx *ctx) { return ctx ? ctx->launcher_rank : -1; }
 int mpg_ctx_num_nodes(const mpg_ctx *ctx) { return ctx ? ctx->num_nodes : 0; }
 mpg_status mpg_ctx_binding(const mpg_ctx *ctx, mpg_binding *out) {
@@ -551,9 +557,10 @@ static mpg_status make_extra(mpg_ctx *ctx, const char *key, unsigned mask,
     g->size = nselect;
   }
   mpg_status st = MPG_OK;
-  if (ctx->aborted) {
+  if (atomic_load(&ctx->aborted)) {
     free(g);
-    return mpg__fail(ctx->aborted, "group \"%s\": the context was aborted", key);
+    return mpg__fail((mpg_status)atomic_load(&ctx->aborted),
+                     "group \"%s\": the context was aborted", key);
   }
   g->member = member;
   if (g->size > 1) {
@@ -752,9 +759,10 @@ static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
   mpg_status st = check_coll(g, c);
   if (st) return st;
   mpg_ctx *ctx = g->ctx;
-  if (ctx->aborted)
+  int reason = atomic_load(&ctx->aborted);
+  if (reason)
     return mpg__fail(MPG_ERR_ABORTED, "mpg_%s on \"%s\": the context was aborted (%s)",
-                     kind_names[c->kind], g->name, mpg_status_name(ctx->aborted));
+                     kind_names[c->kind], g->name, mpg_status_name((mpg_status)reason));
   if ((st = create_group(ctx, g))) return on_failure(ctx, st);
   if (g->size == 1) return ctx->ops->local ? ctx->ops->local(c) : mpg__local_host(c);
 

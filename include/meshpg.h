@@ -722,12 +722,17 @@ typedef struct mpg_work mpg_work;
 mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
                           mpg_ctx **out);
 
-/* Free every communicator and the context.  NULL is a no-op.  After a
+/* Free every communicator and the context.  Every work handle must have
+ * been released with mpg_work_wait first.  NULL is a no-op.  After a
  * timeout or abort it frees what can be freed without blocking.
  * Returns MPG_OK or the first backend error met while freeing. */
 mpg_status mpg_ctx_destroy(mpg_ctx *ctx);
 
-/* Abort every communicator of the context: waiting peers fail with
+/* MPG_OK while the context is healthy; after a timeout or abort, the
+ * reason (MPG_ERR_TIMEOUT, MPG_ERR_ABORTED).  Safe from any thread. */
+mpg_status mpg_ctx_status(const mpg_ctx *ctx);
+
+/* Abort every communicator of the context (safe from a watchdog thread): waiting peers fail with
  * MPG_ERR_ABORTED or MPG_ERR_TIMEOUT, and later collectives with
  * MPG_ERR_ABORTED.  Never blocks.  The context must still be destroyed. */
 mpg_status mpg_ctx_abort(mpg_ctx *ctx);
