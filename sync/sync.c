@@ -472,7 +472,7 @@ static int hash_grow(mpg_sync *s) {
   s->hash = h;
   s->hash_cap = cap;
   for (int id = 0; id < s->nparams; id++) {
-    int slot;
+    int slot = 0;
     hash_find(s, s->params[id].name, &slot);
     s->hash[slot] = id;
   }
