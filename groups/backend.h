@@ -102,6 +102,10 @@ extern const struct mpg__backend_ops mpg__backend_thread;
 extern const struct mpg__backend_ops mpg__backend_mpi;  /* built with MPI */
 extern const struct mpg__backend_ops mpg__backend_nccl; /* built with NCCL */
 
+/* "all_reduce", "broadcast", ... and "sum", "avg", ...; "?" when unknown. */
+const char *mpg__kind_name(mpg__coll_kind kind);
+const char *mpg__op_name(mpg_op op);
+
 /* Monotonic clock in seconds. */
 double mpg__now(void);
 

@@ -153,19 +153,6 @@ static long g_chunk = INT_MAX; /* most elements per MPI call */
 /* Helpers                                                             */
 /* ------------------------------------------------------------------ */
 
-static const char *kind_name(mpg__coll_kind k) {
-  static const char *const names[] = {"all_reduce", "broadcast", "all_gather",
-                                      "reduce_scatter", "barrier", "send",
-                                      "recv"};
-  return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
-}
-
-static const char *op_name(mpg_op op) {
-  static const char *const names[] = {"sum", "avg", "max", "min",
-                                      "premul_sum"};
-  return (unsigned)op < sizeof names / sizeof names[0] ? names[op] : "?";
-}
-
 /* "all_reduce (op avg, dtype bf16, count 1024) on a group of size 4
  * (rank 2)" */
 static void describe(char *buf, size_t n, mpg__coll_kind kind, mpg_dtype dt,
@@ -177,8 +164,8 @@ static void describe(char *buf, size_t n, mpg__coll_kind kind, mpg_dtype dt,
       break;
     case MPG__ALL_REDUCE:
     case MPG__REDUCE_SCATTER:
-      k = snprintf(buf, n, "%s (op %s, dtype %s, count %zu)", kind_name(kind),
-                   op_name(op), mpg_dtype_name(dt), count);
+      k = snprintf(buf, n, "%s (op %s, dtype %s, count %zu)", mpg__kind_name(kind),
+                   mpg__op_name(op), mpg_dtype_name(dt), count);
       break;
     case MPG__BROADCAST:
       k = snprintf(buf, n, "broadcast (root %d, dtype %s, count %zu)", peer,
@@ -186,7 +173,7 @@ static void describe(char *buf, size_t n, mpg__coll_kind kind, mpg_dtype dt,
       break;
     case MPG__SEND:
     case MPG__RECV:
-      k = snprintf(buf, n, "%s (peer %d, dtype %s, count %zu)", kind_name(kind),
+      k = snprintf(buf, n, "%s (peer %d, dtype %s, count %zu)", mpg__kind_name(kind),
                    peer, mpg_dtype_name(dt), count);
       break;
     case MPG__ALL_GATHER:

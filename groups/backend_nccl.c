@@ -118,30 +118,6 @@ struct mpg__req {
 /* Small helpers                                                       */
 /* ------------------------------------------------------------------ */
 
-static const char *kind_name(mpg__coll_kind k) {
-  switch (k) {
-    case MPG__ALL_REDUCE: return "all_reduce";
-    case MPG__BROADCAST: return "broadcast";
-    case MPG__ALL_GATHER: return "all_gather";
-    case MPG__REDUCE_SCATTER: return "reduce_scatter";
-    case MPG__BARRIER: return "barrier";
-    case MPG__SEND: return "send";
-    case MPG__RECV: return "recv";
-  }
-  return "?";
-}
-
-static const char *op_name(mpg_op op) {
-  switch (op) {
-    case MPG_OP_SUM: return "sum";
-    case MPG_OP_AVG: return "avg";
-    case MPG_OP_MAX: return "max";
-    case MPG_OP_MIN: return "min";
-    case MPG_OP_PREMUL_SUM: return "premul_sum";
-  }
-  return "?";
-}
-
 static int map_dtype(mpg_dtype dt, ncclDataType_t *out) {
   switch (dt) {
     case MPG_F32: *out = ncclFloat32; return 1;
@@ -179,11 +155,11 @@ static void describe(char *buf, size_t n, const mpg__comm *c,
              c->size);
   else if (uses_op(kind))
     snprintf(buf, n, "nccl %s(%s, %s, count %zu) on rank %d of a group of %d",
-             kind_name(kind), mpg_dtype_name(dt), op_name(op), count, c->rank,
+             mpg__kind_name(kind), mpg_dtype_name(dt), mpg__op_name(op), count, c->rank,
              c->size);
   else
     snprintf(buf, n, "nccl %s(%s, count %zu) on rank %d of a group of %d",
-             kind_name(kind), mpg_dtype_name(dt), count, c->rank, c->size);
+             mpg__kind_name(kind), mpg_dtype_name(dt), count, c->rank, c->size);
 }
 
 /* NCCL's own detail for the last failure ("" when it has none). */
@@ -1108,7 +1084,7 @@ static mpg_status nccl_local(const mpg__coll *k) {
   cudaStream_t s = (cudaStream_t)k->stream;
   char what[160];
   snprintf(what, sizeof what, "nccl %s(%s, count %zu) in a group of one rank",
-           kind_name(k->kind), mpg_dtype_name(k->dtype), k->count);
+           mpg__kind_name(k->kind), mpg_dtype_name(k->dtype), k->count);
   switch (k->kind) {
     case MPG__BARRIER:
     case MPG__BROADCAST:

@@ -162,28 +162,7 @@ struct mpg_thread_world {
 /* ------------------------------------------------------------------------ */
 
 static const char *kind_name(int kind) {
-  switch (kind) {
-    case MPG__ALL_REDUCE: return "all_reduce";
-    case MPG__BROADCAST: return "broadcast";
-    case MPG__ALL_GATHER: return "all_gather";
-    case MPG__REDUCE_SCATTER: return "reduce_scatter";
-    case MPG__BARRIER: return "barrier";
-    case MPG__SEND: return "send";
-    case MPG__RECV: return "recv";
-    case KIND_SPLIT: return "split";
-  }
-  return "?";
-}
-
-static const char *op_name(mpg_op op) {
-  switch (op) {
-    case MPG_OP_SUM: return "sum";
-    case MPG_OP_AVG: return "avg";
-    case MPG_OP_MAX: return "max";
-    case MPG_OP_MIN: return "min";
-    case MPG_OP_PREMUL_SUM: return "premul_sum";
-  }
-  return "?";
+  return kind == KIND_SPLIT ? "split" : mpg__kind_name((mpg__coll_kind)kind);
 }
 
 /* "all_reduce(count 5, f32, sum)" */
@@ -193,7 +172,7 @@ static void describe(char *buf, size_t n, int kind, const mpg__coll *c) {
   switch (kind) {
     case MPG__ALL_REDUCE:
     case MPG__REDUCE_SCATTER:
-      snprintf(buf, n, "%s(count %zu, %s, %s)", k, c->count, dt, op_name(c->op));
+      snprintf(buf, n, "%s(count %zu, %s, %s)", k, c->count, dt, mpg__op_name(c->op));
       break;
     case MPG__BROADCAST:
       snprintf(buf, n, "%s(count %zu, %s, root %d)", k, c->count, dt, c->root);

@@ -701,12 +701,9 @@ mpg_status mpg_ctx_stream_order(mpg_ctx *ctx, void *waiter, void *waitee) {
 /* Collectives                                                         */
 /* ------------------------------------------------------------------ */
 
-static const char *const kind_names[] = {"all_reduce", "broadcast", "all_gather",
-                                         "reduce_scatter", "barrier", "send",
-                                         "recv"};
 
 static mpg_status check_coll(const mpg_group *g, const mpg__coll *c) {
-  const char *fn = kind_names[c->kind];
+  const char *fn = mpg__kind_name(c->kind);
   if (!g) return mpg__fail(MPG_ERR_INVALID, "mpg_%s: group is NULL", fn);
   if (c->kind == MPG__BARRIER) return MPG_OK;
   if ((unsigned)c->dtype >= MPG_DTYPE_COUNT)
@@ -762,7 +759,7 @@ static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
   int reason = atomic_load(&ctx->aborted);
   if (reason)
     return mpg__fail(MPG_ERR_ABORTED, "mpg_%s on \"%s\": the context was aborted (%s)",
-                     kind_names[c->kind], g->name, mpg_status_name((mpg_status)reason));
+                     mpg__kind_name(c->kind), g->name, mpg_status_name((mpg_status)reason));
   if ((st = create_group(ctx, g))) return on_failure(ctx, st);
   if (g->size == 1) return ctx->ops->local ? ctx->ops->local(c) : mpg__local_host(c);
 
@@ -779,7 +776,7 @@ static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
       ctx->ops->req_free(req);
       return st ? st
                 : mpg__fail(MPG_ERR_NOMEM, "mpg_%s: out of memory for the work "
-                            "handle (the operation completed)", kind_names[c->kind]);
+                            "handle (the operation completed)", mpg__kind_name(c->kind));
     }
     w->group = g;
     w->req = req;

@@ -12,6 +12,17 @@ double mpg__now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+const char *mpg__kind_name(mpg__coll_kind kind) {
+  static const char *const names[] = {"all_reduce", "broadcast", "all_gather",
+                                      "reduce_scatter", "barrier", "send", "recv"};
+  return (unsigned)kind < sizeof names / sizeof names[0] ? names[kind] : "?";
+}
+
+const char *mpg__op_name(mpg_op op) {
+  static const char *const names[] = {"sum", "avg", "max", "min", "premul_sum"};
+  return (unsigned)op < sizeof names / sizeof names[0] ? names[op] : "?";
+}
+
 size_t mpg__dtype_size(mpg_dtype dt) {
   switch (dt) {
     case MPG_F32: case MPG_I32: return 4;
