@@ -186,12 +186,9 @@ static void print_json(const mpg_mesh *m, int rank, int *buf,
 }
 
 int mpg_cmd_plan(int argc, char **argv) {
-  const char *spec_path = NULL, *mesh_str = NULL, *order = NULL;
-  int world = 0, rank = -1, json = 0;
+  mpg_tool_spec args = {0};
+  int rank = -1, json = 0;
   mpg_spec spec;
-  mpg_spec_init(&spec);
-  /* --flatten may repeat: remember the argv indices, apply after the spec. */
-  int flat_idx[MPG_MAX_FLATTEN + 1], nflat = 0;
 
   mpg_plan_place_args place_args;
   mpg_plan_place_args_init(&place_args);
@@ -200,72 +197,36 @@ int mpg_cmd_plan(int argc, char **argv) {
     int placed = mpg_plan_place_parse(&place_args, argc, argv, &i);
     if (placed < 0) return MPG_EXIT_USAGE;
     if (placed) continue;
-    int has_next = i + 1 < argc;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       fputs(plan_usage, stdout);
       fputs(mpg_plan_place_usage, stdout);
       return MPG_EXIT_OK;
     } else if (strcmp(a, "--json") == 0) {
       json = 1;
-    } else if (strcmp(a, "--mesh") == 0 || strcmp(a, "--flatten") == 0 ||
-               strcmp(a, "--order") == 0 || strcmp(a, "--world") == 0 ||
-               strcmp(a, "--rank") == 0) {
-      if (!has_next) {
+    } else if (strcmp(a, "--rank") == 0) {
+      if (i + 1 >= argc) {
         mpg_tool_error("%s needs a value", a);
         fputs(plan_usage, stderr);
         return MPG_EXIT_USAGE;
       }
-      const char *v = argv[++i];
-      if (strcmp(a, "--mesh") == 0) {
-        mesh_str = v;
-      } else if (strcmp(a, "--order") == 0) {
-        order = v;
-      } else if (strcmp(a, "--flatten") == 0) {
-        if (!strchr(v, '=')) {
-          mpg_tool_error("--flatten: expected NAME=d1,d2, found \"%s\"", v);
-          return MPG_EXIT_USAGE;
-        }
-        if (nflat == MPG_MAX_FLATTEN) {
-          mpg_tool_error("--flatten: at most %d flattened sets", MPG_MAX_FLATTEN);
-          return MPG_EXIT_USAGE;
-        }
-        flat_idx[nflat++] = i;
-      } else if (strcmp(a, "--world") == 0) {
-        if (!mpg_tool_parse_int("--world", v, 1, &world)) return MPG_EXIT_USAGE;
-      } else if (!mpg_tool_parse_int("--rank", v, 0, &rank)) {
+      if (!mpg_tool_parse_int("--rank", argv[++i], 0, &rank)) return MPG_EXIT_USAGE;
+    } else {
+      int took = mpg_tool_spec_arg(&args, argc, argv, &i, plan_usage);
+      if (took < 0) return MPG_EXIT_USAGE;
+      if (!took) {
+        mpg_tool_error("unknown option \"%s\"", a);
+        fputs(plan_usage, stderr);
         return MPG_EXIT_USAGE;
       }
-    } else if (a[0] == '-' && a[1] != '\0') {
-      mpg_tool_error("unknown option \"%s\"", a);
-      fputs(plan_usage, stderr);
-      return MPG_EXIT_USAGE;
-    } else if (!spec_path) {
-      spec_path = a;
-    } else {
-      mpg_tool_error("only one spec file may be given (found \"%s\" and \"%s\")",
-                     spec_path, a);
-      return MPG_EXIT_USAGE;
     }
   }
-  if (!spec_path && !mesh_str) {
+  if (!args.path && !args.mesh) {
     mpg_tool_error("give a spec file or --mesh");
     fputs(plan_usage, stderr);
     return MPG_EXIT_USAGE;
   }
-
-  mpg_status st = MPG_OK;
-  if (spec_path) st = mpg_spec_load_file(spec_path, &spec);
-  if (!st && mesh_str) st = mpg_spec_set_mesh(&spec, mesh_str);
-  for (int k = 0; !st && k < nflat; k++) {
-    char name[MPG_NAME_MAX * 2];
-    const char *v = argv[flat_idx[k]];
-    size_t n = (size_t)(strchr(v, '=') - v);
-    if (n >= sizeof name) n = sizeof name - 1;
-    memcpy(name, v, n);
-    name[n] = '\0';
-    st = mpg_spec_add_flatten(&spec, name, v + n + 1);
-  }
-  if (!st && order) st = mpg_spec_apply_order(&spec, order);
+  int world = args.world;
+  mpg_status st = mpg_tool_spec_load(&args, NULL, &spec);
   mpg_mesh *mesh = NULL;
   if (!st) st = mpg_mesh_create(&spec, world, &mesh);
   if (st) {

@@ -797,13 +797,12 @@ static void print_table(const sim_job *job, int world) {
 }
 
 int mpg_cmd_sim(int argc, char **argv) {
-  const char *spec_path = NULL, *mesh_str = NULL, *order = NULL;
-  int world = 0, steps = 20, fsdp = 0, micro = 1, quiet = 0;
+  mpg_tool_spec args = {0};
+  int steps = 20, fsdp = 0, micro = 1, quiet = 0;
   int batch = 0, seq = 0, hidden = 0;
   double timeout = 0.0, lr = 0.5, bucket_mb = 0.0, tol = 1e-5;
   uint64_t seed = 1;
   int fail_rank = -1, fail_step = 0;
-  int flat_idx[MPG_MAX_FLATTEN + 1], nflat = 0;
 
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -814,9 +813,7 @@ int mpg_cmd_sim(int argc, char **argv) {
       fsdp = 1;
     } else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) {
       quiet = 1;
-    } else if (strcmp(a, "--mesh") == 0 || strcmp(a, "--flatten") == 0 ||
-               strcmp(a, "--order") == 0 || strcmp(a, "--world") == 0 ||
-               strcmp(a, "--steps") == 0 || strcmp(a, "--microbatches") == 0 ||
+    } else if (strcmp(a, "--steps") == 0 || strcmp(a, "--microbatches") == 0 ||
                strcmp(a, "--seed") == 0 || strcmp(a, "--timeout") == 0 ||
                strcmp(a, "--batch") == 0 || strcmp(a, "--seq") == 0 ||
                strcmp(a, "--hidden") == 0 || strcmp(a, "--lr") == 0 ||
@@ -829,23 +826,7 @@ int mpg_cmd_sim(int argc, char **argv) {
       }
       const char *v = argv[++i];
       int ok = 1;
-      if (strcmp(a, "--mesh") == 0) {
-        mesh_str = v;
-      } else if (strcmp(a, "--order") == 0) {
-        order = v;
-      } else if (strcmp(a, "--flatten") == 0) {
-        if (!strchr(v, '=')) {
-          mpg_tool_error("--flatten: expected NAME=d1,d2, found \"%s\"", v);
-          ok = 0;
-        } else if (nflat == MPG_MAX_FLATTEN) {
-          mpg_tool_error("--flatten: at most %d flattened sets", MPG_MAX_FLATTEN);
-          ok = 0;
-        } else {
-          flat_idx[nflat++] = i;
-        }
-      } else if (strcmp(a, "--world") == 0) {
-        ok = mpg_tool_parse_int(a, v, 1, &world);
-      } else if (strcmp(a, "--steps") == 0) {
+      if (strcmp(a, "--steps") == 0) {
         ok = mpg_tool_parse_int(a, v, 1, &steps);
       } else if (strcmp(a, "--microbatches") == 0) {
         ok = mpg_tool_parse_int(a, v, 1, &micro);
@@ -877,37 +858,22 @@ int mpg_cmd_sim(int argc, char **argv) {
         ok = parse_double(a, v, 0.0, 1, &tol);
       }
       if (!ok) return MPG_EXIT_USAGE;
-    } else if (a[0] == '-' && a[1] != '\0') {
-      mpg_tool_error("unknown option \"%s\"", a);
-      fputs(sim_usage, stderr);
-      return MPG_EXIT_USAGE;
-    } else if (!spec_path) {
-      spec_path = a;
     } else {
-      mpg_tool_error("only one spec file may be given (found \"%s\" and \"%s\")",
-                     spec_path, a);
-      return MPG_EXIT_USAGE;
+      int took = mpg_tool_spec_arg(&args, argc, argv, &i, sim_usage);
+      if (took < 0) return MPG_EXIT_USAGE;
+      if (!took) {
+        mpg_tool_error("unknown option \"%s\"", a);
+        fputs(sim_usage, stderr);
+        return MPG_EXIT_USAGE;
+      }
     }
   }
+  int world = args.world;
 
   /* The spec: a file, --mesh, or the seed mesh of DESIGN.md. */
   mpg_spec spec;
-  mpg_spec_init(&spec);
-  mpg_status st = MPG_OK;
-  if (spec_path) st = mpg_spec_load_file(spec_path, &spec);
-  if (st == MPG_OK && mesh_str) st = mpg_spec_set_mesh(&spec, mesh_str);
-  if (st == MPG_OK && !spec_path && !mesh_str)
-    st = mpg_spec_set_mesh(&spec, world ? "dp=-1,tp=2,cp=2" : "dp=2,tp=2,cp=2");
-  for (int k = 0; st == MPG_OK && k < nflat; k++) {
-    char name[MPG_NAME_MAX * 2];
-    const char *v = argv[flat_idx[k]];
-    size_t n = (size_t)(strchr(v, '=') - v);
-    if (n >= sizeof name) n = sizeof name - 1;
-    memcpy(name, v, n);
-    name[n] = '\0';
-    st = mpg_spec_add_flatten(&spec, name, v + n + 1);
-  }
-  if (st == MPG_OK && order) st = mpg_spec_apply_order(&spec, order);
+  mpg_status st = mpg_tool_spec_load(
+      &args, world ? "dp=-1,tp=2,cp=2" : "dp=2,tp=2,cp=2", &spec);
   if (st != MPG_OK) {
     mpg_tool_error("%s", mpg_last_error());
     return MPG_EXIT_FAIL;
