@@ -88,6 +88,9 @@ typedef struct tgroup {
   int nops;
   tinbox *inbox;       /* per position */
   unsigned nsplits;    /* splits completed, to name children */
+  void *scratch[2];    /* reduction temporaries, kept for the next operation
+                          (a fresh large malloc costs page faults each time) */
+  size_t scratch_cap[2];
   /* world generations only */
   long gen;
   int joined;
@@ -251,6 +254,8 @@ static void group_free(tgroup *g) {
     }
   pthread_cond_destroy(&g->cv);
   pthread_mutex_destroy(&g->mu);
+  free(g->scratch[0]);
+  free(g->scratch[1]);
   free(g->ranks);
   free(g->inbox);
   free(g);
@@ -281,21 +286,30 @@ static void group_abort_locked(tgroup *g, int by_rank, mpg_status reason) {
 
 static void *xmalloc(size_t n) { return malloc(n ? n : 1); }
 
-/* acc = op over members of their send buffers (total elements each), in
- * position order, in dtype `at` (f32 for halves).  AVG divides at the end. */
-static mpg_status reduce_all(top *op, int n, size_t total, mpg_dtype dt,
-                             mpg_op rop, void **out_acc) {
+/* Temporary `which` (0 or 1) of at least `bytes`, owned by the group and
+ * reused by later operations (caller holds g->mu).  NULL when out of memory. */
+static void *group_scratch(tgroup *g, int which, size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  if (g->scratch_cap[which] < bytes) {
+    free(g->scratch[which]);
+    g->scratch[which] = malloc(bytes);
+    g->scratch_cap[which] = g->scratch[which] ? bytes : 0;
+  }
+  return g->scratch[which];
+}
+
+/* *out = op over members of their send buffers (total elements each), in
+ * position order, in dtype `at` (f32 for halves).  AVG divides at the end.
+ * The result lives in the group's scratch space. */
+static mpg_status reduce_all(tgroup *g, top *op, int n, size_t total,
+                             mpg_dtype dt, mpg_op rop, void **out_acc) {
   int half = mpg__dtype_is_half(dt);
   mpg_dtype at = half ? MPG_F32 : dt;
   size_t asz = mpg__dtype_size(at);
   int premul = rop == MPG_OP_PREMUL_SUM;
-  void *acc = xmalloc(total * asz);
-  void *tmp = (half || premul) ? xmalloc(total * asz) : NULL;
-  if (!acc || ((half || premul) && !tmp)) {
-    free(acc);
-    free(tmp);
-    return MPG_ERR_NOMEM;
-  }
+  void *acc = group_scratch(g, 0, total * asz);
+  void *tmp = (half || premul) ? group_scratch(g, 1, total * asz) : NULL;
+  if (!acc || ((half || premul) && !tmp)) return MPG_ERR_NOMEM;
   for (int p = 0; p < n; p++) {
     const mpg__coll *c = &op->reqs[p]->coll;
     const void *x = c->send;
@@ -314,10 +328,7 @@ static mpg_status reduce_all(top *op, int n, size_t total, mpg_dtype dt,
   if (half) {
     /* One rounding, into tmp (reused as the narrowed result). */
     mpg__half_narrow(dt, acc, tmp, total);
-    free(acc);
     acc = tmp;
-  } else {
-    free(tmp);
   }
   *out_acc = acc;
   return MPG_OK;
@@ -334,19 +345,17 @@ static mpg_status perform(tgroup *g, top *op) {
   switch (op->kind) {
     case MPG__ALL_REDUCE: {
       void *acc;
-      if (reduce_all(op, n, c->count, c->dtype, c->op, &acc)) return MPG_ERR_NOMEM;
+      if (reduce_all(g, op, n, c->count, c->dtype, c->op, &acc)) return MPG_ERR_NOMEM;
       for (int p = 0; p < n; p++) memcpy(op->reqs[p]->coll.recv, acc, c->count * es);
-      free(acc);
       return MPG_OK;
     }
     case MPG__REDUCE_SCATTER: {
       void *acc;
-      if (reduce_all(op, n, c->count * (size_t)n, c->dtype, c->op, &acc))
+      if (reduce_all(g, op, n, c->count * (size_t)n, c->dtype, c->op, &acc))
         return MPG_ERR_NOMEM;
       for (int p = 0; p < n; p++)
         memcpy(op->reqs[p]->coll.recv, (char *)acc + (size_t)p * c->count * es,
                c->count * es);
-      free(acc);
       return MPG_OK;
     }
     case MPG__BROADCAST: {
@@ -359,11 +368,10 @@ static mpg_status perform(tgroup *g, top *op) {
     }
     case MPG__ALL_GATHER: {
       size_t blk = c->count * es;
-      char *tmp = xmalloc(blk * (size_t)n);
+      char *tmp = group_scratch(g, 0, blk * (size_t)n);
       if (!tmp) return MPG_ERR_NOMEM;
       for (int p = 0; p < n; p++) memcpy(tmp + (size_t)p * blk, op->reqs[p]->coll.send, blk);
       for (int p = 0; p < n; p++) memcpy(op->reqs[p]->coll.recv, tmp, blk * (size_t)n);
-      free(tmp);
       return MPG_OK;
     }
     case MPG__BARRIER:
