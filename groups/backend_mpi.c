@@ -97,6 +97,27 @@
 #define MPG_MPI_TAG 0x6d70 /* send/recv tag; below the guaranteed 32767 */
 #define MPG_MPI_SPARES 4   /* staging buffers cached per communicator */
 #define MPG_MPI_SPARE_MAX ((size_t)256 << 20) /* larger ones are not cached */
+/* Large all-reduces are pipelined: cut into pieces of at most
+ * g_piece bytes (4 MiB; MESHPG_MPI_PIECE_BYTES in tests), with at most MPG_MPI_WINDOW pieces in flight per
+ * communicator.  Open MPI's nonblocking collectives allocate a temporary
+ * the size of the message for every call; small pieces keep those
+ * temporaries small and reused (one large temporary per bucket means fresh
+ * pages, and page faults, every step), and a bounded window keeps only a
+ * few of them alive.  Pieces are posted in one FIFO per communicator, so
+ * every member posts them in the same order whatever the timing. */
+#define MPG_MPI_PIECE_DEFAULT ((size_t)4 << 20)
+#define MPG_MPI_WINDOW 2
+static size_t g_piece = MPG_MPI_PIECE_DEFAULT; /* MESHPG_MPI_PIECE_BYTES */
+
+struct piece {
+  struct mpg__req *q;    /* the request the piece belongs to */
+  int slot;              /* its MPI request: q->reqs[slot] */
+  char *buf;
+  int count;
+  MPI_Datatype type;
+  MPI_Op op;
+  struct piece *next;
+};
 
 struct mpg__comm {
   MPI_Comm comm;
@@ -110,6 +131,9 @@ struct mpg__comm {
   int destroyed;
   void *spare[MPG_MPI_SPARES]; /* staging buffers kept for reuse */
   size_t spare_len[MPG_MPI_SPARES];
+  struct piece *queue, *queue_tail; /* pieces not posted yet, FIFO */
+  struct piece *flight[MPG_MPI_WINDOW]; /* pieces posted, not seen done */
+  int nflight;
 };
 
 enum finish_kind { FIN_NONE, FIN_COPY, FIN_NARROW };
@@ -137,6 +161,8 @@ struct mpg__req {
   int finished;
   mpg_status status;
   int dead;            /* orphan whose MPI test failed: never freed */
+  int unposted;        /* pipelined pieces still in the comm's queue */
+  int pipe_rc;         /* MPI error posting a piece */
   struct mpg__req *next; /* orphan list */
 };
 
@@ -457,6 +483,10 @@ static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
   const char *chunk = getenv("MESHPG_MPI_MAX_COUNT");
   long ck = chunk ? atol(chunk) : 0;
   g_chunk = ck > 0 && ck <= INT_MAX ? ck : INT_MAX;
+  /* Test hook: a small piece size pipelines small all-reduces too. */
+  const char *piece = getenv("MESHPG_MPI_PIECE_BYTES");
+  long pb = piece ? atol(piece) : 0;
+  g_piece = pb >= 8 ? (size_t)pb : MPG_MPI_PIECE_DEFAULT;
 
   MPI_Comm base = args->mpi_comm ? *(MPI_Comm *)args->mpi_comm : MPI_COMM_WORLD;
   int rank = -1, size = -1;
@@ -690,8 +720,101 @@ static size_t nchunks(size_t n) {
   return n <= (size_t)g_chunk ? 1 : (n + (size_t)g_chunk - 1) / (size_t)g_chunk;
 }
 
+/* Retire finished pieces and post queued ones up to the window.  Lock
+ * held.  Called from every test of a request of this communicator. */
+static void pump(mpg__comm *m) {
+  for (int i = 0; i < m->nflight;) {
+    struct piece *pc = m->flight[i];
+    int flag = 0;
+    int rc = MPI_Test(&pc->q->reqs[pc->slot], &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS && !pc->q->pipe_rc) pc->q->pipe_rc = rc;
+    if (flag || rc != MPI_SUCCESS) {
+      m->flight[i] = m->flight[--m->nflight];
+      free(pc);
+    } else {
+      i++;
+    }
+  }
+  while (m->nflight < MPG_MPI_WINDOW && m->queue && !atomic_load(&m->aborted)) {
+    struct piece *pc = m->queue;
+    m->queue = pc->next;
+    if (!m->queue) m->queue_tail = NULL;
+    pc->q->unposted--;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, pc->buf, pc->count, pc->type, pc->op,
+                            m->comm, &pc->q->reqs[pc->slot]);
+    if (rc != MPI_SUCCESS) {
+      if (!pc->q->pipe_rc) pc->q->pipe_rc = rc;
+      free(pc);
+      continue;
+    }
+    m->flight[m->nflight++] = pc;
+  }
+}
+
+/* Forget every piece of q (queued or in flight; MPI keeps running the
+ * posted ones, tracked by q->reqs).  Lock held. */
+static void purge(mpg__comm *m, mpg__req *q) {
+  if (!m) return;
+  for (int i = 0; i < m->nflight;) {
+    if (m->flight[i]->q == q) {
+      free(m->flight[i]);
+      m->flight[i] = m->flight[--m->nflight];
+    } else {
+      i++;
+    }
+  }
+  struct piece **pp = &m->queue;
+  m->queue_tail = NULL;
+  while (*pp) {
+    if ((*pp)->q == q) {
+      struct piece *dead = *pp;
+      *pp = dead->next;
+      free(dead);
+      q->unposted--;
+    } else {
+      m->queue_tail = *pp;
+      pp = &(*pp)->next;
+    }
+  }
+}
+
+/* Queue an all-reduce of n elements of buf as pieces.  Lock held. */
+static int queue_allreduce(mpg__req *q, mpg__comm *m, char *buf, size_t n,
+                           size_t es, MPI_Datatype t, MPI_Op op) {
+  size_t per = g_piece / es;
+  if (per > (size_t)g_chunk) per = (size_t)g_chunk;
+  for (size_t off = 0; off < n; off += per) {
+    struct piece *pc = calloc(1, sizeof *pc);
+    if (!pc) return MPI_ERR_NO_MEM;
+    pc->q = q;
+    pc->slot = q->nreq;
+    pc->buf = buf + off * es;
+    pc->count = (int)(n - off < per ? n - off : per);
+    pc->type = t;
+    pc->op = op;
+    q->reqs[q->nreq++] = MPI_REQUEST_NULL;
+    q->unposted++;
+    if (m->queue_tail)
+      m->queue_tail->next = pc;
+    else
+      m->queue = pc;
+    m->queue_tail = pc;
+  }
+  pump(m);
+  return q->pipe_rc;
+}
+
+static int pipelined(size_t n, size_t es) { return n * es > g_piece; }
+
+static size_t npieces(size_t n, size_t es) {
+  size_t per = g_piece / es;
+  if (per > (size_t)g_chunk) per = (size_t)g_chunk;
+  return (n + per - 1) / per;
+}
+
 /* Orphan a request that cannot be released yet.  Lock held. */
 static void orphan(mpg__req *q) {
+  purge(q->comm, q);
   for (int i = 0; i < q->nreq; i++) {
     if (q->kind == MPG__RECV && q->reqs[i] != MPI_REQUEST_NULL)
       MPI_Cancel(&q->reqs[i]); /* legal for point-to-point only */
@@ -790,6 +913,8 @@ static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
   int gather_like = c->kind == MPG__ALL_GATHER || c->kind == MPG__REDUCE_SCATTER;
   size_t maxreq = gather_like && n > (size_t)g_chunk ? (size_t)size * nchunks(n)
                                                      : nchunks(n);
+  size_t wire = half ? sizeof(float) : es; /* all-reduce element on the wire */
+  if (c->kind == MPG__ALL_REDUCE && pipelined(n, wire)) maxreq = npieces(n, wire);
   q->reqs = &q->one;
   if (maxreq > 1 && !(q->reqs = malloc(maxreq * sizeof *q->reqs))) {
     free(q);
@@ -882,7 +1007,8 @@ static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
   switch (c->kind) {
     case MPG__ALL_REDUCE:
       call = "MPI_Iallreduce";
-      rc = post_allreduce(q, m->comm, st, n, ws, t, op);
+      rc = pipelined(n, ws) ? queue_allreduce(q, m, st, n, ws, t, op)
+                            : post_allreduce(q, m->comm, st, n, ws, t, op);
       break;
     case MPG__REDUCE_SCATTER:
       call = n <= (size_t)g_chunk ? "MPI_Ireduce_scatter_block" : "MPI_Ireduce";
@@ -960,11 +1086,16 @@ static mpg_status progress(mpg__req *q, int *done) {
                      ? "the communicator was aborted after a timeout"
                      : "the communicator was aborted");
   }
-  int flag = 0;
+  int flag = 0, rc = MPI_SUCCESS;
   pthread_mutex_lock(&g_lock);
-  int rc = q->nreq == 1 ? MPI_Test(q->reqs, &flag, MPI_STATUS_IGNORE)
-                        : MPI_Testall(q->nreq, q->reqs, &flag, MPI_STATUSES_IGNORE);
+  if (m->queue || m->nflight) pump(m);
+  if (q->pipe_rc)
+    rc = q->pipe_rc;
+  else if (q->unposted == 0)
+    rc = q->nreq == 1 ? MPI_Test(q->reqs, &flag, MPI_STATUS_IGNORE)
+                      : MPI_Testall(q->nreq, q->reqs, &flag, MPI_STATUSES_IGNORE);
   if (rc != MPI_SUCCESS || flag) {
+    purge(m, q);
     q->finished = 1;
     m->npending--;
   }

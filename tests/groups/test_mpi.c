@@ -78,6 +78,12 @@ Test(mpi, collectives_chunked_large_count_paths, .timeout = 300) {
   run_worker(4, "-x MESHPG_MPI_MAX_COUNT=5", "", "collectives", 280);
 }
 
+/* Pipelined all-reduces (pieces of 64 bytes, two in flight per
+ * communicator), with many async operations outstanding at once. */
+Test(mpi, collectives_pipelined_all_reduce, .timeout = 300) {
+  run_worker(8, "-x MESHPG_MPI_PIECE_BYTES=64", "", "collectives", 280);
+}
+
 Test(mpi, timeout_aborts_and_exits_cleanly, .timeout = 120) {
   double t0 = now();
   run_worker(4, "", "", "timeout", 100);
