@@ -98,14 +98,14 @@
 #define MPG_MPI_SPARES 4   /* staging buffers cached per communicator */
 #define MPG_MPI_SPARE_MAX ((size_t)256 << 20) /* larger ones are not cached */
 /* Large all-reduces are pipelined: cut into pieces of at most
- * g_piece bytes (4 MiB; MESHPG_MPI_PIECE_BYTES in tests), with at most MPG_MPI_WINDOW pieces in flight per
+ * g_piece bytes (1 MiB; MESHPG_MPI_PIECE_BYTES in tests), with at most MPG_MPI_WINDOW pieces in flight per
  * communicator.  Open MPI's nonblocking collectives allocate a temporary
  * the size of the message for every call; small pieces keep those
  * temporaries small and reused (one large temporary per bucket means fresh
  * pages, and page faults, every step), and a bounded window keeps only a
  * few of them alive.  Pieces are posted in one FIFO per communicator, so
  * every member posts them in the same order whatever the timing. */
-#define MPG_MPI_PIECE_DEFAULT ((size_t)4 << 20)
+#define MPG_MPI_PIECE_DEFAULT ((size_t)1 << 20)
 #define MPG_MPI_WINDOW 2
 static size_t g_piece = MPG_MPI_PIECE_DEFAULT; /* MESHPG_MPI_PIECE_BYTES */
 
