@@ -76,7 +76,7 @@ struct mpg__backend_ops {
   void (*req_free)(mpg__req *req);
   /* Wake every waiter of this communicator and fail later calls with
    * MPG_ERR_ABORTED (or MPG_ERR_TIMEOUT if reason says so).  Never blocks. */
-  void (*abort)(mpg__comm *comm, mpg_status reason);
+  void (*abort_comm)(mpg__comm *comm, mpg_status reason);
   /* Release the communicator.  Must not block on peers after an abort. */
   mpg_status (*destroy)(mpg__comm *comm);
   /* Optional (NULL: mpg__local_host).  Run a collective of a size-1 group,

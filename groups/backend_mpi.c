@@ -44,7 +44,7 @@
  * pending on it).  MPI_Init_thread itself cannot be bounded: Open MPI's
  * start-up exchange runs inside it, under the launcher's control.
  *
- * Abort.  abort() only sets a flag: it never calls MPI (and never
+ * Abort.  the abort op only sets a flag: it never calls MPI (and never
  * MPI_Abort, which would kill the job).  Waiters see the flag within one
  * poll; later posts fail with the reason.  A request freed before it
  * finished cannot be released: MPI forbids MPI_Request_free and MPI_Cancel
@@ -124,7 +124,7 @@ struct mpg__comm {
   int rank, size;
   double timeout_s;
   int is_world;
-  atomic_int aborted;  /* MPG_OK, or the reason given to abort() */
+  atomic_int aborted;  /* MPG_OK, or the reason given to the abort op */
   int refs;            /* 1 while not destroyed + one per live request */
   int npending;        /* posted requests not yet seen complete */
   int norphans;        /* requests abandoned unfinished */
@@ -1164,6 +1164,6 @@ const struct mpg__backend_ops mpg__backend_mpi = {
     .test = req_test,
     .wait = req_wait,
     .req_free = req_free,
-    .abort = comm_abort,
+    .abort_comm = comm_abort,
     .destroy = comm_destroy,
 };

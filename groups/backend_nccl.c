@@ -235,7 +235,7 @@ static void comm_unref(mpg__comm *c) {
 
 /* Poll the async state of `h` until it leaves ncclInProgress.  h is c->nccl
  * or a handle c's lock guards (a split parent).  Called and returns with
- * c->lock held; releases it while sleeping so abort() can get in.
+ * c->lock held; releases it while sleeping so the abort op can get in.
  * Returns MPG_OK with the final state in *res; MPG_ERR_TIMEOUT when still
  * in progress at `deadline`; or the abort reason when c was aborted in the
  * meantime (h is then gone). */
@@ -589,7 +589,7 @@ static mpg_status nccl_split(mpg__comm *p, int color, int key,
 
   /* NCCL stores the child from its init thread as the job ends; once the
    * parent has settled it is there.  Both waits below are bounded and run
-   * without the parent's lock, so abort() is never held up. */
+   * without the parent's lock, so the abort op is never held up. */
   if (st == MPG_OK && r == ncclSuccess && color >= 0) {
     unsigned spins = 0;
     while (!__atomic_load_n(cell, __ATOMIC_ACQUIRE) && st == MPG_OK) {
@@ -1245,7 +1245,7 @@ const struct mpg__backend_ops mpg__backend_nccl = {
     .test = nccl_test,
     .wait = nccl_wait,
     .req_free = nccl_req_free,
-    .abort = nccl_abort,
+    .abort_comm = nccl_abort,
     .destroy = nccl_destroy,
     .local = nccl_local,
     .mem_alloc = nccl_mem_alloc,

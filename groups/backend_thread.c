@@ -31,7 +31,7 @@
  *  from the same peer in order.
  *
  * Failures
- *  Waits are bounded by their deadline (pthread_cond_timedwait).  abort()
+ *  Waits are bounded by their deadline (pthread_cond_timedwait).  the abort op
  *  marks the group aborted: every waiter wakes and fails with the reason,
  *  later calls fail with MPG_ERR_ABORTED.  A request freed while pending is
  *  detached from its operation, which can then only fail. */
@@ -1184,7 +1184,7 @@ const struct mpg__backend_ops mpg__backend_thread = {
     .test = t_test,
     .wait = t_wait,
     .req_free = t_req_free,
-    .abort = t_abort,
+    .abort_comm = t_abort,
     .destroy = t_destroy,
     .local = NULL,
 };

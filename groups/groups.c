@@ -149,12 +149,12 @@ static void abort_all(mpg_ctx *ctx, mpg_status reason) {
   if (!atomic_compare_exchange_strong(&ctx->aborted, &healthy, (int)reason)) return;
   for (int s = 0; s < ctx->nsets; s++) {
     mpg_group *g = &ctx->groups[s];
-    if (g->comm && g->comm != ctx->world_comm) ctx->ops->abort(g->comm, reason);
+    if (g->comm && g->comm != ctx->world_comm) ctx->ops->abort_comm(g->comm, reason);
   }
   for (mpg_group *g = ctx->extra; g; g = g->next)
-    if (g->comm) ctx->ops->abort(g->comm, reason);
-  if (ctx->world_comm) ctx->ops->abort(ctx->world_comm, reason);
-  if (ctx->launch_comm) ctx->ops->abort(ctx->launch_comm, reason);
+    if (g->comm) ctx->ops->abort_comm(g->comm, reason);
+  if (ctx->world_comm) ctx->ops->abort_comm(ctx->world_comm, reason);
+  if (ctx->launch_comm) ctx->ops->abort_comm(ctx->launch_comm, reason);
   mpg__log(1, "rank %d: context aborted (%s)", ctx->rank, mpg_status_name(reason));
 }
 

@@ -1,4 +1,4 @@
-/* Status tables, the thread-local last error, and the logging switch. */
+/* Status tables, the thread-local last error, and name helpers. */
 #include "internal.h"
 
 #include <stdio.h>
@@ -64,25 +64,6 @@ mpg_status mpg__fail_at(mpg_status status, const char *source, mpg_srcpos pos,
   vrecord(prefix, fmt, ap);
   va_end(ap);
   return status;
-}
-
-int mpg__log_level(void) {
-  /* Read each time: cheap, and lets tests flip it. */
-  const char *v = getenv("MESHPG_LOG");
-  if (!v) return 0;
-  if (strcmp(v, "debug") == 0) return 2;
-  if (strcmp(v, "info") == 0) return 1;
-  return 0;
-}
-
-void mpg__log(int level, const char *fmt, ...) {
-  if (mpg__log_level() < level) return;
-  char line[1200];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "meshpg[%s]: %s\n", level >= 2 ? "debug" : "info", line);
 }
 
 int mpg__name_valid(const char *name) {

@@ -519,8 +519,8 @@ Test(nccl_backend, world1_collectives_async_stream_split_abort) {
               "NCCL_SPLIT_NOCOLOR -> no communicator");
 
   /* Abort: every later post fails with MPG_ERR_ABORTED; destroy still works. */
-  mpg__backend_nccl.abort(child, MPG_ERR_ABORTED);
-  mpg__backend_nccl.abort(c, MPG_ERR_ABORTED);
+  mpg__backend_nccl.abort_comm(child, MPG_ERR_ABORTED);
+  mpg__backend_nccl.abort_comm(c, MPG_ERR_ABORTED);
   mpg__req *req = (mpg__req *)0x1;
   mpg_status st = mpg__backend_nccl.post(c, &k, &req);
   cr_assert_eq(st, MPG_ERR_ABORTED, "post after abort: %s", mpg_status_name(st));
