@@ -2,48 +2,11 @@
  * tests/groups/mpi_worker.c, which checks every collective on every group
  * of the mesh, the timeout and abort path, and (under valgrind) that
  * meshpg leaks nothing.  MESHPG_MPI_WORKER is set by meson. */
-#include <criterion/criterion.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
 
-/* Shared-memory transports only, no binding: the tests run on small,
- * shared machines without a network. */
-#define MPIRUN "mpirun --oversubscribe --bind-to none --mca btl self,vader " \
-               "--mca btl_vader_single_copy_mechanism none "
+#include "../mpirun_util.h"
 
-static char out[1 << 20];
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static const char *worker(void) {
-  const char *w = getenv("MESHPG_MPI_WORKER");
-  cr_assert_not_null(w, "MESHPG_MPI_WORKER is not set (run through meson test)");
-  return w;
-}
-
-/* Run a shell command line with stderr joined; return its exit code and
- * keep the output in `out`. */
-static int run(const char *cmd, double *seconds) {
-  char full[4096];
-  snprintf(full, sizeof full, "%s 2>&1", cmd);
-  double t0 = now();
-  FILE *p = popen(full, "r");
-  cr_assert_not_null(p, "popen(%s) failed", cmd);
-  size_t n = 0, k;
-  while ((k = fread(out + n, 1, sizeof out - 1 - n, p)) > 0) n += k;
-  out[n] = '\0';
-  int st = pclose(p);
-  if (seconds) *seconds = now() - t0;
-  cr_assert(WIFEXITED(st), "%s: did not exit normally\n%s", cmd, out);
-  return WEXITSTATUS(st);
-}
+static const char *worker(void) { return env_program("MESHPG_MPI_WORKER"); }
 
 /* mpirun -np N [extra] worker mode; expect exit 0 and every rank's OK. */
 static void run_worker(int np, const char *extra, const char *prefix,
