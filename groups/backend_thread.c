@@ -607,6 +607,23 @@ static void deliver(mpg__req *r, const void *data, size_t bytes, size_t count,
   if (bytes) memcpy(r->coll.recv, data, bytes);
 }
 
+/* Remove a pending receive from its inbox (g->mu held). */
+static void unlink_recv(tgroup *g, mpg__req *req) {
+  tinbox *box = &g->inbox[req->pos];
+  mpg__req *prev = NULL, *r = box->rhead;
+  while (r && r != req) {
+    prev = r;
+    r = r->next;
+  }
+  if (!r) return;
+  if (prev)
+    prev->next = r->next;
+  else
+    box->rhead = r->next;
+  if (box->rtail == r) box->rtail = prev;
+  r->next = NULL;
+}
+
 static mpg_status p2p_post(mpg__comm *cm, mpg__req *req) {
   tgroup *g = cm->g;
   const mpg__coll *c = &req->coll;
@@ -645,18 +662,10 @@ static mpg_status p2p_post(mpg__comm *cm, mpg__req *req) {
   if (req->owns_ref) g->refs++;
   if (req->kind == MPG__SEND) {
     tinbox *box = &g->inbox[c->peer];
-    mpg__req *prev = NULL, *r = box->rhead;
-    while (r && r->coll.peer != cm->pos) {
-      prev = r;
-      r = r->next;
-    }
+    mpg__req *r = box->rhead;
+    while (r && r->coll.peer != cm->pos) r = r->next;
     if (r) { /* a receive is waiting: hand the data over directly */
-      if (prev)
-        prev->next = r->next;
-      else
-        box->rhead = r->next;
-      if (box->rtail == r) box->rtail = prev;
-      r->next = NULL;
+      unlink_recv(g, r);
       deliver(r, m->data, bytes, c->count, c->dtype, cm->pos);
       free(m);
       pthread_cond_broadcast(&g->cv);
@@ -695,23 +704,6 @@ static mpg_status p2p_post(mpg__comm *cm, mpg__req *req) {
   }
   pthread_mutex_unlock(&g->mu);
   return MPG_OK;
-}
-
-/* Remove a pending receive from its inbox (g->mu held). */
-static void unlink_recv(tgroup *g, mpg__req *req) {
-  tinbox *box = &g->inbox[req->pos];
-  mpg__req *prev = NULL, *r = box->rhead;
-  while (r && r != req) {
-    prev = r;
-    r = r->next;
-  }
-  if (!r) return;
-  if (prev)
-    prev->next = r->next;
-  else
-    box->rhead = r->next;
-  if (box->rtail == r) box->rtail = prev;
-  r->next = NULL;
 }
 
 /* ------------------------------------------------------------------------ */
