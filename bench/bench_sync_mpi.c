@@ -74,7 +74,7 @@
  *   ITER <mode> step=.. timed=0|1 time_s=.. faults=.. part1_s=.. part2_s=..
  *
  * Usage: mpirun -np N bench_sync_mpi PARAMS [--iters N] [--warmup N]
- *          [--modes a,b,c,r,i,o,p,n] [--t-comm SECONDS] [--bucket-mb X]
+ *          [--modes a,b,c,r,i,o,p,g,n] [--t-comm SECONDS] [--bucket-mb X]
  *          [--first-bucket-mb X] [--trace]
  * Exit status 0; 1 when a meshpg or MPI call or a result check fails;
  * 2 on a usage error.
@@ -110,6 +110,18 @@ static double now_s(void) {
  * call inside). */
 static void spin_until(double deadline) {
   while (now_s() < deadline) {
+  }
+}
+
+/* "Compute" on a device: the host thread blocks until `deadline`, as a
+ * trainer's thread does while the GPU runs backward (its CPU is free for
+ * communication, e.g. the MPI backend's progress thread). */
+static void sleep_until(double deadline) {
+  struct timespec ts;
+  ts.tv_sec = (time_t)deadline;
+  ts.tv_nsec = (long)((deadline - (double)ts.tv_sec) * 1e9);
+  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
   }
 }
 
@@ -263,8 +275,8 @@ static int load_params(const char *path, pdesc **out, int *n_out) {
 /* Options                                                             */
 /* ------------------------------------------------------------------ */
 
-enum { M_A, M_B, M_C, M_R, M_I, M_S, M_1, M_O, M_P, M_N, M_COUNT };
-static const char mode_chars[M_COUNT] = {'a', 'b', 'c', 'r', 'i', 's', '1', 'o', 'p', 'n'};
+enum { M_A, M_B, M_C, M_R, M_I, M_S, M_1, M_O, M_P, M_G, M_N, M_COUNT };
+static const char mode_chars[M_COUNT] = {'a', 'b', 'c', 'r', 'i', 's', '1', 'o', 'p', 'g', 'n'};
 static const char *const mode_desc[M_COUNT] = {
     "meshpg sync (begin + mark_ready x N in backward order + finish)",
     "flat mpg_all_reduce avg, world, one contiguous buffer",
@@ -274,7 +286,8 @@ static const char *const mode_desc[M_COUNT] = {
     "meshpg sync, op sum (no divide pass)",
     "meshpg sync, one bucket",
     "overlap: compute spread over backward, mark_ready as grads finish",
-    "overlap as o, compute polls MPI progress every 100 us (progress thread)",
+    "overlap as o, compute polls MPI progress every 100 us",
+    "overlap as o, compute on a device: the host thread sleeps (GPU-like)",
     "no overlap: all compute, then mark every param ready, finish"};
 
 typedef struct options {
@@ -289,13 +302,13 @@ typedef struct options {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mpirun -np N bench_sync_mpi PARAMS [--iters N] [--warmup N]\n"
-          "         [--modes a,b,c,r,i,s,1,o,p,n] [--t-comm SECONDS]\n"
+          "         [--modes a,b,c,r,i,s,1,o,p,g,n] [--t-comm SECONDS]\n"
           "         [--bucket-mb X] [--first-bucket-mb X] [--trace]\n"
           "  PARAMS          `name elements shape` lines (# comments)\n"
           "  --iters N       timed iterations per mode (default 20)\n"
           "  --warmup N      untimed iterations first (default 3, >= 1)\n"
           "  --trace         print every iteration (rank 0: ITER lines)\n"
-          "  --modes LIST    default a,b,c,r,i,o,p,n:\n");
+          "  --modes LIST    default a,b,c,r,i,o,p,g,n:\n");
   for (int m = 0; m < M_COUNT; m++) fprintf(f, "                    %c  %s\n", mode_chars[m], mode_desc[m]);
   fprintf(f,
           "  --t-comm S      T_comm for o/p/n (default: median of a in this run)\n"
@@ -327,7 +340,7 @@ static int parse_args(int argc, char **argv, options *o) {
   o->warmup = 3;
   o->bucket_mb = 25.0;
   o->first_bucket_mb = 1.0;
-  const char *modes = "a,b,c,r,i,o,p,n";
+  const char *modes = "a,b,c,r,i,o,p,g,n";
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -384,7 +397,7 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     o->modes[c - mode_chars] = 1;
   }
-  if ((o->modes[M_O] || o->modes[M_P] || o->modes[M_N]) && !o->modes[M_A] &&
+  if ((o->modes[M_O] || o->modes[M_P] || o->modes[M_G] || o->modes[M_N]) && !o->modes[M_A] &&
       !(o->t_comm > 0)) {
     fprintf(stderr, "bench_sync_mpi: modes o/p/n need mode a or --t-comm\n");
     return 2;
@@ -536,6 +549,7 @@ static int run_once(bench *B, int m, long step, double *dt, extra *x) {
     }
     case M_O:
     case M_P:
+    case M_G:
     case M_N: {
       /* Compute on a wall-clock schedule: the gradient of param p is
        * finished at t0 + T_comm * (bytes of the params before it in
@@ -543,13 +557,15 @@ static int run_once(bench *B, int m, long step, double *dt, extra *x) {
       mpg_sync *s = B->sync[M_A];
       double in_mark = 0, deadline = t0;
       CHECK(mpg_sync_begin(s, step, 1, NULL));
-      if (m == M_O || m == M_P) {
+      if (m == M_O || m == M_P || m == M_G) {
         for (int p = B->np - 1; p >= 0; p--) {
           deadline += B->budget[p];
           if (m == M_O)
             spin_until(deadline);
-          else
+          else if (m == M_P)
             spin_polling_until(deadline);
+          else
+            sleep_until(deadline);
           double a = now_s();
           CHECK(mpg_sync_mark_ready(s, p));
           in_mark += now_s() - a;
@@ -660,7 +676,7 @@ static void print_result(const bench *B, int m, const series *s, double t_comm) 
     stats a = summarize(s->p1, s->n), d = summarize(s->p2, s->n);
     printf(" allreduce_s=%.6f divide_s=%.6f", a.median, d.median);
   }
-  if (m == M_O || m == M_P || m == M_N) {
+  if (m == M_O || m == M_P || m == M_G || m == M_N) {
     stats c = summarize(s->comp, s->n), e = summarize(s->exp, s->n);
     stats k = summarize(s->p1, s->n), f = summarize(s->p2, s->n);
     printf(" t_comm_s=%.6f compute_s=%.6f exposed_s=%.6f exposed_pct=%.2f "
@@ -762,7 +778,7 @@ static int bench_main(bench *B) {
   if (!rc && o->modes[M_A] && !(t_comm > 0)) t_comm = summarize(ser[M_A].t, ser[M_A].n).median;
 
   /* Phase 2: o p n, with T_comm known (rank 0's value, the same everywhere). */
-  if (!rc && (o->modes[M_O] || o->modes[M_P] || o->modes[M_N])) {
+  if (!rc && (o->modes[M_O] || o->modes[M_P] || o->modes[M_G] || o->modes[M_N])) {
     MPI_Bcast(&t_comm, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     B->budget = calloc((size_t)B->np, sizeof *B->budget);
     if (!B->budget) rc = 1;
@@ -776,6 +792,7 @@ static int bench_main(bench *B) {
     int phase2[M_COUNT] = {0};
     phase2[M_O] = o->modes[M_O];
     phase2[M_P] = o->modes[M_P];
+    phase2[M_G] = o->modes[M_G];
     phase2[M_N] = o->modes[M_N];
     if (!rc) {
       /* The gradients are whatever the last a left (every rank equal). */
@@ -801,7 +818,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   int provided = 0;
-  if (MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+  if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
     fprintf(stderr, "bench_sync_mpi: MPI_Init_thread failed\n");
     return 1;
   }

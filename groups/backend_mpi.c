@@ -109,14 +109,29 @@
 #define MPG_MPI_WINDOW 2
 static size_t g_piece = MPG_MPI_PIECE_DEFAULT; /* MESHPG_MPI_PIECE_BYTES */
 
+/* One piece of a pipelined all-reduce: elements [off, off + count) of its
+ * request.  Its input is staged (widened, pre-multiplied) when the piece
+ * is posted and its result divided and copied out when it completes, so
+ * that this work, too, runs piece by piece behind the communication. */
 struct piece {
   struct mpg__req *q;    /* the request the piece belongs to */
   int slot;              /* its MPI request: q->reqs[slot] */
-  char *buf;
+  size_t off;
   int count;
-  MPI_Datatype type;
-  MPI_Op op;
   struct piece *next;
+};
+
+/* Memory from the mem_alloc op (mpg_ctx_mem_alloc).  An in-place
+ * all-reduce on it skips staging: MPI works on it directly.  Its timeout
+ * safety comes from ownership instead: a region that a pending (or
+ * orphaned) operation uses is freed only when the last such operation is
+ * released, so a late write from MPI lands in live memory. */
+struct region {
+  char *base;
+  size_t len;
+  int busy;            /* requests using it */
+  int freed;           /* mem_free was called while busy */
+  struct region *next;
 };
 
 struct mpg__comm {
@@ -134,6 +149,7 @@ struct mpg__comm {
   struct piece *queue, *queue_tail; /* pieces not posted yet, FIFO */
   struct piece *flight[MPG_MPI_WINDOW]; /* pieces posted, not seen done */
   int nflight;
+  struct mpg__comm *live_prev, *live_next; /* g_live, for the progress thread */
 };
 
 enum finish_kind { FIN_NONE, FIN_COPY, FIN_NARROW };
@@ -162,7 +178,19 @@ struct mpg__req {
   mpg_status status;
   int dead;            /* orphan whose MPI test failed: never freed */
   int unposted;        /* pipelined pieces still in the comm's queue */
+  int inflight;        /* ... posted and not yet retired by a pump */
   int pipe_rc;         /* MPI error posting a piece */
+  /* Pipelined all-reduce: per-piece staging and completion (see struct
+   * piece).  wire is the buffer MPI reduces (staging, or dst itself when
+   * zero-copy), of MPI type mtype with mop; src the caller's input. */
+  const char *src;
+  char *wire;
+  MPI_Datatype mtype;
+  MPI_Op mop;
+  double premul;       /* 0: none */
+  int piece_div;       /* 0: no division */
+  enum finish_kind piece_fin;
+  struct region *region; /* zero-copy: the mem_alloc region used */
   struct mpg__req *next; /* orphan list */
 };
 
@@ -174,6 +202,23 @@ static int g_live_worlds;
 static atomic_int g_faulted; /* an abort or timeout happened here */
 static mpg__req *g_orphans;
 static long g_chunk = INT_MAX; /* most elements per MPI call */
+static struct region *g_regions; /* mem_alloc'ed memory */
+static mpg__comm *g_live;      /* every communicator not destroyed */
+static long g_pending_total;   /* sum of npending over g_live */
+
+/* The progress thread (see progress_main()).  g_prog_mode is read from
+ * MESHPG_MPI_PROGRESS at the first world_init; the thread runs while a
+ * world exists. */
+enum { PROG_THREAD, PROG_OFF };
+static int g_prog_mode = PROG_THREAD;
+static int g_prog_running;     /* a thread was started and not joined */
+static int g_prog_stop;        /* asks it to exit */
+static pthread_t g_prog_thread;
+static pthread_cond_t g_prog_cond = PTHREAD_COND_INITIALIZER;
+
+static int pump(mpg__comm *m);
+static void progress_start(void);
+static void progress_stop(void);
 
 /* ------------------------------------------------------------------ */
 /* Helpers                                                             */
@@ -280,7 +325,34 @@ static void poller_pause(poller *p) {
 /* Orphans and finalisation                                            */
 /* ------------------------------------------------------------------ */
 
+/* The region holding [p, p + bytes), or NULL.  Lock held. */
+static struct region *region_find(const void *p, size_t bytes) {
+  const char *c = p;
+  for (struct region *r = g_regions; r; r = r->next)
+    if (c >= r->base && (size_t)(c - r->base) <= r->len &&
+        bytes <= r->len - (size_t)(c - r->base))
+      return r;
+  return NULL;
+}
+
+/* Unlink and free a region.  Lock held. */
+static void region_drop(struct region *r) {
+  for (struct region **pp = &g_regions; *pp; pp = &(*pp)->next)
+    if (*pp == r) {
+      *pp = r->next;
+      break;
+    }
+  free(r->base);
+  free(r);
+}
+
+/* A request stops using its region.  Lock held. */
+static void region_unref(struct region *r) {
+  if (--r->busy == 0 && r->freed) region_drop(r);
+}
+
 static void req_release(mpg__req *q) {
+  if (q->region) region_unref(q->region);
   if (q->reqs != &q->one) free(q->reqs);
   free(q->stage);
   free(q);
@@ -328,6 +400,7 @@ static void finalize_locked(void) {
 /* Registered when we initialise MPI: leaves MPI properly at exit after a
  * fault (see the top of the file) or when a context was never destroyed. */
 static void finalize_at_exit(void) {
+  progress_stop();
   pthread_mutex_lock(&g_lock);
   finalize_locked();
   pthread_mutex_unlock(&g_lock);
@@ -348,6 +421,9 @@ static mpg_status comm_wrap(MPI_Comm c, double timeout_s, int is_world,
   m->is_world = is_world;
   atomic_init(&m->aborted, MPG_OK);
   m->refs = 1;
+  m->live_next = g_live;
+  if (g_live) g_live->live_prev = m;
+  g_live = m;
   *out = m;
   return MPG_OK;
 }
@@ -355,6 +431,24 @@ static mpg_status comm_wrap(MPI_Comm c, double timeout_s, int is_world,
 /* Drop one reference; free the struct at zero.  Lock held. */
 static void comm_unref(mpg__comm *m) {
   if (--m->refs == 0) free(m);
+}
+
+/* Take m off g_live (at destroy).  Lock held. */
+static void comm_unlink(mpg__comm *m) {
+  g_pending_total -= m->npending;
+  if (m->live_prev) m->live_prev->live_next = m->live_next;
+  else if (g_live == m) g_live = m->live_next;
+  if (m->live_next) m->live_next->live_prev = m->live_prev;
+  m->live_prev = m->live_next = NULL;
+}
+
+/* One more (+1) or one fewer (-1) unfinished request on m; wakes the
+ * progress thread when work appears.  Lock held. */
+static void pending_add(mpg__comm *m, int d) {
+  m->npending += d;
+  if (m->destroyed) return; /* already off g_live */
+  g_pending_total += d;
+  if (d > 0 && g_pending_total == d) pthread_cond_signal(&g_prog_cond);
 }
 
 /* Poll one MPI request until done, `deadline`, or an abort of `m` (may be
@@ -446,6 +540,19 @@ static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
   double timeout = args->timeout_s > 0 ? args->timeout_s : 600.0;
   int init = 0, fin = 0;
 
+  /* MESHPG_MPI_PROGRESS: thread (default) or off. */
+  const char *prog = getenv("MESHPG_MPI_PROGRESS");
+  if (prog && *prog) {
+    if (strcmp(prog, "thread") == 0 || strcmp(prog, "on") == 0 ||
+        strcmp(prog, "1") == 0)
+      g_prog_mode = PROG_THREAD;
+    else if (strcmp(prog, "off") == 0 || strcmp(prog, "0") == 0)
+      g_prog_mode = PROG_OFF;
+    else
+      return mpg__fail(MPG_ERR_ENV, "MESHPG_MPI_PROGRESS=\"%s\": expected "
+                       "\"thread\" or \"off\"", prog);
+  }
+
   pthread_mutex_lock(&g_lock);
   MPI_Finalized(&fin);
   if (fin) {
@@ -460,7 +567,10 @@ static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
   MPI_Initialized(&init);
   if (!init) {
     int provided = MPI_THREAD_SINGLE;
-    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+    /* The progress thread needs MPI_THREAD_MULTIPLE (see progress_main). */
+    int want = g_prog_mode == PROG_THREAD ? MPI_THREAD_MULTIPLE
+                                          : MPI_THREAD_SERIALIZED;
+    int rc = MPI_Init_thread(NULL, NULL, want, &provided);
     if (rc != MPI_SUCCESS) {
       pthread_mutex_unlock(&g_lock);
       return mpi_fail(rc, "MPI_Init_thread", "the world");
@@ -533,6 +643,7 @@ static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
   } else {
     g_live_worlds++;
     MPI_Comm_set_name(c, "meshpg world");
+    progress_start();
   }
   pthread_mutex_unlock(&g_lock);
   if (!st)
@@ -605,6 +716,11 @@ static mpg_status comm_destroy(mpg__comm *m) {
   if (!m) return MPG_OK;
   mpg_status st = MPG_OK;
   pthread_mutex_lock(&g_lock);
+  int last = m->is_world && g_live_worlds == 1;
+  pthread_mutex_unlock(&g_lock);
+  if (last) progress_stop(); /* before MPI_Finalize, and not needed now */
+  pthread_mutex_lock(&g_lock);
+  comm_unlink(m);
   sweep_orphans();
   int fin = 0;
   MPI_Finalized(&fin);
@@ -720,17 +836,53 @@ static size_t nchunks(size_t n) {
   return n <= (size_t)g_chunk ? 1 : (n + (size_t)g_chunk - 1) / (size_t)g_chunk;
 }
 
+/* Stage piece pc's input and post its MPI_Iallreduce.  Lock held. */
+static int piece_post(mpg__comm *m, struct piece *pc) {
+  mpg__req *q = pc->q;
+  size_t es = mpg__dtype_size(q->dtype);
+  size_t ws = mpg__dtype_size(q->work_dtype);
+  char *w = q->wire + pc->off * ws;
+  size_t n = (size_t)pc->count;
+  if (q->piece_fin == FIN_NARROW)
+    mpg__half_widen(q->dtype, q->src + pc->off * es, (float *)w, n);
+  else if (q->src != q->wire)
+    memcpy(w, q->src + pc->off * es, n * es);
+  if (q->premul != 0) mpg__scale(q->work_dtype, w, n, q->premul);
+  return MPI_Iallreduce(MPI_IN_PLACE, w, pc->count, q->mtype, q->mop, m->comm,
+                        &q->reqs[pc->slot]);
+}
+
+/* Piece pc completed: divide it, then copy or narrow it out.  Lock held. */
+static void piece_done(struct piece *pc) {
+  mpg__req *q = pc->q;
+  size_t es = mpg__dtype_size(q->dtype);
+  size_t ws = mpg__dtype_size(q->work_dtype);
+  char *w = q->wire + pc->off * ws;
+  size_t n = (size_t)pc->count;
+  char *dst = (char *)q->dst + pc->off * es;
+  if (q->piece_div) mpg__divide(q->work_dtype, w, n, q->piece_div);
+  if (q->piece_fin == FIN_NARROW)
+    mpg__half_narrow(q->dtype, (const float *)w, dst, n);
+  else if (dst != w)
+    memcpy(dst, w, n * es);
+}
+
 /* Retire finished pieces and post queued ones up to the window.  Lock
- * held.  Called from every test of a request of this communicator. */
-static void pump(mpg__comm *m) {
+ * held.  Called from every test of a request of this communicator and by
+ * the progress thread.  Returns how many pieces it retired or posted. */
+static int pump(mpg__comm *m) {
+  int moved = 0;
   for (int i = 0; i < m->nflight;) {
     struct piece *pc = m->flight[i];
     int flag = 0;
     int rc = MPI_Test(&pc->q->reqs[pc->slot], &flag, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS && !pc->q->pipe_rc) pc->q->pipe_rc = rc;
     if (flag || rc != MPI_SUCCESS) {
+      if (rc == MPI_SUCCESS && !atomic_load(&m->aborted)) piece_done(pc);
+      pc->q->inflight--;
       m->flight[i] = m->flight[--m->nflight];
       free(pc);
+      moved++;
     } else {
       i++;
     }
@@ -740,15 +892,17 @@ static void pump(mpg__comm *m) {
     m->queue = pc->next;
     if (!m->queue) m->queue_tail = NULL;
     pc->q->unposted--;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, pc->buf, pc->count, pc->type, pc->op,
-                            m->comm, &pc->q->reqs[pc->slot]);
+    moved++;
+    int rc = piece_post(m, pc);
     if (rc != MPI_SUCCESS) {
       if (!pc->q->pipe_rc) pc->q->pipe_rc = rc;
       free(pc);
       continue;
     }
+    pc->q->inflight++;
     m->flight[m->nflight++] = pc;
   }
+  return moved;
 }
 
 /* Forget every piece of q (queued or in flight; MPI keeps running the
@@ -757,6 +911,7 @@ static void purge(mpg__comm *m, mpg__req *q) {
   if (!m) return;
   for (int i = 0; i < m->nflight;) {
     if (m->flight[i]->q == q) {
+      q->inflight--;
       free(m->flight[i]);
       m->flight[i] = m->flight[--m->nflight];
     } else {
@@ -778,20 +933,19 @@ static void purge(mpg__comm *m, mpg__req *q) {
   }
 }
 
-/* Queue an all-reduce of n elements of buf as pieces.  Lock held. */
-static int queue_allreduce(mpg__req *q, mpg__comm *m, char *buf, size_t n,
-                           size_t es, MPI_Datatype t, MPI_Op op) {
-  size_t per = g_piece / es;
+/* Queue q's all-reduce (q->count elements; wire element size ws) as
+ * pieces.  Lock held. */
+static int queue_allreduce(mpg__req *q, mpg__comm *m, size_t ws) {
+  size_t n = q->count;
+  size_t per = g_piece / ws;
   if (per > (size_t)g_chunk) per = (size_t)g_chunk;
   for (size_t off = 0; off < n; off += per) {
     struct piece *pc = calloc(1, sizeof *pc);
     if (!pc) return MPI_ERR_NO_MEM;
     pc->q = q;
     pc->slot = q->nreq;
-    pc->buf = buf + off * es;
+    pc->off = off;
     pc->count = (int)(n - off < per ? n - off : per);
-    pc->type = t;
-    pc->op = op;
     q->reqs[q->nreq++] = MPI_REQUEST_NULL;
     q->unposted++;
     if (m->queue_tail)
@@ -821,7 +975,7 @@ static void orphan(mpg__req *q) {
   }
   if (q->comm) {
     q->comm->norphans++;
-    if (!q->finished) q->comm->npending--;
+    if (!q->finished) pending_add(q->comm, -1);
     comm_unref(q->comm);
     q->comm = NULL;
   }
@@ -940,7 +1094,20 @@ static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
       break;
   }
   size_t bytes = elems * ws;
-  if (bytes) {
+  /* Zero-copy: an in-place all-reduce on memory from mem_alloc, which
+   * this backend owns (see struct region). */
+  int zc = 0;
+  if (c->kind == MPG__ALL_REDUCE && !widen && c->send == c->recv && n > 0) {
+    pthread_mutex_lock(&g_lock);
+    struct region *r = g_we_finalized ? NULL : region_find(c->recv, n * es);
+    if (r && !r->freed) {
+      r->busy++;
+      q->region = r;
+      zc = 1;
+    }
+    pthread_mutex_unlock(&g_lock);
+  }
+  if (bytes && !zc) {
     pthread_mutex_lock(&g_lock);
     q->stage = stage_take(m, bytes, &q->stage_cap);
     pthread_mutex_unlock(&g_lock);
@@ -960,22 +1127,34 @@ static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
   /* Copy in; describe the completion step.  An empty operation still
    * hands MPI a valid (unused) pointer. */
   static char empty[8];
-  char *st = q->stage ? (char *)q->stage : empty;
+  char *st = zc ? (char *)c->recv : q->stage ? (char *)q->stage : empty;
   MPI_Datatype t = widen ? MPI_FLOAT : mpi_type(dt);
   MPI_Op op = mpi_op(c->op);
   mpg_dtype wdt = widen ? MPG_F32 : dt;
   int premul = c->op == MPG_OP_PREMUL_SUM;
+  int pipe = c->kind == MPG__ALL_REDUCE && pipelined(n, ws);
   q->work_dtype = wdt;
-  q->fin = widen ? FIN_NARROW : FIN_COPY;
+  q->fin = zc ? FIN_NONE : widen ? FIN_NARROW : FIN_COPY;
   q->dst = c->recv;
   q->nfin = n;
   q->out = st;
   size_t in_elems = c->kind == MPG__REDUCE_SCATTER ? (size_t)size * n : n;
-  switch (c->kind) {
+  if (pipe) {
+    /* Staged, divided and copied out piece by piece (struct piece). */
+    q->src = c->send;
+    q->wire = st;
+    q->mtype = t;
+    q->mop = op;
+    q->premul = premul ? c->scale : 0;
+    q->piece_div = c->op == MPG_OP_AVG ? size : 0;
+    q->piece_fin = q->fin;
+    q->fin = FIN_NONE;
+  }
+  switch (pipe ? MPG__BARRIER : c->kind) { /* pipe: nothing to do now */
     case MPG__ALL_REDUCE:
     case MPG__REDUCE_SCATTER:
       if (widen) mpg__half_widen(dt, c->send, (float *)st, in_elems);
-      else if (in_elems) memcpy(st, c->send, in_elems * es);
+      else if (in_elems && !zc) memcpy(st, c->send, in_elems * es);
       if (premul) mpg__scale(wdt, st, in_elems, c->scale);
       if (c->kind == MPG__REDUCE_SCATTER) q->out = st + in_elems * ws;
       if (c->op == MPG_OP_AVG) q->divisor = size;
@@ -997,7 +1176,7 @@ static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
     case MPG__RECV:
       break;
     case MPG__BARRIER:
-      q->fin = FIN_NONE;
+      if (!pipe) q->fin = FIN_NONE;
       break;
   }
 
@@ -1007,8 +1186,8 @@ static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
   switch (c->kind) {
     case MPG__ALL_REDUCE:
       call = "MPI_Iallreduce";
-      rc = pipelined(n, ws) ? queue_allreduce(q, m, st, n, ws, t, op)
-                            : post_allreduce(q, m->comm, st, n, ws, t, op);
+      rc = pipe ? queue_allreduce(q, m, ws)
+                : post_allreduce(q, m->comm, st, n, ws, t, op);
       break;
     case MPG__REDUCE_SCATTER:
       call = n <= (size_t)g_chunk ? "MPI_Ireduce_scatter_block" : "MPI_Ireduce";
@@ -1052,7 +1231,7 @@ static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
     describe(what, sizeof what, c->kind, dt, c->op, n, peer, size, rank);
     return mpi_fail(rc, call, what);
   }
-  m->npending++;
+  pending_add(m, 1);
   pthread_mutex_unlock(&g_lock);
   *out = q;
   return MPG_OK;
@@ -1091,13 +1270,15 @@ static mpg_status progress(mpg__req *q, int *done) {
   if (m->queue || m->nflight) pump(m);
   if (q->pipe_rc)
     rc = q->pipe_rc;
+  else if (q->wire) /* pipelined: done when every piece was retired */
+    flag = q->unposted == 0 && q->inflight == 0;
   else if (q->unposted == 0)
     rc = q->nreq == 1 ? MPI_Test(q->reqs, &flag, MPI_STATUS_IGNORE)
                       : MPI_Testall(q->nreq, q->reqs, &flag, MPI_STATUSES_IGNORE);
   if (rc != MPI_SUCCESS || flag) {
     purge(m, q);
     q->finished = 1;
-    m->npending--;
+    pending_add(m, -1);
   }
   pthread_mutex_unlock(&g_lock);
   if (rc != MPI_SUCCESS) {
@@ -1156,6 +1337,156 @@ static void req_free(mpg__req *q) {
   pthread_mutex_unlock(&g_lock);
 }
 
+/* ------------------------------------------------------------------ */
+/* The progress thread                                                 */
+/* ------------------------------------------------------------------ */
+
+/* Open MPI's nonblocking collectives (libnbc) advance only while some
+ * thread is inside MPI, and the pieces of a pipelined all-reduce are
+ * posted only when a pump sees the previous ones finish.  Without help, an
+ * operation started by mpg_all_reduce(..., &work) or by mpg_sync_mark_ready
+ * would sit still while the caller computes, and all of it would run in
+ * the final wait.  The progress thread keeps it moving: while any request
+ * is pending it pumps every communicator with pieces (which stages,
+ * posts, divides and copies out, see struct piece) and otherwise calls
+ * MPI_Iprobe, which runs Open MPI's progress engine; between rounds it
+ * yields the CPU.  With nothing pending it sleeps on g_prog_cond, woken
+ * by the next post.  It takes g_lock like every other MPI call of this
+ * file; MPI sees calls from two threads, so the thread runs only when MPI
+ * provides MPI_THREAD_MULTIPLE (the application may call MPI itself
+ * meanwhile).  MESHPG_MPI_PROGRESS=off turns it off. */
+#define MPG_MPI_PROBE_TAG (MPG_MPI_TAG + 1) /* never sent */
+
+/* One round.  Lock held.  Returns 1 if there was anything to drive. */
+static int progress_round(void) {
+  int driven = 0;
+  mpg__comm *probe = NULL;
+  for (mpg__comm *m = g_live; m; m = m->live_next) {
+    if (m->npending == 0 || atomic_load(&m->aborted)) continue;
+    if (m->queue || m->nflight) {
+      pump(m);
+      driven = 1;
+    } else if (!probe) {
+      probe = m;
+    }
+  }
+  if (!driven && probe) {
+    int flag = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPG_MPI_PROBE_TAG, probe->comm, &flag,
+               MPI_STATUS_IGNORE);
+    driven = 1;
+  }
+  return driven;
+}
+
+static void *progress_main(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&g_lock);
+  while (!g_prog_stop) {
+    if (g_pending_total <= 0 || g_we_finalized) {
+      pthread_cond_wait(&g_prog_cond, &g_lock);
+      continue;
+    }
+    if (progress_round()) {
+      pthread_mutex_unlock(&g_lock);
+      sched_yield();
+      pthread_mutex_lock(&g_lock);
+    } else {
+      /* Pending work only on aborted communicators: wait for it to be
+       * freed, checking now and then. */
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_nsec += 1000000L;
+      if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+      }
+      pthread_cond_timedwait(&g_prog_cond, &g_lock, &ts);
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  return NULL;
+}
+
+/* Start the thread if enabled and MPI allows it.  Lock held. */
+static void progress_start(void) {
+  if (g_prog_running || g_prog_mode == PROG_OFF) return;
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_MULTIPLE) {
+    mpg__log(1, "mpi: no progress thread: MPI runs at thread level %d, below "
+             "MPI_THREAD_MULTIPLE (initialise MPI with MPI_Init_thread("
+             "MPI_THREAD_MULTIPLE) to have one); nonblocking operations "
+             "advance only inside meshpg calls", provided);
+    return;
+  }
+  g_prog_stop = 0;
+  if (pthread_create(&g_prog_thread, NULL, progress_main, NULL) != 0) {
+    mpg__log(1, "mpi: no progress thread: pthread_create failed");
+    return;
+  }
+  g_prog_running = 1;
+  mpg__log(2, "mpi: progress thread started");
+}
+
+/* Stop and join the thread.  Lock NOT held. */
+static void progress_stop(void) {
+  pthread_mutex_lock(&g_lock);
+  int running = g_prog_running;
+  g_prog_stop = 1;
+  g_prog_running = 0;
+  pthread_cond_broadcast(&g_prog_cond);
+  pthread_mutex_unlock(&g_lock);
+  if (running) pthread_join(g_prog_thread, NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* Memory                                                              */
+/* ------------------------------------------------------------------ */
+
+static mpg_status mem_alloc(mpg__comm *world, size_t bytes, int registered,
+                            void **ptr) {
+  (void)world;
+  (void)registered; /* nothing to register with MPI */
+  *ptr = NULL;
+  struct region *r = calloc(1, sizeof *r);
+  void *p = NULL;
+  size_t len = bytes ? bytes : 1;
+  if (!r || posix_memalign(&p, 4096, len) != 0) {
+    free(r);
+    return mpg__fail(MPG_ERR_NOMEM, "mpg_ctx_mem_alloc: out of memory for %zu bytes",
+                     bytes);
+  }
+  memset(p, 0, len);
+  r->base = p;
+  r->len = len;
+  pthread_mutex_lock(&g_lock);
+  r->next = g_regions;
+  g_regions = r;
+  pthread_mutex_unlock(&g_lock);
+  *ptr = p;
+  return MPG_OK;
+}
+
+static mpg_status mem_free(mpg__comm *world, void *ptr) {
+  (void)world;
+  pthread_mutex_lock(&g_lock);
+  struct region *r = g_regions;
+  while (r && r->base != ptr) r = r->next;
+  if (!r || r->freed) {
+    pthread_mutex_unlock(&g_lock);
+    return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_mem_free: %p was not returned by "
+                     "mpg_ctx_mem_alloc of this backend (or was freed already)",
+                     ptr);
+  }
+  if (r->busy)
+    r->freed = 1; /* an unfinished operation still uses it: free it last */
+  else
+    region_drop(r);
+  pthread_mutex_unlock(&g_lock);
+  return MPG_OK;
+}
+
 const struct mpg__backend_ops mpg__backend_mpi = {
     .name = "mpi",
     .world_init = world_init,
@@ -1166,4 +1497,6 @@ const struct mpg__backend_ops mpg__backend_mpi = {
     .req_free = req_free,
     .abort_comm = comm_abort,
     .destroy = comm_destroy,
+    .mem_alloc = mem_alloc,
+    .mem_free = mem_free,
 };
