@@ -21,7 +21,10 @@
  * staging that write lands in memory the orphan list still owns, never
  * in a caller's buffer that was freed or reused after the timeout.
  * Staging buffers are recycled per communicator (a few, up to 256 MiB
- * each), so steady-state collectives do not allocate.
+ * each), so steady-state collectives do not allocate.  The exception is
+ * memory this backend hands out itself (mem_alloc, i.e.
+ * mpg_ctx_mem_alloc): an in-place all-reduce on it is zero-copy, and its
+ * timeout safety comes from ownership instead (see struct region).
  *
  * Large counts.  MPI counts are int.  An operation of more than INT_MAX
  * elements is cut into chunks of at most INT_MAX elements, each its own
@@ -77,9 +80,13 @@
  * MPG_ERR_STATE; a program that creates contexts one after another should
  * call MPI_Init itself.
  *
- * Threads.  We ask for MPI_THREAD_SERIALIZED and serialise our own MPI
- * calls with one process-wide lock (never held while sleeping), so
- * contexts may be used from several threads. */
+ * Threads.  We serialise our own MPI calls with one process-wide lock
+ * (never held while sleeping), so contexts may be used from several
+ * threads.  A progress thread (see progress_main()) drives pending
+ * operations while the caller computes; because the application may call
+ * MPI at the same time, it runs only at MPI_THREAD_MULTIPLE, which we ask
+ * for when we initialise MPI (MPI_THREAD_SERIALIZED with
+ * MESHPG_MPI_PROGRESS=off). */
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>

@@ -786,7 +786,18 @@ mpg_status mpg_ctx_group_select(mpg_ctx *ctx, const char *name,
 /* Memory and streams where the backend's collectives want them: host
  * memory for thread/mpi, device memory for nccl (cudaMalloc, or ncclMemAlloc
  * when registered = 1).  The memory is zeroed.  Free with mpg_ctx_mem_free.
- * Returns MPG_ERR_NOMEM. */
+ * Returns MPG_ERR_NOMEM.
+ *
+ * On the mpi backend this memory is also faster: an in-place all_reduce
+ * (send == recv) on it runs without staging copies, MPI reducing the
+ * buffer itself (other memory is copied in and out, see README "mpi
+ * backend").  The price: after a failed or timed-out operation such a
+ * buffer holds unspecified values (staged buffers keep their input), and
+ * mpg_ctx_mem_free of a buffer that an unfinished or abandoned operation
+ * still uses returns MPG_OK but defers the release until MPI is done with
+ * it.  mpg_ctx_mem_free of a pointer that did not come from
+ * mpg_ctx_mem_alloc (or was freed already) returns MPG_ERR_INVALID on
+ * mpi. */
 mpg_status mpg_ctx_mem_alloc(mpg_ctx *ctx, size_t bytes, int registered,
                              void **ptr);
 mpg_status mpg_ctx_mem_free(mpg_ctx *ctx, void *ptr);

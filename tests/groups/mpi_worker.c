@@ -14,6 +14,10 @@
  *   mpi_worker split_timeout the last rank creates a (lazy) group late:
  *                            everybody, the late rank included, gets
  *                            MPG_ERR_TIMEOUT from the split, none hangs.
+ *   mpi_worker progress      async all-reduces finish while the caller
+ *                            sleeps (progress thread), or cannot with
+ *                            MESHPG_MPI_PROGRESS=off.
+ *   mpi_worker progress_env  MESHPG_MPI_PROGRESS=sometimes is refused.
  *
  * Prints "OK <mode> rank R" on success, "FAIL <mode> rank R: ..." lines
  * otherwise; exit code 0 / 1.
@@ -535,10 +539,18 @@ static int run_timeout(int world) {
   /* Everybody is healthy first. */
   CHECK(mpg_all_reduce(wg, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL));
   if (y != (float)world) FAIL("warm-up all_reduce gave %g, expected %d", y, world);
+  /* The operation that times out runs in place on mpg_ctx_mem_alloc
+   * memory (zero-copy on MPI): freeing it after the timeout must defer the
+   * release, so that the late peer's completion inside MPI_Finalize lands
+   * in live memory (valgrind checks this in the valgrind test). */
+  float *ob = NULL;
+  CHECK(mpg_ctx_mem_alloc(ctx, sizeof(float), 0, (void **)&ob));
+  if (!ob) return 1;
+  *ob = 1.0f;
   int late = g_rank == world - 1;
   if (!late) {
     double t0 = now();
-    st = mpg_all_reduce(wg, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
+    st = mpg_all_reduce(wg, ob, ob, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
     double dt = now() - t0;
     if (st != MPG_ERR_TIMEOUT)
       FAIL("all_reduce without rank %d returned %s, expected ERR_TIMEOUT: %s",
@@ -559,6 +571,7 @@ static int run_timeout(int world) {
       FAIL("barrier on world after the timeout returned %s, expected ERR_ABORTED",
            mpg_status_name(st));
     if (now() - t0 > 0.5) FAIL("calls after the abort took %.3f s", now() - t0);
+    CHECK(mpg_ctx_mem_free(ctx, ob)); /* still in use by MPI: deferred */
   } else {
     /* Arrive long after the others gave up, then post the op they waited
      * for.  It may complete (their abandoned requests still progress
@@ -570,8 +583,9 @@ static int run_timeout(int world) {
       nanosleep(&ts, NULL);
     }
     double t0 = now();
-    st = mpg_all_reduce(wg, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
+    st = mpg_all_reduce(wg, ob, ob, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
     double dt = now() - t0;
+    CHECK(mpg_ctx_mem_free(ctx, ob));
     if (st != MPG_OK && st != MPG_ERR_TIMEOUT)
       FAIL("late all_reduce returned %s: %s", mpg_status_name(st), mpg_last_error());
     else if (dt > timeout + 1.0)
@@ -599,6 +613,93 @@ static int run_timeout(int world) {
  * timeout + 1 s; the late rank then passes the first barrier of the
  * split's rendezvous (the others' abandoned barrier is still posted) and
  * must time out in the second instead of hanging in MPI_Comm_split. */
+/* Background progress: two pipelined asynchronous all-reduces (8 MiB
+ * each, so 8 pieces of which at most two are in flight per communicator:
+ * the rest are posted only as earlier ones finish), one on memory from
+ * mpg_ctx_mem_alloc (zero-copy) and one on malloc'ed memory (staged).
+ * The caller then sleeps for 2 s without any meshpg or MPI call.  With
+ * the progress thread both must be finished at the first test; with
+ * MESHPG_MPI_PROGRESS=off neither can be (the contrast that shows the
+ * check can fail).  Then both must hold the exact average. */
+static int run_progress(int world) {
+  const char *env = getenv("MESHPG_MPI_PROGRESS");
+  int want_done = !(env && strcmp(env, "off") == 0);
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_status st = make_ctx(world, 60, 0, &mesh, &ctx);
+  if (st) {
+    FAIL("setup -> %s: %s", mpg_status_name(st), mpg_last_error());
+    mpg_mesh_destroy(mesh);
+    return 1;
+  }
+  enum { N = 2 << 20 }; /* floats: 8 MiB */
+  mpg_group *wg = NULL;
+  CHECK(mpg_ctx_group(ctx, "world", &wg));
+  void *owned = NULL;
+  CHECK(mpg_ctx_mem_alloc(ctx, N * sizeof(float), 0, &owned));
+  float *bufs[2] = {owned, malloc(N * sizeof(float))};
+  const char *names[2] = {"mpg_ctx_mem_alloc memory", "malloc memory"};
+  mpg_work *w[2] = {NULL, NULL};
+  for (int b = 0; b < 2 && wg && bufs[0] && bufs[1]; b++) {
+    for (size_t i = 0; i < N; i++) bufs[b][i] = (float)(g_rank + 1) * (float)(i % 7);
+    CHECK(mpg_all_reduce(wg, bufs[b], bufs[b], N, MPG_F32, MPG_OP_AVG, NULL, &w[b]));
+  }
+  double until = now() + 2.0;
+  while (now() < until) {
+    struct timespec ts = {0, 20000000L};
+    nanosleep(&ts, NULL);
+  }
+  float avg = (float)(world + 1) / 2.0f;
+  for (int b = 0; b < 2; b++) {
+    if (!w[b]) continue;
+    int done = -1;
+    CHECK(mpg_work_test(w[b], &done));
+    if (done != want_done)
+      FAIL("%s: after 2 s without calls, mpg_work_test said done=%d, expected %d "
+           "(progress thread %s)", names[b], done, want_done, want_done ? "on" : "off");
+    CHECK(mpg_work_wait(w[b]));
+    long bad = 0;
+    for (size_t i = 0; i < N; i++)
+      if (bufs[b][i] != avg * (float)(i % 7) && bad++ == 0)
+        FAIL("%s: element %zu is %g, expected %g", names[b], i, (double)bufs[b][i],
+             (double)(avg * (float)(i % 7)));
+    if (bad) FAIL("%s: %ld wrong elements", names[b], bad);
+  }
+  free(bufs[1]);
+  CHECK(mpg_ctx_mem_free(ctx, owned));
+  /* A pointer that mpg_ctx_mem_alloc did not return is refused. */
+  int local = 0;
+  st = mpg_ctx_mem_free(ctx, &local);
+  if (st != MPG_ERR_INVALID || !strstr(mpg_last_error(), "mpg_ctx_mem_alloc"))
+    FAIL("mpg_ctx_mem_free of a stack pointer -> %s: %s", mpg_status_name(st),
+         mpg_last_error());
+  CHECK(mpg_ctx_destroy(ctx));
+  mpg_mesh_destroy(mesh);
+  if (g_failures) {
+    printf("FAIL %s rank %d: %d check(s) failed\n", g_mode, g_rank, g_failures);
+    return 1;
+  }
+  printf("OK %s rank %d (progress thread %s)\n", g_mode, g_rank,
+         want_done ? "on" : "off");
+  return 0;
+}
+
+/* A bad MESHPG_MPI_PROGRESS fails mpg_ctx_create with MPG_ERR_ENV naming
+ * the variable and the value. */
+static int run_progress_env(int world) {
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_status st = make_ctx(world, 60, 0, &mesh, &ctx);
+  if (st != MPG_ERR_ENV || !strstr(mpg_last_error(), "MESHPG_MPI_PROGRESS=\"sometimes\""))
+    FAIL("mpg_ctx_create with MESHPG_MPI_PROGRESS=sometimes -> %s: %s",
+         mpg_status_name(st), mpg_last_error());
+  if (ctx) mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  if (g_failures) return 1;
+  printf("OK %s rank %d\n", g_mode, g_rank);
+  return 0;
+}
+
 static int run_split_timeout(int world) {
   const double timeout = test_timeout();
   mpg_mesh *mesh = NULL;
@@ -665,7 +766,10 @@ int main(int argc, char **argv) {
   if (strcmp(g_mode, "collectives") == 0) return run_collectives(env.world_size);
   if (strcmp(g_mode, "timeout") == 0) return run_timeout(env.world_size);
   if (strcmp(g_mode, "split_timeout") == 0) return run_split_timeout(env.world_size);
-  printf("FAIL %s rank %d: unknown mode (collectives | timeout | split_timeout)\n",
+  if (strcmp(g_mode, "progress") == 0) return run_progress(env.world_size);
+  if (strcmp(g_mode, "progress_env") == 0) return run_progress_env(env.world_size);
+  printf("FAIL %s rank %d: unknown mode (collectives | timeout | split_timeout | "
+         "progress | progress_env)\n",
          g_mode, g_rank);
   return 1;
 }

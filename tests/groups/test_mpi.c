@@ -47,6 +47,22 @@ Test(mpi, collectives_pipelined_all_reduce, .timeout = 300) {
   run_worker(8, "-x MESHPG_MPI_PIECE_BYTES=64", "", "collectives", 280);
 }
 
+/* The progress thread: pipelined async all-reduces finish while every
+ * caller sleeps; with MESHPG_MPI_PROGRESS=off they cannot. */
+Test(mpi, progress_thread_finishes_work_while_caller_sleeps, .timeout = 120) {
+  run_worker(4, "", "", "progress", 100);
+  cr_assert(strstr(out, "(progress thread on)"), "%s", out);
+}
+
+Test(mpi, progress_off_leaves_work_until_a_call, .timeout = 120) {
+  run_worker(4, "-x MESHPG_MPI_PROGRESS=off", "", "progress", 100);
+  cr_assert(strstr(out, "(progress thread off)"), "%s", out);
+}
+
+Test(mpi, progress_env_is_validated, .timeout = 120) {
+  run_worker(2, "-x MESHPG_MPI_PROGRESS=sometimes", "", "progress_env", 100);
+}
+
 Test(mpi, timeout_aborts_and_exits_cleanly, .timeout = 120) {
   double t0 = now();
   run_worker(4, "", "", "timeout", 100);
