@@ -104,27 +104,29 @@
 #define MPG_MPI_TAG 0x6d70 /* send/recv tag; below the guaranteed 32767 */
 #define MPG_MPI_SPARES 4   /* staging buffers cached per communicator */
 #define MPG_MPI_SPARE_MAX ((size_t)256 << 20) /* larger ones are not cached */
-/* Large all-reduces are pipelined: cut into pieces of at most
- * g_piece bytes (1 MiB; MESHPG_MPI_PIECE_BYTES in tests), with at most MPG_MPI_WINDOW pieces in flight per
- * communicator.  Open MPI's nonblocking collectives allocate a temporary
- * the size of the message for every call; small pieces keep those
- * temporaries small and reused (one large temporary per bucket means fresh
- * pages, and page faults, every step), and a bounded window keeps only a
- * few of them alive.  Pieces are posted in one FIFO per communicator, so
- * every member posts them in the same order whatever the timing. */
-#define MPG_MPI_PIECE_DEFAULT ((size_t)1 << 20)
+/* Large all-reduces are pipelined: cut into pieces of at most g_piece
+ * bytes (4 MiB; MESHPG_MPI_PIECE_BYTES in tests), each all-reduced by our
+ * own ring (see ring_post()), with at most MPG_MPI_WINDOW pieces in flight
+ * per communicator.  Pieces are started from one FIFO per communicator,
+ * so every member starts them in the same order whatever the timing. */
+#define MPG_MPI_PIECE_DEFAULT ((size_t)4 << 20)
 #define MPG_MPI_WINDOW 2
 static size_t g_piece = MPG_MPI_PIECE_DEFAULT; /* MESHPG_MPI_PIECE_BYTES */
 
 /* One piece of a pipelined all-reduce: elements [off, off + count) of its
- * request.  Its input is staged (widened, pre-multiplied) when the piece
- * is posted and its result divided and copied out when it completes, so
- * that this work, too, runs piece by piece behind the communication. */
+ * request, all-reduced by our own ring over MPI point-to-point (see
+ * ring_post()).  Its input is staged (widened, pre-multiplied) when the
+ * piece starts and its result divided and copied out when it completes,
+ * so that this work, too, runs piece by piece behind the communication. */
 struct piece {
   struct mpg__req *q;    /* the request the piece belongs to */
-  int slot;              /* its MPI request: q->reqs[slot] */
+  int slot;              /* its MPI requests: q->reqs[slot] (receive) and
+                            q->reqs[slot + 1] (send) */
   size_t off;
   int count;
+  int step;              /* ring step in flight, 0 .. 2 (size - 1) - 1 */
+  int tag;
+  int scratch;           /* its slot in the communicator's scratch */
   struct piece *next;
 };
 
@@ -156,7 +158,12 @@ struct mpg__comm {
   struct piece *queue, *queue_tail; /* pieces not posted yet, FIFO */
   struct piece *flight[MPG_MPI_WINDOW]; /* pieces posted, not seen done */
   int nflight;
+  unsigned seq;        /* pieces started, for their tags */
+  char *scratch;       /* MPG_MPI_WINDOW slots of scratch_slot bytes */
+  size_t scratch_slot;
+  int scratch_busy[MPG_MPI_WINDOW];
   struct mpg__comm *live_prev, *live_next; /* g_live, for the progress thread */
+  struct mpg__req *pend;  /* pending requests */
 };
 
 enum finish_kind { FIN_NONE, FIN_COPY, FIN_NARROW };
@@ -186,6 +193,9 @@ struct mpg__req {
   int dead;            /* orphan whose MPI test failed: never freed */
   int unposted;        /* pipelined pieces still in the comm's queue */
   int inflight;        /* ... posted and not yet retired by a pump */
+  atomic_int mpi_done; /* MPI finished it, or failed (pipe_rc): the
+                          completion step may run */
+  struct mpg__req *pend_prev, *pend_next; /* comm->pend while pending */
   int pipe_rc;         /* MPI error posting a piece */
   /* Pipelined all-reduce: per-piece staging and completion (see struct
    * piece).  wire is the buffer MPI reduces (staging, or dst itself when
@@ -195,6 +205,7 @@ struct mpg__req {
   MPI_Datatype mtype;
   MPI_Op mop;
   double premul;       /* 0: none */
+  mpg_op rop;          /* the reduction: SUM (also for AVG, PREMUL_SUM), MAX, MIN */
   int piece_div;       /* 0: no division */
   enum finish_kind piece_fin;
   struct region *region; /* zero-copy: the mem_alloc region used */
@@ -218,10 +229,23 @@ static long g_pending_total;   /* sum of npending over g_live */
  * world exists. */
 enum { PROG_THREAD, PROG_OFF };
 static int g_prog_mode = PROG_THREAD;
-static int g_prog_running;     /* a thread was started and not joined */
+static atomic_int g_prog_running; /* a thread was started and not joined */
 static int g_prog_stop;        /* asks it to exit */
 static pthread_t g_prog_thread;
 static pthread_cond_t g_prog_cond = PTHREAD_COND_INITIALIZER;
+/* Broadcast by the progress thread when a request's MPI part completes
+ * (and on abort): waiters sleep on it instead of polling MPI. */
+static pthread_cond_t g_done_cond = PTHREAD_COND_INITIALIZER;
+/* Threads other than the progress thread waiting for g_lock: the progress
+ * thread lets them in between its rounds (a mutex is not fair, and a
+ * thread that unlocks and relocks at once would starve them). */
+static atomic_int g_want;
+
+static void lock_g(void) {
+  atomic_fetch_add(&g_want, 1);
+  pthread_mutex_lock(&g_lock);
+  atomic_fetch_sub(&g_want, 1);
+}
 
 static int pump(mpg__comm *m);
 static void progress_start(void);
@@ -408,7 +432,7 @@ static void finalize_locked(void) {
  * fault (see the top of the file) or when a context was never destroyed. */
 static void finalize_at_exit(void) {
   progress_stop();
-  pthread_mutex_lock(&g_lock);
+  lock_g();
   finalize_locked();
   pthread_mutex_unlock(&g_lock);
 }
@@ -449,13 +473,32 @@ static void comm_unlink(mpg__comm *m) {
   m->live_prev = m->live_next = NULL;
 }
 
-/* One more (+1) or one fewer (-1) unfinished request on m; wakes the
- * progress thread when work appears.  Lock held. */
+/* Count one more (+1) or one fewer (-1) unfinished request on m; wakes
+ * the progress thread when work appears.  Lock held. */
 static void pending_add(mpg__comm *m, int d) {
   m->npending += d;
   if (m->destroyed) return; /* already off g_live */
   g_pending_total += d;
   if (d > 0 && g_pending_total == d) pthread_cond_signal(&g_prog_cond);
+}
+
+/* q becomes pending on m (m->pend, for the progress thread), or stops
+ * being pending.  Lock held. */
+static void pend_link(mpg__comm *m, mpg__req *q) {
+  q->pend_prev = NULL;
+  q->pend_next = m->pend;
+  if (m->pend) m->pend->pend_prev = q;
+  m->pend = q;
+  pending_add(m, 1);
+  pthread_cond_signal(&g_prog_cond); /* new work for the progress thread */
+}
+
+static void pend_unlink(mpg__comm *m, mpg__req *q) {
+  if (q->pend_prev) q->pend_prev->pend_next = q->pend_next;
+  else m->pend = q->pend_next;
+  if (q->pend_next) q->pend_next->pend_prev = q->pend_prev;
+  q->pend_prev = q->pend_next = NULL;
+  pending_add(m, -1);
 }
 
 /* Poll one MPI request until done, `deadline`, or an abort of `m` (may be
@@ -471,7 +514,7 @@ static int poll_request(MPI_Request *r, double deadline, mpg__comm *m,
       return MPI_SUCCESS;
     }
     int flag = 0;
-    pthread_mutex_lock(&g_lock);
+    lock_g();
     int rc = MPI_Test(r, &flag, MPI_STATUS_IGNORE);
     pthread_mutex_unlock(&g_lock);
     if (rc != MPI_SUCCESS) return rc;
@@ -488,14 +531,16 @@ static int poll_request(MPI_Request *r, double deadline, mpg__comm *m,
 }
 
 /* Park a bare pending MPI request (and memory MPI may still write) on the
- * orphan list.  Lock held. */
-static void orphan_request(MPI_Request r, void *mem) {
+ * orphan list; with until_finalize, just the memory, until MPI_Finalize.
+ * Lock held. */
+static void orphan_request(MPI_Request r, void *mem, int until_finalize) {
   mpg__req *q = calloc(1, sizeof *q);
   if (!q) return; /* cannot track it: leak r and mem deliberately */
   q->one = r;
   q->reqs = &q->one;
   q->nreq = 1;
   q->stage = mem;
+  q->dead = until_finalize; /* never tested: freed after MPI_Finalize */
   q->next = g_orphans;
   g_orphans = q;
 }
@@ -524,7 +569,7 @@ static int rendezvous(MPI_Comm c, mpg__comm *m, double deadline,
                       double timeout, int *state) {
   for (int phase = 0; phase < 2; phase++) {
     MPI_Request r = MPI_REQUEST_NULL;
-    pthread_mutex_lock(&g_lock);
+    lock_g();
     int rc = MPI_Ibarrier(c, &r);
     pthread_mutex_unlock(&g_lock);
     if (rc != MPI_SUCCESS) return rc;
@@ -532,8 +577,8 @@ static int rendezvous(MPI_Comm c, mpg__comm *m, double deadline,
     rc = poll_request(&r, deadline, m, state);
     if (rc != MPI_SUCCESS || *state != 0) {
       atomic_store(&g_faulted, 1);
-      pthread_mutex_lock(&g_lock);
-      orphan_request(r, NULL);
+      lock_g();
+      orphan_request(r, NULL, 0);
       if (m) m->norphans++;
       pthread_mutex_unlock(&g_lock);
       return rc;
@@ -560,7 +605,7 @@ static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
                        "\"thread\" or \"off\"", prog);
   }
 
-  pthread_mutex_lock(&g_lock);
+  lock_g();
   MPI_Finalized(&fin);
   if (fin) {
     pthread_mutex_unlock(&g_lock);
@@ -637,7 +682,7 @@ static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
                      "arrived within the %.3g s timeout",
                      rank, size, timeout);
   MPI_Comm c = MPI_COMM_NULL;
-  pthread_mutex_lock(&g_lock);
+  lock_g();
   rc = MPI_Comm_dup(base, &c);
   if (rc != MPI_SUCCESS) {
     pthread_mutex_unlock(&g_lock);
@@ -691,7 +736,7 @@ static mpg_status split(mpg__comm *parent, int color, int key,
 
   /* 2. Every rank has arrived; the blocking split completes promptly. */
   MPI_Comm c = MPI_COMM_NULL;
-  pthread_mutex_lock(&g_lock);
+  lock_g();
   rc = MPI_Comm_split(parent->comm, color < 0 ? MPI_UNDEFINED : color, key, &c);
   mpg_status st = MPG_OK;
   if (rc != MPI_SUCCESS) {
@@ -717,16 +762,17 @@ static void comm_abort(mpg__comm *m, mpg_status reason) {
   int why = reason == MPG_ERR_TIMEOUT ? MPG_ERR_TIMEOUT : MPG_ERR_ABORTED;
   atomic_compare_exchange_strong(&m->aborted, &expected, why);
   atomic_store(&g_faulted, 1);
+  pthread_cond_broadcast(&g_done_cond); /* waiters look at the flag */
 }
 
 static mpg_status comm_destroy(mpg__comm *m) {
   if (!m) return MPG_OK;
   mpg_status st = MPG_OK;
-  pthread_mutex_lock(&g_lock);
+  lock_g();
   int last = m->is_world && g_live_worlds == 1;
   pthread_mutex_unlock(&g_lock);
   if (last) progress_stop(); /* before MPI_Finalize, and not needed now */
-  pthread_mutex_lock(&g_lock);
+  lock_g();
   comm_unlink(m);
   sweep_orphans();
   int fin = 0;
@@ -744,6 +790,16 @@ static mpg_status comm_destroy(mpg__comm *m) {
       finalize_locked();
   }
   m->destroyed = 1;
+  if (m->scratch) {
+    /* An abandoned piece's receive may still land in it: then it lives
+     * until MPI is finalised. */
+    int safe = !atomic_load(&m->aborted) && m->npending == 0 && m->norphans == 0;
+    if (safe || g_we_finalized)
+      free(m->scratch);
+    else
+      orphan_request(MPI_REQUEST_NULL, m->scratch, 1);
+    m->scratch = NULL;
+  }
   for (int i = 0; i < MPG_MPI_SPARES; i++) {
     free(m->spare[i]);
     m->spare[i] = NULL;
@@ -843,8 +899,70 @@ static size_t nchunks(size_t n) {
   return n <= (size_t)g_chunk ? 1 : (n + (size_t)g_chunk - 1) / (size_t)g_chunk;
 }
 
-/* Stage piece pc's input and post its MPI_Iallreduce.  Lock held. */
-static int piece_post(mpg__comm *m, struct piece *pc) {
+/* The ring.  A piece's count elements are cut into size chunks (chunk i
+ * is [count * i / size, count * (i + 1) / size)).  Reduce-scatter: at step
+ * s (0 .. size - 2) rank r sends chunk r - s to its right neighbour and
+ * receives chunk r - s - 1 from its left one into scratch, then reduces it
+ * into its own copy; after size - 1 steps it holds chunk r + 1 fully
+ * reduced.  All-gather: at step t it sends chunk r + 1 - t and receives
+ * chunk r - t straight into place (indices mod size).  Every message is
+ * an MPI_Isend / MPI_Irecv pair on the piece's tag (distinct for the
+ * pieces in flight together; messages between two ranks on one tag
+ * arrive in order, so consecutive steps cannot be confused).  Each rank
+ * moves 2 (size - 1) / size of the piece each way, the bandwidth-optimal
+ * all-reduce, and no memory is allocated per operation: Open MPI's own
+ * nonblocking all-reduce allocates a message-sized temporary every call,
+ * which with glibc's trim thresholds faults in fresh pages step after
+ * step. */
+#define MPG_MPI_RING_TAG 1024 /* .. + 63; below the guaranteed 32767 */
+
+static size_t chunk_start(const struct piece *pc, int size, int i) {
+  return (size_t)pc->count * (size_t)i / (size_t)size;
+}
+
+/* Post the MPI calls of pc's current step.  Lock held. */
+static int ring_post(mpg__comm *m, struct piece *pc) {
+  mpg__req *q = pc->q;
+  int p = m->size, r = m->rank;
+  int right = (r + 1) % p, left = (r + p - 1) % p;
+  size_t ws = mpg__dtype_size(q->work_dtype);
+  char *w = q->wire + pc->off * ws;
+  int s = pc->step, send_i, recv_i;
+  char *into;
+  if (s < p - 1) { /* reduce-scatter */
+    send_i = ((r - s) % p + p) % p;
+    recv_i = ((r - s - 1) % p + p) % p;
+    into = m->scratch + (size_t)pc->scratch * m->scratch_slot;
+  } else {         /* all-gather */
+    int t = s - (p - 1);
+    send_i = ((r + 1 - t) % p + p) % p;
+    recv_i = ((r - t) % p + p) % p;
+    into = w + chunk_start(pc, p, recv_i) * ws;
+  }
+  size_t s0 = chunk_start(pc, p, send_i), s1 = chunk_start(pc, p, send_i + 1);
+  size_t r0 = chunk_start(pc, p, recv_i), r1 = chunk_start(pc, p, recv_i + 1);
+  int rc = MPI_Irecv(into, (int)(r1 - r0), q->mtype, left, pc->tag, m->comm,
+                     &q->reqs[pc->slot]);
+  if (rc == MPI_SUCCESS)
+    rc = MPI_Isend(w + s0 * ws, (int)(s1 - s0), q->mtype, right, pc->tag,
+                   m->comm, &q->reqs[pc->slot + 1]);
+  return rc;
+}
+
+/* pc's current step completed: reduce what it received.  Lock held. */
+static void ring_reduce(mpg__comm *m, struct piece *pc) {
+  int p = m->size, r = m->rank, s = pc->step;
+  if (s >= p - 1) return;
+  mpg__req *q = pc->q;
+  size_t ws = mpg__dtype_size(q->work_dtype);
+  int recv_i = ((r - s - 1) % p + p) % p;
+  size_t r0 = chunk_start(pc, p, recv_i), r1 = chunk_start(pc, p, recv_i + 1);
+  mpg__reduce_into(q->work_dtype, q->rop, q->wire + (pc->off + r0) * ws,
+                   m->scratch + (size_t)pc->scratch * m->scratch_slot, r1 - r0);
+}
+
+/* Stage piece pc's input and post its first step.  Lock held. */
+static int piece_start(mpg__comm *m, struct piece *pc) {
   mpg__req *q = pc->q;
   size_t es = mpg__dtype_size(q->dtype);
   size_t ws = mpg__dtype_size(q->work_dtype);
@@ -855,8 +973,9 @@ static int piece_post(mpg__comm *m, struct piece *pc) {
   else if (q->src != q->wire)
     memcpy(w, q->src + pc->off * es, n * es);
   if (q->premul != 0) mpg__scale(q->work_dtype, w, n, q->premul);
-  return MPI_Iallreduce(MPI_IN_PLACE, w, pc->count, q->mtype, q->mop, m->comm,
-                        &q->reqs[pc->slot]);
+  pc->step = 0;
+  pc->tag = MPG_MPI_RING_TAG + (int)(m->seq++ & 63u);
+  return ring_post(m, pc);
 }
 
 /* Piece pc completed: divide it, then copy or narrow it out.  Lock held. */
@@ -874,38 +993,74 @@ static void piece_done(struct piece *pc) {
     memcpy(dst, w, n * es);
 }
 
-/* Retire finished pieces and post queued ones up to the window.  Lock
- * held.  Called from every test of a request of this communicator and by
- * the progress thread.  Returns how many pieces it retired or posted. */
+/* The scratch of m: MPG_MPI_WINDOW slots, each one chunk of the largest
+ * piece.  Lock held. */
+static int scratch_ready(mpg__comm *m) {
+  if (m->scratch) return 1;
+  size_t slot = (g_piece / (size_t)m->size + 64 + 63) & ~(size_t)63;
+  m->scratch = malloc(slot * MPG_MPI_WINDOW);
+  if (!m->scratch) return 0;
+  m->scratch_slot = slot;
+  return 1;
+}
+
+/* Advance every piece in flight by as many steps as have completed, and
+ * start queued ones up to the window.  Lock held.  Called from every test
+ * of a request of this communicator and by the progress thread. */
 static int pump(mpg__comm *m) {
   int moved = 0;
+  int last = 2 * (m->size - 1);
   for (int i = 0; i < m->nflight;) {
     struct piece *pc = m->flight[i];
-    int flag = 0;
-    int rc = MPI_Test(&pc->q->reqs[pc->slot], &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS && !pc->q->pipe_rc) pc->q->pipe_rc = rc;
-    if (flag || rc != MPI_SUCCESS) {
-      if (rc == MPI_SUCCESS && !atomic_load(&m->aborted)) piece_done(pc);
-      pc->q->inflight--;
+    mpg__req *q = pc->q;
+    int flag = 0, rc = MPI_SUCCESS, gone = 0;
+    while (rc == MPI_SUCCESS) {
+      rc = MPI_Testall(2, &q->reqs[pc->slot], &flag, MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS || !flag) break;
+      moved++;
+      if (atomic_load(&m->aborted)) {
+        gone = 1;
+        break;
+      }
+      ring_reduce(m, pc);
+      if (++pc->step == last) {
+        piece_done(pc);
+        gone = 1;
+        break;
+      }
+      rc = ring_post(m, pc);
+    }
+    if (rc != MPI_SUCCESS && !q->pipe_rc) q->pipe_rc = rc;
+    if (gone || rc != MPI_SUCCESS) {
+      q->inflight--;
+      m->scratch_busy[pc->scratch] = 0;
       m->flight[i] = m->flight[--m->nflight];
       free(pc);
-      moved++;
     } else {
       i++;
     }
   }
   while (m->nflight < MPG_MPI_WINDOW && m->queue && !atomic_load(&m->aborted)) {
     struct piece *pc = m->queue;
+    if (!scratch_ready(m)) {
+      if (!pc->q->pipe_rc) pc->q->pipe_rc = MPI_ERR_NO_MEM;
+      break;
+    }
+    int k = 0;
+    while (k < MPG_MPI_WINDOW && m->scratch_busy[k]) k++;
+    if (k == MPG_MPI_WINDOW) break; /* slots held by abandoned pieces */
     m->queue = pc->next;
     if (!m->queue) m->queue_tail = NULL;
     pc->q->unposted--;
     moved++;
-    int rc = piece_post(m, pc);
+    pc->scratch = k;
+    int rc = piece_start(m, pc);
     if (rc != MPI_SUCCESS) {
       if (!pc->q->pipe_rc) pc->q->pipe_rc = rc;
       free(pc);
       continue;
     }
+    m->scratch_busy[k] = 1;
     pc->q->inflight++;
     m->flight[m->nflight++] = pc;
   }
@@ -919,6 +1074,8 @@ static void purge(mpg__comm *m, mpg__req *q) {
   for (int i = 0; i < m->nflight;) {
     if (m->flight[i]->q == q) {
       q->inflight--;
+      /* Its MPI requests live on in q->reqs; a receive may still land in
+       * the scratch slot, which is therefore never reused. */
       free(m->flight[i]);
       m->flight[i] = m->flight[--m->nflight];
     } else {
@@ -954,6 +1111,7 @@ static int queue_allreduce(mpg__req *q, mpg__comm *m, size_t ws) {
     pc->off = off;
     pc->count = (int)(n - off < per ? n - off : per);
     q->reqs[q->nreq++] = MPI_REQUEST_NULL;
+    q->reqs[q->nreq++] = MPI_REQUEST_NULL;
     q->unposted++;
     if (m->queue_tail)
       m->queue_tail->next = pc;
@@ -982,7 +1140,7 @@ static void orphan(mpg__req *q) {
   }
   if (q->comm) {
     q->comm->norphans++;
-    if (!q->finished) pending_add(q->comm, -1);
+    if (!q->finished) pend_unlink(q->comm, q);
     comm_unref(q->comm);
     q->comm = NULL;
   }
@@ -1075,7 +1233,7 @@ static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
   size_t maxreq = gather_like && n > (size_t)g_chunk ? (size_t)size * nchunks(n)
                                                      : nchunks(n);
   size_t wire = half ? sizeof(float) : es; /* all-reduce element on the wire */
-  if (c->kind == MPG__ALL_REDUCE && pipelined(n, wire)) maxreq = npieces(n, wire);
+  if (c->kind == MPG__ALL_REDUCE && pipelined(n, wire)) maxreq = 2 * npieces(n, wire);
   q->reqs = &q->one;
   if (maxreq > 1 && !(q->reqs = malloc(maxreq * sizeof *q->reqs))) {
     free(q);
@@ -1105,7 +1263,7 @@ static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
    * this backend owns (see struct region). */
   int zc = 0;
   if (c->kind == MPG__ALL_REDUCE && !widen && c->send == c->recv && n > 0) {
-    pthread_mutex_lock(&g_lock);
+    lock_g();
     struct region *r = g_we_finalized ? NULL : region_find(c->recv, n * es);
     if (r && !r->freed) {
       r->busy++;
@@ -1115,7 +1273,7 @@ static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
     pthread_mutex_unlock(&g_lock);
   }
   if (bytes && !zc) {
-    pthread_mutex_lock(&g_lock);
+    lock_g();
     q->stage = stage_take(m, bytes, &q->stage_cap);
     pthread_mutex_unlock(&g_lock);
     if (!q->stage) {
@@ -1153,6 +1311,7 @@ static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
     q->mtype = t;
     q->mop = op;
     q->premul = premul ? c->scale : 0;
+    q->rop = c->op;
     q->piece_div = c->op == MPG_OP_AVG ? size : 0;
     q->piece_fin = q->fin;
     q->fin = FIN_NONE;
@@ -1189,7 +1348,7 @@ static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
 
   const char *call = "?";
   int rc = MPI_SUCCESS;
-  pthread_mutex_lock(&g_lock);
+  lock_g();
   switch (c->kind) {
     case MPG__ALL_REDUCE:
       call = "MPI_Iallreduce";
@@ -1238,7 +1397,7 @@ static mpg_status post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
     describe(what, sizeof what, c->kind, dt, c->op, n, peer, size, rank);
     return mpi_fail(rc, call, what);
   }
-  pending_add(m, 1);
+  pend_link(m, q);
   pthread_mutex_unlock(&g_lock);
   *out = q;
   return MPG_OK;
@@ -1253,6 +1412,25 @@ static void finish(mpg__req *q) {
     mpg__half_narrow(q->dtype, q->out, q->dst, q->nfin);
   else if (q->fin == FIN_COPY)
     memcpy(q->dst, q->out, q->nfin * mpg__dtype_size(q->dtype));
+}
+
+/* Has q's MPI part completed?  Sets q->mpi_done.  Lock held; the caller
+ * pumps q's communicator first.  Also used by the progress thread, which
+ * then keeps an error in q->pipe_rc for the caller to report. */
+static int req_poll(mpg__req *q, int *flag) {
+  int rc = MPI_SUCCESS;
+  *flag = 0;
+  if (q->pipe_rc)
+    rc = q->pipe_rc;
+  else if (atomic_load(&q->mpi_done))
+    *flag = 1;
+  else if (q->wire) /* pipelined: done when every piece was retired */
+    *flag = q->unposted == 0 && q->inflight == 0;
+  else if (q->unposted == 0)
+    rc = q->nreq == 1 ? MPI_Test(q->reqs, flag, MPI_STATUS_IGNORE)
+                      : MPI_Testall(q->nreq, q->reqs, flag, MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS || *flag) atomic_store(&q->mpi_done, 1);
+  return rc;
 }
 
 /* Test once.  Returns MPG_OK with *done, or the operation's error. */
@@ -1273,19 +1451,13 @@ static mpg_status progress(mpg__req *q, int *done) {
                      : "the communicator was aborted");
   }
   int flag = 0, rc = MPI_SUCCESS;
-  pthread_mutex_lock(&g_lock);
+  lock_g();
   if (m->queue || m->nflight) pump(m);
-  if (q->pipe_rc)
-    rc = q->pipe_rc;
-  else if (q->wire) /* pipelined: done when every piece was retired */
-    flag = q->unposted == 0 && q->inflight == 0;
-  else if (q->unposted == 0)
-    rc = q->nreq == 1 ? MPI_Test(q->reqs, &flag, MPI_STATUS_IGNORE)
-                      : MPI_Testall(q->nreq, q->reqs, &flag, MPI_STATUSES_IGNORE);
+  rc = req_poll(q, &flag);
   if (rc != MPI_SUCCESS || flag) {
     purge(m, q);
     q->finished = 1;
-    pending_add(m, -1);
+    pend_unlink(m, q);
   }
   pthread_mutex_unlock(&g_lock);
   if (rc != MPI_SUCCESS) {
@@ -1302,11 +1474,47 @@ static mpg_status progress(mpg__req *q, int *done) {
   return MPG_OK;
 }
 
-static mpg_status req_test(mpg__req *q, int *done) { return progress(q, done); }
+/* A test while the progress thread runs only looks at the flag it sets:
+ * no MPI call and no g_lock, so that a trainer testing work between
+ * layers (mpg_sync_mark_ready does) never queues behind the thread. */
+static mpg_status req_test(mpg__req *q, int *done) {
+  if (!q->finished && atomic_load(&g_prog_running) && !atomic_load(&q->mpi_done) &&
+      !atomic_load(&q->comm->aborted)) {
+    *done = 0;
+    return MPG_OK;
+  }
+  return progress(q, done);
+}
+
+/* Waiting.  With a progress thread the waiter polls MPI itself only for
+ * a short spin (a small operation finishes in that time, without the
+ * thread hand-off), then sleeps on g_done_cond, woken when the thread sees
+ * an operation finish (or on abort), and at least every 10 ms to check
+ * the deadline.  Without one it polls (poller_pause()). */
+#define MPG_MPI_WAIT_SPIN_S 50e-6
+#define MPG_MPI_WAIT_NAP_S 0.01
+
+static void nap_on_done(const mpg__req *q, double deadline) {
+  lock_g();
+  if (g_prog_running && !atomic_load(&q->mpi_done) &&
+      !atomic_load(&q->comm->aborted)) {
+    double left = deadline - mpg__now();
+    if (left > MPG_MPI_WAIT_NAP_S) left = MPG_MPI_WAIT_NAP_S;
+    if (left < 0) left = 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long ns = ts.tv_nsec + (long)(left * 1e9);
+    ts.tv_sec += ns / 1000000000L;
+    ts.tv_nsec = ns % 1000000000L;
+    pthread_cond_timedwait(&g_done_cond, &g_lock, &ts);
+  }
+  pthread_mutex_unlock(&g_lock);
+}
 
 static mpg_status req_wait(mpg__req *q, double deadline) {
   poller pl;
   poller_init(&pl, q->stage_cap);
+  double spin_end = mpg__now() + MPG_MPI_WAIT_SPIN_S;
   for (;;) {
     int done = 0;
     mpg_status st = progress(q, &done);
@@ -1319,13 +1527,16 @@ static mpg_status req_wait(mpg__req *q, double deadline) {
                        "did not arrive)",
                        what, q->comm->timeout_s);
     }
-    poller_pause(&pl);
+    if (g_prog_running && mpg__now() >= spin_end)
+      nap_on_done(q, deadline); /* rechecks g_prog_running under the lock */
+    else
+      poller_pause(&pl);
   }
 }
 
 static void req_free(mpg__req *q) {
   if (!q) return;
-  pthread_mutex_lock(&g_lock);
+  lock_g();
   int pending = !q->finished;
   for (int i = 0; i < q->nreq; i++)
     if (q->reqs[i] != MPI_REQUEST_NULL) pending = 1; /* or failed mid-way */
@@ -1348,42 +1559,44 @@ static void req_free(mpg__req *q) {
 /* The progress thread                                                 */
 /* ------------------------------------------------------------------ */
 
-/* Open MPI's nonblocking collectives (libnbc) advance only while some
- * thread is inside MPI, and the pieces of a pipelined all-reduce are
- * posted only when a pump sees the previous ones finish.  Without help, an
- * operation started by mpg_all_reduce(..., &work) or by mpg_sync_mark_ready
+/* Open MPI's nonblocking operations (point-to-point, and libnbc's
+ * collectives) advance only while some thread is inside MPI, and the next
+ * ring step of a pipelined all-reduce is posted only when a pump sees the
+ * previous one finish.  Without help, an operation started by
+ * mpg_all_reduce(..., &work) or by mpg_sync_mark_ready
  * would sit still while the caller computes, and all of it would run in
  * the final wait.  The progress thread keeps it moving: while any request
  * is pending it pumps every communicator with pieces (which stages,
- * posts, divides and copies out, see struct piece) and otherwise calls
- * MPI_Iprobe, which runs Open MPI's progress engine; between rounds it
- * yields the CPU.  With nothing pending it sleeps on g_prog_cond, woken
- * by the next post.  It takes g_lock like every other MPI call of this
+ * posts, divides and copies out, see struct piece) and tests every
+ * pending request (each test runs Open MPI's progress engine), and
+ * broadcasts g_done_cond when one finishes: waiters sleep on it rather
+ * than poll MPI themselves, which would take CPU and g_lock from the
+ * thread.  Between rounds it yields the CPU and lets threads waiting for
+ * g_lock in.  With nothing to drive it sleeps on g_prog_cond, woken by
+ * the next post.  It takes g_lock like every other MPI call of this
  * file; MPI sees calls from two threads, so the thread runs only when MPI
  * provides MPI_THREAD_MULTIPLE (the application may call MPI itself
  * meanwhile).  MESHPG_MPI_PROGRESS=off turns it off. */
-#define MPG_MPI_PROBE_TAG (MPG_MPI_TAG + 1) /* never sent */
 
-/* One round.  Lock held.  Returns 1 if there was anything to drive. */
+/* One round: pump every communicator with pieces and test every pending
+ * request whose MPI part has not finished; wake the waiters when one
+ * has.  Lock held.  Returns 1 if there was anything to drive. */
 static int progress_round(void) {
-  int driven = 0;
-  mpg__comm *probe = NULL;
+  int driven = 0, completed = 0;
   for (mpg__comm *m = g_live; m; m = m->live_next) {
     if (m->npending == 0 || atomic_load(&m->aborted)) continue;
-    if (m->queue || m->nflight) {
-      pump(m);
-      driven = 1;
-    } else if (!probe) {
-      probe = m;
+    if (m->queue || m->nflight) pump(m);
+    for (mpg__req *q = m->pend; q; q = q->pend_next) {
+      if (atomic_load(&q->mpi_done)) continue;
+      int flag = 0;
+      int rc = req_poll(q, &flag);
+      if (rc != MPI_SUCCESS && !q->pipe_rc) q->pipe_rc = rc; /* for the waiter */
+      if (rc != MPI_SUCCESS || flag) completed = 1;
+      else driven = 1;
     }
   }
-  if (!driven && probe) {
-    int flag = 0;
-    MPI_Iprobe(MPI_ANY_SOURCE, MPG_MPI_PROBE_TAG, probe->comm, &flag,
-               MPI_STATUS_IGNORE);
-    driven = 1;
-  }
-  return driven;
+  if (completed) pthread_cond_broadcast(&g_done_cond);
+  return driven || completed;
 }
 
 static void *progress_main(void *arg) {
@@ -1397,6 +1610,7 @@ static void *progress_main(void *arg) {
     if (progress_round()) {
       pthread_mutex_unlock(&g_lock);
       sched_yield();
+      for (int i = 0; i < 64 && atomic_load(&g_want) > 0; i++) sched_yield();
       pthread_mutex_lock(&g_lock);
     } else {
       /* Pending work only on aborted communicators: wait for it to be
@@ -1438,7 +1652,7 @@ static void progress_start(void) {
 
 /* Stop and join the thread.  Lock NOT held. */
 static void progress_stop(void) {
-  pthread_mutex_lock(&g_lock);
+  lock_g();
   int running = g_prog_running;
   g_prog_stop = 1;
   g_prog_running = 0;
@@ -1467,7 +1681,7 @@ static mpg_status mem_alloc(mpg__comm *world, size_t bytes, int registered,
   memset(p, 0, len);
   r->base = p;
   r->len = len;
-  pthread_mutex_lock(&g_lock);
+  lock_g();
   r->next = g_regions;
   g_regions = r;
   pthread_mutex_unlock(&g_lock);
@@ -1477,7 +1691,7 @@ static mpg_status mem_alloc(mpg__comm *world, size_t bytes, int registered,
 
 static mpg_status mem_free(mpg__comm *world, void *ptr) {
   (void)world;
-  pthread_mutex_lock(&g_lock);
+  lock_g();
   struct region *r = g_regions;
   while (r && r->base != ptr) r = r->next;
   if (!r || r->freed) {

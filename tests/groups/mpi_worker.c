@@ -543,14 +543,15 @@ static int run_timeout(int world) {
    * memory (zero-copy on MPI): freeing it after the timeout must defer the
    * release, so that the late peer's completion inside MPI_Finalize lands
    * in live memory (valgrind checks this in the valgrind test). */
+  enum { NOB = 4 }; /* with MESHPG_MPI_PIECE_BYTES=8: two ring pieces */
   float *ob = NULL;
-  CHECK(mpg_ctx_mem_alloc(ctx, sizeof(float), 0, (void **)&ob));
+  CHECK(mpg_ctx_mem_alloc(ctx, NOB * sizeof(float), 0, (void **)&ob));
   if (!ob) return 1;
-  *ob = 1.0f;
+  for (int i = 0; i < NOB; i++) ob[i] = 1.0f;
   int late = g_rank == world - 1;
   if (!late) {
     double t0 = now();
-    st = mpg_all_reduce(wg, ob, ob, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
+    st = mpg_all_reduce(wg, ob, ob, NOB, MPG_F32, MPG_OP_SUM, NULL, NULL);
     double dt = now() - t0;
     if (st != MPG_ERR_TIMEOUT)
       FAIL("all_reduce without rank %d returned %s, expected ERR_TIMEOUT: %s",
@@ -583,7 +584,7 @@ static int run_timeout(int world) {
       nanosleep(&ts, NULL);
     }
     double t0 = now();
-    st = mpg_all_reduce(wg, ob, ob, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
+    st = mpg_all_reduce(wg, ob, ob, NOB, MPG_F32, MPG_OP_SUM, NULL, NULL);
     double dt = now() - t0;
     CHECK(mpg_ctx_mem_free(ctx, ob));
     if (st != MPG_OK && st != MPG_ERR_TIMEOUT)
@@ -614,8 +615,8 @@ static int run_timeout(int world) {
  * split's rendezvous (the others' abandoned barrier is still posted) and
  * must time out in the second instead of hanging in MPI_Comm_split. */
 /* Background progress: two pipelined asynchronous all-reduces (8 MiB
- * each, so 8 pieces of which at most two are in flight per communicator:
- * the rest are posted only as earlier ones finish), one on memory from
+ * each, so two ring pieces of 4 MiB whose steps are posted only as
+ * earlier ones finish), one on memory from
  * mpg_ctx_mem_alloc (zero-copy) and one on malloc'ed memory (staged).
  * The caller then sleeps for 2 s without any meshpg or MPI call.  With
  * the progress thread both must be finished at the first test; with

@@ -72,6 +72,15 @@ Test(mpi, timeout_aborts_and_exits_cleanly, .timeout = 120) {
   cr_assert(strstr(out, "ERR_TIMEOUT after"), "%s", out);
 }
 
+/* The same with the timed-out all-reduce running as ring pieces (8-byte
+ * pieces): abandoned point-to-point steps must not hang MPI_Finalize. */
+Test(mpi, timeout_during_a_ring_all_reduce_exits_cleanly, .timeout = 120) {
+  double t0 = now();
+  run_worker(4, "-x MESHPG_MPI_PIECE_BYTES=8", "", "timeout", 100);
+  cr_assert_lt(now() - t0, 60.0, "the timeout job took %.1f s\n%s", now() - t0, out);
+  cr_assert(strstr(out, "ERR_TIMEOUT after"), "%s", out);
+}
+
 /* The split's two-phase rendezvous: a rank that arrives after its peers
  * gave up times out too, rather than hanging in MPI_Comm_split. */
 Test(mpi, split_timeout_never_hangs, .timeout = 120) {
