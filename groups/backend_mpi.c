@@ -1119,7 +1119,9 @@ static int queue_allreduce(mpg__req *q, mpg__comm *m, size_t ws) {
       m->queue = pc;
     m->queue_tail = pc;
   }
-  pump(m);
+  /* The progress thread starts the pieces (it was signalled); without
+   * one, start them now. */
+  if (!atomic_load(&g_prog_running)) pump(m);
   return q->pipe_rc;
 }
 

@@ -2,14 +2,17 @@
 # The two quick-start commands of README.md:
 #   bash tools/setup.sh demo   install what is missing, build, run the demo
 #   bash tools/setup.sh test   install what is missing, build, run every test
+#   bash tools/setup.sh bench  the same, plus python3-torch, then the issue-4
+#                              sync benchmark (bench/run_sync.sh; its own
+#                              environment variables apply)
 # Environment: MESHPG_BUILD_DIR (default: build), MESHPG_SKIP_APT=1 to never
 # call apt-get, MESHPG_MESON_ARGS for extra `meson setup` arguments.
 set -euo pipefail
 
 mode=${1:-}
 case "$mode" in
-  demo|test|build) ;;
-  *) echo "usage: bash tools/setup.sh demo|test|build" >&2; exit 2 ;;
+  demo|test|build|bench) ;;
+  *) echo "usage: bash tools/setup.sh demo|test|build|bench" >&2; exit 2 ;;
 esac
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -18,6 +21,8 @@ build=${MESHPG_BUILD_DIR:-$root/build}
 # Debian packages the build and the test suite need.
 packages=(gcc g++ meson ninja-build pkg-config libtomlplusplus-dev libhwloc-dev
           libcriterion-dev libopenmpi-dev openmpi-bin valgrind)
+# PyTorch (gloo) for the DDP column of the sync benchmark only.
+if [ "$mode" = bench ]; then packages+=(python3-torch); fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -44,6 +49,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 case "$mode" in
   build) ;;
+  bench)
+    "$root/bench/run_sync.sh" "$build"
+    ;;
   demo)
     # The main job: 8 simulated ranks train a tp/cp/dp-parallel MLP with
     # gradients synchronised over dp_cp, checked against one process.
