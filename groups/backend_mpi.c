@@ -1431,7 +1431,8 @@ static int req_poll(mpg__req *q, int *flag) {
   else if (q->unposted == 0)
     rc = q->nreq == 1 ? MPI_Test(q->reqs, flag, MPI_STATUS_IGNORE)
                       : MPI_Testall(q->nreq, q->reqs, flag, MPI_STATUSES_IGNORE);
-  if (rc != MPI_SUCCESS || *flag) atomic_store(&q->mpi_done, 1);
+  if ((rc != MPI_SUCCESS || *flag) && !atomic_exchange(&q->mpi_done, 1))
+    pthread_cond_broadcast(&g_done_cond); /* a waiter in another thread */
   return rc;
 }
 
@@ -1591,13 +1592,12 @@ static int progress_round(void) {
     for (mpg__req *q = m->pend; q; q = q->pend_next) {
       if (atomic_load(&q->mpi_done)) continue;
       int flag = 0;
-      int rc = req_poll(q, &flag);
+      int rc = req_poll(q, &flag); /* wakes the waiters when it finished */
       if (rc != MPI_SUCCESS && !q->pipe_rc) q->pipe_rc = rc; /* for the waiter */
       if (rc != MPI_SUCCESS || flag) completed = 1;
       else driven = 1;
     }
   }
-  if (completed) pthread_cond_broadcast(&g_done_cond);
   return driven || completed;
 }
 
