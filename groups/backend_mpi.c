@@ -127,6 +127,8 @@ struct piece {
   int step;              /* ring step in flight, 0 .. 2 (size - 1) - 1 */
   int tag;
   int scratch;           /* its slot in the communicator's scratch */
+  int busy;              /* a pump works on it without g_lock */
+  int dropped;           /* purged meanwhile: that pump frees it */
   struct piece *next;
 };
 
@@ -193,6 +195,7 @@ struct mpg__req {
   int dead;            /* orphan whose MPI test failed: never freed */
   int unposted;        /* pipelined pieces still in the comm's queue */
   int inflight;        /* ... posted and not yet retired by a pump */
+  int busy_pieces;     /* its pieces a pump works on without g_lock */
   atomic_int mpi_done; /* MPI finished it, or failed (pipe_rc): the
                           completion step may run */
   struct mpg__req *pend_prev, *pend_next; /* comm->pend while pending */
@@ -1005,30 +1008,58 @@ static int scratch_ready(mpg__comm *m) {
 }
 
 /* Advance every piece in flight by as many steps as have completed, and
- * start queued ones up to the window.  Lock held.  Called from every test
- * of a request of this communicator and by the progress thread. */
+ * start queued ones up to the window.  Lock held on entry and exit, but
+ * released around the arithmetic of a completed step (the reduction of
+ * a received chunk; the divide and copy-out of a finished piece), which
+ * takes up to milliseconds per call: holding g_lock meanwhile would stall
+ * every other MPI call of the process, a trainer's mark_ready included.
+ * The piece is marked busy meanwhile: other pumps skip it, purge() leaves
+ * it to this pump (dropped), and orphan() waits for it, so the memory it
+ * works on stays valid.  Called from every test of a request of this
+ * communicator and by the progress thread. */
 static int pump(mpg__comm *m) {
   int moved = 0;
   int last = 2 * (m->size - 1);
   for (int i = 0; i < m->nflight;) {
     struct piece *pc = m->flight[i];
     mpg__req *q = pc->q;
-    int flag = 0, rc = MPI_SUCCESS, gone = 0;
-    while (rc == MPI_SUCCESS) {
-      rc = MPI_Testall(2, &q->reqs[pc->slot], &flag, MPI_STATUSES_IGNORE);
-      if (rc != MPI_SUCCESS || !flag) break;
+    if (pc->busy) {
+      i++;
+      continue;
+    }
+    int flag = 0, gone = 0;
+    int rc = MPI_Testall(2, &q->reqs[pc->slot], &flag, MPI_STATUSES_IGNORE);
+    if (rc == MPI_SUCCESS && !flag) {
+      i++;
+      continue;
+    }
+    if (rc == MPI_SUCCESS) {
       moved++;
       if (atomic_load(&m->aborted)) {
         gone = 1;
-        break;
+      } else {
+        int final = pc->step + 1 == last;
+        pc->busy = 1;
+        q->busy_pieces++;
+        pthread_mutex_unlock(&g_lock);
+        ring_reduce(m, pc);
+        if (final) piece_done(pc);
+        pthread_mutex_lock(&g_lock);
+        pc->busy = 0;
+        q->busy_pieces--;
+        if (pc->dropped) { /* purged meanwhile: no longer in flight */
+          free(pc);
+          i = 0; /* the array may have changed: scan again */
+          continue;
+        }
+        pc->step++;
+        if (final)
+          gone = 1;
+        else
+          rc = ring_post(m, pc);
+        for (i = 0; m->flight[i] != pc; i++) {
+        } /* it is still in flight: find it again */
       }
-      ring_reduce(m, pc);
-      if (++pc->step == last) {
-        piece_done(pc);
-        gone = 1;
-        break;
-      }
-      rc = ring_post(m, pc);
     }
     if (rc != MPI_SUCCESS && !q->pipe_rc) q->pipe_rc = rc;
     if (gone || rc != MPI_SUCCESS) {
@@ -1075,8 +1106,12 @@ static void purge(mpg__comm *m, mpg__req *q) {
     if (m->flight[i]->q == q) {
       q->inflight--;
       /* Its MPI requests live on in q->reqs; a receive may still land in
-       * the scratch slot, which is therefore never reused. */
-      free(m->flight[i]);
+       * the scratch slot, which is therefore never reused.  A busy piece
+       * is freed by the pump working on it. */
+      if (m->flight[i]->busy)
+        m->flight[i]->dropped = 1;
+      else
+        free(m->flight[i]);
       m->flight[i] = m->flight[--m->nflight];
     } else {
       i++;
@@ -1135,6 +1170,13 @@ static size_t npieces(size_t n, size_t es) {
 
 /* Orphan a request that cannot be released yet.  Lock held. */
 static void orphan(mpg__req *q) {
+  /* A pump may be writing q's buffers without the lock (see pump()); the
+   * caller may free them as soon as we return: wait for it. */
+  while (q->busy_pieces > 0) {
+    pthread_mutex_unlock(&g_lock);
+    sched_yield();
+    pthread_mutex_lock(&g_lock);
+  }
   purge(q->comm, q);
   for (int i = 0; i < q->nreq; i++) {
     if (q->kind == MPG__RECV && q->reqs[i] != MPI_REQUEST_NULL)
@@ -1586,8 +1628,12 @@ static void req_free(mpg__req *q) {
  * has.  Lock held.  Returns 1 if there was anything to drive. */
 static int progress_round(void) {
   int driven = 0, completed = 0;
-  for (mpg__comm *m = g_live; m; m = m->live_next) {
+  for (mpg__comm *m = g_live, *next = NULL; m; m = next) {
+    next = m->live_next;
     if (m->npending == 0 || atomic_load(&m->aborted)) continue;
+    /* pump() may release g_lock: hold m meanwhile (a request released
+     * then could drop its last reference). */
+    m->refs++;
     if (m->queue || m->nflight) pump(m);
     for (mpg__req *q = m->pend; q; q = q->pend_next) {
       if (atomic_load(&q->mpi_done)) continue;
@@ -1597,6 +1643,8 @@ static int progress_round(void) {
       if (rc != MPI_SUCCESS || flag) completed = 1;
       else driven = 1;
     }
+    next = m->live_next; /* NULL if m was destroyed meanwhile */
+    comm_unref(m);
   }
   return driven || completed;
 }
