@@ -115,6 +115,14 @@ Test(mpi, valgrind_no_meshpg_leaks, .timeout = 600) {
   cr_assert_null(strstr(out, "definitely lost"), "%s", out);
 }
 
+/* The ring pipeline (8-byte pieces: every all-reduce of the worker runs
+ * as ring pieces, their arithmetic outside the lock) under valgrind. */
+Test(mpi, valgrind_ring_pipeline_is_memory_safe, .timeout = 600) {
+  run_worker(4, "-x MESHPG_MPI_PIECE_BYTES=8", valgrind_prefix(), "collectives", 580);
+  cr_assert_null(strstr(out, "Invalid "), "%s", out);
+  cr_assert_null(strstr(out, "definitely lost"), "%s", out);
+}
+
 /* The abort path under valgrind: abandoned requests, the late peer's
  * completion of them inside MPI_Finalize (which must land in meshpg's
  * staging memory, not in the caller's long-gone buffers) and the deferred
