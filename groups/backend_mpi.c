@@ -1626,22 +1626,29 @@ static void req_free(mpg__req *q) {
 /* One round: pump every communicator with pieces and test every pending
  * request whose MPI part has not finished; wake the waiters when one
  * has.  Lock held.  Returns 1 if there was anything to drive. */
-static int progress_round(void) {
+static int progress_round(int *moved, size_t *bytes) {
   int driven = 0, completed = 0;
+  *moved = 0;
+  *bytes = 0;
   for (mpg__comm *m = g_live, *next = NULL; m; m = next) {
     next = m->live_next;
     if (m->npending == 0 || atomic_load(&m->aborted)) continue;
     /* pump() may release g_lock: hold m meanwhile (a request released
      * then could drop its last reference). */
     m->refs++;
-    if (m->queue || m->nflight) pump(m);
+    if (m->queue || m->nflight) *moved += pump(m);
     for (mpg__req *q = m->pend; q; q = q->pend_next) {
       if (atomic_load(&q->mpi_done)) continue;
       int flag = 0;
       int rc = req_poll(q, &flag); /* wakes the waiters when it finished */
       if (rc != MPI_SUCCESS && !q->pipe_rc) q->pipe_rc = rc; /* for the waiter */
-      if (rc != MPI_SUCCESS || flag) completed = 1;
-      else driven = 1;
+      if (rc != MPI_SUCCESS || flag) {
+        completed = 1;
+        ++*moved;
+      } else {
+        driven = 1;
+        *bytes += q->count * mpg__dtype_size(q->dtype);
+      }
     }
     next = m->live_next; /* NULL if m was destroyed meanwhile */
     comm_unref(m);
@@ -1649,30 +1656,64 @@ static int progress_round(void) {
   return driven || completed;
 }
 
+/* Pacing.  While operations move (a ring step or a request completed
+ * within the spin window) the thread polls back to back, yielding the CPU
+ * between rounds.  When nothing has moved for the window (a late or dead
+ * peer), it backs off to sleeps growing from 1 us to 1 ms, so that a wait
+ * for a peer does not burn a core until the timeout; a new post wakes it
+ * at once.  The window grows with the bytes pending, as the waiters' did
+ * (an operation run by Open MPI, not by our ring, shows no step until it
+ * completes). */
+#define MPG_MPI_PROG_SPIN_S 0.2
+#define MPG_MPI_PROG_SPIN_S_PER_BYTE 4e-9
+
+/* Wait on g_prog_cond for at most `secs`.  Lock held.  Returns 1 if
+ * signalled (new work), 0 on timeout. */
+static int prog_nap(double secs) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  long ns = ts.tv_nsec + (long)(secs * 1e9);
+  ts.tv_sec += ns / 1000000000L;
+  ts.tv_nsec = ns % 1000000000L;
+  return pthread_cond_timedwait(&g_prog_cond, &g_lock, &ts) == 0;
+}
+
 static void *progress_main(void *arg) {
   (void)arg;
   pthread_mutex_lock(&g_lock);
+  double last_move = mpg__now();
+  unsigned naps = 0;
   while (!g_prog_stop) {
     if (g_pending_total <= 0 || g_we_finalized) {
       pthread_cond_wait(&g_prog_cond, &g_lock);
+      last_move = mpg__now();
+      naps = 0;
       continue;
     }
-    if (progress_round()) {
+    int moved = 0;
+    size_t bytes = 0;
+    int drive = progress_round(&moved, &bytes);
+    double t = mpg__now();
+    if (moved) {
+      last_move = t;
+      naps = 0;
+    }
+    if (!drive) {
+      /* Pending work only on aborted communicators: wait for it to be
+       * freed, checking now and then. */
+      prog_nap(1e-3);
+    } else if (t - last_move <
+               MPG_MPI_PROG_SPIN_S + (double)bytes * MPG_MPI_PROG_SPIN_S_PER_BYTE) {
       pthread_mutex_unlock(&g_lock);
       sched_yield();
       for (int i = 0; i < 64 && atomic_load(&g_want) > 0; i++) sched_yield();
       pthread_mutex_lock(&g_lock);
     } else {
-      /* Pending work only on aborted communicators: wait for it to be
-       * freed, checking now and then. */
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_nsec += 1000000L;
-      if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
+      double secs = 1e-6 * (double)(1u << (naps < 10 ? naps++ : 10));
+      if (prog_nap(secs > 1e-3 ? 1e-3 : secs)) {
+        last_move = mpg__now();
+        naps = 0;
       }
-      pthread_cond_timedwait(&g_prog_cond, &g_lock, &ts);
     }
   }
   pthread_mutex_unlock(&g_lock);

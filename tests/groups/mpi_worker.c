@@ -18,6 +18,7 @@
  *                            sleeps (progress thread), or cannot with
  *                            MESHPG_MPI_PROGRESS=off.
  *   mpi_worker progress_env  MESHPG_MPI_PROGRESS=sometimes is refused.
+ *   mpi_worker idle_cpu      waiting 3 s for a late peer costs < 1 s CPU.
  *
  * Prints "OK <mode> rank R" on success, "FAIL <mode> rank R: ..." lines
  * otherwise; exit code 0 / 1.
@@ -30,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "meshpg.h"
@@ -685,6 +687,51 @@ static int run_progress(int world) {
   return 0;
 }
 
+/* CPU time of this process (user + system), seconds. */
+static double cpu_seconds(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+         (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
+/* Waiting for a late peer costs little CPU: the last rank joins an
+ * all-reduce 3 s after the others, whose progress thread must back off
+ * (it spins only while operations move, plus a 0.2 s window) and whose
+ * waiting thread sleeps.  Spinning through the wait would cost about 2 s
+ * of CPU per process here. */
+static int run_idle_cpu(int world) {
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_status st = make_ctx(world, 30, 0, &mesh, &ctx);
+  if (st) {
+    FAIL("setup -> %s: %s", mpg_status_name(st), mpg_last_error());
+    mpg_mesh_destroy(mesh);
+    return 1;
+  }
+  mpg_group *wg = NULL;
+  CHECK(mpg_ctx_group(ctx, "world", &wg));
+  float x = 1.0f, y = 0;
+  CHECK(mpg_all_reduce(wg, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL));
+  int late = g_rank == world - 1;
+  if (late) {
+    struct timespec ts = {3, 0};
+    nanosleep(&ts, NULL);
+  }
+  double t0 = now(), c0 = cpu_seconds();
+  CHECK(mpg_all_reduce(wg, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL));
+  double dt = now() - t0, cpu = cpu_seconds() - c0;
+  if (y != (float)world) FAIL("all_reduce gave %g, expected %d", y, world);
+  if (!late && dt < 2.5) FAIL("the wait took only %.2f s: the late rank was not late", dt);
+  if (!late && cpu > 1.0)
+    FAIL("waiting %.2f s for a late peer cost %.2f s of CPU (expected < 1 s)", dt, cpu);
+  CHECK(mpg_ctx_destroy(ctx));
+  mpg_mesh_destroy(mesh);
+  if (g_failures) return 1;
+  printf("OK %s rank %d (waited %.2f s, %.3f s CPU)\n", g_mode, g_rank, dt, cpu);
+  return 0;
+}
+
 /* A bad MESHPG_MPI_PROGRESS fails mpg_ctx_create with MPG_ERR_ENV naming
  * the variable and the value. */
 static int run_progress_env(int world) {
@@ -769,8 +816,9 @@ int main(int argc, char **argv) {
   if (strcmp(g_mode, "split_timeout") == 0) return run_split_timeout(env.world_size);
   if (strcmp(g_mode, "progress") == 0) return run_progress(env.world_size);
   if (strcmp(g_mode, "progress_env") == 0) return run_progress_env(env.world_size);
+  if (strcmp(g_mode, "idle_cpu") == 0) return run_idle_cpu(env.world_size);
   printf("FAIL %s rank %d: unknown mode (collectives | timeout | split_timeout | "
-         "progress | progress_env)\n",
+         "progress | progress_env | idle_cpu)\n",
          g_mode, g_rank);
   return 1;
 }

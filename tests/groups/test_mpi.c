@@ -59,6 +59,10 @@ Test(mpi, progress_off_leaves_work_until_a_call, .timeout = 120) {
   cr_assert(strstr(out, "(progress thread off)"), "%s", out);
 }
 
+Test(mpi, waiting_for_a_late_peer_does_not_spin, .timeout = 120) {
+  run_worker(4, "", "", "idle_cpu", 100);
+}
+
 Test(mpi, progress_env_is_validated, .timeout = 120) {
   run_worker(2, "-x MESHPG_MPI_PROGRESS=sometimes", "", "progress_env", 100);
 }
