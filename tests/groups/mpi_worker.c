@@ -476,6 +476,17 @@ static mpg_status make_ctx(int world, double timeout_s, int lazy,
   return mpg_ctx_create(*mesh, &opts, ctx);
 }
 
+/* make_ctx, or print why not (then 1, with nothing left to free). */
+static int setup(int world, double timeout_s, int lazy, mpg_mesh **mesh,
+                 mpg_ctx **ctx) {
+  mpg_status st = make_ctx(world, timeout_s, lazy, mesh, ctx);
+  if (!st) return 0;
+  FAIL("setup -> %s: %s", mpg_status_name(st), mpg_last_error());
+  mpg_mesh_destroy(*mesh);
+  *mesh = NULL;
+  return 1;
+}
+
 static int run_collectives(int world) {
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
@@ -528,12 +539,8 @@ static int run_timeout(int world) {
   const double timeout = test_timeout();
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
-  mpg_status st = make_ctx(world, timeout, 0, &mesh, &ctx);
-  if (st) {
-    FAIL("setup -> %s: %s", mpg_status_name(st), mpg_last_error());
-    mpg_mesh_destroy(mesh);
-    return 1;
-  }
+  mpg_status st = MPG_OK;
+  if (setup(world, timeout, 0, &mesh, &ctx)) return 1;
   mpg_group *wg = NULL, *dp = NULL;
   CHECK(mpg_ctx_group(ctx, "world", &wg));
   CHECK(mpg_ctx_group(ctx, "dp", &dp));
@@ -629,12 +636,8 @@ static int run_progress(int world) {
   int want_done = !(env && strcmp(env, "off") == 0);
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
-  mpg_status st = make_ctx(world, 60, 0, &mesh, &ctx);
-  if (st) {
-    FAIL("setup -> %s: %s", mpg_status_name(st), mpg_last_error());
-    mpg_mesh_destroy(mesh);
-    return 1;
-  }
+  mpg_status st = MPG_OK;
+  if (setup(world, 60, 0, &mesh, &ctx)) return 1;
   enum { N = 2 << 20 }; /* floats: 8 MiB */
   mpg_group *wg = NULL;
   CHECK(mpg_ctx_group(ctx, "world", &wg));
@@ -703,12 +706,7 @@ static double cpu_seconds(void) {
 static int run_idle_cpu(int world) {
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
-  mpg_status st = make_ctx(world, 30, 0, &mesh, &ctx);
-  if (st) {
-    FAIL("setup -> %s: %s", mpg_status_name(st), mpg_last_error());
-    mpg_mesh_destroy(mesh);
-    return 1;
-  }
+  if (setup(world, 30, 0, &mesh, &ctx)) return 1;
   mpg_group *wg = NULL;
   CHECK(mpg_ctx_group(ctx, "world", &wg));
   float x = 1.0f, y = 0;
@@ -752,12 +750,8 @@ static int run_split_timeout(int world) {
   const double timeout = test_timeout();
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
-  mpg_status st = make_ctx(world, timeout, 1, &mesh, &ctx);
-  if (st) {
-    FAIL("setup -> %s: %s", mpg_status_name(st), mpg_last_error());
-    mpg_mesh_destroy(mesh);
-    return 1;
-  }
+  mpg_status st = MPG_OK;
+  if (setup(world, timeout, 1, &mesh, &ctx)) return 1;
   int late = g_rank == world - 1;
   if (late) {
     double until = now() + timeout + 1.5;
