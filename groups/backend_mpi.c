@@ -233,6 +233,7 @@ static long g_pending_total;   /* sum of npending over g_live */
 enum { PROG_THREAD, PROG_OFF };
 static int g_prog_mode = PROG_THREAD;
 static atomic_int g_prog_running; /* a thread was started and not joined */
+static atomic_int g_prog_idle;    /* it has backed off: callers drive MPI */
 static int g_prog_stop;        /* asks it to exit */
 static pthread_t g_prog_thread;
 static pthread_cond_t g_prog_cond = PTHREAD_COND_INITIALIZER;
@@ -1519,14 +1520,18 @@ static mpg_status progress(mpg__req *q, int *done) {
   return MPG_OK;
 }
 
-/* A test while the progress thread runs only looks at the flag it sets:
- * no MPI call and no g_lock, so that a trainer testing work between
- * layers (mpg_sync_mark_ready does) never queues behind the thread. */
+/* A test while the progress thread is driving only looks at the flag the
+ * thread sets: no MPI call and no g_lock, so that a trainer testing work
+ * between layers (mpg_sync_mark_ready does) never queues behind the
+ * thread.  While the thread has backed off (nothing moved for a while,
+ * see progress_main()), a caller that polls drives MPI itself. */
 static mpg_status req_test(mpg__req *q, int *done) {
   if (!q->finished && atomic_load(&g_prog_running) && !atomic_load(&q->mpi_done) &&
       !atomic_load(&q->comm->aborted)) {
-    *done = 0;
-    return MPG_OK;
+    if (!atomic_load(&g_prog_idle)) {
+      *done = 0;
+      return MPG_OK;
+    }
   }
   return progress(q, done);
 }
@@ -1688,6 +1693,7 @@ static void *progress_main(void *arg) {
       pthread_cond_wait(&g_prog_cond, &g_lock);
       last_move = mpg__now();
       naps = 0;
+      atomic_store(&g_prog_idle, 0);
       continue;
     }
     int moved = 0;
@@ -1697,6 +1703,7 @@ static void *progress_main(void *arg) {
     if (moved) {
       last_move = t;
       naps = 0;
+      atomic_store(&g_prog_idle, 0);
     }
     if (!drive) {
       /* Pending work only on aborted communicators: wait for it to be
@@ -1709,10 +1716,12 @@ static void *progress_main(void *arg) {
       for (int i = 0; i < 64 && atomic_load(&g_want) > 0; i++) sched_yield();
       pthread_mutex_lock(&g_lock);
     } else {
+      atomic_store(&g_prog_idle, 1);
       double secs = 1e-6 * (double)(1u << (naps < 10 ? naps++ : 10));
       if (prog_nap(secs > 1e-3 ? 1e-3 : secs)) {
         last_move = mpg__now();
         naps = 0;
+        atomic_store(&g_prog_idle, 0);
       }
     }
   }
