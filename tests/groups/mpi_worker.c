@@ -476,6 +476,13 @@ static mpg_status make_ctx(int world, double timeout_s, int lazy,
   return mpg_ctx_create(*mesh, &opts, ctx);
 }
 
+/* 1 (after a summary FAIL line) if any check of this mode failed. */
+static int failed(void) {
+  if (!g_failures) return 0;
+  printf("FAIL %s rank %d: %d check(s) failed\n", g_mode, g_rank, g_failures);
+  return 1;
+}
+
 /* make_ctx, or print why not (then 1, with nothing left to free). */
 static int setup(int world, double timeout_s, int lazy, mpg_mesh **mesh,
                  mpg_ctx **ctx) {
@@ -491,12 +498,8 @@ static int run_collectives(int world) {
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
   double t0 = now();
-  mpg_status st = make_ctx(world, 60, 0, &mesh, &ctx);
-  if (st) {
-    FAIL("setup -> %s: %s", mpg_status_name(st), mpg_last_error());
-    mpg_mesh_destroy(mesh);
-    return 1;
-  }
+  mpg_status st = MPG_OK;
+  if (setup(world, 60, 0, &mesh, &ctx)) return 1;
   if (mpg_ctx_rank(ctx) != g_rank || mpg_ctx_world_size(ctx) != world ||
       mpg_ctx_backend(ctx) != MPG_BACKEND_MPI)
     FAIL("context says rank %d of %d, backend %d", mpg_ctx_rank(ctx),
@@ -527,10 +530,7 @@ static int run_collectives(int world) {
   double t1 = now();
   CHECK(mpg_ctx_destroy(ctx));
   mpg_mesh_destroy(mesh);
-  if (g_failures) {
-    printf("FAIL %s rank %d: %d check(s) failed\n", g_mode, g_rank, g_failures);
-    return 1;
-  }
+  if (failed()) return 1;
   printf("OK %s rank %d (%d dim sets, %.2f s)\n", g_mode, g_rank, nsets, t1 - t0);
   return 0;
 }
@@ -610,10 +610,7 @@ static int run_timeout(int world) {
   if (st) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
   if (!late && dt > 0.5) FAIL("mpg_ctx_destroy after the abort took %.3f s", dt);
   mpg_mesh_destroy(mesh);
-  if (g_failures) {
-    printf("FAIL %s rank %d: %d check(s) failed\n", g_mode, g_rank, g_failures);
-    return 1;
-  }
+  if (failed()) return 1;
   printf("OK %s rank %d\n", g_mode, g_rank);
   return 0;
 }
@@ -681,10 +678,7 @@ static int run_progress(int world) {
          mpg_last_error());
   CHECK(mpg_ctx_destroy(ctx));
   mpg_mesh_destroy(mesh);
-  if (g_failures) {
-    printf("FAIL %s rank %d: %d check(s) failed\n", g_mode, g_rank, g_failures);
-    return 1;
-  }
+  if (failed()) return 1;
   printf("OK %s rank %d (progress thread %s)\n", g_mode, g_rank,
          want_done ? "on" : "off");
   return 0;
@@ -786,10 +780,7 @@ static int run_split_timeout(int world) {
   if (st) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
   if (dt > 0.5) FAIL("mpg_ctx_destroy after the abort took %.3f s", dt);
   mpg_mesh_destroy(mesh);
-  if (g_failures) {
-    printf("FAIL %s rank %d: %d check(s) failed\n", g_mode, g_rank, g_failures);
-    return 1;
-  }
+  if (failed()) return 1;
   printf("OK %s rank %d\n", g_mode, g_rank);
   return 0;
 }

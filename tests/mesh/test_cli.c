@@ -1,29 +1,8 @@
 /* meshpg plan, run as a real program: its JSON contract, its text output
  * and its exit codes (0 ok, 1 invalid spec, 2 usage). */
-#include <criterion/criterion.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
-static char out[1 << 16];
-
-/* Run `meshpg ARGS` (stderr joined to stdout); return its exit code. */
-static int cli(const char *args) {
-  const char *exe = getenv("MESHPG_CLI");
-  const char *data = getenv("MESHPG_TEST_DATA");
-  cr_assert_not_null(exe, "MESHPG_CLI is not set (run through meson test)");
-  cr_assert_not_null(data, "MESHPG_TEST_DATA is not set (run through meson test)");
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd, "cd '%s/..' && '%s' %s 2>&1", data, exe, args);
-  FILE *p = popen(cmd, "r");
-  cr_assert_not_null(p);
-  size_t n = fread(out, 1, sizeof out - 1, p);
-  out[n] = '\0';
-  int st = pclose(p);
-  cr_assert(WIFEXITED(st));
-  return WEXITSTATUS(st);
-}
+#include "../run_util.h"
 
 Test(cli, plan_json_matches_the_design_example) {
   cr_assert_eq(cli("plan --mesh dp=2,tp=2,cp=2 --flatten dp_cp=dp,cp --json"), 0, "%s", out);

@@ -2,44 +2,10 @@
  * a tp/cp/dp-parallel MLP with meshpg's gradient sync and must match
  * single-process training.  Exit codes: 0 pass, 1 mismatch / failed rank /
  * invalid spec, 2 usage. */
-#include <criterion/criterion.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
+#include <unistd.h>
 
-static char *out;
-
-/* Run `meshpg ARGS` from the source root (stderr joined to stdout); keep
- * the whole output in `out`; return the exit code. */
-static int cli(const char *args) {
-  const char *exe = getenv("MESHPG_CLI");
-  const char *data = getenv("MESHPG_TEST_DATA");
-  cr_assert_not_null(exe, "MESHPG_CLI is not set (run through meson test)");
-  cr_assert_not_null(data, "MESHPG_TEST_DATA is not set (run through meson test)");
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd, "cd '%s/..' && '%s' %s 2>&1", data, exe, args);
-  FILE *p = popen(cmd, "r");
-  cr_assert_not_null(p);
-  size_t cap = 1 << 16, n = 0;
-  free(out);
-  out = malloc(cap);
-  cr_assert_not_null(out);
-  for (;;) {
-    if (n + 4096 + 1 > cap) {
-      cap *= 2;
-      out = realloc(out, cap);
-      cr_assert_not_null(out);
-    }
-    size_t got = fread(out + n, 1, cap - n - 1, p);
-    n += got;
-    if (got == 0) break;
-  }
-  out[n] = '\0';
-  int st = pclose(p);
-  cr_assert(WIFEXITED(st), "meshpg %s did not exit normally:\n%s", args, out);
-  return WEXITSTATUS(st);
-}
+#include "../run_util.h"
 
 /* The run passes and says so for all `world` ranks. */
 static void expect_pass(const char *args, int world) {

@@ -208,6 +208,16 @@ static mpg_status hand_ctx(hand *h, const mpg_init_opts *opts, mpg_mesh **mesh,
   return st;
 }
 
+/* A zeroed hand for `world` ranks on `mesh` (flatten may be NULL). */
+static hand *new_hand(const char *mesh, const char *flatten, int world) {
+  hand *h = calloc(1, sizeof *h);
+  cr_assert_not_null(h, "out of memory for the test state");
+  h->mesh = mesh;
+  h->flatten = flatten;
+  h->world = world;
+  return h;
+}
+
 static void run_hand(hand *h, mpg_rank_main body, double timeout_s) {
   mpg_status st[SC_MAX_RANKS];
   mpg_status rc = mpg_thread_run(h->world, timeout_s, body, h, st);
@@ -299,10 +309,7 @@ done:
 }
 
 Test(sync_buckets, launch_in_bucket_order_and_small_first_bucket) {
-  hand *h = calloc(1, sizeof *h);
-  h->mesh = "dp=2,cp=2";
-  h->flatten = "dp_cp=dp,cp";
-  h->world = 4;
+  hand *h = new_hand("dp=2,cp=2", "dp_cp=dp,cp", 4);
   run_hand(h, order_rank, 20.0);
   free(h);
 }
@@ -379,10 +386,7 @@ done:
 }
 
 static void run_timeout(int mode) {
-  hand *h = calloc(1, sizeof *h);
-  h->mesh = "dp=2,cp=2";
-  h->flatten = "dp_cp=dp,cp";
-  h->world = 4;
+  hand *h = new_hand("dp=2,cp=2", "dp_cp=dp,cp", 4);
   g_timeout_mode = mode;
   double t0 = now_s();
   run_hand(h, timeout_rank, 0.5);
@@ -439,9 +443,7 @@ done:
 }
 
 Test(sync_errors, aborted_context_fails_the_step) {
-  hand *h = calloc(1, sizeof *h);
-  h->mesh = "dp=2";
-  h->world = 2;
+  hand *h = new_hand("dp=2", NULL, 2);
   run_hand(h, abort_rank, 5.0);
   free(h);
 }
@@ -650,10 +652,7 @@ done:
 }
 
 Test(sync_errors, api_errors_and_states) {
-  hand *h = calloc(1, sizeof *h);
-  h->mesh = "dp=1,cp=1,tp=2";
-  h->flatten = "dp_cp=dp,cp";
-  h->world = 2;
+  hand *h = new_hand("dp=1,cp=1,tp=2", "dp_cp=dp,cp", 2);
   run_hand(h, api_rank, 10.0);
   free(h);
 }
@@ -712,9 +711,7 @@ done:
 }
 
 Test(sync_step, single_rank_world) {
-  hand *h = calloc(1, sizeof *h);
-  h->mesh = "dp=1";
-  h->world = 1;
+  hand *h = new_hand("dp=1", NULL, 1);
   run_hand(h, single_rank, 5.0);
   free(h);
 }

@@ -1,34 +1,19 @@
 /* meshpg topo and the placement flags of meshpg plan, run as a real
  * program.  Each topology fixture is paired with the output `meshpg topo`
  * must produce for it (tests/topologies/NAME.topo.txt). */
-#include <criterion/criterion.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
-static char out[1 << 18];
+#include "../run_util.h"
 
-/* Run `meshpg ARGS` from the repository root (stderr joined to stdout);
- * return its exit code. */
-static int cli(const char *args) {
-  const char *exe = getenv("MESHPG_CLI");
-  const char *data = getenv("MESHPG_TEST_DATA");
-  cr_assert_not_null(exe, "MESHPG_CLI is not set (run through meson test)");
-  cr_assert_not_null(data, "MESHPG_TEST_DATA is not set (run through meson test)");
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd, "cd '%s/..' && '%s' %s 2>&1", data, exe, args);
-  FILE *p = popen(cmd, "r");
-  cr_assert_not_null(p);
-  size_t n = fread(out, 1, sizeof out - 1, p);
-  out[n] = '\0';
-  int st = pclose(p);
-  cr_assert(WIFEXITED(st));
+/* `meshpg ARGS` (run_util.h's cli()), also checking that `topo` is
+ * dispatched at all. */
+static int meshpg(const char *args) {
+  int rc = cli(args);
   cr_assert_null(strstr(out, "unknown command \"topo\""),
                  "meshpg does not dispatch `topo`: tools/meshpg.c needs "
                  "`if (strcmp(cmd, \"topo\") == 0) return mpg_cmd_topo(argc - 1, "
                  "argv + 1);` and tools/cmd.h `int mpg_cmd_topo(int argc, char **argv);`");
-  return WEXITSTATUS(st);
+  return rc;
 }
 
 static char want[1 << 16];
@@ -49,64 +34,64 @@ static const char *expected(const char *name) {
 /* ------------------------------------------------------------------------ */
 
 Test(cli_topo, dgx_h100_core_binding) {
-  cr_assert_eq(cli("topo --xml tests/topologies/dgx-h100.xml --bind core"), 0, "%s", out);
+  cr_assert_eq(meshpg("topo --xml tests/topologies/dgx-h100.xml --bind core"), 0, "%s", out);
   cr_assert_str_eq(out, expected("dgx-h100.topo.txt"));
 }
 
 Test(cli_topo, workstation_numa_binding_is_the_default) {
-  cr_assert_eq(cli("topo --xml tests/topologies/workstation-4gpu.xml"), 0, "%s", out);
+  cr_assert_eq(meshpg("topo --xml tests/topologies/workstation-4gpu.xml"), 0, "%s", out);
   cr_assert_str_eq(out, expected("workstation-4gpu.topo.txt"));
 }
 
 Test(cli_topo, interleaved_cuda_order) {
-  cr_assert_eq(cli("topo --xml tests/topologies/pcie-interleaved.xml --bind core"), 0,
+  cr_assert_eq(meshpg("topo --xml tests/topologies/pcie-interleaved.xml --bind core"), 0,
                "%s", out);
   cr_assert_str_eq(out, expected("pcie-interleaved.topo.txt"));
 }
 
 Test(cli_topo, cpu_only_local_ranks) {
-  cr_assert_eq(cli("topo --xml tests/topologies/cpu-only.xml --local-ranks 4 --bind core"),
+  cr_assert_eq(meshpg("topo --xml tests/topologies/cpu-only.xml --local-ranks 4 --bind core"),
                0, "%s", out);
   cr_assert_str_eq(out, expected("cpu-only.topo.txt"));
 }
 
 Test(cli_topo, synthetic_and_live) {
-  cr_assert_eq(cli("topo --synthetic 'pack:2 numa:2 core:8 pu:2' --local-ranks 4"), 0,
+  cr_assert_eq(meshpg("topo --synthetic 'pack:2 numa:2 core:8 pu:2' --local-ranks 4"), 0,
                "%s", out);
   cr_assert(strstr(out, "2 packages, 4 NUMA nodes, 32 cores, 64 PUs"), "%s", out);
   cr_assert(strstr(out, "local rank 3 -> no GPU, NUMA 3, CPUs 48-63 (8 cores, 16 PUs)"),
             "%s", out);
-  cr_assert_eq(cli("topo --bind none"), 0, "%s", out);
+  cr_assert_eq(meshpg("topo --bind none"), 0, "%s", out);
   cr_assert(strstr(out, "topology: this machine ("), "%s", out);
   cr_assert(strstr(out, "not bound"), "%s", out);
 }
 
 Test(cli_topo, errors_exit_1_with_a_clear_message) {
-  cr_assert_eq(cli("topo --xml tests/topologies/no-such.xml"), 1, "%s", out);
+  cr_assert_eq(meshpg("topo --xml tests/topologies/no-such.xml"), 1, "%s", out);
   cr_assert(strstr(out, "meshpg: topology XML \"tests/topologies/no-such.xml\": cannot "
                         "open: No such file or directory"),
             "%s", out);
-  cr_assert_eq(cli("topo --xml tests/topologies/broken.xml"), 1, "%s", out);
+  cr_assert_eq(meshpg("topo --xml tests/topologies/broken.xml"), 1, "%s", out);
   cr_assert(strstr(out, "\"tests/topologies/broken.xml\": hwloc cannot load it"), "%s",
             out);
-  cr_assert_eq(cli("topo --xml tests/topologies/workstation-4gpu.xml --local-ranks 5"),
+  cr_assert_eq(meshpg("topo --xml tests/topologies/workstation-4gpu.xml --local-ranks 5"),
                1, "%s", out);
   cr_assert(strstr(out, "5 local ranks but topology "
                         "tests/topologies/workstation-4gpu.xml has 4 GPUs"),
             "%s", out);
   cr_assert_null(strstr(out, "local rank 0 ->"), "no binding is printed on error");
-  cr_assert_eq(cli("topo --synthetic 'pack:2 bogus:1'"), 1, "%s", out);
+  cr_assert_eq(meshpg("topo --synthetic 'pack:2 bogus:1'"), 1, "%s", out);
   cr_assert(strstr(out, "rejects the synthetic description"), "%s", out);
 }
 
 Test(cli_topo, usage_errors_exit_2) {
-  cr_assert_eq(cli("topo --bind sometimes"), 2, "%s", out);
+  cr_assert_eq(meshpg("topo --bind sometimes"), 2, "%s", out);
   cr_assert(strstr(out, "--bind: expected none, numa or core"), "%s", out);
-  cr_assert_eq(cli("topo --local-ranks 0"), 2, "%s", out);
-  cr_assert_eq(cli("topo --xml"), 2, "%s", out);
-  cr_assert_eq(cli("topo --frobnicate"), 2, "%s", out);
-  cr_assert_eq(cli("topo --xml a.xml --synthetic 'pack:1'"), 2, "%s", out);
-  cr_assert_eq(cli("topo --help"), 0, "%s", out);
+  cr_assert_eq(meshpg("topo --local-ranks 0"), 2, "%s", out);
+  cr_assert_eq(meshpg("topo --xml"), 2, "%s", out);
+  cr_assert_eq(meshpg("topo --frobnicate"), 2, "%s", out);
+  cr_assert_eq(meshpg("topo --xml a.xml --synthetic 'pack:1'"), 2, "%s", out);
+  cr_assert_eq(meshpg("topo --help"), 0, "%s", out);
   cr_assert(strstr(out, "usage: meshpg topo"), "%s", out);
 }
 
@@ -115,7 +100,7 @@ Test(cli_topo, usage_errors_exit_2) {
 /* ------------------------------------------------------------------------ */
 
 Test(cli_plan, cyclic_placement_text) {
-  cr_assert_eq(cli("plan --mesh dp=2,tp=4 --nodes 2 --gpus-per-node 4 --rank-order cyclic"),
+  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --nodes 2 --gpus-per-node 4 --rank-order cyclic"),
                0, "%s", out);
   cr_assert(strstr(out, "2 nodes x 4 GPUs, cyclic launcher numbering; inner dims: tp"),
             "%s", out);
@@ -128,16 +113,16 @@ Test(cli_plan, cyclic_placement_text) {
 }
 
 Test(cli_plan, misfits_marked_and_strict_fails) {
-  cr_assert_eq(cli("plan --mesh dp=8,tp=3 --nodes 3 --gpus-per-node 8"), 0, "%s", out);
+  cr_assert_eq(meshpg("plan --mesh dp=8,tp=3 --nodes 3 --gpus-per-node 8"), 0, "%s", out);
   cr_assert(strstr(out, "    tp [6,7,8] nodes 0,1  crosses, misfit\n"), "%s", out);
   cr_assert(strstr(out, "misfits: 2 groups of inner dims cross nodes (warning"), "%s",
             out);
-  cr_assert_eq(cli("plan --mesh dp=8,tp=3 --nodes 3 --strict"), 1, "%s", out);
+  cr_assert_eq(meshpg("plan --mesh dp=8,tp=3 --nodes 3 --strict"), 1, "%s", out);
   cr_assert(strstr(out, "placement (strict): 2 of 8 \"tp\" groups (size 3)"), "%s", out);
 }
 
 Test(cli_plan, json_placement_field) {
-  cr_assert_eq(cli("plan --mesh dp=2,tp=2 --nodes 2 --rank-order cyclic --json"), 0,
+  cr_assert_eq(meshpg("plan --mesh dp=2,tp=2 --nodes 2 --rank-order cyclic --json"), 0,
                "%s", out);
   cr_assert(strstr(out, "\"groups\": {\"dp\": [[0, 2], [1, 3]], \"tp\": [[0, 1], [2, 3]]}, "
                         "\"placement\": {\"nodes\": 2, \"gpus_per_node\": 2, "
@@ -150,14 +135,14 @@ Test(cli_plan, json_placement_field) {
                         "\"misfits\": 0}}\n"),
             "%s", out);
   /* Without placement flags the JSON keeps its plain form. */
-  cr_assert_eq(cli("plan --mesh dp=2,tp=2 --json"), 0, "%s", out);
+  cr_assert_eq(meshpg("plan --mesh dp=2,tp=2 --json"), 0, "%s", out);
   cr_assert_null(strstr(out, "placement"), "%s", out);
 }
 
 Test(cli_plan, xml_orders_gpus_by_numa_node) {
   /* The interleaved workstation: tp pairs land on one NUMA node, i.e. on
    * GPUs {0,2} and {1,3}. */
-  cr_assert_eq(cli("plan --mesh dp=2,tp=2 --xml tests/topologies/pcie-interleaved.xml "
+  cr_assert_eq(meshpg("plan --mesh dp=2,tp=2 --xml tests/topologies/pcie-interleaved.xml "
                    "--json"),
                0, "%s", out);
   cr_assert(strstr(out, "{\"rank\": 0, \"launcher_rank\": 0, \"node\": 0, \"gpu\": 0}, "
@@ -174,7 +159,7 @@ Test(cli_plan, svg_draws_nodes_by_gpus) {
            "plan --mesh dp=2,cp=2,tp=4 --nodes 4 --rank-order cyclic --svg %s "
            "--svg-groups cp",
            path);
-  cr_assert_eq(cli(args), 0, "%s", out);
+  cr_assert_eq(meshpg(args), 0, "%s", out);
   FILE *f = fopen(path, "r");
   cr_assert_not_null(f);
   static char svg[1 << 16];
@@ -190,7 +175,7 @@ Test(cli_plan, svg_draws_nodes_by_gpus) {
   for (const char *p = svg; (p = strstr(p, "(crosses nodes)</title>")); p++) crossing++;
   cr_assert_eq(cells, 16);
   cr_assert_eq(crossing, 16, "tp=4 fills each node, so every cp group crosses");
-  cr_assert_eq(cli("plan --mesh dp=2,tp=4 --nodes 2 --svg /tmp/x.svg --svg-groups nope"),
+  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --nodes 2 --svg /tmp/x.svg --svg-groups nope"),
                1, "%s", out);
   cr_assert(strstr(out, "no dim or flattened set named \"nope\""), "%s", out);
 }
@@ -210,19 +195,19 @@ Test(cli_plan, spec_topology_section_and_errors) {
   fclose(f);
   char args[512];
   snprintf(args, sizeof args, "plan %s --world 8 --json", path);
-  cr_assert_eq(cli(args), 0, "%s", out);
+  cr_assert_eq(meshpg(args), 0, "%s", out);
   cr_assert(strstr(out, "\"rank_order\": \"cyclic\""), "%s", out);
   cr_assert(strstr(out, "{\"rank\": 1, \"launcher_rank\": 2, \"node\": 0, \"gpu\": 1}"),
             "%s", out);
   remove(path);
-  cr_assert_eq(cli("plan --mesh dp=2,tp=4 --nodes 3"), 1, "%s", out);
+  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --nodes 3"), 1, "%s", out);
   cr_assert(strstr(out, "world size 8 is not a multiple of nodes 3"), "%s", out);
-  cr_assert_eq(cli("plan --mesh dp=2,tp=4 --nodes 2 --gpus-per-node 8"), 1, "%s", out);
+  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --nodes 2 --gpus-per-node 8"), 1, "%s", out);
   cr_assert(strstr(out, "world size 8 does not equal nodes 2 x gpus_per_node 8 = 16"),
             "%s", out);
-  cr_assert_eq(cli("plan --mesh dp=2,tp=4 --rank-order zigzag"), 2, "%s", out);
-  cr_assert_eq(cli("plan --mesh dp=2,tp=4 --nodes 0"), 2, "%s", out);
-  cr_assert_eq(cli("plan --mesh dp=2,tp=4 --xml tests/topologies/no-such.xml"), 1, "%s",
+  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --rank-order zigzag"), 2, "%s", out);
+  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --nodes 0"), 2, "%s", out);
+  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --xml tests/topologies/no-such.xml"), 1, "%s",
                out);
   cr_assert(strstr(out, "cannot open"), "%s", out);
 }
