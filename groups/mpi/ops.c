@@ -1,0 +1,550 @@
+/* Operations of the MPI backend: post, test, wait and free, over
+ * nonblocking MPI calls polled against the caller's deadline.
+ *
+ * Data types.  f32, f64, i32 and i64 map to MPI types and reduce natively
+ * (SUM, MAX, MIN).  f16/bf16 have no MPI reduction, so they are widened into
+ * an f32 staging buffer, reduced in f32 and narrowed once when the operation
+ * completes (f32 accumulation).  Broadcast, all_gather and send/recv move
+ * 16-bit data untouched as MPI_UINT16_T.  AVG is a SUM divided by the group
+ * size on completion (integers truncate); PREMUL_SUM multiplies a staged
+ * copy of the input, then sums.  All post-processing (divide, narrow, copy
+ * out) runs in test/wait when completion is first observed.  MPI never sees
+ * a caller's buffer: see staging.c.  Large all-reduces run as meshpg's own
+ * ring (ring.c).
+ *
+ * Large counts.  MPI counts are int.  An operation of more than INT_MAX
+ * elements is cut into chunks of at most INT_MAX elements, each its own
+ * nonblocking MPI call, all posted in the same order on every rank (so they
+ * match).  all_gather and reduce_scatter chunk through one Ibcast / Ireduce
+ * per member and chunk, which keeps every MPI buffer contiguous and every
+ * reduction on a predefined type.
+ *
+ * Timeouts.  Every operation is nonblocking and wait polls MPI_Test until
+ * the deadline: back to back (yielding the CPU) for a spin window, then
+ * with sleeps growing to 1 ms (see mpg__mpi_poller_pause() in progress.c).
+ * A request freed before it finished is orphaned (orphans.c); a
+ * communicator that was aborted fails later posts with the reason. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpi_internal.h"
+
+/* "all_reduce (op avg, dtype bf16, count 1024) on a group of size 4
+ * (rank 2)" */
+static void describe(char *buf, size_t n, mpg__coll_kind kind, mpg_dtype dt,
+                     mpg_op op, size_t count, int peer, int size, int rank) {
+  int k = 0;
+  switch (kind) {
+    case MPG__BARRIER:
+      k = snprintf(buf, n, "barrier");
+      break;
+    case MPG__ALL_REDUCE:
+    case MPG__REDUCE_SCATTER:
+      k = snprintf(buf, n, "%s (op %s, dtype %s, count %zu)", mpg__kind_name(kind),
+                   mpg__op_name(op), mpg_dtype_name(dt), count);
+      break;
+    case MPG__BROADCAST:
+      k = snprintf(buf, n, "broadcast (root %d, dtype %s, count %zu)", peer,
+                   mpg_dtype_name(dt), count);
+      break;
+    case MPG__SEND:
+    case MPG__RECV:
+      k = snprintf(buf, n, "%s (peer %d, dtype %s, count %zu)", mpg__kind_name(kind),
+                   peer, mpg_dtype_name(dt), count);
+      break;
+    case MPG__ALL_GATHER:
+      k = snprintf(buf, n, "all_gather (dtype %s, count %zu per member)",
+                   mpg_dtype_name(dt), count);
+      break;
+  }
+  if (k < 0 || (size_t)k >= n) return;
+  snprintf(buf + k, n - (size_t)k, " on a group of size %d (rank %d)", size,
+           rank);
+}
+
+static void req_describe(const mpg__req *q, char *buf, size_t n) {
+  describe(buf, n, q->kind, q->dtype, q->op, q->count, q->peer, q->size,
+           q->rank);
+}
+
+static MPI_Datatype mpi_type(mpg_dtype dt) {
+  switch (dt) {
+    case MPG_F32: return MPI_FLOAT;
+    case MPG_F64: return MPI_DOUBLE;
+    case MPG_I32: return MPI_INT32_T;
+    case MPG_I64: return MPI_INT64_T;
+    case MPG_F16:
+    case MPG_BF16: return MPI_UINT16_T; /* raw bits; never reduced */
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+static MPI_Op mpi_op(mpg_op op) {
+  return op == MPG_OP_MAX ? MPI_MAX : op == MPG_OP_MIN ? MPI_MIN : MPI_SUM;
+}
+
+void mpg__mpi_req_release(mpg__req *q) {
+  if (q->region) mpg__mpi_region_unref(q->region);
+  if (q->reqs != &q->one) free(q->reqs);
+  free(q->stage);
+  free(q);
+}
+
+/* ------------------------------------------------------------------ */
+/* Posting                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Post chunked contiguous operations.  Lock held.  Each appends requests
+ * to q->reqs[q->nreq++]. */
+static int post_allreduce(mpg__req *q, MPI_Comm c, void *buf, size_t n,
+                          size_t es, MPI_Datatype t, MPI_Op op) {
+  size_t ck = (size_t)mpg__mpi.chunk;
+  for (size_t off = 0; off < n || (n == 0 && off == 0); off += ck) {
+    int k = (int)(n - off < ck ? n - off : ck);
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + off * es, k, t, op, c,
+                            &q->reqs[q->nreq]);
+    if (rc != MPI_SUCCESS) return rc;
+    q->nreq++;
+    if (n == 0) break;
+  }
+  return MPI_SUCCESS;
+}
+
+static int post_bcast(mpg__req *q, MPI_Comm c, void *buf, size_t n, size_t es,
+                      MPI_Datatype t, int root) {
+  size_t ck = (size_t)mpg__mpi.chunk;
+  for (size_t off = 0; off < n || (n == 0 && off == 0); off += ck) {
+    int k = (int)(n - off < ck ? n - off : ck);
+    int rc = MPI_Ibcast((char *)buf + off * es, k, t, root, c, &q->reqs[q->nreq]);
+    if (rc != MPI_SUCCESS) return rc;
+    q->nreq++;
+    if (n == 0) break;
+  }
+  return MPI_SUCCESS;
+}
+
+static int post_p2p(mpg__req *q, MPI_Comm c, int is_send, const void *buf,
+                    size_t n, size_t es, MPI_Datatype t, int peer) {
+  size_t ck = (size_t)mpg__mpi.chunk;
+  for (size_t off = 0; off < n || (n == 0 && off == 0); off += ck) {
+    int k = (int)(n - off < ck ? n - off : ck);
+    char *p = (char *)buf + off * es;
+    int rc = is_send ? MPI_Isend(p, k, t, peer, MPG_MPI_TAG, c, &q->reqs[q->nreq])
+                     : MPI_Irecv(p, k, t, peer, MPG_MPI_TAG, c, &q->reqs[q->nreq]);
+    if (rc != MPI_SUCCESS) return rc;
+    q->nreq++;
+    if (n == 0) break;
+  }
+  return MPI_SUCCESS;
+}
+
+/* buf (size * n elements) gets every member's block; this rank's block is
+ * already in place. */
+static int post_allgather(mpg__req *q, mpg__comm *m, void *buf, size_t n,
+                          size_t es, MPI_Datatype t) {
+  if (n <= (size_t)mpg__mpi.chunk) {
+    int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n, t,
+                            m->comm, &q->reqs[q->nreq]);
+    if (rc == MPI_SUCCESS) q->nreq++;
+    return rc;
+  }
+  for (int p = 0; p < m->size; p++) {
+    int rc = post_bcast(q, m->comm, (char *)buf + (size_t)p * n * es, n, es, t, p);
+    if (rc != MPI_SUCCESS) return rc;
+  }
+  return MPI_SUCCESS;
+}
+
+/* out (n) = reduction of block `rank` of every member's in (size * n);
+ * in and out do not overlap. */
+static int post_reduce_scatter(mpg__req *q, mpg__comm *m, const void *in,
+                               void *out, size_t n, size_t es, MPI_Datatype t,
+                               MPI_Op op) {
+  size_t ck = (size_t)mpg__mpi.chunk;
+  if (n <= ck) {
+    int rc = MPI_Ireduce_scatter_block(in, out, (int)n, t, op, m->comm,
+                                       &q->reqs[q->nreq]);
+    if (rc == MPI_SUCCESS) q->nreq++;
+    return rc;
+  }
+  for (int p = 0; p < m->size; p++) {
+    const char *blk = (const char *)in + (size_t)p * n * es;
+    for (size_t off = 0; off < n; off += ck) {
+      int k = (int)(n - off < ck ? n - off : ck);
+      int rc = MPI_Ireduce(blk + off * es, (char *)out + off * es, k, t, op, p,
+                           m->comm, &q->reqs[q->nreq]);
+      if (rc != MPI_SUCCESS) return rc;
+      q->nreq++;
+    }
+  }
+  return MPI_SUCCESS;
+}
+
+static size_t nchunks(size_t n) {
+  size_t ck = (size_t)mpg__mpi.chunk;
+  return n <= ck ? 1 : (n + ck - 1) / ck;
+}
+
+/* Fail a post with "mpi: <the operation>: <why>". */
+static mpg_status post_fail(mpg_status st, const mpg__coll *c,
+                            const mpg__comm *m, const char *why) {
+  char what[256];
+  describe(what, sizeof what, c->kind, c->dtype, c->op, c->count,
+           c->kind == MPG__BROADCAST ? c->root : c->peer, m->size, m->rank);
+  return mpg__fail(st, "mpi: %s: %s", what, why);
+}
+
+mpg_status mpg__mpi_post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
+  *out = NULL;
+  int peer = c->kind == MPG__BROADCAST ? c->root : c->peer;
+  mpg_status why = atomic_load(&m->aborted);
+  if (why)
+    return post_fail(why, c, m, why == MPG_ERR_TIMEOUT
+                     ? "the communicator was aborted after a timeout"
+                     : "the communicator was aborted");
+  mpg_dtype dt = c->dtype;
+  size_t es = mpg__dtype_size(dt);
+  size_t n = c->count;
+  int half = mpg__dtype_is_half(dt);
+  int size = m->size, rank = m->rank;
+  if (c->kind != MPG__BARRIER && es == 0)
+    return post_fail(MPG_ERR_INVALID, c, m, "unknown dtype");
+  /* The largest staging buffer, (size + 1) * n elements of up to 8 bytes,
+   * must fit in size_t. */
+  if (n > SIZE_MAX / 8 / ((size_t)size + 1))
+    return post_fail(MPG_ERR_INVALID, c, m, "count too large for memory");
+  if ((c->kind == MPG__SEND || c->kind == MPG__RECV) &&
+      (peer < 0 || peer >= size || peer == rank))
+    return post_fail(MPG_ERR_INVALID, c, m, "the peer is not another member");
+  if (c->kind == MPG__BROADCAST && (peer < 0 || peer >= size))
+    return post_fail(MPG_ERR_INVALID, c, m, "the root is not a member");
+
+  mpg__req *q = calloc(1, sizeof *q);
+  if (!q) return post_fail(MPG_ERR_NOMEM, c, m, "out of memory for a request");
+  q->kind = c->kind;
+  q->dtype = dt;
+  q->op = c->op;
+  q->count = n;
+  q->peer = peer;
+  q->size = size;
+  q->rank = rank;
+  q->work_dtype = dt;
+  int gather_like = c->kind == MPG__ALL_GATHER || c->kind == MPG__REDUCE_SCATTER;
+  size_t maxreq = gather_like && n > (size_t)mpg__mpi.chunk
+                      ? (size_t)size * nchunks(n)
+                      : nchunks(n);
+  size_t wire = half ? sizeof(float) : es; /* all-reduce element on the wire */
+  if (c->kind == MPG__ALL_REDUCE && mpg__mpi_pipelined(n, wire))
+    maxreq = 2 * mpg__mpi_npieces(n, wire);
+  q->reqs = &q->one;
+  if (maxreq > 1 && !(q->reqs = malloc(maxreq * sizeof *q->reqs))) {
+    free(q);
+    return post_fail(MPG_ERR_NOMEM, c, m, "out of memory for the chunk requests");
+  }
+
+  /* Every buffer MPI sees is staging memory owned by the request (see
+   * staging.c), sized here in elements of the wire type. */
+  int widen = half && (c->kind == MPG__ALL_REDUCE || c->kind == MPG__REDUCE_SCATTER);
+  size_t ws = widen ? sizeof(float) : es; /* f16/bf16 reduce in f32 */
+  size_t elems = 0;
+  switch (c->kind) {
+    case MPG__ALL_REDUCE: case MPG__BROADCAST: case MPG__SEND: case MPG__RECV:
+      elems = n;
+      break;
+    case MPG__ALL_GATHER:
+      elems = (size_t)size * n;
+      break;
+    case MPG__REDUCE_SCATTER:
+      elems = ((size_t)size + 1) * n;
+      break;
+    case MPG__BARRIER:
+      break;
+  }
+  size_t bytes = elems * ws;
+  /* Zero-copy: an in-place all-reduce on memory from mem_alloc, which
+   * this backend owns (see struct region). */
+  int zc = 0;
+  if (c->kind == MPG__ALL_REDUCE && !widen && c->send == c->recv && n > 0) {
+    lock_g();
+    struct region *r =
+        mpg__mpi.we_finalized ? NULL : mpg__mpi_region_find(c->recv, n * es);
+    if (r && !r->freed) {
+      r->busy++;
+      q->region = r;
+      zc = 1;
+    }
+    unlock_g();
+  }
+  if (bytes && !zc) {
+    lock_g();
+    q->stage = mpg__mpi_stage_take(m, bytes, &q->stage_cap);
+    unlock_g();
+    if (!q->stage) {
+      q->stage = malloc(bytes);
+      q->stage_cap = bytes;
+    }
+    if (!q->stage) {
+      mpg__mpi_req_release(q);
+      char why_nomem[64];
+      snprintf(why_nomem, sizeof why_nomem, "out of memory for %zu staging bytes",
+               bytes);
+      return post_fail(MPG_ERR_NOMEM, c, m, why_nomem);
+    }
+  }
+
+  /* Copy in; describe the completion step.  An empty operation still
+   * hands MPI a valid (unused) pointer. */
+  static char empty[8];
+  char *st = zc ? (char *)c->recv : q->stage ? (char *)q->stage : empty;
+  MPI_Datatype t = widen ? MPI_FLOAT : mpi_type(dt);
+  MPI_Op op = mpi_op(c->op);
+  mpg_dtype wdt = widen ? MPG_F32 : dt;
+  int premul = c->op == MPG_OP_PREMUL_SUM;
+  int pipe = c->kind == MPG__ALL_REDUCE && mpg__mpi_pipelined(n, ws);
+  q->work_dtype = wdt;
+  q->fin = zc ? FIN_NONE : widen ? FIN_NARROW : FIN_COPY;
+  q->dst = c->recv;
+  q->nfin = n;
+  q->out = st;
+  size_t in_elems = c->kind == MPG__REDUCE_SCATTER ? (size_t)size * n : n;
+  if (pipe) {
+    /* Staged, divided and copied out piece by piece (struct piece). */
+    q->src = c->send;
+    q->wire = st;
+    q->mtype = t;
+    q->mop = op;
+    q->premul = premul ? c->scale : 0;
+    q->rop = c->op;
+    q->piece_div = c->op == MPG_OP_AVG ? size : 0;
+    q->piece_fin = q->fin;
+    q->fin = FIN_NONE;
+  }
+  switch (pipe ? MPG__BARRIER : c->kind) { /* pipe: nothing to do now */
+    case MPG__ALL_REDUCE:
+    case MPG__REDUCE_SCATTER:
+      if (widen) mpg__half_widen(dt, c->send, (float *)st, in_elems);
+      else if (in_elems && !zc) memcpy(st, c->send, in_elems * es);
+      if (premul) mpg__scale(wdt, st, in_elems, c->scale);
+      if (c->kind == MPG__REDUCE_SCATTER) q->out = st + in_elems * ws;
+      if (c->op == MPG_OP_AVG) q->divisor = size;
+      break;
+    case MPG__ALL_GATHER:
+      if (n) memcpy(st + (size_t)rank * n * es, c->send, n * es);
+      q->nfin = (size_t)size * n;
+      break;
+    case MPG__BROADCAST:
+      if (rank == peer) {
+        if (n) memcpy(st, c->recv, n * es);
+        q->fin = FIN_NONE; /* the root's buffer already holds the data */
+      }
+      break;
+    case MPG__SEND:
+      if (n) memcpy(st, c->send, n * es);
+      q->fin = FIN_NONE;
+      break;
+    case MPG__RECV:
+      break;
+    case MPG__BARRIER:
+      if (!pipe) q->fin = FIN_NONE;
+      break;
+  }
+
+  const char *call = "?";
+  int rc = MPI_SUCCESS;
+  lock_g();
+  switch (c->kind) {
+    case MPG__ALL_REDUCE:
+      call = "MPI_Iallreduce";
+      rc = pipe ? mpg__mpi_queue_allreduce(q, m, ws)
+                : post_allreduce(q, m->comm, st, n, ws, t, op);
+      break;
+    case MPG__REDUCE_SCATTER:
+      call = n <= (size_t)mpg__mpi.chunk ? "MPI_Ireduce_scatter_block"
+                                         : "MPI_Ireduce";
+      rc = post_reduce_scatter(q, m, st, q->out, n, ws, t, op);
+      break;
+    case MPG__ALL_GATHER:
+      call = n <= (size_t)mpg__mpi.chunk ? "MPI_Iallgather" : "MPI_Ibcast";
+      rc = post_allgather(q, m, st, n, es, t);
+      break;
+    case MPG__BROADCAST:
+      call = "MPI_Ibcast";
+      rc = post_bcast(q, m->comm, st, n, es, t, peer);
+      break;
+    case MPG__BARRIER:
+      call = "MPI_Ibarrier";
+      rc = MPI_Ibarrier(m->comm, &q->reqs[0]);
+      if (rc == MPI_SUCCESS) q->nreq = 1;
+      break;
+    case MPG__SEND:
+      call = "MPI_Isend";
+      rc = post_p2p(q, m->comm, 1, st, n, es, t, peer);
+      break;
+    case MPG__RECV:
+      call = "MPI_Irecv";
+      rc = post_p2p(q, m->comm, 0, st, n, es, t, peer);
+      break;
+  }
+  q->comm = m;
+  m->refs++;
+  if (rc != MPI_SUCCESS) {
+    /* Chunks already posted cannot be taken back: park them. */
+    q->finished = 1;
+    if (q->nreq > 0) {
+      mpg__mpi_orphan(q);
+    } else {
+      mpg__mpi_comm_unref(m);
+      mpg__mpi_req_release(q);
+    }
+    unlock_g();
+    char what[256];
+    describe(what, sizeof what, c->kind, dt, c->op, n, peer, size, rank);
+    return mpg__mpi_fail(rc, call, what);
+  }
+  mpg__mpi_pend_link(m, q);
+  unlock_g();
+  *out = q;
+  return MPG_OK;
+}
+
+/* Run the completion step once: divide, then copy or narrow the staged
+ * result into the caller's buffer.  Called without the lock. */
+static void finish(mpg__req *q) {
+  if (q->divisor) mpg__divide(q->work_dtype, q->out, q->nfin, q->divisor);
+  if (!q->nfin) return;
+  if (q->fin == FIN_NARROW)
+    mpg__half_narrow(q->dtype, q->out, q->dst, q->nfin);
+  else if (q->fin == FIN_COPY)
+    memcpy(q->dst, q->out, q->nfin * mpg__dtype_size(q->dtype));
+}
+
+/* Has q's MPI part completed?  Sets q->mpi_done.  Lock held; the caller
+ * pumps q's communicator first.  Also used by the progress thread, which
+ * then keeps an error in q->pipe_rc for the caller to report. */
+int mpg__mpi_req_poll(mpg__req *q, int *flag) {
+  int rc = MPI_SUCCESS;
+  *flag = 0;
+  if (q->pipe_rc)
+    rc = q->pipe_rc;
+  else if (atomic_load(&q->mpi_done))
+    *flag = 1;
+  else if (q->wire) /* pipelined: done when every piece was retired */
+    *flag = q->unposted == 0 && q->inflight == 0;
+  else if (q->unposted == 0)
+    rc = q->nreq == 1 ? MPI_Test(q->reqs, flag, MPI_STATUS_IGNORE)
+                      : MPI_Testall(q->nreq, q->reqs, flag, MPI_STATUSES_IGNORE);
+  if ((rc != MPI_SUCCESS || *flag) && !atomic_exchange(&q->mpi_done, 1))
+    mpg__mpi_wake_waiters(); /* a waiter in another thread */
+  return rc;
+}
+
+/* Test once.  Returns MPG_OK with *done, or the operation's error. */
+static mpg_status progress(mpg__req *q, int *done) {
+  *done = 0;
+  if (q->finished) {
+    *done = 1;
+    return q->status;
+  }
+  mpg__comm *m = q->comm;
+  mpg_status why = atomic_load(&m->aborted);
+  if (why) {
+    char what[256];
+    req_describe(q, what, sizeof what);
+    *done = 1;
+    return mpg__fail(why, "mpi: %s: %s", what, why == MPG_ERR_TIMEOUT
+                     ? "the communicator was aborted after a timeout"
+                     : "the communicator was aborted");
+  }
+  int flag = 0, rc = MPI_SUCCESS;
+  lock_g();
+  if (m->queue || m->nflight) mpg__mpi_pump(m);
+  rc = mpg__mpi_req_poll(q, &flag);
+  if (rc != MPI_SUCCESS || flag) {
+    mpg__mpi_purge(m, q);
+    q->finished = 1;
+    mpg__mpi_pend_unlink(m, q);
+  }
+  unlock_g();
+  if (rc != MPI_SUCCESS) {
+    char what[256];
+    req_describe(q, what, sizeof what);
+    q->status =
+        mpg__mpi_fail(rc, q->nreq == 1 ? "MPI_Test" : "MPI_Testall", what);
+    *done = 1;
+    return q->status;
+  }
+  if (flag) {
+    finish(q);
+    *done = 1;
+  }
+  return MPG_OK;
+}
+
+/* A test while the progress thread is driving only looks at the flag the
+ * thread sets: no MPI call and no lock, so that a trainer testing work
+ * between layers (mpg_sync_mark_ready does) never queues behind the
+ * thread.  While the thread has backed off (nothing moved for a while,
+ * see progress.c), a caller that polls drives MPI itself. */
+mpg_status mpg__mpi_test(mpg__req *q, int *done) {
+  if (!q->finished && mpg__mpi_progress_running() && !atomic_load(&q->mpi_done) &&
+      !atomic_load(&q->comm->aborted)) {
+    if (!mpg__mpi_progress_idle()) {
+      *done = 0;
+      return MPG_OK;
+    }
+  }
+  return progress(q, done);
+}
+
+/* Waiting.  With a progress thread the waiter polls MPI itself only for
+ * a short spin (a small operation finishes in that time, without the
+ * thread hand-off), then sleeps until the thread sees an operation finish
+ * (mpg__mpi_nap_on_done()).  Without one it polls
+ * (mpg__mpi_poller_pause()). */
+#define MPG_MPI_WAIT_SPIN_S 50e-6
+
+mpg_status mpg__mpi_wait(mpg__req *q, double deadline) {
+  mpg__mpi_poller pl;
+  mpg__mpi_poller_init(&pl, q->stage_cap);
+  double spin_end = mpg__now() + MPG_MPI_WAIT_SPIN_S;
+  for (;;) {
+    int done = 0;
+    mpg_status st = progress(q, &done);
+    if (done || st) return st;
+    if (mpg__now() >= deadline) {
+      char what[256];
+      req_describe(q, what, sizeof what);
+      return mpg__fail(MPG_ERR_TIMEOUT,
+                       "mpi: %s: not finished within the %.3g s timeout (a peer "
+                       "did not arrive)",
+                       what, q->comm->timeout_s);
+    }
+    if (mpg__mpi_progress_running() && mpg__now() >= spin_end)
+      mpg__mpi_nap_on_done(q, deadline); /* rechecks under the lock */
+    else
+      mpg__mpi_poller_pause(&pl);
+  }
+}
+
+void mpg__mpi_req_free(mpg__req *q) {
+  if (!q) return;
+  lock_g();
+  int pending = !q->finished;
+  for (int i = 0; i < q->nreq; i++)
+    if (q->reqs[i] != MPI_REQUEST_NULL) pending = 1; /* or failed mid-way */
+  if (pending) {
+    /* MPI may still use the staging memory: park it (orphans.c). */
+    mpg__mpi_note_fault();
+    mpg__mpi_orphan(q);
+    mpg__mpi_sweep_orphans();
+  } else {
+    mpg__comm *m = q->comm;
+    mpg__mpi_stage_give(m, q->stage, q->stage_cap);
+    q->stage = NULL;
+    mpg__mpi_comm_unref(m);
+    mpg__mpi_req_release(q);
+  }
+  unlock_g();
+}

@@ -1,0 +1,482 @@
+/* MPI ownership and the communicator lifecycle of the MPI backend: who
+ * initialises and finalises MPI, joining the world, split, abort and
+ * destroy; and the backend's function table.
+ *
+ * Ownership.  This file is the one place that initialises and finalises
+ * MPI for meshpg, the NCCL backend's MPI bootstrap included (through
+ * mpg__mpi_acquire, mpi_owner.h, which states the rule).  If meshpg
+ * initialised MPI, it finalises it exactly once per process: when the
+ * last hold is released (the last world destroyed) after a clean run.  In
+ * Open MPI MPI_Finalize is a job-wide rendezvous (a PMIx fence): it
+ * returns only when every process has called it.  After an abort or a
+ * timeout a peer may never get there, so destroy must not enter it; yet a
+ * process that exits without MPI_Finalize makes mpirun declare the job
+ * failed and kill the other processes.  So after a fault, finalisation is
+ * deferred to an atexit handler, registered when we initialised MPI: the
+ * process returns from destroy at once and leaves MPI properly when it
+ * exits (waiting there for the other processes, which under mpirun either
+ * exit too or are killed by the launcher).  The same handler finalises
+ * when a program exits without destroying its context, or when the NCCL
+ * bootstrap holds MPI.  MPI cannot be initialised twice, so after a clean
+ * finalise a new world_init fails with MPG_ERR_STATE; a program that
+ * creates contexts one after another should call MPI_Init itself.
+ *
+ * Creation under a timeout.  MPI has no nonblocking split
+ * (MPI_Comm_isplit does not exist; Open MPI 4.1 is MPI-3.1), and an
+ * abandoned MPI_Comm_idup crashes Open MPI's MPI_Finalize.  So
+ * world_init (MPI_Comm_dup) and split (MPI_Comm_split) first run a
+ * two-phase MPI_Ibarrier rendezvous polled against the timeout (see
+ * rendezvous()): an absent peer gives MPG_ERR_TIMEOUT, and the blocking
+ * call is entered only once every rank is known to be entering it too.
+ * A split that times out marks its parent aborted (a barrier stays
+ * pending on it).  MPI_Init_thread itself cannot be bounded: Open MPI's
+ * start-up exchange runs inside it, under the launcher's control.
+ *
+ * Abort.  The abort op only sets a flag: it never calls MPI (and never
+ * MPI_Abort, which would kill the job).  Waiters see the flag within one
+ * poll; later posts fail with the reason (ops.c).
+ *
+ * Destroy.  MPI_Comm_free is skipped for a communicator that was aborted
+ * or still has unfinished operations: its handle is left to
+ * MPI_Finalize.  (Open MPI frees locally, but pending nonblocking
+ * collectives hold on to the communicator, and the standard lets an
+ * implementation synchronise in MPI_Comm_free.) */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpi_internal.h"
+
+struct mpg__mpi_state mpg__mpi = {
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .chunk = INT_MAX,
+    .piece = MPG_MPI_PIECE_DEFAULT,
+};
+
+/* Ownership, guarded by mpg__mpi.lock. */
+static int g_we_initialized; /* we called MPI_Init_thread */
+static int g_holds;          /* live worlds + NCCL bootstraps (until exit) */
+static int g_live_worlds;    /* the progress thread runs while one lives */
+static atomic_int g_faulted; /* an abort or timeout happened here */
+
+mpg_status mpg__mpi_fail(int rc, const char *call, const char *what) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
+    snprintf(text, sizeof text, "MPI error code %d", rc);
+  return mpg__fail(MPG_ERR_BACKEND, "%s failed for %s: %s", call, what, text);
+}
+
+void mpg__mpi_note_fault(void) { atomic_store(&g_faulted, 1); }
+
+/* ------------------------------------------------------------------ */
+/* Initialising and finalising MPI                                     */
+/* ------------------------------------------------------------------ */
+
+static void finalize_locked(void) {
+  if (!g_we_initialized || mpg__mpi.we_finalized) return;
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin) MPI_Finalize();
+  mpg__mpi.we_finalized = 1;
+  mpg__mpi_free_orphans();
+  mpg__log(1, "mpi: MPI finalized");
+}
+
+/* Registered when we initialise MPI: leaves MPI properly at exit after a
+ * fault (see Ownership above), when a context was never destroyed,
+ * or when the NCCL bootstrap holds MPI. */
+static void finalize_at_exit(void) {
+  mpg__mpi_progress_stop();
+  lock_g();
+  finalize_locked();
+  unlock_g();
+}
+
+/* Initialise MPI at `level` unless it is.  Lock held; MPI is not
+ * finalised.  Returns MPI_SUCCESS, with the level MPI runs at in
+ * *provided and *here = 1 if this call initialised it, or
+ * MPI_Init_thread's error. */
+static int init_locked(int level, int *provided, int *here) {
+  int init = 0;
+  *provided = MPI_THREAD_SINGLE;
+  *here = 0;
+  MPI_Initialized(&init);
+  if (init) {
+    MPI_Query_thread(provided);
+    return MPI_SUCCESS;
+  }
+  int rc = MPI_Init_thread(NULL, NULL, level, provided);
+  if (rc != MPI_SUCCESS) return rc;
+  g_we_initialized = 1;
+  *here = 1;
+  atexit(finalize_at_exit);
+  return MPI_SUCCESS;
+}
+
+/* Release one hold: the last one finalises MPI now if we initialised it
+ * and no fault happened; after a fault the atexit handler does.  Lock
+ * held. */
+static void release_locked(void) {
+  if (--g_holds > 0 || !g_we_initialized) return;
+  if (atomic_load(&g_faulted))
+    mpg__log(1, "mpi: after an abort MPI_Finalize is deferred to exit");
+  else
+    finalize_locked();
+}
+
+int mpg__mpi_acquire(int level) {
+  lock_g();
+  int fin = 0, provided = 0, here = 0, rc = MPI_ERR_OTHER;
+  MPI_Finalized(&fin);
+  if (!fin) rc = init_locked(level, &provided, &here);
+  if (rc == MPI_SUCCESS) g_holds++; /* never released: until exit */
+  unlock_g();
+  return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Communicators                                                       */
+/* ------------------------------------------------------------------ */
+
+static mpg_status comm_wrap(MPI_Comm c, double timeout_s, int is_world,
+                            mpg__comm **out) {
+  mpg__comm *m = calloc(1, sizeof *m);
+  if (!m) return mpg__fail(MPG_ERR_NOMEM, "mpi: out of memory for a communicator");
+  m->comm = c;
+  MPI_Comm_rank(c, &m->rank);
+  MPI_Comm_size(c, &m->size);
+  m->timeout_s = timeout_s;
+  m->is_world = is_world;
+  atomic_init(&m->aborted, MPG_OK);
+  m->refs = 1;
+  mpg__mpi_live_add(m);
+  *out = m;
+  return MPG_OK;
+}
+
+void mpg__mpi_comm_unref(mpg__comm *m) {
+  if (--m->refs == 0) free(m);
+}
+
+/* Poll one MPI request until done, `deadline`, or an abort of `m` (may be
+ * NULL).  Takes the lock for each test.  Returns MPI_SUCCESS with *state
+ * 0 (done), 1 (deadline), 2 (aborted), or an MPI error. */
+static int poll_request(MPI_Request *r, double deadline, mpg__comm *m,
+                        int *state) {
+  mpg__mpi_poller pl;
+  mpg__mpi_poller_init(&pl, 0);
+  for (;;) {
+    if (m && atomic_load(&m->aborted)) {
+      *state = 2;
+      return MPI_SUCCESS;
+    }
+    int flag = 0;
+    lock_g();
+    int rc = MPI_Test(r, &flag, MPI_STATUS_IGNORE);
+    unlock_g();
+    if (rc != MPI_SUCCESS) return rc;
+    if (flag) {
+      *state = 0;
+      return MPI_SUCCESS;
+    }
+    if (mpg__now() >= deadline) {
+      *state = 1;
+      return MPI_SUCCESS;
+    }
+    mpg__mpi_poller_pause(&pl);
+  }
+}
+
+/* Give up on a pending request r (of communicator m, or NULL) and on the
+ * memory it may still write: a fault; both are orphaned. */
+static void abandon(MPI_Request r, void *mem, mpg__comm *m) {
+  mpg__mpi_note_fault();
+  lock_g();
+  mpg__mpi_orphan_request(r, mem, 0);
+  if (m) m->norphans++;
+  unlock_g();
+}
+
+/* Bounded rendezvous of every rank of `c` before a blocking MPI call that
+ * creates a communicator (MPI_Comm_dup, MPI_Comm_split).
+ *
+ * Phase 1 is an MPI_Ibarrier polled until `deadline`.  It is not enough on
+ * its own: a rank that gives up leaves its barrier posted, so a peer that
+ * arrives later still completes phase 1 and would then block forever in
+ * the creation call that the others never enter.  Phase 2 is a second
+ * MPI_Ibarrier, entered only by ranks that completed phase 1 in time and
+ * polled for a fresh `timeout`: a late rank whose peers gave up stalls
+ * there and times out instead of hanging.  Passing phase 2 means every
+ * rank completed phase 1 and is now (within one poll) in phase 2, so all
+ * of them will enter the creation call.  (A peer could still give up in
+ * phase 2 only if its poll were delayed by more than `timeout`.)
+ *
+ * Nonblocking creation (MPI_Comm_idup) would avoid the blocking call, but
+ * Open MPI 4.1 crashes in MPI_Finalize when an abandoned idup is still
+ * pending, whereas abandoned barriers are harmless there.
+ *
+ * Returns MPI_SUCCESS with *state 0 (every rank arrived), 1 (timeout) or
+ * 2 (m was aborted), or an MPI error; a pending barrier is orphaned. */
+static int rendezvous(MPI_Comm c, mpg__comm *m, double deadline,
+                      double timeout, int *state) {
+  for (int phase = 0; phase < 2; phase++) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    lock_g();
+    int rc = MPI_Ibarrier(c, &r);
+    unlock_g();
+    if (rc != MPI_SUCCESS) return rc;
+    if (phase == 1) deadline = mpg__now() + timeout;
+    rc = poll_request(&r, deadline, m, state);
+    if (rc != MPI_SUCCESS || *state != 0) {
+      abandon(r, NULL, m);
+      return rc;
+    }
+  }
+  return MPI_SUCCESS;
+}
+
+enum mpg__mpi_bcast_result mpg__mpi_bcast_bytes(MPI_Comm comm, void *buf,
+                                                int bytes, double deadline) {
+  size_t len = bytes > 0 ? (size_t)bytes : 0;
+  void *mem = malloc(len ? len : 1); /* what MPI writes, owned until done */
+  if (!mem) return MPG__MPI_BCAST_POST_FAILED;
+  memcpy(mem, buf, len);
+  MPI_Request r = MPI_REQUEST_NULL;
+  lock_g();
+  int rc = MPI_Ibcast(mem, bytes, MPI_BYTE, 0, comm, &r);
+  unlock_g();
+  if (rc != MPI_SUCCESS) {
+    free(mem);
+    return MPG__MPI_BCAST_POST_FAILED;
+  }
+  int state = 0;
+  rc = poll_request(&r, deadline, NULL, &state);
+  if (rc == MPI_SUCCESS && state == 0) {
+    memcpy(buf, mem, len);
+    free(mem);
+    return MPG__MPI_BCAST_DONE;
+  }
+  abandon(r, mem, NULL);
+  return rc != MPI_SUCCESS ? MPG__MPI_BCAST_TEST_FAILED : MPG__MPI_BCAST_TIMEOUT;
+}
+
+static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
+  *world = NULL;
+  double timeout = args->timeout_s > 0 ? args->timeout_s : 600.0;
+  int fin = 0;
+
+  /* MESHPG_MPI_PROGRESS: thread (default) or off. */
+  mpg_status st = mpg__mpi_progress_configure();
+  if (st) return st;
+
+  lock_g();
+  MPI_Finalized(&fin);
+  if (fin) {
+    unlock_g();
+    return mpg__fail(MPG_ERR_STATE,
+                     "mpi: MPI was already finalized%s and cannot be "
+                     "initialised again in this process; to create several "
+                     "contexts one after another, call MPI_Init yourself",
+                     mpg__mpi.we_finalized ? " (by meshpg when the last context was "
+                                             "destroyed)" : "");
+  }
+  /* The progress thread needs MPI_THREAD_MULTIPLE (see progress.c). */
+  int provided = MPI_THREAD_SINGLE, here = 0;
+  int rc = init_locked(mpg__mpi_progress_level(), &provided, &here);
+  if (rc != MPI_SUCCESS) {
+    unlock_g();
+    return mpg__mpi_fail(rc, "MPI_Init_thread", "the world");
+  }
+  if (provided < MPI_THREAD_SERIALIZED) {
+    if (here)
+      mpg__log(1, "mpi: MPI gave thread level %d, below MPI_THREAD_SERIALIZED; "
+               "call meshpg from one thread only", provided);
+    else
+      mpg__log(1, "mpi: the application initialised MPI at thread level %d "
+               "(below MPI_THREAD_SERIALIZED); call meshpg from the thread "
+               "that calls MPI only", provided);
+  }
+
+  /* Test hook: a small chunk size exercises the > INT_MAX paths. */
+  const char *chunk = getenv("MESHPG_MPI_MAX_COUNT");
+  long ck = chunk ? atol(chunk) : 0;
+  mpg__mpi.chunk = ck > 0 && ck <= INT_MAX ? ck : INT_MAX;
+  /* Test hook: a small piece size pipelines small all-reduces too. */
+  const char *piece = getenv("MESHPG_MPI_PIECE_BYTES");
+  long pb = piece ? atol(piece) : 0;
+  mpg__mpi.piece = pb >= 8 ? (size_t)pb : MPG_MPI_PIECE_DEFAULT;
+
+  MPI_Comm base = args->mpi_comm ? *(MPI_Comm *)args->mpi_comm : MPI_COMM_WORLD;
+  int rank = -1, size = -1;
+  rc = MPI_Comm_rank(base, &rank);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(base, &size);
+  if (rc != MPI_SUCCESS) {
+    unlock_g();
+    return mpg__mpi_fail(rc, "MPI_Comm_rank/MPI_Comm_size", "the world communicator");
+  }
+  const char *which = args->mpi_comm ? "the communicator in opts.mpi_comm"
+                                     : "MPI_COMM_WORLD";
+  if (rank != args->rank || size != args->world_size) {
+    unlock_g();
+    return mpg__fail(MPG_ERR_ENV,
+                     "mpi: %s has rank %d of %d but meshpg was told rank %d of "
+                     "%d (from opts or the launch environment); pass "
+                     "opts.rank and opts.world_size to match MPI",
+                     which, rank, size, args->rank, args->world_size);
+  }
+  unlock_g();
+
+  /* Every rank must arrive within the timeout, counted from here: our
+   * MPI_Init_thread may have taken long, and the peers' may take as long
+   * again.  Then the dup cannot hang. */
+  int state = 0;
+  rc = rendezvous(base, NULL, mpg__now() + timeout, timeout, &state);
+  if (rc != MPI_SUCCESS) return mpg__mpi_fail(rc, "MPI_Ibarrier", which);
+  if (state != 0)
+    return mpg__fail(MPG_ERR_TIMEOUT,
+                     "mpi: joining the world (rank %d of %d): not every rank "
+                     "arrived within the %.3g s timeout",
+                     rank, size, timeout);
+  MPI_Comm c = MPI_COMM_NULL;
+  lock_g();
+  rc = MPI_Comm_dup(base, &c);
+  if (rc != MPI_SUCCESS) {
+    unlock_g();
+    return mpg__mpi_fail(rc, "MPI_Comm_dup", which);
+  }
+  MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  st = comm_wrap(c, timeout, 1, world);
+  if (st) {
+    MPI_Comm_free(&c);
+  } else {
+    g_live_worlds++;
+    g_holds++; /* released by its destroy */
+    MPI_Comm_set_name(c, "meshpg world");
+    mpg__mpi_progress_start();
+  }
+  unlock_g();
+  if (!st)
+    mpg__log(2, "mpi: rank %d of %d joined (%s, at most %ld elements per MPI "
+             "call)", rank, size, which, mpg__mpi.chunk);
+  return st;
+}
+
+static mpg_status split(mpg__comm *parent, int color, int key,
+                        mpg__comm **out) {
+  *out = NULL;
+  mpg_status why = atomic_load(&parent->aborted);
+  if (why)
+    return mpg__fail(why, "mpi: split of a group of size %d (rank %d): the "
+                     "communicator was aborted", parent->size, parent->rank);
+  double deadline = mpg__now() + parent->timeout_s;
+
+  /* 1. Bounded rendezvous: every parent rank must reach the split. */
+  int state = 0;
+  int rc = rendezvous(parent->comm, parent, deadline, parent->timeout_s, &state);
+  if (rc != MPI_SUCCESS || state != 0) {
+    /* A barrier stays pending on the parent, which can no longer match
+     * its peers' calls: mark it aborted. */
+    mpg_status reason = state == 2 ? (mpg_status)atomic_load(&parent->aborted)
+                                   : MPG_ERR_TIMEOUT;
+    int expected = MPG_OK;
+    atomic_compare_exchange_strong(&parent->aborted, &expected, (int)reason);
+    if (rc != MPI_SUCCESS)
+      return mpg__mpi_fail(rc, "MPI_Ibarrier", "the split rendezvous");
+    if (state == 2)
+      return mpg__fail(reason, "mpi: split of a group of size %d (rank %d) into "
+                       "colour %d: aborted while waiting for peers",
+                       parent->size, parent->rank, color);
+    return mpg__fail(MPG_ERR_TIMEOUT,
+                     "mpi: split of a group of size %d (rank %d) into colour "
+                     "%d: not every rank arrived within the %.3g s timeout",
+                     parent->size, parent->rank, color, parent->timeout_s);
+  }
+
+  /* 2. Every rank has arrived; the blocking split completes promptly. */
+  MPI_Comm c = MPI_COMM_NULL;
+  lock_g();
+  rc = MPI_Comm_split(parent->comm, color < 0 ? MPI_UNDEFINED : color, key, &c);
+  mpg_status st = MPG_OK;
+  if (rc != MPI_SUCCESS) {
+    char what[128];
+    snprintf(what, sizeof what, "colour %d, key %d of a group of size %d (rank %d)",
+             color, key, parent->size, parent->rank);
+    st = mpg__mpi_fail(rc, "MPI_Comm_split", what);
+  } else if (c != MPI_COMM_NULL) {
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    st = comm_wrap(c, parent->timeout_s, 0, out);
+    if (st) MPI_Comm_free(&c);
+  }
+  unlock_g();
+  if (!st && *out)
+    mpg__log(2, "mpi: split colour %d key %d -> rank %d of %d", color, key,
+             (*out)->rank, (*out)->size);
+  return st;
+}
+
+static void comm_abort(mpg__comm *m, mpg_status reason) {
+  if (!m) return;
+  int expected = MPG_OK;
+  int why = reason == MPG_ERR_TIMEOUT ? MPG_ERR_TIMEOUT : MPG_ERR_ABORTED;
+  atomic_compare_exchange_strong(&m->aborted, &expected, why);
+  mpg__mpi_note_fault();
+  mpg__mpi_wake_waiters(); /* waiters look at the flag */
+}
+
+static mpg_status comm_destroy(mpg__comm *m) {
+  if (!m) return MPG_OK;
+  mpg_status st = MPG_OK;
+  lock_g();
+  int last = m->is_world && g_live_worlds == 1;
+  unlock_g();
+  if (last) mpg__mpi_progress_stop(); /* before MPI_Finalize, and not needed now */
+  lock_g();
+  mpg__mpi_live_remove(m);
+  mpg__mpi_sweep_orphans();
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin && !atomic_load(&m->aborted) && m->npending == 0 &&
+      m->norphans == 0) {
+    int rc = MPI_Comm_free(&m->comm);
+    if (rc != MPI_SUCCESS) st = mpg__mpi_fail(rc, "MPI_Comm_free", "a group");
+  }
+  /* else: leave the handle to MPI_Finalize (see Destroy above). */
+  if (m->is_world) {
+    g_live_worlds--;
+    release_locked();
+  }
+  m->destroyed = 1;
+  if (m->scratch) {
+    /* An abandoned piece's receive may still land in it: then it lives
+     * until MPI is finalised. */
+    int safe = !atomic_load(&m->aborted) && m->npending == 0 && m->norphans == 0;
+    if (safe || mpg__mpi.we_finalized)
+      free(m->scratch);
+    else
+      mpg__mpi_orphan_request(MPI_REQUEST_NULL, m->scratch, 1);
+    m->scratch = NULL;
+  }
+  for (int i = 0; i < MPG_MPI_SPARES; i++) {
+    free(m->spare[i]);
+    m->spare[i] = NULL;
+  }
+  mpg__mpi_comm_unref(m);
+  unlock_g();
+  return st;
+}
+
+const struct mpg__backend_ops mpg__backend_mpi = {
+    .name = "mpi",
+    .world_init = world_init,
+    .split = split,
+    .post = mpg__mpi_post,
+    .test = mpg__mpi_test,
+    .wait = mpg__mpi_wait,
+    .req_free = mpg__mpi_req_free,
+    .abort_comm = comm_abort,
+    .destroy = comm_destroy,
+    .mem_alloc = mpg__mpi_mem_alloc,
+    .mem_free = mpg__mpi_mem_free,
+};
