@@ -1,0 +1,134 @@
+/* The communicator lifecycle of the thread backend: joining the world (the
+ * k-th world_init of every rank joins generation k of the thread world),
+ * abort and destroy; and the backend's function table. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "thread_internal.h"
+
+static mpg_status t_world_init(const mpg__world_args *a, mpg__comm **out) {
+  if (out) *out = NULL;
+  if (!a || !out) return mpg__fail(MPG_ERR_INVALID, "thread backend: world_init: NULL argument");
+  mpg_thread_world *w = a->thread_world;
+  if (!w)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "thread backend: rank %d has no thread world (start the ranks "
+                     "with mpg_thread_run)", a->rank);
+  if (a->world_size != w->nranks)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "thread backend: rank %d: world size %d, but the thread world "
+                     "runs %d ranks", a->rank, a->world_size, w->nranks);
+  if (a->rank < 0 || a->rank >= w->nranks)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "thread backend: rank %d is outside the thread world of %d ranks",
+                     a->rank, w->nranks);
+  double timeout = a->timeout_s > 0 ? a->timeout_s : 600.0;
+  double deadline = mpg__now() + timeout;
+  mpg__comm *cm = calloc(1, sizeof *cm);
+  if (!cm) return mpg__fail(MPG_ERR_NOMEM, "thread backend: rank %d: out of memory", a->rank);
+
+  pthread_mutex_lock(&w->mu);
+  long gen = w->joins[a->rank];
+  tgroup *g = w->gens;
+  while (g && g->gen != gen) g = g->gen_next;
+  if (!g) {
+    char name[MPG_THREAD_NAME_LEN] = "world";
+    if (gen > 0) snprintf(name, sizeof name, "world#%ld", gen);
+    g = mpg__thread_group_new(w->nranks, name);
+    if (!g) {
+      pthread_mutex_unlock(&w->mu);
+      free(cm);
+      return mpg__fail(MPG_ERR_NOMEM, "thread backend: rank %d: out of memory for the world",
+                       a->rank);
+    }
+    for (int r = 0; r < w->nranks; r++) g->ranks[r] = r;
+    g->gen = gen;
+    g->refs = 1; /* the world's list */
+    g->gen_next = w->gens;
+    w->gens = g;
+  }
+  w->joins[a->rank]++;
+  pthread_mutex_lock(&g->mu);
+  g->refs++;
+  if (++g->joined == w->nranks) {
+    /* Everyone is in: the world no longer needs to find it. */
+    tgroup **pp = &w->gens;
+    while (*pp != g) pp = &(*pp)->gen_next;
+    *pp = g->gen_next;
+    g->refs--;
+    pthread_cond_broadcast(&g->cv);
+  }
+  pthread_mutex_unlock(&w->mu);
+
+  while (g->joined < w->nranks && !g->aborted && mpg__now() < deadline)
+    mpg__thread_timed_wait(&g->cv, &g->mu, deadline);
+  if (g->joined < w->nranks || g->aborted) {
+    mpg_status st = g->aborted ? g->aborted : MPG_ERR_TIMEOUT;
+    int joined = g->joined;
+    char am[sizeof g->abort_msg];
+    snprintf(am, sizeof am, "%s", g->abort_msg);
+    /* Fail the other ranks of this generation now rather than at their own
+     * deadlines. */
+    if (!g->aborted) mpg__thread_group_abort_locked(g, a->rank, MPG_ERR_TIMEOUT);
+    mpg__thread_group_unref_unlock(g);
+    free(cm);
+    if (joined == w->nranks)
+      return mpg__fail(st, "thread backend: rank %d joining the world: %s", a->rank, am);
+    /* Name the ranks that never came (the world lock orders before g's). */
+    char missing[200] = "";
+    size_t len = 0;
+    int shown = 0;
+    pthread_mutex_lock(&w->mu);
+    for (int r = 0; r < w->nranks && len < sizeof missing; r++) {
+      if (w->joins[r] > gen) continue;
+      if (shown == 8) {
+        snprintf(missing + len, sizeof missing - len, " ...");
+        break;
+      }
+      len += (size_t)snprintf(missing + len, sizeof missing - len, " %d", r);
+      shown++;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return mpg__fail(st,
+                     "thread backend: rank %d gave up on the world after %.3g s: %d of "
+                     "%d ranks joined; missing ranks:%s",
+                     a->rank, timeout, joined, w->nranks, shown ? missing : " (late)");
+  }
+  pthread_mutex_unlock(&g->mu);
+  cm->g = g;
+  cm->pos = a->rank;
+  cm->rank = a->rank;
+  cm->timeout_s = timeout;
+  mpg__log(2, "thread: rank %d joined %s of %d ranks", a->rank, g->name, w->nranks);
+  *out = cm;
+  return MPG_OK;
+}
+
+static void t_abort(mpg__comm *cm, mpg_status reason) {
+  if (!cm) return;
+  pthread_mutex_lock(&cm->g->mu);
+  mpg__thread_group_abort_locked(cm->g, cm->rank, reason);
+  pthread_mutex_unlock(&cm->g->mu);
+}
+
+static mpg_status t_destroy(mpg__comm *cm) {
+  if (!cm) return MPG_OK;
+  tgroup *g = cm->g;
+  pthread_mutex_lock(&g->mu);
+  mpg__thread_group_unref_unlock(g);
+  free(cm);
+  return MPG_OK;
+}
+
+const struct mpg__backend_ops mpg__backend_thread = {
+    .name = "thread",
+    .world_init = t_world_init,
+    .split = mpg__thread_split,
+    .post = mpg__thread_post,
+    .test = mpg__thread_test,
+    .wait = mpg__thread_wait,
+    .req_free = mpg__thread_req_free,
+    .abort_comm = t_abort,
+    .destroy = t_destroy,
+    .local = NULL,
+};
