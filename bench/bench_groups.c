@@ -317,7 +317,7 @@ static int parse_args(int argc, char **argv, options *o) {
 /* spec from "dp=2,cp=2,tp=2", plus dp_cp = [dp, cp] when both exist. */
 static mpg_status make_mesh(const char *dims, int world, mpg_mesh **out) {
   *out = NULL;
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   mpg_spec_init(&spec);
   mpg_status st = mpg_spec_set_mesh(&spec, dims);
   if (st) return st;

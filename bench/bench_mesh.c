@@ -333,7 +333,7 @@ static int run_mesh(const char *label, const char *dims, int world,
   res->dims = dims;
   res->world = world;
 
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   if (build_spec(&spec, dims)) return 1;
 
   mpg_mesh *m = NULL;
@@ -703,7 +703,7 @@ int main(int argc, char **argv) {
   /* Warm up malloc and the library (first-touch pages, arena set-up) so the
    * memory figures below show the mesh alone. */
   {
-    mpg_spec spec;
+    mpg_spec spec = MPG_SPEC_INIT;
     mpg_mesh *m = NULL;
     if (build_spec(&spec, "pp=1,dp=2,cp=2,tp=2")) return 1;
     mpg_status st = mpg_mesh_create(&spec, 8, &m);

@@ -4,7 +4,7 @@
  * One MPI process per rank, started by mpirun (see bench/run_sync.sh, which
  * runs this program and bench/ddp_bench.py side by side and prints the
  * table).  The parameter list is a file of `name elements shape` lines
- * (`#` starts a comment), e.g. /work/shared/bench/gpt-small.params.
+ * (`#` starts a comment), e.g. bench/gpt-small.params (bench/README.md).
  *
  * Every rank builds the mesh "dp=<world>,cp=1" with the flattened set
  * dp_cp = [dp, cp] on the MPI backend and registers every tensor of the
@@ -431,7 +431,7 @@ typedef struct bench {
 
 /* Make a sync with the given bucket sizes and op; record its views. */
 static int make_sync(bench *B, int m, double bucket_mb, double first_mb,
-                     mpg_sync_op op) {
+                     mpg_op op) {
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.bucket_mb = bucket_mb;
   so.first_bucket_mb = first_mb;
@@ -670,7 +670,7 @@ static void print_result(const bench *B, int m, const series *s, double t_comm) 
          mode_chars[m], t.median, t.min, t.max, t.n, B->bytes, B->bytes / t.median / 1e9,
          fl.median);
   if (m == M_A || m == M_S || m == M_1) {
-    mpg_sync_stats st;
+    mpg_sync_stats st = MPG_SYNC_STATS_INIT;
     if (mpg_sync_get_stats(B->sync[m], &st) == MPG_OK)
       printf(" buckets=%d sync_bytes=%zu", st.num_buckets, st.total_bytes);
   }
@@ -709,7 +709,7 @@ static int run_phase(bench *B, const int *which, long *step, series *ser) {
 static int bench_main(bench *B) {
   const options *o = &B->opt;
   /* Mesh dp=<world>, cp=1, dp_cp = [dp, cp]; MPI backend. */
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   CHECK(mpg_spec_init(&spec));
   CHECK(mpg_spec_set_mesh(&spec, "dp=-1,cp=1"));
   CHECK(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"));
@@ -724,11 +724,11 @@ static int bench_main(bench *B) {
   CHECK(mpg_ctx_group(B->ctx, "world", &B->world_group));
 
   /* Sync a always (its buffer serves b, c, r, i, o, n). */
-  if (make_sync(B, M_A, o->bucket_mb, o->first_bucket_mb, MPG_SYNC_AVG)) return 1;
-  if (o->modes[M_S] && make_sync(B, M_S, o->bucket_mb, o->first_bucket_mb, MPG_SYNC_SUM))
+  if (make_sync(B, M_A, o->bucket_mb, o->first_bucket_mb, MPG_OP_AVG)) return 1;
+  if (o->modes[M_S] && make_sync(B, M_S, o->bucket_mb, o->first_bucket_mb, MPG_OP_SUM))
     return 1;
-  if (o->modes[M_1] && make_sync(B, M_1, 1e6, 1e6, MPG_SYNC_AVG)) return 1;
-  mpg_sync_stats st;
+  if (o->modes[M_1] && make_sync(B, M_1, 1e6, 1e6, MPG_OP_AVG)) return 1;
+  mpg_sync_stats st = MPG_SYNC_STATS_INIT;
   CHECK(mpg_sync_get_stats(B->sync[M_A], &st));
   if (st.num_buffers != 1) {
     fprintf(stderr, "bench_sync_mpi: expected one gradient buffer, got %d\n",

@@ -35,6 +35,8 @@ torch.set_num_threads(1) (default here; --threads N changes it): every
 rank is one single-threaded process, as the C benchmark's ranks are, and
 4 ranks already share the machine's cores.
 
+PARAMS defaults to gpt-small.params next to this script (bench/README.md).
+
 Prints (rank 0) "RESULT d median_s=.. ..." for bench/run_sync.sh and "#"
 lines for people.  Exit status 0, 1 on a failed check, 2 on a usage error.
 """
@@ -80,7 +82,10 @@ def env_int(*names):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("params")
+    ap.add_argument("params", nargs="?",
+                    default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                         "gpt-small.params"),
+                    help="parameter list (default: gpt-small.params next to this script)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--bucket-mb", type=float, default=25.0)

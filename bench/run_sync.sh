@@ -4,9 +4,10 @@
 #   bench/run_sync.sh [BUILD_DIR] [PARAMS]
 #
 # BUILD_DIR (default: build) holds bench/bench_sync_mpi; PARAMS defaults to
-# /work/shared/bench/gpt-small.params (gpt-medium.params works too, but
-# needs about 4 x 4 GB for the C program and 4 x 8 GB for DDP).  Run from the
-# repository root (or anywhere: paths are resolved from this script).
+# gpt-small.params next to this script (bench/gpt-medium.params works too,
+# but needs about 4 x 4 GB for the C program and 4 x 8 GB for DDP; both
+# lists are described in bench/README.md).  Run from the repository root (or
+# anywhere: paths are resolved from this script).
 #
 # One run does, in order, with the same mpirun line
 #   mpirun --oversubscribe --bind-to none --mca btl self,vader -np $NP
@@ -35,10 +36,10 @@ set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=${1:-build}
-params=${2:-/work/shared/bench/gpt-small.params}
+params=${2:-$here/gpt-small.params}
 [[ $build = /* ]] || build="$root/$build"
 if [[ $# -gt 2 || ${1:-} = -h || ${1:-} = --help ]]; then
-  sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,/^[^#]/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
   [[ ${1:-} = -h || ${1:-} = --help ]] && exit 0 || exit 2
 fi
 exe="$build/bench/bench_sync_mpi"

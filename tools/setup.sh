@@ -19,8 +19,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MESHPG_BUILD_DIR:-$root/build}
 
 # Debian packages the build and the test suite need.
+# cmake: tests/install builds a CMake consumer of the installed package.
 packages=(gcc g++ meson ninja-build pkg-config libtomlplusplus-dev libhwloc-dev
-          libcriterion-dev libopenmpi-dev openmpi-bin valgrind)
+          libcriterion-dev libopenmpi-dev openmpi-bin valgrind cmake)
 # PyTorch (gloo) for the DDP column of the sync benchmark only.
 if [ "$mode" = bench ]; then packages+=(python3-torch); fi
 
