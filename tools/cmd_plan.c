@@ -132,7 +132,7 @@ static void json_string(const char *s) {
 }
 
 static void print_json(const mpg_mesh *m, int rank, int *buf,
-                       const mpg_plan_placement *pp) {
+                       const plan_placement *pp) {
   int nd = mpg_mesh_ndims(m), nsets = mpg_mesh_num_dimsets(m);
   printf("{\"world_size\": %d, \"dims\": [", mpg_mesh_world_size(m));
   for (int d = 0; d < nd; d++) {
@@ -180,74 +180,71 @@ static void print_json(const mpg_mesh *m, int rank, int *buf,
   }
   if (pp) {
     printf(", ");
-    mpg_plan_place_json(stdout, pp, m);
+    plan_place_json(stdout, pp, m);
   }
   printf("}\n");
 }
 
-int mpg_cmd_plan(int argc, char **argv) {
-  mpg_tool_spec args = {0};
+int cmd_plan(int argc, char **argv) {
+  tool_spec args = {0};
   int rank = -1, json = 0;
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
 
-  mpg_plan_place_args place_args;
-  mpg_plan_place_args_init(&place_args);
+  plan_place_args place_args;
+  plan_place_args_init(&place_args);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    int placed = mpg_plan_place_parse(&place_args, argc, argv, &i);
-    if (placed < 0) return MPG_EXIT_USAGE;
+    int placed = plan_place_parse(&place_args, argc, argv, &i);
+    if (placed < 0) return TOOL_EXIT_USAGE;
     if (placed) continue;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       fputs(plan_usage, stdout);
-      fputs(mpg_plan_place_usage, stdout);
-      return MPG_EXIT_OK;
+      fputs(plan_place_usage, stdout);
+      return TOOL_EXIT_OK;
     } else if (strcmp(a, "--json") == 0) {
       json = 1;
     } else if (strcmp(a, "--rank") == 0) {
       if (i + 1 >= argc) {
-        mpg_tool_error("%s needs a value", a);
+        tool_error("%s needs a value", a);
         fputs(plan_usage, stderr);
-        return MPG_EXIT_USAGE;
+        return TOOL_EXIT_USAGE;
       }
-      if (!mpg_tool_parse_int("--rank", argv[++i], 0, &rank)) return MPG_EXIT_USAGE;
+      if (!tool_parse_int("--rank", argv[++i], 0, &rank)) return TOOL_EXIT_USAGE;
     } else {
-      int took = mpg_tool_spec_arg(&args, argc, argv, &i, plan_usage);
-      if (took < 0) return MPG_EXIT_USAGE;
+      int took = tool_spec_arg(&args, argc, argv, &i, plan_usage);
+      if (took < 0) return TOOL_EXIT_USAGE;
       if (!took) {
-        mpg_tool_error("unknown option \"%s\"", a);
+        tool_error("unknown option \"%s\"", a);
         fputs(plan_usage, stderr);
-        return MPG_EXIT_USAGE;
+        return TOOL_EXIT_USAGE;
       }
     }
   }
   if (!args.path && !args.mesh) {
-    mpg_tool_error("give a spec file or --mesh");
+    tool_error("give a spec file or --mesh");
     fputs(plan_usage, stderr);
-    return MPG_EXIT_USAGE;
+    return TOOL_EXIT_USAGE;
   }
   int world = args.world;
-  mpg_status st = mpg_tool_spec_load(&args, NULL, &spec);
+  mpg_status st = tool_spec_load(&args, NULL, &spec);
   mpg_mesh *mesh = NULL;
   if (!st) st = mpg_mesh_create(&spec, world, &mesh);
-  if (st) {
-    mpg_tool_error("%s", mpg_last_error());
-    return MPG_EXIT_FAIL;
-  }
+  if (st) return tool_fail(st, NULL);
   int world_size = mpg_mesh_world_size(mesh);
   if (rank >= world_size) {
-    mpg_tool_error("--rank: rank %d is outside the world of %d ranks", rank,
-                   world_size);
+    tool_error("--rank: rank %d is outside the world of %d ranks", rank,
+               world_size);
     mpg_mesh_destroy(mesh);
-    return MPG_EXIT_FAIL;
+    return TOOL_EXIT_FAIL;
   }
   int *buf = malloc(sizeof(int) * (size_t)world_size);
   if (!buf) {
-    mpg_tool_error("out of memory for %d ranks", world_size);
+    tool_error("out of memory for %d ranks", world_size);
     mpg_mesh_destroy(mesh);
-    return MPG_EXIT_FAIL;
+    return TOOL_EXIT_FAIL;
   }
-  mpg_plan_placement *pp = NULL;
-  int rc = mpg_plan_place_build(&place_args, &spec, mesh, &pp);
+  plan_placement *pp = NULL;
+  int rc = plan_place_build(&place_args, &spec, mesh, &pp);
   if (rc) {
     free(buf);
     mpg_mesh_destroy(mesh);
@@ -258,12 +255,12 @@ int mpg_cmd_plan(int argc, char **argv) {
   } else {
     print_text(mesh, &spec, rank, buf);
     if (rank >= 0)
-      mpg_plan_place_print_rank(stdout, pp, rank);
+      plan_place_print_rank(stdout, pp, rank);
     else
-      mpg_plan_place_print(stdout, pp, mesh);
+      plan_place_print(stdout, pp, mesh);
   }
-  rc = mpg_plan_place_svg(pp, mesh);
-  mpg_plan_place_free(pp);
+  rc = plan_place_svg(pp, mesh);
+  plan_place_free(pp);
   free(buf);
   mpg_mesh_destroy(mesh);
   return rc;

@@ -71,7 +71,7 @@ static const char sim_usage[] =
 #define TABLE_ALL_UP_TO 64
 #define TABLE_EDGE 16
 
-static const char *const param_names[MPG_SIM_NPARAMS] = {"w1", "b1", "w2", "b2"};
+static const char *const param_names[SIM_NPARAMS] = {"w1", "b1", "w2", "b2"};
 
 /* What one rank reports back; written only by that rank. */
 typedef struct sim_result {
@@ -92,7 +92,7 @@ typedef struct sim_result {
 /* The job: read-only while the ranks run (results aside). */
 typedef struct sim_job {
   const mpg_mesh *mesh;
-  mpg_sim_model model;
+  sim_model model;
   int steps, microbatches, fsdp, quiet, lazy_groups;
   int fail_rank, fail_step;   /* --fail-rank; -1: none */
   mpg_sync_opts sync_opts;
@@ -100,7 +100,7 @@ typedef struct sim_job {
   int dp, cp, tp;
   int nsets;                  /* dim sets shown: every one but "world" */
   double grad_factor;         /* the library's (and FSDP's) divisor, undone */
-  const mpg_sim_reference *ref;
+  const sim_reference *ref;
   sim_result *results;
 } sim_job;
 
@@ -113,9 +113,9 @@ typedef struct sim_rank {
   mpg_sync *sync;
   mpg_group *tp, *dp, *dp_cp;
   int rank, dp_pos, cp_pos, tp_pos, hl;
-  long count[MPG_SIM_NPARAMS], off[MPG_SIM_NPARAMS], nparam;
-  int pid[MPG_SIM_NPARAMS];
-  float *grad[MPG_SIM_NPARAMS]; /* views into the sync's buffers */
+  long count[SIM_NPARAMS], off[SIM_NPARAMS], nparam;
+  int pid[SIM_NPARAMS];
+  float *grad[SIM_NPARAMS]; /* views into the sync's buffers */
   float *param;                 /* w1 | b1 | w2 | b2 of this tp rank */
   /* one micro-batch */
   int max_tok;
@@ -142,8 +142,8 @@ static int parse_double(const char *flag, const char *s, double lo,
   char *end;
   double v = strtod(s, &end);
   if (!*s || *end || !isfinite(v) || v < lo || (!lo_inclusive && v == lo)) {
-    mpg_tool_error("%s: expected a number %s %g, found \"%s\"", flag,
-                   lo_inclusive ? ">=" : ">", lo, s);
+    tool_error("%s: expected a number %s %g, found \"%s\"", flag,
+               lo_inclusive ? ">=" : ">", lo, s);
     return 0;
   }
   *out = v;
@@ -158,7 +158,7 @@ static int parse_seed(const char *s, uint64_t *out) {
   *out = (uint64_t)v;
   return 1;
 bad:
-  mpg_tool_error("--seed: expected a non-negative integer, found \"%s\"", s);
+  tool_error("--seed: expected a non-negative integer, found \"%s\"", s);
   return 0;
 }
 
@@ -193,8 +193,7 @@ static mpg_status rank_fail(sim_rank *r, mpg_status st, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    const char *why = st != MPG_OK ? mpg_last_error() : "";
-    if (!why || !why[0]) why = mpg_strerror(st);
+    const char *why = tool_why(st);
     snprintf(r->res->msg, sizeof r->res->msg, "%s%s%s: %s", r->where,
              r->where[0] ? ": " : "", what, why);
   }
@@ -212,14 +211,14 @@ static mpg_status rank_fail(sim_rank *r, mpg_status st, const char *fmt, ...) {
  * row i, column j of a matrix with `cols` columns. */
 static void global_index(const sim_rank *r, int k, long e, int *i, int *j,
                          int *cols) {
-  const mpg_sim_model *m = &r->job->model;
+  const sim_model *m = &r->job->model;
   int base = r->tp_pos * r->hl;
   switch (k) {
-  case MPG_SIM_W1:
+  case SIM_W1:
     *i = (int)(e / r->hl), *j = base + (int)(e % r->hl), *cols = m->hidden;
     break;
-  case MPG_SIM_B1: *i = 0, *j = base + (int)e, *cols = m->hidden; break;
-  case MPG_SIM_W2:
+  case SIM_B1: *i = 0, *j = base + (int)e, *cols = m->hidden; break;
+  case SIM_W2:
     *i = base + (int)(e / m->d_out), *j = (int)(e % m->d_out), *cols = m->d_out;
     break;
   default: *i = 0, *j = (int)e, *cols = m->d_out; break;
@@ -270,7 +269,7 @@ static mpg_status rank_groups(sim_rank *r) {
 
 static mpg_status rank_setup(sim_rank *r) {
   const sim_job *job = r->job;
-  const mpg_sim_model *m = &job->model;
+  const sim_model *m = &job->model;
   snprintf(r->where, sizeof r->where, "rank %d", r->opts.rank);
   TRY(mpg_ctx_create(job->mesh, &r->opts, &r->ctx), "joining the world");
   r->rank = mpg_ctx_rank(r->ctx);
@@ -286,40 +285,40 @@ static mpg_status rank_setup(sim_rank *r) {
 
   /* Parameter shards of this tp rank. */
   r->hl = m->hidden / job->tp;
-  r->count[MPG_SIM_W1] = (long)m->d_in * r->hl;
-  r->count[MPG_SIM_B1] = r->hl;
-  r->count[MPG_SIM_W2] = (long)r->hl * m->d_out;
-  r->count[MPG_SIM_B2] = m->d_out;
+  r->count[SIM_W1] = (long)m->d_in * r->hl;
+  r->count[SIM_B1] = r->hl;
+  r->count[SIM_W2] = (long)r->hl * m->d_out;
+  r->count[SIM_B2] = m->d_out;
   r->nparam = 0;
-  for (int k = 0; k < MPG_SIM_NPARAMS; k++) {
+  for (int k = 0; k < SIM_NPARAMS; k++) {
     r->off[k] = r->nparam;
     r->nparam += r->count[k];
   }
 
   /* The synchroniser: registered in forward order, marked in backward. */
   TRY(mpg_sync_create(r->ctx, &job->sync_opts, &r->sync), "mpg_sync_create");
-  for (int k = 0; k < MPG_SIM_NPARAMS; k++)
+  for (int k = 0; k < SIM_NPARAMS; k++)
     TRY(mpg_sync_add_param(r->sync, param_names[k], (size_t)r->count[k],
                            MPG_F32, NULL, &r->pid[k]),
         "registering %s", param_names[k]);
   TRY(mpg_sync_commit(r->sync), "mpg_sync_commit");
-  for (int k = 0; k < MPG_SIM_NPARAMS; k++) {
+  for (int k = 0; k < SIM_NPARAMS; k++) {
     void *v;
     TRY(mpg_sync_grad(r->sync, r->pid[k], &v), "gradient view of %s",
         param_names[k]);
     r->grad[k] = v;
   }
   mpg_group *rg;
-  TRY(mpg_sync_param_group(r->sync, r->pid[MPG_SIM_W1], &rg), "reduce group");
+  TRY(mpg_sync_param_group(r->sync, r->pid[SIM_W1], &rg), "reduce group");
   snprintf(r->res->reduce, GROUP_STR, "%s(%d)", mpg_group_name(rg),
            mpg_group_size(rg));
 
   /* Buffers of one micro-batch. */
   int lo, hi, tlo, thi;
-  mpg_sim_split(m->batch, job->dp, 0, &lo, &hi); /* part 0 is the largest */
+  sim_split(m->batch, job->dp, 0, &lo, &hi); /* part 0 is the largest */
   int samples = hi - lo;
-  mpg_sim_split(samples, job->microbatches, 0, &lo, &hi);
-  mpg_sim_split(m->seq, job->cp, 0, &tlo, &thi);
+  sim_split(samples, job->microbatches, 0, &lo, &hi);
+  sim_split(m->seq, job->cp, 0, &tlo, &thi);
   r->max_tok = (hi - lo) * (thi - tlo);
   size_t nt = (size_t)(r->max_tok > 0 ? r->max_tok : 1);
   r->x = malloc(sizeof(float) * nt * (size_t)m->d_in);
@@ -347,11 +346,11 @@ static mpg_status rank_setup(sim_rank *r) {
       !r->tok || !r->param ||
       (job->fsdp && (!r->shard || !r->gshard || !r->gflat)))
     return rank_fail(r, MPG_ERR_NOMEM, "buffers of %ld parameters", r->nparam);
-  for (int k = 0; k < MPG_SIM_NPARAMS; k++)
+  for (int k = 0; k < SIM_NPARAMS; k++)
     for (long e = 0; e < r->count[k]; e++) {
       int i, j, cols;
       global_index(r, k, e, &i, &j, &cols);
-      r->param[r->off[k] + e] = (float)mpg_sim_init_param(m, k, i, j);
+      r->param[r->off[k] + e] = (float)sim_init_param(m, k, i, j);
     }
   if (job->fsdp) {
     /* [lo, hi): the real parameters of its chunk (none when dp exceeds
@@ -370,19 +369,19 @@ static mpg_status rank_setup(sim_rank *r) {
  * sum of squared errors to *sse. */
 static mpg_status rank_microbatch(sim_rank *r, long step, int mb, double *sse) {
   const sim_job *job = r->job;
-  const mpg_sim_model *m = &job->model;
+  const sim_model *m = &job->model;
   const int din = m->d_in, dout = m->d_out, hl = r->hl;
-  const float *w1 = r->param + r->off[MPG_SIM_W1];
-  const float *b1 = r->param + r->off[MPG_SIM_B1];
-  const float *w2 = r->param + r->off[MPG_SIM_W2];
-  const float *b2 = r->param + r->off[MPG_SIM_B2];
+  const float *w1 = r->param + r->off[SIM_W1];
+  const float *b1 = r->param + r->off[SIM_B1];
+  const float *w2 = r->param + r->off[SIM_W2];
+  const float *b2 = r->param + r->off[SIM_B2];
 
   /* dp splits the samples, micro-batches split the rank's samples, cp
    * splits the tokens of every sample. */
   int s_lo, s_hi, m_lo, m_hi, t_lo, t_hi;
-  mpg_sim_split(m->batch, job->dp, r->dp_pos, &s_lo, &s_hi);
-  mpg_sim_split(s_hi - s_lo, job->microbatches, mb, &m_lo, &m_hi);
-  mpg_sim_split(m->seq, job->cp, r->cp_pos, &t_lo, &t_hi);
+  sim_split(m->batch, job->dp, r->dp_pos, &s_lo, &s_hi);
+  sim_split(s_hi - s_lo, job->microbatches, mb, &m_lo, &m_hi);
+  sim_split(m->seq, job->cp, r->cp_pos, &t_lo, &t_hi);
   int ntok_s = t_hi - t_lo;
   int nt = (m_hi - m_lo) * ntok_s;
 
@@ -390,7 +389,7 @@ static mpg_status rank_microbatch(sim_rank *r, long step, int mb, double *sse) {
   for (int n = 0; n < nt; n++) {
     int sample = s_lo + m_lo + n / ntok_s, token = t_lo + n % ntok_s;
     double *x = r->tok, *t = r->tok + din;
-    mpg_sim_token(m, step, sample, token, x, t);
+    sim_token(m, step, sample, token, x, t);
     for (int i = 0; i < din; i++) r->x[(size_t)n * din + i] = (float)x[i];
     for (int k = 0; k < dout; k++) r->t[(size_t)n * dout + k] = (float)t[k];
     float *a = r->a + (size_t)n * hl;
@@ -431,23 +430,23 @@ static mpg_status rank_microbatch(sim_rank *r, long step, int mb, double *sse) {
   float *view;
   /* b2 (replicated over tp: the same on every tp rank, never reduced over
    * tp) */
-  view = r->grad[MPG_SIM_B2];
+  view = r->grad[SIM_B2];
   for (int k = 0; k < dout; k++) g[k] = 0.0;
   for (int n = 0; n < nt; n++)
     for (int k = 0; k < dout; k++) g[k] += r->dy[(size_t)n * dout + k];
   for (int k = 0; k < dout; k++) view[k] += (float)g[k];
-  TRY(mpg_sync_mark_ready(r->sync, r->pid[MPG_SIM_B2]), "marking b2 ready");
+  TRY(mpg_sync_mark_ready(r->sync, r->pid[SIM_B2]), "marking b2 ready");
   /* W2 (rows of this tp rank) */
-  view = r->grad[MPG_SIM_W2];
-  for (long e = 0; e < r->count[MPG_SIM_W2]; e++) g[e] = 0.0;
+  view = r->grad[SIM_W2];
+  for (long e = 0; e < r->count[SIM_W2]; e++) g[e] = 0.0;
   for (int n = 0; n < nt; n++) {
     const float *a = r->a + (size_t)n * hl;
     const double *dy = r->dy + (size_t)n * dout;
     for (int j = 0; j < hl; j++)
       for (int k = 0; k < dout; k++) g[(size_t)j * dout + k] += a[j] * dy[k];
   }
-  for (long e = 0; e < r->count[MPG_SIM_W2]; e++) view[e] += (float)g[e];
-  TRY(mpg_sync_mark_ready(r->sync, r->pid[MPG_SIM_W2]), "marking w2 ready");
+  for (long e = 0; e < r->count[SIM_W2]; e++) view[e] += (float)g[e];
+  TRY(mpg_sync_mark_ready(r->sync, r->pid[SIM_W2]), "marking w2 ready");
   /* through tanh to h */
   for (int n = 0; n < nt; n++) {
     const float *a = r->a + (size_t)n * hl;
@@ -459,23 +458,23 @@ static mpg_status rank_microbatch(sim_rank *r, long step, int mb, double *sse) {
     }
   }
   /* b1 (columns of this tp rank) */
-  view = r->grad[MPG_SIM_B1];
+  view = r->grad[SIM_B1];
   for (int j = 0; j < hl; j++) g[j] = 0.0;
   for (int n = 0; n < nt; n++)
     for (int j = 0; j < hl; j++) g[j] += r->dh[(size_t)n * hl + j];
   for (int j = 0; j < hl; j++) view[j] += (float)g[j];
-  TRY(mpg_sync_mark_ready(r->sync, r->pid[MPG_SIM_B1]), "marking b1 ready");
+  TRY(mpg_sync_mark_ready(r->sync, r->pid[SIM_B1]), "marking b1 ready");
   /* W1 (columns of this tp rank) */
-  view = r->grad[MPG_SIM_W1];
-  for (long e = 0; e < r->count[MPG_SIM_W1]; e++) g[e] = 0.0;
+  view = r->grad[SIM_W1];
+  for (long e = 0; e < r->count[SIM_W1]; e++) g[e] = 0.0;
   for (int n = 0; n < nt; n++) {
     const float *x = r->x + (size_t)n * din;
     const double *dh = r->dh + (size_t)n * hl;
     for (int i = 0; i < din; i++)
       for (int j = 0; j < hl; j++) g[(size_t)i * hl + j] += x[i] * dh[j];
   }
-  for (long e = 0; e < r->count[MPG_SIM_W1]; e++) view[e] += (float)g[e];
-  TRY(mpg_sync_mark_ready(r->sync, r->pid[MPG_SIM_W1]), "marking w1 ready");
+  for (long e = 0; e < r->count[SIM_W1]; e++) view[e] += (float)g[e];
+  TRY(mpg_sync_mark_ready(r->sync, r->pid[SIM_W1]), "marking w1 ready");
   return MPG_OK;
 }
 
@@ -484,7 +483,7 @@ static mpg_status rank_update(sim_rank *r) {
   const sim_job *job = r->job;
   const double lr = job->model.lr;
   if (!job->fsdp) {
-    for (int k = 0; k < MPG_SIM_NPARAMS; k++) {
+    for (int k = 0; k < SIM_NPARAMS; k++) {
       float *p = r->param + r->off[k];
       for (long e = 0; e < r->count[k]; e++)
         p[e] = (float)((double)p[e] - lr * (double)r->grad[k][e]);
@@ -494,7 +493,7 @@ static mpg_status rank_update(sim_rank *r) {
   /* FSDP stand-in: gradients (already averaged over cp by meshpg) into
    * one flat padded buffer, averaged over dp and scattered: this rank gets
    * the gradient of its own shard, and updates only that. */
-  for (int k = 0; k < MPG_SIM_NPARAMS; k++)
+  for (int k = 0; k < SIM_NPARAMS; k++)
     memcpy(r->gflat + r->off[k], r->grad[k], sizeof(float) * (size_t)r->count[k]);
   TRY(mpg_reduce_scatter(r->dp, r->gflat, r->gshard, (size_t)r->chunk, MPG_F32,
                          MPG_OP_AVG, NULL, NULL),
@@ -515,7 +514,7 @@ static mpg_status rank_gather(sim_rank *r) {
 
 static mpg_status rank_train(sim_rank *r) {
   const sim_job *job = r->job;
-  const mpg_sim_model *m = &job->model;
+  const sim_model *m = &job->model;
   int every = job->steps >= 10 ? job->steps / 10 : 1;
   for (long s = 0; s < job->steps; s++) {
     snprintf(r->where, sizeof r->where, "rank %d, step %ld", r->rank, s);
@@ -572,10 +571,10 @@ static mpg_status rank_train(sim_rank *r) {
 
 /* Compare with the matching slice of the reference. */
 static void rank_compare(sim_rank *r) {
-  const mpg_sim_reference *ref = r->job->ref;
+  const sim_reference *ref = r->job->ref;
   double worst = 0.0;
   int worst_k = 0;
-  for (int k = 0; k < MPG_SIM_NPARAMS; k++) {
+  for (int k = 0; k < SIM_NPARAMS; k++) {
     double diff = 0.0, scale = 0.0;
     for (long e = 0; e < r->count[k]; e++) {
       int i, j, cols;
@@ -632,7 +631,9 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   if (st == MPG_OK) st = rank_train(r);
   if (st == MPG_OK) {
     rank_compare(r);
-    mpg_sync_get_stats(r->sync, &r->res->stats);
+    mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
+    mpg_sync_get_stats(r->sync, &stats);
+    r->res->stats = stats;
     r->res->done = 1;
   } else if (r->ctx && !r->res->injected) {
     /* Wake the peers now instead of letting them reach their timeout.  (A
@@ -664,8 +665,8 @@ static int complete_spec(mpg_spec *spec, char *added, size_t cap) {
   for (int k = 0; k < 3; k++) {
     if (find_dim(spec, need[k]) >= 0) continue;
     if (spec->ndims >= MPG_MAX_DIMS) {
-      mpg_tool_error("the mesh has no dim \"%s\" and no room to add one "
-                     "(at most %d dims)", need[k], MPG_MAX_DIMS);
+      tool_error("the mesh has no dim \"%s\" and no room to add one "
+                 "(at most %d dims)", need[k], MPG_MAX_DIMS);
       return 0;
     }
     mpg_dim *d = &spec->dims[spec->ndims++];
@@ -681,15 +682,17 @@ static int complete_spec(mpg_spec *spec, char *added, size_t cap) {
   if (!have) {
     const char *dims =
         find_dim(spec, "dp") < find_dim(spec, "cp") ? "dp,cp" : "cp,dp";
-    if (mpg_spec_add_flatten(spec, "dp_cp", dims) != MPG_OK) {
-      mpg_tool_error("%s", mpg_last_error());
+    mpg_status st = mpg_spec_add_flatten(spec, "dp_cp", dims);
+    if (st != MPG_OK) {
+      tool_fail(st, NULL);
       return 0;
     }
     size_t len = strlen(added);
     snprintf(added + len, cap - len, "%sdp_cp=[%s]", len ? ", " : "", dims);
   }
-  if (mpg_spec_validate(spec) != MPG_OK) {
-    mpg_tool_error("%s", mpg_last_error());
+  mpg_status st = mpg_spec_validate(spec);
+  if (st != MPG_OK) {
+    tool_fail(st, NULL);
     return 0;
   }
   return 1;
@@ -708,23 +711,24 @@ static int check_mesh(const mpg_mesh *mesh, sim_job *job) {
     else if (strcmp(name, "cp") == 0) job->dim_cp = d, job->cp = size;
     else if (strcmp(name, "tp") == 0) job->dim_tp = d, job->tp = size;
     else if (size != 1) {
-      mpg_tool_error("sim: the model is parallel over dp, cp and tp only; "
-                     "dim \"%s\" must have size 1, found %d", name, size);
+      tool_error("sim: the model is parallel over dp, cp and tp only; "
+                 "dim \"%s\" must have size 1, found %d", name, size);
       return 0;
     }
   }
   int set, dims[MPG_MAX_DIMS], n;
-  if (mpg_mesh_dimset_find(mesh, "dp_cp", &set) != MPG_OK ||
-      mpg_mesh_dimset_dims(mesh, set, dims, &n) != MPG_OK) {
-    mpg_tool_error("%s", mpg_last_error());
+  mpg_status st = mpg_mesh_dimset_find(mesh, "dp_cp", &set);
+  if (st == MPG_OK) st = mpg_mesh_dimset_dims(mesh, set, dims, &n);
+  if (st != MPG_OK) {
+    tool_fail(st, NULL);
     return 0;
   }
   int ok = n == 2;
   for (int i = 0; ok && i < n; i++)
     ok = dims[i] == job->dim_dp || dims[i] == job->dim_cp;
   if (!ok) {
-    mpg_tool_error("sim: the flattened set dp_cp must hold exactly the dims "
-                   "dp and cp (gradients are averaged over it)");
+    tool_error("sim: the flattened set dp_cp must hold exactly the dims "
+               "dp and cp (gradients are averaged over it)");
     return 0;
   }
   job->nsets = mpg_mesh_num_dimsets(mesh) - 1; /* all but "world" */
@@ -796,8 +800,8 @@ static void print_table(const sim_job *job, int world) {
   }
 }
 
-int mpg_cmd_sim(int argc, char **argv) {
-  mpg_tool_spec args = {0};
+int cmd_sim(int argc, char **argv) {
+  tool_spec args = {0};
   int steps = 20, fsdp = 0, micro = 1, quiet = 0;
   int batch = 0, seq = 0, hidden = 0;
   double timeout = 0.0, lr = 0.5, bucket_mb = 0.0, tol = 1e-5;
@@ -808,7 +812,7 @@ int mpg_cmd_sim(int argc, char **argv) {
     const char *a = argv[i];
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       fputs(sim_usage, stdout);
-      return MPG_EXIT_OK;
+      return TOOL_EXIT_OK;
     } else if (strcmp(a, "--fsdp") == 0) {
       fsdp = 1;
     } else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) {
@@ -820,22 +824,22 @@ int mpg_cmd_sim(int argc, char **argv) {
                strcmp(a, "--bucket-mb") == 0 || strcmp(a, "--tol") == 0 ||
                strcmp(a, "--fail-rank") == 0) {
       if (i + 1 >= argc) {
-        mpg_tool_error("%s needs a value", a);
+        tool_error("%s needs a value", a);
         fputs(sim_usage, stderr);
-        return MPG_EXIT_USAGE;
+        return TOOL_EXIT_USAGE;
       }
       const char *v = argv[++i];
       int ok = 1;
       if (strcmp(a, "--steps") == 0) {
-        ok = mpg_tool_parse_int(a, v, 1, &steps);
+        ok = tool_parse_int(a, v, 1, &steps);
       } else if (strcmp(a, "--microbatches") == 0) {
-        ok = mpg_tool_parse_int(a, v, 1, &micro);
+        ok = tool_parse_int(a, v, 1, &micro);
       } else if (strcmp(a, "--batch") == 0) {
-        ok = mpg_tool_parse_int(a, v, 1, &batch);
+        ok = tool_parse_int(a, v, 1, &batch);
       } else if (strcmp(a, "--seq") == 0) {
-        ok = mpg_tool_parse_int(a, v, 1, &seq);
+        ok = tool_parse_int(a, v, 1, &seq);
       } else if (strcmp(a, "--hidden") == 0) {
-        ok = mpg_tool_parse_int(a, v, 1, &hidden);
+        ok = tool_parse_int(a, v, 1, &hidden);
       } else if (strcmp(a, "--seed") == 0) {
         ok = parse_seed(v, &seed);
       } else if (strcmp(a, "--timeout") == 0) {
@@ -849,57 +853,52 @@ int mpg_cmd_sim(int argc, char **argv) {
         if (n >= sizeof rbuf) n = sizeof rbuf - 1;
         memcpy(rbuf, v, n);
         rbuf[n] = '\0';
-        ok = mpg_tool_parse_int("--fail-rank", rbuf, 0, &fail_rank) &&
-             (!colon || mpg_tool_parse_int("--fail-rank step", colon + 1, 0,
-                                           &fail_step));
+        ok = tool_parse_int("--fail-rank", rbuf, 0, &fail_rank) &&
+             (!colon || tool_parse_int("--fail-rank step", colon + 1, 0,
+                                       &fail_step));
       } else if (strcmp(a, "--bucket-mb") == 0) {
         ok = parse_double(a, v, 0.0, 0, &bucket_mb);
       } else {
         ok = parse_double(a, v, 0.0, 1, &tol);
       }
-      if (!ok) return MPG_EXIT_USAGE;
+      if (!ok) return TOOL_EXIT_USAGE;
     } else {
-      int took = mpg_tool_spec_arg(&args, argc, argv, &i, sim_usage);
-      if (took < 0) return MPG_EXIT_USAGE;
+      int took = tool_spec_arg(&args, argc, argv, &i, sim_usage);
+      if (took < 0) return TOOL_EXIT_USAGE;
       if (!took) {
-        mpg_tool_error("unknown option \"%s\"", a);
+        tool_error("unknown option \"%s\"", a);
         fputs(sim_usage, stderr);
-        return MPG_EXIT_USAGE;
+        return TOOL_EXIT_USAGE;
       }
     }
   }
   int world = args.world;
 
   /* The spec: a file, --mesh, or the seed mesh of DESIGN.md. */
-  mpg_spec spec;
-  mpg_status st = mpg_tool_spec_load(
+  mpg_spec spec = MPG_SPEC_INIT;
+  mpg_status st = tool_spec_load(
       &args, world ? "dp=-1,tp=2,cp=2" : "dp=2,tp=2,cp=2", &spec);
-  if (st != MPG_OK) {
-    mpg_tool_error("%s", mpg_last_error());
-    return MPG_EXIT_FAIL;
-  }
+  if (st != MPG_OK) return tool_fail(st, NULL);
   char added[160];
-  if (!complete_spec(&spec, added, sizeof added)) return MPG_EXIT_FAIL;
+  if (!complete_spec(&spec, added, sizeof added)) return TOOL_EXIT_FAIL;
   mpg_mesh *mesh = NULL;
-  if (mpg_mesh_create(&spec, world, &mesh) != MPG_OK) {
-    mpg_tool_error("%s", mpg_last_error());
-    return MPG_EXIT_FAIL;
-  }
+  st = mpg_mesh_create(&spec, world, &mesh);
+  if (st != MPG_OK) return tool_fail(st, NULL);
   int world_size = mpg_mesh_world_size(mesh);
 
   sim_job job;
   memset(&job, 0, sizeof job);
   job.mesh = mesh;
-  int rc = MPG_EXIT_FAIL;
-  mpg_sim_reference ref;
+  int rc = TOOL_EXIT_FAIL;
+  sim_reference ref;
   memset(&ref, 0, sizeof ref);
   if (!check_mesh(mesh, &job)) goto out;
 
   /* The model and its data. */
   if (hidden == 0) hidden = (32 + job.tp - 1) / job.tp * job.tp;
   if (hidden % job.tp != 0) {
-    mpg_tool_error("--hidden: %d hidden units do not split over tp=%d "
-                   "(give a multiple of %d)", hidden, job.tp, job.tp);
+    tool_error("--hidden: %d hidden units do not split over tp=%d "
+               "(give a multiple of %d)", hidden, job.tp, job.tp);
     goto out;
   }
   job.model.seed = seed;
@@ -917,14 +916,15 @@ int mpg_cmd_sim(int argc, char **argv) {
   job.fail_rank = fail_rank;
   job.fail_step = fail_step;
   if (fail_rank >= world_size) {
-    mpg_tool_error("--fail-rank: rank %d is outside the world of %d ranks",
-                   fail_rank, world_size);
+    tool_error("--fail-rank: rank %d is outside the world of %d ranks",
+               fail_rank, world_size);
     goto out;
   }
 
   mpg_sync_opts sopts = MPG_SYNC_OPTS_INIT;
-  if (mpg_sync_opts_from_spec(&spec, &sopts) != MPG_OK) {
-    mpg_tool_error("%s", mpg_last_error());
+  st = mpg_sync_opts_from_spec(&spec, &sopts);
+  if (st != MPG_OK) {
+    tool_fail(st, NULL);
     goto out;
   }
   sopts.fsdp_owns_dp = job.fsdp;
@@ -936,7 +936,7 @@ int mpg_cmd_sim(int argc, char **argv) {
   job.sync_opts = sopts;
   /* The divisor the reductions apply, which each rank's gradient carries
    * in advance: dp*cp (avg over dp_cp), or cp (meshpg) times dp (FSDP). */
-  double lib_div = sopts.op == MPG_SYNC_AVG
+  double lib_div = sopts.op == MPG_OP_AVG
                        ? (double)(job.fsdp ? job.cp : job.dp * job.cp)
                        : 1.0;
   job.grad_factor = lib_div * (job.fsdp ? job.dp : 1);
@@ -965,7 +965,7 @@ int mpg_cmd_sim(int argc, char **argv) {
            "the samples, cp=%d the tokens; %d micro-batch%s\n",
            job.model.batch, job.model.seq, (unsigned long long)seed, job.dp,
            job.cp, micro, micro == 1 ? "" : "es");
-    const char *verb = sopts.op == MPG_SYNC_AVG ? "averages" : "sums";
+    const char *verb = sopts.op == MPG_OP_AVG ? "averages" : "sums";
     if (job.fsdp) {
       long per = (long)D_IN * (hidden / job.tp) + hidden / job.tp +
                  (long)(hidden / job.tp) * D_OUT + D_OUT;
@@ -985,15 +985,15 @@ int mpg_cmd_sim(int argc, char **argv) {
   }
 
   double t0 = now_s();
-  if (mpg_sim_reference_train(&job.model, steps, &ref) != 0) {
-    mpg_tool_error("out of memory for the reference model");
+  if (sim_reference_train(&job.model, steps, &ref) != 0) {
+    tool_error("out of memory for the reference model");
     goto out;
   }
   double t_ref = now_s() - t0;
   job.ref = &ref;
   job.results = calloc((size_t)world_size, sizeof(sim_result));
   if (!job.results) {
-    mpg_tool_error("out of memory for %d ranks", world_size);
+    tool_error("out of memory for %d ranks", world_size);
     goto out;
   }
   t0 = now_s();
@@ -1004,7 +1004,7 @@ int mpg_cmd_sim(int argc, char **argv) {
   for (int r = 0; r < world_size; r++) started += job.results[r].started;
   if (st != MPG_OK && started == 0) {
     /* mpg_thread_run refused the world (size, threads): no rank ran */
-    mpg_tool_error("%s", mpg_last_error()[0] ? mpg_last_error() : mpg_strerror(st));
+    tool_fail(st, NULL);
     goto out;
   }
   int failed = 0, first_failed = -1, bad = 0, worst_rank = 0;
@@ -1025,7 +1025,7 @@ int mpg_cmd_sim(int argc, char **argv) {
   }
   if (st != MPG_OK && failed == 0) {
     /* every rank finished, yet the run failed */
-    mpg_tool_error("%s", mpg_last_error()[0] ? mpg_last_error() : mpg_strerror(st));
+    tool_fail(st, NULL);
     goto out;
   }
 
@@ -1068,7 +1068,7 @@ int mpg_cmd_sim(int argc, char **argv) {
     for (int r = 0; r < world_size && shown < 4; r++) {
       if (r == root || job.results[r].status == MPG_OK) continue;
       if (job.results[r].msg[0]) {
-        mpg_tool_error("%s", job.results[r].msg);
+        tool_error("%s", job.results[r].msg);
         shown++;
       }
     }
@@ -1082,13 +1082,13 @@ int mpg_cmd_sim(int argc, char **argv) {
            "(max rel err %.1e <= %.0e)\n",
            world_size, world_size == 1 ? "" : "s", world_size == 1 ? "es" : "",
            worst, tol);
-    rc = MPG_EXIT_OK;
+    rc = TOOL_EXIT_OK;
   }
 
 out:
   fflush(stdout);
   free(job.results);
-  mpg_sim_reference_free(&ref);
+  sim_reference_free(&ref);
   mpg_mesh_destroy(mesh);
   return rc;
 }

@@ -7,7 +7,7 @@
 
 #include "cmd.h"
 
-int mpg_cmd_topo(int argc, char **argv);
+int cmd_topo(int argc, char **argv);
 
 static const char topo_usage[] =
     "usage: meshpg topo [--xml FILE | --synthetic DESC] [--local-ranks N]\n"
@@ -40,8 +40,8 @@ static void print_gpus(const mpg_topo *t) {
   int n = mpg_topo_num_gpus(t);
   int any_nvlink = 0;
   for (int i = 0; i < n; i++) {
-    mpg_gpu_info g;
-    mpg_topo_gpu_info(t, i, &g);
+    mpg_gpu_info g = MPG_GPU_INFO_INIT;
+    mpg_topo_get_gpu(t, i, &g);
     if (g.nvlink_peers) any_nvlink = 1;
   }
   printf("  %d GPU%s", n, n == 1 ? "" : "s");
@@ -54,8 +54,8 @@ static void print_gpus(const mpg_topo *t) {
   printf("GPUs:\n  %-3s  %-12s  %-6s  %4s  %-16s  %5s  %4s  %s\n", "GPU", "bus id",
          "name", "NUMA", "cpuset", "cores", "PCIe", "NICs");
   for (int i = 0; i < n; i++) {
-    mpg_gpu_info g;
-    mpg_topo_gpu_info(t, i, &g);
+    mpg_gpu_info g = MPG_GPU_INFO_INIT;
+    mpg_topo_get_gpu(t, i, &g);
     char numa[16];
     if (g.numa_node >= 0) snprintf(numa, sizeof numa, "%d", g.numa_node);
     else snprintf(numa, sizeof numa, "-");
@@ -63,10 +63,11 @@ static void print_gpus(const mpg_topo *t) {
            g.name[0] ? g.name : "-", numa, g.cpuset, g.num_cores, g.pcie_group);
     if (g.num_nics == 0) printf("-");
     for (int k = 0; k < g.num_nics; k++) {
-      const mpg_nic_info *nic = &g.nics[k];
-      printf("%s%s", k ? ", " : "", nic->name);
-      if (nic->netdev[0] && strcmp(nic->netdev, nic->name) != 0)
-        printf(" (%s)", nic->netdev);
+      mpg_nic_info nic = MPG_NIC_INFO_INIT;
+      mpg_topo_get_gpu_nic(t, i, k, &nic);
+      printf("%s%s", k ? ", " : "", nic.name);
+      if (nic.netdev[0] && strcmp(nic.netdev, nic.name) != 0)
+        printf(" (%s)", nic.netdev);
     }
     printf("\n");
   }
@@ -78,8 +79,8 @@ static void print_nics(const mpg_topo *t) {
   printf("NICs:\n  %-12s  %-10s  %-10s  %4s  %s\n", "bus id", "name", "netdev",
          "NUMA", "cpuset");
   for (int i = 0; i < n; i++) {
-    mpg_nic_info nic;
-    mpg_topo_nic_info(t, i, &nic);
+    mpg_nic_info nic = MPG_NIC_INFO_INIT;
+    mpg_topo_get_nic(t, i, &nic);
     char numa[16];
     if (nic.numa_node >= 0) snprintf(numa, sizeof numa, "%d", nic.numa_node);
     else snprintf(numa, sizeof numa, "-");
@@ -88,7 +89,7 @@ static void print_nics(const mpg_topo *t) {
   }
 }
 
-int mpg_cmd_topo(int argc, char **argv) {
+int cmd_topo(int argc, char **argv) {
   const char *xml = NULL, *synthetic = NULL;
   int local_ranks = 0;
   mpg_bind bind = MPG_BIND_NUMA;
@@ -96,14 +97,14 @@ int mpg_cmd_topo(int argc, char **argv) {
     const char *a = argv[i];
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       fputs(topo_usage, stdout);
-      return MPG_EXIT_OK;
+      return TOOL_EXIT_OK;
     }
     if (strcmp(a, "--xml") == 0 || strcmp(a, "--synthetic") == 0 ||
         strcmp(a, "--local-ranks") == 0 || strcmp(a, "--bind") == 0) {
       if (i + 1 >= argc) {
-        mpg_tool_error("%s needs a value", a);
+        tool_error("%s needs a value", a);
         fputs(topo_usage, stderr);
-        return MPG_EXIT_USAGE;
+        return TOOL_EXIT_USAGE;
       }
       const char *v = argv[++i];
       if (strcmp(a, "--xml") == 0) {
@@ -111,32 +112,29 @@ int mpg_cmd_topo(int argc, char **argv) {
       } else if (strcmp(a, "--synthetic") == 0) {
         synthetic = v;
       } else if (strcmp(a, "--local-ranks") == 0) {
-        if (!mpg_tool_parse_int("--local-ranks", v, 1, &local_ranks))
-          return MPG_EXIT_USAGE;
+        if (!tool_parse_int("--local-ranks", v, 1, &local_ranks))
+          return TOOL_EXIT_USAGE;
       } else if (!parse_bind(v, &bind)) {
-        mpg_tool_error("--bind: expected none, numa or core, found \"%s\"", v);
-        return MPG_EXIT_USAGE;
+        tool_error("--bind: expected none, numa or core, found \"%s\"", v);
+        return TOOL_EXIT_USAGE;
       }
     } else {
-      mpg_tool_error("%s \"%s\"",
-                     a[0] == '-' ? "unknown option" : "unexpected argument", a);
+      tool_error("%s \"%s\"",
+                 a[0] == '-' ? "unknown option" : "unexpected argument", a);
       fputs(topo_usage, stderr);
-      return MPG_EXIT_USAGE;
+      return TOOL_EXIT_USAGE;
     }
   }
   if (xml && synthetic) {
-    mpg_tool_error("give either --xml or --synthetic, not both");
-    return MPG_EXIT_USAGE;
+    tool_error("give either --xml or --synthetic, not both");
+    return TOOL_EXIT_USAGE;
   }
 
   mpg_topo *t = NULL;
   mpg_status st = xml         ? mpg_topo_load_xml(xml, &t)
                   : synthetic ? mpg_topo_load_synthetic(synthetic, &t)
                               : mpg_topo_load_live(&t);
-  if (st) {
-    mpg_tool_error("%s", mpg_last_error());
-    return MPG_EXIT_FAIL;
-  }
+  if (st) return tool_fail(st, NULL);
   printf("topology: %s\n", mpg_topo_source(t));
   printf("  %d package%s, %d NUMA node%s, %d cores, %d PUs\n",
          mpg_topo_num_packages(t), mpg_topo_num_packages(t) == 1 ? "" : "s",
@@ -149,18 +147,19 @@ int mpg_cmd_topo(int argc, char **argv) {
   int lw = local_ranks ? local_ranks : (ngpus ? ngpus : 1);
   /* Check every rank first, so an error comes before any binding line. */
   for (int r = 0; r < lw; r++) {
-    mpg_binding b;
-    if (mpg_topo_bind_plan(t, r, lw, -1, bind, &b) != MPG_OK) {
+    mpg_binding b = MPG_BINDING_INIT;
+    st = mpg_topo_bind_plan(t, r, lw, -1, bind, &b);
+    if (st != MPG_OK) {
       fflush(stdout);
-      mpg_tool_error("%s", mpg_last_error());
+      tool_fail(st, NULL);
       mpg_topo_destroy(t);
-      return MPG_EXIT_FAIL;
+      return TOOL_EXIT_FAIL;
     }
   }
   printf("binding (bind=%s, %d local rank%s%s):\n", bind_name(bind), lw,
          lw == 1 ? "" : "s", ngpus ? ", local rank i takes GPU i" : ", no GPU");
   for (int r = 0; r < lw; r++) {
-    mpg_binding b;
+    mpg_binding b = MPG_BINDING_INIT;
     mpg_topo_bind_plan(t, r, lw, -1, bind, &b);
     printf("  local rank %d -> ", r);
     if (b.gpu >= 0) printf("GPU %d (%s)", b.gpu, b.gpu_bus_id);
@@ -173,5 +172,5 @@ int mpg_cmd_topo(int argc, char **argv) {
              b.num_cores == 1 ? "" : "s", b.num_pus, b.num_pus == 1 ? "" : "s");
   }
   mpg_topo_destroy(t);
-  return MPG_EXIT_OK;
+  return TOOL_EXIT_OK;
 }

@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cmd.h"
+#include "tool_util.h"
 
-const char mpg_plan_place_usage[] =
+const char plan_place_usage[] =
     "placement across nodes (any of these turns it on):\n"
     "  --nodes N          nodes in the job (default: [topology] nodes)\n"
     "  --gpus-per-node G  ranks per node (default: [topology] gpus_per_node,\n"
@@ -22,7 +22,7 @@ const char mpg_plan_place_usage[] =
     "  --svg FILE         draw nodes x GPUs, coloured by the groups of\n"
     "  --svg-groups NAME  this dim set (default: tp, else the innermost dim)\n";
 
-struct mpg_plan_placement {
+struct plan_placement {
   mpg_placement *pl;
   mpg_topo *topo;
   int nodes, gpn;
@@ -36,12 +36,12 @@ struct mpg_plan_placement {
 #define SHOW_ALL_UP_TO 64
 #define SHOW_EDGE 8
 
-void mpg_plan_place_args_init(mpg_plan_place_args *a) {
+void plan_place_args_init(plan_place_args *a) {
   memset(a, 0, sizeof *a);
   a->nodes = a->gpus_per_node = a->rank_order = a->strict = -1;
 }
 
-int mpg_plan_place_parse(mpg_plan_place_args *a, int argc, char **argv, int *i) {
+int plan_place_parse(plan_place_args *a, int argc, char **argv, int *i) {
   const char *f = argv[*i];
   if (strcmp(f, "--strict") == 0) {
     a->strict = 1;
@@ -54,19 +54,19 @@ int mpg_plan_place_parse(mpg_plan_place_args *a, int argc, char **argv, int *i) 
     if (strcmp(f, with_value[k]) == 0) known = 1;
   if (!known) return 0;
   if (*i + 1 >= argc) {
-    mpg_tool_error("%s needs a value", f);
+    tool_error("%s needs a value", f);
     return -1;
   }
   const char *v = argv[++*i];
   if (strcmp(f, "--nodes") == 0) {
-    if (!mpg_tool_parse_int("--nodes", v, 1, &a->nodes)) return -1;
+    if (!tool_parse_int("--nodes", v, 1, &a->nodes)) return -1;
   } else if (strcmp(f, "--gpus-per-node") == 0) {
-    if (!mpg_tool_parse_int("--gpus-per-node", v, 1, &a->gpus_per_node)) return -1;
+    if (!tool_parse_int("--gpus-per-node", v, 1, &a->gpus_per_node)) return -1;
   } else if (strcmp(f, "--rank-order") == 0) {
     if (strcmp(v, "block") == 0) a->rank_order = MPG_RANK_ORDER_BLOCK;
     else if (strcmp(v, "cyclic") == 0) a->rank_order = MPG_RANK_ORDER_CYCLIC;
     else {
-      mpg_tool_error("--rank-order: expected block or cyclic, found \"%s\"", v);
+      tool_error("--rank-order: expected block or cyclic, found \"%s\"", v);
       return -1;
     }
   } else if (strcmp(f, "--xml") == 0) {
@@ -79,26 +79,26 @@ int mpg_plan_place_parse(mpg_plan_place_args *a, int argc, char **argv, int *i) 
   return 1;
 }
 
-void mpg_plan_place_free(mpg_plan_placement *pp) {
+void plan_place_free(plan_placement *pp) {
   if (!pp) return;
   mpg_placement_destroy(pp->pl);
   mpg_topo_destroy(pp->topo);
   free(pp);
 }
 
-int mpg_plan_place_build(const mpg_plan_place_args *a, const mpg_spec *spec,
-                         const mpg_mesh *mesh, mpg_plan_placement **out) {
+int plan_place_build(const plan_place_args *a, const mpg_spec *spec,
+                     const mpg_mesh *mesh, plan_placement **out) {
   *out = NULL;
   int wanted = a->nodes > 0 || a->gpus_per_node > 0 || a->rank_order >= 0 ||
                a->strict > 0 || a->xml || a->svg || a->svg_groups ||
                spec->nodes > 0 || spec->gpus_per_node > 0;
-  if (!wanted) return MPG_EXIT_OK;
-  mpg_plan_placement *pp = calloc(1, sizeof *pp);
+  if (!wanted) return TOOL_EXIT_OK;
+  plan_placement *pp = calloc(1, sizeof *pp);
   if (!pp) {
-    mpg_tool_error("out of memory");
-    return MPG_EXIT_FAIL;
+    tool_error("out of memory");
+    return TOOL_EXIT_FAIL;
   }
-  mpg_placement_opts o;
+  mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
   mpg_placement_opts_from_spec(spec, &o);
   if (a->nodes > 0) o.nodes = a->nodes;
   if (a->gpus_per_node > 0) o.gpus_per_node = a->gpus_per_node;
@@ -110,9 +110,9 @@ int mpg_plan_place_build(const mpg_plan_place_args *a, const mpg_spec *spec,
   if (!st) st = mpg_placement_create(mesh, &o, &pp->pl);
   if (!st) st = mpg_placement_check(pp->pl, 0, &pp->misfits);
   if (st) {
-    mpg_tool_error("%s", mpg_last_error());
-    mpg_plan_place_free(pp);
-    return MPG_EXIT_FAIL;
+    tool_fail(st, NULL);
+    plan_place_free(pp);
+    return TOOL_EXIT_FAIL;
   }
   pp->nodes = mpg_placement_num_nodes(pp->pl);
   pp->gpn = mpg_mesh_world_size(mesh) / pp->nodes;
@@ -128,19 +128,20 @@ int mpg_plan_place_build(const mpg_plan_place_args *a, const mpg_spec *spec,
       mpg_mesh_dim(mesh, mpg_mesh_ndims(mesh) - 1, &inner, NULL);
       name = mpg_mesh_dimset_find(mesh, "tp", &s) == MPG_OK ? "tp" : inner;
     }
-    if (mpg_mesh_dimset_find(mesh, name, &pp->svg_set) != MPG_OK) {
-      mpg_tool_error("--svg-groups: %s", mpg_last_error());
-      mpg_plan_place_free(pp);
-      return MPG_EXIT_FAIL;
+    st = mpg_mesh_dimset_find(mesh, name, &pp->svg_set);
+    if (st != MPG_OK) {
+      tool_fail(st, "--svg-groups");
+      plan_place_free(pp);
+      return TOOL_EXIT_FAIL;
     }
   }
   *out = pp;
-  return MPG_EXIT_OK;
+  return TOOL_EXIT_OK;
 }
 
 /* Distinct nodes of a group, ascending, into nodes[] (room for the group
  * size); members[] gets the group. Returns the count. */
-static int group_nodes(const mpg_plan_placement *pp, const mpg_mesh *mesh, int set,
+static int group_nodes(const plan_placement *pp, const mpg_mesh *mesh, int set,
                        int g, int *members, int *nodes) {
   int gsize;
   mpg_mesh_dimset_info(mesh, set, NULL, &gsize, NULL);
@@ -187,7 +188,7 @@ static void print_nodes(FILE *f, const int *v, int n) {
   }
 }
 
-static void print_inner(FILE *f, const mpg_plan_placement *pp, const mpg_mesh *mesh) {
+static void print_inner(FILE *f, const plan_placement *pp, const mpg_mesh *mesh) {
   int any = 0;
   for (int d = 0; d < mpg_mesh_ndims(mesh); d++)
     if (mpg_placement_dimset_is_inner(pp->pl, d)) {
@@ -198,8 +199,8 @@ static void print_inner(FILE *f, const mpg_plan_placement *pp, const mpg_mesh *m
   if (!any) fprintf(f, "none");
 }
 
-void mpg_plan_place_print(FILE *f, const mpg_plan_placement *pp,
-                          const mpg_mesh *mesh) {
+void plan_place_print(FILE *f, const plan_placement *pp,
+                      const mpg_mesh *mesh) {
   if (!pp) return;
   int world = mpg_mesh_world_size(mesh);
   fprintf(f, "placement (mesh rank -> launcher rank, node, GPU): %d node%s x %d GPU%s, %s launcher numbering%s%s; inner dims: ",
@@ -281,7 +282,7 @@ void mpg_plan_place_print(FILE *f, const mpg_plan_placement *pp,
   free(nodes);
 }
 
-void mpg_plan_place_print_rank(FILE *f, const mpg_plan_placement *pp, int rank) {
+void plan_place_print_rank(FILE *f, const plan_placement *pp, int rank) {
   if (!pp) return;
   int L, node, gpu;
   if (mpg_placement_of(pp->pl, rank, &L, &node, &gpu) != MPG_OK) return;
@@ -291,8 +292,8 @@ void mpg_plan_place_print_rank(FILE *f, const mpg_plan_placement *pp, int rank) 
           pp->order == MPG_RANK_ORDER_CYCLIC ? "cyclic" : "block");
 }
 
-void mpg_plan_place_json(FILE *f, const mpg_plan_placement *pp,
-                         const mpg_mesh *mesh) {
+void plan_place_json(FILE *f, const plan_placement *pp,
+                     const mpg_mesh *mesh) {
   if (!pp) return;
   int world = mpg_mesh_world_size(mesh);
   fprintf(f, "\"placement\": {\"nodes\": %d, \"gpus_per_node\": %d, "
@@ -352,12 +353,28 @@ static void hsl_hex(char out[8], int h) {
            (int)((g + m) * 255 + 0.5), (int)((b + m) * 255 + 0.5));
 }
 
-int mpg_plan_place_svg(const mpg_plan_placement *pp, const mpg_mesh *mesh) {
-  if (!pp || !pp->svg) return MPG_EXIT_OK;
+/* The SVG's text is drawn in the viewer's sans-serif font, whose glyph
+ * widths the tool cannot know.  0.65 em per character bounds it: in DejaVu
+ * Sans, the widest common sans-serif, the labels drawn here average 0.52 em
+ * per character and a digit is 0.64 em (Liberation Sans / Arial / Helvetica
+ * are narrower).  The canvas and the cells are sized with this estimate so
+ * no text runs past them.  tests/topo/test_cli_topo.c checks with the same
+ * factor. */
+#define SVG_EM_PER_CHAR 0.65
+
+/* Width in pixels of n characters at font size px, rounded up. */
+static int svg_text_px(int n, int px) {
+  return (int)ceil(n * px * SVG_EM_PER_CHAR);
+}
+
+static int imax(int a, int b) { return a > b ? a : b; }
+
+int plan_place_svg(const plan_placement *pp, const mpg_mesh *mesh) {
+  if (!pp || !pp->svg) return TOOL_EXIT_OK;
   FILE *f = fopen(pp->svg, "w");
   if (!f) {
-    mpg_tool_error("--svg: cannot write \"%s\": %s", pp->svg, strerror(errno));
-    return MPG_EXIT_FAIL;
+    tool_error("--svg: cannot write \"%s\": %s", pp->svg, strerror(errno));
+    return TOOL_EXIT_FAIL;
   }
   int world = mpg_mesh_world_size(mesh);
   const char *set_name;
@@ -373,8 +390,8 @@ int mpg_plan_place_svg(const mpg_plan_placement *pp, const mpg_mesh *mesh) {
     free(crosses);
     free(grid);
     fclose(f);
-    mpg_tool_error("out of memory");
-    return MPG_EXIT_FAIL;
+    tool_error("out of memory");
+    return TOOL_EXIT_FAIL;
   }
   for (int g = 0; g < ngroups; g++)
     crosses[g] = group_nodes(pp, mesh, pp->svg_set, g, members, nodes) > 1;
@@ -383,20 +400,44 @@ int mpg_plan_place_svg(const mpg_plan_placement *pp, const mpg_mesh *mesh) {
     mpg_placement_of(pp->pl, r, NULL, &node, &gpu);
     grid[node * pp->gpn + gpu] = r;
   }
-  const int cw = 64, ch = 44, left = 84, top = 70;
+  /* The text first, then a canvas that holds it: the node labels set the
+   * left margin, the widest cell label the cell width, the title the
+   * width when it is wider than the grid. */
+  char title[256];
+  static const char legend[] =
+      "cell: mesh rank r, launcher rank L; red dashed border = group spans "
+      "several nodes";
+  int title_len = snprintf(
+      title, sizeof title,
+      "meshpg placement: %d nodes x %d GPUs (%s numbering), colour = \"%s\" "
+      "group (%d groups of %d)",
+      pp->nodes, pp->gpn,
+      pp->order == MPG_RANK_ORDER_CYCLIC ? "cyclic" : "block", set_name,
+      ngroups, gsize);
+  int label = svg_text_px(snprintf(NULL, 0, "GPU %d", pp->gpn - 1), 12);
+  for (int r = 0; r < world; r++) {
+    int gi, L;
+    mpg_mesh_group_of(mesh, pp->svg_set, r, &gi, NULL, NULL);
+    mpg_placement_of(pp->pl, r, &L, NULL, NULL);
+    label = imax(label, svg_text_px(snprintf(NULL, 0, "r%d", r), 13));
+    label = imax(label,
+                 svg_text_px(snprintf(NULL, 0, "L%d %s%d", L, set_name, gi), 10));
+  }
+  const int ch = 44, top = 70;
+  const int cw = imax(64, label + 8);
+  const int left =
+      imax(84, 10 + svg_text_px(snprintf(NULL, 0, "node %d", pp->nodes - 1), 12) + 10);
   int width = left + pp->gpn * cw + 20, height = top + pp->nodes * ch + 40;
+  width = imax(width, 10 + svg_text_px(title_len, 15) + 10);
+  width = imax(width, 10 + svg_text_px((int)strlen(legend), 12) + 10);
   fprintf(f,
           "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
           "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
           "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n"
           "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-          "<text x=\"10\" y=\"22\" font-size=\"15\">meshpg placement: %d nodes x %d "
-          "GPUs (%s numbering), colour = \"%s\" group (%d groups of %d)</text>\n"
-          "<text x=\"10\" y=\"42\" font-size=\"12\">cell: mesh rank r, launcher rank "
-          "L; red dashed border = group spans several nodes</text>\n",
-          width, height, width, height, pp->nodes, pp->gpn,
-          pp->order == MPG_RANK_ORDER_CYCLIC ? "cyclic" : "block", set_name,
-          ngroups, gsize);
+          "<text x=\"10\" y=\"22\" font-size=\"15\">%s</text>\n"
+          "<text x=\"10\" y=\"42\" font-size=\"12\">%s</text>\n",
+          width, height, width, height, title, legend);
   for (int g = 0; g < pp->gpn; g++)
     fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">GPU %d</text>\n",
             left + g * cw + cw / 2, top - 6, g);
@@ -432,8 +473,8 @@ int mpg_plan_place_svg(const mpg_plan_placement *pp, const mpg_mesh *mesh) {
   free(crosses);
   free(grid);
   if (bad) {
-    mpg_tool_error("--svg: error writing \"%s\"", pp->svg);
-    return MPG_EXIT_FAIL;
+    tool_error("--svg: error writing \"%s\"", pp->svg);
+    return TOOL_EXIT_FAIL;
   }
-  return MPG_EXIT_OK;
+  return TOOL_EXIT_OK;
 }

@@ -32,29 +32,29 @@ static double uniform(uint64_t h) {
 
 static double to_f32(double v) { return (double)(float)v; }
 
-long mpg_sim_param_count(const mpg_sim_model *m, int which) {
+long sim_param_count(const sim_model *m, int which) {
   switch (which) {
-  case MPG_SIM_W1: return (long)m->d_in * m->hidden;
-  case MPG_SIM_B1: return m->hidden;
-  case MPG_SIM_W2: return (long)m->hidden * m->d_out;
+  case SIM_W1: return (long)m->d_in * m->hidden;
+  case SIM_B1: return m->hidden;
+  case SIM_W2: return (long)m->hidden * m->d_out;
   default: return m->d_out;
   }
 }
 
-double mpg_sim_init_param(const mpg_sim_model *m, int which, int i, int j) {
+double sim_init_param(const sim_model *m, int which, int i, int j) {
   double u = uniform(hash5(m->seed, TAG_PARAM, (uint64_t)which, (uint64_t)i,
                            (uint64_t)j));
   double scale;
   switch (which) {
-  case MPG_SIM_W1: scale = 1.0 / sqrt((double)m->d_in); break;
-  case MPG_SIM_W2: scale = 1.0 / sqrt((double)m->hidden); break;
+  case SIM_W1: scale = 1.0 / sqrt((double)m->d_in); break;
+  case SIM_W2: scale = 1.0 / sqrt((double)m->hidden); break;
   default: scale = 0.1; break; /* biases: small, but not zero */
   }
   return to_f32(u * scale);
 }
 
-void mpg_sim_token(const mpg_sim_model *m, long step, int sample, int token,
-                   double *x, double *t) {
+void sim_token(const sim_model *m, long step, int sample, int token,
+               double *x, double *t) {
   for (int i = 0; i < m->d_in; i++)
     x[i] = uniform(hash5(m->seed, TAG_INPUT, (uint64_t)step,
                          ((uint64_t)(uint32_t)sample << 32) | (uint32_t)token,
@@ -69,14 +69,14 @@ void mpg_sim_token(const mpg_sim_model *m, long step, int sample, int token,
   }
 }
 
-void mpg_sim_split(int n, int parts, int p, int *lo, int *hi) {
+void sim_split(int n, int parts, int p, int *lo, int *hi) {
   int q = n / parts, r = n % parts;
   *lo = p * q + (p < r ? p : r);
   *hi = *lo + q + (p < r ? 1 : 0);
 }
 
-void mpg_sim_reference_free(mpg_sim_reference *ref) {
-  for (int k = 0; k < MPG_SIM_NPARAMS; k++) {
+void sim_reference_free(sim_reference *ref) {
+  for (int k = 0; k < SIM_NPARAMS; k++) {
     free(ref->param[k]);
     ref->param[k] = NULL;
   }
@@ -85,48 +85,48 @@ void mpg_sim_reference_free(mpg_sim_reference *ref) {
   ref->steps = 0;
 }
 
-int mpg_sim_reference_train(const mpg_sim_model *m, int steps,
-                            mpg_sim_reference *ref) {
+int sim_reference_train(const sim_model *m, int steps,
+                            sim_reference *ref) {
   const int din = m->d_in, H = m->hidden, dout = m->d_out;
   memset(ref, 0, sizeof *ref);
-  double *grad[MPG_SIM_NPARAMS] = {0};
+  double *grad[SIM_NPARAMS] = {0};
   double *x = malloc(sizeof(double) * (size_t)(din + dout + 2 * H + 2 * dout));
   ref->loss = calloc((size_t)(steps > 0 ? steps : 1), sizeof(double));
   int ok = x && ref->loss;
-  for (int k = 0; k < MPG_SIM_NPARAMS; k++) {
-    size_t n = (size_t)mpg_sim_param_count(m, k);
+  for (int k = 0; k < SIM_NPARAMS; k++) {
+    size_t n = (size_t)sim_param_count(m, k);
     ref->param[k] = malloc(sizeof(double) * n);
     grad[k] = malloc(sizeof(double) * n);
     ok = ok && ref->param[k] && grad[k];
   }
   if (!ok) {
-    for (int k = 0; k < MPG_SIM_NPARAMS; k++) free(grad[k]);
+    for (int k = 0; k < SIM_NPARAMS; k++) free(grad[k]);
     free(x);
-    mpg_sim_reference_free(ref);
+    sim_reference_free(ref);
     return -1;
   }
   ref->steps = steps;
-  double *w1 = ref->param[MPG_SIM_W1], *b1 = ref->param[MPG_SIM_B1];
-  double *w2 = ref->param[MPG_SIM_W2], *b2 = ref->param[MPG_SIM_B2];
+  double *w1 = ref->param[SIM_W1], *b1 = ref->param[SIM_B1];
+  double *w2 = ref->param[SIM_W2], *b2 = ref->param[SIM_B2];
   for (int i = 0; i < din; i++)
     for (int j = 0; j < H; j++)
-      w1[(size_t)i * H + j] = mpg_sim_init_param(m, MPG_SIM_W1, i, j);
-  for (int j = 0; j < H; j++) b1[j] = mpg_sim_init_param(m, MPG_SIM_B1, 0, j);
+      w1[(size_t)i * H + j] = sim_init_param(m, SIM_W1, i, j);
+  for (int j = 0; j < H; j++) b1[j] = sim_init_param(m, SIM_B1, 0, j);
   for (int i = 0; i < H; i++)
     for (int j = 0; j < dout; j++)
-      w2[(size_t)i * dout + j] = mpg_sim_init_param(m, MPG_SIM_W2, i, j);
-  for (int j = 0; j < dout; j++) b2[j] = mpg_sim_init_param(m, MPG_SIM_B2, 0, j);
+      w2[(size_t)i * dout + j] = sim_init_param(m, SIM_W2, i, j);
+  for (int j = 0; j < dout; j++) b2[j] = sim_init_param(m, SIM_B2, 0, j);
 
   double *t = x + din, *a = t + dout, *dh = a + H, *y = dh + H, *dy = y + dout;
   const double n_tok = (double)m->batch * m->seq;
   const double dscale = 2.0 / (n_tok * dout);
   for (int s = 0; s < steps; s++) {
-    for (int k = 0; k < MPG_SIM_NPARAMS; k++)
-      memset(grad[k], 0, sizeof(double) * (size_t)mpg_sim_param_count(m, k));
+    for (int k = 0; k < SIM_NPARAMS; k++)
+      memset(grad[k], 0, sizeof(double) * (size_t)sim_param_count(m, k));
     double loss = 0.0;
     for (int b = 0; b < m->batch; b++) {
       for (int tok = 0; tok < m->seq; tok++) {
-        mpg_sim_token(m, s, b, tok, x, t);
+        sim_token(m, s, b, tok, x, t);
         for (int j = 0; j < H; j++) a[j] = b1[j];
         for (int i = 0; i < din; i++)
           for (int j = 0; j < H; j++) a[j] += x[i] * w1[(size_t)i * H + j];
@@ -140,28 +140,28 @@ int mpg_sim_reference_train(const mpg_sim_model *m, int steps,
           dy[k] = dscale * e;
         }
         /* backward */
-        for (int k = 0; k < dout; k++) grad[MPG_SIM_B2][k] += dy[k];
+        for (int k = 0; k < dout; k++) grad[SIM_B2][k] += dy[k];
         for (int j = 0; j < H; j++) {
           double da = 0.0;
           for (int k = 0; k < dout; k++) {
-            grad[MPG_SIM_W2][(size_t)j * dout + k] += a[j] * dy[k];
+            grad[SIM_W2][(size_t)j * dout + k] += a[j] * dy[k];
             da += w2[(size_t)j * dout + k] * dy[k];
           }
           dh[j] = da * (1.0 - a[j] * a[j]);
-          grad[MPG_SIM_B1][j] += dh[j];
+          grad[SIM_B1][j] += dh[j];
         }
         for (int i = 0; i < din; i++)
           for (int j = 0; j < H; j++)
-            grad[MPG_SIM_W1][(size_t)i * H + j] += x[i] * dh[j];
+            grad[SIM_W1][(size_t)i * H + j] += x[i] * dh[j];
       }
     }
     ref->loss[s] = loss / (n_tok * dout);
-    for (int k = 0; k < MPG_SIM_NPARAMS; k++) {
-      long n = mpg_sim_param_count(m, k);
+    for (int k = 0; k < SIM_NPARAMS; k++) {
+      long n = sim_param_count(m, k);
       for (long e = 0; e < n; e++) ref->param[k][e] -= m->lr * grad[k][e];
     }
   }
-  for (int k = 0; k < MPG_SIM_NPARAMS; k++) free(grad[k]);
+  for (int k = 0; k < SIM_NPARAMS; k++) free(grad[k]);
   free(x);
   return 0;
 }

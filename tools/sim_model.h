@@ -11,52 +11,52 @@
  * seed, so any rank can produce any slice of them without shared state, and
  * every value is exactly representable in f32 (ranks train in f32, the
  * reference in f64, and both start from the same numbers). */
-#ifndef MPG_TOOLS_SIM_MODEL_H
-#define MPG_TOOLS_SIM_MODEL_H
+#ifndef TOOLS_SIM_MODEL_H
+#define TOOLS_SIM_MODEL_H
 
 #include <stdint.h>
 
-typedef struct mpg_sim_model {
+typedef struct sim_model {
   uint64_t seed;
   int d_in, hidden, d_out;
   int batch; /* samples per SGD step (the global batch) */
   int seq;   /* tokens per sample */
   double lr; /* SGD learning rate */
-} mpg_sim_model;
+} sim_model;
 
 /* The parameters, in registration (forward) order. */
-enum { MPG_SIM_W1, MPG_SIM_B1, MPG_SIM_W2, MPG_SIM_B2, MPG_SIM_NPARAMS };
+enum { SIM_W1, SIM_B1, SIM_W2, SIM_B2, SIM_NPARAMS };
 
 /* Initial value of element (i, j) of parameter `which` of the full
  * (unsharded) model; biases use i = 0.  Rounded to f32. */
-double mpg_sim_init_param(const mpg_sim_model *m, int which, int i, int j);
+double sim_init_param(const sim_model *m, int which, int i, int j);
 
 /* Token `token` of sample `sample` of SGD step `step`: its input x[d_in] and
  * target t[d_out] (t = sin of a fixed random projection of x).  f32 values. */
-void mpg_sim_token(const mpg_sim_model *m, long step, int sample, int token,
-                   double *x, double *t);
+void sim_token(const sim_model *m, long step, int sample, int token,
+               double *x, double *t);
 
 /* Block distribution (as torch.chunk / Megatron): part p of n items split
  * into `parts` nearly equal parts is [*lo, *hi); the first n % parts parts
  * have one item more. */
-void mpg_sim_split(int n, int parts, int p, int *lo, int *hi);
+void sim_split(int n, int parts, int p, int *lo, int *hi);
 
 /* The single-process reference: the unsharded model trained in f64 on the
  * full batch of every step. */
-typedef struct mpg_sim_reference {
-  double *param[MPG_SIM_NPARAMS]; /* final parameters, row-major */
+typedef struct sim_reference {
+  double *param[SIM_NPARAMS]; /* final parameters, row-major */
   double *loss;                   /* loss[s]: the loss at step s (before its
                                      update), `steps` entries */
   int steps;
-} mpg_sim_reference;
+} sim_reference;
 
 /* Train the reference for `steps` steps.  Returns 0, or -1 when out of
  * memory (*ref is then empty). */
-int mpg_sim_reference_train(const mpg_sim_model *m, int steps,
-                            mpg_sim_reference *ref);
-void mpg_sim_reference_free(mpg_sim_reference *ref);
+int sim_reference_train(const sim_model *m, int steps,
+                            sim_reference *ref);
+void sim_reference_free(sim_reference *ref);
 
 /* Element count of parameter `which` of the full model. */
-long mpg_sim_param_count(const mpg_sim_model *m, int which);
+long sim_param_count(const sim_model *m, int which);
 
 #endif

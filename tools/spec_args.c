@@ -5,23 +5,23 @@
 
 #include "cmd.h"
 
-int mpg_tool_spec_arg(mpg_tool_spec *t, int argc, char **argv, int *i,
-                      const char *usage) {
+int tool_spec_arg(tool_spec *t, int argc, char **argv, int *i,
+                  const char *usage) {
   const char *a = argv[*i];
   int takes_value = strcmp(a, "--mesh") == 0 || strcmp(a, "--flatten") == 0 ||
                     strcmp(a, "--order") == 0 || strcmp(a, "--world") == 0;
   if (!takes_value) {
     if (a[0] == '-' && a[1] != '\0') return 0;
     if (t->path) {
-      mpg_tool_error("only one spec file may be given (found \"%s\" and \"%s\")",
-                     t->path, a);
+      tool_error("only one spec file may be given (found \"%s\" and \"%s\")",
+                 t->path, a);
       return -1;
     }
     t->path = a;
     return 1;
   }
   if (*i + 1 >= argc) {
-    mpg_tool_error("%s needs a value", a);
+    tool_error("%s needs a value", a);
     fputs(usage, stderr);
     return -1;
   }
@@ -31,14 +31,14 @@ int mpg_tool_spec_arg(mpg_tool_spec *t, int argc, char **argv, int *i,
   } else if (strcmp(a, "--order") == 0) {
     t->order = v;
   } else if (strcmp(a, "--world") == 0) {
-    if (!mpg_tool_parse_int("--world", v, 1, &t->world)) return -1;
+    if (!tool_parse_int("--world", v, 1, &t->world)) return -1;
   } else {
     if (!strchr(v, '=')) {
-      mpg_tool_error("--flatten: expected NAME=d1,d2, found \"%s\"", v);
+      tool_error("--flatten: expected NAME=d1,d2, found \"%s\"", v);
       return -1;
     }
     if (t->nflatten == MPG_MAX_FLATTEN) {
-      mpg_tool_error("--flatten: at most %d flattened sets", MPG_MAX_FLATTEN);
+      tool_error("--flatten: at most %d flattened sets", MPG_MAX_FLATTEN);
       return -1;
     }
     t->flatten[t->nflatten++] = v;
@@ -46,8 +46,8 @@ int mpg_tool_spec_arg(mpg_tool_spec *t, int argc, char **argv, int *i,
   return 1;
 }
 
-mpg_status mpg_tool_spec_load(const mpg_tool_spec *t, const char *default_mesh,
-                              mpg_spec *spec) {
+mpg_status tool_spec_load(const tool_spec *t, const char *default_mesh,
+                          mpg_spec *spec) {
   mpg_status st = mpg_spec_init(spec);
   if (!st && t->path) st = mpg_spec_load_file(t->path, spec);
   if (!st && t->mesh) st = mpg_spec_set_mesh(spec, t->mesh);

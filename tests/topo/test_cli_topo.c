@@ -2,6 +2,7 @@
  * program.  Each topology fixture is paired with the output `meshpg topo`
  * must produce for it (tests/topologies/NAME.topo.txt). */
 #include <string.h>
+#include <unistd.h>
 
 #include "../run_util.h"
 
@@ -11,8 +12,8 @@ static int meshpg(const char *args) {
   int rc = cli(args);
   cr_assert_null(strstr(out, "unknown command \"topo\""),
                  "meshpg does not dispatch `topo`: tools/meshpg.c needs "
-                 "`if (strcmp(cmd, \"topo\") == 0) return mpg_cmd_topo(argc - 1, "
-                 "argv + 1);` and tools/cmd.h `int mpg_cmd_topo(int argc, char **argv);`");
+                 "`if (strcmp(cmd, \"topo\") == 0) return cmd_topo(argc - 1, "
+                 "argv + 1);` and tools/cmd.h `int cmd_topo(int argc, char **argv);`");
   return rc;
 }
 
@@ -150,23 +151,30 @@ Test(cli_plan, xml_orders_gpus_by_numa_node) {
             "%s", out);
 }
 
-Test(cli_plan, svg_draws_nodes_by_gpus) {
-  char path[] = "/tmp/mpg-plan-XXXXXX";
+/* `meshpg plan ARGS --svg FILE`, which must succeed; returns the SVG (a
+ * static buffer, overwritten by the next call). */
+static const char *plan_svg(const char *args) {
+  char path[] = "/tmp/mpg-svg-XXXXXX";
   int fd = mkstemp(path);
   cr_assert_geq(fd, 0);
-  char args[512];
-  snprintf(args, sizeof args,
-           "plan --mesh dp=2,cp=2,tp=4 --nodes 4 --rank-order cyclic --svg %s "
-           "--svg-groups cp",
-           path);
-  cr_assert_eq(meshpg(args), 0, "%s", out);
+  close(fd);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "plan %s --svg %s", args, path);
+  cr_assert_eq(meshpg(cmd), 0, "%s: %s", cmd, out);
   FILE *f = fopen(path, "r");
   cr_assert_not_null(f);
-  static char svg[1 << 16];
-  size_t n = fread(svg, 1, sizeof svg - 1, f);
-  svg[n] = '\0';
+  static char svg[1 << 20];
+  size_t len = fread(svg, 1, sizeof svg - 1, f);
+  svg[len] = '\0';
   fclose(f);
   remove(path);
+  cr_assert_lt(len, sizeof svg - 1, "%s: SVG too large for the test", args);
+  return svg;
+}
+
+Test(cli_plan, svg_draws_nodes_by_gpus) {
+  const char *svg =
+      plan_svg("--mesh dp=2,cp=2,tp=4 --nodes 4 --rank-order cyclic --svg-groups cp");
   cr_assert(strstr(svg, "<svg "), "%s", svg);
   cr_assert(strstr(svg, "</svg>\n"));
   cr_assert(strstr(svg, "4 nodes x 4 GPUs (cyclic numbering), colour = \"cp\" group"));
@@ -178,6 +186,110 @@ Test(cli_plan, svg_draws_nodes_by_gpus) {
   cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --nodes 2 --svg /tmp/x.svg --svg-groups nope"),
                1, "%s", out);
   cr_assert(strstr(out, "no dim or flattened set named \"nope\""), "%s", out);
+}
+
+/* The value of attribute `name` in the element starting at `el` (up to its
+ * '>'), or NULL. */
+static const char *svg_attr(const char *el, const char *name, char *buf, size_t cap) {
+  const char *end = strchr(el, '>');
+  char key[64];
+  snprintf(key, sizeof key, " %s=\"", name);
+  const char *p = strstr(el, key);
+  if (!p || (end && p > end)) return NULL;
+  p += strlen(key);
+  const char *q = strchr(p, '"');
+  cr_assert_not_null(q, "unterminated attribute %s", name);
+  size_t n = (size_t)(q - p) < cap - 1 ? (size_t)(q - p) : cap - 1;
+  memcpy(buf, p, n);
+  buf[n] = '\0';
+  return buf;
+}
+
+static double svg_num(const char *el, const char *name) {
+  char buf[64];
+  cr_assert_not_null(svg_attr(el, name, buf, sizeof buf), "no %s in %.80s", name, el);
+  char *end;
+  double v = strtod(buf, &end);
+  cr_assert(end != buf && *end == '\0', "%s=\"%s\" is not a number", name, buf);
+  return v;
+}
+
+/* Characters of an element's text, an XML entity counting as one. */
+static int svg_text_chars(const char *s, const char *end) {
+  int n = 0;
+  for (; s < end; n++) {
+    if (*s == '&' && memchr(s, ';', (size_t)(end - s))) s = memchr(s, ';', (size_t)(end - s));
+    s++;
+  }
+  return n;
+}
+
+/* Make the SVG of `meshpg plan ARGS --svg FILE` and check that every
+ * <text> fits on the canvas, estimating its width as 0.65 em per character
+ * (the bound tools/plan_placement.c sizes the canvas with: DejaVu Sans,
+ * the widest common sans-serif, averages 0.52 em on these labels) and its
+ * height as 1 em above the baseline, 0.25 em below.  Returns the count of
+ * text elements. */
+static int svg_text_fits(const char *args) {
+  const char *svg = plan_svg(args);
+  const char *root = strstr(svg, "<svg ");
+  cr_assert_not_null(root, "%s", svg);
+  double width = svg_num(root, "width"), height = svg_num(root, "height");
+  double vx = 0, vy = 0, vw = width, vh = height;
+  char vb[128];
+  if (svg_attr(root, "viewBox", vb, sizeof vb))
+    cr_assert_eq(sscanf(vb, "%lf %lf %lf %lf", &vx, &vy, &vw, &vh), 4, "viewBox=\"%s\"", vb);
+  /* The user space drawn: the viewBox when there is one, mapped onto the
+   * width x height canvas; a text must lie inside both. */
+  double lo_x = vx > 0 ? vx : 0, lo_y = vy > 0 ? vy : 0;
+  double hi_x = vx + vw < width ? vx + vw : width, hi_y = vy + vh < height ? vy + vh : height;
+
+  int texts = 0;
+  for (const char *el = svg; (el = strstr(el, "<text ")); el++) {
+    const char *gt = strchr(el, '>'), *close_tag = strstr(el, "</text>");
+    cr_assert(gt && close_tag && gt < close_tag, "%s: malformed <text>", args);
+    double x = svg_num(el, "x"), y = svg_num(el, "y"), fs = svg_num(el, "font-size");
+    char anchor[32] = "start";
+    svg_attr(el, "text-anchor", anchor, sizeof anchor);
+    int nch = svg_text_chars(gt + 1, close_tag);
+    double w = nch * fs * 0.65;
+    double x0 = strcmp(anchor, "middle") == 0 ? x - w / 2
+                : strcmp(anchor, "end") == 0  ? x - w
+                                              : x;
+    cr_assert(strcmp(anchor, "start") == 0 || strcmp(anchor, "middle") == 0 ||
+                  strcmp(anchor, "end") == 0,
+              "text-anchor=\"%s\"", anchor);
+    cr_assert(x0 >= lo_x && x0 + w <= hi_x,
+              "%s: text \"%.*s\" (%d chars at %g px, anchor %s, x=%g) spans x %.1f..%.1f, "
+              "outside the canvas %g..%g",
+              args, (int)(close_tag - gt - 1), gt + 1, nch, fs, anchor, x, x0, x0 + w,
+              lo_x, hi_x);
+    cr_assert(y - fs >= lo_y && y + 0.25 * fs <= hi_y,
+              "%s: text \"%.*s\" at y=%g (%g px) leaves the canvas height %g..%g", args,
+              (int)(close_tag - gt - 1), gt + 1, y, fs, lo_y, hi_y);
+    texts++;
+  }
+  return texts;
+}
+
+Test(cli_plan, svg_text_stays_on_the_canvas) {
+  /* Title, legend, one header per GPU, one label per node, two per cell. */
+  cr_assert_eq(svg_text_fits("examples/llama64.toml --world 64 --nodes 8 "
+                             "--gpus-per-node 8 --rank-order cyclic"),
+               2 + 8 + 8 + 2 * 64);
+  cr_assert_eq(svg_text_fits("--mesh tp=2 --nodes 1"), 2 + 2 + 1 + 2 * 2);
+  cr_assert_eq(svg_text_fits("--mesh tp=1 --nodes 1"), 2 + 1 + 1 + 2);
+  cr_assert_eq(svg_text_fits("--mesh dp=2,cp=2,tp=4 --nodes 4 --rank-order cyclic "
+                             "--svg-groups cp"),
+               2 + 4 + 4 + 2 * 16);
+  /* Long names widen the cells' labels; many nodes lengthen the node labels. */
+  cr_assert_eq(svg_text_fits("--mesh data_parallel=4,tensor_parallel_group=2 --nodes 2 "
+                             "--svg-groups tensor_parallel_group"),
+               2 + 4 + 2 + 2 * 8);
+  cr_assert_eq(svg_text_fits("--mesh dp=-1,tp=2 --world 256 --nodes 128 "
+                             "--flatten a_rather_long_flattened_set=dp,tp "
+                             "--svg-groups a_rather_long_flattened_set"),
+               2 + 2 + 128 + 2 * 256);
 }
 
 Test(cli_plan, spec_topology_section_and_errors) {
