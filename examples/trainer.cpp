@@ -341,7 +341,7 @@ long count_wrong_grads(meshpg::Sync& sync, const std::vector<Param>& params,
     require(sync.param_group(ids[k]).size() == static_cast<int>(replicas.size()),
             "param " + params[k].name + ": size of its reduce group");
     const double n = static_cast<double>(replicas.size());
-    const double scale = so.grad_scale / (so.op == MPG_SYNC_AVG ? n : 1.0);
+    const double scale = so.grad_scale / (so.op == MPG_OP_AVG ? n : 1.0);
     const float* g = sync.grad<float>(ids[k]);
     for (std::size_t i = 0; i < params[k].count; i++) {
       double sum = 0;

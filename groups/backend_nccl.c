@@ -56,11 +56,13 @@
  *          cudaMemset, cudaFree, cudaMemcpyAsync, cudaLibraryLoadData,
  *          cudaLibraryGetKernel, cudaLaunchKernel.
  *   MPI (bootstrap 3 only, when built with MPI):  MPI_Initialized,
- *          MPI_Finalized, MPI_Init_thread, MPI_Comm_rank, MPI_Comm_size,
- *          MPI_Ibcast, MPI_Test, and MPI_Finalize at exit when (and only
- *          when) this file initialised MPI.
- *   libc:  getenv, setenv, unsetenv (NCCL_COMM_ID), atexit, pthread mutex
- *          and once, sched_yield, nanosleep. */
+ *          MPI_Finalized, MPI_Comm_rank, MPI_Comm_size.  MPI itself has
+ *          one owner, groups/mpi (groups/mpi/mpi_owner.h): this file asks
+ *          it to initialise MPI if needed (mpg__mpi_acquire; MPI_Finalize
+ *          then runs at exit) and to broadcast the id
+ *          (mpg__mpi_bcast_bytes: MPI_Ibcast, MPI_Test).
+ *   libc:  getenv, setenv, unsetenv (NCCL_COMM_ID), pthread mutex and
+ *          once, sched_yield, nanosleep. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -79,6 +81,8 @@
 
 #if MPG_HAVE_MPI
 #include <mpi.h>
+
+#include "mpi/mpi_owner.h"
 #endif
 
 _Static_assert(sizeof(ncclUniqueId) == 128,
@@ -290,12 +294,6 @@ enum boot { BOOT_NONE, BOOT_CALLER, BOOT_LOCAL, BOOT_MPI, BOOT_ENV, BOOT_MASTER 
 static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #if MPG_HAVE_MPI
-static void mpi_finalize_at_exit(void) {
-  int fin = 0;
-  MPI_Finalized(&fin);
-  if (!fin) MPI_Finalize();
-}
-
 /* MPI is initialised, or this process was started by mpirun. */
 static int mpi_launched(void) {
   int init = 0, fin = 0;
@@ -307,26 +305,18 @@ static int mpi_launched(void) {
   return s && s[0];
 }
 
-static pthread_mutex_t mpi_init_lock = PTHREAD_MUTEX_INITIALIZER;
-
+/* Bootstrap 3.  MPI has one owner, groups/mpi (the rule is in
+ * groups/mpi/mpi_owner.h): it initialises MPI here if nobody has, and then
+ * finalises it at exit, never earlier; a broadcast that times out counts
+ * as a fault there, and MPI, which may still complete it, writes into
+ * memory that groups/mpi keeps on its orphan list. */
 static mpg_status mpi_bcast_id(const mpg__world_args *a, ncclUniqueId *id,
                                double deadline) {
-  pthread_mutex_lock(&mpi_init_lock);
-  int init = 0;
-  MPI_Initialized(&init);
-  if (!init) {
-    int provided = 0;
-    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) !=
-        MPI_SUCCESS) {
-      pthread_mutex_unlock(&mpi_init_lock);
-      return mpg__fail(MPG_ERR_ENV,
-                       "nccl bootstrap: OMPI_COMM_WORLD_SIZE is set but "
-                       "MPI_Init_thread failed on rank %d",
-                       a->rank);
-    }
-    atexit(mpi_finalize_at_exit);
-  }
-  pthread_mutex_unlock(&mpi_init_lock);
+  if (mpg__mpi_acquire(MPI_THREAD_MULTIPLE) != MPI_SUCCESS)
+    return mpg__fail(MPG_ERR_ENV,
+                     "nccl bootstrap: OMPI_COMM_WORLD_SIZE is set but "
+                     "MPI_Init_thread failed on rank %d",
+                     a->rank);
   MPI_Comm comm = a->mpi_comm ? *(MPI_Comm *)a->mpi_comm : MPI_COMM_WORLD;
   int me = -1, n = 0;
   MPI_Comm_rank(comm, &me);
@@ -345,29 +335,26 @@ static mpg_status mpi_bcast_id(const mpg__world_args *a, ncclUniqueId *id,
       return fail_nccl(MPG_ERR_BACKEND, "nccl bootstrap (MPI rank 0)",
                        "ncclGetUniqueId", r);
   }
-  MPI_Request rq;
-  if (MPI_Ibcast(id, (int)sizeof *id, MPI_BYTE, 0, comm, &rq) != MPI_SUCCESS)
-    return mpg__fail(MPG_ERR_BACKEND,
-                     "nccl bootstrap: MPI_Ibcast of the unique id failed on "
-                     "MPI rank %d",
-                     me);
-  unsigned spins = 0;
-  for (;;) {
-    int flag = 0;
-    if (MPI_Test(&rq, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+  switch (mpg__mpi_bcast_bytes(comm, id, (int)sizeof *id, deadline)) {
+    case MPG__MPI_BCAST_DONE:
+      return MPG_OK;
+    case MPG__MPI_BCAST_POST_FAILED:
+      return mpg__fail(MPG_ERR_BACKEND,
+                       "nccl bootstrap: MPI_Ibcast of the unique id failed on "
+                       "MPI rank %d",
+                       me);
+    case MPG__MPI_BCAST_TEST_FAILED:
       return mpg__fail(MPG_ERR_BACKEND,
                        "nccl bootstrap: MPI_Test on the unique id broadcast "
                        "failed on MPI rank %d",
                        me);
-    if (flag) return MPG_OK;
-    if (mpg__now() > deadline)
-      /* The request cannot be cancelled; it is left to MPI_Finalize. */
-      return mpg__fail(MPG_ERR_TIMEOUT,
-                       "nccl bootstrap: MPI rank %d did not receive the "
-                       "unique id from MPI rank 0 within the timeout",
-                       me);
-    backoff(&spins);
+    case MPG__MPI_BCAST_TIMEOUT:
+      break;
   }
+  return mpg__fail(MPG_ERR_TIMEOUT,
+                   "nccl bootstrap: MPI rank %d did not receive the "
+                   "unique id from MPI rank 0 within the timeout",
+                   me);
 }
 #endif
 

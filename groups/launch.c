@@ -37,9 +37,8 @@ static int parse_count(const char *s, int allow_suffix, int *out) {
   return 1;
 }
 
-mpg_status mpg_launch_from_env(mpg_launch *out) {
-  if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_launch_from_env: out is NULL");
-  memset(out, 0, sizeof *out);
+/* Read the environment into *out, a full struct holding the defaults. */
+static mpg_status read_env(mpg_launch *out) {
   int value[F_COUNT];
   const char *from[F_COUNT] = {NULL};
   for (int f = 0; f < F_COUNT; f++) value[f] = -1;
@@ -106,4 +105,14 @@ mpg_status mpg_launch_from_env(mpg_launch *out) {
                      addr ? "MASTER_ADDR" : "MASTER_PORT",
                      addr ? "MASTER_PORT" : "MASTER_ADDR");
   return MPG_OK;
+}
+
+mpg_status mpg_launch_from_env(mpg_launch *out) {
+  mpg_status st = mpg__abi_check(out, MPG_LAUNCH_MAGIC, "mpg_launch_from_env: out",
+                                 "MPG_LAUNCH_INIT");
+  if (st) return st;
+  mpg_launch full = MPG_LAUNCH_INIT;
+  st = read_env(&full);
+  if (!st) mpg__abi_out(out, &full, MPG__ABI_END(mpg_launch));
+  return st;
 }

@@ -6,13 +6,50 @@
  * every function says what it does, what it returns and who owns what.
  *
  * Conventions (shared by every function below):
- *  - Every function returns an mpg_status.  MPG_OK is 0; anything else is an
- *    error, and mpg_last_error() then returns a message written at the failure
- *    site that names the field, the value and, for TOML input, file:line:col.
- *  - Constructors set *out = NULL on failure.  Destroy functions accept NULL.
+ *  - Every function that can fail returns an mpg_status.  MPG_OK is 0;
+ *    anything else is an error, and mpg_last_error() then returns a message
+ *    written at the failure site that names the field, the value and, for
+ *    TOML input, file:line:col.
+ *  - Accessors of one scalar property (mpg_mesh_world_size, mpg_ctx_rank,
+ *    mpg_topo_num_gpus, ...) cannot fail: they return the value, and a
+ *    documented neutral value (0, -1, NULL or "") for a NULL handle.
+ *  - Names read mpg_<noun>_<verb>.  A getter that fills a struct is
+ *    mpg_<noun>_get_<what>(handle, [index,] &out) and returns an mpg_status.
+ *  - Constructors set *out = NULL on failure.  Every destroy function is
+ *    mpg_<noun>_destroy(handle), returns an mpg_status and accepts NULL.
  *  - The library never exits, aborts or prints.  It logs to stderr only when
  *    the environment variable MESHPG_LOG is set to "info" or "debug".
  *  - Ranks, group indices and positions are 0-based ints.
+ *  - Dim lists (mpg_ctx_group_dims, mpg_param_opts.reduce_dims,
+ *    mpg_sync_opts.default_dims, mpg_placement_opts.inner_dims) follow one
+ *    rule: names of dims, flattened sets or "world", separated by commas,
+ *    with spaces and tabs around a name ignored ("dp_cp, tp").  An empty
+ *    name, or one of MPG_NAME_MAX chars or more, is MPG_ERR_INVALID; an
+ *    unknown name is MPG_ERR_NOT_FOUND naming the mesh's names; a dim named
+ *    twice counts once.
+ *
+ * Versioned structs (the ABI rule).  Every struct passed by pointer in
+ * either direction (options, specs, reports) begins with
+ *     size_t size; uint32_t magic; uint32_t version;
+ * which the caller sets with the struct's initializer macro
+ * (mpg_init_opts o = MPG_INIT_OPTS_INIT;).  `size` is sizeof the struct in
+ * the caller's build, `magic` identifies the struct, `version` is the
+ * MPG_API_VERSION the caller was compiled against.
+ *  - Input structs: the library reads only the fields that lie wholly
+ *    within the caller's `size` and uses its defaults for the rest, so a
+ *    program built against an older header (a shorter struct) keeps working.
+ *    Bytes past the library's own struct (a caller built against a newer
+ *    header) are ignored; with MESHPG_LOG=info a line says so when any of
+ *    them is non-zero.
+ *  - Output structs: the library writes only the fields that lie wholly
+ *    within the caller's `size` and leaves the rest (and the three header
+ *    fields) as the caller set them.
+ *  - A wrong magic (a struct never set up by its initializer) is the only
+ *    rejection: MPG_ERR_INVALID naming the struct and the initializer.
+ *  - Fields are only ever appended, and an appended field's zero value
+ *    means "the default", so that older libraries can ignore it.
+ * Handles (mpg_mesh, mpg_ctx, ...) are opaque; only mpg_* symbols are
+ * exported, with the ELF symbol version MESHPG_<major>.<minor>.
  */
 #ifndef MESHPG_H
 #define MESHPG_H
@@ -24,11 +61,32 @@
 extern "C" {
 #endif
 
+/* Marks the exported functions (the library is built with hidden
+ * visibility: anything not marked stays internal). */
+#if defined(__GNUC__) || defined(__clang__)
+#define MPG_API __attribute__((visibility("default")))
+#else
+#define MPG_API
+#endif
+
+/* The version of this header.  mpg_version() gives the library's. */
 #define MPG_VERSION_MAJOR 0
-#define MPG_VERSION_MINOR 1
+#define MPG_VERSION_MINOR 2
 #define MPG_VERSION_PATCH 0
-/* Version of the option/spec structs; bumped when fields are appended. */
-#define MPG_API_VERSION 1
+/* 0xMMmmpp: compare with mpg_version(). */
+#define MPG_VERSION_HEX \
+  ((MPG_VERSION_MAJOR << 16) | (MPG_VERSION_MINOR << 8) | MPG_VERSION_PATCH)
+/* The struct layout version that initializer macros write into `version`;
+ * bumped whenever a public struct gains a field. */
+#define MPG_API_VERSION 2
+
+/* The library's version as 0xMMmmpp (MPG_VERSION_HEX of the header it was
+ * built from), to compare with the header a program was compiled against.
+ * Cannot fail. */
+MPG_API unsigned mpg_version(void);
+
+/* The library's version as text, "0.2.0".  Static storage.  Cannot fail. */
+MPG_API const char *mpg_version_string(void);
 
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                              */
@@ -61,17 +119,45 @@ typedef enum mpg_status {
 
 /* Fixed English text for a status ("timed out waiting for peers").
  * Never NULL; unknown codes give "unknown status". */
-const char *mpg_strerror(mpg_status status);
+MPG_API const char *mpg_strerror(mpg_status status);
 
 /* Symbolic name of a status without the prefix ("ERR_TIMEOUT").
  * Never NULL; unknown codes give "UNKNOWN". */
-const char *mpg_status_name(mpg_status status);
+MPG_API const char *mpg_status_name(mpg_status status);
 
 /* The precise message of the last failed call on this thread, for example
  *   "spec.toml:4:30: mesh.dims[1].size: expected a positive integer or -1, found 0".
  * The string belongs to the library and stays valid until the next meshpg
  * call on this thread.  It is "" when no call has failed on this thread. */
-const char *mpg_last_error(void);
+MPG_API const char *mpg_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Vocabulary shared by every module                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Element types of collective buffers. */
+typedef enum mpg_dtype {
+  MPG_F32 = 0,
+  MPG_F64 = 1,
+  MPG_F16 = 2,  /* IEEE binary16 */
+  MPG_BF16 = 3, /* bfloat16 */
+  MPG_I32 = 4,
+  MPG_I64 = 5
+} mpg_dtype;
+#define MPG_DTYPE_COUNT 6
+
+/* Reductions, for collectives and for gradient sync (spec [sync] op,
+ * mpg_sync_opts.op, which take MPG_OP_AVG or MPG_OP_SUM).  MPG_OP_AVG
+ * divides the sum by the group size (integer division for integer types).
+ * MPG_OP_PREMUL_SUM multiplies each input by a scale before summing; it is
+ * only reached through mpg_all_reduce_scaled. */
+typedef enum mpg_op {
+  MPG_OP_SUM = 0,
+  MPG_OP_AVG = 1,
+  MPG_OP_MAX = 2,
+  MPG_OP_MIN = 3,
+  MPG_OP_PREMUL_SUM = 4
+} mpg_op;
 
 /* ------------------------------------------------------------------------ */
 /* Mesh specification                                                        */
@@ -106,14 +192,11 @@ typedef enum mpg_rank_order {
   MPG_RANK_ORDER_CYCLIC = 1 /* launcher deals ranks round-robin over nodes */
 } mpg_rank_order;
 
-typedef enum mpg_sync_op {
-  MPG_SYNC_AVG = 0, /* gradients are averaged over their reduce group */
-  MPG_SYNC_SUM = 1  /* gradients are summed */
-} mpg_sync_op;
-
 typedef enum mpg_reduce_dtype {
   MPG_REDUCE_NATIVE = 0, /* reduce in the gradient's own dtype */
-  MPG_REDUCE_F32 = 1     /* reduce bf16/f16 gradients with f32 accumulation */
+  MPG_REDUCE_F32 = 1     /* reduce bf16/f16 gradients with f32 accumulation
+                            (thread, mpi; refused on nccl, see
+                            mpg_sync_add_param) */
 } mpg_reduce_dtype;
 
 /* One named mesh dim.  size is > 0, or -1 to infer it from the world size. */
@@ -135,9 +218,9 @@ typedef struct mpg_flatten {
 } mpg_flatten;
 
 /* Everything a spec file says.  A plain value type: it holds no pointers,
- * so it may be copied, and needs no destroy call.  Always start from
- * mpg_spec_init(); fields are only ever appended (ABI: size/magic/version).
- * Each section's keys and defaults are documented in README.md. */
+ * so it may be copied, and needs no destroy call.  A versioned struct
+ * (input and output): always start from MPG_SPEC_INIT, which holds every
+ * default.  Each section's keys and defaults are documented in README.md. */
 typedef struct mpg_spec {
   size_t size;       /* sizeof(mpg_spec) of the caller's build */
   uint32_t magic;    /* MPG_SPEC_MAGIC */
@@ -158,7 +241,7 @@ typedef struct mpg_spec {
 
   /* [sync] */
   int fsdp_owns_dp;               /* 1: gradients reduce over cp only */
-  mpg_sync_op op;                 /* default MPG_SYNC_AVG */
+  mpg_op op;                      /* MPG_OP_AVG (default) or MPG_OP_SUM */
   double bucket_mb;               /* default 25 */
   double first_bucket_mb;         /* default 1 */
   mpg_reduce_dtype reduce_dtype;  /* default MPG_REDUCE_F32 */
@@ -175,48 +258,58 @@ typedef struct mpg_spec {
 } mpg_spec;
 
 #define MPG_SPEC_MAGIC 0x6d706773u /* "mpgs" */
+/* The defaults: an empty mesh, the sections' defaults, no source. */
+#define MPG_SPEC_INIT                                                       \
+  { sizeof(mpg_spec), MPG_SPEC_MAGIC, MPG_API_VERSION, 0,                   \
+    {{"", 0, {0, 0}, {0, 0}}}, 0,                                           \
+    {{"", 0, {{0}}, {0, 0}, {{0, 0}}}}, 0, 0, MPG_BIND_NONE,                \
+    MPG_RANK_ORDER_BLOCK, 0, 0, MPG_OP_AVG, 25.0, 1.0, MPG_REDUCE_F32,      \
+    MPG_BACKEND_THREAD, 600.0, 0, "" }
 
-/* Fill *spec with defaults and an empty mesh.
- * Returns MPG_ERR_INVALID if spec is NULL. */
-mpg_status mpg_spec_init(mpg_spec *spec);
+/* Reset *spec (set up with MPG_SPEC_INIT) to the defaults and an empty
+ * mesh, within the caller's size.  Every spec function below also takes a
+ * spec from MPG_SPEC_INIT.
+ * Returns MPG_ERR_INVALID if spec is NULL or was not set up with
+ * MPG_SPEC_INIT. */
+MPG_API mpg_status mpg_spec_init(mpg_spec *spec);
 
-/* Read a TOML spec file into *spec (which is first reset with
- * mpg_spec_init) and validate it (mpg_spec_validate).  Unknown keys are
+/* Read a TOML spec file into *spec (set up with MPG_SPEC_INIT; it is first
+ * reset with mpg_spec_init) and validate it (mpg_spec_validate).  Unknown keys are
  * errors with a "did you mean" suggestion.
  * Returns MPG_OK; MPG_ERR_IO if the file cannot be read; MPG_ERR_PARSE for
  * TOML syntax; MPG_ERR_SPEC for a wrong key, type or value.  The error
  * message names file:line:col, the key path, what was expected and what
  * was found.  On error *spec holds defaults. */
-mpg_status mpg_spec_load_file(const char *path, mpg_spec *spec);
+MPG_API mpg_status mpg_spec_load_file(const char *path, mpg_spec *spec);
 
 /* As mpg_spec_load_file, from TOML text.  name (may be NULL) is used as the
  * file name in messages; NULL gives "<string>". */
-mpg_status mpg_spec_load_string(const char *toml, const char *name,
-                                mpg_spec *spec);
+MPG_API mpg_status mpg_spec_load_string(const char *toml, const char *name,
+                                        mpg_spec *spec);
 
 /* Replace the mesh dims from "dp=2,cp=2,tp=2" (outermost first; a size may
  * be -1 or "auto").  Flattened sets are kept.
  * Returns MPG_ERR_SPEC with the offending item on a malformed string. */
-mpg_status mpg_spec_set_mesh(mpg_spec *spec, const char *dims);
+MPG_API mpg_status mpg_spec_set_mesh(mpg_spec *spec, const char *dims);
 
 /* Add (or replace) the flattened set `name` from "d1,d2,...".
  * Returns MPG_ERR_SPEC for a malformed list or too many sets.  Whether the
  * dims exist is checked by mpg_spec_validate. */
-mpg_status mpg_spec_add_flatten(mpg_spec *spec, const char *name,
-                                const char *dims);
+MPG_API mpg_status mpg_spec_add_flatten(mpg_spec *spec, const char *name,
+                                        const char *dims);
 
 /* Reorder the dims by a Megatron order string, which names dims innermost
  * first separated by '-': "tp-cp-dp-pp" gives the mesh (pp, dp, cp, tp).
  * The string must name every dim of the spec exactly once.
  * Returns MPG_ERR_SPEC naming the unknown, missing or repeated dim. */
-mpg_status mpg_spec_apply_order(mpg_spec *spec, const char *order);
+MPG_API mpg_status mpg_spec_apply_order(mpg_spec *spec, const char *order);
 
 /* Check everything that does not need the world size: dim count (1..8),
  * names ([A-Za-z_][A-Za-z0-9_]*, at most 31 chars, not "world", distinct),
  * sizes (> 0 or one -1), flattened sets (known dims, no repeats, mesh order,
  * no clash with a dim name or another set), and the other sections' values.
  * Returns MPG_OK or MPG_ERR_SPEC. */
-mpg_status mpg_spec_validate(const mpg_spec *spec);
+MPG_API mpg_status mpg_spec_validate(const mpg_spec *spec);
 
 /* ------------------------------------------------------------------------ */
 /* Mesh                                                                      */
@@ -232,64 +325,64 @@ typedef struct mpg_mesh mpg_mesh;
  * and is invalid when a dim is -1.
  * Returns MPG_OK; MPG_ERR_SPEC (message names the world size and the
  * product); MPG_ERR_INVALID for NULL arguments; MPG_ERR_NOMEM. */
-mpg_status mpg_mesh_create(const mpg_spec *spec, int world_size,
-                           mpg_mesh **out);
+MPG_API mpg_status mpg_mesh_create(const mpg_spec *spec, int world_size,
+                                   mpg_mesh **out);
 
 /* Free a mesh.  NULL is a no-op.  Always returns MPG_OK. */
-mpg_status mpg_mesh_destroy(mpg_mesh *mesh);
+MPG_API mpg_status mpg_mesh_destroy(mpg_mesh *mesh);
 
-int mpg_mesh_world_size(const mpg_mesh *mesh);
-int mpg_mesh_ndims(const mpg_mesh *mesh);
+MPG_API int mpg_mesh_world_size(const mpg_mesh *mesh);
+MPG_API int mpg_mesh_ndims(const mpg_mesh *mesh);
 
 /* Name and size of dim `dim` (0 = outermost).  *name belongs to the mesh.
  * Returns MPG_ERR_RANGE for a bad index. */
-mpg_status mpg_mesh_dim(const mpg_mesh *mesh, int dim, const char **name,
-                        int *size);
+MPG_API mpg_status mpg_mesh_dim(const mpg_mesh *mesh, int dim, const char **name,
+                                int *size);
 
 /* Dim sets: every dim (ids 0..ndims-1, mesh order), then every flattened
  * set (spec order), then "world" (all dims).  Their count: */
-int mpg_mesh_num_dimsets(const mpg_mesh *mesh);
+MPG_API int mpg_mesh_num_dimsets(const mpg_mesh *mesh);
 
 /* Find a dim set by dim name, flattened name or "world".
  * Returns MPG_ERR_NOT_FOUND naming the unknown name and listing known ones. */
-mpg_status mpg_mesh_dimset_find(const mpg_mesh *mesh, const char *name,
-                                int *dimset);
+MPG_API mpg_status mpg_mesh_dimset_find(const mpg_mesh *mesh, const char *name,
+                                        int *dimset);
 
 /* Describe dim set `dimset`: its name (belongs to the mesh), the size of
  * each of its groups, and how many groups it has.  Any out pointer may be
  * NULL.  Returns MPG_ERR_RANGE for a bad id. */
-mpg_status mpg_mesh_dimset_info(const mpg_mesh *mesh, int dimset,
-                                const char **name, int *group_size,
-                                int *num_groups);
+MPG_API mpg_status mpg_mesh_dimset_info(const mpg_mesh *mesh, int dimset,
+                                        const char **name, int *group_size,
+                                        int *num_groups);
 
 /* The dims of a dim set as mesh dim indices, in mesh order; *ndims is set
  * and dims[] needs room for MPG_MAX_DIMS. */
-mpg_status mpg_mesh_dimset_dims(const mpg_mesh *mesh, int dimset,
-                                int dims[MPG_MAX_DIMS], int *ndims);
+MPG_API mpg_status mpg_mesh_dimset_dims(const mpg_mesh *mesh, int dimset,
+                                        int dims[MPG_MAX_DIMS], int *ndims);
 
 /* rank -> coordinate (coord[] has mpg_mesh_ndims entries). */
-mpg_status mpg_mesh_coord_of(const mpg_mesh *mesh, int rank, int coord[]);
+MPG_API mpg_status mpg_mesh_coord_of(const mpg_mesh *mesh, int rank, int coord[]);
 
 /* coordinate -> rank.  Returns MPG_ERR_RANGE naming the bad coordinate. */
-mpg_status mpg_mesh_rank_of(const mpg_mesh *mesh, const int coord[],
-                            int *rank);
+MPG_API mpg_status mpg_mesh_rank_of(const mpg_mesh *mesh, const int coord[],
+                                    int *rank);
 
 /* The group of `rank` along dim set `dimset`: the group's index (groups are
  * numbered row-major over the dims outside the set, which is also the order
  * of their first ranks), the rank's position in it (row-major over the
  * set's dims), and the group size.  Out pointers may be NULL.  O(ndims). */
-mpg_status mpg_mesh_group_of(const mpg_mesh *mesh, int dimset, int rank,
-                             int *group_index, int *position,
-                             int *group_size);
+MPG_API mpg_status mpg_mesh_group_of(const mpg_mesh *mesh, int dimset, int rank,
+                                     int *group_index, int *position,
+                                     int *group_size);
 
 /* The rank at `position` in group `group_index` of dim set `dimset`. */
-mpg_status mpg_mesh_group_rank(const mpg_mesh *mesh, int dimset,
-                               int group_index, int position, int *rank);
+MPG_API mpg_status mpg_mesh_group_rank(const mpg_mesh *mesh, int dimset,
+                                       int group_index, int position, int *rank);
 
 /* All members of group `group_index` of `dimset` in position order into
  * ranks[] (room for group_size ints). */
-mpg_status mpg_mesh_group_members(const mpg_mesh *mesh, int dimset,
-                                  int group_index, int *ranks);
+MPG_API mpg_status mpg_mesh_group_members(const mpg_mesh *mesh, int dimset,
+                                          int group_index, int *ranks);
 
 /* ------------------------------------------------------------------------ */
 /* Topology (topo/)                                                          */
@@ -314,8 +407,12 @@ typedef struct mpg_topo mpg_topo;
 #define MPG_CPUSET_STR_MAX 256 /* a cpuset as text, with the NUL */
 
 /* A network device: a PCI device with network and/or OpenFabrics OS
- * devices.  The strings belong to the topology. */
+ * devices.  A versioned output struct (MPG_NIC_INFO_INIT).  The strings
+ * belong to the topology and stay valid until mpg_topo_destroy. */
 typedef struct mpg_nic_info {
+  size_t size;
+  uint32_t magic;
+  uint32_t version;
   const char *name;   /* the OpenFabrics device ("mlx5_0") if it has one,
                          else its network interface ("eth0") */
   const char *netdev; /* its network interface ("ibp23s0"), "" if none */
@@ -323,10 +420,16 @@ typedef struct mpg_nic_info {
   int numa_node;      /* as for GPUs: its NUMA node, -1 if several */
   const char *cpuset; /* the CPUs near it, "0-7,16-23" */
 } mpg_nic_info;
+#define MPG_NIC_INFO_MAGIC 0x6d70676eu /* "mpgn" */
+#define MPG_NIC_INFO_INIT \
+  { sizeof(mpg_nic_info), MPG_NIC_INFO_MAGIC, MPG_API_VERSION, NULL, NULL, NULL, -1, NULL }
 
-/* One GPU.  Every pointer belongs to the topology and stays valid until
- * mpg_topo_destroy. */
+/* One GPU.  A versioned output struct (MPG_GPU_INFO_INIT).  Every pointer
+ * belongs to the topology and stays valid until mpg_topo_destroy. */
 typedef struct mpg_gpu_info {
+  size_t size;
+  uint32_t magic;
+  uint32_t version;
   int index;          /* 0..num_gpus-1; by default local rank i takes GPU i */
   const char *name;   /* OS device: "cuda0", "nvml0"; "" for a bare PCI GPU */
   const char *bus_id; /* PCI bus id, "0000:18:00.0" */
@@ -339,18 +442,23 @@ typedef struct mpg_gpu_info {
   int num_cores;      /* cores inside that cpuset */
   int pcie_group;     /* GPUs with equal values sit below the same PCIe
                          switch or root port (numbered from 0) */
-  int num_nics;       /* its nearest NICs: those that share its PCIe switch, */
-  const mpg_nic_info *nics; /* else its host bridge; none beyond that */
+  int num_nics;       /* its nearest NICs: those that share its PCIe switch,
+                         else its host bridge; none beyond that.  Read them
+                         with mpg_topo_get_gpu_nic */
   int nvlink_peers;   /* other GPUs it reaches over NVLink, read from hwloc's
                          "NVLinkBandwidth" distances (directly or through an
                          NVSwitch); 0 when there is no such matrix */
 } mpg_gpu_info;
+#define MPG_GPU_INFO_MAGIC 0x6d706767u /* "mpgg" */
+#define MPG_GPU_INFO_INIT                                                   \
+  { sizeof(mpg_gpu_info), MPG_GPU_INFO_MAGIC, MPG_API_VERSION, -1, NULL,    \
+    NULL, 0, 0, -1, NULL, 0, -1, 0, 0 }
 
 /* Load this machine's topology (honours hwloc's HWLOC_XMLFILE / HWLOC_*
  * environment like every hwloc program).
  * Returns MPG_OK; MPG_ERR_TOPO if hwloc cannot read the machine;
  * MPG_ERR_INVALID if out is NULL; MPG_ERR_NOMEM. */
-mpg_status mpg_topo_load_live(mpg_topo **out);
+MPG_API mpg_status mpg_topo_load_live(mpg_topo **out);
 
 /* Load an hwloc XML topology file (as written by `lstopo file.xml`).
  * Returns MPG_OK; MPG_ERR_IO if the file cannot be opened or read (missing,
@@ -358,52 +466,65 @@ mpg_status mpg_topo_load_live(mpg_topo **out);
  * error); MPG_ERR_TOPO if it is empty or hwloc rejects its content (not XML,
  * not an hwloc topology, inconsistent objects); MPG_ERR_INVALID for NULL
  * arguments; MPG_ERR_NOMEM. */
-mpg_status mpg_topo_load_xml(const char *path, mpg_topo **out);
+MPG_API mpg_status mpg_topo_load_xml(const char *path, mpg_topo **out);
 
 /* Build a topology from an hwloc synthetic description such as
  * "pack:2 numa:1 core:32 pu:2".  It has CPUs and NUMA nodes, never GPUs.
  * Returns MPG_OK; MPG_ERR_TOPO naming the description if hwloc rejects it;
  * MPG_ERR_INVALID for NULL arguments; MPG_ERR_NOMEM. */
-mpg_status mpg_topo_load_synthetic(const char *description, mpg_topo **out);
+MPG_API mpg_status mpg_topo_load_synthetic(const char *description, mpg_topo **out);
 
-/* Free a topology and every string it handed out.  NULL is a no-op. */
-void mpg_topo_destroy(mpg_topo *topo);
+/* Free a topology and every string it handed out.  NULL is a no-op.
+ * Always returns MPG_OK. */
+MPG_API mpg_status mpg_topo_destroy(mpg_topo *topo);
 
 /* Where the topology came from, for messages: "this machine (HOST)", the XML
  * path, or "synthetic \"DESC\"".  Belongs to the topology. */
-const char *mpg_topo_source(const mpg_topo *topo);
+MPG_API const char *mpg_topo_source(const mpg_topo *topo);
 
 /* 1 if the topology is this machine's own (loaded live), so that binding
  * can be applied; 0 for XML and synthetic topologies (and NULL). */
-int mpg_topo_is_this_system(const mpg_topo *topo);
+MPG_API int mpg_topo_is_this_system(const mpg_topo *topo);
 
 /* Counts; 0 for NULL. */
-int mpg_topo_num_gpus(const mpg_topo *topo);
-int mpg_topo_num_numa_nodes(const mpg_topo *topo);
-int mpg_topo_num_packages(const mpg_topo *topo);
-int mpg_topo_num_cores(const mpg_topo *topo);
-int mpg_topo_num_pus(const mpg_topo *topo);
+MPG_API int mpg_topo_num_gpus(const mpg_topo *topo);
+MPG_API int mpg_topo_num_numa_nodes(const mpg_topo *topo);
+MPG_API int mpg_topo_num_packages(const mpg_topo *topo);
+MPG_API int mpg_topo_num_cores(const mpg_topo *topo);
+MPG_API int mpg_topo_num_pus(const mpg_topo *topo);
 
 /* 1 when every pair of GPUs is linked by NVLink (an all-to-all GPU fabric
  * such as NVSwitch), 0 otherwise (PCIe only, partial links, fewer than 2
  * GPUs, no NVLinkBandwidth matrix). */
-int mpg_topo_has_gpu_fabric(const mpg_topo *topo);
+MPG_API int mpg_topo_has_gpu_fabric(const mpg_topo *topo);
 
-/* Describe GPU `gpu` (0..num_gpus-1) into *out.
+/* Describe GPU `gpu` (0..num_gpus-1) into *out (set up with
+ * MPG_GPU_INFO_INIT).
  * Returns MPG_OK; MPG_ERR_RANGE naming the index and the GPU count;
- * MPG_ERR_INVALID for NULL arguments. */
-mpg_status mpg_topo_gpu_info(const mpg_topo *topo, int gpu,
-                             mpg_gpu_info *out);
+ * MPG_ERR_INVALID for NULL arguments or an out struct with a wrong magic. */
+MPG_API mpg_status mpg_topo_get_gpu(const mpg_topo *topo, int gpu, mpg_gpu_info *out);
 
-/* Every NIC of the topology (GPU or not), in PCI order: count, and NIC
- * `nic` (0..count-1) into *out.  mpg_topo_nic_info returns MPG_OK;
- * MPG_ERR_RANGE for a bad index; MPG_ERR_INVALID for NULL arguments. */
-int mpg_topo_num_nics(const mpg_topo *topo);
-mpg_status mpg_topo_nic_info(const mpg_topo *topo, int nic, mpg_nic_info *out);
+/* The k-th nearest NIC (0..num_nics-1 of mpg_gpu_info) of GPU `gpu` into
+ * *out (set up with MPG_NIC_INFO_INIT).
+ * Returns MPG_OK; MPG_ERR_RANGE for a bad GPU or NIC index;
+ * MPG_ERR_INVALID for NULL arguments or a wrong magic. */
+MPG_API mpg_status mpg_topo_get_gpu_nic(const mpg_topo *topo, int gpu, int k,
+                                        mpg_nic_info *out);
+
+/* Every NIC of the topology (GPU or not), in PCI order: their count (0 for
+ * NULL), and NIC `nic` (0..count-1) into *out (set up with
+ * MPG_NIC_INFO_INIT).  mpg_topo_get_nic returns MPG_OK; MPG_ERR_RANGE for
+ * a bad index; MPG_ERR_INVALID for NULL arguments or a wrong magic. */
+MPG_API int mpg_topo_num_nics(const mpg_topo *topo);
+MPG_API mpg_status mpg_topo_get_nic(const mpg_topo *topo, int nic, mpg_nic_info *out);
 
 /* What a binding call chose (and, for mpg_topo_bind*, applied).  A plain
- * value: it holds no pointers. */
+ * value: it holds no pointers.  A versioned output struct
+ * (MPG_BINDING_INIT). */
 typedef struct mpg_binding {
+  size_t size;
+  uint32_t magic;
+  uint32_t version;
   int local_rank;
   int gpu;                             /* GPU taken; -1 on a GPU-less node */
   char gpu_bus_id[MPG_BUS_ID_MAX];     /* "" when gpu == -1 */
@@ -419,6 +540,10 @@ typedef struct mpg_binding {
   int applied;                         /* 1: the OS binding was set */
   int thread;                          /* 1: only the calling thread */
 } mpg_binding;
+#define MPG_BINDING_MAGIC 0x6d706762u /* "mpgb" */
+#define MPG_BINDING_INIT                                                    \
+  { sizeof(mpg_binding), MPG_BINDING_MAGIC, MPG_API_VERSION, -1, -1, "",    \
+    MPG_BIND_NONE, -1, "", 0, 0, 0, 0 }
 
 /* Choose the GPU and the CPUs of local rank `local_rank` of `local_world`
  * ranks on this node, without binding anything (any topology).
@@ -438,11 +563,12 @@ typedef struct mpg_binding {
  * local_world < 1 or a GPU index outside 0..num_gpus-1; MPG_ERR_TOPO when
  * local_world exceeds the GPU count (the message names both counts) or
  * when a NUMA node has fewer PUs than the ranks that share it;
- * MPG_ERR_INVALID for NULL arguments or an unknown mode.  *report is filled
- * on success (applied = 0). */
-mpg_status mpg_topo_bind_plan(const mpg_topo *topo, int local_rank,
-                              int local_world, int gpu, mpg_bind mode,
-                              mpg_binding *report);
+ * MPG_ERR_INVALID for NULL arguments, an unknown mode or a report with a
+ * wrong magic.  *report (set up with MPG_BINDING_INIT) is filled on
+ * success (applied = 0). */
+MPG_API mpg_status mpg_topo_bind_plan(const mpg_topo *topo, int local_rank,
+                                      int local_world, int gpu, mpg_bind mode,
+                                      mpg_binding *report);
 
 /* As mpg_topo_bind_plan, then bind the whole calling process to the chosen
  * CPUs with hwloc_set_cpubind (MPG_BIND_NONE binds nothing).
@@ -451,19 +577,19 @@ mpg_status mpg_topo_bind_plan(const mpg_topo *topo, int local_rank,
  * nothing) or when the operating system refuses the binding (the message
  * has the system error).  On success report->applied is 1 unless the mode
  * is MPG_BIND_NONE. */
-mpg_status mpg_topo_bind(const mpg_topo *topo, int local_rank,
-                         int local_world, int gpu, mpg_bind mode,
-                         mpg_binding *report);
+MPG_API mpg_status mpg_topo_bind(const mpg_topo *topo, int local_rank,
+                                 int local_world, int gpu, mpg_bind mode,
+                                 mpg_binding *report);
 
 /* As mpg_topo_bind, binding only the calling thread (for ranks that are
  * threads of one process).  report->thread is 1. */
-mpg_status mpg_topo_bind_thread(const mpg_topo *topo, int local_rank,
-                                int local_world, int gpu, mpg_bind mode,
-                                mpg_binding *report);
+MPG_API mpg_status mpg_topo_bind_thread(const mpg_topo *topo, int local_rank,
+                                        int local_world, int gpu, mpg_bind mode,
+                                        mpg_binding *report);
 
-/* Which ranks share a node.  Each rank calls mpg_host_identity, the world
- * gathers the strings (the groups module does this at start-up), and
- * mpg_node_ids numbers the nodes. */
+/* Which ranks share a node.  Each rank calls mpg_topo_host_identity, the
+ * world gathers the strings (the groups module does this at start-up), and
+ * mpg_topo_node_ids numbers the nodes. */
 #define MPG_HOST_ID_MAX 320 /* hostname + ':' + boot id, with the NUL */
 
 /* Write this machine's identity, "HOSTNAME:BOOT_ID" (boot id from
@@ -472,7 +598,7 @@ mpg_status mpg_topo_bind_thread(const mpg_topo *topo, int local_rank,
  * Returns MPG_OK; MPG_ERR_RANGE if cap is too small (MPG_HOST_ID_MAX is
  * always enough); MPG_ERR_IO if the host name cannot be read;
  * MPG_ERR_INVALID for NULL arguments. */
-mpg_status mpg_host_identity(char *buf, size_t cap);
+MPG_API mpg_status mpg_topo_host_identity(char *buf, size_t cap);
 
 /* From host_ids[r] (one per rank, world_size of them) compute node_of[r]:
  * nodes are numbered 0,1,... in the order of their lowest rank; and, if
@@ -481,8 +607,8 @@ mpg_status mpg_host_identity(char *buf, size_t cap);
  * O(world_size log world_size).
  * Returns MPG_OK; MPG_ERR_INVALID for NULL arrays or a NULL id;
  * MPG_ERR_RANGE for world_size < 1; MPG_ERR_NOMEM. */
-mpg_status mpg_node_ids(int world_size, const char *const *host_ids,
-                        int *node_of, int *local_rank, int *num_nodes);
+MPG_API mpg_status mpg_topo_node_ids(int world_size, const char *const *host_ids,
+                                     int *node_of, int *local_rank, int *num_nodes);
 
 /*
  * Placement: which launcher process sits at which mesh coordinate.
@@ -530,12 +656,13 @@ typedef struct mpg_placement_opts {
   { sizeof(mpg_placement_opts), MPG_PLACEMENT_MAGIC, MPG_API_VERSION, 0, 0, \
     MPG_RANK_ORDER_BLOCK, NULL, NULL, NULL, NULL, 0 }
 
-/* Fill *opts from a spec's [topology] section: nodes, gpus_per_node,
- * rank_order and strict; the other fields get their defaults.
- * Returns MPG_OK; MPG_ERR_INVALID for NULL arguments or a spec not set up
- * with mpg_spec_init. */
-mpg_status mpg_placement_opts_from_spec(const mpg_spec *spec,
-                                        mpg_placement_opts *opts);
+/* Fill *opts (set up with MPG_PLACEMENT_OPTS_INIT) from a spec's
+ * [topology] section: nodes, gpus_per_node, rank_order and strict; the
+ * other fields get their defaults.
+ * Returns MPG_OK; MPG_ERR_INVALID for NULL arguments, or a spec or opts
+ * with a wrong magic (not from MPG_SPEC_INIT / MPG_PLACEMENT_OPTS_INIT). */
+MPG_API mpg_status mpg_placement_opts_from_spec(const mpg_spec *spec,
+                                                mpg_placement_opts *opts);
 
 /* Place the ranks of `mesh`.  opts NULL means MPG_PLACEMENT_OPTS_INIT (one
  * node).  Every inner group that crosses nodes is counted as by
@@ -549,39 +676,39 @@ mpg_status mpg_placement_opts_from_spec(const mpg_spec *spec,
  * repeated; MPG_ERR_NOT_FOUND for an inner_dims name the mesh lacks (when
  * inner_dims is given); MPG_ERR_INVALID for NULL mesh/out or opts not set
  * up with MPG_PLACEMENT_OPTS_INIT; MPG_ERR_NOMEM. */
-mpg_status mpg_placement_create(const mpg_mesh *mesh,
-                                const mpg_placement_opts *opts,
-                                mpg_placement **out);
+MPG_API mpg_status mpg_placement_create(const mpg_mesh *mesh,
+                                        const mpg_placement_opts *opts,
+                                        mpg_placement **out);
 
-/* Free a placement.  NULL is a no-op. */
-void mpg_placement_destroy(mpg_placement *placement);
+/* Free a placement.  NULL is a no-op.  Always returns MPG_OK. */
+MPG_API mpg_status mpg_placement_destroy(mpg_placement *placement);
 
 /* Node count; 0 for NULL. */
-int mpg_placement_num_nodes(const mpg_placement *placement);
+MPG_API int mpg_placement_num_nodes(const mpg_placement *placement);
 
 /* Where mesh rank `mesh_rank` runs: its launcher rank, node and GPU (local
  * rank on the node).  Out pointers may be NULL.
  * Returns MPG_OK; MPG_ERR_RANGE for a rank outside 0..world_size-1;
  * MPG_ERR_INVALID for a NULL placement. */
-mpg_status mpg_placement_of(const mpg_placement *placement, int mesh_rank,
-                            int *launcher_rank, int *node, int *gpu);
+MPG_API mpg_status mpg_placement_of(const mpg_placement *placement, int mesh_rank,
+                                    int *launcher_rank, int *node, int *gpu);
 
 /* The inverse: the mesh rank of launcher rank `launcher_rank`, i.e. which
  * coordinate this process takes.  Returns as mpg_placement_of. */
-mpg_status mpg_placement_mesh_rank(const mpg_placement *placement,
-                                   int launcher_rank, int *mesh_rank);
+MPG_API mpg_status mpg_placement_mesh_rank(const mpg_placement *placement,
+                                           int launcher_rank, int *mesh_rank);
 
 /* How many distinct nodes group `group_index` of `dimset` spans (1: it
  * stays inside a node).  Returns MPG_OK; MPG_ERR_RANGE for a bad dim set
  * or group; MPG_ERR_INVALID for NULL arguments; MPG_ERR_NOMEM. */
-mpg_status mpg_placement_group_nodes(const mpg_placement *placement,
-                                     int dimset, int group_index,
-                                     int *num_nodes);
+MPG_API mpg_status mpg_placement_group_nodes(const mpg_placement *placement,
+                                             int dimset, int group_index,
+                                             int *num_nodes);
 
 /* 1 if every dim of `dimset` is an inner dim (one the placement keeps
  * inside a node), else 0.  "world" is never inner. */
-int mpg_placement_dimset_is_inner(const mpg_placement *placement,
-                                  int dimset);
+MPG_API int mpg_placement_dimset_is_inner(const mpg_placement *placement,
+                                          int dimset);
 
 /* Count the misfits: groups of inner dim sets that span more than one node.
  * Each dim set with misfits is logged as a warning (MESHPG_LOG=info) with
@@ -589,40 +716,16 @@ int mpg_placement_dimset_is_inner(const mpg_placement *placement,
  * Returns MPG_OK; with strict != 0 and misfits, MPG_ERR_TOPO whose message
  * names the dim set, the group size, the GPUs per node, a crossing group
  * and its nodes; MPG_ERR_INVALID for NULL; MPG_ERR_NOMEM. */
-mpg_status mpg_placement_check(const mpg_placement *placement, int strict,
-                               int *misfits);
-
-/* @@topo-api@@ */
+MPG_API mpg_status mpg_placement_check(const mpg_placement *placement, int strict,
+                                       int *misfits);
 
 /* ------------------------------------------------------------------------ */
 /* Groups and collectives (groups/)                                          */
 /* ------------------------------------------------------------------------ */
-/* Element types of collective buffers. */
-typedef enum mpg_dtype {
-  MPG_F32 = 0,
-  MPG_F64 = 1,
-  MPG_F16 = 2,  /* IEEE binary16 */
-  MPG_BF16 = 3, /* bfloat16 */
-  MPG_I32 = 4,
-  MPG_I64 = 5
-} mpg_dtype;
-#define MPG_DTYPE_COUNT 6
-
-/* Reductions.  MPG_OP_AVG divides the sum by the group size (integer
- * division for integer types).  MPG_OP_PREMUL_SUM multiplies each input by a
- * scale before summing; it is only reached through mpg_all_reduce_scaled. */
-typedef enum mpg_op {
-  MPG_OP_SUM = 0,
-  MPG_OP_AVG = 1,
-  MPG_OP_MAX = 2,
-  MPG_OP_MIN = 3,
-  MPG_OP_PREMUL_SUM = 4
-} mpg_op;
-
 /* Size in bytes of one element; 0 for an unknown dtype. */
-size_t mpg_dtype_size(mpg_dtype dtype);
+MPG_API size_t mpg_dtype_size(mpg_dtype dtype);
 /* "f32", "bf16", ...; "?" for an unknown dtype. */
-const char *mpg_dtype_name(mpg_dtype dtype);
+MPG_API const char *mpg_dtype_name(mpg_dtype dtype);
 
 /* In-process simulated ranks (the thread backend).  A thread world is the
  * shared state of N ranks that run as threads of one process. */
@@ -641,8 +744,8 @@ typedef mpg_status (*mpg_rank_main)(const mpg_init_opts *opts, void *arg);
  * Returns MPG_OK when every rank returned MPG_OK, else the first failing
  * rank's status (its message is kept in mpg_last_error()); MPG_ERR_NOMEM or
  * MPG_ERR_BACKEND if the threads cannot be started. */
-mpg_status mpg_thread_run(int nranks, double timeout_s, mpg_rank_main main,
-                          void *arg, mpg_status *statuses);
+MPG_API mpg_status mpg_thread_run(int nranks, double timeout_s, mpg_rank_main main,
+                                  void *arg, mpg_status *statuses);
 
 /* How a process joins the world.  Start from MPG_INIT_OPTS_INIT; a field
  * left at -1 / NULL is read from the launch environment (see
@@ -682,8 +785,12 @@ struct mpg_init_opts {
     MPG_BACKEND_THREAD, -1, -1, -1, -1, 0.0, 0, -1, NULL, NULL, NULL, 0, 0, \
     MPG_BIND_NONE, NULL }
 
-/* What the launcher said, read from the environment. */
+/* What the launcher said, read from the environment.  A versioned output
+ * struct (MPG_LAUNCH_INIT). */
 typedef struct mpg_launch {
+  size_t size;
+  uint32_t magic;
+  uint32_t version;
   int rank;             /* -1 if no variable gave it */
   int world_size;       /* -1 if no variable gave it */
   int local_rank;       /* -1 if no variable gave it */
@@ -692,16 +799,21 @@ typedef struct mpg_launch {
   int master_port;      /* MASTER_PORT or -1 */
   char source[64];      /* "torchrun", "openmpi", "pmi", "slurm" or "" */
 } mpg_launch;
+#define MPG_LAUNCH_MAGIC 0x6d70676cu /* "mpgl" */
+#define MPG_LAUNCH_INIT \
+  { sizeof(mpg_launch), MPG_LAUNCH_MAGIC, MPG_API_VERSION, -1, -1, -1, -1, "", -1, "" }
 
 /* Read the launch environment: torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
  * LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI
  * (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE), PMI (PMI_RANK,
  * PMI_SIZE) and Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
  * SLURM_NTASKS_PER_NODE).  Several launchers may agree.
+ * *out must be set up with MPG_LAUNCH_INIT.
  * Returns MPG_OK (fields nobody set stay -1 / ""); MPG_ERR_ENV naming the
  * variable when one is not a number, out of range (RANK >= WORLD_SIZE), or
- * contradicts another (RANK=1 but OMPI_COMM_WORLD_RANK=2). */
-mpg_status mpg_launch_from_env(mpg_launch *out);
+ * contradicts another (RANK=1 but OMPI_COMM_WORLD_RANK=2); MPG_ERR_INVALID
+ * for NULL or a wrong magic. */
+MPG_API mpg_status mpg_launch_from_env(mpg_launch *out);
 
 /* A rank's view of the job: the world and every group of its mesh. */
 typedef struct mpg_ctx mpg_ctx;
@@ -719,51 +831,52 @@ typedef struct mpg_work mpg_work;
  * Returns MPG_OK; MPG_ERR_ENV (rank or world missing / contradictory);
  * MPG_ERR_INVALID; MPG_ERR_UNSUPPORTED (backend not built);
  * MPG_ERR_BACKEND; MPG_ERR_TIMEOUT (peers never arrived). */
-mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
-                          mpg_ctx **out);
+MPG_API mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
+                                  mpg_ctx **out);
 
 /* Free every communicator and the context.  Every work handle must have
  * been released with mpg_work_wait first.  NULL is a no-op.  After a
  * timeout or abort it frees what can be freed without blocking.
  * Returns MPG_OK or the first backend error met while freeing. */
-mpg_status mpg_ctx_destroy(mpg_ctx *ctx);
+MPG_API mpg_status mpg_ctx_destroy(mpg_ctx *ctx);
 
 /* MPG_OK while the context is healthy; after a timeout or abort, the
  * reason (MPG_ERR_TIMEOUT, MPG_ERR_ABORTED).  Safe from any thread. */
-mpg_status mpg_ctx_status(const mpg_ctx *ctx);
+MPG_API mpg_status mpg_ctx_status(const mpg_ctx *ctx);
 
 /* Abort every communicator of the context (safe from a watchdog thread): waiting peers fail with
  * MPG_ERR_ABORTED or MPG_ERR_TIMEOUT, and later collectives with
  * MPG_ERR_ABORTED.  Never blocks.  The context must still be destroyed. */
-mpg_status mpg_ctx_abort(mpg_ctx *ctx);
+MPG_API mpg_status mpg_ctx_abort(mpg_ctx *ctx);
 
 /* This rank in the mesh (0..world-1).  Equal to the launcher's rank unless
  * opts.placement renumbered it. */
-int mpg_ctx_rank(const mpg_ctx *ctx);
+MPG_API int mpg_ctx_rank(const mpg_ctx *ctx);
 /* The rank the launcher gave this process (RANK, OMPI_COMM_WORLD_RANK...). */
-int mpg_ctx_launcher_rank(const mpg_ctx *ctx);
+MPG_API int mpg_ctx_launcher_rank(const mpg_ctx *ctx);
 /* Number of nodes found by placement (1 without opts.placement). */
-int mpg_ctx_num_nodes(const mpg_ctx *ctx);
-/* What opts.bind did (mode MPG_BIND_NONE and applied 0 when nothing was
- * asked).  Returns MPG_ERR_INVALID for NULL arguments. */
-mpg_status mpg_ctx_binding(const mpg_ctx *ctx, mpg_binding *out);
-int mpg_ctx_world_size(const mpg_ctx *ctx);
-int mpg_ctx_local_rank(const mpg_ctx *ctx);
-mpg_backend_kind mpg_ctx_backend(const mpg_ctx *ctx);
-const mpg_mesh *mpg_ctx_mesh(const mpg_ctx *ctx);
+MPG_API int mpg_ctx_num_nodes(const mpg_ctx *ctx);
+/* What opts.bind did into *out (set up with MPG_BINDING_INIT; mode
+ * MPG_BIND_NONE and applied 0 when nothing was asked).  Returns
+ * MPG_ERR_INVALID for NULL arguments or a wrong magic. */
+MPG_API mpg_status mpg_ctx_get_binding(const mpg_ctx *ctx, mpg_binding *out);
+MPG_API int mpg_ctx_world_size(const mpg_ctx *ctx);
+MPG_API int mpg_ctx_local_rank(const mpg_ctx *ctx);
+MPG_API mpg_backend_kind mpg_ctx_backend(const mpg_ctx *ctx);
+MPG_API const mpg_mesh *mpg_ctx_mesh(const mpg_ctx *ctx);
 
 /* Number of collective operations this rank has entered to create groups
  * (splits and their set-up), for benchmarks. */
-long mpg_ctx_setup_collectives(const mpg_ctx *ctx);
+MPG_API long mpg_ctx_setup_collectives(const mpg_ctx *ctx);
 
 /* This rank's group of a dim set, by name ("dp", "tp", "dp_cp", "world").
  * With lazy groups the first call creates it and is collective over the
  * world: every rank must ask for the same groups in the same order.
  * Returns MPG_ERR_NOT_FOUND naming the unknown name. */
-mpg_status mpg_ctx_group(mpg_ctx *ctx, const char *name, mpg_group **out);
+MPG_API mpg_status mpg_ctx_group(mpg_ctx *ctx, const char *name, mpg_group **out);
 
 /* The same by dim-set id (see mpg_mesh_dimset_find). */
-mpg_status mpg_ctx_group_at(mpg_ctx *ctx, int dimset, mpg_group **out);
+MPG_API mpg_status mpg_ctx_group_at(mpg_ctx *ctx, int dimset, mpg_group **out);
 
 /* The group of this rank over an arbitrary union of dims and flattened
  * sets, e.g. "dp_cp,tp" (= dims dp, cp, tp), ordered row-major over those
@@ -771,7 +884,7 @@ mpg_status mpg_ctx_group_at(mpg_ctx *ctx, int dimset, mpg_group **out);
  * world, so the first call is collective over the world: every rank must
  * make the same calls in the same order.  Cached: later calls are local.
  * Returns MPG_ERR_NOT_FOUND naming an unknown name. */
-mpg_status mpg_ctx_group_dims(mpg_ctx *ctx, const char *dims, mpg_group **out);
+MPG_API mpg_status mpg_ctx_group_dims(mpg_ctx *ctx, const char *dims, mpg_group **out);
 
 /* A sub-group along one dim (or set) `name`, holding only the members at
  * the given positions, e.g. the first and last pipeline stage for tied
@@ -779,9 +892,9 @@ mpg_status mpg_ctx_group_dims(mpg_ctx *ctx, const char *dims, mpg_group **out);
  * (every rank calls it, members or not); *out is NULL on ranks that are not
  * at one of the positions.  Members are ordered by position.  Cached by
  * (name, positions).  Returns MPG_ERR_RANGE for a bad position. */
-mpg_status mpg_ctx_group_select(mpg_ctx *ctx, const char *name,
-                                const int *positions, int npositions,
-                                mpg_group **out);
+MPG_API mpg_status mpg_ctx_group_select(mpg_ctx *ctx, const char *name,
+                                        const int *positions, int npositions,
+                                        mpg_group **out);
 
 /* Memory and streams where the backend's collectives want them: host
  * memory for thread/mpi, device memory for nccl (cudaMalloc, or ncclMemAlloc
@@ -798,26 +911,26 @@ mpg_status mpg_ctx_group_select(mpg_ctx *ctx, const char *name,
  * it.  mpg_ctx_mem_free of a pointer that did not come from
  * mpg_ctx_mem_alloc (or was freed already) returns MPG_ERR_INVALID on
  * mpi. */
-mpg_status mpg_ctx_mem_alloc(mpg_ctx *ctx, size_t bytes, int registered,
-                             void **ptr);
-mpg_status mpg_ctx_mem_free(mpg_ctx *ctx, void *ptr);
+MPG_API mpg_status mpg_ctx_mem_alloc(mpg_ctx *ctx, size_t bytes, int registered,
+                                     void **ptr);
+MPG_API mpg_status mpg_ctx_mem_free(mpg_ctx *ctx, void *ptr);
 /* Zero `bytes` at ptr, on `stream` for nccl (synchronously elsewhere). */
-mpg_status mpg_ctx_mem_zero(mpg_ctx *ctx, void *ptr, size_t bytes,
-                            void *stream);
+MPG_API mpg_status mpg_ctx_mem_zero(mpg_ctx *ctx, void *ptr, size_t bytes,
+                                    void *stream);
 /* A stream of the context's device (nccl: a new cudaStream_t; other
  * backends: NULL, and ordering calls are no-ops). */
-mpg_status mpg_ctx_stream_create(mpg_ctx *ctx, void **stream);
-mpg_status mpg_ctx_stream_destroy(mpg_ctx *ctx, void *stream);
+MPG_API mpg_status mpg_ctx_stream_create(mpg_ctx *ctx, void **stream);
+MPG_API mpg_status mpg_ctx_stream_destroy(mpg_ctx *ctx, void *stream);
 /* Make work queued later on `waiter` start after the work queued so far on
  * `waitee` (an event recorded on waitee, waited on by waiter). */
-mpg_status mpg_ctx_stream_order(mpg_ctx *ctx, void *waiter, void *waitee);
+MPG_API mpg_status mpg_ctx_stream_order(mpg_ctx *ctx, void *waiter, void *waitee);
 
-const char *mpg_group_name(const mpg_group *group);
-int mpg_group_rank(const mpg_group *group);  /* position in the group */
-int mpg_group_size(const mpg_group *group);
-int mpg_group_index(const mpg_group *group); /* which group of its dim set */
+MPG_API const char *mpg_group_name(const mpg_group *group);
+MPG_API int mpg_group_rank(const mpg_group *group);  /* position in the group */
+MPG_API int mpg_group_size(const mpg_group *group);
+MPG_API int mpg_group_index(const mpg_group *group); /* which group of its dim set */
 /* World rank of the member at `position`. */
-mpg_status mpg_group_member(const mpg_group *group, int position, int *rank);
+MPG_API mpg_status mpg_group_member(const mpg_group *group, int position, int *rank);
 
 /* Collectives.  Every one is blocking when work is NULL; otherwise it
  * returns at once with *work set (NULL for work that finished already) and
@@ -835,53 +948,51 @@ mpg_status mpg_group_member(const mpg_group *group, int position, int *rank);
 
 /* recv[i] = op over members of send[i], count elements.  f16/bf16 are
  * accumulated in f32 where the backend has no native support. */
-mpg_status mpg_all_reduce(mpg_group *group, const void *send, void *recv,
-                          size_t count, mpg_dtype dtype, mpg_op op,
-                          void *stream, mpg_work **work);
+MPG_API mpg_status mpg_all_reduce(mpg_group *group, const void *send, void *recv,
+                                  size_t count, mpg_dtype dtype, mpg_op op,
+                                  void *stream, mpg_work **work);
 
 /* recv[i] = sum over members of (scale * send[i]): a sum with pre-multiply,
  * e.g. scale = 1/(dp*cp*microbatches).  Floating dtypes only. */
-mpg_status mpg_all_reduce_scaled(mpg_group *group, const void *send,
-                                 void *recv, size_t count, mpg_dtype dtype,
-                                 double scale, void *stream, mpg_work **work);
+MPG_API mpg_status mpg_all_reduce_scaled(mpg_group *group, const void *send,
+                                         void *recv, size_t count, mpg_dtype dtype,
+                                         double scale, void *stream, mpg_work **work);
 
 /* buf on every member = buf of the member at position root. */
-mpg_status mpg_broadcast(mpg_group *group, void *buf, size_t count,
-                         mpg_dtype dtype, int root, void *stream,
-                         mpg_work **work);
+MPG_API mpg_status mpg_broadcast(mpg_group *group, void *buf, size_t count,
+                                 mpg_dtype dtype, int root, void *stream,
+                                 mpg_work **work);
 
 /* recv (size * count elements) = concatenation of every member's send
  * (count elements), in position order. */
-mpg_status mpg_all_gather(mpg_group *group, const void *send, void *recv,
-                          size_t count, mpg_dtype dtype, void *stream,
-                          mpg_work **work);
+MPG_API mpg_status mpg_all_gather(mpg_group *group, const void *send, void *recv,
+                                  size_t count, mpg_dtype dtype, void *stream,
+                                  mpg_work **work);
 
 /* send has size * count elements; member p receives in recv (count
  * elements) the reduction of block p of every member's send. */
-mpg_status mpg_reduce_scatter(mpg_group *group, const void *send, void *recv,
-                              size_t count, mpg_dtype dtype, mpg_op op,
-                              void *stream, mpg_work **work);
+MPG_API mpg_status mpg_reduce_scatter(mpg_group *group, const void *send, void *recv,
+                                      size_t count, mpg_dtype dtype, mpg_op op,
+                                      void *stream, mpg_work **work);
 
 /* Returns when every member has entered it. */
-mpg_status mpg_barrier(mpg_group *group, mpg_work **work);
+MPG_API mpg_status mpg_barrier(mpg_group *group, mpg_work **work);
 
 /* Point to point with the member at position `peer` of the group. */
-mpg_status mpg_send(mpg_group *group, const void *buf, size_t count,
-                    mpg_dtype dtype, int peer, void *stream, mpg_work **work);
-mpg_status mpg_recv(mpg_group *group, void *buf, size_t count,
-                    mpg_dtype dtype, int peer, void *stream, mpg_work **work);
+MPG_API mpg_status mpg_send(mpg_group *group, const void *buf, size_t count,
+                            mpg_dtype dtype, int peer, void *stream, mpg_work **work);
+MPG_API mpg_status mpg_recv(mpg_group *group, void *buf, size_t count,
+                            mpg_dtype dtype, int peer, void *stream, mpg_work **work);
 
 /* Wait for `work` (up to the context's timeout) and release it, whatever
  * the outcome.  NULL is MPG_OK.  Returns the collective's status:
  * MPG_ERR_TIMEOUT (the context is then aborted), MPG_ERR_ABORTED, ... */
-mpg_status mpg_work_wait(mpg_work *work);
+MPG_API mpg_status mpg_work_wait(mpg_work *work);
 
 /* Non-blocking check: *done = 1 when the work has finished (successfully or
  * not); it must still be released with mpg_work_wait.  Returns the error if
  * the work failed. */
-mpg_status mpg_work_test(mpg_work *work, int *done);
-
-/* @@groups-api@@ */
+MPG_API mpg_status mpg_work_test(mpg_work *work, int *done);
 
 /* ------------------------------------------------------------------------ */
 /* Gradient synchronisation (sync/)                                          */
@@ -912,7 +1023,7 @@ typedef struct mpg_sync_opts {
   int fsdp_owns_dp;       /* 1: default reduce group is "cp", else "dp_cp" */
   const char *default_dims; /* NULL: as above; else e.g. "dp" (names as in
                                mpg_ctx_group_dims).  Copied at create. */
-  mpg_sync_op op;         /* MPG_SYNC_AVG (default) or MPG_SYNC_SUM */
+  mpg_op op;              /* MPG_OP_AVG (default) or MPG_OP_SUM */
   double grad_scale;      /* extra factor on every reduced gradient, e.g.
                              1/microbatches (default 1: plain avg op) */
   double bucket_mb;       /* bucket size in MiB (default 25) */
@@ -923,13 +1034,13 @@ typedef struct mpg_sync_opts {
 #define MPG_SYNC_OPTS_MAGIC 0x6d706779u /* "mpgy" */
 #define MPG_SYNC_OPTS_INIT                                                  \
   { sizeof(mpg_sync_opts), MPG_SYNC_OPTS_MAGIC, MPG_API_VERSION, 0, NULL,   \
-    MPG_SYNC_AVG, 1.0, 25.0, 1.0, MPG_REDUCE_F32, 0 }
+    MPG_OP_AVG, 1.0, 25.0, 1.0, MPG_REDUCE_F32, 0 }
 
 /* Copy the [sync] section of a spec (fsdp_owns_dp, op, bucket_mb,
  * first_bucket_mb, reduce_dtype) into *opts, which must have been set from
  * MPG_SYNC_OPTS_INIT; its other fields are left alone.  Returns
  * MPG_ERR_INVALID for NULL arguments or structs not set up properly. */
-mpg_status mpg_sync_opts_from_spec(const mpg_spec *spec, mpg_sync_opts *opts);
+MPG_API mpg_status mpg_sync_opts_from_spec(const mpg_spec *spec, mpg_sync_opts *opts);
 
 /* Per-parameter overrides. */
 typedef struct mpg_param_opts {
@@ -957,18 +1068,21 @@ typedef struct mpg_param_opts {
  * > 0, grad_scale not finite), MPG_ERR_NOT_FOUND (an unknown default_dims
  * name, or a mesh with no dp_cp, dp or cp: the message lists its dims),
  * MPG_ERR_NOMEM, and the groups layer's errors creating the group. */
-mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
-                           mpg_sync **out);
+MPG_API mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
+                                   mpg_sync **out);
 
 /* Register a parameter (before mpg_sync_commit): its name (copied), element
  * count, dtype and optional overrides.  *param receives its id (0, 1, ...
  * in registration order; -1 on failure).  Returns MPG_ERR_STATE after
  * commit, MPG_ERR_INVALID (count 0, bad dtype, duplicate name, an integer
- * dtype with grad_scale != 1, malformed reduce_dims), MPG_ERR_NOT_FOUND
- * (reduce_dims names an unknown dim or set), MPG_ERR_RANGE (too large). */
-mpg_status mpg_sync_add_param(mpg_sync *sync, const char *name, size_t count,
-                              mpg_dtype dtype, const mpg_param_opts *opts,
-                              int *param);
+ * dtype with grad_scale != 1, malformed reduce_dims, opts with a wrong
+ * magic), MPG_ERR_NOT_FOUND (reduce_dims names an unknown dim or set),
+ * MPG_ERR_RANGE (too large), MPG_ERR_UNSUPPORTED (a bf16/f16 parameter
+ * with reduce_dtype MPG_REDUCE_F32 on the nccl backend, which would reduce
+ * it in its own dtype: use MPG_REDUCE_NATIVE there). */
+MPG_API mpg_status mpg_sync_add_param(mpg_sync *sync, const char *name, size_t count,
+                                      mpg_dtype dtype, const mpg_param_opts *opts,
+                                      int *param);
 
 /* Lay out the gradient buffers (reverse registration order, one buffer per
  * (dtype, reduce group, tied group), each view on a 64-byte boundary) and
@@ -979,13 +1093,13 @@ mpg_status mpg_sync_add_param(mpg_sync *sync, const char *name, size_t count,
  * of reduce_dims (or create those groups first, in one order everywhere).
  * Gradients start at zero.  Returns MPG_ERR_STATE if already committed,
  * MPG_ERR_NOMEM, and the groups layer's errors (naming group and param). */
-mpg_status mpg_sync_commit(mpg_sync *sync);
+MPG_API mpg_status mpg_sync_commit(mpg_sync *sync);
 
 /* The gradient view of a parameter (count elements of its dtype), valid
  * until mpg_sync_destroy.  Host memory, or device memory on nccl.  The
  * trainer writes (or accumulates) its gradient here.  Returns MPG_ERR_STATE
  * before commit, MPG_ERR_RANGE for a bad id. */
-mpg_status mpg_sync_grad(mpg_sync *sync, int param, void **grad);
+MPG_API mpg_status mpg_sync_grad(mpg_sync *sync, int param, void **grad);
 
 /* Start a step (micro-batch).  When is_last_microbatch is 0 nothing is
  * launched by mark_ready (gradient accumulation).  On nccl, `stream` is the
@@ -993,8 +1107,8 @@ mpg_status mpg_sync_grad(mpg_sync *sync, int param, void **grad);
  * MPG_ERR_STATE before commit or while a step is open (finish it first);
  * MPG_ERR_ABORTED once a step failed with a timeout or abort (the context
  * is aborted: the message names that step and its error). */
-mpg_status mpg_sync_begin(mpg_sync *sync, long step, int is_last_microbatch,
-                          void *stream);
+MPG_API mpg_status mpg_sync_begin(mpg_sync *sync, long step, int is_last_microbatch,
+                                  void *stream);
 
 /* The gradient of `param` is complete for this micro-batch.  On the last
  * micro-batch, a bucket whose parameters are all ready is launched at once
@@ -1003,7 +1117,7 @@ mpg_status mpg_sync_begin(mpg_sync *sync, long step, int is_last_microbatch,
  * same order.  The view must not change after this until finish.  Returns
  * MPG_ERR_STATE if no step is open or the param was already marked in this
  * step, MPG_ERR_RANGE for a bad id, or the step's error once it failed. */
-mpg_status mpg_sync_mark_ready(mpg_sync *sync, int param);
+MPG_API mpg_status mpg_sync_mark_ready(mpg_sync *sync, int param);
 
 /* Launch what is left (params never marked as they are) and wait for every
  * bucket, then sum the tied buffers over their tied groups.  On success
@@ -1012,43 +1126,50 @@ mpg_status mpg_sync_mark_ready(mpg_sync *sync, int param);
  * and the step's first error is returned: never silently half-reduced.  On
  * nccl the caller's stream is ordered after the reduction.  Returns
  * MPG_ERR_STATE if no step is open. */
-mpg_status mpg_sync_finish(mpg_sync *sync);
+MPG_API mpg_status mpg_sync_finish(mpg_sync *sync);
 
 /* begin(last microbatch) + mark every param ready + finish. */
-mpg_status mpg_sync_all(mpg_sync *sync, long step, void *stream);
+MPG_API mpg_status mpg_sync_all(mpg_sync *sync, long step, void *stream);
 
 /* Zero every gradient (e.g. after the optimizer step); on nccl on the
  * sync's stream, which the next begin orders before the caller's.  Returns
  * MPG_ERR_STATE before commit or while buckets of a step are in flight. */
-mpg_status mpg_sync_zero_grads(mpg_sync *sync);
+MPG_API mpg_status mpg_sync_zero_grads(mpg_sync *sync);
 
 /* 1 when the last finished step reduced every gradient (and before any
  * step), 0 after a failed step (until the next successful one). */
-int mpg_sync_grads_valid(const mpg_sync *sync);
+MPG_API int mpg_sync_grads_valid(const mpg_sync *sync);
 
-/* Layout facts for tools and tests. */
+/* Layout facts for tools and tests.  A versioned output struct
+ * (MPG_SYNC_STATS_INIT). */
 typedef struct mpg_sync_stats {
+  size_t size;
+  uint32_t magic;
+  uint32_t version;
   int num_params;
   int num_buffers;
   int num_buckets;
   size_t total_bytes;    /* of every buffer, the alignment padding included */
   long launched_buckets; /* over the sync's lifetime */
 } mpg_sync_stats;
-mpg_status mpg_sync_get_stats(const mpg_sync *sync, mpg_sync_stats *stats);
+#define MPG_SYNC_STATS_MAGIC 0x6d706774u /* "mpgt" */
+#define MPG_SYNC_STATS_INIT \
+  { sizeof(mpg_sync_stats), MPG_SYNC_STATS_MAGIC, MPG_API_VERSION, 0, 0, 0, 0, 0 }
+/* Fill *stats (set up with MPG_SYNC_STATS_INIT).  Returns MPG_ERR_INVALID
+ * for NULL arguments or a wrong magic. */
+MPG_API mpg_status mpg_sync_get_stats(const mpg_sync *sync, mpg_sync_stats *stats);
 
 /* The reduce group of a parameter (belongs to the context).  Returns
  * MPG_ERR_STATE before commit. */
-mpg_status mpg_sync_param_group(const mpg_sync *sync, int param,
-                                mpg_group **group);
+MPG_API mpg_status mpg_sync_param_group(const mpg_sync *sync, int param,
+                                        mpg_group **group);
 
 /* Free the buffers and the synchroniser (before the context).  Call
  * mpg_sync_finish first: with a step still open it waits for the buckets in
  * flight (up to the context's timeout) so that nothing writes into freed
  * memory.  NULL is a no-op.  Returns MPG_OK, or the backend's error
  * freeing device memory. */
-mpg_status mpg_sync_destroy(mpg_sync *sync);
-
-/* @@sync-api@@ */
+MPG_API mpg_status mpg_sync_destroy(mpg_sync *sync);
 
 #ifdef __cplusplus
 }

@@ -140,8 +140,8 @@ using if_dtype = std::enable_if_t<has_dtype_v<T>, int>;
  * in C): call validate(), or let Mesh's constructor reject the spec. */
 class Spec {
  public:
-  /* Defaults and an empty mesh (mpg_spec_init). */
-  Spec() { check(mpg_spec_init(&spec_)); }
+  /* Defaults and an empty mesh (MPG_SPEC_INIT). */
+  Spec() = default;
   /* Wrap a copy of an existing C spec. */
   explicit Spec(const mpg_spec& spec) : spec_(spec) {}
 
@@ -207,7 +207,7 @@ class Spec {
   const mpg_spec* get() const noexcept { return &spec_; }
 
  private:
-  mpg_spec spec_;
+  mpg_spec spec_ = MPG_SPEC_INIT;
 };
 
 /* ------------------------------------------------------------------------ */
@@ -773,10 +773,10 @@ class Ctx {
   /* Abort every communicator (mpg_ctx_abort): safe from another thread,
    * never blocks.  The context must still be destroyed. */
   void abort() noexcept { (void)mpg_ctx_abort(ctx_); }
-  /* What opts.bind did (mpg_ctx_binding). */
+  /* What opts.bind did (mpg_ctx_get_binding). */
   mpg_binding binding() const {
-    mpg_binding b;
-    check(mpg_ctx_binding(ctx_, &b));
+    mpg_binding b = MPG_BINDING_INIT;
+    check(mpg_ctx_get_binding(ctx_, &b));
     return b;
   }
   /* Collectives entered to create groups so far. */
@@ -952,7 +952,7 @@ class Sync {
   bool grads_valid() const noexcept { return mpg_sync_grads_valid(sync_) != 0; }
   /* Layout facts (mpg_sync_get_stats). */
   mpg_sync_stats stats() const {
-    mpg_sync_stats s;
+    mpg_sync_stats s = MPG_SYNC_STATS_INIT;
     check(mpg_sync_get_stats(sync_, &s));
     return s;
   }
@@ -1038,36 +1038,49 @@ class Topo {
   int num_nics() const noexcept { return mpg_topo_num_nics(topo_); }
   /* True when every pair of GPUs is linked by NVLink. */
   bool has_gpu_fabric() const noexcept { return mpg_topo_has_gpu_fabric(topo_) != 0; }
-  /* GPU `gpu` (mpg_topo_gpu_info).  Throws ERR_RANGE. */
+  /* GPU `gpu` (mpg_topo_get_gpu).  Throws ERR_RANGE. */
   mpg_gpu_info gpu(int gpu) const {
-    mpg_gpu_info info;
-    check(mpg_topo_gpu_info(topo_, gpu, &info));
+    mpg_gpu_info info = MPG_GPU_INFO_INIT;
+    check(mpg_topo_get_gpu(topo_, gpu, &info));
     return info;
   }
-  /* NIC `nic` (mpg_topo_nic_info).  Throws ERR_RANGE. */
+  /* The k-th nearest NIC of GPU `gpu` (mpg_topo_get_gpu_nic).  Throws
+   * ERR_RANGE. */
+  mpg_nic_info gpu_nic(int gpu, int k) const {
+    mpg_nic_info info = MPG_NIC_INFO_INIT;
+    check(mpg_topo_get_gpu_nic(topo_, gpu, k, &info));
+    return info;
+  }
+  /* Every nearest NIC of GPU `gpu`, nearest first.  Throws ERR_RANGE. */
+  std::vector<mpg_nic_info> gpu_nics(int gpu) const {
+    std::vector<mpg_nic_info> v;
+    for (int k = 0, n = this->gpu(gpu).num_nics; k < n; k++) v.push_back(gpu_nic(gpu, k));
+    return v;
+  }
+  /* NIC `nic` (mpg_topo_get_nic).  Throws ERR_RANGE. */
   mpg_nic_info nic(int nic) const {
-    mpg_nic_info info;
-    check(mpg_topo_nic_info(topo_, nic, &info));
+    mpg_nic_info info = MPG_NIC_INFO_INIT;
+    check(mpg_topo_get_nic(topo_, nic, &info));
     return info;
   }
   /* Choose GPU and CPUs of a local rank without binding (mpg_topo_bind_plan). */
   mpg_binding bind_plan(int local_rank, int local_world, int gpu = -1,
                         mpg_bind mode = MPG_BIND_NONE) const {
-    mpg_binding b;
+    mpg_binding b = MPG_BINDING_INIT;
     check(mpg_topo_bind_plan(topo_, local_rank, local_world, gpu, mode, &b));
     return b;
   }
   /* The same, then bind the process (mpg_topo_bind). */
   mpg_binding bind(int local_rank, int local_world, int gpu = -1,
                    mpg_bind mode = MPG_BIND_NONE) const {
-    mpg_binding b;
+    mpg_binding b = MPG_BINDING_INIT;
     check(mpg_topo_bind(topo_, local_rank, local_world, gpu, mode, &b));
     return b;
   }
   /* The same, binding only the calling thread (mpg_topo_bind_thread). */
   mpg_binding bind_thread(int local_rank, int local_world, int gpu = -1,
                           mpg_bind mode = MPG_BIND_NONE) const {
-    mpg_binding b;
+    mpg_binding b = MPG_BINDING_INIT;
     check(mpg_topo_bind_thread(topo_, local_rank, local_world, gpu, mode, &b));
     return b;
   }
@@ -1163,18 +1176,26 @@ class Placement {
 /* Launch environment and hosts                                              */
 /* ------------------------------------------------------------------------ */
 
+/* The library's version (mpg_version_string), e.g. "0.2.0", and whether it
+ * has the major.minor of this header (mpg_version() against
+ * MPG_VERSION_HEX): before 1.0 a minor release may change the ABI. */
+inline std::string version() { return mpg_version_string(); }
+inline bool library_matches_header() noexcept {
+  return (mpg_version() >> 8) == (MPG_VERSION_HEX >> 8);
+}
+
 /* What the launcher said (mpg_launch_from_env).  Throws ERR_ENV naming a
  * malformed or contradictory variable. */
 inline mpg_launch launch_from_env() {
-  mpg_launch l;
+  mpg_launch l = MPG_LAUNCH_INIT;
   check(mpg_launch_from_env(&l));
   return l;
 }
 
-/* This machine's identity, "HOSTNAME:BOOT_ID" (mpg_host_identity). */
+/* This machine's identity, "HOSTNAME:BOOT_ID" (mpg_topo_host_identity). */
 inline std::string host_identity() {
   char buf[MPG_HOST_ID_MAX];
-  check(mpg_host_identity(buf, sizeof buf));
+  check(mpg_topo_host_identity(buf, sizeof buf));
   return buf;
 }
 
@@ -1185,14 +1206,14 @@ struct NodeIds {
   int num_nodes = 0;           /* how many nodes */
 };
 
-/* Number the nodes from one host identity per rank (mpg_node_ids). */
+/* Number the nodes from one host identity per rank (mpg_topo_node_ids). */
 inline NodeIds node_ids(const std::vector<std::string>& host_ids) {
   std::vector<const char*> ids;
   for (const std::string& h : host_ids) ids.push_back(h.c_str());
   NodeIds out;
   out.node_of.resize(host_ids.size());
   out.local_rank.resize(host_ids.size());
-  check(mpg_node_ids(static_cast<int>(host_ids.size()), ids.data(), out.node_of.data(),
+  check(mpg_topo_node_ids(static_cast<int>(host_ids.size()), ids.data(), out.node_of.data(),
                      out.local_rank.data(), &out.num_nodes));
   return out;
 }

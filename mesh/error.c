@@ -53,6 +53,37 @@ mpg_status mpg__fail(mpg_status status, const char *fmt, ...) {
   return status;
 }
 
+mpg_status mpg__fail_wrap(mpg_status status, const char *fmt, ...) {
+  /* The message is rebuilt in place, so keep the old one first. */
+  char inner[sizeof last_error];
+  snprintf(inner, sizeof inner, "%s", last_error[0] ? last_error : mpg_strerror(status));
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  size_t at = n < 0 ? 0 : (size_t)n;
+  if (at > sizeof last_error - 1) at = sizeof last_error - 1;
+  const char *parts[2] = {": ", inner};
+  for (int i = 0; i < 2; i++) {
+    size_t len = strlen(parts[i]);
+    if (len > sizeof last_error - 1 - at) len = sizeof last_error - 1 - at;
+    memcpy(last_error + at, parts[i], len);
+    at += len;
+  }
+  last_error[at] = '\0';
+  mpg__log(2, "error: %s", last_error);
+  return status;
+}
+
+void mpg__error_save(mpg__saved_error *saved) {
+  snprintf(saved->msg, sizeof saved->msg, "%s", last_error);
+}
+
+mpg_status mpg__error_restore(mpg_status status, const mpg__saved_error *saved) {
+  snprintf(last_error, sizeof last_error, "%s", saved->msg);
+  return status;
+}
+
 mpg_status mpg__fail_at(mpg_status status, const char *source, mpg_srcpos pos,
                         const char *fmt, ...) {
   char prefix[MPG_PATH_MAX + 32] = "";

@@ -5,6 +5,8 @@
 #include "meshpg.h"
 
 #include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,6 +26,63 @@ mpg_status mpg__fail(mpg_status status, const char *fmt, ...) MPG__PRINTF(2, 3);
 mpg_status mpg__fail_at(mpg_status status, const char *source,
                         mpg_srcpos pos, const char *fmt, ...)
     MPG__PRINTF(4, 5);
+
+/* Record "<context>: <the thread's current message>" and return `status`:
+ * how a caller adds its context to the error of a call it made. */
+mpg_status mpg__fail_wrap(mpg_status status, const char *fmt, ...)
+    MPG__PRINTF(2, 3);
+
+/* Keep the thread's message across clean-up calls that may overwrite it:
+ * save, clean up, then restore (which returns `status`). */
+typedef struct mpg__saved_error {
+  char msg[1024];
+} mpg__saved_error;
+void mpg__error_save(mpg__saved_error *saved);
+mpg_status mpg__error_restore(mpg_status status, const mpg__saved_error *saved);
+
+/* The ABI rule for versioned structs (meshpg.h, "Versioned structs").
+ * Every such struct starts with this header. */
+typedef struct mpg__abi_head {
+  size_t size;
+  uint32_t magic;
+  uint32_t version;
+} mpg__abi_head;
+
+/* Where the data of each versioned struct ends: after its last field, not
+ * at sizeof, so that a caller's appended field that lands in the tail
+ * padding of the library's struct is never read or written.  When a field
+ * is appended to a public struct, its line here names the new last field
+ * (mesh/abi.c checks that no field follows). */
+#define MPG__ABI_FIELD_END(type, field) \
+  (offsetof(type, field) + sizeof(((type *)0)->field))
+#define MPG__ABI_LAST_mpg_spec source
+#define MPG__ABI_LAST_mpg_nic_info cpuset
+#define MPG__ABI_LAST_mpg_gpu_info nvlink_peers
+#define MPG__ABI_LAST_mpg_binding thread
+#define MPG__ABI_LAST_mpg_placement_opts strict
+#define MPG__ABI_LAST_mpg_init_opts host_id
+#define MPG__ABI_LAST_mpg_launch source
+#define MPG__ABI_LAST_mpg_sync_opts register_buffers
+#define MPG__ABI_LAST_mpg_param_opts tied_group
+#define MPG__ABI_LAST_mpg_sync_stats launched_buckets
+#define MPG__ABI_END(type) MPG__ABI_FIELD_END(type, MPG__ABI_LAST_##type)
+
+/* Import a caller's input struct: `full` (the library's own struct, whose
+ * data ends at `full_size`, its MPG__ABI_END) holds the defaults on entry;
+ * the fields wholly inside the caller's size are copied over them, and
+ * full's header is set to the library's size and version.  MPG_ERR_INVALID "<what> was not set up with
+ * <init>" for a NULL or a wrong magic. */
+mpg_status mpg__abi_in(void *full, size_t full_size, const void *caller,
+                       uint32_t magic, const char *what, const char *init);
+
+/* Check a caller's output struct: MPG_ERR_INVALID as mpg__abi_in. */
+mpg_status mpg__abi_check(const void *caller, uint32_t magic, const char *what,
+                          const char *init);
+
+/* Export into a caller's output struct (checked with mpg__abi_check): the
+ * fields of `full` after the header, as many as the caller's size holds.
+ * The caller's header is left alone. */
+void mpg__abi_out(void *caller, const void *full, size_t full_size);
 
 /* Clear the thread's last error (successful public calls need not). */
 void mpg__clear_error(void);

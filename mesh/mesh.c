@@ -1,7 +1,7 @@
 /* The named N-D mesh: row-major rank layout, dim sets and their groups.
  * Every lookup is arithmetic over at most MPG_MAX_DIMS strides, so memory
  * is O(ndims) whatever the world size. */
-#include "internal.h"
+#include "mesh_internal.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -14,6 +14,7 @@ typedef struct dimset {
   int in[MPG_MAX_DIMS];
   int nout;                 /* dims outside the set, mesh order */
   int out[MPG_MAX_DIMS];
+  unsigned mask;            /* bit d: mesh dim d is inside */
   int group_size;
   int num_groups;
 } dimset;
@@ -33,6 +34,7 @@ static void dimset_fill(mpg_mesh *m, dimset *s, const char *name,
   memset(s, 0, sizeof *s);
   strcpy(s->name, name);
   s->group_size = 1;
+  s->mask = mask;
   for (int d = 0; d < m->ndims; d++) {
     if (mask & (1u << d)) {
       s->in[s->nin++] = d;
@@ -94,11 +96,16 @@ static mpg_status resolve_sizes(const mpg_spec *spec, int world, int *sizes) {
   return MPG_OK;
 }
 
-mpg_status mpg_mesh_create(const mpg_spec *spec, int world_size,
+mpg_status mpg_mesh_create(const mpg_spec *caller, int world_size,
                            mpg_mesh **out) {
   if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_mesh_create: out is NULL");
   *out = NULL;
-  mpg_status st = mpg_spec_validate(spec);
+  mpg_spec full = MPG_SPEC_INIT;
+  mpg_status st = mpg__abi_in(&full, MPG__ABI_END(mpg_spec), caller, MPG_SPEC_MAGIC,
+                              "mpg_mesh_create: spec", "MPG_SPEC_INIT");
+  if (st) return st;
+  const mpg_spec *spec = &full;
+  st = mpg_spec_validate(spec);
   if (st) return st;
   int sizes[MPG_MAX_DIMS];
   st = resolve_sizes(spec, world_size, sizes);
@@ -153,15 +160,8 @@ mpg_status mpg_mesh_dim(const mpg_mesh *mesh, int dim, const char **name,
   return MPG_OK;
 }
 
-mpg_status mpg_mesh_dimset_find(const mpg_mesh *mesh, const char *name,
-                                int *dimset) {
-  if (!mesh || !name || !dimset)
-    return mpg__fail(MPG_ERR_INVALID, "mpg_mesh_dimset_find: NULL argument");
-  for (int i = 0; i < mesh->nsets; i++)
-    if (strcmp(mesh->sets[i].name, name) == 0) {
-      *dimset = i;
-      return MPG_OK;
-    }
+/* The NOT_FOUND message for an unknown dim-set name. */
+static mpg_status dimset_find_fail(const mpg_mesh *mesh, const char *name) {
   char known[1024];
   size_t n = 0;
   const char *cands[MPG_MAX_DIMS + MPG_MAX_FLATTEN + 1];
@@ -176,6 +176,18 @@ mpg_status mpg_mesh_dimset_find(const mpg_mesh *mesh, const char *name,
                    "no dim or flattened set named \"%s\"%s%s%s; the mesh has %s",
                    name, c ? " (did you mean \"" : "", c ? c : "", c ? "\"?)" : "",
                    known);
+}
+
+mpg_status mpg_mesh_dimset_find(const mpg_mesh *mesh, const char *name,
+                                int *dimset) {
+  if (!mesh || !name || !dimset)
+    return mpg__fail(MPG_ERR_INVALID, "mpg_mesh_dimset_find: NULL argument");
+  for (int i = 0; i < mesh->nsets; i++)
+    if (strcmp(mesh->sets[i].name, name) == 0) {
+      *dimset = i;
+      return MPG_OK;
+    }
+  return dimset_find_fail(mesh, name);
 }
 
 static mpg_status check_set(const mpg_mesh *mesh, int set, const char *fn) {
@@ -251,17 +263,7 @@ mpg_status mpg_mesh_group_of(const mpg_mesh *mesh, int set, int rank,
   if (st) return st;
   if ((st = check_rank(mesh, rank, "mpg_mesh_group_of"))) return st;
   const dimset *s = &mesh->sets[set];
-  int pos = 0, gi = 0;
-  for (int i = 0; i < s->nin; i++) {
-    int d = s->in[i];
-    pos = pos * mesh->sizes[d] + (rank / mesh->strides[d]) % mesh->sizes[d];
-  }
-  for (int i = 0; i < s->nout; i++) {
-    int d = s->out[i];
-    gi = gi * mesh->sizes[d] + (rank / mesh->strides[d]) % mesh->sizes[d];
-  }
-  if (group_index) *group_index = gi;
-  if (position) *position = pos;
+  mpg__mesh_mask_place(mesh, s->mask, rank, group_index, position, NULL);
   if (group_size) *group_size = s->group_size;
   return MPG_OK;
 }
@@ -324,4 +326,119 @@ mpg_status mpg_mesh_group_members(const mpg_mesh *mesh, int set,
     }
   }
   return MPG_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Internal: dim lists and groups over any mask (mesh_internal.h)      */
+/* ------------------------------------------------------------------ */
+
+int mpg__list_next(const char **s, char sep, char *buf, size_t cap) {
+  const char *p = *s;
+  if (!p) return 0;
+  const char *e = strchr(p, sep);
+  size_t n = e ? (size_t)(e - p) : strlen(p);
+  while (n && (*p == ' ' || *p == '\t')) p++, n--;
+  while (n && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
+  *s = e ? e + 1 : NULL;
+  if (n >= cap) {
+    memcpy(buf, p, cap - 4);
+    strcpy(buf + cap - 4, "...");
+    return -1;
+  }
+  memcpy(buf, p, n);
+  buf[n] = '\0';
+  return 1;
+}
+
+mpg_status mpg__mesh_parse_dims(const mpg_mesh *mesh, const char *list,
+                                int flags, const char *what, unsigned *mask,
+                                int *dims, int *ndims) {
+  int nd = 0;
+  *mask = 0;
+  const char *p = list;
+  char name[MPG_NAME_MAX];
+  int got;
+  /* "" is no item at all; otherwise every item must be a name. */
+  if (!*p) p = NULL;
+  while ((got = mpg__list_next(&p, ',', name, sizeof name))) {
+    if (got < 0)
+      return mpg__fail(MPG_ERR_INVALID,
+                       "%s \"%s\": name \"%s\" is longer than %d chars", what,
+                       list, name, MPG_NAME_MAX - 1);
+    if (!name[0])
+      return mpg__fail(MPG_ERR_INVALID,
+                       "%s \"%s\": empty name; expected comma-separated dim "
+                       "or set names such as \"dp_cp,tp\"",
+                       what, list);
+    int set = -1;
+    for (int i = 0; i < mesh->nsets; i++)
+      if (strcmp(mesh->sets[i].name, name) == 0) set = i;
+    if (set < 0) {
+      if (flags & MPG__DIMS_SKIP_UNKNOWN) continue;
+      dimset_find_fail(mesh, name);
+      return mpg__fail_wrap(MPG_ERR_NOT_FOUND, "%s \"%s\"", what, list);
+    }
+    const dimset *s = &mesh->sets[set];
+    for (int i = 0; i < s->nin; i++) {
+      int d = s->in[i];
+      if (*mask & (1u << d)) continue;
+      *mask |= 1u << d;
+      if (dims) dims[nd] = d;
+      nd++;
+    }
+  }
+  if (ndims) *ndims = nd;
+  if (!*mask && mesh->ndims > 0 && !(flags & MPG__DIMS_ALLOW_EMPTY) &&
+      !(flags & MPG__DIMS_SKIP_UNKNOWN))
+    return mpg__fail(MPG_ERR_INVALID,
+                     "%s \"%s\": no dims named; expected comma-separated dim "
+                     "or set names such as \"dp_cp,tp\"",
+                     what, list);
+  return MPG_OK;
+}
+
+unsigned mpg__mesh_dimset_mask(const mpg_mesh *mesh, int set) {
+  return mesh && set >= 0 && set < mesh->nsets ? mesh->sets[set].mask : 0;
+}
+
+void mpg__mesh_mask_place(const mpg_mesh *mesh, unsigned mask, int rank,
+                          int *index, int *position, int *size) {
+  int gi = 0, pos = 0, n = 1;
+  for (int d = 0; d < mesh->ndims; d++) {
+    int c = (rank / mesh->strides[d]) % mesh->sizes[d];
+    if (mask & (1u << d)) {
+      pos = pos * mesh->sizes[d] + c;
+      n *= mesh->sizes[d];
+    } else {
+      gi = gi * mesh->sizes[d] + c;
+    }
+  }
+  if (index) *index = gi;
+  if (position) *position = pos;
+  if (size) *size = n;
+}
+
+int mpg__mesh_mask_member(const mpg_mesh *mesh, unsigned mask, int rank,
+                          int position) {
+  int r = 0;
+  for (int d = mesh->ndims - 1; d >= 0; d--) {
+    int c = (rank / mesh->strides[d]) % mesh->sizes[d];
+    if (mask & (1u << d)) {
+      c = position % mesh->sizes[d];
+      position /= mesh->sizes[d];
+    }
+    r += c * mesh->strides[d];
+  }
+  return r;
+}
+
+void mpg__mesh_mask_names(const mpg_mesh *mesh, unsigned mask,
+                          const char *sep, char *buf, size_t cap) {
+  size_t k = 0;
+  buf[0] = '\0';
+  for (int d = 0; d < mesh->ndims; d++) {
+    if (!(mask & (1u << d))) continue;
+    if (k < cap)
+      k += (size_t)snprintf(buf + k, cap - k, "%s%s", k ? sep : "", mesh->names[d]);
+  }
 }

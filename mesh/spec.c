@@ -1,54 +1,28 @@
 /* The mesh specification: defaults, string forms (--mesh, --flatten,
  * --order) and validation.  TOML reading lives in spec_toml.cc. */
 #include "spec_internal.h"
+#include "mesh_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* The caller's spec as one of this library's size (mesh/abi.c's rule). */
+const mpg_spec mpg__spec_defaults = MPG_SPEC_INIT;
+
+static mpg_status spec_in(const mpg_spec *caller, mpg_spec *full, const char *fn) {
+  memcpy(full, &mpg__spec_defaults, sizeof *full);
+  char what[64];
+  snprintf(what, sizeof what, "%s: spec", fn);
+  return mpg__abi_in(full, MPG__ABI_END(mpg_spec), caller, MPG_SPEC_MAGIC, what, "MPG_SPEC_INIT");
+}
+
 mpg_status mpg_spec_init(mpg_spec *spec) {
-  if (!spec) return mpg__fail(MPG_ERR_INVALID, "mpg_spec_init: spec is NULL");
-  memset(spec, 0, sizeof *spec);
-  spec->size = sizeof *spec;
-  spec->magic = MPG_SPEC_MAGIC;
-  spec->version = MPG_API_VERSION;
-  spec->bind = MPG_BIND_NONE;
-  spec->rank_order = MPG_RANK_ORDER_BLOCK;
-  spec->op = MPG_SYNC_AVG;
-  spec->bucket_mb = 25.0;
-  spec->first_bucket_mb = 1.0;
-  spec->reduce_dtype = MPG_REDUCE_F32;
-  spec->backend = MPG_BACKEND_THREAD;
-  spec->timeout_s = 600.0;
+  mpg_status st = mpg__abi_check(spec, MPG_SPEC_MAGIC, "mpg_spec_init: spec",
+                                 "MPG_SPEC_INIT");
+  if (st) return st;
+  mpg__abi_out(spec, &mpg__spec_defaults, MPG__ABI_END(mpg_spec));
   return MPG_OK;
-}
-
-static mpg_status check_spec_ptr(const mpg_spec *spec, const char *fn) {
-  if (!spec) return mpg__fail(MPG_ERR_INVALID, "%s: spec is NULL", fn);
-  if (spec->magic != MPG_SPEC_MAGIC || spec->size < sizeof(mpg_spec))
-    return mpg__fail(MPG_ERR_INVALID,
-                     "%s: spec was not initialised with mpg_spec_init", fn);
-  return MPG_OK;
-}
-
-/* Copy the next sep-separated item of *s into buf, trimming blanks.
- * Returns 0 at the end of the string, -1 when the item does not fit. */
-static int next_item(const char **s, char sep, char *buf, size_t cap) {
-  const char *p = *s;
-  if (!p) return 0;
-  const char *e = strchr(p, sep);
-  size_t n = e ? (size_t)(e - p) : strlen(p);
-  while (n && (*p == ' ' || *p == '\t')) p++, n--;
-  while (n && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
-  *s = e ? e + 1 : NULL;
-  if (n >= cap) {
-    memcpy(buf, p, cap - 4);
-    strcpy(buf + cap - 4, "...");
-    return -1;
-  }
-  memcpy(buf, p, n);
-  buf[n] = '\0';
-  return 1;
 }
 
 static int parse_int(const char *s, long *out) {
@@ -60,9 +34,7 @@ static int parse_int(const char *s, long *out) {
   return 1;
 }
 
-mpg_status mpg_spec_set_mesh(mpg_spec *spec, const char *dims) {
-  mpg_status st = check_spec_ptr(spec, "mpg_spec_set_mesh");
-  if (st) return st;
+static mpg_status set_mesh(mpg_spec *spec, const char *dims) {
   if (!dims) return mpg__fail(MPG_ERR_INVALID, "mpg_spec_set_mesh: dims is NULL");
   if (!*dims)
     return mpg__fail(MPG_ERR_SPEC, "mesh: expected dims like \"dp=2,cp=2,tp=2\", found \"\"");
@@ -71,7 +43,7 @@ mpg_status mpg_spec_set_mesh(mpg_spec *spec, const char *dims) {
   const char *p = dims;
   char item[128];
   int got;
-  while ((got = next_item(&p, ',', item, sizeof item))) {
+  while ((got = mpg__list_next(&p, ',', item, sizeof item))) {
     if (got < 0)
       return mpg__fail(MPG_ERR_SPEC, "mesh \"%s\": item %d is longer than %zu chars",
                        dims, n + 1, sizeof item - 1);
@@ -111,10 +83,7 @@ mpg_status mpg_spec_set_mesh(mpg_spec *spec, const char *dims) {
   return MPG_OK;
 }
 
-mpg_status mpg_spec_add_flatten(mpg_spec *spec, const char *name,
-                                const char *dims) {
-  mpg_status st = check_spec_ptr(spec, "mpg_spec_add_flatten");
-  if (st) return st;
+static mpg_status add_flatten(mpg_spec *spec, const char *name, const char *dims) {
   if (!name || !dims)
     return mpg__fail(MPG_ERR_INVALID, "mpg_spec_add_flatten: NULL argument");
   if (strlen(name) >= MPG_NAME_MAX)
@@ -127,7 +96,7 @@ mpg_status mpg_spec_add_flatten(mpg_spec *spec, const char *name,
   const char *p = dims;
   char item[128];
   int got;
-  while ((got = next_item(&p, ',', item, sizeof item))) {
+  while ((got = mpg__list_next(&p, ',', item, sizeof item))) {
     if (got < 0)
       return mpg__fail(MPG_ERR_SPEC, "flatten %s=\"%s\": item %d is longer than %zu chars",
                        name, dims, f.ndims + 1, sizeof item - 1);
@@ -182,9 +151,7 @@ static const char *suggest_dim(const mpg_spec *spec, const char *name,
   return buf;
 }
 
-mpg_status mpg_spec_apply_order(mpg_spec *spec, const char *order) {
-  mpg_status st = check_spec_ptr(spec, "mpg_spec_apply_order");
-  if (st) return st;
+static mpg_status apply_order(mpg_spec *spec, const char *order) {
   if (!order) return mpg__fail(MPG_ERR_INVALID, "mpg_spec_apply_order: order is NULL");
   char names[MPG_MAX_DIMS][MPG_NAME_MAX];
   int n = 0;
@@ -192,7 +159,7 @@ mpg_status mpg_spec_apply_order(mpg_spec *spec, const char *order) {
   char item[128], known[512], hint[64];
   dim_list(spec, known, sizeof known);
   int got;
-  while ((got = next_item(&p, '-', item, sizeof item))) {
+  while ((got = mpg__list_next(&p, '-', item, sizeof item))) {
     if (got < 0 || strlen(item) >= MPG_NAME_MAX)
       return mpg__fail(MPG_ERR_SPEC, "order \"%s\": unknown dim \"%s\"; the mesh has %s",
                        order, item, known);
@@ -238,8 +205,6 @@ static const char *const opt_keys[MPG__OPT_FSDP_OWNS_DP] = {
 
 mpg_status mpg__spec_validate_at(const mpg_spec *spec,
                                  const mpg_srcpos *opt_pos) {
-  mpg_status st = check_spec_ptr(spec, "mpg_spec_validate");
-  if (st) return st;
   const char *src = spec->source;
   char known[512], hint[64];
   mpg_srcpos nopos = {0, 0};
@@ -359,7 +324,7 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
   if (spec->rank_order < MPG_RANK_ORDER_BLOCK || spec->rank_order > MPG_RANK_ORDER_CYCLIC)
     return mpg__fail(MPG_ERR_SPEC, "topology.rank_order: unknown value %d",
                      (int)spec->rank_order);
-  if (spec->op < MPG_SYNC_AVG || spec->op > MPG_SYNC_SUM)
+  if (spec->op != MPG_OP_AVG && spec->op != MPG_OP_SUM)
     return mpg__fail(MPG_ERR_SPEC, "sync.op: unknown value %d", (int)spec->op);
   if (spec->reduce_dtype < MPG_REDUCE_NATIVE || spec->reduce_dtype > MPG_REDUCE_F32)
     return mpg__fail(MPG_ERR_SPEC, "sync.reduce_dtype: unknown value %d",
@@ -374,6 +339,43 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
   return MPG_OK;
 }
 
+/* The public spec functions: each works on a full copy of the caller's
+ * spec and writes it back only on success. */
+typedef mpg_status (*spec_edit_fn)(mpg_spec *spec, const char *a, const char *b);
+
+static mpg_status edit(mpg_spec *caller, const char *fn, spec_edit_fn f,
+                       const char *a, const char *b) {
+  mpg_spec full;
+  mpg_status st = spec_in(caller, &full, fn);
+  if (!st) st = f(&full, a, b);
+  if (!st) mpg__abi_out(caller, &full, MPG__ABI_END(mpg_spec));
+  return st;
+}
+
+static mpg_status set_mesh2(mpg_spec *spec, const char *dims, const char *unused) {
+  (void)unused;
+  return set_mesh(spec, dims);
+}
+
+static mpg_status apply_order2(mpg_spec *spec, const char *order, const char *unused) {
+  (void)unused;
+  return apply_order(spec, order);
+}
+
+mpg_status mpg_spec_set_mesh(mpg_spec *spec, const char *dims) {
+  return edit(spec, "mpg_spec_set_mesh", set_mesh2, dims, NULL);
+}
+
+mpg_status mpg_spec_add_flatten(mpg_spec *spec, const char *name, const char *dims) {
+  return edit(spec, "mpg_spec_add_flatten", add_flatten, name, dims);
+}
+
+mpg_status mpg_spec_apply_order(mpg_spec *spec, const char *order) {
+  return edit(spec, "mpg_spec_apply_order", apply_order2, order, NULL);
+}
+
 mpg_status mpg_spec_validate(const mpg_spec *spec) {
-  return mpg__spec_validate_at(spec, NULL);
+  mpg_spec full;
+  mpg_status st = spec_in(spec, &full, "mpg_spec_validate");
+  return st ? st : mpg__spec_validate_at(&full, NULL);
 }

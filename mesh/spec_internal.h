@@ -19,6 +19,10 @@ enum {
   MPG__OPT_COUNT
 };
 
+/* MPG_SPEC_INIT in static storage, so its padding is zero too: what a
+ * reset copies, making a reset spec equal byte for byte to another. */
+extern const mpg_spec mpg__spec_defaults;
+
 /* mpg_spec_validate, with the source position of each scalar option
  * (opt_pos may be NULL). */
 mpg_status mpg__spec_validate_at(const mpg_spec *spec,

@@ -269,7 +269,7 @@ struct reader {
       opt_pos[MPG__OPT_FSDP_OWNS_DP] = pos(v->source());
     }
     if (auto v = t.get("op"))
-      spec->op = static_cast<mpg_sync_op>(get_choice(*v, "sync.op", {"avg", "sum"}));
+      spec->op = get_choice(*v, "sync.op", {"avg", "sum"}) == 0 ? MPG_OP_AVG : MPG_OP_SUM;
     if (auto v = t.get("bucket_mb")) {
       spec->bucket_mb = get_number(*v, "sync.bucket_mb");
       opt_pos[MPG__OPT_BUCKET_MB] = pos(v->source());
@@ -313,7 +313,6 @@ struct reader {
 };
 
 mpg_status load(std::string_view text, const char *name, mpg_spec *spec) {
-  mpg_spec_init(spec);
   std::snprintf(spec->source, sizeof spec->source, "%s", name);
   reader r{spec};
   mpg_status st = MPG_OK;
@@ -333,9 +332,41 @@ mpg_status load(std::string_view text, const char *name, mpg_spec *spec) {
   } catch (...) {
     st = mpg__fail(MPG_ERR_PARSE, "%s: unexpected error reading the spec", name);
   }
-  if (st != MPG_OK) {
-    mpg_spec_init(spec);
+  return st;
+}
+
+/* Read the file at `path` into *spec (a full, default spec). */
+mpg_status load_file(const char *path, mpg_spec *spec) {
+  if (std::strlen(path) >= MPG_PATH_MAX)
+    return mpg__fail(MPG_ERR_INVALID, "mpg_spec_load_file: path longer than %d bytes",
+                     MPG_PATH_MAX - 1);
+  struct stat sb;
+  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+    return mpg__fail(MPG_ERR_IO, "%s: cannot read spec file: %s", path,
+                     S_ISDIR(sb.st_mode) ? "is a directory" : "not a regular file");
+  try {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      int err = errno;
+      return mpg__fail(MPG_ERR_IO, "%s: cannot open spec file: %s", path,
+                       std::strerror(err));
+    }
+    std::ostringstream buf;
+    buf << in.rdbuf();
+    if (in.bad()) return mpg__fail(MPG_ERR_IO, "%s: cannot read spec file", path);
+    std::string text = buf.str();
+    return load(text, path, spec);
+  } catch (...) {
+    return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory reading the spec", path);
   }
+}
+
+/* The caller's spec gets the loaded one, or the defaults on error. */
+mpg_status finish(mpg_spec *caller, mpg_spec *full, mpg_status st) {
+  if (st) {
+    std::memcpy(full, &mpg__spec_defaults, sizeof *full);
+  }
+  mpg__abi_out(caller, full, MPG__ABI_END(mpg_spec));
   return st;
 }
 
@@ -343,41 +374,25 @@ mpg_status load(std::string_view text, const char *name, mpg_spec *spec) {
 
 extern "C" mpg_status mpg_spec_load_string(const char *toml, const char *name,
                                            mpg_spec *spec) {
-  if (!toml || !spec)
-    return mpg__fail(MPG_ERR_INVALID, "mpg_spec_load_string: NULL argument");
-  return load(toml, name ? name : "<string>", spec);
+  mpg_status st = mpg__abi_check(spec, MPG_SPEC_MAGIC, "mpg_spec_load_string: spec",
+                                 "MPG_SPEC_INIT");
+  if (st) return st;
+  mpg_spec full = MPG_SPEC_INIT;
+  if (!toml)
+    st = mpg__fail(MPG_ERR_INVALID, "mpg_spec_load_string: toml is NULL");
+  else
+    st = load(toml, name ? name : "<string>", &full);
+  return finish(spec, &full, st);
 }
 
 extern "C" mpg_status mpg_spec_load_file(const char *path, mpg_spec *spec) {
-  if (!path || !spec)
-    return mpg__fail(MPG_ERR_INVALID, "mpg_spec_load_file: NULL argument");
-  if (std::strlen(path) >= MPG_PATH_MAX)
-    return mpg__fail(MPG_ERR_INVALID, "mpg_spec_load_file: path longer than %d bytes",
-                     MPG_PATH_MAX - 1);
-  struct stat sb;
-  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
-    mpg_spec_init(spec);
-    return mpg__fail(MPG_ERR_IO, "%s: cannot read spec file: %s", path,
-                     S_ISDIR(sb.st_mode) ? "is a directory" : "not a regular file");
-  }
-  try {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      int err = errno;
-      mpg_spec_init(spec);
-      return mpg__fail(MPG_ERR_IO, "%s: cannot open spec file: %s", path,
-                       std::strerror(err));
-    }
-    std::ostringstream buf;
-    buf << in.rdbuf();
-    if (in.bad()) {
-      mpg_spec_init(spec);
-      return mpg__fail(MPG_ERR_IO, "%s: cannot read spec file", path);
-    }
-    std::string text = buf.str();
-    return load(text, path, spec);
-  } catch (...) {
-    mpg_spec_init(spec);
-    return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory reading the spec", path);
-  }
+  mpg_status st = mpg__abi_check(spec, MPG_SPEC_MAGIC, "mpg_spec_load_file: spec",
+                                 "MPG_SPEC_INIT");
+  if (st) return st;
+  mpg_spec full = MPG_SPEC_INIT;
+  if (!path)
+    st = mpg__fail(MPG_ERR_INVALID, "mpg_spec_load_file: path is NULL");
+  else
+    st = load_file(path, &full);
+  return finish(spec, &full, st);
 }

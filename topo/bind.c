@@ -191,10 +191,14 @@ static mpg_status bind_common(const mpg_topo *tp, int local_rank,
                               int local_world, int gpu, mpg_bind mode,
                               mpg_binding *report, int apply, int thread,
                               const char *fn) {
-  if (!tp || !report) return mpg__fail(MPG_ERR_INVALID, "%s: NULL argument", fn);
+  if (!tp) return mpg__fail(MPG_ERR_INVALID, "%s: topo is NULL", fn);
+  char what[64];
+  snprintf(what, sizeof what, "%s: report", fn);
+  mpg_status bad = mpg__abi_check(report, MPG_BINDING_MAGIC, what, "MPG_BINDING_INIT");
+  if (bad) return bad;
   hwloc_cpuset_t set = hwloc_bitmap_alloc();
   if (!set) return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", fn);
-  mpg_binding r;
+  mpg_binding r = MPG_BINDING_INIT;
   mpg_status st = plan(tp, local_rank, local_world, gpu, mode, &r, set);
   if (!st && apply && mode != MPG_BIND_NONE) {
     if (!tp->this_system) {
@@ -220,7 +224,7 @@ static mpg_status bind_common(const mpg_topo *tp, int local_rank,
   if (!st && apply && mode == MPG_BIND_NONE) r.thread = thread;
   hwloc_bitmap_free(set);
   if (st) return st;
-  *report = r;
+  mpg__abi_out(report, &r, MPG__ABI_END(mpg_binding));
   if (mode != MPG_BIND_NONE)
     mpg__log(1, "bind: local rank %d -> GPU %d (%s), NUMA %d, CPUs %s%s",
              r.local_rank, r.gpu, r.gpu >= 0 ? r.gpu_bus_id : "none",
@@ -254,8 +258,8 @@ mpg_status mpg_topo_bind_thread(const mpg_topo *topo, int local_rank,
 /* Host identity and node numbering                                          */
 /* ------------------------------------------------------------------------ */
 
-mpg_status mpg_host_identity(char *buf, size_t cap) {
-  if (!buf) return mpg__fail(MPG_ERR_INVALID, "mpg_host_identity: buf is NULL");
+mpg_status mpg_topo_host_identity(char *buf, size_t cap) {
+  if (!buf) return mpg__fail(MPG_ERR_INVALID, "mpg_topo_host_identity: buf is NULL");
   char host[256];
   if (gethostname(host, sizeof host) != 0)
     return mpg__fail(MPG_ERR_IO, "host identity: gethostname failed: %s",
@@ -291,16 +295,16 @@ static int id_cmp(const void *a, const void *b) {
   return (x->rank > y->rank) - (x->rank < y->rank);
 }
 
-mpg_status mpg_node_ids(int world_size, const char *const *host_ids,
+mpg_status mpg_topo_node_ids(int world_size, const char *const *host_ids,
                         int *node_of, int *local_rank, int *num_nodes) {
   if (!host_ids || !node_of)
-    return mpg__fail(MPG_ERR_INVALID, "mpg_node_ids: NULL argument");
+    return mpg__fail(MPG_ERR_INVALID, "mpg_topo_node_ids: NULL argument");
   if (world_size < 1)
-    return mpg__fail(MPG_ERR_RANGE, "mpg_node_ids: world size %d is < 1",
+    return mpg__fail(MPG_ERR_RANGE, "mpg_topo_node_ids: world size %d is < 1",
                      world_size);
   for (int r = 0; r < world_size; r++)
     if (!host_ids[r])
-      return mpg__fail(MPG_ERR_INVALID, "mpg_node_ids: host id of rank %d is NULL",
+      return mpg__fail(MPG_ERR_INVALID, "mpg_topo_node_ids: host id of rank %d is NULL",
                        r);
   id_item *it = malloc(sizeof *it * (size_t)world_size);
   int *first = malloc(sizeof(int) * (size_t)world_size);
@@ -311,7 +315,7 @@ mpg_status mpg_node_ids(int world_size, const char *const *host_ids,
     free(first);
     free(grp);
     free(node_id);
-    return mpg__fail(MPG_ERR_NOMEM, "mpg_node_ids: out of memory");
+    return mpg__fail(MPG_ERR_NOMEM, "mpg_topo_node_ids: out of memory");
   }
   for (int r = 0; r < world_size; r++) it[r] = (id_item){host_ids[r], r};
   qsort(it, (size_t)world_size, sizeof *it, id_cmp);

@@ -1,6 +1,7 @@
 /* Rank placement across nodes: which launcher process takes which mesh
  * coordinate, so that the inner dims' groups stay inside a node (and, on
  * nodes without an all-to-all GPU fabric, on one NUMA node / PCIe switch). */
+#include "mesh_internal.h"
 #include "topo_internal.h"
 
 #include <stdio.h>
@@ -19,65 +20,31 @@ struct mpg_placement {
   unsigned inner_mask;
 };
 
-void mpg_placement_destroy(mpg_placement *pl) {
-  if (!pl) return;
+mpg_status mpg_placement_destroy(mpg_placement *pl) {
+  if (!pl) return MPG_OK;
   free(pl->launcher_of);
   free(pl->mesh_of);
   free(pl->node_of);
   free(pl->local_of);
   free(pl);
+  return MPG_OK;
 }
 
 mpg_status mpg_placement_opts_from_spec(const mpg_spec *spec,
                                         mpg_placement_opts *opts) {
-  if (!spec || !opts)
-    return mpg__fail(MPG_ERR_INVALID, "mpg_placement_opts_from_spec: NULL argument");
-  if (spec->magic != MPG_SPEC_MAGIC || spec->size < sizeof(mpg_spec))
-    return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_placement_opts_from_spec: spec was not initialised "
-                     "with mpg_spec_init");
+  mpg_spec sp = MPG_SPEC_INIT;
+  mpg_status st = mpg__abi_in(&sp, MPG__ABI_END(mpg_spec), spec, MPG_SPEC_MAGIC,
+                              "mpg_placement_opts_from_spec: spec", "MPG_SPEC_INIT");
+  if (!st)
+    st = mpg__abi_check(opts, MPG_PLACEMENT_MAGIC, "mpg_placement_opts_from_spec: opts",
+                        "MPG_PLACEMENT_OPTS_INIT");
+  if (st) return st;
   mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
-  o.nodes = spec->nodes;
-  o.gpus_per_node = spec->gpus_per_node;
-  o.rank_order = spec->rank_order;
-  o.strict = spec->strict_placement;
-  *opts = o;
-  return MPG_OK;
-}
-
-/* Parse the inner dims list into mesh dim indices, innermost first. */
-static mpg_status parse_inner(const mpg_mesh *mesh, const char *list, int given,
-                              int *dims, int *n) {
-  *n = 0;
-  const char *p = list;
-  while (*p) {
-    while (*p == ' ' || *p == ',') p++;
-    if (!*p) break;
-    size_t len = strcspn(p, ", ");
-    char name[MPG_NAME_MAX];
-    if (len >= sizeof name) len = sizeof name - 1;
-    memcpy(name, p, len);
-    name[len] = '\0';
-    p += strcspn(p, ", ");
-    int found = -1;
-    for (int d = 0; d < mpg_mesh_ndims(mesh); d++) {
-      const char *dn;
-      mpg_mesh_dim(mesh, d, &dn, NULL);
-      if (strcmp(dn, name) == 0) found = d;
-    }
-    if (found < 0) {
-      if (given)
-        return mpg__fail(MPG_ERR_NOT_FOUND,
-                         "placement: inner dim \"%s\" (of \"%s\") is not a dim "
-                         "of the mesh",
-                         name, list);
-      continue;
-    }
-    int dup = 0;
-    for (int i = 0; i < *n; i++)
-      if (dims[i] == found) dup = 1;
-    if (!dup && *n < MPG_MAX_DIMS) dims[(*n)++] = found;
-  }
+  o.nodes = sp.nodes;
+  o.gpus_per_node = sp.gpus_per_node;
+  o.rank_order = sp.rank_order;
+  o.strict = sp.strict_placement;
+  mpg__abi_out(opts, &o, MPG__ABI_END(mpg_placement_opts));
   return MPG_OK;
 }
 
@@ -193,19 +160,24 @@ mpg_status mpg_placement_create(const mpg_mesh *mesh,
   if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_placement_create: out is NULL");
   *out = NULL;
   if (!mesh) return mpg__fail(MPG_ERR_INVALID, "mpg_placement_create: mesh is NULL");
-  mpg_placement_opts defaults = MPG_PLACEMENT_OPTS_INIT;
-  const mpg_placement_opts *o = opts ? opts : &defaults;
-  if (o->magic != MPG_PLACEMENT_MAGIC || o->size < sizeof(mpg_placement_opts))
-    return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_placement_create: opts were not set up with "
-                     "MPG_PLACEMENT_OPTS_INIT");
+  mpg_placement_opts full = MPG_PLACEMENT_OPTS_INIT;
+  if (opts) {
+    mpg_status bad = mpg__abi_in(&full, MPG__ABI_END(mpg_placement_opts), opts, MPG_PLACEMENT_MAGIC,
+                                 "mpg_placement_create: opts", "MPG_PLACEMENT_OPTS_INIT");
+    if (bad) return bad;
+  }
+  const mpg_placement_opts *o = &full;
   if (o->rank_order != MPG_RANK_ORDER_BLOCK && o->rank_order != MPG_RANK_ORDER_CYCLIC)
     return mpg__fail(MPG_ERR_INVALID, "placement: unknown rank order %d",
                      (int)o->rank_order);
   int ndims = mpg_mesh_ndims(mesh);
   int inner[MPG_MAX_DIMS], ninner = 0;
-  mpg_status st = parse_inner(mesh, o->inner_dims ? o->inner_dims : "tp,cp",
-                              o->inner_dims != NULL, inner, &ninner);
+  unsigned inner_mask;
+  /* The default names dims a mesh may lack; given names must exist. */
+  mpg_status st = mpg__mesh_parse_dims(
+      mesh, o->inner_dims ? o->inner_dims : "tp,cp",
+      o->inner_dims ? MPG__DIMS_ALLOW_EMPTY : MPG__DIMS_SKIP_UNKNOWN,
+      "placement: inner dims", &inner_mask, inner, &ninner);
   if (st) return st;
 
   int world = mpg_mesh_world_size(mesh);
@@ -264,7 +236,7 @@ mpg_status mpg_placement_create(const mpg_mesh *mesh,
     if (!is_inner) phys[np++] = d;
   }
   for (int i = ninner - 1; i >= 0; i--) phys[np++] = inner[i];
-  for (int i = 0; i < ninner; i++) pl->inner_mask |= 1u << inner[i];
+  pl->inner_mask = inner_mask;
   for (int d = 0; d < ndims; d++) mpg_mesh_dim(mesh, d, NULL, &size[d]);
   int coord[MPG_MAX_DIMS];
   for (int m = 0; m < world; m++) {
@@ -327,12 +299,8 @@ int mpg_placement_dimset_is_inner(const mpg_placement *pl, int dimset) {
   const char *name;
   if (mpg_mesh_dimset_info(pl->mesh, dimset, &name, NULL, NULL) != MPG_OK) return 0;
   if (strcmp(name, "world") == 0) return 0;
-  int dims[MPG_MAX_DIMS], n = 0;
-  mpg_mesh_dimset_dims(pl->mesh, dimset, dims, &n);
-  if (n == 0) return 0;
-  for (int i = 0; i < n; i++)
-    if (!(pl->inner_mask & (1u << dims[i]))) return 0;
-  return 1;
+  unsigned mask = mpg__mesh_dimset_mask(pl->mesh, dimset);
+  return mask && (mask & ~pl->inner_mask) == 0;
 }
 
 /* Distinct nodes of a group; nodes[] gets them in first-seen order if not

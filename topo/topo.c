@@ -80,7 +80,10 @@ static void topo_free(mpg_topo *tp) {
   free(tp);
 }
 
-void mpg_topo_destroy(mpg_topo *topo) { topo_free(topo); }
+mpg_status mpg_topo_destroy(mpg_topo *topo) {
+  topo_free(topo);
+  return MPG_OK;
+}
 
 /* NUMA node (OS index) of an I/O object's locality, -1 if several. */
 static int numa_of(hwloc_obj_t locality) {
@@ -530,9 +533,8 @@ int mpg_topo_has_gpu_fabric(const mpg_topo *topo) {
   return topo ? topo->fabric : 0;
 }
 
-mpg_status mpg_topo_gpu_info(const mpg_topo *topo, int gpu, mpg_gpu_info *out) {
-  if (!topo || !out)
-    return mpg__fail(MPG_ERR_INVALID, "mpg_topo_gpu_info: NULL argument");
+/* GPU `gpu` of the topology, or an MPG_ERR_RANGE naming the count. */
+static mpg_status check_gpu(const mpg_topo *topo, int gpu) {
   if (gpu < 0 || gpu >= topo->ngpus) {
     if (topo->ngpus == 0)
       return mpg__fail(MPG_ERR_RANGE, "GPU %d: topology %s has no GPU", gpu,
@@ -541,33 +543,58 @@ mpg_status mpg_topo_gpu_info(const mpg_topo *topo, int gpu, mpg_gpu_info *out) {
                      "GPU %d is outside 0..%d (topology %s has %d GPUs)", gpu,
                      topo->ngpus - 1, topo->source, topo->ngpus);
   }
+  return MPG_OK;
+}
+
+mpg_status mpg_topo_get_gpu(const mpg_topo *topo, int gpu, mpg_gpu_info *out) {
+  if (!topo) return mpg__fail(MPG_ERR_INVALID, "mpg_topo_get_gpu: topo is NULL");
+  mpg_status st = mpg__abi_check(out, MPG_GPU_INFO_MAGIC, "mpg_topo_get_gpu: out",
+                                 "MPG_GPU_INFO_INIT");
+  if (st || (st = check_gpu(topo, gpu))) return st;
   const mpg__gpu *g = &topo->gpus[gpu];
-  memset(out, 0, sizeof *out);
-  out->index = gpu;
-  out->name = g->name;
-  out->bus_id = g->bus_id;
-  out->vendor_id = g->vendor;
-  out->device_id = g->device;
-  out->numa_node = g->numa;
-  out->cpuset = g->cpuset_str;
-  out->num_cores = g->num_cores;
-  out->pcie_group = g->pcie_group;
-  out->num_nics = g->nnics;
-  out->nics = g->nics;
-  out->nvlink_peers = g->nvlink_peers;
+  mpg_gpu_info info = MPG_GPU_INFO_INIT;
+  info.index = gpu;
+  info.name = g->name;
+  info.bus_id = g->bus_id;
+  info.vendor_id = g->vendor;
+  info.device_id = g->device;
+  info.numa_node = g->numa;
+  info.cpuset = g->cpuset_str;
+  info.num_cores = g->num_cores;
+  info.pcie_group = g->pcie_group;
+  info.num_nics = g->nnics;
+  info.nvlink_peers = g->nvlink_peers;
+  mpg__abi_out(out, &info, MPG__ABI_END(mpg_gpu_info));
+  return MPG_OK;
+}
+
+mpg_status mpg_topo_get_gpu_nic(const mpg_topo *topo, int gpu, int k,
+                                mpg_nic_info *out) {
+  if (!topo) return mpg__fail(MPG_ERR_INVALID, "mpg_topo_get_gpu_nic: topo is NULL");
+  mpg_status st = mpg__abi_check(out, MPG_NIC_INFO_MAGIC, "mpg_topo_get_gpu_nic: out",
+                                 "MPG_NIC_INFO_INIT");
+  if (st || (st = check_gpu(topo, gpu))) return st;
+  const mpg__gpu *g = &topo->gpus[gpu];
+  if (k < 0 || k >= g->nnics)
+    return mpg__fail(MPG_ERR_RANGE, "GPU %d: NIC %d is outside 0..%d (it has %d near NICs)",
+                     gpu, k, g->nnics - 1, g->nnics);
+  mpg__abi_out(out, &g->nics[k], MPG__ABI_END(mpg_nic_info));
   return MPG_OK;
 }
 
 int mpg_topo_num_nics(const mpg_topo *topo) { return topo ? topo->nnics : 0; }
 
-mpg_status mpg_topo_nic_info(const mpg_topo *topo, int nic, mpg_nic_info *out) {
-  if (!topo || !out)
-    return mpg__fail(MPG_ERR_INVALID, "mpg_topo_nic_info: NULL argument");
+mpg_status mpg_topo_get_nic(const mpg_topo *topo, int nic, mpg_nic_info *out) {
+  if (!topo) return mpg__fail(MPG_ERR_INVALID, "mpg_topo_get_nic: topo is NULL");
+  mpg_status st = mpg__abi_check(out, MPG_NIC_INFO_MAGIC, "mpg_topo_get_nic: out",
+                                 "MPG_NIC_INFO_INIT");
+  if (st) return st;
   if (nic < 0 || nic >= topo->nnics)
     return mpg__fail(MPG_ERR_RANGE, "NIC %d is outside 0..%d (topology %s has %d NICs)",
                      nic, topo->nnics - 1, topo->source, topo->nnics);
-  memset(out, 0, sizeof *out);
-  nic_fill(out, &topo->nics[nic]);
+  mpg_nic_info info = MPG_NIC_INFO_INIT;
+  nic_fill(&info, &topo->nics[nic]);
+  mpg__abi_out(out, &info, MPG__ABI_END(mpg_nic_info));
   return MPG_OK;
 }
 

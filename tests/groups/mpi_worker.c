@@ -461,7 +461,7 @@ static mpg_status make_ctx(int world, double timeout_s, int lazy,
   const char *dims = world == 8 ? "dp=2,tp=2,cp=2"
                    : world == 4 ? "dp=2,tp=2,cp=1"
                    : world == 2 ? "dp=2,tp=1,cp=1" : "dp=-1,tp=1,cp=1";
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   mpg_status st;
   if ((st = mpg_spec_init(&spec)) || (st = mpg_spec_set_mesh(&spec, dims)) ||
       (st = mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp")) ||
@@ -788,7 +788,7 @@ static int run_split_timeout(int world) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   g_mode = argc > 1 ? argv[1] : "?";
-  mpg_launch env;
+  mpg_launch env = MPG_LAUNCH_INIT;
   mpg_status st = mpg_launch_from_env(&env);
   if (st || env.rank < 0 || env.world_size <= 0) {
     printf("FAIL %s rank -1: no launch environment (%s: %s); run under mpirun\n",

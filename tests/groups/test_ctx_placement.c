@@ -27,7 +27,7 @@ static mpg_status rank_main(const mpg_init_opts *in, void *arg) {
   opts.placement = 1;
   opts.strict_placement = j->strict;
 
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   mpg_spec_init(&spec);
   mpg_status st = mpg_spec_set_mesh(&spec, j->mesh);
   mpg_mesh *mesh = NULL;

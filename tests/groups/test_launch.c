@@ -22,7 +22,7 @@ static void clean_env(void) {
 TestSuite(launch, .init = clean_env);
 
 Test(launch, empty_environment_leaves_everything_unset) {
-  mpg_launch l;
+  mpg_launch l = MPG_LAUNCH_INIT;
   cr_assert_eq(mpg_launch_from_env(&l), MPG_OK);
   cr_assert_eq(l.rank, -1);
   cr_assert_eq(l.world_size, -1);
@@ -38,7 +38,7 @@ Test(launch, torchrun_variables) {
   setenv("LOCAL_WORLD_SIZE", "4", 1);
   setenv("MASTER_ADDR", "10.1.2.3", 1);
   setenv("MASTER_PORT", "29500", 1);
-  mpg_launch l;
+  mpg_launch l = MPG_LAUNCH_INIT;
   cr_assert_eq(mpg_launch_from_env(&l), MPG_OK, "%s", mpg_last_error());
   cr_assert_eq(l.rank, 5);
   cr_assert_eq(l.world_size, 16);
@@ -54,7 +54,7 @@ Test(launch, openmpi_variables) {
   setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
   setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
   setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8", 1);
-  mpg_launch l;
+  mpg_launch l = MPG_LAUNCH_INIT;
   cr_assert_eq(mpg_launch_from_env(&l), MPG_OK, "%s", mpg_last_error());
   cr_assert_eq(l.rank, 3);
   cr_assert_eq(l.world_size, 8);
@@ -69,7 +69,7 @@ Test(launch, pmi_and_slurm_variables) {
   setenv("SLURM_NTASKS", "4", 1);
   setenv("SLURM_LOCALID", "0", 1);
   setenv("SLURM_NTASKS_PER_NODE", "2(x2)", 1);
-  mpg_launch l;
+  mpg_launch l = MPG_LAUNCH_INIT;
   cr_assert_eq(mpg_launch_from_env(&l), MPG_OK, "%s", mpg_last_error());
   cr_assert_eq(l.rank, 2);
   cr_assert_eq(l.world_size, 4);
@@ -83,7 +83,7 @@ Test(launch, contradiction_names_both_variables) {
   setenv("WORLD_SIZE", "4", 1);
   setenv("OMPI_COMM_WORLD_RANK", "2", 1);
   setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
-  mpg_launch l;
+  mpg_launch l = MPG_LAUNCH_INIT;
   cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
   cr_assert(strstr(mpg_last_error(), "RANK=1"), "%s", mpg_last_error());
   cr_assert(strstr(mpg_last_error(), "OMPI_COMM_WORLD_RANK=2"), "%s", mpg_last_error());
@@ -92,7 +92,7 @@ Test(launch, contradiction_names_both_variables) {
 Test(launch, not_a_number_names_the_variable) {
   setenv("RANK", "two", 1);
   setenv("WORLD_SIZE", "4", 1);
-  mpg_launch l;
+  mpg_launch l = MPG_LAUNCH_INIT;
   cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
   cr_assert(strstr(mpg_last_error(), "RANK=\"two\""), "%s", mpg_last_error());
 }
@@ -100,7 +100,7 @@ Test(launch, not_a_number_names_the_variable) {
 Test(launch, rank_not_below_world) {
   setenv("RANK", "4", 1);
   setenv("WORLD_SIZE", "4", 1);
-  mpg_launch l;
+  mpg_launch l = MPG_LAUNCH_INIT;
   cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
   cr_assert(strstr(mpg_last_error(), "RANK=4 is not below WORLD_SIZE=4"), "%s",
             mpg_last_error());
@@ -108,7 +108,7 @@ Test(launch, rank_not_below_world) {
 
 Test(launch, rank_without_world) {
   setenv("RANK", "0", 1);
-  mpg_launch l;
+  mpg_launch l = MPG_LAUNCH_INIT;
   cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
   cr_assert(strstr(mpg_last_error(), "WORLD_SIZE"), "%s", mpg_last_error());
 }
@@ -116,7 +116,7 @@ Test(launch, rank_without_world) {
 Test(launch, zero_world_size) {
   setenv("RANK", "0", 1);
   setenv("WORLD_SIZE", "0", 1);
-  mpg_launch l;
+  mpg_launch l = MPG_LAUNCH_INIT;
   cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
   cr_assert(strstr(mpg_last_error(), "WORLD_SIZE=0"), "%s", mpg_last_error());
 }
@@ -124,21 +124,21 @@ Test(launch, zero_world_size) {
 Test(launch, master_port_out_of_range) {
   setenv("MASTER_ADDR", "localhost", 1);
   setenv("MASTER_PORT", "70000", 1);
-  mpg_launch l;
+  mpg_launch l = MPG_LAUNCH_INIT;
   cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
   cr_assert(strstr(mpg_last_error(), "MASTER_PORT=\"70000\""), "%s", mpg_last_error());
 }
 
 Test(launch, master_addr_without_port) {
   setenv("MASTER_ADDR", "localhost", 1);
-  mpg_launch l;
+  mpg_launch l = MPG_LAUNCH_INIT;
   cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
   cr_assert(strstr(mpg_last_error(), "MASTER_PORT is not"), "%s", mpg_last_error());
 }
 
 /* The context reads the same variables and names what is missing. */
 Test(launch, ctx_create_without_rank_names_the_variables) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   mpg_spec_init(&spec);
   cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=2"), MPG_OK);
   mpg_mesh *mesh;
@@ -158,7 +158,7 @@ Test(launch, ctx_create_without_rank_names_the_variables) {
 }
 
 Test(launch, thread_backend_needs_a_thread_world) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   mpg_spec_init(&spec);
   cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=2"), MPG_OK);
   mpg_mesh *mesh;
@@ -171,7 +171,7 @@ Test(launch, thread_backend_needs_a_thread_world) {
 }
 
 Test(launch, uninitialised_opts_are_rejected) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   mpg_spec_init(&spec);
   cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=1"), MPG_OK);
   mpg_mesh *mesh;

@@ -271,7 +271,7 @@ Test(nccl_nogpu, world_init_reports_missing_device) {
             mpg_last_error());
 
   /* The same through the public API. */
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   EXPECT_OK(mpg_spec_init(&spec));
   EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=1"));
   mpg_mesh *mesh = NULL;
@@ -331,7 +331,7 @@ typedef struct {
 static world1 public_world1(void) {
   world1 w;
   memset(&w, 0, sizeof w);
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   EXPECT_OK(mpg_spec_init(&spec));
   EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=1"));
   EXPECT_OK(mpg_mesh_create(&spec, 1, &w.mesh));
@@ -683,7 +683,7 @@ Test(nccl_two_ranks, threads_with_caller_unique_id, .timeout = 300) {
   ncclUniqueId id;
   ncclResult_t r = ncclGetUniqueId(&id);
   cr_assert_eq(r, ncclSuccess, "ncclGetUniqueId: %s", ncclGetErrorString(r));
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   EXPECT_OK(mpg_spec_init(&spec));
   EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=2"));
   mpg_mesh *mesh = NULL;
@@ -772,7 +772,7 @@ Test(nccl_two_ranks, rendezvous_from_master_addr, .timeout = 120) {
   unsetenv("OMPI_COMM_WORLD_SIZE");
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", port, 1);
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   EXPECT_OK(mpg_spec_init(&spec));
   EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=2"));
   mpg_mesh *mesh = NULL;
@@ -840,7 +840,7 @@ Test(nccl_timeout, world_init_peer_never_arrives, .timeout = 120) {
 
   /* The public API, as rank 0 of 2 with a fresh id. */
   cr_assert_eq(ncclGetUniqueId(&id), ncclSuccess);
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   EXPECT_OK(mpg_spec_init(&spec));
   EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=2"));
   mpg_mesh *mesh = NULL;

@@ -82,7 +82,7 @@ static void sleep_s(double s) {
 
 /* A mesh from "dp=2,cp=2" and flatten items "dp_cp=dp,cp" (NULL-ended). */
 static mpg_mesh *make_mesh(const char *dims, const char *const *flat) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
   cr_assert_eq(mpg_spec_set_mesh(&spec, dims), MPG_OK, "%s", mpg_last_error());
   for (; flat && *flat; flat++) {
@@ -1413,7 +1413,7 @@ Test(thread_init, no_thread_world) { run_init_err(2, 8, "thread"); }
  * fail at once with MPG_ERR_ABORTED. */
 static mpg_status status_main(const mpg_init_opts *opts, void *arg) {
   (void)arg;
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   mpg_spec_init(&spec);
   mpg_spec_set_mesh(&spec, "dp=2");
   mpg_mesh *mesh = NULL;

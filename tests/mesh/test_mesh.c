@@ -49,7 +49,7 @@ static void spec_from(mpg_spec *spec, const char *dims, const char *const *fl) {
 }
 
 static mpg_mesh *mesh_from(const char *dims, int world, const char *const *fl) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, dims, fl);
   mpg_mesh *m = (mpg_mesh *)0x1;
   mpg_status st = mpg_mesh_create(&spec, world, &m);
@@ -69,7 +69,7 @@ static void create_fails(const mpg_spec *spec, int world, mpg_status want,
 
 static void create_str_fails(const char *dims, int world, mpg_status want,
                              const char *sub) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, dims, NULL);
   create_fails(&spec, world, want, sub);
 }
@@ -233,7 +233,7 @@ Test(mesh, design_example_world) {
  * pp=8, dp=4, cp=2, tp=1, and get_ranks("a-b") lists, for each combination
  * of the other dims (innermost fastest), the ranks row-major over a, b. */
 static mpg_mesh *megatron_4d(void) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, "tp=2,cp=2,dp=2,pp=2", NULL);
   EXPECT_OK(mpg_spec_apply_order(&spec, "tp-cp-dp-pp"));
   cr_assert_eq(spec.ndims, 4);
@@ -316,7 +316,7 @@ Test(megatron, order_4d_flattened) {
  * mesh (pp=4, dp=2, tp=2).  Distinct sizes catch a reorder that drops a
  * dim's size. */
 Test(megatron, docstring_example) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, "tp=2,pp=4,dp=2", NULL);
   EXPECT_OK(mpg_spec_apply_order(&spec, "tp-dp-pp"));
   mpg_mesh *m = NULL;
@@ -337,7 +337,7 @@ Test(megatron, docstring_example) {
 }
 
 Test(megatron, order_errors) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, "tp=2,cp=2,dp=2,pp=2", NULL);
   EXPECT_ERR(mpg_spec_apply_order(&spec, "tp-cpp-dp-pp"), MPG_ERR_SPEC,
              "did you mean \"cp\"");
@@ -355,7 +355,7 @@ Test(megatron, order_errors) {
 /* An order item too long to be a dim name must be reported, not skipped:
  * "tp-cp-dp-pp-<40 chars>" names an unknown dim. */
 Test(megatron, order_long_unknown_name) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, "tp=2,cp=2,dp=2,pp=2", NULL);
   const char *order =
       "tp-cp-dp-pp-abcdefghijabcdefghijabcdefghijabcdefghij";
@@ -425,7 +425,7 @@ Test(mesh, infer_auto_string) {
   cr_assert_eq(dim_size(m, "tp"), 1);
   mpg_mesh_destroy(m);
   /* The spec itself keeps -1. */
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, "dp=auto,tp=2", NULL);
   cr_assert_eq(spec.dims[0].size, -1);
 }
@@ -449,7 +449,7 @@ Test(mesh, world_zero_is_product) {
 }
 
 Test(mesh, set_mesh_keeps_flatten) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, "dp=2,tp=2,cp=2", design_flat);
   EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=4,cp=2"));
   cr_assert_eq(spec.nflatten, 1);
@@ -511,7 +511,7 @@ Test(errors, zero_and_negative_size) {
   cr_assert(strstr(mpg_last_error(), "\"tp\"") != NULL, "%s",
             mpg_last_error());
   create_str_fails("dp=-2,tp=2", 8, MPG_ERR_SPEC, "found -2");
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, "dp=2,tp=0", NULL);
   EXPECT_ERR(mpg_spec_validate(&spec), MPG_ERR_SPEC, "mesh.dims[1].size");
 }
@@ -533,7 +533,7 @@ Test(errors, bad_dim_names) {
   /* 31 chars is the limit; 32 is rejected by the string parser. */
   mpg_mesh *m = mesh_from("abcdefghijabcdefghijabcdefghij1=2", 0, NULL);
   mpg_mesh_destroy(m);
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   EXPECT_OK(mpg_spec_init(&spec));
   EXPECT_ERR(mpg_spec_set_mesh(&spec, "abcdefghijabcdefghijabcdefghij12=2"),
              MPG_ERR_SPEC, "longer than 31 chars");
@@ -545,7 +545,7 @@ Test(errors, world_as_dim_name) {
 }
 
 Test(errors, malformed_mesh_strings) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   EXPECT_OK(mpg_spec_init(&spec));
   EXPECT_ERR(mpg_spec_set_mesh(&spec, "dp2"), MPG_ERR_SPEC, "NAME=SIZE");
   EXPECT_ERR(mpg_spec_set_mesh(&spec, "dp=two"), MPG_ERR_SPEC, "\"two\"");
@@ -563,7 +563,7 @@ Test(errors, long_mesh_item_not_truncated) {
   char buf[256] = "dp=";
   for (int i = 0; i < 123; i++) strcat(buf, "0");
   strcat(buf, "2junk");
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   EXPECT_OK(mpg_spec_init(&spec));
   mpg_status st = mpg_spec_set_mesh(&spec, buf);
   cr_assert_eq(st, MPG_ERR_SPEC,
@@ -574,7 +574,7 @@ Test(errors, long_mesh_item_not_truncated) {
 }
 
 Test(errors, too_many_dims) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   EXPECT_OK(mpg_spec_init(&spec));
   EXPECT_OK(mpg_spec_set_mesh(&spec, "a=1,b=1,c=1,d=1,e=1,f=1,g=1,h=1"));
   cr_assert_eq(spec.ndims, 8);
@@ -588,7 +588,7 @@ Test(errors, too_many_dims) {
 
 Test(errors, flatten_unknown_dim) {
   static const char *const fl[] = {"x=dp,cpp", NULL};
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, "dp=2,tp=2,cp=2", fl);
   create_fails(&spec, 8, MPG_ERR_SPEC, "unknown dim \"cpp\"");
   cr_assert(strstr(mpg_last_error(), "did you mean \"cp\"") != NULL, "%s",
@@ -600,14 +600,14 @@ Test(errors, flatten_unknown_dim) {
 
 Test(errors, flatten_repeats_dim) {
   static const char *const fl[] = {"x=dp,dp", NULL};
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, "dp=2,tp=2,cp=2", fl);
   create_fails(&spec, 8, MPG_ERR_SPEC, "\"dp\" is listed twice");
 }
 
 Test(errors, flatten_out_of_mesh_order) {
   static const char *const fl[] = {"cp_dp=cp,dp", NULL};
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, "dp=2,tp=2,cp=2", fl);
   create_fails(&spec, 8, MPG_ERR_SPEC, "mesh order");
   cr_assert(strstr(mpg_last_error(), "\"dp\" comes after \"cp\"") != NULL,
@@ -616,7 +616,7 @@ Test(errors, flatten_out_of_mesh_order) {
 
 Test(errors, flatten_name_clash) {
   static const char *const fl[] = {"tp=dp,cp", NULL};
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, "dp=2,tp=2,cp=2", fl);
   create_fails(&spec, 8, MPG_ERR_SPEC, "clashes with a mesh dim");
   static const char *const fl2[] = {"world=dp,cp", NULL};
@@ -634,7 +634,7 @@ Test(errors, flatten_name_clash) {
 }
 
 Test(errors, flatten_list_errors) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   spec_from(&spec, "dp=2,tp=2,cp=2", NULL);
   EXPECT_ERR(mpg_spec_add_flatten(&spec, "x", "dp,,cp"), MPG_ERR_SPEC,
              "expected a dim name");
@@ -719,7 +719,7 @@ Test(errors, out_of_range) {
 }
 
 Test(errors, null_arguments) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   EXPECT_ERR(mpg_spec_init(NULL), MPG_ERR_INVALID, "NULL");
   EXPECT_ERR(mpg_spec_set_mesh(NULL, "dp=2"), MPG_ERR_INVALID, "NULL");
   EXPECT_ERR(mpg_spec_add_flatten(NULL, "x", "dp"), MPG_ERR_INVALID, "NULL");
@@ -731,12 +731,12 @@ Test(errors, null_arguments) {
   cr_assert_neq(mpg_spec_set_mesh(&spec, NULL), MPG_OK);
   cr_assert_neq(mpg_last_error()[0], '\0');
 
-  /* A spec that never saw mpg_spec_init. */
-  mpg_spec junk;
+  /* A spec that never saw MPG_SPEC_INIT. */
+  mpg_spec junk = MPG_SPEC_INIT;
   memset(&junk, 0, sizeof junk);
-  EXPECT_ERR(mpg_spec_validate(&junk), MPG_ERR_INVALID, "mpg_spec_init");
+  EXPECT_ERR(mpg_spec_validate(&junk), MPG_ERR_INVALID, "MPG_SPEC_INIT");
   EXPECT_ERR(mpg_spec_set_mesh(&junk, "dp=2"), MPG_ERR_INVALID,
-             "mpg_spec_init");
+             "MPG_SPEC_INIT");
 
   EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=2,tp=2"));
   EXPECT_ERR(mpg_mesh_create(&spec, 4, NULL), MPG_ERR_INVALID, "NULL");

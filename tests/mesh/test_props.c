@@ -128,7 +128,7 @@ static void flat_list(const rmesh *rm, unsigned mask, char *out, size_t cap) {
 }
 
 static mpg_mesh *build(const rmesh *rm) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
   mpg_status st = mpg_spec_set_mesh(&spec, rm->mesh_str);
   cr_assert_eq(st, MPG_OK, "%s: set_mesh: %s", rm->desc, mpg_last_error());
@@ -382,7 +382,7 @@ Test(props, apply_order_reverses) {
   rng_state = SEED ^ 0x6f72646572ull;
   for (int i = 0; i < 2000; i++) {
     int n = rnd(1, MPG_MAX_DIMS);
-    mpg_spec spec;
+    mpg_spec spec = MPG_SPEC_INIT;
     cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
     char names[MPG_MAX_DIMS][MPG_NAME_MAX], mesh[512] = "";
     int sizes[MPG_MAX_DIMS];
@@ -516,7 +516,7 @@ Test(props, megatron_rank_generator) {
                              i != n - 1 ? "," : "", names[(i + it) % n],
                              psize[(i + it) % n]);
     unsigned mask = (unsigned)rnd(1, (1 << n) - 1);
-    mpg_spec spec;
+    mpg_spec spec = MPG_SPEC_INIT;
     cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
     cr_assert_eq(mpg_spec_set_mesh(&spec, mesh), MPG_OK, "%s", mpg_last_error());
     cr_assert_eq(mpg_spec_apply_order(&spec, order), MPG_OK, "%s",

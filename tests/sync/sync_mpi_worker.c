@@ -153,7 +153,7 @@ int main(int argc, char **argv) {
     printf("usage: sync_mpi_worker all | timeout | SCENARIO...\n");
     return 2;
   }
-  mpg_launch env;
+  mpg_launch env = MPG_LAUNCH_INIT;
   if (mpg_launch_from_env(&env) != MPG_OK || env.world_size < 1) {
     printf("FAIL %s rank ?: no MPI launch environment: %s\n", argv[1], mpg_last_error());
     return 1;

@@ -49,7 +49,7 @@ typedef struct scenario {
   const char *flatten;  /* "dp_cp=dp,cp;edp=..." or NULL */
   int world;            /* its world size */
   int fsdp;
-  mpg_sync_op op;
+  mpg_op op;
   double grad_scale;
   double bucket_mb, first_bucket_mb;
   const char *default_dims;
@@ -210,9 +210,9 @@ static SC_UNUSED double sc_reduced(const scenario *sc, const sc_mesh_info *mi,
     n++;
     for (int m = 0; m < sc->microbatches; m++) sum += sc_value(q, p, i, step, m);
   }
-  if (sc_is_int(pa->dtype)) return (double)(sc->op == MPG_SYNC_AVG ? sum / n : sum);
+  if (sc_is_int(pa->dtype)) return (double)(sc->op == MPG_OP_AVG ? sum / n : sum);
   double v = (double)sum;
-  if (sc->op == MPG_SYNC_AVG) v /= n;
+  if (sc->op == MPG_OP_AVG) v /= n;
   return v * sc->grad_scale;
 }
 
@@ -281,6 +281,7 @@ static SC_UNUSED mpg_status sc_make_mesh(const scenario *sc, mpg_mesh **mesh) {
   *mesh = NULL;
   mpg_spec *spec = malloc(sizeof *spec);
   if (!spec) return MPG_ERR_NOMEM;
+  *spec = (mpg_spec)MPG_SPEC_INIT;
   mpg_status st = mpg_spec_init(spec);
   if (!st) st = mpg_spec_set_mesh(spec, sc->mesh);
   if (!st && sc->flatten) {
@@ -373,7 +374,7 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
   }
   SC_TRY(mpg_sync_commit(sync));
 
-  mpg_sync_stats stats;
+  mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
   SC_TRY(mpg_sync_get_stats(sync, &stats));
   o->nbuckets = stats.num_buckets;
   o->nbuffers = stats.num_buffers;
@@ -540,7 +541,7 @@ static SC_UNUSED void sc_init(scenario *sc, const char *name, const char *mesh,
   sc->mesh = mesh;
   sc->flatten = flatten;
   sc->world = world;
-  sc->op = MPG_SYNC_AVG;
+  sc->op = MPG_OP_AVG;
   sc->grad_scale = 1.0;
   sc->bucket_mb = 25.0;
   sc->first_bucket_mb = 1.0;
@@ -668,7 +669,7 @@ static SC_UNUSED int sc_build(scenario *sc, const char *name, int world) {
     sc->seed = 21;
   } else if (strcmp(name, "dtypes_sum") == 0 && world == 8) {
     sc_init(sc, name, "dp=2,cp=2,tp=2", "dp_cp=dp,cp", 8);
-    sc->op = MPG_SYNC_SUM;
+    sc->op = MPG_OP_SUM;
     const mpg_dtype dts[] = {MPG_F32, MPG_F64, MPG_F16, MPG_BF16, MPG_I32, MPG_I64};
     for (int k = 0; k < 6; k++) sc_add(sc, NULL, 77, dts[k], NULL, "dp,cp", 0);
     for (int k = 0; k < 6; k++) sc_add(sc, NULL, 33, dts[k], "dp_cp,tp", "dp,cp,tp", 0);
@@ -685,7 +686,7 @@ static SC_UNUSED int sc_build(scenario *sc, const char *name, int world) {
     sc->seed = 77;
   } else if (strcmp(name, "grad_scale_sum") == 0 && world == 8) {
     sc_init(sc, name, "dp=2,cp=2,tp=2", "dp_cp=dp,cp", 8);
-    sc->op = MPG_SYNC_SUM;
+    sc->op = MPG_OP_SUM;
     sc->grad_scale = 0.25;
     sc_add_model(sc, 2, MPG_F32, "dp,cp", "dp,cp,tp");
   } else if (strcmp(name, "buckets_big") == 0 && world == 8) {

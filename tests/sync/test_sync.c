@@ -255,7 +255,7 @@ static mpg_status order_rank(const mpg_init_opts *opts, void *arg) {
     H_TRY(mpg_sync_add_param(s, name, 256, MPG_F32, NULL, &id));
   }
   H_TRY(mpg_sync_commit(s));
-  mpg_sync_stats stats;
+  mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
   H_TRY(mpg_sync_get_stats(s, &stats));
   H_CHECK(stats.num_buckets == 3 && stats.num_buffers == 1,
           "rank %d: %d buckets in %d buffers, expected 3 in 1", rank, stats.num_buckets,
@@ -478,7 +478,7 @@ static mpg_status api_rank(const mpg_init_opts *opts, void *arg) {
   so.grad_scale = NAN;
   H_EXPECT(mpg_sync_create(ctx, &so, &s), MPG_ERR_INVALID, "grad_scale");
   so = (mpg_sync_opts)MPG_SYNC_OPTS_INIT;
-  so.op = (mpg_sync_op)7;
+  so.op = (mpg_op)7;
   H_EXPECT(mpg_sync_create(ctx, &so, &s), MPG_ERR_INVALID, "opts.op is 7");
   so = (mpg_sync_opts)MPG_SYNC_OPTS_INIT;
   so.reduce_dtype = (mpg_reduce_dtype)9;
@@ -510,6 +510,7 @@ static mpg_status api_rank(const mpg_init_opts *opts, void *arg) {
   {
     mpg_spec *spec = malloc(sizeof *spec);
     H_CHECK(spec, "out of memory");
+    *spec = (mpg_spec)MPG_SPEC_INIT;
     mpg_status st = mpg_spec_load_string(
         "[mesh]\ndims = [ { name = \"dp\", size = 1 } ]\n"
         "[sync]\nfsdp_owns_dp = true\nop = \"sum\"\nbucket_mb = 4.5\n"
@@ -528,7 +529,7 @@ static mpg_status api_rank(const mpg_init_opts *opts, void *arg) {
     mpg_status st3 = mpg_sync_opts_from_spec(NULL, &fo);
     free(spec);
     H_CHECK(st == MPG_OK, "opts_from_spec: %s", mpg_last_error());
-    H_CHECK(fo.fsdp_owns_dp == 1 && fo.op == MPG_SYNC_SUM && fo.bucket_mb == 4.5 &&
+    H_CHECK(fo.fsdp_owns_dp == 1 && fo.op == MPG_OP_SUM && fo.bucket_mb == 4.5 &&
                 fo.first_bucket_mb == 0.5 && fo.reduce_dtype == MPG_REDUCE_NATIVE &&
                 fo.grad_scale == 0.5 && fo.default_dims == NULL,
             "opts_from_spec copied the wrong values");
@@ -626,7 +627,7 @@ static mpg_status api_rank(const mpg_init_opts *opts, void *arg) {
   /* NULLs */
   H_CHECK(mpg_sync_destroy(NULL) == MPG_OK, "destroy(NULL)");
   H_CHECK(mpg_sync_grads_valid(NULL) == 0, "grads_valid(NULL)");
-  mpg_sync_stats stats;
+  mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
   H_EXPECT(mpg_sync_get_stats(NULL, &stats), MPG_ERR_INVALID, NULL);
   H_EXPECT(mpg_sync_get_stats(s, NULL), MPG_ERR_INVALID, NULL);
   H_EXPECT(mpg_sync_begin(NULL, 0, 1, NULL), MPG_ERR_INVALID, NULL);
@@ -691,7 +692,7 @@ static mpg_status single_rank(const mpg_init_opts *opts, void *arg) {
   /* A sync without parameters is valid and does nothing. */
   {
     mpg_sync *e = NULL;
-    mpg_sync_stats st;
+    mpg_sync_stats st = MPG_SYNC_STATS_INIT;
     H_TRY(mpg_sync_create(ctx, NULL, &e));
     mpg_status r1 = mpg_sync_commit(e);
     mpg_status r2 = r1 ? r1 : mpg_sync_all(e, 0, NULL);

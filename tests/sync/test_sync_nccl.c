@@ -25,7 +25,7 @@ static void require_gpu(void) {
   } while (0)
 
 static void one_rank(mpg_mesh **mesh, mpg_ctx **ctx) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   EXPECT_OK(mpg_spec_init(&spec));
   EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=1,cp=1,tp=1"));
   EXPECT_OK(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"));
@@ -93,7 +93,7 @@ static void run_sync(int registered, double scale) {
     }
     EXPECT_OK(mpg_sync_zero_grads(sync));
   }
-  mpg_sync_stats stats;
+  mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
   EXPECT_OK(mpg_sync_get_stats(sync, &stats));
   cr_assert_gt(stats.num_buckets, 1);
   cr_log_info("NCCL sync on GPU: %d params, %d buckets, %zu bytes, registered=%d, scale=%g",
@@ -108,3 +108,36 @@ static void run_sync(int registered, double scale) {
 Test(sync_nccl, device_views_plain_average) { run_sync(0, 1.0); }
 Test(sync_nccl, device_views_scaled) { run_sync(0, 0.5); }
 Test(sync_nccl, registered_buffers) { run_sync(1, 0.25); }
+
+/* reduce_dtype f32 is not implemented on NCCL: a bf16/f16 gradient is
+ * refused with a message that says what to do, never reduced in bf16 as
+ * if f32 had been honoured; native (and f32 gradients) are accepted. */
+Test(sync_nccl, reduce_dtype_f32_of_half_gradients_is_refused) {
+  require_gpu();
+  mpg_mesh *mesh;
+  mpg_ctx *ctx;
+  one_rank(&mesh, &ctx);
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  cr_assert_eq(so.reduce_dtype, MPG_REDUCE_F32);
+  mpg_sync *sync;
+  EXPECT_OK(mpg_sync_create(ctx, &so, &sync));
+  int id = -1;
+  EXPECT_OK(mpg_sync_add_param(sync, "w32", 10, MPG_F32, NULL, &id));
+  const mpg_dtype halves[] = {MPG_BF16, MPG_F16};
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(mpg_sync_add_param(sync, "w16", 10, halves[i], NULL, &id),
+                 MPG_ERR_UNSUPPORTED);
+    cr_assert_eq(id, -1);
+    cr_assert(strstr(mpg_last_error(), "reduce_dtype") &&
+                  strstr(mpg_last_error(), "native"),
+              "%s", mpg_last_error());
+  }
+  EXPECT_OK(mpg_sync_destroy(sync));
+  so.reduce_dtype = MPG_REDUCE_NATIVE;
+  EXPECT_OK(mpg_sync_create(ctx, &so, &sync));
+  EXPECT_OK(mpg_sync_add_param(sync, "w16", 10, MPG_BF16, NULL, &id));
+  EXPECT_OK(mpg_sync_commit(sync));
+  EXPECT_OK(mpg_sync_destroy(sync));
+  EXPECT_OK(mpg_ctx_destroy(ctx));
+  mpg_mesh_destroy(mesh);
+}

@@ -48,8 +48,8 @@ Test(live, source_names_this_machine) {
   mpg_topo *t = live();
   cr_assert(strstr(mpg_topo_source(t), "this machine"), "%s", mpg_topo_source(t));
   for (int i = 0; i < mpg_topo_num_gpus(t); i++) {
-    mpg_gpu_info g;
-    cr_assert_eq(mpg_topo_gpu_info(t, i, &g), MPG_OK);
+    mpg_gpu_info g = MPG_GPU_INFO_INIT;
+    cr_assert_eq(mpg_topo_get_gpu(t, i, &g), MPG_OK);
     cr_assert_eq(strlen(g.bus_id), 12, "%s", g.bus_id);
     cr_assert_gt(strlen(g.cpuset), 0);
     cr_log_info("GPU %d %s %s NUMA %d CPUs %s NICs %d", i, g.name, g.bus_id,
@@ -62,7 +62,7 @@ Test(live, bind_numa_then_read_back) {
   mpg_topo *t = live();
   int lw = local_world(t);
   for (int r = 0; r < lw; r++) {
-    mpg_binding b;
+    mpg_binding b = MPG_BINDING_INIT;
     cr_assert_eq(mpg_topo_bind(t, r, lw, -1, MPG_BIND_NUMA, &b), MPG_OK, "%s",
                  mpg_last_error());
     cr_assert_eq(b.applied, 1);
@@ -84,7 +84,7 @@ Test(live, bind_core_disjoint_then_read_back) {
   cpu_set_t all;
   CPU_ZERO(&all);
   for (int r = 0; r < lw; r++) {
-    mpg_binding b;
+    mpg_binding b = MPG_BINDING_INIT;
     cr_assert_eq(mpg_topo_bind(t, r, lw, -1, MPG_BIND_CORE, &b), MPG_OK, "%s",
                  mpg_last_error());
     cr_assert_eq(b.applied, 1);
@@ -122,7 +122,7 @@ Test(live, bind_thread_leaves_other_threads_alone) {
   if (lw > mpg_topo_num_pus(t)) lw = mpg_topo_num_pus(t);
   cpu_set_t before, after;
   affinity(&before);
-  thread_arg a = {.t = t, .lw = lw};
+  thread_arg a = {.t = t, .lw = lw, .b = MPG_BINDING_INIT};
   pthread_t th;
   cr_assert_eq(pthread_create(&th, NULL, bind_in_thread, &a), 0);
   pthread_join(th, NULL);
@@ -141,7 +141,7 @@ Test(live, bind_none_changes_nothing) {
   mpg_topo *t = live();
   cpu_set_t before, after;
   affinity(&before);
-  mpg_binding b;
+  mpg_binding b = MPG_BINDING_INIT;
   cr_assert_eq(mpg_topo_bind(t, 0, 1, -1, MPG_BIND_NONE, &b), MPG_OK);
   cr_assert_eq(b.applied, 0);
   cr_assert_str_eq(b.cpuset, "");
@@ -153,7 +153,7 @@ Test(live, bind_none_changes_nothing) {
 Test(live, too_many_local_ranks) {
   mpg_topo *t = live();
   int g = mpg_topo_num_gpus(t);
-  mpg_binding b;
+  mpg_binding b = MPG_BINDING_INIT;
   if (g > 0) {
     cr_assert_eq(mpg_topo_bind(t, 0, g + 1, -1, MPG_BIND_NUMA, &b), MPG_ERR_TOPO);
     char want[64];

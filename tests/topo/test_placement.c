@@ -11,7 +11,7 @@
 
 static mpg_mesh *make_mesh(const char *dims, const char *flatten_name,
                            const char *flatten_dims) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   mpg_spec_init(&spec);
   cr_assert_eq(mpg_spec_set_mesh(&spec, dims), MPG_OK, "%s", mpg_last_error());
   if (flatten_name)
@@ -80,20 +80,20 @@ static mpg_placement *place(const mpg_mesh *m, int nodes, int gpn,
 
 Test(node_ids, host_identity_has_hostname_and_boot_id) {
   char id[MPG_HOST_ID_MAX];
-  cr_assert_eq(mpg_host_identity(id, sizeof id), MPG_OK, "%s", mpg_last_error());
+  cr_assert_eq(mpg_topo_host_identity(id, sizeof id), MPG_OK, "%s", mpg_last_error());
   cr_assert_gt(strlen(id), 0);
   char again[MPG_HOST_ID_MAX];
-  mpg_host_identity(again, sizeof again);
+  mpg_topo_host_identity(again, sizeof again);
   cr_assert_str_eq(id, again);
   char tiny[2];
-  cr_assert_eq(mpg_host_identity(tiny, sizeof tiny), MPG_ERR_RANGE);
-  cr_assert_eq(mpg_host_identity(NULL, 10), MPG_ERR_INVALID);
+  cr_assert_eq(mpg_topo_host_identity(tiny, sizeof tiny), MPG_ERR_RANGE);
+  cr_assert_eq(mpg_topo_host_identity(NULL, 10), MPG_ERR_INVALID);
 }
 
 Test(node_ids, numbered_by_lowest_rank_with_local_ranks) {
   const char *ids[8] = {"b:1", "a:1", "b:1", "c:9", "a:1", "c:9", "b:1", "a:1"};
   int node[8], local[8], n = 0;
-  cr_assert_eq(mpg_node_ids(8, ids, node, local, &n), MPG_OK);
+  cr_assert_eq(mpg_topo_node_ids(8, ids, node, local, &n), MPG_OK);
   cr_assert_eq(n, 3);
   int want_node[8] = {0, 1, 0, 2, 1, 2, 0, 1};
   int want_local[8] = {0, 0, 1, 0, 1, 1, 2, 2};
@@ -103,11 +103,11 @@ Test(node_ids, numbered_by_lowest_rank_with_local_ranks) {
   }
   /* Same host name, different boot ids: different nodes. */
   const char *boots[2] = {"gpu01:aaaa", "gpu01:bbbb"};
-  cr_assert_eq(mpg_node_ids(2, boots, node, NULL, &n), MPG_OK);
+  cr_assert_eq(mpg_topo_node_ids(2, boots, node, NULL, &n), MPG_OK);
   cr_assert_eq(n, 2);
-  cr_assert_eq(mpg_node_ids(0, ids, node, local, &n), MPG_ERR_RANGE);
+  cr_assert_eq(mpg_topo_node_ids(0, ids, node, local, &n), MPG_ERR_RANGE);
   const char *holes[2] = {"a", NULL};
-  cr_assert_eq(mpg_node_ids(2, holes, node, local, &n), MPG_ERR_INVALID);
+  cr_assert_eq(mpg_topo_node_ids(2, holes, node, local, &n), MPG_ERR_INVALID);
 }
 
 Test(node_ids, large_world_is_fast) {
@@ -120,7 +120,7 @@ Test(node_ids, large_world_is_fast) {
     ids[r] = buf[r];
   }
   int n;
-  cr_assert_eq(mpg_node_ids(W, ids, node, local, &n), MPG_OK);
+  cr_assert_eq(mpg_topo_node_ids(W, ids, node, local, &n), MPG_OK);
   cr_assert_eq(n, W / G);
   for (int r = 0; r < W; r++) {
     cr_assert_eq(node[r], r % (W / G));
@@ -327,7 +327,7 @@ Test(placement, measured_host_ids_any_numbering) {
   }
   for (int r = 0; r < W; r++) ids[r] = hosts[perm[r] / 4];
   int node_of[W], local[W], n;
-  cr_assert_eq(mpg_node_ids(W, ids, node_of, local, &n), MPG_OK);
+  cr_assert_eq(mpg_topo_node_ids(W, ids, node_of, local, &n), MPG_OK);
   cr_assert_eq(n, 4);
   mpg_mesh *m = make_mesh("dp=2,cp=2,tp=4", "cp_tp", "cp,tp");
   mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
@@ -395,8 +395,8 @@ Test(placement, gpu_locality_inside_a_node_without_fabric) {
     for (int i = 0; i < 2; i++) {
       int gpu;
       mpg_placement_of(pl, members[i], NULL, &node[i], &gpu);
-      mpg_gpu_info gi;
-      mpg_topo_gpu_info(t, gpu, &gi);
+      mpg_gpu_info gi = MPG_GPU_INFO_INIT;
+      mpg_topo_get_gpu(t, gpu, &gi);
       numa[i] = gi.numa_node;
     }
     cr_assert_eq(node[0], node[1]);
@@ -471,7 +471,7 @@ Test(placement, layout_errors) {
 }
 
 Test(placement, opts_from_spec) {
-  mpg_spec spec;
+  mpg_spec spec = MPG_SPEC_INIT;
   mpg_spec_init(&spec);
   cr_assert_eq(mpg_spec_load_string("[mesh]\n"
                                     "dims = [ { name = \"dp\", size = -1 }, "
@@ -483,7 +483,7 @@ Test(placement, opts_from_spec) {
                                     "strict = true\n",
                                     "t.toml", &spec),
                MPG_OK, "%s", mpg_last_error());
-  mpg_placement_opts o;
+  mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
   cr_assert_eq(mpg_placement_opts_from_spec(&spec, &o), MPG_OK);
   cr_assert_eq(o.nodes, 2);
   cr_assert_eq(o.gpus_per_node, 4);
@@ -497,7 +497,7 @@ Test(placement, opts_from_spec) {
   check_consistent(pl, 8, 2, 4, MPG_RANK_ORDER_CYCLIC);
   mpg_placement_destroy(pl);
   mpg_mesh_destroy(m);
-  mpg_spec junk;
+  mpg_spec junk = MPG_SPEC_INIT;
   memset(&junk, 0, sizeof junk);
   cr_assert_eq(mpg_placement_opts_from_spec(&junk, &o), MPG_ERR_INVALID);
 }

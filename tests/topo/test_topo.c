@@ -26,9 +26,16 @@ static mpg_topo *load(const char *name) {
 }
 
 static mpg_gpu_info gpu(const mpg_topo *t, int i) {
-  mpg_gpu_info g;
-  cr_assert_eq(mpg_topo_gpu_info(t, i, &g), MPG_OK, "%s", mpg_last_error());
+  mpg_gpu_info g = MPG_GPU_INFO_INIT;
+  cr_assert_eq(mpg_topo_get_gpu(t, i, &g), MPG_OK, "%s", mpg_last_error());
   return g;
+}
+
+/* The k-th nearest NIC of GPU i. */
+static mpg_nic_info gnic(const mpg_topo *t, int i, int k) {
+  mpg_nic_info n = MPG_NIC_INFO_INIT;
+  cr_assert_eq(mpg_topo_get_gpu_nic(t, i, k, &n), MPG_OK, "%s", mpg_last_error());
+  return n;
 }
 
 /* Parse a PU list "0-3,8" into a 64-bit mask (PUs < 64 in the fixtures). */
@@ -95,44 +102,43 @@ Test(dgx, nearest_nics_share_the_pcie_switch) {
     char a[16], b[16];
     snprintf(a, sizeof a, "mlx5_%d", 2 * sw);
     snprintf(b, sizeof b, "mlx5_%d", 2 * sw + 1);
-    cr_assert_str_eq(g.nics[0].name, a, "GPU %d", i);
-    cr_assert_str_eq(g.nics[1].name, b, "GPU %d", i);
-    cr_assert(strncmp(g.nics[0].netdev, "ibp", 3) == 0);
+    cr_assert_str_eq(gnic(t, i, 0).name, a, "GPU %d", i);
+    cr_assert_str_eq(gnic(t, i, 1).name, b, "GPU %d", i);
+    cr_assert(strncmp(gnic(t, i, 0).netdev, "ibp", 3) == 0);
     /* The management NIC eno1 sits on another host bridge: never near. */
-    for (int k = 0; k < g.num_nics; k++) cr_assert_str_neq(g.nics[k].name, "eno1");
+    for (int k = 0; k < g.num_nics; k++) cr_assert_str_neq(gnic(t, i, k).name, "eno1");
   }
   /* Every NIC of the node: eno1 and the 8 ConnectX-7, in PCI order. */
   cr_assert_eq(mpg_topo_num_nics(t), 9);
-  mpg_nic_info n;
-  cr_assert_eq(mpg_topo_nic_info(t, 0, &n), MPG_OK);
+  mpg_nic_info n = MPG_NIC_INFO_INIT;
+  cr_assert_eq(mpg_topo_get_nic(t, 0, &n), MPG_OK);
   cr_assert_str_eq(n.name, "eno1");
-  cr_assert_eq(mpg_topo_nic_info(t, 8, &n), MPG_OK);
+  cr_assert_eq(mpg_topo_get_nic(t, 8, &n), MPG_OK);
   cr_assert_str_eq(n.name, "mlx5_7");
   cr_assert_eq(n.numa_node, 1);
   cr_assert_str_eq(n.cpuset, "8-15,24-31");
-  mpg_gpu_info g0 = gpu(t, 0);
-  cr_assert_eq(g0.nics[0].numa_node, 0);
-  cr_assert_str_eq(g0.nics[0].cpuset, "0-7,16-23");
-  cr_assert_str_eq(g0.nics[0].bus_id, "0000:17:00.0");
-  cr_assert_str_eq(g0.nics[0].netdev, "ibp23s0");
-  cr_assert_str_eq(g0.nics[1].bus_id, "0000:19:00.0");
+  cr_assert_eq(gnic(t, 0, 0).numa_node, 0);
+  cr_assert_str_eq(gnic(t, 0, 0).cpuset, "0-7,16-23");
+  cr_assert_str_eq(gnic(t, 0, 0).bus_id, "0000:17:00.0");
+  cr_assert_str_eq(gnic(t, 0, 0).netdev, "ibp23s0");
+  cr_assert_str_eq(gnic(t, 0, 1).bus_id, "0000:19:00.0");
   mpg_topo_destroy(t);
 }
 
 Test(dgx, gpu_info_range_error) {
   mpg_topo *t = load("dgx-h100.xml");
-  mpg_gpu_info g;
-  cr_assert_eq(mpg_topo_gpu_info(t, 8, &g), MPG_ERR_RANGE);
+  mpg_gpu_info g = MPG_GPU_INFO_INIT;
+  cr_assert_eq(mpg_topo_get_gpu(t, 8, &g), MPG_ERR_RANGE);
   cr_assert(strstr(mpg_last_error(), "GPU 8 is outside 0..7"), "%s", mpg_last_error());
-  cr_assert_eq(mpg_topo_gpu_info(t, -1, &g), MPG_ERR_RANGE);
-  cr_assert_eq(mpg_topo_gpu_info(t, 0, NULL), MPG_ERR_INVALID);
+  cr_assert_eq(mpg_topo_get_gpu(t, -1, &g), MPG_ERR_RANGE);
+  cr_assert_eq(mpg_topo_get_gpu(t, 0, NULL), MPG_ERR_INVALID);
   mpg_topo_destroy(t);
 }
 
 Test(dgx, bind_numa_each_rank_gets_its_gpus_numa_node) {
   mpg_topo *t = load("dgx-h100.xml");
   for (int r = 0; r < 8; r++) {
-    mpg_binding b;
+    mpg_binding b = MPG_BINDING_INIT;
     cr_assert_eq(mpg_topo_bind_plan(t, r, 8, -1, MPG_BIND_NUMA, &b), MPG_OK, "%s",
                  mpg_last_error());
     cr_assert_eq(b.gpu, r);
@@ -156,7 +162,7 @@ Test(dgx, bind_core_gives_disjoint_cores_near_the_gpu) {
                                 "12-13,28-29", "14-15,30-31"};
   unsigned long long seen = 0;
   for (int r = 0; r < 8; r++) {
-    mpg_binding b;
+    mpg_binding b = MPG_BINDING_INIT;
     cr_assert_eq(mpg_topo_bind_plan(t, r, 8, -1, MPG_BIND_CORE, &b), MPG_OK, "%s",
                  mpg_last_error());
     cr_assert_str_eq(b.cpuset, want[r], "rank %d: %s", r, b.cpuset);
@@ -174,7 +180,7 @@ Test(dgx, bind_core_gives_disjoint_cores_near_the_gpu) {
 Test(dgx, bind_core_fewer_ranks_get_more_cores) {
   mpg_topo *t = load("dgx-h100.xml");
   /* 2 ranks: GPUs 0 and 1, both on NUMA 0: 4 cores each. */
-  mpg_binding a, b;
+  mpg_binding a = MPG_BINDING_INIT, b = MPG_BINDING_INIT;
   cr_assert_eq(mpg_topo_bind_plan(t, 0, 2, -1, MPG_BIND_CORE, &a), MPG_OK);
   cr_assert_eq(mpg_topo_bind_plan(t, 1, 2, -1, MPG_BIND_CORE, &b), MPG_OK);
   cr_assert_str_eq(a.cpuset, "0-3,16-19");
@@ -182,7 +188,7 @@ Test(dgx, bind_core_fewer_ranks_get_more_cores) {
   /* 3 ranks on NUMA 0 (8 cores): 3 + 3 + 2. */
   int cores[3];
   for (int r = 0; r < 3; r++) {
-    mpg_binding x;
+    mpg_binding x = MPG_BINDING_INIT;
     cr_assert_eq(mpg_topo_bind_plan(t, r, 3, -1, MPG_BIND_CORE, &x), MPG_OK);
     cores[r] = x.num_cores;
   }
@@ -194,7 +200,7 @@ Test(dgx, bind_core_fewer_ranks_get_more_cores) {
 
 Test(dgx, bind_explicit_gpu) {
   mpg_topo *t = load("dgx-h100.xml");
-  mpg_binding b;
+  mpg_binding b = MPG_BINDING_INIT;
   /* Local rank 0 of 1 asks for GPU 5: NUMA 1; core mode splits NUMA 1
    * among its 4 GPUs, GPU 5 is the second. */
   cr_assert_eq(mpg_topo_bind_plan(t, 0, 1, 5, MPG_BIND_NUMA, &b), MPG_OK);
@@ -215,7 +221,7 @@ Test(dgx, bind_explicit_gpu) {
 
 Test(dgx, binding_an_xml_topology_is_refused) {
   mpg_topo *t = load("dgx-h100.xml");
-  mpg_binding b;
+  mpg_binding b = MPG_BINDING_INIT;
   cr_assert_eq(mpg_topo_bind(t, 0, 8, -1, MPG_BIND_NUMA, &b), MPG_ERR_TOPO);
   cr_assert(strstr(mpg_last_error(), "not this machine's"), "%s", mpg_last_error());
   cr_assert_eq(mpg_topo_bind_thread(t, 0, 8, -1, MPG_BIND_CORE, &b), MPG_ERR_TOPO);
@@ -260,9 +266,9 @@ Test(workstation, nics_share_the_host_bridge_only) {
   for (int i = 0; i < 2; i++) {
     mpg_gpu_info g = gpu(t, i);
     cr_assert_eq(g.num_nics, 1);
-    cr_assert_str_eq(g.nics[0].name, "enp5s0");
-    cr_assert_str_eq(g.nics[0].netdev, "enp5s0");
-    cr_assert_str_eq(g.nics[0].bus_id, "0000:05:00.0");
+    cr_assert_str_eq(gnic(t, i, 0).name, "enp5s0");
+    cr_assert_str_eq(gnic(t, i, 0).netdev, "enp5s0");
+    cr_assert_str_eq(gnic(t, i, 0).bus_id, "0000:05:00.0");
   }
   for (int i = 2; i < 4; i++) cr_assert_eq(gpu(t, i).num_nics, 0);
   cr_assert_eq(mpg_topo_num_nics(t), 1);
@@ -273,7 +279,7 @@ Test(workstation, bind_numa_and_core) {
   mpg_topo *t = load("workstation-4gpu.xml");
   static const char *core[4] = {"0-2", "3-5", "6-8", "9-11"};
   for (int r = 0; r < 4; r++) {
-    mpg_binding b;
+    mpg_binding b = MPG_BINDING_INIT;
     cr_assert_eq(mpg_topo_bind_plan(t, r, 4, -1, MPG_BIND_NUMA, &b), MPG_OK);
     cr_assert_str_eq(b.cpuset, r < 2 ? "0-5" : "6-11");
     cr_assert_eq(b.numa_node, r < 2 ? 0 : 1);
@@ -287,7 +293,7 @@ Test(workstation, bind_numa_and_core) {
 
 Test(workstation, more_local_ranks_than_gpus_names_both_counts) {
   mpg_topo *t = load("workstation-4gpu.xml");
-  mpg_binding b;
+  mpg_binding b = MPG_BINDING_INIT;
   cr_assert_eq(mpg_topo_bind_plan(t, 0, 5, -1, MPG_BIND_NUMA, &b), MPG_ERR_TOPO);
   cr_assert(strstr(mpg_last_error(), "5 local ranks"), "%s", mpg_last_error());
   cr_assert(strstr(mpg_last_error(), "has 4 GPUs"), "%s", mpg_last_error());
@@ -310,7 +316,7 @@ Test(interleaved, cuda_order_is_kept_and_numa_read_per_gpu) {
     cr_assert_eq(g.numa_node, i % 2);
   }
   /* Core mode: GPUs 0 and 2 share NUMA 0 and split it. */
-  mpg_binding b;
+  mpg_binding b = MPG_BINDING_INIT;
   cr_assert_eq(mpg_topo_bind_plan(t, 2, 4, -1, MPG_BIND_CORE, &b), MPG_OK);
   cr_assert_str_eq(b.cpuset, "3-5");
   cr_assert_eq(mpg_topo_bind_plan(t, 1, 4, -1, MPG_BIND_CORE, &b), MPG_OK);
@@ -329,8 +335,8 @@ Test(cpu_only, no_gpus_numa_and_cores) {
   cr_assert_eq(mpg_topo_num_cores(t), 8);
   cr_assert_eq(mpg_topo_num_pus(t), 16);
   cr_assert_eq(mpg_topo_has_gpu_fabric(t), 0);
-  mpg_gpu_info g;
-  cr_assert_eq(mpg_topo_gpu_info(t, 0, &g), MPG_ERR_RANGE);
+  mpg_gpu_info g = MPG_GPU_INFO_INIT;
+  cr_assert_eq(mpg_topo_get_gpu(t, 0, &g), MPG_ERR_RANGE);
   cr_assert(strstr(mpg_last_error(), "has no GPU"), "%s", mpg_last_error());
   mpg_topo_destroy(t);
 }
@@ -338,27 +344,27 @@ Test(cpu_only, no_gpus_numa_and_cores) {
 Test(cpu_only, nics_with_their_numa_nodes) {
   mpg_topo *t = load("cpu-only.xml");
   cr_assert_eq(mpg_topo_num_nics(t), 2);
-  mpg_nic_info n;
-  cr_assert_eq(mpg_topo_nic_info(t, 0, &n), MPG_OK);
+  mpg_nic_info n = MPG_NIC_INFO_INIT;
+  cr_assert_eq(mpg_topo_get_nic(t, 0, &n), MPG_OK);
   cr_assert_str_eq(n.name, "eno1");
   cr_assert_str_eq(n.netdev, "eno1");
   cr_assert_str_eq(n.bus_id, "0000:01:00.0");
   cr_assert_eq(n.numa_node, 0);
   cr_assert_str_eq(n.cpuset, "0-3,8-11");
-  cr_assert_eq(mpg_topo_nic_info(t, 1, &n), MPG_OK);
+  cr_assert_eq(mpg_topo_get_nic(t, 1, &n), MPG_OK);
   cr_assert_str_eq(n.name, "mlx5_0");
   cr_assert_str_eq(n.netdev, "ib0");
   cr_assert_str_eq(n.bus_id, "0000:81:00.0");
   cr_assert_eq(n.numa_node, 1);
   cr_assert_str_eq(n.cpuset, "4-7,12-15");
-  cr_assert_eq(mpg_topo_nic_info(t, 2, &n), MPG_ERR_RANGE);
-  cr_assert_eq(mpg_topo_nic_info(t, 0, NULL), MPG_ERR_INVALID);
+  cr_assert_eq(mpg_topo_get_nic(t, 2, &n), MPG_ERR_RANGE);
+  cr_assert_eq(mpg_topo_get_nic(t, 0, NULL), MPG_ERR_INVALID);
   mpg_topo_destroy(t);
 }
 
 Test(cpu_only, cpu_ranks_spread_over_numa_nodes) {
   mpg_topo *t = load("cpu-only.xml");
-  mpg_binding b;
+  mpg_binding b = MPG_BINDING_INIT;
   for (int r = 0; r < 4; r++) {
     cr_assert_eq(mpg_topo_bind_plan(t, r, 4, -1, MPG_BIND_NUMA, &b), MPG_OK, "%s",
                  mpg_last_error());
@@ -384,7 +390,7 @@ Test(cpu_only, cpu_ranks_spread_over_numa_nodes) {
 
 Test(cpu_only, core_mode_runs_out_of_pus) {
   mpg_topo *t = load("cpu-only.xml");
-  mpg_binding b;
+  mpg_binding b = MPG_BINDING_INIT;
   /* 16 ranks: one PU each (fewer cores than ranks per NUMA node). */
   cr_assert_eq(mpg_topo_bind_plan(t, 3, 16, -1, MPG_BIND_CORE, &b), MPG_OK);
   cr_assert_eq(b.num_pus, 1);
@@ -420,7 +426,7 @@ Test(synthetic, core_binding_partitions_every_core) {
   int total_cores = 0;
   char prev[MPG_CPUSET_STR_MAX] = "";
   for (int r = 0; r < 64; r++) {
-    mpg_binding b;
+    mpg_binding b = MPG_BINDING_INIT;
     cr_assert_eq(mpg_topo_bind_plan(t, r, 64, -1, MPG_BIND_CORE, &b), MPG_OK, "%s",
                  mpg_last_error());
     cr_assert_eq(b.num_cores, 4, "rank %d: %s", r, b.cpuset);
@@ -433,7 +439,7 @@ Test(synthetic, core_binding_partitions_every_core) {
   for (int n = 0; n < 8; n++) cr_assert_eq(per_numa[n], 8);
   cr_assert_eq(total_cores, 256);
   /* Rank 9 is the second rank of NUMA node 1 (PUs 64-127): cores 4-7. */
-  mpg_binding b;
+  mpg_binding b = MPG_BINDING_INIT;
   cr_assert_eq(mpg_topo_bind_plan(t, 9, 64, -1, MPG_BIND_CORE, &b), MPG_OK);
   cr_assert_str_eq(b.cpuset, "72-79");
   mpg_topo_destroy(t);
@@ -443,7 +449,7 @@ Test(synthetic, uneven_split_and_no_core_level) {
   mpg_topo *t = NULL;
   cr_assert_eq(mpg_topo_load_synthetic("pack:2 numa:1 core:5 pu:1", &t), MPG_OK);
   /* 2 ranks per NUMA node of 5 cores: 3 + 2. */
-  mpg_binding b;
+  mpg_binding b = MPG_BINDING_INIT;
   cr_assert_eq(mpg_topo_bind_plan(t, 0, 4, -1, MPG_BIND_CORE, &b), MPG_OK);
   cr_assert_str_eq(b.cpuset, "0-2");
   cr_assert_eq(mpg_topo_bind_plan(t, 1, 4, -1, MPG_BIND_CORE, &b), MPG_OK);
@@ -463,7 +469,7 @@ Test(synthetic, long_cpuset_text_is_marked_truncated) {
    * ones): a NUMA node's list "0,2,4,...,510" does not fit the buffer. */
   cr_assert_eq(mpg_topo_load_synthetic("pack:2 numa:1 core:256 pu:1(indexes=256*2:1*256)", &t),
                MPG_OK, "%s", mpg_last_error());
-  mpg_binding b;
+  mpg_binding b = MPG_BINDING_INIT;
   cr_assert_eq(mpg_topo_bind_plan(t, 0, 2, -1, MPG_BIND_NUMA, &b), MPG_OK, "%s",
                mpg_last_error());
   cr_assert_eq(b.num_pus, 256);
@@ -471,7 +477,7 @@ Test(synthetic, long_cpuset_text_is_marked_truncated) {
   cr_assert(strncmp(b.cpuset, "0,2,4,6,", 8) == 0, "%s", b.cpuset);
   cr_assert_str_eq(b.cpuset + strlen(b.cpuset) - 3, "...");
   /* Core mode on the same machine: 128 cores each, still disjoint. */
-  mpg_binding c;
+  mpg_binding c = MPG_BINDING_INIT;
   cr_assert_eq(mpg_topo_bind_plan(t, 1, 4, -1, MPG_BIND_CORE, &c), MPG_OK);
   cr_assert_eq(c.num_cores, 128);
   mpg_topo_destroy(t);
@@ -530,7 +536,7 @@ Test(bad_input, null_arguments_and_ranges) {
   cr_assert_eq(mpg_topo_num_gpus(NULL), 0);
   cr_assert_eq(mpg_topo_is_this_system(NULL), 0);
   t = load("dgx-h100.xml");
-  mpg_binding b;
+  mpg_binding b = MPG_BINDING_INIT;
   cr_assert_eq(mpg_topo_bind_plan(t, 8, 8, -1, MPG_BIND_NUMA, &b), MPG_ERR_RANGE);
   cr_assert(strstr(mpg_last_error(), "local rank 8 is outside 0..7"), "%s",
             mpg_last_error());

@@ -1,0 +1,200 @@
+/* The public collectives and work handles: argument checks, size-1 groups
+ * as local copies, the context's timeout, and abort on a timeout.  See
+ * ctx_internal.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctx_internal.h"
+
+
+
+static mpg_status check_coll(const mpg_group *g, const mpg__coll *c) {
+  const char *fn = mpg__kind_name(c->kind);
+  if (!g) return mpg__fail(MPG_ERR_INVALID, "mpg_%s: group is NULL", fn);
+  if (c->kind == MPG__BARRIER) return MPG_OK;
+  if ((unsigned)c->dtype >= MPG_DTYPE_COUNT)
+    return mpg__fail(MPG_ERR_INVALID, "mpg_%s on \"%s\": unknown dtype %d", fn,
+                     g->name, (int)c->dtype);
+  int needs_send = c->kind == MPG__ALL_REDUCE || c->kind == MPG__ALL_GATHER ||
+                   c->kind == MPG__REDUCE_SCATTER || c->kind == MPG__SEND;
+  int needs_recv = c->kind != MPG__SEND;
+  if (c->count > 0 && ((needs_send && !c->send) || (needs_recv && !c->recv)))
+    return mpg__fail(MPG_ERR_INVALID, "mpg_%s on \"%s\": %s buffer is NULL for %zu elements",
+                     fn, g->name, needs_send && !c->send ? "send" : "receive",
+                     c->count);
+  if (c->kind == MPG__ALL_REDUCE || c->kind == MPG__REDUCE_SCATTER) {
+    if ((unsigned)c->op > MPG_OP_PREMUL_SUM)
+      return mpg__fail(MPG_ERR_INVALID, "mpg_%s on \"%s\": unknown op %d", fn,
+                       g->name, (int)c->op);
+    if (c->op == MPG_OP_PREMUL_SUM && !mpg__dtype_is_float(c->dtype))
+      return mpg__fail(MPG_ERR_INVALID,
+                       "mpg_%s on \"%s\": a scaled sum needs a floating dtype, "
+                       "found %s",
+                       fn, g->name, mpg_dtype_name(c->dtype));
+  }
+  if (c->kind == MPG__BROADCAST && (c->root < 0 || c->root >= g->size))
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpg_broadcast on \"%s\": root %d is outside 0..%d", g->name,
+                     c->root, g->size - 1);
+  if (c->kind == MPG__SEND || c->kind == MPG__RECV) {
+    if (c->peer < 0 || c->peer >= g->size || c->peer == g->position)
+      return mpg__fail(MPG_ERR_INVALID,
+                       "mpg_%s on \"%s\": peer %d is not another member "
+                       "(positions 0..%d, this rank is %d)",
+                       fn, g->name, c->peer, g->size - 1, g->position);
+  }
+  return MPG_OK;
+}
+
+/* Abort the context on a timeout and keep the message. */
+static mpg_status on_failure(mpg_ctx *ctx, mpg_status st) {
+  if (st == MPG_ERR_TIMEOUT || st == MPG_ERR_ABORTED) {
+    mpg__saved_error why;
+    mpg__error_save(&why);
+    mpg__ctx_abort_all(ctx, st);
+    return mpg__error_restore(st, &why);
+  }
+  return st;
+}
+
+static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
+  if (work) *work = NULL;
+  mpg_status st = check_coll(g, c);
+  if (st) return st;
+  mpg_ctx *ctx = g->ctx;
+  int reason = atomic_load(&ctx->aborted);
+  if (reason)
+    return mpg__fail(MPG_ERR_ABORTED, "mpg_%s on \"%s\": the context was aborted (%s)",
+                     mpg__kind_name(c->kind), g->name, mpg_status_name((mpg_status)reason));
+  if ((st = mpg__group_create(ctx, g))) return on_failure(ctx, st);
+  if (g->size == 1) return ctx->ops->local ? ctx->ops->local(c) : mpg__local_host(c);
+
+  double deadline = mpg__now() + ctx->timeout_s;
+  mpg__req *req = NULL;
+  st = ctx->ops->post(g->comm, c, &req);
+  if (st) return on_failure(ctx, st);
+  if (work) {
+    mpg_work *w = malloc(sizeof *w);
+    if (!w) {
+      /* Cannot hand it out: finish it here rather than lose it. */
+      st = ctx->ops->wait(req, deadline);
+      if (st) st = on_failure(ctx, st);
+      ctx->ops->req_free(req);
+      return st ? st
+                : mpg__fail(MPG_ERR_NOMEM, "mpg_%s: out of memory for the work "
+                            "handle (the operation completed)", mpg__kind_name(c->kind));
+    }
+    w->group = g;
+    w->req = req;
+    w->deadline = deadline;
+    w->status = MPG_OK;
+    *work = w;
+    return MPG_OK;
+  }
+  st = ctx->ops->wait(req, deadline);
+  if (st) st = on_failure(ctx, st); /* abort before freeing a pending request */
+  ctx->ops->req_free(req);
+  return st;
+}
+
+mpg_status mpg_work_wait(mpg_work *w) {
+  if (!w) return MPG_OK;
+  mpg_ctx *ctx = w->group->ctx;
+  mpg_status st = w->status;
+  if (!st) {
+    st = ctx->ops->wait(w->req, w->deadline);
+    if (st) st = on_failure(ctx, st); /* abort before freeing the request */
+  }
+  ctx->ops->req_free(w->req);
+  free(w);
+  return st;
+}
+
+mpg_status mpg_work_test(mpg_work *w, int *done) {
+  if (!done) return mpg__fail(MPG_ERR_INVALID, "mpg_work_test: done is NULL");
+  if (!w) {
+    *done = 1;
+    return MPG_OK;
+  }
+  if (w->status) {
+    *done = 1;
+    return w->status;
+  }
+  mpg_status st = w->group->ctx->ops->test(w->req, done);
+  if (st) {
+    *done = 1;
+    w->status = st;
+    return st;
+  }
+  if (!*done && mpg__now() > w->deadline) {
+    *done = 1;
+    w->status = on_failure(w->group->ctx,
+                           mpg__fail(MPG_ERR_TIMEOUT,
+                                     "mpg_work_test on \"%s\": no completion "
+                                     "within the %.3g s timeout",
+                                     w->group->name, w->group->ctx->timeout_s));
+    return w->status;
+  }
+  return MPG_OK;
+}
+
+mpg_status mpg_all_reduce(mpg_group *group, const void *send, void *recv,
+                          size_t count, mpg_dtype dtype, mpg_op op,
+                          void *stream, mpg_work **work) {
+  if (op == MPG_OP_PREMUL_SUM)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpg_all_reduce: use mpg_all_reduce_scaled for a scaled sum");
+  mpg__coll c = {MPG__ALL_REDUCE, send, recv, count, dtype, op, 1.0, 0, 0, stream};
+  return run(group, &c, work);
+}
+
+mpg_status mpg_all_reduce_scaled(mpg_group *group, const void *send,
+                                 void *recv, size_t count, mpg_dtype dtype,
+                                 double scale, void *stream, mpg_work **work) {
+  mpg__coll c = {MPG__ALL_REDUCE, send, recv, count, dtype, MPG_OP_PREMUL_SUM,
+                 scale, 0, 0, stream};
+  return run(group, &c, work);
+}
+
+mpg_status mpg_broadcast(mpg_group *group, void *buf, size_t count,
+                         mpg_dtype dtype, int root, void *stream,
+                         mpg_work **work) {
+  mpg__coll c = {MPG__BROADCAST, buf, buf, count, dtype, MPG_OP_SUM, 1.0, root, 0, stream};
+  return run(group, &c, work);
+}
+
+mpg_status mpg_all_gather(mpg_group *group, const void *send, void *recv,
+                          size_t count, mpg_dtype dtype, void *stream,
+                          mpg_work **work) {
+  mpg__coll c = {MPG__ALL_GATHER, send, recv, count, dtype, MPG_OP_SUM, 1.0, 0, 0, stream};
+  return run(group, &c, work);
+}
+
+mpg_status mpg_reduce_scatter(mpg_group *group, const void *send, void *recv,
+                              size_t count, mpg_dtype dtype, mpg_op op,
+                              void *stream, mpg_work **work) {
+  if (op == MPG_OP_PREMUL_SUM)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpg_reduce_scatter: MPG_OP_PREMUL_SUM needs a scale; "
+                     "it is only reached through mpg_all_reduce_scaled");
+  mpg__coll c = {MPG__REDUCE_SCATTER, send, recv, count, dtype, op, 1.0, 0, 0, stream};
+  return run(group, &c, work);
+}
+
+mpg_status mpg_barrier(mpg_group *group, mpg_work **work) {
+  mpg__coll c = {MPG__BARRIER, NULL, NULL, 0, MPG_I32, MPG_OP_SUM, 1.0, 0, 0, NULL};
+  return run(group, &c, work);
+}
+
+mpg_status mpg_send(mpg_group *group, const void *buf, size_t count,
+                    mpg_dtype dtype, int peer, void *stream, mpg_work **work) {
+  mpg__coll c = {MPG__SEND, buf, NULL, count, dtype, MPG_OP_SUM, 1.0, 0, peer, stream};
+  return run(group, &c, work);
+}
+
+mpg_status mpg_recv(mpg_group *group, void *buf, size_t count,
+                    mpg_dtype dtype, int peer, void *stream, mpg_work **work) {
+  mpg__coll c = {MPG__RECV, NULL, buf, count, dtype, MPG_OP_SUM, 1.0, 0, peer, stream};
+  return run(group, &c, work);
+}

@@ -1,0 +1,393 @@
+/* The context: joining the world (launch environment, backend), placement
+ * and binding, the context's accessors, abort and teardown, and the
+ * backend's memory and streams.  See ctx_internal.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctx_internal.h"
+#include "mpg_config.h"
+
+static const struct mpg__backend_ops *backend_ops(mpg_backend_kind kind) {
+  switch (kind) {
+    case MPG_BACKEND_THREAD:
+      return &mpg__backend_thread;
+    case MPG_BACKEND_MPI:
+#if MPG_HAVE_MPI
+      return &mpg__backend_mpi;
+#else
+      return NULL;
+#endif
+    case MPG_BACKEND_NCCL:
+#if MPG_HAVE_NCCL
+      return &mpg__backend_nccl;
+#else
+      return NULL;
+#endif
+  }
+  return NULL;
+}
+
+static const char *backend_name(mpg_backend_kind kind) {
+  return kind == MPG_BACKEND_THREAD ? "thread"
+       : kind == MPG_BACKEND_MPI    ? "mpi"
+       : kind == MPG_BACKEND_NCCL   ? "nccl" : "?";
+}
+
+/* ------------------------------------------------------------------ */
+/* Context                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Fill rank / world / local values: explicit options first, then the
+ * launch environment. */
+static mpg_status resolve_launch(const mpg_init_opts *o, mpg__world_args *a,
+                                 mpg_launch *env) {
+  mpg_launch fresh = MPG_LAUNCH_INIT;
+  *env = fresh;
+  mpg_status st = mpg_launch_from_env(env);
+  if (st) return st;
+  a->rank = o->rank >= 0 ? o->rank : env->rank;
+  a->world_size = o->world_size > 0 ? o->world_size : env->world_size;
+  a->local_rank = o->local_rank >= 0 ? o->local_rank
+                : env->local_rank >= 0 ? env->local_rank : 0;
+  a->local_world_size = o->local_world_size > 0 ? o->local_world_size
+                      : env->local_world_size > 0 ? env->local_world_size : 1;
+  /* An MPI process started without a launcher is a singleton world. */
+  if (o->backend == MPG_BACKEND_MPI && a->rank < 0 && a->world_size < 0 &&
+      !env->source[0]) {
+    a->rank = 0;
+    a->world_size = 1;
+  }
+  if (a->world_size <= 0)
+    return mpg__fail(MPG_ERR_ENV,
+                     "world size unknown: set WORLD_SIZE (torchrun), launch "
+                     "with mpirun or srun, or pass opts.world_size");
+  if (a->rank < 0)
+    return mpg__fail(MPG_ERR_ENV,
+                     "rank unknown: set RANK (torchrun), launch with mpirun "
+                     "or srun, or pass opts.rank");
+  if (a->rank >= a->world_size)
+    return mpg__fail(MPG_ERR_ENV, "rank %d is outside the world of %d ranks",
+                     a->rank, a->world_size);
+  return MPG_OK;
+}
+
+void mpg__ctx_abort_all(mpg_ctx *ctx, mpg_status reason) {
+  int healthy = MPG_OK;
+  if (!atomic_compare_exchange_strong(&ctx->aborted, &healthy, (int)reason)) return;
+  for (int s = 0; s < ctx->nsets; s++) {
+    mpg_group *g = &ctx->groups[s];
+    if (g->comm && g->comm != ctx->world_comm) ctx->ops->abort_comm(g->comm, reason);
+  }
+  for (mpg_group *g = ctx->extra; g; g = g->next)
+    if (g->comm) ctx->ops->abort_comm(g->comm, reason);
+  if (ctx->world_comm) ctx->ops->abort_comm(ctx->world_comm, reason);
+  if (ctx->launch_comm) ctx->ops->abort_comm(ctx->launch_comm, reason);
+  mpg__log(1, "rank %d: context aborted (%s)", ctx->rank, mpg_status_name(reason));
+}
+
+/* Run one operation on a communicator to completion within the timeout. */
+static mpg_status run_on(mpg_ctx *ctx, mpg__comm *comm, const mpg__coll *c) {
+  mpg__req *req = NULL;
+  mpg_status st = ctx->ops->post(comm, c, &req);
+  if (st) return st;
+  st = ctx->ops->wait(req, mpg__now() + ctx->timeout_s);
+  if (st) mpg__ctx_abort_all(ctx, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
+  ctx->ops->req_free(req);
+  return st;
+}
+
+/* Topology-aware placement: learn which ranks share a node from their host
+ * identities, place the mesh so inner dims stay inside nodes, and renumber
+ * the world by mesh rank (one split keyed by mesh rank). */
+static mpg_status place(mpg_ctx *ctx, const mpg_init_opts *opts,
+                        const mpg__world_args *a) {
+  enum { ID_INTS = MPG_HOST_ID_MAX / 4 };
+  int world = ctx->world;
+  int32_t mine[ID_INTS];
+  memset(mine, 0, sizeof mine);
+  mpg_status st;
+  if (opts->host_id) {
+    if (strlen(opts->host_id) >= MPG_HOST_ID_MAX)
+      return mpg__fail(MPG_ERR_INVALID, "opts.host_id is longer than %d chars",
+                       MPG_HOST_ID_MAX - 1);
+    memcpy(mine, opts->host_id, strlen(opts->host_id));
+  } else if ((st = mpg_topo_host_identity((char *)mine, sizeof mine))) {
+    return st;
+  }
+  int32_t *all = malloc(sizeof(int32_t) * ID_INTS * (size_t)world);
+  const char **ids = malloc(sizeof(char *) * (size_t)world);
+  int *node_of = malloc(sizeof(int) * (size_t)world);
+  int *local = malloc(sizeof(int) * (size_t)world);
+  mpg_placement *pl = NULL;
+  if (!all || !ids || !node_of || !local) {
+    st = mpg__fail(MPG_ERR_NOMEM, "placement: out of memory for %d host ids", world);
+    goto done;
+  }
+  mpg__coll gather = {MPG__ALL_GATHER, mine, all, ID_INTS, MPG_I32, MPG_OP_SUM,
+                      1.0, 0, 0, NULL};
+  ctx->setup_collectives++;
+  if ((st = run_on(ctx, ctx->world_comm, &gather))) goto done;
+  for (int r = 0; r < world; r++) {
+    ids[r] = (const char *)(all + (size_t)r * ID_INTS);
+    ((char *)(all + (size_t)(r + 1) * ID_INTS))[-1] = '\0';
+  }
+  if ((st = mpg_topo_node_ids(world, ids, node_of, local, &ctx->num_nodes))) goto done;
+  mpg_placement_opts po = MPG_PLACEMENT_OPTS_INIT;
+  po.node_of = node_of;
+  po.local_rank = local;
+  po.strict = opts->strict_placement;
+  if ((st = mpg_placement_create(ctx->mesh, &po, &pl))) goto done;
+  int misfits = 0;
+  if ((st = mpg_placement_check(pl, opts->strict_placement, &misfits))) goto done;
+  int mesh_rank;
+  if ((st = mpg_placement_mesh_rank(pl, a->rank, &mesh_rank))) goto done;
+  mpg__log(1, "placement: launcher rank %d on node %d -> mesh rank %d (%d nodes, %d misfit groups)",
+           a->rank, node_of[a->rank], mesh_rank, ctx->num_nodes, misfits);
+  ctx->binding.local_rank = local[a->rank];
+  if (mesh_rank != a->rank || ctx->num_nodes > 1) {
+    mpg__comm *placed = NULL;
+    ctx->setup_collectives++;
+    st = ctx->ops->split(ctx->world_comm, 0, mesh_rank, &placed);
+    if (st) goto done;
+    ctx->launch_comm = ctx->world_comm;
+    ctx->world_comm = placed;
+  }
+  ctx->rank = mesh_rank;
+done:
+  (void)mpg_placement_destroy(pl);
+  free(all);
+  free(ids);
+  free(node_of);
+  free(local);
+  return st;
+}
+
+/* Pin this rank near its GPU on the live machine. */
+static mpg_status bind_rank(mpg_ctx *ctx, const mpg_init_opts *opts,
+                            const mpg__world_args *a) {
+  mpg_topo *topo = NULL;
+  mpg_status st = mpg_topo_load_live(&topo);
+  if (st) return st;
+  int local = ctx->binding.local_rank, gpu = opts->device;
+  if (ctx->kind == MPG_BACKEND_THREAD)
+    st = mpg_topo_bind_thread(topo, local, a->local_world_size, gpu, opts->bind,
+                              &ctx->binding);
+  else
+    st = mpg_topo_bind(topo, local, a->local_world_size, gpu, opts->bind,
+                       &ctx->binding);
+  (void)mpg_topo_destroy(topo);
+  if (!st)
+    mpg__log(1, "rank %d: bound to cpus %s (numa %d, gpu %d)", ctx->rank,
+             ctx->binding.cpuset, ctx->binding.numa_node, ctx->binding.gpu);
+  return st;
+}
+
+mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
+                          mpg_ctx **out) {
+  if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_create: out is NULL");
+  *out = NULL;
+  if (!mesh) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_create: mesh is NULL");
+  mpg_init_opts full = MPG_INIT_OPTS_INIT;
+  if (opts) {
+    mpg_status bad = mpg__abi_in(&full, MPG__ABI_END(mpg_init_opts), opts, MPG_INIT_OPTS_MAGIC,
+                                 "mpg_ctx_create: opts", "MPG_INIT_OPTS_INIT");
+    if (bad) return bad;
+  }
+  opts = &full;
+  const struct mpg__backend_ops *ops = backend_ops(opts->backend);
+  if (!ops)
+    return mpg__fail(MPG_ERR_UNSUPPORTED,
+                     "backend \"%s\" is not built into this meshpg (configure "
+                     "with -D%s=enabled)",
+                     backend_name(opts->backend), backend_name(opts->backend));
+  if (opts->backend == MPG_BACKEND_THREAD && !opts->thread_world)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "the thread backend runs ranks started by mpg_thread_run "
+                     "(opts.thread_world is NULL)");
+
+  mpg__world_args a;
+  memset(&a, 0, sizeof a);
+  mpg_launch env;
+  mpg_status st = resolve_launch(opts, &a, &env);
+  if (st) return st;
+  if (a.world_size != mpg_mesh_world_size(mesh))
+    return mpg__fail(MPG_ERR_INVALID,
+                     "the world has %d ranks (%s) but the mesh has %d",
+                     a.world_size,
+                     opts->world_size > 0 ? "from opts.world_size"
+                     : env.source[0]      ? env.source : "from the environment",
+                     mpg_mesh_world_size(mesh));
+  a.timeout_s = opts->timeout_s > 0 ? opts->timeout_s : 600.0;
+  a.device = opts->device;
+  a.nccl_id = opts->nccl_id;
+  a.master_addr = env.master_addr;
+  a.master_port = env.master_port;
+  a.mpi_comm = opts->mpi_comm;
+  a.thread_world = opts->thread_world;
+
+  mpg_ctx *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return mpg__fail(MPG_ERR_NOMEM, "mpg_ctx_create: out of memory");
+  ctx->mesh = mesh;
+  ctx->ops = ops;
+  ctx->kind = opts->backend;
+  ctx->rank = a.rank;
+  ctx->world = a.world_size;
+  ctx->local_rank = a.local_rank;
+  ctx->timeout_s = a.timeout_s;
+  ctx->lazy = opts->lazy_groups;
+  ctx->nsets = mpg_mesh_num_dimsets(mesh);
+  ctx->launcher_rank = a.rank;
+  ctx->num_nodes = 1;
+  mpg_binding unbound = MPG_BINDING_INIT;
+  ctx->binding = unbound;
+  ctx->binding.local_rank = a.local_rank;
+  ctx->setup_collectives = 1;
+  st = ops->world_init(&a, &ctx->world_comm);
+  if (st) {
+    free(ctx);
+    return st;
+  }
+  mpg__log(1, "rank %d of %d: %s backend up", ctx->rank, ctx->world, ops->name);
+  if (opts->placement) st = place(ctx, opts, &a);
+  if (!st && opts->bind != MPG_BIND_NONE) st = bind_rank(ctx, opts, &a);
+  if (st) {
+    mpg__saved_error why;
+    mpg__error_save(&why);
+    mpg_ctx_destroy(ctx);
+    return mpg__error_restore(st, &why);
+  }
+  for (int s = 0; s < ctx->nsets; s++) {
+    mpg_group *g = &ctx->groups[s];
+    g->ctx = ctx;
+    g->dimset = s;
+    mpg_mesh_dimset_info(mesh, s, &g->name, NULL, NULL);
+    mpg_mesh_group_of(mesh, s, ctx->rank, &g->index, &g->position, &g->size);
+    g->mask = mpg__mesh_dimset_mask(mesh, s);
+  }
+
+  if (!ctx->lazy) {
+    for (int s = 0; s < ctx->nsets && !st; s++) st = mpg__group_create(ctx, &ctx->groups[s]);
+    if (st) {
+      mpg__saved_error why;
+      mpg__error_save(&why);
+      mpg__ctx_abort_all(ctx, st == MPG_ERR_TIMEOUT ? MPG_ERR_TIMEOUT : MPG_ERR_ABORTED);
+      mpg_ctx_destroy(ctx);
+      return mpg__error_restore(st, &why);
+    }
+  }
+  *out = ctx;
+  return MPG_OK;
+}
+
+/* Destroy one communicator, keeping the first error of a teardown. */
+static void destroy_comm(mpg_ctx *ctx, mpg__comm *comm, mpg_status *first,
+                         mpg__saved_error *why) {
+  mpg_status st = ctx->ops->destroy(comm);
+  if (st && !*first) {
+    *first = st;
+    mpg__error_save(why);
+  }
+}
+
+mpg_status mpg_ctx_destroy(mpg_ctx *ctx) {
+  if (!ctx) return MPG_OK;
+  mpg_status first = MPG_OK;
+  mpg__saved_error why;
+  for (int s = 0; s < ctx->nsets; s++) {
+    mpg_group *g = &ctx->groups[s];
+    if (g->comm && g->comm != ctx->world_comm) destroy_comm(ctx, g->comm, &first, &why);
+  }
+  while (ctx->extra) {
+    mpg_group *g = ctx->extra;
+    ctx->extra = g->next;
+    if (g->comm) destroy_comm(ctx, g->comm, &first, &why);
+    free(g);
+  }
+  if (ctx->world_comm) destroy_comm(ctx, ctx->world_comm, &first, &why);
+  if (ctx->launch_comm) destroy_comm(ctx, ctx->launch_comm, &first, &why);
+  free(ctx);
+  return first ? mpg__error_restore(first, &why) : MPG_OK;
+}
+
+mpg_status mpg_ctx_abort(mpg_ctx *ctx) {
+  if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_abort: ctx is NULL");
+  mpg__ctx_abort_all(ctx, MPG_ERR_ABORTED);
+  return MPG_OK;
+}
+
+int mpg_ctx_rank(const mpg_ctx *ctx) { return ctx ? ctx->rank : -1; }
+int mpg_ctx_world_size(const mpg_ctx *ctx) { return ctx ? ctx->world : 0; }
+mpg_status mpg_ctx_status(const mpg_ctx *ctx) {
+  if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_status: ctx is NULL");
+  return (mpg_status)atomic_load(&((mpg_ctx *)ctx)->aborted);
+}
+int mpg_ctx_launcher_rank(const mpg_ctx *ctx) { return ctx ? ctx->launcher_rank : -1; }
+int mpg_ctx_num_nodes(const mpg_ctx *ctx) { return ctx ? ctx->num_nodes : 0; }
+mpg_status mpg_ctx_get_binding(const mpg_ctx *ctx, mpg_binding *out) {
+  if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_get_binding: ctx is NULL");
+  mpg_status st = mpg__abi_check(out, MPG_BINDING_MAGIC, "mpg_ctx_get_binding: out",
+                                 "MPG_BINDING_INIT");
+  if (st) return st;
+  mpg__abi_out(out, &ctx->binding, MPG__ABI_END(mpg_binding));
+  return MPG_OK;
+}
+int mpg_ctx_local_rank(const mpg_ctx *ctx) { return ctx ? ctx->local_rank : -1; }
+mpg_backend_kind mpg_ctx_backend(const mpg_ctx *ctx) {
+  return ctx ? ctx->kind : MPG_BACKEND_THREAD;
+}
+const mpg_mesh *mpg_ctx_mesh(const mpg_ctx *ctx) { return ctx ? ctx->mesh : NULL; }
+int mpg__ctx_half_reduces_in_f32(const mpg_ctx *ctx) {
+  return ctx && ctx->kind != MPG_BACKEND_NCCL;
+}
+
+long mpg_ctx_setup_collectives(const mpg_ctx *ctx) {
+  return ctx ? ctx->setup_collectives : 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Memory and streams                                                  */
+/* ------------------------------------------------------------------ */
+
+mpg_status mpg_ctx_mem_alloc(mpg_ctx *ctx, size_t bytes, int registered,
+                             void **ptr) {
+  if (!ctx || !ptr) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_mem_alloc: NULL argument");
+  *ptr = NULL;
+  if (ctx->ops->mem_alloc)
+    return ctx->ops->mem_alloc(ctx->world_comm, bytes, registered, ptr);
+  *ptr = calloc(1, bytes ? bytes : 1);
+  if (!*ptr) return mpg__fail(MPG_ERR_NOMEM, "mpg_ctx_mem_alloc: %zu bytes", bytes);
+  return MPG_OK;
+}
+
+mpg_status mpg_ctx_mem_free(mpg_ctx *ctx, void *ptr) {
+  if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_mem_free: ctx is NULL");
+  if (!ptr) return MPG_OK;
+  if (ctx->ops->mem_free) return ctx->ops->mem_free(ctx->world_comm, ptr);
+  free(ptr);
+  return MPG_OK;
+}
+
+mpg_status mpg_ctx_mem_zero(mpg_ctx *ctx, void *ptr, size_t bytes, void *stream) {
+  if (!ctx || (!ptr && bytes))
+    return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_mem_zero: NULL argument");
+  if (ctx->ops->mem_zero) return ctx->ops->mem_zero(ptr, bytes, stream);
+  if (bytes) memset(ptr, 0, bytes);
+  return MPG_OK;
+}
+
+mpg_status mpg_ctx_stream_create(mpg_ctx *ctx, void **stream) {
+  if (!ctx || !stream) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_stream_create: NULL argument");
+  *stream = NULL;
+  return ctx->ops->stream_create ? ctx->ops->stream_create(stream) : MPG_OK;
+}
+
+mpg_status mpg_ctx_stream_destroy(mpg_ctx *ctx, void *stream) {
+  if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_stream_destroy: ctx is NULL");
+  return ctx->ops->stream_destroy && stream ? ctx->ops->stream_destroy(stream) : MPG_OK;
+}
+
+mpg_status mpg_ctx_stream_order(mpg_ctx *ctx, void *waiter, void *waitee) {
+  if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_stream_order: ctx is NULL");
+  return ctx->ops->stream_order ? ctx->ops->stream_order(waiter, waitee) : MPG_OK;
+}

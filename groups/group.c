@@ -1,0 +1,194 @@
+/* The groups of a context: one per dim set (created eagerly or on first
+ * use by one split of the world), groups over any union of dims, and
+ * sub-groups at chosen positions.  See ctx_internal.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctx_internal.h"
+
+mpg_status mpg__group_create(mpg_ctx *ctx, mpg_group *g) {
+  if (g->created) return MPG_OK;
+  mpg_status st = MPG_OK;
+  if (g->size == 1 && g->dimset >= 0) {
+    g->comm = NULL;
+  } else if (g->size == ctx->world && strcmp(g->name, "world") == 0) {
+    g->comm = ctx->world_comm;
+  } else {
+    if (atomic_load(&ctx->aborted))
+      return mpg__fail((mpg_status)atomic_load(&ctx->aborted), "group \"%s\": the context was aborted",
+                       g->name);
+    ctx->setup_collectives++;
+    st = ctx->ops->split(ctx->world_comm, g->index, g->position, &g->comm);
+    if (st == MPG_OK && !g->comm)
+      st = mpg__fail(MPG_ERR_BACKEND,
+                     "group \"%s\": split gave rank %d no communicator",
+                     g->name, ctx->rank);
+    if (st) return st;
+  }
+  g->created = 1;
+  mpg__log(2, "rank %d: group %s #%d, position %d of %d", ctx->rank, g->name,
+           g->index, g->position, g->size);
+  return MPG_OK;
+}
+
+mpg_status mpg_ctx_group_at(mpg_ctx *ctx, int dimset, mpg_group **out) {
+  if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_group_at: out is NULL");
+  *out = NULL;
+  if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_group_at: ctx is NULL");
+  if (dimset < 0 || dimset >= ctx->nsets)
+    return mpg__fail(MPG_ERR_RANGE, "mpg_ctx_group_at: dim set %d is outside 0..%d",
+                     dimset, ctx->nsets - 1);
+  mpg_group *g = &ctx->groups[dimset];
+  mpg_status st = mpg__group_create(ctx, g);
+  if (st) {
+    if (st == MPG_ERR_TIMEOUT) mpg__ctx_abort_all(ctx, st);
+    return st;
+  }
+  *out = g;
+  return MPG_OK;
+}
+
+mpg_status mpg_ctx_group(mpg_ctx *ctx, const char *name, mpg_group **out) {
+  if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_group: out is NULL");
+  *out = NULL;
+  if (!ctx || !name) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_group: NULL argument");
+  int s;
+  mpg_status st = mpg_mesh_dimset_find(ctx->mesh, name, &s);
+  if (st) return st;
+  return mpg_ctx_group_at(ctx, s, out);
+}
+
+const char *mpg_group_name(const mpg_group *g) { return g ? g->name : ""; }
+int mpg_group_rank(const mpg_group *g) { return g ? g->position : -1; }
+int mpg_group_size(const mpg_group *g) { return g ? g->size : 0; }
+int mpg_group_index(const mpg_group *g) { return g ? g->index : -1; }
+
+mpg_status mpg_group_member(const mpg_group *g, int position, int *rank) {
+  if (!g || !rank) return mpg__fail(MPG_ERR_INVALID, "mpg_group_member: NULL argument");
+  if (position < 0 || position >= g->size)
+    return mpg__fail(MPG_ERR_RANGE, "mpg_group_member: position %d in \"%s\" is outside 0..%d",
+                     position, g->name, g->size - 1);
+  *rank = mpg__mesh_mask_member(g->ctx->mesh, g->mask, g->ctx->rank,
+                                g->nselect ? g->select[position] : position);
+  return MPG_OK;
+}
+
+static mpg_group *find_extra(mpg_ctx *ctx, const char *key) {
+  for (mpg_group *g = ctx->extra; g; g = g->next)
+    if (strcmp(g->extra_name, key) == 0) return g;
+  return NULL;
+}
+
+/* Make (collectively) and remember an extra group.  member == 0: this
+ * rank enters the split without joining. */
+static mpg_status make_extra(mpg_ctx *ctx, const char *key, unsigned mask,
+                             const int *select, int nselect, mpg_group **out) {
+  mpg_group *g = calloc(1, sizeof *g);
+  if (!g) return mpg__fail(MPG_ERR_NOMEM, "group \"%s\": out of memory", key);
+  g->ctx = ctx;
+  g->dimset = -1;
+  g->mask = mask;
+  snprintf(g->extra_name, sizeof g->extra_name, "%s", key);
+  g->name = g->extra_name;
+  int base_pos, base_size;
+  mpg__mesh_mask_place(ctx->mesh, mask, ctx->rank, &g->index, &base_pos, &base_size);
+  int member = 1;
+  g->position = base_pos;
+  g->size = base_size;
+  if (nselect > 0) {
+    member = 0;
+    g->nselect = nselect;
+    memcpy(g->select, select, sizeof(int) * (size_t)nselect);
+    for (int i = 0; i < nselect; i++)
+      if (select[i] == base_pos) member = 1, g->position = i;
+    g->size = nselect;
+  }
+  mpg_status st = MPG_OK;
+  if (atomic_load(&ctx->aborted)) {
+    free(g);
+    return mpg__fail((mpg_status)atomic_load(&ctx->aborted),
+                     "group \"%s\": the context was aborted", key);
+  }
+  g->member = member;
+  if (g->size > 1) {
+    /* Non-members enter the split too: it is collective over the world. */
+    ctx->setup_collectives++;
+    st = ctx->ops->split(ctx->world_comm, member ? g->index : -1, g->position,
+                         &g->comm);
+  }
+  if (st) {
+    free(g);
+    if (st == MPG_ERR_TIMEOUT) mpg__ctx_abort_all(ctx, st);
+    return st;
+  }
+  g->created = 1;
+  g->next = ctx->extra;
+  ctx->extra = g;
+  mpg__log(2, "rank %d: extra group %s #%d, position %d of %d%s", ctx->rank, key,
+           g->index, g->position, g->size, member ? "" : " (not a member)");
+  *out = member ? g : NULL;
+  return MPG_OK;
+}
+
+mpg_status mpg_ctx_group_dims(mpg_ctx *ctx, const char *dims, mpg_group **out) {
+  if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_group_dims: out is NULL");
+  *out = NULL;
+  if (!ctx || !dims) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_group_dims: NULL argument");
+  unsigned mask;
+  mpg_status st = mpg__mesh_parse_dims(ctx->mesh, dims, 0, "group dims", &mask,
+                                       NULL, NULL);
+  if (st) return st;
+  /* A named dim set with the same dims is the same group. */
+  for (int s = 0; s < ctx->nsets; s++)
+    if (ctx->groups[s].mask == mask) return mpg_ctx_group_at(ctx, s, out);
+  char key[128];
+  mpg__mesh_mask_names(ctx->mesh, mask, "+", key, sizeof key);
+  mpg_group *g = find_extra(ctx, key);
+  if (g) {
+    *out = g;
+    return MPG_OK;
+  }
+  return make_extra(ctx, key, mask, NULL, 0, out);
+}
+
+mpg_status mpg_ctx_group_select(mpg_ctx *ctx, const char *name,
+                                const int *positions, int npositions,
+                                mpg_group **out) {
+  if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_group_select: out is NULL");
+  *out = NULL;
+  if (!ctx || !name || !positions)
+    return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_group_select: NULL argument");
+  unsigned mask;
+  mpg_status st = mpg__mesh_parse_dims(ctx->mesh, name, 0, "group dims", &mask,
+                                       NULL, NULL);
+  if (st) return st;
+  int idx, pos, size;
+  mpg__mesh_mask_place(ctx->mesh, mask, ctx->rank, &idx, &pos, &size);
+  if (npositions < 1 || npositions > MAX_SELECT || npositions > size)
+    return mpg__fail(MPG_ERR_RANGE,
+                     "mpg_ctx_group_select \"%s\": expected 1 to %d positions, found %d",
+                     name, size < MAX_SELECT ? size : MAX_SELECT, npositions);
+  char key[128];
+  size_t n = (size_t)snprintf(key, sizeof key, "%s[", name);
+  for (int i = 0; i < npositions; i++) {
+    if (positions[i] < 0 || positions[i] >= size)
+      return mpg__fail(MPG_ERR_RANGE,
+                       "mpg_ctx_group_select \"%s\": position %d is outside 0..%d",
+                       name, positions[i], size - 1);
+    for (int j = 0; j < i; j++)
+      if (positions[j] >= positions[i])
+        return mpg__fail(MPG_ERR_INVALID,
+                         "mpg_ctx_group_select \"%s\": positions must be increasing, "
+                         "found %d after %d", name, positions[i], positions[j]);
+    if (n < sizeof key)
+      n += (size_t)snprintf(key + n, sizeof key - n, "%s%d", i ? "," : "", positions[i]);
+  }
+  if (n < sizeof key) snprintf(key + n, sizeof key - n, "]");
+  mpg_group *g = find_extra(ctx, key);
+  if (g) {
+    *out = g->member ? g : NULL;
+    return MPG_OK;
+  }
+  return make_extra(ctx, key, mask, positions, npositions, out);
+}

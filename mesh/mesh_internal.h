@@ -1,0 +1,61 @@
+/* The mesh arithmetic other modules need beyond the public API: lists of
+ * dim names and groups over any set of dims (a bit mask, bit d = mesh dim
+ * d).  The one place where "dp_cp,tp" is parsed and where a rank's group
+ * over a mask is computed; groups/, sync/ and topo/ use these. */
+#ifndef MPG_MESH_INTERNAL_H
+#define MPG_MESH_INTERNAL_H
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The next `sep`-separated item of *s into buf (cap bytes), without the
+ * blanks (spaces, tabs) around it.  *s advances past the separator and
+ * becomes NULL after the last item.  Returns 1 for an item (possibly
+ * empty), 0 when *s is NULL, -1 when the item does not fit (buf then holds
+ * its start and "..."). */
+int mpg__list_next(const char **s, char sep, char *buf, size_t cap);
+
+/* Flags of mpg__mesh_parse_dims. */
+enum {
+  MPG__DIMS_ALLOW_EMPTY = 1,  /* "" names no dims (mask 0) */
+  MPG__DIMS_SKIP_UNKNOWN = 2  /* names the mesh lacks are skipped */
+};
+
+/* Parse a comma-separated list of dim names, flattened-set names and
+ * "world", e.g. "dp_cp, tp".  The rules: items are separated by commas and
+ * trimmed of spaces and tabs; an empty item, a name of MPG_NAME_MAX or
+ * more chars, or (without MPG__DIMS_ALLOW_EMPTY) a list naming no dim is
+ * MPG_ERR_INVALID; an unknown name is MPG_ERR_NOT_FOUND with the mesh's
+ * names and a "did you mean" (unless MPG__DIMS_SKIP_UNKNOWN).  A dim named
+ * twice counts once.  Messages start with `what` and the list.
+ * *mask gets the union.  dims (may be NULL; room for MPG_MAX_DIMS) gets
+ * each dim once in the order named, a set's dims in mesh order; *ndims
+ * (may be NULL) their count. */
+mpg_status mpg__mesh_parse_dims(const mpg_mesh *mesh, const char *list,
+                                int flags, const char *what, unsigned *mask,
+                                int *dims, int *ndims);
+
+/* The mask of dim set `dimset` (0 for a bad id). */
+unsigned mpg__mesh_dimset_mask(const mpg_mesh *mesh, int dimset);
+
+/* The group over `mask` that holds `rank`: its index (row-major over the
+ * dims outside the mask), the rank's position (row-major over the mask's
+ * dims) and the group size.  rank must be valid. */
+void mpg__mesh_mask_place(const mpg_mesh *mesh, unsigned mask, int rank,
+                          int *index, int *position, int *size);
+
+/* The rank at `position` of the group over `mask` that holds `rank`. */
+int mpg__mesh_mask_member(const mpg_mesh *mesh, unsigned mask, int rank,
+                          int position);
+
+/* The names of the mask's dims in mesh order joined by sep ("dp+cp"). */
+void mpg__mesh_mask_names(const mpg_mesh *mesh, unsigned mask,
+                          const char *sep, char *buf, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

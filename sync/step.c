@@ -1,0 +1,293 @@
+/* The step: begin, mark_ready (launch buckets in order as they fill),
+ * finish (wait, sum tied buffers, order the caller's stream), zero_grads
+ * (see sync_internal.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sync_internal.h"
+
+/* Wait for (and release) every bucket still in flight. */
+void mpg__sync_wait_all(mpg_sync *s) {
+  for (int k = 0; k < s->nbuckets; k++) {
+    sbucket *b = &s->buckets[k];
+    if (!b->launched || !b->work) continue;
+    (void)mpg_work_wait(b->work);
+    b->work = NULL;
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* The step                                                            */
+/* ------------------------------------------------------------------ */
+
+/* Fail the step: keep the first error (with `what` in front of the groups
+ * layer's message), mark the gradients invalid, and remember a timeout or
+ * abort, after which the context is unusable. */
+static mpg_status step_fail(mpg_sync *s, mpg_status st, const char *what) {
+  if (!s->step_status) {
+    snprintf(s->step_msg, sizeof s->step_msg, "sync step %ld: %s: %s", s->step, what,
+             mpg_last_error());
+    s->step_status = st;
+    if ((st == MPG_ERR_TIMEOUT || st == MPG_ERR_ABORTED) && !s->dead) {
+      s->dead = st;
+      s->dead_step = s->step;
+      snprintf(s->dead_msg, sizeof s->dead_msg, "%s", s->step_msg);
+    }
+    mpg__log(1, "rank %d: %s", mpg_ctx_rank(s->ctx), s->step_msg);
+  }
+  s->valid = 0;
+  return mpg__fail(s->step_status, "%s", s->step_msg);
+}
+
+static void describe_bucket(const mpg_sync *s, int k, char *buf, size_t n) {
+  const sbucket *b = &s->buckets[k];
+  const sbuffer *f = &s->buffers[b->buffer];
+  snprintf(buf, n,
+           "bucket %d of %d (%s, group \"%s\" of %d ranks, %d params \"%s\"..\"%s\", "
+           "%zu elements)",
+           k, s->nbuckets, mpg_dtype_name(f->dtype), mpg_group_name(f->group),
+           mpg_group_size(f->group), b->nparams, s->params[b->first].name,
+           s->params[b->last].name, b->count);
+}
+
+static mpg_status launch(mpg_sync *s, int k) {
+  sbucket *b = &s->buckets[k];
+  const sbuffer *f = &s->buffers[b->buffer];
+  char what[512];
+  /* The bucket's gradients were produced on the caller's stream before
+   * mark_ready: order the sync's stream after everything queued there so
+   * far (a fresh event for every bucket; once per step would miss the
+   * gradients queued after the first launch). */
+  mpg_status st = mpg_ctx_stream_order(s->ctx, s->stream, s->caller);
+  if (st) {
+    describe_bucket(s, k, what, sizeof what);
+    snprintf(what + strlen(what), sizeof what - strlen(what),
+             ": ordering the sync's stream after the caller's");
+    return step_fail(s, st, what);
+  }
+  s->ordered = 1;
+  void *data = (char *)f->data + b->offset * mpg_dtype_size(f->dtype);
+  double scale = s->opts.grad_scale;
+  if (s->opts.op == MPG_OP_AVG) scale /= mpg_group_size(f->group);
+  if (s->opts.grad_scale == 1.0)
+    st = mpg_all_reduce(f->group, data, data, b->count, f->dtype,
+                        s->opts.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM,
+                        s->stream, &b->work);
+  else
+    st = mpg_all_reduce_scaled(f->group, data, data, b->count, f->dtype, scale,
+                               s->stream, &b->work);
+  if (st) {
+    describe_bucket(s, k, what, sizeof what);
+    return step_fail(s, st, what);
+  }
+  b->launched = 1;
+  s->launched_total++;
+  mpg__log(2, "sync: rank %d: step %ld: launched bucket %d", mpg_ctx_rank(s->ctx), s->step, k);
+  return MPG_OK;
+}
+
+/* Launch every bucket, in order, from the next one while all its params
+ * are ready (all of them with `force`). */
+static mpg_status launch_ready(mpg_sync *s, int force) {
+  while (!s->step_status && s->next_launch < s->nbuckets &&
+         (force || s->buckets[s->next_launch].pending == 0)) {
+    mpg_status st = launch(s, s->next_launch);
+    if (st) return st;
+    s->next_launch++;
+  }
+  return s->step_status ? mpg__fail(s->step_status, "%s", s->step_msg) : MPG_OK;
+}
+
+/* Look at the buckets in flight, oldest first, so that backends which
+ * progress only when called make headway, and failures show early. */
+static mpg_status poll(mpg_sync *s) {
+  while (!s->step_status && s->oldest < s->next_launch) {
+    sbucket *b = &s->buckets[s->oldest];
+    int done = 0;
+    mpg_status st = mpg_work_test(b->work, &done);
+    if (st) {
+      char what[512];
+      describe_bucket(s, s->oldest, what, sizeof what);
+      return step_fail(s, st, what);
+    }
+    if (!done) break;
+    s->oldest++;
+  }
+  return MPG_OK;
+}
+
+mpg_status mpg_sync_begin(mpg_sync *s, long step, int is_last_microbatch,
+                          void *stream) {
+  if (!s) return mpg__fail(MPG_ERR_INVALID, "mpg_sync_begin: sync is NULL");
+  if (!s->committed)
+    return mpg__fail(MPG_ERR_STATE, "mpg_sync_begin step %ld: call mpg_sync_commit first",
+                     step);
+  if (s->in_step)
+    return mpg__fail(MPG_ERR_STATE,
+                     "mpg_sync_begin step %ld: step %ld is still open; end it with "
+                     "mpg_sync_finish",
+                     step, s->step);
+  if (s->dead)
+    return mpg__fail(MPG_ERR_ABORTED,
+                     "mpg_sync_begin step %ld: the context was aborted in step %ld "
+                     "(%s); destroy the sync and the context and start again. "
+                     "The failure was: %s",
+                     step, s->dead_step, mpg_status_name(s->dead), s->dead_msg);
+  if (s->zero_pending) {
+    /* Gradients were zeroed on the sync's stream: the caller's writes come
+     * after. */
+    mpg_status st = mpg_ctx_stream_order(s->ctx, stream, s->stream);
+    if (st)
+      return mpg__fail_wrap(st, "mpg_sync_begin step %ld: ordering the caller's stream "
+                            "after the zeroing", step);
+    s->zero_pending = 0;
+  }
+  s->in_step = 1;
+  s->step = step;
+  s->last = is_last_microbatch != 0;
+  s->caller = stream;
+  s->ordered = 0;
+  s->next_launch = 0;
+  s->oldest = 0;
+  s->step_status = MPG_OK;
+  s->step_msg[0] = '\0';
+  for (int i = 0; i < s->nparams; i++) s->params[i].ready = 0;
+  for (int k = 0; k < s->nbuckets; k++) {
+    sbucket *b = &s->buckets[k];
+    b->pending = b->nparams;
+    b->launched = 0;
+    b->work = NULL;
+  }
+  return MPG_OK;
+}
+
+mpg_status mpg_sync_mark_ready(mpg_sync *s, int param) {
+  if (!s) return mpg__fail(MPG_ERR_INVALID, "mpg_sync_mark_ready: sync is NULL");
+  if (param < 0 || param >= s->nparams)
+    return mpg__fail(MPG_ERR_RANGE, "mpg_sync_mark_ready: param %d is outside 0..%d",
+                     param, s->nparams - 1);
+  sparam *p = &s->params[param];
+  if (!s->in_step)
+    return mpg__fail(MPG_ERR_STATE,
+                     "mpg_sync_mark_ready \"%s\": no step is open; call mpg_sync_begin "
+                     "first",
+                     p->name);
+  if (p->ready)
+    return mpg__fail(MPG_ERR_STATE,
+                     "mpg_sync_mark_ready \"%s\" (param %d): already marked ready in "
+                     "step %ld",
+                     p->name, param, s->step);
+  p->ready = 1;
+  if (!s->last) return MPG_OK; /* accumulation: communicate on the last only */
+  if (s->step_status) return mpg__fail(s->step_status, "%s", s->step_msg);
+  s->buckets[p->bucket].pending--;
+  mpg_status st = launch_ready(s, 0);
+  if (!st) st = poll(s);
+  return st;
+}
+
+mpg_status mpg_sync_finish(mpg_sync *s) {
+  if (!s) return mpg__fail(MPG_ERR_INVALID, "mpg_sync_finish: sync is NULL");
+  if (!s->in_step)
+    return mpg__fail(MPG_ERR_STATE, "mpg_sync_finish: no step is open; call "
+                     "mpg_sync_begin first");
+  if (!s->last) {
+    s->in_step = 0;
+    return MPG_OK;
+  }
+  /* Launch what is left (params never marked are taken as they are). */
+  launch_ready(s, 1);
+  /* Wait for everything launched, even after a failure: never leave a
+   * collective writing into the buffers. */
+  for (int k = 0; k < s->nbuckets; k++) {
+    sbucket *b = &s->buckets[k];
+    if (!b->launched || !b->work) continue;
+    mpg_status st = mpg_work_wait(b->work);
+    b->work = NULL;
+    if (st && !s->step_status) {
+      char what[512];
+      describe_bucket(s, k, what, sizeof what);
+      step_fail(s, st, what);
+    }
+  }
+  /* Tied groups: sum the averaged gradients (e.g. first + last stage). */
+  for (int t = 0; t < s->ntied && !s->step_status; t++) {
+    const sbuffer *f = &s->buffers[s->tied[t]];
+    if (t == 0) {
+      mpg_status st = mpg_ctx_stream_order(s->ctx, s->stream, s->caller);
+      if (st) {
+        step_fail(s, st, "tied sums: ordering the sync's stream after the caller's");
+        break;
+      }
+      s->ordered = 1;
+    }
+    mpg_status st = mpg_all_reduce(f->tied, f->data, f->data, f->count, f->dtype,
+                                   MPG_OP_SUM, s->stream, &s->tied_work[t]);
+    if (st) {
+      char what[512];
+      snprintf(what, sizeof what,
+               "tied sum of buffer %d (%s, %zu elements, reduce group \"%s\") over "
+               "tied group \"%s\" of %d ranks",
+               s->tied[t], mpg_dtype_name(f->dtype), f->count, mpg_group_name(f->group),
+               mpg_group_name(f->tied), mpg_group_size(f->tied));
+      step_fail(s, st, what);
+    }
+  }
+  for (int t = 0; t < s->ntied; t++) {
+    if (!s->tied_work[t]) continue;
+    mpg_status st = mpg_work_wait(s->tied_work[t]);
+    s->tied_work[t] = NULL;
+    if (st && !s->step_status) {
+      const sbuffer *f = &s->buffers[s->tied[t]];
+      char what[512];
+      snprintf(what, sizeof what, "tied sum of buffer %d (%s) over tied group \"%s\"",
+               s->tied[t], mpg_dtype_name(f->dtype), mpg_group_name(f->tied));
+      step_fail(s, st, what);
+    }
+  }
+  /* The caller's later work (the optimizer) comes after the reduction. */
+  if (s->ordered) {
+    mpg_status st = mpg_ctx_stream_order(s->ctx, s->caller, s->stream);
+    if (st && !s->step_status) step_fail(s, st, "ordering the caller's stream after the sync's");
+  }
+  s->in_step = 0;
+  if (s->step_status) {
+    s->valid = 0;
+    return mpg__fail(s->step_status, "%s", s->step_msg);
+  }
+  s->valid = 1;
+  return MPG_OK;
+}
+
+mpg_status mpg_sync_all(mpg_sync *s, long step, void *stream) {
+  mpg_status st = mpg_sync_begin(s, step, 1, stream);
+  if (st) return st;
+  /* Backward order: the buckets launch one after another as they fill. */
+  for (int id = s->nparams - 1; id >= 0 && !s->step_status; id--) {
+    st = mpg_sync_mark_ready(s, id);
+    if (st) break;
+  }
+  return mpg_sync_finish(s);
+}
+
+mpg_status mpg_sync_zero_grads(mpg_sync *s) {
+  if (!s) return mpg__fail(MPG_ERR_INVALID, "mpg_sync_zero_grads: sync is NULL");
+  if (!s->committed)
+    return mpg__fail(MPG_ERR_STATE, "mpg_sync_zero_grads: call mpg_sync_commit first");
+  if (s->in_step && s->next_launch > 0)
+    return mpg__fail(MPG_ERR_STATE,
+                     "mpg_sync_zero_grads: step %ld has %d buckets in flight; zero "
+                     "after mpg_sync_finish",
+                     s->step, s->next_launch);
+  for (int b = 0; b < s->nbuffers; b++) {
+    const sbuffer *f = &s->buffers[b];
+    mpg_status st = mpg_ctx_mem_zero(s->ctx, f->data, f->count * mpg_dtype_size(f->dtype),
+                                     s->stream);
+    if (st)
+      return mpg__fail_wrap(st, "mpg_sync_zero_grads: buffer %d (%s, group \"%s\")", b,
+                            mpg_dtype_name(f->dtype), mpg_group_name(f->group));
+  }
+  s->zero_pending = 1;
+  return MPG_OK;
+}

@@ -1,0 +1,138 @@
+/* The sync module's internals, shared by sync.c (options, create, params,
+ * getters), layout.c (commit) and step.c (begin .. finish).
+ *
+ * Gradient synchronisation over exactly the right groups.
+ *
+ * Layout (mpg_sync_commit)
+ *  - Every parameter resolves to a reduce group (the sync's default, or the
+ *    group of its own reduce_dims) and, optionally, a tied group.  Groups
+ *    are created in a fixed order: the default at mpg_sync_create, then the
+ *    distinct override dim sets at commit, sorted by their mesh-dim mask, so
+ *    that every rank enters the world-collective creations alike.
+ *  - One buffer per (dtype, reduce group, tied group), allocated with
+ *    mpg_ctx_mem_alloc (host or device memory: the groups layer decides).
+ *    Parameters are laid out in reverse registration order (backward
+ *    order), each view starting on a 64-byte boundary; the padding is zero
+ *    and stays zero.
+ *  - Buckets are slices of one buffer (never two): walking a buffer in
+ *    backward order, a parameter joins the open bucket while the slice
+ *    stays within the cap (first_bucket_mb for the buffer's first bucket,
+ *    bucket_mb after); otherwise it opens a new one, so a parameter larger
+ *    than the cap has a bucket of its own.  Buckets are numbered in launch
+ *    order: by the backward position of their last parameter, i.e. the
+ *    order in which they complete when gradients arrive in backward order.
+ *
+ * Step (mpg_sync_begin .. mpg_sync_finish)
+ *  - On the last micro-batch, mark_ready counts down its bucket and then
+ *    launches, in bucket order, every bucket from the next unlaunched one
+ *    that has all its gradients: a bucket that completes early waits for
+ *    its predecessors, so every rank issues its collectives in one order.
+ *  - finish launches the rest, waits for all, then sums the tied buffers
+ *    over their tied groups (after the reduce-group average) and orders
+ *    the caller's stream after the sync's own.
+ *  - Any failure fails the whole step: nothing more is launched, finish
+ *    still waits for (and releases) what was launched, the gradients are
+ *    marked invalid and the first error is returned again by finish.  A
+ *    timeout or abort is final for the context (the groups layer aborts
+ *    it): the next begin says so.
+ *
+ * Nothing here knows which backend runs: only the public groups API. */
+#ifndef MPG_SYNC_INTERNAL_H
+#define MPG_SYNC_INTERNAL_H
+
+#include <stddef.h>
+
+#include "groups_internal.h"
+#include "mesh_internal.h"
+
+#define ALIGN_BYTES 64
+#define MSG_MAX 1024
+#define MIB 1048576.0
+
+typedef struct sparam {
+  char *name;
+  size_t count;
+  mpg_dtype dtype;
+  char *dims;       /* the caller's reduce_dims, NULL: the default */
+  unsigned mask;    /* mesh dims of `dims` */
+  mpg_group *tied;  /* NULL: none */
+  mpg_group *group; /* reduce group (commit) */
+  int buffer;       /* (commit) */
+  int bucket;       /* launch position of its bucket (commit) */
+  size_t offset;    /* first element in its buffer (commit) */
+  int ready;        /* marked in this step */
+} sparam;
+
+typedef struct sbuffer {
+  mpg_dtype dtype;
+  mpg_group *group;
+  mpg_group *tied;
+  size_t count; /* elements, with padding */
+  void *data;
+  int nparams;
+  int nbuckets;
+  int open;            /* its bucket being filled at commit, -1: none */
+} sbuffer;
+
+typedef struct sbucket {
+  int buffer;
+  size_t offset, count; /* elements of the buffer */
+  int first, last;      /* param ids: first / last in backward order */
+  int nparams;
+  int key;              /* backward position of `last` (launch order) */
+  int pending;          /* params not yet ready in this step */
+  mpg_work *work;       /* in flight */
+  int launched;         /* in this step */
+} sbucket;
+
+struct mpg_sync {
+  mpg_ctx *ctx;
+  const mpg_mesh *mesh;
+  mpg_sync_opts opts;
+  char *default_dims;  /* copy of opts.default_dims (or NULL) */
+  char default_desc[320]; /* how the default group was chosen, for messages */
+  mpg_group *default_group;
+  unsigned default_mask; /* 0 when the default has no dims (size-1 group) */
+  void *stream;          /* the sync's own stream (NULL off nccl) */
+  int committed;
+
+  sparam *params;
+  int nparams, cap;
+  int *hash;             /* open addressing over names: param id or -1 */
+  int hash_cap;
+
+  sbuffer *buffers;
+  int nbuffers;
+  sbucket *buckets;      /* in launch order */
+  int nbuckets;
+  int *tied;             /* buffers with a tied group, in a rank-independent order */
+  mpg_work **tied_work;
+  int ntied;
+  size_t total_bytes;
+  long launched_total;
+
+  /* The step. */
+  int in_step;
+  long step;
+  int last;
+  void *caller;          /* the caller's stream */
+  int ordered;           /* the sync's stream has work of this step */
+  int next_launch;       /* first bucket not launched */
+  int oldest;            /* first launched bucket not seen complete */
+  int zero_pending;      /* zeroed on own stream since the last begin */
+  mpg_status step_status;
+  char step_msg[2 * MSG_MAX];
+  int valid;
+  mpg_status dead;       /* the context was aborted (TIMEOUT / ABORTED) */
+  long dead_step;
+  char dead_msg[2 * MSG_MAX];
+};
+
+/* layout.c: free every buffer, bucket and tied table (after a failed
+ * commit, and at destroy). */
+void mpg__sync_free_layout(mpg_sync *s);
+
+/* step.c: wait for (and release) every bucket still in flight. */
+void mpg__sync_wait_all(mpg_sync *s);
+
+#endif
