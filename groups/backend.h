@@ -1,8 +1,10 @@
 /* The one internal interface behind which the three backends (thread, mpi,
- * nccl) live.  Each backend fills one `struct mpg__backend_ops`
- * (groups/backend_<name>.c).  The generic layer (groups/groups.c) owns the
- * public API: argument checks, size-1 groups, timeouts and abort, work
- * handles.  A backend only moves data. */
+ * nccl) live.  Each backend is one directory, groups/thread/, groups/mpi/
+ * and groups/nccl/, that fills one `struct mpg__backend_ops`
+ * (mpg__backend_<name>; its files and their jobs are listed in
+ * <name>/<name>_internal.h).  The generic layer (groups/ctx.c, group.c,
+ * coll.c; see ctx_internal.h) owns the public API: argument checks, size-1
+ * groups, timeouts and abort, work handles.  A backend only moves data. */
 #ifndef MPG_GROUPS_BACKEND_H
 #define MPG_GROUPS_BACKEND_H
 

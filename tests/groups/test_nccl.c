@@ -1,4 +1,4 @@
-/* The NCCL backend (groups/backend_nccl.c) on a real CUDA device.
+/* The NCCL backend (groups/nccl/) on a real CUDA device.
  *
  * Without a GPU every GPU test skips with one line ("no CUDA GPU on this
  * machine: NCCL tests skipped ..."); the two tests of the paths that need no

@@ -1,0 +1,150 @@
+/* The NCCL backend's communicator object and the helpers every file of
+ * the backend uses: error text, the device switch, the pacing of polls;
+ * the communicator's config, creation and references, polling its async
+ * state against a deadline, and abort with its lock held.  See
+ * nccl_internal.h.
+ *
+ * Every communicator is non-blocking (config.blocking = 0) and shares its
+ * resources with the communicators split from it (config.splitShare = 1), so
+ * that init, split and enqueue can be bounded by the timeout and aborted.
+ * After each call that may answer ncclInProgress we poll
+ * ncclCommGetAsyncError until the state leaves ncclInProgress or the
+ * deadline passes; then the communicator is aborted and the call fails with
+ * MPG_ERR_TIMEOUT.  We poll after ncclSuccess too: ncclCommSplit on a
+ * non-blocking communicator answers ncclSuccess while its job still runs
+ * (seen with NCCL 2.28.3 on an H100), and one ncclCommGetAsyncError costs
+ * nothing when all is done. */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "nccl_internal.h"
+
+/* ------------------------------------------------------------------ */
+/* Helpers every file uses                                            */
+/* ------------------------------------------------------------------ */
+
+/* NCCL's own detail for the last failure ("" when it has none). */
+const char *mpg__nccl_detail(void) {
+  const char *s = ncclGetLastError(NULL); /* comm is unused by NCCL */
+  return s ? s : "";
+}
+
+mpg_status mpg__nccl_fail(mpg_status st, const char *what, const char *call,
+                          ncclResult_t r) {
+  const char *d = mpg__nccl_detail();
+  return mpg__fail(st, "%s: %s: %s%s%s", what, call, ncclGetErrorString(r),
+                   d[0] ? ": " : "", d);
+}
+
+mpg_status mpg__nccl_fail_cuda(mpg_status st, const char *what,
+                               const char *call, cudaError_t e) {
+  (void)cudaGetLastError(); /* clear a non-sticky error for the caller */
+  return mpg__fail(st, "%s: %s: %s", what, call, cudaGetErrorString(e));
+}
+
+/* Yield for the first polls, then sleep 2 us doubling up to about 1 ms. */
+void mpg__nccl_backoff(unsigned *spins) {
+  if (*spins < 64) {
+    sched_yield();
+  } else {
+    unsigned k = *spins - 64;
+    long ns = 2000L << (k < 9 ? k : 9);
+    struct timespec ts = {0, ns};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
+  (*spins)++;
+}
+
+/* Make `dev` current, remembering the caller's device in *old. */
+cudaError_t mpg__nccl_dev_enter(int dev, int *old) {
+  cudaError_t e = cudaGetDevice(old);
+  if (e != cudaSuccess) return e;
+  return *old == dev ? cudaSuccess : cudaSetDevice(dev);
+}
+
+void mpg__nccl_dev_leave(int dev, int old) {
+  if (old != dev) (void)cudaSetDevice(old);
+}
+
+/* ------------------------------------------------------------------ */
+/* Communicators: config, references, async state                     */
+/* ------------------------------------------------------------------ */
+
+ncclConfig_t mpg__nccl_config(void) {
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;   /* init, split and enqueue may answer ncclInProgress */
+  cfg.splitShare = 1; /* children split from this one share its resources */
+  return cfg;
+}
+
+mpg__comm *mpg__nccl_comm_new(int device, double timeout_s) {
+  mpg__comm *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  if (pthread_mutex_init(&c->lock, NULL) != 0) {
+    free(c);
+    return NULL;
+  }
+  atomic_init(&c->aborted, MPG_OK);
+  atomic_init(&c->refs, 1);
+  c->device = device;
+  c->timeout_s = timeout_s > 0 ? timeout_s : 600.0;
+  return c;
+}
+
+void mpg__nccl_comm_unref(mpg__comm *c) {
+  if (atomic_fetch_sub(&c->refs, 1) != 1) return;
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+}
+
+/* Poll the async state of `h` until it leaves ncclInProgress.  h is c->nccl
+ * or a handle c's lock guards (a split parent).  Called and returns with
+ * c->lock held; releases it while sleeping so the abort op can get in.
+ * Returns MPG_OK with the final state in *res; MPG_ERR_TIMEOUT when still
+ * in progress at `deadline`; or the abort reason when c was aborted in the
+ * meantime (h is then gone). */
+mpg_status mpg__nccl_settle_locked(mpg__comm *c, ncclComm_t h,
+                                   double deadline, ncclResult_t *res) {
+  unsigned spins = 0;
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    ncclResult_t r = ncclCommGetAsyncError(h, &state);
+    if (r != ncclSuccess) {
+      *res = r;
+      return MPG_OK;
+    }
+    if (state != ncclInProgress) {
+      *res = state;
+      return MPG_OK;
+    }
+    if (mpg__now() > deadline) {
+      *res = ncclInProgress;
+      return MPG_ERR_TIMEOUT;
+    }
+    pthread_mutex_unlock(&c->lock);
+    mpg__nccl_backoff(&spins);
+    pthread_mutex_lock(&c->lock);
+    int why = atomic_load(&c->aborted);
+    if (why != MPG_OK) {
+      *res = ncclInProgress;
+      return (mpg_status)why;
+    }
+  }
+}
+
+/* Abort with c->lock held.  Returns 1 if this call did the abort. */
+int mpg__nccl_abort_locked(mpg__comm *c, mpg_status reason) {
+  int expected = MPG_OK;
+  if (reason == MPG_OK) reason = MPG_ERR_ABORTED;
+  int first = atomic_compare_exchange_strong(&c->aborted, &expected, (int)reason);
+  if (c->nccl) {
+    (void)ncclCommAbort(c->nccl);
+    c->nccl = NULL;
+  }
+  return first;
+}

@@ -1,0 +1,231 @@
+/* The communicator lifecycle of the NCCL backend after the world: split,
+ * abort and destroy; and the backend's function table.  See
+ * nccl_internal.h.
+ *
+ * Every group after the world is made by ncclCommSplit of the world (no id).
+ *
+ * Abort: ncclCommAbort.  With splitShare the communicators of one family
+ * share NCCL's abort flag, so aborting one of them stops the kernels of all
+ * of them: the generic layer (groups/group.c, mpg__ctx_abort_all) therefore
+ * always aborts the whole context, never one group.  Each communicator has
+ * a mutex held around every NCCL call on it (released while polling), so
+ * abort never runs while another of our threads is inside NCCL for that
+ * communicator. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "nccl_internal.h"
+
+static void nccl_abort(mpg__comm *c, mpg_status reason);
+
+/* ------------------------------------------------------------------ */
+/* split                                                              */
+/* ------------------------------------------------------------------ */
+
+static mpg_status nccl_split(mpg__comm *p, int color, int key,
+                             mpg__comm **out) {
+  *out = NULL;
+  char what[160];
+  snprintf(what, sizeof what, "nccl split (colour %d, key %d) of rank %d of a group of %d",
+           color, key, p->rank, p->size);
+  int why = atomic_load(&p->aborted);
+  if (why != MPG_OK)
+    return mpg__fail(MPG_ERR_ABORTED, "%s: the parent communicator was aborted (%s)",
+                     what, mpg_status_name((mpg_status)why));
+  double deadline = mpg__now() + p->timeout_s;
+  mpg__comm *c = NULL;
+  if (color >= 0) {
+    c = mpg__nccl_comm_new(p->device, p->timeout_s);
+    if (!c) return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", what);
+  }
+  /* NCCL writes the new handle from its init thread when the job ends.
+   * The cell is on the heap: after a timeout it is left to that thread
+   * (a few bytes, once per aborted context) rather than freed under it. */
+  ncclComm_t *cell = calloc(1, sizeof *cell);
+  if (!cell) {
+    if (c) mpg__nccl_comm_unref(c);
+    return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", what);
+  }
+  ncclComm_t child = NULL;
+  ncclConfig_t cfg = mpg__nccl_config();
+  int old = -1;
+  cudaError_t ce = mpg__nccl_dev_enter(p->device, &old);
+  if (ce != cudaSuccess) {
+    free(cell);
+    if (c) mpg__nccl_comm_unref(c);
+    return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaSetDevice", ce);
+  }
+  mpg_status st = MPG_OK;
+  pthread_mutex_lock(&p->lock);
+  if (!p->nccl) {
+    pthread_mutex_unlock(&p->lock);
+    mpg__nccl_dev_leave(p->device, old);
+    free(cell);
+    if (c) mpg__nccl_comm_unref(c);
+    return mpg__fail(MPG_ERR_ABORTED, "%s: the parent communicator is gone", what);
+  }
+  ncclResult_t r = ncclCommSplit(p->nccl, color >= 0 ? color : NCCL_SPLIT_NOCOLOR,
+                                 key, cell, &cfg);
+  /* The split runs as a job of the parent: poll the parent.  NCCL 2.28
+   * answers ncclSuccess here while the job still runs, so always poll. */
+  if (r == ncclSuccess || r == ncclInProgress)
+    st = mpg__nccl_settle_locked(p, p->nccl, deadline, &r);
+  if (st == MPG_ERR_TIMEOUT) mpg__nccl_abort_locked(p, MPG_ERR_TIMEOUT);
+  pthread_mutex_unlock(&p->lock);
+
+  /* NCCL stores the child from its init thread as the job ends; once the
+   * parent has settled it is there.  Both waits below are bounded and run
+   * without the parent's lock, so the abort op is never held up. */
+  if (st == MPG_OK && r == ncclSuccess && color >= 0) {
+    unsigned spins = 0;
+    while (!__atomic_load_n(cell, __ATOMIC_ACQUIRE) && st == MPG_OK) {
+      if (mpg__now() > deadline) st = MPG_ERR_TIMEOUT;
+      else if (atomic_load(&p->aborted) != MPG_OK) st = (mpg_status)atomic_load(&p->aborted);
+      else mpg__nccl_backoff(&spins);
+    }
+  }
+  child = __atomic_load_n(cell, __ATOMIC_ACQUIRE);
+  if (st == MPG_OK) free(cell); /* else NCCL may still write it */
+  if (st == MPG_OK && r == ncclSuccess && child) {
+    ncclResult_t state = ncclInProgress;
+    unsigned spins = 0;
+    while ((r = ncclCommGetAsyncError(child, &state)) == ncclSuccess &&
+           state == ncclInProgress && st == MPG_OK) {
+      if (mpg__now() > deadline) st = MPG_ERR_TIMEOUT;
+      else mpg__nccl_backoff(&spins);
+    }
+    if (r == ncclSuccess) r = state == ncclInProgress ? ncclSuccess : state;
+  }
+  if (st == MPG_ERR_TIMEOUT) nccl_abort(p, MPG_ERR_TIMEOUT);
+
+  if (st != MPG_OK || r != ncclSuccess) {
+    if (child) (void)ncclCommAbort(child);
+    mpg__nccl_dev_leave(p->device, old);
+    if (c) mpg__nccl_comm_unref(c);
+    if (st == MPG_ERR_TIMEOUT)
+      return mpg__fail(MPG_ERR_TIMEOUT,
+                       "%s: not every rank of the parent entered the split "
+                       "within %.3g s (the context is being aborted)",
+                       what, p->timeout_s);
+    if (st != MPG_OK) return mpg__fail(st, "%s: aborted while splitting", what);
+    return mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommSplit", r);
+  }
+  mpg__nccl_dev_leave(p->device, old);
+  if (color < 0) {
+    if (child) (void)ncclCommAbort(child); /* not expected with NOCOLOR */
+    mpg__log(2, "nccl: rank %d joined no group in a split", p->rank);
+    return MPG_OK;
+  }
+  if (!child) {
+    mpg__nccl_comm_unref(c);
+    return mpg__fail(MPG_ERR_BACKEND, "%s: ncclCommSplit gave no communicator",
+                     what);
+  }
+  c->nccl = child;
+  int n = 0, me = -1;
+  r = ncclCommCount(child, &n);
+  if (r == ncclSuccess) r = ncclCommUserRank(child, &me);
+  if (r != ncclSuccess) {
+    (void)ncclCommAbort(child);
+    c->nccl = NULL;
+    mpg__nccl_comm_unref(c);
+    return mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommCount/ncclCommUserRank", r);
+  }
+  c->size = n;
+  c->rank = me;
+  mpg__log(2, "nccl: split colour %d key %d -> rank %d of %d", color, key, me, n);
+  *out = c;
+  return MPG_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* abort / destroy                                                    */
+/* ------------------------------------------------------------------ */
+
+static void nccl_abort(mpg__comm *c, mpg_status reason) {
+  if (!c) return;
+  if (reason == MPG_OK) reason = MPG_ERR_ABORTED;
+  /* Publish the flag first, so a thread polling under the lock lets go. */
+  int expected = MPG_OK;
+  atomic_compare_exchange_strong(&c->aborted, &expected, (int)reason);
+  pthread_mutex_lock(&c->lock);
+  if (c->nccl) {
+    int old = -1;
+    (void)mpg__nccl_dev_enter(c->device, &old);
+    (void)ncclCommAbort(c->nccl);
+    c->nccl = NULL;
+    mpg__nccl_dev_leave(c->device, old);
+    mpg__log(1, "nccl: rank %d of a group of %d aborted (%s)", c->rank, c->size,
+             mpg_status_name(reason));
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+static mpg_status nccl_destroy(mpg__comm *c) {
+  if (!c) return MPG_OK;
+  mpg_status st = MPG_OK;
+  int old = -1;
+  (void)mpg__nccl_dev_enter(c->device, &old);
+  pthread_mutex_lock(&c->lock);
+  if (c->nccl && atomic_load(&c->aborted) == MPG_OK) {
+    char what[96];
+    snprintf(what, sizeof what, "nccl destroy (rank %d of a group of %d)",
+             c->rank, c->size);
+    double deadline = mpg__now() + c->timeout_s;
+    ncclResult_t r = ncclCommFinalize(c->nccl);
+    if (r == ncclSuccess || r == ncclInProgress)
+      st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
+    if (st == MPG_OK && r == ncclSuccess) {
+      r = ncclCommDestroy(c->nccl);
+      c->nccl = NULL;
+      if (r != ncclSuccess && r != ncclInProgress)
+        st = mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommDestroy", r);
+    } else if (st == MPG_ERR_TIMEOUT) {
+      mpg__nccl_abort_locked(c, MPG_ERR_TIMEOUT);
+      st = mpg__fail(MPG_ERR_TIMEOUT,
+                     "%s: ncclCommFinalize did not finish within %.3g s (the "
+                     "communicator was aborted)",
+                     what, c->timeout_s);
+    } else if (st != MPG_OK) {
+      st = mpg__fail(st, "%s: aborted during ncclCommFinalize", what);
+    } else {
+      st = mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommFinalize", r);
+      mpg__nccl_abort_locked(c, MPG_ERR_ABORTED);
+    }
+  }
+  /* After an abort there is nothing left to release in NCCL. */
+  c->nccl = NULL;
+  if (c->scratch) {
+    (void)cudaFree(c->scratch);
+    c->scratch = NULL;
+  }
+  pthread_mutex_unlock(&c->lock);
+  mpg__nccl_dev_leave(c->device, old);
+  mpg__nccl_comm_unref(c);
+  return st;
+}
+
+/* ------------------------------------------------------------------ */
+/* The function table                                                 */
+/* ------------------------------------------------------------------ */
+
+const struct mpg__backend_ops mpg__backend_nccl = {
+    .name = "nccl",
+    .world_init = mpg__nccl_world_init,
+    .split = nccl_split,
+    .post = mpg__nccl_post,
+    .test = mpg__nccl_test,
+    .wait = mpg__nccl_wait,
+    .req_free = mpg__nccl_req_free,
+    .abort_comm = nccl_abort,
+    .destroy = nccl_destroy,
+    .local = mpg__nccl_local,
+    .mem_alloc = mpg__nccl_mem_alloc,
+    .mem_free = mpg__nccl_mem_free,
+    .mem_zero = mpg__nccl_mem_zero,
+    .stream_create = mpg__nccl_stream_create,
+    .stream_destroy = mpg__nccl_stream_destroy,
+    .stream_order = mpg__nccl_stream_order,
+};

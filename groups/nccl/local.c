@@ -1,0 +1,162 @@
+/* Size-1 groups on the NCCL backend (backend op `local`).  They have no
+ * communicator: the copy is a cudaMemcpyAsync on the caller's stream, and a
+ * scaled sum runs a small elementwise kernel written in PTX below, loaded
+ * once with cudaLibraryLoadData (no nvcc needed).  Both return once
+ * enqueued: the result is ordered on the stream like any other CUDA work.
+ * See nccl_internal.h. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nccl_internal.h"
+
+/* dst[i] = src[i] * s for i < n, one grid-stride loop per dtype.  Half
+ * types compute in f32 and round to nearest even, like the CPU backends
+ * (mpg__scale).  Target sm_52 / PTX 6.0 so any driver can JIT it. */
+#define PTX_KERNEL(NAME, BODY)                                                \
+  ".visible .entry " NAME "(.param .u64 p_dst, .param .u64 p_src,\n"          \
+  "    .param .u64 p_n, .param .f64 p_s)\n"                                   \
+  "{\n"                                                                       \
+  "  .reg .pred %p<3>;\n  .reg .b16 %h<3>;\n  .reg .b32 %r<10>;\n"           \
+  "  .reg .b64 %rd<12>;\n  .reg .f32 %f<4>;\n  .reg .f64 %fd<4>;\n"          \
+  "  ld.param.u64 %rd1, [p_dst];\n  ld.param.u64 %rd2, [p_src];\n"           \
+  "  ld.param.u64 %rd3, [p_n];\n  ld.param.f64 %fd1, [p_s];\n"               \
+  "  cvta.to.global.u64 %rd1, %rd1;\n  cvta.to.global.u64 %rd2, %rd2;\n"     \
+  "  mov.u32 %r1, %ctaid.x;\n  mov.u32 %r2, %ntid.x;\n"                      \
+  "  mov.u32 %r3, %tid.x;\n  mov.u32 %r4, %nctaid.x;\n"                      \
+  "  mul.wide.u32 %rd4, %r1, %r2;\n  cvt.u64.u32 %rd5, %r3;\n"               \
+  "  add.s64 %rd4, %rd4, %rd5;\n  mul.wide.u32 %rd6, %r4, %r2;\n"            \
+  "  cvt.rn.f32.f64 %f1, %fd1;\n"                                            \
+  NAME "_loop:\n"                                                             \
+  "  setp.ge.u64 %p1, %rd4, %rd3;\n  @%p1 bra " NAME "_done;\n"              \
+  BODY                                                                        \
+  "  add.s64 %rd4, %rd4, %rd6;\n  bra.uni " NAME "_loop;\n"                  \
+  NAME "_done:\n  ret;\n}\n"
+
+#define PTX_ADDR(SHIFT)                                                       \
+  "  shl.b64 %rd7, %rd4, " SHIFT ";\n  add.s64 %rd8, %rd2, %rd7;\n"          \
+  "  add.s64 %rd9, %rd1, %rd7;\n"
+
+/* Pieces, each under C's 4095-character literal limit, joined at load. */
+static const char *const scale_ptx[] = {
+    ".version 6.0\n.target sm_52\n.address_size 64\n\n",
+    PTX_KERNEL("mpg_scale_f32",
+               PTX_ADDR("2")
+               "  ld.global.f32 %f2, [%rd8];\n  mul.rn.f32 %f3, %f2, %f1;\n"
+               "  st.global.f32 [%rd9], %f3;\n"),
+    PTX_KERNEL("mpg_scale_f64",
+               PTX_ADDR("3")
+               "  ld.global.f64 %fd2, [%rd8];\n  mul.rn.f64 %fd3, %fd2, %fd1;\n"
+               "  st.global.f64 [%rd9], %fd3;\n"),
+    PTX_KERNEL("mpg_scale_f16",
+               PTX_ADDR("1")
+               "  ld.global.b16 %h1, [%rd8];\n  cvt.f32.f16 %f2, %h1;\n"
+               "  mul.rn.f32 %f3, %f2, %f1;\n  cvt.rn.f16.f32 %h2, %f3;\n"
+               "  st.global.b16 [%rd9], %h2;\n"),
+    PTX_KERNEL("mpg_scale_bf16",
+               PTX_ADDR("1")
+               "  ld.global.b16 %h1, [%rd8];\n  cvt.u32.u16 %r5, %h1;\n"
+               "  shl.b32 %r5, %r5, 16;\n  mov.b32 %f2, %r5;\n"
+               "  mul.rn.f32 %f3, %f2, %f1;\n  mov.b32 %r6, %f3;\n"
+               /* round to nearest even: r6 + 0x7fff + ((r6 >> 16) & 1) */
+               "  shr.u32 %r7, %r6, 16;\n  and.b32 %r7, %r7, 1;\n"
+               "  add.u32 %r7, %r7, 32767;\n  add.u32 %r8, %r6, %r7;\n"
+               "  shr.u32 %r8, %r8, 16;\n"
+               "  setp.nan.f32 %p2, %f3, %f3;\n  @%p2 mov.u32 %r8, 32704;\n"
+               "  cvt.u16.u32 %h2, %r8;\n  st.global.b16 [%rd9], %h2;\n")};
+
+static pthread_once_t scale_once = PTHREAD_ONCE_INIT;
+static cudaError_t scale_load_error = cudaSuccess;
+static const char *scale_load_call = "";
+static cudaKernel_t scale_kernels[4]; /* f32, f64, f16, bf16 */
+
+static void scale_load(void) {
+  static const char *const names[4] = {"mpg_scale_f32", "mpg_scale_f64",
+                                       "mpg_scale_f16", "mpg_scale_bf16"};
+  size_t len = 1;
+  for (size_t i = 0; i < sizeof scale_ptx / sizeof *scale_ptx; i++)
+    len += strlen(scale_ptx[i]);
+  char *ptx = malloc(len);
+  if (!ptx) {
+    scale_load_error = cudaErrorMemoryAllocation;
+    scale_load_call = "malloc (scale kernels)";
+    return;
+  }
+  ptx[0] = '\0';
+  for (size_t i = 0; i < sizeof scale_ptx / sizeof *scale_ptx; i++)
+    strcat(ptx, scale_ptx[i]);
+  cudaLibrary_t lib;
+  cudaError_t e = cudaLibraryLoadData(&lib, ptx, NULL, NULL, 0, NULL, NULL, 0);
+  free(ptx);
+  if (e != cudaSuccess) {
+    scale_load_error = e;
+    scale_load_call = "cudaLibraryLoadData (scale kernels)";
+    return;
+  }
+  /* The library stays loaded for the life of the process. */
+  for (int i = 0; i < 4; i++) {
+    e = cudaLibraryGetKernel(&scale_kernels[i], lib, names[i]);
+    if (e != cudaSuccess) {
+      scale_load_error = e;
+      scale_load_call = "cudaLibraryGetKernel (scale kernels)";
+      return;
+    }
+  }
+}
+
+mpg_status mpg__nccl_local(const mpg__coll *k) {
+  size_t bytes = k->count * mpg__dtype_size(k->dtype);
+  cudaStream_t s = (cudaStream_t)k->stream;
+  char what[160];
+  snprintf(what, sizeof what, "nccl %s(%s, count %zu) in a group of one rank",
+           mpg__kind_name(k->kind), mpg_dtype_name(k->dtype), k->count);
+  switch (k->kind) {
+    case MPG__BARRIER:
+    case MPG__BROADCAST:
+      return MPG_OK;
+    case MPG__SEND:
+    case MPG__RECV:
+      return mpg__fail(MPG_ERR_INVALID, "%s: point-to-point needs a peer", what);
+    case MPG__ALL_REDUCE:
+    case MPG__ALL_GATHER:
+    case MPG__REDUCE_SCATTER:
+      break;
+  }
+  int scaled = k->kind != MPG__ALL_GATHER && k->op == MPG_OP_PREMUL_SUM &&
+               k->scale != 1.0 && k->count > 0;
+  if (!scaled) {
+    if (bytes == 0 || k->recv == k->send) return MPG_OK;
+    cudaError_t e = cudaMemcpyAsync(k->recv, k->send, bytes, cudaMemcpyDefault, s);
+    return e == cudaSuccess ? MPG_OK
+                            : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaMemcpyAsync", e);
+  }
+  int which;
+  switch (k->dtype) {
+    case MPG_F32: which = 0; break;
+    case MPG_F64: which = 1; break;
+    case MPG_F16: which = 2; break;
+    case MPG_BF16: which = 3; break;
+    default:
+      return mpg__fail(MPG_ERR_INVALID, "%s: a scaled sum needs a floating dtype",
+                       what);
+  }
+  pthread_once(&scale_once, scale_load);
+  if (scale_load_error != cudaSuccess)
+    return mpg__fail(MPG_ERR_BACKEND, "%s: %s: %s", what, scale_load_call,
+                     cudaGetErrorString(scale_load_error));
+  void *dst = k->recv;
+  const void *src = k->send;
+  uint64_t n = k->count;
+  double scale = k->scale;
+  void *args[4] = {&dst, &src, &n, &scale};
+  uint64_t blocks = (n + 255) / 256;
+  dim3 grid = {(unsigned)(blocks < 4096 ? blocks : 4096), 1, 1};
+  dim3 block = {256, 1, 1};
+  cudaError_t e = cudaLaunchKernel((const void *)scale_kernels[which], grid,
+                                   block, args, 0, s);
+  return e == cudaSuccess ? MPG_OK
+                          : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what,
+                                                "cudaLaunchKernel (scale)", e);
+}

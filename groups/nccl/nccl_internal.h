@@ -1,0 +1,147 @@
+/* The NCCL backend's internal header: the structs its files share and
+ * their mpg__nccl_* functions.  The backend puts communicators on CUDA
+ * devices, buffers in device memory and work ordered on the caller's
+ * cudaStream_t; it fills `const struct mpg__backend_ops mpg__backend_nccl`
+ * (groups/backend.h).  One job per file:
+ *
+ *   comm.c       the communicator object: config, creation, references,
+ *                polling its async state against the deadline, abort with
+ *                its lock held; and the helpers every file uses (error
+ *                text, device switch, pacing of polls).
+ *   world.c      joining the world: how the ranks agree on the NCCL unique
+ *                id (the caller's id, a local one, MPI, NCCL_COMM_ID) and
+ *                the init call.
+ *   lifecycle.c  split, abort, destroy; the function table.
+ *   ops.c        operations: post, test, wait, free; dtype and op
+ *                mapping, pre-multiplied sums.
+ *   local.c      size-1 groups: a copy, or a scale kernel (PTX), on the
+ *                caller's stream.
+ *   mem.c        device memory (cudaMalloc, or ncclMemAlloc registered
+ *                with ncclCommRegister) and streams (create, destroy,
+ *                order).
+ * Every file uses comm.c; lifecycle.c, through the function table, uses
+ * every other file; no other file uses another.
+ *
+ * Threads.  Each communicator has a mutex held around every NCCL call on it
+ * (released while polling), so abort never runs while another of our
+ * threads is inside NCCL for that communicator.  "Lock held" in a comment
+ * means the caller holds c->lock.
+ *
+ * Exactly these external calls are used:
+ *   NCCL:  ncclGetUniqueId, ncclCommInitRankConfig, ncclCommSplit,
+ *          ncclCommGetAsyncError, ncclCommCount, ncclCommUserRank,
+ *          ncclCommFinalize, ncclCommDestroy, ncclCommAbort,
+ *          ncclGetErrorString, ncclGetLastError, ncclAllReduce,
+ *          ncclBroadcast, ncclAllGather, ncclReduceScatter, ncclSend,
+ *          ncclRecv, ncclGroupStart, ncclGroupEnd, ncclRedOpCreatePreMulSum,
+ *          ncclRedOpDestroy, ncclMemAlloc, ncclMemFree, ncclCommRegister,
+ *          ncclCommDeregister.
+ *   CUDA runtime:  cudaGetDeviceCount, cudaGetDevice, cudaSetDevice,
+ *          cudaGetLastError, cudaGetErrorString, cudaEventCreateWithFlags,
+ *          cudaEventRecord, cudaEventQuery, cudaEventDestroy, cudaMalloc,
+ *          cudaMemset, cudaMemsetAsync, cudaFree, cudaMemcpyAsync,
+ *          cudaLibraryLoadData, cudaLibraryGetKernel, cudaLaunchKernel,
+ *          cudaStreamCreateWithFlags, cudaStreamDestroy,
+ *          cudaStreamWaitEvent.
+ *   MPI (bootstrap 3 only, when built with MPI):  MPI_Initialized,
+ *          MPI_Finalized, MPI_Comm_rank, MPI_Comm_size.  MPI itself has
+ *          one owner, groups/mpi (groups/mpi/mpi_owner.h): world.c asks
+ *          it to initialise MPI if needed (mpg__mpi_acquire; MPI_Finalize
+ *          then runs at exit) and to broadcast the id
+ *          (mpg__mpi_bcast_bytes: MPI_Ibcast, MPI_Test).
+ *   libc:  getenv, setenv, unsetenv (NCCL_COMM_ID), pthread mutex and
+ *          once, sched_yield, nanosleep. */
+#ifndef MPG_GROUPS_NCCL_INTERNAL_H
+#define MPG_GROUPS_NCCL_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "backend.h"
+
+struct mpg__comm {
+  ncclComm_t nccl;       /* NULL once aborted or destroyed */
+  pthread_mutex_t lock;  /* held around every NCCL call on `nccl` */
+  atomic_int aborted;    /* MPG_OK, or the reason given to abort */
+  atomic_int refs;       /* 1 for the communicator + 1 per live request */
+  int rank, size;        /* this rank's position and the group size */
+  int device;            /* CUDA device of the communicator */
+  double timeout_s;
+  int *scratch;          /* one int on the device for barrier, lazily */
+  struct nccl_reg *regs; /* buffers from mem_alloc(registered = 1) */
+};
+
+/* A buffer from ncclMemAlloc registered with a communicator. */
+struct nccl_reg {
+  void *ptr;
+  void *handle;
+  struct nccl_reg *next;
+};
+
+struct mpg__req {
+  mpg__comm *comm;
+  cudaEvent_t event;     /* recorded on the stream after the enqueue */
+  mpg__coll_kind kind;
+  mpg_dtype dtype;
+  mpg_op op;
+  size_t count;
+  int done;
+  mpg_status status;
+};
+
+/* comm.c: helpers every file uses. */
+/* NCCL's own detail for the last failure ("" when it has none). */
+const char *mpg__nccl_detail(void);
+/* Record "what: call: error[: detail]" and return st. */
+mpg_status mpg__nccl_fail(mpg_status st, const char *what, const char *call,
+                          ncclResult_t r);
+mpg_status mpg__nccl_fail_cuda(mpg_status st, const char *what,
+                               const char *call, cudaError_t e);
+/* One pause of a polling loop; *spins counts them (start at 0). */
+void mpg__nccl_backoff(unsigned *spins);
+/* Make `dev` current, remembering the caller's device in *old; give it
+ * back. */
+cudaError_t mpg__nccl_dev_enter(int dev, int *old);
+void mpg__nccl_dev_leave(int dev, int old);
+
+/* comm.c: the communicator object. */
+/* Non-blocking, resources shared with split children. */
+ncclConfig_t mpg__nccl_config(void);
+/* A communicator with no NCCL handle yet, one reference; NULL when out of
+ * memory.  timeout_s <= 0 means 600 s. */
+mpg__comm *mpg__nccl_comm_new(int device, double timeout_s);
+/* Drop one reference; the last frees c. */
+void mpg__nccl_comm_unref(mpg__comm *c);
+/* Poll the async state of h until it leaves ncclInProgress (lock held,
+ * released while sleeping); see comm.c. */
+mpg_status mpg__nccl_settle_locked(mpg__comm *c, ncclComm_t h,
+                                   double deadline, ncclResult_t *res);
+/* Abort (lock held).  Returns 1 if this call did the abort. */
+int mpg__nccl_abort_locked(mpg__comm *c, mpg_status reason);
+
+/* world.c */
+mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out);
+
+/* ops.c */
+mpg_status mpg__nccl_post(mpg__comm *c, const mpg__coll *k, mpg__req **out);
+mpg_status mpg__nccl_test(mpg__req *q, int *done);
+mpg_status mpg__nccl_wait(mpg__req *q, double deadline);
+void mpg__nccl_req_free(mpg__req *q);
+
+/* local.c */
+mpg_status mpg__nccl_local(const mpg__coll *k);
+
+/* mem.c */
+mpg_status mpg__nccl_mem_alloc(mpg__comm *c, size_t bytes, int registered,
+                               void **ptr);
+mpg_status mpg__nccl_mem_free(mpg__comm *c, void *ptr);
+mpg_status mpg__nccl_mem_zero(void *ptr, size_t bytes, void *stream);
+mpg_status mpg__nccl_stream_create(void **stream);
+mpg_status mpg__nccl_stream_destroy(void *stream);
+mpg_status mpg__nccl_stream_order(void *waiter, void *waitee);
+
+#endif

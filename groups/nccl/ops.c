@@ -1,0 +1,318 @@
+/* Operations of the NCCL backend: post (dtype and op mapping, a
+ * pre-multiplied sum's scalar, the enqueue on the caller's stream), test,
+ * wait and free.  A request is done when the CUDA event recorded after its
+ * enqueue has fired.  See nccl_internal.h. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "nccl_internal.h"
+
+/* ------------------------------------------------------------------ */
+/* Small helpers                                                      */
+/* ------------------------------------------------------------------ */
+
+static int map_dtype(mpg_dtype dt, ncclDataType_t *out) {
+  switch (dt) {
+    case MPG_F32: *out = ncclFloat32; return 1;
+    case MPG_F64: *out = ncclFloat64; return 1;
+    case MPG_F16: *out = ncclFloat16; return 1;
+    case MPG_BF16: *out = ncclBfloat16; return 1;
+    case MPG_I32: *out = ncclInt32; return 1;
+    case MPG_I64: *out = ncclInt64; return 1;
+  }
+  return 0;
+}
+
+/* Native ops; MPG_OP_PREMUL_SUM is created per call. */
+static int map_op(mpg_op op, ncclRedOp_t *out) {
+  switch (op) {
+    case MPG_OP_SUM: *out = ncclSum; return 1;
+    case MPG_OP_AVG: *out = ncclAvg; return 1;
+    case MPG_OP_MAX: *out = ncclMax; return 1;
+    case MPG_OP_MIN: *out = ncclMin; return 1;
+    case MPG_OP_PREMUL_SUM: return 0;
+  }
+  return 0;
+}
+
+static int uses_op(mpg__coll_kind k) {
+  return k == MPG__ALL_REDUCE || k == MPG__REDUCE_SCATTER;
+}
+
+/* "all_reduce(f32, sum, count 1024) on rank 3 of a group of 8" */
+static void describe(char *buf, size_t n, const mpg__comm *c,
+                     mpg__coll_kind kind, mpg_dtype dt, mpg_op op,
+                     size_t count) {
+  if (kind == MPG__BARRIER)
+    snprintf(buf, n, "nccl barrier on rank %d of a group of %d", c->rank,
+             c->size);
+  else if (uses_op(kind))
+    snprintf(buf, n, "nccl %s(%s, %s, count %zu) on rank %d of a group of %d",
+             mpg__kind_name(kind), mpg_dtype_name(dt), mpg__op_name(op), count, c->rank,
+             c->size);
+  else
+    snprintf(buf, n, "nccl %s(%s, count %zu) on rank %d of a group of %d",
+             mpg__kind_name(kind), mpg_dtype_name(dt), count, c->rank, c->size);
+}
+
+
+/* Host scalar of the collective's dtype for ncclRedOpCreatePreMulSum. */
+typedef union {
+  float f;
+  double d;
+  uint16_t h;
+} scalar_t;
+
+static int make_scalar(mpg_dtype dt, double scale, scalar_t *s) {
+  switch (dt) {
+    case MPG_F32: s->f = (float)scale; return 1;
+    case MPG_F64: s->d = scale; return 1;
+    case MPG_F16:
+    case MPG_BF16: s->h = mpg__f32_to_half(dt, (float)scale); return 1;
+    case MPG_I32:
+    case MPG_I64: return 0;
+  }
+  return 0;
+}
+
+/* Enqueue the operation on c->nccl (lock held). */
+static ncclResult_t enqueue(mpg__comm *c, const mpg__coll *k, ncclDataType_t dt,
+                            ncclRedOp_t op, cudaStream_t s, const char **call) {
+  switch (k->kind) {
+    case MPG__ALL_REDUCE:
+      *call = "ncclAllReduce";
+      return ncclAllReduce(k->send, k->recv, k->count, dt, op, c->nccl, s);
+    case MPG__BROADCAST:
+      *call = "ncclBroadcast";
+      return ncclBroadcast(k->send ? k->send : k->recv, k->recv, k->count, dt,
+                           k->root, c->nccl, s);
+    case MPG__ALL_GATHER:
+      *call = "ncclAllGather";
+      return ncclAllGather(k->send, k->recv, k->count, dt, c->nccl, s);
+    case MPG__REDUCE_SCATTER:
+      *call = "ncclReduceScatter";
+      return ncclReduceScatter(k->send, k->recv, k->count, dt, op, c->nccl, s);
+    case MPG__BARRIER:
+      *call = "ncclAllReduce (barrier)";
+      return ncclAllReduce(c->scratch, c->scratch, 1, ncclInt32, ncclMax,
+                           c->nccl, s);
+    case MPG__SEND:
+    case MPG__RECV: {
+      *call = k->kind == MPG__SEND ? "ncclSend" : "ncclRecv";
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) {
+        *call = "ncclGroupStart";
+        return r;
+      }
+      if (k->kind == MPG__SEND)
+        r = ncclSend(k->send, k->count, dt, k->peer, c->nccl, s);
+      else
+        r = ncclRecv(k->recv, k->count, dt, k->peer, c->nccl, s);
+      ncclResult_t e = ncclGroupEnd(); /* always close the group */
+      if (r != ncclSuccess) return r;
+      if (e != ncclSuccess) *call = "ncclGroupEnd";
+      return e;
+    }
+  }
+  *call = "?";
+  return ncclInvalidArgument;
+}
+
+mpg_status mpg__nccl_post(mpg__comm *c, const mpg__coll *k, mpg__req **out) {
+  *out = NULL;
+  char what[200];
+  mpg_dtype dtype = k->kind == MPG__BARRIER ? MPG_I32 : k->dtype;
+  describe(what, sizeof what, c, k->kind, dtype, k->op, k->count);
+  int why = atomic_load(&c->aborted);
+  if (why != MPG_OK)
+    return mpg__fail(MPG_ERR_ABORTED, "%s: the communicator was aborted (%s)",
+                     what, mpg_status_name((mpg_status)why));
+  ncclDataType_t dt;
+  if (!map_dtype(dtype, &dt))
+    return mpg__fail(MPG_ERR_INVALID, "%s: unknown dtype %d", what, (int)dtype);
+  ncclRedOp_t op = ncclSum;
+  scalar_t scalar;
+  int premul = uses_op(k->kind) && k->op == MPG_OP_PREMUL_SUM;
+  if (uses_op(k->kind) && !premul && !map_op(k->op, &op))
+    return mpg__fail(MPG_ERR_INVALID, "%s: unknown op %d", what, (int)k->op);
+  if (premul && !make_scalar(dtype, k->scale, &scalar))
+    return mpg__fail(MPG_ERR_INVALID, "%s: a scaled sum needs a floating dtype",
+                     what);
+
+  mpg__req *req = calloc(1, sizeof *req);
+  if (!req) return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", what);
+  int old = -1;
+  cudaError_t ce = mpg__nccl_dev_enter(c->device, &old);
+  if (ce != cudaSuccess) {
+    free(req);
+    return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaSetDevice", ce);
+  }
+  ce = cudaEventCreateWithFlags(&req->event, cudaEventDisableTiming);
+  if (ce != cudaSuccess) {
+    mpg__nccl_dev_leave(c->device, old);
+    free(req);
+    return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaEventCreateWithFlags", ce);
+  }
+  cudaStream_t stream = (cudaStream_t)k->stream;
+  double deadline = mpg__now() + c->timeout_s;
+  mpg_status st = MPG_OK;
+  ncclResult_t r = ncclSuccess;
+  const char *call = "?";
+
+  pthread_mutex_lock(&c->lock);
+  if (!c->nccl) {
+    st = mpg__fail(MPG_ERR_ABORTED, "%s: the communicator is gone", what);
+    goto out_locked;
+  }
+  if (k->kind == MPG__BARRIER && !c->scratch) {
+    void *p = NULL;
+    ce = cudaMalloc(&p, sizeof(int));
+    if (ce == cudaSuccess) ce = cudaMemset(p, 0, sizeof(int));
+    if (ce != cudaSuccess) {
+      if (p) (void)cudaFree(p);
+      st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaMalloc (barrier scratch)", ce);
+      goto out_locked;
+    }
+    c->scratch = p;
+  }
+  if (k->kind != MPG__BARRIER && k->count == 0) {
+    /* Nothing to move; every member skips alike.  NCCL is not called, so
+     * NULL buffers of zero elements are fine. */
+    premul = 0;
+    goto out_result;
+  }
+  if (premul) {
+    call = "ncclRedOpCreatePreMulSum";
+    r = ncclRedOpCreatePreMulSum(&op, &scalar, dt, ncclScalarHostImmediate, c->nccl);
+    if (r == ncclSuccess || r == ncclInProgress)
+      st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
+    if (st != MPG_OK || r != ncclSuccess) {
+      premul = 0; /* nothing to destroy */
+      goto out_result;
+    }
+  }
+  r = enqueue(c, k, dt, op, stream, &call);
+  if (r == ncclSuccess || r == ncclInProgress)
+    st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
+out_result:
+  if (premul && c->nccl) (void)ncclRedOpDestroy(op, c->nccl);
+  if (st == MPG_ERR_TIMEOUT) {
+    mpg__nccl_abort_locked(c, MPG_ERR_TIMEOUT);
+    st = mpg__fail(MPG_ERR_TIMEOUT,
+                   "%s: %s still in progress after %.3g s (the communicator "
+                   "was aborted)",
+                   what, call, c->timeout_s);
+  } else if (st != MPG_OK) {
+    st = mpg__fail(MPG_ERR_ABORTED, "%s: aborted during %s (%s)", what, call,
+                   mpg_status_name(st));
+  } else if (r != ncclSuccess) {
+    st = mpg__nccl_fail(MPG_ERR_BACKEND, what, call, r);
+  } else {
+    ce = cudaEventRecord(req->event, stream);
+    if (ce != cudaSuccess) st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaEventRecord", ce);
+  }
+out_locked:
+  pthread_mutex_unlock(&c->lock);
+  if (st != MPG_OK) {
+    (void)cudaEventDestroy(req->event);
+    mpg__nccl_dev_leave(c->device, old);
+    free(req);
+    return st;
+  }
+  mpg__nccl_dev_leave(c->device, old);
+  atomic_fetch_add(&c->refs, 1);
+  req->comm = c;
+  req->kind = k->kind;
+  req->dtype = dtype;
+  req->op = k->op;
+  req->count = k->count;
+  *out = req;
+  return MPG_OK;
+}
+
+static mpg_status req_fail(mpg__req *q, mpg_status st, const char *fmt,
+                           const char *detail) {
+  char what[200];
+  describe(what, sizeof what, q->comm, q->kind, q->dtype, q->op, q->count);
+  q->done = 1;
+  q->status = st;
+  return mpg__fail(st, fmt, what, detail);
+}
+
+mpg_status mpg__nccl_test(mpg__req *q, int *done) {
+  *done = 0;
+  if (q->done) {
+    *done = 1;
+    if (q->status == MPG_OK) return MPG_OK;
+    char what[200];
+    describe(what, sizeof what, q->comm, q->kind, q->dtype, q->op, q->count);
+    return mpg__fail(q->status, "%s: failed earlier (%s)", what,
+                     mpg_status_name(q->status));
+  }
+  mpg__comm *c = q->comm;
+  cudaError_t ce = cudaEventQuery(q->event);
+  if (ce == cudaSuccess) {
+    q->done = 1;
+    q->status = MPG_OK;
+    *done = 1;
+    return MPG_OK;
+  }
+  if (ce != cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    *done = 1;
+    return req_fail(q, MPG_ERR_BACKEND, "%s: cudaEventQuery: %s",
+                    cudaGetErrorString(ce));
+  }
+  int why = atomic_load(&c->aborted);
+  if (why != MPG_OK) {
+    *done = 1;
+    return req_fail(q, (mpg_status)why, "%s: the communicator was aborted (%s)",
+                    mpg_status_name((mpg_status)why));
+  }
+  ncclResult_t state = ncclSuccess, r = ncclSuccess;
+  pthread_mutex_lock(&c->lock);
+  if (c->nccl) r = ncclCommGetAsyncError(c->nccl, &state);
+  pthread_mutex_unlock(&c->lock);
+  if (r == ncclSuccess && (state == ncclSuccess || state == ncclInProgress))
+    return MPG_OK;
+  ncclResult_t bad = r != ncclSuccess ? r : state;
+  char detail[1024];
+  const char *d = mpg__nccl_detail();
+  snprintf(detail, sizeof detail, "%s%s%s", ncclGetErrorString(bad),
+           d[0] ? ": " : "", d);
+  *done = 1;
+  return req_fail(q, MPG_ERR_BACKEND,
+                  "%s: the communicator reported an asynchronous error "
+                  "(ncclCommGetAsyncError): %s",
+                  detail);
+}
+
+mpg_status mpg__nccl_wait(mpg__req *q, double deadline) {
+  unsigned spins = 0;
+  for (;;) {
+    int done = 0;
+    mpg_status st = mpg__nccl_test(q, &done);
+    if (st != MPG_OK || done) return st;
+    if (mpg__now() > deadline) {
+      char what[200];
+      describe(what, sizeof what, q->comm, q->kind, q->dtype, q->op, q->count);
+      return mpg__fail(MPG_ERR_TIMEOUT,
+                       "%s: not complete within the %.3g s timeout (a peer "
+                       "did not arrive?)",
+                       what, q->comm->timeout_s);
+    }
+    mpg__nccl_backoff(&spins);
+  }
+}
+
+void mpg__nccl_req_free(mpg__req *q) {
+  if (!q) return;
+  /* Destroying an event still pending is allowed: CUDA frees it once it
+   * completes. */
+  (void)cudaEventDestroy(q->event);
+  mpg__nccl_comm_unref(q->comm);
+  free(q);
+}

@@ -1,0 +1,274 @@
+/* Joining the world on the NCCL backend: how the ranks agree on the NCCL
+ * unique id, the choice of CUDA device and the init call.  See
+ * nccl_internal.h.
+ *
+ * Unique-id bootstrap, without a server of our own, first match wins:
+ *   1. the caller's 128-byte id (opts.nccl_id);
+ *   2. a world of one rank: ncclGetUniqueId locally;
+ *   3. launched by mpirun and built with MPI (MPI initialised, or
+ *      OMPI_COMM_WORLD_SIZE set): MPI rank 0 calls ncclGetUniqueId and
+ *      broadcasts it (MPI_Ibcast on MPI_COMM_WORLD or *args->mpi_comm);
+ *   4. NCCL's own rendezvous: NCCL_COMM_ID (as set by the user, or set here
+ *      to MASTER_ADDR:MASTER_PORT for the duration of the id and init calls).
+ *      Every rank's ncclGetUniqueId then returns the same id and rank 0's
+ *      init starts the root, listening on that port.
+ *   Nothing usable gives MPG_ERR_ENV naming MASTER_ADDR / MASTER_PORT.
+ *   Note: under torchrun the agent's store already listens on MASTER_PORT
+ *   on the master host; set NCCL_COMM_ID=host:otherport there.
+ *
+ * MPI (bootstrap 3) has one owner, groups/mpi: this file goes through
+ * groups/mpi/mpi_owner.h and calls MPI only to ask whether it runs and for
+ * the communicator's rank and size. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpg_config.h"
+#include "nccl_internal.h"
+
+#if MPG_HAVE_MPI
+#include <mpi.h>
+
+#include "mpi/mpi_owner.h"
+#endif
+
+_Static_assert(sizeof(ncclUniqueId) == 128,
+               "opts.nccl_id is documented as 128 bytes");
+
+/* ------------------------------------------------------------------ */
+/* Unique id bootstrap                                                */
+/* ------------------------------------------------------------------ */
+
+enum boot { BOOT_NONE, BOOT_CALLER, BOOT_LOCAL, BOOT_MPI, BOOT_ENV, BOOT_MASTER };
+
+/* Serialises the NCCL_COMM_ID window (setenv .. init .. unsetenv). */
+static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#if MPG_HAVE_MPI
+/* MPI is initialised, or this process was started by mpirun. */
+static int mpi_launched(void) {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (fin) return 0;
+  if (init) return 1;
+  const char *s = getenv("OMPI_COMM_WORLD_SIZE");
+  return s && s[0];
+}
+
+/* Bootstrap 3.  MPI has one owner, groups/mpi (the rule is in
+ * groups/mpi/mpi_owner.h): it initialises MPI here if nobody has, and then
+ * finalises it at exit, never earlier; a broadcast that times out counts
+ * as a fault there, and MPI, which may still complete it, writes into
+ * memory that groups/mpi keeps on its orphan list. */
+static mpg_status mpi_bcast_id(const mpg__world_args *a, ncclUniqueId *id,
+                               double deadline) {
+  if (mpg__mpi_acquire(MPI_THREAD_MULTIPLE) != MPI_SUCCESS)
+    return mpg__fail(MPG_ERR_ENV,
+                     "nccl bootstrap: OMPI_COMM_WORLD_SIZE is set but "
+                     "MPI_Init_thread failed on rank %d",
+                     a->rank);
+  MPI_Comm comm = a->mpi_comm ? *(MPI_Comm *)a->mpi_comm : MPI_COMM_WORLD;
+  int me = -1, n = 0;
+  MPI_Comm_rank(comm, &me);
+  MPI_Comm_size(comm, &n);
+  if (n != a->world_size)
+    return mpg__fail(MPG_ERR_ENV,
+                     "nccl bootstrap: the MPI communicator has %d processes "
+                     "but the world has %d ranks",
+                     n, a->world_size);
+  memset(id, 0, sizeof *id);
+  if (me == 0) {
+    pthread_mutex_lock(&env_lock);
+    ncclResult_t r = ncclGetUniqueId(id);
+    pthread_mutex_unlock(&env_lock);
+    if (r != ncclSuccess)
+      return mpg__nccl_fail(MPG_ERR_BACKEND, "nccl bootstrap (MPI rank 0)",
+                       "ncclGetUniqueId", r);
+  }
+  switch (mpg__mpi_bcast_bytes(comm, id, (int)sizeof *id, deadline)) {
+    case MPG__MPI_BCAST_DONE:
+      return MPG_OK;
+    case MPG__MPI_BCAST_POST_FAILED:
+      return mpg__fail(MPG_ERR_BACKEND,
+                       "nccl bootstrap: MPI_Ibcast of the unique id failed on "
+                       "MPI rank %d",
+                       me);
+    case MPG__MPI_BCAST_TEST_FAILED:
+      return mpg__fail(MPG_ERR_BACKEND,
+                       "nccl bootstrap: MPI_Test on the unique id broadcast "
+                       "failed on MPI rank %d",
+                       me);
+    case MPG__MPI_BCAST_TIMEOUT:
+      break;
+  }
+  return mpg__fail(MPG_ERR_TIMEOUT,
+                   "nccl bootstrap: MPI rank %d did not receive the "
+                   "unique id from MPI rank 0 within the timeout",
+                   me);
+}
+#endif
+
+static enum boot pick_boot(const mpg__world_args *a) {
+  if (a->nccl_id) return BOOT_CALLER;
+  if (a->world_size == 1) return BOOT_LOCAL;
+#if MPG_HAVE_MPI
+  if (mpi_launched()) return BOOT_MPI;
+#endif
+  const char *env = getenv("NCCL_COMM_ID");
+  if (env && env[0]) return BOOT_ENV;
+  if (a->master_addr && a->master_addr[0] && a->master_port > 0)
+    return BOOT_MASTER;
+  return BOOT_NONE;
+}
+
+static void boot_name(enum boot b, const mpg__world_args *a, char *buf,
+                      size_t n) {
+  switch (b) {
+    case BOOT_NONE: break;
+    case BOOT_CALLER: snprintf(buf, n, "the caller (opts.nccl_id)"); return;
+    case BOOT_LOCAL: snprintf(buf, n, "ncclGetUniqueId (world of one rank)"); return;
+    case BOOT_MPI: snprintf(buf, n, "MPI_Ibcast from MPI rank 0"); return;
+    case BOOT_ENV:
+      snprintf(buf, n, "NCCL_COMM_ID=%s", getenv("NCCL_COMM_ID") ? getenv("NCCL_COMM_ID") : "");
+      return;
+    case BOOT_MASTER:
+      snprintf(buf, n, "NCCL_COMM_ID from MASTER_ADDR=%s MASTER_PORT=%d",
+               a->master_addr, a->master_port);
+      return;
+  }
+  snprintf(buf, n, "?");
+}
+
+/* ------------------------------------------------------------------ */
+/* world_init                                                         */
+/* ------------------------------------------------------------------ */
+
+mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
+  *out = NULL;
+  if (!a || a->world_size < 1 || a->rank < 0 || a->rank >= a->world_size)
+    return mpg__fail(MPG_ERR_INVALID, "nccl world_init: rank %d outside a world of %d",
+                     a ? a->rank : -1, a ? a->world_size : 0);
+  double timeout = a->timeout_s > 0 ? a->timeout_s : 600.0;
+  double deadline = mpg__now() + timeout;
+
+  /* 1. How the ranks agree on the id.  Checked before touching CUDA. */
+  enum boot how = pick_boot(a);
+  if (how == BOOT_NONE)
+    return mpg__fail(MPG_ERR_ENV,
+                     "nccl: rank %d of %d has no way to agree on the NCCL "
+                     "unique id: set MASTER_ADDR and MASTER_PORT (torchrun "
+                     "style) or NCCL_COMM_ID=host:port, launch with mpirun "
+                     "(meshpg built with MPI), or pass opts.nccl_id",
+                     a->rank, a->world_size);
+  char via[320];
+  boot_name(how, a, via, sizeof via);
+
+  /* 2. The device. */
+  int ndev = 0;
+  cudaError_t ce = cudaGetDeviceCount(&ndev);
+  if (ce != cudaSuccess || ndev < 1) {
+    (void)cudaGetLastError();
+    return mpg__fail(MPG_ERR_UNSUPPORTED,
+                     "nccl: no CUDA device for rank %d of %d "
+                     "(cudaGetDeviceCount: %s)",
+                     a->rank, a->world_size,
+                     ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
+  }
+  int dev = a->device >= 0 ? a->device : a->local_rank;
+  if (dev < 0 || dev >= ndev)
+    return mpg__fail(a->device >= 0 ? MPG_ERR_INVALID : MPG_ERR_ENV,
+                     "nccl: rank %d of %d wants CUDA device %d (%s) but this "
+                     "machine has %d (0..%d)",
+                     a->rank, a->world_size, dev,
+                     a->device >= 0 ? "opts.device" : "the local rank", ndev,
+                     ndev - 1);
+  ce = cudaSetDevice(dev);
+  if (ce != cudaSuccess) {
+    char what[96];
+    snprintf(what, sizeof what, "nccl world_init (rank %d of %d)", a->rank,
+             a->world_size);
+    return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaSetDevice", ce);
+  }
+
+  mpg__comm *c = mpg__nccl_comm_new(dev, timeout);
+  if (!c) return mpg__fail(MPG_ERR_NOMEM, "nccl world_init: out of memory");
+  c->rank = a->rank;
+  c->size = a->world_size;
+
+  char what[480];
+  snprintf(what, sizeof what,
+           "nccl world init (rank %d of %d, CUDA device %d, id from %s)",
+           a->rank, a->world_size, dev, via);
+
+  /* 3. The id, and 4. the init call.  env_lock is held from the id to the
+   * init call on every path, so that an NCCL_COMM_ID we set for one world
+   * never reaches another world's ncclGetUniqueId or rank-0 init. */
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  mpg_status st = MPG_OK;
+  ncclResult_t r = ncclSuccess;
+  int env_set_here = 0;
+#if MPG_HAVE_MPI
+  if (how == BOOT_MPI) st = mpi_bcast_id(a, &id, deadline); /* may block */
+#endif
+  pthread_mutex_lock(&env_lock);
+  switch (how) {
+    case BOOT_NONE:
+    case BOOT_MPI:
+      break;
+    case BOOT_CALLER:
+      memcpy(&id, a->nccl_id, sizeof id);
+      break;
+    case BOOT_LOCAL:
+      r = ncclGetUniqueId(&id);
+      break;
+    case BOOT_ENV:
+    case BOOT_MASTER:
+      if (!getenv("NCCL_COMM_ID")) {
+        char hostport[320];
+        int v6 = strchr(a->master_addr, ':') && a->master_addr[0] != '[';
+        snprintf(hostport, sizeof hostport, v6 ? "[%s]:%d" : "%s:%d",
+                 a->master_addr, a->master_port);
+        if (setenv("NCCL_COMM_ID", hostport, 0) == 0) env_set_here = 1;
+      }
+      r = ncclGetUniqueId(&id);
+      break;
+  }
+  if (st != MPG_OK || r != ncclSuccess) {
+    if (env_set_here) unsetenv("NCCL_COMM_ID");
+    pthread_mutex_unlock(&env_lock);
+    mpg__nccl_comm_unref(c);
+    return st != MPG_OK ? st : mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclGetUniqueId", r);
+  }
+
+  ncclConfig_t cfg = mpg__nccl_config();
+  pthread_mutex_lock(&c->lock);
+  r = ncclCommInitRankConfig(&c->nccl, a->world_size, id, a->rank, &cfg);
+  /* NCCL reads NCCL_COMM_ID synchronously in the call above. */
+  if (env_set_here) unsetenv("NCCL_COMM_ID");
+  pthread_mutex_unlock(&env_lock);
+  /* Poll even after ncclSuccess: a non-blocking call may return before its
+   * background job has finished. */
+  if ((r == ncclSuccess || r == ncclInProgress) && c->nccl)
+    st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
+  if (st == MPG_OK && r == ncclSuccess) {
+    pthread_mutex_unlock(&c->lock);
+    mpg__log(1, "nccl: rank %d of %d up on CUDA device %d (unique id from %s)",
+             a->rank, a->world_size, dev, via);
+    *out = c;
+    return MPG_OK;
+  }
+  if (c->nccl) (void)ncclCommAbort(c->nccl);
+  c->nccl = NULL;
+  pthread_mutex_unlock(&c->lock);
+  mpg__nccl_comm_unref(c);
+  if (st == MPG_ERR_TIMEOUT)
+    return mpg__fail(MPG_ERR_TIMEOUT,
+                     "%s: not every rank connected within %.3g s (did all %d "
+                     "ranks start, with the same id?)",
+                     what, timeout, a->world_size);
+  if (st != MPG_OK) return mpg__fail(st, "%s: aborted while connecting", what);
+  return mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommInitRankConfig", r);
+}
