@@ -72,20 +72,6 @@ static mpg_status resolve_launch(const mpg_init_opts *o, mpg__world_args *a,
   return MPG_OK;
 }
 
-void mpg__ctx_abort_all(mpg_ctx *ctx, mpg_status reason) {
-  int healthy = MPG_OK;
-  if (!atomic_compare_exchange_strong(&ctx->aborted, &healthy, (int)reason)) return;
-  for (int s = 0; s < ctx->nsets; s++) {
-    mpg_group *g = &ctx->groups[s];
-    if (g->comm && g->comm != ctx->world_comm) ctx->ops->abort_comm(g->comm, reason);
-  }
-  for (mpg_group *g = ctx->extra; g; g = g->next)
-    if (g->comm) ctx->ops->abort_comm(g->comm, reason);
-  if (ctx->world_comm) ctx->ops->abort_comm(ctx->world_comm, reason);
-  if (ctx->launch_comm) ctx->ops->abort_comm(ctx->launch_comm, reason);
-  mpg__log(1, "rank %d: context aborted (%s)", ctx->rank, mpg_status_name(reason));
-}
-
 /* Run one operation on a communicator to completion within the timeout. */
 static mpg_status run_on(mpg_ctx *ctx, mpg__comm *comm, const mpg__coll *c) {
   mpg__req *req = NULL;

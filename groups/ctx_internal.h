@@ -1,9 +1,10 @@
 /* The groups layer's own state, shared by its three parts: ctx.c (the
  * context: launch, placement, binding, memory), group.c (the groups of a
- * context) and coll.c (collectives and work handles).  The backends
- * (backend.h) only move data; this layer checks arguments, turns size-1
- * groups into local copies, applies the context's timeout and aborts the
- * whole context when a peer never arrives. */
+ * context) and coll.c (collectives and work handles); calls go one way,
+ * from ctx.c and coll.c to group.c.  The backends (backend.h) only move
+ * data: this layer checks arguments, turns size-1 groups into local
+ * copies, applies the context's timeout and aborts the whole context when
+ * a peer never arrives. */
 #ifndef MPG_GROUPS_CTX_INTERNAL_H
 #define MPG_GROUPS_CTX_INTERNAL_H
 
@@ -59,7 +60,7 @@ struct mpg_work {
   mpg_status status; /* a failure seen by mpg_work_test */
 };
 
-/* ctx.c: abort every communicator of the context (once; later calls do
+/* group.c: abort every communicator of the context (once; later calls do
  * nothing) with `reason`, MPG_ERR_TIMEOUT or MPG_ERR_ABORTED. */
 void mpg__ctx_abort_all(mpg_ctx *ctx, mpg_status reason);
 

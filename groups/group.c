@@ -7,6 +7,20 @@
 
 #include "ctx_internal.h"
 
+void mpg__ctx_abort_all(mpg_ctx *ctx, mpg_status reason) {
+  int healthy = MPG_OK;
+  if (!atomic_compare_exchange_strong(&ctx->aborted, &healthy, (int)reason)) return;
+  for (int s = 0; s < ctx->nsets; s++) {
+    mpg_group *g = &ctx->groups[s];
+    if (g->comm && g->comm != ctx->world_comm) ctx->ops->abort_comm(g->comm, reason);
+  }
+  for (mpg_group *g = ctx->extra; g; g = g->next)
+    if (g->comm) ctx->ops->abort_comm(g->comm, reason);
+  if (ctx->world_comm) ctx->ops->abort_comm(ctx->world_comm, reason);
+  if (ctx->launch_comm) ctx->ops->abort_comm(ctx->launch_comm, reason);
+  mpg__log(1, "rank %d: context aborted (%s)", ctx->rank, mpg_status_name(reason));
+}
+
 mpg_status mpg__group_create(mpg_ctx *ctx, mpg_group *g) {
   if (g->created) return MPG_OK;
   mpg_status st = MPG_OK;

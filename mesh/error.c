@@ -144,3 +144,21 @@ const char *mpg__closest(const char *word, const char *const *cands, int n) {
   int limit = strlen(word) >= 5 ? 2 : 1;
   return best && bestd > 0 && bestd <= limit ? best : NULL;
 }
+
+int mpg__list_next(const char **s, char sep, char *buf, size_t cap) {
+  const char *p = *s;
+  if (!p) return 0;
+  const char *e = strchr(p, sep);
+  size_t n = e ? (size_t)(e - p) : strlen(p);
+  while (n && (*p == ' ' || *p == '\t')) p++, n--;
+  while (n && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
+  *s = e ? e + 1 : NULL;
+  if (n >= cap) {
+    memcpy(buf, p, cap - 4);
+    strcpy(buf + cap - 4, "...");
+    return -1;
+  }
+  memcpy(buf, p, n);
+  buf[n] = '\0';
+  return 1;
+}

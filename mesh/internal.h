@@ -94,6 +94,13 @@ void mpg__log(int level, const char *fmt, ...) MPG__PRINTF(2, 3);
 /* Name rules shared by the spec and the mesh. */
 int mpg__name_valid(const char *name);
 
+/* The next `sep`-separated item of *s into buf (cap bytes), without the
+ * blanks (spaces, tabs) around it.  *s advances past the separator and
+ * becomes NULL after the last item.  Returns 1 for an item (possibly
+ * empty), 0 when *s is NULL, -1 when the item does not fit (buf then holds
+ * its start and "..."). */
+int mpg__list_next(const char **s, char sep, char *buf, size_t cap);
+
 /* Smallest edit distance name among candidates, or NULL if none is close. */
 const char *mpg__closest(const char *word, const char *const *cands, int n);
 

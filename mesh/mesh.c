@@ -332,24 +332,6 @@ mpg_status mpg_mesh_group_members(const mpg_mesh *mesh, int set,
 /* Internal: dim lists and groups over any mask (mesh_internal.h)      */
 /* ------------------------------------------------------------------ */
 
-int mpg__list_next(const char **s, char sep, char *buf, size_t cap) {
-  const char *p = *s;
-  if (!p) return 0;
-  const char *e = strchr(p, sep);
-  size_t n = e ? (size_t)(e - p) : strlen(p);
-  while (n && (*p == ' ' || *p == '\t')) p++, n--;
-  while (n && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
-  *s = e ? e + 1 : NULL;
-  if (n >= cap) {
-    memcpy(buf, p, cap - 4);
-    strcpy(buf + cap - 4, "...");
-    return -1;
-  }
-  memcpy(buf, p, n);
-  buf[n] = '\0';
-  return 1;
-}
-
 mpg_status mpg__mesh_parse_dims(const mpg_mesh *mesh, const char *list,
                                 int flags, const char *what, unsigned *mask,
                                 int *dims, int *ndims) {

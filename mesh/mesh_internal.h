@@ -11,13 +11,6 @@
 extern "C" {
 #endif
 
-/* The next `sep`-separated item of *s into buf (cap bytes), without the
- * blanks (spaces, tabs) around it.  *s advances past the separator and
- * becomes NULL after the last item.  Returns 1 for an item (possibly
- * empty), 0 when *s is NULL, -1 when the item does not fit (buf then holds
- * its start and "..."). */
-int mpg__list_next(const char **s, char sep, char *buf, size_t cap);
-
 /* Flags of mpg__mesh_parse_dims. */
 enum {
   MPG__DIMS_ALLOW_EMPTY = 1,  /* "" names no dims (mask 0) */

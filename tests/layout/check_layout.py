@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""The architecture, checked on the sources and the built objects.
+
+usage: check_layout.py SOURCE_ROOT LIBMESHPG_A TOOLS_OBJECT_DIR
+
+1. Layering: a library file includes headers of its own module or of the
+   modules below it only (mesh -> topo -> groups -> sync; the public
+   header and the generated mpg_config.h are everyone's).
+2. No call cycles: in the library (read from the static archive) and in
+   the meshpg program (its objects), the graph "file A uses a symbol that
+   file B defines" has no cycle.
+3. Size: no library source file is over 800 lines (a larger one mixes
+   jobs and should be split).
+Prints every violation and exits 1 if there is any."""
+import collections
+import glob
+import os
+import re
+import subprocess
+import sys
+
+MODULES = ["mesh", "topo", "groups", "sync"]  # lowest first
+MAX_LINES = 800
+
+
+def module_of(path, root):
+    rel = os.path.relpath(path, root)
+    top = rel.split(os.sep)[0]
+    return top if top in MODULES else None
+
+
+def library_files(root):
+    for m in MODULES:
+        for dirpath, _, files in os.walk(os.path.join(root, m)):
+            for f in files:
+                if f.endswith((".c", ".cc", ".h")):
+                    yield os.path.join(dirpath, f)
+
+
+def check_includes(root, errors):
+    headers = {}
+    for path in library_files(root):
+        if path.endswith(".h"):
+            headers.setdefault(os.path.basename(path), []).append(path)
+    for path in library_files(root):
+        mod = module_of(path, root)
+        for n, line in enumerate(open(path, encoding="utf-8"), 1):
+            m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+            if not m:
+                continue
+            inc = m.group(1)
+            if inc in ("meshpg.h", "mpg_config.h"):
+                continue
+            here = os.path.normpath(os.path.join(os.path.dirname(path), inc))
+            cands = [here] if os.path.exists(here) else headers.get(os.path.basename(inc), [])
+            if not cands:
+                errors.append("%s:%d: includes \"%s\", which is no library header"
+                              % (os.path.relpath(path, root), n, inc))
+                continue
+            owner = module_of(cands[0], root)
+            if MODULES.index(owner) > MODULES.index(mod):
+                errors.append("%s:%d: %s includes \"%s\" of %s, a module above it"
+                              % (os.path.relpath(path, root), n, mod, inc, owner))
+
+
+def nm_members(args):
+    """{member: (defined, undefined)} from nm over an archive or objects."""
+    out = subprocess.run(["nm"] + args, capture_output=True, text=True, check=True).stdout
+    members = {}
+    cur = None
+    if len(args) == 1 and not args[0].endswith(".a"):  # nm prints no header
+        cur = args[0]
+        members[cur] = (set(), set())
+    for line in out.splitlines():
+        if line.endswith(":") and not line.startswith(" "):
+            cur = line[:-1]
+            members[cur] = (set(), set())
+            continue
+        parts = line.split()
+        if cur is None or not parts:
+            continue
+        if len(parts) == 3 and parts[1] in "TDBRCVW":
+            members[cur][0].add(parts[2])
+        elif len(parts) == 2 and parts[0] == "U":
+            members[cur][1].add(parts[1])
+    return members
+
+
+def check_cycles(what, members, errors):
+    owner = {}
+    for name, (defs, _) in members.items():
+        for s in defs:
+            owner[s] = name
+    graph = collections.defaultdict(dict)
+    for name, (_, undefs) in members.items():
+        for s in undefs:
+            o = owner.get(s)
+            if o and o != name:
+                graph[name].setdefault(o, s)
+    # Tarjan's strongly connected components.
+    index, low, stack, on, comps = {}, {}, [], set(), []
+    counter = [0]
+    sys.setrecursionlimit(10000)
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(comp)
+
+    for v in sorted(members):
+        if v not in index:
+            visit(v)
+    for comp in comps:
+        edges = ["%s -> %s (%s)" % (a, b, graph[a][b])
+                 for a in sorted(comp) for b in sorted(graph[a]) if b in comp]
+        errors.append("%s: files that call each other in a cycle: %s" % (what, "; ".join(edges)))
+
+
+def check_sizes(root, errors):
+    for path in library_files(root):
+        if path.endswith((".c", ".cc")):
+            n = sum(1 for _ in open(path, encoding="utf-8"))
+            if n > MAX_LINES:
+                errors.append("%s: %d lines (over %d: split it by job)"
+                              % (os.path.relpath(path, root), n, MAX_LINES))
+
+
+def main():
+    root, archive, tools_dir = sys.argv[1:4]
+    errors = []
+    check_includes(root, errors)
+    check_cycles("libmeshpg", nm_members([archive]), errors)
+    tools = sorted(glob.glob(os.path.join(tools_dir, "*.o")))
+    if not tools:
+        errors.append("no objects of the meshpg program in %s" % tools_dir)
+    else:
+        check_cycles("meshpg", {os.path.basename(o): d
+                                for o, d in nm_members(tools).items()}, errors)
+    check_sizes(root, errors)
+    for e in errors:
+        print(e)
+    print("%d layout violations" % len(errors))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
