@@ -2,20 +2,27 @@
  * their mpg__mpi_* functions.  The backend is one MPI communicator per
  * group and nonblocking MPI operations polled against the caller's
  * deadline; it fills `const struct mpg__backend_ops mpg__backend_mpi`
- * (groups/backend.h).  One job per file:
+ * (groups/backend.h).  One job per file, lowest layer first; a file calls
+ * only files listed above it (no two files call each other):
  *
+ *   state.c     the process-wide state the files share (mpg__mpi below)
+ *               and its small helpers: MPI error text, communicator
+ *               reference counts, noting a fault.
+ *   pending.c   pending work and its waiters: the pacing of polling
+ *               loops, the live communicators and their pending requests,
+ *               a waiter's sleep and wake-up, whether the progress thread
+ *               runs.
+ *   staging.c   memory MPI may write: staging buffers recycled per
+ *               communicator, and the regions of mem_alloc (zero-copy).
+ *   ring.c      meshpg's own pipelined ring all-reduce for large buffers.
+ *   orphans.c   the end of a request: its release, or its deferred free
+ *               (with memory) while an abandoned operation may use it.
+ *   ops.c       operations: post, test, wait, free; data types, chunking
+ *               of counts above INT_MAX, the completion step.
+ *   progress.c  the progress thread, driving pending requests and pieces.
  *   world.c     MPI ownership (init, finalise, the no-finalise-after-fault
  *               rule; mpi_owner.h) and communicator lifecycle: world,
  *               split, abort, destroy; the function table.
- *   ops.c       operations: post, test, wait, free; data types, chunking
- *               of counts above INT_MAX, the completion step.
- *   ring.c      meshpg's own pipelined ring all-reduce for large buffers.
- *   staging.c   memory MPI may write: staging buffers recycled per
- *               communicator, and the regions of mem_alloc (zero-copy).
- *   orphans.c   deferred free of requests and memory that operations
- *               abandoned unfinished may still use.
- *   progress.c  driving MPI forward: the pacing of polling loops, the
- *               lists of pending work and the progress thread.
  *
  * Threads.  Every MPI call of meshpg is serialised by one process-wide
  * lock, mpg__mpi.lock (never held while sleeping), which also guards the
@@ -27,6 +34,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <time.h>
 
 #include <mpi.h>
 
@@ -147,7 +155,7 @@ struct mpg__req {
   struct mpg__req *next; /* orphan list */
 };
 
-/* Process-wide state shared by the files (defined in world.c); each file
+/* Process-wide state shared by the files (defined in state.c); each file
  * keeps the rest of its state to itself. */
 struct mpg__mpi_state {
   pthread_mutex_t lock;  /* see Threads above */
@@ -158,6 +166,14 @@ struct mpg__mpi_state {
   int we_finalized;      /* meshpg called MPI_Finalize */
   long chunk;            /* most elements per MPI call (MESHPG_MPI_MAX_COUNT) */
   size_t piece;          /* ring piece bytes (MESHPG_MPI_PIECE_BYTES) */
+  atomic_int faulted;    /* an abort or timeout happened here (world.c) */
+  /* The work of the progress thread: pending.c keeps it, progress.c
+   * drives it. */
+  mpg__comm *live;       /* every communicator not destroyed */
+  long pending_total;    /* sum of npending over live */
+  pthread_cond_t prog_cond; /* wakes the progress thread: new work, stop */
+  atomic_int prog_running; /* a thread was started and not joined */
+  atomic_int prog_idle;  /* it has backed off: callers drive MPI */
 };
 extern struct mpg__mpi_state mpg__mpi;
 
@@ -169,7 +185,7 @@ static inline void lock_g(void) {
 
 static inline void unlock_g(void) { pthread_mutex_unlock(&mpg__mpi.lock); }
 
-/* world.c */
+/* state.c */
 /* "<call> failed for <what>: <MPI's error string>" as MPG_ERR_BACKEND. */
 mpg_status mpg__mpi_fail(int rc, const char *call, const char *what);
 /* Drop one reference to m; free the struct at zero.  Lock held. */
@@ -177,29 +193,30 @@ void mpg__mpi_comm_unref(mpg__comm *m);
 /* An abort or a timeout happened: MPI is then finalised only at exit. */
 void mpg__mpi_note_fault(void);
 
-/* ops.c */
-mpg_status mpg__mpi_post(mpg__comm *m, const mpg__coll *c, mpg__req **out);
-mpg_status mpg__mpi_test(mpg__req *q, int *done);
-mpg_status mpg__mpi_wait(mpg__req *q, double deadline);
-void mpg__mpi_req_free(mpg__req *q);
-/* Has q's MPI part completed?  Lock held; see ops.c. */
-int mpg__mpi_req_poll(mpg__req *q, int *flag);
-/* Free q and what it owns (it is finished, or MPI is done with it).
- * Lock held. */
-void mpg__mpi_req_release(mpg__req *q);
-
-/* ring.c */
-/* Would an all-reduce of n elements of es bytes run as ring pieces, and
- * into how many? */
-int mpg__mpi_pipelined(size_t n, size_t es);
-size_t mpg__mpi_npieces(size_t n, size_t es);
-/* Queue q's all-reduce as pieces.  Lock held.  Returns an MPI code. */
-int mpg__mpi_queue_allreduce(mpg__req *q, mpg__comm *m, size_t ws);
-/* Advance m's pieces; returns how many moved.  Lock held (released
- * meanwhile; see ring.c). */
-int mpg__mpi_pump(mpg__comm *m);
-/* Forget every piece of q.  Lock held. */
-void mpg__mpi_purge(mpg__comm *m, mpg__req *q);
+/* pending.c */
+/* Pacing of a polling loop (see pending.c). */
+typedef struct mpg__mpi_poller {
+  double start, spin_s;
+  unsigned sleeps;
+} mpg__mpi_poller;
+void mpg__mpi_poller_init(mpg__mpi_poller *p, size_t bytes);
+void mpg__mpi_poller_pause(mpg__mpi_poller *p);
+/* The CLOCK_REALTIME time `secs` from now, for pthread_cond_timedwait. */
+struct timespec mpg__mpi_time_after(double secs);
+/* m joins or leaves the live list (lock held). */
+void mpg__mpi_live_add(mpg__comm *m);
+void mpg__mpi_live_remove(mpg__comm *m);
+/* q becomes pending on m, or stops being pending (lock held). */
+void mpg__mpi_pend_link(mpg__comm *m, mpg__req *q);
+void mpg__mpi_pend_unlink(mpg__comm *m, mpg__req *q);
+/* Wake every waiter sleeping in mpg__mpi_nap_on_done. */
+void mpg__mpi_wake_waiters(void);
+/* Sleep until the progress thread sees an operation finish, an abort, or
+ * at most a few ms (never past deadline).  Lock NOT held. */
+void mpg__mpi_nap_on_done(const mpg__req *q, double deadline);
+/* The progress thread runs; it has backed off (callers drive MPI then). */
+int mpg__mpi_progress_running(void);
+int mpg__mpi_progress_idle(void);
 
 /* staging.c */
 /* A cached staging buffer of m with at least `bytes` (its size in *cap),
@@ -214,7 +231,22 @@ mpg_status mpg__mpi_mem_alloc(mpg__comm *world, size_t bytes, int registered,
                               void **ptr);
 mpg_status mpg__mpi_mem_free(mpg__comm *world, void *ptr);
 
+/* ring.c */
+/* Would an all-reduce of n elements of es bytes run as ring pieces, and
+ * into how many? */
+int mpg__mpi_pipelined(size_t n, size_t es);
+size_t mpg__mpi_npieces(size_t n, size_t es);
+/* Queue q's all-reduce as pieces.  Lock held.  Returns an MPI code. */
+int mpg__mpi_queue_allreduce(mpg__req *q, mpg__comm *m, size_t ws);
+/* Advance m's pieces; returns how many moved.  Lock held (released
+ * meanwhile; see ring.c). */
+int mpg__mpi_pump(mpg__comm *m);
+/* Forget every piece of q.  Lock held. */
+void mpg__mpi_purge(mpg__comm *m, mpg__req *q);
+
 /* orphans.c (all lock held) */
+/* Free q and what it owns (it is finished, or MPI is done with it). */
+void mpg__mpi_req_release(mpg__req *q);
 /* Orphan a request that cannot be released yet. */
 void mpg__mpi_orphan(mpg__req *q);
 /* Park a bare pending MPI request and memory MPI may still write; with
@@ -225,20 +257,15 @@ void mpg__mpi_sweep_orphans(void);
 /* After MPI_Finalize: free them all. */
 void mpg__mpi_free_orphans(void);
 
+/* ops.c */
+mpg_status mpg__mpi_post(mpg__comm *m, const mpg__coll *c, mpg__req **out);
+mpg_status mpg__mpi_test(mpg__req *q, int *done);
+mpg_status mpg__mpi_wait(mpg__req *q, double deadline);
+void mpg__mpi_req_free(mpg__req *q);
+/* Has q's MPI part completed?  Lock held; see ops.c. */
+int mpg__mpi_req_poll(mpg__req *q, int *flag);
+
 /* progress.c */
-/* Pacing of a polling loop (see progress.c). */
-typedef struct mpg__mpi_poller {
-  double start, spin_s;
-  unsigned sleeps;
-} mpg__mpi_poller;
-void mpg__mpi_poller_init(mpg__mpi_poller *p, size_t bytes);
-void mpg__mpi_poller_pause(mpg__mpi_poller *p);
-/* m joins or leaves the live list (lock held). */
-void mpg__mpi_live_add(mpg__comm *m);
-void mpg__mpi_live_remove(mpg__comm *m);
-/* q becomes pending on m, or stops being pending (lock held). */
-void mpg__mpi_pend_link(mpg__comm *m, mpg__req *q);
-void mpg__mpi_pend_unlink(mpg__comm *m, mpg__req *q);
 /* Read MESHPG_MPI_PROGRESS; the thread level MPI should be initialised
  * at for it. */
 mpg_status mpg__mpi_progress_configure(void);
@@ -246,13 +273,7 @@ int mpg__mpi_progress_level(void);
 /* Start the thread (lock held); stop and join it (lock NOT held). */
 void mpg__mpi_progress_start(void);
 void mpg__mpi_progress_stop(void);
-/* The thread runs; it has backed off (callers drive MPI then). */
-int mpg__mpi_progress_running(void);
-int mpg__mpi_progress_idle(void);
-/* Wake every waiter sleeping in mpg__mpi_nap_on_done. */
-void mpg__mpi_wake_waiters(void);
-/* Sleep until the progress thread sees an operation finish, an abort, or
- * at most a few ms (never past deadline).  Lock NOT held. */
-void mpg__mpi_nap_on_done(const mpg__req *q, double deadline);
+
+/* world.c: the function table, and mpi_owner.h. */
 
 #endif

@@ -1,5 +1,7 @@
 /* Operations of the MPI backend: post, test, wait and free, over
- * nonblocking MPI calls polled against the caller's deadline.
+ * nonblocking MPI calls polled against the caller's deadline (layer:
+ * above orphans.c, ring.c, staging.c and pending.c; below progress.c,
+ * which polls its requests, and world.c, whose table it fills).
  *
  * Data types.  f32, f64, i32 and i64 map to MPI types and reduce natively
  * (SUM, MAX, MIN).  f16/bf16 have no MPI reduction, so they are widened into
@@ -21,7 +23,7 @@
  *
  * Timeouts.  Every operation is nonblocking and wait polls MPI_Test until
  * the deadline: back to back (yielding the CPU) for a spin window, then
- * with sleeps growing to 1 ms (see mpg__mpi_poller_pause() in progress.c).
+ * with sleeps growing to 1 ms (see mpg__mpi_poller_pause() in pending.c).
  * A request freed before it finished is orphaned (orphans.c); a
  * communicator that was aborted fails later posts with the reason. */
 #include <stdint.h>
@@ -83,13 +85,6 @@ static MPI_Datatype mpi_type(mpg_dtype dt) {
 
 static MPI_Op mpi_op(mpg_op op) {
   return op == MPG_OP_MAX ? MPI_MAX : op == MPG_OP_MIN ? MPI_MIN : MPI_SUM;
-}
-
-void mpg__mpi_req_release(mpg__req *q) {
-  if (q->region) mpg__mpi_region_unref(q->region);
-  if (q->reqs != &q->one) free(q->reqs);
-  free(q->stage);
-  free(q);
 }
 
 /* ------------------------------------------------------------------ */

@@ -1,5 +1,7 @@
-/* Orphans of the MPI backend: deferred free of requests, and of memory,
- * that operations abandoned unfinished may still use.
+/* The end of a request in the MPI backend: releasing it and what it owns,
+ * at once or, when an operation abandoned unfinished may still use it,
+ * later as an orphan (layer: above ring.c, staging.c and pending.c; below
+ * ops.c and world.c).
  *
  * A request freed before it finished cannot be released: MPI forbids
  * MPI_Request_free and MPI_Cancel on nonblocking collectives, and MPI may
@@ -18,6 +20,14 @@
 #include "mpi_internal.h"
 
 static mpg__req *g_orphans; /* guarded by mpg__mpi.lock */
+
+/* Free q and what it owns: it is finished, or MPI is done with it. */
+void mpg__mpi_req_release(mpg__req *q) {
+  if (q->region) mpg__mpi_region_unref(q->region);
+  if (q->reqs != &q->one) free(q->reqs);
+  free(q->stage);
+  free(q);
+}
 
 /* Orphan a request that cannot be released yet.  Lock held. */
 void mpg__mpi_orphan(mpg__req *q) {

@@ -5,7 +5,8 @@
  * most MPG_MPI_WINDOW in flight; each piece is staged, all-reduced over
  * MPI point-to-point, divided and copied out on its own, behind the
  * communication of the others.  The pieces advance in mpg__mpi_pump(),
- * called from every test of a request and by the progress thread.
+ * called from every test of a request and by the progress thread (layer:
+ * above state.c and pending.c; below orphans.c, ops.c and progress.c).
  *
  * The ring.  A piece's count elements are cut into size chunks (chunk i
  * is [count * i / size, count * (i + 1) / size)).  Reduce-scatter: at step

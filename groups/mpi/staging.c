@@ -1,5 +1,6 @@
 /* Memory that MPI may write, for the MPI backend: staging buffers
- * recycled per communicator, and the regions handed out by mem_alloc.
+ * recycled per communicator, and the regions handed out by mem_alloc
+ * (layer: above state.c only; below ops.c, orphans.c and world.c).
  *
  * Staging.  MPI never sees a caller's buffer: every operation copies its
  * input into staging memory owned by the request and copies the result

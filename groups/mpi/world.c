@@ -1,6 +1,8 @@
 /* MPI ownership and the communicator lifecycle of the MPI backend: who
  * initialises and finalises MPI, joining the world, split, abort and
- * destroy; and the backend's function table.
+ * destroy; and the backend's function table (layer: the top; no other
+ * file of the backend calls it, the NCCL bootstrap does through
+ * mpi_owner.h).
  *
  * Ownership.  This file is the one place that initialises and finalises
  * MPI for meshpg, the NCCL backend's MPI bootstrap included (through
@@ -48,27 +50,10 @@
 
 #include "mpi_internal.h"
 
-struct mpg__mpi_state mpg__mpi = {
-    .lock = PTHREAD_MUTEX_INITIALIZER,
-    .chunk = INT_MAX,
-    .piece = MPG_MPI_PIECE_DEFAULT,
-};
-
 /* Ownership, guarded by mpg__mpi.lock. */
 static int g_we_initialized; /* we called MPI_Init_thread */
 static int g_holds;          /* live worlds + NCCL bootstraps (until exit) */
 static int g_live_worlds;    /* the progress thread runs while one lives */
-static atomic_int g_faulted; /* an abort or timeout happened here */
-
-mpg_status mpg__mpi_fail(int rc, const char *call, const char *what) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
-    snprintf(text, sizeof text, "MPI error code %d", rc);
-  return mpg__fail(MPG_ERR_BACKEND, "%s failed for %s: %s", call, what, text);
-}
-
-void mpg__mpi_note_fault(void) { atomic_store(&g_faulted, 1); }
 
 /* ------------------------------------------------------------------ */
 /* Initialising and finalising MPI                                     */
@@ -120,7 +105,7 @@ static int init_locked(int level, int *provided, int *here) {
  * held. */
 static void release_locked(void) {
   if (--g_holds > 0 || !g_we_initialized) return;
-  if (atomic_load(&g_faulted))
+  if (atomic_load(&mpg__mpi.faulted))
     mpg__log(1, "mpi: after an abort MPI_Finalize is deferred to exit");
   else
     finalize_locked();
@@ -154,10 +139,6 @@ static mpg_status comm_wrap(MPI_Comm c, double timeout_s, int is_world,
   mpg__mpi_live_add(m);
   *out = m;
   return MPG_OK;
-}
-
-void mpg__mpi_comm_unref(mpg__comm *m) {
-  if (--m->refs == 0) free(m);
 }
 
 /* Poll one MPI request until done, `deadline`, or an abort of `m` (may be

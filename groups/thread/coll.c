@@ -1,5 +1,6 @@
 /* Collectives of the thread backend: matching the members' calls into one
- * operation and performing it for everyone.
+ * operation and performing it for everyone (layer: above group.c and
+ * split.c, below req.c and world.c).
  *
  * Members number their collectives 0, 1, 2, ... on each communicator; the
  * n-th call of every member forms one operation (struct top), found by

@@ -2,7 +2,7 @@
  * backend (struct tgroup): creation, reference counts, abort and the
  * reduction temporaries; and the small helpers every file of the backend
  * uses: bounded waits on the group's condition variable and the text of
- * its errors. */
+ * its errors (layer: the bottom; it calls no other file of the backend). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>

@@ -1,7 +1,8 @@
 /* Point-to-point in the thread backend: send and receive through one inbox
  * per member of the group.  Send copies into a message in the receiver's
  * inbox (or straight into an already posted receive) and completes at
- * once; receives match messages from the same peer in order. */
+ * once; receives match messages from the same peer in order (layer: above
+ * group.c, below req.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,7 @@
 /* Requests of the thread backend: post (to a collective or to the
  * mailboxes), test, wait with its deadline, and free; the outcome of a
- * request and the detail of what a timed-out one still lacks. */
+ * request and the detail of what a timed-out one still lacks (layer: above
+ * coll.c and p2p.c, below world.c). */
 #include <stdio.h>
 #include <stdlib.h>
 

@@ -1,6 +1,7 @@
 /* mpg_thread_run for the thread backend: the thread world of N simulated
  * ranks, one thread each (their start gate, stack size and exit statuses),
- * and the world's release once every rank has returned. */
+ * and the world's release once every rank has returned (layer: above
+ * group.c; only the application calls it). */
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>

@@ -1,10 +1,12 @@
-/* Split in the thread backend: a collective over the parent group (kind
- * MPG_THREAD_KIND_SPLIT, matched like any other in coll.c) whose last
- * arrival sorts the members by (colour, key, position) and makes one child
- * group per colour; each member then waits for its own child. */
+/* The body of a split in the thread backend (layer: above group.c, below
+ * coll.c).  A split is a collective over the parent group (kind
+ * MPG_THREAD_KIND_SPLIT, matched like any other in coll.c); its last
+ * arrival calls mpg__thread_perform_split(), which sorts the members by
+ * (colour, key, position) and makes one child group per colour.  The
+ * member's side, posting the split and waiting for its own child, is
+ * t_split() in world.c. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "thread_internal.h"
 
@@ -62,66 +64,5 @@ mpg_status mpg__thread_perform_split(tgroup *g, top *op) {
     i = j;
   }
   free(k);
-  return MPG_OK;
-}
-
-mpg_status mpg__thread_split(mpg__comm *parent, int color, int key, mpg__comm **out) {
-  if (out) *out = NULL;
-  if (!parent || !out) return mpg__fail(MPG_ERR_INVALID, "thread backend: split: NULL argument");
-  tgroup *g = parent->g;
-  /* Allocated up front so that nothing can fail once the child exists. */
-  mpg__comm *mine = color >= 0 ? calloc(1, sizeof *mine) : NULL;
-  if (color >= 0 && !mine)
-    return mpg__fail(MPG_ERR_NOMEM, "thread backend: rank %d: out of memory in split",
-                     parent->rank);
-  mpg__req req;
-  memset(&req, 0, sizeof req);
-  req.g = g;
-  req.pos = parent->pos;
-  req.rank = parent->rank;
-  req.kind = MPG_THREAD_KIND_SPLIT;
-  req.coll.kind = MPG__BARRIER;
-  req.color = color;
-  req.key = key;
-  req.owns_ref = 0; /* the parent handle keeps g alive */
-  mpg_status st = mpg__thread_coll_arrive(parent, &req);
-  if (st) {
-    free(mine);
-    return st;
-  }
-  double deadline = mpg__now() + parent->timeout_s;
-  char msg[MPG_THREAD_MSG_LEN + 128];
-  pthread_mutex_lock(&g->mu);
-  for (;;) {
-    if (mpg__thread_outcome_locked(&req, &st, msg, sizeof msg) > 0) break;
-    if (mpg__now() >= deadline) {
-      st = MPG_ERR_TIMEOUT;
-      mpg__thread_pending_detail(&req, msg, sizeof msg);
-      /* The request lives on this stack: detach it, and fail the split for
-       * everyone at once rather than let each peer run into the timeout. */
-      mpg__thread_detach_locked(&req);
-      mpg__thread_group_abort_locked(g, parent->rank, MPG_ERR_TIMEOUT);
-      break;
-    }
-    mpg__thread_timed_wait(&g->cv, &g->mu, deadline);
-  }
-  /* Aborted before completion: detach the stack request. */
-  if (!req.done && req.op) mpg__thread_detach_locked(&req);
-  pthread_mutex_unlock(&g->mu);
-  if (st) {
-    free(mine);
-    return mpg__thread_fail_req(&req, st, msg);
-  }
-  if (!req.child) {
-    free(mine);
-    mpg__log(2, "thread: rank %d: split #%llu of %s: colour %d, no group", parent->rank,
-             (unsigned long long)req.seq, g->name, color);
-    return MPG_OK;
-  }
-  mine->g = req.child;
-  mine->pos = req.child_pos;
-  mine->rank = parent->rank;
-  mine->timeout_s = parent->timeout_s;
-  *out = mine;
   return MPG_OK;
 }

@@ -2,20 +2,22 @@
  * their mpg__thread_* functions.  Simulated ranks are threads of one
  * process, and every collective runs through shared memory under a mutex;
  * the backend fills `const struct mpg__backend_ops mpg__backend_thread`
- * (groups/backend.h).  One job per file:
+ * (groups/backend.h).  One job per file, lowest layer first; a file calls
+ * only files listed above it (no two files call each other):
  *
- *   run.c     mpg_thread_run: the thread world, its ranks' threads, their
- *             start gate and exit statuses.
- *   world.c   communicator lifecycle: joining the world (its generations),
- *             abort, destroy; the function table.
  *   group.c   the state one communicator's members share (struct tgroup):
  *             creation, reference counts, abort, reduction temporaries;
  *             and the helpers every file uses (waits, error text).
+ *   split.c   the body of a split: the child groups its last arrival makes.
  *   coll.c    collectives: matching the members' calls into one operation
- *             and performing it.
- *   split.c   split: a collective that makes the child groups.
+ *             and performing it (a split's through split.c).
  *   p2p.c     send/recv through per-member mailboxes.
  *   req.c     requests: post, test, wait, free; timeouts and their detail.
+ *   world.c   communicator lifecycle: joining the world (its generations),
+ *             split (a collective, waited for like a request), abort,
+ *             destroy; the function table.
+ *   run.c     mpg_thread_run: the thread world, its ranks' threads, their
+ *             start gate and exit statuses.
  *
  * Shared state
  *  - A thread world (mpg_thread_run) holds the ranks' start gate, their exit
@@ -175,14 +177,14 @@ mpg_status mpg__thread_fail_req(const mpg__req *r, mpg_status st, const char *wh
 mpg_status mpg__thread_fail_aborted(const mpg__comm *cm, int kind, const mpg__coll *c,
                                     const char *abort_msg);
 
+/* split.c: the last arrival of a split makes the child groups and sets
+ * every request's child and child_pos (g->mu held). */
+mpg_status mpg__thread_perform_split(tgroup *g, top *op);
+
 /* coll.c: deposit `req` (already filled: kind, coll, split colour/key) as
  * this member's next collective; the last arrival performs it.  Takes
  * g->mu. */
 mpg_status mpg__thread_coll_arrive(mpg__comm *cm, mpg__req *req);
-
-/* split.c */
-mpg_status mpg__thread_perform_split(tgroup *g, top *op); /* g->mu held */
-mpg_status mpg__thread_split(mpg__comm *parent, int color, int key, mpg__comm **out);
 
 /* p2p.c: start a send or a receive.  Takes g->mu. */
 mpg_status mpg__thread_p2p_post(mpg__comm *cm, mpg__req *req);

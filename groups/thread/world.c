@@ -1,8 +1,10 @@
-/* The communicator lifecycle of the thread backend: joining the world (the
- * k-th world_init of every rank joins generation k of the thread world),
- * abort and destroy; and the backend's function table. */
+/* The communicator lifecycle of the thread backend (layer: the top, above
+ * req.c): joining the world (the k-th world_init of every rank joins
+ * generation k of the thread world), split, abort and destroy; and the
+ * backend's function table. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "thread_internal.h"
 
@@ -104,6 +106,70 @@ static mpg_status t_world_init(const mpg__world_args *a, mpg__comm **out) {
   return MPG_OK;
 }
 
+/* Split: deposit a split request (on this stack) as the parent's next
+ * collective, then wait for its outcome and the child group made for this
+ * member (split.c). */
+static mpg_status t_split(mpg__comm *parent, int color, int key, mpg__comm **out) {
+  if (out) *out = NULL;
+  if (!parent || !out) return mpg__fail(MPG_ERR_INVALID, "thread backend: split: NULL argument");
+  tgroup *g = parent->g;
+  /* Allocated up front so that nothing can fail once the child exists. */
+  mpg__comm *mine = color >= 0 ? calloc(1, sizeof *mine) : NULL;
+  if (color >= 0 && !mine)
+    return mpg__fail(MPG_ERR_NOMEM, "thread backend: rank %d: out of memory in split",
+                     parent->rank);
+  mpg__req req;
+  memset(&req, 0, sizeof req);
+  req.g = g;
+  req.pos = parent->pos;
+  req.rank = parent->rank;
+  req.kind = MPG_THREAD_KIND_SPLIT;
+  req.coll.kind = MPG__BARRIER;
+  req.color = color;
+  req.key = key;
+  req.owns_ref = 0; /* the parent handle keeps g alive */
+  mpg_status st = mpg__thread_coll_arrive(parent, &req);
+  if (st) {
+    free(mine);
+    return st;
+  }
+  double deadline = mpg__now() + parent->timeout_s;
+  char msg[MPG_THREAD_MSG_LEN + 128];
+  pthread_mutex_lock(&g->mu);
+  for (;;) {
+    if (mpg__thread_outcome_locked(&req, &st, msg, sizeof msg) > 0) break;
+    if (mpg__now() >= deadline) {
+      st = MPG_ERR_TIMEOUT;
+      mpg__thread_pending_detail(&req, msg, sizeof msg);
+      /* The request lives on this stack: detach it, and fail the split for
+       * everyone at once rather than let each peer run into the timeout. */
+      mpg__thread_detach_locked(&req);
+      mpg__thread_group_abort_locked(g, parent->rank, MPG_ERR_TIMEOUT);
+      break;
+    }
+    mpg__thread_timed_wait(&g->cv, &g->mu, deadline);
+  }
+  /* Aborted before completion: detach the stack request. */
+  if (!req.done && req.op) mpg__thread_detach_locked(&req);
+  pthread_mutex_unlock(&g->mu);
+  if (st) {
+    free(mine);
+    return mpg__thread_fail_req(&req, st, msg);
+  }
+  if (!req.child) {
+    free(mine);
+    mpg__log(2, "thread: rank %d: split #%llu of %s: colour %d, no group", parent->rank,
+             (unsigned long long)req.seq, g->name, color);
+    return MPG_OK;
+  }
+  mine->g = req.child;
+  mine->pos = req.child_pos;
+  mine->rank = parent->rank;
+  mine->timeout_s = parent->timeout_s;
+  *out = mine;
+  return MPG_OK;
+}
+
 static void t_abort(mpg__comm *cm, mpg_status reason) {
   if (!cm) return;
   pthread_mutex_lock(&cm->g->mu);
@@ -123,7 +189,7 @@ static mpg_status t_destroy(mpg__comm *cm) {
 const struct mpg__backend_ops mpg__backend_thread = {
     .name = "thread",
     .world_init = t_world_init,
-    .split = mpg__thread_split,
+    .split = t_split,
     .post = mpg__thread_post,
     .test = mpg__thread_test,
     .wait = mpg__thread_wait,
