@@ -169,6 +169,24 @@ static mpg_status bind_rank(mpg_ctx *ctx, const mpg_init_opts *opts,
   return st;
 }
 
+mpg_status mpg_init_opts_from_spec(const mpg_spec *spec, mpg_init_opts *opts) {
+  mpg_spec sp = MPG_SPEC_INIT;
+  mpg_init_opts o = MPG_INIT_OPTS_INIT;
+  mpg_status st = mpg__abi_in(&sp, MPG__ABI_END(mpg_spec), spec, MPG_SPEC_MAGIC,
+                              "mpg_init_opts_from_spec: spec", "MPG_SPEC_INIT");
+  if (!st)
+    st = mpg__abi_in(&o, MPG__ABI_END(mpg_init_opts), opts, MPG_INIT_OPTS_MAGIC,
+                     "mpg_init_opts_from_spec: opts", "MPG_INIT_OPTS_INIT");
+  if (st) return st;
+  o.backend = sp.backend;
+  o.timeout_s = sp.timeout_s;
+  o.lazy_groups = sp.lazy_groups;
+  o.bind = sp.bind;
+  o.strict_placement = sp.strict_placement;
+  mpg__abi_out(opts, &o, MPG__ABI_END(mpg_init_opts));
+  return MPG_OK;
+}
+
 mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
                           mpg_ctx **out) {
   if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_create: out is NULL");

@@ -823,6 +823,15 @@ typedef struct mpg_group mpg_group;
 /* An asynchronous collective in flight. */
 typedef struct mpg_work mpg_work;
 
+/* Copy what a spec says about joining the world into *opts (set up with
+ * MPG_INIT_OPTS_INIT): [backend] name, timeout_s and lazy_groups, and
+ * [topology] bind and strict; the other fields are left alone.  Pass the
+ * result to mpg_ctx_create so that these keys are honoured.
+ * Returns MPG_OK; MPG_ERR_INVALID for NULL arguments, or a spec or opts with
+ * a wrong magic (not from MPG_SPEC_INIT / MPG_INIT_OPTS_INIT). */
+MPG_API mpg_status mpg_init_opts_from_spec(const mpg_spec *spec,
+                                           mpg_init_opts *opts);
+
 /* Join the world and create this rank's groups: one split of the world per
  * dim set of `mesh` (colour = group index, key = position), each rank
  * joining only its own groups.  Collective over the world.  The mesh must

@@ -191,6 +191,14 @@ class Spec {
     check(mpg_sync_opts_from_spec(&spec_, &o));
     return o;
   }
+  /* [backend] name, timeout_s, lazy_groups and [topology] bind, strict as
+   * init options (MPG_INIT_OPTS_INIT, then mpg_init_opts_from_spec); rank
+   * and world still come from the launcher. */
+  mpg_init_opts init_opts() const {
+    mpg_init_opts o = MPG_INIT_OPTS_INIT;
+    check(mpg_init_opts_from_spec(&spec_, &o));
+    return o;
+  }
   /* The [topology] section as placement options (MPG_PLACEMENT_OPTS_INIT,
    * then mpg_placement_opts_from_spec). */
   mpg_placement_opts placement_opts() const {

@@ -183,3 +183,32 @@ Test(launch, uninitialised_opts_are_rejected) {
   cr_assert(strstr(mpg_last_error(), "MPG_INIT_OPTS_INIT"), "%s", mpg_last_error());
   mpg_mesh_destroy(mesh);
 }
+
+/* mpg_init_opts_from_spec carries [backend] and [topology] bind/strict into
+ * the options mpg_ctx_create takes, and leaves the launcher's fields. */
+Test(launch, init_opts_from_spec_copies_backend_and_binding_keys) {
+  mpg_spec spec = MPG_SPEC_INIT;
+  cr_assert_eq(mpg_spec_load_string(
+                   "[mesh]\ndims = [ { name = \"dp\", size = 2 } ]\n"
+                   "[topology]\nbind = \"numa\"\nstrict = true\n"
+                   "[backend]\nname = \"mpi\"\ntimeout_s = 2.5\nlazy_groups = true\n",
+                   "init.toml", &spec),
+               MPG_OK, "%s", mpg_last_error());
+  mpg_init_opts o = MPG_INIT_OPTS_INIT;
+  o.rank = 1;
+  o.world_size = 2;
+  cr_assert_eq(mpg_init_opts_from_spec(&spec, &o), MPG_OK, "%s", mpg_last_error());
+  cr_assert_eq(o.backend, MPG_BACKEND_MPI);
+  cr_assert_eq(o.timeout_s, 2.5);
+  cr_assert_eq(o.lazy_groups, 1);
+  cr_assert_eq(o.bind, MPG_BIND_NUMA);
+  cr_assert_eq(o.strict_placement, 1);
+  cr_assert_eq(o.rank, 1, "a field the spec does not set was changed");
+  cr_assert_eq(o.world_size, 2);
+  cr_assert_eq(o.device, -1);
+  mpg_init_opts junk;
+  memset(&junk, 0, sizeof junk);
+  cr_assert_eq(mpg_init_opts_from_spec(&spec, &junk), MPG_ERR_INVALID);
+  cr_assert(strstr(mpg_last_error(), "MPG_INIT_OPTS_INIT"), "%s", mpg_last_error());
+  cr_assert_eq(mpg_init_opts_from_spec(NULL, &o), MPG_ERR_INVALID);
+}
