@@ -172,11 +172,9 @@ static mpg_status bind_rank(mpg_ctx *ctx, const mpg_init_opts *opts,
 mpg_status mpg_init_opts_from_spec(const mpg_spec *spec, mpg_init_opts *opts) {
   mpg_spec sp = MPG_SPEC_INIT;
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  mpg_status st = mpg__abi_in(&sp, MPG__ABI_END(mpg_spec), spec, MPG_SPEC_MAGIC,
-                              "mpg_init_opts_from_spec: spec", "MPG_SPEC_INIT");
-  if (!st)
-    st = mpg__abi_in(&o, MPG__ABI_END(mpg_init_opts), opts, MPG_INIT_OPTS_MAGIC,
-                     "mpg_init_opts_from_spec: opts", "MPG_INIT_OPTS_INIT");
+  mpg_status st = mpg__spec_opts_in(spec, &sp, opts, &o, MPG__ABI_END(mpg_init_opts),
+                                   MPG_INIT_OPTS_MAGIC, "mpg_init_opts_from_spec",
+                                   "MPG_INIT_OPTS_INIT");
   if (st) return st;
   o.backend = sp.backend;
   o.timeout_s = sp.timeout_s;

@@ -84,6 +84,13 @@ mpg_status mpg__abi_check(const void *caller, uint32_t magic, const char *what,
  * The caller's header is left alone. */
 void mpg__abi_out(void *caller, const void *full, size_t full_size);
 
+/* For the mpg_*_opts_from_spec functions: the caller's spec into *sp and
+ * the caller's options into *o (which holds the defaults, data ending at
+ * o_end), checking both magics; `fn` names the function in messages. */
+mpg_status mpg__spec_opts_in(const mpg_spec *spec, mpg_spec *sp, const void *opts,
+                             void *o, size_t o_end, uint32_t magic, const char *fn,
+                             const char *init);
+
 /* Clear the thread's last error (successful public calls need not). */
 void mpg__clear_error(void);
 

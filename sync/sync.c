@@ -60,11 +60,9 @@ static mpg_status solo_group(mpg_ctx *ctx, mpg_group **out) {
 mpg_status mpg_sync_opts_from_spec(const mpg_spec *spec, mpg_sync_opts *opts) {
   mpg_spec sp = MPG_SPEC_INIT;
   mpg_sync_opts o = MPG_SYNC_OPTS_INIT;
-  mpg_status st = mpg__abi_in(&sp, MPG__ABI_END(mpg_spec), spec, MPG_SPEC_MAGIC,
-                              "mpg_sync_opts_from_spec: spec", "MPG_SPEC_INIT");
-  if (!st)
-    st = mpg__abi_in(&o, MPG__ABI_END(mpg_sync_opts), opts, MPG_SYNC_OPTS_MAGIC,
-                     "mpg_sync_opts_from_spec: opts", "MPG_SYNC_OPTS_INIT");
+  mpg_status st = mpg__spec_opts_in(spec, &sp, opts, &o, MPG__ABI_END(mpg_sync_opts),
+                                   MPG_SYNC_OPTS_MAGIC, "mpg_sync_opts_from_spec",
+                                   "MPG_SYNC_OPTS_INIT");
   if (st) return st;
   o.fsdp_owns_dp = sp.fsdp_owns_dp;
   o.op = sp.op;

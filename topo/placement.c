@@ -32,14 +32,13 @@ mpg_status mpg_placement_destroy(mpg_placement *pl) {
 
 mpg_status mpg_placement_opts_from_spec(const mpg_spec *spec,
                                         mpg_placement_opts *opts) {
+  /* The other fields are reset to their defaults, not read. */
   mpg_spec sp = MPG_SPEC_INIT;
-  mpg_status st = mpg__abi_in(&sp, MPG__ABI_END(mpg_spec), spec, MPG_SPEC_MAGIC,
-                              "mpg_placement_opts_from_spec: spec", "MPG_SPEC_INIT");
-  if (!st)
-    st = mpg__abi_check(opts, MPG_PLACEMENT_MAGIC, "mpg_placement_opts_from_spec: opts",
-                        "MPG_PLACEMENT_OPTS_INIT");
+  mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT, ignored = MPG_PLACEMENT_OPTS_INIT;
+  mpg_status st = mpg__spec_opts_in(spec, &sp, opts, &ignored,
+                                   MPG__ABI_END(mpg_placement_opts), MPG_PLACEMENT_MAGIC,
+                                   "mpg_placement_opts_from_spec", "MPG_PLACEMENT_OPTS_INIT");
   if (st) return st;
-  mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
   o.nodes = sp.nodes;
   o.gpus_per_node = sp.gpus_per_node;
   o.rank_order = sp.rank_order;
