@@ -95,6 +95,10 @@ struct mpg__backend_ops {
   mpg_status (*stream_create)(void **stream);
   mpg_status (*stream_destroy)(void *stream);
   mpg_status (*stream_order)(void *waiter, void *waitee);
+  /* Optional: this process's rank and size in the caller's communicator
+   * (opts.mpi_comm, an MPI_Comm *), which then replace the launcher's
+   * world rank and size.  Local: no communication. */
+  mpg_status (*comm_identity)(void *mpi_comm, int *rank, int *size);
 };
 
 /* The size-1 collective on host memory. */

@@ -1,6 +1,7 @@
 /* The public collectives and work handles: argument checks, size-1 groups
  * as local copies, the context's timeout, and abort on a timeout.  See
  * ctx_internal.h. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,16 @@ static mpg_status check_coll(const mpg_group *g, const mpg__coll *c) {
   if ((unsigned)c->dtype >= MPG_DTYPE_COUNT)
     return mpg__fail(MPG_ERR_INVALID, "mpg_%s on \"%s\": unknown dtype %d", fn,
                      g->name, (int)c->dtype);
+  /* count x element size (x group size for the gathered / scattered side)
+   * must fit in size_t: refuse before any buffer is touched. */
+  size_t members = c->kind == MPG__ALL_GATHER || c->kind == MPG__REDUCE_SCATTER
+                       ? (size_t)(g->size > 0 ? g->size : 1) : 1;
+  if (c->count > SIZE_MAX / mpg__dtype_size(c->dtype) / members)
+    return mpg__fail(MPG_ERR_RANGE,
+                     "mpg_%s on \"%s\": count %zu of %s x %zu member%s overflows "
+                     "size_t bytes",
+                     fn, g->name, c->count, mpg_dtype_name(c->dtype), members,
+                     members == 1 ? "" : "s");
   int needs_send = c->kind == MPG__ALL_REDUCE || c->kind == MPG__ALL_GATHER ||
                    c->kind == MPG__REDUCE_SCATTER || c->kind == MPG__SEND;
   int needs_recv = c->kind != MPG__SEND;
@@ -47,13 +58,17 @@ static mpg_status check_coll(const mpg_group *g, const mpg__coll *c) {
   return MPG_OK;
 }
 
-/* Abort the context on a timeout and keep the message. */
-static mpg_status on_failure(mpg_ctx *ctx, mpg_status st) {
+/* Abort the context on a timeout and keep the message, with the group in
+ * front: which group (name, index in its dim set) and this rank's place
+ * in it; the backend's part says who had not arrived, as far as it knows. */
+static mpg_status on_failure(mpg_group *g, const char *fn, mpg_status st) {
   if (st == MPG_ERR_TIMEOUT || st == MPG_ERR_ABORTED) {
     mpg__saved_error why;
     mpg__error_save(&why);
-    mpg__ctx_abort_all(ctx, st);
-    return mpg__error_restore(st, &why);
+    mpg__ctx_abort_all(g->ctx, st);
+    (void)mpg__error_restore(st, &why);
+    return mpg__fail_wrap(st, "%s on group \"%s\" (index %d, position %d of %d, world rank %d)",
+                          fn, g->name, g->index, g->position, g->size, g->ctx->rank);
   }
   return st;
 }
@@ -67,19 +82,21 @@ static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
   if (reason)
     return mpg__fail(MPG_ERR_ABORTED, "mpg_%s on \"%s\": the context was aborted (%s)",
                      mpg__kind_name(c->kind), g->name, mpg_status_name((mpg_status)reason));
-  if ((st = mpg__group_create(ctx, g))) return on_failure(ctx, st);
+  char fn[32];
+  snprintf(fn, sizeof fn, "mpg_%s", mpg__kind_name(c->kind));
+  if ((st = mpg__group_create(ctx, g))) return on_failure(g, fn, st);
   if (g->size == 1) return ctx->ops->local ? ctx->ops->local(c) : mpg__local_host(c);
 
   double deadline = mpg__now() + ctx->timeout_s;
   mpg__req *req = NULL;
   st = ctx->ops->post(g->comm, c, &req);
-  if (st) return on_failure(ctx, st);
+  if (st) return on_failure(g, fn, st);
   if (work) {
     mpg_work *w = malloc(sizeof *w);
     if (!w) {
       /* Cannot hand it out: finish it here rather than lose it. */
       st = ctx->ops->wait(req, deadline);
-      if (st) st = on_failure(ctx, st);
+      if (st) st = on_failure(g, fn, st);
       ctx->ops->req_free(req);
       return st ? st
                 : mpg__fail(MPG_ERR_NOMEM, "mpg_%s: out of memory for the work "
@@ -93,7 +110,7 @@ static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
     return MPG_OK;
   }
   st = ctx->ops->wait(req, deadline);
-  if (st) st = on_failure(ctx, st); /* abort before freeing a pending request */
+  if (st) st = on_failure(g, fn, st); /* abort before freeing a pending request */
   ctx->ops->req_free(req);
   return st;
 }
@@ -104,7 +121,7 @@ mpg_status mpg_work_wait(mpg_work *w) {
   mpg_status st = w->status;
   if (!st) {
     st = ctx->ops->wait(w->req, w->deadline);
-    if (st) st = on_failure(ctx, st); /* abort before freeing the request */
+    if (st) st = on_failure(w->group, "mpg_work_wait", st); /* abort before freeing */
   }
   ctx->ops->req_free(w->req);
   free(w);
@@ -128,12 +145,12 @@ mpg_status mpg_work_test(mpg_work *w, int *done) {
     return st;
   }
   if (!*done && mpg__now() > w->deadline) {
+    /* Past the deadline: the backend's wait returns at once, with what it
+     * knows of the members that never arrived. */
+    st = w->group->ctx->ops->wait(w->req, w->deadline);
     *done = 1;
-    w->status = on_failure(w->group->ctx,
-                           mpg__fail(MPG_ERR_TIMEOUT,
-                                     "mpg_work_test on \"%s\": no completion "
-                                     "within the %.3g s timeout",
-                                     w->group->name, w->group->ctx->timeout_s));
+    if (!st) return MPG_OK; /* it finished just now */
+    w->status = on_failure(w->group, "mpg_work_test", st);
     return w->status;
   }
   return MPG_OK;

@@ -40,7 +40,8 @@ static const char *backend_name(mpg_backend_kind kind) {
 
 /* Fill rank / world / local values: explicit options first, then the
  * launch environment. */
-static mpg_status resolve_launch(const mpg_init_opts *o, mpg__world_args *a,
+static mpg_status resolve_launch(const struct mpg__backend_ops *ops,
+                                 const mpg_init_opts *o, mpg__world_args *a,
                                  mpg_launch *env) {
   mpg_launch fresh = MPG_LAUNCH_INIT;
   *env = fresh;
@@ -48,6 +49,15 @@ static mpg_status resolve_launch(const mpg_init_opts *o, mpg__world_args *a,
   if (st) return st;
   a->rank = o->rank >= 0 ? o->rank : env->rank;
   a->world_size = o->world_size > 0 ? o->world_size : env->world_size;
+  /* A caller's communicator (e.g. half of MPI_COMM_WORLD) is the world:
+   * its rank and size replace the launcher's OMPI_COMM_WORLD_* values. */
+  if (o->backend == MPG_BACKEND_MPI && o->mpi_comm && ops->comm_identity) {
+    int rank = -1, size = -1;
+    if ((st = ops->comm_identity(o->mpi_comm, &rank, &size))) return st;
+    if (o->rank < 0) a->rank = rank;
+    if (o->world_size <= 0) a->world_size = size;
+    snprintf(env->source, sizeof env->source, "opts.mpi_comm");
+  }
   a->local_rank = o->local_rank >= 0 ? o->local_rank
                 : env->local_rank >= 0 ? env->local_rank : 0;
   a->local_world_size = o->local_world_size > 0 ? o->local_world_size
@@ -211,7 +221,7 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
   mpg__world_args a;
   memset(&a, 0, sizeof a);
   mpg_launch env;
-  mpg_status st = resolve_launch(opts, &a, &env);
+  mpg_status st = resolve_launch(ops, opts, &a, &env);
   if (st) return st;
   if (a.world_size != mpg_mesh_world_size(mesh))
     return mpg__fail(MPG_ERR_INVALID,
@@ -292,8 +302,17 @@ static void destroy_comm(mpg_ctx *ctx, mpg__comm *comm, mpg_status *first,
   }
 }
 
+void mpg__ctx_sync_count(mpg_ctx *ctx, int delta) { ctx->syncs += delta; }
+
 mpg_status mpg_ctx_destroy(mpg_ctx *ctx) {
   if (!ctx) return MPG_OK;
+  if (ctx->syncs > 0)
+    return mpg__fail(MPG_ERR_STATE,
+                     "mpg_ctx_destroy (rank %d): %d gradient synchroniser%s still "
+                     "use%s this context; call mpg_sync_destroy first (nothing was "
+                     "freed)",
+                     ctx->rank, ctx->syncs, ctx->syncs == 1 ? "" : "s",
+                     ctx->syncs == 1 ? "s" : "");
   mpg_status first = MPG_OK;
   mpg__saved_error why;
   for (int s = 0; s < ctx->nsets; s++) {

@@ -34,6 +34,7 @@ struct mpg_group {
 };
 
 struct mpg_ctx {
+  int syncs; /* live mpg_sync on this context (mpg__ctx_sync_count) */
   const mpg_mesh *mesh;
   const struct mpg__backend_ops *ops;
   mpg_backend_kind kind;

@@ -77,6 +77,7 @@ const char *mpg_group_name(const mpg_group *g) { return g ? g->name : ""; }
 int mpg_group_rank(const mpg_group *g) { return g ? g->position : -1; }
 int mpg_group_size(const mpg_group *g) { return g ? g->size : 0; }
 int mpg_group_index(const mpg_group *g) { return g ? g->index : -1; }
+const mpg_ctx *mpg__group_ctx(const mpg_group *g) { return g ? g->ctx : NULL; }
 
 mpg_status mpg_group_member(const mpg_group *g, int position, int *rank) {
   if (!g || !rank) return mpg__fail(MPG_ERR_INVALID, "mpg_group_member: NULL argument");

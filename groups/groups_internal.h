@@ -14,6 +14,15 @@ extern "C" {
  * the element's own type (nccl). */
 int mpg__ctx_half_reduces_in_f32(const mpg_ctx *ctx);
 
+/* The context a group belongs to (NULL for NULL), so that a group of
+ * another context can be refused. */
+const mpg_ctx *mpg__group_ctx(const mpg_group *group);
+
+/* Count the gradient synchronisers living on a context (+1 at
+ * mpg_sync_create, -1 at mpg_sync_destroy): mpg_ctx_destroy refuses while
+ * any remains, instead of leaving them with freed groups. */
+void mpg__ctx_sync_count(mpg_ctx *ctx, int delta);
+
 #ifdef __cplusplus
 }
 #endif

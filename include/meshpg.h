@@ -50,6 +50,17 @@
  *    means "the default", so that older libraries can ignore it.
  * Handles (mpg_mesh, mpg_ctx, ...) are opaque; only mpg_* symbols are
  * exported, with the ELF symbol version MESHPG_<major>.<minor>.
+ *
+ * Misuse (tests/api/test_misuse.c calls every function wrongly).  Detected,
+ * with the documented status and a message: NULL handles and pointers, a
+ * struct with a wrong magic, bad enum values, negative or out-of-range
+ * ranks, positions, indices and counts, byte sizes that overflow size_t,
+ * calls out of order on a mpg_sync (MPG_ERR_STATE), a tied group of
+ * another context.  Not detected, undefined behaviour: a handle used after
+ * its destroy call (C cannot tell freed memory safely), a collective on a
+ * group of a destroyed context, and buffers shorter than the count says.
+ * Destroying a context before a mpg_sync made on it is refused
+ * (MPG_ERR_STATE, see mpg_ctx_destroy).
  */
 #ifndef MESHPG_H
 #define MESHPG_H
@@ -396,9 +407,12 @@ MPG_API mpg_status mpg_mesh_group_members(const mpg_mesh *mesh, int dimset,
  * GPUs are found through CUDA OS devices ("cuda0"; ordered by CUDA index, so
  * GPU i is CUDA device i), else NVML OS devices ("nvml0"), else as PCI
  * devices of vendor 0x10de with a display class (0x03xx, e.g. 0x0302 "3D")
- * in PCI bus order.  On the live machine, without CUDA OS devices, a
- * CUDA_VISIBLE_DEVICES list of integers selects and orders the GPUs as CUDA
- * would.  A mpg_topo is immutable after loading; its functions may be called
+ * in PCI bus order.  On the live machine, without CUDA OS devices,
+ * CUDA_VISIBLE_DEVICES selects and orders the GPUs as CUDA would: entries
+ * are indexes, GPU UUIDs or unique prefixes ("GPU-1a2b", read from the
+ * NVIDIAUUID info of hwloc's NVML OS devices) and MIG devices as
+ * "MIG-GPU-<gpu uuid>/<gi>/<ci>", which select the GPU the instance lives
+ * on; an index outside 0..count-1 ("-1") ends the list, as in CUDA.  A mpg_topo is immutable after loading; its functions may be called
  * from several threads at once.
  */
 typedef struct mpg_topo mpg_topo;
@@ -456,7 +470,12 @@ typedef struct mpg_gpu_info {
 
 /* Load this machine's topology (honours hwloc's HWLOC_XMLFILE / HWLOC_*
  * environment like every hwloc program).
- * Returns MPG_OK; MPG_ERR_TOPO if hwloc cannot read the machine;
+ * Returns MPG_OK; MPG_ERR_TOPO if hwloc cannot read the machine, or when
+ * CUDA_VISIBLE_DEVICES (see above) has a malformed or empty entry, lists a
+ * GPU twice, has a UUID that matches no GPU or several, a UUID while the
+ * GPUs are bare PCI devices (they carry no UUID: use indexes), or a
+ * "MIG-<uuid>" instance id (hwloc lists no MIG instances, so it cannot be
+ * mapped to its GPU): the message names the entry;
  * MPG_ERR_INVALID if out is NULL; MPG_ERR_NOMEM. */
 MPG_API mpg_status mpg_topo_load_live(mpg_topo **out);
 
@@ -764,7 +783,10 @@ struct mpg_init_opts {
   int device;           /* NCCL: CUDA device; -1: local_rank */
   const void *nccl_id;  /* NCCL: a 128-byte ncclUniqueId from the caller */
   void *mpi_comm;       /* MPI: pointer to the MPI_Comm to use as world;
-                           NULL: MPI_COMM_WORLD */
+                           NULL: MPI_COMM_WORLD.  Rank and world size then
+                           come from this communicator (not from
+                           OMPI_COMM_WORLD_*); MPI must be initialised;
+                           MPI_COMM_NULL is MPG_ERR_INVALID */
   mpg_thread_world *thread_world; /* thread: set by mpg_thread_run */
   int placement;        /* 1: gather host identities over the world, place
                            the ranks so tp then cp groups stay inside a node
@@ -839,14 +861,18 @@ MPG_API mpg_status mpg_init_opts_from_spec(const mpg_spec *spec,
  * backend).  The world size must equal mpg_mesh_world_size(mesh).
  * Returns MPG_OK; MPG_ERR_ENV (rank or world missing / contradictory);
  * MPG_ERR_INVALID; MPG_ERR_UNSUPPORTED (backend not built);
- * MPG_ERR_BACKEND; MPG_ERR_TIMEOUT (peers never arrived). */
+ * MPG_ERR_STATE (mpi: MPI already finalized, or opts.mpi_comm set before
+ * MPI is initialised); MPG_ERR_BACKEND; MPG_ERR_TIMEOUT (peers never
+ * arrived). */
 MPG_API mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
                                   mpg_ctx **out);
 
 /* Free every communicator and the context.  Every work handle must have
  * been released with mpg_work_wait first.  NULL is a no-op.  After a
  * timeout or abort it frees what can be freed without blocking.
- * Returns MPG_OK or the first backend error met while freeing. */
+ * Returns MPG_OK or the first backend error met while freeing;
+ * MPG_ERR_STATE, freeing nothing, while a mpg_sync made on it still lives
+ * (destroy the sync first, then the context). */
 MPG_API mpg_status mpg_ctx_destroy(mpg_ctx *ctx);
 
 /* MPG_OK while the context is healthy; after a timeout or abort, the
@@ -951,7 +977,9 @@ MPG_API mpg_status mpg_group_member(const mpg_group *group, int position, int *r
  * order.  A group of size 1 makes no communicator: collectives are local
  * copies.
  * Each returns MPG_OK; MPG_ERR_INVALID (NULL buffer, bad dtype, op, root,
- * peer); MPG_ERR_TIMEOUT when a peer did not arrive within the context's
+ * peer); MPG_ERR_RANGE when count x element size (x the group size for
+ * all_gather's recv and reduce_scatter's send) overflows size_t, checked
+ * before any buffer is touched; MPG_ERR_TIMEOUT when a peer did not arrive within the context's
  * timeout (the context is then aborted); MPG_ERR_ABORTED after an abort;
  * MPG_ERR_BACKEND. */
 
@@ -987,7 +1015,17 @@ MPG_API mpg_status mpg_reduce_scatter(mpg_group *group, const void *send, void *
 /* Returns when every member has entered it. */
 MPG_API mpg_status mpg_barrier(mpg_group *group, mpg_work **work);
 
-/* Point to point with the member at position `peer` of the group. */
+/* Point to point with the member at position `peer` of the group (not
+ * this rank's own position: MPG_ERR_INVALID).  Messages from one peer are
+ * received in the order they were sent.  Buffering is bounded: on the
+ * thread backend a send copies its message into the receiver's inbox,
+ * which holds at most 1024 messages and 256 MiB not yet received (an empty
+ * inbox takes one message of any size; MESHPG_THREAD_INBOX_MSGS and
+ * MESHPG_THREAD_INBOX_BYTES change the limits).  A send to a full inbox,
+ * async or not, blocks until the receiver takes a message or posts the
+ * matching receive, and fails with MPG_ERR_TIMEOUT (the context is then
+ * aborted) when that does not happen within the context's timeout.  On mpi
+ * and nccl a send may wait for its receive as in MPI / NCCL. */
 MPG_API mpg_status mpg_send(mpg_group *group, const void *buf, size_t count,
                             mpg_dtype dtype, int peer, void *stream, mpg_work **work);
 MPG_API mpg_status mpg_recv(mpg_group *group, void *buf, size_t count,
@@ -1000,7 +1038,8 @@ MPG_API mpg_status mpg_work_wait(mpg_work *work);
 
 /* Non-blocking check: *done = 1 when the work has finished (successfully or
  * not); it must still be released with mpg_work_wait.  Returns the error if
- * the work failed. */
+ * the work failed.  NULL work (finished already) gives *done = 1 and
+ * MPG_OK; a NULL done is MPG_ERR_INVALID. */
 MPG_API mpg_status mpg_work_test(mpg_work *work, int *done);
 
 /* ------------------------------------------------------------------------ */
@@ -1085,7 +1124,7 @@ MPG_API mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
  * in registration order; -1 on failure).  Returns MPG_ERR_STATE after
  * commit, MPG_ERR_INVALID (count 0, bad dtype, duplicate name, an integer
  * dtype with grad_scale != 1, malformed reduce_dims, opts with a wrong
- * magic), MPG_ERR_NOT_FOUND (reduce_dims names an unknown dim or set),
+ * magic, a tied_group of another context), MPG_ERR_NOT_FOUND (reduce_dims names an unknown dim or set),
  * MPG_ERR_RANGE (too large), MPG_ERR_UNSUPPORTED (a bf16/f16 parameter
  * with reduce_dtype MPG_REDUCE_F32 on the nccl backend, which would reduce
  * it in its own dtype: use MPG_REDUCE_NATIVE there). */
@@ -1100,8 +1139,35 @@ MPG_API mpg_status mpg_sync_add_param(mpg_sync *sync, const char *name, size_t c
  * over the world when it creates groups: the distinct reduce_dims are
  * created sorted by their dims, so every rank must register the same set
  * of reduce_dims (or create those groups first, in one order everywhere).
- * Gradients start at zero.  Returns MPG_ERR_STATE if already committed,
- * MPG_ERR_NOMEM, and the groups layer's errors (naming group and param). */
+ * Gradients start at zero.
+ *
+ * Commit also checks that the ranks agree (thread and mpi backends; not on
+ * nccl, whose collectives need device memory): over each reduce group (the
+ * default first, then the others sorted by their dims) and then each tied
+ * group (by name), every member hashes the ordered list of its params in
+ * that group: name, count, dtype and tied group for a reduce group; count,
+ * dtype and reduce group for a tied group (whose stages may name their
+ * copies differently).  One all-gather of the hashes per group; on a
+ * mismatch a binary search over prefix hashes (one all-gather per round,
+ * every member deciding from the same gathered values) finds the first
+ * param that differs, and one more all-gather brings its description.
+ * Every member of the group then fails with MPG_ERR_STATE, the message
+ * naming the group (name, index), the param's position in the group, and
+ * the param as this rank and as the first disagreeing rank registered it,
+ * e.g. ... param #3 (registration order): on this rank (world rank 0,
+ * position 0) "w3" (300 x f32), on world rank 7 (position 7) "w3" (301 x
+ * f32).  Last, one all-gather over the world of a "mismatch" flag: a rank
+ * whose own groups agree fails too (MPG_ERR_STATE naming the first world
+ * rank that found a mismatch), since its later collectives would wait for
+ * the failed ranks.  Without this check such a job would fail (or crash,
+ * inside MPI) only at mpg_sync_finish.  A rank that never calls commit
+ * makes the others fail here with MPG_ERR_TIMEOUT.
+ *
+ * Returns MPG_ERR_STATE if already committed or when the ranks of a group
+ * registered different params (see above; mpg_sync_grads_valid then
+ * returns 0 and the sync stays uncommitted), MPG_ERR_NOMEM,
+ * MPG_ERR_TIMEOUT / MPG_ERR_ABORTED from the check's collectives, and the
+ * groups layer's errors (naming group and param). */
 MPG_API mpg_status mpg_sync_commit(mpg_sync *sync);
 
 /* The gradient view of a parameter (count elements of its dtype), valid

@@ -189,6 +189,13 @@ static mpg_status apply_order(mpg_spec *spec, const char *order) {
                        "order names every dim, innermost first)",
                        order, spec->dims[d].name);
   }
+  /* Fewer distinct names than dims: the mesh names a dim twice (which
+   * mpg_spec_validate rejects); no permutation can be taken from it. */
+  if (n != spec->ndims)
+    return mpg__fail(MPG_ERR_SPEC,
+                     "order \"%s\": names %d dims but the mesh has %d (%s): "
+                     "a dim name is repeated in the mesh",
+                     order, n, spec->ndims, known);
   /* Megatron lists innermost first; the mesh lists outermost first. */
   mpg_dim old[MPG_MAX_DIMS];
   memcpy(old, spec->dims, sizeof old);

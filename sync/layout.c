@@ -218,17 +218,310 @@ static mpg_status layout(mpg_sync *s) {
   return MPG_OK;
 }
 
+/* ------------------------------------------------------------------ */
+/* Layout fingerprint: every member of a group must lay out alike       */
+/* ------------------------------------------------------------------ */
+
+/* One check unit: the params this rank reduces over `group` (kind 0: its
+ * reduce group) or sums over it (kind 1: its tied group), in registration
+ * order.  Entry i's prefix hash chains entries 0..i; past the last entry it
+ * is one end mark chained after it, so two ranks agree on index i exactly
+ * when their lists agree up to i (and, if either list ended there, end
+ * alike).  Agreement is monotone in i: a binary search over the prefix
+ * finds the first entry that differs, every rank deciding from the same
+ * gathered values, so all issue the same collectives. */
+#define FP_NAME 64
+#define FP_REC (3 + 2 * FP_NAME / 8) /* int64 words of one entry record */
+
+typedef struct fp_unit {
+  mpg_group *group;
+  int kind;          /* 0: reduce group, 1: tied group */
+  int *ids;          /* param ids in registration order */
+  int n;
+  uint64_t *prefix;  /* n + 1: prefix[i] for i < n, prefix[n] the end mark */
+} fp_unit;
+
+static uint64_t fp_mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ull;
+  return h ^ (h >> 29);
+}
+
+static uint64_t fp_str(uint64_t h, const char *str) {
+  uint64_t f = 0xcbf29ce484222325ull; /* FNV-1a */
+  for (const unsigned char *c = (const unsigned char *)str; *c; c++)
+    f = (f ^ *c) * 0x100000001b3ull;
+  return fp_mix(h, f);
+}
+
+/* What a unit compares of a param: the reduce group's members must agree
+ * on name, count, dtype and tied group; a tied group's (whose stages may
+ * name their copies differently) on count, dtype and reduce group. */
+static const char *fp_tag(const fp_unit *u, const sparam *p) {
+  if (u->kind == 0) return p->tied ? mpg_group_name(p->tied) : "";
+  return mpg_group_name(p->group);
+}
+
+static uint64_t fp_at(const fp_unit *u, long i) {
+  return u->prefix[i < u->n ? i : u->n];
+}
+
+static mpg_status fp_gather(const mpg_sync *s, const fp_unit *u, const void *send,
+                            void *recv, size_t words, const char *what) {
+  mpg_status st = mpg_all_gather(u->group, send, recv, words, MPG_I64, s->stream, NULL);
+  if (st)
+    return mpg__fail_wrap(st, "mpg_sync_commit: layout check over %s group \"%s\" "
+                          "(index %d, %d ranks), %s",
+                          u->kind ? "tied" : "reduce", mpg_group_name(u->group),
+                          mpg_group_index(u->group), mpg_group_size(u->group), what);
+  return MPG_OK;
+}
+
+static int fp_all_equal(const uint64_t *v, int n) {
+  for (int i = 1; i < n; i++)
+    if (v[i] != v[0]) return 0;
+  return 1;
+}
+
+static void fp_record(const mpg_sync *s, const fp_unit *u, long i, uint64_t *rec) {
+  memset(rec, 0, FP_REC * sizeof *rec);
+  rec[0] = fp_at(u, i);
+  if (i >= u->n) return;
+  const sparam *p = &s->params[u->ids[i]];
+  rec[1] = (uint64_t)p->count;
+  rec[2] = (uint64_t)p->dtype + 1; /* 0: no such entry */
+  char *text = (char *)&rec[3];
+  snprintf(text, FP_NAME, "%s", p->name);
+  snprintf(text + FP_NAME, FP_NAME, "%s", fp_tag(u, p));
+}
+
+static void fp_describe(const fp_unit *u, const uint64_t *rec, long i, int n, char *buf,
+                        size_t len) {
+  char name[FP_NAME], tag[FP_NAME];
+  memcpy(name, (const char *)&rec[3], FP_NAME);
+  memcpy(tag, (const char *)&rec[3] + FP_NAME, FP_NAME);
+  name[FP_NAME - 1] = tag[FP_NAME - 1] = '\0';
+  if (!rec[2]) { /* n < 0: another rank's, whose count is not known here */
+    if (n >= 0)
+      snprintf(buf, len, "no param #%ld (only %d registered for this group)", i, n);
+    else
+      snprintf(buf, len, "no param #%ld", i);
+    return;
+  }
+  snprintf(buf, len, "\"%s\" (%llu x %s%s%s%s)", name, (unsigned long long)rec[1],
+           mpg_dtype_name((mpg_dtype)(rec[2] - 1)),
+           u->kind ? ", reduce group \"" : tag[0] ? ", tied group \"" : "",
+           u->kind || tag[0] ? tag : "", u->kind || tag[0] ? "\"" : "");
+}
+
+/* Check one unit: one all-gather of (fingerprint, count); on a mismatch a
+ * binary search over the prefix (one all-gather a round) and one gather of
+ * the first differing entry, then MPG_ERR_STATE on every member. */
+static mpg_status fp_check(mpg_sync *s, fp_unit *u) {
+  int size = mpg_group_size(u->group), me = mpg_group_rank(u->group);
+  uint64_t *all = malloc(sizeof *all * (size_t)size * FP_REC);
+  if (!all) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
+  uint64_t mine[FP_REC];
+  mine[0] = fp_at(u, u->n);
+  mine[1] = (uint64_t)u->n;
+  mpg_status st = fp_gather(s, u, mine, all, 2, "fingerprints");
+  if (st) goto out;
+  int same = 1;
+  long maxn = 0;
+  for (int r = 0; r < size; r++) {
+    same &= all[2 * r] == all[0] && all[2 * r + 1] == all[1];
+    if ((long)all[2 * r + 1] > maxn) maxn = (long)all[2 * r + 1];
+  }
+  if (same) goto out;
+  /* Every rank holds the same gathered values: the same rounds follow. */
+  long lo = 0, hi = maxn; /* they disagree at hi; agree below lo */
+  while (lo < hi) {
+    long mid = lo + (hi - lo) / 2;
+    mine[0] = fp_at(u, mid);
+    st = fp_gather(s, u, mine, all, 1, "searching the first difference");
+    if (st) goto out;
+    if (fp_all_equal(all, size))
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  fp_record(s, u, lo, mine);
+  st = fp_gather(s, u, mine, all, FP_REC, "gathering the first difference");
+  if (st) goto out;
+  int other = 0;
+  while (other < size && all[(size_t)other * FP_REC] == mine[0]) other++;
+  if (other == size) other = me; /* cannot happen: they disagree at lo */
+  int differ = 0;
+  for (int r = 0; r < size; r++) differ += all[(size_t)r * FP_REC] != mine[0];
+  char here[256], there[256];
+  int wother = -1;
+  (void)mpg_group_member(u->group, other, &wother);
+  fp_describe(u, mine, lo, u->n, here, sizeof here);
+  fp_describe(u, &all[(size_t)other * FP_REC], lo, -1, there, sizeof there);
+  st = mpg__fail(MPG_ERR_STATE,
+                 "mpg_sync_commit: the ranks of %s group \"%s\" (index %d, %d ranks) "
+                 "registered different parameters: the first difference is the group's "
+                 "param #%ld (registration order): on this rank (world rank %d, position "
+                 "%d) %s, on world rank %d (position %d) %s; %d of the group's ranks "
+                 "differ from this one",
+                 u->kind ? "tied" : "reduce", mpg_group_name(u->group),
+                 mpg_group_index(u->group), size, lo, mpg_ctx_rank(s->ctx), me, here,
+                 wother, other, there, differ);
+out:
+  free(all);
+  return st;
+}
+
+/* Every rank commits: one all-gather of "my groups disagree" over the
+ * world, so that a rank whose own groups agree still fails when another
+ * group's do not (its later collectives would wait for that group's
+ * members, e.g. a tied sum with the other pipeline stage). */
+static mpg_status fp_world(mpg_sync *s, int mismatch) {
+  mpg_group *world = NULL;
+  mpg_status st = mpg_ctx_group(s->ctx, "world", &world);
+  if (st) return mpg__fail_wrap(st, "mpg_sync_commit: layout check");
+  int n = mpg_group_size(world);
+  uint64_t *all = malloc(sizeof *all * (size_t)n), mine = mismatch != 0;
+  if (!all) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
+  st = mpg_all_gather(world, &mine, all, 1, MPG_I64, s->stream, NULL);
+  if (st) {
+    free(all);
+    return mpg__fail_wrap(st, "mpg_sync_commit: layout check over the world");
+  }
+  int bad = 0, first = -1;
+  for (int r = 0; r < n; r++)
+    if (all[r]) {
+      if (first < 0) first = r;
+      bad++;
+    }
+  free(all);
+  if (bad && !mismatch) {
+    int wr = -1;
+    (void)mpg_group_member(world, first, &wr);
+    return mpg__fail(MPG_ERR_STATE,
+                     "mpg_sync_commit: this rank's groups agree on their parameters, but "
+                     "%d rank(s) found a group whose ranks registered different "
+                     "parameters, the first world rank %d (its error names the "
+                     "parameter)",
+                     bad, wr);
+  }
+  return MPG_OK;
+}
+
+static int cmp_fp_unit(const void *a, const void *b) {
+  const fp_unit *x = a, *y = b;
+  if (x->kind != y->kind) return x->kind - y->kind;
+  int c = strcmp(mpg_group_name(x->group), mpg_group_name(y->group));
+  return c ? c : mpg_group_index(x->group) - mpg_group_index(y->group);
+}
+
+/* Units in an order every rank agrees on: the default reduce group first,
+ * then the other reduce groups by mask (as resolve_groups created them),
+ * then the tied groups by name. */
+static mpg_status check_layout(mpg_sync *s) {
+  if (mpg_ctx_backend(s->ctx) == MPG_BACKEND_NCCL) return MPG_OK; /* device memory only */
+  int n = s->nparams, nunits = 0;
+  fp_unit *units = calloc((size_t)(2 * n + 1), sizeof *units);
+  mpg_status st = units ? MPG_OK : MPG_ERR_NOMEM;
+  unsigned *masks = calloc((size_t)(2 * n + 1), sizeof *masks);
+  if (!masks) st = MPG_ERR_NOMEM;
+  if (!st) {
+    units[nunits++] = (fp_unit){s->default_group, 0, NULL, 0, NULL};
+    for (int i = 0; i < n; i++) {
+      const sparam *p = &s->params[i];
+      for (int kind = 0; kind < 2; kind++) {
+        mpg_group *g = kind ? p->tied : p->group;
+        if (!g) continue;
+        int u = 0;
+        while (u < nunits && !(units[u].kind == kind && units[u].group == g)) u++;
+        if (u == nunits) {
+          masks[nunits] = kind ? 0 : p->mask;
+          units[nunits++] = (fp_unit){g, kind, NULL, 0, NULL};
+        }
+        units[u].n++;
+      }
+    }
+    /* Reduce groups other than the default by mask (unique per group),
+     * tied groups by name: insertion sort over units 1.. */
+    for (int a = 1; a < nunits; a++)
+      for (int b = a; b > 1; b--) {
+        int c = units[b - 1].kind != units[b].kind
+                    ? units[b - 1].kind - units[b].kind
+                : units[b].kind == 0 ? (masks[b - 1] > masks[b]) - (masks[b - 1] < masks[b])
+                                     : cmp_fp_unit(&units[b - 1], &units[b]);
+        if (c <= 0) break;
+        fp_unit t = units[b];
+        units[b] = units[b - 1];
+        units[b - 1] = t;
+        unsigned m = masks[b];
+        masks[b] = masks[b - 1];
+        masks[b - 1] = m;
+      }
+    for (int u = 0; u < nunits && !st; u++) {
+      units[u].ids = malloc(sizeof *units[u].ids * (size_t)(units[u].n + 1));
+      units[u].prefix = malloc(sizeof *units[u].prefix * (size_t)(units[u].n + 1));
+      if (!units[u].ids || !units[u].prefix) st = MPG_ERR_NOMEM;
+      units[u].n = 0;
+    }
+  }
+  if (st) {
+    st = mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
+  } else {
+    for (int i = 0; i < n; i++)
+      for (int u = 0; u < nunits; u++)
+        if ((units[u].kind ? s->params[i].tied : s->params[i].group) == units[u].group)
+          units[u].ids[units[u].n++] = i;
+    for (int u = 0; u < nunits; u++) {
+      fp_unit *f = &units[u];
+      uint64_t h = fp_mix(0x6d7067666eull, (uint64_t)f->kind);
+      for (int i = 0; i < f->n; i++) {
+        const sparam *p = &s->params[f->ids[i]];
+        if (!f->kind) h = fp_str(h, p->name);
+        h = fp_mix(h, (uint64_t)p->count);
+        h = fp_mix(h, (uint64_t)p->dtype);
+        h = fp_str(h, fp_tag(f, p));
+        f->prefix[i] = h;
+      }
+      f->prefix[f->n] = fp_mix(h, 0x656e64ull); /* "end" */
+    }
+    /* A mismatch in one group does not stop the others' checks (their
+     * members expect them); a failed collective does. */
+    mpg__saved_error first;
+    int mismatch = 0;
+    for (int u = 0; u < nunits && !st; u++) {
+      st = fp_check(s, &units[u]);
+      if (st == MPG_ERR_STATE) {
+        if (!mismatch++) mpg__error_save(&first);
+        st = MPG_OK;
+      }
+    }
+    if (!st) st = fp_world(s, mismatch);
+    if (!st && mismatch) st = mpg__error_restore(MPG_ERR_STATE, &first);
+  }
+  for (int u = 0; units && u < nunits; u++) {
+    free(units[u].ids);
+    free(units[u].prefix);
+  }
+  free(units);
+  free(masks);
+  return st;
+}
+
 mpg_status mpg_sync_commit(mpg_sync *s) {
   if (!s) return mpg__fail(MPG_ERR_INVALID, "mpg_sync_commit: sync is NULL");
   if (s->committed)
     return mpg__fail(MPG_ERR_STATE, "mpg_sync_commit: the sync is already committed");
   mpg_status st = resolve_groups(s);
+  if (!st) st = check_layout(s);
   if (!st) st = layout(s);
   if (st) {
     mpg__sync_free_layout(s);
+    s->valid = 0; /* no gradients to trust */
     return st;
   }
   s->committed = 1;
+  s->valid = 1;
   if (mpg__log_level() >= 1) {
     mpg__log(1, "sync: rank %d: %d params in %d buffers, %d buckets, %zu bytes",
              mpg_ctx_rank(s->ctx), s->nparams, s->nbuffers, s->nbuckets, s->total_bytes);

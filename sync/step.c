@@ -44,10 +44,11 @@ static void describe_bucket(const mpg_sync *s, int k, char *buf, size_t n) {
   const sbucket *b = &s->buckets[k];
   const sbuffer *f = &s->buffers[b->buffer];
   snprintf(buf, n,
-           "bucket %d of %d (%s, group \"%s\" of %d ranks, %d params \"%s\"..\"%s\", "
-           "%zu elements)",
+           "bucket %d of %d (%s, group \"%s\" index %d of %d ranks, %d params "
+           "\"%s\"..\"%s\", %zu elements)",
            k, s->nbuckets, mpg_dtype_name(f->dtype), mpg_group_name(f->group),
-           mpg_group_size(f->group), b->nparams, s->params[b->first].name,
+           mpg_group_index(f->group), mpg_group_size(f->group), b->nparams,
+           s->params[b->first].name,
            s->params[b->last].name, b->count);
 }
 

@@ -199,6 +199,7 @@ mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
   mpg__log(1, "sync: rank %d: default reduce group %s = \"%s\" of %d ranks",
            mpg_ctx_rank(ctx), s->default_desc, mpg_group_name(s->default_group),
            mpg_group_size(s->default_group));
+  mpg__ctx_sync_count(ctx, +1);
   *out = s;
   return MPG_OK;
 }
@@ -210,6 +211,7 @@ mpg_status mpg_sync_destroy(mpg_sync *s) {
   /* Never free memory a collective may still write: release what a step
    * left in flight first (bounded by the context's timeout). */
   if (s->in_step) mpg__sync_wait_all(s);
+  mpg__ctx_sync_count(s->ctx, -1);
   for (int i = 0; i < s->nbuffers; i++) {
     if (!s->buffers[i].data) continue;
     mpg_status st = mpg_ctx_mem_free(s->ctx, s->buffers[i].data);
@@ -306,6 +308,11 @@ mpg_status mpg_sync_add_param(mpg_sync *s, const char *name, size_t count,
                                  "MPG_PARAM_OPTS_INIT");
     if (bad) return bad;
   }
+  if (po.tied_group && mpg__group_ctx(po.tied_group) != s->ctx)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "param \"%s\": tied_group \"%s\" belongs to another context "
+                     "than the sync's",
+                     name, mpg_group_name(po.tied_group));
   if ((dtype == MPG_F16 || dtype == MPG_BF16) && s->opts.reduce_dtype == MPG_REDUCE_F32 &&
       !mpg__ctx_half_reduces_in_f32(s->ctx))
     return mpg__fail(MPG_ERR_UNSUPPORTED,

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # The two quick-start commands of README.md:
 #   bash tools/setup.sh demo   install what is missing, build, run the demo
-#   bash tools/setup.sh test   install what is missing, build, run every test
+#   bash tools/setup.sh test   install what is missing, build, run every test:
+#                              the plain build, then (unless MESHPG_SANITIZE=0)
+#                              the whole suite again under ASan+UBSan (clang)
+#                              and the thread-backend, sync and C++ suites
+#                              under TSan (clang); one summary line over all
 #   bash tools/setup.sh bench  the same, plus python3-torch, then the issue-4
 #                              sync benchmark (bench/run_sync.sh; its own
 #                              environment variables apply)
-# Environment: MESHPG_BUILD_DIR (default: build), MESHPG_SKIP_APT=1 to never
-# call apt-get, MESHPG_MESON_ARGS for extra `meson setup` arguments.
+# Environment: MESHPG_BUILD_DIR (default: build; the sanitizer builds of
+# `test` go to the same path with -asan and -tsan appended), MESHPG_SKIP_APT=1
+# to never call apt-get, MESHPG_MESON_ARGS for extra `meson setup` arguments
+# (all builds), MESHPG_SANITIZE=0 to skip the sanitizer builds of `test`
+# (default 1: CI runs them).
 set -euo pipefail
 
 mode=${1:-}
@@ -17,6 +24,12 @@ esac
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MESHPG_BUILD_DIR:-$root/build}
+sanitize=${MESHPG_SANITIZE:-1}
+case "$sanitize" in
+  0|1) ;;
+  *) echo "setup: MESHPG_SANITIZE must be 0 or 1, not '$sanitize'" >&2; exit 2 ;;
+esac
+[ "$mode" = test ] || sanitize=0
 
 # Debian packages the build and the test suite need.
 # cmake: tests/install builds a CMake consumer of the installed package.
@@ -24,6 +37,9 @@ packages=(gcc g++ meson ninja-build pkg-config libtomlplusplus-dev libhwloc-dev
           libcriterion-dev libopenmpi-dev openmpi-bin valgrind cmake)
 # PyTorch (gloo) for the DDP column of the sync benchmark only.
 if [ "$mode" = bench ]; then packages+=(python3-torch); fi
+# clang and its runtimes (ASan, UBSan, TSan, libFuzzer) for the sanitizer
+# builds of `test`.
+if [ "$sanitize" = 1 ]; then packages+=(clang-14 libclang-rt-14-dev); fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -61,19 +77,99 @@ case "$mode" in
     "$build/tools/meshpg" sim "$root/examples/seed.toml" --steps 50
     ;;
   test)
-    log=$(mktemp)
-    set +e
-    meson test -C "$build" --print-errorlogs --num-processes 2 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
-    set -e
-    ok=$(sed -n 's/^Ok:[[:space:]]*\([0-9]*\).*/\1/p' "$log" | tail -n 1)
-    fail=$(sed -n 's/^Fail:[[:space:]]*\([0-9]*\).*/\1/p' "$log" | tail -n 1)
-    timeout=$(sed -n 's/^Timeout:[[:space:]]*\([0-9]*\).*/\1/p' "$log" | tail -n 1)
-    skipped=$(sed -n 's/^Skipped:[[:space:]]*\([0-9]*\).*/\1/p' "$log" | tail -n 1)
-    rm -f "$log"
-    ok=${ok:-0}; fail=$(( ${fail:-0} + ${timeout:-0} ))
-    if [ "$rc" -ne 0 ] && [ "$fail" -eq 0 ]; then fail=1; fi
-    echo "${ok} passed, ${fail} failed, ${skipped:-0} skipped"
-    exit "$rc"
+    total_ok=0 total_fail=0 total_skip=0 status=0
+
+    # run_suite DIR LABEL [meson test args...]: run meson test in DIR and add
+    # its Ok / Fail+Timeout / Skipped counts to the totals.
+    run_suite() {
+      local dir=$1 label=$2 log rc ok fail timeout skipped
+      shift 2
+      echo "== $label: meson test -C $dir $*"
+      # Sanitizer builds write every report here (tests/meson.build).
+      local reports=$dir/sanitizer-reports nrep=0 f
+      rm -f "$reports"/report.*
+      log=$(mktemp)
+      set +e
+      meson test -C "$dir" --print-errorlogs --num-processes 2 "$@" 2>&1 | tee "$log"
+      rc=${PIPESTATUS[0]}
+      set -e
+      ok=$(sed -n 's/^Ok:[[:space:]]*\([0-9]*\).*/\1/p' "$log" | tail -n 1)
+      fail=$(sed -n 's/^Fail:[[:space:]]*\([0-9]*\).*/\1/p' "$log" | tail -n 1)
+      timeout=$(sed -n 's/^Timeout:[[:space:]]*\([0-9]*\).*/\1/p' "$log" | tail -n 1)
+      skipped=$(sed -n 's/^Skipped:[[:space:]]*\([0-9]*\).*/\1/p' "$log" | tail -n 1)
+      rm -f "$log"
+      ok=${ok:-0}; fail=$(( ${fail:-0} + ${timeout:-0} ))
+      if [ "$rc" -ne 0 ] && [ "$fail" -eq 0 ]; then fail=1; fi
+      # A report may not change an exit status (a leak in a Criterion worker
+      # after its test passed, in a rank, in a program a test runs): each
+      # report file counts as one failure.
+      for f in "$reports"/report.*; do
+        [ -s "$f" ] || continue
+        nrep=$(( nrep + 1 ))
+        echo "== sanitizer report $f:"
+        cat "$f"
+      done
+      if [ "$nrep" -gt 0 ]; then
+        echo "== $label: $nrep sanitizer report(s) in $reports, counted as failures"
+        fail=$(( fail + nrep )); rc=1
+      fi
+      total_ok=$(( total_ok + ok ))
+      total_fail=$(( total_fail + fail ))
+      total_skip=$(( total_skip + ${skipped:-0} ))
+      if [ "$rc" -ne 0 ]; then status=1; fi
+      return 0
+    }
+
+    # setup_san DIR SANITIZERS [meson setup args...]: configure (once) and
+    # build a clang sanitizer build; a failure counts as one failed test.
+    setup_san() {
+      local dir=$1 san=$2
+      shift 2
+      if [ ! -f "$dir/build.ninja" ]; then
+        # b_lundef=false: clang links the sanitizer runtime into executables
+        # only, so libmeshpg.so keeps undefined __asan_*/__tsan_* symbols.
+        # shellcheck disable=SC2086
+        if ! CC=clang-14 CXX=clang++-14 meson setup "$dir" "$root" \
+             -Db_sanitize="$san" -Db_lundef=false -Dwerror=true "$@" \
+             ${MESHPG_MESON_ARGS:-}; then
+          echo "setup: meson setup of $dir (-Db_sanitize=$san) failed"
+          total_fail=$(( total_fail + 1 )); status=1
+          return 1
+        fi
+      fi
+      if ! ninja -C "$dir" -j2; then
+        echo "setup: building $dir (-Db_sanitize=$san) failed"
+        total_fail=$(( total_fail + 1 )); status=1
+        return 1
+      fi
+    }
+
+    # 1. The plain build: every suite, valgrind included.
+    run_suite "$build" "plain build"
+
+    if [ "$sanitize" = 1 ]; then
+      # 2. ASan + UBSan: the whole suite (fuzz targets included: clang
+      # supports -fsanitize=fuzzer), valgrind and install excepted.  The
+      # options and suppression files (tests/sanitizers/) come from
+      # tests/meson.build and reach the mpirun ranks through its environment.
+      if setup_san "$build-asan" address,undefined; then
+        run_suite "$build-asan" "ASan+UBSan build" --timeout-multiplier 3
+      fi
+      # 3. TSan: the thread backend, the sync suites and the C++ tests.  Open
+      # MPI is not TSan-instrumented and would report its own progress
+      # engine, so this build has no MPI backend: test_mpi, test_sync_mpi and
+      # the trainer's mpirun runs do not exist there (the two builds above
+      # run them).
+      echo "== TSan build: -Dmpi=disabled -Dnccl=disabled: the MPI and NCCL tests are skipped here (Open MPI and CUDA are not TSan-instrumented)"
+      if setup_san "$build-tsan" thread -Dmpi=disabled -Dnccl=disabled; then
+        run_suite "$build-tsan" "TSan build" --timeout-multiplier 3 \
+          --suite groups --suite sync --suite cpp
+      fi
+    else
+      echo "== MESHPG_SANITIZE=0: the ASan+UBSan and TSan builds are skipped"
+    fi
+
+    echo "${total_ok} passed, ${total_fail} failed, ${total_skip} skipped"
+    exit "$status"
     ;;
 esac

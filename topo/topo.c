@@ -2,10 +2,12 @@
  * with their locality and nearest NICs, detect an all-to-all NVLink fabric. */
 #include "topo_internal.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 enum source_kind { SRC_LIVE, SRC_XML, SRC_SYNTHETIC };
@@ -175,40 +177,142 @@ static mpg_status cand_add(cand **list, int *n, int *cap, hwloc_obj_t pci,
   return MPG_OK;
 }
 
-/* CUDA_VISIBLE_DEVICES for GPUs not found through CUDA: keep and reorder the
- * listed integer indexes, stopping at the first invalid one like CUDA. */
-static void apply_cuda_visible(cand *list, int *n) {
+/* The UUID hwloc's NVML plugin recorded for a GPU (the NVIDIAUUID info of
+ * an OS device below its PCI device, "GPU-xxxxxxxx-..."), or NULL: bare
+ * PCI devices carry none. */
+static const char *gpu_uuid(hwloc_obj_t pci) {
+  for (hwloc_obj_t o = pci->io_first_child; o; o = o->next_sibling) {
+    if (o->type != HWLOC_OBJ_OS_DEVICE) continue;
+    const char *u = hwloc_obj_get_info_by_name(o, "NVIDIAUUID");
+    if (u && *u) return u;
+  }
+  return NULL;
+}
+
+/* Whether UUID u ("GPU-..." or bare) starts with the n hex chars at p
+ * (given without "GPU-"), ignoring case as CUDA does. */
+static int uuid_has_prefix(const char *u, const char *p, size_t n) {
+  if (strncasecmp(u, "GPU-", 4) == 0) u += 4;
+  return strlen(u) >= n && strncasecmp(u, p, n) == 0;
+}
+
+static int is_uuid_text(const char *p, size_t n) {
+  if (n == 0) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (!isxdigit((unsigned char)p[i]) && p[i] != '-') return 0;
+  return 1;
+}
+
+/* CUDA_VISIBLE_DEVICES for GPUs not found through CUDA (CUDA OS devices
+ * already honour it): keep and reorder the GPUs it lists.  Entries are
+ * indexes, GPU UUIDs or unique UUID prefixes ("GPU-1a2b"), or MIG devices
+ * in the form MIG-GPU-<gpu uuid>/<gi>/<ci>, which select the GPU the
+ * instance lives on (its locality).  As in CUDA, an index outside
+ * 0..count-1 ("-1") ends the list.  Errors (MPG_ERR_TOPO): a malformed
+ * entry, a UUID when the GPUs carry none (bare PCI devices), a UUID that
+ * matches no GPU or several, a GPU listed twice, a MIG-<uuid> entry (hwloc
+ * lists no MIG instances, so it cannot be mapped to its GPU). */
+static mpg_status apply_cuda_visible(cand *list, int *n) {
   const char *v = getenv("CUDA_VISIBLE_DEVICES");
-  if (!v) return;
+  if (!v) return MPG_OK;
   cand keep[256];
-  int nk = 0, total = *n;
+  int from[256]; /* entry number that selected keep[i] */
+  int nk = 0, total = *n, entry = 0;
   const char *p = v;
+  while (*p == ' ') p++;
   while (*p && nk < 256) {
-    while (*p == ' ') p++;
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    while (len && p[len - 1] == ' ') len--;
+    char tok[128];
+    if (len == 0 || len >= sizeof tok)
+      return mpg__fail(MPG_ERR_TOPO,
+                       "CUDA_VISIBLE_DEVICES=\"%s\": entry %d is %s; expected a GPU "
+                       "index, GPU-<uuid> or MIG-GPU-<uuid>/<gi>/<ci>",
+                       v, entry, len ? "too long" : "empty");
+    memcpy(tok, p, len);
+    tok[len] = '\0';
+    int pick = -1;
     char *end;
-    long idx = strtol(p, &end, 10);
-    if (end == p) {
-      mpg__log(1,
-               "topology: CUDA_VISIBLE_DEVICES=\"%s\" is not a list of GPU "
-               "indexes; listing every GPU",
-               v);
-      return;
+    long idx = strtol(tok, &end, 10);
+    if (end != tok && *end == '\0') {
+      if (idx < 0 || idx >= total) {
+        mpg__log(1, "topology: CUDA_VISIBLE_DEVICES=\"%s\": entry %d (%ld) is not a "
+                 "GPU index 0..%d; like CUDA, the list ends there", v, entry, idx,
+                 total - 1);
+        break;
+      }
+      pick = (int)idx;
+    } else {
+      const char *uuid = NULL;
+      size_t ulen = 0;
+      if (strncasecmp(tok, "GPU-", 4) == 0) {
+        uuid = tok + 4;
+        ulen = strlen(uuid);
+      } else if (strncasecmp(tok, "MIG-GPU-", 8) == 0 && strchr(tok, '/')) {
+        uuid = tok + 8;
+        ulen = (size_t)(strchr(tok, '/') - uuid);
+      } else if (strncasecmp(tok, "MIG-", 4) == 0) {
+        return mpg__fail(MPG_ERR_TOPO,
+                         "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" is a MIG "
+                         "instance UUID, which cannot be mapped to its GPU (hwloc lists "
+                         "no MIG instances); name the GPU (index or GPU-<uuid>) or use "
+                         "MIG-GPU-<gpu uuid>/<gi>/<ci>",
+                         v, entry, tok);
+      }
+      if (!uuid || !is_uuid_text(uuid, ulen))
+        return mpg__fail(MPG_ERR_TOPO,
+                         "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" is not a GPU "
+                         "index, GPU-<uuid> or MIG-GPU-<uuid>/<gi>/<ci>",
+                         v, entry, tok);
+      int with_uuid = 0;
+      for (int i = 0; i < total; i++) {
+        const char *u = gpu_uuid(list[i].pci);
+        if (!u) continue;
+        with_uuid++;
+        if (!uuid_has_prefix(u, uuid, ulen)) continue;
+        if (pick >= 0)
+          return mpg__fail(MPG_ERR_TOPO,
+                           "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" is ambiguous: "
+                           "it matches GPU %d (%s) and GPU %d (%s)",
+                           v, entry, tok, pick, gpu_uuid(list[pick].pci), i, u);
+        pick = i;
+      }
+      if (!with_uuid)
+        return mpg__fail(MPG_ERR_TOPO,
+                         "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" names a GPU by "
+                         "UUID, but these %d GPUs have no UUID (hwloc sees them as bare "
+                         "PCI devices, without its NVML plugin): use GPU indexes",
+                         v, entry, tok, total);
+      if (pick < 0)
+        return mpg__fail(MPG_ERR_TOPO,
+                         "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" matches none of "
+                         "the %d GPUs' UUIDs",
+                         v, entry, tok, total);
     }
-    if (idx < 0 || idx >= total) break;
-    int dup = 0;
     for (int i = 0; i < nk; i++)
-      if (keep[i].pci == list[idx].pci) dup = 1;
-    if (dup) break;
-    keep[nk++] = list[idx];
-    p = end;
+      if (keep[i].pci == list[pick].pci)
+        return mpg__fail(MPG_ERR_TOPO,
+                         "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" selects GPU %d "
+                         "again (entry %d did)",
+                         v, entry, tok, pick, from[i]);
+    from[nk] = entry;
+    keep[nk++] = list[pick];
+    entry++;
+    if (!e) break;
+    p = e + 1;
     while (*p == ' ') p++;
-    if (*p == ',') p++;
-    else if (*p) break;
+    if (!*p)
+      return mpg__fail(MPG_ERR_TOPO,
+                       "CUDA_VISIBLE_DEVICES=\"%s\": entry %d is empty; expected a GPU "
+                       "index, GPU-<uuid> or MIG-GPU-<uuid>/<gi>/<ci>",
+                       v, entry);
   }
   memcpy(list, keep, sizeof *keep * (size_t)nk);
   *n = nk;
   mpg__log(1, "topology: CUDA_VISIBLE_DEVICES=\"%s\" leaves %d of %d GPUs", v,
            nk, total);
+  return MPG_OK;
 }
 
 static mpg_status find_gpus(mpg_topo *tp) {
@@ -247,8 +351,9 @@ static mpg_status find_gpus(mpg_topo *tp) {
     } else {
       list = pci, n = npci;
     }
-    qsort(list, (size_t)n, sizeof *list, cand_cmp);
-    if (!ncuda && tp->this_system) apply_cuda_visible(list, &n);
+    /* qsort's base must not be NULL, even for zero items (C11 7.22.5). */
+    if (n > 0) qsort(list, (size_t)n, sizeof *list, cand_cmp);
+    if (!ncuda && tp->this_system) st = apply_cuda_visible(list, &n);
   }
   if (!st && n) {
     tp->gpus = calloc((size_t)n, sizeof *tp->gpus);
@@ -468,6 +573,37 @@ mpg_status mpg_topo_load_live(mpg_topo **out) {
   return topo_open(SRC_LIVE, NULL, out);
 }
 
+/* Does the tag text[0..n) have the attribute `name` (name, spaces, '=')? */
+static int xml_has_attr(const char *tag, size_t n, const char *name) {
+  size_t len = strlen(name);
+  for (size_t i = 1; i + len < n; i++) {
+    if (!strchr(" \t\r\n", tag[i - 1]) || strncmp(tag + i, name, len) != 0)
+      continue;
+    size_t j = i + len;
+    while (j < n && tag[j] && strchr(" \t\r\n", tag[j])) j++;
+    if (j < n && tag[j] == '=') return 1;
+  }
+  return 0;
+}
+
+/* hwloc 2.9 dereferences a NULL bitmap in hwloc_topology_load (a crash, not
+ * an error) when an XML object has a cpuset but no complete_cpuset, or a
+ * nodeset but no complete_nodeset; hwloc itself always writes both.  The
+ * line of the first such <object> of the NUL-terminated text, 0 if none. */
+static int xml_partial_sets(const char *text, size_t size) {
+  int line = 1;
+  for (const char *p = text, *end = text + size; p < end; p++) {
+    if (*p == '\n') line++;
+    if (*p != '<' || strncmp(p, "<object", 7) != 0) continue;
+    const char *gt = memchr(p, '>', (size_t)(end - p));
+    size_t n = gt ? (size_t)(gt - p) : (size_t)(end - p);
+    if (xml_has_attr(p, n, "cpuset") != xml_has_attr(p, n, "complete_cpuset") ||
+        xml_has_attr(p, n, "nodeset") != xml_has_attr(p, n, "complete_nodeset"))
+      return line;
+  }
+  return 0;
+}
+
 mpg_status mpg_topo_load_xml(const char *path, mpg_topo **out) {
   if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_topo_load_xml: out is NULL");
   *out = NULL;
@@ -478,15 +614,38 @@ mpg_status mpg_topo_load_xml(const char *path, mpg_topo **out) {
     return mpg__fail(MPG_ERR_IO, "topology XML \"%s\": cannot open: %s", path,
                      strerror(errno));
   errno = 0;
-  int c = fgetc(f);
+  char *text = NULL;
+  size_t len = 0, cap = 0;
+  for (size_t got = 1; got > 0; len += got) {
+    if (cap - len < 4096) {
+      char *t = realloc(text, cap = cap * 2 + 8192);
+      if (!t) {
+        free(text);
+        fclose(f);
+        return mpg__fail(MPG_ERR_NOMEM, "topology XML \"%s\": out of memory", path);
+      }
+      text = t;
+    }
+    got = fread(text + len, 1, cap - len - 1, f);
+  }
   int e = ferror(f) ? errno : 0;
   fclose(f);
+  text[len] = '\0';
+  int bad_line = len ? xml_partial_sets(text, len) : 0;
+  free(text);
   if (e)
     return mpg__fail(MPG_ERR_IO, "topology XML \"%s\": cannot read: %s", path,
                      strerror(e));
-  if (c == EOF)
+  if (len == 0)
     return mpg__fail(MPG_ERR_TOPO, "topology XML \"%s\": the file is empty",
                      path);
+  if (bad_line)
+    return mpg__fail(MPG_ERR_TOPO,
+                     "topology XML \"%s\": line %d: an object has a cpuset "
+                     "without a complete_cpuset or a nodeset without a "
+                     "complete_nodeset (or the other way round), which hwloc "
+                     "cannot load",
+                     path, bad_line);
   return topo_open(SRC_XML, path, out);
 }
 

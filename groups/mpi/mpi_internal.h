@@ -243,6 +243,9 @@ int mpg__mpi_queue_allreduce(mpg__req *q, mpg__comm *m, size_t ws);
 int mpg__mpi_pump(mpg__comm *m);
 /* Forget every piece of q.  Lock held. */
 void mpg__mpi_purge(mpg__comm *m, mpg__req *q);
+/* "; ring step S ...: position L never sent it ..." for a timed-out q
+ * (empty when q's ring waits for nobody).  Lock held. */
+void mpg__mpi_ring_detail(mpg__comm *m, mpg__req *q, char *buf, size_t n);
 
 /* orphans.c (all lock held) */
 /* Free q and what it owns (it is finished, or MPI is done with it). */

@@ -509,12 +509,22 @@ mpg_status mpg__mpi_wait(mpg__req *q, double deadline) {
     mpg_status st = progress(q, &done);
     if (done || st) return st;
     if (mpg__now() >= deadline) {
-      char what[256];
+      char what[256], who[320];
       req_describe(q, what, sizeof what);
+      /* Who never arrived: our ring knows its left neighbour's silence;
+       * MPI's own collectives do not say. */
+      if (q->wire) {
+        lock_g();
+        mpg__mpi_ring_detail(q->comm, q, who, sizeof who);
+        unlock_g();
+      } else {
+        snprintf(who, sizeof who, "; MPI does not say which of the %d members did not "
+                 "arrive", q->size);
+      }
       return mpg__fail(MPG_ERR_TIMEOUT,
                        "mpi: %s: not finished within the %.3g s timeout (a peer "
-                       "did not arrive)",
-                       what, q->comm->timeout_s);
+                       "did not arrive%s)",
+                       what, q->comm->timeout_s, who);
     }
     if (mpg__mpi_progress_running() && mpg__now() >= spin_end)
       mpg__mpi_nap_on_done(q, deadline); /* rechecks under the lock */

@@ -23,6 +23,7 @@
  * nonblocking all-reduce allocates a message-sized temporary every call,
  * which with glibc's trim thresholds faults in fresh pages step after
  * step. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -281,3 +282,33 @@ size_t mpg__mpi_npieces(size_t n, size_t es) {
   return (n + per - 1) / per;
 }
 
+/* Who q's ring waits for.  A piece in flight at step s waits for its left
+ * neighbour's message of that step.  A member that never arrives stalls
+ * the ring step by step: its right neighbour waits at step 0, the next one
+ * at step 1, ..., so the member this rank's wait traces back to is
+ * position (rank - 1 - s) mod size (exact when a single member is
+ * missing).  Lock held. */
+void mpg__mpi_ring_detail(mpg__comm *m, mpg__req *q, char *buf, size_t n) {
+  int p = m->size, r = m->rank;
+  buf[0] = '\0';
+  if (n == 0) return;
+  for (int i = 0; i < m->nflight; i++) {
+    struct piece *pc = m->flight[i];
+    if (pc->q != q || pc->busy) continue;
+    int flag = 0;
+    if (q->reqs[pc->slot] != MPI_REQUEST_NULL &&
+        MPI_Test(&q->reqs[pc->slot], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag)
+      continue; /* received: it waits on its own send */
+    int left = (r + p - 1) % p;
+    int stalled = ((r - 1 - (pc->step < p - 1 ? pc->step : p - 2)) % p + p) % p;
+    snprintf(buf, n,
+             "; ring step %d of %d (piece at element %zu): position %d (left neighbour) "
+             "never sent it; the ring stalls from position %d, which never arrived "
+             "(if one member is missing)",
+             pc->step, 2 * (p - 1), pc->off, left, stalled);
+    return;
+  }
+  if (q->unposted)
+    snprintf(buf, n, "; %d ring pieces not started (earlier ones of this communicator "
+             "are stuck)", q->unposted);
+}

@@ -243,6 +243,35 @@ enum mpg__mpi_bcast_result mpg__mpi_bcast_bytes(MPI_Comm comm, void *buf,
   return rc != MPI_SUCCESS ? MPG__MPI_BCAST_TEST_FAILED : MPG__MPI_BCAST_TIMEOUT;
 }
 
+/* The rank and size of the caller's communicator (opts.mpi_comm), which
+ * the caller created, so MPI must be initialised already. */
+static mpg_status comm_identity(void *mpi_comm, int *rank, int *size) {
+  int init = 0, fin = 0;
+  lock_g();
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (!init || fin) {
+    unlock_g();
+    return mpg__fail(MPG_ERR_STATE,
+                     "mpi: opts.mpi_comm is set but MPI is %s: initialise MPI and "
+                     "create the communicator before mpg_ctx_create",
+                     fin ? "already finalized" : "not initialised");
+  }
+  MPI_Comm c = *(MPI_Comm *)mpi_comm;
+  if (c == MPI_COMM_NULL) {
+    unlock_g();
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpi: opts.mpi_comm points to MPI_COMM_NULL (a process outside "
+                     "the split cannot join a world)");
+  }
+  int rc = MPI_Comm_rank(c, rank);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(c, size);
+  unlock_g();
+  if (rc != MPI_SUCCESS)
+    return mpg__mpi_fail(rc, "MPI_Comm_rank/MPI_Comm_size", "the communicator in opts.mpi_comm");
+  return MPG_OK;
+}
+
 static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
   *world = NULL;
   double timeout = args->timeout_s > 0 ? args->timeout_s : 600.0;
@@ -460,4 +489,5 @@ const struct mpg__backend_ops mpg__backend_mpi = {
     .destroy = comm_destroy,
     .mem_alloc = mpg__mpi_mem_alloc,
     .mem_free = mpg__mpi_mem_free,
+    .comm_identity = comm_identity,
 };

@@ -301,7 +301,8 @@ mpg_status mpg__nccl_wait(mpg__req *q, double deadline) {
       describe(what, sizeof what, q->comm, q->kind, q->dtype, q->op, q->count);
       return mpg__fail(MPG_ERR_TIMEOUT,
                        "%s: not complete within the %.3g s timeout (a peer "
-                       "did not arrive?)",
+                       "did not arrive?  NCCL does not say which member is missing: "
+                       "its kernel is still waiting on the stream)",
                        what, q->comm->timeout_s);
     }
     mpg__nccl_backoff(&spins);

@@ -68,8 +68,28 @@ void mpg__thread_group_abort_locked(tgroup *g, int by_rank, mpg_status reason) {
   if (reason == MPG_OK) reason = MPG_ERR_ABORTED;
   if (!g->aborted) {
     g->aborted = reason;
-    snprintf(g->abort_msg, sizeof g->abort_msg, "group %s was aborted by rank %d (%s)",
-             g->name, by_rank, reason == MPG_ERR_TIMEOUT ? "timeout" : "abort");
+    size_t len = (size_t)snprintf(g->abort_msg, sizeof g->abort_msg,
+                                  "group %s was aborted by rank %d (%s)", g->name, by_rank,
+                                  reason == MPG_ERR_TIMEOUT ? "timeout" : "abort");
+    /* Who had not arrived at the oldest collective in flight: the desync
+     * report every waiter of this group then shares. */
+    const top *op = g->ops;
+    if (op && op->arrived < g->size && len < sizeof g->abort_msg) {
+      len += (size_t)snprintf(g->abort_msg + len, sizeof g->abort_msg - len,
+                              "; collective #%llu (%s) had %d of %d members, missing",
+                              (unsigned long long)op->seq, mpg__thread_kind_name(op->kind),
+                              op->arrived, g->size);
+      int shown = 0;
+      for (int p = 0; p < g->size && len < sizeof g->abort_msg; p++) {
+        if (op->reqs[p]) continue;
+        if (shown++ == 8) {
+          snprintf(g->abort_msg + len, sizeof g->abort_msg - len, " ...");
+          break;
+        }
+        len += (size_t)snprintf(g->abort_msg + len, sizeof g->abort_msg - len,
+                                " position %d (rank %d)", p, g->ranks[p]);
+      }
+    }
     mpg__log(2, "thread: rank %d aborts group %s (%s)", by_rank, g->name,
              mpg_status_name(reason));
   }

@@ -2,12 +2,32 @@
  * per member of the group.  Send copies into a message in the receiver's
  * inbox (or straight into an already posted receive) and completes at
  * once; receives match messages from the same peer in order (layer: above
- * group.c, below req.c). */
+ * group.c, below req.c).
+ *
+ * Back-pressure: an inbox holds at most INBOX_MAX_MSGS unreceived messages
+ * and INBOX_MAX_BYTES bytes (an empty inbox takes one message of any
+ * size).  A send to a full inbox waits, within the group's timeout, until
+ * the receiver takes a message, then fails with MPG_ERR_TIMEOUT.  The
+ * environment variables MESHPG_THREAD_INBOX_MSGS / MESHPG_THREAD_INBOX_BYTES
+ * override the limits (read at each send; tests set them before
+ * mpg_thread_run). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "thread_internal.h"
+
+#define INBOX_MAX_MSGS 1024
+#define INBOX_MAX_BYTES ((size_t)256 << 20)
+
+static size_t inbox_limit(const char *var, size_t fallback) {
+  const char *v = getenv(var);
+  if (!v || !*v) return fallback;
+  char *end;
+  unsigned long long n = strtoull(v, &end, 10);
+  return *end == '\0' && n > 0 ? (size_t)n : fallback;
+}
 
 /* Deliver message bytes to a posted receive; sets its status. */
 static void deliver(mpg__req *r, const void *data, size_t bytes, size_t count,
@@ -57,7 +77,7 @@ mpg_status mpg__thread_p2p_post(mpg__comm *cm, mpg__req *req) {
   /* A send copies before taking the lock (the message is its own). */
   tmsg *m = NULL;
   if (req->kind == MPG__SEND) {
-    m = malloc(sizeof *m + bytes);
+    m = bytes <= SIZE_MAX - sizeof *m ? malloc(sizeof *m + bytes) : NULL;
     if (!m)
       return mpg__fail(MPG_ERR_NOMEM,
                        "thread backend: rank %d: out of memory for a %zu-byte message "
@@ -70,22 +90,57 @@ mpg_status mpg__thread_p2p_post(mpg__comm *cm, mpg__req *req) {
     if (bytes) memcpy(m->data, c->send, bytes);
   }
   pthread_mutex_lock(&g->mu);
+  mpg__req *r = NULL;
+  tinbox *box = req->kind == MPG__SEND ? &g->inbox[c->peer] : NULL;
+  if (box && !g->aborted) {
+    /* Back-pressure: a receive posted for this message takes it at once;
+     * else wait (bounded by the timeout) for room in the peer's inbox. */
+    size_t max_msgs = inbox_limit("MESHPG_THREAD_INBOX_MSGS", INBOX_MAX_MSGS);
+    size_t max_bytes = inbox_limit("MESHPG_THREAD_INBOX_BYTES", INBOX_MAX_BYTES);
+    double deadline = 0;
+    for (;;) {
+      for (r = box->rhead; r && r->coll.peer != cm->pos; r = r->next) {
+      }
+      if (r || g->aborted) break;
+      int full = box->nmsgs >= max_msgs ||
+                 (box->nmsgs > 0 &&
+                  bytes > max_bytes - (box->nbytes < max_bytes ? box->nbytes : max_bytes));
+      if (!full) break;
+      if (deadline == 0) deadline = mpg__now() + cm->timeout_s;
+      if (mpg__now() >= deadline) {
+        size_t nm = box->nmsgs, nb = box->nbytes;
+        pthread_mutex_unlock(&g->mu);
+        free(m);
+        return mpg__fail(MPG_ERR_TIMEOUT,
+                         "thread backend: rank %d (position %d of group %s): "
+                         "send(count %zu, %s, peer %d): the peer's inbox is full "
+                         "(%zu messages, %zu bytes not received; limits %zu "
+                         "messages, %zu bytes) and it received nothing within "
+                         "%.3g s",
+                         cm->rank, cm->pos, g->name, c->count,
+                         mpg_dtype_name(c->dtype), c->peer, nm, nb, max_msgs,
+                         max_bytes, cm->timeout_s);
+      }
+      mpg__thread_timed_wait(&g->cv, &g->mu, deadline);
+    }
+  }
   if (g->aborted) {
+    char am[sizeof g->abort_msg];
+    snprintf(am, sizeof am, "%s", g->abort_msg);
     pthread_mutex_unlock(&g->mu);
     free(m);
-    return mpg__thread_fail_aborted(cm, req->kind, c, g->abort_msg);
+    return mpg__thread_fail_aborted(cm, req->kind, c, am);
   }
   if (req->owns_ref) g->refs++;
   if (req->kind == MPG__SEND) {
-    tinbox *box = &g->inbox[c->peer];
-    mpg__req *r = box->rhead;
-    while (r && r->coll.peer != cm->pos) r = r->next;
     if (r) { /* a receive is waiting: hand the data over directly */
       mpg__thread_unlink_recv(g, r);
       deliver(r, m->data, bytes, c->count, c->dtype, cm->pos);
       free(m);
       pthread_cond_broadcast(&g->cv);
     } else {
+      box->nmsgs++;
+      box->nbytes += bytes;
       if (box->tail)
         box->tail->next = m;
       else
@@ -95,7 +150,7 @@ mpg_status mpg__thread_p2p_post(mpg__comm *cm, mpg__req *req) {
     req->done = 1;
     req->status = MPG_OK;
   } else {
-    tinbox *box = &g->inbox[cm->pos];
+    box = &g->inbox[cm->pos];
     tmsg *prev = NULL, *mm = box->head;
     while (mm && mm->src != c->peer) {
       prev = mm;
@@ -107,8 +162,11 @@ mpg_status mpg__thread_p2p_post(mpg__comm *cm, mpg__req *req) {
       else
         box->head = mm->next;
       if (box->tail == mm) box->tail = prev;
+      box->nmsgs--;
+      box->nbytes -= mm->bytes;
       deliver(req, mm->data, mm->bytes, mm->count, mm->dtype, mm->src);
       free(mm);
+      pthread_cond_broadcast(&g->cv); /* a sender may wait for room */
     } else {
       req->next = NULL;
       if (box->rtail)
@@ -116,6 +174,7 @@ mpg_status mpg__thread_p2p_post(mpg__comm *cm, mpg__req *req) {
       else
         box->rhead = req;
       box->rtail = req;
+      pthread_cond_broadcast(&g->cv); /* a sender may wait for this receive */
     }
   }
   pthread_mutex_unlock(&g->mu);

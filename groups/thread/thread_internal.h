@@ -63,6 +63,7 @@ typedef struct tmsg {
 typedef struct tinbox {
   tmsg *head, *tail;           /* messages nobody has received yet */
   mpg__req *rhead, *rtail;     /* receives posted before their message */
+  size_t nmsgs, nbytes;        /* what waits in head..tail (back-pressure) */
 } tinbox;
 
 typedef struct top top;
@@ -75,7 +76,7 @@ typedef struct tgroup {
   int *ranks;          /* world rank of each position */
   char name[MPG_THREAD_NAME_LEN]; /* "world", "world/s0c3", ... */
   mpg_status aborted;  /* MPG_OK while healthy, else the reason */
-  char abort_msg[160];
+  char abort_msg[MPG_THREAD_MSG_LEN]; /* who aborted, and who had not arrived */
   top *ops, *ops_tail; /* collectives in flight, oldest first */
   int nops;
   tinbox *inbox;       /* per position */

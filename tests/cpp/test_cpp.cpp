@@ -916,6 +916,8 @@ Test(trainer, mpirun_picks_the_mpi_backend_by_default, .timeout = 300) {
 /* ------------------------------------------------------------------------ */
 
 static std::string valgrind() {
+  if (const char *san = std::getenv("MESHPG_SANITIZER"))
+    cr_skip_test("a sanitizer build (-Db_sanitize=%s): valgrind cannot run it", san);
   if (std::system("command -v valgrind >/dev/null 2>&1") != 0)
     cr_skip_test("valgrind is not installed");
   return "valgrind -q --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite "

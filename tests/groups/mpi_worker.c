@@ -19,6 +19,11 @@
  *                            MESHPG_MPI_PROGRESS=off.
  *   mpi_worker progress_env  MESHPG_MPI_PROGRESS=sometimes is refused.
  *   mpi_worker idle_cpu      waiting 3 s for a late peer costs < 1 s CPU.
+ *   mpi_worker sub_comm      the program initialises MPI, splits
+ *                            MPI_COMM_WORLD into two halves and builds a
+ *                            mesh on each (opts.mpi_comm): rank and size
+ *                            come from the half, not OMPI_COMM_WORLD_*,
+ *                            and the halves reduce separately.
  *
  * Prints "OK <mode> rank R" on success, "FAIL <mode> rank R: ..." lines
  * otherwise; exit code 0 / 1.
@@ -33,6 +38,8 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+
+#include <mpi.h>
 
 #include "meshpg.h"
 
@@ -785,6 +792,64 @@ static int run_split_timeout(int world) {
   return 0;
 }
 
+static int run_sub_comm(int world) {
+  int provided = 0;
+  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+  int half = world / 2, color = g_rank < half ? 0 : 1;
+  MPI_Comm sub = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, color, g_rank, &sub);
+  int sub_rank = -1, sub_size = -1;
+  MPI_Comm_rank(sub, &sub_rank);
+  MPI_Comm_size(sub, &sub_size);
+  mpg_spec spec = MPG_SPEC_INIT;
+  char dims[32];
+  snprintf(dims, sizeof dims, "dp=%d", half);
+  CHECK(mpg_spec_set_mesh(&spec, dims));
+  mpg_mesh *mesh = NULL;
+  CHECK(mpg_mesh_create(&spec, 0, &mesh));
+  mpg_init_opts opts = MPG_INIT_OPTS_INIT;
+  opts.backend = MPG_BACKEND_MPI;
+  opts.timeout_s = 60;
+  opts.mpi_comm = &sub;
+  mpg_ctx *ctx = NULL;
+  CHECK(mpg_ctx_create(mesh, &opts, &ctx));
+  if (ctx) {
+    if (mpg_ctx_rank(ctx) != sub_rank || mpg_ctx_world_size(ctx) != half)
+      FAIL("ctx rank %d of %d, expected %d of %d (the half's, not the launcher's %d of %d)",
+           mpg_ctx_rank(ctx), mpg_ctx_world_size(ctx), sub_rank, half, g_rank, world);
+    mpg_group *dp = NULL;
+    CHECK(mpg_ctx_group(ctx, "dp", &dp));
+    int64_t v = g_rank, sum = -1, want = 0;
+    for (int r = color * half; r < (color + 1) * half; r++) want += r;
+    CHECK(mpg_all_reduce(dp, &v, &sum, 1, MPG_I64, MPG_OP_SUM, NULL, NULL));
+    if (sum != want) FAIL("half %d summed %lld, expected %lld", color, (long long)sum,
+                          (long long)want);
+    CHECK(mpg_ctx_destroy(ctx));
+  }
+  /* A mesh of the whole world over a half is refused, naming the source. */
+  mpg_mesh *big = NULL;
+  snprintf(dims, sizeof dims, "dp=%d", world);
+  CHECK(mpg_spec_set_mesh(&spec, dims));
+  CHECK(mpg_mesh_create(&spec, 0, &big));
+  mpg_status st = mpg_ctx_create(big, &opts, &ctx);
+  if (st != MPG_ERR_INVALID || !strstr(mpg_last_error(), "opts.mpi_comm"))
+    FAIL("a %d-rank mesh over a half gave %s: %s", world, mpg_status_name(st),
+         mpg_last_error());
+  /* MPI_COMM_NULL is refused, not handed to MPI. */
+  MPI_Comm none = MPI_COMM_NULL;
+  opts.mpi_comm = &none;
+  st = mpg_ctx_create(mesh, &opts, &ctx);
+  if (st != MPG_ERR_INVALID || !strstr(mpg_last_error(), "MPI_COMM_NULL"))
+    FAIL("MPI_COMM_NULL gave %s: %s", mpg_status_name(st), mpg_last_error());
+  mpg_mesh_destroy(big);
+  mpg_mesh_destroy(mesh);
+  MPI_Comm_free(&sub);
+  MPI_Finalize();
+  if (g_failures) return 1;
+  printf("OK %s rank %d\n", g_mode, g_rank);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   g_mode = argc > 1 ? argv[1] : "?";
@@ -802,8 +867,9 @@ int main(int argc, char **argv) {
   if (strcmp(g_mode, "progress") == 0) return run_progress(env.world_size);
   if (strcmp(g_mode, "progress_env") == 0) return run_progress_env(env.world_size);
   if (strcmp(g_mode, "idle_cpu") == 0) return run_idle_cpu(env.world_size);
+  if (strcmp(g_mode, "sub_comm") == 0) return run_sub_comm(env.world_size);
   printf("FAIL %s rank %d: unknown mode (collectives | timeout | split_timeout | "
-         "progress | progress_env | idle_cpu)\n",
+         "progress | progress_env | idle_cpu | sub_comm)\n",
          g_mode, g_rank);
   return 1;
 }

@@ -63,6 +63,11 @@ Test(mpi, waiting_for_a_late_peer_does_not_spin, .timeout = 120) {
   run_worker(4, "", "", "idle_cpu", 100);
 }
 
+/* opts.mpi_comm: two 2-rank meshes on the halves of a 4-process job. */
+Test(mpi, sub_communicator_gives_rank_and_size, .timeout = 120) {
+  run_worker(4, "", "", "sub_comm", 100);
+}
+
 Test(mpi, progress_env_is_validated, .timeout = 120) {
   run_worker(2, "-x MESHPG_MPI_PROGRESS=sometimes", "", "progress_env", 100);
 }
@@ -99,6 +104,9 @@ Test(mpi, split_timeout_never_hangs, .timeout = 120) {
  * recorded. */
 static const char *valgrind_prefix(void) {
   static char prefix[2048];
+  if (getenv("MESHPG_SANITIZER"))
+    cr_skip_test("a sanitizer build (-Db_sanitize=%s): valgrind cannot run it",
+                 getenv("MESHPG_SANITIZER"));
   if (system("command -v valgrind >/dev/null 2>&1") != 0)
     cr_skip_test("valgrind is not installed");
   const char *data = getenv("MESHPG_TEST_DATA");

@@ -459,27 +459,27 @@ static int build_cases(const gctx *G, mpg_dtype dt, int salt0, ccase *out) {
   const int ops[] = {MPG_OP_SUM, MPG_OP_AVG, MPG_OP_MAX, MPG_OP_MIN};
   for (int o = 0; o < 4; o++)
     for (int ip = 0; ip < 2; ip++)
-      out[k++] = (ccase){.kind = K_AR, .dt = dt, .op = ops[o], .inplace = ip,
-                         .count = (o == 0 && ip == 0) ? 129 : 7, .salt = salt0 + k};
+      out[k] = (ccase){.kind = K_AR, .dt = dt, .op = ops[o], .inplace = ip,
+                         .count = (o == 0 && ip == 0) ? 129 : 7, .salt = salt0 + k}, k++;
   if (is_float(dt))
     for (int ip = 0; ip < 2; ip++)
-      out[k++] = (ccase){.kind = K_ARS, .dt = dt, .op = 4, .inplace = ip,
-                         .scale = ip ? 1.0 / 3.0 : 0.375, .count = 9, .salt = salt0 + k};
+      out[k] = (ccase){.kind = K_ARS, .dt = dt, .op = 4, .inplace = ip,
+                         .scale = ip ? 1.0 / 3.0 : 0.375, .count = 9, .salt = salt0 + k}, k++;
   for (int o = 0; o < 4; o++)
-    out[k++] = (ccase){.kind = K_RS, .dt = dt, .op = ops[o], .inplace = o % 2,
-                       .count = o == 0 ? 17 : 3, .salt = salt0 + k};
+    out[k] = (ccase){.kind = K_RS, .dt = dt, .op = ops[o], .inplace = o % 2,
+                       .count = o == 0 ? 17 : 3, .salt = salt0 + k}, k++;
   for (int ip = 0; ip < 2; ip++)
-    out[k++] = (ccase){.kind = K_AG, .dt = dt, .inplace = ip, .count = ip ? 2 : 5,
-                       .salt = salt0 + k};
+    out[k] = (ccase){.kind = K_AG, .dt = dt, .inplace = ip, .count = ip ? 2 : 5,
+                       .salt = salt0 + k}, k++;
   /* Broadcast from every root for i32, from one root otherwise. */
   if (dt == MPG_I32)
     for (int r = 0; r < G->n; r++)
-      out[k++] = (ccase){.kind = K_BC, .dt = dt, .root = r, .count = 6, .salt = salt0 + k};
+      out[k] = (ccase){.kind = K_BC, .dt = dt, .root = r, .count = 6, .salt = salt0 + k}, k++;
   else
-    out[k++] = (ccase){.kind = K_BC, .dt = dt, .root = (salt0 / 7) % G->n, .count = 11,
-                       .salt = salt0 + k};
+    out[k] = (ccase){.kind = K_BC, .dt = dt, .root = (salt0 / 7) % G->n, .count = 11,
+                       .salt = salt0 + k}, k++;
   if (G->n > 1)
-    out[k++] = (ccase){.kind = K_P2P, .dt = dt, .count = 10, .salt = salt0 + k};
+    out[k] = (ccase){.kind = K_P2P, .dt = dt, .count = 10, .salt = salt0 + k}, k++;
   out[k++] = (ccase){.kind = K_BAR, .dt = dt};
   return k;
 }
@@ -894,6 +894,85 @@ static mpg_status p2p_main(const mpg_init_opts *opts, void *arg) {
 Test(thread_p2p, fifo_per_peer_and_errors) {
   mpg_mesh *mesh = make_mesh("dp=4", NULL);
   EXPECT_RUN_OK(mpg_thread_run(4, 20.0, p2p_main, mesh, NULL));
+  mpg_mesh_destroy(mesh);
+}
+
+/* Bounded send buffering (back-pressure): with an inbox of 4 messages
+ * (MESHPG_THREAD_INBOX_MSGS) or 64 bytes (MESHPG_THREAD_INBOX_BYTES), a
+ * send to a full inbox waits until the receiver takes a message; if the
+ * receiver takes none within the timeout it fails with MPG_ERR_TIMEOUT. */
+typedef struct bp_arg {
+  const mpg_mesh *mesh;
+  int receive;        /* 0: rank 0 never receives (the timeout case) */
+  size_t count;       /* int32 elements per message */
+  int nsend;
+  double blocked_s;   /* the longest of rank 1's sends */
+} bp_arg;
+
+static mpg_status bp_main(const mpg_init_opts *opts, void *arg) {
+  bp_arg *a = arg;
+  tl_rank = opts->rank;
+  mpg_ctx *ctx = NULL;
+  RCALL(mpg_ctx_create(a->mesh, opts, &ctx));
+  mpg_group *g;
+  RCALL(mpg_ctx_group(ctx, "world", &g));
+  int32_t buf[32];
+  if (opts->rank == 1) {
+    for (int k = 0; k < a->nsend; k++) {
+      for (size_t i = 0; i < a->count; i++) buf[i] = k * 100 + (int32_t)i;
+      double t0 = now_s();
+      mpg_status st = mpg_send(g, buf, a->count, MPG_I32, 0, NULL, NULL);
+      if (now_s() - t0 > a->blocked_s) a->blocked_s = now_s() - t0;
+      if (!a->receive && k == a->nsend - 1) {
+        RCHECK(st == MPG_ERR_TIMEOUT, "send to a full inbox gave %s", mpg_status_name(st));
+        RCHECK(strstr(mpg_last_error(), "inbox is full") &&
+                   strstr(mpg_last_error(), "peer 0") && strstr(mpg_last_error(), "limits"),
+               "message: %s", mpg_last_error());
+        RCHECK(mpg_ctx_status(ctx) == MPG_ERR_TIMEOUT, "the context was not aborted");
+      } else {
+        RCHECK(st == MPG_OK, "send %d: %s: %s", k, mpg_status_name(st), mpg_last_error());
+      }
+    }
+  } else if (a->receive) {
+    sleep_s(0.3); /* rank 1 fills the inbox and blocks meanwhile */
+    for (int k = 0; k < a->nsend; k++) {
+      RCALL(mpg_recv(g, buf, a->count, MPG_I32, 1, NULL, NULL));
+      for (size_t i = 0; i < a->count; i++)
+        RCHECK(buf[i] == k * 100 + (int32_t)i, "message %d [%zu] = %d", k, i, buf[i]);
+    }
+  } else {
+    /* Never receives (and makes no call that could time out first). */
+    sleep_s(1.0);
+  }
+  RCALL(mpg_ctx_destroy(ctx));
+  return MPG_OK;
+}
+
+Test(thread_p2p, full_inbox_blocks_the_sender_until_received) {
+  setenv("MESHPG_THREAD_INBOX_MSGS", "4", 1);
+  mpg_mesh *mesh = make_mesh("dp=2", NULL);
+  bp_arg a = {mesh, 1, 2, 6, 0};
+  EXPECT_RUN_OK(mpg_thread_run(2, 20.0, bp_main, &a, NULL));
+  cr_expect_gt(a.blocked_s, 0.1, "the longest send took %.3f s: the 5th should wait for room",
+               a.blocked_s);
+  mpg_mesh_destroy(mesh);
+}
+
+Test(thread_p2p, inbox_byte_limit_blocks_but_takes_one_large_message) {
+  setenv("MESHPG_THREAD_INBOX_BYTES", "64", 1);
+  mpg_mesh *mesh = make_mesh("dp=2", NULL);
+  bp_arg a = {mesh, 1, 25, 2, 0}; /* 100-byte messages: one fits an empty inbox */
+  EXPECT_RUN_OK(mpg_thread_run(2, 20.0, bp_main, &a, NULL));
+  cr_expect_gt(a.blocked_s, 0.1, "the 2nd send took %.3f s", a.blocked_s);
+  mpg_mesh_destroy(mesh);
+}
+
+Test(thread_p2p, full_inbox_times_out_with_a_precise_error) {
+  setenv("MESHPG_THREAD_INBOX_MSGS", "4", 1);
+  mpg_mesh *mesh = make_mesh("dp=2", NULL);
+  bp_arg a = {mesh, 0, 2, 5, 0};
+  EXPECT_RUN_OK(mpg_thread_run(2, 0.5, bp_main, &a, NULL));
+  cr_expect_geq(a.blocked_s, 0.4, "the send gave up after %.3f s", a.blocked_s);
   mpg_mesh_destroy(mesh);
 }
 

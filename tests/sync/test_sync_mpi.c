@@ -38,6 +38,9 @@ Test(sync_mpi, timeout_invalidates_the_step, .timeout = 120) {
 }
 
 Test(sync_mpi, valgrind_no_sync_leaks, .timeout = 600) {
+  if (getenv("MESHPG_SANITIZER"))
+    cr_skip_test("a sanitizer build (-Db_sanitize=%s): valgrind cannot run it",
+                 getenv("MESHPG_SANITIZER"));
   if (system("command -v valgrind >/dev/null 2>&1") != 0) cr_skip_test("valgrind is not installed");
   const char *data = getenv("MESHPG_TEST_DATA");
   cr_assert_not_null(data, "MESHPG_TEST_DATA is not set (run through meson test)");
