@@ -574,36 +574,6 @@ mpg_status mpg_topo_load_live(mpg_topo **out) {
 }
 
 /* Does the tag text[0..n) have the attribute `name` (name, spaces, '=')? */
-static int xml_has_attr(const char *tag, size_t n, const char *name) {
-  size_t len = strlen(name);
-  for (size_t i = 1; i + len < n; i++) {
-    if (!strchr(" \t\r\n", tag[i - 1]) || strncmp(tag + i, name, len) != 0)
-      continue;
-    size_t j = i + len;
-    while (j < n && tag[j] && strchr(" \t\r\n", tag[j])) j++;
-    if (j < n && tag[j] == '=') return 1;
-  }
-  return 0;
-}
-
-/* hwloc 2.9 dereferences a NULL bitmap in hwloc_topology_load (a crash, not
- * an error) when an XML object has a cpuset but no complete_cpuset, or a
- * nodeset but no complete_nodeset; hwloc itself always writes both.  The
- * line of the first such <object> of the NUL-terminated text, 0 if none. */
-static int xml_partial_sets(const char *text, size_t size) {
-  int line = 1;
-  for (const char *p = text, *end = text + size; p < end; p++) {
-    if (*p == '\n') line++;
-    if (*p != '<' || strncmp(p, "<object", 7) != 0) continue;
-    const char *gt = memchr(p, '>', (size_t)(end - p));
-    size_t n = gt ? (size_t)(gt - p) : (size_t)(end - p);
-    if (xml_has_attr(p, n, "cpuset") != xml_has_attr(p, n, "complete_cpuset") ||
-        xml_has_attr(p, n, "nodeset") != xml_has_attr(p, n, "complete_nodeset"))
-      return line;
-  }
-  return 0;
-}
-
 mpg_status mpg_topo_load_xml(const char *path, mpg_topo **out) {
   if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_topo_load_xml: out is NULL");
   *out = NULL;
@@ -631,7 +601,8 @@ mpg_status mpg_topo_load_xml(const char *path, mpg_topo **out) {
   int e = ferror(f) ? errno : 0;
   fclose(f);
   text[len] = '\0';
-  int bad_line = len ? xml_partial_sets(text, len) : 0;
+  const char *why = "";
+  int bad_line = len ? mpg__topo_xml_bad_sets(text, len, &why) : 0;
   free(text);
   if (e)
     return mpg__fail(MPG_ERR_IO, "topology XML \"%s\": cannot read: %s", path,
@@ -640,12 +611,8 @@ mpg_status mpg_topo_load_xml(const char *path, mpg_topo **out) {
     return mpg__fail(MPG_ERR_TOPO, "topology XML \"%s\": the file is empty",
                      path);
   if (bad_line)
-    return mpg__fail(MPG_ERR_TOPO,
-                     "topology XML \"%s\": line %d: an object has a cpuset "
-                     "without a complete_cpuset or a nodeset without a "
-                     "complete_nodeset (or the other way round), which hwloc "
-                     "cannot load",
-                     path, bad_line);
+    return mpg__fail(MPG_ERR_TOPO, "topology XML \"%s\": line %d: %s, which hwloc cannot load",
+                     path, bad_line, why);
   return topo_open(SRC_XML, path, out);
 }
 

@@ -51,4 +51,10 @@ struct mpg_topo {
  * the first n GPUs (n <= ngpus). */
 void mpg__topo_locality_order(const mpg_topo *topo, int n, int *order);
 
+/* xml_check.c: the line of the first <object> of an XML text (size chars)
+ * that hwloc 2.9 would crash on instead of failing (a cpuset without its
+ * complete_cpuset, a set that is not a bitmap, ...), 0 if none; *why then
+ * says which rule it breaks. */
+int mpg__topo_xml_bad_sets(const char *text, size_t size, const char **why);
+
 #endif
