@@ -40,13 +40,12 @@ static hwloc_const_cpuset_t domain_of(const mpg_topo *tp, int g, int r, int lw,
 static int split_block(const mpg_topo *tp, hwloc_const_cpuset_t avail, int m,
                        int k, hwloc_cpuset_t out) {
   hwloc_bitmap_zero(out);
-  int ncores =
-      hwloc_get_nbobjs_inside_cpuset_by_type(tp->t, avail, HWLOC_OBJ_CORE);
+  int ncores = mpg__topo_count_inside(tp->t, avail, HWLOC_OBJ_CORE);
   hwloc_obj_type_t unit = HWLOC_OBJ_CORE;
   int n = ncores;
   if (ncores < m) {
     unit = HWLOC_OBJ_PU;
-    n = hwloc_get_nbobjs_inside_cpuset_by_type(tp->t, avail, HWLOC_OBJ_PU);
+    n = mpg__topo_count_inside(tp->t, avail, HWLOC_OBJ_PU);
   }
   if (n < m) return -1;
   /* Block k: units [k*base + min(k, extra), ...), the first `extra` blocks
@@ -183,7 +182,7 @@ static mpg_status plan(const mpg_topo *tp, int local_rank, int local_world,
   }
   fill_cpuset_text(r->cpuset, sizeof r->cpuset, set);
   r->num_pus = hwloc_bitmap_weight(set);
-  r->num_cores = hwloc_get_nbobjs_inside_cpuset_by_type(tp->t, set, HWLOC_OBJ_CORE);
+  r->num_cores = mpg__topo_count_inside(tp->t, set, HWLOC_OBJ_CORE);
   return MPG_OK;
 }
 

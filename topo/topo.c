@@ -376,7 +376,7 @@ static mpg_status find_gpus(mpg_topo *tp) {
     }
     g->numa = numa_of(g->locality);
     g->num_cores =
-        hwloc_get_nbobjs_inside_cpuset_by_type(tp->t, g->cpuset, HWLOC_OBJ_CORE);
+        mpg__topo_count_inside(tp->t, g->cpuset, HWLOC_OBJ_CORE);
   }
   if (!st)
     mpg__log(2, "topology %s: %d GPUs found through %s", tp->source, tp->ngpus,
@@ -636,6 +636,12 @@ const char *mpg_topo_source(const mpg_topo *topo) {
 
 int mpg_topo_is_this_system(const mpg_topo *topo) {
   return topo ? topo->this_system : 0;
+}
+
+int mpg__topo_count_inside(hwloc_topology_t t, hwloc_const_cpuset_t set,
+                           hwloc_obj_type_t type) {
+  int n = hwloc_get_nbobjs_inside_cpuset_by_type(t, set, type);
+  return n < 0 ? 0 : n;
 }
 
 static int count_type(const mpg_topo *topo, hwloc_obj_type_t type) {

@@ -51,6 +51,12 @@ struct mpg_topo {
  * the first n GPUs (n <= ngpus). */
 void mpg__topo_locality_order(const mpg_topo *topo, int n, int *order);
 
+/* Objects of `type` inside `set`; 0 (not hwloc's -1) when the type sits
+ * at several depths, as in a topology whose cores are not all at one level,
+ * so such cores are simply not counted. */
+int mpg__topo_count_inside(hwloc_topology_t t, hwloc_const_cpuset_t set,
+                           hwloc_obj_type_t type);
+
 /* xml_check.c: the line of the first <object> of an XML text (size chars)
  * that hwloc 2.9 would crash on instead of failing (a cpuset without its
  * complete_cpuset, a set that is not a bitmap, ...), 0 if none; *why then
