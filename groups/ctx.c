@@ -141,7 +141,16 @@ static mpg_status place(mpg_ctx *ctx, const mpg_init_opts *opts,
   mpg__log(1, "placement: launcher rank %d on node %d -> mesh rank %d (%d nodes, %d misfit groups)",
            a->rank, node_of[a->rank], mesh_rank, ctx->num_nodes, misfits);
   ctx->binding.local_rank = local[a->rank];
-  if (mesh_rank != a->rank || ctx->num_nodes > 1) {
+  /* The renumbering split is collective over the world, so whether it
+   * happens is decided from the placement, which every rank computes
+   * alike, never from this rank's own number. */
+  int renumber = ctx->num_nodes > 1;
+  for (int L = 0; L < world && !renumber; L++) {
+    int m = L;
+    if ((st = mpg_placement_mesh_rank(pl, L, &m))) goto done;
+    renumber = m != L;
+  }
+  if (renumber) {
     mpg__comm *placed = NULL;
     ctx->setup_collectives++;
     st = ctx->ops->split(ctx->world_comm, 0, mesh_rank, &placed);

@@ -96,3 +96,11 @@ Test(ctx_placement, misfit_is_an_error_in_strict_mode) {
   run_job((job){"dp=1,tp=16", 2, 1, 1, "", MPG_ERR_TOPO}, 16);
   cr_assert(strstr(mpg_last_error(), "tp"), "%s", mpg_last_error());
 }
+
+/* One node, tp listed outermost: placement renumbers ranks 1 and 2 but not
+ * 0 and 3.  The renumbering split is collective over the world, so every
+ * rank must enter it, whether its own number changes or not (issue 11: the
+ * ranks whose number stayed skipped it and everyone timed out). */
+Test(ctx_placement, one_node_partial_renumbering_splits_on_every_rank) {
+  run_job((job){"tp=2,dp=2", 1, 0, 0, "tp", MPG_OK}, 4);
+}
