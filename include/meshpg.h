@@ -1180,8 +1180,8 @@ MPG_API mpg_status mpg_sync_grad(mpg_sync *sync, int param, void **grad);
  * launched by mark_ready (gradient accumulation).  On nccl, `stream` is the
  * caller's stream that produces the gradients (NULL elsewhere).  Returns
  * MPG_ERR_STATE before commit or while a step is open (finish it first);
- * MPG_ERR_ABORTED once a step failed with a timeout or abort (the context
- * is aborted: the message names that step and its error). */
+ * MPG_ERR_ABORTED once a step failed with a timeout or an abort: the context
+ * is aborted, and the message names that step and its error. */
 MPG_API mpg_status mpg_sync_begin(mpg_sync *sync, long step, int is_last_microbatch,
                                   void *stream);
 

@@ -13,8 +13,8 @@
  *     not enter it; and a process that exits without it makes mpirun kill
  *     the job.  So after a fault only the atexit handler finalises.
  * Holds: each world of the MPI backend holds MPI until it is destroyed.
- * The NCCL bootstrap holds it until exit (it keeps no handle to release,
- * and a later context may bootstrap through MPI again).
+ * The NCCL bootstrap holds it until the process ends: it keeps no handle
+ * to release, and a later context may bootstrap through MPI again.
  *
  * This header does not define the MPI backend's structs, so that a file
  * with a `struct mpg__comm` of its own (the NCCL backend) may include it.

@@ -13,7 +13,7 @@
  * returns, whatever its status (MPI only ever sees staging memory, see
  * staging.c).  The same list keeps the pending barriers of a rendezvous
  * that timed out, the broadcast of an NCCL bootstrap that did, and the
- * ring scratch of a communicator destroyed after an abort (world.c). */
+ * ring scratch of a communicator destroyed once aborted (see world.c). */
 #include <sched.h>
 #include <stdlib.h>
 
