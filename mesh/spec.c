@@ -34,7 +34,10 @@ static int parse_int(const char *s, long *out) {
   return 1;
 }
 
-static mpg_status set_mesh(mpg_spec *spec, const char *dims) {
+/* The edits below take (spec, a, b) so that one frame runs them all; b is
+ * used by add_flatten only. */
+static mpg_status set_mesh(mpg_spec *spec, const char *dims, const char *unused) {
+  (void)unused;
   if (!dims) return mpg__fail(MPG_ERR_INVALID, "mpg_spec_set_mesh: dims is NULL");
   if (!*dims)
     return mpg__fail(MPG_ERR_SPEC, "mesh: expected dims like \"dp=2,cp=2,tp=2\", found \"\"");
@@ -151,7 +154,8 @@ static const char *suggest_dim(const mpg_spec *spec, const char *name,
   return buf;
 }
 
-static mpg_status apply_order(mpg_spec *spec, const char *order) {
+static mpg_status apply_order(mpg_spec *spec, const char *order, const char *unused) {
+  (void)unused;
   if (!order) return mpg__fail(MPG_ERR_INVALID, "mpg_spec_apply_order: order is NULL");
   char names[MPG_MAX_DIMS][MPG_NAME_MAX];
   int n = 0;
@@ -359,18 +363,8 @@ static mpg_status edit(mpg_spec *caller, const char *fn, spec_edit_fn f,
   return st;
 }
 
-static mpg_status set_mesh2(mpg_spec *spec, const char *dims, const char *unused) {
-  (void)unused;
-  return set_mesh(spec, dims);
-}
-
-static mpg_status apply_order2(mpg_spec *spec, const char *order, const char *unused) {
-  (void)unused;
-  return apply_order(spec, order);
-}
-
 mpg_status mpg_spec_set_mesh(mpg_spec *spec, const char *dims) {
-  return edit(spec, "mpg_spec_set_mesh", set_mesh2, dims, NULL);
+  return edit(spec, "mpg_spec_set_mesh", set_mesh, dims, NULL);
 }
 
 mpg_status mpg_spec_add_flatten(mpg_spec *spec, const char *name, const char *dims) {
@@ -378,7 +372,7 @@ mpg_status mpg_spec_add_flatten(mpg_spec *spec, const char *name, const char *di
 }
 
 mpg_status mpg_spec_apply_order(mpg_spec *spec, const char *order) {
-  return edit(spec, "mpg_spec_apply_order", apply_order2, order, NULL);
+  return edit(spec, "mpg_spec_apply_order", apply_order, order, NULL);
 }
 
 mpg_status mpg_spec_validate(const mpg_spec *spec) {

@@ -361,12 +361,21 @@ mpg_status load_file(const char *path, mpg_spec *spec) {
   }
 }
 
-/* The caller's spec gets the loaded one, or the defaults on error. */
-mpg_status finish(mpg_spec *caller, mpg_spec *full, mpg_status st) {
-  if (st) {
-    std::memcpy(full, &mpg__spec_defaults, sizeof *full);
-  }
-  mpg__abi_out(caller, full, MPG__ABI_END(mpg_spec));
+/* A loader's frame: check the caller's spec, read `input` into a full
+ * default spec with `read`, and hand back the result, or the defaults on
+ * error (within the caller's size). */
+template <typename Read>
+mpg_status load_into(mpg_spec *caller, const char *fn, const void *input,
+                     const char *input_name, Read read) {
+  char what[64];
+  std::snprintf(what, sizeof what, "%s: spec", fn);
+  mpg_status st = mpg__abi_check(caller, MPG_SPEC_MAGIC, what, "MPG_SPEC_INIT");
+  if (st) return st;
+  mpg_spec full;
+  std::memcpy(&full, &mpg__spec_defaults, sizeof full);
+  st = input ? read(&full) : mpg__fail(MPG_ERR_INVALID, "%s: %s is NULL", fn, input_name);
+  if (st) std::memcpy(&full, &mpg__spec_defaults, sizeof full);
+  mpg__abi_out(caller, &full, MPG__ABI_END(mpg_spec));
   return st;
 }
 
@@ -374,25 +383,12 @@ mpg_status finish(mpg_spec *caller, mpg_spec *full, mpg_status st) {
 
 extern "C" mpg_status mpg_spec_load_string(const char *toml, const char *name,
                                            mpg_spec *spec) {
-  mpg_status st = mpg__abi_check(spec, MPG_SPEC_MAGIC, "mpg_spec_load_string: spec",
-                                 "MPG_SPEC_INIT");
-  if (st) return st;
-  mpg_spec full = MPG_SPEC_INIT;
-  if (!toml)
-    st = mpg__fail(MPG_ERR_INVALID, "mpg_spec_load_string: toml is NULL");
-  else
-    st = load(toml, name ? name : "<string>", &full);
-  return finish(spec, &full, st);
+  return load_into(spec, "mpg_spec_load_string", toml, "toml", [&](mpg_spec *full) {
+    return load(toml, name ? name : "<string>", full);
+  });
 }
 
 extern "C" mpg_status mpg_spec_load_file(const char *path, mpg_spec *spec) {
-  mpg_status st = mpg__abi_check(spec, MPG_SPEC_MAGIC, "mpg_spec_load_file: spec",
-                                 "MPG_SPEC_INIT");
-  if (st) return st;
-  mpg_spec full = MPG_SPEC_INIT;
-  if (!path)
-    st = mpg__fail(MPG_ERR_INVALID, "mpg_spec_load_file: path is NULL");
-  else
-    st = load_file(path, &full);
-  return finish(spec, &full, st);
+  return load_into(spec, "mpg_spec_load_file", path, "path",
+                   [&](mpg_spec *full) { return load_file(path, full); });
 }
