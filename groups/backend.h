@@ -67,8 +67,18 @@ struct mpg__backend_ops {
    * the group of that colour, ordered by key (ties by parent rank); color
    * < 0 joins nothing and gets *out = NULL.  Bounded by the timeout. */
   mpg_status (*split)(mpg__comm *parent, int color, int key, mpg__comm **out);
-  /* Start one operation.  Never blocks past the timeout. */
+  /* Start one operation.  Never blocks past the timeout.  A receive's post
+   * never waits for its peer; a send's post may wait (bounded by the
+   * timeout) only until the receiver has posted the matching receive. */
   mpg_status (*post)(mpg__comm *comm, const mpg__coll *coll, mpg__req **req);
+  /* Optional: start n >= 1 sends and receives (kinds MPG__SEND and
+   * MPG__RECV only, validated; one stream) as one group, with one request
+   * for all of them: none may wait for another (nccl: ncclGroupStart ..
+   * ncclGroupEnd).  Either every operation is started or none is.  NULL:
+   * the generic layer (groups/p2p.c) posts the receives, then the sends,
+   * with post, and keeps one request per operation. */
+  mpg_status (*post_batch)(mpg__comm *comm, const mpg__coll *list, int n,
+                           mpg__req **req);
   /* *done = 1 when finished; returns the operation's error, if any. */
   mpg_status (*test)(mpg__req *req, int *done);
   /* Wait until finished or until `deadline` (mpg__now() seconds):
@@ -87,18 +97,28 @@ struct mpg__backend_ops {
    * nccl backend copies on the caller's stream. */
   mpg_status (*local)(const mpg__coll *coll);
   /* Optional memory and stream hooks (NULL: host memory, no streams), used
-   * by the nccl backend for device buffers and ordering between streams. */
+   * by the nccl backend for device buffers and ordering between streams.
+   * Each takes the world communicator, so that the backend works on its
+   * device (the caller's current device is left as it was). */
   mpg_status (*mem_alloc)(mpg__comm *world, size_t bytes, int registered,
                           void **ptr); /* zeroed */
   mpg_status (*mem_free)(mpg__comm *world, void *ptr);
-  mpg_status (*mem_zero)(void *ptr, size_t bytes, void *stream);
-  mpg_status (*stream_create)(void **stream);
-  mpg_status (*stream_destroy)(void *stream);
-  mpg_status (*stream_order)(void *waiter, void *waitee);
+  mpg_status (*mem_zero)(mpg__comm *world, void *ptr, size_t bytes, void *stream);
+  /* Copy bytes between host memory and memory from mem_alloc, either way,
+   * and return when the copy is complete (setup collectives stage their
+   * host data through it). */
+  mpg_status (*mem_copy)(mpg__comm *world, void *dst, const void *src, size_t bytes);
+  mpg_status (*stream_create)(mpg__comm *world, void **stream);
+  mpg_status (*stream_destroy)(mpg__comm *world, void *stream);
+  mpg_status (*stream_order)(mpg__comm *world, void *waiter, void *waitee);
   /* Optional: this process's rank and size in the caller's communicator
    * (opts.mpi_comm, an MPI_Comm *), which then replace the launcher's
    * world rank and size.  Local: no communication. */
   mpg_status (*comm_identity)(void *mpi_comm, int *rank, int *size);
+  /* Optional: the CUDA device (this process's ordinal) that comm runs on,
+   * or -1.  nccl: the device world_init chose (groups/device.h), so that
+   * binding pins the rank near that GPU. */
+  int (*comm_device)(const mpg__comm *comm);
 };
 
 /* The size-1 collective on host memory. */

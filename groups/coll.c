@@ -1,6 +1,7 @@
 /* The public collectives and work handles: argument checks, size-1 groups
  * as local copies, the context's timeout, and abort on a timeout.  See
  * ctx_internal.h. */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +11,50 @@
 
 
 
+/* The in-place convention, NCCL's, on every backend: an all-reduce is in
+ * place when send == recv; an all-gather when send is this member's slot
+ * of recv (send == recv + position * count); a reduce-scatter when recv is
+ * this member's slot of send (recv == send + position * count).  Any other
+ * overlap of the two buffers is refused: NCCL leaves it undefined. */
+static mpg_status check_overlap(const mpg_group *g, const mpg__coll *c) {
+  if (c->count == 0 || !c->send || !c->recv) return MPG_OK;
+  if (c->kind != MPG__ALL_REDUCE && c->kind != MPG__ALL_GATHER &&
+      c->kind != MPG__REDUCE_SCATTER)
+    return MPG_OK;
+  size_t one = c->count * mpg__dtype_size(c->dtype);
+  size_t all = one * (size_t)(g->size > 0 ? g->size : 1);
+  uintptr_t s = (uintptr_t)c->send, r = (uintptr_t)c->recv;
+  size_t slen = c->kind == MPG__REDUCE_SCATTER ? all : one;
+  size_t rlen = c->kind == MPG__ALL_GATHER ? all : one;
+  if (s + slen <= r || r + rlen <= s) return MPG_OK; /* disjoint */
+  size_t slot = one * (size_t)(g->position > 0 ? g->position : 0);
+  const char *fn = mpg__kind_name(c->kind);
+  switch (c->kind) {
+    case MPG__ALL_REDUCE:
+      if (s == r) return MPG_OK;
+      return mpg__fail(MPG_ERR_INVALID,
+                       "mpg_all_reduce on \"%s\": send and recv overlap without being "
+                       "the same buffer (recv = send %+td bytes); in place means send == recv",
+                       g->name, (ptrdiff_t)(r - s));
+    case MPG__ALL_GATHER:
+      if (s == r + slot) return MPG_OK;
+      return mpg__fail(MPG_ERR_INVALID,
+                       "mpg_%s on \"%s\": send overlaps recv at byte offset %td, but in "
+                       "place means send == recv + position * count (position %d: byte "
+                       "offset %zu)",
+                       fn, g->name, (ptrdiff_t)(s - r), g->position, slot);
+    default:
+      if (r == s + slot) return MPG_OK;
+      return mpg__fail(MPG_ERR_INVALID,
+                       "mpg_%s on \"%s\": recv overlaps send at byte offset %td, but in "
+                       "place means recv == send + position * count (position %d: byte "
+                       "offset %zu)",
+                       fn, g->name, (ptrdiff_t)(r - s), g->position, slot);
+  }
+}
+
 static mpg_status check_coll(const mpg_group *g, const mpg__coll *c) {
+  mpg_status st;
   const char *fn = mpg__kind_name(c->kind);
   if (!g) return mpg__fail(MPG_ERR_INVALID, "mpg_%s: group is NULL", fn);
   if (c->kind == MPG__BARRIER) return MPG_OK;
@@ -34,6 +78,7 @@ static mpg_status check_coll(const mpg_group *g, const mpg__coll *c) {
     return mpg__fail(MPG_ERR_INVALID, "mpg_%s on \"%s\": %s buffer is NULL for %zu elements",
                      fn, g->name, needs_send && !c->send ? "send" : "receive",
                      c->count);
+  if ((st = check_overlap(g, c))) return st;
   if (c->kind == MPG__ALL_REDUCE || c->kind == MPG__REDUCE_SCATTER) {
     if ((unsigned)c->op > MPG_OP_PREMUL_SUM)
       return mpg__fail(MPG_ERR_INVALID, "mpg_%s on \"%s\": unknown op %d", fn,
@@ -58,19 +103,48 @@ static mpg_status check_coll(const mpg_group *g, const mpg__coll *c) {
   return MPG_OK;
 }
 
-/* Abort the context on a timeout and keep the message, with the group in
- * front: which group (name, index in its dim set) and this rank's place
- * in it; the backend's part says who had not arrived, as far as it knows. */
+/* Abort the context when an operation of a group failed in the backend,
+ * timed out or was aborted, and keep the message, with the group in front:
+ * which group (name, index in its dim set) and this rank's place in it;
+ * the backend's part says who had not arrived, as far as it knows.  A
+ * backend error aborts too: the peers may be inside the same collective,
+ * and NCCL requires ncclCommAbort after an asynchronous error (its
+ * communicator cannot be used again).  Argument errors (MPG_ERR_INVALID,
+ * _RANGE) are caught before anything is posted and abort nothing. */
 static mpg_status on_failure(mpg_group *g, const char *fn, mpg_status st) {
-  if (st == MPG_ERR_TIMEOUT || st == MPG_ERR_ABORTED) {
+  if (st == MPG_ERR_TIMEOUT || st == MPG_ERR_ABORTED || st == MPG_ERR_BACKEND) {
     mpg__saved_error why;
     mpg__error_save(&why);
-    mpg__ctx_abort_all(g->ctx, st);
+    mpg__ctx_abort_all(g->ctx, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
     (void)mpg__error_restore(st, &why);
     return mpg__fail_wrap(st, "%s on group \"%s\" (index %d, position %d of %d, world rank %d)",
                           fn, g->name, g->index, g->position, g->size, g->ctx->rank);
   }
   return st;
+}
+
+mpg_status mpg__group_on_failure(mpg_group *g, const char *fn, mpg_status st) {
+  return on_failure(g, fn, st);
+}
+
+mpg_status mpg__group_finish(mpg_group *g, mpg__req **reqs, int n, double deadline,
+                             const char *fn, mpg_status failed, int skip) {
+  const struct mpg__backend_ops *ops = g->ctx->ops;
+  mpg_status first = failed;
+  mpg__saved_error why;
+  if (failed) mpg__error_save(&why);
+  for (int i = 0; i < n; i++) {
+    if (failed && i == skip) continue;
+    mpg_status st = ops->wait(reqs[i], deadline);
+    if (!st) continue;
+    st = on_failure(g, fn, st); /* abort before freeing a pending request */
+    if (!first) {
+      first = st;
+      mpg__error_save(&why);
+    }
+  }
+  for (int i = 0; i < n; i++) ops->req_free(reqs[i]);
+  return first ? mpg__error_restore(first, &why) : MPG_OK;
 }
 
 static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
@@ -85,6 +159,7 @@ static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
   char fn[32];
   snprintf(fn, sizeof fn, "mpg_%s", mpg__kind_name(c->kind));
   if ((st = mpg__group_create(ctx, g))) return on_failure(g, fn, st);
+  mpg__order_note(g, c); /* issue order (order.c): as issued, size-1 groups too */
   if (g->size == 1) return ctx->ops->local ? ctx->ops->local(c) : mpg__local_host(c);
 
   double deadline = mpg__now() + ctx->timeout_s;
@@ -92,7 +167,7 @@ static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
   st = ctx->ops->post(g->comm, c, &req);
   if (st) return on_failure(g, fn, st);
   if (work) {
-    mpg_work *w = malloc(sizeof *w);
+    mpg_work *w = calloc(1, sizeof *w);
     if (!w) {
       /* Cannot hand it out: finish it here rather than lose it. */
       st = ctx->ops->wait(req, deadline);
@@ -115,15 +190,21 @@ static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
   return st;
 }
 
+/* The requests of w: its array (a batch), or its one request. */
+static mpg__req **work_reqs(mpg_work *w, int *n) {
+  *n = w->reqs ? w->nreq : 1;
+  return w->reqs ? w->reqs : &w->req;
+}
+
 mpg_status mpg_work_wait(mpg_work *w) {
   if (!w) return MPG_OK;
-  mpg_ctx *ctx = w->group->ctx;
-  mpg_status st = w->status;
-  if (!st) {
-    st = ctx->ops->wait(w->req, w->deadline);
-    if (st) st = on_failure(w->group, "mpg_work_wait", st); /* abort before freeing */
-  }
-  ctx->ops->req_free(w->req);
+  int n;
+  mpg__req **reqs = work_reqs(w, &n);
+  /* A failure seen by mpg_work_test was of reqs[ndone]; the others are
+   * still waited for, then everything is freed. */
+  mpg_status st = mpg__group_finish(w->group, reqs, n, w->deadline, "mpg_work_wait",
+                                    w->status, w->ndone);
+  free(w->reqs);
   free(w);
   return st;
 }
@@ -138,16 +219,29 @@ mpg_status mpg_work_test(mpg_work *w, int *done) {
     *done = 1;
     return w->status;
   }
-  mpg_status st = w->group->ctx->ops->test(w->req, done);
+  const struct mpg__backend_ops *ops = w->group->ctx->ops;
+  int n;
+  mpg__req **reqs = work_reqs(w, &n);
+  mpg_status st = MPG_OK;
+  *done = 1;
+  while (w->ndone < n) { /* in order: done when the last one is */
+    int d = 0;
+    if ((st = ops->test(reqs[w->ndone], &d))) break;
+    if (!d) {
+      *done = 0;
+      break;
+    }
+    w->ndone++;
+  }
   if (st) {
     *done = 1;
-    w->status = st;
-    return st;
+    w->status = on_failure(w->group, "mpg_work_test", st);
+    return w->status;
   }
   if (!*done && mpg__now() > w->deadline) {
     /* Past the deadline: the backend's wait returns at once, with what it
      * knows of the members that never arrived. */
-    st = w->group->ctx->ops->wait(w->req, w->deadline);
+    while (w->ndone < n && !(st = ops->wait(reqs[w->ndone], w->deadline))) w->ndone++;
     *done = 1;
     if (!st) return MPG_OK; /* it finished just now */
     w->status = on_failure(w->group, "mpg_work_test", st);
@@ -214,4 +308,23 @@ mpg_status mpg_recv(mpg_group *group, void *buf, size_t count,
                     mpg_dtype dtype, int peer, void *stream, mpg_work **work) {
   mpg__coll c = {MPG__RECV, NULL, buf, count, dtype, MPG_OP_SUM, 1.0, 0, peer, stream};
   return run(group, &c, work);
+}
+
+mpg_status mpg__group_host_all_gather(mpg_group *g, const void *send, void *recv,
+                                      size_t count, mpg_dtype dtype) {
+  mpg__coll c = {MPG__ALL_GATHER, send, recv, count, dtype, MPG_OP_SUM, 1.0, 0, 0, NULL};
+  mpg_status st = check_coll(g, &c);
+  if (st) return st;
+  mpg_ctx *ctx = g->ctx;
+  int reason = atomic_load(&ctx->aborted);
+  if (reason)
+    return mpg__fail(MPG_ERR_ABORTED, "all_gather (host) on \"%s\": the context was "
+                     "aborted (%s)", g->name, mpg_status_name((mpg_status)reason));
+  if ((st = mpg__group_create(ctx, g))) return on_failure(g, "all_gather (host)", st);
+  if (g->size == 1) {
+    if (count) memmove(recv, send, count * mpg__dtype_size(dtype));
+    return MPG_OK;
+  }
+  st = mpg__ctx_setup_coll(ctx, g->comm, g->size, &c);
+  return st ? on_failure(g, "all_gather (host)", st) : MPG_OK;
 }

@@ -82,17 +82,6 @@ static mpg_status resolve_launch(const struct mpg__backend_ops *ops,
   return MPG_OK;
 }
 
-/* Run one operation on a communicator to completion within the timeout. */
-static mpg_status run_on(mpg_ctx *ctx, mpg__comm *comm, const mpg__coll *c) {
-  mpg__req *req = NULL;
-  mpg_status st = ctx->ops->post(comm, c, &req);
-  if (st) return st;
-  st = ctx->ops->wait(req, mpg__now() + ctx->timeout_s);
-  if (st) mpg__ctx_abort_all(ctx, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
-  ctx->ops->req_free(req);
-  return st;
-}
-
 /* Topology-aware placement: learn which ranks share a node from their host
  * identities, place the mesh so inner dims stay inside nodes, and renumber
  * the world by mesh rank (one split keyed by mesh rank). */
@@ -123,7 +112,7 @@ static mpg_status place(mpg_ctx *ctx, const mpg_init_opts *opts,
   mpg__coll gather = {MPG__ALL_GATHER, mine, all, ID_INTS, MPG_I32, MPG_OP_SUM,
                       1.0, 0, 0, NULL};
   ctx->setup_collectives++;
-  if ((st = run_on(ctx, ctx->world_comm, &gather))) goto done;
+  if ((st = mpg__ctx_setup_coll(ctx, ctx->world_comm, world, &gather))) goto done;
   for (int r = 0; r < world; r++) {
     ids[r] = (const char *)(all + (size_t)r * ID_INTS);
     ((char *)(all + (size_t)(r + 1) * ID_INTS))[-1] = '\0';
@@ -175,6 +164,13 @@ static mpg_status bind_rank(mpg_ctx *ctx, const mpg_init_opts *opts,
   mpg_status st = mpg_topo_load_live(&topo);
   if (st) return st;
   int local = ctx->binding.local_rank, gpu = opts->device;
+  /* Near the GPU the backend runs on (nccl: groups/device.h), which may
+   * not be GPU `local` (one GPU per process under Slurm); topo's GPU i is
+   * CUDA device i, both honouring CUDA_VISIBLE_DEVICES.  topo's default
+   * (-1: local rank i on GPU i) is kept where it gives that GPU. */
+  int dev = ctx->ops->comm_device ? ctx->ops->comm_device(ctx->world_comm) : -1;
+  if (dev >= 0 && (dev != local || a->local_world_size > mpg_topo_num_gpus(topo)))
+    gpu = dev;
   if (ctx->kind == MPG_BACKEND_THREAD)
     st = mpg_topo_bind_thread(topo, local, a->local_world_size, gpu, opts->bind,
                               &ctx->binding);
@@ -272,6 +268,7 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
   mpg__log(1, "rank %d of %d: %s backend up", ctx->rank, ctx->world, ops->name);
   if (opts->placement) st = place(ctx, opts, &a);
   if (!st && opts->bind != MPG_BIND_NONE) st = bind_rank(ctx, opts, &a);
+  if (!st) st = mpg__order_create(ctx); /* MESHPG_CHECK_ORDER: records from here */
   if (st) {
     mpg__saved_error why;
     mpg__error_save(&why);
@@ -324,6 +321,8 @@ mpg_status mpg_ctx_destroy(mpg_ctx *ctx) {
                      ctx->syncs == 1 ? "s" : "");
   mpg_status first = MPG_OK;
   mpg__saved_error why;
+  /* The last issue-order check (collective unless off or aborted). */
+  if ((first = mpg__order_destroy(ctx))) mpg__error_save(&why);
   for (int s = 0; s < ctx->nsets; s++) {
     mpg_group *g = &ctx->groups[s];
     if (g->comm && g->comm != ctx->world_comm) destroy_comm(ctx, g->comm, &first, &why);
@@ -401,7 +400,7 @@ mpg_status mpg_ctx_mem_free(mpg_ctx *ctx, void *ptr) {
 mpg_status mpg_ctx_mem_zero(mpg_ctx *ctx, void *ptr, size_t bytes, void *stream) {
   if (!ctx || (!ptr && bytes))
     return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_mem_zero: NULL argument");
-  if (ctx->ops->mem_zero) return ctx->ops->mem_zero(ptr, bytes, stream);
+  if (ctx->ops->mem_zero) return ctx->ops->mem_zero(ctx->world_comm, ptr, bytes, stream);
   if (bytes) memset(ptr, 0, bytes);
   return MPG_OK;
 }
@@ -409,15 +408,17 @@ mpg_status mpg_ctx_mem_zero(mpg_ctx *ctx, void *ptr, size_t bytes, void *stream)
 mpg_status mpg_ctx_stream_create(mpg_ctx *ctx, void **stream) {
   if (!ctx || !stream) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_stream_create: NULL argument");
   *stream = NULL;
-  return ctx->ops->stream_create ? ctx->ops->stream_create(stream) : MPG_OK;
+  return ctx->ops->stream_create ? ctx->ops->stream_create(ctx->world_comm, stream) : MPG_OK;
 }
 
 mpg_status mpg_ctx_stream_destroy(mpg_ctx *ctx, void *stream) {
   if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_stream_destroy: ctx is NULL");
-  return ctx->ops->stream_destroy && stream ? ctx->ops->stream_destroy(stream) : MPG_OK;
+  return ctx->ops->stream_destroy && stream ? ctx->ops->stream_destroy(ctx->world_comm, stream)
+                                            : MPG_OK;
 }
 
 mpg_status mpg_ctx_stream_order(mpg_ctx *ctx, void *waiter, void *waitee) {
   if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_stream_order: ctx is NULL");
-  return ctx->ops->stream_order ? ctx->ops->stream_order(waiter, waitee) : MPG_OK;
+  return ctx->ops->stream_order ? ctx->ops->stream_order(ctx->world_comm, waiter, waitee)
+                                : MPG_OK;
 }

@@ -1,7 +1,8 @@
 /* The groups layer's own state, shared by its three parts: ctx.c (the
  * context: launch, placement, binding, memory), group.c (the groups of a
- * context) and coll.c (collectives and work handles); calls go one way,
- * from ctx.c and coll.c to group.c.  The backends (backend.h) only move
+ * context) and coll.c (collectives and work handles), with p2p.c
+ * (mpg_p2p_batch, on top of coll.c); calls go one way, from p2p.c to
+ * coll.c and from ctx.c and coll.c to group.c.  The backends (backend.h) only move
  * data: this layer checks arguments, turns size-1 groups into local
  * copies, applies the context's timeout and aborts the whole context when
  * a peer never arrives. */
@@ -52,21 +53,64 @@ struct mpg_ctx {
   int nsets;
   mpg_group groups[MAX_SETS];
   mpg_group *extra; /* groups made by mpg_ctx_group_dims / _select */
+  struct mpg__order *order; /* order.c: the issue-order record, NULL when off */
 };
 
 struct mpg_work {
   mpg_group *group;
-  mpg__req *req;
+  mpg__req *req;      /* the operation, when reqs is NULL */
+  mpg__req **reqs;    /* or several (an mpg_p2p_batch posted one by one):
+                         nreq requests, this array owned by the work */
+  int nreq;
+  int ndone;          /* requests mpg_work_test saw finish, in order */
   double deadline;
   mpg_status status; /* a failure seen by mpg_work_test */
 };
 
-/* group.c: abort every communicator of the context (once; later calls do
+/* coll.c: after a failure `st` of the call `fn` on g: a timeout or an
+ * abort aborts the whole context and names the group in the message;
+ * returns st. */
+mpg_status mpg__group_on_failure(mpg_group *g, const char *fn, mpg_status st);
+
+/* coll.c: wait for reqs[0..n) until `deadline`, then free them all.  The
+ * first failure is returned (with its message); a timeout or abort of any
+ * aborts the context (mpg__group_on_failure) before a pending request is
+ * freed.  `failed` is a failure seen before (by mpg_work_test, of
+ * reqs[skip]): it is returned and reqs[skip] is not waited for again. */
+mpg_status mpg__group_finish(mpg_group *g, mpg__req **reqs, int n, double deadline,
+                             const char *fn, mpg_status failed, int skip);
+
+/* setup.c: run a setup collective on host buffers over `comm` (of
+ * `members` ranks) to completion within the timeout (the caller counts it
+ * in setup_collectives if it is one).  A backend whose collectives need its own memory
+ * (NCCL: device memory) gets the data staged through mem_alloc'ed
+ * buffers.  A failure of the operation aborts the context. */
+mpg_status mpg__ctx_setup_coll(mpg_ctx *ctx, mpg__comm *comm, int members,
+                               const mpg__coll *c);
+
+/* setup.c: abort every communicator of the context (once; later calls do
  * nothing) with `reason`, MPG_ERR_TIMEOUT or MPG_ERR_ABORTED. */
 void mpg__ctx_abort_all(mpg_ctx *ctx, mpg_status reason);
 
 /* group.c: create g's communicator if it has none yet (collective over the
  * world for groups of two or more). */
 mpg_status mpg__group_create(mpg_ctx *ctx, mpg_group *g);
+
+/* order.c: the issue-order checker (MESHPG_CHECK_ORDER; see order.c for
+ * what is recorded and how the ranks compare).  Calls nothing of this
+ * layer but setup.c and reduce.c's helpers, so every part may use it.
+ * _create sets ctx->order (NULL when the checker is off; MPG_ERR_ENV for a
+ * bad value).  Each _note records one call, issued on g, as it is issued:
+ * every collective run() posts (not send / recv) and every split that
+ * creates a group; groups of mpg_ctx_group_select are never recorded.
+ * _note_p2p marks each mpg_p2p_batch but records nothing (see order.c).
+ * _destroy checks once more (only a difference is an error: MPG_ERR_STATE)
+ * and frees the record. */
+typedef struct mpg__order mpg__order;
+mpg_status mpg__order_create(mpg_ctx *ctx);
+void mpg__order_note(mpg_group *g, const mpg__coll *c);
+void mpg__order_note_split(mpg_group *g);
+void mpg__order_note_p2p(mpg_group *g);
+mpg_status mpg__order_destroy(mpg_ctx *ctx);
 
 #endif

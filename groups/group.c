@@ -1,27 +1,16 @@
 /* The groups of a context: one per dim set (created eagerly or on first
  * use by one split of the world), groups over any union of dims, and
  * sub-groups at chosen positions.  See ctx_internal.h. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ctx_internal.h"
 
-void mpg__ctx_abort_all(mpg_ctx *ctx, mpg_status reason) {
-  int healthy = MPG_OK;
-  if (!atomic_compare_exchange_strong(&ctx->aborted, &healthy, (int)reason)) return;
-  for (int s = 0; s < ctx->nsets; s++) {
-    mpg_group *g = &ctx->groups[s];
-    if (g->comm && g->comm != ctx->world_comm) ctx->ops->abort_comm(g->comm, reason);
-  }
-  for (mpg_group *g = ctx->extra; g; g = g->next)
-    if (g->comm) ctx->ops->abort_comm(g->comm, reason);
-  if (ctx->world_comm) ctx->ops->abort_comm(ctx->world_comm, reason);
-  if (ctx->launch_comm) ctx->ops->abort_comm(ctx->launch_comm, reason);
-  mpg__log(1, "rank %d: context aborted (%s)", ctx->rank, mpg_status_name(reason));
-}
-
-mpg_status mpg__group_create(mpg_ctx *ctx, mpg_group *g) {
+/* Make g's communicator: nothing for size 1, the world's for "world",
+ * else one split of the world (collective over the world). */
+static mpg_status create_one(mpg_ctx *ctx, mpg_group *g) {
   if (g->created) return MPG_OK;
   mpg_status st = MPG_OK;
   if (g->size == 1 && g->dimset >= 0) {
@@ -33,6 +22,7 @@ mpg_status mpg__group_create(mpg_ctx *ctx, mpg_group *g) {
       return mpg__fail((mpg_status)atomic_load(&ctx->aborted), "group \"%s\": the context was aborted",
                        g->name);
     ctx->setup_collectives++;
+    mpg__order_note_split(g);
     st = ctx->ops->split(ctx->world_comm, g->index, g->position, &g->comm);
     if (st == MPG_OK && !g->comm)
       st = mpg__fail(MPG_ERR_BACKEND,
@@ -44,6 +34,51 @@ mpg_status mpg__group_create(mpg_ctx *ctx, mpg_group *g) {
   mpg__log(2, "rank %d: group %s #%d, position %d of %d", ctx->rank, g->name,
            g->index, g->position, g->size);
   return MPG_OK;
+}
+
+static int needs_split(const mpg_ctx *ctx, const mpg_group *g) {
+  return !g->created && g->size > 1 &&
+         !(g->size == ctx->world && strcmp(g->name, "world") == 0);
+}
+
+/* Lazy groups.  NCCL (and any backend) matches splits of the world by call
+ * order, and which group a rank needs first depends on its code path (a
+ * pipeline stage, its own reduce_dims).  So a rank never splits one lazy
+ * group alone: the first use of any group that needs a split is a world
+ * all-reduce (max) of "the dim sets I need now", and every rank then
+ * creates the union, in dim-set order.  Ranks that first use different
+ * groups at the same point thus make the same splits in the same order;
+ * a rank that never arrives makes the others time out on the all-reduce,
+ * which names no group, rather than deadlock inside a split. */
+mpg_status mpg__group_create(mpg_ctx *ctx, mpg_group *g) {
+  if (g->created) return MPG_OK;
+  if (!ctx->lazy || g->dimset < 0 || !needs_split(ctx, g)) return create_one(ctx, g);
+  if (atomic_load(&ctx->aborted))
+    return mpg__fail((mpg_status)atomic_load(&ctx->aborted),
+                     "group \"%s\": the context was aborted", g->name);
+  int32_t want[MAX_SETS], agreed[MAX_SETS];
+  memset(want, 0, sizeof want);
+  want[g->dimset] = 1;
+  mpg__coll c = {MPG__ALL_REDUCE, want, agreed, (size_t)ctx->nsets, MPG_I32, MPG_OP_MAX,
+                 1.0, 0, 0, NULL};
+  ctx->setup_collectives++;
+  mpg_status st = mpg__ctx_setup_coll(ctx, ctx->world_comm, ctx->world, &c);
+  if (st)
+    return mpg__fail_wrap(st, "lazy group \"%s\": agreeing over the world which groups "
+                          "to create", g->name);
+  int made = 0;
+  for (int s = 0; s < ctx->nsets && !st; s++)
+    if (agreed[s] && needs_split(ctx, &ctx->groups[s])) {
+      st = create_one(ctx, &ctx->groups[s]);
+      made++;
+    }
+  if (!st && !g->created)
+    st = mpg__fail(MPG_ERR_BACKEND, "lazy group \"%s\": not among the %d groups agreed",
+                   g->name, made);
+  if (!st && made > 1)
+    mpg__log(2, "rank %d: lazy groups: %d created together (first asked: %s)", ctx->rank,
+             made, g->name);
+  return st;
 }
 
 mpg_status mpg_ctx_group_at(mpg_ctx *ctx, int dimset, mpg_group **out) {
@@ -129,6 +164,7 @@ static mpg_status make_extra(mpg_ctx *ctx, const char *key, unsigned mask,
   if (g->size > 1) {
     /* Non-members enter the split too: it is collective over the world. */
     ctx->setup_collectives++;
+    mpg__order_note_split(g); /* not for mpg_ctx_group_select's groups */
     st = ctx->ops->split(ctx->world_comm, member ? g->index : -1, g->position,
                          &g->comm);
   }

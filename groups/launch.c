@@ -37,6 +37,52 @@ static int parse_count(const char *s, int allow_suffix, int *out) {
   return 1;
 }
 
+/* This node's task count under srun when SLURM_NTASKS_PER_NODE (set only
+ * for --ntasks-per-node) is absent: srun lists the tasks of every node of
+ * the step in node order, "2(x3),1" (three nodes of 2, then one of 1), in
+ * SLURM_STEP_TASKS_PER_NODE (the job's in SLURM_TASKS_PER_NODE, read when
+ * the step's is unset), and SLURM_NODEID is this node's position.  Sets
+ * *n and *var (the list's variable), or leaves them when either variable
+ * is unset.  MPG_ERR_ENV naming the variable when one is malformed. */
+static mpg_status slurm_tasks_here(int *n, const char **var) {
+  const char *name = "SLURM_STEP_TASKS_PER_NODE", *list = getenv(name);
+  if (!list) list = getenv(name = "SLURM_TASKS_PER_NODE");
+  const char *node_s = getenv("SLURM_NODEID");
+  if (!list || !node_s) return MPG_OK;
+  int node, left;
+  if (!parse_count(node_s, 0, &node))
+    return mpg__fail(MPG_ERR_ENV,
+                     "SLURM_NODEID=\"%s\": expected a non-negative integer (this "
+                     "node's position in the step)", node_s);
+  left = node;
+  int here = -1; /* this node's count, once passed; the rest is checked too */
+  for (const char *p = list;;) {
+    char *end = (char *)p;
+    long count = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : -1, times = 1;
+    if (count >= 1 && count <= 2147483647L && end[0] == '(' && end[1] == 'x') {
+      const char *t = end + 2;
+      times = *t >= '0' && *t <= '9' ? strtol(t, &end, 10) : -1;
+      if (end[0] == ')') end++;
+      else times = -1;
+    }
+    if (count < 1 || count > 2147483647L || times < 1 || (*end && *end != ','))
+      return mpg__fail(MPG_ERR_ENV,
+                       "%s=\"%s\": expected task counts per node such as "
+                       "\"2(x3),1\"", name, list);
+    if (here < 0 && left < times) here = (int)count;
+    if (here < 0) left -= (int)times;
+    if (!*end) break;
+    p = end + 1;
+  }
+  if (here >= 1) {
+    *n = here;
+    *var = name;
+    return MPG_OK;
+  }
+  return mpg__fail(MPG_ERR_ENV, "SLURM_NODEID=%d but %s=\"%s\" lists only %d nodes",
+                   node, name, list, node - left);
+}
+
 /* Read the environment into *out, a full struct holding the defaults. */
 static mpg_status read_env(mpg_launch *out) {
   int value[F_COUNT];
@@ -67,6 +113,10 @@ static mpg_status read_env(mpg_launch *out) {
         from[f] = var;
       }
     }
+  }
+  if (value[F_LOCAL_WORLD] < 0 && getenv("SLURM_LOCALID")) {
+    mpg_status st = slurm_tasks_here(&value[F_LOCAL_WORLD], &from[F_LOCAL_WORLD]);
+    if (st) return st;
   }
   if (value[F_RANK] >= 0 && value[F_WORLD] > 0 && value[F_RANK] >= value[F_WORLD])
     return mpg__fail(MPG_ERR_ENV, "%s=%d is not below %s=%d", from[F_RANK],

@@ -48,6 +48,8 @@
  *    rejection: MPG_ERR_INVALID naming the struct and the initializer.
  *  - Fields are only ever appended, and an appended field's zero value
  *    means "the default", so that older libraries can ignore it.
+ * The one exception is mpg_p2p_op, an element of a caller's array (its size
+ * is the array's stride): it has no header and is frozen forever.
  * Handles (mpg_mesh, mpg_ctx, ...) are opaque; only mpg_* symbols are
  * exported, with the ELF symbol version MESHPG_<major>.<minor>.
  *
@@ -779,8 +781,14 @@ struct mpg_init_opts {
   int local_rank;       /* -1: from the environment (0 if absent) */
   int local_world_size; /* -1: from the environment (1 if absent) */
   double timeout_s;     /* <= 0: 600 s */
-  int lazy_groups;      /* 1: create a group's communicator on first use */
-  int device;           /* NCCL: CUDA device; -1: local_rank */
+  int lazy_groups;      /* 1: create a group's communicator on first use.
+                           That first use is collective over the world: a
+                           world all-reduce agrees which dim sets any rank
+                           needs now, and every rank creates them all, in
+                           dim-set order (NCCL matches splits by order) */
+  int device;           /* NCCL: CUDA device (this process's ordinal);
+                           -1: chosen from the local rank and the devices
+                           CUDA shows (README "Choice of CUDA device") */
   const void *nccl_id;  /* NCCL: a 128-byte ncclUniqueId from the caller */
   void *mpi_comm;       /* MPI: pointer to the MPI_Comm to use as world;
                            NULL: MPI_COMM_WORLD.  Rank and world size then
@@ -829,7 +837,10 @@ typedef struct mpg_launch {
  * LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI
  * (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE), PMI (PMI_RANK,
  * PMI_SIZE) and Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
- * SLURM_NTASKS_PER_NODE).  Several launchers may agree.
+ * SLURM_NTASKS_PER_NODE; without it, in an srun task (SLURM_LOCALID set)
+ * and with no other local world size, this node's entry of
+ * SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE, such as "2(x3),1",
+ * at position SLURM_NODEID).  Several launchers may agree.
  * *out must be set up with MPG_LAUNCH_INIT.
  * Returns MPG_OK (fields nobody set stay -1 / ""); MPG_ERR_ENV naming the
  * variable when one is not a number, out of range (RANK >= WORLD_SIZE), or
@@ -869,8 +880,13 @@ MPG_API mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opt
 
 /* Free every communicator and the context.  Every work handle must have
  * been released with mpg_work_wait first.  NULL is a no-op.  After a
- * timeout or abort it frees what can be freed without blocking.
+ * timeout or abort it frees what can be freed without blocking.  With the
+ * issue-order checker on (mpg_ctx_check_order) it first checks the order
+ * once more, collectively over the world, unless the context was aborted;
+ * a peer that left makes that check give up, after up to the timeout,
+ * without an error.
  * Returns MPG_OK or the first backend error met while freeing;
+ * MPG_ERR_STATE (everything freed) when the issue order differs;
  * MPG_ERR_STATE, freeing nothing, while a mpg_sync made on it still lives
  * (destroy the sync first, then the context). */
 MPG_API mpg_status mpg_ctx_destroy(mpg_ctx *ctx);
@@ -901,8 +917,65 @@ MPG_API mpg_backend_kind mpg_ctx_backend(const mpg_ctx *ctx);
 MPG_API const mpg_mesh *mpg_ctx_mesh(const mpg_ctx *ctx);
 
 /* Number of collective operations this rank has entered to create groups
- * (splits and their set-up), for benchmarks. */
+ * (splits and their set-up), for benchmarks.  The issue-order checker's
+ * own collectives (mpg_ctx_check_order) are not counted. */
 MPG_API long mpg_ctx_setup_collectives(const mpg_ctx *ctx);
+
+/* Check that the ranks issued their collectives and group creations in
+ * one order since the last check (NCCL needs one order that every device
+ * follows, or it may deadlock on the GPU; the thread and mpi backends often
+ * complete another order anyway).  Collective over the world: every rank
+ * must call it at the same point.
+ *
+ * The checker is on when the environment has MESHPG_CHECK_ORDER=1, off
+ * with MESHPG_CHECK_ORDER=0; unset, it is on in debug builds (meson
+ * buildtype debug) and off otherwise, the default debugoptimized build
+ * included.  The value must be the same on every rank (another value fails
+ * mpg_ctx_create with MPG_ERR_ENV).  While it is on, each context records
+ * in issue order every collective (all_reduce, all_reduce_scaled,
+ * broadcast, all_gather, reduce_scatter, barrier; groups of size 1 too) as
+ * (group name, kind, count, dtype, op), the name being the dim set's
+ * ("tp"), not the group index, and every group creation (a split: at
+ * mpg_ctx_create, at first use with opts.lazy_groups, mpg_ctx_group_dims)
+ * as (name, "split").  Not recorded: groups made by mpg_ctx_group_select
+ * (their non-members do not issue on them), point-to-point traffic
+ * (mpg_send, mpg_recv, mpg_p2p_batch: ranks legitimately differ there), and
+ * the library's own checks.  The record costs a few hash mixes per call:
+ * a 64-bit hash and a count of the calls since the last check, a hash per
+ * dim set, and a log of the last 1024 calls.
+ *
+ * The rule: the members of every group that carried a collective since the
+ * last check (for the world: also a split) issued the same calls in the
+ * same order, on every dim set: the same group names, kinds, dtypes and
+ * ops, and the same counts on the groups they all share (a group whose
+ * dims include the group's).  Counts may differ between groups that share
+ * no member (uneven batches), and ranks that share no group used since the
+ * last check may run different programs (pipeline stages), as long as no
+ * collective over a group spanning them falls between two checks.
+ *
+ * The check is one all-reduce (max) of four 64-bit words over the world
+ * (host buffers; staged through device memory on nccl); when the full
+ * records differ, two all-gathers compare every used group, and on a
+ * difference two broadcasts of logs find the first differing call.  Every
+ * rank then fails alike with MPG_ERR_STATE and the same message, e.g.
+ *   mpg_ctx_check_order: issue order differs: call #12 since the last
+ *   check: rank 2 issued all_reduce(f32, sum, count 4096) on "tp", rank 3
+ *   issued all_reduce(f32, sum, count 4096) on "dp" (ranks 2 and 3 are
+ *   members of group "tp" index 1; 2 groups disagree) ...
+ * (calls are numbered from 1 after the previous check; "issued nothing (N
+ * calls since the last check)" for a rank with fewer calls).  Either way
+ * the record starts afresh.  While the checker is on, the library also
+ * checks at mpg_sync_commit (after the layout check), at the end of each
+ * step (mpg_sync_finish of the last micro-batch, mpg_sync_all), at
+ * mpg_sync_destroy and at mpg_ctx_destroy (not after an abort).  None of
+ * these collectives is counted by mpg_ctx_setup_collectives.
+ *
+ * Returns MPG_OK (at once, without communicating, when the checker is
+ * off); MPG_ERR_STATE when the order differs; MPG_ERR_INVALID for NULL;
+ * MPG_ERR_ABORTED when the context was aborted (nothing is compared);
+ * MPG_ERR_TIMEOUT / MPG_ERR_ABORTED when a peer never joins the check (the
+ * context is then aborted); MPG_ERR_NOMEM. */
+MPG_API mpg_status mpg_ctx_check_order(mpg_ctx *ctx);
 
 /* This rank's group of a dim set, by name ("dp", "tp", "dp_cp", "world").
  * With lazy groups the first call creates it and is collective over the
@@ -972,8 +1045,12 @@ MPG_API mpg_status mpg_group_member(const mpg_group *group, int position, int *r
  * the caller must pass it to mpg_work_wait.  Buffers must stay valid and
  * unchanged until the work completes.  Buffers are host memory for the
  * thread and mpi backends and device memory for nccl, where `stream` is the
- * caller's cudaStream_t (ignored elsewhere).  In-place (send == recv) is
- * allowed.  Every member of the group must make the same calls in the same
+ * caller's cudaStream_t (ignored elsewhere).  In place follows NCCL's
+ * convention on every backend: all_reduce with send == recv;
+ * all_gather with send == recv + position * count (this member's slot of
+ * recv); reduce_scatter with recv == send + position * count (this
+ * member's block of send).  Any other overlap of send and recv is refused
+ * with MPG_ERR_INVALID before anything is posted.  Every member of the group must make the same calls in the same
  * order.  A group of size 1 makes no communicator: collectives are local
  * copies.
  * Each returns MPG_OK; MPG_ERR_INVALID (NULL buffer, bad dtype, op, root,
@@ -981,7 +1058,10 @@ MPG_API mpg_status mpg_group_member(const mpg_group *group, int position, int *r
  * all_gather's recv and reduce_scatter's send) overflows size_t, checked
  * before any buffer is touched; MPG_ERR_TIMEOUT when a peer did not arrive within the context's
  * timeout (the context is then aborted); MPG_ERR_ABORTED after an abort;
- * MPG_ERR_BACKEND. */
+ * MPG_ERR_BACKEND when the backend failed the operation (the context is
+ * then aborted too: peers may be inside the same collective, and NCCL
+ * requires a communicator that reported an asynchronous error to be
+ * aborted). */
 
 /* recv[i] = op over members of send[i], count elements.  f16/bf16 are
  * accumulated in f32 where the backend has no native support. */
@@ -1030,6 +1110,68 @@ MPG_API mpg_status mpg_send(mpg_group *group, const void *buf, size_t count,
                             mpg_dtype dtype, int peer, void *stream, mpg_work **work);
 MPG_API mpg_status mpg_recv(mpg_group *group, void *buf, size_t count,
                             mpg_dtype dtype, int peer, void *stream, mpg_work **work);
+
+/* The direction of one operation of mpg_p2p_batch. */
+typedef enum mpg_p2p_kind {
+  MPG_P2P_SEND = 0, /* send buf to peer */
+  MPG_P2P_RECV = 1  /* receive into buf from peer */
+} mpg_p2p_kind;
+
+/* One send or receive of mpg_p2p_batch, an element of the caller's array.
+ * FROZEN: this struct never changes (no field is added, removed or
+ * reordered, ever), because its size is the stride of the caller's array
+ * and it carries no size/magic/version header like the option structs.  A
+ * future need gets a new type and a new function.  Set every field;
+ * `{MPG_P2P_SEND, peer, buf, count, dtype}` in this order.  A send only
+ * reads buf (a const buffer may be cast to void *). */
+typedef struct mpg_p2p_op {
+  mpg_p2p_kind kind; /* MPG_P2P_SEND or MPG_P2P_RECV */
+  int peer;          /* position of the peer in the group (not this rank's) */
+  void *buf;         /* count elements; may be NULL when count is 0 */
+  size_t count;      /* elements, not bytes */
+  mpg_dtype dtype;
+} mpg_p2p_op;
+
+/* Issue n sends and receives on the group as one batch, like torch's
+ * batch_isend_irecv or NCCL's ncclGroupStart / ncclSend / ncclRecv /
+ * ncclGroupEnd: no operation of the batch waits for another, so a
+ * two-way exchange between pipeline stages (every rank sends to the next
+ * and the previous stage and receives from both, in one batch) cannot
+ * deadlock, however large the messages.  Each operation is matched by the
+ * peer's operation of the other direction, with the same count and dtype
+ * (posted by mpg_p2p_batch or by mpg_send / mpg_recv; but with the
+ * issue-order checker on, see mpg_ctx_check_order, every call is one
+ * "p2p" call on the group, n == 0 included, so every member must issue the
+ * same batches in the same order, passing n == 0 when it has nothing to
+ * exchange).  Several operations
+ * to the same peer are allowed: the sends to one peer are matched in their
+ * order in ops, and so are the receives from one peer, as in NCCL and MPI;
+ * a batch may mix dtypes.  On nccl the batch is one ncclGroupStart ..
+ * ncclGroupEnd on `stream`; on thread and mpi every receive is posted
+ * before any send, so a thread-backend send never waits for inbox room
+ * while its own batch's receives are unposted.
+ *
+ * ops[0..n) are all checked before anything is posted: a bad operation
+ * posts none.  n == 0 moves nothing (MPG_OK, *work = NULL).  A group of size
+ * 1 has no peers, so every operation there is MPG_ERR_INVALID.  With work
+ * NULL the call returns when every operation has completed; otherwise it
+ * returns at once with one handle for the whole batch in *work, which
+ * mpg_work_test reports done when all operations are and mpg_work_wait
+ * waits for and releases (the buffers must stay valid and unchanged
+ * until then).  The ops array itself may be reused as soon as the call
+ * returns.
+ * Returns MPG_OK; MPG_ERR_INVALID for a NULL group, n < 0, NULL ops with
+ * n > 0, or an operation (named "ops[i]" with the field and its value)
+ * with a bad kind, a peer outside 0..size-1 or equal to this rank's
+ * position, an unknown dtype, or a NULL buf with count > 0; MPG_ERR_RANGE
+ * when count x element size overflows size_t; MPG_ERR_TIMEOUT when an
+ * operation did not complete within the context's timeout (the context is
+ * then aborted); MPG_ERR_ABORTED after an abort; MPG_ERR_NOMEM;
+ * MPG_ERR_BACKEND.  When an operation fails to post after others were
+ * posted, those are waited for (within the timeout) and released before
+ * the failure is returned: nothing stays in flight. */
+MPG_API mpg_status mpg_p2p_batch(mpg_group *group, const mpg_p2p_op *ops, int n,
+                                 void *stream, mpg_work **work);
 
 /* Wait for `work` (up to the context's timeout) and release it, whatever
  * the outcome.  NULL is MPG_OK.  Returns the collective's status:
@@ -1163,7 +1305,11 @@ MPG_API mpg_status mpg_sync_add_param(mpg_sync *sync, const char *name, size_t c
  * inside MPI) only at mpg_sync_finish.  A rank that never calls commit
  * makes the others fail here with MPG_ERR_TIMEOUT.
  *
- * Returns MPG_ERR_STATE if already committed or when the ranks of a group
+ * With the issue-order checker on, commit then checks the issue order
+ * (mpg_ctx_check_order).
+ *
+ * Returns MPG_ERR_STATE if already committed, when the issue order differs,
+ * or when the ranks of a group
  * registered different params (see above; mpg_sync_grads_valid then
  * returns 0 and the sync stays uncommitted), MPG_ERR_NOMEM,
  * MPG_ERR_TIMEOUT / MPG_ERR_ABORTED from the check's collectives, and the
@@ -1199,16 +1345,24 @@ MPG_API mpg_status mpg_sync_mark_ready(mpg_sync *sync, int param);
  * every gradient is reduced over exactly its groups.  On failure (timeout,
  * abort) the gradients are marked invalid (mpg_sync_grads_valid returns 0)
  * and the step's first error is returned: never silently half-reduced.  On
- * nccl the caller's stream is ordered after the reduction.  Returns
+ * nccl the caller's stream is ordered after the reduction.  On the last
+ * micro-batch, with the issue-order checker on, it ends by checking the
+ * issue order (mpg_ctx_check_order: one small all-gather over the world
+ * per step), and a difference fails the step with MPG_ERR_STATE.  Returns
  * MPG_ERR_STATE if no step is open. */
 MPG_API mpg_status mpg_sync_finish(mpg_sync *sync);
 
 /* begin(last microbatch) + mark every param ready + finish. */
 MPG_API mpg_status mpg_sync_all(mpg_sync *sync, long step, void *stream);
 
-/* Zero every gradient (e.g. after the optimizer step); on nccl on the
- * sync's stream, which the next begin orders before the caller's.  Returns
- * MPG_ERR_STATE before commit or while buckets of a step are in flight. */
+/* Zero every gradient (e.g. after the optimizer step).  On nccl the
+ * memsets run on the sync's stream, ordered after everything queued so far
+ * on the caller's stream (the one given to the last mpg_sync_begin), so an
+ * optimizer still reading the gradients there finishes first; the next
+ * begin orders the caller's stream after the memsets.  An optimizer on
+ * another stream must be ordered before this call by the caller
+ * (mpg_ctx_stream_order).  Returns MPG_ERR_STATE before commit or while
+ * buckets of a step are in flight. */
 MPG_API mpg_status mpg_sync_zero_grads(mpg_sync *sync);
 
 /* 1 when the last finished step reduced every gradient (and before any
@@ -1242,8 +1396,10 @@ MPG_API mpg_status mpg_sync_param_group(const mpg_sync *sync, int param,
 /* Free the buffers and the synchroniser (before the context).  Call
  * mpg_sync_finish first: with a step still open it waits for the buckets in
  * flight (up to the context's timeout) so that nothing writes into freed
- * memory.  NULL is a no-op.  Returns MPG_OK, or the backend's error
- * freeing device memory. */
+ * memory.  With the issue-order checker on it checks the issue order
+ * (collectively, unless the context was aborted; see mpg_ctx_destroy).
+ * NULL is a no-op.  Returns MPG_OK, MPG_ERR_STATE (everything freed) when
+ * the issue order differs, or the backend's error freeing device memory. */
 MPG_API mpg_status mpg_sync_destroy(mpg_sync *sync);
 
 #ifdef __cplusplus

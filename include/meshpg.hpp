@@ -44,6 +44,7 @@
 
 #include <meshpg.h>
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -695,7 +696,46 @@ class Group {
     return posted(st, w);
   }
 
+  /* --- batched point to point (mpg_p2p_batch) ------------------------- */
+
+  /* One send of a batch: count elements of buf to the member at `peer`. */
+  static mpg_p2p_op send_op(const void* buf, std::size_t count, mpg_dtype dtype,
+                            int peer) noexcept {
+    return mpg_p2p_op{MPG_P2P_SEND, peer, const_cast<void*>(buf), count, dtype};
+  }
+  template <class T, detail::if_dtype<T> = 0>
+  static mpg_p2p_op send_op(const T* buf, std::size_t count, int peer) noexcept {
+    return send_op(static_cast<const void*>(buf), count, dtype_v<T>, peer);
+  }
+  /* One receive of a batch: count elements into buf from `peer`. */
+  static mpg_p2p_op recv_op(void* buf, std::size_t count, mpg_dtype dtype,
+                            int peer) noexcept {
+    return mpg_p2p_op{MPG_P2P_RECV, peer, buf, count, dtype};
+  }
+  template <class T, detail::if_dtype<T> = 0>
+  static mpg_p2p_op recv_op(T* buf, std::size_t count, int peer) noexcept {
+    return recv_op(static_cast<void*>(buf), count, dtype_v<T>, peer);
+  }
+  /* Issue the sends and receives as one batch (no operation waits for
+   * another: a two-way exchange between pipeline stages cannot deadlock)
+   * and wait for all.  Every operation is checked before any is posted.
+   * Throws ERR_INVALID (naming ops[i]), ERR_RANGE, ERR_TIMEOUT, ... */
+  void p2p_batch(const std::vector<mpg_p2p_op>& ops, void* stream = nullptr) {
+    check(mpg_p2p_batch(group_, ops.data(), batch_size(ops), stream, nullptr));
+  }
+  /* The same, returning one Work for the whole batch. */
+  Work p2p_batch_async(const std::vector<mpg_p2p_op>& ops, void* stream = nullptr) {
+    mpg_work* w = nullptr;
+    mpg_status st = mpg_p2p_batch(group_, ops.data(), batch_size(ops), stream, &w);
+    return posted(st, w);
+  }
+
  private:
+  /* The batch's length as the C call's int (-1, refused, beyond INT_MAX). */
+  static int batch_size(const std::vector<mpg_p2p_op>& ops) noexcept {
+    return ops.size() > static_cast<std::size_t>(INT_MAX) ? -1 : static_cast<int>(ops.size());
+  }
+
   /* Own whatever handle was returned, then throw on failure. */
   static Work posted(mpg_status st, mpg_work* w) {
     Work work(w);
@@ -789,6 +829,10 @@ class Ctx {
   }
   /* Collectives entered to create groups so far. */
   long setup_collectives() const noexcept { return mpg_ctx_setup_collectives(ctx_); }
+  /* Check that the ranks issued their collectives in one order since the
+   * last check (mpg_ctx_check_order; collective over the world, a no-op
+   * with the checker off).  Throws ERR_STATE naming the first difference. */
+  void check_order() { check(mpg_ctx_check_order(ctx_)); }
 
   /* This rank's group of a dim set: "dp", "tp", "dp_cp", "world"
    * (mpg_ctx_group).  Throws ERR_NOT_FOUND naming the unknown name. */

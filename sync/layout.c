@@ -269,7 +269,8 @@ static uint64_t fp_at(const fp_unit *u, long i) {
 
 static mpg_status fp_gather(const mpg_sync *s, const fp_unit *u, const void *send,
                             void *recv, size_t words, const char *what) {
-  mpg_status st = mpg_all_gather(u->group, send, recv, words, MPG_I64, s->stream, NULL);
+  (void)s; /* host buffers: the check never touches the sync's stream */
+  mpg_status st = mpg__group_host_all_gather(u->group, send, recv, words, MPG_I64);
   if (st)
     return mpg__fail_wrap(st, "mpg_sync_commit: layout check over %s group \"%s\" "
                           "(index %d, %d ranks), %s",
@@ -384,7 +385,7 @@ static mpg_status fp_world(mpg_sync *s, int mismatch) {
   int n = mpg_group_size(world);
   uint64_t *all = malloc(sizeof *all * (size_t)n), mine = mismatch != 0;
   if (!all) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
-  st = mpg_all_gather(world, &mine, all, 1, MPG_I64, s->stream, NULL);
+  st = mpg__group_host_all_gather(world, &mine, all, 1, MPG_I64);
   if (st) {
     free(all);
     return mpg__fail_wrap(st, "mpg_sync_commit: layout check over the world");
@@ -514,6 +515,7 @@ mpg_status mpg_sync_commit(mpg_sync *s) {
     return mpg__fail(MPG_ERR_STATE, "mpg_sync_commit: the sync is already committed");
   mpg_status st = resolve_groups(s);
   if (!st) st = check_layout(s);
+  if (!st) st = mpg__ctx_check_order(s->ctx, "mpg_sync_commit", 0); /* issue order */
   if (!st) st = layout(s);
   if (st) {
     mpg__sync_free_layout(s);

@@ -252,6 +252,10 @@ mpg_status mpg_sync_finish(mpg_sync *s) {
     mpg_status st = mpg_ctx_stream_order(s->ctx, s->caller, s->stream);
     if (st && !s->step_status) step_fail(s, st, "ordering the caller's stream after the sync's");
   }
+  /* The end of the step: the issue-order check, on every rank whatever
+   * its step status (a collective: no rank may skip it). */
+  mpg_status ost = mpg__ctx_check_order(s->ctx, "mpg_sync_finish", 0);
+  if (ost && !s->step_status) step_fail(s, ost, "issue-order check");
   s->in_step = 0;
   if (s->step_status) {
     s->valid = 0;
@@ -281,6 +285,13 @@ mpg_status mpg_sync_zero_grads(mpg_sync *s) {
                      "mpg_sync_zero_grads: step %ld has %d buckets in flight; zero "
                      "after mpg_sync_finish",
                      s->step, s->next_launch);
+  /* The optimizer may still be reading the gradients on the caller's
+   * stream (the one given to the last begin): the memsets on the sync's
+   * stream come after everything queued there so far. */
+  mpg_status ord = mpg_ctx_stream_order(s->ctx, s->stream, s->caller);
+  if (ord)
+    return mpg__fail_wrap(ord, "mpg_sync_zero_grads: ordering the sync's stream after "
+                          "the caller's");
   for (int b = 0; b < s->nbuffers; b++) {
     const sbuffer *f = &s->buffers[b];
     mpg_status st = mpg_ctx_mem_zero(s->ctx, f->data, f->count * mpg_dtype_size(f->dtype),

@@ -212,6 +212,8 @@ mpg_status mpg_sync_destroy(mpg_sync *s) {
    * left in flight first (bounded by the context's timeout). */
   if (s->in_step) mpg__sync_wait_all(s);
   mpg__ctx_sync_count(s->ctx, -1);
+  /* Issue order (collective unless off or aborted): a mismatch only. */
+  if ((first = mpg__ctx_check_order(s->ctx, "mpg_sync_destroy", 1))) mpg__error_save(&why);
   for (int i = 0; i < s->nbuffers; i++) {
     if (!s->buffers[i].data) continue;
     mpg_status st = mpg_ctx_mem_free(s->ctx, s->buffers[i].data);

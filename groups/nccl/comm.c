@@ -75,10 +75,15 @@ void mpg__nccl_dev_leave(int dev, int old) {
 /* Communicators: config, references, async state                     */
 /* ------------------------------------------------------------------ */
 
-ncclConfig_t mpg__nccl_config(void) {
+/* splitShare: 0 unless MESHPG_NCCL_SPLIT_SHARE=1 (see world.c).  Sharing
+ * saves the memory of each group's channels, but every communicator of
+ * the family then runs its kernels through the parent's one device stream,
+ * in host issue order: a dp bucket can no longer overlap a tp collective
+ * issued on another stream. */
+ncclConfig_t mpg__nccl_config(int split_share) {
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;   /* init, split and enqueue may answer ncclInProgress */
-  cfg.splitShare = 1; /* children split from this one share its resources */
+  cfg.blocking = 0; /* init, split and enqueue may answer ncclInProgress */
+  cfg.splitShare = split_share ? 1 : 0;
   return cfg;
 }
 

@@ -4,10 +4,14 @@
  *
  * Every group after the world is made by ncclCommSplit of the world (no id).
  *
+ * Children are split with splitShare = 0 unless MESHPG_NCCL_SPLIT_SHARE=1
+ * (world.c explains the choice).
+ *
  * Abort: ncclCommAbort.  With splitShare the communicators of one family
- * share NCCL's abort flag, so aborting one of them stops the kernels of all
- * of them: the generic layer (groups/group.c, mpg__ctx_abort_all) therefore
- * always aborts the whole context, never one group.  Each communicator has
+ * share NCCL's resources, and aborting one may leave the others unusable;
+ * without it a peer stuck in another group's collective would still hang
+ * that group: the generic layer (groups/setup.c, mpg__ctx_abort_all)
+ * therefore always aborts the whole context, never one group.  Each communicator has
  * a mutex held around every NCCL call on it (released while polling), so
  * abort never runs while another of our threads is inside NCCL for that
  * communicator. */
@@ -39,6 +43,7 @@ static mpg_status nccl_split(mpg__comm *p, int color, int key,
   if (color >= 0) {
     c = mpg__nccl_comm_new(p->device, p->timeout_s);
     if (!c) return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", what);
+    c->split_share = p->split_share;
   }
   /* NCCL writes the new handle from its init thread when the job ends.
    * The cell is on the heap: after a timeout it is left to that thread
@@ -49,7 +54,7 @@ static mpg_status nccl_split(mpg__comm *p, int color, int key,
     return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", what);
   }
   ncclComm_t child = NULL;
-  ncclConfig_t cfg = mpg__nccl_config();
+  ncclConfig_t cfg = mpg__nccl_config(p->split_share);
   int old = -1;
   cudaError_t ce = mpg__nccl_dev_enter(p->device, &old);
   if (ce != cudaSuccess) {
@@ -135,6 +140,15 @@ static mpg_status nccl_split(mpg__comm *p, int color, int key,
   }
   c->size = n;
   c->rank = me;
+  /* The context's registered buffers are registered with the new group too
+   * (reg.c: NCCL's registrations are per communicator). */
+  mpg_status rs = mpg__nccl_family_join(c, p);
+  if (rs) {
+    (void)ncclCommAbort(child);
+    c->nccl = NULL;
+    mpg__nccl_comm_unref(c);
+    return rs;
+  }
   mpg__log(2, "nccl: split colour %d key %d -> rank %d of %d", color, key, me, n);
   *out = c;
   return MPG_OK;
@@ -168,6 +182,7 @@ static mpg_status nccl_destroy(mpg__comm *c) {
   mpg_status st = MPG_OK;
   int old = -1;
   (void)mpg__nccl_dev_enter(c->device, &old);
+  mpg__nccl_family_leave(c); /* deregisters its buffers first */
   pthread_mutex_lock(&c->lock);
   if (c->nccl && atomic_load(&c->aborted) == MPG_OK) {
     char what[96];
@@ -216,6 +231,7 @@ const struct mpg__backend_ops mpg__backend_nccl = {
     .world_init = mpg__nccl_world_init,
     .split = nccl_split,
     .post = mpg__nccl_post,
+    .post_batch = mpg__nccl_post_batch,
     .test = mpg__nccl_test,
     .wait = mpg__nccl_wait,
     .req_free = mpg__nccl_req_free,
@@ -225,7 +241,9 @@ const struct mpg__backend_ops mpg__backend_nccl = {
     .mem_alloc = mpg__nccl_mem_alloc,
     .mem_free = mpg__nccl_mem_free,
     .mem_zero = mpg__nccl_mem_zero,
+    .mem_copy = mpg__nccl_mem_copy,
     .stream_create = mpg__nccl_stream_create,
     .stream_destroy = mpg__nccl_stream_destroy,
     .stream_order = mpg__nccl_stream_order,
+    .comm_device = mpg__nccl_comm_device,
 };

@@ -132,8 +132,13 @@ mpg_status mpg__nccl_local(const mpg__coll *k) {
     return e == cudaSuccess ? MPG_OK
                             : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaMemcpyAsync", e);
   }
+  return mpg__nccl_scale(k->recv, k->send, k->count, k->dtype, k->scale, s, what);
+}
+
+mpg_status mpg__nccl_scale(void *dst, const void *src, size_t count, mpg_dtype dtype,
+                           double scale, cudaStream_t s, const char *what) {
   int which;
-  switch (k->dtype) {
+  switch (dtype) {
     case MPG_F32: which = 0; break;
     case MPG_F64: which = 1; break;
     case MPG_F16: which = 2; break;
@@ -142,14 +147,12 @@ mpg_status mpg__nccl_local(const mpg__coll *k) {
       return mpg__fail(MPG_ERR_INVALID, "%s: a scaled sum needs a floating dtype",
                        what);
   }
+  if (count == 0) return MPG_OK;
   pthread_once(&scale_once, scale_load);
   if (scale_load_error != cudaSuccess)
     return mpg__fail(MPG_ERR_BACKEND, "%s: %s: %s", what, scale_load_call,
                      cudaGetErrorString(scale_load_error));
-  void *dst = k->recv;
-  const void *src = k->send;
-  uint64_t n = k->count;
-  double scale = k->scale;
+  uint64_t n = count;
   void *args[4] = {&dst, &src, &n, &scale};
   uint64_t blocks = (n + 255) / 256;
   dim3 grid = {(unsigned)(blocks < 4096 ? blocks : 4096), 1, 1};

@@ -1,15 +1,15 @@
 /* Device memory and streams of the NCCL backend (the hooks behind
  * mpg_ctx_mem_* and the context's streams): zeroed allocations, plain or
- * registered with the world communicator, and stream create, destroy and
- * ordering.  See nccl_internal.h. */
+ * registered (with every communicator of the context: reg.c), and stream
+ * create, destroy and ordering.  See nccl_internal.h. */
 #include <pthread.h>
 #include <stdlib.h>
 
 #include "nccl_internal.h"
 
 /* Zeroed device memory on the communicator's device.  registered = 1:
- * ncclMemAlloc + ncclCommRegister with this (world) communicator, which
- * lets NCCL use zero-copy paths; every rank must then register too. */
+ * ncclMemAlloc, registered with every communicator of the context
+ * (reg.c), which lets NCCL use zero-copy paths. */
 mpg_status mpg__nccl_mem_alloc(mpg__comm *c, size_t bytes, int registered,
                                void **ptr) {
   int old;
@@ -20,26 +20,10 @@ mpg_status mpg__nccl_mem_alloc(mpg__comm *c, size_t bytes, int registered,
   *ptr = NULL;
   if (bytes == 0) bytes = 1;
   if (registered) {
-    struct nccl_reg *r = calloc(1, sizeof *r);
-    ncclResult_t nr = r ? ncclMemAlloc(ptr, bytes) : ncclSystemError;
+    ncclResult_t nr = ncclMemAlloc(ptr, bytes);
     if (nr != ncclSuccess) {
-      free(r);
+      *ptr = NULL;
       st = mpg__nccl_fail(MPG_ERR_NOMEM, "mem_alloc", "ncclMemAlloc", nr);
-    } else {
-      pthread_mutex_lock(&c->lock);
-      nr = c->nccl ? ncclCommRegister(c->nccl, *ptr, bytes, &r->handle) : ncclInvalidUsage;
-      if (nr == ncclSuccess) {
-        r->ptr = *ptr;
-        r->next = c->regs;
-        c->regs = r;
-      }
-      pthread_mutex_unlock(&c->lock);
-      if (nr != ncclSuccess) {
-        st = mpg__nccl_fail(MPG_ERR_BACKEND, "mem_alloc", "ncclCommRegister", nr);
-        (void)ncclMemFree(*ptr);
-        *ptr = NULL;
-        free(r);
-      }
     }
   } else {
     e = cudaMalloc(ptr, bytes);
@@ -52,64 +36,103 @@ mpg_status mpg__nccl_mem_alloc(mpg__comm *c, size_t bytes, int registered,
     e = cudaMemset(*ptr, 0, bytes);
     if (e != cudaSuccess) st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "mem_alloc", "cudaMemset", e);
   }
+  if (!st && registered) st = mpg__nccl_family_register(c, *ptr, bytes);
+  if (st && *ptr) {
+    if (registered) (void)ncclMemFree(*ptr);
+    else (void)cudaFree(*ptr);
+    *ptr = NULL;
+  }
   mpg__nccl_dev_leave(c->device, old);
   return st;
 }
 
 mpg_status mpg__nccl_mem_free(mpg__comm *c, void *ptr) {
-  struct nccl_reg *r = NULL, **pp;
-  pthread_mutex_lock(&c->lock);
-  for (pp = &c->regs; *pp; pp = &(*pp)->next)
-    if ((*pp)->ptr == ptr) {
-      r = *pp;
-      *pp = r->next;
-      break;
-    }
-  if (r && c->nccl) (void)ncclCommDeregister(c->nccl, r->handle);
-  pthread_mutex_unlock(&c->lock);
-  if (r) {
-    free(r);
+  int old = -1;
+  (void)mpg__nccl_dev_enter(c->device, &old);
+  mpg_status st = MPG_OK;
+  if (mpg__nccl_family_deregister(c, ptr)) {
     ncclResult_t nr = ncclMemFree(ptr);
-    return nr == ncclSuccess ? MPG_OK
-                             : mpg__nccl_fail(MPG_ERR_BACKEND, "mem_free", "ncclMemFree", nr);
+    if (nr != ncclSuccess) st = mpg__nccl_fail(MPG_ERR_BACKEND, "mem_free", "ncclMemFree", nr);
+  } else {
+    cudaError_t e = cudaFree(ptr);
+    if (e != cudaSuccess) st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "mem_free", "cudaFree", e);
   }
-  cudaError_t e = cudaFree(ptr);
-  return e == cudaSuccess ? MPG_OK
-                          : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "mem_free", "cudaFree", e);
+  mpg__nccl_dev_leave(c->device, old);
+  return st;
 }
 
-mpg_status mpg__nccl_mem_zero(void *ptr, size_t bytes, void *stream) {
-  cudaError_t e = cudaMemsetAsync(ptr, 0, bytes, (cudaStream_t)stream);
+mpg_status mpg__nccl_mem_zero(mpg__comm *c, void *ptr, size_t bytes, void *stream) {
+  int old;
+  cudaError_t e = mpg__nccl_dev_enter(c->device, &old);
+  if (e == cudaSuccess) {
+    e = cudaMemsetAsync(ptr, 0, bytes, (cudaStream_t)stream);
+    mpg__nccl_dev_leave(c->device, old);
+  }
   return e == cudaSuccess ? MPG_OK
                           : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "mem_zero", "cudaMemsetAsync", e);
 }
 
-mpg_status mpg__nccl_stream_create(void **stream) {
-  cudaStream_t s;
-  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+/* Synchronous: cudaMemcpy with cudaMemcpyDefault (unified addressing tells
+ * host from device) returns once the copy is done. */
+mpg_status mpg__nccl_mem_copy(mpg__comm *c, void *dst, const void *src, size_t bytes) {
+  if (!bytes) return MPG_OK;
+  int old;
+  cudaError_t e = mpg__nccl_dev_enter(c->device, &old);
+  if (e == cudaSuccess) {
+    e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+    mpg__nccl_dev_leave(c->device, old);
+  }
+  return e == cudaSuccess ? MPG_OK
+                          : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "mem_copy", "cudaMemcpy", e);
+}
+
+/* Streams are made on the communicator's device: a stream belongs to the
+ * device current when it is created. */
+mpg_status mpg__nccl_stream_create(mpg__comm *c, void **stream) {
+  int old;
+  cudaStream_t s = NULL;
+  cudaError_t e = mpg__nccl_dev_enter(c->device, &old);
+  if (e == cudaSuccess) {
+    e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    mpg__nccl_dev_leave(c->device, old);
+  }
   if (e != cudaSuccess)
     return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "stream_create", "cudaStreamCreateWithFlags", e);
   *stream = s;
   return MPG_OK;
 }
 
-mpg_status mpg__nccl_stream_destroy(void *stream) {
-  cudaError_t e = cudaStreamDestroy((cudaStream_t)stream);
+mpg_status mpg__nccl_stream_destroy(mpg__comm *c, void *stream) {
+  int old;
+  cudaError_t e = mpg__nccl_dev_enter(c->device, &old);
+  if (e == cudaSuccess) {
+    e = cudaStreamDestroy((cudaStream_t)stream);
+    mpg__nccl_dev_leave(c->device, old);
+  }
   return e == cudaSuccess ? MPG_OK
                           : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "stream_destroy",
                                                 "cudaStreamDestroy", e);
 }
 
-/* waiter waits for what is queued on waitee so far: one event. */
-mpg_status mpg__nccl_stream_order(void *waiter, void *waitee) {
+/* waiter waits for what is queued on waitee so far: one event, created
+ * and recorded on the communicator's device (an event must be recorded on
+ * a stream of the device it was created on). */
+mpg_status mpg__nccl_stream_order(mpg__comm *c, void *waiter, void *waitee) {
   if (waiter == waitee) return MPG_OK;
-  cudaEvent_t ev;
-  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  int old;
+  cudaError_t e = mpg__nccl_dev_enter(c->device, &old);
   if (e != cudaSuccess)
+    return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "stream_order", "cudaSetDevice", e);
+  cudaEvent_t ev;
+  e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    mpg__nccl_dev_leave(c->device, old);
     return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "stream_order", "cudaEventCreate", e);
+  }
   e = cudaEventRecord(ev, (cudaStream_t)waitee);
   if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)waiter, ev, 0);
   (void)cudaEventDestroy(ev); /* released once the wait has been satisfied */
+  mpg__nccl_dev_leave(c->device, old);
   return e == cudaSuccess ? MPG_OK
                           : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "stream_order",
                                                 "cudaStreamWaitEvent", e);

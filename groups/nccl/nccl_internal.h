@@ -9,18 +9,21 @@
  *                its lock held; and the helpers every file uses (error
  *                text, device switch, pacing of polls).
  *   world.c      joining the world: how the ranks agree on the NCCL unique
- *                id (the caller's id, a local one, MPI, NCCL_COMM_ID) and
- *                the init call.
+ *                id (the caller's id, a local one, MPI, NCCL_COMM_ID), the
+ *                CUDA device (chosen by groups/device.c) and the init call.
  *   lifecycle.c  split, abort, destroy; the function table.
- *   ops.c        operations: post, test, wait, free; dtype and op
- *                mapping, pre-multiplied sums.
+ *   ops.c        operations: post, post_batch (sends and receives as one
+ *                NCCL group), test, wait, free; dtype and op mapping,
+ *                pre-multiplied sums.
  *   local.c      size-1 groups: a copy, or a scale kernel (PTX), on the
  *                caller's stream.
  *   mem.c        device memory (cudaMalloc, or ncclMemAlloc registered
- *                with ncclCommRegister) and streams (create, destroy,
- *                order).
+ *                through reg.c) and streams (create, destroy, order).
+ *   reg.c        registered buffers: every communicator of a context (its
+ *                "family") has every registered buffer registered.
  * Every file uses comm.c; lifecycle.c, through the function table, uses
- * every other file; no other file uses another.
+ * every other file; ops.c uses local.c's scale kernel, mem.c, world.c and
+ * lifecycle.c use reg.c; no other file uses another.
  *
  * Threads.  Each communicator has a mutex held around every NCCL call on it
  * (released while polling), so abort never runs while another of our
@@ -39,7 +42,7 @@
  *   CUDA runtime:  cudaGetDeviceCount, cudaGetDevice, cudaSetDevice,
  *          cudaGetLastError, cudaGetErrorString, cudaEventCreateWithFlags,
  *          cudaEventRecord, cudaEventQuery, cudaEventDestroy, cudaMalloc,
- *          cudaMemset, cudaMemsetAsync, cudaFree, cudaMemcpyAsync,
+ *          cudaMemset, cudaMemsetAsync, cudaFree, cudaMemcpy, cudaMemcpyAsync,
  *          cudaLibraryLoadData, cudaLibraryGetKernel, cudaLaunchKernel,
  *          cudaStreamCreateWithFlags, cudaStreamDestroy,
  *          cudaStreamWaitEvent.
@@ -49,7 +52,8 @@
  *          it to initialise MPI if needed (mpg__mpi_acquire; MPI_Finalize
  *          then runs at exit) and to broadcast the id
  *          (mpg__mpi_bcast_bytes: MPI_Ibcast, MPI_Test).
- *   libc:  getenv, setenv, unsetenv (NCCL_COMM_ID), pthread mutex and
+ *   libc:  getenv, setenv, unsetenv (NCCL_COMM_ID; setenv of
+ *          NCCL_LAUNCH_ORDER_IMPLICIT when unset), pthread mutex and
  *          once, sched_yield, nanosleep. */
 #ifndef MPG_GROUPS_NCCL_INTERNAL_H
 #define MPG_GROUPS_NCCL_INTERNAL_H
@@ -70,9 +74,13 @@ struct mpg__comm {
   atomic_int refs;       /* 1 for the communicator + 1 per live request */
   int rank, size;        /* this rank's position and the group size */
   int device;            /* CUDA device of the communicator */
+  int split_share;       /* splitShare of its children (MESHPG_NCCL_SPLIT_SHARE) */
   double timeout_s;
   int *scratch;          /* one int on the device for barrier, lazily */
-  struct nccl_reg *regs; /* buffers from mem_alloc(registered = 1) */
+  struct nccl_reg *regs; /* this communicator's registrations (reg.c) */
+  struct nccl_family *family; /* the context's communicators and registered
+                                 buffers (reg.c); guarded by its lock */
+  mpg__comm *family_next;
 };
 
 /* A buffer from ncclMemAlloc registered with a communicator. */
@@ -89,6 +97,7 @@ struct mpg__req {
   mpg_dtype dtype;
   mpg_op op;
   size_t count;
+  int nops;              /* > 0: a batch of nops sends/receives (post_batch) */
   int done;
   mpg_status status;
 };
@@ -109,8 +118,8 @@ cudaError_t mpg__nccl_dev_enter(int dev, int *old);
 void mpg__nccl_dev_leave(int dev, int old);
 
 /* comm.c: the communicator object. */
-/* Non-blocking, resources shared with split children. */
-ncclConfig_t mpg__nccl_config(void);
+/* Non-blocking; split_share: children share the parent's resources. */
+ncclConfig_t mpg__nccl_config(int split_share);
 /* A communicator with no NCCL handle yet, one reference; NULL when out of
  * memory.  timeout_s <= 0 means 600 s. */
 mpg__comm *mpg__nccl_comm_new(int device, double timeout_s);
@@ -125,23 +134,46 @@ int mpg__nccl_abort_locked(mpg__comm *c, mpg_status reason);
 
 /* world.c */
 mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out);
+/* The CUDA device world_init chose (groups/device.h) and every split
+ * inherits; -1 for NULL. */
+int mpg__nccl_comm_device(const mpg__comm *c);
 
 /* ops.c */
 mpg_status mpg__nccl_post(mpg__comm *c, const mpg__coll *k, mpg__req **out);
+mpg_status mpg__nccl_post_batch(mpg__comm *c, const mpg__coll *list, int n,
+                                mpg__req **out);
 mpg_status mpg__nccl_test(mpg__req *q, int *done);
 mpg_status mpg__nccl_wait(mpg__req *q, double deadline);
 void mpg__nccl_req_free(mpg__req *q);
 
 /* local.c */
 mpg_status mpg__nccl_local(const mpg__coll *k);
+/* dst[i] = src[i] * scale on stream s (current device), the arithmetic in
+ * f32 for f16/bf16 (f64 for f64), rounded once to nearest even; dst may
+ * be src.  Floating dtypes only (MPG_ERR_INVALID otherwise).  ops.c uses
+ * it for a scaled f16/bf16 all-reduce (see there). */
+mpg_status mpg__nccl_scale(void *dst, const void *src, size_t count, mpg_dtype dtype,
+                           double scale, cudaStream_t s, const char *what);
+
+/* reg.c: registered buffers, shared by every communicator of a context. */
+/* Join parent's family (NULL: start one, for the world), registering
+ * every buffer of it with c; c must have its NCCL handle. */
+mpg_status mpg__nccl_family_join(mpg__comm *c, const mpg__comm *parent);
+/* Deregister everything from c and leave its family (before destroy). */
+void mpg__nccl_family_leave(mpg__comm *c);
+/* Register a buffer from ncclMemAlloc with every member of c's family. */
+mpg_status mpg__nccl_family_register(mpg__comm *c, void *ptr, size_t bytes);
+/* Deregister ptr from every member; 1 if it was a registered buffer. */
+int mpg__nccl_family_deregister(mpg__comm *c, void *ptr);
 
 /* mem.c */
 mpg_status mpg__nccl_mem_alloc(mpg__comm *c, size_t bytes, int registered,
                                void **ptr);
 mpg_status mpg__nccl_mem_free(mpg__comm *c, void *ptr);
-mpg_status mpg__nccl_mem_zero(void *ptr, size_t bytes, void *stream);
-mpg_status mpg__nccl_stream_create(void **stream);
-mpg_status mpg__nccl_stream_destroy(void *stream);
-mpg_status mpg__nccl_stream_order(void *waiter, void *waitee);
+mpg_status mpg__nccl_mem_zero(mpg__comm *c, void *ptr, size_t bytes, void *stream);
+mpg_status mpg__nccl_mem_copy(mpg__comm *c, void *dst, const void *src, size_t bytes);
+mpg_status mpg__nccl_stream_create(mpg__comm *c, void **stream);
+mpg_status mpg__nccl_stream_destroy(mpg__comm *c, void *stream);
+mpg_status mpg__nccl_stream_order(mpg__comm *c, void *waiter, void *waitee);
 
 #endif

@@ -1,6 +1,7 @@
 /* Operations of the NCCL backend: post (dtype and op mapping, a
- * pre-multiplied sum's scalar, the enqueue on the caller's stream), test,
- * wait and free.  A request is done when the CUDA event recorded after its
+ * pre-multiplied sum's scalar, the enqueue on the caller's stream), a
+ * batch of sends and receives as one NCCL group (post_batch), test, wait
+ * and free.  A request is done when the CUDA event recorded after its
  * enqueue has fired.  See nccl_internal.h. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -56,6 +57,21 @@ static void describe(char *buf, size_t n, const mpg__comm *c,
   else
     snprintf(buf, n, "nccl %s(%s, count %zu) on rank %d of a group of %d",
              mpg__kind_name(kind), mpg_dtype_name(dt), count, c->rank, c->size);
+}
+
+/* "nccl p2p_batch(3 sends/receives) on rank 1 of a group of 4" for a batch
+ * of nops operations (nops > 0); else describe's text. */
+static void describe_ops(char *buf, size_t n, const mpg__comm *c, int nops,
+                         mpg__coll_kind kind, mpg_dtype dt, mpg_op op, size_t count) {
+  if (nops > 0)
+    snprintf(buf, n, "nccl p2p_batch(%d sends/receives) on rank %d of a group of %d",
+             nops, c->rank, c->size);
+  else
+    describe(buf, n, c, kind, dt, op, count);
+}
+
+static void req_describe(char *buf, size_t n, const mpg__req *q) {
+  describe_ops(buf, n, q->comm, q->nops, q->kind, q->dtype, q->op, q->count);
 }
 
 
@@ -121,11 +137,50 @@ static ncclResult_t enqueue(mpg__comm *c, const mpg__coll *k, ncclDataType_t dt,
   return ncclInvalidArgument;
 }
 
-mpg_status mpg__nccl_post(mpg__comm *c, const mpg__coll *k, mpg__req **out) {
+/* Enqueue the sends and receives k[0..n) as one NCCL group (lock held):
+ * NCCL starts them together, so none waits for another.  Operations of
+ * zero elements are skipped (their peers skip them alike). */
+static ncclResult_t enqueue_batch(mpg__comm *c, const mpg__coll *k, int n, cudaStream_t s,
+                                  const char **call) {
+  *call = "ncclGroupStart";
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return r;
+  for (int i = 0; i < n && r == ncclSuccess; i++) {
+    ncclDataType_t dt;
+    if (k[i].count == 0) continue;
+    if (!map_dtype(k[i].dtype, &dt)) {
+      r = ncclInvalidArgument;
+    } else if (k[i].kind == MPG__SEND) {
+      *call = "ncclSend";
+      r = ncclSend(k[i].send, k[i].count, dt, k[i].peer, c->nccl, s);
+    } else {
+      *call = "ncclRecv";
+      r = ncclRecv(k[i].recv, k[i].count, dt, k[i].peer, c->nccl, s);
+    }
+  }
+  /* Always close the group: after a failed call inside it, ncclGroupEnd
+   * reports the error and launches nothing. */
+  ncclResult_t e = ncclGroupEnd();
+  if (r != ncclSuccess) return r;
+  if (e != ncclSuccess) *call = "ncclGroupEnd";
+  return e;
+}
+
+/* Post one operation k (nops == 0) or the batch k[0..nops) of sends and
+ * receives; one request and one event either way. */
+static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req **out) {
   *out = NULL;
   char what[200];
   mpg_dtype dtype = k->kind == MPG__BARRIER ? MPG_I32 : k->dtype;
-  describe(what, sizeof what, c, k->kind, dtype, k->op, k->count);
+  describe_ops(what, sizeof what, c, nops, k->kind, dtype, k->op, k->count);
+  size_t moved = nops ? 0 : k->count; /* zero: nothing to move */
+  for (int i = 0; i < nops; i++) {
+    ncclDataType_t bdt;
+    if ((k[i].kind != MPG__SEND && k[i].kind != MPG__RECV) || !map_dtype(k[i].dtype, &bdt))
+      return mpg__fail(MPG_ERR_INVALID, "%s: operation %d is not a send or receive of a "
+                       "known dtype", what, i);
+    moved |= k[i].count;
+  }
   int why = atomic_load(&c->aborted);
   if (why != MPG_OK)
     return mpg__fail(MPG_ERR_ABORTED, "%s: the communicator was aborted (%s)",
@@ -178,11 +233,27 @@ mpg_status mpg__nccl_post(mpg__comm *c, const mpg__coll *k, mpg__req **out) {
     }
     c->scratch = p;
   }
-  if (k->kind != MPG__BARRIER && k->count == 0) {
+  if (k->kind != MPG__BARRIER && moved == 0) {
     /* Nothing to move; every member skips alike.  NCCL is not called, so
      * NULL buffers of zero elements are fine. */
     premul = 0;
     goto out_result;
+  }
+  mpg__coll scaled_first;
+  if (premul && k->kind == MPG__ALL_REDUCE && mpg__dtype_is_half(dtype)) {
+    /* f16/bf16: NCCL's pre-multiply scalar has the element's own type, so
+     * a small scale (1 / (dp * cp * microbatches)) would be rounded to f16
+     * or bf16, or underflow in f16.  Scale here instead, with the scalar in
+     * f32 (recv = half(f32(send) * scale), the kernel a group of one rank
+     * runs), then sum recv in place: every member's addend is then rounded
+     * exactly as at world 1. */
+    st = mpg__nccl_scale(k->recv, k->send, k->count, dtype, k->scale, stream, what);
+    if (st) goto out_locked;
+    scaled_first = *k;
+    scaled_first.send = scaled_first.recv;
+    k = &scaled_first;
+    premul = 0;
+    op = ncclSum;
   }
   if (premul) {
     call = "ncclRedOpCreatePreMulSum";
@@ -194,7 +265,8 @@ mpg_status mpg__nccl_post(mpg__comm *c, const mpg__coll *k, mpg__req **out) {
       goto out_result;
     }
   }
-  r = enqueue(c, k, dt, op, stream, &call);
+  r = nops ? enqueue_batch(c, k, nops, stream, &call)
+           : enqueue(c, k, dt, op, stream, &call);
   if (r == ncclSuccess || r == ncclInProgress)
     st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
 out_result:
@@ -229,14 +301,28 @@ out_locked:
   req->dtype = dtype;
   req->op = k->op;
   req->count = k->count;
+  req->nops = nops;
   *out = req;
   return MPG_OK;
+}
+
+mpg_status mpg__nccl_post(mpg__comm *c, const mpg__coll *k, mpg__req **out) {
+  return post_ops(c, k, 0, out);
+}
+
+mpg_status mpg__nccl_post_batch(mpg__comm *c, const mpg__coll *list, int n,
+                                mpg__req **out) {
+  if (n < 1) {
+    *out = NULL;
+    return mpg__fail(MPG_ERR_INVALID, "nccl p2p_batch: %d operations", n);
+  }
+  return post_ops(c, list, n, out);
 }
 
 static mpg_status req_fail(mpg__req *q, mpg_status st, const char *fmt,
                            const char *detail) {
   char what[200];
-  describe(what, sizeof what, q->comm, q->kind, q->dtype, q->op, q->count);
+  req_describe(what, sizeof what, q);
   q->done = 1;
   q->status = st;
   return mpg__fail(st, fmt, what, detail);
@@ -248,7 +334,7 @@ mpg_status mpg__nccl_test(mpg__req *q, int *done) {
     *done = 1;
     if (q->status == MPG_OK) return MPG_OK;
     char what[200];
-    describe(what, sizeof what, q->comm, q->kind, q->dtype, q->op, q->count);
+    req_describe(what, sizeof what, q);
     return mpg__fail(q->status, "%s: failed earlier (%s)", what,
                      mpg_status_name(q->status));
   }
@@ -283,10 +369,18 @@ mpg_status mpg__nccl_test(mpg__req *q, int *done) {
   const char *d = mpg__nccl_detail();
   snprintf(detail, sizeof detail, "%s%s%s", ncclGetErrorString(bad),
            d[0] ? ": " : "", d);
+  /* NCCL's rule: after an asynchronous error the communicator cannot be
+   * used again and must be aborted (ncclCommAbort), which also frees
+   * kernels of it still waiting on the device.  The generic layer then
+   * aborts every other communicator of the context. */
+  pthread_mutex_lock(&c->lock);
+  (void)mpg__nccl_abort_locked(c, MPG_ERR_ABORTED);
+  pthread_mutex_unlock(&c->lock);
   *done = 1;
   return req_fail(q, MPG_ERR_BACKEND,
                   "%s: the communicator reported an asynchronous error "
-                  "(ncclCommGetAsyncError): %s",
+                  "(ncclCommGetAsyncError): %s; it was aborted (ncclCommAbort), "
+                  "as NCCL requires",
                   detail);
 }
 
@@ -298,7 +392,7 @@ mpg_status mpg__nccl_wait(mpg__req *q, double deadline) {
     if (st != MPG_OK || done) return st;
     if (mpg__now() > deadline) {
       char what[200];
-      describe(what, sizeof what, q->comm, q->kind, q->dtype, q->op, q->count);
+      req_describe(what, sizeof what, q);
       return mpg__fail(MPG_ERR_TIMEOUT,
                        "%s: not complete within the %.3g s timeout (a peer "
                        "did not arrive?  NCCL does not say which member is missing: "

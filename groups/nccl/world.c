@@ -9,12 +9,28 @@
  *      OMPI_COMM_WORLD_SIZE set): MPI rank 0 calls ncclGetUniqueId and
  *      broadcasts it (MPI_Ibcast on MPI_COMM_WORLD or *args->mpi_comm);
  *   4. NCCL's own rendezvous: NCCL_COMM_ID (as set by the user, or set here
- *      to MASTER_ADDR:MASTER_PORT for the duration of the id and init calls).
+ *      to MASTER_ADDR:<port> for the duration of the id and init calls).
  *      Every rank's ncclGetUniqueId then returns the same id and rank 0's
- *      init starts the root, listening on that port.
+ *      init starts the root, listening on that port.  <port> is
+ *      MESHPG_NCCL_PORT when set, else MASTER_PORT + 1: under torchrun the
+ *      agent's TCPStore already listens on MASTER_PORT itself on the master
+ *      host, and NCCL's root would fail to bind it.
  *   Nothing usable gives MPG_ERR_ENV naming MASTER_ADDR / MASTER_PORT.
- *   Note: under torchrun the agent's store already listens on MASTER_PORT
- *   on the master host; set NCCL_COMM_ID=host:otherport there.
+ *
+ * Communicators per device.  The world and every group live on the same
+ * device.  NCCL's user guide ("Using multiple NCCL communicators
+ * concurrently") requires, before 2.26, one total global order of all
+ * their operations, and from 2.26 offers NCCL_LAUNCH_ORDER_IMPLICIT=1,
+ * which orders them by host issue order (overlapping them on CUDA 12.3+).
+ * meshpg issues every collective in the same order on every rank (its
+ * rule, checked by the issue-order checker), so it sets
+ * NCCL_LAUNCH_ORDER_IMPLICIT=1 unless the user set it.  splitShare is 0
+ * by default, like torch: with 1 ("the child communicator can share
+ * internal resources of the parent"; NCCL's ncclConfig_t docs) every group
+ * of the context runs its kernels through the world's one internal device
+ * stream, strictly in host issue order, so a dp bucket could not overlap a
+ * tp collective on another stream.  MESHPG_NCCL_SPLIT_SHARE=1 trades that
+ * overlap for the memory of each group's own channels.
  *
  * MPI (bootstrap 3) has one owner, groups/mpi: this file goes through
  * groups/mpi/mpi_owner.h and calls MPI only to ask whether it runs and for
@@ -24,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "mpg_config.h"
 #include "nccl_internal.h"
 
@@ -110,6 +127,39 @@ static mpg_status mpi_bcast_id(const mpg__world_args *a, ncclUniqueId *id,
 }
 #endif
 
+/* The port of NCCL's root for bootstrap 4 from MASTER_ADDR: MESHPG_NCCL_PORT, else
+ * MASTER_PORT + 1.  -1 with the error set when MESHPG_NCCL_PORT is not a
+ * port or MASTER_PORT + 1 is past 65535. */
+static int master_boot_port(const mpg__world_args *a) {
+  const char *v = getenv("MESHPG_NCCL_PORT");
+  if (v && v[0]) {
+    char *end = NULL;
+    long p = strtol(v, &end, 10);
+    if (*end || p < 1 || p > 65535) {
+      mpg__fail(MPG_ERR_ENV, "MESHPG_NCCL_PORT=\"%s\": expected a TCP port 1..65535", v);
+      return -1;
+    }
+    return (int)p;
+  }
+  if (a->master_port + 1 > 65535) {
+    mpg__fail(MPG_ERR_ENV,
+              "MASTER_PORT=%d: NCCL's root would listen on MASTER_PORT + 1, past 65535; "
+              "set MESHPG_NCCL_PORT (or NCCL_COMM_ID=host:port)",
+              a->master_port);
+    return -1;
+  }
+  return a->master_port + 1;
+}
+
+/* MESHPG_NCCL_SPLIT_SHARE: 0 (default) or 1; -1 with the error set. */
+static int split_share_env(void) {
+  const char *v = getenv("MESHPG_NCCL_SPLIT_SHARE");
+  if (!v || !v[0] || strcmp(v, "0") == 0) return 0;
+  if (strcmp(v, "1") == 0) return 1;
+  mpg__fail(MPG_ERR_ENV, "MESHPG_NCCL_SPLIT_SHARE=\"%s\": expected 0 or 1", v);
+  return -1;
+}
+
 static enum boot pick_boot(const mpg__world_args *a) {
   if (a->nccl_id) return BOOT_CALLER;
   if (a->world_size == 1) return BOOT_LOCAL;
@@ -133,10 +183,16 @@ static void boot_name(enum boot b, const mpg__world_args *a, char *buf,
     case BOOT_ENV:
       snprintf(buf, n, "NCCL_COMM_ID=%s", getenv("NCCL_COMM_ID") ? getenv("NCCL_COMM_ID") : "");
       return;
-    case BOOT_MASTER:
-      snprintf(buf, n, "NCCL_COMM_ID from MASTER_ADDR=%s MASTER_PORT=%d",
-               a->master_addr, a->master_port);
+    case BOOT_MASTER: {
+      const char *v = getenv("MESHPG_NCCL_PORT");
+      if (v && v[0])
+        snprintf(buf, n, "NCCL_COMM_ID from MASTER_ADDR=%s, MESHPG_NCCL_PORT=%s",
+                 a->master_addr, v);
+      else
+        snprintf(buf, n, "NCCL_COMM_ID from MASTER_ADDR=%s, port MASTER_PORT + 1 = %d",
+                 a->master_addr, a->master_port + 1);
       return;
+    }
   }
   snprintf(buf, n, "?");
 }
@@ -144,6 +200,18 @@ static void boot_name(enum boot b, const mpg__world_args *a, char *buf,
 /* ------------------------------------------------------------------ */
 /* world_init                                                         */
 /* ------------------------------------------------------------------ */
+
+/* st, with the device choice appended to the thread's message when it was
+ * ambiguous (several local ranks per GPU): NCCL's "Duplicate GPU detected"
+ * then says how the ranks got there. */
+static mpg_status explain(mpg_status st, const mpg__device_choice *pick) {
+  if (!pick->ambiguous) return st;
+  mpg__saved_error e;
+  mpg__error_save(&e);
+  return mpg__fail(st, "%.600s; CUDA %s", e.msg, pick->why);
+}
+
+int mpg__nccl_comm_device(const mpg__comm *c) { return c ? c->device : -1; }
 
 mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
   *out = NULL;
@@ -162,28 +230,33 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
                      "style) or NCCL_COMM_ID=host:port, launch with mpirun "
                      "(meshpg built with MPI), or pass opts.nccl_id",
                      a->rank, a->world_size);
+  int share = split_share_env();
+  if (share < 0) return MPG_ERR_ENV;
+  int root_port = how == BOOT_MASTER ? master_boot_port(a) : -1;
+  if (how == BOOT_MASTER && root_port < 0) return MPG_ERR_ENV;
   char via[320];
   boot_name(how, a, via, sizeof via);
 
-  /* 2. The device. */
+  /* 2. The device: opts.device, else from the local rank and what CUDA
+   * shows this process (groups/device.h). */
   int ndev = 0;
   cudaError_t ce = cudaGetDeviceCount(&ndev);
-  if (ce != cudaSuccess || ndev < 1) {
+  if (ce != cudaSuccess) {
     (void)cudaGetLastError();
-    return mpg__fail(MPG_ERR_UNSUPPORTED,
-                     "nccl: no CUDA device for rank %d of %d "
-                     "(cudaGetDeviceCount: %s)",
-                     a->rank, a->world_size,
-                     ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
+    ndev = 0;
   }
-  int dev = a->device >= 0 ? a->device : a->local_rank;
-  if (dev < 0 || dev >= ndev)
-    return mpg__fail(a->device >= 0 ? MPG_ERR_INVALID : MPG_ERR_ENV,
-                     "nccl: rank %d of %d wants CUDA device %d (%s) but this "
-                     "machine has %d (0..%d)",
-                     a->rank, a->world_size, dev,
-                     a->device >= 0 ? "opts.device" : "the local rank", ndev,
-                     ndev - 1);
+  /* Args without a local world (0: tests of this table) count as 1. */
+  mpg__device_choice pick;
+  mpg_status chosen = mpg__device_choose(
+      a->device, a->local_rank, a->local_world_size > 0 ? a->local_world_size : 1, ndev,
+      getenv("CUDA_VISIBLE_DEVICES"), &pick);
+  if (chosen)
+    return mpg__fail_wrap(chosen, "nccl: rank %d of %d%s%s%s", a->rank, a->world_size,
+                          ce != cudaSuccess ? " (cudaGetDeviceCount: " : "",
+                          ce != cudaSuccess ? cudaGetErrorString(ce) : "",
+                          ce != cudaSuccess ? ")" : "");
+  int dev = pick.device;
+  mpg__log(1, "nccl: rank %d of %d takes CUDA %s", a->rank, a->world_size, pick.why);
   ce = cudaSetDevice(dev);
   if (ce != cudaSuccess) {
     char what[96];
@@ -230,7 +303,7 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
         char hostport[320];
         int v6 = strchr(a->master_addr, ':') && a->master_addr[0] != '[';
         snprintf(hostport, sizeof hostport, v6 ? "[%s]:%d" : "%s:%d",
-                 a->master_addr, a->master_port);
+                 a->master_addr, root_port);
         if (setenv("NCCL_COMM_ID", hostport, 0) == 0) env_set_here = 1;
       }
       r = ncclGetUniqueId(&id);
@@ -243,7 +316,15 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
     return st != MPG_OK ? st : mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclGetUniqueId", r);
   }
 
-  ncclConfig_t cfg = mpg__nccl_config();
+  /* Several communicators per device (the world and every group): NCCL
+   * >= 2.26 keeps their kernels deadlock-free when every rank issues in the
+   * same host order (which is the library's rule, checked by its issue-order
+   * checker) if NCCL_LAUNCH_ORDER_IMPLICIT=1; without it NCCL requires a
+   * total order imposed by the caller.  Set it unless the user chose. */
+  if (setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0) == 0)
+    mpg__log(2, "nccl: NCCL_LAUNCH_ORDER_IMPLICIT=%s", getenv("NCCL_LAUNCH_ORDER_IMPLICIT"));
+  c->split_share = share;
+  ncclConfig_t cfg = mpg__nccl_config(share);
   pthread_mutex_lock(&c->lock);
   r = ncclCommInitRankConfig(&c->nccl, a->world_size, id, a->rank, &cfg);
   /* NCCL reads NCCL_COMM_ID synchronously in the call above. */
@@ -255,6 +336,14 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
     st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
   if (st == MPG_OK && r == ncclSuccess) {
     pthread_mutex_unlock(&c->lock);
+    if ((st = mpg__nccl_family_join(c, NULL))) {
+      pthread_mutex_lock(&c->lock);
+      (void)ncclCommAbort(c->nccl);
+      c->nccl = NULL;
+      pthread_mutex_unlock(&c->lock);
+      mpg__nccl_comm_unref(c);
+      return st;
+    }
     mpg__log(1, "nccl: rank %d of %d up on CUDA device %d (unique id from %s)",
              a->rank, a->world_size, dev, via);
     *out = c;
@@ -265,10 +354,11 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
   pthread_mutex_unlock(&c->lock);
   mpg__nccl_comm_unref(c);
   if (st == MPG_ERR_TIMEOUT)
-    return mpg__fail(MPG_ERR_TIMEOUT,
-                     "%s: not every rank connected within %.3g s (did all %d "
-                     "ranks start, with the same id?)",
-                     what, timeout, a->world_size);
-  if (st != MPG_OK) return mpg__fail(st, "%s: aborted while connecting", what);
-  return mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommInitRankConfig", r);
+    return explain(mpg__fail(MPG_ERR_TIMEOUT,
+                             "%s: not every rank connected within %.3g s (did all "
+                             "%d ranks start, with the same id?)",
+                             what, timeout, a->world_size),
+                   &pick);
+  if (st != MPG_OK) return explain(mpg__fail(st, "%s: aborted while connecting", what), &pick);
+  return explain(mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommInitRankConfig", r), &pick);
 }

@@ -485,6 +485,7 @@ Test(api, ctx_create_misuse) {
   EXPECT(mpg_ctx_destroy(NULL), MPG_OK, "");
   cr_expect_eq(mpg_ctx_status(NULL), MPG_ERR_INVALID);
   EXPECT(mpg_ctx_abort(NULL), MPG_ERR_INVALID, "NULL");
+  EXPECT(mpg_ctx_check_order(NULL), MPG_ERR_INVALID, "NULL");
   cr_expect_eq(mpg_ctx_rank(NULL), -1);
   cr_expect_eq(mpg_ctx_launcher_rank(NULL), -1);
   cr_expect_eq(mpg_ctx_num_nodes(NULL), 0);
@@ -526,6 +527,9 @@ Test(api, ctx_create_misuse) {
   EXPECT(mpg_barrier(NULL, NULL), MPG_ERR_INVALID, "group is NULL");
   EXPECT(mpg_send(NULL, f, 2, MPG_F32, 1, NULL, NULL), MPG_ERR_INVALID, "group is NULL");
   EXPECT(mpg_recv(NULL, f, 2, MPG_F32, 1, NULL, NULL), MPG_ERR_INVALID, "group is NULL");
+  mpg_p2p_op pop = {MPG_P2P_SEND, 1, f, 2, MPG_F32};
+  EXPECT(mpg_p2p_batch(NULL, &pop, 1, NULL, NULL), MPG_ERR_INVALID, "group is NULL");
+  EXPECT(mpg_p2p_batch(NULL, NULL, 0, NULL, NULL), MPG_ERR_INVALID, "group is NULL");
   EXPECT(mpg_work_wait(NULL), MPG_OK, "");
   int done;
   /* NULL is work that finished already: done, like mpg_work_wait(NULL). */
@@ -603,6 +607,35 @@ static mpg_status ctx_rank(const mpg_init_opts *opts, void *arg) {
   R_EXPECT(mpg_send(g, NULL, 4, MPG_F32, peer, NULL, NULL), MPG_ERR_INVALID, "NULL");
   R_EXPECT(mpg_recv(g, f, 4, MPG_F32, 2, NULL, NULL), MPG_ERR_INVALID, "peer 2");
   R_EXPECT(mpg_recv(g, NULL, 4, MPG_F32, peer, NULL, NULL), MPG_ERR_INVALID, "NULL");
+  /* mpg_p2p_batch: each bad operation is named by its index; the good
+   * operation before it is never posted (the batch that follows, and the
+   * peer's, would otherwise mismatch). */
+  mpg_p2p_op pb[2] = {{MPG_P2P_SEND, peer, f, 4, MPG_F32}, {MPG_P2P_RECV, peer, f, 4, MPG_F32}};
+  mpg_work *pw = (mpg_work *)&pw;
+  R_EXPECT(mpg_p2p_batch(g, pb, -1, NULL, &pw), MPG_ERR_INVALID, "n is -1");
+  R_TRUE(pw == NULL);
+  R_EXPECT(mpg_p2p_batch(g, NULL, 2, NULL, NULL), MPG_ERR_INVALID, "ops is NULL");
+  pb[1].peer = 2;
+  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_INVALID, "ops[1] (recv): peer 2");
+  pb[1].peer = -1;
+  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_INVALID, "ops[1] (recv): peer -1");
+  pb[1].peer = rank;
+  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_INVALID, "not another member");
+  pb[1].peer = peer;
+  pb[1].kind = (mpg_p2p_kind)2;
+  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_INVALID, "ops[1].kind is 2");
+  pb[1].kind = MPG_P2P_RECV;
+  pb[1].buf = NULL;
+  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_INVALID, "ops[1] (recv): buf is NULL");
+  pb[1].buf = f;
+  pb[1].dtype = (mpg_dtype)9;
+  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_INVALID, "unknown dtype 9");
+  pb[1].dtype = MPG_F32;
+  pb[0].count = SIZE_MAX / 2;
+  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_RANGE, "ops[0] (send): count");
+  pb[0].count = 4;
+  R_EXPECT(mpg_p2p_batch(g, pb, 0, NULL, &pw), MPG_OK, ""); /* n == 0: a no-op */
+  R_TRUE(pw == NULL);
   /* Counts whose byte size overflows size_t fail before touching the
    * (tiny) buffers; so do all_gather / reduce_scatter counts whose total
    * (x group size) overflows. */
@@ -632,6 +665,7 @@ static mpg_status ctx_rank(const mpg_init_opts *opts, void *arg) {
   R_EXPECT(mpg_all_reduce(g, f, f, 1, MPG_F32, MPG_OP_SUM, NULL, NULL), MPG_ERR_ABORTED,
            "aborted");
   R_TRUE(mpg_ctx_status(c) == MPG_ERR_ABORTED);
+  R_EXPECT(mpg_ctx_check_order(c), MPG_ERR_ABORTED, "aborted");
   R_EXPECT(mpg_ctx_destroy(c), MPG_OK, "");
   return MPG_OK;
 }

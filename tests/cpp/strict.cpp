@@ -29,6 +29,11 @@ void every_collective(meshpg::Group& g, T* a, T* b, std::vector<T>& v) {
   g.recv(b, 4, 1);
   g.send_async(a, 4, 1).wait();
   g.recv_async(b, 4, 1).wait();
+  const T* ca = a;
+  std::vector<mpg_p2p_op> ops = {meshpg::Group::send_op(ca, 4, 1),
+                                 meshpg::Group::recv_op(b, 4, 1)};
+  g.p2p_batch(ops);
+  g.p2p_batch_async(ops).wait();
 }
 
 }  // namespace
@@ -67,6 +72,8 @@ void meshpg_strict_tu(meshpg::Group& g, meshpg::Sync& s, meshpg::Ctx& c,
   g.recv(h, 4, MPG_F16, 1);
   g.send_async(h, 4, MPG_F16, 1).wait();
   g.recv_async(h, 4, MPG_F16, 1).wait();
+  g.p2p_batch({meshpg::Group::send_op(h, 4, MPG_F16, 1),
+               meshpg::Group::recv_op(h, 4, MPG_F16, 1)}, nullptr);
   g.barrier();
   meshpg::Work w = g.barrier_async();
   (void)w.test();

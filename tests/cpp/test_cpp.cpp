@@ -482,6 +482,15 @@ static void typed_collectives(meshpg::Ctx& ctx) {
   tp.send(out, 2, peer);
   r.wait();
   REQUIRE(in[0] == as<T>(tp.member(peer)) && in[1] == as<T>(tp.member(peer) + 100));
+  // The same exchange as one batch (both ways at once), blocking and async.
+  T in2[2] = {};
+  tp.p2p_batch({meshpg::Group::send_op(out, 2, peer), meshpg::Group::recv_op(in2, 2, peer)});
+  REQUIRE(in2[0] == as<T>(tp.member(peer)) && in2[1] == as<T>(tp.member(peer) + 100));
+  T in3[2] = {};
+  tp.p2p_batch_async({meshpg::Group::recv_op(in3, 2, peer), meshpg::Group::send_op(out, 2, peer)})
+      .wait();
+  REQUIRE(in3[0] == in2[0] && in3[1] == in2[1]);
+  expect_error(MPG_ERR_INVALID, [&] { tp.p2p_batch({meshpg::Group::send_op(out, 2, tp.rank())}); });
 
   // Asynchronous: test() until done, then wait().
   std::vector<T> res(5);

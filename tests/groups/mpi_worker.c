@@ -19,6 +19,16 @@
  *                            MESHPG_MPI_PROGRESS=off.
  *   mpi_worker progress_env  MESHPG_MPI_PROGRESS=sometimes is refused.
  *   mpi_worker idle_cpu      waiting 3 s for a late peer costs < 1 s CPU.
+ *   mpi_worker p2p_batch     mpg_p2p_batch: a ring of pipeline stages,
+ *                            every rank sending 64 MiB to the next and to
+ *                            the previous rank and receiving from both in
+ *                            one batch (blocking, and 1 MiB through a work
+ *                            handle); on the dp pairs several operations
+ *                            to one peer in order, a mix of dtypes, a bad
+ *                            batch refused before anything is posted.
+ *   mpi_worker p2p_timeout   rank 0's batch with the last rank, which never
+ *                            posts: MPG_ERR_TIMEOUT within the timeout
+ *                            + 1 s, the context aborted, a clean exit.
  *   mpi_worker sub_comm      the program initialises MPI, splits
  *                            MPI_COMM_WORLD into two halves and builds a
  *                            mesh on each (opts.mpi_comm): rank and size
@@ -317,16 +327,25 @@ static void test_all_gather(const grp *G) {
         expect[(size_t)p * COUNT + i] = val(dt, G->members[p], i);
     for (int mode = 0; mode < 3; mode++) {
       /* 0: separate buffers; 1: send is this rank's block of recv
-       * (NCCL-style in place); 2: send == recv. */
+       * (NCCL's in place); 2: send is another member's block of recv,
+       * refused on every member before anything is posted. */
+      if (mode == 2 && G->size == 1) continue;
       for (size_t i = 0; i < n; i++) put(dt, recv, i, 99);
+      size_t other = (size_t)((G->pos + 1) % G->size);
       void *s = mode == 0 ? (void *)send
               : mode == 1 ? (void *)(recv + (size_t)G->pos * COUNT * es)
-                          : (void *)recv;
+                          : (void *)(recv + other * COUNT * es);
       for (size_t i = 0; i < COUNT; i++) put(dt, s, i, val(dt, g_rank, i));
       char what[64];
       snprintf(what, sizeof what, "all_gather%s",
-               mode == 1 ? " in place (own block)" : mode == 2 ? " send == recv" : "");
+               mode == 1 ? " in place (own block)" : mode == 2 ? " send at another block" : "");
       mpg_status st = mpg_all_gather(G->g, s, recv, COUNT, dt, NULL, NULL);
+      if (mode == 2) {
+        if (st != MPG_ERR_INVALID || !strstr(mpg_last_error(), "position * count"))
+          FAIL("group %s: %s dtype %s -> %s (expected ERR_INVALID): %s", G->name, what,
+               mpg_dtype_name(dt), mpg_status_name(st), mpg_last_error());
+        continue;
+      }
       if (st) {
         FAIL("group %s: %s dtype %s -> %s: %s", G->name, what, mpg_dtype_name(dt),
              mpg_status_name(st), mpg_last_error());
@@ -354,12 +373,14 @@ static void test_reduce_scatter(const grp *G) {
                                (size_t)G->pos * COUNT + i, 1);
       for (int inplace = 0; inplace < 2; inplace++) {
         for (size_t i = 0; i < n; i++) put(dt, send, i, val(dt, g_rank, i));
-        void *r = inplace ? (void *)send : (void *)recv;
+        /* In place: recv is this rank's block of send (NCCL's rule). */
+        void *r = inplace ? (void *)(send + (size_t)G->pos * COUNT * mpg_dtype_size(dt))
+                          : (void *)recv;
         if (!inplace)
           for (size_t i = 0; i < COUNT; i++) put(dt, recv, i, 99);
         char what[96];
         snprintf(what, sizeof what, "reduce_scatter op %s%s", op_name(op),
-                 inplace ? " send == recv" : "");
+                 inplace ? " in place (own block)" : "");
         mpg_status st = mpg_reduce_scatter(G->g, send, r, COUNT, dt, op, NULL, NULL);
         if (st) {
           FAIL("group %s: %s dtype %s -> %s: %s", G->name, what,
@@ -850,6 +871,202 @@ static int run_sub_comm(int world) {
   return 0;
 }
 
+/* ------------------------------------------------------------------ */
+/* Batched point to point (mpg_p2p_batch)                              */
+/* ------------------------------------------------------------------ */
+
+/* Element i of the message that world rank `src` sends in direction `dir`. */
+static int32_t p2p_val(int src, int dir, size_t i) {
+  return (int32_t)(((uint32_t)i * 2654435761u) ^ ((uint32_t)src << 24) ^
+                   ((uint32_t)dir << 20));
+}
+
+static void p2p_fill(int32_t *b, size_t n, int src, int dir) {
+  for (size_t i = 0; i < n; i++) b[i] = p2p_val(src, dir, i);
+}
+
+static void p2p_check(const char *what, const int32_t *b, size_t n, int src, int dir) {
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != p2p_val(src, dir, i)) {
+      FAIL("%s: element %zu is %d, expected %d (from rank %d)", what, i, b[i],
+           p2p_val(src, dir, i), src);
+      return;
+    }
+}
+
+/* Every member sends n int32 to the next and to the previous position
+ * and receives from both, in one batch whose sends are listed first. */
+static void p2p_ring(mpg_group *g, const int *members, size_t n, int async) {
+  int me = mpg_group_rank(g), size = mpg_group_size(g);
+  int next = (me + 1) % size, prev = (me + size - 1) % size;
+  int32_t *tn = malloc(n * 4), *tp = malloc(n * 4), *fp = calloc(n, 4), *fn = calloc(n, 4);
+  if (!tn || !tp || !fp || !fn) {
+    FAIL("out of memory for the ring buffers");
+    free(tn), free(tp), free(fp), free(fn);
+    return;
+  }
+  p2p_fill(tn, n, g_rank, 0);
+  p2p_fill(tp, n, g_rank, 1);
+  mpg_p2p_op ops[4] = {{MPG_P2P_SEND, next, tn, n, MPG_I32},
+                       {MPG_P2P_SEND, prev, tp, n, MPG_I32},
+                       {MPG_P2P_RECV, prev, fp, n, MPG_I32},
+                       {MPG_P2P_RECV, next, fn, n, MPG_I32}};
+  double t0 = now();
+  if (async) {
+    mpg_work *w = NULL;
+    CHECK(mpg_p2p_batch(g, ops, 4, NULL, &w));
+    int done = 0;
+    while (!done && !g_failures) CHECK(mpg_work_test(w, &done));
+    CHECK(mpg_work_wait(w));
+  } else {
+    CHECK(mpg_p2p_batch(g, ops, 4, NULL, NULL));
+  }
+  double dt = now() - t0;
+  char what[96];
+  snprintf(what, sizeof what, "ring on %s (%zu bytes, %s): from the previous",
+           mpg_group_name(g), n * 4, async ? "work" : "blocking");
+  p2p_check(what, fp, n, members[prev], 0);
+  snprintf(what, sizeof what, "ring on %s (%zu bytes, %s): from the next",
+           mpg_group_name(g), n * 4, async ? "work" : "blocking");
+  p2p_check(what, fn, n, members[next], 1);
+  if (g_rank == 0)
+    printf("rank 0: ring on %s, %zu bytes each way, %s: %.3f s\n", mpg_group_name(g),
+           n * 4, async ? "work handle" : "blocking", dt);
+  free(tn), free(tp), free(fp), free(fn);
+}
+
+/* Three messages each way to one peer, interleaved, then a mix of dtypes;
+ * then a batch with a bad last operation, refused before its good first
+ * send is posted. */
+static void p2p_pair(mpg_group *g, int peer_rank) {
+  int peer = 1 - mpg_group_rank(g);
+  int32_t s[3][300], r[3][300];
+  const size_t len[3] = {7, 300, 1};
+  for (int k = 0; k < 3; k++) p2p_fill(s[k], len[k], g_rank, 10 + k);
+  memset(r, 0, sizeof r);
+  mpg_p2p_op ops[6] = {
+      {MPG_P2P_SEND, peer, s[0], 7, MPG_I32}, {MPG_P2P_RECV, peer, r[0], 7, MPG_I32},
+      {MPG_P2P_RECV, peer, r[1], 300, MPG_I32}, {MPG_P2P_SEND, peer, s[1], 300, MPG_I32},
+      {MPG_P2P_SEND, peer, s[2], 1, MPG_I32}, {MPG_P2P_RECV, peer, r[2], 1, MPG_I32}};
+  CHECK(mpg_p2p_batch(g, ops, 6, NULL, NULL));
+  for (int k = 0; k < 3; k++) {
+    char what[64];
+    snprintf(what, sizeof what, "message %d of three to one peer", k);
+    p2p_check(what, r[k], len[k], peer_rank, 10 + k);
+  }
+  /* Every dtype in one batch, each message exact. */
+  unsigned char sb[NDTYPES][COUNT * 8], rb[NDTYPES][COUNT * 8];
+  mpg_p2p_op mix[2 * NDTYPES];
+  for (int d = 0; d < NDTYPES; d++) {
+    for (size_t i = 0; i < COUNT; i++) {
+      put(all_dtypes[d], sb[d], i, val(all_dtypes[d], g_rank, i));
+      put(all_dtypes[d], rb[d], i, 99);
+    }
+    mpg_p2p_op a = {MPG_P2P_SEND, peer, sb[d], COUNT, all_dtypes[d]};
+    mpg_p2p_op b = {MPG_P2P_RECV, peer, rb[d], COUNT, all_dtypes[d]};
+    mix[2 * d] = a;
+    mix[2 * d + 1] = b;
+  }
+  CHECK(mpg_p2p_batch(g, mix, 2 * NDTYPES, NULL, NULL));
+  for (int d = 0; d < NDTYPES; d++)
+    for (size_t i = 0; i < COUNT; i++)
+      if (get(all_dtypes[d], rb[d], i) != val(all_dtypes[d], peer_rank, i)) {
+        FAIL("mixed batch: dtype %s element %zu is %g, expected %g",
+             mpg_dtype_name(all_dtypes[d]), i, get(all_dtypes[d], rb[d], i),
+             val(all_dtypes[d], peer_rank, i));
+        break;
+      }
+  int32_t stale[2] = {-1, -1}, fresh[2] = {42, 43}, got[2] = {0, 0};
+  mpg_p2p_op bad[2] = {{MPG_P2P_SEND, peer, stale, 2, MPG_I32},
+                       {MPG_P2P_RECV, peer, NULL, 2, MPG_I32}};
+  mpg_status st = mpg_p2p_batch(g, bad, 2, NULL, NULL);
+  if (st != MPG_ERR_INVALID || !strstr(mpg_last_error(), "ops[1] (recv): buf is NULL"))
+    FAIL("a batch with a NULL receive buffer gave %s: %s", mpg_status_name(st),
+         mpg_last_error());
+  mpg_p2p_op good[2] = {{MPG_P2P_RECV, peer, got, 2, MPG_I32},
+                        {MPG_P2P_SEND, peer, fresh, 2, MPG_I32}};
+  CHECK(mpg_p2p_batch(g, good, 2, NULL, NULL));
+  if (got[0] != 42 || got[1] != 43)
+    FAIL("received %d %d after a refused batch: its send was posted", got[0], got[1]);
+}
+
+static int run_p2p_batch(int world) {
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  if (setup(world, 60, 0, &mesh, &ctx)) return 1;
+  mpg_group *wg = NULL, *dp = NULL;
+  CHECK(mpg_ctx_group(ctx, "world", &wg));
+  CHECK(mpg_ctx_group(ctx, "dp", &dp));
+  if (wg && dp) {
+    int wm[64], dm[64];
+    int s;
+    for (int r = 0; r < world && r < 64; r++) wm[r] = r;
+    CHECK(mpg_mesh_dimset_find(mesh, "dp", &s));
+    CHECK(mpg_mesh_group_members(mesh, s, mpg_group_index(dp), dm));
+    p2p_ring(wg, wm, (size_t)16 << 20, 0); /* 64 MiB each way */
+    p2p_ring(wg, wm, (size_t)256 << 10, 1); /* 1 MiB, through a work handle */
+    if (mpg_group_size(dp) == 2) {
+      p2p_ring(dp, dm, 1000, 0); /* next == previous */
+      p2p_pair(dp, dm[1 - mpg_group_rank(dp)]);
+    }
+    mpg_work *w = NULL;
+    CHECK(mpg_p2p_batch(wg, NULL, 0, NULL, &w));
+    if (w) FAIL("n == 0 gave a work handle");
+    CHECK(mpg_barrier(wg, NULL));
+  }
+  CHECK(mpg_ctx_destroy(ctx));
+  mpg_mesh_destroy(mesh);
+  if (failed()) return 1;
+  printf("OK %s rank %d\n", g_mode, g_rank);
+  return 0;
+}
+
+/* Rank 0 exchanges with the last rank, which never posts its side. */
+static int run_p2p_timeout(int world) {
+  const double timeout = test_timeout();
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  if (setup(world, timeout, 0, &mesh, &ctx)) return 1;
+  mpg_group *wg = NULL;
+  CHECK(mpg_ctx_group(ctx, "world", &wg));
+  CHECK(mpg_barrier(wg, NULL)); /* everybody is healthy first */
+  if (g_rank == 0) {
+    int32_t s[4] = {1, 2, 3, 4}, r[4];
+    mpg_p2p_op ops[2] = {{MPG_P2P_SEND, world - 1, s, 4, MPG_I32},
+                         {MPG_P2P_RECV, world - 1, r, 4, MPG_I32}};
+    double t0 = now();
+    mpg_status st = mpg_p2p_batch(wg, ops, 2, NULL, NULL);
+    double dt = now() - t0;
+    if (st != MPG_ERR_TIMEOUT)
+      FAIL("a batch with an absent peer returned %s, expected ERR_TIMEOUT: %s",
+           mpg_status_name(st), mpg_last_error());
+    else if (dt < timeout * 0.9 || dt > timeout + 1.0)
+      FAIL("ERR_TIMEOUT after %.3f s, expected %.1f .. %.1f s", dt, timeout * 0.9,
+           timeout + 1.0);
+    else if (!strstr(mpg_last_error(), "mpg_p2p_batch"))
+      FAIL("the message does not name the call: %s", mpg_last_error());
+    else
+      printf("rank 0: ERR_TIMEOUT after %.3f s: %s\n", dt, mpg_last_error());
+    if (mpg_ctx_status(ctx) != MPG_ERR_TIMEOUT)
+      FAIL("the context status is %s, expected ERR_TIMEOUT",
+           mpg_status_name(mpg_ctx_status(ctx)));
+    st = mpg_p2p_batch(wg, ops, 2, NULL, NULL);
+    if (st != MPG_ERR_ABORTED)
+      FAIL("a batch after the timeout returned %s, expected ERR_ABORTED", mpg_status_name(st));
+  } else if (g_rank == world - 1) {
+    double until = now() + timeout + 1.5; /* never posts */
+    while (now() < until) {
+      struct timespec ts = {0, 50000000L};
+      nanosleep(&ts, NULL);
+    }
+  }
+  CHECK(mpg_ctx_destroy(ctx));
+  mpg_mesh_destroy(mesh);
+  if (failed()) return 1;
+  printf("OK %s rank %d\n", g_mode, g_rank);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   g_mode = argc > 1 ? argv[1] : "?";
@@ -868,8 +1085,10 @@ int main(int argc, char **argv) {
   if (strcmp(g_mode, "progress_env") == 0) return run_progress_env(env.world_size);
   if (strcmp(g_mode, "idle_cpu") == 0) return run_idle_cpu(env.world_size);
   if (strcmp(g_mode, "sub_comm") == 0) return run_sub_comm(env.world_size);
+  if (strcmp(g_mode, "p2p_batch") == 0) return run_p2p_batch(env.world_size);
+  if (strcmp(g_mode, "p2p_timeout") == 0) return run_p2p_timeout(env.world_size);
   printf("FAIL %s rank %d: unknown mode (collectives | timeout | split_timeout | "
-         "progress | progress_env | idle_cpu | sub_comm)\n",
+         "progress | progress_env | idle_cpu | sub_comm | p2p_batch | p2p_timeout)\n",
          g_mode, g_rank);
   return 1;
 }

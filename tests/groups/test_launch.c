@@ -12,7 +12,8 @@ static const char *const all_vars[] = {
     "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK",
     "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-    "SLURM_NTASKS_PER_NODE"};
+    "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+    "SLURM_NODEID"};
 
 static void clean_env(void) {
   for (size_t i = 0; i < sizeof all_vars / sizeof all_vars[0]; i++)
@@ -76,6 +77,80 @@ Test(launch, pmi_and_slurm_variables) {
   cr_assert_eq(l.local_rank, 0);
   cr_assert_eq(l.local_world_size, 2);
   cr_assert_str_eq(l.source, "pmi");
+}
+
+/* srun without --ntasks-per-node: this node's entry of the step's list. */
+static int slurm_local_world(const char *step, const char *job, const char *node) {
+  setenv("SLURM_PROCID", "0", 1);
+  setenv("SLURM_NTASKS", "64", 1);
+  setenv("SLURM_LOCALID", "0", 1);
+  if (step) setenv("SLURM_STEP_TASKS_PER_NODE", step, 1);
+  if (job) setenv("SLURM_TASKS_PER_NODE", job, 1);
+  if (node) setenv("SLURM_NODEID", node, 1);
+  mpg_launch l = MPG_LAUNCH_INIT;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_OK, "%s", mpg_last_error());
+  cr_assert_str_eq(l.source, "slurm");
+  return l.local_world_size;
+}
+
+Test(launch, slurm_tasks_per_node_list_gives_the_local_world) {
+  cr_assert_eq(slurm_local_world("2(x3),1", NULL, "0"), 2);
+  cr_assert_eq(slurm_local_world("2(x3),1", NULL, "2"), 2);
+  cr_assert_eq(slurm_local_world("2(x3),1", NULL, "3"), 1);
+  cr_assert_eq(slurm_local_world("8", NULL, "0"), 8);
+  cr_assert_eq(slurm_local_world("4,3(x2),8", NULL, "3"), 8);
+  /* The step's list wins over the job's; the job's serves alone. */
+  cr_assert_eq(slurm_local_world("4", "8", "0"), 4);
+  unsetenv("SLURM_STEP_TASKS_PER_NODE");
+  cr_assert_eq(slurm_local_world(NULL, "3(x2)", "1"), 3);
+}
+
+Test(launch, slurm_tasks_per_node_list_is_a_fallback) {
+  /* SLURM_NTASKS_PER_NODE (--ntasks-per-node) is read first. */
+  setenv("SLURM_NTASKS_PER_NODE", "4", 1);
+  cr_assert_eq(slurm_local_world("2(x2)", NULL, "0"), 4);
+  /* Without SLURM_NODEID, or outside an srun task (no SLURM_LOCALID), the
+   * list says nothing. */
+  unsetenv("SLURM_NTASKS_PER_NODE");
+  unsetenv("SLURM_NODEID");
+  cr_assert_eq(slurm_local_world("2(x2)", NULL, NULL), -1);
+  unsetenv("SLURM_LOCALID");
+  setenv("SLURM_NODEID", "0", 1);
+  mpg_launch l = MPG_LAUNCH_INIT;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_OK, "%s", mpg_last_error());
+  cr_assert_eq(l.local_world_size, -1);
+  cr_assert_eq(l.local_rank, -1);
+}
+
+Test(launch, slurm_tasks_per_node_list_errors_name_the_variable) {
+  static const char *const bad[] = {"", "x", "2(x", "2(3)", "2(x0)", "0", "2,", "2;1",
+                                    "-2", "2(x2)3"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("SLURM_LOCALID", "0", 1);
+    setenv("SLURM_STEP_TASKS_PER_NODE", bad[i], 1);
+    setenv("SLURM_NODEID", "0", 1);
+    mpg_launch l = MPG_LAUNCH_INIT;
+    cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV, "\"%s\" accepted", bad[i]);
+    cr_assert(strstr(mpg_last_error(), "SLURM_STEP_TASKS_PER_NODE=\""),
+              "\"%s\": %s", bad[i], mpg_last_error());
+  }
+  setenv("SLURM_STEP_TASKS_PER_NODE", "2(x2)", 1);
+  setenv("SLURM_NODEID", "2", 1);
+  mpg_launch l = MPG_LAUNCH_INIT;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
+  cr_assert(strstr(mpg_last_error(), "SLURM_NODEID=2") &&
+                strstr(mpg_last_error(), "lists only 2 nodes"),
+            "%s", mpg_last_error());
+  setenv("SLURM_NODEID", "one", 1);
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
+  cr_assert(strstr(mpg_last_error(), "SLURM_NODEID=\"one\""), "%s", mpg_last_error());
+  /* A local rank at or past this node's count. */
+  setenv("SLURM_NODEID", "1", 1);
+  setenv("SLURM_LOCALID", "2", 1);
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
+  cr_assert(strstr(mpg_last_error(), "SLURM_LOCALID=2 is not below "
+                                     "SLURM_STEP_TASKS_PER_NODE=2"),
+            "%s", mpg_last_error());
 }
 
 Test(launch, contradiction_names_both_variables) {

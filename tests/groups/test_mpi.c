@@ -90,6 +90,22 @@ Test(mpi, timeout_during_a_ring_all_reduce_exits_cleanly, .timeout = 120) {
   cr_assert(strstr(out, "ERR_TIMEOUT after"), "%s", out);
 }
 
+/* mpg_p2p_batch: a 4-stage ring exchanging 64 MiB both ways in one batch
+ * (and 1 MiB through a work handle), several operations to one peer in
+ * order, a batch of every dtype, a refused batch that posts nothing. */
+Test(mpi, p2p_batch_ring_order_and_dtypes, .timeout = 300) {
+  run_worker(4, "", "", "p2p_batch", 280);
+}
+
+/* A batch whose peer never posts: MPG_ERR_TIMEOUT, the context aborted,
+ * and everybody exits cleanly. */
+Test(mpi, p2p_batch_absent_peer_times_out, .timeout = 120) {
+  double t0 = now();
+  run_worker(2, "", "", "p2p_timeout", 100);
+  cr_assert_lt(now() - t0, 60.0, "the timeout job took %.1f s\n%s", now() - t0, out);
+  cr_assert(strstr(out, "ERR_TIMEOUT after"), "%s", out);
+}
+
 /* The split's two-phase rendezvous: a rank that arrives after its peers
  * gave up times out too, rather than hanging in MPI_Comm_split. */
 Test(mpi, split_timeout_never_hangs, .timeout = 120) {

@@ -8,14 +8,16 @@
  * On a GPU:
  *  - the public API on a world of one rank (mesh "dp=1"): every collective
  *    of a size-1 group is the backend's `local` op (a copy on the stream, or
- *    the PTX scale kernel for a scaled sum);
+ *    the PTX scale kernel for a scaled sum); mpg_p2p_batch's argument
+ *    checks and n == 0 only, since a world of one has no peer;
  *  - the backend ops called directly on a one-rank NCCL world communicator,
  *    so that ncclAllReduce & co. really run: every dtype and op, broadcast,
  *    all_gather, reduce_scatter, barrier, async test/wait, an explicit
- *    stream, split, abort;
+ *    stream, split, abort; post_batch as one NCCL group of sends to and
+ *    receives from the rank itself;
  *  - two ranks as two threads sharing a caller-made unique id (one per GPU
  *    when there are two; on one GPU NCCL refuses two ranks per device and
- *    the test skips saying so).
+ *    the test skips saying so), with a 64 MiB two-way mpg_p2p_batch.
  *
  * Run on a GPU machine:
  *   meson setup build-nccl && ninja -C build-nccl &&
@@ -39,6 +41,7 @@
 #include "meshpg.h"
 /* The backend interface, to drive the NCCL backend itself on one rank. */
 #include "../../groups/backend.h"
+#include "../../groups/nccl/nccl_internal.h" /* registrations (reg.c) */
 
 /* ------------------------------------------------------------------------ */
 /* Helpers                                                                   */
@@ -189,6 +192,9 @@ static double want_pattern0(size_t i, void *p) {
   return pattern(i, 0);
 }
 
+/* pattern(i, *(int *)p): what rank *p filled. */
+static double want_pattern_of(size_t i, void *p) { return pattern(i, *(const int *)p); }
+
 /* The one-rank world communicator of the NCCL backend, made directly. */
 static mpg__comm *backend_world1(void) {
   mpg__world_args a;
@@ -291,6 +297,28 @@ Test(nccl_nogpu, world_init_reports_missing_device) {
   mpg_mesh_destroy(mesh);
 }
 
+Test(nccl_nogpu, empty_cuda_visible_devices_is_explained) {
+  /* CUDA reads the variable at its first call, here in world_init (each
+   * test is its own process), so this runs with or without a GPU. */
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  mpg__world_args a;
+  memset(&a, 0, sizeof a);
+  a.world_size = 1;
+  a.local_world_size = 1;
+  a.timeout_s = 5;
+  a.device = -1;
+  a.master_addr = "";
+  a.master_port = -1;
+  mpg__comm *w = (mpg__comm *)0x1;
+  mpg_status st = mpg__backend_nccl.world_init(&a, &w);
+  cr_assert_eq(st, MPG_ERR_UNSUPPORTED, "got %s: %s", mpg_status_name(st),
+               mpg_last_error());
+  cr_assert_null(w);
+  cr_assert(strstr(mpg_last_error(), "nccl: rank 0 of 1") &&
+                strstr(mpg_last_error(), "CUDA_VISIBLE_DEVICES=\"\" hides every GPU"),
+            "message: %s", mpg_last_error());
+}
+
 Test(nccl_nogpu, missing_rendezvous_names_master_addr) {
   /* A world of two without an id, MPI or MASTER_ADDR: refused before any
    * CUDA or network call. */
@@ -316,6 +344,41 @@ Test(nccl_nogpu, missing_rendezvous_names_master_addr) {
   cr_assert(strstr(mpg_last_error(), "MASTER_ADDR") &&
                 strstr(mpg_last_error(), "MASTER_PORT"),
             "message: %s", mpg_last_error());
+}
+
+/* torchrun's store holds MASTER_PORT: NCCL's root goes to MESHPG_NCCL_PORT
+ * or MASTER_PORT + 1, and a bad value of either is refused before any CUDA
+ * or network call, naming the variable. */
+static mpg_status master_boot(int port) {
+  unsetenv("NCCL_COMM_ID");
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  mpg__world_args a;
+  memset(&a, 0, sizeof a);
+  a.rank = 1;
+  a.world_size = 2;
+  a.local_rank = 1;
+  a.local_world_size = 2;
+  a.timeout_s = 5;
+  a.device = -1;
+  a.master_addr = "127.0.0.1";
+  a.master_port = port;
+  mpg__comm *w = (mpg__comm *)0x1;
+  mpg_status st = mpg__backend_nccl.world_init(&a, &w);
+  cr_assert_null(w);
+  return st;
+}
+
+Test(nccl_nogpu, master_port_fallback_never_takes_master_port) {
+  setenv("MESHPG_NCCL_PORT", "70000", 1);
+  cr_assert_eq(master_boot(29500), MPG_ERR_ENV);
+  cr_assert(strstr(mpg_last_error(), "MESHPG_NCCL_PORT=\"70000\""), "%s", mpg_last_error());
+  setenv("MESHPG_NCCL_PORT", "12x", 1);
+  cr_assert_eq(master_boot(29500), MPG_ERR_ENV);
+  unsetenv("MESHPG_NCCL_PORT");
+  cr_assert_eq(master_boot(65535), MPG_ERR_ENV);
+  cr_assert(strstr(mpg_last_error(), "MASTER_PORT=65535") &&
+                strstr(mpg_last_error(), "MESHPG_NCCL_PORT"),
+            "%s", mpg_last_error());
 }
 
 /* ------------------------------------------------------------------------ */
@@ -551,6 +614,80 @@ Test(nccl_backend, request_outlives_destroy_and_finalize_is_clean) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* mpg_p2p_batch on one rank                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* A world of one rank has no peer: through the public API only the
+ * argument checks and n == 0 can run (the batch itself runs in the two-rank
+ * test, which needs two GPUs).  The backend's post_batch is driven directly
+ * below with sends to and receives from itself. */
+Test(nccl_public, world1_p2p_batch_arguments_and_empty_batch) {
+  require_gpu();
+  world1 w = public_world1();
+  void *buf = dev_zero(MPG_F32, 16);
+  mpg_p2p_op op = {MPG_P2P_SEND, 0, buf, 16, MPG_F32};
+  mpg_status st = mpg_p2p_batch(w.dp, &op, 1, NULL, NULL);
+  cr_assert_eq(st, MPG_ERR_INVALID, "a send to itself: %s", mpg_status_name(st));
+  cr_assert(strstr(mpg_last_error(), "ops[0] (send): peer 0 is not another member"), "%s",
+            mpg_last_error());
+  op.kind = MPG_P2P_RECV;
+  op.peer = 1;
+  st = mpg_p2p_batch(w.world, &op, 1, NULL, NULL);
+  cr_assert_eq(st, MPG_ERR_INVALID, "a receive from position 1: %s", mpg_status_name(st));
+  st = mpg_p2p_batch(w.dp, NULL, -1, NULL, NULL);
+  cr_assert_eq(st, MPG_ERR_INVALID, "n = -1: %s", mpg_status_name(st));
+  mpg_work *work = (mpg_work *)&work;
+  EXPECT_OK(mpg_p2p_batch(w.dp, NULL, 0, NULL, &work));
+  cr_assert_null(work, "n == 0 gave a work handle");
+  cr_assert_eq(mpg_ctx_status(w.ctx), MPG_OK);
+  cudaFree(buf);
+  world1_free(&w);
+}
+
+/* post_batch on a one-rank NCCL communicator, sending to and receiving
+ * from itself (NCCL allows a rank its own peer): one ncclGroupStart,
+ * ncclSend x 2, ncclRecv x 2, ncclGroupEnd, on a stream, messages matched
+ * in order and of two dtypes; an empty batch member is skipped. */
+Test(nccl_backend, world1_post_batch_to_itself) {
+  require_gpu();
+  mpg__comm *c = backend_world1();
+  const size_t n = 1 << 20;
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int r0 = 0, r5 = 5;
+  void *a = dev_fill(MPG_F32, n, 0), *b = dev_fill(MPG_BF16, n, 5);
+  void *ra = dev_zero(MPG_F32, n), *rb = dev_zero(MPG_BF16, n);
+  mpg__coll list[5] = {
+      coll_of(MPG__RECV, NULL, ra, n, MPG_F32, MPG_OP_SUM, s),
+      coll_of(MPG__RECV, NULL, rb, n, MPG_BF16, MPG_OP_SUM, s),
+      coll_of(MPG__RECV, NULL, NULL, 0, MPG_I64, MPG_OP_SUM, s),
+      coll_of(MPG__SEND, a, NULL, n, MPG_F32, MPG_OP_SUM, s),
+      coll_of(MPG__SEND, b, NULL, n, MPG_BF16, MPG_OP_SUM, s),
+  };
+  for (int i = 0; i < 5; i++) list[i].peer = 0;
+  mpg__req *req = NULL;
+  EXPECT_OK(mpg__backend_nccl.post_batch(c, list, 5, &req));
+  cr_assert_not_null(req);
+  EXPECT_OK(mpg__backend_nccl.wait(req, mpg__now() + 60));
+  mpg__backend_nccl.req_free(req);
+  expect_dev("post_batch f32 message", MPG_F32, ra, n, want_pattern_of, &r0);
+  expect_dev("post_batch bf16 message", MPG_BF16, rb, n, want_pattern_of, &r5);
+  /* Only empty operations: NCCL is not called, the request still completes. */
+  req = NULL;
+  EXPECT_OK(mpg__backend_nccl.post_batch(c, &list[2], 1, &req));
+  EXPECT_OK(mpg__backend_nccl.wait(req, mpg__now() + 60));
+  mpg__backend_nccl.req_free(req);
+  cr_log_info("backend direct: ncclGroupStart / ncclSend x2 / ncclRecv x2 / ncclGroupEnd "
+              "to itself checked");
+  EXPECT_OK(mpg__backend_nccl.destroy(c));
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(ra);
+  cudaFree(rb);
+  cudaStreamDestroy(s);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Two ranks as two threads with a caller-made unique id                     */
 /* ------------------------------------------------------------------------ */
 
@@ -668,6 +805,32 @@ static void *rank_main(void *p) {
   else
     JOB_OK(j, mpg_recv(dp, p2p, n, MPG_I64, 0, NULL, NULL));
   job_expect(j, "send/recv", MPG_I64, p2p, n, want_pattern0, NULL);
+  /* mpg_p2p_batch: both ranks send 64 MiB to each other and receive 64
+   * MiB in one batch (sends listed first: as one NCCL group they cannot
+   * wait for each other), plus a second, bf16 message to the same peer,
+   * matched in order; then the same through a work handle. */
+  {
+    const size_t big = (size_t)16 << 20; /* int32: 64 MiB */
+    int peer = 1 - j->rank, peer_b = peer + 10;
+    void *sa = dev_fill(MPG_I32, big, j->rank), *ra = dev_zero(MPG_I32, big);
+    void *sb = dev_fill(MPG_BF16, n, j->rank + 10), *rb = dev_zero(MPG_BF16, n);
+    mpg_p2p_op ops[4] = {{MPG_P2P_SEND, peer, sa, big, MPG_I32},
+                         {MPG_P2P_SEND, peer, sb, n, MPG_BF16},
+                         {MPG_P2P_RECV, peer, ra, big, MPG_I32},
+                         {MPG_P2P_RECV, peer, rb, n, MPG_BF16}};
+    JOB_OK(j, mpg_p2p_batch(dp, ops, 4, NULL, NULL));
+    job_expect(j, "p2p_batch 64 MiB", MPG_I32, ra, big, want_pattern_of, &peer);
+    job_expect(j, "p2p_batch second message", MPG_BF16, rb, n, want_pattern_of, &peer_b);
+    cudaMemset(ra, 0, big * 4);
+    mpg_work *w = NULL;
+    JOB_OK(j, mpg_p2p_batch(dp, ops, 4, NULL, &w));
+    JOB_OK(j, mpg_work_wait(w));
+    job_expect(j, "p2p_batch (work)", MPG_I32, ra, big, want_pattern_of, &peer);
+    cudaFree(sa);
+    cudaFree(ra);
+    cudaFree(sb);
+    cudaFree(rb);
+  }
   cudaFree(b);
   cudaFree(g);
   cudaFree(s);
@@ -862,4 +1025,141 @@ Test(nccl_timeout, world_init_peer_never_arrives, .timeout = 120) {
   mpg_mesh_destroy(mesh);
   cr_log_info("mpg_ctx_create, rank 0 of 2 alone: MPG_ERR_TIMEOUT after %.2f s (%s)",
               took, mpg_last_error());
+}
+
+/* ------------------------------------------------------------------------ */
+/* Issue 11: scale in f32, asynchronous errors, setup collectives            */
+/* ------------------------------------------------------------------------ */
+
+/* A scaled f16/bf16 all-reduce keeps its scale in f32: with scale 1e-7 (an
+ * f16 subnormal, which an f16 pre-multiply scalar would round to
+ * 1.19e-7), every element equals half(f32(x) * 1e-7), the result of a
+ * group of one rank and of the CPU backends. */
+Test(nccl_backend, scaled_half_all_reduce_keeps_the_scale_in_f32) {
+  require_gpu();
+  mpg__comm *c = backend_world1();
+  const size_t n = 2048;
+  const mpg_dtype halves[] = {MPG_F16, MPG_BF16};
+  for (int h = 0; h < 2; h++) {
+    mpg_dtype dt = halves[h];
+    uint16_t *host = malloc(n * 2), *back = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) host[i] = mpg__f32_to_half(dt, 100.0f + (float)i);
+    void *send = NULL, *recv = NULL;
+    cr_assert_eq(cudaMalloc(&send, n * 2), cudaSuccess);
+    cr_assert_eq(cudaMalloc(&recv, n * 2), cudaSuccess);
+    cr_assert_eq(cudaMemcpy(send, host, n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    mpg__coll k = coll_of(MPG__ALL_REDUCE, send, recv, n, dt, MPG_OP_PREMUL_SUM, NULL);
+    k.scale = 1e-7;
+    EXPECT_OK(backend_run(c, &k));
+    cr_assert_eq(cudaMemcpy(back, recv, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < n; i++) {
+      uint16_t want = mpg__f32_to_half(dt, mpg__half_to_f32(dt, host[i]) * 1e-7f);
+      cr_assert_eq(back[i], want, "%s [%zu]: 0x%04x, expected 0x%04x", mpg_dtype_name(dt),
+                   i, back[i], want);
+    }
+    cudaFree(send);
+    cudaFree(recv);
+    free(host);
+    free(back);
+  }
+  EXPECT_OK(mpg__backend_nccl.destroy(c));
+}
+
+/* An invalid buffer on purpose: an all-reduce whose receive buffer is a
+ * stale device address.  Whether NCCL reports it at the call or
+ * asynchronously, the operation fails with MPG_ERR_BACKEND, the
+ * communicator is aborted, and later calls on it fail with
+ * MPG_ERR_ABORTED instead of reaching NCCL again. */
+Test(nccl_backend, invalid_buffer_error_aborts_the_communicator) {
+  require_gpu();
+  mpg__comm *c = backend_world1();
+  const size_t n = 1 << 20;
+  void *send = dev_fill(MPG_F32, n, 0), *gone = NULL;
+  cr_assert_eq(cudaMalloc(&gone, n * 4), cudaSuccess);
+  cr_assert_eq(cudaFree(gone), cudaSuccess);
+  mpg__coll k = coll_of(MPG__ALL_REDUCE, send, gone, n, MPG_F32, MPG_OP_SUM, NULL);
+  mpg_status st = backend_run(c, &k);
+  cr_log_info("all-reduce into freed memory: %s: %s", mpg_status_name(st), mpg_last_error());
+  cr_assert_neq(st, MPG_OK);
+  if (st == MPG_ERR_BACKEND && strstr(mpg_last_error(), "asynchronous")) {
+    cr_assert(strstr(mpg_last_error(), "ncclCommAbort"), "%s", mpg_last_error());
+    mpg__coll again = coll_of(MPG__ALL_REDUCE, send, send, n, MPG_F32, MPG_OP_SUM, NULL);
+    mpg__req *req = NULL;
+    cr_assert_eq(mpg__backend_nccl.post(c, &again, &req), MPG_ERR_ABORTED, "%s",
+                 mpg_last_error());
+  }
+  (void)cudaGetLastError();
+  mpg__backend_nccl.destroy(c);
+}
+
+/* Through the public API, placement's host-identity all-gather and the
+ * sync's layout checks run on the world communicator (one rank: NCCL is
+ * still called) with the data staged through device memory. */
+Test(nccl_public, setup_collectives_with_placement_and_layout_check) {
+  require_gpu();
+  mpg_spec spec = MPG_SPEC_INIT;
+  EXPECT_OK(mpg_spec_init(&spec));
+  EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=1,cp=1,tp=1"));
+  mpg_mesh *mesh = NULL;
+  EXPECT_OK(mpg_mesh_create(&spec, 1, &mesh));
+  mpg_init_opts opts = MPG_INIT_OPTS_INIT;
+  opts.backend = MPG_BACKEND_NCCL;
+  opts.rank = 0;
+  opts.world_size = 1;
+  opts.device = 0;
+  opts.timeout_s = 60;
+  opts.placement = 1;
+  opts.host_id = "gpu-host";
+  mpg_ctx *ctx = NULL;
+  EXPECT_OK(mpg_ctx_create(mesh, &opts, &ctx));
+  cr_assert_geq(mpg_ctx_setup_collectives(ctx), 2);
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  mpg_sync *sync = NULL;
+  EXPECT_OK(mpg_sync_create(ctx, &so, &sync));
+  int id = -1;
+  EXPECT_OK(mpg_sync_add_param(sync, "w", 100, MPG_F32, NULL, &id));
+  EXPECT_OK(mpg_sync_commit(sync));
+  EXPECT_OK(mpg_sync_destroy(sync));
+  cr_assert_eq(mpg_ctx_status(ctx), MPG_OK);
+  EXPECT_OK(mpg_ctx_destroy(ctx));
+  mpg_mesh_destroy(mesh);
+}
+
+/* Registered buffers are registered with every communicator of the
+ * context: one allocated before a split is registered with the child at
+ * the split, one allocated after with both, and mem_free deregisters it
+ * everywhere. */
+static int count_regs(const mpg__comm *c, const void *ptr) {
+  int n = 0;
+  for (const struct nccl_reg *r = c->regs; r; r = r->next) n += r->ptr == ptr;
+  return n;
+}
+
+Test(nccl_backend, registration_reaches_every_communicator) {
+  require_gpu();
+  mpg__comm *w = backend_world1();
+  void *before = NULL, *after = NULL, *plain = NULL;
+  EXPECT_OK(mpg__backend_nccl.mem_alloc(w, 1 << 20, 1, &before));
+  EXPECT_OK(mpg__backend_nccl.mem_alloc(w, 4096, 0, &plain));
+  cr_assert_eq(count_regs(w, before), 1);
+  mpg__comm *child = NULL;
+  EXPECT_OK(mpg__backend_nccl.split(w, 0, 0, &child));
+  cr_assert_not_null(child);
+  cr_assert_eq(count_regs(child, before), 1, "a buffer registered before the split is "
+               "not registered with the new group");
+  EXPECT_OK(mpg__backend_nccl.mem_alloc(w, 1 << 20, 1, &after));
+  cr_assert_eq(count_regs(w, after), 1);
+  cr_assert_eq(count_regs(child, after), 1, "a buffer registered after the split is not "
+               "registered with the group");
+  cr_assert_eq(count_regs(child, plain) + count_regs(w, plain), 0);
+  /* An all-reduce on the child over the registered buffers. */
+  mpg__coll k = coll_of(MPG__ALL_REDUCE, before, before, 1000, MPG_F32, MPG_OP_SUM, NULL);
+  EXPECT_OK(backend_run(child, &k));
+  EXPECT_OK(mpg__backend_nccl.mem_free(w, before));
+  cr_assert_eq(count_regs(child, before) + count_regs(w, before), 0);
+  EXPECT_OK(mpg__backend_nccl.destroy(child));
+  cr_assert_eq(count_regs(w, after), 1);
+  EXPECT_OK(mpg__backend_nccl.mem_free(w, after));
+  EXPECT_OK(mpg__backend_nccl.mem_free(w, plain));
+  EXPECT_OK(mpg__backend_nccl.destroy(w));
 }

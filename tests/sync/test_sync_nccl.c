@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "meshpg.h"
 
@@ -137,6 +138,65 @@ Test(sync_nccl, reduce_dtype_f32_of_half_gradients_is_refused) {
   EXPECT_OK(mpg_sync_create(ctx, &so, &sync));
   EXPECT_OK(mpg_sync_add_param(sync, "w16", 10, MPG_BF16, NULL, &id));
   EXPECT_OK(mpg_sync_commit(sync));
+  EXPECT_OK(mpg_sync_destroy(sync));
+  EXPECT_OK(mpg_ctx_destroy(ctx));
+  mpg_mesh_destroy(mesh);
+}
+
+/* A host function that holds the caller's stream for a while, as a long
+ * optimizer kernel would. */
+static void CUDART_CB hold_stream(void *arg) {
+  (void)arg;
+  struct timespec ts = {0, 300 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+}
+
+/* mpg_sync_zero_grads after an optimizer that still reads the gradients on
+ * the caller's stream: the memsets must wait for it.  The caller's stream
+ * is held 300 ms, then copies the gradients out; no synchronisation before
+ * zero_grads.  If the memsets ran at once on the sync's stream, the copy
+ * would read zeros. */
+Test(sync_nccl, zero_grads_waits_for_the_callers_stream) {
+  require_gpu();
+  mpg_mesh *mesh;
+  mpg_ctx *ctx;
+  one_rank(&mesh, &ctx);
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  mpg_sync *sync;
+  EXPECT_OK(mpg_sync_create(ctx, &so, &sync));
+  enum { N = 1 << 20 };
+  int id = -1;
+  EXPECT_OK(mpg_sync_add_param(sync, "w", N, MPG_F32, NULL, &id));
+  EXPECT_OK(mpg_sync_commit(sync));
+  cudaStream_t caller;
+  cr_assert_eq(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), cudaSuccess);
+  float *host = malloc(sizeof(float) * N), *seen = NULL;
+  cr_assert_eq(cudaMalloc((void **)&seen, sizeof(float) * N), cudaSuccess);
+  for (size_t i = 0; i < N; i++) host[i] = 1.0f + (float)(i % 97);
+  void *g;
+  EXPECT_OK(mpg_sync_begin(sync, 0, 1, caller));
+  EXPECT_OK(mpg_sync_grad(sync, id, &g));
+  cr_assert_eq(cudaMemcpyAsync(g, host, sizeof(float) * N, cudaMemcpyHostToDevice, caller),
+               cudaSuccess);
+  EXPECT_OK(mpg_sync_mark_ready(sync, id));
+  EXPECT_OK(mpg_sync_finish(sync));
+  /* The "optimizer": busy for 300 ms, then reads every gradient. */
+  cr_assert_eq(cudaLaunchHostFunc(caller, hold_stream, NULL), cudaSuccess);
+  cr_assert_eq(cudaMemcpyAsync(seen, g, sizeof(float) * N, cudaMemcpyDeviceToDevice, caller),
+               cudaSuccess);
+  EXPECT_OK(mpg_sync_zero_grads(sync));
+  cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+  memset(host, 0, sizeof(float) * N);
+  cr_assert_eq(cudaMemcpy(host, seen, sizeof(float) * N, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t i = 0; i < N; i += 4099)
+    cr_assert_float_eq(host[i], 1.0f + (float)(i % 97), 1e-6f,
+                       "the optimizer read %g at %zu: zero_grads ran before it", host[i], i);
+  /* And the gradients are zero afterwards. */
+  cr_assert_eq(cudaMemcpy(host, g, sizeof(float) * N, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t i = 0; i < N; i += 4099) cr_assert_eq(host[i], 0.0f, "g[%zu] = %g", i, host[i]);
+  free(host);
+  cudaFree(seen);
+  cudaStreamDestroy(caller);
   EXPECT_OK(mpg_sync_destroy(sync));
   EXPECT_OK(mpg_ctx_destroy(ctx));
   mpg_mesh_destroy(mesh);

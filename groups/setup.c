@@ -1,0 +1,61 @@
+/* What every part of the groups layer may need of the whole context:
+ * aborting it, and running the library's own setup collectives (host
+ * buffers, staged through the backend's memory when its collectives need
+ * it).  Calls nothing else of this layer, so ctx.c, group.c and coll.c may
+ * all use it.  See ctx_internal.h. */
+#include <string.h>
+
+#include "ctx_internal.h"
+
+void mpg__ctx_abort_all(mpg_ctx *ctx, mpg_status reason) {
+  int healthy = MPG_OK;
+  if (!atomic_compare_exchange_strong(&ctx->aborted, &healthy, (int)reason)) return;
+  for (int s = 0; s < ctx->nsets; s++) {
+    mpg_group *g = &ctx->groups[s];
+    if (g->comm && g->comm != ctx->world_comm) ctx->ops->abort_comm(g->comm, reason);
+  }
+  for (mpg_group *g = ctx->extra; g; g = g->next)
+    if (g->comm) ctx->ops->abort_comm(g->comm, reason);
+  if (ctx->world_comm) ctx->ops->abort_comm(ctx->world_comm, reason);
+  if (ctx->launch_comm) ctx->ops->abort_comm(ctx->launch_comm, reason);
+  mpg__log(1, "rank %d: context aborted (%s)", ctx->rank, mpg_status_name(reason));
+}
+
+/* Run one operation on a communicator to completion within the timeout. */
+static mpg_status run_on(mpg_ctx *ctx, mpg__comm *comm, const mpg__coll *c) {
+  mpg__req *req = NULL;
+  mpg_status st = ctx->ops->post(comm, c, &req);
+  if (st) return st;
+  st = ctx->ops->wait(req, mpg__now() + ctx->timeout_s);
+  if (st) mpg__ctx_abort_all(ctx, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
+  ctx->ops->req_free(req);
+  return st;
+}
+
+mpg_status mpg__ctx_setup_coll(mpg_ctx *ctx, mpg__comm *comm, int members,
+                               const mpg__coll *c) {
+  if (c->kind == MPG__BARRIER || !ctx->ops->mem_copy || !ctx->ops->mem_alloc)
+    return run_on(ctx, comm, c);
+  /* NCCL reads and writes device (or registered, or managed) memory only;
+   * host buffers go through a buffer of the backend, in and out. */
+  size_t es = mpg__dtype_size(c->dtype), one = c->count * es;
+  size_t all = one * (size_t)(members > 0 ? members : 1);
+  size_t in = one, out = one;
+  if (c->kind == MPG__ALL_GATHER) out = all;
+  if (c->kind == MPG__REDUCE_SCATTER) in = all;
+  void *dev = NULL;
+  mpg_status st = ctx->ops->mem_alloc(ctx->world_comm, in + out, 0, &dev);
+  if (st) return st;
+  mpg__coll k = *c;
+  k.send = dev;
+  k.recv = (char *)dev + in;
+  if ((st = ctx->ops->mem_copy(ctx->world_comm, dev, c->send ? c->send : c->recv, in)) ||
+      (st = run_on(ctx, comm, &k)) ||
+      (st = ctx->ops->mem_copy(ctx->world_comm, c->recv, k.recv, out))) {
+    mpg__saved_error why;
+    mpg__error_save(&why);
+    (void)ctx->ops->mem_free(ctx->world_comm, dev);
+    return mpg__error_restore(st, &why);
+  }
+  return ctx->ops->mem_free(ctx->world_comm, dev);
+}

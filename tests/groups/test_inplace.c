@@ -1,0 +1,213 @@
+/* The in-place convention of the collectives, NCCL's, on the thread
+ * backend: all_gather in place when send == recv + position * count,
+ * reduce_scatter in place when recv == send + position * count, all_reduce
+ * when send == recv; any other overlap is refused before anything is
+ * posted, and the context stays healthy.  Run over every group of several
+ * meshes, every position, and a few counts and dtypes. */
+#include <criterion/criterion.h>
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "meshpg.h"
+#include "../../groups/backend.h" /* mpg__f32_to_half */
+
+static pthread_mutex_t fail_mu = PTHREAD_MUTEX_INITIALIZER;
+static char fail_msg[1024];
+
+static mpg_status rank_fail(mpg_ctx *ctx, int line, const char *fmt, ...) {
+  char buf[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&fail_mu);
+  if (!fail_msg[0]) snprintf(fail_msg, sizeof fail_msg, "line %d: %s", line, buf);
+  pthread_mutex_unlock(&fail_mu);
+  if (ctx) mpg_ctx_abort(ctx);
+  return MPG_ERR_STATE;
+}
+
+#define RCHECK(cond, ...)                                         \
+  do {                                                            \
+    if (!(cond)) return rank_fail(ctx, __LINE__, __VA_ARGS__);    \
+  } while (0)
+#define RCALL(expr)                                                           \
+  do {                                                                        \
+    mpg_status st_ = (expr);                                                  \
+    RCHECK(st_ == MPG_OK, "%s: %s: %s", #expr, mpg_status_name(st_),          \
+           mpg_last_error());                                                 \
+  } while (0)
+
+typedef struct {
+  const char *mesh;
+  mpg_mesh *m;
+} job;
+
+/* A value every member can predict: member p's element i of block b. */
+static int64_t val(int p, int b, size_t i) { return (int64_t)p * 1000003 + b * 1009 + (int64_t)i; }
+
+static mpg_status one_group(mpg_ctx *ctx, mpg_group *g, size_t count) {
+  int n = mpg_group_size(g), me = mpg_group_rank(g);
+  int64_t *buf = malloc(sizeof *buf * count * (size_t)n + 8);
+  RCHECK(buf, "out of memory");
+  /* all_gather in place: my block already sits in my slot. */
+  for (size_t i = 0; i < count * (size_t)n; i++) buf[i] = -1;
+  for (size_t i = 0; i < count; i++) buf[(size_t)me * count + i] = val(me, 0, i);
+  mpg_status st = mpg_all_gather(g, buf + (size_t)me * count, buf, count, MPG_I64, NULL, NULL);
+  if (st) {
+    free(buf);
+    RCALL(st);
+  }
+  for (int p = 0; p < n; p++)
+    for (size_t i = 0; i < count; i++)
+      if (buf[(size_t)p * count + i] != val(p, 0, i)) {
+        int64_t got = buf[(size_t)p * count + i];
+        free(buf);
+        RCHECK(0, "all_gather in place on %s: block %d[%zu] = %lld, expected %lld",
+               mpg_group_name(g), p, i, (long long)got, (long long)val(p, 0, i));
+      }
+  /* reduce_scatter in place: my result lands on my block of send. */
+  for (int b = 0; b < n; b++)
+    for (size_t i = 0; i < count; i++) buf[(size_t)b * count + i] = val(me, b, i);
+  st = mpg_reduce_scatter(g, buf, buf + (size_t)me * count, count, MPG_I64, MPG_OP_SUM,
+                          NULL, NULL);
+  if (st) {
+    free(buf);
+    RCALL(st);
+  }
+  for (size_t i = 0; i < count; i++) {
+    int64_t want = 0;
+    for (int p = 0; p < n; p++) want += val(p, me, i);
+    if (buf[(size_t)me * count + i] != want) {
+      int64_t got = buf[(size_t)me * count + i];
+      free(buf);
+      RCHECK(0, "reduce_scatter in place on %s: [%zu] = %lld, expected %lld",
+             mpg_group_name(g), i, (long long)got, (long long)want);
+    }
+  }
+  /* Wrong overlaps, refused before anything is posted (every member makes
+   * the same refused calls, so nothing is left half-issued). */
+  if (count > 1 || n > 1) {
+    const int64_t *wrong_send = me == 0 ? buf + 1 : buf; /* not my slot */
+    st = mpg_all_gather(g, wrong_send, buf, count, MPG_I64, NULL, NULL);
+    RCHECK(st == MPG_ERR_INVALID, "all_gather with send at the wrong slot: %s (%s)",
+           mpg_status_name(st), mpg_last_error());
+    RCHECK(strstr(mpg_last_error(), "position * count"), "message: %s", mpg_last_error());
+    int64_t *wrong_recv = me == 0 ? buf + 1 : buf;
+    st = mpg_reduce_scatter(g, buf, wrong_recv, count, MPG_I64, MPG_OP_SUM, NULL, NULL);
+    RCHECK(st == MPG_ERR_INVALID, "reduce_scatter with recv at the wrong block: %s (%s)",
+           mpg_status_name(st), mpg_last_error());
+  }
+  if (count > 1) {
+    st = mpg_all_reduce(g, buf, buf + 1, count, MPG_I64, MPG_OP_SUM, NULL, NULL);
+    RCHECK(st == MPG_ERR_INVALID, "all_reduce with shifted overlap: %s", mpg_status_name(st));
+    RCHECK(strstr(mpg_last_error(), "send == recv"), "message: %s", mpg_last_error());
+  }
+  free(buf);
+  RCHECK(mpg_ctx_status(ctx) == MPG_OK, "a refused call aborted the context");
+  return MPG_OK;
+}
+
+static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
+  job *j = arg;
+  mpg_ctx *ctx = NULL;
+  mpg_status st = mpg_ctx_create(j->m, opts, &ctx);
+  if (st) return rank_fail(NULL, __LINE__, "mpg_ctx_create: %s", mpg_last_error());
+  const size_t counts[] = {1, 3, 1000};
+  for (int s = 0; s < mpg_mesh_num_dimsets(j->m) && !st; s++) {
+    mpg_group *g = NULL;
+    if ((st = mpg_ctx_group_at(ctx, s, &g))) break;
+    for (int c = 0; c < 3 && !st; c++) st = one_group(ctx, g, counts[c]);
+  }
+  mpg_ctx_destroy(ctx);
+  return st;
+}
+
+static void run_mesh(const char *text) {
+  mpg_spec spec = MPG_SPEC_INIT;
+  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
+  cr_assert_eq(mpg_spec_set_mesh(&spec, text), MPG_OK, "%s", mpg_last_error());
+  cr_assert_eq(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"), MPG_OK, "%s", mpg_last_error());
+  job j = {text, NULL};
+  int world = 1;
+  cr_assert_eq(mpg_mesh_create(&spec, 0, &j.m), MPG_OK, "%s", mpg_last_error());
+  world = mpg_mesh_world_size(j.m);
+  fail_msg[0] = '\0';
+  mpg_status st = mpg_thread_run(world, 30, rank_main, &j, NULL);
+  cr_assert_eq(st, MPG_OK, "mesh %s: %s | %s", text, mpg_last_error(), fail_msg);
+  mpg_mesh_destroy(j.m);
+}
+
+Test(inplace, every_position_of_every_group) {
+  run_mesh("dp=2,cp=1,tp=2");
+  run_mesh("dp=3,cp=2,tp=1");
+  run_mesh("dp=1,cp=1,tp=5");
+  run_mesh("dp=2,cp=2,tp=2");
+}
+
+/* A scaled sum of f16/bf16 keeps its scale in f32 on every backend, so the
+ * average of identical gradients agrees across world sizes, even with a
+ * scale below f16's range (1e-8 underflows to 0 in f16): world 1 scales
+ * by s, a world of n by s / n, and the results are equal bit for bit. */
+typedef struct {
+  mpg_mesh *m;
+  mpg_dtype dt;
+  double scale;
+  uint16_t out[64];
+} scaled_job;
+
+static mpg_status scaled_main(const mpg_init_opts *opts, void *arg) {
+  scaled_job *j = arg;
+  mpg_ctx *ctx = NULL;
+  mpg_status st = mpg_ctx_create(j->m, opts, &ctx);
+  if (st) return rank_fail(NULL, __LINE__, "mpg_ctx_create: %s", mpg_last_error());
+  mpg_group *g = NULL;
+  RCALL(mpg_ctx_group(ctx, "world", &g));
+  uint16_t buf[64];
+  for (int i = 0; i < 64; i++) buf[i] = mpg__f32_to_half(j->dt, 50.0f + 37.0f * (float)i);
+  double s = j->scale / mpg_group_size(g);
+  RCALL(mpg_all_reduce_scaled(g, buf, buf, 64, j->dt, s, NULL, NULL));
+  if (mpg_ctx_rank(ctx) == 0) memcpy(j->out, buf, sizeof buf);
+  mpg_ctx_destroy(ctx);
+  return MPG_OK;
+}
+
+Test(scaled_sum, half_results_agree_across_world_sizes) {
+  const mpg_dtype dts[] = {MPG_F16, MPG_BF16};
+  const double scales[] = {1e-8, 3e-5, 0.37};
+  for (int d = 0; d < 2; d++)
+    for (int k = 0; k < 3; k++) {
+      uint16_t ref[64];
+      const char *meshes[] = {"dp=1", "dp=2", "dp=4", "dp=8"};
+      for (int w = 0; w < 4; w++) {
+        mpg_spec spec = MPG_SPEC_INIT;
+        cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
+        cr_assert_eq(mpg_spec_set_mesh(&spec, meshes[w]), MPG_OK, "%s", mpg_last_error());
+        scaled_job j;
+        memset(&j, 0, sizeof j);
+        j.dt = dts[d];
+        j.scale = scales[k];
+        cr_assert_eq(mpg_mesh_create(&spec, 0, &j.m), MPG_OK, "%s", mpg_last_error());
+        fail_msg[0] = '\0';
+        mpg_status st = mpg_thread_run(mpg_mesh_world_size(j.m), 30, scaled_main, &j, NULL);
+        cr_assert_eq(st, MPG_OK, "%s | %s", mpg_last_error(), fail_msg);
+        mpg_mesh_destroy(j.m);
+        if (w == 0) {
+          memcpy(ref, j.out, sizeof ref);
+          int nonzero = 0;
+          for (int i = 0; i < 64; i++) nonzero += (ref[i] & 0x7fff) != 0;
+          cr_assert_gt(nonzero, 0, "%s scale %g: world 1 gave all zeros",
+                       mpg_dtype_name(dts[d]), scales[k]);
+        } else {
+          for (int i = 0; i < 64; i++)
+            cr_assert_eq(j.out[i], ref[i], "%s scale %g, %s: [%d] = 0x%04x, world 1 0x%04x",
+                         mpg_dtype_name(dts[d]), scales[k], meshes[w], i, j.out[i], ref[i]);
+        }
+      }
+    }
+}
