@@ -1,11 +1,14 @@
 /* mpg_ctx_create with opts.placement on simulated multi-node worlds: host
  * identities are gathered, ranks renumbered, and tp then cp groups end up
- * inside one node whatever the launcher's numbering. */
+ * inside one node whatever the launcher's numbering; and lazy groups whose
+ * first use differs by rank.  On the thread backend and, with MPI, with
+ * real mpirun processes (ctx_mpi_worker). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "meshpg.h"
+#include "../mpirun_util.h"
 
 typedef struct job {
   const char *mesh;
@@ -103,4 +106,73 @@ Test(ctx_placement, misfit_is_an_error_in_strict_mode) {
  * ranks whose number stayed skipped it and everyone timed out). */
 Test(ctx_placement, one_node_partial_renumbering_splits_on_every_rank) {
   run_job((job){"tp=2,dp=2", 1, 0, 0, "tp", MPG_OK}, 4);
+}
+
+/* Lazy groups whose first use differs by rank (issue 11): even ranks ask for
+ * "tp" first, odd ranks for "dp".  The first use is one world agreement,
+ * after which every rank creates both groups in dim-set order. */
+static mpg_status lazy_main(const mpg_init_opts *in, void *arg) {
+  (void)arg;
+  mpg_init_opts opts = *in;
+  opts.lazy_groups = 1;
+  mpg_spec spec = MPG_SPEC_INIT;
+  mpg_spec_init(&spec);
+  mpg_status st = mpg_spec_set_mesh(&spec, "dp=2,cp=2,tp=2");
+  mpg_mesh *mesh = NULL;
+  if (!st) st = mpg_mesh_create(&spec, opts.world_size, &mesh);
+  mpg_ctx *ctx = NULL;
+  if (!st) st = mpg_ctx_create(mesh, &opts, &ctx);
+  long before = ctx ? mpg_ctx_setup_collectives(ctx) : 0;
+  mpg_group *first = NULL;
+  if (!st) st = mpg_ctx_group(ctx, in->rank % 2 ? "dp" : "tp", &first);
+  /* One agreement and two splits, whatever this rank asked for. */
+  if (!st && mpg_ctx_setup_collectives(ctx) != before + 3) st = MPG_ERR_STATE;
+  const char *names[] = {"tp", "dp", "cp"};
+  for (int i = 0; i < 3 && !st; i++) {
+    mpg_group *g = NULL;
+    int32_t one = 1, n = 0;
+    st = mpg_ctx_group(ctx, names[i], &g);
+    if (!st) st = mpg_all_reduce(g, &one, &n, 1, MPG_I32, MPG_OP_SUM, NULL, NULL);
+    if (!st && n != mpg_group_size(g)) st = MPG_ERR_STATE;
+  }
+  mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  return st;
+}
+
+Test(ctx_lazy, first_use_differing_by_rank_creates_the_same_groups) {
+  mpg_status st = mpg_thread_run(8, 10.0, lazy_main, NULL, NULL);
+  cr_assert_eq(st, MPG_OK, "%s: %s", mpg_status_name(st), mpg_last_error());
+}
+
+/* The same on the MPI backend with real processes (ctx_mpi_worker). */
+static void run_mpi(const char *args, int np) {
+  const char *worker = getenv("MESHPG_CTX_MPI_WORKER");
+  if (!worker) cr_skip_test("built without MPI");
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "timeout -k 5 120 " MPIRUN "-np %d '%s' %s", np, worker, args);
+  double secs = 0;
+  int rc = run(cmd, &secs);
+  cr_log_info("%s: exit %d after %.2f s", cmd, rc, secs);
+  cr_assert_eq(rc, 0, "%s\nexit code %d after %.2f s; output:\n%s", cmd, rc, secs, out);
+  char mode[16];
+  sscanf(args, "%15s", mode);
+  for (int r = 0; r < np; r++) {
+    char ok[64];
+    snprintf(ok, sizeof ok, "OK %s rank %d", mode, r);
+    cr_assert(strstr(out, ok), "%s\nno \"%s\" line; output:\n%s", cmd, ok, out);
+  }
+}
+
+Test(ctx_placement_mpi, one_node_partial_renumbering, .timeout = 150) {
+  run_mpi("place tp=2,dp=2 1 0 tp", 4);
+}
+Test(ctx_placement_mpi, two_simulated_nodes_cyclic_launcher, .timeout = 150) {
+  run_mpi("place dp=2,cp=2,tp=2 2 1 tp,cp", 8);
+}
+Test(ctx_placement_mpi, two_simulated_nodes_tp_outermost, .timeout = 150) {
+  run_mpi("place tp=2,dp=2 2 1 tp", 4);
+}
+Test(ctx_lazy_mpi, first_use_differing_by_rank, .timeout = 150) {
+  run_mpi("lazy dp=2,cp=1,tp=2", 4);
 }
