@@ -44,6 +44,9 @@ typedef struct mpg__coll {
   int root;         /* broadcast: position of the root */
   int peer;         /* send/recv: position of the peer */
   void *stream;     /* nccl: cudaStream_t */
+  int acc_f32;      /* all_reduce, reduce_scatter of f16/bf16: accumulate in
+                       f32 (the nccl backend widens, reduces in f32 and
+                       narrows; the CPU backends always do); 0 elsewhere */
 } mpg__coll;
 
 /* What world_init needs, resolved from options and environment. */

@@ -190,6 +190,10 @@ static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
   return st;
 }
 
+mpg_status mpg__group_run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
+  return run(g, c, work);
+}
+
 /* The requests of w: its array (a batch), or its one request. */
 static mpg__req **work_reqs(mpg_work *w, int *n) {
   *n = w->reqs ? w->nreq : 1;
@@ -256,7 +260,7 @@ mpg_status mpg_all_reduce(mpg_group *group, const void *send, void *recv,
   if (op == MPG_OP_PREMUL_SUM)
     return mpg__fail(MPG_ERR_INVALID,
                      "mpg_all_reduce: use mpg_all_reduce_scaled for a scaled sum");
-  mpg__coll c = {MPG__ALL_REDUCE, send, recv, count, dtype, op, 1.0, 0, 0, stream};
+  mpg__coll c = {MPG__ALL_REDUCE, send, recv, count, dtype, op, 1.0, 0, 0, stream, 0};
   return run(group, &c, work);
 }
 
@@ -264,21 +268,21 @@ mpg_status mpg_all_reduce_scaled(mpg_group *group, const void *send,
                                  void *recv, size_t count, mpg_dtype dtype,
                                  double scale, void *stream, mpg_work **work) {
   mpg__coll c = {MPG__ALL_REDUCE, send, recv, count, dtype, MPG_OP_PREMUL_SUM,
-                 scale, 0, 0, stream};
+                 scale, 0, 0, stream, 0};
   return run(group, &c, work);
 }
 
 mpg_status mpg_broadcast(mpg_group *group, void *buf, size_t count,
                          mpg_dtype dtype, int root, void *stream,
                          mpg_work **work) {
-  mpg__coll c = {MPG__BROADCAST, buf, buf, count, dtype, MPG_OP_SUM, 1.0, root, 0, stream};
+  mpg__coll c = {MPG__BROADCAST, buf, buf, count, dtype, MPG_OP_SUM, 1.0, root, 0, stream, 0};
   return run(group, &c, work);
 }
 
 mpg_status mpg_all_gather(mpg_group *group, const void *send, void *recv,
                           size_t count, mpg_dtype dtype, void *stream,
                           mpg_work **work) {
-  mpg__coll c = {MPG__ALL_GATHER, send, recv, count, dtype, MPG_OP_SUM, 1.0, 0, 0, stream};
+  mpg__coll c = {MPG__ALL_GATHER, send, recv, count, dtype, MPG_OP_SUM, 1.0, 0, 0, stream, 0};
   return run(group, &c, work);
 }
 
@@ -289,30 +293,38 @@ mpg_status mpg_reduce_scatter(mpg_group *group, const void *send, void *recv,
     return mpg__fail(MPG_ERR_INVALID,
                      "mpg_reduce_scatter: MPG_OP_PREMUL_SUM needs a scale; "
                      "it is only reached through mpg_all_reduce_scaled");
-  mpg__coll c = {MPG__REDUCE_SCATTER, send, recv, count, dtype, op, 1.0, 0, 0, stream};
+  mpg__coll c = {MPG__REDUCE_SCATTER, send, recv, count, dtype, op, 1.0, 0, 0, stream, 0};
+  return run(group, &c, work);
+}
+
+mpg_status mpg_reduce_scatter_scaled(mpg_group *group, const void *send, void *recv,
+                                     size_t count, mpg_dtype dtype, double scale,
+                                     void *stream, mpg_work **work) {
+  mpg__coll c = {MPG__REDUCE_SCATTER, send, recv, count, dtype, MPG_OP_PREMUL_SUM,
+                 scale, 0, 0, stream, 0};
   return run(group, &c, work);
 }
 
 mpg_status mpg_barrier(mpg_group *group, mpg_work **work) {
-  mpg__coll c = {MPG__BARRIER, NULL, NULL, 0, MPG_I32, MPG_OP_SUM, 1.0, 0, 0, NULL};
+  mpg__coll c = {MPG__BARRIER, NULL, NULL, 0, MPG_I32, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
   return run(group, &c, work);
 }
 
 mpg_status mpg_send(mpg_group *group, const void *buf, size_t count,
                     mpg_dtype dtype, int peer, void *stream, mpg_work **work) {
-  mpg__coll c = {MPG__SEND, buf, NULL, count, dtype, MPG_OP_SUM, 1.0, 0, peer, stream};
+  mpg__coll c = {MPG__SEND, buf, NULL, count, dtype, MPG_OP_SUM, 1.0, 0, peer, stream, 0};
   return run(group, &c, work);
 }
 
 mpg_status mpg_recv(mpg_group *group, void *buf, size_t count,
                     mpg_dtype dtype, int peer, void *stream, mpg_work **work) {
-  mpg__coll c = {MPG__RECV, NULL, buf, count, dtype, MPG_OP_SUM, 1.0, 0, peer, stream};
+  mpg__coll c = {MPG__RECV, NULL, buf, count, dtype, MPG_OP_SUM, 1.0, 0, peer, stream, 0};
   return run(group, &c, work);
 }
 
 mpg_status mpg__group_host_all_gather(mpg_group *g, const void *send, void *recv,
                                       size_t count, mpg_dtype dtype) {
-  mpg__coll c = {MPG__ALL_GATHER, send, recv, count, dtype, MPG_OP_SUM, 1.0, 0, 0, NULL};
+  mpg__coll c = {MPG__ALL_GATHER, send, recv, count, dtype, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
   mpg_status st = check_coll(g, &c);
   if (st) return st;
   mpg_ctx *ctx = g->ctx;

@@ -110,7 +110,7 @@ static mpg_status place(mpg_ctx *ctx, const mpg_init_opts *opts,
     goto done;
   }
   mpg__coll gather = {MPG__ALL_GATHER, mine, all, ID_INTS, MPG_I32, MPG_OP_SUM,
-                      1.0, 0, 0, NULL};
+                      1.0, 0, 0, NULL, 0};
   ctx->setup_collectives++;
   if ((st = mpg__ctx_setup_coll(ctx, ctx->world_comm, world, &gather))) goto done;
   for (int r = 0; r < world; r++) {
@@ -367,7 +367,11 @@ mpg_backend_kind mpg_ctx_backend(const mpg_ctx *ctx) {
 }
 const mpg_mesh *mpg_ctx_mesh(const mpg_ctx *ctx) { return ctx ? ctx->mesh : NULL; }
 int mpg__ctx_half_reduces_in_f32(const mpg_ctx *ctx) {
-  return ctx && ctx->kind != MPG_BACKEND_NCCL;
+  return ctx != NULL; /* every backend (nccl through groups/coll_f32.c) */
+}
+
+int mpg__ctx_stream_ordered(const mpg_ctx *ctx) {
+  return ctx && ctx->kind == MPG_BACKEND_NCCL;
 }
 
 long mpg_ctx_setup_collectives(const mpg_ctx *ctx) {

@@ -1,8 +1,9 @@
 /* The groups layer's own state, shared by its three parts: ctx.c (the
  * context: launch, placement, binding, memory), group.c (the groups of a
  * context) and coll.c (collectives and work handles), with p2p.c
- * (mpg_p2p_batch, on top of coll.c); calls go one way, from p2p.c to
- * coll.c and from ctx.c and coll.c to group.c.  The backends (backend.h) only move
+ * (mpg_p2p_batch, on top of coll.c) and coll_f32.c (f16/bf16 collectives
+ * with f32 accumulation, for sync/); calls go one way, from p2p.c and
+ * coll_f32.c to coll.c and from ctx.c and coll.c to group.c.  The backends (backend.h) only move
  * data: this layer checks arguments, turns size-1 groups into local
  * copies, applies the context's timeout and aborts the whole context when
  * a peer never arrives. */
@@ -71,6 +72,12 @@ struct mpg_work {
  * abort aborts the whole context and names the group in the message;
  * returns st. */
 mpg_status mpg__group_on_failure(mpg_group *g, const char *fn, mpg_status st);
+
+/* coll.c: run one collective on g as the public calls do (argument
+ * checks, size-1 groups, the timeout, abort on failure); with `work`, an
+ * asynchronous handle.  For internal variants of the public calls
+ * (coll_f32.c: f32 accumulation of f16/bf16). */
+mpg_status mpg__group_run(mpg_group *g, const mpg__coll *c, mpg_work **work);
 
 /* coll.c: wait for reqs[0..n) until `deadline`, then free them all.  The
  * first failure is returned (with its message); a timeout or abort of any

@@ -60,7 +60,7 @@ mpg_status mpg__group_create(mpg_ctx *ctx, mpg_group *g) {
   memset(want, 0, sizeof want);
   want[g->dimset] = 1;
   mpg__coll c = {MPG__ALL_REDUCE, want, agreed, (size_t)ctx->nsets, MPG_I32, MPG_OP_MAX,
-                 1.0, 0, 0, NULL};
+                 1.0, 0, 0, NULL, 0};
   ctx->setup_collectives++;
   mpg_status st = mpg__ctx_setup_coll(ctx, ctx->world_comm, ctx->world, &c);
   if (st)

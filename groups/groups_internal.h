@@ -9,10 +9,35 @@
 extern "C" {
 #endif
 
-/* 1 when the context's backend reduces f16/bf16 with f32 accumulation
- * (thread, mpi: they widen, reduce and round once), 0 when it reduces in
- * the element's own type (nccl). */
+/* 1 when the context's backend can reduce f16/bf16 with f32 accumulation:
+ * every backend now (thread, mpi: their plain collectives widen, reduce
+ * and round once; nccl: through mpg__all_reduce_f32acc and
+ * mpg__reduce_scatter_f32acc below); 0 only for a NULL context.  Kept as
+ * the one place sync/ asks. */
 int mpg__ctx_half_reduces_in_f32(const mpg_ctx *ctx);
+
+/* mpg_all_reduce / mpg_reduce_scatter (same arguments, checks, in-place
+ * conventions, size-1 groups, timeouts and work handles) where f16/bf16
+ * data is reduced with f32 accumulation on every backend: the sum (or
+ * max, min, average) is formed in f32 and rounded once, to nearest even,
+ * into recv.  op may be MPG_OP_PREMUL_SUM: each addend is multiplied by
+ * (float)scale in f32 first; scale is ignored for the other ops.  On nccl
+ * (groups/nccl/widen.c) this widens into an f32 buffer on the stream, runs
+ * the collective in ncclFloat32 (twice the bytes on the wire) and narrows
+ * the result; on thread and mpi it is the plain call.  Other dtypes: the
+ * plain call.  Collective over the group. */
+mpg_status mpg__all_reduce_f32acc(mpg_group *group, const void *send, void *recv,
+                                  size_t count, mpg_dtype dtype, mpg_op op, double scale,
+                                  void *stream, mpg_work **work);
+mpg_status mpg__reduce_scatter_f32acc(mpg_group *group, const void *send, void *recv,
+                                      size_t count, mpg_dtype dtype, mpg_op op,
+                                      double scale, void *stream, mpg_work **work);
+
+/* 1 when the backend runs a context's collectives posted on one stream in
+ * posting order, so a collective may be posted before the one it consumes
+ * has completed (nccl: CUDA stream order); 0 when posting reads the input
+ * at once (thread, mpi: the input must be complete). */
+int mpg__ctx_stream_ordered(const mpg_ctx *ctx);
 
 /* The context a group belongs to (NULL for NULL), so that a group of
  * another context can be refused. */

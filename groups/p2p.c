@@ -53,7 +53,7 @@ static void to_list(const mpg_p2p_op *ops, int n, void *stream, mpg__coll *list)
       int send = op->kind == MPG_P2P_SEND;
       mpg__coll c = {send ? MPG__SEND : MPG__RECV, send ? op->buf : NULL,
                      send ? NULL : op->buf, op->count, op->dtype, MPG_OP_SUM, 1.0, 0,
-                     op->peer, stream};
+                     op->peer, stream, 0};
       list[k++] = c;
     }
   }

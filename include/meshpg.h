@@ -207,10 +207,19 @@ typedef enum mpg_rank_order {
 
 typedef enum mpg_reduce_dtype {
   MPG_REDUCE_NATIVE = 0, /* reduce in the gradient's own dtype */
-  MPG_REDUCE_F32 = 1     /* reduce bf16/f16 gradients with f32 accumulation
-                            (thread, mpi; refused on nccl, see
-                            mpg_sync_add_param) */
+  MPG_REDUCE_F32 = 1     /* reduce bf16/f16 gradients with f32 accumulation,
+                            rounded once, on every backend (nccl: widened
+                            into an f32 buffer, reduced by NCCL in f32,
+                            twice the bytes on the wire, then narrowed) */
 } mpg_reduce_dtype;
+
+/* How mpg_sync keeps gradients and parameters over the data-parallel
+ * group (see "Sharded data parallel" at mpg_sync_opts). */
+typedef enum mpg_sync_mode {
+  MPG_SYNC_REPLICATE = 0, /* every rank keeps every reduced gradient */
+  MPG_SYNC_SHARD = 1      /* distributed optimizer / HSDP: each rank keeps
+                             its shard of every bucket */
+} mpg_sync_mode;
 
 /* One named mesh dim.  size is > 0, or -1 to infer it from the world size. */
 typedef struct mpg_dim {
@@ -268,6 +277,12 @@ typedef struct mpg_spec {
    * mpg_spec_load_string, "<string>" without one, "" for the API);
    * prefixes every positioned error message. */
   char source[MPG_PATH_MAX];
+
+  /* [sync], appended: */
+  mpg_sync_mode sync_mode;        /* [sync] mode; default MPG_SYNC_REPLICATE */
+  char shard_dims[128];           /* [sync] shard_dims; "" = the default group */
+  char replicate_dims[128];       /* [sync] replicate_dims; "" = none */
+  int pad_for_nccl;               /* [sync] pad_for_nccl; default 0 */
 } mpg_spec;
 
 #define MPG_SPEC_MAGIC 0x6d706773u /* "mpgs" */
@@ -277,7 +292,7 @@ typedef struct mpg_spec {
     {{"", 0, {0, 0}, {0, 0}}}, 0,                                           \
     {{"", 0, {{0}}, {0, 0}, {{0, 0}}}}, 0, 0, MPG_BIND_NONE,                \
     MPG_RANK_ORDER_BLOCK, 0, 0, MPG_OP_AVG, 25.0, 1.0, MPG_REDUCE_F32,      \
-    MPG_BACKEND_THREAD, 600.0, 0, "" }
+    MPG_BACKEND_THREAD, 600.0, 0, "", MPG_SYNC_REPLICATE, "", "", 0 }
 
 /* Reset *spec (set up with MPG_SPEC_INIT) to the defaults and an empty
  * mesh, within the caller's size.  Every spec function below also takes a
@@ -880,13 +895,10 @@ MPG_API mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opt
 
 /* Free every communicator and the context.  Every work handle must have
  * been released with mpg_work_wait first.  NULL is a no-op.  After a
- * timeout or abort it frees what can be freed without blocking.  With the
- * issue-order checker on (mpg_ctx_check_order) it first checks the order
- * once more, collectively over the world, unless the context was aborted;
- * a peer that left makes that check give up, after up to the timeout,
- * without an error.
+ * timeout or abort it frees what can be freed without blocking.  It is
+ * not collective (no issue-order check here: call mpg_ctx_check_order
+ * before, if wanted).
  * Returns MPG_OK or the first backend error met while freeing;
- * MPG_ERR_STATE (everything freed) when the issue order differs;
  * MPG_ERR_STATE, freeing nothing, while a mpg_sync made on it still lives
  * (destroy the sync first, then the context). */
 MPG_API mpg_status mpg_ctx_destroy(mpg_ctx *ctx);
@@ -1092,6 +1104,12 @@ MPG_API mpg_status mpg_reduce_scatter(mpg_group *group, const void *send, void *
                                       size_t count, mpg_dtype dtype, mpg_op op,
                                       void *stream, mpg_work **work);
 
+/* Member p receives in recv the sum over members of (scale * block p of
+ * send): a reduce-scatter with pre-multiply.  Floating dtypes only. */
+MPG_API mpg_status mpg_reduce_scatter_scaled(mpg_group *group, const void *send,
+                                             void *recv, size_t count, mpg_dtype dtype,
+                                             double scale, void *stream, mpg_work **work);
+
 /* Returns when every member has entered it. */
 MPG_API mpg_status mpg_barrier(mpg_group *group, mpg_work **work);
 
@@ -1218,16 +1236,35 @@ typedef struct mpg_sync_opts {
                              1/microbatches (default 1: plain avg op) */
   double bucket_mb;       /* bucket size in MiB (default 25) */
   double first_bucket_mb; /* the first bucket launched (default 1) */
-  mpg_reduce_dtype reduce_dtype; /* f32: bf16/f16 reduce with f32 accumulation */
+  mpg_reduce_dtype reduce_dtype; /* f32 (default): bf16/f16 reduce with f32
+                                    accumulation on every backend (nccl: an
+                                    f32 collective, 2x the bytes on the wire;
+                                    see mpg_reduce_dtype) */
   int register_buffers;   /* nccl: ncclMemAlloc + ncclCommRegister */
+  /* Appended: sharded data parallel. */
+  mpg_sync_mode mode;     /* MPG_SYNC_REPLICATE (default) or MPG_SYNC_SHARD */
+  const char *shard_dims; /* shard: the dims each bucket is reduce-scattered
+                             over; NULL: the default reduce group's (dp_cp).
+                             Copied at create. */
+  const char *replicate_dims; /* shard: dims the shard is then all-reduced
+                             over (HSDP, Megatron's partial distributed
+                             optimizer), e.g. "dp_replicate"; NULL: none.
+                             Copied at create. */
+  int pad_for_nccl;       /* shard: pad each bucket to lcm(shard group
+                             size, 128, 65536) elements instead of
+                             lcm(size, 128) (Megatron's option for NCCL
+                             ring bandwidth) */
 } mpg_sync_opts;
 #define MPG_SYNC_OPTS_MAGIC 0x6d706779u /* "mpgy" */
 #define MPG_SYNC_OPTS_INIT                                                  \
   { sizeof(mpg_sync_opts), MPG_SYNC_OPTS_MAGIC, MPG_API_VERSION, 0, NULL,   \
-    MPG_OP_AVG, 1.0, 25.0, 1.0, MPG_REDUCE_F32, 0 }
+    MPG_OP_AVG, 1.0, 25.0, 1.0, MPG_REDUCE_F32, 0, MPG_SYNC_REPLICATE, NULL, \
+    NULL, 0 }
 
 /* Copy the [sync] section of a spec (fsdp_owns_dp, op, bucket_mb,
- * first_bucket_mb, reduce_dtype) into *opts, which must have been set from
+ * first_bucket_mb, reduce_dtype, mode, shard_dims, replicate_dims,
+ * pad_for_nccl; the dims strings point into the spec, which must outlive
+ * opts until mpg_sync_create has copied them) into *opts, which must have been set from
  * MPG_SYNC_OPTS_INIT; its other fields are left alone.  Returns
  * MPG_ERR_INVALID for NULL arguments or structs not set up properly. */
 MPG_API mpg_status mpg_sync_opts_from_spec(const mpg_spec *spec, mpg_sync_opts *opts);
@@ -1267,9 +1304,8 @@ MPG_API mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
  * commit, MPG_ERR_INVALID (count 0, bad dtype, duplicate name, an integer
  * dtype with grad_scale != 1, malformed reduce_dims, opts with a wrong
  * magic, a tied_group of another context), MPG_ERR_NOT_FOUND (reduce_dims names an unknown dim or set),
- * MPG_ERR_RANGE (too large), MPG_ERR_UNSUPPORTED (a bf16/f16 parameter
- * with reduce_dtype MPG_REDUCE_F32 on the nccl backend, which would reduce
- * it in its own dtype: use MPG_REDUCE_NATIVE there). */
+ * MPG_ERR_RANGE (too large).  A bf16/f16 parameter with reduce_dtype
+ * MPG_REDUCE_F32 is accepted on every backend, nccl included. */
 MPG_API mpg_status mpg_sync_add_param(mpg_sync *sync, const char *name, size_t count,
                                       mpg_dtype dtype, const mpg_param_opts *opts,
                                       int *param);
@@ -1380,10 +1416,18 @@ typedef struct mpg_sync_stats {
   int num_buckets;
   size_t total_bytes;    /* of every buffer, the alignment padding included */
   long launched_buckets; /* over the sync's lifetime */
+  /* Appended: shard mode (0 in replicate mode). */
+  size_t shard_elems;    /* the size of this rank's optimizer-state
+                            arrays: its slice of every sharded bucket
+                            (padding positions included, which no param's
+                            range covers) plus every replicated param */
+  size_t pad_elems;      /* padding elements of the sharded buffers (param
+                            starts on 64 elements, bucket ends) */
+  int shard_size;        /* members of the shard group */
 } mpg_sync_stats;
 #define MPG_SYNC_STATS_MAGIC 0x6d706774u /* "mpgt" */
 #define MPG_SYNC_STATS_INIT \
-  { sizeof(mpg_sync_stats), MPG_SYNC_STATS_MAGIC, MPG_API_VERSION, 0, 0, 0, 0, 0 }
+  { sizeof(mpg_sync_stats), MPG_SYNC_STATS_MAGIC, MPG_API_VERSION, 0, 0, 0, 0, 0, 0, 0, 0 }
 /* Fill *stats (set up with MPG_SYNC_STATS_INIT).  Returns MPG_ERR_INVALID
  * for NULL arguments or a wrong magic. */
 MPG_API mpg_status mpg_sync_get_stats(const mpg_sync *sync, mpg_sync_stats *stats);
@@ -1393,13 +1437,92 @@ MPG_API mpg_status mpg_sync_get_stats(const mpg_sync *sync, mpg_sync_stats *stat
 MPG_API mpg_status mpg_sync_param_group(const mpg_sync *sync, int param,
                                         mpg_group **group);
 
+/* ------------------------------------------------------------------------ */
+/* Sharded data parallel (opts.mode = MPG_SYNC_SHARD)                        */
+/* ------------------------------------------------------------------------ */
+/* A distributed optimizer (ZeRO-1/2, Megatron's distributed optimizer) and
+ * HSDP.  Layout as in replicate mode, except that in the sharded buffers
+ * (the default dtype buffers with no tied group) every param starts on a
+ * 64-element boundary and every bucket's end is padded to a multiple of
+ * lcm(S, 128) elements (lcm(S, 128, 65536) with pad_for_nccl), S the size
+ * of the shard group; padding is zero and never reaches the optimizer.
+ * Each bucket is cut into S equal slices; the member at position r of the
+ * shard group owns slice r of every bucket (slices ignore param bounds).
+ *
+ * Step: when a bucket is ready it is reduce-scattered in place over the
+ * shard group (scaled as in replicate mode: averaged, times grad_scale),
+ * then, with replicate_dims, the owned slice is all-reduced over the
+ * replicate group (sum: the scale already covers both).  Same bytes per
+ * rank as one all-reduce.  After finish only the owned slices of the
+ * sharded gradient buffers are meaningful.  Params with their own
+ * reduce_dims, or a tied group, keep replicate behaviour (fully reduced
+ * gradients, optimizer on the whole param).
+ *
+ * Optimizer: for each param, mpg_sync_shard gives the range it owns; an
+ * elementwise optimizer updates param[param_offset .. +count) from
+ * grad[param_offset ..], with its state at [shard_offset .. +count) of
+ * arrays of mpg_sync_stats.shard_elems elements.  Then mpg_sync_gather_begin
+ * all-gathers the updated params bucket by bucket over the shard group (in
+ * place, in forward order); mpg_sync_gather_wait(param) at a param's first
+ * use in forward waits for its bucket (and those before it) and starts the
+ * next one; mpg_sync_gather_all waits for everything.  Both do nothing
+ * when no gather is open (all gathered already). */
+
+/* The part of a param this rank owns.  A versioned output struct. */
+typedef struct mpg_shard_info {
+  size_t size;
+  uint32_t magic;
+  uint32_t version;
+  int sharded;          /* 1: in a sharded buffer; 0: replicated (this
+                           rank updates the whole param) */
+  size_t param_offset;  /* first owned element, in the param */
+  size_t count;         /* owned elements (0: none of this param) */
+  size_t shard_offset;  /* where they sit in this rank's optimizer-state
+                           arrays (0 .. mpg_sync_stats.shard_elems) */
+} mpg_shard_info;
+#define MPG_SHARD_INFO_MAGIC 0x6d706768u /* "mpgh" */
+#define MPG_SHARD_INFO_INIT \
+  { sizeof(mpg_shard_info), MPG_SHARD_INFO_MAGIC, MPG_API_VERSION, 0, 0, 0, 0 }
+
+/* This rank's range of `param` into *info (MPG_SHARD_INFO_INIT).  Valid
+ * after commit in shard mode.  Returns MPG_ERR_STATE before commit or in
+ * replicate mode, MPG_ERR_RANGE for a bad id, MPG_ERR_INVALID for NULL or
+ * a wrong magic. */
+MPG_API mpg_status mpg_sync_shard(const mpg_sync *sync, int param, mpg_shard_info *info);
+
+/* The parameter view of `param` (count elements of its dtype) in the
+ * parameter buffer, which mirrors the gradient buffer (host memory, or
+ * device memory on nccl), valid until mpg_sync_destroy.  The trainer puts
+ * the initial values there (every rank the same) and reads params from it
+ * in forward.  Shard mode only: MPG_ERR_STATE before commit or in
+ * replicate mode, MPG_ERR_RANGE for a bad id. */
+MPG_API mpg_status mpg_sync_param(mpg_sync *sync, int param, void **data);
+
+/* Start gathering the updated params (after the optimizer step, on the
+ * caller's `stream` on nccl, NULL elsewhere): the first bucket in forward
+ * order is all-gathered over the shard group.  Collective over every shard
+ * group.  Returns MPG_ERR_STATE before commit, in replicate mode, inside a
+ * step, or while a gather is open. */
+MPG_API mpg_status mpg_sync_gather_begin(mpg_sync *sync, void *stream);
+
+/* At the first use of `param` in forward: wait until its bucket (and every
+ * bucket before it in forward order) is gathered, then start the next
+ * bucket's gather.  A replicated param returns at once.  The last bucket
+ * ends the gather.  Returns MPG_OK at once when no gather is open or the
+ * bucket was gathered already; the groups layer's errors (a timeout
+ * aborts the context). */
+MPG_API mpg_status mpg_sync_gather_wait(mpg_sync *sync, int param);
+
+/* Gather every remaining bucket and end the gather (also right after
+ * mpg_sync_gather_begin, for a trainer that gathers all before forward).
+ * Returns MPG_OK at once when no gather is open. */
+MPG_API mpg_status mpg_sync_gather_all(mpg_sync *sync);
+
 /* Free the buffers and the synchroniser (before the context).  Call
  * mpg_sync_finish first: with a step still open it waits for the buckets in
  * flight (up to the context's timeout) so that nothing writes into freed
- * memory.  With the issue-order checker on it checks the issue order
- * (collectively, unless the context was aborted; see mpg_ctx_destroy).
- * NULL is a no-op.  Returns MPG_OK, MPG_ERR_STATE (everything freed) when
- * the issue order differs, or the backend's error freeing device memory. */
+ * memory.  Not collective.  NULL is a no-op.  Returns MPG_OK, or the
+ * backend's error freeing device memory. */
 MPG_API mpg_status mpg_sync_destroy(mpg_sync *sync);
 
 #ifdef __cplusplus

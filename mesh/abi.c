@@ -23,6 +23,7 @@ LAST_FIELD_CHECK(mpg_launch);
 LAST_FIELD_CHECK(mpg_sync_opts);
 LAST_FIELD_CHECK(mpg_param_opts);
 LAST_FIELD_CHECK(mpg_sync_stats);
+LAST_FIELD_CHECK(mpg_shard_info);
 
 unsigned mpg_version(void) { return MPG_VERSION_HEX; }
 

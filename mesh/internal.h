@@ -55,16 +55,17 @@ typedef struct mpg__abi_head {
  * (mesh/abi.c checks that no field follows). */
 #define MPG__ABI_FIELD_END(type, field) \
   (offsetof(type, field) + sizeof(((type *)0)->field))
-#define MPG__ABI_LAST_mpg_spec source
+#define MPG__ABI_LAST_mpg_spec pad_for_nccl
 #define MPG__ABI_LAST_mpg_nic_info cpuset
 #define MPG__ABI_LAST_mpg_gpu_info nvlink_peers
 #define MPG__ABI_LAST_mpg_binding thread
 #define MPG__ABI_LAST_mpg_placement_opts strict
 #define MPG__ABI_LAST_mpg_init_opts host_id
 #define MPG__ABI_LAST_mpg_launch source
-#define MPG__ABI_LAST_mpg_sync_opts register_buffers
+#define MPG__ABI_LAST_mpg_sync_opts pad_for_nccl
 #define MPG__ABI_LAST_mpg_param_opts tied_group
-#define MPG__ABI_LAST_mpg_sync_stats launched_buckets
+#define MPG__ABI_LAST_mpg_sync_stats shard_size
+#define MPG__ABI_LAST_mpg_shard_info shard_offset
 #define MPG__ABI_END(type) MPG__ABI_FIELD_END(type, MPG__ABI_LAST_##type)
 
 /* Import a caller's input struct: `full` (the library's own struct, whose

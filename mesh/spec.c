@@ -342,6 +342,17 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
                      (int)spec->reduce_dtype);
   if (spec->backend < MPG_BACKEND_THREAD || spec->backend > MPG_BACKEND_NCCL)
     return mpg__fail(MPG_ERR_SPEC, "backend.name: unknown value %d", (int)spec->backend);
+  if (spec->sync_mode != MPG_SYNC_REPLICATE && spec->sync_mode != MPG_SYNC_SHARD)
+    return mpg__fail(MPG_ERR_SPEC, "sync.mode: unknown value %d", (int)spec->sync_mode);
+  if (spec->sync_mode == MPG_SYNC_SHARD && spec->fsdp_owns_dp)
+    return mpg__fail_at(MPG_ERR_SPEC, src, opt_pos ? opt_pos[MPG__OPT_SYNC_MODE] : nopos,
+                        "sync.mode: \"shard\" with sync.fsdp_owns_dp = true: the shard "
+                        "mode owns dp itself (it reduce-scatters over dp_cp); drop "
+                        "fsdp_owns_dp");
+  if (spec->sync_mode != MPG_SYNC_SHARD && (spec->shard_dims[0] || spec->replicate_dims[0]))
+    return mpg__fail(MPG_ERR_SPEC, "sync.%s = \"%s\" needs sync.mode = \"shard\"",
+                     spec->shard_dims[0] ? "shard_dims" : "replicate_dims",
+                     spec->shard_dims[0] ? spec->shard_dims : spec->replicate_dims);
   if (spec->fsdp_owns_dp && find_dim(spec, "dp") < 0)
     return mpg__fail_at(MPG_ERR_SPEC, src,
                         opt_pos ? opt_pos[MPG__OPT_FSDP_OWNS_DP] : nopos,

@@ -16,6 +16,7 @@ enum {
   MPG__OPT_FIRST_BUCKET_MB,
   MPG__OPT_TIMEOUT_S,
   MPG__OPT_FSDP_OWNS_DP, /* not numeric: position only */
+  MPG__OPT_SYNC_MODE,    /* not numeric: position only */
   MPG__OPT_COUNT
 };
 

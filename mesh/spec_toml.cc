@@ -153,6 +153,17 @@ struct reader {
     std::strcpy(dst, s->get().c_str());
   }
 
+  /* A dims list such as "dp_shard,cp" (checked against the mesh when the
+   * sync is created). */
+  void copy_dims(char *dst, size_t cap, const toml::node &n, const std::string &path) {
+    auto s = n.as_string();
+    if (!s) expected(path, n, "a string of dim names such as \"dp_shard,cp\"");
+    if (s->get().empty() || s->get().size() >= cap)
+      fail(n.source(), path + ": expected 1 to " + std::to_string(cap - 1) +
+                           " chars of dim names, found \"" + s->get() + "\"");
+    std::strcpy(dst, s->get().c_str());
+  }
+
   void read_dims(const toml::node &n) {
     const std::string path = "mesh.dims";
     auto arr = n.as_array();
@@ -263,7 +274,19 @@ struct reader {
   void read_sync(const toml::node &n) {
     const toml::table &t = section(n, "sync");
     only_keys(t, "sync", {"fsdp_owns_dp", "op", "bucket_mb", "first_bucket_mb",
-                          "reduce_dtype"});
+                          "reduce_dtype", "mode", "shard_dims", "replicate_dims",
+                          "pad_for_nccl"});
+    if (auto v = t.get("mode")) {
+      spec->sync_mode = static_cast<mpg_sync_mode>(
+          get_choice(*v, "sync.mode", {"replicate", "shard"}));
+      opt_pos[MPG__OPT_SYNC_MODE] = pos(v->source());
+    }
+    if (auto v = t.get("shard_dims"))
+      copy_dims(spec->shard_dims, sizeof spec->shard_dims, *v, "sync.shard_dims");
+    if (auto v = t.get("replicate_dims"))
+      copy_dims(spec->replicate_dims, sizeof spec->replicate_dims, *v,
+                "sync.replicate_dims");
+    if (auto v = t.get("pad_for_nccl")) spec->pad_for_nccl = get_bool(*v, "sync.pad_for_nccl");
     if (auto v = t.get("fsdp_owns_dp")) {
       spec->fsdp_owns_dp = get_bool(*v, "sync.fsdp_owns_dp");
       opt_pos[MPG__OPT_FSDP_OWNS_DP] = pos(v->source());

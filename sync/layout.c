@@ -15,9 +15,14 @@ static size_t mib_bytes(double mb) {
 }
 
 void mpg__sync_free_layout(mpg_sync *s) {
-  for (int i = 0; i < s->nbuffers; i++)
+  for (int i = 0; i < s->nbuffers; i++) {
     if (s->buffers[i].data) mpg_ctx_mem_free(s->ctx, s->buffers[i].data);
+    if (s->buffers[i].params) mpg_ctx_mem_free(s->ctx, s->buffers[i].params);
+  }
   free(s->buffers);
+  free(s->forward);
+  s->forward = NULL;
+  s->nforward = 0;
   free(s->buckets);
   free(s->tied);
   free(s->tied_work);
@@ -98,6 +103,17 @@ static int cmp_bucket_ref(const void *a, const void *b) {
   return x->key < y->key ? -1 : x->key > y->key;
 }
 
+/* Close a sharded buffer's open bucket: pad its end to a multiple of
+ * lcm(S, 128) (the padding is zero and stays zero), so that it cuts into S
+ * equal slices and the next bucket starts aligned. */
+static void close_sharded(const mpg_sync *s, sbuffer *buf, sbucket *k) {
+  size_t pad = mpg__sync_shard_pad(s);
+  size_t end = (buf->count + pad - 1) / pad * pad;
+  k->count = end - k->offset;
+  buf->count = end;
+  buf->open = -1;
+}
+
 static mpg_status layout(mpg_sync *s) {
   int n = s->nparams;
   /* Buffers, in order of first appearance in backward order. */
@@ -118,9 +134,24 @@ static mpg_status layout(mpg_sync *s) {
       buf->group = p->group;
       buf->tied = p->tied;
       buf->open = -1;
+      buf->sharded = s->opts.mode == MPG_SYNC_SHARD && p->group == s->default_group &&
+                     !p->tied;
     }
-    size_t dsize = mpg_dtype_size(p->dtype), align = ALIGN_BYTES / dsize;
+    /* Shard mode: a sharded buffer's params start on 64 elements (as in
+     * Megatron's distributed optimizer), the others on 64 bytes. */
+    size_t dsize = mpg_dtype_size(p->dtype);
+    size_t align = buf->sharded ? 64 : ALIGN_BYTES / dsize;
     size_t off = (buf->count + align - 1) / align * align;
+    if (buf->sharded && buf->open >= 0) {
+      /* A param that opens a new bucket: first pad the open one's end. */
+      size_t cap = mib_bytes(buf->nbuckets == 1 ? s->opts.first_bucket_mb
+                                                : s->opts.bucket_mb);
+      sbucket *k = &s->buckets[buf->open];
+      if (off <= SIZE_MAX / 8 - p->count && (off + p->count - k->offset) * dsize > cap) {
+        close_sharded(s, buf, k);
+        off = buf->count;
+      }
+    }
     if (off > (SIZE_MAX / 4) / dsize - p->count)
       return mpg__fail(MPG_ERR_RANGE,
                        "mpg_sync_commit: param \"%s\": the %s gradient buffer of group "
@@ -159,6 +190,9 @@ static mpg_status layout(mpg_sync *s) {
     buf->open = s->nbuckets++;
     buf->nbuckets++;
   }
+  for (int b = 0; b < s->nbuffers; b++)
+    if (s->buffers[b].sharded && s->buffers[b].open >= 0)
+      close_sharded(s, &s->buffers[b], &s->buckets[s->buffers[b].open]);
   /* Launch order: by the backward position of each bucket's last param. */
   bucket_ref *refs = malloc(sizeof *refs * (size_t)(s->nbuckets ? s->nbuckets : 1));
   int *where = malloc(sizeof *where * (size_t)(s->nbuckets ? s->nbuckets : 1));
@@ -517,6 +551,7 @@ mpg_status mpg_sync_commit(mpg_sync *s) {
   if (!st) st = check_layout(s);
   if (!st) st = mpg__ctx_check_order(s->ctx, "mpg_sync_commit", 0); /* issue order */
   if (!st) st = layout(s);
+  if (!st && s->opts.mode == MPG_SYNC_SHARD) st = mpg__sync_shard_commit(s);
   if (st) {
     mpg__sync_free_layout(s);
     s->valid = 0; /* no gradients to trust */

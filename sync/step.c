@@ -11,9 +11,10 @@
 void mpg__sync_wait_all(mpg_sync *s) {
   for (int k = 0; k < s->nbuckets; k++) {
     sbucket *b = &s->buckets[k];
-    if (!b->launched || !b->work) continue;
-    (void)mpg_work_wait(b->work);
+    if (b->launched && b->work) (void)mpg_work_wait(b->work);
     b->work = NULL;
+    if (b->work2) (void)mpg_work_wait(b->work2);
+    b->work2 = NULL;
   }
 }
 
@@ -68,10 +69,28 @@ static mpg_status launch(mpg_sync *s, int k) {
     return step_fail(s, st, what);
   }
   s->ordered = 1;
+  if (f->sharded) {
+    /* Shard mode: reduce-scatter (shard.c). */
+    st = mpg__sync_shard_launch(s, k);
+    if (st) {
+      describe_bucket(s, k, what, sizeof what);
+      return step_fail(s, st, what);
+    }
+    b->launched = 1;
+    s->launched_total++;
+    return MPG_OK;
+  }
   void *data = (char *)f->data + b->offset * mpg_dtype_size(f->dtype);
   double scale = s->opts.grad_scale;
   if (s->opts.op == MPG_OP_AVG) scale /= mpg_group_size(f->group);
-  if (s->opts.grad_scale == 1.0)
+  if ((f->dtype == MPG_F16 || f->dtype == MPG_BF16) && s->opts.reduce_dtype == MPG_REDUCE_F32)
+    /* f32 accumulation on every backend (nccl: widened, reduced in f32,
+     * narrowed once; groups_internal.h). */
+    st = mpg__all_reduce_f32acc(f->group, data, data, b->count, f->dtype,
+                                s->opts.grad_scale != 1.0 ? MPG_OP_PREMUL_SUM
+                                : s->opts.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM,
+                                scale, s->stream, &b->work);
+  else if (s->opts.grad_scale == 1.0)
     st = mpg_all_reduce(f->group, data, data, b->count, f->dtype,
                         s->opts.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM,
                         s->stream, &b->work);
@@ -209,6 +228,19 @@ mpg_status mpg_sync_finish(mpg_sync *s) {
     if (st && !s->step_status) {
       char what[512];
       describe_bucket(s, k, what, sizeof what);
+      step_fail(s, st, what);
+    }
+  }
+  /* Shard mode with a replicate group: the slices' all-reduces (those not
+   * posted at launch), then wait for them. */
+  if (s->replicate_group) {
+    int bad = -1;
+    mpg_status st = mpg__sync_shard_finish(s, &bad);
+    if (st && !s->step_status) {
+      char what[512];
+      describe_bucket(s, bad >= 0 ? bad : 0, what, sizeof what);
+      snprintf(what + strlen(what), sizeof what - strlen(what),
+               ": all-reduce of the shard over \"%s\"", mpg_group_name(s->replicate_group));
       step_fail(s, st, what);
     }
   }

@@ -69,6 +69,12 @@ mpg_status mpg_sync_opts_from_spec(const mpg_spec *spec, mpg_sync_opts *opts) {
   o.bucket_mb = sp.bucket_mb;
   o.first_bucket_mb = sp.first_bucket_mb;
   o.reduce_dtype = sp.reduce_dtype;
+  o.mode = sp.sync_mode;
+  o.pad_for_nccl = sp.pad_for_nccl;
+  /* The strings point into the caller's spec (sp is a local copy). */
+  const mpg_spec *caller = spec;
+  o.shard_dims = sp.shard_dims[0] ? caller->shard_dims : NULL;
+  o.replicate_dims = sp.replicate_dims[0] ? caller->replicate_dims : NULL;
   mpg__abi_out(opts, &o, MPG__ABI_END(mpg_sync_opts));
   return MPG_OK;
 }
@@ -96,6 +102,16 @@ static mpg_status check_opts(const mpg_sync_opts *o) {
     return mpg__fail(MPG_ERR_INVALID,
                      "mpg_sync_create: opts.grad_scale is %g, expected a finite number",
                      o->grad_scale);
+  if (o->mode != MPG_SYNC_REPLICATE && o->mode != MPG_SYNC_SHARD)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpg_sync_create: opts.mode is %d, expected MPG_SYNC_REPLICATE (0) "
+                     "or MPG_SYNC_SHARD (1)",
+                     (int)o->mode);
+  if (o->mode != MPG_SYNC_SHARD && (o->shard_dims || o->replicate_dims))
+    return mpg__fail(MPG_ERR_INVALID, "mpg_sync_create: opts.%s = \"%s\" needs opts.mode = "
+                     "MPG_SYNC_SHARD",
+                     o->shard_dims ? "shard_dims" : "replicate_dims",
+                     o->shard_dims ? o->shard_dims : o->replicate_dims);
   if (o->default_dims && !o->default_dims[0])
     return mpg__fail(MPG_ERR_INVALID,
                      "mpg_sync_create: opts.default_dims is \"\"; use NULL for the "
@@ -186,13 +202,21 @@ mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
     return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_create: out of memory");
   }
   s->opts.default_dims = s->default_dims;
+  s->opts.shard_dims = s->opts.replicate_dims = NULL; /* copied by shard.c */
   st = make_default_group(s);
+  if (!st && opts->mode == MPG_SYNC_SHARD) {
+    s->opts.shard_dims = opts->shard_dims;
+    s->opts.replicate_dims = opts->replicate_dims;
+    st = mpg__sync_shard_groups(s);
+  }
   if (!st) {
     st = mpg_ctx_stream_create(ctx, &s->stream);
     if (st) st = mpg__fail_wrap(st, "mpg_sync_create: its stream");
   }
   if (st) {
     free(s->default_dims);
+    free(s->shard_dims);
+    free(s->replicate_dims);
     free(s);
     return st;
   }
@@ -211,10 +235,17 @@ mpg_status mpg_sync_destroy(mpg_sync *s) {
   /* Never free memory a collective may still write: release what a step
    * left in flight first (bounded by the context's timeout). */
   if (s->in_step) mpg__sync_wait_all(s);
+  mpg__sync_gather_drop(s);
   mpg__ctx_sync_count(s->ctx, -1);
-  /* Issue order (collective unless off or aborted): a mismatch only. */
-  if ((first = mpg__ctx_check_order(s->ctx, "mpg_sync_destroy", 1))) mpg__error_save(&why);
   for (int i = 0; i < s->nbuffers; i++) {
+    if (s->buffers[i].params) {
+      mpg_status st = mpg_ctx_mem_free(s->ctx, s->buffers[i].params);
+      s->buffers[i].params = NULL;
+      if (st && !first) {
+        first = mpg__fail_wrap(st, "mpg_sync_destroy: freeing parameter buffer %d", i);
+        mpg__error_save(&why);
+      }
+    }
     if (!s->buffers[i].data) continue;
     mpg_status st = mpg_ctx_mem_free(s->ctx, s->buffers[i].data);
     s->buffers[i].data = NULL;
@@ -238,6 +269,8 @@ mpg_status mpg_sync_destroy(mpg_sync *s) {
   free(s->params);
   free(s->hash);
   free(s->default_dims);
+  free(s->shard_dims);
+  free(s->replicate_dims);
   free(s);
   return first ? mpg__error_restore(first, &why) : MPG_OK;
 }
@@ -315,11 +348,14 @@ mpg_status mpg_sync_add_param(mpg_sync *s, const char *name, size_t count,
                      "param \"%s\": tied_group \"%s\" belongs to another context "
                      "than the sync's",
                      name, mpg_group_name(po.tied_group));
+  /* Every backend reduces f16/bf16 in f32 when asked (nccl: step.c's
+   * launch uses the groups layer's f32-accumulating calls); the check stays
+   * for a backend that could not. */
   if ((dtype == MPG_F16 || dtype == MPG_BF16) && s->opts.reduce_dtype == MPG_REDUCE_F32 &&
       !mpg__ctx_half_reduces_in_f32(s->ctx))
     return mpg__fail(MPG_ERR_UNSUPPORTED,
                      "param \"%s\": reduce_dtype f32 for a %s gradient is not "
-                     "implemented on the nccl backend (it would reduce in %s); set "
+                     "implemented on this backend (it would reduce in %s); set "
                      "[sync] reduce_dtype = \"native\" (opts.reduce_dtype = "
                      "MPG_REDUCE_NATIVE) or register the gradient as f32",
                      name, mpg_dtype_name(dtype), mpg_dtype_name(dtype));
@@ -417,6 +453,11 @@ mpg_status mpg_sync_get_stats(const mpg_sync *s, mpg_sync_stats *stats) {
   full.num_buckets = s->nbuckets;
   full.total_bytes = s->total_bytes;
   full.launched_buckets = s->launched_total;
+  if (s->opts.mode == MPG_SYNC_SHARD && s->committed) {
+    full.shard_elems = s->shard_elems;
+    full.pad_elems = s->pad_elems;
+    full.shard_size = mpg_group_size(s->shard_group);
+  }
   mpg__abi_out(stats, &full, MPG__ABI_END(mpg_sync_stats));
   return MPG_OK;
 }

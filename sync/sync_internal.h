@@ -72,6 +72,8 @@ typedef struct sparam {
   int buffer;       /* (commit) */
   int bucket;       /* launch position of its bucket (commit) */
   size_t offset;    /* first element in its buffer (commit) */
+  size_t state;     /* shard mode, replicated buffers: its optimizer-state
+                       offset (commit) */
   int ready;        /* marked in this step */
 } sparam;
 
@@ -84,6 +86,8 @@ typedef struct sbuffer {
   int nparams;
   int nbuckets;
   int open;            /* its bucket being filled at commit, -1: none */
+  int sharded;         /* shard mode: reduce-scattered over the shard group */
+  void *params;        /* shard mode: the parameter buffer (same layout) */
 } sbuffer;
 
 typedef struct sbucket {
@@ -95,6 +99,11 @@ typedef struct sbucket {
   int pending;          /* params not yet ready in this step */
   mpg_work *work;       /* in flight */
   int launched;         /* in this step */
+  /* Shard mode, sharded buffers only: */
+  size_t slice;         /* count / shard group size */
+  size_t state_base;    /* this rank's slice in the optimizer-state arrays */
+  mpg_work *work2;      /* the slice's all-reduce over the replicate group */
+  mpg_work *gather;     /* the params' all-gather in flight */
 } sbucket;
 
 struct mpg_sync {
@@ -107,6 +116,17 @@ struct mpg_sync {
   unsigned default_mask; /* 0 when the default has no dims (size-1 group) */
   void *stream;          /* the sync's own stream (NULL off nccl) */
   int committed;
+
+  /* Shard mode (shard.c): */
+  char *shard_dims, *replicate_dims; /* copies of the options */
+  mpg_group *shard_group;     /* reduce-scatter and gather over it */
+  mpg_group *replicate_group; /* NULL, or the slices' all-reduce (HSDP) */
+  size_t shard_elems, pad_elems;
+  int *forward;               /* sharded buckets in forward order */
+  int nforward;
+  int gathering;              /* a gather is open */
+  int gather_started, gather_waited; /* positions in `forward` */
+  void *gather_caller;        /* the caller's stream of the gather */
 
   sparam *params;
   int nparams, cap;
@@ -146,5 +166,24 @@ void mpg__sync_free_layout(mpg_sync *s);
 
 /* step.c: wait for (and release) every bucket still in flight. */
 void mpg__sync_wait_all(mpg_sync *s);
+
+/* shard.c: the shard and replicate groups at create (shard mode only;
+ * collective: they may be created). */
+mpg_status mpg__sync_shard_groups(mpg_sync *s);
+/* shard.c: pad size of a sharded bucket's end: lcm(S, 128[, 65536]). */
+size_t mpg__sync_shard_pad(const mpg_sync *s);
+/* shard.c: at commit, after the buckets: slices, state offsets, forward
+ * order and the parameter buffers. */
+mpg_status mpg__sync_shard_commit(mpg_sync *s);
+/* shard.c: release a gather still open (destroy). */
+void mpg__sync_gather_drop(mpg_sync *s);
+/* shard.c: launch bucket k of a sharded buffer: reduce-scatter (then, when
+ * the backend orders work on one stream, the replicate all-reduce). */
+mpg_status mpg__sync_shard_launch(mpg_sync *s, int k);
+/* shard.c: finish's second level: the replicate all-reduces not yet
+ * issued, in bucket order after each reduce-scatter completed, then wait
+ * for them all.  Returns the first failure (the step is failed by the
+ * caller). */
+mpg_status mpg__sync_shard_finish(mpg_sync *s, int *failed_bucket);
 
 #endif

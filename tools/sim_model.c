@@ -69,6 +69,15 @@ void sim_token(const sim_model *m, long step, int sample, int token,
   }
 }
 
+double sim_opt_delta(const sim_model *m, long t, double g, double *mom, double *var) {
+  if (!m->adam) return m->lr * g;
+  *mom = SIM_BETA1 * *mom + (1.0 - SIM_BETA1) * g;
+  *var = SIM_BETA2 * *var + (1.0 - SIM_BETA2) * g * g;
+  double mhat = *mom / (1.0 - pow(SIM_BETA1, (double)t));
+  double vhat = *var / (1.0 - pow(SIM_BETA2, (double)t));
+  return m->lr * mhat / (sqrt(vhat) + SIM_EPS);
+}
+
 void sim_split(int n, int parts, int p, int *lo, int *hi) {
   int q = n / parts, r = n % parts;
   *lo = p * q + (p < r ? p : r);
@@ -89,7 +98,7 @@ int sim_reference_train(const sim_model *m, int steps,
                             sim_reference *ref) {
   const int din = m->d_in, H = m->hidden, dout = m->d_out;
   memset(ref, 0, sizeof *ref);
-  double *grad[SIM_NPARAMS] = {0};
+  double *grad[SIM_NPARAMS] = {0}, *mom[SIM_NPARAMS] = {0}, *var[SIM_NPARAMS] = {0};
   double *x = malloc(sizeof(double) * (size_t)(din + dout + 2 * H + 2 * dout));
   ref->loss = calloc((size_t)(steps > 0 ? steps : 1), sizeof(double));
   int ok = x && ref->loss;
@@ -97,10 +106,12 @@ int sim_reference_train(const sim_model *m, int steps,
     size_t n = (size_t)sim_param_count(m, k);
     ref->param[k] = malloc(sizeof(double) * n);
     grad[k] = malloc(sizeof(double) * n);
-    ok = ok && ref->param[k] && grad[k];
+    mom[k] = calloc(n, sizeof(double));
+    var[k] = calloc(n, sizeof(double));
+    ok = ok && ref->param[k] && grad[k] && mom[k] && var[k];
   }
   if (!ok) {
-    for (int k = 0; k < SIM_NPARAMS; k++) free(grad[k]);
+    for (int k = 0; k < SIM_NPARAMS; k++) free(grad[k]), free(mom[k]), free(var[k]);
     free(x);
     sim_reference_free(ref);
     return -1;
@@ -158,10 +169,11 @@ int sim_reference_train(const sim_model *m, int steps,
     ref->loss[s] = loss / (n_tok * dout);
     for (int k = 0; k < SIM_NPARAMS; k++) {
       long n = sim_param_count(m, k);
-      for (long e = 0; e < n; e++) ref->param[k][e] -= m->lr * grad[k][e];
+      for (long e = 0; e < n; e++)
+        ref->param[k][e] -= sim_opt_delta(m, s + 1, grad[k][e], &mom[k][e], &var[k][e]);
     }
   }
-  for (int k = 0; k < SIM_NPARAMS; k++) free(grad[k]);
+  for (int k = 0; k < SIM_NPARAMS; k++) free(grad[k]), free(mom[k]), free(var[k]);
   free(x);
   return 0;
 }

@@ -1,5 +1,5 @@
 /* The model of `meshpg sim`: a two-layer MLP (Megatron's MLP block) trained
- * with SGD on synthetic data, and its single-process reference.
+ * with Adam (or SGD) on synthetic data, and its single-process reference.
  *
  *   h = x W1 + b1      W1: d_in x hidden     (column-parallel over tp)
  *   a = tanh(h)
@@ -19,10 +19,29 @@
 typedef struct sim_model {
   uint64_t seed;
   int d_in, hidden, d_out;
-  int batch; /* samples per SGD step (the global batch) */
+  int batch; /* samples per optimizer step (the global batch) */
   int seq;   /* tokens per sample */
-  double lr; /* SGD learning rate */
+  double lr; /* learning rate */
+  int adam;  /* 1: Adam (SIM_BETA1, SIM_BETA2, SIM_EPS); 0: plain SGD */
 } sim_model;
+
+/* Adam's constants: torch.optim.Adam's betas, and an epsilon well above
+ * the f32 rounding error of a gradient element (about 1e-9 here).  Adam's
+ * step lr * g / (|g| + eps) has slope lr / eps near g = 0, so with torch's
+ * eps = 1e-8 an element whose gradient cancels to ~1e-8 may move by a
+ * good part of lr on rounding alone, and f32 ranks could drift from the
+ * f64 reference by chance; with 1e-4 that slope stays below 1e-7 per
+ * rounding step, while gradients far above eps keep Adam's
+ * per-element scaling. */
+#define SIM_BETA1 0.9
+#define SIM_BETA2 0.999
+#define SIM_EPS 1e-4
+
+/* One optimizer update of one element, shared by the ranks and the
+ * reference: returns the amount to subtract from the parameter given its
+ * gradient g at optimizer step `t` (1, 2, ...).  Adam updates its state
+ * *m and *v (both start at 0); SGD ignores them. */
+double sim_opt_delta(const sim_model *m, long t, double g, double *mom, double *var);
 
 /* The parameters, in registration (forward) order. */
 enum { SIM_W1, SIM_B1, SIM_W2, SIM_B2, SIM_NPARAMS };
@@ -31,7 +50,7 @@ enum { SIM_W1, SIM_B1, SIM_W2, SIM_B2, SIM_NPARAMS };
  * (unsharded) model; biases use i = 0.  Rounded to f32. */
 double sim_init_param(const sim_model *m, int which, int i, int j);
 
-/* Token `token` of sample `sample` of SGD step `step`: its input x[d_in] and
+/* Token `token` of sample `sample` of optimizer step `step`: its input x[d_in] and
  * target t[d_out] (t = sin of a fixed random projection of x).  f32 values. */
 void sim_token(const sim_model *m, long step, int sample, int token,
                double *x, double *t);

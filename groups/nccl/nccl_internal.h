@@ -17,13 +17,17 @@
  *                pre-multiplied sums.
  *   local.c      size-1 groups: a copy, or a scale kernel (PTX), on the
  *                caller's stream.
+ *   widen.c      f16/bf16 collectives with f32 accumulation
+ *                (mpg__coll.acc_f32): widen and narrow kernels (PTX) and
+ *                the stream-ordered f32 buffer around ops.c's collective.
  *   mem.c        device memory (cudaMalloc, or ncclMemAlloc registered
  *                through reg.c) and streams (create, destroy, order).
  *   reg.c        registered buffers: every communicator of a context (its
  *                "family") has every registered buffer registered.
  * Every file uses comm.c; lifecycle.c, through the function table, uses
- * every other file; ops.c uses local.c's scale kernel, mem.c, world.c and
- * lifecycle.c use reg.c; no other file uses another.
+ * every other file but widen.c; ops.c uses local.c's scale kernel and
+ * widen.c; mem.c, world.c and lifecycle.c use reg.c; no other file uses
+ * another.
  *
  * Threads.  Each communicator has a mutex held around every NCCL call on it
  * (released while polling), so abort never runs while another of our
@@ -43,6 +47,7 @@
  *          cudaGetLastError, cudaGetErrorString, cudaEventCreateWithFlags,
  *          cudaEventRecord, cudaEventQuery, cudaEventDestroy, cudaMalloc,
  *          cudaMemset, cudaMemsetAsync, cudaFree, cudaMemcpy, cudaMemcpyAsync,
+ *          cudaMallocAsync, cudaFreeAsync (widen.c's f32 buffer),
  *          cudaLibraryLoadData, cudaLibraryGetKernel, cudaLaunchKernel,
  *          cudaStreamCreateWithFlags, cudaStreamDestroy,
  *          cudaStreamWaitEvent.
@@ -154,6 +159,21 @@ mpg_status mpg__nccl_local(const mpg__coll *k);
  * it for a scaled f16/bf16 all-reduce (see there). */
 mpg_status mpg__nccl_scale(void *dst, const void *src, size_t count, mpg_dtype dtype,
                            double scale, cudaStream_t s, const char *what);
+
+/* widen.c: f16/bf16 all_reduce / reduce_scatter with f32 accumulation,
+ * around ops.c's collective, on stream s (current device).  _widen checks
+ * k (MPG_ERR_INVALID unless such a collective), allocates the f32 buffer
+ * (cudaMallocAsync; size x count elements for a reduce-scatter, count for
+ * an all-reduce) and widens k->send into it, each element times `scale` in
+ * f32; *wide is then k on that buffer in f32 (in place; a reduce-scatter's
+ * recv is block c->rank), to run in ncclFloat32 with the op's sum for a
+ * pre-multiplied sum.  _narrow rounds wide->recv to nearest even into
+ * k->recv when `narrow` (the collective was enqueued), then frees the
+ * buffer (cudaFreeAsync) either way. */
+mpg_status mpg__nccl_widen(const mpg__comm *c, const mpg__coll *k, double scale,
+                           cudaStream_t s, const char *what, mpg__coll *wide);
+mpg_status mpg__nccl_narrow(const mpg__coll *k, const mpg__coll *wide, int narrow,
+                            cudaStream_t s, const char *what);
 
 /* reg.c: registered buffers, shared by every communicator of a context. */
 /* Join parent's family (NULL: start one, for the world), registering

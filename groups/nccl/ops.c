@@ -1,5 +1,6 @@
 /* Operations of the NCCL backend: post (dtype and op mapping, a
- * pre-multiplied sum's scalar, the enqueue on the caller's stream), a
+ * pre-multiplied sum's scalar, f16/bf16 with f32 accumulation through
+ * widen.c, the enqueue on the caller's stream), a
  * batch of sends and receives as one NCCL group (post_batch), test, wait
  * and free.  A request is done when the CUDA event recorded after its
  * enqueue has fired.  See nccl_internal.h. */
@@ -216,6 +217,9 @@ static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req 
   mpg_status st = MPG_OK;
   ncclResult_t r = ncclSuccess;
   const char *call = "?";
+  const mpg__coll *given = k;
+  mpg__coll wide; /* f32 accumulation: the f32 stand-in for k (widen.c) */
+  int widened = 0;
 
   pthread_mutex_lock(&c->lock);
   if (!c->nccl) {
@@ -238,6 +242,18 @@ static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req 
      * NULL buffers of zero elements are fine. */
     premul = 0;
     goto out_result;
+  }
+  if (k->acc_f32 && uses_op(k->kind) && mpg__dtype_is_half(dtype)) {
+    /* f16/bf16 with f32 accumulation (widen.c): widened into an f32 buffer
+     * (times the scale, in f32, for a pre-multiplied sum), reduced by NCCL
+     * in f32, narrowed into recv at out_result. */
+    st = mpg__nccl_widen(c, k, premul ? k->scale : 1.0, stream, what, &wide);
+    if (st) goto out_locked;
+    widened = 1;
+    k = &wide;
+    dt = ncclFloat32;
+    if (premul) op = ncclSum;
+    premul = 0;
   }
   mpg__coll scaled_first;
   if (premul && k->kind == MPG__ALL_REDUCE && mpg__dtype_is_half(dtype)) {
@@ -271,6 +287,15 @@ static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req 
     st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
 out_result:
   if (premul && c->nccl) (void)ncclRedOpDestroy(op, c->nccl);
+  if (widened) {
+    /* Narrow only after a successful enqueue; free the f32 buffer always. */
+    int ok = st == MPG_OK && r == ncclSuccess;
+    mpg_status nst = mpg__nccl_narrow(given, &wide, ok, stream, what);
+    if (ok && nst) {
+      st = nst;
+      goto out_locked;
+    }
+  }
   if (st == MPG_ERR_TIMEOUT) {
     mpg__nccl_abort_locked(c, MPG_ERR_TIMEOUT);
     st = mpg__fail(MPG_ERR_TIMEOUT,

@@ -24,6 +24,7 @@ STRUCTS = [
     ("mpg_sync_opts", "MPG_SYNC_OPTS_INIT"),
     ("mpg_param_opts", "MPG_PARAM_OPTS_INIT"),
     ("mpg_sync_stats", "MPG_SYNC_STATS_INIT"),
+    ("mpg_shard_info", "MPG_SHARD_INFO_INIT"),
 ]
 
 

@@ -524,6 +524,8 @@ Test(api, ctx_create_misuse) {
   EXPECT(mpg_all_gather(NULL, f, f, 1, MPG_F32, NULL, NULL), MPG_ERR_INVALID, "group is NULL");
   EXPECT(mpg_reduce_scatter(NULL, f, f, 1, MPG_F32, MPG_OP_SUM, NULL, NULL), MPG_ERR_INVALID,
          "group is NULL");
+  EXPECT(mpg_reduce_scatter_scaled(NULL, f, f, 1, MPG_F32, 0.5, NULL, NULL),
+         MPG_ERR_INVALID, "group is NULL");
   EXPECT(mpg_barrier(NULL, NULL), MPG_ERR_INVALID, "group is NULL");
   EXPECT(mpg_send(NULL, f, 2, MPG_F32, 1, NULL, NULL), MPG_ERR_INVALID, "group is NULL");
   EXPECT(mpg_recv(NULL, f, 2, MPG_F32, 1, NULL, NULL), MPG_ERR_INVALID, "group is NULL");
@@ -774,6 +776,57 @@ static mpg_status sync_rank(const mpg_init_opts *opts, void *arg) {
   R_EXPECT(mpg_sync_get_stats(NULL, &stats), MPG_ERR_INVALID, "NULL");
   R_EXPECT(mpg_sync_get_stats(s, NULL), MPG_ERR_INVALID, "NULL");
   R_EXPECT(mpg_sync_get_stats(s, &stbad), MPG_ERR_INVALID, "MPG_SYNC_STATS_INIT");
+  /* Shard-mode calls on a replicate sync, and bad arguments. */
+  mpg_shard_info si = MPG_SHARD_INFO_INIT, sibad;
+  memset(&sibad, 0, sizeof sibad);
+  void *pv = NULL;
+  R_EXPECT(mpg_sync_shard(NULL, 0, &si), MPG_ERR_INVALID, "NULL");
+  R_EXPECT(mpg_sync_shard(s, 0, &si), MPG_ERR_STATE, "replicate mode");
+  R_EXPECT(mpg_sync_param(NULL, 0, &pv), MPG_ERR_INVALID, "NULL");
+  R_EXPECT(mpg_sync_param(s, 0, &pv), MPG_ERR_STATE, "replicate mode");
+  R_EXPECT(mpg_sync_gather_begin(NULL, NULL), MPG_ERR_INVALID, "NULL");
+  R_EXPECT(mpg_sync_gather_begin(s, NULL), MPG_ERR_STATE, "replicate mode");
+  R_EXPECT(mpg_sync_gather_wait(s, 0), MPG_ERR_STATE, "replicate mode");
+  R_EXPECT(mpg_sync_gather_all(NULL), MPG_ERR_INVALID, "NULL");
+  {
+    mpg_sync_opts sh = MPG_SYNC_OPTS_INIT;
+    sh.mode = MPG_SYNC_SHARD;
+    sh.fsdp_owns_dp = 1;
+    mpg_sync *bad = NULL;
+    R_EXPECT(mpg_sync_create(c, &sh, &bad), MPG_ERR_INVALID, "fsdp_owns_dp");
+    sh.fsdp_owns_dp = 0;
+    sh.mode = (mpg_sync_mode)7;
+    R_EXPECT(mpg_sync_create(c, &sh, &bad), MPG_ERR_INVALID, "opts.mode");
+    sh.mode = MPG_SYNC_REPLICATE;
+    sh.shard_dims = "dp";
+    R_EXPECT(mpg_sync_create(c, &sh, &bad), MPG_ERR_INVALID, "MPG_SYNC_SHARD");
+    sh.mode = MPG_SYNC_SHARD;
+    sh.replicate_dims = "dp";
+    R_EXPECT(mpg_sync_create(c, &sh, &bad), MPG_ERR_INVALID, "share");
+    sh.shard_dims = NULL;
+    sh.replicate_dims = NULL;
+    R_EXPECT(mpg_sync_create(c, &sh, &bad), MPG_OK, "");
+    int q = -1;
+    R_EXPECT(mpg_sync_add_param(bad, "w", 300, MPG_F32, NULL, &q), MPG_OK, "");
+    R_EXPECT(mpg_sync_shard(bad, 0, &si), MPG_ERR_STATE, "commit");
+    R_EXPECT(mpg_sync_commit(bad), MPG_OK, "");
+    R_EXPECT(mpg_sync_shard(bad, 0, &sibad), MPG_ERR_INVALID, "MPG_SHARD_INFO_INIT");
+    R_EXPECT(mpg_sync_shard(bad, 0, NULL), MPG_ERR_INVALID, "NULL");
+    R_EXPECT(mpg_sync_shard(bad, 1, &si), MPG_ERR_RANGE, "param 1");
+    R_EXPECT(mpg_sync_shard(bad, 0, &si), MPG_OK, "");
+    R_TRUE(si.sharded == 1 && (si.count == 192 || si.count == 108)); /* 300 of 384 */
+    R_EXPECT(mpg_sync_param(bad, 0, NULL), MPG_ERR_INVALID, "NULL");
+    R_EXPECT(mpg_sync_param(bad, -1, &pv), MPG_ERR_RANGE, "-1");
+    R_EXPECT(mpg_sync_gather_wait(bad, 3), MPG_ERR_RANGE, "param 3");
+    R_EXPECT(mpg_sync_gather_all(bad), MPG_OK, "");
+    R_EXPECT(mpg_sync_begin(bad, 0, 1, NULL), MPG_OK, "");
+    R_EXPECT(mpg_sync_gather_begin(bad, NULL), MPG_ERR_STATE, "step 0 is open");
+    R_EXPECT(mpg_sync_finish(bad), MPG_OK, "");
+    R_EXPECT(mpg_sync_gather_begin(bad, NULL), MPG_OK, "");
+    R_EXPECT(mpg_sync_gather_begin(bad, NULL), MPG_ERR_STATE, "still open");
+    R_EXPECT(mpg_sync_gather_wait(bad, 0), MPG_OK, "");
+    R_EXPECT(mpg_sync_destroy(bad), MPG_OK, "");
+  }
   R_EXPECT(mpg_sync_destroy(NULL), MPG_OK, "");
   /* The required order: the sync before its context (mpg_sync_destroy
    * uses the context's groups and memory).  The reverse is refused and

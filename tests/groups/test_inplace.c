@@ -3,11 +3,10 @@
  * reduce_scatter in place when recv == send + position * count, all_reduce
  * when send == recv; any other overlap is refused before anything is
  * posted, and the context stays healthy.  Run over every group of several
- * meshes, every position, and a few counts and dtypes. */
+ * meshes, every position, and a few counts and dtypes.  Ranks are threads:
+ * they report failures through tests/rank_check.h (RCHECK, RCALL). */
 #include <criterion/criterion.h>
 
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,33 +14,7 @@
 
 #include "meshpg.h"
 #include "../../groups/backend.h" /* mpg__f32_to_half */
-
-static pthread_mutex_t fail_mu = PTHREAD_MUTEX_INITIALIZER;
-static char fail_msg[1024];
-
-static mpg_status rank_fail(mpg_ctx *ctx, int line, const char *fmt, ...) {
-  char buf[768];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  pthread_mutex_lock(&fail_mu);
-  if (!fail_msg[0]) snprintf(fail_msg, sizeof fail_msg, "line %d: %s", line, buf);
-  pthread_mutex_unlock(&fail_mu);
-  if (ctx) mpg_ctx_abort(ctx);
-  return MPG_ERR_STATE;
-}
-
-#define RCHECK(cond, ...)                                         \
-  do {                                                            \
-    if (!(cond)) return rank_fail(ctx, __LINE__, __VA_ARGS__);    \
-  } while (0)
-#define RCALL(expr)                                                           \
-  do {                                                                        \
-    mpg_status st_ = (expr);                                                  \
-    RCHECK(st_ == MPG_OK, "%s: %s: %s", #expr, mpg_status_name(st_),          \
-           mpg_last_error());                                                 \
-  } while (0)
+#include "../rank_check.h"
 
 typedef struct {
   const char *mesh;
@@ -116,14 +89,15 @@ static mpg_status one_group(mpg_ctx *ctx, mpg_group *g, size_t count) {
 static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   job *j = arg;
   mpg_ctx *ctx = NULL;
-  mpg_status st = mpg_ctx_create(j->m, opts, &ctx);
-  if (st) return rank_fail(NULL, __LINE__, "mpg_ctx_create: %s", mpg_last_error());
+  mpg_status st = rank_open(opts, j->m, &ctx, NULL, NULL);
+  if (st) return st;
   const size_t counts[] = {1, 3, 1000};
   for (int s = 0; s < mpg_mesh_num_dimsets(j->m) && !st; s++) {
     mpg_group *g = NULL;
     if ((st = mpg_ctx_group_at(ctx, s, &g))) break;
     for (int c = 0; c < 3 && !st; c++) st = one_group(ctx, g, counts[c]);
   }
+  tl_ctx = NULL;
   mpg_ctx_destroy(ctx);
   return st;
 }
@@ -164,15 +138,15 @@ typedef struct {
 static mpg_status scaled_main(const mpg_init_opts *opts, void *arg) {
   scaled_job *j = arg;
   mpg_ctx *ctx = NULL;
-  mpg_status st = mpg_ctx_create(j->m, opts, &ctx);
-  if (st) return rank_fail(NULL, __LINE__, "mpg_ctx_create: %s", mpg_last_error());
   mpg_group *g = NULL;
-  RCALL(mpg_ctx_group(ctx, "world", &g));
+  mpg_status st = rank_open(opts, j->m, &ctx, "world", &g);
+  if (st) return st;
   uint16_t buf[64];
   for (int i = 0; i < 64; i++) buf[i] = mpg__f32_to_half(j->dt, 50.0f + 37.0f * (float)i);
   double s = j->scale / mpg_group_size(g);
   RCALL(mpg_all_reduce_scaled(g, buf, buf, 64, j->dt, s, NULL, NULL));
   if (mpg_ctx_rank(ctx) == 0) memcpy(j->out, buf, sizeof buf);
+  tl_ctx = NULL;
   mpg_ctx_destroy(ctx);
   return MPG_OK;
 }

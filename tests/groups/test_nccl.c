@@ -42,6 +42,7 @@
 /* The backend interface, to drive the NCCL backend itself on one rank. */
 #include "../../groups/backend.h"
 #include "../../groups/nccl/nccl_internal.h" /* registrations (reg.c) */
+#include "../../groups/groups_internal.h"     /* the f32acc collectives */
 
 /* ------------------------------------------------------------------------ */
 /* Helpers                                                                   */
@@ -255,22 +256,35 @@ static void log_device(void) {
 /* Paths that need no GPU                                                    */
 /* ------------------------------------------------------------------------ */
 
+/* The backend's world_init as rank `rank` of `world` (local rank `rank` of
+ * `local_world`, no device chosen, no NCCL id) with master_addr and
+ * master_port, in a call that must fail before NCCL makes a communicator:
+ * asserts that it leaves none and returns its status. */
+static mpg_status nogpu_world_init(int rank, int world, int local_world,
+                                   const char *master_addr, int master_port) {
+  mpg__world_args a;
+  memset(&a, 0, sizeof a);
+  a.rank = rank;
+  a.world_size = world;
+  a.local_rank = rank;
+  a.local_world_size = local_world;
+  a.timeout_s = 5;
+  a.device = -1;
+  a.master_addr = master_addr;
+  a.master_port = master_port;
+  mpg__comm *w = (mpg__comm *)0x1;
+  mpg_status st = mpg__backend_nccl.world_init(&a, &w);
+  cr_assert_null(w);
+  return st;
+}
+
 Test(nccl_nogpu, world_init_reports_missing_device) {
   if (gpu_count(NULL) > 0)
     cr_skip_test("a CUDA GPU is present: the no-device error path cannot be "
                  "shown here");
-  mpg__world_args a;
-  memset(&a, 0, sizeof a);
-  a.world_size = 1;
-  a.timeout_s = 5;
-  a.device = -1;
-  a.master_addr = "";
-  a.master_port = -1;
-  mpg__comm *w = (mpg__comm *)0x1;
-  mpg_status st = mpg__backend_nccl.world_init(&a, &w);
+  mpg_status st = nogpu_world_init(0, 1, 0, "", -1);
   cr_assert_eq(st, MPG_ERR_UNSUPPORTED, "got %s: %s", mpg_status_name(st),
                mpg_last_error());
-  cr_assert_null(w);
   cr_assert(strstr(mpg_last_error(), "no CUDA device"), "message: %s",
             mpg_last_error());
   cr_assert(strstr(mpg_last_error(), "cudaGetDeviceCount"), "message: %s",
@@ -301,19 +315,9 @@ Test(nccl_nogpu, empty_cuda_visible_devices_is_explained) {
   /* CUDA reads the variable at its first call, here in world_init (each
    * test is its own process), so this runs with or without a GPU. */
   setenv("CUDA_VISIBLE_DEVICES", "", 1);
-  mpg__world_args a;
-  memset(&a, 0, sizeof a);
-  a.world_size = 1;
-  a.local_world_size = 1;
-  a.timeout_s = 5;
-  a.device = -1;
-  a.master_addr = "";
-  a.master_port = -1;
-  mpg__comm *w = (mpg__comm *)0x1;
-  mpg_status st = mpg__backend_nccl.world_init(&a, &w);
+  mpg_status st = nogpu_world_init(0, 1, 1, "", -1);
   cr_assert_eq(st, MPG_ERR_UNSUPPORTED, "got %s: %s", mpg_status_name(st),
                mpg_last_error());
-  cr_assert_null(w);
   cr_assert(strstr(mpg_last_error(), "nccl: rank 0 of 1") &&
                 strstr(mpg_last_error(), "CUDA_VISIBLE_DEVICES=\"\" hides every GPU"),
             "message: %s", mpg_last_error());
@@ -326,21 +330,9 @@ Test(nccl_nogpu, missing_rendezvous_names_master_addr) {
   unsetenv("MASTER_ADDR");
   unsetenv("MASTER_PORT");
   unsetenv("OMPI_COMM_WORLD_SIZE");
-  mpg__world_args a;
-  memset(&a, 0, sizeof a);
-  a.rank = 1;
-  a.world_size = 2;
-  a.local_rank = 1;
-  a.local_world_size = 2;
-  a.timeout_s = 5;
-  a.device = -1;
-  a.master_addr = "";
-  a.master_port = -1;
-  mpg__comm *w = (mpg__comm *)0x1;
-  mpg_status st = mpg__backend_nccl.world_init(&a, &w);
+  mpg_status st = nogpu_world_init(1, 2, 2, "", -1);
   cr_assert_eq(st, MPG_ERR_ENV, "got %s: %s", mpg_status_name(st),
                mpg_last_error());
-  cr_assert_null(w);
   cr_assert(strstr(mpg_last_error(), "MASTER_ADDR") &&
                 strstr(mpg_last_error(), "MASTER_PORT"),
             "message: %s", mpg_last_error());
@@ -352,20 +344,7 @@ Test(nccl_nogpu, missing_rendezvous_names_master_addr) {
 static mpg_status master_boot(int port) {
   unsetenv("NCCL_COMM_ID");
   unsetenv("OMPI_COMM_WORLD_SIZE");
-  mpg__world_args a;
-  memset(&a, 0, sizeof a);
-  a.rank = 1;
-  a.world_size = 2;
-  a.local_rank = 1;
-  a.local_world_size = 2;
-  a.timeout_s = 5;
-  a.device = -1;
-  a.master_addr = "127.0.0.1";
-  a.master_port = port;
-  mpg__comm *w = (mpg__comm *)0x1;
-  mpg_status st = mpg__backend_nccl.world_init(&a, &w);
-  cr_assert_null(w);
-  return st;
+  return nogpu_world_init(1, 2, 2, "127.0.0.1", port);
 }
 
 Test(nccl_nogpu, master_port_fallback_never_takes_master_port) {
@@ -786,6 +765,27 @@ static void *rank_main(void *p) {
       cudaFree(buf);
     }
   }
+  /* f16/bf16 with f32 accumulation (widen.c) over two ranks: all_reduce
+   * (sum, avg, scaled) and reduce_scatter in place, where each rank's f32
+   * result is its block of the widened buffer. */
+  for (int h = 0; h < 2; h++) {
+    mpg_dtype dt = h ? MPG_BF16 : MPG_F16;
+    for (int q = 0; q < 3; q++) {
+      mpg_op op = q == 0 ? MPG_OP_SUM : q == 1 ? MPG_OP_AVG : MPG_OP_PREMUL_SUM;
+      void *send = dev_fill(dt, n, j->rank), *recv = dev_zero(dt, n);
+      JOB_OK(j, mpg__all_reduce_f32acc(dp, send, recv, n, dt, op, 0.5, NULL, NULL));
+      expect_arg a = {dt, op, 2, 0.5, 0};
+      job_expect(j, "f32acc all_reduce", dt, recv, n, want_reduce, &a);
+      cudaFree(send);
+      cudaFree(recv);
+    }
+    void *rs = dev_fill(dt, 2 * n, j->rank);
+    char *mine = (char *)rs + (size_t)j->rank * n * 2;
+    JOB_OK(j, mpg__reduce_scatter_f32acc(dp, rs, mine, n, dt, MPG_OP_SUM, 1.0, NULL, NULL));
+    expect_arg a = {dt, MPG_OP_SUM, 2, 1.0, (size_t)j->rank * n};
+    job_expect(j, "f32acc reduce_scatter in place", dt, mine, n, want_reduce, &a);
+    cudaFree(rs);
+  }
   /* broadcast from position 1, all_gather, reduce_scatter, send/recv. */
   void *b = dev_fill(MPG_F32, n, j->rank);
   JOB_OK(j, mpg_broadcast(dp, b, n, MPG_F32, 1, NULL, NULL));
@@ -1062,6 +1062,90 @@ Test(nccl_backend, scaled_half_all_reduce_keeps_the_scale_in_f32) {
     free(host);
     free(back);
   }
+  EXPECT_OK(mpg__backend_nccl.destroy(c));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Issue 12: f16/bf16 with f32 accumulation (widen.c)                         */
+/* ------------------------------------------------------------------------ */
+
+static int half_is_nan(mpg_dtype dt, uint16_t h) {
+  return (h & 0x7fff) > (dt == MPG_BF16 ? 0x7f80 : 0x7c00);
+}
+
+/* The backend's post with acc_f32 on a one-rank NCCL communicator, so that
+ * ncclAllReduce / ncclReduceScatter really run in ncclFloat32 between the
+ * widen and narrow kernels: every non-NaN 16-bit pattern of f16 and bf16
+ * (zeros, subnormals, infinities included), sum, avg, max, min and scaled
+ * sums (0.3: products that round; 1e-7: f16 underflow), out of place and in
+ * place.  Each result equals mpg__f32_to_half(f32(x) (* (float)scale)), the
+ * f32 reduction of one member rounded once, bit for bit; NaN inputs give
+ * NaN.  Then f32 data with acc_f32 set runs as a plain f32 collective. */
+Test(nccl_backend, f32_accumulation_of_halves_rounds_once) {
+  require_gpu();
+  mpg__comm *c = backend_world1();
+  const size_t n = 65536;
+  const mpg_op ops[] = {MPG_OP_SUM, MPG_OP_AVG, MPG_OP_MAX, MPG_OP_MIN,
+                        MPG_OP_PREMUL_SUM, MPG_OP_PREMUL_SUM};
+  const double scales[] = {1, 1, 1, 1, 0.3, 1e-7};
+  uint16_t *host = malloc(n * 2), *back = malloc(n * 2);
+  cr_assert(host && back);
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int cases = 0;
+  for (int h = 0; h < 2; h++) {
+    mpg_dtype dt = h ? MPG_BF16 : MPG_F16;
+    for (size_t o = 0; o < sizeof ops / sizeof *ops; o++)
+      for (int kind = 0; kind < 2; kind++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+          int nans = o == 0 && inplace == 0; /* one case with NaN inputs */
+          for (size_t i = 0; i < n; i++)
+            host[i] = half_is_nan(dt, (uint16_t)i) && !nans ? 0 : (uint16_t)i;
+          void *send = NULL, *recv = NULL;
+          CUDA_OK(cudaMalloc(&send, n * 2));
+          CUDA_OK(cudaMalloc(&recv, n * 2));
+          CUDA_OK(cudaMemcpy(send, host, n * 2, cudaMemcpyHostToDevice));
+          CUDA_OK(cudaMemset(recv, 0x5a, n * 2));
+          void *out = inplace ? send : recv; /* one rank: block 0 of send */
+          mpg__coll k = coll_of(kind ? MPG__REDUCE_SCATTER : MPG__ALL_REDUCE, send, out, n,
+                                dt, ops[o], s);
+          k.scale = scales[o];
+          k.acc_f32 = 1;
+          EXPECT_OK(backend_run(c, &k));
+          CUDA_OK(cudaStreamSynchronize(s));
+          CUDA_OK(cudaMemcpy(back, out, n * 2, cudaMemcpyDeviceToHost));
+          for (size_t i = 0; i < n; i++) {
+            if (half_is_nan(dt, host[i])) {
+              cr_assert(half_is_nan(dt, back[i]), "%s %s: NaN 0x%04x gave 0x%04x",
+                        mpg__kind_name(k.kind), mpg_dtype_name(dt), host[i], back[i]);
+              continue;
+            }
+            float f = mpg__half_to_f32(dt, host[i]);
+            if (ops[o] == MPG_OP_PREMUL_SUM) f *= (float)scales[o];
+            uint16_t want = mpg__f32_to_half(dt, f);
+            cr_assert_eq(back[i], want,
+                         "%s(%s, %s, scale %g)%s: input 0x%04x gave 0x%04x, expected 0x%04x",
+                         mpg__kind_name(k.kind), mpg_dtype_name(dt), op_names[ops[o]],
+                         scales[o], inplace ? " in place" : "", host[i], back[i], want);
+          }
+          cudaFree(send);
+          cudaFree(recv);
+          cases++;
+        }
+  }
+  /* f32 data: the flag changes nothing. */
+  void *x = dev_fill(MPG_F32, 1000, 0), *y = dev_zero(MPG_F32, 1000);
+  mpg__coll k = coll_of(MPG__ALL_REDUCE, x, y, 1000, MPG_F32, MPG_OP_SUM, s);
+  k.acc_f32 = 1;
+  EXPECT_OK(backend_run(c, &k));
+  expect_dev("f32 with acc_f32", MPG_F32, y, 1000, want_pattern0, NULL);
+  cudaFree(x);
+  cudaFree(y);
+  cr_log_info("backend direct, 1-rank NCCL comm: %d f16/bf16 collectives with f32 "
+              "accumulation, every 16-bit pattern, bit for bit", cases);
+  CUDA_OK(cudaStreamDestroy(s));
+  free(host);
+  free(back);
   EXPECT_OK(mpg__backend_nccl.destroy(c));
 }
 

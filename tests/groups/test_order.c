@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../mpirun_util.h"
+#include "../rank_check.h"
 #include "order_cases.h"
 
 typedef struct oarg {
@@ -30,13 +31,9 @@ static void run_case(const char *mode, const char *check_order) {
   a->mode = mode;
   mpg_status st[OC_WORLD];
   mpg_status rc = mpg_thread_run(OC_WORLD, 20.0, rank_main, a, st);
-  char all[8192] = "";
-  size_t n = 0;
-  for (int r = 0; r < OC_WORLD; r++)
-    if (st[r] != MPG_OK && n < sizeof all)
-      n += (size_t)snprintf(all + n, sizeof all - n, "\n  rank %d: %s: %s", r,
-                            mpg_status_name(st[r]), a->msg[r]);
-  cr_assert_eq(rc, MPG_OK, "case %s: %s%s", mode, mpg_last_error(), all);
+  char all[8192];
+  cr_assert_eq(rc, MPG_OK, "case %s: %s%s", mode, mpg_last_error(),
+               rank_failures(all, sizeof all, OC_WORLD, st, a->msg, sizeof a->msg[0]));
   free(a);
 }
 

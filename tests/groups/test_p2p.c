@@ -8,54 +8,18 @@
  * test_nccl.c.
  *
  * Ranks are threads: Criterion's asserts must not run on them, so a rank
- * records its first failure (RCHECK) and returns MPG_ERR_STATE, aborting
- * its context so that its peers stop waiting; the test thread asserts. */
+ * records its first failure (RCHECK, tests/rank_check.h) and returns
+ * MPG_ERR_STATE, aborting its context so that its peers stop waiting; the
+ * test thread asserts. */
 #include <criterion/criterion.h>
 
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "meshpg.h"
-
-/* ------------------------------------------------------------------------ */
-/* Rank-side failure reporting (as in test_thread.c)                         */
-/* ------------------------------------------------------------------------ */
-
-static pthread_mutex_t fail_mu = PTHREAD_MUTEX_INITIALIZER;
-static char fail_msg[2048];
-static _Thread_local int tl_rank = -1;
-static _Thread_local mpg_ctx *tl_ctx;
-
-static mpg_status rank_fail(const char *file, int line, const char *fmt, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  pthread_mutex_lock(&fail_mu);
-  if (!fail_msg[0])
-    snprintf(fail_msg, sizeof fail_msg, "rank %d at %s:%d: %s", tl_rank, file, line, buf);
-  pthread_mutex_unlock(&fail_mu);
-  if (tl_ctx) mpg_ctx_abort(tl_ctx); /* peers stop waiting for us */
-  return MPG_ERR_STATE;
-}
-
-#define RCHECK(cond, ...)                                            \
-  do {                                                               \
-    if (!(cond)) return rank_fail(__FILE__, __LINE__, __VA_ARGS__);  \
-  } while (0)
-
-#define RCALL(expr)                                                  \
-  do {                                                               \
-    mpg_status st_ = (expr);                                         \
-    RCHECK(st_ == MPG_OK, "%s: %s: %s", #expr, mpg_status_name(st_), \
-           mpg_last_error());                                        \
-  } while (0)
+#include "../rank_check.h"
 
 /* A call that must fail with `want` and a message holding `text`. */
 #define REXPECT(expr, want, text)                                               \
@@ -66,21 +30,6 @@ static mpg_status rank_fail(const char *file, int line, const char *fmt, ...) {
            mpg_status_name(st_), mpg_last_error(), mpg_status_name(want), text); \
   } while (0)
 
-#define EXPECT_RUN_OK(st)                                                      \
-  cr_assert_eq((st), MPG_OK, "mpg_thread_run: %s: %s | first rank failure: %s", \
-               mpg_status_name(st), mpg_last_error(), fail_msg)
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  nanosleep(&ts, NULL);
-}
-
 static mpg_mesh *make_mesh(const char *dims) {
   mpg_spec spec = MPG_SPEC_INIT;
   cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
@@ -88,6 +37,13 @@ static mpg_mesh *make_mesh(const char *dims) {
   mpg_mesh *m = NULL;
   cr_assert_eq(mpg_mesh_create(&spec, 0, &m), MPG_OK, "mesh %s: %s", dims, mpg_last_error());
   return m;
+}
+
+/* Run fn on `world` thread ranks over the mesh `dims` (fn's argument). */
+static void run_on(const char *dims, int world, mpg_status (*fn)(const mpg_init_opts *, void *)) {
+  mpg_mesh *mesh = make_mesh(dims);
+  EXPECT_RUN_OK(mpg_thread_run(world, 20.0, fn, mesh, NULL));
+  mpg_mesh_destroy(mesh);
 }
 
 /* The element i of the message that position `src` sends in direction
@@ -124,12 +80,10 @@ typedef struct ring_arg {
 
 static mpg_status ring_main(const mpg_init_opts *opts, void *arg) {
   const ring_arg *a = arg;
-  tl_rank = opts->rank;
   mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(a->mesh, opts, &ctx));
-  tl_ctx = ctx;
   mpg_group *g;
-  RCALL(mpg_ctx_group(ctx, a->group, &g));
+  mpg_status st = rank_open(opts, a->mesh, &ctx, a->group, &g);
+  if (st) return st;
   int me = mpg_group_rank(g), size = mpg_group_size(g);
   int next = (me + 1) % size, prev = (me + size - 1) % size;
   size_t n = a->count;
@@ -220,13 +174,10 @@ Test(p2p_batch, ring_never_waits_on_a_full_inbox, .timeout = 120) {
 /* ------------------------------------------------------------------------ */
 
 static mpg_status order_main(const mpg_init_opts *opts, void *arg) {
-  const mpg_mesh *mesh = arg;
-  tl_rank = opts->rank;
   mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(mesh, opts, &ctx));
-  tl_ctx = ctx;
   mpg_group *g;
-  RCALL(mpg_ctx_group(ctx, "world", &g));
+  mpg_status st = rank_open(opts, arg, &ctx, "world", &g);
+  if (st) return st;
   int me = mpg_group_rank(g), peer = 1 - me;
 
   /* Three messages each way to the same peer, sends and receives
@@ -319,24 +270,17 @@ static mpg_status order_main(const mpg_init_opts *opts, void *arg) {
   return MPG_OK;
 }
 
-Test(p2p_batch, order_per_peer_dtypes_and_refusal) {
-  mpg_mesh *mesh = make_mesh("dp=2,tp=1");
-  EXPECT_RUN_OK(mpg_thread_run(2, 20.0, order_main, mesh, NULL));
-  mpg_mesh_destroy(mesh);
-}
+Test(p2p_batch, order_per_peer_dtypes_and_refusal) { run_on("dp=2,tp=1", 2, order_main); }
 
 /* A batch on one side, plain mpg_send / mpg_recv on the other.  The
  * issue-order checker counts each batch as a call of the whole group, so
  * it is off here (MESHPG_CHECK_ORDER=0): mixing is legal for the backends,
  * not for the checker. */
 static mpg_status mixed_main(const mpg_init_opts *opts, void *arg) {
-  const mpg_mesh *mesh = arg;
-  tl_rank = opts->rank;
   mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(mesh, opts, &ctx));
-  tl_ctx = ctx;
   mpg_group *g;
-  RCALL(mpg_ctx_group(ctx, "world", &g));
+  mpg_status st = rank_open(opts, arg, &ctx, "world", &g);
+  if (st) return st;
   int me = mpg_group_rank(g), peer = 1 - me;
   int32_t x[8], y[8] = {0};
   fill(x, 8, me, 20);
@@ -362,22 +306,17 @@ static mpg_status mixed_main(const mpg_init_opts *opts, void *arg) {
 
 Test(p2p_batch, a_batch_matches_plain_send_and_recv) {
   setenv("MESHPG_CHECK_ORDER", "0", 1);
-  mpg_mesh *mesh = make_mesh("dp=2");
-  EXPECT_RUN_OK(mpg_thread_run(2, 20.0, mixed_main, mesh, NULL));
-  mpg_mesh_destroy(mesh);
+  run_on("dp=2", 2, mixed_main);
 }
 
 /* A chain (not a ring) of three stages where one step involves only the
  * first two: the idle stage passes n == 0, which the issue-order checker
  * counts like the others' batches, so the check passes. */
 static mpg_status chain_main(const mpg_init_opts *opts, void *arg) {
-  const mpg_mesh *mesh = arg;
-  tl_rank = opts->rank;
   mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(mesh, opts, &ctx));
-  tl_ctx = ctx;
   mpg_group *g;
-  RCALL(mpg_ctx_group(ctx, "pp", &g));
+  mpg_status st = rank_open(opts, arg, &ctx, "pp", &g);
+  if (st) return st;
   int me = mpg_group_rank(g);
   int32_t buf[16];
   fill(buf, 16, me, 30);
@@ -392,9 +331,7 @@ static mpg_status chain_main(const mpg_init_opts *opts, void *arg) {
 
 Test(p2p_batch, an_idle_stage_passes_n_zero_and_the_order_check) {
   setenv("MESHPG_CHECK_ORDER", "1", 1);
-  mpg_mesh *mesh = make_mesh("pp=3");
-  EXPECT_RUN_OK(mpg_thread_run(3, 20.0, chain_main, mesh, NULL));
-  mpg_mesh_destroy(mesh);
+  run_on("pp=3", 3, chain_main);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -413,16 +350,14 @@ typedef struct absent_arg {
 
 static mpg_status absent_main(const mpg_init_opts *opts, void *arg) {
   absent_arg *a = arg;
-  tl_rank = opts->rank;
   mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(a->mesh, opts, &ctx));
   mpg_group *g;
-  RCALL(mpg_ctx_group(ctx, "pp", &g));
+  mpg_status st = rank_open(opts, a->mesh, &ctx, "pp", &g);
+  if (st) return st;
   if (mpg_group_rank(g) == 0) {
     int32_t s[4] = {1, 2, 3, 4}, r[4];
     mpg_p2p_op ops[2] = {{MPG_P2P_SEND, 1, s, 4, MPG_I32}, {MPG_P2P_RECV, 1, r, 4, MPG_I32}};
     double t0 = now_s();
-    mpg_status st;
     if (a->async) {
       mpg_work *w = NULL;
       st = mpg_p2p_batch(g, ops, 2, NULL, &w);
@@ -440,8 +375,8 @@ static mpg_status absent_main(const mpg_init_opts *opts, void *arg) {
   } else {
     sleep_s(TIMEOUT_S * 3); /* never posts anything */
   }
-  mpg_status st = mpg_ctx_destroy(ctx);
-  (void)st;
+  tl_ctx = NULL;
+  (void)mpg_ctx_destroy(ctx);
   return MPG_OK;
 }
 
@@ -479,11 +414,10 @@ typedef struct midway_arg {
 
 static mpg_status midway_main(const mpg_init_opts *opts, void *arg) {
   midway_arg *a = arg;
-  tl_rank = opts->rank;
   mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(a->mesh, opts, &ctx));
   mpg_group *g;
-  RCALL(mpg_ctx_group(ctx, "pp", &g));
+  mpg_status st = rank_open(opts, a->mesh, &ctx, "pp", &g);
+  if (st) return st;
   if (mpg_group_rank(g) == 0) {
     int32_t first[2] = {1, 2}, s[2] = {3, 4}, r[2];
     RCALL(mpg_send(g, first, 2, MPG_I32, 1, NULL, NULL)); /* fills the inbox */
@@ -494,8 +428,8 @@ static mpg_status midway_main(const mpg_init_opts *opts, void *arg) {
   } else {
     sleep_s(TIMEOUT_S * 3); /* never receives */
   }
-  mpg_status st = mpg_ctx_destroy(ctx);
-  (void)st;
+  tl_ctx = NULL;
+  (void)mpg_ctx_destroy(ctx);
   return MPG_OK;
 }
 

@@ -10,71 +10,19 @@
  * independently of the library's.
  *
  * Ranks are threads: Criterion's asserts must not run on them, so a rank
- * records its first failure (RCHECK) and returns MPG_ERR_STATE, aborting its
- * context so that its peers stop waiting; the test thread then asserts. */
+ * records its first failure (RCHECK, tests/rank_check.h) and returns
+ * MPG_ERR_STATE, aborting its context so that its peers stop waiting; the
+ * test thread then asserts. */
 #include <criterion/criterion.h>
 
 #include <math.h>
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "meshpg.h"
-
-/* ------------------------------------------------------------------------ */
-/* Rank-side failure reporting                                               */
-/* ------------------------------------------------------------------------ */
-
-static pthread_mutex_t fail_mu = PTHREAD_MUTEX_INITIALIZER;
-static char fail_msg[2048];
-static _Thread_local int tl_rank = -1;
-static _Thread_local mpg_ctx *tl_ctx;
-
-static mpg_status rank_fail(const char *file, int line, const char *fmt, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  pthread_mutex_lock(&fail_mu);
-  if (!fail_msg[0])
-    snprintf(fail_msg, sizeof fail_msg, "rank %d at %s:%d: %s", tl_rank, file, line, buf);
-  pthread_mutex_unlock(&fail_mu);
-  if (tl_ctx) mpg_ctx_abort(tl_ctx); /* peers stop waiting for us */
-  return MPG_ERR_STATE;
-}
-
-#define RCHECK(cond, ...)                                            \
-  do {                                                               \
-    if (!(cond)) return rank_fail(__FILE__, __LINE__, __VA_ARGS__);  \
-  } while (0)
-
-#define RCALL(expr)                                                  \
-  do {                                                               \
-    mpg_status st_ = (expr);                                         \
-    RCHECK(st_ == MPG_OK, "%s: %s: %s", #expr, mpg_status_name(st_), \
-           mpg_last_error());                                        \
-  } while (0)
-
-/* Assert that a thread run succeeded, showing the first rank failure. */
-#define EXPECT_RUN_OK(st)                                                      \
-  cr_assert_eq((st), MPG_OK, "mpg_thread_run: %s: %s | first rank failure: %s", \
-               mpg_status_name(st), mpg_last_error(), fail_msg)
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  nanosleep(&ts, NULL);
-}
+#include "../rank_check.h"
 
 /* ------------------------------------------------------------------------ */
 /* Meshes                                                                    */

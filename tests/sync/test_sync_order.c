@@ -7,11 +7,13 @@
  * different buckets on different stages: groups that share no member may
  * differ. */
 #include <criterion/criterion.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../groups/order_cases.h"
+#include "../rank_check.h"
 #include "sync_scenarios.h"
 
 typedef struct sarg {
@@ -47,14 +49,11 @@ static int run_all(int placement, int lazy) {
       a->placement = placement;
       mpg_status st[SC_MAX_RANKS];
       mpg_status rc = mpg_thread_run(worlds[w], 20.0, scenario_rank, a, st);
-      char all[8192] = "";
-      size_t n = 0;
-      for (int r = 0; r < worlds[w]; r++)
-        if (st[r] != MPG_OK && n < sizeof all)
-          n += (size_t)snprintf(all + n, sizeof all - n, "\n  rank %d: %s: %s", r,
-                                mpg_status_name(st[r]), a->out[r].msg);
+      char all[8192];
       cr_assert_eq(rc, MPG_OK, "scenario %s on %d ranks (placement %d, lazy %d): %s%s",
-                   sc_names[k], worlds[w], placement, lazy, mpg_last_error(), all);
+                   sc_names[k], worlds[w], placement, lazy, mpg_last_error(),
+                   rank_failures(all, sizeof all, worlds[w], st,
+                                 (const char *)a->out + offsetof(sc_out, msg), sizeof a->out[0]));
       ran++;
     }
   free(sc);

@@ -1,0 +1,209 @@
+/* f32 accumulation of an f16/bf16 all-reduce or reduce-scatter on the NCCL
+ * backend (mpg__coll.acc_f32, the sync's reduce_dtype = f32).  NCCL itself
+ * reduces in the element's type and rounds at every step of its ring or
+ * tree, so ops.c runs such a collective in three steps, all on the
+ * caller's stream and all enqueued before the call returns:
+ *
+ *   1. mpg__nccl_widen: the input (count elements for an all-reduce, the
+ *      whole size x count for a reduce-scatter) widened into an f32 buffer,
+ *      each element times the pre-multiply scale in f32 (1 otherwise);
+ *   2. ops.c: ncclAllReduce / ncclReduceScatter in ncclFloat32 on that
+ *      buffer, in place (a reduce-scatter's result is the rank's block of
+ *      it), with the op mapped as usual (sum for a pre-multiplied sum,
+ *      whose scale step 1 applied: the same arithmetic as NCCL's own
+ *      ncclRedOpCreatePreMulSum with an f32 scalar, without creating and
+ *      destroying a reduction op per call);
+ *   3. mpg__nccl_narrow: the f32 result rounded once, to nearest even, into
+ *      recv, then the f32 buffer freed.
+ * The result is the CPU backends' (widen, reduce in f32, round once) up to
+ * the order of NCCL's f32 additions.  Cost: the wire carries f32, twice
+ * the bytes of the halves, plus two elementwise passes and 4 bytes per
+ * element of device memory (per member of the group for a reduce-scatter)
+ * while the operation is in flight.
+ *
+ * The f32 buffer is stream-ordered: cudaMallocAsync before the widen
+ * kernel and cudaFreeAsync after the narrow kernel, on the caller's stream,
+ * from the memory pool current to the stream's device.  Chosen over a
+ * cached per-communicator buffer because the sync posts several buckets
+ * before the first completes: one cached buffer could only be reused after
+ * the previous operation's event fired, which means a host wait (no more
+ * overlap of buckets) or one buffer per operation in flight, i.e. a pool;
+ * CUDA's pool already reuses memory on the same stream without any wait,
+ * orders reuse across streams itself, needs no state in the communicator
+ * (nothing to free at destroy or after an abort: a pending free completes
+ * when the stream does), and works under CUDA graph capture, where
+ * cudaMalloc would not.  The pool's release threshold (cudaMemPoolAttr-
+ * ReleaseThreshold, 0 for the device's default pool) decides whether freed
+ * memory is kept between steps; a caller who wants it kept raises it.
+ *
+ * The kernels are PTX, loaded once with cudaLibraryLoadData (no nvcc), like
+ * local.c's scale kernel.  See nccl_internal.h. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nccl_internal.h"
+
+/* One grid-stride loop over i < n: dst and src element addresses %rd9 and
+ * %rd8 (element sizes 1 << DSH and 1 << SSH bytes), the scale in %f1.
+ * Target sm_52 / PTX 6.0 so any driver can JIT it. */
+#define W_KERNEL(NAME, SSH, DSH, BODY)                                        \
+  ".visible .entry " NAME "(.param .u64 p_dst, .param .u64 p_src,\n"          \
+  "    .param .u64 p_n, .param .f64 p_s)\n"                                   \
+  "{\n"                                                                       \
+  "  .reg .pred %p<3>;\n  .reg .b16 %h<3>;\n  .reg .b32 %r<10>;\n"           \
+  "  .reg .b64 %rd<12>;\n  .reg .f32 %f<4>;\n  .reg .f64 %fd<2>;\n"          \
+  "  ld.param.u64 %rd1, [p_dst];\n  ld.param.u64 %rd2, [p_src];\n"           \
+  "  ld.param.u64 %rd3, [p_n];\n  ld.param.f64 %fd1, [p_s];\n"               \
+  "  cvta.to.global.u64 %rd1, %rd1;\n  cvta.to.global.u64 %rd2, %rd2;\n"     \
+  "  mov.u32 %r1, %ctaid.x;\n  mov.u32 %r2, %ntid.x;\n"                      \
+  "  mov.u32 %r3, %tid.x;\n  mov.u32 %r4, %nctaid.x;\n"                      \
+  "  mul.wide.u32 %rd4, %r1, %r2;\n  cvt.u64.u32 %rd5, %r3;\n"               \
+  "  add.s64 %rd4, %rd4, %rd5;\n  mul.wide.u32 %rd6, %r4, %r2;\n"            \
+  "  cvt.rn.f32.f64 %f1, %fd1;\n"                                            \
+  NAME "_loop:\n"                                                             \
+  "  setp.ge.u64 %p1, %rd4, %rd3;\n  @%p1 bra " NAME "_done;\n"              \
+  "  shl.b64 %rd7, %rd4, " SSH ";\n  add.s64 %rd8, %rd2, %rd7;\n"            \
+  "  shl.b64 %rd10, %rd4, " DSH ";\n  add.s64 %rd9, %rd1, %rd10;\n"          \
+  BODY                                                                        \
+  "  add.s64 %rd4, %rd4, %rd6;\n  bra.uni " NAME "_loop;\n"                  \
+  NAME "_done:\n  ret;\n}\n"
+
+/* Narrowing rounds like mpg__f32_to_half (groups/reduce.c), NaN included,
+ * so that results match the CPU backends bit for bit: f16 by cvt.rn (a
+ * NaN becomes sign | 0x7e00); bf16 by adding 0x7fff + the lowest kept bit
+ * and dropping 16 bits (a NaN keeps its top 16 bits, made quiet with
+ * 0x0040). */
+static const char *const widen_ptx[] = {
+    ".version 6.0\n.target sm_52\n.address_size 64\n\n",
+    W_KERNEL("mpg_widen_f16", "1", "2",
+             "  ld.global.b16 %h1, [%rd8];\n  cvt.f32.f16 %f2, %h1;\n"
+             "  mul.rn.f32 %f3, %f2, %f1;\n  st.global.f32 [%rd9], %f3;\n"),
+    W_KERNEL("mpg_widen_bf16", "1", "2",
+             "  ld.global.b16 %h1, [%rd8];\n  cvt.u32.u16 %r5, %h1;\n"
+             "  shl.b32 %r5, %r5, 16;\n  mov.b32 %f2, %r5;\n"
+             "  mul.rn.f32 %f3, %f2, %f1;\n  st.global.f32 [%rd9], %f3;\n"),
+    W_KERNEL("mpg_narrow_f16", "2", "1",
+             "  ld.global.f32 %f2, [%rd8];\n  cvt.rn.f16.f32 %h1, %f2;\n"
+             "  cvt.u32.u16 %r5, %h1;\n  mov.b32 %r6, %f2;\n"
+             "  shr.u32 %r7, %r6, 16;\n  and.b32 %r7, %r7, 32768;\n"
+             "  or.b32 %r7, %r7, 32256;\n"
+             "  setp.nan.f32 %p2, %f2, %f2;\n  selp.b32 %r8, %r7, %r5, %p2;\n"
+             "  cvt.u16.u32 %h2, %r8;\n  st.global.b16 [%rd9], %h2;\n"),
+    W_KERNEL("mpg_narrow_bf16", "2", "1",
+             "  ld.global.f32 %f2, [%rd8];\n  mov.b32 %r6, %f2;\n"
+             /* round to nearest even: (r6 + 0x7fff + ((r6 >> 16) & 1)) >> 16 */
+             "  shr.u32 %r7, %r6, 16;\n  and.b32 %r7, %r7, 1;\n"
+             "  add.u32 %r7, %r7, 32767;\n  add.u32 %r8, %r6, %r7;\n"
+             "  shr.u32 %r8, %r8, 16;\n"
+             "  shr.u32 %r9, %r6, 16;\n  or.b32 %r9, %r9, 64;\n"
+             "  setp.nan.f32 %p2, %f2, %f2;\n  selp.b32 %r8, %r9, %r8, %p2;\n"
+             "  cvt.u16.u32 %h2, %r8;\n  st.global.b16 [%rd9], %h2;\n")};
+
+enum { WIDEN_F16, WIDEN_BF16, NARROW_F16, NARROW_BF16, NKERNELS };
+
+static pthread_once_t widen_once = PTHREAD_ONCE_INIT;
+static cudaError_t widen_load_error = cudaSuccess;
+static const char *widen_load_call = "";
+static cudaKernel_t widen_kernels[NKERNELS];
+
+static void widen_load(void) {
+  static const char *const names[NKERNELS] = {"mpg_widen_f16", "mpg_widen_bf16",
+                                              "mpg_narrow_f16", "mpg_narrow_bf16"};
+  size_t len = 1;
+  for (size_t i = 0; i < sizeof widen_ptx / sizeof *widen_ptx; i++)
+    len += strlen(widen_ptx[i]);
+  char *ptx = malloc(len);
+  if (!ptx) {
+    widen_load_error = cudaErrorMemoryAllocation;
+    widen_load_call = "malloc (widen kernels)";
+    return;
+  }
+  ptx[0] = '\0';
+  for (size_t i = 0; i < sizeof widen_ptx / sizeof *widen_ptx; i++)
+    strcat(ptx, widen_ptx[i]);
+  cudaLibrary_t lib;
+  cudaError_t e = cudaLibraryLoadData(&lib, ptx, NULL, NULL, 0, NULL, NULL, 0);
+  free(ptx);
+  if (e != cudaSuccess) {
+    widen_load_error = e;
+    widen_load_call = "cudaLibraryLoadData (widen kernels)";
+    return;
+  }
+  /* The library stays loaded for the life of the process. */
+  for (int i = 0; i < NKERNELS; i++) {
+    e = cudaLibraryGetKernel(&widen_kernels[i], lib, names[i]);
+    if (e != cudaSuccess) {
+      widen_load_error = e;
+      widen_load_call = "cudaLibraryGetKernel (widen kernels)";
+      return;
+    }
+  }
+}
+
+/* Run kernel `which` over n elements on stream s. */
+static mpg_status launch(int which, void *dst, const void *src, size_t count, double scale,
+                         cudaStream_t s, const char *what, const char *call) {
+  uint64_t n = count;
+  void *args[4] = {&dst, &src, &n, &scale};
+  uint64_t blocks = (n + 255) / 256;
+  dim3 grid = {(unsigned)(blocks < 4096 ? blocks : 4096), 1, 1};
+  dim3 block = {256, 1, 1};
+  cudaError_t e = cudaLaunchKernel((const void *)widen_kernels[which], grid, block, args, 0, s);
+  return e == cudaSuccess ? MPG_OK : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, call, e);
+}
+
+mpg_status mpg__nccl_widen(const mpg__comm *c, const mpg__coll *k, double scale,
+                           cudaStream_t s, const char *what, mpg__coll *wide) {
+  int bf16 = k->dtype == MPG_BF16;
+  if (!mpg__dtype_is_half(k->dtype) ||
+      (k->kind != MPG__ALL_REDUCE && k->kind != MPG__REDUCE_SCATTER))
+    return mpg__fail(MPG_ERR_INVALID, "%s: f32 accumulation is for an f16/bf16 "
+                     "all_reduce or reduce_scatter", what);
+  size_t members = k->kind == MPG__REDUCE_SCATTER ? (size_t)c->size : 1;
+  if (k->count > SIZE_MAX / sizeof(float) / members)
+    return mpg__fail(MPG_ERR_RANGE, "%s: the f32 buffer of %zu x %zu elements overflows "
+                     "size_t bytes", what, members, k->count);
+  size_t n = k->count * members;
+  pthread_once(&widen_once, widen_load);
+  if (widen_load_error != cudaSuccess)
+    return mpg__fail(MPG_ERR_BACKEND, "%s: %s: %s", what, widen_load_call,
+                     cudaGetErrorString(widen_load_error));
+  void *buf = NULL;
+  cudaError_t e = cudaMallocAsync(&buf, n * sizeof(float), s);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return mpg__fail(MPG_ERR_BACKEND, "%s: cudaMallocAsync (f32 accumulation buffer, "
+                     "%zu bytes): %s", what, n * sizeof(float), cudaGetErrorString(e));
+  }
+  mpg_status st = launch(bf16 ? WIDEN_BF16 : WIDEN_F16, buf, k->send, n, scale, s, what,
+                         "cudaLaunchKernel (widen to f32)");
+  if (st) {
+    (void)cudaFreeAsync(buf, s);
+    return st;
+  }
+  *wide = *k;
+  wide->dtype = MPG_F32;
+  wide->send = buf;
+  wide->recv = k->kind == MPG__REDUCE_SCATTER
+                   ? (float *)buf + (size_t)c->rank * k->count /* in place */
+                   : buf;
+  wide->scale = 1.0; /* applied above; op is kept for the request's text (ops.c
+                       maps a pre-multiplied sum to ncclSum) */
+  wide->acc_f32 = 0;
+  return MPG_OK;
+}
+
+mpg_status mpg__nccl_narrow(const mpg__coll *k, const mpg__coll *wide, int narrow,
+                            cudaStream_t s, const char *what) {
+  mpg_status st = MPG_OK;
+  if (narrow)
+    st = launch(k->dtype == MPG_BF16 ? NARROW_BF16 : NARROW_F16, k->recv, wide->recv,
+                k->count, 1.0, s, what, "cudaLaunchKernel (narrow from f32)");
+  cudaError_t e = cudaFreeAsync((void *)wide->send, s);
+  if (e != cudaSuccess && !st)
+    st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaFreeAsync (f32 accumulation "
+                             "buffer)", e);
+  return st;
+}

@@ -1,0 +1,400 @@
+/* Shard mode (opts.mode = MPG_SYNC_SHARD): a distributed optimizer and
+ * HSDP on top of the replicate layout (see include/meshpg.h, "Sharded data
+ * parallel", and sync_internal.h).
+ *
+ *  - Groups: the shard group (shard_dims, default the default reduce
+ *    group's dims) and, with replicate_dims, the replicate group.  The
+ *    default reduce group then spans both, so that params kept replicated
+ *    (their own reduce_dims aside) reduce over the whole data-parallel
+ *    group.
+ *  - Sharded buffers: the default group's buffers with no tied group.  In
+ *    them params start on 64 elements and each bucket ends on a multiple of
+ *    lcm(S, 128) (layout.c asks mpg__sync_shard_pad), so each bucket cuts
+ *    into S equal slices; position r of the shard group owns slice r.
+ *  - Step: a ready bucket is reduce-scattered in place (recv = slice r of
+ *    send, NCCL's in-place rule), scaled like replicate mode; with a
+ *    replicate group the slice is then all-reduced (sum) over it: at once
+ *    on a backend that orders one stream (nccl), else in finish, in bucket
+ *    order, after each reduce-scatter completed.  Either way every rank
+ *    issues them in the same order.
+ *  - State: slices in bucket order, then the replicated params whole, in
+ *    id order, make up this rank's optimizer-state space (shard_elems).
+ *  - Gather: the parameter buffers mirror the gradient buffers; buckets are
+ *    all-gathered in place over the shard group in forward order (the
+ *    reverse of launch order), one ahead of the trainer's first use. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sync_internal.h"
+
+static size_t gcd_size(size_t a, size_t b) {
+  while (b) {
+    size_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+static size_t lcm_size(size_t a, size_t b) { return a / gcd_size(a, b) * b; }
+
+size_t mpg__sync_shard_pad(const mpg_sync *s) {
+  size_t S = (size_t)mpg_group_size(s->shard_group);
+  size_t pad = lcm_size(S, 128);
+  return s->opts.pad_for_nccl ? lcm_size(pad, 65536) : pad;
+}
+
+static char *dup_or_null(const char *v, int *oom) {
+  if (!v) return NULL;
+  size_t n = strlen(v) + 1;
+  char *d = malloc(n);
+  if (!d) *oom = 1;
+  else memcpy(d, v, n);
+  return d;
+}
+
+mpg_status mpg__sync_shard_groups(mpg_sync *s) {
+  if (s->opts.fsdp_owns_dp)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpg_sync_create: opts.mode = MPG_SYNC_SHARD with fsdp_owns_dp: the "
+                     "shard mode owns dp itself (it reduce-scatters over dp_cp, or "
+                     "shard_dims); leave fsdp_owns_dp at 0");
+  int oom = 0;
+  s->shard_dims = dup_or_null(s->opts.shard_dims, &oom);
+  s->replicate_dims = dup_or_null(s->opts.replicate_dims, &oom);
+  if (oom) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_create: out of memory");
+  s->opts.shard_dims = s->shard_dims;
+  s->opts.replicate_dims = s->replicate_dims;
+  if ((s->shard_dims && !s->shard_dims[0]) || (s->replicate_dims && !s->replicate_dims[0]))
+    return mpg__fail(MPG_ERR_INVALID, "mpg_sync_create: opts.%s is \"\"; use NULL",
+                     s->shard_dims && !s->shard_dims[0] ? "shard_dims" : "replicate_dims");
+  unsigned smask = s->default_mask, rmask = 0;
+  mpg_status st;
+  if (s->shard_dims &&
+      (st = mpg__mesh_parse_dims(s->mesh, s->shard_dims, 0, "mpg_sync_create: opts.shard_dims",
+                                 &smask, NULL, NULL)))
+    return st;
+  if (s->replicate_dims &&
+      (st = mpg__mesh_parse_dims(s->mesh, s->replicate_dims, 0,
+                                 "mpg_sync_create: opts.replicate_dims", &rmask, NULL, NULL)))
+    return st;
+  if (smask & rmask) {
+    char both[MPG_MAX_DIMS * MPG_NAME_MAX];
+    mpg__mesh_mask_names(s->mesh, smask & rmask, ",", both, sizeof both);
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpg_sync_create: opts.shard_dims \"%s\" and opts.replicate_dims "
+                     "\"%s\" share the dims %s",
+                     s->shard_dims ? s->shard_dims : s->default_desc, s->replicate_dims, both);
+  }
+  /* Created in a fixed order on every rank: shard, replicate, their union
+   * (the default group, for params kept replicated). */
+  char names[MPG_MAX_DIMS * MPG_NAME_MAX];
+  if (s->shard_dims || rmask) {
+    if (smask) {
+      mpg__mesh_mask_names(s->mesh, smask, ",", names, sizeof names);
+      if ((st = mpg_ctx_group_dims(s->ctx, names, &s->shard_group)))
+        return mpg__fail_wrap(st, "mpg_sync_create: shard group \"%s\"", names);
+    } else {
+      s->shard_group = s->default_group; /* a one-rank group: nothing to shard */
+    }
+  } else {
+    s->shard_group = s->default_group;
+  }
+  if (rmask) {
+    mpg__mesh_mask_names(s->mesh, rmask, ",", names, sizeof names);
+    if ((st = mpg_ctx_group_dims(s->ctx, names, &s->replicate_group)))
+      return mpg__fail_wrap(st, "mpg_sync_create: replicate group \"%s\"", names);
+  }
+  if (smask | rmask) {
+    mpg__mesh_mask_names(s->mesh, smask | rmask, ",", names, sizeof names);
+    if ((st = mpg_ctx_group_dims(s->ctx, names, &s->default_group)))
+      return mpg__fail_wrap(st, "mpg_sync_create: data-parallel group \"%s\"", names);
+    s->default_mask = smask | rmask;
+    snprintf(s->default_desc, sizeof s->default_desc, "%s (shard %s%s%s)", names,
+             mpg_group_name(s->shard_group), rmask ? ", replicate " : "",
+             rmask ? mpg_group_name(s->replicate_group) : "");
+  }
+  return MPG_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Commit                                                              */
+/* ------------------------------------------------------------------ */
+
+mpg_status mpg__sync_shard_commit(mpg_sync *s) {
+  size_t S = (size_t)mpg_group_size(s->shard_group);
+  size_t state = 0;
+  s->nforward = 0;
+  s->forward = malloc(sizeof *s->forward * (size_t)(s->nbuckets ? s->nbuckets : 1));
+  if (!s->forward) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
+  for (int k = 0; k < s->nbuckets; k++) {
+    sbucket *b = &s->buckets[k];
+    if (!s->buffers[b->buffer].sharded) continue;
+    b->slice = b->count / S;
+    b->state_base = state;
+    state += b->slice;
+  }
+  for (int k = s->nbuckets - 1; k >= 0; k--)
+    if (s->buffers[s->buckets[k].buffer].sharded) s->forward[s->nforward++] = k;
+  for (int id = 0; id < s->nparams; id++) {
+    sparam *p = &s->params[id];
+    if (s->buffers[p->buffer].sharded) continue;
+    p->state = state;
+    state += p->count;
+  }
+  s->shard_elems = state;
+  /* Padding of the sharded buffers: what no param covers. */
+  s->pad_elems = 0;
+  for (int b = 0; b < s->nbuffers; b++)
+    if (s->buffers[b].sharded) s->pad_elems += s->buffers[b].count;
+  for (int id = 0; id < s->nparams; id++)
+    if (s->buffers[s->params[id].buffer].sharded) s->pad_elems -= s->params[id].count;
+  /* The parameter buffers, zeroed like the gradients. */
+  for (int b = 0; b < s->nbuffers; b++) {
+    sbuffer *f = &s->buffers[b];
+    size_t bytes = f->count * mpg_dtype_size(f->dtype);
+    mpg_status st = mpg_ctx_mem_alloc(s->ctx, bytes, s->opts.register_buffers, &f->params);
+    if (st)
+      return mpg__fail_wrap(st, "mpg_sync_commit: parameter buffer %d (%s, %zu bytes)", b,
+                            mpg_dtype_name(f->dtype), bytes);
+    s->total_bytes += bytes;
+  }
+  return MPG_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* The step                                                            */
+/* ------------------------------------------------------------------ */
+
+/* The slice's all-reduce over the replicate group (sum: the reduce-scatter
+ * scaled for both levels). */
+static mpg_status replicate_slice(mpg_sync *s, int k) {
+  sbucket *b = &s->buckets[k];
+  const sbuffer *f = &s->buffers[b->buffer];
+  size_t es = mpg_dtype_size(f->dtype);
+  char *slice = (char *)f->data + (b->offset + (size_t)mpg_group_rank(s->shard_group) * b->slice) * es;
+  return mpg_all_reduce(s->replicate_group, slice, slice, b->slice, f->dtype, MPG_OP_SUM,
+                        s->stream, &b->work2);
+}
+
+mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
+  sbucket *b = &s->buckets[k];
+  const sbuffer *f = &s->buffers[b->buffer];
+  size_t es = mpg_dtype_size(f->dtype);
+  char *data = (char *)f->data + b->offset * es;
+  char *mine = data + (size_t)mpg_group_rank(s->shard_group) * b->slice * es;
+  int levels = s->replicate_group != NULL;
+  double scale = s->opts.grad_scale;
+  if (s->opts.op == MPG_OP_AVG) scale /= mpg_group_size(s->default_group);
+  mpg_status st;
+  if (s->opts.grad_scale == 1.0 && !levels)
+    st = mpg_reduce_scatter(s->shard_group, data, mine, b->slice, f->dtype,
+                            s->opts.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM, s->stream,
+                            &b->work);
+  else if (scale == 1.0)
+    st = mpg_reduce_scatter(s->shard_group, data, mine, b->slice, f->dtype, MPG_OP_SUM,
+                            s->stream, &b->work);
+  else
+    st = mpg_reduce_scatter_scaled(s->shard_group, data, mine, b->slice, f->dtype, scale,
+                                   s->stream, &b->work);
+  if (st || !levels || !mpg__ctx_stream_ordered(s->ctx)) return st;
+  /* Ordered on the stream after the reduce-scatter: post it now. */
+  return replicate_slice(s, k);
+}
+
+mpg_status mpg__sync_shard_finish(mpg_sync *s, int *failed_bucket) {
+  mpg_status first = MPG_OK;
+  *failed_bucket = -1;
+  if (!s->replicate_group) return MPG_OK;
+  /* The reduce-scatters were waited for by the caller (finish). */
+  for (int k = 0; k < s->nbuckets; k++) {
+    sbucket *b = &s->buckets[k];
+    if (!s->buffers[b->buffer].sharded || !b->launched || b->work2 || first) continue;
+    mpg_status st = replicate_slice(s, k);
+    if (st) {
+      first = st;
+      *failed_bucket = k;
+    }
+  }
+  for (int k = 0; k < s->nbuckets; k++) {
+    sbucket *b = &s->buckets[k];
+    if (!b->work2) continue;
+    mpg_status st = mpg_work_wait(b->work2);
+    b->work2 = NULL;
+    if (st && !first) {
+      first = st;
+      *failed_bucket = k;
+    }
+  }
+  return first;
+}
+
+/* ------------------------------------------------------------------ */
+/* Public: ranges, parameter views, gathers                             */
+/* ------------------------------------------------------------------ */
+
+static mpg_status shard_ready(const mpg_sync *s, const char *fn) {
+  if (!s) return mpg__fail(MPG_ERR_INVALID, "%s: sync is NULL", fn);
+  if (s->opts.mode != MPG_SYNC_SHARD)
+    return mpg__fail(MPG_ERR_STATE, "%s: the sync is in replicate mode (opts.mode = "
+                     "MPG_SYNC_SHARD, or [sync] mode = \"shard\", makes shards)", fn);
+  if (!s->committed) return mpg__fail(MPG_ERR_STATE, "%s: call mpg_sync_commit first", fn);
+  return MPG_OK;
+}
+
+mpg_status mpg_sync_shard(const mpg_sync *s, int param, mpg_shard_info *info) {
+  mpg_status st = shard_ready(s, "mpg_sync_shard");
+  if (st) return st;
+  st = mpg__abi_check(info, MPG_SHARD_INFO_MAGIC, "mpg_sync_shard: info", "MPG_SHARD_INFO_INIT");
+  if (st) return st;
+  if (param < 0 || param >= s->nparams)
+    return mpg__fail(MPG_ERR_RANGE, "mpg_sync_shard: param %d is outside 0..%d", param,
+                     s->nparams - 1);
+  const sparam *p = &s->params[param];
+  mpg_shard_info out = MPG_SHARD_INFO_INIT;
+  if (!s->buffers[p->buffer].sharded) {
+    out.sharded = 0;
+    out.param_offset = 0;
+    out.count = p->count;
+    out.shard_offset = p->state;
+  } else {
+    const sbucket *b = &s->buckets[p->bucket];
+    size_t lo = b->offset + (size_t)mpg_group_rank(s->shard_group) * b->slice;
+    size_t hi = lo + b->slice;
+    size_t a = p->offset > lo ? p->offset : lo;
+    size_t e = p->offset + p->count < hi ? p->offset + p->count : hi;
+    out.sharded = 1;
+    out.count = e > a ? e - a : 0;
+    out.param_offset = out.count ? a - p->offset : 0;
+    out.shard_offset = b->state_base + (out.count ? a - lo : 0);
+  }
+  mpg__abi_out(info, &out, MPG__ABI_END(mpg_shard_info));
+  return MPG_OK;
+}
+
+mpg_status mpg_sync_param(mpg_sync *s, int param, void **data) {
+  mpg_status st = shard_ready(s, "mpg_sync_param");
+  if (st) return st;
+  if (!data) return mpg__fail(MPG_ERR_INVALID, "mpg_sync_param: data is NULL");
+  if (param < 0 || param >= s->nparams)
+    return mpg__fail(MPG_ERR_RANGE, "mpg_sync_param: param %d is outside 0..%d", param,
+                     s->nparams - 1);
+  const sparam *p = &s->params[param];
+  const sbuffer *f = &s->buffers[p->buffer];
+  *data = (char *)f->params + p->offset * mpg_dtype_size(f->dtype);
+  return MPG_OK;
+}
+
+/* Start the gather of forward position i. */
+static mpg_status gather_start(mpg_sync *s, int i) {
+  sbucket *b = &s->buckets[s->forward[i]];
+  const sbuffer *f = &s->buffers[b->buffer];
+  size_t es = mpg_dtype_size(f->dtype);
+  char *all = (char *)f->params + b->offset * es;
+  char *mine = all + (size_t)mpg_group_rank(s->shard_group) * b->slice * es;
+  mpg_status st = mpg_all_gather(s->shard_group, mine, all, b->slice, f->dtype, s->stream,
+                                 &b->gather);
+  if (st)
+    return mpg__fail_wrap(st, "sync gather: bucket %d (%s, %zu elements over \"%s\")",
+                          s->forward[i], mpg_dtype_name(f->dtype), b->count,
+                          mpg_group_name(s->shard_group));
+  s->gather_started = i + 1;
+  return MPG_OK;
+}
+
+/* Wait for forward positions up to `upto` (exclusive), starting any not
+ * started yet. */
+static mpg_status gather_upto(mpg_sync *s, int upto) {
+  mpg_status first = MPG_OK;
+  while (s->gather_waited < upto) {
+    int i = s->gather_waited;
+    if (s->gather_started <= i && !first) first = gather_start(s, i);
+    sbucket *b = &s->buckets[s->forward[i]];
+    if (b->gather) {
+      mpg_status st = mpg_work_wait(b->gather);
+      b->gather = NULL;
+      if (st && !first)
+        first = mpg__fail_wrap(st, "sync gather: waiting for bucket %d", s->forward[i]);
+    }
+    s->gather_waited++;
+  }
+  return first;
+}
+
+/* The caller's stream reads the gathered params after the sync's. */
+static mpg_status gather_end_wait(mpg_sync *s, mpg_status st) {
+  mpg_status o = mpg_ctx_stream_order(s->ctx, s->gather_caller, s->stream);
+  if (!st && o) st = mpg__fail_wrap(o, "sync gather: ordering the caller's stream");
+  if (s->gather_waited >= s->nforward) s->gathering = 0;
+  return st;
+}
+
+mpg_status mpg_sync_gather_begin(mpg_sync *s, void *stream) {
+  mpg_status st = shard_ready(s, "mpg_sync_gather_begin");
+  if (st) return st;
+  if (s->in_step)
+    return mpg__fail(MPG_ERR_STATE, "mpg_sync_gather_begin: step %ld is open; gather "
+                     "after mpg_sync_finish and the optimizer step", s->step);
+  if (s->gathering)
+    return mpg__fail(MPG_ERR_STATE, "mpg_sync_gather_begin: the previous gather is still "
+                     "open (%d of %d buckets waited); end it with mpg_sync_gather_all",
+                     s->gather_waited, s->nforward);
+  if (s->dead)
+    return mpg__fail(MPG_ERR_ABORTED, "mpg_sync_gather_begin: the context was aborted in "
+                     "step %ld: %s", s->dead_step, s->dead_msg);
+  /* The optimizer wrote the params on the caller's stream. */
+  if ((st = mpg_ctx_stream_order(s->ctx, s->stream, stream)))
+    return mpg__fail_wrap(st, "mpg_sync_gather_begin: ordering the sync's stream");
+  s->gather_caller = stream;
+  s->gathering = 1;
+  s->gather_started = s->gather_waited = 0;
+  if (s->nforward == 0) {
+    s->gathering = 0;
+    return MPG_OK;
+  }
+  return gather_start(s, 0);
+}
+
+mpg_status mpg_sync_gather_wait(mpg_sync *s, int param) {
+  mpg_status st = shard_ready(s, "mpg_sync_gather_wait");
+  if (st) return st;
+  if (param < 0 || param >= s->nparams)
+    return mpg__fail(MPG_ERR_RANGE, "mpg_sync_gather_wait: param %d is outside 0..%d", param,
+                     s->nparams - 1);
+  const sparam *p = &s->params[param];
+  if (!s->buffers[p->buffer].sharded) return MPG_OK;
+  if (!s->gathering) {
+    /* Already gathered (a later param of a bucket waited for before). */
+    return MPG_OK;
+  }
+  int pos = 0;
+  while (pos < s->nforward && s->forward[pos] != p->bucket) pos++;
+  if (pos < s->gather_waited) return MPG_OK;
+  st = gather_upto(s, pos + 1);
+  if (!st && s->gather_started == s->gather_waited && s->gather_started < s->nforward)
+    st = gather_start(s, s->gather_started); /* one ahead of forward */
+  return gather_end_wait(s, st);
+}
+
+mpg_status mpg_sync_gather_all(mpg_sync *s) {
+  mpg_status st = shard_ready(s, "mpg_sync_gather_all");
+  if (st) return st;
+  if (!s->gathering) return MPG_OK;
+  for (int i = s->gather_started; i < s->nforward && !st; i++) st = gather_start(s, i);
+  mpg_status w = gather_upto(s, s->nforward);
+  if (!st) st = w;
+  return gather_end_wait(s, st);
+}
+
+void mpg__sync_gather_drop(mpg_sync *s) {
+  if (!s->forward) return;
+  for (int i = 0; i < s->nforward; i++) {
+    sbucket *b = &s->buckets[s->forward[i]];
+    if (b->gather) (void)mpg_work_wait(b->gather);
+    b->gather = NULL;
+    if (b->work2) (void)mpg_work_wait(b->work2);
+    b->work2 = NULL;
+  }
+  s->gathering = 0;
+}
