@@ -167,6 +167,12 @@ mpg_status mpg__sync_shard_commit(mpg_sync *s) {
 /* The step                                                            */
 /* ------------------------------------------------------------------ */
 
+/* f16/bf16 with reduce_dtype f32: reduced with f32 accumulation on every
+ * backend (groups_internal.h). */
+static int f32acc(const mpg_sync *s, mpg_dtype dt) {
+  return (dt == MPG_F16 || dt == MPG_BF16) && s->opts.reduce_dtype == MPG_REDUCE_F32;
+}
+
 /* The slice's all-reduce over the replicate group (sum: the reduce-scatter
  * scaled for both levels). */
 static mpg_status replicate_slice(mpg_sync *s, int k) {
@@ -174,6 +180,9 @@ static mpg_status replicate_slice(mpg_sync *s, int k) {
   const sbuffer *f = &s->buffers[b->buffer];
   size_t es = mpg_dtype_size(f->dtype);
   char *slice = (char *)f->data + (b->offset + (size_t)mpg_group_rank(s->shard_group) * b->slice) * es;
+  if (f32acc(s, f->dtype))
+    return mpg__all_reduce_f32acc(s->replicate_group, slice, slice, b->slice, f->dtype,
+                                  MPG_OP_SUM, 1.0, s->stream, &b->work2);
   return mpg_all_reduce(s->replicate_group, slice, slice, b->slice, f->dtype, MPG_OP_SUM,
                         s->stream, &b->work2);
 }
@@ -188,7 +197,13 @@ mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
   double scale = s->opts.grad_scale;
   if (s->opts.op == MPG_OP_AVG) scale /= mpg_group_size(s->default_group);
   mpg_status st;
-  if (s->opts.grad_scale == 1.0 && !levels)
+  mpg_op op = s->opts.grad_scale == 1.0 && !levels
+                  ? (s->opts.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM)
+              : scale == 1.0 ? MPG_OP_SUM : MPG_OP_PREMUL_SUM;
+  if (f32acc(s, f->dtype))
+    st = mpg__reduce_scatter_f32acc(s->shard_group, data, mine, b->slice, f->dtype, op, scale,
+                                    s->stream, &b->work);
+  else if (s->opts.grad_scale == 1.0 && !levels)
     st = mpg_reduce_scatter(s->shard_group, data, mine, b->slice, f->dtype,
                             s->opts.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM, s->stream,
                             &b->work);

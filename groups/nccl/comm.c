@@ -19,6 +19,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "nccl_internal.h"
@@ -152,4 +153,34 @@ int mpg__nccl_abort_locked(mpg__comm *c, mpg_status reason) {
     c->nccl = NULL;
   }
   return first;
+}
+
+/* Join PTX pieces, load them as one library (kept loaded for the life of
+ * the process) and look up n kernels by name.  On failure *call names the
+ * CUDA call that failed. */
+cudaError_t mpg__nccl_load_ptx(const char *const *pieces, size_t npieces,
+                               const char *const *names, int n, cudaKernel_t *out,
+                               const char **call) {
+  size_t len = 1;
+  for (size_t i = 0; i < npieces; i++) len += strlen(pieces[i]);
+  char *ptx = malloc(len);
+  if (!ptx) {
+    *call = "malloc (PTX kernels)";
+    return cudaErrorMemoryAllocation;
+  }
+  ptx[0] = '\0';
+  for (size_t i = 0; i < npieces; i++) strcat(ptx, pieces[i]);
+  cudaLibrary_t lib;
+  cudaError_t e = cudaLibraryLoadData(&lib, ptx, NULL, NULL, 0, NULL, NULL, 0);
+  free(ptx);
+  if (e != cudaSuccess) {
+    *call = "cudaLibraryLoadData";
+    return e;
+  }
+  for (int i = 0; i < n; i++)
+    if ((e = cudaLibraryGetKernel(&out[i], lib, names[i])) != cudaSuccess) {
+      *call = "cudaLibraryGetKernel";
+      return e;
+    }
+  return cudaSuccess;
 }

@@ -15,25 +15,7 @@
 /* dst[i] = src[i] * s for i < n, one grid-stride loop per dtype.  Half
  * types compute in f32 and round to nearest even, like the CPU backends
  * (mpg__scale).  Target sm_52 / PTX 6.0 so any driver can JIT it. */
-#define PTX_KERNEL(NAME, BODY)                                                \
-  ".visible .entry " NAME "(.param .u64 p_dst, .param .u64 p_src,\n"          \
-  "    .param .u64 p_n, .param .f64 p_s)\n"                                   \
-  "{\n"                                                                       \
-  "  .reg .pred %p<3>;\n  .reg .b16 %h<3>;\n  .reg .b32 %r<10>;\n"           \
-  "  .reg .b64 %rd<12>;\n  .reg .f32 %f<4>;\n  .reg .f64 %fd<4>;\n"          \
-  "  ld.param.u64 %rd1, [p_dst];\n  ld.param.u64 %rd2, [p_src];\n"           \
-  "  ld.param.u64 %rd3, [p_n];\n  ld.param.f64 %fd1, [p_s];\n"               \
-  "  cvta.to.global.u64 %rd1, %rd1;\n  cvta.to.global.u64 %rd2, %rd2;\n"     \
-  "  mov.u32 %r1, %ctaid.x;\n  mov.u32 %r2, %ntid.x;\n"                      \
-  "  mov.u32 %r3, %tid.x;\n  mov.u32 %r4, %nctaid.x;\n"                      \
-  "  mul.wide.u32 %rd4, %r1, %r2;\n  cvt.u64.u32 %rd5, %r3;\n"               \
-  "  add.s64 %rd4, %rd4, %rd5;\n  mul.wide.u32 %rd6, %r4, %r2;\n"            \
-  "  cvt.rn.f32.f64 %f1, %fd1;\n"                                            \
-  NAME "_loop:\n"                                                             \
-  "  setp.ge.u64 %p1, %rd4, %rd3;\n  @%p1 bra " NAME "_done;\n"              \
-  BODY                                                                        \
-  "  add.s64 %rd4, %rd4, %rd6;\n  bra.uni " NAME "_loop;\n"                  \
-  NAME "_done:\n  ret;\n}\n"
+#define PTX_KERNEL(NAME, BODY) MPG__PTX_GRID_LOOP(NAME, BODY)
 
 #define PTX_ADDR(SHIFT)                                                       \
   "  shl.b64 %rd7, %rd4, " SHIFT ";\n  add.s64 %rd8, %rd2, %rd7;\n"          \
@@ -75,35 +57,8 @@ static cudaKernel_t scale_kernels[4]; /* f32, f64, f16, bf16 */
 static void scale_load(void) {
   static const char *const names[4] = {"mpg_scale_f32", "mpg_scale_f64",
                                        "mpg_scale_f16", "mpg_scale_bf16"};
-  size_t len = 1;
-  for (size_t i = 0; i < sizeof scale_ptx / sizeof *scale_ptx; i++)
-    len += strlen(scale_ptx[i]);
-  char *ptx = malloc(len);
-  if (!ptx) {
-    scale_load_error = cudaErrorMemoryAllocation;
-    scale_load_call = "malloc (scale kernels)";
-    return;
-  }
-  ptx[0] = '\0';
-  for (size_t i = 0; i < sizeof scale_ptx / sizeof *scale_ptx; i++)
-    strcat(ptx, scale_ptx[i]);
-  cudaLibrary_t lib;
-  cudaError_t e = cudaLibraryLoadData(&lib, ptx, NULL, NULL, 0, NULL, NULL, 0);
-  free(ptx);
-  if (e != cudaSuccess) {
-    scale_load_error = e;
-    scale_load_call = "cudaLibraryLoadData (scale kernels)";
-    return;
-  }
-  /* The library stays loaded for the life of the process. */
-  for (int i = 0; i < 4; i++) {
-    e = cudaLibraryGetKernel(&scale_kernels[i], lib, names[i]);
-    if (e != cudaSuccess) {
-      scale_load_error = e;
-      scale_load_call = "cudaLibraryGetKernel (scale kernels)";
-      return;
-    }
-  }
+  scale_load_error = mpg__nccl_load_ptx(scale_ptx, sizeof scale_ptx / sizeof *scale_ptx,
+                                        names, 4, scale_kernels, &scale_load_call);
 }
 
 mpg_status mpg__nccl_local(const mpg__coll *k) {

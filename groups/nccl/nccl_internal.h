@@ -122,6 +122,37 @@ void mpg__nccl_backoff(unsigned *spins);
 cudaError_t mpg__nccl_dev_enter(int dev, int *old);
 void mpg__nccl_dev_leave(int dev, int old);
 
+/* The PTX of an elementwise kernel (dst, src, n, scale as f64), one
+ * grid-stride loop over i < n, the scale in %f1 as f32; BODY computes the
+ * element addresses (%rd8 source, %rd9 destination) from i (%rd4) and
+ * does the work (local.c, widen.c).  Target sm_52 / PTX 6.0 so any driver
+ * can JIT it. */
+#define MPG__PTX_GRID_LOOP(NAME, BODY)                                                     \
+  ".visible .entry " NAME "(.param .u64 p_dst, .param .u64 p_src,\n"          \
+  "    .param .u64 p_n, .param .f64 p_s)\n"                                   \
+  "{\n"                                                                       \
+  "  .reg .pred %p<3>;\n  .reg .b16 %h<3>;\n  .reg .b32 %r<10>;\n"           \
+  "  .reg .b64 %rd<12>;\n  .reg .f32 %f<4>;\n  .reg .f64 %fd<4>;\n"          \
+  "  ld.param.u64 %rd1, [p_dst];\n  ld.param.u64 %rd2, [p_src];\n"           \
+  "  ld.param.u64 %rd3, [p_n];\n  ld.param.f64 %fd1, [p_s];\n"               \
+  "  cvta.to.global.u64 %rd1, %rd1;\n  cvta.to.global.u64 %rd2, %rd2;\n"     \
+  "  mov.u32 %r1, %ctaid.x;\n  mov.u32 %r2, %ntid.x;\n"                      \
+  "  mov.u32 %r3, %tid.x;\n  mov.u32 %r4, %nctaid.x;\n"                      \
+  "  mul.wide.u32 %rd4, %r1, %r2;\n  cvt.u64.u32 %rd5, %r3;\n"               \
+  "  add.s64 %rd4, %rd4, %rd5;\n  mul.wide.u32 %rd6, %r4, %r2;\n"            \
+  "  cvt.rn.f32.f64 %f1, %fd1;\n"                                            \
+  NAME "_loop:\n"                                                             \
+  "  setp.ge.u64 %p1, %rd4, %rd3;\n  @%p1 bra " NAME "_done;\n"              \
+  BODY                                                                        \
+  "  add.s64 %rd4, %rd4, %rd6;\n  bra.uni " NAME "_loop;\n"                  \
+  NAME "_done:\n  ret;\n}\n"
+
+/* Load PTX pieces as one library and look up n kernels (kept loaded for
+ * the life of the process); *call names the failing CUDA call. */
+cudaError_t mpg__nccl_load_ptx(const char *const *pieces, size_t npieces,
+                               const char *const *names, int n, cudaKernel_t *out,
+                               const char **call);
+
 /* comm.c: the communicator object. */
 /* Non-blocking; split_share: children share the parent's resources. */
 ncclConfig_t mpg__nccl_config(int split_share);

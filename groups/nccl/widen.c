@@ -49,26 +49,10 @@
  * %rd8 (element sizes 1 << DSH and 1 << SSH bytes), the scale in %f1.
  * Target sm_52 / PTX 6.0 so any driver can JIT it. */
 #define W_KERNEL(NAME, SSH, DSH, BODY)                                        \
-  ".visible .entry " NAME "(.param .u64 p_dst, .param .u64 p_src,\n"          \
-  "    .param .u64 p_n, .param .f64 p_s)\n"                                   \
-  "{\n"                                                                       \
-  "  .reg .pred %p<3>;\n  .reg .b16 %h<3>;\n  .reg .b32 %r<10>;\n"           \
-  "  .reg .b64 %rd<12>;\n  .reg .f32 %f<4>;\n  .reg .f64 %fd<2>;\n"          \
-  "  ld.param.u64 %rd1, [p_dst];\n  ld.param.u64 %rd2, [p_src];\n"           \
-  "  ld.param.u64 %rd3, [p_n];\n  ld.param.f64 %fd1, [p_s];\n"               \
-  "  cvta.to.global.u64 %rd1, %rd1;\n  cvta.to.global.u64 %rd2, %rd2;\n"     \
-  "  mov.u32 %r1, %ctaid.x;\n  mov.u32 %r2, %ntid.x;\n"                      \
-  "  mov.u32 %r3, %tid.x;\n  mov.u32 %r4, %nctaid.x;\n"                      \
-  "  mul.wide.u32 %rd4, %r1, %r2;\n  cvt.u64.u32 %rd5, %r3;\n"               \
-  "  add.s64 %rd4, %rd4, %rd5;\n  mul.wide.u32 %rd6, %r4, %r2;\n"            \
-  "  cvt.rn.f32.f64 %f1, %fd1;\n"                                            \
-  NAME "_loop:\n"                                                             \
-  "  setp.ge.u64 %p1, %rd4, %rd3;\n  @%p1 bra " NAME "_done;\n"              \
-  "  shl.b64 %rd7, %rd4, " SSH ";\n  add.s64 %rd8, %rd2, %rd7;\n"            \
-  "  shl.b64 %rd10, %rd4, " DSH ";\n  add.s64 %rd9, %rd1, %rd10;\n"          \
-  BODY                                                                        \
-  "  add.s64 %rd4, %rd4, %rd6;\n  bra.uni " NAME "_loop;\n"                  \
-  NAME "_done:\n  ret;\n}\n"
+  MPG__PTX_GRID_LOOP(NAME,                                                    \
+                     "  shl.b64 %rd7, %rd4, " SSH ";\n  add.s64 %rd8, %rd2, %rd7;\n" \
+                     "  shl.b64 %rd10, %rd4, " DSH ";\n"                    \
+                     "  add.s64 %rd9, %rd1, %rd10;\n" BODY)
 
 /* Narrowing rounds like mpg__f32_to_half (groups/reduce.c), NaN included,
  * so that results match the CPU backends bit for bit: f16 by cvt.rn (a
@@ -111,35 +95,8 @@ static cudaKernel_t widen_kernels[NKERNELS];
 static void widen_load(void) {
   static const char *const names[NKERNELS] = {"mpg_widen_f16", "mpg_widen_bf16",
                                               "mpg_narrow_f16", "mpg_narrow_bf16"};
-  size_t len = 1;
-  for (size_t i = 0; i < sizeof widen_ptx / sizeof *widen_ptx; i++)
-    len += strlen(widen_ptx[i]);
-  char *ptx = malloc(len);
-  if (!ptx) {
-    widen_load_error = cudaErrorMemoryAllocation;
-    widen_load_call = "malloc (widen kernels)";
-    return;
-  }
-  ptx[0] = '\0';
-  for (size_t i = 0; i < sizeof widen_ptx / sizeof *widen_ptx; i++)
-    strcat(ptx, widen_ptx[i]);
-  cudaLibrary_t lib;
-  cudaError_t e = cudaLibraryLoadData(&lib, ptx, NULL, NULL, 0, NULL, NULL, 0);
-  free(ptx);
-  if (e != cudaSuccess) {
-    widen_load_error = e;
-    widen_load_call = "cudaLibraryLoadData (widen kernels)";
-    return;
-  }
-  /* The library stays loaded for the life of the process. */
-  for (int i = 0; i < NKERNELS; i++) {
-    e = cudaLibraryGetKernel(&widen_kernels[i], lib, names[i]);
-    if (e != cudaSuccess) {
-      widen_load_error = e;
-      widen_load_call = "cudaLibraryGetKernel (widen kernels)";
-      return;
-    }
-  }
+  widen_load_error = mpg__nccl_load_ptx(widen_ptx, sizeof widen_ptx / sizeof *widen_ptx,
+                                        names, NKERNELS, widen_kernels, &widen_load_call);
 }
 
 /* Run kernel `which` over n elements on stream s. */
