@@ -408,29 +408,68 @@ out:
   return st;
 }
 
-/* Every rank commits: one all-gather of "my groups disagree" over the
- * world, so that a rank whose own groups agree still fails when another
- * group's do not (its later collectives would wait for that group's
- * members, e.g. a tied sum with the other pipeline stage). */
+/* Every rank commits: one all-gather over the world of "my groups
+ * disagree" and of the options that shape the collectives (mode,
+ * reduce_dtype, op, padding, scale, bucket sizes), so that a rank whose own
+ * groups agree still fails when another group's do not (its later
+ * collectives would wait for that group's members, e.g. a tied sum with the
+ * other pipeline stage), and so that ranks created with different options
+ * (different buckets, dtypes on the wire) fail here rather than hang. */
+enum { FPW_FLAG, FPW_MODE, FPW_RDT, FPW_OP, FPW_PAD, FPW_SCALE, FPW_BUCKET, FPW_FIRST, FPW_N };
+
 static mpg_status fp_world(mpg_sync *s, int mismatch) {
+  static const char *const field[FPW_N] = {
+      "", "mode", "reduce_dtype", "op", "pad_for_nccl", "grad_scale", "bucket_mb",
+      "first_bucket_mb"};
   mpg_group *world = NULL;
   mpg_status st = mpg_ctx_group(s->ctx, "world", &world);
   if (st) return mpg__fail_wrap(st, "mpg_sync_commit: layout check");
   int n = mpg_group_size(world);
-  uint64_t *all = malloc(sizeof *all * (size_t)n), mine = mismatch != 0;
+  uint64_t mine[FPW_N] = {mismatch != 0, (uint64_t)s->opts.mode,
+                          (uint64_t)s->opts.reduce_dtype, (uint64_t)s->opts.op,
+                          (uint64_t)s->opts.pad_for_nccl, 0, 0, 0};
+  memcpy(&mine[FPW_SCALE], &s->opts.grad_scale, sizeof(double));
+  memcpy(&mine[FPW_BUCKET], &s->opts.bucket_mb, sizeof(double));
+  memcpy(&mine[FPW_FIRST], &s->opts.first_bucket_mb, sizeof(double));
+  uint64_t *all = malloc(sizeof *all * FPW_N * (size_t)n);
   if (!all) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
-  st = mpg__group_host_all_gather(world, &mine, all, 1, MPG_I64);
+  st = mpg__group_host_all_gather(world, mine, all, FPW_N, MPG_I64);
   if (st) {
     free(all);
     return mpg__fail_wrap(st, "mpg_sync_commit: layout check over the world");
   }
   int bad = 0, first = -1;
   for (int r = 0; r < n; r++)
-    if (all[r]) {
+    if (all[(size_t)r * FPW_N + FPW_FLAG]) {
       if (first < 0) first = r;
       bad++;
     }
+  /* Options: every rank compares every rank with rank 0 alike. */
+  for (int r = 1; r < n && !st; r++)
+    for (int f = FPW_MODE; f < FPW_N && !st; f++) {
+      uint64_t a = all[f], b = all[(size_t)r * FPW_N + f];
+      if (a == b) continue;
+      int wr = -1;
+      (void)mpg_group_member(world, r, &wr);
+      char va[32], vb[32];
+      if (f >= FPW_SCALE) {
+        double da, db;
+        memcpy(&da, &a, sizeof da);
+        memcpy(&db, &b, sizeof db);
+        snprintf(va, sizeof va, "%.17g", da);
+        snprintf(vb, sizeof vb, "%.17g", db);
+      } else {
+        snprintf(va, sizeof va, "%llu", (unsigned long long)a);
+        snprintf(vb, sizeof vb, "%llu", (unsigned long long)b);
+      }
+      st = mpg__fail(MPG_ERR_STATE,
+                     "mpg_sync_commit: the ranks created their mpg_sync with different "
+                     "options: opts.%s is %s on world rank 0 but %s on world rank %d; "
+                     "every rank must pass the same (they shape the collectives)",
+                     field[f], va, vb, wr);
+    }
   free(all);
+  if (st) return st;
   if (bad && !mismatch) {
     int wr = -1;
     (void)mpg_group_member(world, first, &wr);
@@ -455,7 +494,6 @@ static int cmp_fp_unit(const void *a, const void *b) {
  * then the other reduce groups by mask (as resolve_groups created them),
  * then the tied groups by name. */
 static mpg_status check_layout(mpg_sync *s) {
-  if (mpg_ctx_backend(s->ctx) == MPG_BACKEND_NCCL) return MPG_OK; /* device memory only */
   int n = s->nparams, nunits = 0;
   fp_unit *units = calloc((size_t)(2 * n + 1), sizeof *units);
   mpg_status st = units ? MPG_OK : MPG_ERR_NOMEM;

@@ -22,13 +22,16 @@
  *    order: by the backward position of their last parameter, i.e. the
  *    order in which they complete when gradients arrive in backward order.
  *  - Before laying out, the ranks check that they agree (layout.c,
- *    check_layout; not on nccl): per reduce group (the default, then the
+ *    check_layout; on every backend, nccl staging through device memory):
+ *    per reduce group (the default, then the
  *    others by mask) and per tied group (by name), a chain of prefix hashes
  *    over the params of that group in registration order; one all-gather of
  *    (final hash, count); on a mismatch a binary search over the prefix
  *    (one all-gather per round) and one all-gather of the first differing
  *    entry, every member deciding from the same gathered values; then one
- *    all-gather of a mismatch flag over the world.  Any mismatch fails
+ *    all-gather over the world of a mismatch flag and the options that
+ *    shape the collectives (mode, reduce_dtype, op, pad_for_nccl,
+ *    grad_scale, bucket sizes), which must agree.  Any mismatch fails
  *    every rank's commit with MPG_ERR_STATE.
  *
  * Step (mpg_sync_begin .. mpg_sync_finish)

@@ -729,3 +729,60 @@ Test(sync_step, single_rank_world) {
   run_hand(h, single_rank, 5.0);
   free(h);
 }
+
+/* Ranks whose syncs were created with different options that shape the
+ * collectives fail commit alike, naming the option, instead of hanging on
+ * mismatched buckets. */
+typedef struct {
+  mpg_mesh *mesh;
+  int field; /* 0: bucket_mb, 1: reduce_dtype, 2: mode */
+  mpg_status st[4];
+  char msg[4][512];
+} opts_job;
+
+static mpg_status differing_opts_rank(const mpg_init_opts *opts, void *arg) {
+  opts_job *j = arg;
+  mpg_ctx *ctx = NULL;
+  mpg_status st = mpg_ctx_create(j->mesh, opts, &ctx);
+  if (st) return st;
+  int r = mpg_ctx_rank(ctx);
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  if (r == 3) {
+    if (j->field == 0) so.bucket_mb = 4;
+    if (j->field == 1) so.reduce_dtype = MPG_REDUCE_NATIVE;
+    if (j->field == 2) so.mode = MPG_SYNC_SHARD;
+  }
+  mpg_sync *s = NULL;
+  int id;
+  st = mpg_sync_create(ctx, &so, &s);
+  if (!st) st = mpg_sync_add_param(s, "w", 1000, MPG_BF16, NULL, &id);
+  if (!st) st = mpg_sync_commit(s);
+  j->st[r] = st;
+  snprintf(j->msg[r], sizeof j->msg[r], "%s", st ? mpg_last_error() : "");
+  mpg_sync_destroy(s);
+  mpg_ctx_destroy(ctx);
+  return MPG_OK;
+}
+
+Test(sync_errors, ranks_with_different_options_fail_commit_alike) {
+  const char *names[] = {"opts.bucket_mb is 25 on world rank 0 but 4 on world rank 3",
+                         "opts.reduce_dtype is 1 on world rank 0 but 0 on world rank 3",
+                         "opts.mode is 0 on world rank 0 but 1 on world rank 3"};
+  for (int f = 0; f < 3; f++) {
+    mpg_spec spec = MPG_SPEC_INIT;
+    cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
+    cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=4"), MPG_OK);
+    opts_job j;
+    memset(&j, 0, sizeof j);
+    j.field = f;
+    cr_assert_eq(mpg_mesh_create(&spec, 4, &j.mesh), MPG_OK, "%s", mpg_last_error());
+    cr_assert_eq(mpg_thread_run(4, 20, differing_opts_rank, &j, NULL), MPG_OK, "%s",
+                 mpg_last_error());
+    for (int r = 0; r < 4; r++) {
+      cr_assert_eq(j.st[r], MPG_ERR_STATE, "field %d rank %d: %s: %s", f, r,
+                   mpg_status_name(j.st[r]), j.msg[r]);
+      cr_assert(strstr(j.msg[r], names[f]), "rank %d: %s", r, j.msg[r]);
+    }
+    mpg_mesh_destroy(j.mesh);
+  }
+}
