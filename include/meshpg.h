@@ -1454,9 +1454,11 @@ MPG_API mpg_status mpg_sync_param_group(const mpg_sync *sync, int param,
  * then, with replicate_dims, the owned slice is all-reduced over the
  * replicate group (sum: the scale already covers both).  Same bytes per
  * rank as one all-reduce.  After finish only the owned slices of the
- * sharded gradient buffers are meaningful.  Params with their own
- * reduce_dims, or a tied group, keep replicate behaviour (fully reduced
- * gradients, optimizer on the whole param).
+ * sharded gradient buffers are meaningful.  Params whose reduce_dims name
+ * other dims than the data-parallel group (shard + replicate dims), params
+ * with a tied group and integer params keep replicate behaviour (fully
+ * reduced gradients, optimizer on the whole param).  A step may begin
+ * while a gather is open (forward waits for its buckets as it goes).
  *
  * Optimizer: for each param, mpg_sync_shard gives the range it owns; an
  * elementwise optimizer updates param[param_offset .. +count) from
@@ -1466,7 +1468,9 @@ MPG_API mpg_status mpg_sync_param_group(const mpg_sync *sync, int param,
  * place, in forward order); mpg_sync_gather_wait(param) at a param's first
  * use in forward waits for its bucket (and those before it) and starts the
  * next one; mpg_sync_gather_all waits for everything.  Both do nothing
- * when no gather is open (all gathered already). */
+ * when no gather is open and the params are current (gathered already, or
+ * no step finished yet), and fail with MPG_ERR_STATE when a step finished
+ * and no gather was begun since (the other ranks' slices would be stale). */
 
 /* The part of a param this rank owns.  A versioned output struct. */
 typedef struct mpg_shard_info {
@@ -1508,14 +1512,16 @@ MPG_API mpg_status mpg_sync_gather_begin(mpg_sync *sync, void *stream);
 /* At the first use of `param` in forward: wait until its bucket (and every
  * bucket before it in forward order) is gathered, then start the next
  * bucket's gather.  A replicated param returns at once.  The last bucket
- * ends the gather.  Returns MPG_OK at once when no gather is open or the
- * bucket was gathered already; the groups layer's errors (a timeout
- * aborts the context). */
+ * ends the gather.  Returns MPG_OK at once when the bucket was gathered
+ * already or the params are current; MPG_ERR_STATE after a finished step
+ * with no gather begun; the groups layer's errors (a timeout aborts the
+ * context). */
 MPG_API mpg_status mpg_sync_gather_wait(mpg_sync *sync, int param);
 
 /* Gather every remaining bucket and end the gather (also right after
  * mpg_sync_gather_begin, for a trainer that gathers all before forward).
- * Returns MPG_OK at once when no gather is open. */
+ * Returns MPG_OK at once when the params are current; MPG_ERR_STATE after
+ * a finished step with no gather begun. */
 MPG_API mpg_status mpg_sync_gather_all(mpg_sync *sync);
 
 /* Free the buffers and the synchroniser (before the context).  Call

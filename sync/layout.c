@@ -134,8 +134,10 @@ static mpg_status layout(mpg_sync *s) {
       buf->group = p->group;
       buf->tied = p->tied;
       buf->open = -1;
+      /* Integer buffers stay replicated: their average truncates, which
+       * a scaled reduce-scatter cannot do. */
       buf->sharded = s->opts.mode == MPG_SYNC_SHARD && p->group == s->default_group &&
-                     !p->tied;
+                     !p->tied && p->dtype != MPG_I32 && p->dtype != MPG_I64;
     }
     /* Shard mode: a sharded buffer's params start on 64 elements (as in
      * Megatron's distributed optimizer), the others on 64 bytes. */

@@ -249,6 +249,18 @@ mpg_status mpg__sync_shard_finish(mpg_sync *s, int *failed_bucket) {
 /* Public: ranges, parameter views, gathers                             */
 /* ------------------------------------------------------------------ */
 
+/* A gather wait with no gather open: fine when the params are current
+ * (gathered, or never stepped); an error after a finished step whose
+ * update was never gathered (the other ranks' slices would be stale). */
+static mpg_status no_gather(const mpg_sync *s, const char *fn) {
+  if (!s->gather_due) return MPG_OK;
+  return mpg__fail(MPG_ERR_STATE,
+                   "%s: step %ld finished but no gather was started since: call "
+                   "mpg_sync_gather_begin after the optimizer step (the other ranks' "
+                   "slices of the params are stale until then)",
+                   fn, s->step);
+}
+
 static mpg_status shard_ready(const mpg_sync *s, const char *fn) {
   if (!s) return mpg__fail(MPG_ERR_INVALID, "%s: sync is NULL", fn);
   if (s->opts.mode != MPG_SYNC_SHARD)
@@ -362,6 +374,7 @@ mpg_status mpg_sync_gather_begin(mpg_sync *s, void *stream) {
   if ((st = mpg_ctx_stream_order(s->ctx, s->stream, stream)))
     return mpg__fail_wrap(st, "mpg_sync_gather_begin: ordering the sync's stream");
   s->gather_caller = stream;
+  s->gather_due = 0;
   s->gathering = 1;
   s->gather_started = s->gather_waited = 0;
   if (s->nforward == 0) {
@@ -379,10 +392,7 @@ mpg_status mpg_sync_gather_wait(mpg_sync *s, int param) {
                      s->nparams - 1);
   const sparam *p = &s->params[param];
   if (!s->buffers[p->buffer].sharded) return MPG_OK;
-  if (!s->gathering) {
-    /* Already gathered (a later param of a bucket waited for before). */
-    return MPG_OK;
-  }
+  if (!s->gathering) return no_gather(s, "mpg_sync_gather_wait");
   int pos = 0;
   while (pos < s->nforward && s->forward[pos] != p->bucket) pos++;
   if (pos < s->gather_waited) return MPG_OK;
@@ -395,7 +405,7 @@ mpg_status mpg_sync_gather_wait(mpg_sync *s, int param) {
 mpg_status mpg_sync_gather_all(mpg_sync *s) {
   mpg_status st = shard_ready(s, "mpg_sync_gather_all");
   if (st) return st;
-  if (!s->gathering) return MPG_OK;
+  if (!s->gathering) return no_gather(s, "mpg_sync_gather_all");
   for (int i = s->gather_started; i < s->nforward && !st; i++) st = gather_start(s, i);
   mpg_status w = gather_upto(s, s->nforward);
   if (!st) st = w;

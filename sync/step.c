@@ -294,6 +294,7 @@ mpg_status mpg_sync_finish(mpg_sync *s) {
     return mpg__fail(s->step_status, "%s", s->step_msg);
   }
   s->valid = 1;
+  s->gather_due = s->opts.mode == MPG_SYNC_SHARD; /* the optimizer, then a gather */
   return MPG_OK;
 }
 

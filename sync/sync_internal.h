@@ -130,6 +130,7 @@ struct mpg_sync {
   int gathering;              /* a gather is open */
   int gather_started, gather_waited; /* positions in `forward` */
   void *gather_caller;        /* the caller's stream of the gather */
+  int gather_due;             /* a step finished since the last gather_begin */
 
   sparam *params;
   int nparams, cap;

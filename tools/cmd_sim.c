@@ -564,12 +564,16 @@ static mpg_status rank_microbatch(sim_rank *r, long step, int mb, double *sse) {
   }
   /* g: all-reduce the partial outputs over tp (its conjugate f, on the
    * input, is the identity in forward and an all-reduce of the input's
-   * gradient in backward, which this model does not need).  Every member
-   * of the tp group holds the same tokens, so all skip an empty batch. */
-  if (nt > 0)
-    TRY(mpg_all_reduce(r->tp, r->yp, r->yp, (size_t)nt * dout, MPG_F32,
-                       MPG_OP_SUM, NULL, NULL),
-        "tp all-reduce of the MLP output");
+   * gradient in backward, which this model does not need).  An empty
+   * micro-batch (more micro-batches than samples) still issues it, on one
+   * token of zeros: every rank issues the same collectives in the same
+   * order (the issue-order rule), only the counts of separate tp groups
+   * differ. */
+  if (nt == 0)
+    for (int k = 0; k < dout; k++) r->yp[k] = 0.0f;
+  TRY(mpg_all_reduce(r->tp, r->yp, r->yp, (size_t)(nt > 0 ? nt : 1) * dout, MPG_F32,
+                     MPG_OP_SUM, NULL, NULL),
+      "tp all-reduce of the MLP output");
 
   /* Loss, and dL/dy scaled so that the library's average over dp_cp (or
    * over cp and then dp with --fsdp) yields the gradient of the global
@@ -1115,8 +1119,10 @@ static void print_table(const sim_job *job, int world) {
       printf(" %-*s", wset[s], res->group[s][0] ? res->group[s] : "?");
     printf("  %-*s", wred, res->reduce[0] ? res->reduce : "?");
     if (job->mode != SIM_REPLICATE) {
+      long owned = 0;
+      for (int k = 0; k < SIM_NPARAMS; k++) owned += res->owned[k];
       if (res->done)
-        printf("  %7zu", res->shard_stats.shard_elems);
+        printf("  %7ld", owned);
       else
         printf("  %7s", "?");
     }
@@ -1472,10 +1478,11 @@ int cmd_sim(int argc, char **argv) {
     const sim_result *r0 = &job.results[0];
     if (r0->done) {
       printf("\nsync on rank 0: %d params, %d buffer%s, %d bucket%s, %zu bytes "
-             "of gradients, %ld bucket launches\n",
+             "of %s, %ld bucket launches\n",
              r0->stats.num_params, r0->stats.num_buffers,
              r0->stats.num_buffers == 1 ? "" : "s", r0->stats.num_buckets,
              r0->stats.num_buckets == 1 ? "" : "s", r0->stats.total_bytes,
+             job.mode == SIM_SHARD ? "gradients and params" : "gradients",
              r0->stats.launched_buckets);
       if (job.mode != SIM_REPLICATE) {
         const mpg_sync_stats *ss = &r0->shard_stats;
@@ -1485,10 +1492,13 @@ int cmd_sim(int argc, char **argv) {
                    : k == SIM_B1 ? hidden / job.tp
                    : k == SIM_W2 ? (long)(hidden / job.tp) * D_OUT
                                  : D_OUT;
-        printf("shard on rank 0: owns %zu of its %ld param elements (its optimizer "
-               "state), shard group of %d, %zu padding elements in %d bucket%s\n",
-               ss->shard_elems, total, ss->shard_size, ss->pad_elems, ss->num_buckets,
-               ss->num_buckets == 1 ? "" : "s");
+        long owned = 0;
+        for (int k = 0; k < SIM_NPARAMS; k++) owned += r0->owned[k];
+        printf("shard on rank 0: updates %ld of its %ld param elements, optimizer "
+               "state of %zu elements (shard_elems), shard group of %d, %zu padding "
+               "elements in %d bucket%s\n",
+               owned, total, ss->shard_elems, ss->shard_size, ss->pad_elems,
+               ss->num_buckets, ss->num_buckets == 1 ? "" : "s");
       }
     }
     printf("time: %d ranks x %d steps %.3f s (%.2f ms/step), reference %.3f s\n",

@@ -822,6 +822,9 @@ static mpg_status sync_rank(const mpg_init_opts *opts, void *arg) {
     R_EXPECT(mpg_sync_begin(bad, 0, 1, NULL), MPG_OK, "");
     R_EXPECT(mpg_sync_gather_begin(bad, NULL), MPG_ERR_STATE, "step 0 is open");
     R_EXPECT(mpg_sync_finish(bad), MPG_OK, "");
+    /* A finished step whose update was never gathered. */
+    R_EXPECT(mpg_sync_gather_wait(bad, 0), MPG_ERR_STATE, "mpg_sync_gather_begin");
+    R_EXPECT(mpg_sync_gather_all(bad), MPG_ERR_STATE, "stale");
     R_EXPECT(mpg_sync_gather_begin(bad, NULL), MPG_OK, "");
     R_EXPECT(mpg_sync_gather_begin(bad, NULL), MPG_ERR_STATE, "still open");
     R_EXPECT(mpg_sync_gather_wait(bad, 0), MPG_OK, "");

@@ -3,8 +3,9 @@
  * (MPI backend, ranks are processes).
  *
  * A shard case is a mesh, the shard options and a parameter list (counts,
- * dtypes f32/f64/bf16, some with their own reduce dims, which keeps them
- * replicated).  Every rank runs it with shc_run, which checks, from the
+ * dtypes f32/f64/bf16, some with reduce dims of their own, which keeps
+ * them replicated; reduce dims that name the sync's own data-parallel group
+ * change nothing: such a param is sharded like the others).  Every rank runs it with shc_run, which checks, from the
  * public API only and against expectations computed here from the mesh
  * coordinates:
  *
@@ -218,7 +219,10 @@ static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case 
     SC_TRY(mpg_sync_param(sync, p, &pv[p]));
     SC_CHECK(gv[p] && pv[p] && gv[p] != pv[p], "param p%d: views %p %p", p, gv[p], pv[p]);
     const mpg_shard_info *in = &info[p];
-    if (pa->reduce_dims) {
+    /* Replicated: reduce dims of its own (other dims than the sync's
+     * data-parallel group; naming that group's dims is no change). */
+    int repl = pa->reduce_dims && pmask[p] != dmask;
+    if (repl) {
       SC_CHECK(!in->sharded && in->param_offset == 0 && in->count == pa->count,
                "param p%d (reduce_dims %s): sharded %d [%zu, +%zu) of %zu, expected the "
                "whole param replicated",
@@ -287,7 +291,7 @@ static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case 
   }
   SC_TRY(mpg_all_gather(world_g, mine, all, words, MPG_I64, NULL, NULL));
   for (int p = 0; p < c->nparams; p++) {
-    if (c->params[p].reduce_dims) continue;
+    if (!info[p].sharded) continue;
     memset(cover, 0, c->params[p].count);
     for (int q = 0; q < mi->world; q++) {
       if (!sc_same_outside(mi, rank, q, smask)) continue;

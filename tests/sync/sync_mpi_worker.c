@@ -7,6 +7,11 @@
  *                                after another (so this program initialises
  *                                MPI itself)
  *   sync_mpi_worker NAME...      just those scenarios
+ *   sync_mpi_worker shard        the shard-mode cases of shard_check.h
+ *                                (fixed ones for this world size, then 12
+ *                                random ones): owned gradient values,
+ *                                owned ranges that partition every param
+ *                                over each shard group, gathered params
  *   sync_mpi_worker timeout      the last rank never marks one gradient
  *                                and skips finish: the others' finish must
  *                                fail with a timeout (or abort) within the
@@ -22,7 +27,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "sync_scenarios.h"
+#include "shard_check.h"
 
 static double now(void) {
   struct timespec ts;
@@ -65,6 +70,45 @@ static int run_scenarios(int argc, char **argv, int rank, int world) {
   free(out);
   if (!ran) {
     printf("FAIL %s rank %d: no scenario ran\n", argv[1], rank);
+    failures++;
+  }
+  return failures;
+}
+
+/* Shard mode: the fixed cases for this world size, then random ones. */
+static int run_shard(int rank, int world) {
+  int failures = 0, ran = 0;
+  shard_case *c = malloc(sizeof *c);
+  sc_out *out = malloc(sizeof *out);
+  if (!c || !out) return 1;
+  int nfixed = (int)(sizeof shc_names / sizeof shc_names[0]) - 1;
+  for (int k = 0; k < nfixed + 12; k++) {
+    if (k < nfixed) {
+      if (shc_build(c, shc_names[k], world) != 0) continue;
+    } else {
+      shc_random(c, 500u + (unsigned)k, world);
+    }
+    mpg_init_opts opts = MPG_INIT_OPTS_INIT;
+    opts.backend = MPG_BACKEND_MPI;
+    opts.timeout_s = 60;
+    double t0 = now();
+    mpg_status st = shc_run(&opts, c, out);
+    ran++;
+    if (st != MPG_OK) {
+      printf("FAIL shard rank %d: case %s (mesh %s, shard \"%s\", replicate \"%s\"): %s: %s\n",
+             rank, c->name, c->mesh, c->shard_dims, c->replicate_dims, mpg_status_name(st),
+             out->msg);
+      failures++;
+    } else if (rank == 0) {
+      printf("shard case %s (mesh %s, shard \"%s\", replicate \"%s\"): %d buckets, %.2f s\n",
+             c->name, c->mesh, c->shard_dims, c->replicate_dims, out->nbuckets, now() - t0);
+    }
+    fflush(stdout);
+  }
+  free(c);
+  free(out);
+  if (!ran) {
+    printf("FAIL shard rank %d: no case ran\n", rank);
     failures++;
   }
   return failures;
@@ -150,7 +194,7 @@ done:
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    printf("usage: sync_mpi_worker all | timeout | SCENARIO...\n");
+    printf("usage: sync_mpi_worker all | shard | timeout | SCENARIO...\n");
     return 2;
   }
   mpg_launch env = MPG_LAUNCH_INIT;
@@ -167,7 +211,8 @@ int main(int argc, char **argv) {
     /* Several contexts one after another: MPI is ours to initialise. */
     int provided;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-    failures = run_scenarios(argc, argv, rank, world);
+    failures = strcmp(argv[1], "shard") == 0 ? run_shard(rank, world)
+                                             : run_scenarios(argc, argv, rank, world);
     MPI_Finalize();
   }
   if (!failures) printf("OK %s rank %d\n", argv[1], rank);

@@ -58,13 +58,13 @@ static void run_case(const shard_case *c) {
 /* Properties                                                          */
 /* ------------------------------------------------------------------ */
 
-/* Random meshes of 1..24 ranks (dp or dp_replicate x dp_shard, cp, tp in a
+/* 150 random meshes of 1..24 ranks (dp or dp_replicate x dp_shard, cp, tp in a
  * random order), random shard / replicate dims, param lists, buckets. */
 Test(shard_props, random_meshes_and_params, .timeout = 300) {
   shard_case *c = malloc(sizeof *c);
   cr_assert_not_null(c);
   int one_per_bucket = 0, hsdp = 0, repl = 0;
-  for (unsigned seed = 1; seed <= 60; seed++) {
+  for (unsigned seed = 1; seed <= 150; seed++) {
     unsigned s = seed * 48271u;
     int world = 1 + (int)(sc_rand(&s) % 24);
     shc_random(c, seed, world);
@@ -260,7 +260,12 @@ static mpg_status api_rank(const mpg_init_opts *opts, void *arg) {
   /* and again, waiting per param this time */
   A_EXPECT(mpg_sync_gather_begin(sh, NULL), MPG_OK);
   A_EXPECT(mpg_sync_gather_wait(sh, 1), MPG_OK); /* replicated: at once */
+  A_EXPECT(mpg_sync_gather_wait(sh, 0), MPG_OK); /* the last bucket: ends the gather */
+  /* nothing open: both do nothing */
   A_EXPECT(mpg_sync_gather_wait(sh, 0), MPG_OK);
+  A_EXPECT(mpg_sync_gather_all(sh), MPG_OK);
+  A_EXPECT(mpg_sync_gather_begin(sh, NULL), MPG_OK); /* so the gather had ended */
+  A_EXPECT(mpg_sync_gather_all(sh), MPG_OK);
   A_EXPECT(mpg_sync_all(sh, 1, NULL), MPG_OK);
 
 done:

@@ -1,6 +1,7 @@
 /* The sync policy under real MPI processes: mpirun starts
  * sync_mpi_worker (MESHPG_SYNC_MPI_WORKER, set by meson), which runs the
- * scenarios of sync_scenarios.h on the MPI backend, the timeout path, and
+ * scenarios of sync_scenarios.h and the shard cases of shard_check.h on the
+ * MPI backend, the timeout path, and
  * (under valgrind) checks that the sync module leaks nothing. */
 #include <string.h>
 
@@ -30,6 +31,15 @@ Test(sync_mpi, scenarios_4_ranks, .timeout = 400) { run_worker(4, "", "all", 380
 
 Test(sync_mpi, scenarios_8_ranks, .timeout = 600) { run_worker(8, "", "all", 580); }
 
+/* Shard mode on real processes: owned gradient values, owned ranges that
+ * partition every param over each shard group, gathered params. */
+Test(sync_mpi, shard_4_ranks, .timeout = 300) { run_worker(4, "", "shard", 280); }
+
+Test(sync_mpi, shard_8_ranks, .timeout = 400) {
+  run_worker(8, "", "shard", 380);
+  cr_assert(strstr(out, "shard case shard_hsdp"), "%s", out);
+}
+
 Test(sync_mpi, timeout_invalidates_the_step, .timeout = 120) {
   double t0 = now();
   run_worker(4, "", "timeout", 100);
@@ -52,5 +62,7 @@ Test(sync_mpi, valgrind_no_sync_leaks, .timeout = 600) {
            "--suppressions='%s/groups/openmpi.supp'",
            data);
   run_worker(4, prefix, "dp_cp_default sp_norm tied_pp2 dtypes", 580);
+  cr_assert_null(strstr(out, "definitely lost"), "%s", out);
+  run_worker(4, prefix, "shard", 300); /* the shard mode's buffers and gathers */
   cr_assert_null(strstr(out, "definitely lost"), "%s", out);
 }
