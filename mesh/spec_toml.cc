@@ -156,12 +156,23 @@ struct reader {
   /* A dims list such as "dp_shard,cp" (checked against the mesh when the
    * sync is created). */
   void copy_dims(char *dst, size_t cap, const toml::node &n, const std::string &path) {
-    auto s = n.as_string();
-    if (!s) expected(path, n, "a string of dim names such as \"dp_shard,cp\"");
-    if (s->get().empty() || s->get().size() >= cap)
+    const char *what = "a list of dim names such as [\"dp_shard\", \"cp\"] or \"dp_shard,cp\"";
+    std::string joined;
+    if (auto s = n.as_string()) {
+      joined = s->get();
+    } else if (auto arr = n.as_array()) {
+      for (size_t i = 0; i < arr->size(); i++) {
+        auto e = (*arr)[i].as_string();
+        if (!e || e->get().empty()) expected(path + "[" + std::to_string(i) + "]", (*arr)[i], "a dim name");
+        joined += (i ? "," : "") + e->get();
+      }
+    } else {
+      expected(path, n, what);
+    }
+    if (joined.empty() || joined.size() >= cap)
       fail(n.source(), path + ": expected 1 to " + std::to_string(cap - 1) +
-                           " chars of dim names, found \"" + s->get() + "\"");
-    std::strcpy(dst, s->get().c_str());
+                           " chars of dim names, found \"" + joined + "\"");
+    std::strcpy(dst, joined.c_str());
   }
 
   void read_dims(const toml::node &n) {

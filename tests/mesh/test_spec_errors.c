@@ -565,3 +565,32 @@ Test(spec_good, flatten_keeps_spec_order) {
                    spec.flatten[0].name);
   cr_assert_str_eq(spec.flatten[1].name, "dp_cp");
 }
+
+/* [sync] shard mode keys: dims lists as arrays (DESIGN.md's form) or one
+ * comma-separated string; wrong forms and combinations are refused. */
+Test(spec_good, shard_mode_keys_in_both_forms) {
+  const char *mesh = "[mesh]\ndims = [ { name = \"dp_replicate\", size = 2 }, "
+                     "{ name = \"dp_shard\", size = 2 }, { name = \"cp\", size = 2 } ]\n";
+  char text[1024];
+  mpg_spec spec = MPG_SPEC_INIT;
+  snprintf(text, sizeof text, "%s[sync]\nmode = \"shard\"\nshard_dims = [\"dp_shard\", \"cp\"]\n"
+           "replicate_dims = [\"dp_replicate\"]\npad_for_nccl = true\n", mesh);
+  cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_OK, "%s", mpg_last_error());
+  cr_assert_eq(spec.sync_mode, MPG_SYNC_SHARD);
+  cr_assert_str_eq(spec.shard_dims, "dp_shard,cp");
+  cr_assert_str_eq(spec.replicate_dims, "dp_replicate");
+  cr_assert_eq(spec.pad_for_nccl, 1);
+  snprintf(text, sizeof text, "%s[sync]\nmode = \"shard\"\nshard_dims = \"dp_shard,cp\"\n", mesh);
+  cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_OK, "%s", mpg_last_error());
+  cr_assert_str_eq(spec.shard_dims, "dp_shard,cp");
+  snprintf(text, sizeof text, "%s[sync]\nmode = \"shard\"\nshard_dims = [\"cp\", 3]\n", mesh);
+  cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_ERR_SPEC);
+  cr_assert(strstr(mpg_last_error(), "sync.shard_dims[1]"), "%s", mpg_last_error());
+  snprintf(text, sizeof text, "%s[sync]\nmode = \"sharded\"\n", mesh);
+  cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_ERR_SPEC);
+  cr_assert(strstr(mpg_last_error(), "sync.mode") && strstr(mpg_last_error(), "\"shard\""),
+            "%s", mpg_last_error());
+  snprintf(text, sizeof text, "%s[sync]\nreplicate_dims = [\"dp_replicate\"]\n", mesh);
+  cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_ERR_SPEC);
+  cr_assert(strstr(mpg_last_error(), "needs sync.mode"), "%s", mpg_last_error());
+}
