@@ -1015,6 +1015,28 @@ class Sync {
     return Group(g);
   }
 
+  /* Shard mode (opts.mode = MPG_SYNC_SHARD).  This rank's range of `param`
+   * (mpg_sync_shard). */
+  mpg_shard_info shard(int param) const {
+    mpg_shard_info i = MPG_SHARD_INFO_INIT;
+    check(mpg_sync_shard(sync_, param, &i));
+    return i;
+  }
+  /* The parameter view of `param` in the parameter buffer (mpg_sync_param). */
+  void* param(int param_id) {
+    void* p = nullptr;
+    check(mpg_sync_param(sync_, param_id, &p));
+    return p;
+  }
+  template <class T, detail::if_dtype<T> = 0>
+  T* param(int param_id) {
+    return static_cast<T*>(param(param_id));
+  }
+  /* Gathers of the updated params (mpg_sync_gather_begin / _wait / _all). */
+  void gather_begin(void* stream = nullptr) { check(mpg_sync_gather_begin(sync_, stream)); }
+  void gather_wait(int param_id) { check(mpg_sync_gather_wait(sync_, param_id)); }
+  void gather_all() { check(mpg_sync_gather_all(sync_)); }
+
  private:
   mpg_sync* sync_ = nullptr;
 };

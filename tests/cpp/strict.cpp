@@ -99,6 +99,14 @@ void meshpg_strict_tu(meshpg::Group& g, meshpg::Sync& s, meshpg::Ctx& c,
   (void)s.grads_valid();
   (void)s.stats();
   (void)s.param_group(a);
+  if (s.stats().shard_size > 0) {
+    (void)s.shard(a);
+    (void)s.param<float>(a);
+    (void)s.param(b);
+    s.gather_begin();
+    s.gather_wait(a);
+    s.gather_all();
+  }
 
   (void)c.group("tp");
   (void)c.group_at(0);

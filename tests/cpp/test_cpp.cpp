@@ -949,3 +949,36 @@ Test(valgrind, trainer_threads_are_memory_clean, .timeout = 600) {
   expect_trained(cmd, out, rc, 4, 2);
   cr_assert_not(has(out, "definitely lost"), "%s", out.c_str());
 }
+
+/* Shard mode through the C++ layer: owned ranges, the parameter view and
+ * the gathers. */
+Test(threads, shard_mode_through_the_cpp_layer, .timeout = 120) {
+  meshpg::Spec spec = seed_spec();
+  meshpg::Mesh mesh(spec);
+  meshpg::ThreadRun run = meshpg::run_threads(8, 30, [&](const mpg_init_opts& opts) {
+    meshpg::Ctx ctx(mesh, opts);
+    mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+    so.mode = MPG_SYNC_SHARD;
+    meshpg::Sync sync(ctx, so);
+    const int w = sync.add_param<float>("w", 1000);
+    sync.commit();
+    const int S = sync.stats().shard_size;
+    REQUIRE(S == 4);
+    meshpg::Group dpcp = sync.param_group(w);
+    float* g = sync.grad<float>(w);
+    float* p = sync.param<float>(w);
+    for (int i = 0; i < 1000; i++) g[i] = static_cast<float>(dpcp.rank());
+    sync.all(0);
+    mpg_shard_info mine = sync.shard(w);
+    REQUIRE(mine.sharded == 1 && mine.count > 0);
+    for (std::size_t i = mine.param_offset; i < mine.param_offset + mine.count; i++) {
+      REQUIRE(g[i] == 1.5f);
+      p[i] = static_cast<float>(i);
+    }
+    expect_error(MPG_ERR_STATE, [&] { sync.gather_wait(w); });
+    sync.gather_begin();
+    sync.gather_wait(w);
+    for (int i = 0; i < 1000; i++) REQUIRE(p[i] == static_cast<float>(i));
+  });
+  EXPECT_RUN_OK(run);
+}
