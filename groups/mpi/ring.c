@@ -13,7 +13,8 @@
  * s (0 .. size - 2) rank r sends chunk r - s to its right neighbour and
  * receives chunk r - s - 1 from its left one into scratch, then reduces it
  * into its own copy; after size - 1 steps it holds chunk r + 1 fully
- * reduced.  All-gather: at step t it sends chunk r + 1 - t and receives
+ * reduced (an average is divided in that last step, fold_div(), so that
+ * no divide pass follows).  All-gather: at step t it sends chunk r + 1 - t and receives
  * chunk r - t straight into place (indices mod size).  Every message is
  * an MPI_Isend / MPI_Irecv pair on the piece's tag (distinct for the
  * pieces in flight together; messages between two ranks on one tag
@@ -64,6 +65,48 @@ static int ring_post(mpg__comm *m, struct piece *pc) {
   return rc;
 }
 
+/* Is q's average folded into the last reduce-scatter step?  Its chunk's
+ * sum is final there, so the rank divides it once before the all-gather
+ * hands it out, and no divide pass over the piece follows (f32 sums, the
+ * sync's case; the quotient is the same as the divide pass's). */
+static int fold_div(const mpg__comm *m, const mpg__req *q) {
+  return q->piece_div && m->size >= 2 && q->work_dtype == MPG_F32 &&
+         q->rop != MPG_OP_MAX && q->rop != MPG_OP_MIN;
+}
+
+/* acc[i] += x[i], divided by div when div > 0 (a power of two multiplies
+ * by its exact inverse), 8 floats at a time through the GCC/Clang vector
+ * extension (memcpy: no alignment assumed), which -O2 does not do by
+ * itself for a loop of unknown length. */
+typedef float mpg__v4f __attribute__((vector_size(16)));
+static void add_f32(float *acc, const float *x, size_t n, int div) {
+  int pow2 = div > 0 && (div & (div - 1)) == 0;
+  float d = (float)div, inv = div > 0 ? 1.0f / d : 1.0f;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    mpg__v4f a0, a1, b0, b1;
+    memcpy(&a0, acc + i, 16);
+    memcpy(&a1, acc + i + 4, 16);
+    memcpy(&b0, x + i, 16);
+    memcpy(&b1, x + i + 4, 16);
+    a0 += b0;
+    a1 += b1;
+    if (pow2) {
+      a0 *= inv;
+      a1 *= inv;
+    } else if (div > 0) {
+      a0 /= d;
+      a1 /= d;
+    }
+    memcpy(acc + i, &a0, 16);
+    memcpy(acc + i + 4, &a1, 16);
+  }
+  for (; i < n; i++) {
+    float v = acc[i] + x[i];
+    acc[i] = pow2 ? v * inv : div > 0 ? v / d : v;
+  }
+}
+
 /* pc's current step completed: reduce what it received.  Lock held. */
 static void ring_reduce(mpg__comm *m, struct piece *pc) {
   int p = m->size, r = m->rank, s = pc->step;
@@ -72,8 +115,13 @@ static void ring_reduce(mpg__comm *m, struct piece *pc) {
   size_t ws = mpg__dtype_size(q->work_dtype);
   int recv_i = ((r - s - 1) % p + p) % p;
   size_t r0 = chunk_start(pc, p, recv_i), r1 = chunk_start(pc, p, recv_i + 1);
-  mpg__reduce_into(q->work_dtype, q->rop, q->wire + (pc->off + r0) * ws,
-                   m->scratch + (size_t)pc->scratch * m->scratch_slot, r1 - r0);
+  char *acc = q->wire + (pc->off + r0) * ws;
+  const char *x = m->scratch + (size_t)pc->scratch * m->scratch_slot;
+  if (q->work_dtype == MPG_F32 && q->rop != MPG_OP_MAX && q->rop != MPG_OP_MIN)
+    add_f32((float *)(void *)acc, (const float *)(const void *)x, r1 - r0,
+            s == p - 2 && fold_div(m, q) ? q->piece_div : 0);
+  else
+    mpg__reduce_into(q->work_dtype, q->rop, acc, x, r1 - r0);
 }
 
 /* Stage piece pc's input and post its first step.  Lock held. */
@@ -93,15 +141,16 @@ static int piece_start(mpg__comm *m, struct piece *pc) {
   return ring_post(m, pc);
 }
 
-/* Piece pc completed: divide it, then copy or narrow it out.  Lock held. */
-static void piece_done(struct piece *pc) {
+/* Piece pc completed: divide it (unless folded), then copy or narrow it
+ * out.  Called without the lock (pc is busy, see mpg__mpi_pump()). */
+static void piece_done(const mpg__comm *m, struct piece *pc) {
   mpg__req *q = pc->q;
   size_t es = mpg__dtype_size(q->dtype);
   size_t ws = mpg__dtype_size(q->work_dtype);
   char *w = q->wire + pc->off * ws;
   size_t n = (size_t)pc->count;
   char *dst = (char *)q->dst + pc->off * es;
-  if (q->piece_div) mpg__divide(q->work_dtype, w, n, q->piece_div);
+  if (q->piece_div && !fold_div(m, q)) mpg__divide(q->work_dtype, w, n, q->piece_div);
   if (q->piece_fin == FIN_NARROW)
     mpg__half_narrow(q->dtype, (const float *)w, dst, n);
   else if (dst != w)
@@ -155,7 +204,7 @@ int mpg__mpi_pump(mpg__comm *m) {
         q->busy_pieces++;
         unlock_g();
         ring_reduce(m, pc);
-        if (final) piece_done(pc);
+        if (final) piece_done(m, pc);
         pthread_mutex_lock(&mpg__mpi.lock);
         pc->busy = 0;
         q->busy_pieces--;
