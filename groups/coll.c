@@ -147,18 +147,28 @@ mpg_status mpg__group_finish(mpg_group *g, mpg__req **reqs, int n, double deadli
   return first ? mpg__error_restore(first, &why) : MPG_OK;
 }
 
+mpg_status mpg__group_ready(mpg_group *g, const char *fn) {
+  int reason = atomic_load(&g->ctx->aborted);
+  if (reason)
+    return mpg__fail(MPG_ERR_ABORTED, "%s on \"%s\": the context was aborted (%s)", fn,
+                     g->name, mpg_status_name((mpg_status)reason));
+  mpg_status st = mpg__group_create(g->ctx, g);
+  return st ? on_failure(g, fn, st) : MPG_OK;
+}
+
+/* Before any operation on g: the arguments, then mpg__group_ready. */
+static mpg_status prepare(mpg_group *g, const mpg__coll *c, const char *fn) {
+  mpg_status st = check_coll(g, c);
+  return st ? st : mpg__group_ready(g, fn);
+}
+
 static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
   if (work) *work = NULL;
-  mpg_status st = check_coll(g, c);
-  if (st) return st;
-  mpg_ctx *ctx = g->ctx;
-  int reason = atomic_load(&ctx->aborted);
-  if (reason)
-    return mpg__fail(MPG_ERR_ABORTED, "mpg_%s on \"%s\": the context was aborted (%s)",
-                     mpg__kind_name(c->kind), g->name, mpg_status_name((mpg_status)reason));
+  mpg_ctx *ctx = g ? g->ctx : NULL;
   char fn[32];
   snprintf(fn, sizeof fn, "mpg_%s", mpg__kind_name(c->kind));
-  if ((st = mpg__group_create(ctx, g))) return on_failure(g, fn, st);
+  mpg_status st = prepare(g, c, fn);
+  if (st) return st;
   mpg__order_note(g, c); /* issue order (order.c): as issued, size-1 groups too */
   if (g->size == 1) return ctx->ops->local ? ctx->ops->local(c) : mpg__local_host(c);
 
@@ -325,18 +335,12 @@ mpg_status mpg_recv(mpg_group *group, void *buf, size_t count,
 mpg_status mpg__group_host_all_gather(mpg_group *g, const void *send, void *recv,
                                       size_t count, mpg_dtype dtype) {
   mpg__coll c = {MPG__ALL_GATHER, send, recv, count, dtype, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
-  mpg_status st = check_coll(g, &c);
+  mpg_status st = prepare(g, &c, "all_gather (host)");
   if (st) return st;
-  mpg_ctx *ctx = g->ctx;
-  int reason = atomic_load(&ctx->aborted);
-  if (reason)
-    return mpg__fail(MPG_ERR_ABORTED, "all_gather (host) on \"%s\": the context was "
-                     "aborted (%s)", g->name, mpg_status_name((mpg_status)reason));
-  if ((st = mpg__group_create(ctx, g))) return on_failure(g, "all_gather (host)", st);
   if (g->size == 1) {
     if (count) memmove(recv, send, count * mpg__dtype_size(dtype));
     return MPG_OK;
   }
-  st = mpg__ctx_setup_coll(ctx, g->comm, g->size, &c);
+  st = mpg__ctx_setup_coll(g->ctx, g->comm, g->size, &c);
   return st ? on_failure(g, "all_gather (host)", st) : MPG_OK;
 }

@@ -68,6 +68,11 @@ struct mpg_work {
   mpg_status status; /* a failure seen by mpg_work_test */
 };
 
+/* coll.c: before an operation `fn` on g: MPG_ERR_ABORTED when the context
+ * was aborted; else g's communicator, created now if lazy (a failure then
+ * goes through mpg__group_on_failure). */
+mpg_status mpg__group_ready(mpg_group *g, const char *fn);
+
 /* coll.c: after a failure `st` of the call `fn` on g: a timeout or an
  * abort aborts the whole context and names the group in the message;
  * returns st. */
@@ -110,14 +115,12 @@ mpg_status mpg__group_create(mpg_ctx *ctx, mpg_group *g);
  * bad value).  Each _note records one call, issued on g, as it is issued:
  * every collective run() posts (not send / recv) and every split that
  * creates a group; groups of mpg_ctx_group_select are never recorded.
- * _note_p2p marks each mpg_p2p_batch but records nothing (see order.c).
- * _destroy checks once more (only a difference is an error: MPG_ERR_STATE)
- * and frees the record. */
+ * Point to point (send, recv, mpg_p2p_batch) is not recorded (see
+ * order.c).  _destroy frees the record without a check (see order.c). */
 typedef struct mpg__order mpg__order;
 mpg_status mpg__order_create(mpg_ctx *ctx);
 void mpg__order_note(mpg_group *g, const mpg__coll *c);
 void mpg__order_note_split(mpg_group *g);
-void mpg__order_note_p2p(mpg_group *g);
-mpg_status mpg__order_destroy(mpg_ctx *ctx);
+void mpg__order_destroy(mpg_ctx *ctx);
 
 #endif

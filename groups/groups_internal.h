@@ -60,10 +60,8 @@ mpg_status mpg__group_host_all_gather(mpg_group *group, const void *send,
  * collective over the world when the checker is on (MESHPG_CHECK_ORDER),
  * nothing when it is off or the context was aborted.  MPG_ERR_STATE, on
  * every rank alike, naming the first call that differs, when the ranks
- * issued different collectives or group creations since the last check.
- * `teardown`: a failure of the check's own communication (a peer left or
- * failed) is logged and gives MPG_OK. */
-mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where, int teardown);
+ * issued different collectives or group creations since the last check. */
+mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where);
 
 #ifdef __cplusplus
 }

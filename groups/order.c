@@ -93,18 +93,8 @@ struct mpg__order {
 static const uint64_t SEED = 0x6f726465726d7067ull;   /* "ordermpg" */
 static const uint64_t ABSENT = 0x6e6f736c6f74ull;     /* "noslot": a mask never made */
 
-static uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= h >> 31;
-  h *= 0xbf58476d1ce4e5b9ull;
-  return h ^ (h >> 29);
-}
-
 static uint64_t mix_str(uint64_t h, const char *s) {
-  uint64_t f = 0xcbf29ce484222325ull; /* FNV-1a */
-  for (const unsigned char *c = (const unsigned char *)s; *c; c++)
-    f = (f ^ *c) * 0x100000001b3ull;
-  return mix(h, f);
+  return mpg__hash_mix(h, mpg__hash_str(s));
 }
 
 static void add_slot(mpg__order *o, unsigned mask) {
@@ -154,13 +144,13 @@ mpg_status mpg__order_create(mpg_ctx *ctx) {
 
 static void record(mpg__order *o, const char *name, unsigned mask, int kind, uint64_t count,
                    int dtype, int op) {
-  uint64_t key = mix(mix(mix(mix_str(SEED, name), (uint64_t)kind), (uint64_t)(dtype + 1)),
-                     (uint64_t)(op + 1));
-  uint64_t full = mix(key, count);
-  o->hash = mix(o->hash, full);
+  uint64_t key = mpg__hash_mix(mix_str(SEED, name), (uint64_t)kind);
+  key = mpg__hash_mix(mpg__hash_mix(key, (uint64_t)(dtype + 1)), (uint64_t)(op + 1));
+  uint64_t full = mpg__hash_mix(key, count);
+  o->hash = mpg__hash_mix(o->hash, full);
   for (int k = 0; k < o->nslots; k++)
-    o->slot_hash[k] = mix(o->slot_hash[k], (mask & o->slot_mask[k]) == o->slot_mask[k]
-                                               ? full : key);
+    o->slot_hash[k] = mpg__hash_mix(o->slot_hash[k],
+                                    (mask & o->slot_mask[k]) == o->slot_mask[k] ? full : key);
   o->used[mask / 64] |= 1ull << (mask % 64);
   if (o->n == o->cap && o->cap < ORDER_LOG && !o->fixed) {
     /* Not wrapped yet: calls 0..cap-1 sit at 0..cap-1 and stay there. */
@@ -203,9 +193,7 @@ void mpg__order_note_split(mpg_group *g) {
  * single mpg_send / mpg_recv calls on the other (tests/groups/test_p2p.c),
  * and pipeline stages issue different numbers of batches, so a (group,
  * "p2p") record would fail correct programs at the first collective over
- * a group spanning them.  The hook stays, so that mpg_p2p_batch marks the
- * place; recording them is one record() call here. */
-void mpg__order_note_p2p(mpg_group *g) { (void)g; }
+ * a group spanning them.  (mpg__order_note above skips send and recv.) */
 
 /* ------------------------------------------------------------------ */
 /* The check                                                           */
@@ -400,7 +388,7 @@ out:
   return st;
 }
 
-mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where, int teardown) {
+mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where) {
   mpg__order *o = ctx->order;
   if (!o || atomic_load(&ctx->aborted)) return MPG_OK;
   mpg_status st = MPG_OK;
@@ -414,11 +402,6 @@ mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where, int teardown) {
       mpg__log(2, "rank %d: issue order checked at %s (%ld calls)", ctx->rank, where, o->n);
   }
   restart(o);
-  if (st && st != MPG_ERR_STATE && teardown) {
-    /* Tearing down after a peer left or failed: nothing to compare. */
-    mpg__log(1, "rank %d: %s", ctx->rank, mpg_last_error());
-    return MPG_OK;
-  }
   return st;
 }
 
@@ -427,13 +410,11 @@ mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where, int teardown) {
  * a rank that leaves wait for them, and its timeout would then abort them
  * with its reason instead of their own.  Commit, every finish and
  * mpg_ctx_check_order cover the steps. */
-mpg_status mpg__order_destroy(mpg_ctx *ctx) {
-  if (!ctx->order) return MPG_OK;
-  mpg_status st = MPG_OK;
+void mpg__order_destroy(mpg_ctx *ctx) {
+  if (!ctx->order) return;
   free(ctx->order->log);
   free(ctx->order);
   ctx->order = NULL;
-  return st;
 }
 
 mpg_status mpg_ctx_check_order(mpg_ctx *ctx) {
@@ -442,5 +423,5 @@ mpg_status mpg_ctx_check_order(mpg_ctx *ctx) {
   if (reason)
     return mpg__fail(MPG_ERR_ABORTED, "mpg_ctx_check_order (rank %d): the context was "
                      "aborted (%s)", ctx->rank, mpg_status_name((mpg_status)reason));
-  return mpg__ctx_check_order(ctx, "mpg_ctx_check_order", 0);
+  return mpg__ctx_check_order(ctx, "mpg_ctx_check_order");
 }

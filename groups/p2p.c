@@ -115,17 +115,9 @@ mpg_status mpg_p2p_batch(mpg_group *group, const mpg_p2p_op *ops, int n, void *s
   mpg_status st;
   for (int i = 0; i < n; i++)
     if ((st = check_op(g, &ops[i], i))) return st;
-  /* Issue order (order.c): one (group, "p2p") per batch, n == 0 included,
-   * so that every member may issue each batch, with something to exchange
-   * or not.  (The group exists already: mpg_ctx_group* created it.) */
-  mpg__order_note_p2p(g);
   if (n == 0) return MPG_OK;
+  if ((st = mpg__group_ready(g, FN))) return st;
   mpg_ctx *ctx = g->ctx;
-  int reason = atomic_load(&ctx->aborted);
-  if (reason)
-    return mpg__fail(MPG_ERR_ABORTED, FN " on \"%s\": the context was aborted (%s)", g->name,
-                     mpg_status_name((mpg_status)reason));
-  if ((st = mpg__group_create(ctx, g))) return mpg__group_on_failure(g, FN, st);
   /* A size-1 group has no peer: check_op refused every operation. */
 
   mpg__coll *list = malloc((size_t)n * sizeof *list);

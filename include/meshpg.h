@@ -978,9 +978,9 @@ MPG_API long mpg_ctx_setup_collectives(const mpg_ctx *ctx);
  * calls since the last check)" for a rank with fewer calls).  Either way
  * the record starts afresh.  While the checker is on, the library also
  * checks at mpg_sync_commit (after the layout check), at the end of each
- * step (mpg_sync_finish of the last micro-batch, mpg_sync_all), at
- * mpg_sync_destroy and at mpg_ctx_destroy (not after an abort).  None of
- * these collectives is counted by mpg_ctx_setup_collectives.
+ * step (mpg_sync_finish of the last micro-batch, mpg_sync_all); never at a
+ * destroy (not collective).  None of these collectives is counted by
+ * mpg_ctx_setup_collectives.
  *
  * Returns MPG_OK (at once, without communicating, when the checker is
  * off); MPG_ERR_STATE when the order differs; MPG_ERR_INVALID for NULL;
@@ -1157,11 +1157,9 @@ typedef struct mpg_p2p_op {
  * and the previous stage and receives from both, in one batch) cannot
  * deadlock, however large the messages.  Each operation is matched by the
  * peer's operation of the other direction, with the same count and dtype
- * (posted by mpg_p2p_batch or by mpg_send / mpg_recv; but with the
- * issue-order checker on, see mpg_ctx_check_order, every call is one
- * "p2p" call on the group, n == 0 included, so every member must issue the
- * same batches in the same order, passing n == 0 when it has nothing to
- * exchange).  Several operations
+ * (posted by mpg_p2p_batch or by mpg_send / mpg_recv; the issue-order
+ * checker does not record point to point, see mpg_ctx_check_order).
+ * Several operations
  * to the same peer are allowed: the sends to one peer are matched in their
  * order in ops, and so are the receives from one peer, as in NCCL and MPI;
  * a batch may mix dtypes.  On nccl the batch is one ncclGroupStart ..

@@ -112,6 +112,23 @@ int mpg__list_next(const char **s, char sep, char *buf, size_t cap);
 /* Smallest edit distance name among candidates, or NULL if none is close. */
 const char *mpg__closest(const char *word, const char *const *cands, int n);
 
+/* 64-bit hashing for the library's agreement checks (sync's layout
+ * fingerprints, groups' issue order): FNV-1a of a string, and a mix of a
+ * value into a running hash.  Every rank computes them alike. */
+static inline uint64_t mpg__hash_str(const char *s) {
+  uint64_t f = 0xcbf29ce484222325ull;
+  for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+    f = (f ^ *c) * 0x100000001b3ull;
+  return f;
+}
+
+static inline uint64_t mpg__hash_mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ull;
+  return h ^ (h >> 29);
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -277,18 +277,8 @@ typedef struct fp_unit {
   uint64_t *prefix;  /* n + 1: prefix[i] for i < n, prefix[n] the end mark */
 } fp_unit;
 
-static uint64_t fp_mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= h >> 31;
-  h *= 0xbf58476d1ce4e5b9ull;
-  return h ^ (h >> 29);
-}
-
 static uint64_t fp_str(uint64_t h, const char *str) {
-  uint64_t f = 0xcbf29ce484222325ull; /* FNV-1a */
-  for (const unsigned char *c = (const unsigned char *)str; *c; c++)
-    f = (f ^ *c) * 0x100000001b3ull;
-  return fp_mix(h, f);
+  return mpg__hash_mix(h, mpg__hash_str(str));
 }
 
 /* What a unit compares of a param: the reduce group's members must agree
@@ -549,16 +539,16 @@ static mpg_status check_layout(mpg_sync *s) {
           units[u].ids[units[u].n++] = i;
     for (int u = 0; u < nunits; u++) {
       fp_unit *f = &units[u];
-      uint64_t h = fp_mix(0x6d7067666eull, (uint64_t)f->kind);
+      uint64_t h = mpg__hash_mix(0x6d7067666eull, (uint64_t)f->kind);
       for (int i = 0; i < f->n; i++) {
         const sparam *p = &s->params[f->ids[i]];
         if (!f->kind) h = fp_str(h, p->name);
-        h = fp_mix(h, (uint64_t)p->count);
-        h = fp_mix(h, (uint64_t)p->dtype);
+        h = mpg__hash_mix(h, (uint64_t)p->count);
+        h = mpg__hash_mix(h, (uint64_t)p->dtype);
         h = fp_str(h, fp_tag(f, p));
         f->prefix[i] = h;
       }
-      f->prefix[f->n] = fp_mix(h, 0x656e64ull); /* "end" */
+      f->prefix[f->n] = mpg__hash_mix(h, 0x656e64ull); /* "end" */
     }
     /* A mismatch in one group does not stop the others' checks (their
      * members expect them); a failed collective does. */
@@ -589,7 +579,7 @@ mpg_status mpg_sync_commit(mpg_sync *s) {
     return mpg__fail(MPG_ERR_STATE, "mpg_sync_commit: the sync is already committed");
   mpg_status st = resolve_groups(s);
   if (!st) st = check_layout(s);
-  if (!st) st = mpg__ctx_check_order(s->ctx, "mpg_sync_commit", 0); /* issue order */
+  if (!st) st = mpg__ctx_check_order(s->ctx, "mpg_sync_commit"); /* issue order */
   if (!st) st = layout(s);
   if (!st && s->opts.mode == MPG_SYNC_SHARD) st = mpg__sync_shard_commit(s);
   if (st) {

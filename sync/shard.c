@@ -196,6 +196,8 @@ mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
   int levels = s->replicate_group != NULL;
   double scale = s->opts.grad_scale;
   if (s->opts.op == MPG_OP_AVG) scale /= mpg_group_size(s->default_group);
+  /* One level, no extra scale: the backend's own average (or sum);
+   * otherwise a sum pre-multiplied by 1/(shard x replicate) x grad_scale. */
   mpg_status st;
   mpg_op op = s->opts.grad_scale == 1.0 && !levels
                   ? (s->opts.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM)
@@ -203,16 +205,12 @@ mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
   if (f32acc(s, f->dtype))
     st = mpg__reduce_scatter_f32acc(s->shard_group, data, mine, b->slice, f->dtype, op, scale,
                                     s->stream, &b->work);
-  else if (s->opts.grad_scale == 1.0 && !levels)
-    st = mpg_reduce_scatter(s->shard_group, data, mine, b->slice, f->dtype,
-                            s->opts.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM, s->stream,
-                            &b->work);
-  else if (scale == 1.0)
-    st = mpg_reduce_scatter(s->shard_group, data, mine, b->slice, f->dtype, MPG_OP_SUM,
-                            s->stream, &b->work);
-  else
+  else if (op == MPG_OP_PREMUL_SUM)
     st = mpg_reduce_scatter_scaled(s->shard_group, data, mine, b->slice, f->dtype, scale,
                                    s->stream, &b->work);
+  else
+    st = mpg_reduce_scatter(s->shard_group, data, mine, b->slice, f->dtype, op, s->stream,
+                            &b->work);
   if (st || !levels || !mpg__ctx_stream_ordered(s->ctx)) return st;
   /* Ordered on the stream after the reduce-scatter: post it now. */
   return replicate_slice(s, k);

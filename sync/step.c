@@ -286,7 +286,7 @@ mpg_status mpg_sync_finish(mpg_sync *s) {
   }
   /* The end of the step: the issue-order check, on every rank whatever
    * its step status (a collective: no rank may skip it). */
-  mpg_status ost = mpg__ctx_check_order(s->ctx, "mpg_sync_finish", 0);
+  mpg_status ost = mpg__ctx_check_order(s->ctx, "mpg_sync_finish");
   if (ost && !s->step_status) step_fail(s, ost, "issue-order check");
   s->in_step = 0;
   if (s->step_status) {

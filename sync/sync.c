@@ -279,16 +279,11 @@ mpg_status mpg_sync_destroy(mpg_sync *s) {
 /* Parameters                                                          */
 /* ------------------------------------------------------------------ */
 
-static uint64_t hash_name(const char *s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-  return h;
-}
 
 /* The id of `name`, or -1; *slot gets where it would go. */
 static int hash_find(const mpg_sync *s, const char *name, int *slot) {
   unsigned m = (unsigned)s->hash_cap - 1;
-  unsigned i = (unsigned)hash_name(name) & m;
+  unsigned i = (unsigned)mpg__hash_str(name) & m;
   while (s->hash[i] >= 0) {
     if (strcmp(s->params[s->hash[i]].name, name) == 0) return s->hash[i];
     i = (i + 1) & m;

@@ -43,8 +43,8 @@
  *    over their tied groups (after the reduce-group average) and orders
  *    the caller's stream after the sync's own.  Last, on every rank
  *    whatever its step status, the issue-order check (groups/order.c,
- *    when MESHPG_CHECK_ORDER is on; also at commit after the layout check
- *    and at destroy): a difference fails the step with MPG_ERR_STATE.
+ *    when MESHPG_CHECK_ORDER is on; also at commit after the layout
+ *    check): a difference fails the step with MPG_ERR_STATE.
  *  - Any failure fails the whole step: nothing more is launched, finish
  *    still waits for (and releases) what was launched, the gradients are
  *    marked invalid and the first error is returned again by finish.  A

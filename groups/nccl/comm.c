@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -183,4 +184,16 @@ cudaError_t mpg__nccl_load_ptx(const char *const *pieces, size_t npieces,
       return e;
     }
   return cudaSuccess;
+}
+
+mpg_status mpg__nccl_launch_elementwise(cudaKernel_t kernel, void *dst, const void *src,
+                                        size_t count, double scale, cudaStream_t s,
+                                        const char *what, const char *call) {
+  uint64_t n = count;
+  void *args[4] = {&dst, &src, &n, &scale};
+  uint64_t blocks = (n + 255) / 256;
+  dim3 grid = {(unsigned)(blocks < 4096 ? blocks : 4096), 1, 1};
+  dim3 block = {256, 1, 1};
+  cudaError_t e = cudaLaunchKernel((const void *)kernel, grid, block, args, 0, s);
+  return e == cudaSuccess ? MPG_OK : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, call, e);
 }

@@ -107,14 +107,6 @@ mpg_status mpg__nccl_scale(void *dst, const void *src, size_t count, mpg_dtype d
   if (scale_load_error != cudaSuccess)
     return mpg__fail(MPG_ERR_BACKEND, "%s: %s: %s", what, scale_load_call,
                      cudaGetErrorString(scale_load_error));
-  uint64_t n = count;
-  void *args[4] = {&dst, &src, &n, &scale};
-  uint64_t blocks = (n + 255) / 256;
-  dim3 grid = {(unsigned)(blocks < 4096 ? blocks : 4096), 1, 1};
-  dim3 block = {256, 1, 1};
-  cudaError_t e = cudaLaunchKernel((const void *)scale_kernels[which], grid,
-                                   block, args, 0, s);
-  return e == cudaSuccess ? MPG_OK
-                          : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what,
-                                                "cudaLaunchKernel (scale)", e);
+  return mpg__nccl_launch_elementwise(scale_kernels[which], dst, src, count, scale, s, what,
+                                      "cudaLaunchKernel (scale)");
 }

@@ -153,6 +153,12 @@ cudaError_t mpg__nccl_load_ptx(const char *const *pieces, size_t npieces,
                                const char *const *names, int n, cudaKernel_t *out,
                                const char **call);
 
+/* Launch an elementwise kernel of MPG__PTX_GRID_LOOP over count elements
+ * on stream s (current device); `call` names it in the error. */
+mpg_status mpg__nccl_launch_elementwise(cudaKernel_t kernel, void *dst, const void *src,
+                                        size_t count, double scale, cudaStream_t s,
+                                        const char *what, const char *call);
+
 /* comm.c: the communicator object. */
 /* Non-blocking; split_share: children share the parent's resources. */
 ncclConfig_t mpg__nccl_config(int split_share);

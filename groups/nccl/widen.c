@@ -102,13 +102,8 @@ static void widen_load(void) {
 /* Run kernel `which` over n elements on stream s. */
 static mpg_status launch(int which, void *dst, const void *src, size_t count, double scale,
                          cudaStream_t s, const char *what, const char *call) {
-  uint64_t n = count;
-  void *args[4] = {&dst, &src, &n, &scale};
-  uint64_t blocks = (n + 255) / 256;
-  dim3 grid = {(unsigned)(blocks < 4096 ? blocks : 4096), 1, 1};
-  dim3 block = {256, 1, 1};
-  cudaError_t e = cudaLaunchKernel((const void *)widen_kernels[which], grid, block, args, 0, s);
-  return e == cudaSuccess ? MPG_OK : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, call, e);
+  return mpg__nccl_launch_elementwise(widen_kernels[which], dst, src, count, scale, s, what,
+                                      call);
 }
 
 mpg_status mpg__nccl_widen(const mpg__comm *c, const mpg__coll *k, double scale,
