@@ -120,13 +120,15 @@ static void spin_until(double deadline) {
 /* "Compute" on a device: the host thread blocks until `deadline`, as a
  * trainer's thread does while the GPU runs backward (its CPU is free for
  * communication, e.g. the MPI backend's progress thread). */
-static void sleep_until(double deadline) {
+static int sleep_until(double deadline) {
+  if (now_s() >= deadline) return 0;
   struct timespec ts;
   ts.tv_sec = (time_t)deadline;
   ts.tv_nsec = (long)((deadline - (double)ts.tv_sec) * 1e9);
   if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
   while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
   }
+  return 1;
 }
 
 /* Minor page faults of this process so far. */
@@ -495,6 +497,7 @@ typedef struct extra {
   double faults;         /* minor page faults during the operation */
   double compute;        /* o/n */
   double exposed;        /* o/n */
+  double wakeups;        /* g: sleeps that blocked (the host thread woke) */
 } extra;
 
 static int sync_step(mpg_sync *s, int np, long step) {
@@ -568,7 +571,7 @@ static int run_once(bench *B, int m, long step, double *dt, extra *x) {
           else if (m == M_P)
             spin_polling_until(deadline);
           else
-            sleep_until(deadline);
+            x->wakeups += sleep_until(deadline);
           double a = now_s();
           CHECK(mpg_sync_mark_ready(s, p));
           in_mark += now_s() - a;
@@ -599,7 +602,7 @@ static int run_once(bench *B, int m, long step, double *dt, extra *x) {
 
 /* Results of one mode: per timed iteration, max over ranks. */
 typedef struct series {
-  double *t, *p1, *p2, *comp, *exp, *flt;
+  double *t, *p1, *p2, *comp, *exp, *flt, *wk;
   int n;
 } series;
 
@@ -610,8 +613,9 @@ static int series_alloc(series *s, int n) {
   s->comp = calloc((size_t)n, sizeof(double));
   s->exp = calloc((size_t)n, sizeof(double));
   s->flt = calloc((size_t)n, sizeof(double));
+  s->wk = calloc((size_t)n, sizeof(double));
   s->n = 0;
-  return !(s->t && s->p1 && s->p2 && s->comp && s->exp && s->flt);
+  return !(s->t && s->p1 && s->p2 && s->comp && s->exp && s->flt && s->wk);
 }
 
 static void series_free(series *s) {
@@ -621,6 +625,7 @@ static void series_free(series *s) {
   free(s->comp);
   free(s->exp);
   free(s->flt);
+  free(s->wk);
 }
 
 /* One iteration of mode m on every rank; timed ones are recorded. */
@@ -629,8 +634,9 @@ static int iteration(bench *B, int m, long step, int timed, series *s) {
   extra x;
   CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
   if (run_once(B, m, step, &dt, &x)) return 1;
-  double mine[6] = {dt, x.part1, x.part2, x.compute, x.exposed, x.faults}, mx[6];
-  CHECK_MPI(MPI_Allreduce(mine, mx, 6, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  double mine[7] = {dt, x.part1, x.part2, x.compute, x.exposed, x.faults, x.wakeups};
+  double mx[7];
+  CHECK_MPI(MPI_Allreduce(mine, mx, 7, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   if (timed) {
     s->t[s->n] = mx[0];
     s->p1[s->n] = mx[1];
@@ -638,6 +644,7 @@ static int iteration(bench *B, int m, long step, int timed, series *s) {
     s->comp[s->n] = mx[3];
     s->exp[s->n] = mx[4];
     s->flt[s->n] = mx[5];
+    s->wk[s->n] = mx[6];
     s->n++;
   }
   if (B->opt.trace && B->rank == 0) {
@@ -688,6 +695,7 @@ static void print_result(const bench *B, int m, const series *s, double t_comm) 
            f.median);
     if (m != M_N)
       printf(" bound_pct=%.2f", 100.0 * (double)B->params[0].count * 4.0 / B->bytes);
+    if (m == M_G) printf(" wakeups=%.0f", summarize(s->wk, s->n).median);
   }
   printf("\n");
   printf("#   %c: %s: median %.2f ms (min %.2f, max %.2f, %d iters), %.3f GB/s\n",

@@ -33,7 +33,10 @@
 # Environment: NP (4), ROUNDS (3), ITERS (20), WARMUP (3), MODES
 # (a,b,c,o,g,n; add r,i,p,s,1 for more profile rows), MASTER_PORT (29500 +
 # pid % 1000), PYTHON (/usr/bin/python3), SKIP_DDP=1 to leave out (d),
-# SKIP_GLOO=1 to leave out (F), SKIP_RAW=1 to leave out (R) and (L), DDP_TIMEOUT (1800 s, a guard
+# SKIP_GLOO=1 to leave out (F), SKIP_RAW=1 to leave out (R) and (L),
+# SKIP_WAKEUP=1 to leave out bench_wakeup (run with (g): what one host
+# wake-up costs busy cores here, which explains part of (g)'s exposure),
+# DDP_TIMEOUT (1800 s, a guard
 # against a hung torch teardown), MPIRUN_EXTRA (more mpirun arguments).
 # Exit status: 0 when every program ran (a missed goal is reported as MISS,
 # not an error: timings depend on the machine), 1 when one failed, 2 on a
@@ -71,6 +74,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 extra=(${MPIRUN_EXTRA:-})
 mpirun_cmd=(mpirun --oversubscribe --bind-to none --mca btl "self,vader" -np "$NP" "${extra[@]}")
 raw="$build/bench/bench_raw_mpi"
+wake="$build/bench/bench_wakeup"
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/run_sync.XXXXXX")
 trap 'rm -rf "$out"' EXIT
@@ -97,6 +101,12 @@ for ((r = 1; r <= ROUNDS; r++)); do
   echo "# round $r of $ROUNDS: load $(cut -d' ' -f1-3 /proc/loadavg)"
   run bench_sync_mpi "$out/c.$r.txt" "${mpirun_cmd[@]}" "$exe" "$params" --iters "$ITERS" \
     --warmup "$WARMUP" --modes "$MODES"
+  if [[ ${SKIP_WAKEUP:-0} != 1 && -x $wake && ,$MODES, = *,g,* ]]; then
+    # What (g)'s host wake-ups cost: NP sleeping threads against the
+    # progress threads' busy cores (at most one per core).
+    run bench_wakeup "$out/w.$r.txt" "$wake" --workers "$((NP < cores ? NP : cores))" \
+      --sleepers "$NP" --seconds 0.3
+  fi
   if [[ ${SKIP_RAW:-0} != 1 && -x $raw ]]; then
     run bench_raw_mpi "$out/r.$r.txt" "${mpirun_cmd[@]}" "$raw" "$params" "$ITERS" "$WARMUP"
   fi
@@ -120,7 +130,7 @@ np_, cores, params, rounds, out = sys.argv[1:6]
 runs = []  # per round: {mode: {key: value}}
 for r in range(1, int(rounds) + 1):
     R = {}
-    for f in ("c", "r", "f", "d"):
+    for f in ("c", "r", "f", "d", "w"):
         path = os.path.join(out, "%s.%d.txt" % (f, r))
         if os.path.exists(path):
             for line in open(path):
@@ -230,6 +240,16 @@ for m, what in (("g", "overlap, device compute (g)"), ("o", "overlap, busy CPU (
         if m == "g":
             line += "  goal <= floor + 5 = %.1f %%   %s" % (fl + 5, verdict(e <= fl + 5))
         print(line + "   (floor: the last-ready tensor holds %.1f %% of the bytes)" % fl)
+        w, c = g(m, "wakeups"), g("wakeup", "cost_us")
+        if m == "g" and w is not None and c is not None:
+            busy = min(int(np_), int(cores))
+            lost = int(np_) * w * c * 1e-6 / busy
+            y = 100.0 * lost / g(m, "t_comm_s")
+            print("  (g) host wake-ups: %.0f per rank per step, %.1f us of core time each "
+                  "on this machine when the cores are busy (bench_wakeup); %s ranks x "
+                  "%.0f x %.1f us over %d busy cores = %.2f ms = %.1f %% of T_comm: a "
+                  "sync that needs every core exposes about floor + %.1f = %.1f %%"
+                  % (w, c, np_, w, c, busy, ms(lost), y, y, fl + y))
 if g("n") is not None:
     print("exposed, no overlap = %7.1f %%" % g("n", "exposed_pct"))
 PY

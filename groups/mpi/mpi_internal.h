@@ -45,13 +45,16 @@
 #define MPG_MPI_SPARES 4   /* staging buffers cached per communicator */
 #define MPG_MPI_SPARE_MAX ((size_t)256 << 20) /* larger ones are not cached */
 /* Large all-reduces are pipelined: cut into pieces of at most
- * mpg__mpi.piece bytes (4 MiB; MESHPG_MPI_PIECE_BYTES in tests), each
- * all-reduced by our own ring (ring.c), with at most MPG_MPI_WINDOW pieces
- * in flight per communicator.  Pieces are started from one FIFO per
- * communicator, so every member starts them in the same order whatever
- * the timing. */
-#define MPG_MPI_PIECE_DEFAULT ((size_t)4 << 20)
-#define MPG_MPI_WINDOW 2
+ * mpg__mpi.piece bytes (1 MiB; MESHPG_MPI_PIECE_BYTES), each all-reduced
+ * by our own ring (ring.c), with at most mpg__mpi.window pieces in flight
+ * per communicator (MESHPG_MPI_WINDOW; by default MPG_MPI_WINDOW_WIDE when
+ * this node's ranks have a core each, else MPG_MPI_WINDOW_NARROW, see
+ * world.c).  Pieces are started from one FIFO per communicator, so every
+ * member starts them in the same order whatever the timing. */
+#define MPG_MPI_PIECE_DEFAULT ((size_t)1 << 20)
+#define MPG_MPI_WINDOW_MAX 8
+#define MPG_MPI_WINDOW_WIDE 8
+#define MPG_MPI_WINDOW_NARROW 2
 
 /* One piece of a pipelined all-reduce: elements [off, off + count) of its
  * request, all-reduced by our own ring over MPI point-to-point (ring.c).
@@ -98,12 +101,12 @@ struct mpg__comm {
   void *spare[MPG_MPI_SPARES]; /* staging buffers kept for reuse */
   size_t spare_len[MPG_MPI_SPARES];
   struct piece *queue, *queue_tail; /* pieces not posted yet, FIFO */
-  struct piece *flight[MPG_MPI_WINDOW]; /* pieces posted, not seen done */
+  struct piece *flight[MPG_MPI_WINDOW_MAX]; /* pieces posted, not seen done */
   int nflight;
   unsigned seq;        /* pieces started, for their tags */
-  char *scratch;       /* MPG_MPI_WINDOW slots of scratch_slot bytes */
+  char *scratch;       /* MPG_MPI_WINDOW_MAX slots of scratch_slot bytes */
   size_t scratch_slot;
-  int scratch_busy[MPG_MPI_WINDOW];
+  int scratch_busy[MPG_MPI_WINDOW_MAX];
   struct mpg__comm *live_prev, *live_next; /* live list, for the progress thread */
   struct mpg__req *pend;  /* pending requests */
 };
@@ -166,6 +169,8 @@ struct mpg__mpi_state {
   int we_finalized;      /* meshpg called MPI_Finalize */
   long chunk;            /* most elements per MPI call (MESHPG_MPI_MAX_COUNT) */
   size_t piece;          /* ring piece bytes (MESHPG_MPI_PIECE_BYTES) */
+  int window;            /* ring pieces in flight per communicator
+                            (MESHPG_MPI_WINDOW), 1 .. MPG_MPI_WINDOW_MAX */
   atomic_int faulted;    /* an abort or timeout happened here (world.c) */
   /* The work of the progress thread: pending.c keeps it, progress.c
    * drives it. */

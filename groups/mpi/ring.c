@@ -2,7 +2,7 @@
  * all-reduces larger than one piece (mpg__mpi.piece bytes, 4 MiB by
  * default): the request is cut into pieces (struct piece), queued in one
  * FIFO per communicator and started in that order on every member, at
- * most MPG_MPI_WINDOW in flight; each piece is staged, all-reduced over
+ * most mpg__mpi.window in flight; each piece is staged, all-reduced over
  * MPI point-to-point, divided and copied out on its own, behind the
  * communication of the others.  The pieces advance in mpg__mpi_pump(),
  * called from every test of a request and by the progress thread (layer:
@@ -157,12 +157,12 @@ static void piece_done(const mpg__comm *m, struct piece *pc) {
     memcpy(dst, w, n * es);
 }
 
-/* The scratch of m: MPG_MPI_WINDOW slots, each one chunk of the largest
+/* The scratch of m: MPG_MPI_WINDOW_MAX slots, each one chunk of the largest
  * piece.  Lock held. */
 static int scratch_ready(mpg__comm *m) {
   if (m->scratch) return 1;
   size_t slot = (mpg__mpi.piece / (size_t)m->size + 64 + 63) & ~(size_t)63;
-  m->scratch = malloc(slot * MPG_MPI_WINDOW);
+  m->scratch = malloc(slot * MPG_MPI_WINDOW_MAX);
   if (!m->scratch) return 0;
   m->scratch_slot = slot;
   return 1;
@@ -232,15 +232,15 @@ int mpg__mpi_pump(mpg__comm *m) {
       i++;
     }
   }
-  while (m->nflight < MPG_MPI_WINDOW && m->queue && !atomic_load(&m->aborted)) {
+  while (m->nflight < mpg__mpi.window && m->queue && !atomic_load(&m->aborted)) {
     struct piece *pc = m->queue;
     if (!scratch_ready(m)) {
       if (!pc->q->pipe_rc) pc->q->pipe_rc = MPI_ERR_NO_MEM;
       break;
     }
     int k = 0;
-    while (k < MPG_MPI_WINDOW && m->scratch_busy[k]) k++;
-    if (k == MPG_MPI_WINDOW) break; /* slots held by abandoned pieces */
+    while (k < MPG_MPI_WINDOW_MAX && m->scratch_busy[k]) k++;
+    if (k == MPG_MPI_WINDOW_MAX) break; /* slots held by abandoned pieces */
     m->queue = pc->next;
     if (!m->queue) m->queue_tail = NULL;
     pc->q->unposted--;

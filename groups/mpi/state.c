@@ -14,6 +14,7 @@ struct mpg__mpi_state mpg__mpi = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
     .chunk = INT_MAX,
     .piece = MPG_MPI_PIECE_DEFAULT,
+    .window = MPG_MPI_WINDOW_NARROW,
     .prog_cond = PTHREAD_COND_INITIALIZER,
 };
 
