@@ -242,14 +242,18 @@ for m, what in (("g", "overlap, device compute (g)"), ("o", "overlap, busy CPU (
         print(line + "   (floor: the last-ready tensor holds %.1f %% of the bytes)" % fl)
         w, c = g(m, "wakeups"), g("wakeup", "cost_us")
         if m == "g" and w is not None and c is not None:
+            # The wake-ups' core time, spread over the busy cores (work
+            # that any rank can take over), or summed (a ring: every step
+            # waits for every rank, so one rank's stall stalls them all).
             busy = min(int(np_), int(cores))
-            lost = int(np_) * w * c * 1e-6 / busy
-            y = 100.0 * lost / g(m, "t_comm_s")
-            print("  (g) host wake-ups: %.0f per rank per step, %.1f us of core time each "
-                  "on this machine when the cores are busy (bench_wakeup); %s ranks x "
-                  "%.0f x %.1f us over %d busy cores = %.2f ms = %.1f %% of T_comm: a "
-                  "sync that needs every core exposes about floor + %.1f = %.1f %%"
-                  % (w, c, np_, w, c, busy, ms(lost), y, y, fl + y))
+            total = int(np_) * w * c * 1e-6
+            y1 = 100.0 * total / busy / g(m, "t_comm_s")
+            y2 = 100.0 * total / g(m, "t_comm_s")
+            print("  (g) host wake-ups: %.0f per rank per step x %.1f us of core time each "
+                  "when the cores are busy (bench_wakeup) x %s ranks = %.2f ms: floor + "
+                  "their share of T_comm = %.1f %% spread over %d cores, %.1f %% if every "
+                  "rank waits for every stall (a ring)"
+                  % (w, c, np_, ms(total), fl + y1, busy, fl + y2))
 if g("n") is not None:
     print("exposed, no overlap = %7.1f %%" % g("n", "exposed_pct"))
 PY
