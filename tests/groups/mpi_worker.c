@@ -18,6 +18,7 @@
  *                            sleeps (progress thread), or cannot with
  *                            MESHPG_MPI_PROGRESS=off.
  *   mpi_worker progress_env  MESHPG_MPI_PROGRESS=sometimes is refused.
+ *   mpi_worker window_env    MESHPG_MPI_WINDOW=9 is refused.
  *   mpi_worker idle_cpu      waiting 3 s for a late peer costs < 1 s CPU.
  *   mpi_worker p2p_batch     mpg_p2p_batch: a ring of pipeline stages,
  *                            every rank sending 64 MiB to the next and to
@@ -768,6 +769,21 @@ static int run_progress_env(int world) {
   return 0;
 }
 
+static int run_window_env(int world) {
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_status st = make_ctx(world, 60, 0, &mesh, &ctx);
+  if (st != MPG_ERR_ENV || !strstr(mpg_last_error(), "MESHPG_MPI_WINDOW=\"9\"") ||
+      !strstr(mpg_last_error(), "from 1 to 8"))
+    FAIL("mpg_ctx_create with MESHPG_MPI_WINDOW=9 -> %s: %s", mpg_status_name(st),
+         mpg_last_error());
+  if (ctx) mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  if (g_failures) return 1;
+  printf("OK %s rank %d\n", g_mode, g_rank);
+  return 0;
+}
+
 static int run_split_timeout(int world) {
   const double timeout = test_timeout();
   mpg_mesh *mesh = NULL;
@@ -1083,12 +1099,13 @@ int main(int argc, char **argv) {
   if (strcmp(g_mode, "split_timeout") == 0) return run_split_timeout(env.world_size);
   if (strcmp(g_mode, "progress") == 0) return run_progress(env.world_size);
   if (strcmp(g_mode, "progress_env") == 0) return run_progress_env(env.world_size);
+  if (strcmp(g_mode, "window_env") == 0) return run_window_env(env.world_size);
   if (strcmp(g_mode, "idle_cpu") == 0) return run_idle_cpu(env.world_size);
   if (strcmp(g_mode, "sub_comm") == 0) return run_sub_comm(env.world_size);
   if (strcmp(g_mode, "p2p_batch") == 0) return run_p2p_batch(env.world_size);
   if (strcmp(g_mode, "p2p_timeout") == 0) return run_p2p_timeout(env.world_size);
   printf("FAIL %s rank %d: unknown mode (collectives | timeout | split_timeout | "
-         "progress | progress_env | idle_cpu | sub_comm | p2p_batch | p2p_timeout)\n",
+         "progress | progress_env | window_env | idle_cpu | sub_comm | p2p_batch | p2p_timeout)\n",
          g_mode, g_rank);
   return 1;
 }

@@ -41,10 +41,23 @@ Test(mpi, collectives_chunked_large_count_paths, .timeout = 300) {
   run_worker(4, "-x MESHPG_MPI_MAX_COUNT=5", "", "collectives", 280);
 }
 
-/* Pipelined all-reduces (pieces of 64 bytes, two in flight per
- * communicator), with many async operations outstanding at once. */
+/* Pipelined all-reduces (pieces of 64 bytes; two in flight per
+ * communicator when 8 ranks outnumber the cores), with many async
+ * operations outstanding at once. */
 Test(mpi, collectives_pipelined_all_reduce, .timeout = 300) {
   run_worker(8, "-x MESHPG_MPI_PIECE_BYTES=64", "", "collectives", 280);
+}
+
+/* The widest window (8 pieces in flight, the default when every rank has
+ * a core) and the narrowest (1), forced whatever the cores. */
+Test(mpi, collectives_pipelined_window_8, .timeout = 300) {
+  run_worker(4, "-x MESHPG_MPI_PIECE_BYTES=64 -x MESHPG_MPI_WINDOW=8", "", "collectives",
+             280);
+}
+
+Test(mpi, collectives_pipelined_window_1, .timeout = 300) {
+  run_worker(2, "-x MESHPG_MPI_PIECE_BYTES=64 -x MESHPG_MPI_WINDOW=1", "", "collectives",
+             280);
 }
 
 /* The progress thread: pipelined async all-reduces finish while every
@@ -70,6 +83,10 @@ Test(mpi, sub_communicator_gives_rank_and_size, .timeout = 120) {
 
 Test(mpi, progress_env_is_validated, .timeout = 120) {
   run_worker(2, "-x MESHPG_MPI_PROGRESS=sometimes", "", "progress_env", 100);
+}
+
+Test(mpi, window_env_is_validated, .timeout = 120) {
+  run_worker(2, "-x MESHPG_MPI_WINDOW=9", "", "window_env", 100);
 }
 
 Test(mpi, timeout_aborts_and_exits_cleanly, .timeout = 120) {
