@@ -55,6 +55,7 @@ typedef struct phase {
 typedef struct worker {
   phase *ph;
   long units;
+  double sink; /* the workers' arithmetic, kept so it is not optimised out */
   pthread_t th;
 } worker;
 
@@ -69,6 +70,7 @@ static void *work_main(void *arg) {
     n++;
   }
   w->units = n;
+  w->sink = x;
   return NULL;
 }
 
@@ -138,7 +140,7 @@ int main(int argc, char **argv) {
   if (cores < 1) cores = 1;
   int nw = (int)cores, ns = (int)cores, rounds = 3;
   double period_us = 150, seconds = 0.5;
-  for (int i = 1; i < argc; i++) {
+  for (int i = 1; i < argc; i += 2) {
     if (i + 1 >= argc) return usage();
     char *end = NULL;
     double v = strtod(argv[i + 1], &end);
@@ -149,7 +151,6 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--seconds") == 0) seconds = v;
     else if (strcmp(argv[i], "--rounds") == 0) rounds = (int)v;
     else return usage();
-    i++;
   }
   if (nw < 1 || ns < 1 || rounds < 1 || rounds > 99) return usage();
   double cost[99], loss[99], rate[99];
