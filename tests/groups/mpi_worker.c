@@ -755,28 +755,15 @@ static int run_idle_cpu(int world) {
 
 /* A bad MESHPG_MPI_PROGRESS fails mpg_ctx_create with MPG_ERR_ENV naming
  * the variable and the value. */
-static int run_progress_env(int world) {
+/* mpg_ctx_create refuses a bad backend variable with MPG_ERR_ENV, and the
+ * message names `what` (the variable and its value) and `also`. */
+static int run_env_refused(int world, const char *what, const char *also) {
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
   mpg_status st = make_ctx(world, 60, 0, &mesh, &ctx);
-  if (st != MPG_ERR_ENV || !strstr(mpg_last_error(), "MESHPG_MPI_PROGRESS=\"sometimes\""))
-    FAIL("mpg_ctx_create with MESHPG_MPI_PROGRESS=sometimes -> %s: %s",
-         mpg_status_name(st), mpg_last_error());
-  if (ctx) mpg_ctx_destroy(ctx);
-  mpg_mesh_destroy(mesh);
-  if (g_failures) return 1;
-  printf("OK %s rank %d\n", g_mode, g_rank);
-  return 0;
-}
-
-static int run_window_env(int world) {
-  mpg_mesh *mesh = NULL;
-  mpg_ctx *ctx = NULL;
-  mpg_status st = make_ctx(world, 60, 0, &mesh, &ctx);
-  if (st != MPG_ERR_ENV || !strstr(mpg_last_error(), "MESHPG_MPI_WINDOW=\"9\"") ||
-      !strstr(mpg_last_error(), "from 1 to 8"))
-    FAIL("mpg_ctx_create with MESHPG_MPI_WINDOW=9 -> %s: %s", mpg_status_name(st),
-         mpg_last_error());
+  if (st != MPG_ERR_ENV || !strstr(mpg_last_error(), what) ||
+      !strstr(mpg_last_error(), also))
+    FAIL("mpg_ctx_create with %s -> %s: %s", what, mpg_status_name(st), mpg_last_error());
   if (ctx) mpg_ctx_destroy(ctx);
   mpg_mesh_destroy(mesh);
   if (g_failures) return 1;
@@ -1098,8 +1085,10 @@ int main(int argc, char **argv) {
   if (strcmp(g_mode, "timeout") == 0) return run_timeout(env.world_size);
   if (strcmp(g_mode, "split_timeout") == 0) return run_split_timeout(env.world_size);
   if (strcmp(g_mode, "progress") == 0) return run_progress(env.world_size);
-  if (strcmp(g_mode, "progress_env") == 0) return run_progress_env(env.world_size);
-  if (strcmp(g_mode, "window_env") == 0) return run_window_env(env.world_size);
+  if (strcmp(g_mode, "progress_env") == 0)
+    return run_env_refused(env.world_size, "MESHPG_MPI_PROGRESS=\"sometimes\"", "");
+  if (strcmp(g_mode, "window_env") == 0)
+    return run_env_refused(env.world_size, "MESHPG_MPI_WINDOW=\"9\"", "from 1 to 8");
   if (strcmp(g_mode, "idle_cpu") == 0) return run_idle_cpu(env.world_size);
   if (strcmp(g_mode, "sub_comm") == 0) return run_sub_comm(env.world_size);
   if (strcmp(g_mode, "p2p_batch") == 0) return run_p2p_batch(env.world_size);
