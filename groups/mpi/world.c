@@ -327,7 +327,9 @@ static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
   }
   /* The progress thread needs MPI_THREAD_MULTIPLE (see progress.c). */
   int provided = MPI_THREAD_SINGLE, here = 0;
+  double init_t0 = mpg__now();
   int rc = init_locked(mpg__mpi_progress_level(), &provided, &here);
+  double init_s = mpg__now() - init_t0;
   if (rc != MPI_SUCCESS) {
     unlock_g();
     return mpg__mpi_fail(rc, "MPI_Init_thread", "the world");
@@ -377,11 +379,19 @@ static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
   int state = 0;
   rc = rendezvous(base, NULL, mpg__now() + timeout, timeout, &state);
   if (rc != MPI_SUCCESS) return mpg__mpi_fail(rc, "MPI_Ibarrier", which);
-  if (state != 0)
+  /* The message says how long our MPI_Init_thread took: the timeout is
+   * counted after it, so a caller who timed mpg_ctx_create can tell the
+   * launcher's start-up from meshpg's wait. */
+  if (state != 0) {
+    char init_note[96] = "";
+    if (here)
+      snprintf(init_note, sizeof init_note,
+               " (counted after MPI_Init_thread, which took %.3f s)", init_s);
     return mpg__fail(MPG_ERR_TIMEOUT,
                      "mpi: joining the world (rank %d of %d): not every rank "
-                     "arrived within the %.3g s timeout",
-                     rank, size, timeout);
+                     "arrived within the %.3g s timeout%s",
+                     rank, size, timeout, init_note);
+  }
   MPI_Comm c = MPI_COMM_NULL;
   lock_g();
   rc = MPI_Comm_dup(base, &c);

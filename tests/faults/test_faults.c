@@ -5,16 +5,44 @@
  * destroys cleanly: on the thread backend (8 ranks as threads) and under
  * real `mpirun -np 4 / -np 8` processes (faults_mpi_worker, only with MPI).
  * The scenarios are in fault_scenarios.h; every survivor's time and status
- * is logged (cr_log_info).  The timeout is 1 s; the assertions allow
- * FAULT_SLACK_S more, for loaded 2-core machines. */
+ * is logged (cr_log_info).  The timeout is 1 s; the assertions allow the
+ * promise (timeout + 1 s) plus the scheduler's allowance for the ranks in
+ * play, scaled by oversubscription and sanitizer (../time_bound.h).  The
+ * MPI_Init_thread that meshpg runs inside mpg_ctx_create is outside the
+ * promise: the library's message reports its duration and it is
+ * subtracted. */
 #include <string.h>
 
 #include "../mpirun_util.h"
+#include "../time_bound.h"
 #include "fault_scenarios.h"
 
 #define TIMEOUT_S 1.0
-#define FAULT_SLACK_S 2.5 /* asserted: timeout + 1 s + this */
 #define MAX_RANKS 8
+
+/* The part of a failed call that the promise covers: its time less the
+ * MPI_Init_thread it ran, which the library's timeout message reports
+ * ("counted after MPI_Init_thread, which took X s"). */
+static double promised_part(const fault_res *r) {
+  const char *m = strstr(r->msg, "MPI_Init_thread, which took ");
+  double init = 0;
+  if (m && sscanf(m, "MPI_Init_thread, which took %lf s", &init) == 1 && init > 0 &&
+      init < r->secs)
+    return r->secs - init;
+  return r->secs;
+}
+
+/* Asserted for every survivor: the promise plus the allowance for `ranks`
+ * ranks on this machine. */
+static void expect_in_time(const char *what, const fault_res *r, int ranks) {
+  double t = promised_part(r), bound = tb_bound(TIMEOUT_S + 1.0, ranks);
+  cr_expect_leq(t, bound,
+                "%s: rank %d: %s took %.3f s (%.3f s after MPI_Init_thread), bound %.3f s = "
+                "timeout %.1f s + 1 s + allowance %.3f s (%d ranks, %.1f per core, "
+                "sanitizer x%.0f)",
+                what, r->rank, r->stage, r->secs, t, bound, TIMEOUT_S, tb_allowance(ranks),
+                ranks, tb_oversubscription(ranks), tb_sanitizer_factor());
+}
 
 /* ------------------------------------------------------------------ */
 /* Checks shared by both backends                                       */
@@ -51,8 +79,7 @@ static double check_survivors(const char *what, const fault_res *res, int n, con
     if (!r->victim || strcmp(r->stage, "mark_ready") != 0)
       cr_expect_str_eq(r->stage, stage, "%s: rank %d failed in %s, expected %s: %s", what,
                        r->rank, r->stage, stage, r->msg);
-    cr_expect_leq(r->secs, TIMEOUT_S + 1.0 + FAULT_SLACK_S, "%s: rank %d: %s took %.3f s",
-                  what, r->rank, r->stage, r->secs);
+    expect_in_time(what, r, n);
     if (r->valid >= 0)
       cr_expect_eq(r->valid, 0, "%s: rank %d: grads_valid is %d after the failure", what,
                    r->rank, r->valid);
@@ -60,10 +87,11 @@ static double check_survivors(const char *what, const fault_res *res, int n, con
                  r->rank, mpg_status_name(r->sync_destroy));
     cr_expect_eq(r->ctx_destroy, MPG_OK, "%s: rank %d: mpg_ctx_destroy -> %s", what, r->rank,
                  mpg_status_name(r->ctx_destroy));
-    if (r->secs > slowest) slowest = r->secs;
+    if (promised_part(r) > slowest) slowest = promised_part(r);
   }
   cr_expect_gt(seen, 0, "%s: no survivor reported", what);
-  cr_log_info("%s: %d ranks checked, the slowest failed after %.3f s", what, seen, slowest);
+  cr_log_info("%s: %d ranks checked, the slowest failed after %.3f s (bound %.3f s)", what,
+              seen, slowest, tb_bound(TIMEOUT_S + 1.0, n));
   return slowest;
 }
 
@@ -408,8 +436,7 @@ static void mpi_kill(int np) {
     cr_expect(res[i].status == MPG_ERR_TIMEOUT || res[i].status == MPG_ERR_ABORTED,
               "rank %d: %s -> %s: %s", i, res[i].stage, mpg_status_name(res[i].status),
               res[i].msg);
-    cr_expect_leq(res[i].secs, TIMEOUT_S + 1.0 + FAULT_SLACK_S, "rank %d: %.3f s", i,
-                  res[i].secs);
+    expect_in_time("mpi kill", &res[i], np);
   }
 }
 

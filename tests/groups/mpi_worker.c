@@ -53,6 +53,7 @@
 #include <mpi.h>
 
 #include "meshpg.h"
+#include "../time_bound.h"
 
 static const char *g_mode = "?";
 static int g_rank = -1;
@@ -594,9 +595,9 @@ static int run_timeout(int world) {
     if (st != MPG_ERR_TIMEOUT)
       FAIL("all_reduce without rank %d returned %s, expected ERR_TIMEOUT: %s",
            world - 1, mpg_status_name(st), mpg_last_error());
-    else if (dt < timeout * 0.9 || dt > timeout + 1.0)
+    else if (dt < timeout * 0.9 || dt > tb_bound(timeout + 1.0, world))
       FAIL("ERR_TIMEOUT after %.3f s, expected %.1f .. %.1f s", dt, timeout * 0.9,
-           timeout + 1.0);
+           tb_bound(timeout + 1.0, world));
     else
       printf("rank %d: ERR_TIMEOUT after %.3f s: %s\n", g_rank, dt, mpg_last_error());
     /* The context is aborted now: every group refuses work at once. */
@@ -609,7 +610,8 @@ static int run_timeout(int world) {
     if (st != MPG_ERR_ABORTED)
       FAIL("barrier on world after the timeout returned %s, expected ERR_ABORTED",
            mpg_status_name(st));
-    if (now() - t0 > 0.5) FAIL("calls after the abort took %.3f s", now() - t0);
+    if (now() - t0 > tb_bound(0.5, world))
+      FAIL("calls after the abort took %.3f s", now() - t0);
     CHECK(mpg_ctx_mem_free(ctx, ob)); /* still in use by MPI: deferred */
   } else {
     /* Arrive long after the others gave up, then post the op they waited
@@ -627,7 +629,7 @@ static int run_timeout(int world) {
     CHECK(mpg_ctx_mem_free(ctx, ob));
     if (st != MPG_OK && st != MPG_ERR_TIMEOUT)
       FAIL("late all_reduce returned %s: %s", mpg_status_name(st), mpg_last_error());
-    else if (dt > timeout + 1.0)
+    else if (dt > tb_bound(timeout + 1.0, world))
       FAIL("late all_reduce took %.3f s", dt);
     else
       printf("rank %d (late): all_reduce -> %s after %.3f s\n", g_rank,
@@ -637,7 +639,8 @@ static int run_timeout(int world) {
   st = mpg_ctx_destroy(ctx);
   double dt = now() - t0;
   if (st) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
-  if (!late && dt > 0.5) FAIL("mpg_ctx_destroy after the abort took %.3f s", dt);
+  if (!late && dt > tb_bound(0.5, world))
+    FAIL("mpg_ctx_destroy after the abort took %.3f s", dt);
   mpg_mesh_destroy(mesh);
   if (failed()) return 1;
   printf("OK %s rank %d\n", g_mode, g_rank);
@@ -792,9 +795,9 @@ static int run_split_timeout(int world) {
   if (st != MPG_ERR_TIMEOUT)
     FAIL("%screating the dp group returned %s, expected ERR_TIMEOUT: %s",
          late ? "late rank: " : "", mpg_status_name(st), mpg_last_error());
-  else if (dt < timeout * 0.9 || dt > timeout + 1.0)
+  else if (dt < timeout * 0.9 || dt > tb_bound(timeout + 1.0, world))
     FAIL("ERR_TIMEOUT after %.3f s, expected %.1f .. %.1f s", dt, timeout * 0.9,
-         timeout + 1.0);
+         tb_bound(timeout + 1.0, world));
   else
     printf("rank %d%s: ERR_TIMEOUT after %.3f s: %s\n", g_rank,
            late ? " (late)" : "", dt, mpg_last_error());
@@ -809,7 +812,7 @@ static int run_split_timeout(int world) {
   st = mpg_ctx_destroy(ctx);
   dt = now() - t0;
   if (st) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
-  if (dt > 0.5) FAIL("mpg_ctx_destroy after the abort took %.3f s", dt);
+  if (dt > tb_bound(0.5, world)) FAIL("mpg_ctx_destroy after the abort took %.3f s", dt);
   mpg_mesh_destroy(mesh);
   if (failed()) return 1;
   printf("OK %s rank %d\n", g_mode, g_rank);
@@ -1043,9 +1046,9 @@ static int run_p2p_timeout(int world) {
     if (st != MPG_ERR_TIMEOUT)
       FAIL("a batch with an absent peer returned %s, expected ERR_TIMEOUT: %s",
            mpg_status_name(st), mpg_last_error());
-    else if (dt < timeout * 0.9 || dt > timeout + 1.0)
+    else if (dt < timeout * 0.9 || dt > tb_bound(timeout + 1.0, world))
       FAIL("ERR_TIMEOUT after %.3f s, expected %.1f .. %.1f s", dt, timeout * 0.9,
-           timeout + 1.0);
+           tb_bound(timeout + 1.0, world));
     else if (!strstr(mpg_last_error(), "mpg_p2p_batch"))
       FAIL("the message does not name the call: %s", mpg_last_error());
     else
