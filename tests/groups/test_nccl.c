@@ -117,6 +117,16 @@ static void put(mpg_dtype dt, void *buf, size_t i, double v) {
 /* Small integers, exact in every dtype, negative ones included. */
 static double pattern(size_t i, int rank) { return (double)((int)(i % 7) - 3 + rank); }
 
+/* Every fill below ends with cudaDeviceSynchronize.  A cudaMemcpy from
+ * pageable host memory may return once the source is staged, before the
+ * device holds it, and cudaMemset may return before the memset ran (CUDA
+ * Runtime API, "API synchronization behavior"); both run on the legacy
+ * default stream, which does not order the cudaStreamNonBlocking streams
+ * the collectives run on ("Stream synchronization behavior").  Without the
+ * synchronisation a collective may read the buffer before the fill, or the
+ * memset may land after the result: the failures the first H100 run
+ * showed ("element 0 is 0, want -3"). */
+
 /* A device buffer of n elements filled with pattern(i, rank). */
 static void *dev_fill(mpg_dtype dt, size_t n, int rank) {
   size_t bytes = n * mpg_dtype_size(dt);
@@ -126,6 +136,7 @@ static void *dev_fill(mpg_dtype dt, size_t n, int rank) {
   void *dev = NULL;
   CUDA_OK(cudaMalloc(&dev, bytes ? bytes : 1));
   CUDA_OK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaDeviceSynchronize());
   free(host);
   return dev;
 }
@@ -135,6 +146,7 @@ static void *dev_zero(mpg_dtype dt, size_t n) {
   void *dev = NULL;
   CUDA_OK(cudaMalloc(&dev, bytes ? bytes : 1));
   CUDA_OK(cudaMemset(dev, 0, bytes ? bytes : 1));
+  CUDA_OK(cudaDeviceSynchronize());
   return dev;
 }
 
@@ -454,6 +466,7 @@ Test(nccl_public, world1_other_collectives_async_and_stream) {
     CUDA_OK(cudaStreamSynchronize(s));
     expect_dev("public all_gather", dt, b, n, want_pattern0, NULL);
     CUDA_OK(cudaMemset(b, 0, n * mpg_dtype_size(dt)));
+    CUDA_OK(cudaDeviceSynchronize());
     mpg_work *work = (mpg_work *)0x1;
     EXPECT_OK(mpg_reduce_scatter(w.dp, a, b, n, dt, MPG_OP_SUM, s, &work));
     int done = 0;
@@ -527,6 +540,7 @@ Test(nccl_backend, world1_collectives_async_stream_split_abort) {
     EXPECT_OK(backend_run(c, &k));
     expect_dev("ncclAllGather", dt, b, n, want_pattern0, NULL);
     CUDA_OK(cudaMemset(b, 0, n * mpg_dtype_size(dt)));
+    CUDA_OK(cudaDeviceSynchronize());
     /* Async on an explicit stream: post, test until done, wait. */
     k = coll_of(MPG__REDUCE_SCATTER, a, b, n, dt, MPG_OP_MAX, s);
     mpg__req *req = NULL;
@@ -822,6 +836,7 @@ static void *rank_main(void *p) {
     job_expect(j, "p2p_batch 64 MiB", MPG_I32, ra, big, want_pattern_of, &peer);
     job_expect(j, "p2p_batch second message", MPG_BF16, rb, n, want_pattern_of, &peer_b);
     cudaMemset(ra, 0, big * 4);
+    cudaDeviceSynchronize();
     mpg_work *w = NULL;
     JOB_OK(j, mpg_p2p_batch(dp, ops, 4, NULL, &w));
     JOB_OK(j, mpg_work_wait(w));
@@ -1106,6 +1121,7 @@ Test(nccl_backend, f32_accumulation_of_halves_rounds_once) {
           CUDA_OK(cudaMalloc(&recv, n * 2));
           CUDA_OK(cudaMemcpy(send, host, n * 2, cudaMemcpyHostToDevice));
           CUDA_OK(cudaMemset(recv, 0x5a, n * 2));
+          CUDA_OK(cudaDeviceSynchronize());
           void *out = inplace ? send : recv; /* one rank: block 0 of send */
           mpg__coll k = coll_of(kind ? MPG__REDUCE_SCATTER : MPG__ALL_REDUCE, send, out, n,
                                 dt, ops[o], s);
@@ -1149,31 +1165,38 @@ Test(nccl_backend, f32_accumulation_of_halves_rounds_once) {
   EXPECT_OK(mpg__backend_nccl.destroy(c));
 }
 
-/* An invalid buffer on purpose: an all-reduce whose receive buffer is a
- * stale device address.  Whether NCCL reports it at the call or
- * asynchronously, the operation fails with MPG_ERR_BACKEND, the
- * communicator is aborted, and later calls on it fail with
- * MPG_ERR_ABORTED instead of reaching NCCL again. */
-Test(nccl_backend, invalid_buffer_error_aborts_the_communicator) {
+/* An error NCCL defines, on purpose: with NCCL_CHECK_POINTERS=1 (NCCL's
+ * environment variables: check the CUDA memory pointers on each collective
+ * call) NCCL refuses a receive buffer in host memory with
+ * ncclInvalidArgument before it launches anything.  (The test used to pass a
+ * freed device address instead: undefined behaviour, which crashed inside
+ * NCCL's one-rank copy on an H100.)  The post is MPG_ERR_BACKEND naming the
+ * NCCL call and its error; nothing was launched, so the communicator still
+ * works.  (At world 1 the public API never reaches NCCL: size-1 groups are
+ * local copies.) */
+Test(nccl_backend, nccl_argument_error_is_reported) {
   require_gpu();
+  setenv("NCCL_CHECK_POINTERS", "1", 1); /* read at NCCL's first use here */
   mpg__comm *c = backend_world1();
-  const size_t n = 1 << 20;
-  void *send = dev_fill(MPG_F32, n, 0), *gone = NULL;
-  cr_assert_eq(cudaMalloc(&gone, n * 4), cudaSuccess);
-  cr_assert_eq(cudaFree(gone), cudaSuccess);
-  mpg__coll k = coll_of(MPG__ALL_REDUCE, send, gone, n, MPG_F32, MPG_OP_SUM, NULL);
+  const size_t n = 1 << 10;
+  void *send = dev_fill(MPG_F32, n, 0), *recv = dev_zero(MPG_F32, n);
+  float *host = calloc(n, sizeof *host);
+  cr_assert_not_null(host);
+  mpg__coll k = coll_of(MPG__ALL_REDUCE, send, host, n, MPG_F32, MPG_OP_SUM, NULL);
   mpg_status st = backend_run(c, &k);
-  cr_log_info("all-reduce into freed memory: %s: %s", mpg_status_name(st), mpg_last_error());
-  cr_assert_neq(st, MPG_OK);
-  if (st == MPG_ERR_BACKEND && strstr(mpg_last_error(), "asynchronous")) {
-    cr_assert(strstr(mpg_last_error(), "ncclCommAbort"), "%s", mpg_last_error());
-    mpg__coll again = coll_of(MPG__ALL_REDUCE, send, send, n, MPG_F32, MPG_OP_SUM, NULL);
-    mpg__req *req = NULL;
-    cr_assert_eq(mpg__backend_nccl.post(c, &again, &req), MPG_ERR_ABORTED, "%s",
-                 mpg_last_error());
-  }
-  (void)cudaGetLastError();
-  mpg__backend_nccl.destroy(c);
+  cr_log_info("all-reduce into host memory: %s: %s", mpg_status_name(st), mpg_last_error());
+  cr_assert_eq(st, MPG_ERR_BACKEND, "%s: %s", mpg_status_name(st), mpg_last_error());
+  cr_assert(strstr(mpg_last_error(), "ncclAllReduce"), "%s", mpg_last_error());
+  cr_assert(strstr(mpg_last_error(), ncclGetErrorString(ncclInvalidArgument)), "%s",
+            mpg_last_error());
+  k = coll_of(MPG__ALL_REDUCE, send, recv, n, MPG_F32, MPG_OP_SUM, NULL);
+  EXPECT_OK(backend_run(c, &k));
+  expect_dev("all-reduce after the refused one", MPG_F32, recv, n, want_pattern0, NULL);
+  EXPECT_OK(mpg__backend_nccl.destroy(c));
+  free(host);
+  cudaFree(send);
+  cudaFree(recv);
+  unsetenv("NCCL_CHECK_POINTERS");
 }
 
 /* Through the public API, placement's host-identity all-gather and the

@@ -11,7 +11,7 @@
 #    STAGE's prefix), which also checks the version rule of
 #    meshpgConfigVersion.cmake;
 # 3. each binary must resolve libmeshpg from STAGE (RUNPATH, ldd with
-#    LD_LIBRARY_PATH unset), then train: 8 thread-backend ranks, and 4
+#    LD_LIBRARY_PATH cleared of any libmeshpg), then train: 8 thread-backend ranks, and 4
 #    processes under mpirun when the MPI backend is built.
 # Exit 0 on success, 1 on a failure, 77 (skip) only when cmake or pkg-config
 # is missing.
@@ -41,8 +41,27 @@ step() { echo "== $* ($(( ($(date +%s%N) - t_start) / 1000000 )) ms)"; }
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/meshpg-install.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 stage=$tmp/stage
-# Nothing from the build tree or the environment may leak into the runs.
-unset LD_LIBRARY_PATH PKG_CONFIG_PATH CMAKE_PREFIX_PATH meshpg_DIR
+# Nothing from the build tree may leak into the runs.  The caller's search
+# paths stay, behind the staged install: on clusters (environment modules,
+# Spack, conda) and on the GPU machines of ../shared/gpu, the dependencies
+# (hwloc, Open MPI, CUDA) are found only through PKG_CONFIG_PATH,
+# CMAKE_PREFIX_PATH and LD_LIBRARY_PATH.  Whatever they hold, libmeshpg must
+# come from the stage: resolves_staged checks that.
+unset meshpg_DIR
+caller_pc=${PKG_CONFIG_PATH:-}
+caller_cmake=${CMAKE_PREFIX_PATH:-}
+# prepend DIR PATH: DIR, then PATH's entries (if any), ':'-separated.
+prepend() { if [ -n "$2" ]; then echo "$1:$2"; else echo "$1"; fi; }
+# LD_LIBRARY_PATH keeps the caller's entries but none that holds a
+# libmeshpg (meson test points it at the build tree).
+kept=
+IFS=: read -r -a lddirs <<<"${LD_LIBRARY_PATH:-}"
+for d in "${lddirs[@]}"; do
+  [ -n "$d" ] || continue
+  compgen -G "$d/libmeshpg.so*" >/dev/null && continue
+  kept=${kept:+$kept:}$d
+done
+if [ -n "$kept" ]; then export LD_LIBRARY_PATH=$kept; else unset LD_LIBRARY_PATH; fi
 
 # ---------------------------------------------------------------------------
 step "meson install --destdir $stage"
@@ -73,7 +92,8 @@ cp "$src/examples/trainer.cpp" "$src/examples/seed.toml" "$app/"
 
 # ---------------------------------------------------------------------------
 step "pkg-config build"
-flags=$(PKG_CONFIG_PATH=$slib/pkgconfig pkg-config --cflags --libs meshpg) ||
+pcpath=$(prepend "$slib/pkgconfig" "$caller_pc")
+flags=$(PKG_CONFIG_PATH=$pcpath pkg-config --cflags --libs meshpg) ||
   fail "pkg-config --cflags --libs meshpg failed"
 # The -L directory (relocatable: ${pcfiledir}/../..) must be the staged libdir.
 ldir=
@@ -82,7 +102,7 @@ for f in $flags; do
 done
 [ "$ldir" = "$(readlink -f "$slib")" ] ||
   fail "pkg-config --libs does not point into the staged libdir $slib: $flags"
-pc_version=$(PKG_CONFIG_PATH=$slib/pkgconfig pkg-config --modversion meshpg)
+pc_version=$(PKG_CONFIG_PATH=$pcpath pkg-config --modversion meshpg)
 [ "$pc_version" = "$version" ] || fail "pkg-config --modversion: $pc_version, want $version"
 # shellcheck disable=SC2086
 "$cxx" -std=c++17 -o "$app/trainer-pc" "$app/trainer.cpp" $flags -pthread \
@@ -128,7 +148,8 @@ find_package(Threads REQUIRED)
 target_link_libraries(trainer PRIVATE Threads::Threads)
 EOF
 cp "$app/trainer.cpp" "$tmp/cmake-app/"
-cmake -S "$tmp/cmake-app" -B "$tmp/cmake-build" -DCMAKE_PREFIX_PATH="$sprefix" \
+cmake -S "$tmp/cmake-app" -B "$tmp/cmake-build" \
+  -DCMAKE_PREFIX_PATH="$(prepend "$sprefix" "$caller_cmake" | tr ':' ';')" \
   -DCMAKE_CXX_COMPILER="$(command -v "$cxx")" >"$tmp/cmake.log" 2>&1 ||
   { cat "$tmp/cmake.log" >&2; fail "cmake configure failed"; }
 grep "meshpg::meshpg:" "$tmp/cmake.log" || true
@@ -137,7 +158,8 @@ cmake --build "$tmp/cmake-build" >"$tmp/cmake-build.log" 2>&1 ||
 cp "$tmp/cmake-build/trainer" "$app/trainer-cmake"
 
 # ---------------------------------------------------------------------------
-# The binary finds libmeshpg in the staged libdir, by its RUNPATH alone.
+# The binary finds libmeshpg in the staged libdir by its RUNPATH, and not
+# through the caller's LD_LIBRARY_PATH (which wins over RUNPATH).
 resolves_staged() {
   local bin=$1 runpath got
   runpath=$(readelf -d "$bin" | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\)\]/\2/p')
