@@ -92,6 +92,11 @@ struct mpg__backend_ops {
   /* Wake every waiter of this communicator and fail later calls with
    * MPG_ERR_ABORTED (or MPG_ERR_TIMEOUT if reason says so).  Never blocks. */
   void (*abort_comm)(mpg__comm *comm, mpg_status reason);
+  /* Optional (NULL: abort_comm on each).  Abort the n communicators of a
+   * context together, as one step: on nccl, aborting them one after
+   * another could block the first abort on a kernel of the second (see
+   * groups/nccl/lifecycle.c). */
+  void (*abort_comms)(mpg__comm *const *comms, int n, mpg_status reason);
   /* Release the communicator.  Must not block on peers after an abort. */
   mpg_status (*destroy)(mpg__comm *comm);
   /* Optional (NULL: mpg__local_host).  Run a collective of a size-1 group,

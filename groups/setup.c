@@ -3,6 +3,7 @@
  * buffers, staged through the backend's memory when its collectives need
  * it).  Calls nothing else of this layer, so ctx.c, group.c and coll.c may
  * all use it.  See ctx_internal.h. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "ctx_internal.h"
@@ -10,14 +11,35 @@
 void mpg__ctx_abort_all(mpg_ctx *ctx, mpg_status reason) {
   int healthy = MPG_OK;
   if (!atomic_compare_exchange_strong(&ctx->aborted, &healthy, (int)reason)) return;
+  /* Every communicator of the context, groups first, the world last. */
+  int cap = ctx->nsets + 2, n = 0;
+  for (mpg_group *g = ctx->extra; g; g = g->next) cap++;
+  mpg__comm *stack[64], **comms = cap <= 64 ? stack : malloc(sizeof *comms * (size_t)cap);
   for (int s = 0; s < ctx->nsets; s++) {
     mpg_group *g = &ctx->groups[s];
-    if (g->comm && g->comm != ctx->world_comm) ctx->ops->abort_comm(g->comm, reason);
+    if (g->comm && g->comm != ctx->world_comm) {
+      if (comms) comms[n++] = g->comm;
+      else ctx->ops->abort_comm(g->comm, reason);
+    }
   }
   for (mpg_group *g = ctx->extra; g; g = g->next)
-    if (g->comm) ctx->ops->abort_comm(g->comm, reason);
-  if (ctx->world_comm) ctx->ops->abort_comm(ctx->world_comm, reason);
-  if (ctx->launch_comm) ctx->ops->abort_comm(ctx->launch_comm, reason);
+    if (g->comm) {
+      if (comms) comms[n++] = g->comm;
+      else ctx->ops->abort_comm(g->comm, reason);
+    }
+  mpg__comm *last[2] = {ctx->world_comm, ctx->launch_comm};
+  for (int i = 0; i < 2; i++)
+    if (last[i]) {
+      if (comms) comms[n++] = last[i];
+      else ctx->ops->abort_comm(last[i], reason);
+    }
+  /* Out of memory for the list: each was aborted on its own above. */
+  if (comms && ctx->ops->abort_comms) {
+    ctx->ops->abort_comms(comms, n, reason);
+  } else if (comms) {
+    for (int i = 0; i < n; i++) ctx->ops->abort_comm(comms[i], reason);
+  }
+  if (comms != stack) free(comms);
   mpg__log(1, "rank %d: context aborted (%s)", ctx->rank, mpg_status_name(reason));
 }
 

@@ -144,16 +144,18 @@ mpg_status mpg__nccl_settle_locked(mpg__comm *c, ncclComm_t h,
   }
 }
 
-/* Abort with c->lock held.  Returns 1 if this call did the abort. */
+/* Mark c aborted, with c->lock held: its waiters let go and later calls
+ * fail.  The NCCL handle is not aborted here (R8): ncclCommAbort frees
+ * device memory, and cudaFree waits for every kernel of the device, those
+ * of the context's other communicators included, which may still wait for
+ * the same missing peer.  The generic layer follows every failure with
+ * mpg__ctx_abort_all, whose abort_comms (lifecycle.c) aborts all of the
+ * context's handles at once; destroy aborts a handle still left.  Returns
+ * 1 if this call set the flag. */
 int mpg__nccl_abort_locked(mpg__comm *c, mpg_status reason) {
   int expected = MPG_OK;
   if (reason == MPG_OK) reason = MPG_ERR_ABORTED;
-  int first = atomic_compare_exchange_strong(&c->aborted, &expected, (int)reason);
-  if (c->nccl) {
-    (void)ncclCommAbort(c->nccl);
-    c->nccl = NULL;
-  }
-  return first;
+  return atomic_compare_exchange_strong(&c->aborted, &expected, (int)reason);
 }
 
 /* Join PTX pieces, load them as one library (kept loaded for the life of

@@ -14,15 +14,26 @@
  * therefore always aborts the whole context, never one group.  Each communicator has
  * a mutex held around every NCCL call on it (released while polling), so
  * abort never runs while another of our threads is inside NCCL for that
- * communicator. */
+ * communicator.
+ *
+ * The context's communicators are aborted together, inside one
+ * ncclGroupStart/ncclGroupEnd (abort_comms).  Aborted one after another,
+ * the first ncclCommAbort frees its device memory, and cudaFree waits for
+ * every kernel of the device: a kernel of the second communicator still
+ * spinning for a dead or hung peer then blocks the first abort forever
+ * (meshpg's R8; NVIDIA/nccl issues 549 and 1013, pull request 564).  In
+ * NCCL 2.28, ncclCommAbort raises the communicator's abort flags at once
+ * (src/init.cc, setCommAbortFlags, called before anything is freed) and
+ * hands the freeing to an async job (ncclAsyncLaunch, src/group.cc), which
+ * inside a group runs only at the outermost ncclGroupEnd.  So within one
+ * group every kernel of every communicator is told to quit before any
+ * memory is freed. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "nccl_internal.h"
-
-static void nccl_abort(mpg__comm *c, mpg_status reason);
 
 /* ------------------------------------------------------------------ */
 /* split                                                              */
@@ -103,7 +114,12 @@ static mpg_status nccl_split(mpg__comm *p, int color, int key,
     }
     if (r == ncclSuccess) r = state == ncclInProgress ? ncclSuccess : state;
   }
-  if (st == MPG_ERR_TIMEOUT) nccl_abort(p, MPG_ERR_TIMEOUT);
+  if (st == MPG_ERR_TIMEOUT) {
+    /* Marked only: the context aborts every handle together (R8). */
+    pthread_mutex_lock(&p->lock);
+    mpg__nccl_abort_locked(p, MPG_ERR_TIMEOUT);
+    pthread_mutex_unlock(&p->lock);
+  }
 
   if (st != MPG_OK || r != ncclSuccess) {
     if (child) (void)ncclCommAbort(child);
@@ -177,6 +193,33 @@ static void nccl_abort(mpg__comm *c, mpg_status reason) {
   pthread_mutex_unlock(&c->lock);
 }
 
+/* Abort n communicators as one step (see the top of this file). */
+static void nccl_abort_comms(mpg__comm *const *cs, int n, mpg_status reason) {
+  if (reason == MPG_OK) reason = MPG_ERR_ABORTED;
+  /* Our own waiters first: they let go of the locks within one poll. */
+  for (int i = 0; i < n; i++) {
+    int expected = MPG_OK;
+    if (cs[i]) atomic_compare_exchange_strong(&cs[i]->aborted, &expected, (int)reason);
+  }
+  ncclResult_t r = ncclGroupStart();
+  for (int i = 0; i < n; i++) {
+    mpg__comm *c = cs[i];
+    if (!c) continue;
+    pthread_mutex_lock(&c->lock);
+    if (c->nccl) {
+      int old = -1;
+      (void)mpg__nccl_dev_enter(c->device, &old);
+      (void)ncclCommAbort(c->nccl); /* flags raised now; freed at the group's end */
+      c->nccl = NULL;
+      mpg__nccl_dev_leave(c->device, old);
+      mpg__log(1, "nccl: rank %d of a group of %d aborted (%s)", c->rank, c->size,
+               mpg_status_name(reason));
+    }
+    pthread_mutex_unlock(&c->lock);
+  }
+  if (r == ncclSuccess) (void)ncclGroupEnd();
+}
+
 static mpg_status nccl_destroy(mpg__comm *c) {
   if (!c) return MPG_OK;
   mpg_status st = MPG_OK;
@@ -210,7 +253,9 @@ static mpg_status nccl_destroy(mpg__comm *c) {
       mpg__nccl_abort_locked(c, MPG_ERR_ABORTED);
     }
   }
-  /* After an abort there is nothing left to release in NCCL. */
+  /* Marked aborted but never aborted in NCCL (a backend caller without a
+   * context, or a finalize that failed above): abort the handle now. */
+  if (c->nccl) (void)ncclCommAbort(c->nccl);
   c->nccl = NULL;
   if (c->scratch) {
     (void)cudaFree(c->scratch);
@@ -236,6 +281,7 @@ const struct mpg__backend_ops mpg__backend_nccl = {
     .wait = mpg__nccl_wait,
     .req_free = mpg__nccl_req_free,
     .abort_comm = nccl_abort,
+    .abort_comms = nccl_abort_comms,
     .destroy = nccl_destroy,
     .local = mpg__nccl_local,
     .mem_alloc = mpg__nccl_mem_alloc,

@@ -396,16 +396,17 @@ mpg_status mpg__nccl_test(mpg__req *q, int *done) {
            d[0] ? ": " : "", d);
   /* NCCL's rule: after an asynchronous error the communicator cannot be
    * used again and must be aborted (ncclCommAbort), which also frees
-   * kernels of it still waiting on the device.  The generic layer then
-   * aborts every other communicator of the context. */
+   * kernels of it still waiting on the device.  It is marked here; the
+   * generic layer then aborts it with every other communicator of the
+   * context, in one NCCL group (lifecycle.c, R8). */
   pthread_mutex_lock(&c->lock);
   (void)mpg__nccl_abort_locked(c, MPG_ERR_ABORTED);
   pthread_mutex_unlock(&c->lock);
   *done = 1;
   return req_fail(q, MPG_ERR_BACKEND,
                   "%s: the communicator reported an asynchronous error "
-                  "(ncclCommGetAsyncError): %s; it was aborted (ncclCommAbort), "
-                  "as NCCL requires",
+                  "(ncclCommGetAsyncError): %s; it is aborted (ncclCommAbort, "
+                  "together with the context's other communicators), as NCCL requires",
                   detail);
 }
 
