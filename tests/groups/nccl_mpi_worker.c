@@ -1,0 +1,330 @@
+/* One rank of the multi-rank NCCL scenarios, started by `mpirun` (through
+ * test_nccl_mpi.c or tests/double/).  The same source is linked twice: with
+ * NVIDIA's libnccl and libcudart (real GPUs; on one GPU every rank gets its
+ * own NCCL_HOSTID, see test_nccl_mpi.c) and with the CUDA/NCCL test double
+ * (tests/double/), where each process simulates a node's devices.  Only the
+ * public API and the CUDA runtime are used, as a trainer would.
+ *
+ *   nccl_mpi_worker sync             replicate and shard, f32 and bf16 (f32
+ *                                    accumulation), 3 steps each, with a
+ *                                    sequence-parallel norm reduced over
+ *                                    dp_cp,tp: every owned gradient must be
+ *                                    the exact average over its group
+ *   nccl_mpi_worker hang K | kill K  step 1 has params on K reduce groups in
+ *                                    flight (K = 1..3: dp_cp, then tp, then
+ *                                    dp_cp,tp) when the last rank sleeps
+ *                                    (hang) or dies (kill): every survivor
+ *                                    must fail with TIMEOUT, ABORTED or
+ *                                    BACKEND within the timeout + 1 s plus
+ *                                    ../time_bound.h's allowance, and
+ *                                    destroy cleanly (R8)
+ *
+ * The mesh follows the world: 2 = dp2, 4 = dp2 x tp2, 8 = dp2 x cp2 x tp2
+ * (dims of size 1 are kept, so dp_cp and tp always exist).  Prints one line
+ * per rank, "OK ..." or "FAIL ...", and exits 0 unless it failed.
+ * MESHPG_TEST_TIMEOUT_S sets the timeout of the fault modes (default 4). */
+#include <cuda_runtime_api.h>
+
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "meshpg.h"
+#include "../time_bound.h"
+
+static int g_rank = -1, g_world = 0, g_fail = 0;
+static char g_mode[32];
+
+#define FAIL(...)                                                 \
+  do {                                                            \
+    printf("FAIL %s rank %d: ", g_mode, g_rank);                  \
+    printf(__VA_ARGS__);                                          \
+    printf("\n");                                                 \
+    fflush(stdout);                                               \
+    g_fail = 1;                                                   \
+  } while (0)
+#define TRY(call)                                                               \
+  do {                                                                          \
+    mpg_status st_ = (call);                                                    \
+    if (st_) {                                                                  \
+      FAIL("%s -> %s: %s", #call, mpg_status_name(st_), mpg_last_error());      \
+      goto out;                                                                 \
+    }                                                                           \
+  } while (0)
+#define CUDA_TRY(call)                                                          \
+  do {                                                                          \
+    cudaError_t e_ = (call);                                                    \
+    if (e_ != cudaSuccess) {                                                    \
+      FAIL("%s -> %s", #call, cudaGetErrorString(e_));                          \
+      goto out;                                                                 \
+    }                                                                           \
+  } while (0)
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static const char *mesh_of(int world) {
+  switch (world) {
+    case 2: return "dp=2,cp=1,tp=1";
+    case 4: return "dp=2,cp=1,tp=2";
+    case 8: return "dp=2,cp=2,tp=2";
+  }
+  return NULL;
+}
+
+static mpg_status make_ctx(double timeout_s, mpg_mesh **mesh, mpg_ctx **ctx) {
+  mpg_spec spec = MPG_SPEC_INIT;
+  mpg_status st = mpg_spec_init(&spec);
+  if (!st) st = mpg_spec_set_mesh(&spec, mesh_of(g_world));
+  if (!st) st = mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp");
+  if (!st) st = mpg_spec_validate(&spec);
+  if (!st) st = mpg_mesh_create(&spec, g_world, mesh);
+  if (st) return st;
+  mpg_init_opts o = MPG_INIT_OPTS_INIT;
+  o.backend = MPG_BACKEND_NCCL;
+  o.timeout_s = timeout_s;
+  return mpg_ctx_create(*mesh, &o, ctx); /* rank, device: from the launcher */
+}
+
+/* The gradient rank r writes at element i: small integers, so every
+ * average over 2, 4 or 8 ranks is exact in f32 and bf16. */
+static float grad_value(int r, size_t i, long step) {
+  return (float)(i % 8) + 4.0f * (float)r + (float)step;
+}
+
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+typedef struct param {
+  const char *name, *dims;
+  size_t count;
+  int id;
+  mpg_group *group; /* its reduce group */
+} param;
+
+/* ------------------------------------------------------------------ */
+/* sync: every mode and dtype, exact averages                          */
+/* ------------------------------------------------------------------ */
+
+static int run_sync_case(mpg_ctx *ctx, mpg_sync_mode mode, mpg_dtype dt) {
+  int ok = 0;
+  mpg_sync *s = NULL;
+  param ps[3] = {{"w0", NULL, 1000, -1, NULL},
+                 {"norm", "dp_cp,tp", 64, -1, NULL},
+                 {"w1", NULL, 4099, -1, NULL}};
+  size_t esz = mpg_dtype_size(dt);
+  void *host = malloc(4099 * 8);
+  if (!host) return 1;
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  so.mode = mode;
+  so.bucket_mb = 0.004; /* several buckets in flight */
+  so.first_bucket_mb = 0.002;
+  TRY(mpg_sync_create(ctx, &so, &s));
+  for (int p = 0; p < 3; p++) {
+    mpg_param_opts po = MPG_PARAM_OPTS_INIT;
+    po.reduce_dims = ps[p].dims;
+    TRY(mpg_sync_add_param(s, ps[p].name, ps[p].count, dt, &po, &ps[p].id));
+    TRY(mpg_ctx_group_dims(ctx, ps[p].dims ? ps[p].dims : "dp_cp", &ps[p].group));
+  }
+  TRY(mpg_sync_commit(s));
+  for (long step = 0; step < 3; step++) {
+    TRY(mpg_sync_begin(s, step, 1, NULL));
+    for (int p = 2; p >= 0; p--) {
+      void *g = NULL;
+      TRY(mpg_sync_grad(s, ps[p].id, &g));
+      for (size_t i = 0; i < ps[p].count; i++) {
+        float v = grad_value(g_rank, i, step);
+        if (dt == MPG_BF16) ((uint16_t *)host)[i] = to_bf16(v);
+        else ((float *)host)[i] = v;
+      }
+      /* The legacy default stream: synchronised before the sync's
+       * stream is ordered after it (mark_ready orders the caller's
+       * stream, NULL here). */
+      CUDA_TRY(cudaMemcpy(g, host, ps[p].count * esz, cudaMemcpyHostToDevice));
+      CUDA_TRY(cudaDeviceSynchronize());
+      TRY(mpg_sync_mark_ready(s, ps[p].id));
+    }
+    TRY(mpg_sync_finish(s));
+    CUDA_TRY(cudaDeviceSynchronize());
+    for (int p = 0; p < 3; p++) {
+      mpg_shard_info si = MPG_SHARD_INFO_INIT;
+      TRY(mpg_sync_shard(s, ps[p].id, &si));
+      size_t lo = si.param_offset, n = si.count;
+      void *g = NULL;
+      TRY(mpg_sync_grad(s, ps[p].id, &g));
+      CUDA_TRY(cudaMemcpy(host, g, ps[p].count * esz, cudaMemcpyDeviceToHost));
+      int size = mpg_group_size(ps[p].group);
+      for (size_t i = lo; i < lo + n; i++) {
+        double want = 0;
+        for (int q = 0; q < size; q++) {
+          int r = -1;
+          TRY(mpg_group_member(ps[p].group, q, &r));
+          want += grad_value(r, i, step);
+        }
+        want /= size;
+        float got = dt == MPG_BF16 ? from_bf16(((uint16_t *)host)[i]) : ((float *)host)[i];
+        if ((double)got != want) {
+          FAIL("%s %s step %ld: %s[%zu] = %g, want %g (average over %d ranks)",
+               mode == MPG_SYNC_SHARD ? "shard" : "replicate", mpg_dtype_name(dt), step,
+               ps[p].name, i, (double)got, want, size);
+          goto out;
+        }
+      }
+    }
+  }
+  ok = 1;
+out:
+  if (s) {
+    mpg_status d = mpg_sync_destroy(s);
+    if (d) FAIL("mpg_sync_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
+  }
+  free(host);
+  return ok ? 0 : 1;
+}
+
+static int run_sync(void) {
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  TRY(make_ctx(120, &mesh, &ctx));
+  const mpg_sync_mode modes[2] = {MPG_SYNC_REPLICATE, MPG_SYNC_SHARD};
+  const mpg_dtype dts[2] = {MPG_F32, MPG_BF16};
+  for (int m = 0; m < 2; m++)
+    for (int d = 0; d < 2; d++)
+      if (run_sync_case(ctx, modes[m], dts[d])) goto out;
+out:
+  if (ctx) {
+    mpg_status d = mpg_ctx_destroy(ctx);
+    if (d) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
+  }
+  mpg_mesh_destroy(mesh);
+  if (!g_fail) printf("OK %s rank %d: replicate and shard, f32 and bf16, 3 steps\n", g_mode,
+                      g_rank);
+  return g_fail;
+}
+
+/* ------------------------------------------------------------------ */
+/* hang / kill: a missing peer with K communicators in flight (R8)      */
+/* ------------------------------------------------------------------ */
+
+static int run_fault(int kill_it, int k) {
+  const char *env = getenv("MESHPG_TEST_TIMEOUT_S");
+  double timeout = env ? atof(env) : 4.0;
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_sync *s = NULL;
+  int victim = g_rank == g_world - 1;
+  static const char *const dims[3] = {"dp_cp", "tp", "dp_cp,tp"};
+  int ids[3] = {-1, -1, -1};
+  TRY(make_ctx(timeout, &mesh, &ctx));
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  TRY(mpg_sync_create(ctx, &so, &s));
+  for (int p = 0; p < k; p++) {
+    mpg_param_opts po = MPG_PARAM_OPTS_INIT;
+    po.reduce_dims = dims[p];
+    char name[16];
+    snprintf(name, sizeof name, "p%d", p);
+    TRY(mpg_sync_add_param(s, name, 1 << 16, MPG_F32, &po, &ids[p]));
+  }
+  TRY(mpg_sync_commit(s));
+  TRY(mpg_sync_all(s, 0, NULL)); /* one healthy step */
+  TRY(mpg_sync_begin(s, 1, 1, NULL));
+  if (victim) {
+    printf("rank %d: %s now, with %d reduce group(s) about to be in flight\n", g_rank,
+           kill_it ? "dies" : "sleeps", k);
+    fflush(stdout);
+    if (kill_it) raise(SIGKILL);
+    struct timespec ts = {(time_t)(3 * timeout), 0};
+    nanosleep(&ts, NULL);
+    /* Back after the others gave up: leave without finishing. */
+    mpg_sync_destroy(s);
+    s = NULL;
+    mpg_ctx_destroy(ctx);
+    ctx = NULL;
+    mpg_mesh_destroy(mesh);
+    printf("OK %s rank %d (the victim)\n", g_mode, g_rank);
+    return 0;
+  }
+  for (int p = k - 1; p >= 0; p--) TRY(mpg_sync_mark_ready(s, ids[p]));
+  double t0 = now();
+  mpg_status st = mpg_sync_finish(s);
+  double dt = now() - t0;
+  double bound = tb_bound(timeout + 1.0, g_world);
+  if (st != MPG_ERR_TIMEOUT && st != MPG_ERR_ABORTED && st != MPG_ERR_BACKEND)
+    FAIL("finish -> %s, expected a timeout or abort: %s", mpg_status_name(st),
+         mpg_last_error());
+  else if (dt > bound)
+    FAIL("finish failed after %.3f s, bound %.3f s: %s", dt, bound, mpg_last_error());
+  else
+    printf("rank %d: finish -> %s after %.3f s (timeout %.1f s, %d group(s)): %s\n", g_rank,
+           mpg_status_name(st), dt, timeout, k, mpg_last_error());
+  if (mpg_sync_grads_valid(s) != 0) FAIL("grads_valid is 1 after a failed step");
+  t0 = now();
+  mpg_status d = mpg_sync_destroy(s);
+  s = NULL;
+  if (d) FAIL("mpg_sync_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
+  d = mpg_ctx_destroy(ctx);
+  ctx = NULL;
+  if (d) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
+  if (now() - t0 > tb_bound(1.0, g_world))
+    FAIL("the destroys after the failure took %.3f s", now() - t0);
+out:
+  if (s) mpg_sync_destroy(s);
+  if (ctx) mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  if (!g_fail) printf("OK %s rank %d\n", g_mode, g_rank);
+  fflush(stdout);
+  return g_fail;
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc < 2) {
+    printf("usage: nccl_mpi_worker sync | hang K | kill K\n");
+    return 2;
+  }
+  snprintf(g_mode, sizeof g_mode, "%s%s%s", argv[1], argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
+  mpg_launch env = MPG_LAUNCH_INIT;
+  if (mpg_launch_from_env(&env) != MPG_OK || env.world_size < 2) {
+    printf("FAIL %s: no launch environment (run under mpirun): %s\n", g_mode, mpg_last_error());
+    return 1;
+  }
+  g_rank = env.rank;
+  g_world = env.world_size;
+  if (!mesh_of(g_world)) {
+    printf("FAIL %s: world %d (2, 4 or 8 ranks)\n", g_mode, g_world);
+    return 1;
+  }
+  int rc;
+  if (!strcmp(argv[1], "sync")) {
+    rc = run_sync();
+  } else if ((!strcmp(argv[1], "hang") || !strcmp(argv[1], "kill")) && argc > 2) {
+    int k = atoi(argv[2]);
+    if (k < 1 || k > 3) {
+      printf("FAIL %s: K must be 1, 2 or 3\n", g_mode);
+      return 1;
+    }
+    rc = run_fault(!strcmp(argv[1], "kill"), k);
+  } else {
+    printf("FAIL %s: unknown mode\n", g_mode);
+    return 2;
+  }
+  return rc;
+}

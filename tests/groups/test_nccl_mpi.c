@@ -1,0 +1,113 @@
+/* The NCCL backend at worlds 2, 4 and 8 under real `mpirun` processes
+ * (nccl_mpi_worker.c): the sync in replicate and shard mode, f32 and bf16,
+ * exact averages; and a missing peer (hung or killed) with one, two and
+ * three communicators in flight, every survivor failing within the timeout
+ * + 1 s (R8).
+ *
+ * The same test is built twice:
+ *  - with NVIDIA's NCCL and CUDA (suite "gpu"): without a GPU it skips with
+ *    one line.  With fewer GPUs than ranks, every rank gets its own
+ *    NCCL_HOSTID: NCCL's duplicate-GPU check compares host hashes, so each
+ *    rank is then a host of its own, and NCCL joins them through its socket
+ *    transport.  That is real NCCL (init, split, kernels, async errors), but
+ *    not NVLink, P2P or SHM;
+ *  - with the CUDA/NCCL test double (tests/double/), where each process
+ *    simulates a node of 8 devices: it runs on every CI machine.
+ * MESHPG_NCCL_MPI_WORKER names the worker to start. */
+#include <cuda_runtime_api.h>
+
+#include <string.h>
+
+#include "../mpirun_util.h"
+
+#ifndef NCCL_MPI_TIMEOUT_S
+#define NCCL_MPI_TIMEOUT_S 4
+#endif
+
+static int devices(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  (void)cudaGetLastError();
+  return n;
+}
+
+static void require_devices(void) {
+  if (devices() < 1)
+    cr_skip_test("no CUDA GPU on this machine: the multi-rank NCCL tests are skipped (they "
+                 "run on the CUDA/NCCL test double in tests/double/ instead)");
+}
+
+/* mpirun -np N WORKER ARGS; one NCCL_HOSTID per rank when the ranks
+ * outnumber the devices.  `extra` is more mpirun arguments. */
+static int job(int np, const char *args, const char *extra, double *secs) {
+  const char *w = env_program("MESHPG_NCCL_MPI_WORKER");
+  char cmd[4096];
+  int shared = devices() < np;
+  snprintf(cmd, sizeof cmd,
+           "MESHPG_TEST_TIMEOUT_S=%d timeout -k 5 240 " MPIRUN "%s-np %d %s'%s' %s",
+           NCCL_MPI_TIMEOUT_S, extra, np,
+           shared ? "sh -c 'NCCL_HOSTID=meshpg-h$OMPI_COMM_WORLD_RANK exec \"$0\" \"$@\"' " : "",
+           w, args);
+  int rc = run(cmd, secs);
+  cr_log_info("%s: exit %d after %.2f s%s\n%s", cmd, rc, *secs,
+              shared ? " (one NCCL_HOSTID per rank)" : "", out);
+  return rc;
+}
+
+static int count(const char *needle) {
+  int n = 0;
+  for (const char *p = strstr(out, needle); p; p = strstr(p + 1, needle)) n++;
+  return n;
+}
+
+static void sync_world(int np) {
+  require_devices();
+  double secs = 0;
+  int rc = job(np, "sync", "", &secs);
+  cr_expect_eq(rc, 0, "np %d: exit %d\n%s", np, rc, out);
+  cr_expect_eq(count("OK sync"), np, "np %d: %d of %d ranks OK\n%s", np, count("OK sync"), np,
+               out);
+  cr_expect_eq(count("FAIL"), 0, "np %d:\n%s", np, out);
+}
+
+Test(nccl_mpi, sync_world_2, .timeout = 300) { sync_world(2); }
+Test(nccl_mpi, sync_world_4, .timeout = 300) { sync_world(4); }
+Test(nccl_mpi, sync_world_8, .timeout = 300) { sync_world(8); }
+
+/* The last rank sleeps through step 1 with k groups in flight: every other
+ * rank reports OK (its own bound checked in the worker), and so does the
+ * sleeper once it wakes. */
+static void hung_peer(int np, int k) {
+  require_devices();
+  char args[32];
+  snprintf(args, sizeof args, "hang %d", k);
+  double secs = 0;
+  int rc = job(np, args, "", &secs);
+  cr_expect_eq(rc, 0, "np %d, %d group(s): exit %d\n%s", np, k, rc, out);
+  cr_expect_eq(count("OK hang"), np, "np %d, %d group(s): %d of %d ranks OK\n%s", np, k,
+               count("OK hang"), np, out);
+  cr_expect_eq(count("FAIL"), 0, "%s", out);
+}
+
+Test(nccl_mpi, hung_peer_2_one_group, .timeout = 300) { hung_peer(2, 1); }
+Test(nccl_mpi, hung_peer_4_one_group, .timeout = 300) { hung_peer(4, 1); }
+Test(nccl_mpi, hung_peer_4_two_groups, .timeout = 300) { hung_peer(4, 2); }
+Test(nccl_mpi, hung_peer_8_two_groups, .timeout = 300) { hung_peer(8, 2); }
+Test(nccl_mpi, hung_peer_8_three_groups, .timeout = 300) { hung_peer(8, 3); }
+
+/* The last rank dies (SIGKILL) in step 1.  mpirun is told not to end the
+ * job for it (--enable-recovery), so every survivor reports its own time. */
+static void killed_peer(int np, int k) {
+  require_devices();
+  char args[32];
+  snprintf(args, sizeof args, "kill %d", k);
+  double secs = 0;
+  (void)job(np, args, "--enable-recovery ", &secs);
+  cr_expect_eq(count("OK kill"), np - 1, "np %d, %d group(s): %d of %d survivors OK\n%s", np,
+               k, count("OK kill"), np - 1, out);
+  cr_expect_eq(count("FAIL"), 0, "%s", out);
+}
+
+Test(nccl_mpi, killed_peer_2_one_group, .timeout = 300) { killed_peer(2, 1); }
+Test(nccl_mpi, killed_peer_4_two_groups, .timeout = 300) { killed_peer(4, 2); }
+Test(nccl_mpi, killed_peer_8_three_groups, .timeout = 300) { killed_peer(8, 3); }
