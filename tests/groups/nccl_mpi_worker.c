@@ -22,7 +22,8 @@
  * The mesh follows the world: 2 = dp2, 4 = dp2 x tp2, 8 = dp2 x cp2 x tp2
  * (dims of size 1 are kept, so dp_cp and tp always exist).  Prints one line
  * per rank, "OK ..." or "FAIL ...", and exits 0 unless it failed.
- * MESHPG_TEST_TIMEOUT_S sets the timeout of the fault modes (default 4). */
+ * MESHPG_TEST_TIMEOUT_S sets the timeout of the fault modes (default 10:
+ * it bounds context creation too, CUDA's and NCCL's start included). */
 #include <cuda_runtime_api.h>
 
 #include <math.h>
@@ -165,9 +166,14 @@ static int run_sync_case(mpg_ctx *ctx, mpg_sync_mode mode, mpg_dtype dt) {
     TRY(mpg_sync_finish(s));
     CUDA_TRY(cudaDeviceSynchronize());
     for (int p = 0; p < 3; p++) {
-      mpg_shard_info si = MPG_SHARD_INFO_INIT;
-      TRY(mpg_sync_shard(s, ps[p].id, &si));
-      size_t lo = si.param_offset, n = si.count;
+      /* Shard mode: the owned slice; replicate mode: all of it. */
+      size_t lo = 0, n = ps[p].count;
+      if (mode == MPG_SYNC_SHARD) {
+        mpg_shard_info si = MPG_SHARD_INFO_INIT;
+        TRY(mpg_sync_shard(s, ps[p].id, &si));
+        lo = si.param_offset;
+        n = si.count;
+      }
       void *g = NULL;
       TRY(mpg_sync_grad(s, ps[p].id, &g));
       CUDA_TRY(cudaMemcpy(host, g, ps[p].count * esz, cudaMemcpyDeviceToHost));
@@ -226,7 +232,7 @@ out:
 
 static int run_fault(int kill_it, int k) {
   const char *env = getenv("MESHPG_TEST_TIMEOUT_S");
-  double timeout = env ? atof(env) : 4.0;
+  double timeout = env ? atof(env) : 10.0;
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
   mpg_sync *s = NULL;
@@ -251,7 +257,7 @@ static int run_fault(int kill_it, int k) {
            kill_it ? "dies" : "sleeps", k);
     fflush(stdout);
     if (kill_it) raise(SIGKILL);
-    struct timespec ts = {(time_t)(3 * timeout), 0};
+    struct timespec ts = {(time_t)(2 * timeout + 2), 0};
     nanosleep(&ts, NULL);
     /* Back after the others gave up: leave without finishing. */
     mpg_sync_destroy(s);

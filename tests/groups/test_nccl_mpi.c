@@ -13,16 +13,21 @@
  *    not NVLink, P2P or SHM;
  *  - with the CUDA/NCCL test double (tests/double/), where each process
  *    simulates a node of 8 devices: it runs on every CI machine.
- * MESHPG_NCCL_MPI_WORKER names the worker to start. */
+ * MESHPG_NCCL_MPI_WORKER names the worker to start.  The jobs run one at a
+ * time (Criterion --jobs 1, in meson.build). */
 #include <cuda_runtime_api.h>
 
 #include <string.h>
 
 #include "../mpirun_util.h"
 
-#ifndef NCCL_MPI_TIMEOUT_S
-#define NCCL_MPI_TIMEOUT_S 4
-#endif
+/* The timeout of the fault jobs: MESHPG_NCCL_MPI_TIMEOUT_S, default 10 s
+ * (it also bounds context creation: CUDA's and NCCL's start on a GPU). */
+static int fault_timeout(void) {
+  const char *e = getenv("MESHPG_NCCL_MPI_TIMEOUT_S");
+  int t = e ? atoi(e) : 0;
+  return t > 0 ? t : 10;
+}
 
 static int devices(void) {
   int n = 0;
@@ -45,7 +50,7 @@ static int job(int np, const char *args, const char *extra, double *secs) {
   int shared = devices() < np;
   snprintf(cmd, sizeof cmd,
            "MESHPG_TEST_TIMEOUT_S=%d timeout -k 5 240 " MPIRUN "%s-np %d %s'%s' %s",
-           NCCL_MPI_TIMEOUT_S, extra, np,
+           fault_timeout(), extra, np,
            shared ? "sh -c 'NCCL_HOSTID=meshpg-h$OMPI_COMM_WORLD_RANK exec \"$0\" \"$@\"' " : "",
            w, args);
   int rc = run(cmd, secs);
