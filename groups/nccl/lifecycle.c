@@ -227,6 +227,17 @@ static mpg_status nccl_destroy(mpg__comm *c) {
   (void)mpg__nccl_dev_enter(c->device, &old);
   mpg__nccl_family_leave(c); /* deregisters its buffers first */
   pthread_mutex_lock(&c->lock);
+  ncclResult_t async = ncclSuccess;
+  if (c->nccl && atomic_load(&c->aborted) == MPG_OK &&
+      ncclCommGetAsyncError(c->nccl, &async) == ncclSuccess && async != ncclSuccess &&
+      async != ncclInProgress) {
+    /* A communicator that holds an error (a failed enqueue sets it on a
+     * non-blocking communicator: NCCL 2.28 src/enqueue.cc) cannot be
+     * finalized, only aborted; the caller saw that error already. */
+    mpg__log(1, "nccl: rank %d of a group of %d holds an error (%s): aborted, not finalized",
+             c->rank, c->size, ncclGetErrorString(async));
+    mpg__nccl_abort_locked(c, MPG_ERR_ABORTED);
+  }
   if (c->nccl && atomic_load(&c->aborted) == MPG_OK) {
     char what[96];
     snprintf(what, sizeof what, "nccl destroy (rank %d of a group of %d)",
