@@ -395,9 +395,13 @@ mpg_status mpg_sync_gather_wait(mpg_sync *s, int param) {
   while (pos < s->nforward && s->forward[pos] != p->bucket) pos++;
   if (pos < s->gather_waited) return MPG_OK;
   st = gather_upto(s, pos + 1);
+  /* Order the caller's stream first, then start the next bucket: the other
+   * way round, the caller's forward on this bucket would also wait for the
+   * next bucket's all-gather, which defeats the prefetch (L3). */
+  st = gather_end_wait(s, st);
   if (!st && s->gather_started == s->gather_waited && s->gather_started < s->nforward)
     st = gather_start(s, s->gather_started); /* one ahead of forward */
-  return gather_end_wait(s, st);
+  return st;
 }
 
 mpg_status mpg_sync_gather_all(mpg_sync *s) {

@@ -900,6 +900,16 @@ static void show_async_msg(struct ncclComm *c) {
 
 static int comm_aborted(struct ncclComm *c) { return c->sh && atomic_load(&c->sh->abort); }
 
+/* After setting the abort flag: wake the kernels now rather than at their
+ * next poll.  c->shm belongs to a running init job (which polls the flag
+ * itself) until the job is joined. */
+static void wake_kernels(struct ncclComm *c) {
+  ww_bump(&c->sh->wake, 0);
+  pthread_mutex_lock(&c->mu);
+  if (!c->job && c->shm) ww_bump(&c->shm->wake, 1);
+  pthread_mutex_unlock(&c->mu);
+}
+
 /* ------------------------------------------------------------------ */
 /* Fault injection                                                    */
 /* ------------------------------------------------------------------ */
@@ -2797,8 +2807,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     return ncclInvalidArgument;
   }
   atomic_store(&comm->sh->abort, 1);
-  ww_bump(&comm->sh->wake, 0);
-  if (comm->shm) ww_bump(&comm->shm->wake, 1);
+  wake_kernels(comm);
   dbl_log("nccl double: ncclCommAbort rank %d of %s", comm->rank, comm->name);
   pthread_mutex_lock(&comm->mu);
   struct job *j = comm->job;
@@ -2831,8 +2840,7 @@ ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
     return ncclInvalidArgument;
   }
   atomic_store(&comm->sh->abort, 1);
-  ww_bump(&comm->sh->wake, 0);
-  if (comm->shm) ww_bump(&comm->shm->wake, 1);
+  wake_kernels(comm);
   comm->revoked = 1;
   comm->finalize_called = 1; /* init.cc:2469-2471 */
   (void)comm_state(comm);   /* ncclCommEnsureReady, its result ignored */
