@@ -402,24 +402,31 @@ out:
 
 /* Every rank commits: one all-gather over the world of "my groups
  * disagree" and of the options that shape the collectives (mode,
- * reduce_dtype, op, padding, scale, bucket sizes), so that a rank whose own
+ * reduce_dtype, op, padding, buffer registration, scale, bucket sizes), so that a rank whose own
  * groups agree still fails when another group's do not (its later
  * collectives would wait for that group's members, e.g. a tied sum with the
  * other pipeline stage), and so that ranks created with different options
  * (different buckets, dtypes on the wire) fail here rather than hang. */
-enum { FPW_FLAG, FPW_MODE, FPW_RDT, FPW_OP, FPW_PAD, FPW_SCALE, FPW_BUCKET, FPW_FIRST, FPW_N };
+enum {
+  FPW_FLAG, FPW_MODE, FPW_RDT, FPW_OP, FPW_PAD, FPW_REG, FPW_SCALE, FPW_BUCKET, FPW_FIRST,
+  FPW_N
+};
 
 static mpg_status fp_world(mpg_sync *s, int mismatch) {
   static const char *const field[FPW_N] = {
-      "", "mode", "reduce_dtype", "op", "pad_for_nccl", "grad_scale", "bucket_mb",
-      "first_bucket_mb"};
+      "", "mode", "reduce_dtype", "op", "pad_for_nccl", "register_buffers", "grad_scale",
+      "bucket_mb", "first_bucket_mb"};
   mpg_group *world = NULL;
   mpg_status st = mpg_ctx_group(s->ctx, "world", &world);
   if (st) return mpg__fail_wrap(st, "mpg_sync_commit: layout check");
   int n = mpg_group_size(world);
   uint64_t mine[FPW_N] = {mismatch != 0, (uint64_t)s->opts.mode,
                           (uint64_t)s->opts.reduce_dtype, (uint64_t)s->opts.op,
-                          (uint64_t)s->opts.pad_for_nccl, 0, 0, 0};
+                          (uint64_t)s->opts.pad_for_nccl,
+                          /* NCCL: every rank registers its buffers, or none
+                           * (User Buffer Registration); a mix hangs NCCL's
+                           * launch (L4). */
+                          (uint64_t)(s->opts.register_buffers != 0), 0, 0, 0};
   memcpy(&mine[FPW_SCALE], &s->opts.grad_scale, sizeof(double));
   memcpy(&mine[FPW_BUCKET], &s->opts.bucket_mb, sizeof(double));
   memcpy(&mine[FPW_FIRST], &s->opts.first_bucket_mb, sizeof(double));

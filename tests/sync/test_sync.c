@@ -736,7 +736,7 @@ Test(sync_step, single_rank_world) {
  * mismatched buckets. */
 typedef struct {
   mpg_mesh *mesh;
-  int field; /* 0: bucket_mb, 1: reduce_dtype, 2: mode */
+  int field; /* 0: bucket_mb, 1: reduce_dtype, 2: mode, 3: register_buffers */
   mpg_status st[4];
   char msg[4][512];
 } opts_job;
@@ -752,6 +752,7 @@ static mpg_status differing_opts_rank(const mpg_init_opts *opts, void *arg) {
     if (j->field == 0) so.bucket_mb = 4;
     if (j->field == 1) so.reduce_dtype = MPG_REDUCE_NATIVE;
     if (j->field == 2) so.mode = MPG_SYNC_SHARD;
+    if (j->field == 3) so.register_buffers = 1; /* NCCL: all or none (L4) */
   }
   mpg_sync *s = NULL;
   int id;
@@ -768,8 +769,9 @@ static mpg_status differing_opts_rank(const mpg_init_opts *opts, void *arg) {
 Test(sync_errors, ranks_with_different_options_fail_commit_alike) {
   const char *names[] = {"opts.bucket_mb is 25 on world rank 0 but 4 on world rank 3",
                          "opts.reduce_dtype is 1 on world rank 0 but 0 on world rank 3",
-                         "opts.mode is 0 on world rank 0 but 1 on world rank 3"};
-  for (int f = 0; f < 3; f++) {
+                         "opts.mode is 0 on world rank 0 but 1 on world rank 3",
+                         "opts.register_buffers is 0 on world rank 0 but 1 on world rank 3"};
+  for (int f = 0; f < 4; f++) {
     mpg_spec spec = MPG_SPEC_INIT;
     cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
     cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=4"), MPG_OK);
