@@ -216,6 +216,10 @@ mpg_status mpg__nccl_narrow(const mpg__coll *k, const mpg__coll *wide, int narro
 /* Join parent's family (NULL: start one, for the world), registering
  * every buffer of it with c; c must have its NCCL handle. */
 mpg_status mpg__nccl_family_join(mpg__comm *c, const mpg__comm *parent);
+/* R4: an asynchronous error on another member of c's family (one that
+ * no request of this thread waits on): that member is marked aborted and
+ * its error returned (ncclSuccess: none); *rank and *size describe it. */
+ncclResult_t mpg__nccl_family_poll(mpg__comm *c, int *rank, int *size);
 /* Deregister everything from c and leave its family (before destroy). */
 void mpg__nccl_family_leave(mpg__comm *c);
 /* Register a buffer from ncclMemAlloc with every member of c's family. */

@@ -412,10 +412,30 @@ mpg_status mpg__nccl_test(mpg__req *q, int *done) {
 
 mpg_status mpg__nccl_wait(mpg__req *q, double deadline) {
   unsigned spins = 0;
+  double next_poll = mpg__now() + 0.01;
   for (;;) {
     int done = 0;
     mpg_status st = mpg__nccl_test(q, &done);
     if (st != MPG_OK || done) return st;
+    /* R4: the peer this operation waits for may have failed on another
+     * communicator of the context (a closed connection, a local out of
+     * memory aborted there): check the others every 10 ms, so that the
+     * context is aborted now rather than at the timeout. */
+    if (mpg__now() >= next_poll) {
+      next_poll = mpg__now() + 0.01;
+      int orank = -1, osize = 0;
+      ncclResult_t bad = mpg__nccl_family_poll(q->comm, &orank, &osize);
+      if (bad != ncclSuccess) {
+        char detail[1024];
+        const char *d = mpg__nccl_detail();
+        snprintf(detail, sizeof detail, "rank %d of a group of %d: %s%s%s", orank, osize,
+                 ncclGetErrorString(bad), d[0] ? ": " : "", d);
+        return req_fail(q, MPG_ERR_BACKEND,
+                        "%s: another communicator of the context reported an asynchronous "
+                        "error (%s); the context is aborted",
+                        detail);
+      }
+    }
     if (mpg__now() > deadline) {
       char what[200];
       req_describe(what, sizeof what, q);

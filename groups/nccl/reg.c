@@ -23,6 +23,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include <stdatomic.h>
+
 #include "nccl_internal.h"
 
 struct nccl_buf {
@@ -102,6 +104,29 @@ mpg_status mpg__nccl_family_join(mpg__comm *c, const mpg__comm *parent) {
     free(f);
   }
   return st;
+}
+
+ncclResult_t mpg__nccl_family_poll(mpg__comm *c, int *rank, int *size) {
+  struct nccl_family *f = c->family;
+  ncclResult_t bad = ncclSuccess;
+  if (!f) return bad;
+  pthread_mutex_lock(&f->lock);
+  for (mpg__comm *m = f->members; m && bad == ncclSuccess; m = m->family_next) {
+    if (m == c || atomic_load(&m->aborted) != MPG_OK) continue;
+    /* Never wait behind another thread's NCCL call: skip a busy member. */
+    if (pthread_mutex_trylock(&m->lock) != 0) continue;
+    ncclResult_t state = ncclSuccess;
+    if (m->nccl && ncclCommGetAsyncError(m->nccl, &state) == ncclSuccess &&
+        state != ncclSuccess && state != ncclInProgress) {
+      bad = state;
+      *rank = m->rank;
+      *size = m->size;
+      (void)mpg__nccl_abort_locked(m, MPG_ERR_ABORTED);
+    }
+    pthread_mutex_unlock(&m->lock);
+  }
+  pthread_mutex_unlock(&f->lock);
+  return bad;
 }
 
 void mpg__nccl_family_leave(mpg__comm *c) {
