@@ -102,8 +102,9 @@ struct mpg__backend_ops {
   /* Optional (NULL: mpg__local_host).  Run a collective of a size-1 group,
    * which has no communicator: every kind reduces to a copy of send into
    * recv (times scale for MPG_OP_PREMUL_SUM); barrier does nothing.  The
-   * nccl backend copies on the caller's stream. */
-  mpg_status (*local)(const mpg__coll *coll);
+   * nccl backend copies on the caller's stream, on the device of `world`
+   * (the context's world communicator). */
+  mpg_status (*local)(mpg__comm *world, const mpg__coll *coll);
   /* Optional memory and stream hooks (NULL: host memory, no streams), used
    * by the nccl backend for device buffers and ordering between streams.
    * Each takes the world communicator, so that the backend works on its

@@ -170,7 +170,8 @@ static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
   mpg_status st = prepare(g, c, fn);
   if (st) return st;
   mpg__order_note(g, c); /* issue order (order.c): as issued, size-1 groups too */
-  if (g->size == 1) return ctx->ops->local ? ctx->ops->local(c) : mpg__local_host(c);
+  if (g->size == 1)
+    return ctx->ops->local ? ctx->ops->local(ctx->world_comm, c) : mpg__local_host(c);
 
   double deadline = mpg__now() + ctx->timeout_s;
   mpg__req *req = NULL;

@@ -61,7 +61,23 @@ static void scale_load(void) {
                                         names, 4, scale_kernels, &scale_load_call);
 }
 
-mpg_status mpg__nccl_local(const mpg__coll *k) {
+/* The copy or kernel of a size-1 group, on the context's device (R6: the
+ * caller's current device may be another one; a stream of one device
+ * cannot take work launched while another is current). */
+static mpg_status local_on_device(const mpg__coll *k);
+
+mpg_status mpg__nccl_local(mpg__comm *world, const mpg__coll *k) {
+  if (!world) return local_on_device(k);
+  int old = -1;
+  cudaError_t e = mpg__nccl_dev_enter(world->device, &old);
+  if (e != cudaSuccess)
+    return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "nccl group of one rank", "cudaSetDevice", e);
+  mpg_status st = local_on_device(k);
+  mpg__nccl_dev_leave(world->device, old);
+  return st;
+}
+
+static mpg_status local_on_device(const mpg__coll *k) {
   size_t bytes = k->count * mpg__dtype_size(k->dtype);
   cudaStream_t s = (cudaStream_t)k->stream;
   char what[160];

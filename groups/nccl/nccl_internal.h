@@ -189,7 +189,7 @@ mpg_status mpg__nccl_wait(mpg__req *q, double deadline);
 void mpg__nccl_req_free(mpg__req *q);
 
 /* local.c */
-mpg_status mpg__nccl_local(const mpg__coll *k);
+mpg_status mpg__nccl_local(mpg__comm *world, const mpg__coll *k);
 /* dst[i] = src[i] * scale on stream s (current device), the arithmetic in
  * f32 for f16/bf16 (f64 for f64), rounded once to nearest even; dst may
  * be src.  Floating dtypes only (MPG_ERR_INVALID otherwise).  ops.c uses

@@ -542,6 +542,13 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void
     free(j);
     return dbl_cuda_error(cudaErrorInvalidResourceHandle);
   }
+  /* CUDA C++ Programming Guide, "Multi-Device System", "Stream and Event
+   * Behavior": a kernel launch fails if it is issued to a stream that is
+   * not associated with the current device (a memory copy succeeds). */
+  if (stream && j->device != dbl_device_current()) {
+    free(j);
+    return dbl_cuda_error(cudaErrorInvalidResourceHandle);
+  }
   check_buffers(j, "the launch");
   char what[192];
   snprintf(what, sizeof what, "kernel %s (n %llu, scale %g)", j->twin->name,

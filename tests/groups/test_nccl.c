@@ -382,7 +382,10 @@ typedef struct {
   mpg_group *dp, *world;
 } world1;
 
-static world1 public_world1(void) {
+static world1 public_world1_on(int device);
+static world1 public_world1(void) { return public_world1_on(0); }
+
+static world1 public_world1_on(int device) {
   world1 w;
   memset(&w, 0, sizeof w);
   mpg_spec spec = MPG_SPEC_INIT;
@@ -394,7 +397,7 @@ static world1 public_world1(void) {
   o.rank = 0;
   o.world_size = 1;
   o.local_rank = 0;
-  o.device = 0;
+  o.device = device;
   o.timeout_s = 60;
   EXPECT_OK(mpg_ctx_create(w.mesh, &o, &w.ctx));
   cr_assert_eq(mpg_ctx_backend(w.ctx), MPG_BACKEND_NCCL);
@@ -407,6 +410,45 @@ static world1 public_world1(void) {
 static void world1_free(world1 *w) {
   EXPECT_OK(mpg_ctx_destroy(w->ctx));
   mpg_mesh_destroy(w->mesh);
+}
+
+/* R6: a group of one rank runs its copy or scale kernel on the context's
+ * device, whatever device the caller has made current.  The context is on
+ * device 1, the caller on device 0; the stream and buffers are device 1's.
+ * (Needs two devices: the test double has 8.) */
+Test(nccl_public, size1_group_runs_on_the_contexts_device) {
+  require_gpu();
+  int n = 0;
+  CUDA_OK(cudaGetDeviceCount(&n));
+  if (n < 2) cr_skip_test("one CUDA device: the device switch needs two");
+  world1 w = public_world1_on(1);
+  void *stream = NULL, *a = NULL, *b = NULL;
+  const size_t count = 4096;
+  EXPECT_OK(mpg_ctx_stream_create(w.ctx, &stream));
+  EXPECT_OK(mpg_ctx_mem_alloc(w.ctx, count * 4, 0, &a));
+  EXPECT_OK(mpg_ctx_mem_alloc(w.ctx, count * 4, 0, &b));
+  float *host = malloc(count * 4);
+  cr_assert_not_null(host);
+  for (size_t i = 0; i < count; i++) host[i] = (float)i;
+  CUDA_OK(cudaSetDevice(1));
+  CUDA_OK(cudaMemcpy(a, host, count * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaSetDevice(0));
+  EXPECT_OK(mpg_all_reduce_scaled(w.dp, a, b, count, MPG_F32, 0.5, stream, NULL));
+  int cur = -1;
+  CUDA_OK(cudaGetDevice(&cur));
+  cr_assert_eq(cur, 0, "the caller's device became %d", cur);
+  CUDA_OK(cudaSetDevice(1));
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(host, b, count * 4, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < count; i++)
+    cr_assert_eq(host[i], (float)i * 0.5f, "element %zu is %g", i, (double)host[i]);
+  CUDA_OK(cudaSetDevice(0));
+  free(host);
+  EXPECT_OK(mpg_ctx_mem_free(w.ctx, a));
+  EXPECT_OK(mpg_ctx_mem_free(w.ctx, b));
+  EXPECT_OK(mpg_ctx_stream_destroy(w.ctx, stream));
+  world1_free(&w);
 }
 
 Test(nccl_public, world1_all_reduce_every_dtype_and_op) {
