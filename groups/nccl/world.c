@@ -61,6 +61,21 @@ enum boot { BOOT_NONE, BOOT_CALLER, BOOT_LOCAL, BOOT_MPI, BOOT_ENV, BOOT_MASTER 
 
 /* Serialises the NCCL_COMM_ID window (setenv .. init .. unsetenv). */
 static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Inits in flight that use an NCCL_COMM_ID that we set (0: none; the
+ * variable is then the user's, or unset).  Guarded by env_lock.  L1: a
+ * non-blocking init reads NCCL_COMM_ID again from NCCL's own thread
+ * (ncclFindInterfaces during ncclNetInit, in commAlloc), so the variable
+ * stays set until the last init using it has settled. */
+static int env_users;
+
+/* Drop this init's use of our NCCL_COMM_ID; the last one unsets it. */
+static void env_release(int *env_set_here) {
+  if (!*env_set_here) return;
+  pthread_mutex_lock(&env_lock);
+  if (--env_users == 0) unsetenv("NCCL_COMM_ID");
+  pthread_mutex_unlock(&env_lock);
+  *env_set_here = 0;
+}
 
 #if MPG_HAVE_MPI
 /* MPI is initialised, or this process was started by mpirun. */
@@ -298,20 +313,36 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
       r = ncclGetUniqueId(&id);
       break;
     case BOOT_ENV:
-    case BOOT_MASTER:
+    case BOOT_MASTER: {
+      char hostport[320];
+      int v6 = strchr(a->master_addr, ':') && a->master_addr[0] != '[';
+      snprintf(hostport, sizeof hostport, v6 ? "[%s]:%d" : "%s:%d", a->master_addr,
+               root_port);
+      /* Ours, still read by another world's init: wait until it settled
+       * if it names another root. */
+      while (how == BOOT_MASTER && env_users > 0 && getenv("NCCL_COMM_ID") &&
+             strcmp(getenv("NCCL_COMM_ID"), hostport) != 0 && mpg__now() < deadline) {
+        pthread_mutex_unlock(&env_lock);
+        unsigned spins = 64;
+        mpg__nccl_backoff(&spins);
+        pthread_mutex_lock(&env_lock);
+      }
       if (!getenv("NCCL_COMM_ID")) {
-        char hostport[320];
-        int v6 = strchr(a->master_addr, ':') && a->master_addr[0] != '[';
-        snprintf(hostport, sizeof hostport, v6 ? "[%s]:%d" : "%s:%d",
-                 a->master_addr, root_port);
-        if (setenv("NCCL_COMM_ID", hostport, 0) == 0) env_set_here = 1;
+        if (setenv("NCCL_COMM_ID", hostport, 0) == 0) {
+          env_set_here = 1;
+          env_users = 1;
+        }
+      } else if (env_users > 0) {
+        env_set_here = 1; /* ours, shared with an init still in flight */
+        env_users++;
       }
       r = ncclGetUniqueId(&id);
       break;
+    }
   }
   if (st != MPG_OK || r != ncclSuccess) {
-    if (env_set_here) unsetenv("NCCL_COMM_ID");
     pthread_mutex_unlock(&env_lock);
+    env_release(&env_set_here);
     mpg__nccl_comm_unref(c);
     return st != MPG_OK ? st : mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclGetUniqueId", r);
   }
@@ -327,14 +358,13 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
   ncclConfig_t cfg = mpg__nccl_config(share);
   pthread_mutex_lock(&c->lock);
   r = ncclCommInitRankConfig(&c->nccl, a->world_size, id, a->rank, &cfg);
-  /* NCCL reads NCCL_COMM_ID synchronously in the call above. */
-  if (env_set_here) unsetenv("NCCL_COMM_ID");
   pthread_mutex_unlock(&env_lock);
   /* Poll even after ncclSuccess: a non-blocking call may return before its
    * background job has finished. */
   if ((r == ncclSuccess || r == ncclInProgress) && c->nccl)
     st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
   if (st == MPG_OK && r == ncclSuccess) {
+    env_release(&env_set_here); /* NCCL's init thread is done with it */
     pthread_mutex_unlock(&c->lock);
     if ((st = mpg__nccl_family_join(c, NULL))) {
       pthread_mutex_lock(&c->lock);
@@ -349,9 +379,10 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
     *out = c;
     return MPG_OK;
   }
-  if (c->nccl) (void)ncclCommAbort(c->nccl);
+  if (c->nccl) (void)ncclCommAbort(c->nccl); /* joins NCCL's init thread */
   c->nccl = NULL;
   pthread_mutex_unlock(&c->lock);
+  env_release(&env_set_here);
   mpg__nccl_comm_unref(c);
   if (st == MPG_ERR_TIMEOUT)
     return explain(mpg__fail(MPG_ERR_TIMEOUT,
