@@ -115,8 +115,30 @@ void mpg__nccl_comm_unref(mpg__comm *c) {
  * Returns MPG_OK with the final state in *res; MPG_ERR_TIMEOUT when still
  * in progress at `deadline`; or the abort reason when c was aborted in the
  * meantime (h is then gone). */
+void mpg__nccl_lock(mpg__comm *c) {
+  pthread_mutex_lock(&c->lock);
+  unsigned spins = 0;
+  while (c->settling && atomic_load(&c->aborted) == MPG_OK) {
+    pthread_mutex_unlock(&c->lock);
+    mpg__nccl_backoff(&spins);
+    pthread_mutex_lock(&c->lock);
+  }
+}
+
+static mpg_status settle_loop(mpg__comm *c, ncclComm_t h, double deadline,
+                              ncclResult_t *res);
+
 mpg_status mpg__nccl_settle_locked(mpg__comm *c, ncclComm_t h,
                                    double deadline, ncclResult_t *res) {
+  int outer = !c->settling; /* a split's child polls inside the parent's */
+  c->settling = 1;
+  mpg_status st = settle_loop(c, h, deadline, res);
+  if (outer) c->settling = 0;
+  return st;
+}
+
+static mpg_status settle_loop(mpg__comm *c, ncclComm_t h, double deadline,
+                              ncclResult_t *res) {
   unsigned spins = 0;
   for (;;) {
     ncclResult_t state = ncclInProgress;

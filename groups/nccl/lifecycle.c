@@ -74,7 +74,7 @@ static mpg_status nccl_split(mpg__comm *p, int color, int key,
     return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaSetDevice", ce);
   }
   mpg_status st = MPG_OK;
-  pthread_mutex_lock(&p->lock);
+  mpg__nccl_lock(p);
   if (!p->nccl) {
     pthread_mutex_unlock(&p->lock);
     mpg__nccl_dev_leave(p->device, old);
@@ -226,7 +226,7 @@ static mpg_status nccl_destroy(mpg__comm *c) {
   int old = -1;
   (void)mpg__nccl_dev_enter(c->device, &old);
   mpg__nccl_family_leave(c); /* deregisters its buffers first */
-  pthread_mutex_lock(&c->lock);
+  mpg__nccl_lock(c);
   ncclResult_t async = ncclSuccess;
   if (c->nccl && atomic_load(&c->aborted) == MPG_OK &&
       ncclCommGetAsyncError(c->nccl, &async) == ncclSuccess && async != ncclSuccess &&

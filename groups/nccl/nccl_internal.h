@@ -75,6 +75,7 @@
 struct mpg__comm {
   ncclComm_t nccl;       /* NULL once aborted or destroyed */
   pthread_mutex_t lock;  /* held around every NCCL call on `nccl` */
+  int settling;          /* a call's job is still in progress (lock guards) */
   atomic_int aborted;    /* MPG_OK, or the reason given to abort */
   atomic_int refs;       /* 1 for the communicator + 1 per live request */
   int rank, size;        /* this rank's position and the group size */
@@ -220,6 +221,11 @@ mpg_status mpg__nccl_family_join(mpg__comm *c, const mpg__comm *parent);
  * no request of this thread waits on): that member is marked aborted and
  * its error returned (ncclSuccess: none); *rank and *size describe it. */
 ncclResult_t mpg__nccl_family_poll(mpg__comm *c, int *rank, int *size);
+/* Lock c for a new NCCL call (R2): NCCL's rule for non-blocking
+ * communicators is that after ncclInProgress only ncclCommGetAsyncError
+ * and ncclCommAbort may be called until the state settles, so wait (with
+ * the lock released) while another thread's call on c is settling. */
+void mpg__nccl_lock(mpg__comm *c);
 /* Deregister everything from c and leave its family (before destroy). */
 void mpg__nccl_family_leave(mpg__comm *c);
 /* Register a buffer from ncclMemAlloc with every member of c's family. */

@@ -221,7 +221,7 @@ static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req 
   mpg__coll wide; /* f32 accumulation: the f32 stand-in for k (widen.c) */
   int widened = 0;
 
-  pthread_mutex_lock(&c->lock);
+  mpg__nccl_lock(c);
   if (!c->nccl) {
     st = mpg__fail(MPG_ERR_ABORTED, "%s: the communicator is gone", what);
     goto out_locked;

@@ -81,7 +81,7 @@ mpg_status mpg__nccl_family_join(mpg__comm *c, const mpg__comm *parent) {
   }
   mpg_status st = MPG_OK;
   pthread_mutex_lock(&f->lock);
-  pthread_mutex_lock(&c->lock);
+  mpg__nccl_lock(c);
   for (struct nccl_buf *b = f->bufs; b && !st; b = b->next) {
     ncclResult_t nr = reg_one(c, b->ptr, b->bytes);
     if (nr != ncclSuccess)
@@ -133,7 +133,7 @@ void mpg__nccl_family_leave(mpg__comm *c) {
   struct nccl_family *f = c->family;
   if (!f) return;
   pthread_mutex_lock(&f->lock);
-  pthread_mutex_lock(&c->lock);
+  mpg__nccl_lock(c);
   while (c->regs) (void)dereg_one(c, c->regs->ptr);
   pthread_mutex_unlock(&c->lock);
   for (mpg__comm **pp = &f->members; *pp; pp = &(*pp)->family_next)
@@ -165,7 +165,7 @@ mpg_status mpg__nccl_family_register(mpg__comm *c, void *ptr, size_t bytes) {
   mpg_status st = MPG_OK;
   pthread_mutex_lock(&f->lock);
   for (mpg__comm *m = f->members; m && !st; m = m->family_next) {
-    pthread_mutex_lock(&m->lock);
+    mpg__nccl_lock(m);
     ncclResult_t nr = reg_one(m, ptr, bytes);
     pthread_mutex_unlock(&m->lock);
     if (nr != ncclSuccess)
@@ -174,7 +174,7 @@ mpg_status mpg__nccl_family_register(mpg__comm *c, void *ptr, size_t bytes) {
   }
   if (st) {
     for (mpg__comm *m = f->members; m; m = m->family_next) {
-      pthread_mutex_lock(&m->lock);
+      mpg__nccl_lock(m);
       (void)dereg_one(m, ptr);
       pthread_mutex_unlock(&m->lock);
     }
@@ -202,7 +202,7 @@ int mpg__nccl_family_deregister(mpg__comm *c, void *ptr) {
     }
   if (found)
     for (mpg__comm *m = f->members; m; m = m->family_next) {
-      pthread_mutex_lock(&m->lock);
+      mpg__nccl_lock(m);
       (void)dereg_one(m, ptr);
       pthread_mutex_unlock(&m->lock);
     }
