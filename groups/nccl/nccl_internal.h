@@ -25,9 +25,8 @@
  *   reg.c        registered buffers: every communicator of a context (its
  *                "family") has every registered buffer registered.
  * Every file uses comm.c; lifecycle.c, through the function table, uses
- * every other file but widen.c; ops.c uses local.c's scale kernel and
- * widen.c; mem.c, world.c and lifecycle.c use reg.c; no other file uses
- * another.
+ * every other file but widen.c; ops.c uses widen.c; mem.c, world.c and
+ * lifecycle.c use reg.c; no other file uses another.
  *
  * Threads.  Each communicator has a mutex held around every NCCL call on it
  * (released while polling), so abort never runs while another of our

@@ -243,7 +243,23 @@ static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req 
     premul = 0;
     goto out_result;
   }
-  if (k->acc_f32 && uses_op(k->kind) && mpg__dtype_is_half(dtype)) {
+  /* An f16/bf16 average over a group whose size is not a power of two:
+   * NCCL's ncclAvg pre-multiplies each element by 1/size in the element's
+   * own type, where 1/3, 1/6, ... are not exact, so every addend is rounded
+   * once more than on the CPU backends (which sum in f32 and divide once).
+   * Such an average goes through the f32 path below instead: widened, the
+   * average taken in f32, narrowed once. */
+  int size_pow2 = c->size > 0 && (c->size & (c->size - 1)) == 0;
+  int half_avg = k->op == MPG_OP_AVG && !size_pow2;
+  /* A scaled f16/bf16 sum: NCCL's pre-multiply scalar has the element's
+   * own type (a small scale such as 1 / (dp * cp * microbatches) would be
+   * rounded, or underflow in f16), and scaling each addend into a half
+   * before the sum rounds every addend once more: up to 7 units in the
+   * last place off the CPU backends' result where the addends cancel (seen
+   * on the test double).  It too goes through the f32 path: each element
+   * widened and scaled in f32, summed in f32, narrowed once; the wire then
+   * carries f32. */
+  if ((k->acc_f32 || half_avg || premul) && uses_op(k->kind) && mpg__dtype_is_half(dtype)) {
     /* f16/bf16 with f32 accumulation (widen.c): widened into an f32 buffer
      * (times the scale, in f32, for a pre-multiplied sum), reduced by NCCL
      * in f32, narrowed into recv at out_result. */
@@ -254,22 +270,6 @@ static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req 
     dt = ncclFloat32;
     if (premul) op = ncclSum;
     premul = 0;
-  }
-  mpg__coll scaled_first;
-  if (premul && k->kind == MPG__ALL_REDUCE && mpg__dtype_is_half(dtype)) {
-    /* f16/bf16: NCCL's pre-multiply scalar has the element's own type, so
-     * a small scale (1 / (dp * cp * microbatches)) would be rounded to f16
-     * or bf16, or underflow in f16.  Scale here instead, with the scalar in
-     * f32 (recv = half(f32(send) * scale), the kernel a group of one rank
-     * runs), then sum recv in place: every member's addend is then rounded
-     * exactly as at world 1. */
-    st = mpg__nccl_scale(k->recv, k->send, k->count, dtype, k->scale, stream, what);
-    if (st) goto out_locked;
-    scaled_first = *k;
-    scaled_first.send = scaled_first.recv;
-    k = &scaled_first;
-    premul = 0;
-    op = ncclSum;
   }
   if (premul) {
     call = "ncclRedOpCreatePreMulSum";

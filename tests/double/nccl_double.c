@@ -763,6 +763,7 @@ struct ncclComm {
   _Atomic int finalize_pending;
   _Atomic int revoke_pending;
   int finalize_called, revoked;
+  int destroy_flag;            /* ncclCommAbort/Destroy called, reclaim pending */
   struct job *job;             /* init or split running for this comm (mu) */
   uint64_t colls_issued;       /* host side, mu */
   uint64_t *sends_issued, *recvs_issued;
@@ -990,7 +991,9 @@ struct plan {
   struct plan *next;
 };
 
-enum { JOB_INIT = 1, JOB_SPLIT };
+/* Jobs: init and split run in threads (NCCL's async jobs); finalize,
+ * abort and destroy are reclaims run by the outermost ncclGroupEnd. */
+enum { JOB_INIT = 1, JOB_SPLIT, JOB_FINALIZE, JOB_ABORT, JOB_DESTROY };
 struct job {
   int kind;
   struct ncclComm *comm;   /* INIT: the new comm; SPLIT: the parent */
@@ -2152,6 +2155,8 @@ static ncclResult_t launch_plan_on_device(struct plan *p) {
   return e == cudaSuccess ? ncclSuccess : cuda_fail(e);
 }
 
+static void run_reclaim(struct job *j);
+
 /* ncclGroupEndInternal (group.cc:646-760). */
 static ncclResult_t group_end_internal(void) {
   if (g_depth == 0) {
@@ -2182,7 +2187,21 @@ static ncclResult_t group_end_internal(void) {
     }
     return ret;
   }
-  /* Jobs (init, split) run in threads, as NCCL's async jobs. */
+  /* Finalize, abort and destroy run here, before any init or launch
+   * (group.cc:509-531 runs the async jobs first): the abort flags were all
+   * set at the calls, so a group of aborts frees nothing before every
+   * kernel of those communicators has stopped. */
+  for (struct job **pp = &jobs; *pp;) {
+    struct job *j = *pp;
+    if (j->kind < JOB_FINALIZE) {
+      pp = &j->next;
+      continue;
+    }
+    *pp = j->next;
+    run_reclaim(j);
+    job_free(j);
+  }
+  /* Init and split run in threads, as NCCL's async jobs. */
   for (struct job *j = jobs; j; j = j->next) {
     if (nonblocking) {
       atomic_store(&j->comm->async, ncclInProgress);
@@ -2745,10 +2764,11 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
            "without a message)", (void *)comm);
       ret = ncclInvalidArgument;
     }
+    if (ret == ncclSuccess) ret = group_mode(comm->blocking);
     if (ret == ncclSuccess) {
       comm->finalize_called = 1;
       if (comm->blocking) {
-        wait_own_kernels(comm);
+        job_queue(job_new(JOB_FINALIZE, comm)); /* waits at the group's end */
       } else {
         atomic_store(&comm->async, ncclInProgress);
         atomic_store(&comm->finalize_pending, 1);
@@ -2777,13 +2797,35 @@ static void comm_release(struct ncclComm *c) {
   comm_unref(c);
 }
 
-/* ncclCommDestroy (init.cc:2358-2390): waits for the communicator's own
- * kernels, then frees its device memory, and cudaFree waits for the whole
- * device (commFree, init.cc:296 and include/alloc.h:380-392). */
+/* The reclaim jobs, at the outermost ncclGroupEnd: commDestroySync waits
+ * for the communicator's own kernels (init.cc:2212-2230, not after an
+ * abort: they stopped), then commFree frees its device memory, and
+ * cudaFree waits for the whole device (init.cc:296, include/alloc.h:380-392). */
+static void run_reclaim(struct job *j) {
+  struct ncclComm *c = j->comm;
+  switch (j->kind) {
+    case JOB_FINALIZE:
+      wait_own_kernels(c);
+      break;
+    case JOB_DESTROY:
+      if (!c->finalize_called) wait_own_kernels(c);
+      drain_device(c->device, "ncclCommDestroy", c);
+      comm_release(c);
+      break;
+    case JOB_ABORT:
+      drain_device(c->device, "ncclCommAbort", c);
+      comm_release(c);
+      break;
+  }
+}
+
+/* ncclCommDestroy (init.cc:2358-2390): as a job of the group (forced
+ * blocking, group.cc:52-54), run by the outermost ncclGroupEnd, which is
+ * this call unless the caller opened a group. */
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
   check_poisoned("ncclCommDestroy");
-  if (atomic_load(&comm->magic) != COMM_LIVE) {
+  if (atomic_load(&comm->magic) != COMM_LIVE || comm->destroy_flag) {
     warn("comm %p has already been destroyed", (void *)comm);
     snprintf(g_poisoned, sizeof g_poisoned,
              "ncclCommDestroy(%p) of a communicator already destroyed or aborted", (void *)comm);
@@ -2797,37 +2839,42 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
              (void *)comm, ncclGetErrorString(r), tl_last_error);
     return r;
   }
-  if (!comm->finalize_called) wait_own_kernels(comm);
-  drain_device(comm->device, "ncclCommDestroy", comm);
-  comm_release(comm);
-  return ncclSuccess;
+  g_depth++;
+  comm->destroy_flag = 1;
+  job_queue(job_new(JOB_DESTROY, comm));
+  g_blocking = 1;
+  return group_end_internal();
 }
 
-/* ncclCommAbort (init.cc:2503-2540): set the abort flag, which the
- * communicator's kernels poll, join the init job, then free everything;
- * freeing device memory waits for the whole device (cudaFree's implicit
- * synchronisation, commFree init.cc:296).  A kernel of another
- * communicator stuck on the device therefore hangs the abort: NVIDIA/nccl
- * PR 564 and issues 549, 829, 1013; the CUDA half's dbl_device_wait reports
- * it. */
+/* ncclCommAbort (init.cc:2503-2540): the abort flag, which the
+ * communicator's kernels poll, is set at once and the init job joined;
+ * freeing everything is a job of the group, run by the outermost
+ * ncclGroupEnd.  Freeing device memory waits for the whole device
+ * (cudaFree's implicit synchronisation, commFree init.cc:296), so an abort
+ * outside a group hangs on any other communicator's kernel still stuck on
+ * the device: NVIDIA/nccl PR 564 and issues 549, 829, 1013 (the deadlock
+ * report of that kernel names the waiting abort).  Aborting every
+ * communicator inside one ncclGroupStart/End sets every flag first. */
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
-  if (atomic_load(&comm->magic) != COMM_LIVE) {
-    /* NCCL would read freed memory here; the double answers. */
+  if (atomic_load(&comm->magic) != COMM_LIVE || comm->destroy_flag) {
+    /* NCCL would read freed memory, or free twice; the double answers. */
     warn("comm %p has already been destroyed", (void *)comm);
     return ncclInvalidArgument;
   }
+  g_depth++;
   atomic_store(&comm->sh->abort, 1);
   wake_kernels(comm);
+  comm->destroy_flag = 1;
   dbl_log("nccl double: ncclCommAbort rank %d of %s", comm->rank, comm->name);
   pthread_mutex_lock(&comm->mu);
   struct job *j = comm->job;
   comm->job = NULL;
   pthread_mutex_unlock(&comm->mu);
-  if (j) job_free(j);
-  drain_device(comm->device, "ncclCommAbort", comm);
-  comm_release(comm);
-  return ncclSuccess;
+  if (j) job_free(j); /* ncclCommEnsureReady joins the init job (init.cc:376-377) */
+  job_queue(job_new(JOB_ABORT, comm));
+  g_blocking = 1;
+  return group_end_internal();
 }
 
 /* ncclCommRevoke (init.cc:2446-2500): not called by groups/nccl today,
@@ -2843,7 +2890,8 @@ ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   if (r != ncclSuccess) return r;
   /* init.cc:2452-2464: only NCCL_REVOKE_DEFAULT; not after finalize or
    * destroy; not twice (no WARN in NCCL). */
-  if (revokeFlags != NCCL_REVOKE_DEFAULT || comm->finalize_called || comm->revoked) {
+  if (revokeFlags != NCCL_REVOKE_DEFAULT || comm->finalize_called || comm->revoked ||
+      comm->destroy_flag) {
     warn("meshpg double: ncclCommRevoke(%p, %d) refused: %s (NCCL returns "
          "ncclInvalidArgument without a message)", (void *)comm, revokeFlags,
          revokeFlags != NCCL_REVOKE_DEFAULT ? "flags must be NCCL_REVOKE_DEFAULT"

@@ -936,6 +936,34 @@ static int revoke_first(struct rank *rk) {
   return 0;
 }
 
+/* The same with meshpg's other way out: every abort in one group.  NCCL
+ * sets each abort flag at the call and frees at the outermost ncclGroupEnd. */
+static int grouped_aborts(struct rank *rk) {
+  ncclUniqueId *ids = rk->arg;
+  ncclComm_t a = NULL, b = NULL;
+  NCCL_OK(ncclCommInitRank(&a, 2, ids[0], rk->rank));
+  NCCL_OK(ncclCommInitRank(&b, 2, ids[1], rk->rank));
+  void *x = NULL;
+  CUDA_OK(cudaMalloc(&x, 64));
+  if (rk->rank == 0) NCCL_OK(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, b, 0));
+  double t0 = now_s();
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclCommAbort(a));
+  NCCL_OK(ncclCommAbort(b));
+  NCCL_OK(ncclGroupEnd());
+  RCHECK(now_s() - t0 < 2, "grouped aborts took %.1f s", now_s() - t0);
+  EXPECT_ERR(ncclCommAbort(b), ncclInvalidArgument, "has already been destroyed");
+  CUDA_OK(cudaFree(x));
+  return 0;
+}
+
+Test(lifecycle, grouped_aborts_never_wait) {
+  ncclUniqueId ids[2];
+  cr_assert_eq(ncclGetUniqueId(&ids[0]), ncclSuccess);
+  cr_assert_eq(ncclGetUniqueId(&ids[1]), ncclSuccess);
+  run_threads(2, grouped_aborts, ids);
+}
+
 Test(lifecycle, revoke_before_abort_never_waits) {
   ncclUniqueId ids[2];
   cr_assert_eq(ncclGetUniqueId(&ids[0]), ncclSuccess);
@@ -1064,6 +1092,33 @@ static int in_child(const char *mode, const char *env, char *err, size_t errlen)
   int status = 0;
   waitpid(pid, &status, 0);
   return status;
+}
+
+/* Aborting A alone while rank 0's kernel on B still waits: A's cudaFree
+ * waits for that kernel (R8).  The kernel's watchdog names the abort. */
+static int abort_one_by_one(struct rank *rk) {
+  ncclUniqueId *ids = rk->arg;
+  ncclComm_t a = NULL, b = NULL;
+  NCCL_OK(ncclCommInitRank(&a, 2, ids[0], rk->rank));
+  NCCL_OK(ncclCommInitRank(&b, 2, ids[1], rk->rank));
+  void *x = NULL;
+  CUDA_OK(cudaMalloc(&x, 64));
+  if (rk->rank == 1) {
+    struct timespec ts = {5, 0};
+    nanosleep(&ts, NULL);
+    return 0;
+  }
+  NCCL_OK(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, b, 0));
+  NCCL_OK(ncclCommAbort(a)); /* hangs */
+  return rank_fail(rk->rank, __LINE__, "the abort returned");
+}
+
+Test(reports, abort_waiting_for_another_communicators_kernel) {
+  char err[32768];
+  int st = in_child("abortonebyone", "MESHPG_DOUBLE_HANG_S=1", err, sizeof err);
+  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child status %d; stderr: %s", st, err);
+  cr_assert(strstr(err, "ncclCommAbort of rank 0 of communicator") && strstr(err, "PR 564"),
+            "stderr: %s", err);
 }
 
 static int mismatch(struct rank *rk) {
@@ -1287,6 +1342,11 @@ __attribute__((constructor)) static void child_main(void) {
     world_run(2, 1, 1, cross, ids);
   } else if (!strcmp(mode, "regmismatch")) {
     world_run(2, 1, 0, registered, (void *)1);
+  } else if (!strcmp(mode, "abortonebyone")) {
+    ncclUniqueId ids[2];
+    ncclGetUniqueId(&ids[0]);
+    ncclGetUniqueId(&ids[1]);
+    world_run(2, 1, 1, abort_one_by_one, ids);
   } else if (!strcmp(mode, "unmatched")) {
     world_run(2, 1, 0, unmatched_send, NULL);
   } else if (!strcmp(mode, "destroytwice")) {

@@ -1,0 +1,273 @@
+/* The NCCL backend on the CUDA/NCCL test double against the thread backend,
+ * bit for bit: the same collectives on the same inputs, ranks as threads
+ * (the NCCL ranks share a caller-made unique id and take device = rank).
+ * Worlds 3 (a group size that is not a power of two: averages of f16/bf16
+ * must not be pre-multiplied in the element's type) and 4, every floating
+ * dtype, sum, avg, max, min and a scaled sum, all_reduce (in place and
+ * not), reduce_scatter, all_gather and broadcast.  (This test found the
+ * scaled f16/bf16 sum rounding each addend before the sum, up to 7 units
+ * in the last place off, and the f16/bf16 average over 3 ranks
+ * pre-multiplied by a rounded 1/3: groups/nccl/ops.c.) */
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "meshpg.h"
+
+#define MAXW 4
+#define N 1031 /* elements per rank */
+
+static const mpg_dtype dts[] = {MPG_F32, MPG_F64, MPG_F16, MPG_BF16};
+static const mpg_op ops[] = {MPG_OP_SUM, MPG_OP_AVG, MPG_OP_MAX, MPG_OP_MIN,
+                             MPG_OP_PREMUL_SUM};
+#define NDT 4
+#define NOP 5
+/* Cases per dtype: 5 ops x {out of place, in place} all_reduce, then
+ * reduce_scatter (sum, avg), all_gather, broadcast. */
+#define NCASE (NOP * 2 + 4)
+
+typedef struct job {
+  int world;
+  mpg_mesh *mesh;
+  ncclUniqueId id;
+  /* outputs[backend][rank][dtype][case]: N * world * 8 bytes each */
+  unsigned char *out[2][MAXW][NDT][NCASE];
+  mpg_status st[2][MAXW];
+  char msg[2][MAXW][512];
+} job;
+
+/* Inputs with real rounding: a different irrational-ish value per element
+ * and rank, some negative, some large. */
+static double input(int rank, size_t i) {
+  return sin(0.37 * (double)i + 1.3 * rank) * (1.0 + (double)((i * 7 + rank) % 13)) * 3.1;
+}
+
+/* f32 -> f16, round to nearest even (finite inputs of modest size). */
+static uint16_t to_f16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  int e = (int)((u >> 23) & 0xff) - 127 + 15;
+  uint32_t m = u & 0x7fffffu;
+  if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+  if (e <= 0) { /* subnormal */
+    if (e < -10) return (uint16_t)sign;
+    m |= 0x800000u;
+    int shift = 14 - e;
+    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = ((uint32_t)e << 10) | (m >> 13), rem = m & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
+  return (uint16_t)(sign | h);
+}
+
+static void put(mpg_dtype dt, void *buf, size_t i, double v) {
+  switch (dt) {
+    case MPG_F32: ((float *)buf)[i] = (float)v; break;
+    case MPG_F64: ((double *)buf)[i] = v; break;
+    default: {
+      /* f16/bf16 via f32, round to nearest even (as meshpg does). */
+      float f = (float)v;
+      uint32_t u;
+      memcpy(&u, &f, 4);
+      if (dt == MPG_BF16) {
+        ((uint16_t *)buf)[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+      } else {
+        ((uint16_t *)buf)[i] = to_f16(f);
+      }
+    }
+  }
+}
+
+static size_t case_bytes(int world, mpg_dtype dt) {
+  return (size_t)N * (size_t)world * mpg_dtype_size(dt);
+}
+
+/* Run every case on `ctx`; buffers come from mpg_ctx_mem_alloc (device
+ * memory on nccl) and move through `to_dev` / `from_dev`. */
+typedef struct io {
+  int dev; /* 1: nccl (cudaMemcpy), 0: host (memcpy) */
+} io;
+
+static void copy_in(const io *x, void *dst, const void *src, size_t bytes) {
+  if (x->dev) {
+    cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
+  } else {
+    memcpy(dst, src, bytes);
+  }
+}
+
+static void copy_out(const io *x, void *dst, const void *src, size_t bytes) {
+  if (x->dev) {
+    cudaDeviceSynchronize();
+    cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+  } else {
+    memcpy(dst, src, bytes);
+  }
+}
+
+static mpg_status run_cases(job *j, int backend, int rank, mpg_ctx *ctx) {
+  io x = {backend == 1};
+  int w = j->world;
+  mpg_group *g = NULL;
+  mpg_status st = mpg_ctx_group(ctx, "dp", &g);
+  if (st) return st;
+  void *a = NULL, *b = NULL;
+  size_t max_bytes = (size_t)N * w * 8;
+  if ((st = mpg_ctx_mem_alloc(ctx, max_bytes, 0, &a))) return st;
+  if ((st = mpg_ctx_mem_alloc(ctx, max_bytes, 0, &b))) return st;
+  unsigned char *host = malloc(max_bytes);
+  if (!host) return MPG_ERR_NOMEM;
+  for (int d = 0; d < NDT && !st; d++) {
+    mpg_dtype dt = dts[d];
+    size_t es = mpg_dtype_size(dt);
+    for (int c = 0; c < NCASE && !st; c++) {
+      size_t nin = (size_t)N * (c == NOP * 2 || c == NOP * 2 + 1 ? (size_t)w : 1);
+      for (size_t i = 0; i < nin; i++) put(dt, host, i, input(rank, i));
+      memset(host + nin * es, 0, max_bytes - nin * es);
+      copy_in(&x, a, host, max_bytes);
+      memset(host, 0, max_bytes);
+      copy_in(&x, b, host, max_bytes);
+      if (c < NOP * 2) {
+        mpg_op op = ops[c % NOP];
+        int inplace = c >= NOP;
+        void *dst = inplace ? a : b;
+        if (op == MPG_OP_PREMUL_SUM)
+          st = mpg_all_reduce_scaled(g, a, dst, N, dt, 1.0 / 3.0, NULL, NULL);
+        else
+          st = mpg_all_reduce(g, a, dst, N, dt, op, NULL, NULL);
+        if (!st) copy_out(&x, host, dst, (size_t)N * es);
+      } else if (c < NOP * 2 + 2) {
+        st = mpg_reduce_scatter(g, a, b, N, dt, c == NOP * 2 ? MPG_OP_SUM : MPG_OP_AVG, NULL,
+                                NULL);
+        if (!st) copy_out(&x, host, b, (size_t)N * es);
+      } else if (c == NOP * 2 + 2) {
+        st = mpg_all_gather(g, a, b, N, dt, NULL, NULL);
+        if (!st) copy_out(&x, host, b, (size_t)N * w * es);
+      } else {
+        st = mpg_broadcast(g, a, N, dt, w - 1, NULL, NULL);
+        if (!st) copy_out(&x, host, a, (size_t)N * es);
+      }
+      if (!st) memcpy(j->out[backend][rank][d][c], host, case_bytes(w, dt));
+    }
+  }
+  free(host);
+  mpg_ctx_mem_free(ctx, a);
+  mpg_ctx_mem_free(ctx, b);
+  return st;
+}
+
+static void note(job *j, int backend, int rank, mpg_status st) {
+  j->st[backend][rank] = st;
+  snprintf(j->msg[backend][rank], sizeof j->msg[backend][rank], "%s",
+           st ? mpg_last_error() : "");
+}
+
+static mpg_status thread_rank(const mpg_init_opts *opts, void *arg) {
+  job *j = arg;
+  mpg_ctx *ctx = NULL;
+  mpg_status st = mpg_ctx_create(j->mesh, opts, &ctx);
+  if (!st) st = run_cases(j, 0, opts->rank, ctx);
+  note(j, 0, opts->rank, st);
+  mpg_ctx_destroy(ctx);
+  return MPG_OK;
+}
+
+typedef struct nccl_arg {
+  job *j;
+  int rank;
+} nccl_arg;
+
+static void *nccl_rank(void *p) {
+  nccl_arg *na = p;
+  job *j = na->j;
+  mpg_init_opts o = MPG_INIT_OPTS_INIT;
+  o.backend = MPG_BACKEND_NCCL;
+  o.rank = na->rank;
+  o.world_size = j->world;
+  o.local_rank = na->rank;
+  o.local_world_size = j->world;
+  o.device = na->rank;
+  o.nccl_id = &j->id;
+  o.timeout_s = 60;
+  mpg_ctx *ctx = NULL;
+  cudaSetDevice(na->rank);
+  mpg_status st = mpg_ctx_create(j->mesh, &o, &ctx);
+  if (!st) st = run_cases(j, 1, na->rank, ctx);
+  note(j, 1, na->rank, st);
+  mpg_ctx_destroy(ctx);
+  return NULL;
+}
+
+static void compare(int world) {
+  job *j = calloc(1, sizeof *j);
+  cr_assert_not_null(j);
+  j->world = world;
+  for (int bk = 0; bk < 2; bk++)
+    for (int r = 0; r < world; r++)
+      for (int d = 0; d < NDT; d++)
+        for (int c = 0; c < NCASE; c++) {
+          j->out[bk][r][d][c] = calloc(1, case_bytes(world, dts[d]));
+          cr_assert_not_null(j->out[bk][r][d][c]);
+        }
+  char dims[16];
+  snprintf(dims, sizeof dims, "dp=%d", world);
+  mpg_spec spec = MPG_SPEC_INIT;
+  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
+  cr_assert_eq(mpg_spec_set_mesh(&spec, dims), MPG_OK);
+  cr_assert_eq(mpg_mesh_create(&spec, world, &j->mesh), MPG_OK, "%s", mpg_last_error());
+  cr_assert_eq(mpg_thread_run(world, 60, thread_rank, j, NULL), MPG_OK, "%s",
+               mpg_last_error());
+  cr_assert_eq(ncclGetUniqueId(&j->id), ncclSuccess);
+  pthread_t t[MAXW];
+  nccl_arg na[MAXW];
+  for (int r = 0; r < world; r++) {
+    na[r] = (nccl_arg){j, r};
+    cr_assert_eq(pthread_create(&t[r], NULL, nccl_rank, &na[r]), 0);
+  }
+  for (int r = 0; r < world; r++) pthread_join(t[r], NULL);
+  for (int bk = 0; bk < 2; bk++)
+    for (int r = 0; r < world; r++)
+      cr_assert_eq(j->st[bk][r], MPG_OK, "%s rank %d: %s: %s", bk ? "nccl" : "thread", r,
+                   mpg_status_name(j->st[bk][r]), j->msg[bk][r]);
+  static const char *const cname[NCASE] = {
+      "all_reduce sum", "all_reduce avg", "all_reduce max", "all_reduce min",
+      "all_reduce scaled", "all_reduce sum in place", "all_reduce avg in place",
+      "all_reduce max in place", "all_reduce min in place", "all_reduce scaled in place",
+      "reduce_scatter sum", "reduce_scatter avg", "all_gather", "broadcast"};
+  int cases = 0;
+  for (int r = 0; r < world; r++)
+    for (int d = 0; d < NDT; d++)
+      for (int c = 0; c < NCASE; c++) {
+        size_t bytes = case_bytes(world, dts[d]);
+        const unsigned char *x = j->out[0][r][d][c], *y = j->out[1][r][d][c];
+        size_t at = 0;
+        while (at < bytes && x[at] == y[at]) at++;
+        cr_expect_eq(at, bytes, "world %d rank %d %s %s: byte %zu differs (thread 0x%02x, "
+                     "nccl on the double 0x%02x)", world, r, mpg_dtype_name(dts[d]),
+                     cname[c], at, at < bytes ? x[at] : 0, at < bytes ? y[at] : 0);
+        cases++;
+      }
+  cr_log_info("world %d: %d rank x dtype x collective results equal bit for bit", world,
+              cases);
+  for (int bk = 0; bk < 2; bk++)
+    for (int r = 0; r < world; r++)
+      for (int d = 0; d < NDT; d++)
+        for (int c = 0; c < NCASE; c++) free(j->out[bk][r][d][c]);
+  mpg_mesh_destroy(j->mesh);
+  free(j);
+}
+
+Test(double_vs_thread, world_3_bit_for_bit, .timeout = 120) { compare(3); }
+Test(double_vs_thread, world_4_bit_for_bit, .timeout = 120) { compare(4); }
