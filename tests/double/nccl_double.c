@@ -15,9 +15,9 @@
  *   segment "/mpgdbl-<16 hex digits>" named from a hash of the unique id
  *   (init) or of (the parent segment's random nonce, split number, colour)
  *   (ncclCommSplit), so that ranks find each other whether they are threads
- *   or processes.  The
- *   first rank creates it (O_CREAT|O_EXCL), every rank maps it, registers
- *   (pid, device, bus id, host hash) and waits for the others.  Once all
+ *   or processes.  The first rank creates it (O_CREAT|O_EXCL), every rank
+ *   maps it, registers (pid, device, bus id, host hash) and waits for the
+ *   others (in a job thread, as NCCL's init job).  Once all
  *   have arrived the name is unlinked (the mappings stay), so the same id
  *   (NCCL_COMM_ID) can make a new communicator later; a segment that never
  *   completes is unlinked by the last member to leave.
@@ -28,8 +28,24 @@
  *   slots in the segment (two banks, one barrier per chunk), reducing in
  *   rank order with the arithmetic of meshpg's thread backend.  Sends and
  *   receives go through one byte ring per ordered pair of ranks; a send
- *   completes when its receiver has consumed it.  All waits poll the
+ *   completes when its receiver has consumed it.  A communicator's kernels
+ *   run one after the other in issue order, as NCCL's.  All waits poll the
  *   communicator's abort flag, dead peer processes, and a watchdog.
+ *   Groups: ncclGroupStart/End are per thread; operations, inits, splits,
+ *   finalizes, aborts and destroys inside a group run at the outermost
+ *   ncclGroupEnd, so aborting every communicator in one group sets every
+ *   abort flag before any device memory is freed (NCCL 2.28 does the same).
+ *
+ * Functions: ncclGetVersion, ncclGetUniqueId, ncclCommInitRank,
+ * ncclCommInitRankConfig, ncclCommInitAll, ncclCommSplit,
+ * ncclCommFinalize, ncclCommDestroy, ncclCommAbort, ncclCommRevoke,
+ * ncclCommGetAsyncError, ncclCommCount, ncclCommCuDevice, ncclCommUserRank,
+ * ncclGetErrorString, ncclGetLastError, ncclAllReduce, ncclBroadcast,
+ * ncclBcast, ncclReduce, ncclAllGather, ncclReduceScatter, ncclSend,
+ * ncclRecv, ncclGroupStart, ncclGroupEnd, ncclRedOpCreatePreMulSum,
+ * ncclRedOpDestroy, ncclMemAlloc, ncclMemFree, ncclCommRegister,
+ * ncclCommDeregister.  Datatypes: every ncclDataType_t; fp8 moves but does
+ * not reduce (refused with NCCL's pre-sm90 message).
  *
  * Environment
  *   MESHPG_DOUBLE_HANG_S=S   watchdog: a kernel (collective, send,
@@ -82,6 +98,13 @@
  *     calling thread; the call still answers ncclInProgress and the
  *     communicator reports ncclInProgress until the next
  *     ncclCommGetAsyncError (group.cc:705-738 launches in a thread).
+ *   - a call on a destroyed or aborted communicator gets ncclInvalidArgument
+ *     ("Error: corrupted comm object detected", the poisoned magic of
+ *     init.cc:180-184 seen by misc/argcheck.cc:38-41) instead of reading
+ *     freed memory; the handle is never freed (a tombstone).
+ *   - ncclCommDestroy returning early (already destroyed, or not ready)
+ *     leaves NCCL's group depth raised (init.cc:2372-2381); the double
+ *     reports the thread's next group-using NCCL call with dbl_fatal.
  *
  * Thread safety: ranks as threads may all be inside the double at once.
  * Everything shared between threads or processes is a C11 atomic or is
@@ -210,7 +233,7 @@ static size_t dt_size(int dt) {
   return 0;
 }
 
-/* NCCL's names (collectives.cc:35-50). */
+/* NCCL's names (collectives.cc:41-56). */
 static const char *dt_name(int dt) {
   static const char *const n[] = {"ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32",
                                   "ncclInt64", "ncclUint64", "ncclFloat16", "ncclFloat32",
@@ -2188,9 +2211,9 @@ static ncclResult_t group_end_internal(void) {
     return ret;
   }
   /* Finalize, abort and destroy run here, before any init or launch
-   * (group.cc:509-531 runs the async jobs first): the abort flags were all
-   * set at the calls, so a group of aborts frees nothing before every
-   * kernel of those communicators has stopped. */
+   * (groupLaunch runs the async jobs first, group.cc:537): the abort flags
+   * were all set at the calls, so a group of aborts frees nothing before
+   * every kernel of those communicators has stopped. */
   for (struct job **pp = &jobs; *pp;) {
     struct job *j = *pp;
     if (j->kind < JOB_FINALIZE) {
@@ -2676,7 +2699,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
         child->sh = shared_new();
       }
     }
-    ret = group_mode(comm->blocking); /* the job is the parent's (init.cc:2630) */
+    ret = group_mode(comm->blocking); /* the job is the parent's (init.cc:2626) */
     if (ret == ncclSuccess) {
       struct job *j = job_new(JOB_SPLIT, comm);
       j->child = child;
