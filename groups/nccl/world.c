@@ -175,14 +175,26 @@ static int split_share_env(void) {
   return -1;
 }
 
+/* The user's NCCL_COMM_ID, not one that meshpg set for a world still
+ * initialising in another thread, read under env_lock (another thread may
+ * be setting or unsetting it: a race TSan found on the test double).  1
+ * when set; copied into buf. */
+static int user_comm_id(char *buf, size_t n) {
+  pthread_mutex_lock(&env_lock);
+  const char *e = env_users > 0 ? NULL : getenv("NCCL_COMM_ID");
+  int have = e && e[0];
+  if (buf && n) snprintf(buf, n, "%s", have ? e : "");
+  pthread_mutex_unlock(&env_lock);
+  return have;
+}
+
 static enum boot pick_boot(const mpg__world_args *a) {
   if (a->nccl_id) return BOOT_CALLER;
   if (a->world_size == 1) return BOOT_LOCAL;
 #if MPG_HAVE_MPI
   if (mpi_launched()) return BOOT_MPI;
 #endif
-  const char *env = getenv("NCCL_COMM_ID");
-  if (env && env[0]) return BOOT_ENV;
+  if (user_comm_id(NULL, 0)) return BOOT_ENV;
   if (a->master_addr && a->master_addr[0] && a->master_port > 0)
     return BOOT_MASTER;
   return BOOT_NONE;
@@ -195,9 +207,12 @@ static void boot_name(enum boot b, const mpg__world_args *a, char *buf,
     case BOOT_CALLER: snprintf(buf, n, "the caller (opts.nccl_id)"); return;
     case BOOT_LOCAL: snprintf(buf, n, "ncclGetUniqueId (world of one rank)"); return;
     case BOOT_MPI: snprintf(buf, n, "MPI_Ibcast from MPI rank 0"); return;
-    case BOOT_ENV:
-      snprintf(buf, n, "NCCL_COMM_ID=%s", getenv("NCCL_COMM_ID") ? getenv("NCCL_COMM_ID") : "");
+    case BOOT_ENV: {
+      char id[256];
+      user_comm_id(id, sizeof id);
+      snprintf(buf, n, "NCCL_COMM_ID=%s", id);
       return;
+    }
     case BOOT_MASTER: {
       const char *v = getenv("MESHPG_NCCL_PORT");
       if (v && v[0])
@@ -364,8 +379,8 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
   if ((r == ncclSuccess || r == ncclInProgress) && c->nccl)
     st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
   if (st == MPG_OK && r == ncclSuccess) {
-    env_release(&env_set_here); /* NCCL's init thread is done with it */
     pthread_mutex_unlock(&c->lock);
+    env_release(&env_set_here); /* NCCL's init thread is done with it */
     if ((st = mpg__nccl_family_join(c, NULL))) {
       pthread_mutex_lock(&c->lock);
       (void)ncclCommAbort(c->nccl);
