@@ -12,16 +12,20 @@
  *  - ncclCommSplit with keys and NCCL_SPLIT_NOCOLOR, blocking and not;
  *  - a ring of sends and receives in one group (larger than the rings), two
  *    messages to one peer, a send to self;
+ *  - one thread driving two devices (ncclCommInitAll, one group);
  *  - the non-blocking life cycle (ncclInProgress, ncclCommGetAsyncError,
  *    ncclCommFinalize, ncclCommDestroy) and calls after destroy;
+ *  - a kernel stuck on another communicator: ncclCommRevoke first, or every
+ *    ncclCommAbort in one group, never waits for it (R8);
  *  - NCCL's argument errors with NCCL's wording, and a non-blocking
  *    communicator keeping the error;
  *  - duplicate GPU refused; abort unblocking a stuck kernel; the hang and
  *    async faults; registration;
- *  - in a forked child (the double reports by aborting the process): a
- *    collective order mismatch, a cross-communicator deadlock caught by the
- *    watchdog, a registration mismatch, a destroy that would leave NCCL's
- *    group depth raised;
+ *  - in a child process (the double reports by aborting the process): a
+ *    collective order mismatch, a cross-communicator deadlock and a send
+ *    without its receive caught by the watchdog, an ncclCommAbort waiting
+ *    for another communicator's kernel (R8), a registration mismatch, a
+ *    destroy that would leave NCCL's group depth raised;
  *  - ranks as processes: a forked world all-reduces through the shared
  *    segment, and a child killed by MESHPG_DOUBLE_FAULT=kill gives its
  *    peers ncclRemoteError.
@@ -29,7 +33,11 @@
  * Ranks are threads: Criterion's asserts do not run on them; a rank records
  * its first failure (RCHECK) and the test thread asserts.  Each Criterion
  * test is a process of its own, so environment variables set by a test
- * (faults, the watchdog) reach the double before its first use. */
+ * (faults, the watchdog) reach the double before its first use.  Child
+ * processes are this program again (fork + exec, so that TSan builds work),
+ * told what to run by MESHPG_NCCL_DOUBLE_CHILD (child_main, at the end).
+ * Link: the double (cuda_double.c, cuda_twins.c, nccl_double.c), Criterion,
+ * -lrt -pthread -lm. */
 #include <criterion/criterion.h>
 
 #include <cuda_runtime.h>
@@ -995,7 +1003,7 @@ static int hang_fault(struct rank *rk) {
   return 0;
 }
 
-Test(faults, hang_until_abort, .init = NULL) {
+Test(faults, hang_until_abort) {
   setenv("MESHPG_DOUBLE_FAULT", "hang:1:2", 1);
   run_world(2, hang_fault, NULL);
 }

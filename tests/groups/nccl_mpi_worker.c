@@ -18,6 +18,10 @@
  *                                    BACKEND within the timeout + 1 s plus
  *                                    ../time_bound.h's allowance, and
  *                                    destroy cleanly (R8)
+ *   nccl_mpi_worker oom K            (the test double only) bf16 params
+ *                                    reduced in f32; the last rank's
+ *                                    cudaMallocAsync fails in step 1: every
+ *                                    rank fails within the same bound
  *
  * The mesh follows the world: 2 = dp2, 4 = dp2 x tp2, 8 = dp2 x cp2 x tp2
  * (dims of size 1 are kept, so dp_cp and tp always exist).  Prints one line
@@ -230,7 +234,10 @@ out:
 /* hang / kill: a missing peer with K communicators in flight (R8)      */
 /* ------------------------------------------------------------------ */
 
-static int run_fault(int kill_it, int k) {
+enum fault_kind { FAULT_HANG, FAULT_KILL, FAULT_OOM };
+
+static int run_fault(enum fault_kind kind, int k) {
+  int kill_it = kind == FAULT_KILL;
   const char *env = getenv("MESHPG_TEST_TIMEOUT_S");
   double timeout = env ? atof(env) : 10.0;
   mpg_mesh *mesh = NULL;
@@ -247,12 +254,22 @@ static int run_fault(int kill_it, int k) {
     po.reduce_dims = dims[p];
     char name[16];
     snprintf(name, sizeof name, "p%d", p);
-    TRY(mpg_sync_add_param(s, name, 1 << 16, MPG_F32, &po, &ids[p]));
+    /* oom: bf16, reduced in f32 through a cudaMallocAsync'd buffer. */
+    TRY(mpg_sync_add_param(s, name, 1 << 16, kind == FAULT_OOM ? MPG_BF16 : MPG_F32, &po,
+                           &ids[p]));
   }
   TRY(mpg_sync_commit(s));
   TRY(mpg_sync_all(s, 0, NULL)); /* one healthy step */
   TRY(mpg_sync_begin(s, 1, 1, NULL));
-  if (victim) {
+  if (victim && kind == FAULT_OOM) {
+    /* The test double's injection (tests/double/cuda_double.c, read at
+     * every cudaMallocAsync): this rank runs out of device memory now. */
+    char r[16];
+    snprintf(r, sizeof r, "%d", g_rank);
+    setenv("MESHPG_DOUBLE_OOM_RANK", r, 1);
+    printf("rank %d: runs out of memory now, with %d reduce group(s) about to be in flight\n",
+           g_rank, k);
+  } else if (victim) {
     printf("rank %d: %s now, with %d reduce group(s) about to be in flight\n", g_rank,
            kill_it ? "dies" : "sleeps", k);
     fflush(stdout);
@@ -310,7 +327,7 @@ out:
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) {
-    printf("usage: nccl_mpi_worker sync | hang K | kill K\n");
+    printf("usage: nccl_mpi_worker sync | hang K | kill K | oom K\n");
     return 2;
   }
   snprintf(g_mode, sizeof g_mode, "%s%s%s", argv[1], argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
@@ -328,13 +345,16 @@ int main(int argc, char **argv) {
   int rc;
   if (!strcmp(argv[1], "sync")) {
     rc = run_sync();
-  } else if ((!strcmp(argv[1], "hang") || !strcmp(argv[1], "kill")) && argc > 2) {
+  } else if ((!strcmp(argv[1], "hang") || !strcmp(argv[1], "kill") ||
+              !strcmp(argv[1], "oom")) && argc > 2) {
     int k = atoi(argv[2]);
     if (k < 1 || k > 3) {
       printf("FAIL %s: K must be 1, 2 or 3\n", g_mode);
       return 1;
     }
-    rc = run_fault(!strcmp(argv[1], "kill"), k);
+    enum fault_kind kind = !strcmp(argv[1], "kill") ? FAULT_KILL
+                           : !strcmp(argv[1], "oom") ? FAULT_OOM : FAULT_HANG;
+    rc = run_fault(kind, k);
   } else {
     printf("FAIL %s: unknown mode\n", g_mode);
     return 2;

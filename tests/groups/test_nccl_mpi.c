@@ -116,3 +116,26 @@ static void killed_peer(int np, int k) {
 Test(nccl_mpi, killed_peer_2_one_group, .timeout = 300) { killed_peer(2, 1); }
 Test(nccl_mpi, killed_peer_4_two_groups, .timeout = 300) { killed_peer(4, 2); }
 Test(nccl_mpi, killed_peer_8_three_groups, .timeout = 300) { killed_peer(8, 3); }
+
+#ifdef MPG_ON_DOUBLE
+/* The test double only (MESHPG_DOUBLE_OOM_RANK): the last rank's
+ * cudaMallocAsync fails in step 1 (bf16 params reduced in f32): it fails at
+ * once with MPG_ERR_BACKEND naming the allocation, and every peer fails
+ * within the timeout + 1 s. */
+static void oom_rank(int np, int k) {
+  char args[32];
+  snprintf(args, sizeof args, "oom %d", k);
+  double secs = 0;
+  int rc = job(np, args, "", &secs);
+  cr_expect_eq(rc, 0, "np %d, %d group(s): exit %d\n%s", np, k, rc, out);
+  cr_expect_eq(count("OK oom"), np, "np %d, %d group(s): %d of %d ranks OK\n%s", np, k,
+               count("OK oom"), np, out);
+  cr_expect(strstr(out, "cudaMallocAsync") && strstr(out, "out of memory"),
+            "no rank named the failed allocation:\n%s", out);
+  cr_expect_eq(count("FAIL"), 0, "%s", out);
+}
+
+Test(nccl_mpi, oom_rank_2_one_group, .timeout = 300) { oom_rank(2, 1); }
+Test(nccl_mpi, oom_rank_4_two_groups, .timeout = 300) { oom_rank(4, 2); }
+Test(nccl_mpi, oom_rank_8_three_groups, .timeout = 300) { oom_rank(8, 3); }
+#endif
