@@ -82,16 +82,22 @@ Test(nccl_mpi, sync_world_8, .timeout = 300) { sync_world(8); }
 /* The last rank sleeps through step 1 with k groups in flight: every other
  * rank reports OK (its own bound checked in the worker), and so does the
  * sleeper once it wakes. */
-static void hung_peer(int np, int k) {
-  require_devices();
-  char args[32];
-  snprintf(args, sizeof args, "hang %d", k);
+/* `mode k` at world np: the job exits 0 and every rank says "OK mode". */
+static void all_ranks_ok(int np, const char *mode, int k) {
+  char args[32], ok[16];
+  snprintf(args, sizeof args, "%s %d", mode, k);
+  snprintf(ok, sizeof ok, "OK %s", mode);
   double secs = 0;
   int rc = job(np, args, "", &secs);
   cr_expect_eq(rc, 0, "np %d, %d group(s): exit %d\n%s", np, k, rc, out);
-  cr_expect_eq(count("OK hang"), np, "np %d, %d group(s): %d of %d ranks OK\n%s", np, k,
-               count("OK hang"), np, out);
+  cr_expect_eq(count(ok), np, "np %d, %d group(s): %d of %d ranks OK\n%s", np, k, count(ok),
+               np, out);
   cr_expect_eq(count("FAIL"), 0, "%s", out);
+}
+
+static void hung_peer(int np, int k) {
+  require_devices();
+  all_ranks_ok(np, "hang", k);
 }
 
 Test(nccl_mpi, hung_peer_2_one_group, .timeout = 300) { hung_peer(2, 1); }
@@ -123,16 +129,9 @@ Test(nccl_mpi, killed_peer_8_three_groups, .timeout = 300) { killed_peer(8, 3); 
  * once with MPG_ERR_BACKEND naming the allocation, and every peer fails
  * within the timeout + 1 s. */
 static void oom_rank(int np, int k) {
-  char args[32];
-  snprintf(args, sizeof args, "oom %d", k);
-  double secs = 0;
-  int rc = job(np, args, "", &secs);
-  cr_expect_eq(rc, 0, "np %d, %d group(s): exit %d\n%s", np, k, rc, out);
-  cr_expect_eq(count("OK oom"), np, "np %d, %d group(s): %d of %d ranks OK\n%s", np, k,
-               count("OK oom"), np, out);
+  all_ranks_ok(np, "oom", k);
   cr_expect(strstr(out, "cudaMallocAsync") && strstr(out, "out of memory"),
             "no rank named the failed allocation:\n%s", out);
-  cr_expect_eq(count("FAIL"), 0, "%s", out);
 }
 
 Test(nccl_mpi, oom_rank_2_one_group, .timeout = 300) { oom_rank(2, 1); }
