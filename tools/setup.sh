@@ -155,13 +155,16 @@ case "$mode" in
       if setup_san "$build-asan" address,undefined; then
         run_suite "$build-asan" "ASan+UBSan build" --timeout-multiplier 3
       fi
-      # 3. TSan: the thread backend, the sync suites and the C++ tests.  Open
-      # MPI is not TSan-instrumented and would report its own progress
-      # engine, so this build has no MPI backend: test_mpi, test_sync_mpi and
-      # the trainer's mpirun runs do not exist there (the two builds above
-      # run them).
-      echo "== TSan build: -Dmpi=disabled -Dnccl=disabled: the MPI and NCCL tests are skipped here (Open MPI and CUDA are not TSan-instrumented)"
-      if setup_san "$build-tsan" thread -Dmpi=disabled -Dnccl=disabled; then
+      # 3. TSan: the thread backend, the sync suites and the C++ tests, and
+      # the NCCL backend on the CUDA/NCCL test double with thread ranks
+      # (host code against the double's stream executors).  Open MPI is not
+      # TSan-instrumented and would report its own progress engine, so this
+      # build has no MPI backend: test_mpi, test_sync_mpi, the NCCL mpirun
+      # worlds and the trainer's mpirun runs do not exist there (the two
+      # builds above run them).  The NCCL tests on NVIDIA's libraries skip
+      # without a GPU.
+      echo "== TSan build: -Dmpi=disabled: the MPI tests are skipped here (Open MPI is not TSan-instrumented)"
+      if setup_san "$build-tsan" thread -Dmpi=disabled; then
         run_suite "$build-tsan" "TSan build" --timeout-multiplier 3 \
           --suite groups --suite sync --suite cpp
       fi

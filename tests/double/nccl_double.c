@@ -2900,6 +2900,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return group_end_internal();
 }
 
+#ifdef NCCL_REVOKE_DEFAULT /* nccl.h of 2.28.9 and later */
 /* ncclCommRevoke (init.cc:2446-2500): not called by groups/nccl today,
  * but the NCCL 2.28 primitive that avoids the hang of ncclCommAbort above:
  * it sets the abort flag (every kernel of the communicator stops) and
@@ -2941,6 +2942,7 @@ ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   atomic_store(&comm->revoke_pending, 1);
   return (ncclResult_t)atomic_load(&comm->async);
 }
+#endif
 
 /* ---- collectives ---- */
 

@@ -923,6 +923,7 @@ static int abort_stuck(struct rank *rk) {
 
 Test(lifecycle, abort_unblocks_a_stuck_kernel) { run_world(2, abort_stuck, NULL); }
 
+#ifdef NCCL_REVOKE_DEFAULT /* ncclCommRevoke: nccl.h of 2.28.9 and later */
 /* Rank 0's kernel on B waits for rank 1, which never issues it.  Aborting
  * A first would wait for that kernel (cudaFree); revoking B first stops it,
  * so that A's abort and B's destroy return at once. */
@@ -944,6 +945,7 @@ static int revoke_first(struct rank *rk) {
   CUDA_OK(cudaFree(x));
   return 0;
 }
+#endif
 
 /* The same with meshpg's other way out: every abort in one group.  NCCL
  * sets each abort flag at the call and frees at the outermost ncclGroupEnd. */
@@ -973,12 +975,14 @@ Test(lifecycle, grouped_aborts_never_wait) {
   run_threads(2, grouped_aborts, ids);
 }
 
+#ifdef NCCL_REVOKE_DEFAULT
 Test(lifecycle, revoke_before_abort_never_waits) {
   ncclUniqueId ids[2];
   cr_assert_eq(ncclGetUniqueId(&ids[0]), ncclSuccess);
   cr_assert_eq(ncclGetUniqueId(&ids[1]), ncclSuccess);
   run_threads(2, revoke_first, ids);
 }
+#endif
 
 /* ------------------------------------------------------------------------ */
 /* Fault injection                                                           */
