@@ -22,6 +22,15 @@
  *                                    reduced in f32; the last rank's
  *                                    cudaMallocAsync fails in step 1: every
  *                                    rank fails within the same bound
+ *   nccl_mpi_worker count K          (the test double only) a healthy step
+ *                                    1; prints "OPS rank R N", the NCCL
+ *                                    operations rank R issued before it
+ *   nccl_mpi_worker async K          (the test double only) run with
+ *                                    MESHPG_DOUBLE_FAULT=async:R:N+1: the
+ *                                    last rank's first operation of step 1
+ *                                    reports an asynchronous error; it
+ *                                    fails with MPG_ERR_BACKEND naming it,
+ *                                    every rank within the bound
  *
  * The mesh follows the world: 2 = dp2, 4 = dp2 x tp2, 8 = dp2 x cp2 x tp2
  * (dims of size 1 are kept, so dp_cp and tp always exist).  Prints one line
@@ -41,6 +50,9 @@
 
 #include "meshpg.h"
 #include "../time_bound.h"
+#ifdef MPG_ON_DOUBLE
+#include "../double/double.h"
+#endif
 
 static int g_rank = -1, g_world = 0, g_fail = 0;
 static char g_mode[32];
@@ -234,7 +246,7 @@ out:
 /* hang / kill: a missing peer with K communicators in flight (R8)      */
 /* ------------------------------------------------------------------ */
 
-enum fault_kind { FAULT_HANG, FAULT_KILL, FAULT_OOM };
+enum fault_kind { FAULT_HANG, FAULT_KILL, FAULT_OOM, FAULT_ASYNC, FAULT_COUNT };
 
 static int run_fault(enum fault_kind kind, int k) {
   int kill_it = kind == FAULT_KILL;
@@ -261,6 +273,16 @@ static int run_fault(enum fault_kind kind, int k) {
   TRY(mpg_sync_commit(s));
   TRY(mpg_sync_all(s, 0, NULL)); /* one healthy step */
   TRY(mpg_sync_begin(s, 1, 1, NULL));
+#ifdef MPG_ON_DOUBLE
+  {
+    /* How many NCCL operations this rank issued before step 1: the number
+     * an injected fault on step 1's first one needs (MESHPG_DOUBLE_FAULT,
+     * counted per rank; the sequence is the same on every run). */
+    dbl_stats_t ds;
+    dbl_stats(&ds);
+    printf("OPS rank %d %llu\n", g_rank, (unsigned long long)ds.collectives);
+  }
+#endif
   if (victim && kind == FAULT_OOM) {
     /* The test double's injection (tests/double/cuda_double.c, read at
      * every cudaMallocAsync): this rank runs out of device memory now. */
@@ -269,7 +291,7 @@ static int run_fault(enum fault_kind kind, int k) {
     setenv("MESHPG_DOUBLE_OOM_RANK", r, 1);
     printf("rank %d: runs out of memory now, with %d reduce group(s) about to be in flight\n",
            g_rank, k);
-  } else if (victim) {
+  } else if (victim && (kind == FAULT_HANG || kind == FAULT_KILL)) {
     printf("rank %d: %s now, with %d reduce group(s) about to be in flight\n", g_rank,
            kill_it ? "dies" : "sleeps", k);
     fflush(stdout);
@@ -290,14 +312,35 @@ static int run_fault(enum fault_kind kind, int k) {
   double t0 = now();
   mpg_status st = MPG_OK;
   const char *stage = "finish";
-  for (int p = k - 1; p >= 0 && !st; p--) {
-    st = mpg_sync_mark_ready(s, ids[p]);
-    if (st) stage = "mark_ready";
+  /* async: the error is reported after its operation completed, so a step
+   * may pass; the next operation on that communicator fails (step 2). */
+  for (long step = 1; step <= (kind == FAULT_ASYNC ? 2 : 1) && !st; step++) {
+    if (step > 1) {
+      st = mpg_sync_begin(s, step, 1, NULL);
+      if (st) stage = "begin";
+    }
+    for (int p = k - 1; p >= 0 && !st; p--) {
+      st = mpg_sync_mark_ready(s, ids[p]);
+      if (st) stage = "mark_ready";
+    }
+    if (!st) st = mpg_sync_finish(s);
   }
-  if (!st) st = mpg_sync_finish(s);
   double dt = now() - t0;
   double bound = tb_bound(timeout + 1.0, g_world);
-  if (st != MPG_ERR_TIMEOUT && st != MPG_ERR_ABORTED && st != MPG_ERR_BACKEND)
+  /* count: a healthy step.  async: the victim's first operation of the step
+   * reported an asynchronous error; a peer whose buckets all completed
+   * before the victim's context was aborted may still finish. */
+  int may_pass = kind == FAULT_COUNT || (kind == FAULT_ASYNC && !victim);
+  if (may_pass && st == MPG_OK) {
+    printf("rank %d: finish -> OK after %.3f s\n", g_rank, dt);
+    goto done;
+  }
+  if (kind == FAULT_COUNT)
+    FAIL("%s -> %s in a healthy step: %s", stage, mpg_status_name(st), mpg_last_error());
+  else if (kind == FAULT_ASYNC && victim && st != MPG_ERR_BACKEND)
+    FAIL("%s -> %s, expected the injected error (MPG_ERR_BACKEND): %s", stage,
+         mpg_status_name(st), mpg_last_error());
+  else if (st != MPG_ERR_TIMEOUT && st != MPG_ERR_ABORTED && st != MPG_ERR_BACKEND)
     FAIL("%s -> %s, expected a timeout or abort: %s", stage, mpg_status_name(st),
          mpg_last_error());
   else if (dt > bound)
@@ -306,6 +349,7 @@ static int run_fault(enum fault_kind kind, int k) {
     printf("rank %d: %s -> %s after %.3f s (timeout %.1f s, %d group(s)): %s\n", g_rank,
            stage, mpg_status_name(st), dt, timeout, k, mpg_last_error());
   if (mpg_sync_grads_valid(s) != 0) FAIL("grads_valid is 1 after a failed step");
+done:
   t0 = now();
   mpg_status d = mpg_sync_destroy(s);
   s = NULL;
@@ -327,7 +371,7 @@ out:
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) {
-    printf("usage: nccl_mpi_worker sync | hang K | kill K | oom K\n");
+    printf("usage: nccl_mpi_worker sync | hang K | kill K | oom K | count K | async K\n");
     return 2;
   }
   snprintf(g_mode, sizeof g_mode, "%s%s%s", argv[1], argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
@@ -346,14 +390,18 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "sync")) {
     rc = run_sync();
   } else if ((!strcmp(argv[1], "hang") || !strcmp(argv[1], "kill") ||
-              !strcmp(argv[1], "oom")) && argc > 2) {
+              !strcmp(argv[1], "oom") || !strcmp(argv[1], "async") ||
+              !strcmp(argv[1], "count")) && argc > 2) {
     int k = atoi(argv[2]);
     if (k < 1 || k > 3) {
       printf("FAIL %s: K must be 1, 2 or 3\n", g_mode);
       return 1;
     }
-    enum fault_kind kind = !strcmp(argv[1], "kill") ? FAULT_KILL
-                           : !strcmp(argv[1], "oom") ? FAULT_OOM : FAULT_HANG;
+    enum fault_kind kind = !strcmp(argv[1], "kill")    ? FAULT_KILL
+                           : !strcmp(argv[1], "oom")   ? FAULT_OOM
+                           : !strcmp(argv[1], "async") ? FAULT_ASYNC
+                           : !strcmp(argv[1], "count") ? FAULT_COUNT
+                                                       : FAULT_HANG;
     rc = run_fault(kind, k);
   } else {
     printf("FAIL %s: unknown mode\n", g_mode);

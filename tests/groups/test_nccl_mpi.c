@@ -44,15 +44,19 @@ static void require_devices(void) {
 
 /* mpirun -np N WORKER ARGS; one NCCL_HOSTID per rank when the ranks
  * outnumber the devices.  `extra` is more mpirun arguments. */
+/* Environment for the next job() (VAR=value ...), then reset. */
+static char job_env[256];
+
 static int job(int np, const char *args, const char *extra, double *secs) {
   const char *w = env_program("MESHPG_NCCL_MPI_WORKER");
   char cmd[4096];
   int shared = devices() < np;
   snprintf(cmd, sizeof cmd,
-           "MESHPG_TEST_TIMEOUT_S=%d timeout -k 5 240 " MPIRUN "%s-np %d %s'%s' %s",
-           fault_timeout(), extra, np,
+           "%s MESHPG_TEST_TIMEOUT_S=%d timeout -k 5 240 " MPIRUN "%s-np %d %s'%s' %s",
+           job_env, fault_timeout(), extra, np,
            shared ? "sh -c 'NCCL_HOSTID=meshpg-h$OMPI_COMM_WORLD_RANK exec \"$0\" \"$@\"' " : "",
            w, args);
+  job_env[0] = '\0';
   int rc = run(cmd, secs);
   cr_log_info("%s: exit %d after %.2f s%s\n%s", cmd, rc, *secs,
               shared ? " (one NCCL_HOSTID per rank)" : "", out);
@@ -137,4 +141,24 @@ static void oom_rank(int np, int k) {
 Test(nccl_mpi, oom_rank_2_one_group, .timeout = 300) { oom_rank(2, 1); }
 Test(nccl_mpi, oom_rank_4_two_groups, .timeout = 300) { oom_rank(4, 2); }
 Test(nccl_mpi, oom_rank_8_three_groups, .timeout = 300) { oom_rank(8, 3); }
+
+/* The last rank's first NCCL operation of step 1 reports an asynchronous
+ * error (MESHPG_DOUBLE_FAULT=async:R:N, N counted in a healthy run first):
+ * it fails with MPG_ERR_BACKEND at its next operation on that
+ * communicator, and every rank within the timeout + 1 s. */
+static void async_error(int np, int k) {
+  all_ranks_ok(np, "count", k);
+  char want[32];
+  snprintf(want, sizeof want, "OPS rank %d ", np - 1);
+  const char *p = strstr(out, want);
+  unsigned long long n = 0;
+  cr_assert(p && sscanf(p + strlen(want), "%llu", &n) == 1, "no operation count:\n%s", out);
+  snprintf(job_env, sizeof job_env, "MESHPG_DOUBLE_FAULT=async:%d:%llu", np - 1, n + 1);
+  all_ranks_ok(np, "async", k);
+  cr_expect(strstr(out, "ERR_BACKEND"), "no rank failed with MPG_ERR_BACKEND:\n%s", out);
+}
+
+Test(nccl_mpi, async_error_2_one_group, .timeout = 300) { async_error(2, 1); }
+Test(nccl_mpi, async_error_4_two_groups, .timeout = 300) { async_error(4, 2); }
+Test(nccl_mpi, async_error_8_three_groups, .timeout = 300) { async_error(8, 3); }
 #endif
