@@ -141,8 +141,38 @@ typedef struct param {
 /* sync: every mode and dtype, exact averages                          */
 /* ------------------------------------------------------------------ */
 
-static int run_sync_case(mpg_ctx *ctx, mpg_sync_mode mode, mpg_dtype dt) {
+/* One sync configuration. */
+typedef struct sync_case {
+  const char *name;
+  mpg_sync_mode mode;
+  mpg_dtype dt;
+  mpg_reduce_dtype rdt;
+  int fsdp_owns_dp;         /* default reduce group "cp" */
+  const char *shard_dims, *replicate_dims; /* HSDP */
+} sync_case;
+
+/* f16 of a value that f16 holds exactly (the gradients here: small
+ * integers and their quarters); f16 -> float for the check. */
+static uint16_t to_f16_exact(float f) {
+  if (f == 0) return 0;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  int e = (int)((u >> 23) & 0xff) - 127 + 15;
+  return (uint16_t)(((u >> 16) & 0x8000u) | ((uint32_t)e << 10) | ((u & 0x7fffffu) >> 13));
+}
+
+static float from_f16(uint16_t h) {
+  int e = (h >> 10) & 0x1f;
+  float m = (float)(h & 0x3ff);
+  float v = e ? ldexpf(1.0f + m / 1024.0f, e - 15) : ldexpf(m / 1024.0f, -14);
+  return (h & 0x8000u) ? -v : v;
+}
+
+static int run_sync_case(mpg_ctx *ctx, const sync_case *sc) {
   int ok = 0;
+  mpg_sync_mode mode = sc->mode;
+  mpg_dtype dt = sc->dt;
+  const char *dflt = sc->fsdp_owns_dp ? "cp" : "dp_cp";
   mpg_sync *s = NULL;
   param ps[3] = {{"w0", NULL, 1000, -1, NULL},
                  {"norm", "dp_cp,tp", 64, -1, NULL},
@@ -152,6 +182,10 @@ static int run_sync_case(mpg_ctx *ctx, mpg_sync_mode mode, mpg_dtype dt) {
   if (!host) return 1;
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.mode = mode;
+  so.reduce_dtype = sc->rdt;
+  so.fsdp_owns_dp = sc->fsdp_owns_dp;
+  so.shard_dims = sc->shard_dims;
+  so.replicate_dims = sc->replicate_dims;
   so.bucket_mb = 0.004; /* several buckets in flight */
   so.first_bucket_mb = 0.002;
   TRY(mpg_sync_create(ctx, &so, &s));
@@ -159,7 +193,7 @@ static int run_sync_case(mpg_ctx *ctx, mpg_sync_mode mode, mpg_dtype dt) {
     mpg_param_opts po = MPG_PARAM_OPTS_INIT;
     po.reduce_dims = ps[p].dims;
     TRY(mpg_sync_add_param(s, ps[p].name, ps[p].count, dt, &po, &ps[p].id));
-    TRY(mpg_ctx_group_dims(ctx, ps[p].dims ? ps[p].dims : "dp_cp", &ps[p].group));
+    TRY(mpg_ctx_group_dims(ctx, ps[p].dims ? ps[p].dims : dflt, &ps[p].group));
   }
   TRY(mpg_sync_commit(s));
   for (long step = 0; step < 3; step++) {
@@ -170,6 +204,7 @@ static int run_sync_case(mpg_ctx *ctx, mpg_sync_mode mode, mpg_dtype dt) {
       for (size_t i = 0; i < ps[p].count; i++) {
         float v = grad_value(g_rank, i, step);
         if (dt == MPG_BF16) ((uint16_t *)host)[i] = to_bf16(v);
+        else if (dt == MPG_F16) ((uint16_t *)host)[i] = to_f16_exact(v);
         else ((float *)host)[i] = v;
       }
       /* The legacy default stream: synchronised before the sync's
@@ -202,10 +237,11 @@ static int run_sync_case(mpg_ctx *ctx, mpg_sync_mode mode, mpg_dtype dt) {
           want += grad_value(r, i, step);
         }
         want /= size;
-        float got = dt == MPG_BF16 ? from_bf16(((uint16_t *)host)[i]) : ((float *)host)[i];
+        float got = dt == MPG_BF16  ? from_bf16(((uint16_t *)host)[i])
+                    : dt == MPG_F16 ? from_f16(((uint16_t *)host)[i])
+                                    : ((float *)host)[i];
         if ((double)got != want) {
-          FAIL("%s %s step %ld: %s[%zu] = %g, want %g (average over %d ranks)",
-               mode == MPG_SYNC_SHARD ? "shard" : "replicate", mpg_dtype_name(dt), step,
+          FAIL("%s step %ld: %s[%zu] = %g, want %g (average over %d ranks)", sc->name, step,
                ps[p].name, i, (double)got, want, size);
           goto out;
         }
@@ -225,20 +261,33 @@ out:
 static int run_sync(void) {
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
+  static const sync_case cases[] = {
+      {"replicate f32", MPG_SYNC_REPLICATE, MPG_F32, MPG_REDUCE_F32, 0, NULL, NULL},
+      {"replicate bf16 (f32 accumulation)", MPG_SYNC_REPLICATE, MPG_BF16, MPG_REDUCE_F32, 0,
+       NULL, NULL},
+      {"replicate f16 native", MPG_SYNC_REPLICATE, MPG_F16, MPG_REDUCE_NATIVE, 0, NULL, NULL},
+      {"replicate bf16, fsdp_owns_dp", MPG_SYNC_REPLICATE, MPG_BF16, MPG_REDUCE_F32, 1, NULL,
+       NULL},
+      {"shard f32", MPG_SYNC_SHARD, MPG_F32, MPG_REDUCE_F32, 0, NULL, NULL},
+      {"shard bf16 (f32 accumulation)", MPG_SYNC_SHARD, MPG_BF16, MPG_REDUCE_F32, 0, NULL,
+       NULL},
+      {"shard f16 native", MPG_SYNC_SHARD, MPG_F16, MPG_REDUCE_NATIVE, 0, NULL, NULL},
+      {"HSDP bf16 (shard dp, replicate cp)", MPG_SYNC_SHARD, MPG_BF16, MPG_REDUCE_F32, 0, "dp",
+       "cp"},
+  };
+  int n = (int)(sizeof cases / sizeof cases[0]);
   TRY(make_ctx(120, &mesh, &ctx));
-  const mpg_sync_mode modes[2] = {MPG_SYNC_REPLICATE, MPG_SYNC_SHARD};
-  const mpg_dtype dts[2] = {MPG_F32, MPG_BF16};
-  for (int m = 0; m < 2; m++)
-    for (int d = 0; d < 2; d++)
-      if (run_sync_case(ctx, modes[m], dts[d])) goto out;
+  for (int c = 0; c < n; c++)
+    if (run_sync_case(ctx, &cases[c])) goto out;
 out:
   if (ctx) {
     mpg_status d = mpg_ctx_destroy(ctx);
     if (d) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
   }
   mpg_mesh_destroy(mesh);
-  if (!g_fail) printf("OK %s rank %d: replicate and shard, f32 and bf16, 3 steps\n", g_mode,
-                      g_rank);
+  if (!g_fail)
+    printf("OK %s rank %d: %d configurations (replicate, shard, HSDP, fsdp_owns_dp; f32, "
+           "bf16, f16 native), 3 steps each\n", g_mode, g_rank, n);
   return g_fail;
 }
 
