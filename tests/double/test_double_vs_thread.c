@@ -2,7 +2,8 @@
  * bit for bit: the same collectives on the same inputs, ranks as threads
  * (the NCCL ranks share a caller-made unique id and take device = rank).
  * Worlds 3 (a group size that is not a power of two: averages of f16/bf16
- * must not be pre-multiplied in the element's type) and 4, every floating
+ * must not be pre-multiplied in the element's type) and 4, and every group
+ * of dp2 x cp2 x tp2 at world 8 (tp, cp, dp, dp_cp, world), every floating
  * dtype, sum, avg, max, min and a scaled sum, all_reduce (in place and
  * not), reduce_scatter, all_gather and broadcast.  (This test found the
  * scaled f16/bf16 sum rounding each addend before the sum, up to 7 units
@@ -22,7 +23,7 @@
 
 #include "meshpg.h"
 
-#define MAXW 4
+#define MAXW 8
 #define N 1031 /* elements per rank */
 
 static const mpg_dtype dts[] = {MPG_F32, MPG_F64, MPG_F16, MPG_BF16};
@@ -36,6 +37,8 @@ static const mpg_op ops[] = {MPG_OP_SUM, MPG_OP_AVG, MPG_OP_MAX, MPG_OP_MIN,
 
 typedef struct job {
   int world;
+  const char *group; /* the group the collectives run on */
+  int gsize;         /* its size */
   mpg_mesh *mesh;
   ncclUniqueId id;
   /* outputs[backend][rank][dtype][case]: N * world * 8 bytes each */
@@ -119,9 +122,10 @@ static void copy_out(const io *x, void *dst, const void *src, size_t bytes) {
 
 static mpg_status run_cases(job *j, int backend, int rank, mpg_ctx *ctx) {
   io x = {backend == 1};
-  int w = j->world;
+  int w = j->gsize;
   mpg_group *g = NULL;
-  mpg_status st = mpg_ctx_group(ctx, "dp", &g);
+  mpg_status st = mpg_ctx_group_dims(ctx, j->group, &g);
+  if (!st && mpg_group_size(g) != w) st = MPG_ERR_STATE;
   if (st) return st;
   void *a = NULL, *b = NULL;
   size_t max_bytes = (size_t)N * w * 8;
@@ -160,6 +164,7 @@ static mpg_status run_cases(job *j, int backend, int rank, mpg_ctx *ctx) {
         if (!st) copy_out(&x, host, a, (size_t)N * es);
       }
       if (!st) memcpy(j->out[backend][rank][d][c], host, case_bytes(w, dt));
+      if (!st) st = mpg_ctx_check_order(ctx); /* the order checker, every case */
     }
   }
   free(host);
@@ -210,22 +215,25 @@ static void *nccl_rank(void *p) {
   return NULL;
 }
 
-static void compare(int world) {
+/* The collectives on `group` (gsize ranks) of mesh `dims` (world ranks,
+ * dp_cp flattened when the mesh has cp). */
+static void compare(const char *dims, int world, const char *group, int gsize) {
   job *j = calloc(1, sizeof *j);
   cr_assert_not_null(j);
   j->world = world;
+  j->group = group;
+  j->gsize = gsize;
   for (int bk = 0; bk < 2; bk++)
     for (int r = 0; r < world; r++)
       for (int d = 0; d < NDT; d++)
         for (int c = 0; c < NCASE; c++) {
-          j->out[bk][r][d][c] = calloc(1, case_bytes(world, dts[d]));
+          j->out[bk][r][d][c] = calloc(1, case_bytes(gsize, dts[d]));
           cr_assert_not_null(j->out[bk][r][d][c]);
         }
-  char dims[16];
-  snprintf(dims, sizeof dims, "dp=%d", world);
   mpg_spec spec = MPG_SPEC_INIT;
   cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
   cr_assert_eq(mpg_spec_set_mesh(&spec, dims), MPG_OK);
+  if (strstr(dims, "cp=")) cr_assert_eq(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"), MPG_OK);
   cr_assert_eq(mpg_mesh_create(&spec, world, &j->mesh), MPG_OK, "%s", mpg_last_error());
   cr_assert_eq(mpg_thread_run(world, 60, thread_rank, j, NULL), MPG_OK, "%s",
                mpg_last_error());
@@ -250,17 +258,18 @@ static void compare(int world) {
   for (int r = 0; r < world; r++)
     for (int d = 0; d < NDT; d++)
       for (int c = 0; c < NCASE; c++) {
-        size_t bytes = case_bytes(world, dts[d]);
+        size_t bytes = case_bytes(gsize, dts[d]);
         const unsigned char *x = j->out[0][r][d][c], *y = j->out[1][r][d][c];
         size_t at = 0;
         while (at < bytes && x[at] == y[at]) at++;
-        cr_expect_eq(at, bytes, "world %d rank %d %s %s: byte %zu differs (thread 0x%02x, "
-                     "nccl on the double 0x%02x)", world, r, mpg_dtype_name(dts[d]),
-                     cname[c], at, at < bytes ? x[at] : 0, at < bytes ? y[at] : 0);
+        cr_expect_eq(at, bytes, "%s, group %s, rank %d %s %s: byte %zu differs (thread "
+                     "0x%02x, nccl on the double 0x%02x)", dims, group, r,
+                     mpg_dtype_name(dts[d]), cname[c], at, at < bytes ? x[at] : 0,
+                     at < bytes ? y[at] : 0);
         cases++;
       }
-  cr_log_info("world %d: %d rank x dtype x collective results equal bit for bit", world,
-              cases);
+  cr_log_info("%s, group %s: %d rank x dtype x collective results equal bit for bit", dims,
+              group, cases);
   for (int bk = 0; bk < 2; bk++)
     for (int r = 0; r < world; r++)
       for (int d = 0; d < NDT; d++)
@@ -269,5 +278,12 @@ static void compare(int world) {
   free(j);
 }
 
-Test(double_vs_thread, world_3_bit_for_bit, .timeout = 120) { compare(3); }
-Test(double_vs_thread, world_4_bit_for_bit, .timeout = 120) { compare(4); }
+Test(double_vs_thread, world_3_bit_for_bit, .timeout = 120) { compare("dp=3", 3, "dp", 3); }
+Test(double_vs_thread, world_4_bit_for_bit, .timeout = 120) { compare("dp=4", 4, "dp", 4); }
+/* Megatron's shape: every group of dp2 x cp2 x tp2. */
+#define MESH8 "dp=2,cp=2,tp=2"
+Test(double_vs_thread, world_8_tp, .timeout = 120) { compare(MESH8, 8, "tp", 2); }
+Test(double_vs_thread, world_8_cp, .timeout = 120) { compare(MESH8, 8, "cp", 2); }
+Test(double_vs_thread, world_8_dp, .timeout = 120) { compare(MESH8, 8, "dp", 2); }
+Test(double_vs_thread, world_8_dp_cp, .timeout = 120) { compare(MESH8, 8, "dp_cp", 4); }
+Test(double_vs_thread, world_8_world, .timeout = 120) { compare(MESH8, 8, "world", 8); }
