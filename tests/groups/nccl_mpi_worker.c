@@ -22,6 +22,11 @@
  *                                    reduced in f32; the last rank's
  *                                    cudaMallocAsync fails in step 1: every
  *                                    rank fails within the same bound
+ *   nccl_mpi_worker bw MIB           the sync of one MIB MiB f32 param over
+ *                                    the world next to nccl-tests' loop of
+ *                                    ncclAllReduce over the same bytes, in
+ *                                    the same run: time per step and bus
+ *                                    bandwidth of each ("BW" lines)
  *   nccl_mpi_worker count K          (the test double only) a healthy step
  *                                    1; prints "OPS rank R N", the NCCL
  *                                    operations rank R issued before it
@@ -38,6 +43,7 @@
  * MESHPG_TEST_TIMEOUT_S sets the timeout of the fault modes (default 10:
  * it bounds context creation too, CUDA's and NCCL's start included). */
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
 #include <math.h>
 #include <signal.h>
@@ -417,10 +423,101 @@ out:
   return g_fail;
 }
 
+/* ------------------------------------------------------------------ */
+/* bw: the sync's bus bandwidth next to NCCL's own all-reduce          */
+/* ------------------------------------------------------------------ */
+
+/* Bus bandwidth as nccl-tests defines it for an all-reduce: the bytes
+ * times 2 (n - 1) / n, per second. */
+static double busbw(size_t bytes, int n, double secs) {
+  return secs > 0 ? (double)bytes * 2.0 * (n - 1) / n / secs / 1e9 : 0;
+}
+
+static int run_bw(size_t mib) {
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_sync *s = NULL;
+  ncclComm_t raw = NULL;
+  void *idbuf = NULL, *x = NULL;
+  cudaStream_t st = NULL;
+  const int iters = 5;
+  size_t count = mib * (1u << 20) / 4, bytes = count * 4;
+  int id = -1;
+  double t_sync = 0, t_raw = 0;
+  TRY(make_ctx(120, &mesh, &ctx));
+  mpg_group *world = NULL;
+  TRY(mpg_ctx_group(ctx, "world", &world));
+  /* The sync: one f32 parameter over the world, 5 steps after a warm-up. */
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  so.default_dims = "world";
+  TRY(mpg_sync_create(ctx, &so, &s));
+  TRY(mpg_sync_add_param(s, "w", count, MPG_F32, NULL, &id));
+  TRY(mpg_sync_commit(s));
+  for (int i = 0; i <= iters; i++) {
+    if (i == 1) {
+      CUDA_TRY(cudaDeviceSynchronize());
+      TRY(mpg_barrier(world, NULL));
+      t_sync = now();
+    }
+    TRY(mpg_sync_all(s, i, NULL));
+  }
+  CUDA_TRY(cudaDeviceSynchronize());
+  t_sync = (now() - t_sync) / iters;
+  /* nccl-tests' loop: ncclAllReduce in place over the same bytes, on a
+   * communicator of its own (the id travels by meshpg's broadcast). */
+  ncclUniqueId nid;
+  if (g_rank == 0 && ncclGetUniqueId(&nid) != ncclSuccess) {
+    FAIL("ncclGetUniqueId failed");
+    goto out;
+  }
+  TRY(mpg_ctx_mem_alloc(ctx, sizeof nid, 0, &idbuf));
+  CUDA_TRY(cudaMemcpy(idbuf, &nid, sizeof nid, cudaMemcpyHostToDevice));
+  CUDA_TRY(cudaDeviceSynchronize());
+  TRY(mpg_broadcast(world, idbuf, sizeof nid / 4, MPG_I32, 0, NULL, NULL));
+  CUDA_TRY(cudaDeviceSynchronize());
+  CUDA_TRY(cudaMemcpy(&nid, idbuf, sizeof nid, cudaMemcpyDeviceToHost));
+  if (ncclCommInitRank(&raw, g_world, nid, g_rank) != ncclSuccess) {
+    FAIL("ncclCommInitRank failed: %s", ncclGetLastError(NULL));
+    goto out;
+  }
+  CUDA_TRY(cudaMalloc(&x, bytes));
+  CUDA_TRY(cudaMemset(x, 0, bytes));
+  CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  CUDA_TRY(cudaDeviceSynchronize());
+  for (int i = 0; i <= iters; i++) {
+    if (i == 1) {
+      CUDA_TRY(cudaStreamSynchronize(st));
+      TRY(mpg_barrier(world, NULL));
+      t_raw = now();
+    }
+    if (ncclAllReduce(x, x, count, ncclFloat32, ncclSum, raw, st) != ncclSuccess) {
+      FAIL("ncclAllReduce failed: %s", ncclGetLastError(NULL));
+      goto out;
+    }
+  }
+  CUDA_TRY(cudaStreamSynchronize(st));
+  t_raw = (now() - t_raw) / iters;
+  printf("BW rank %d: %zu MiB over %d ranks: sync %.3f ms (busbw %.2f GB/s), ncclAllReduce "
+         "%.3f ms (busbw %.2f GB/s), sync/nccl time %.2f\n",
+         g_rank, mib, g_world, t_sync * 1e3, busbw(bytes, g_world, t_sync), t_raw * 1e3,
+         busbw(bytes, g_world, t_raw), t_raw > 0 ? t_sync / t_raw : 0);
+out:
+  if (st) cudaStreamDestroy(st);
+  if (x) cudaFree(x);
+  if (raw) ncclCommDestroy(raw);
+  if (idbuf) mpg_ctx_mem_free(ctx, idbuf);
+  if (s) mpg_sync_destroy(s);
+  if (ctx) mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  if (!g_fail) printf("OK %s rank %d\n", g_mode, g_rank);
+  return g_fail;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) {
-    printf("usage: nccl_mpi_worker sync | hang K | kill K | oom K | count K | async K\n");
+    printf("usage: nccl_mpi_worker sync | hang K | kill K | oom K | count K | async K | "
+           "bw MIB\n");
     return 2;
   }
   snprintf(g_mode, sizeof g_mode, "%s%s%s", argv[1], argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
@@ -438,6 +535,8 @@ int main(int argc, char **argv) {
   int rc;
   if (!strcmp(argv[1], "sync")) {
     rc = run_sync();
+  } else if (!strcmp(argv[1], "bw") && argc > 2 && atoi(argv[2]) > 0) {
+    rc = run_bw((size_t)atoi(argv[2]));
   } else if ((!strcmp(argv[1], "hang") || !strcmp(argv[1], "kill") ||
               !strcmp(argv[1], "oom") || !strcmp(argv[1], "async") ||
               !strcmp(argv[1], "count")) && argc > 2) {

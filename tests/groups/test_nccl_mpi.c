@@ -83,6 +83,24 @@ Test(nccl_mpi, sync_world_2, .timeout = 300) { sync_world(2); }
 Test(nccl_mpi, sync_world_4, .timeout = 300) { sync_world(4); }
 Test(nccl_mpi, sync_world_8, .timeout = 300) { sync_world(8); }
 
+/* The sync's bus bandwidth next to NCCL's own all-reduce of the same bytes
+ * (64 MiB), in the same run; printed, not asserted (bench/ has the
+ * benchmarks).  On one GPU shared through NCCL_HOSTID it measures NCCL's
+ * socket transport, not NVLink. */
+static void bandwidth(int np) {
+  require_devices();
+  double secs = 0;
+  int rc = job(np, "bw 64", "", &secs);
+  cr_expect_eq(rc, 0, "np %d: exit %d\n%s", np, rc, out);
+  cr_expect_eq(count("OK bw"), np, "np %d: %d of %d ranks OK\n%s", np, count("OK bw"), np, out);
+  const char *line = strstr(out, "BW rank 0:");
+  cr_expect(line, "no bandwidth line:\n%s", out);
+  if (line) cr_log_warn("%.*s", (int)strcspn(line, "\n"), line);
+}
+
+Test(nccl_mpi, bandwidth_world_2, .timeout = 300) { bandwidth(2); }
+Test(nccl_mpi, bandwidth_world_8, .timeout = 300) { bandwidth(8); }
+
 /* The last rank sleeps through step 1 with k groups in flight: every other
  * rank reports OK (its own bound checked in the worker), and so does the
  * sleeper once it wakes. */
