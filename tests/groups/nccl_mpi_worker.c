@@ -22,6 +22,11 @@
  *                                    reduced in f32; the last rank's
  *                                    cudaMallocAsync fails in step 1: every
  *                                    rank fails within the same bound
+ *   nccl_mpi_worker lazy             lazy groups whose first use differs by
+ *                                    rank (even ranks tp first, odd dp), a
+ *                                    sum on tp, dp, dp_cp and the world,
+ *                                    a point-to-point ring in one batch,
+ *                                    and the issue-order check
  *   nccl_mpi_worker bw MIB           the sync of one MIB MiB f32 param over
  *                                    the world next to nccl-tests' loop of
  *                                    ncclAllReduce over the same bytes, in
@@ -155,6 +160,7 @@ typedef struct sync_case {
   mpg_reduce_dtype rdt;
   int fsdp_owns_dp;         /* default reduce group "cp" */
   const char *shard_dims, *replicate_dims; /* HSDP */
+  int registered;           /* ncclMemAlloc + ncclCommRegister */
 } sync_case;
 
 /* f16 of a value that f16 holds exactly (the gradients here: small
@@ -192,6 +198,7 @@ static int run_sync_case(mpg_ctx *ctx, const sync_case *sc) {
   so.fsdp_owns_dp = sc->fsdp_owns_dp;
   so.shard_dims = sc->shard_dims;
   so.replicate_dims = sc->replicate_dims;
+  so.register_buffers = sc->registered;
   so.bucket_mb = 0.004; /* several buckets in flight */
   so.first_bucket_mb = 0.002;
   TRY(mpg_sync_create(ctx, &so, &s));
@@ -268,18 +275,20 @@ static int run_sync(void) {
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
   static const sync_case cases[] = {
-      {"replicate f32", MPG_SYNC_REPLICATE, MPG_F32, MPG_REDUCE_F32, 0, NULL, NULL},
+      {"replicate f32", MPG_SYNC_REPLICATE, MPG_F32, MPG_REDUCE_F32, 0, NULL, NULL, 0},
       {"replicate bf16 (f32 accumulation)", MPG_SYNC_REPLICATE, MPG_BF16, MPG_REDUCE_F32, 0,
-       NULL, NULL},
-      {"replicate f16 native", MPG_SYNC_REPLICATE, MPG_F16, MPG_REDUCE_NATIVE, 0, NULL, NULL},
+       NULL, NULL, 0},
+      {"replicate f16 native", MPG_SYNC_REPLICATE, MPG_F16, MPG_REDUCE_NATIVE, 0, NULL, NULL, 0},
       {"replicate bf16, fsdp_owns_dp", MPG_SYNC_REPLICATE, MPG_BF16, MPG_REDUCE_F32, 1, NULL,
-       NULL},
-      {"shard f32", MPG_SYNC_SHARD, MPG_F32, MPG_REDUCE_F32, 0, NULL, NULL},
+       NULL, 0},
+      {"shard f32", MPG_SYNC_SHARD, MPG_F32, MPG_REDUCE_F32, 0, NULL, NULL, 0},
       {"shard bf16 (f32 accumulation)", MPG_SYNC_SHARD, MPG_BF16, MPG_REDUCE_F32, 0, NULL,
-       NULL},
-      {"shard f16 native", MPG_SYNC_SHARD, MPG_F16, MPG_REDUCE_NATIVE, 0, NULL, NULL},
+       NULL, 0},
+      {"shard f16 native", MPG_SYNC_SHARD, MPG_F16, MPG_REDUCE_NATIVE, 0, NULL, NULL, 0},
       {"HSDP bf16 (shard dp, replicate cp)", MPG_SYNC_SHARD, MPG_BF16, MPG_REDUCE_F32, 0, "dp",
-       "cp"},
+       "cp", 0},
+      {"replicate f32, registered buffers", MPG_SYNC_REPLICATE, MPG_F32, MPG_REDUCE_F32, 0,
+       NULL, NULL, 1},
   };
   int n = (int)(sizeof cases / sizeof cases[0]);
   TRY(make_ctx(120, &mesh, &ctx));
@@ -292,8 +301,8 @@ out:
   }
   mpg_mesh_destroy(mesh);
   if (!g_fail)
-    printf("OK %s rank %d: %d configurations (replicate, shard, HSDP, fsdp_owns_dp; f32, "
-           "bf16, f16 native), 3 steps each\n", g_mode, g_rank, n);
+    printf("OK %s rank %d: %d configurations (replicate, shard, HSDP, fsdp_owns_dp, "
+           "registered; f32, bf16, f16 native), 3 steps each\n", g_mode, g_rank, n);
   return g_fail;
 }
 
@@ -513,11 +522,102 @@ out:
   return g_fail;
 }
 
+/* ------------------------------------------------------------------ */
+/* lazy: groups created at first use, in a different order by rank     */
+/* ------------------------------------------------------------------ */
+
+/* Sum of the world ranks of g's members, all-reduced on g in device
+ * memory, must equal what the mesh says. */
+static int check_group_sum(mpg_ctx *ctx, mpg_group *g, int32_t *dev) {
+  int32_t v = g_rank, got = -1, want = 0;
+  for (int q = 0; q < mpg_group_size(g); q++) {
+    int r = -1;
+    TRY(mpg_group_member(g, q, &r));
+    want += r;
+  }
+  CUDA_TRY(cudaMemcpy(dev, &v, 4, cudaMemcpyHostToDevice));
+  CUDA_TRY(cudaDeviceSynchronize());
+  TRY(mpg_all_reduce(g, dev, dev, 1, MPG_I32, MPG_OP_SUM, NULL, NULL));
+  CUDA_TRY(cudaDeviceSynchronize());
+  CUDA_TRY(cudaMemcpy(&got, dev, 4, cudaMemcpyDeviceToHost));
+  if (got != want) FAIL("group %s: sum %d, want %d", mpg_group_name(g), got, want);
+  (void)ctx;
+out:
+  return g_fail;
+}
+
+static int run_lazy(void) {
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  void *dev = NULL, *ring = NULL;
+  mpg_spec spec = MPG_SPEC_INIT;
+  TRY(mpg_spec_init(&spec));
+  TRY(mpg_spec_set_mesh(&spec, mesh_of(g_world)));
+  TRY(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"));
+  TRY(mpg_spec_validate(&spec));
+  TRY(mpg_mesh_create(&spec, g_world, &mesh));
+  mpg_init_opts o = MPG_INIT_OPTS_INIT;
+  o.backend = MPG_BACKEND_NCCL;
+  o.timeout_s = 60;
+  o.lazy_groups = 1;
+  TRY(mpg_ctx_create(mesh, &o, &ctx));
+  TRY(mpg_ctx_mem_alloc(ctx, 4, 0, &dev));
+  /* Even ranks want tp first, odd ranks dp: the library agrees on the
+   * union before it splits (every rank enters the same splits). */
+  static const char *const even[] = {"tp", "dp", "dp_cp", "world"};
+  static const char *const odd[] = {"dp", "tp", "world", "dp_cp"};
+  for (int i = 0; i < 4; i++) {
+    mpg_group *g = NULL;
+    TRY(mpg_ctx_group_dims(ctx, (g_rank % 2 ? odd : even)[i], &g));
+    /* Sums in one order on every rank. */
+    (void)g;
+  }
+  static const char *const all[] = {"tp", "dp", "dp_cp", "world"};
+  for (int i = 0; i < 4; i++) {
+    mpg_group *g = NULL;
+    TRY(mpg_ctx_group_dims(ctx, all[i], &g));
+    if (check_group_sum(ctx, g, dev)) goto out;
+  }
+  /* A ring of point-to-point sends over the world in one batch. */
+  {
+    mpg_group *w = NULL;
+    TRY(mpg_ctx_group(ctx, "world", &w));
+    int n = g_world, right = (g_rank + 1) % n, left = (g_rank + n - 1) % n;
+    int32_t mine[256], got[256];
+    for (int i = 0; i < 256; i++) mine[i] = g_rank * 1000 + i;
+    TRY(mpg_ctx_mem_alloc(ctx, sizeof mine * 2, 0, &ring));
+    int32_t *send = ring, *recv = (int32_t *)ring + 256;
+    CUDA_TRY(cudaMemcpy(send, mine, sizeof mine, cudaMemcpyHostToDevice));
+    CUDA_TRY(cudaDeviceSynchronize());
+    mpg_p2p_op ops[2] = {{MPG_P2P_SEND, right, send, 256, MPG_I32},
+                         {MPG_P2P_RECV, left, recv, 256, MPG_I32}};
+    TRY(mpg_p2p_batch(w, ops, 2, NULL, NULL));
+    CUDA_TRY(cudaDeviceSynchronize());
+    CUDA_TRY(cudaMemcpy(got, recv, sizeof got, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 256; i++)
+      if (got[i] != left * 1000 + i) {
+        FAIL("p2p ring: element %d is %d, want %d", i, got[i], left * 1000 + i);
+        break;
+      }
+  }
+  TRY(mpg_ctx_check_order(ctx));
+out:
+  if (ring) mpg_ctx_mem_free(ctx, ring);
+  if (dev) mpg_ctx_mem_free(ctx, dev);
+  if (ctx) {
+    mpg_status d = mpg_ctx_destroy(ctx);
+    if (d) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
+  }
+  mpg_mesh_destroy(mesh);
+  if (!g_fail) printf("OK %s rank %d\n", g_mode, g_rank);
+  return g_fail;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) {
-    printf("usage: nccl_mpi_worker sync | hang K | kill K | oom K | count K | async K | "
-           "bw MIB\n");
+    printf("usage: nccl_mpi_worker sync | lazy | hang K | kill K | oom K | count K | "
+           "async K | bw MIB\n");
     return 2;
   }
   snprintf(g_mode, sizeof g_mode, "%s%s%s", argv[1], argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
@@ -535,6 +635,8 @@ int main(int argc, char **argv) {
   int rc;
   if (!strcmp(argv[1], "sync")) {
     rc = run_sync();
+  } else if (!strcmp(argv[1], "lazy")) {
+    rc = run_lazy();
   } else if (!strcmp(argv[1], "bw") && argc > 2 && atoi(argv[2]) > 0) {
     rc = run_bw((size_t)atoi(argv[2]));
   } else if ((!strcmp(argv[1], "hang") || !strcmp(argv[1], "kill") ||

@@ -83,6 +83,21 @@ Test(nccl_mpi, sync_world_2, .timeout = 300) { sync_world(2); }
 Test(nccl_mpi, sync_world_4, .timeout = 300) { sync_world(4); }
 Test(nccl_mpi, sync_world_8, .timeout = 300) { sync_world(8); }
 
+/* Lazy groups first used in a different order by even and odd ranks, sums
+ * on every group, a point-to-point ring, and the issue-order check. */
+static void lazy_world(int np) {
+  require_devices();
+  double secs = 0;
+  int rc = job(np, "lazy", "", &secs);
+  cr_expect_eq(rc, 0, "np %d: exit %d\n%s", np, rc, out);
+  cr_expect_eq(count("OK lazy"), np, "np %d: %d of %d ranks OK\n%s", np, count("OK lazy"), np,
+               out);
+  cr_expect_eq(count("FAIL"), 0, "np %d:\n%s", np, out);
+}
+
+Test(nccl_mpi, lazy_groups_and_p2p_world_4, .timeout = 300) { lazy_world(4); }
+Test(nccl_mpi, lazy_groups_and_p2p_world_8, .timeout = 300) { lazy_world(8); }
+
 /* The sync's bus bandwidth next to NCCL's own all-reduce of the same bytes
  * (64 MiB), in the same run; printed, not asserted (bench/ has the
  * benchmarks).  On one GPU shared through NCCL_HOSTID it measures NCCL's
