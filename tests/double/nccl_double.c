@@ -162,17 +162,30 @@ _Static_assert(sizeof(ncclUniqueId) == NCCL_UNIQUE_ID_BYTES, "ncclUniqueId size"
 /* ncclGetLastError's text, per thread (see the header comment). */
 static _Thread_local char tl_last_error[1024];
 
+/* The environment, read once by the first NCCL call of the process.
+ * getenv races with another thread's setenv in libc: meshpg sets
+ * NCCL_COMM_ID under its env lock, around ncclGetUniqueId and
+ * ncclCommInitRankConfig, so reading everything then is safe. */
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+static int env_debug;     /* NCCL_DEBUG: 1 WARN, 2 INFO/TRACE */
+static double env_hang_s; /* MESHPG_DOUBLE_HANG_S */
+static void faults_parse(void);
+
+static void env_read(void) {
+  const char *v = getenv("NCCL_DEBUG");
+  if (v && !strcasecmp(v, "WARN")) env_debug = 1;
+  if (v && (!strcasecmp(v, "INFO") || !strcasecmp(v, "TRACE"))) env_debug = 2;
+  v = getenv("MESHPG_DOUBLE_HANG_S");
+  env_hang_s = v && v[0] ? strtod(v, NULL) : 20.0;
+  if (!(env_hang_s > 0)) env_hang_s = 20.0;
+  faults_parse();
+}
+
+static void env_init(void) { pthread_once(&env_once, env_read); }
+
 static int debug_level(void) {
-  static _Atomic int level = -1;
-  int l = atomic_load(&level);
-  if (l < 0) {
-    const char *v = getenv("NCCL_DEBUG");
-    l = 0;
-    if (v && (!strcasecmp(v, "WARN"))) l = 1;
-    if (v && (!strcasecmp(v, "INFO") || !strcasecmp(v, "TRACE"))) l = 2;
-    atomic_store(&level, l);
-  }
-  return l;
+  env_init();
+  return env_debug;
 }
 
 /* NCCL's WARN: record the text as the last error (debug.cc:281-289) and
@@ -188,15 +201,8 @@ static void warn(const char *fmt, ...) {
 }
 
 static double hang_seconds(void) {
-  static _Atomic(double) hang = -1;
-  double h = atomic_load(&hang);
-  if (h < 0) {
-    const char *v = getenv("MESHPG_DOUBLE_HANG_S");
-    h = v && v[0] ? strtod(v, NULL) : 20.0;
-    if (!(h > 0)) h = 20.0;
-    atomic_store(&hang, h);
-  }
-  return h;
+  env_init();
+  return env_hang_s;
 }
 
 static void sleep_us(long us) {
@@ -949,7 +955,6 @@ struct fault {
 };
 static struct fault faults[16];
 static int nfaults;
-static pthread_once_t faults_once = PTHREAD_ONCE_INIT;
 
 static void faults_parse(void) {
   const char *v = getenv("MESHPG_DOUBLE_FAULT");
@@ -981,7 +986,7 @@ static _Atomic uint64_t ops_issued_by[MAX_WORLD];
 
 /* The fault of `kind` hitting world rank wr's operations [first, last]. */
 static const struct fault *fault_hit(int kind, int wr, uint64_t first, uint64_t last) {
-  pthread_once(&faults_once, faults_parse);
+  env_init();
   for (int i = 0; i < nfaults; i++)
     if (faults[i].kind == kind && faults[i].rank == wr && faults[i].nth >= first &&
         faults[i].nth <= last)
@@ -2505,6 +2510,7 @@ const char *ncclGetLastError(ncclComm_t comm) {
  * every caller gets the same id for the same address, as NCCL's
  * bootstrapGetUniqueId (bootstrap.cc:414-431). */
 ncclResult_t ncclGetUniqueId(ncclUniqueId *out) {
+  env_init();
   if (!out) {
     warn("GetUniqueId : out argument is NULL"); /* init.cc:161 */
     return ncclInvalidArgument;
@@ -2580,6 +2586,7 @@ static void job_queue(struct job *j) {
  * as a job at the outermost ncclGroupEnd. */
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *newcomm, int nranks, ncclUniqueId commId,
                                     int myrank, ncclConfig_t *config) {
+  env_init();
   check_poisoned("ncclCommInitRankConfig");
   g_depth++;
   ncclResult_t ret = ncclSuccess;
@@ -3007,6 +3014,7 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
 /* ---- groups (group.cc:93-110) ---- */
 
 ncclResult_t ncclGroupStart(void) {
+  env_init();
   check_poisoned("ncclGroupStart");
   g_depth++;
   return ncclSuccess;

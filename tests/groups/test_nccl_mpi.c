@@ -69,14 +69,24 @@ static int count(const char *needle) {
   return n;
 }
 
+/* `mode [k]` at world np (k < 0: none): the job exits 0 and every rank
+ * says "OK mode". */
+static void all_ranks_ok(int np, const char *mode, int k) {
+  char args[32], ok[16];
+  if (k >= 0) snprintf(args, sizeof args, "%s %d", mode, k);
+  else snprintf(args, sizeof args, "%s", mode);
+  snprintf(ok, sizeof ok, "OK %s", mode);
+  double secs = 0;
+  int rc = job(np, args, "", &secs);
+  cr_expect_eq(rc, 0, "np %d, %s: exit %d\n%s", np, args, rc, out);
+  cr_expect_eq(count(ok), np, "np %d, %s: %d of %d ranks OK\n%s", np, args, count(ok), np,
+               out);
+  cr_expect_eq(count("FAIL"), 0, "np %d, %s:\n%s", np, args, out);
+}
+
 static void sync_world(int np) {
   require_devices();
-  double secs = 0;
-  int rc = job(np, "sync", "", &secs);
-  cr_expect_eq(rc, 0, "np %d: exit %d\n%s", np, rc, out);
-  cr_expect_eq(count("OK sync"), np, "np %d: %d of %d ranks OK\n%s", np, count("OK sync"), np,
-               out);
-  cr_expect_eq(count("FAIL"), 0, "np %d:\n%s", np, out);
+  all_ranks_ok(np, "sync", -1);
 }
 
 Test(nccl_mpi, sync_world_2, .timeout = 300) { sync_world(2); }
@@ -87,12 +97,7 @@ Test(nccl_mpi, sync_world_8, .timeout = 300) { sync_world(8); }
  * on every group, a point-to-point ring, and the issue-order check. */
 static void lazy_world(int np) {
   require_devices();
-  double secs = 0;
-  int rc = job(np, "lazy", "", &secs);
-  cr_expect_eq(rc, 0, "np %d: exit %d\n%s", np, rc, out);
-  cr_expect_eq(count("OK lazy"), np, "np %d: %d of %d ranks OK\n%s", np, count("OK lazy"), np,
-               out);
-  cr_expect_eq(count("FAIL"), 0, "np %d:\n%s", np, out);
+  all_ranks_ok(np, "lazy", -1);
 }
 
 Test(nccl_mpi, lazy_groups_and_p2p_world_4, .timeout = 300) { lazy_world(4); }
@@ -119,19 +124,6 @@ Test(nccl_mpi, bandwidth_world_8, .timeout = 300) { bandwidth(8); }
 /* The last rank sleeps through step 1 with k groups in flight: every other
  * rank reports OK (its own bound checked in the worker), and so does the
  * sleeper once it wakes. */
-/* `mode k` at world np: the job exits 0 and every rank says "OK mode". */
-static void all_ranks_ok(int np, const char *mode, int k) {
-  char args[32], ok[16];
-  snprintf(args, sizeof args, "%s %d", mode, k);
-  snprintf(ok, sizeof ok, "OK %s", mode);
-  double secs = 0;
-  int rc = job(np, args, "", &secs);
-  cr_expect_eq(rc, 0, "np %d, %d group(s): exit %d\n%s", np, k, rc, out);
-  cr_expect_eq(count(ok), np, "np %d, %d group(s): %d of %d ranks OK\n%s", np, k, count(ok),
-               np, out);
-  cr_expect_eq(count("FAIL"), 0, "%s", out);
-}
-
 static void hung_peer(int np, int k) {
   require_devices();
   all_ranks_ok(np, "hang", k);
