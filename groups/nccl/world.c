@@ -85,8 +85,14 @@ static int mpi_launched(void) {
   MPI_Finalized(&fin);
   if (fin) return 0;
   if (init) return 1;
+  /* Under env_lock: another rank thread of this process may be setting
+   * NCCL_COMM_ID, and getenv racing setenv can read a freed environ (an
+   * ASan SEGV once in ~150 two-thread runs on the test double). */
+  pthread_mutex_lock(&env_lock);
   const char *s = getenv("OMPI_COMM_WORLD_SIZE");
-  return s && s[0];
+  int set = s && s[0];
+  pthread_mutex_unlock(&env_lock);
+  return set;
 }
 
 /* Bootstrap 3.  MPI has one owner, groups/mpi (the rule is in

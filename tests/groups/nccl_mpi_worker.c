@@ -161,6 +161,8 @@ typedef struct sync_case {
   int fsdp_owns_dp;         /* default reduce group "cp" */
   const char *shard_dims, *replicate_dims; /* HSDP */
   int registered;           /* ncclMemAlloc + ncclCommRegister */
+  int backward;             /* gradients written on a stream of their own,
+                               with no host synchronisation */
 } sync_case;
 
 /* f16 of a value that f16 holds exactly (the gradients here: small
@@ -199,6 +201,8 @@ static int run_sync_case(mpg_ctx *ctx, const sync_case *sc) {
   so.shard_dims = sc->shard_dims;
   so.replicate_dims = sc->replicate_dims;
   so.register_buffers = sc->registered;
+  cudaStream_t bwd = NULL;
+  if (sc->backward) CUDA_TRY(cudaStreamCreateWithFlags(&bwd, cudaStreamNonBlocking));
   so.bucket_mb = 0.004; /* several buckets in flight */
   so.first_bucket_mb = 0.002;
   TRY(mpg_sync_create(ctx, &so, &s));
@@ -210,7 +214,7 @@ static int run_sync_case(mpg_ctx *ctx, const sync_case *sc) {
   }
   TRY(mpg_sync_commit(s));
   for (long step = 0; step < 3; step++) {
-    TRY(mpg_sync_begin(s, step, 1, NULL));
+    TRY(mpg_sync_begin(s, step, 1, bwd));
     for (int p = 2; p >= 0; p--) {
       void *g = NULL;
       TRY(mpg_sync_grad(s, ps[p].id, &g));
@@ -220,11 +224,17 @@ static int run_sync_case(mpg_ctx *ctx, const sync_case *sc) {
         else if (dt == MPG_F16) ((uint16_t *)host)[i] = to_f16_exact(v);
         else ((float *)host)[i] = v;
       }
-      /* The legacy default stream: synchronised before the sync's
-       * stream is ordered after it (mark_ready orders the caller's
-       * stream, NULL here). */
-      CUDA_TRY(cudaMemcpy(g, host, ps[p].count * esz, cudaMemcpyHostToDevice));
-      CUDA_TRY(cudaDeviceSynchronize());
+      if (bwd) {
+        /* A "backward" on its own non-blocking stream, overlapping the
+         * sync: mark_ready must order the sync's stream after it (the
+         * copy from pageable memory is staged before it returns). */
+        CUDA_TRY(cudaMemcpyAsync(g, host, ps[p].count * esz, cudaMemcpyHostToDevice, bwd));
+      } else {
+        /* The legacy default stream, synchronised: the sync's stream is
+         * not ordered after it. */
+        CUDA_TRY(cudaMemcpy(g, host, ps[p].count * esz, cudaMemcpyHostToDevice));
+        CUDA_TRY(cudaDeviceSynchronize());
+      }
       TRY(mpg_sync_mark_ready(s, ps[p].id));
     }
     TRY(mpg_sync_finish(s));
@@ -267,6 +277,7 @@ out:
     mpg_status d = mpg_sync_destroy(s);
     if (d) FAIL("mpg_sync_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
   }
+  if (bwd) cudaStreamDestroy(bwd);
   free(host);
   return ok ? 0 : 1;
 }
@@ -275,20 +286,24 @@ static int run_sync(void) {
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
   static const sync_case cases[] = {
-      {"replicate f32", MPG_SYNC_REPLICATE, MPG_F32, MPG_REDUCE_F32, 0, NULL, NULL, 0},
+      {"replicate f32", MPG_SYNC_REPLICATE, MPG_F32, MPG_REDUCE_F32, 0, NULL, NULL, 0, 0},
       {"replicate bf16 (f32 accumulation)", MPG_SYNC_REPLICATE, MPG_BF16, MPG_REDUCE_F32, 0,
-       NULL, NULL, 0},
-      {"replicate f16 native", MPG_SYNC_REPLICATE, MPG_F16, MPG_REDUCE_NATIVE, 0, NULL, NULL, 0},
+       NULL, NULL, 0, 0},
+      {"replicate f16 native", MPG_SYNC_REPLICATE, MPG_F16, MPG_REDUCE_NATIVE, 0, NULL, NULL, 0, 0},
       {"replicate bf16, fsdp_owns_dp", MPG_SYNC_REPLICATE, MPG_BF16, MPG_REDUCE_F32, 1, NULL,
-       NULL, 0},
-      {"shard f32", MPG_SYNC_SHARD, MPG_F32, MPG_REDUCE_F32, 0, NULL, NULL, 0},
+       NULL, 0, 0},
+      {"shard f32", MPG_SYNC_SHARD, MPG_F32, MPG_REDUCE_F32, 0, NULL, NULL, 0, 0},
       {"shard bf16 (f32 accumulation)", MPG_SYNC_SHARD, MPG_BF16, MPG_REDUCE_F32, 0, NULL,
-       NULL, 0},
-      {"shard f16 native", MPG_SYNC_SHARD, MPG_F16, MPG_REDUCE_NATIVE, 0, NULL, NULL, 0},
+       NULL, 0, 0},
+      {"shard f16 native", MPG_SYNC_SHARD, MPG_F16, MPG_REDUCE_NATIVE, 0, NULL, NULL, 0, 0},
       {"HSDP bf16 (shard dp, replicate cp)", MPG_SYNC_SHARD, MPG_BF16, MPG_REDUCE_F32, 0, "dp",
-       "cp", 0},
+       "cp", 0, 0},
       {"replicate f32, registered buffers", MPG_SYNC_REPLICATE, MPG_F32, MPG_REDUCE_F32, 0,
-       NULL, NULL, 1},
+       NULL, NULL, 1, 0},
+      {"replicate bf16, backward on its own stream", MPG_SYNC_REPLICATE, MPG_BF16,
+       MPG_REDUCE_F32, 0, NULL, NULL, 0, 1},
+      {"shard f32, backward on its own stream", MPG_SYNC_SHARD, MPG_F32, MPG_REDUCE_F32, 0,
+       NULL, NULL, 0, 1},
   };
   int n = (int)(sizeof cases / sizeof cases[0]);
   TRY(make_ctx(120, &mesh, &ctx));
@@ -302,7 +317,8 @@ out:
   mpg_mesh_destroy(mesh);
   if (!g_fail)
     printf("OK %s rank %d: %d configurations (replicate, shard, HSDP, fsdp_owns_dp, "
-           "registered; f32, bf16, f16 native), 3 steps each\n", g_mode, g_rank, n);
+           "registered, overlapping backward; f32, bf16, f16 native), 3 steps each\n", g_mode,
+           g_rank, n);
   return g_fail;
 }
 
