@@ -33,7 +33,13 @@ mpg_status mpg__nccl_mem_alloc(mpg__comm *c, size_t bytes, int registered,
     }
   }
   if (!st) {
+    /* cudaMemset runs on the legacy default stream and may return before
+     * the device ran it (CUDA Runtime API, "API synchronization
+     * behavior"); the legacy stream does not order cudaStreamNonBlocking
+     * streams, so a caller's write on one could land before the zeroing.
+     * The memory is zero when this returns. */
     e = cudaMemset(*ptr, 0, bytes);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(0);
     if (e != cudaSuccess) st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "mem_alloc", "cudaMemset", e);
   }
   if (!st && registered) st = mpg__nccl_family_register(c, *ptr, bytes);

@@ -49,7 +49,7 @@
  *          cudaMallocAsync, cudaFreeAsync (widen.c's f32 buffer),
  *          cudaLibraryLoadData, cudaLibraryGetKernel, cudaLaunchKernel,
  *          cudaStreamCreateWithFlags, cudaStreamDestroy,
- *          cudaStreamWaitEvent.
+ *          cudaStreamWaitEvent, cudaStreamSynchronize (mem.c's zeroing).
  *   MPI (bootstrap 3 only, when built with MPI):  MPI_Initialized,
  *          MPI_Finalized, MPI_Comm_rank, MPI_Comm_size.  MPI itself has
  *          one owner, groups/mpi (groups/mpi/mpi_owner.h): world.c asks
