@@ -3,7 +3,8 @@
  * (the NCCL ranks share a caller-made unique id and take device = rank).
  * Worlds 3 (a group size that is not a power of two: averages of f16/bf16
  * must not be pre-multiplied in the element's type) and 4, and every group
- * of dp2 x cp2 x tp2 at world 8 (tp, cp, dp, dp_cp, world), every floating
+ * of dp2 x cp2 x tp2 at world 8 (tp, cp, dp, dp_cp, world) and pp of
+ * pp2 x dp2 x tp2, every floating
  * dtype, sum, avg, max, min and a scaled sum, all_reduce (in place and
  * not), reduce_scatter, all_gather and broadcast.  (This test found the
  * scaled f16/bf16 sum rounding each addend before the sum, up to 7 units
@@ -287,3 +288,6 @@ Test(double_vs_thread, world_8_cp, .timeout = 120) { compare(MESH8, 8, "cp", 2);
 Test(double_vs_thread, world_8_dp, .timeout = 120) { compare(MESH8, 8, "dp", 2); }
 Test(double_vs_thread, world_8_dp_cp, .timeout = 120) { compare(MESH8, 8, "dp_cp", 4); }
 Test(double_vs_thread, world_8_world, .timeout = 120) { compare(MESH8, 8, "world", 8); }
+/* Pipeline stages: the pp group (first and last stage, as a tied
+ * embedding's) of pp2 x dp2 x tp2. */
+Test(double_vs_thread, world_8_pp, .timeout = 120) { compare("pp=2,dp=2,tp=2", 8, "pp", 2); }
