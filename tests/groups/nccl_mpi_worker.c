@@ -41,6 +41,12 @@
  *                                    reports an asynchronous error; it
  *                                    fails with MPG_ERR_BACKEND naming it,
  *                                    every rank within the bound
+ *   nccl_mpi_worker async_wait K     (the test double only, K >= 2) the
+ *                                    same error, while the last rank waits
+ *                                    on another communicator that the
+ *                                    peers never reach: it must fail with
+ *                                    MPG_ERR_BACKEND well before its
+ *                                    timeout (R4)
  *
  * The mesh follows the world: 2 = dp2, 4 = dp2 x tp2, 8 = dp2 x cp2 x tp2
  * (dims of size 1 are kept, so dp_cp and tp always exist).  Prints one line
@@ -326,7 +332,7 @@ out:
 /* hang / kill: a missing peer with K communicators in flight (R8)      */
 /* ------------------------------------------------------------------ */
 
-enum fault_kind { FAULT_HANG, FAULT_KILL, FAULT_OOM, FAULT_ASYNC, FAULT_COUNT };
+enum fault_kind { FAULT_HANG, FAULT_KILL, FAULT_OOM, FAULT_ASYNC, FAULT_COUNT, FAULT_ASYNC_WAIT };
 
 static int run_fault(enum fault_kind kind, int k) {
   int kill_it = kind == FAULT_KILL;
@@ -371,6 +377,20 @@ static int run_fault(enum fault_kind kind, int k) {
     setenv("MESHPG_DOUBLE_OOM_RANK", r, 1);
     printf("rank %d: runs out of memory now, with %d reduce group(s) about to be in flight\n",
            g_rank, k);
+  } else if (!victim && kind == FAULT_ASYNC_WAIT) {
+    /* R4: the peers post step 1's first bucket only, then stay away: the
+     * victim's second bucket (another communicator) can never complete,
+     * while its first reports the injected asynchronous error. */
+    TRY(mpg_sync_mark_ready(s, ids[k - 1]));
+    struct timespec ts = {(time_t)(2 * timeout + 2), 0};
+    nanosleep(&ts, NULL);
+    mpg_sync_destroy(s);
+    s = NULL;
+    mpg_ctx_destroy(ctx);
+    ctx = NULL;
+    mpg_mesh_destroy(mesh);
+    printf("OK %s rank %d (a peer that stays away)\n", g_mode, g_rank);
+    return 0;
   } else if (victim && (kind == FAULT_HANG || kind == FAULT_KILL)) {
     printf("rank %d: %s now, with %d reduce group(s) about to be in flight\n", g_rank,
            kill_it ? "dies" : "sleeps", k);
@@ -417,9 +437,13 @@ static int run_fault(enum fault_kind kind, int k) {
   }
   if (kind == FAULT_COUNT)
     FAIL("%s -> %s in a healthy step: %s", stage, mpg_status_name(st), mpg_last_error());
-  else if (kind == FAULT_ASYNC && victim && st != MPG_ERR_BACKEND)
+  else if ((kind == FAULT_ASYNC || kind == FAULT_ASYNC_WAIT) && victim &&
+           st != MPG_ERR_BACKEND)
     FAIL("%s -> %s, expected the injected error (MPG_ERR_BACKEND): %s", stage,
          mpg_status_name(st), mpg_last_error());
+  else if (kind == FAULT_ASYNC_WAIT && dt > timeout / 2)
+    FAIL("%s failed after %.3f s: the error on another communicator was not seen before "
+         "the %.1f s timeout (R4): %s", stage, dt, timeout, mpg_last_error());
   else if (st != MPG_ERR_TIMEOUT && st != MPG_ERR_ABORTED && st != MPG_ERR_BACKEND)
     FAIL("%s -> %s, expected a timeout or abort: %s", stage, mpg_status_name(st),
          mpg_last_error());
@@ -633,7 +657,7 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) {
     printf("usage: nccl_mpi_worker sync | lazy | hang K | kill K | oom K | count K | "
-           "async K | bw MIB\n");
+           "async K | async_wait K | bw MIB\n");
     return 2;
   }
   snprintf(g_mode, sizeof g_mode, "%s%s%s", argv[1], argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
@@ -657,6 +681,7 @@ int main(int argc, char **argv) {
     rc = run_bw((size_t)atoi(argv[2]));
   } else if ((!strcmp(argv[1], "hang") || !strcmp(argv[1], "kill") ||
               !strcmp(argv[1], "oom") || !strcmp(argv[1], "async") ||
+              !strcmp(argv[1], "async_wait") ||
               !strcmp(argv[1], "count")) && argc > 2) {
     int k = atoi(argv[2]);
     if (k < 1 || k > 3) {
@@ -667,6 +692,7 @@ int main(int argc, char **argv) {
                            : !strcmp(argv[1], "oom")   ? FAULT_OOM
                            : !strcmp(argv[1], "async") ? FAULT_ASYNC
                            : !strcmp(argv[1], "count") ? FAULT_COUNT
+                           : !strcmp(argv[1], "async_wait") ? FAULT_ASYNC_WAIT
                                                        : FAULT_HANG;
     rc = run_fault(kind, k);
   } else {

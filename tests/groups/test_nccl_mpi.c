@@ -193,4 +193,21 @@ static void async_error(int np, int k) {
 Test(nccl_mpi, async_error_2_one_group, .timeout = 300) { async_error(2, 1); }
 Test(nccl_mpi, async_error_4_two_groups, .timeout = 300) { async_error(4, 2); }
 Test(nccl_mpi, async_error_8_three_groups, .timeout = 300) { async_error(8, 3); }
+
+/* R4: the error is on one communicator while the rank waits on another,
+ * whose peers never come: it fails within half the timeout (the wait
+ * polls the context's other communicators), not at the timeout. */
+static void async_elsewhere(int np, int k) {
+  all_ranks_ok(np, "count", k);
+  char want[32];
+  snprintf(want, sizeof want, "OPS rank %d ", np - 1);
+  const char *p = strstr(out, want);
+  unsigned long long n = 0;
+  cr_assert(p && sscanf(p + strlen(want), "%llu", &n) == 1, "no operation count:\n%s", out);
+  snprintf(job_env, sizeof job_env, "MESHPG_DOUBLE_FAULT=async:%d:%llu", np - 1, n + 1);
+  all_ranks_ok(np, "async_wait", k);
+}
+
+Test(nccl_mpi, async_error_elsewhere_4, .timeout = 300) { async_elsewhere(4, 2); }
+Test(nccl_mpi, async_error_elsewhere_8, .timeout = 300) { async_elsewhere(8, 3); }
 #endif
