@@ -334,6 +334,19 @@ out:
 
 enum fault_kind { FAULT_HANG, FAULT_KILL, FAULT_OOM, FAULT_ASYNC, FAULT_COUNT, FAULT_ASYNC_WAIT };
 
+/* Sleep until the others gave up (2 timeouts + 2 s), then leave without
+ * finishing the step. */
+static int stay_away(double timeout, mpg_sync *s, mpg_ctx *ctx, mpg_mesh *mesh,
+                     const char *who) {
+  struct timespec ts = {(time_t)(2 * timeout + 2), 0};
+  nanosleep(&ts, NULL);
+  mpg_sync_destroy(s);
+  mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  printf("OK %s rank %d (%s)\n", g_mode, g_rank, who);
+  return 0;
+}
+
 static int run_fault(enum fault_kind kind, int k) {
   int kill_it = kind == FAULT_KILL;
   const char *env = getenv("MESHPG_TEST_TIMEOUT_S");
@@ -382,30 +395,13 @@ static int run_fault(enum fault_kind kind, int k) {
      * victim's second bucket (another communicator) can never complete,
      * while its first reports the injected asynchronous error. */
     TRY(mpg_sync_mark_ready(s, ids[k - 1]));
-    struct timespec ts = {(time_t)(2 * timeout + 2), 0};
-    nanosleep(&ts, NULL);
-    mpg_sync_destroy(s);
-    s = NULL;
-    mpg_ctx_destroy(ctx);
-    ctx = NULL;
-    mpg_mesh_destroy(mesh);
-    printf("OK %s rank %d (a peer that stays away)\n", g_mode, g_rank);
-    return 0;
+    return stay_away(timeout, s, ctx, mesh, "a peer that stays away");
   } else if (victim && (kind == FAULT_HANG || kind == FAULT_KILL)) {
     printf("rank %d: %s now, with %d reduce group(s) about to be in flight\n", g_rank,
            kill_it ? "dies" : "sleeps", k);
     fflush(stdout);
     if (kill_it) raise(SIGKILL);
-    struct timespec ts = {(time_t)(2 * timeout + 2), 0};
-    nanosleep(&ts, NULL);
-    /* Back after the others gave up: leave without finishing. */
-    mpg_sync_destroy(s);
-    s = NULL;
-    mpg_ctx_destroy(ctx);
-    ctx = NULL;
-    mpg_mesh_destroy(mesh);
-    printf("OK %s rank %d (the victim)\n", g_mode, g_rank);
-    return 0;
+    return stay_away(timeout, s, ctx, mesh, "the victim");
   }
   /* The failure may surface at a post (a killed peer's closed socket is
    * an error NCCL may report at the next enqueue) or in finish. */

@@ -178,7 +178,9 @@ Test(nccl_mpi, oom_rank_8_three_groups, .timeout = 300) { oom_rank(8, 3); }
  * error (MESHPG_DOUBLE_FAULT=async:R:N, N counted in a healthy run first):
  * it fails with MPG_ERR_BACKEND at its next operation on that
  * communicator, and every rank within the timeout + 1 s. */
-static void async_error(int np, int k) {
+/* Count the last rank's NCCL operations before step 1 in a healthy run,
+ * and arm the next job's asynchronous error on its first one of step 1. */
+static void arm_async_fault(int np, int k) {
   all_ranks_ok(np, "count", k);
   char want[32];
   snprintf(want, sizeof want, "OPS rank %d ", np - 1);
@@ -186,6 +188,10 @@ static void async_error(int np, int k) {
   unsigned long long n = 0;
   cr_assert(p && sscanf(p + strlen(want), "%llu", &n) == 1, "no operation count:\n%s", out);
   snprintf(job_env, sizeof job_env, "MESHPG_DOUBLE_FAULT=async:%d:%llu", np - 1, n + 1);
+}
+
+static void async_error(int np, int k) {
+  arm_async_fault(np, k);
   all_ranks_ok(np, "async", k);
   cr_expect(strstr(out, "ERR_BACKEND"), "no rank failed with MPG_ERR_BACKEND:\n%s", out);
 }
@@ -198,13 +204,7 @@ Test(nccl_mpi, async_error_8_three_groups, .timeout = 300) { async_error(8, 3); 
  * whose peers never come: it fails within half the timeout (the wait
  * polls the context's other communicators), not at the timeout. */
 static void async_elsewhere(int np, int k) {
-  all_ranks_ok(np, "count", k);
-  char want[32];
-  snprintf(want, sizeof want, "OPS rank %d ", np - 1);
-  const char *p = strstr(out, want);
-  unsigned long long n = 0;
-  cr_assert(p && sscanf(p + strlen(want), "%llu", &n) == 1, "no operation count:\n%s", out);
-  snprintf(job_env, sizeof job_env, "MESHPG_DOUBLE_FAULT=async:%d:%llu", np - 1, n + 1);
+  arm_async_fault(np, k);
   all_ranks_ok(np, "async_wait", k);
 }
 
