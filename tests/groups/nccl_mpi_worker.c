@@ -22,6 +22,11 @@
  *                                    reduced in f32; the last rank's
  *                                    cudaMallocAsync fails in step 1: every
  *                                    rank fails within the same bound
+ *   nccl_mpi_worker gather [armed]   shard mode: forward on the first
+ *                                    gathered bucket runs while the next
+ *                                    bucket's all-gather is in flight, or
+ *                                    (armed, the test double only) held
+ *                                    forever by a hang fault (L3)
  *   nccl_mpi_worker lazy             lazy groups whose first use differs by
  *                                    rank (even ranks tp first, odd dp), a
  *                                    sum on tp, dp, dp_cp and the world,
@@ -649,11 +654,82 @@ out:
   return g_fail;
 }
 
+/* ------------------------------------------------------------------ */
+/* gather: the prefetch of the next bucket does not hold up forward     */
+/* ------------------------------------------------------------------ */
+
+/* Shard mode, two params in two buckets.  After a healthy step 0,
+ * gather_begin, gather_wait(p0) (which starts p1's all-gather, one ahead),
+ * then an event on the caller's stream: forward on p0 must be able to run
+ * while p1's all-gather is still in flight (L3).  With
+ * MESHPG_DOUBLE_FAULT=hang on the last rank's all-gather of p1 (the test
+ * double only), p1's gather never completes: the event must complete all
+ * the same, within 2 s.  "count" mode prints the operations before
+ * gather_begin (OPS). */
+static int run_gather(int armed) {
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_sync *s = NULL;
+  cudaStream_t fwd = NULL;
+  cudaEvent_t ev = NULL;
+  int ids[2] = {-1, -1};
+  TRY(make_ctx(3, &mesh, &ctx));
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  so.mode = MPG_SYNC_SHARD;
+  so.bucket_mb = 0.25;
+  so.first_bucket_mb = 0.25;
+  TRY(mpg_sync_create(ctx, &so, &s));
+  TRY(mpg_sync_add_param(s, "p0", 1 << 16, MPG_F32, NULL, &ids[0]));
+  TRY(mpg_sync_add_param(s, "p1", 1 << 16, MPG_F32, NULL, &ids[1]));
+  TRY(mpg_sync_commit(s));
+  TRY(mpg_sync_all(s, 0, NULL));
+  CUDA_TRY(cudaStreamCreateWithFlags(&fwd, cudaStreamNonBlocking));
+  CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  CUDA_TRY(cudaDeviceSynchronize());
+#ifdef MPG_ON_DOUBLE
+  {
+    dbl_stats_t ds;
+    dbl_stats(&ds);
+    printf("OPS rank %d %llu\n", g_rank, (unsigned long long)ds.collectives);
+  }
+#endif
+  TRY(mpg_sync_gather_begin(s, fwd));
+  TRY(mpg_sync_gather_wait(s, ids[0]));
+  CUDA_TRY(cudaEventRecord(ev, fwd)); /* "forward on p0" */
+  double t0 = now();
+  cudaError_t q;
+  while ((q = cudaEventQuery(ev)) == cudaErrorNotReady && now() - t0 < 2.0) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  if (q != cudaSuccess)
+    FAIL("forward on p0 did not run within 2 s (%s): the caller's stream waits for p1's "
+         "all-gather (L3)", cudaGetErrorString(q));
+  else
+    printf("rank %d: forward on p0 ran after %.3f s%s\n", g_rank, now() - t0,
+           armed ? " while p1's all-gather is held" : "");
+  /* Armed, the gather fails where the held rank is a member of the shard
+   * group (its timeout); the other shard groups finish it. */
+  mpg_status st = mpg_sync_gather_all(s);
+  if (!armed && st != MPG_OK)
+    FAIL("gather_all -> %s: %s", mpg_status_name(st), mpg_last_error());
+  else if (armed)
+    printf("rank %d: gather_all -> %s\n", g_rank, mpg_status_name(st));
+out:
+  if (ev) cudaEventDestroy(ev);
+  if (s) mpg_sync_destroy(s);
+  if (fwd) cudaStreamDestroy(fwd);
+  if (ctx) mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  if (!g_fail) printf("OK %s rank %d\n", g_mode, g_rank);
+  return g_fail;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) {
-    printf("usage: nccl_mpi_worker sync | lazy | hang K | kill K | oom K | count K | "
-           "async K | async_wait K | bw MIB\n");
+    printf("usage: nccl_mpi_worker sync | lazy | gather [armed] | hang K | kill K | oom K | "
+           "count K | async K | async_wait K | bw MIB\n");
     return 2;
   }
   snprintf(g_mode, sizeof g_mode, "%s%s%s", argv[1], argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
@@ -671,6 +747,8 @@ int main(int argc, char **argv) {
   int rc;
   if (!strcmp(argv[1], "sync")) {
     rc = run_sync();
+  } else if (!strcmp(argv[1], "gather")) {
+    rc = run_gather(argc > 2 && !strcmp(argv[2], "armed"));
   } else if (!strcmp(argv[1], "lazy")) {
     rc = run_lazy();
   } else if (!strcmp(argv[1], "bw") && argc > 2 && atoi(argv[2]) > 0) {

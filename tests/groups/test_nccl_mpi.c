@@ -178,17 +178,21 @@ Test(nccl_mpi, oom_rank_8_three_groups, .timeout = 300) { oom_rank(8, 3); }
  * error (MESHPG_DOUBLE_FAULT=async:R:N, N counted in a healthy run first):
  * it fails with MPG_ERR_BACKEND at its next operation on that
  * communicator, and every rank within the timeout + 1 s. */
-/* Count the last rank's NCCL operations before step 1 in a healthy run,
- * and arm the next job's asynchronous error on its first one of step 1. */
-static void arm_async_fault(int np, int k) {
-  all_ranks_ok(np, "count", k);
+/* Run `mode k` healthy; it prints the last rank's NCCL operations so far
+ * ("OPS rank R N"); arm the next job's `fault` on its (N + ahead)-th. */
+static void arm_fault(int np, const char *mode, int k, const char *fault, int ahead) {
+  all_ranks_ok(np, mode, k);
   char want[32];
   snprintf(want, sizeof want, "OPS rank %d ", np - 1);
   const char *p = strstr(out, want);
   unsigned long long n = 0;
   cr_assert(p && sscanf(p + strlen(want), "%llu", &n) == 1, "no operation count:\n%s", out);
-  snprintf(job_env, sizeof job_env, "MESHPG_DOUBLE_FAULT=async:%d:%llu", np - 1, n + 1);
+  snprintf(job_env, sizeof job_env, "MESHPG_DOUBLE_FAULT=%s:%d:%llu", fault, np - 1,
+           n + (unsigned long long)ahead);
 }
+
+/* The asynchronous error on the last rank's first operation of step 1. */
+static void arm_async_fault(int np, int k) { arm_fault(np, "count", k, "async", 1); }
 
 static void async_error(int np, int k) {
   arm_async_fault(np, k);
@@ -207,6 +211,23 @@ static void async_elsewhere(int np, int k) {
   arm_async_fault(np, k);
   all_ranks_ok(np, "async_wait", k);
 }
+
+/* L3: the last rank's all-gather of the second bucket never arrives
+ * (MESHPG_DOUBLE_FAULT=hang, counted in a healthy run): forward on the
+ * first bucket must still run on every rank. */
+static void gather_prefetch(int np) {
+  /* +1: p0's all-gather (gather_begin); +2: p1's (started by gather_wait). */
+  arm_fault(np, "gather", -1, "hang", 2);
+  double secs = 0;
+  int rc = job(np, "gather armed", "", &secs);
+  cr_expect_eq(rc, 0, "np %d: exit %d\n%s", np, rc, out);
+  cr_expect_eq(count("OK gather"), np, "np %d: %d of %d ranks OK\n%s", np, count("OK gather"),
+               np, out);
+  cr_expect_eq(count("FAIL"), 0, "%s", out);
+}
+
+Test(nccl_mpi, gather_prefetch_does_not_hold_forward_2, .timeout = 300) { gather_prefetch(2); }
+Test(nccl_mpi, gather_prefetch_does_not_hold_forward_4, .timeout = 300) { gather_prefetch(4); }
 
 Test(nccl_mpi, async_error_elsewhere_4, .timeout = 300) { async_elsewhere(4, 2); }
 Test(nccl_mpi, async_error_elsewhere_8, .timeout = 300) { async_elsewhere(8, 3); }
