@@ -2234,8 +2234,15 @@ static ncclResult_t group_end_internal(void) {
     if (nonblocking) {
       atomic_store(&j->comm->async, ncclInProgress);
       pthread_mutex_lock(&j->comm->mu);
+      /* A previous job of this communicator (its init, or an earlier
+       * split of it) has published its result, which the caller saw, but
+       * may not have been collected yet: job_main sets `done` just after
+       * the result, so ncclCommGetAsyncError can report success first.
+       * Collect it here rather than lose it (LSan found the leak). */
+      struct job *old = j->comm->job;
       j->comm->job = j;
       pthread_mutex_unlock(&j->comm->mu);
+      if (old) job_free(old);
     }
     if (pthread_create(&j->thread, NULL, job_main, j) != 0)
       dbl_fatal("nccl double: pthread_create for a communicator job: %s", strerror(errno));
