@@ -1034,6 +1034,7 @@ struct job {
   _Atomic int done;
   _Atomic int joined;
   ncclResult_t result;
+  char env_id[128];        /* INIT: the NCCL_COMM_ID text its id came from, or "" */
   struct job *next;        /* in the group */
 };
 
@@ -1349,12 +1350,37 @@ static ncclResult_t do_split(struct job *j, char *msg, size_t msglen) {
   return do_join(c, &p->sh->abort, msg, msglen);
 }
 
+/* An id made from NCCL_COMM_ID is read again by NCCL's init thread:
+ * ncclCommInitRankFunc (init.cc:1512) calls commAlloc (init.cc:1572), whose
+ * ncclNetInit (init.cc:421) runs the socket transport's ncclFindInterfaces,
+ * which reads NCCL_COMM_ID to pick the interface on the root's subnet
+ * (misc/socket.cc:374-380).  A caller that unsets or changes the variable
+ * while that thread runs races getenv against unsetenv, and NCCL picks its
+ * network interface by timing.  NCCL does this once per process (the
+ * transport's init is once); the double checks every init, as the job
+ * starts and as it ends (the latest moment NCCL's thread could read it),
+ * so that no order of inits hides the bug. */
+static void env_id_check(const struct job *j, const char *when) {
+  if (!j->env_id[0]) return;
+  const char *now = getenv("NCCL_COMM_ID");
+  if (now && !strcmp(now, j->env_id)) return;
+  dbl_fatal("nccl double: rank %d of communicator %s: its unique id came from "
+            "NCCL_COMM_ID=%s, but %s the variable is %s%s%s: NCCL's init thread reads it "
+            "there (ncclFindInterfaces, misc/socket.cc:374, from commAlloc's ncclNetInit, "
+            "init.cc:421), so real NCCL would choose its network interface by timing; keep "
+            "NCCL_COMM_ID set until ncclCommGetAsyncError reports the init done",
+            j->comm->rank, j->comm->name, j->env_id, when, now ? "\"" : "unset",
+            now ? now : "", now ? "\"" : "");
+}
+
 static void *job_main(void *arg) {
   struct job *j = arg;
   char msg[1024] = "";
   ncclResult_t r;
   if (j->kind == JOB_INIT) {
+    env_id_check(j, "as NCCL's init thread starts");
     r = do_join(j->comm, NULL, msg, sizeof msg);
+    env_id_check(j, "as NCCL's init thread ends");
     set_async(j->comm, r, msg);
     dbl_log("nccl double: init of rank %d/%d on %s: %s", j->comm->rank, j->comm->nranks,
             j->comm->name, ncclGetErrorString(r));
@@ -2629,8 +2655,14 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *newcomm, int nranks, ncclUniqueI
             nranks, c->name, c->device, blocking ? "blocking" : "non-blocking");
     *newcomm = c;
     ret = group_mode(blocking);
-    if (ret == ncclSuccess) job_queue(job_new(JOB_INIT, c));
-    else set_async(c, ret, tl_last_error);
+    if (ret == ncclSuccess) {
+      struct job *j = job_new(JOB_INIT, c);
+      if (commId.internal[8] == 'E')
+        snprintf(j->env_id, sizeof j->env_id, "%s", commId.internal + 16);
+      job_queue(j);
+    } else {
+      set_async(c, ret, tl_last_error);
+    }
   } else if (newcomm) {
     *newcomm = NULL;
   }
@@ -3117,9 +3149,31 @@ ncclResult_t ncclMemFree(void *ptr) {
 
 /* ncclCommRegister / ncclRegister (register/register.cc:27-64, 116-126):
  * a registration covers [buff, buff + size), counted per communicator. */
+/* NCCL's user guide, "Creating a communication with options"
+ * (usage/communicators.html, non-blocking communicators): once a call on a
+ * non-blocking communicator returned ncclInProgress, the application polls
+ * ncclCommGetAsyncError and issues no other NCCL call on it until the state
+ * is ncclSuccess.  The collectives and ncclCommSplit check this
+ * (ncclCommEnsureReady, init.cc:373-389); ncclCommRegister and
+ * ncclCommDeregister do not (register/register.cc:117-140) and would touch
+ * the communicator's registration cache while its init or split job fills
+ * it in NCCL's thread.  The double stops loudly instead (meshpg issue 19,
+ * R2: a second thread that reached a communicator while the first one was
+ * polling it). */
+static void reg_ready_check(struct ncclComm *c, const char *opname) {
+  if (comm_aborted(c)) return;
+  if (comm_state(c) == ncclInProgress)
+    dbl_fatal("nccl double: %s on rank %d of communicator %s while a previous call on it is "
+              "still in progress (ncclInProgress): NCCL's user guide forbids any other call on "
+              "a non-blocking communicator until ncclCommGetAsyncError reports ncclSuccess, "
+              "and registration is not checked, so real NCCL would race the communicator's job",
+              opname, c->rank, c->name);
+}
+
 ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle) {
   ncclResult_t r = comm_check(comm, "ncclCommRegister");
   if (r != ncclSuccess) return r;
+  reg_ready_check(comm, "ncclCommRegister");
   if (!handle) {
     warn("ncclCommRegister : handle argument is NULL");
     return ncclInvalidArgument;
@@ -3157,6 +3211,7 @@ ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, vo
 ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle) {
   ncclResult_t r = comm_check(comm, "ncclCommRegister"); /* NCCL's opname, register.cc:140 */
   if (r != ncclSuccess || !handle) return r;
+  reg_ready_check(comm, "ncclCommDeregister");
   pthread_mutex_lock(&comm->mu);
   struct reg **pp = &comm->regs;
   while (*pp && *pp != handle) pp = &(*pp)->next;

@@ -32,6 +32,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1316,4 +1317,131 @@ Test(nccl_backend, registration_reaches_every_communicator) {
   EXPECT_OK(mpg__backend_nccl.mem_free(w, after));
   EXPECT_OK(mpg__backend_nccl.mem_free(w, plain));
   EXPECT_OK(mpg__backend_nccl.destroy(w));
+}
+
+/* R2 (issue 19): a second thread of a rank reaches a communicator while the
+ * first thread polls it.  Here each of 4 ranks creates its groups lazily
+ * (every creation is an ncclCommSplit whose job runs while the caller polls
+ * the parent, releasing its lock between polls) while a second thread of
+ * the same rank allocates and frees registered memory, which registers the
+ * buffer with every communicator of the context (ncclCommRegister).  NCCL
+ * forbids any call on a non-blocking communicator between ncclInProgress
+ * and ncclSuccess; the test double stops the process when that happens (it
+ * did before mpg__nccl_lock waited for a settling call). */
+typedef struct reg_race {
+  int rank, world;
+  ncclUniqueId *id;
+  mpg_mesh *mesh;
+  mpg_ctx *ctx;
+  _Atomic int stop;
+  long allocs;
+  mpg_status st, helper_st;
+  char msg[512], helper_msg[512];
+} reg_race;
+
+static void *reg_race_helper(void *p) {
+  reg_race *j = p;
+  cudaSetDevice(j->rank);
+  while (!atomic_load(&j->stop) && !j->helper_st) {
+    void *buf = NULL;
+    mpg_status st = mpg_ctx_mem_alloc(j->ctx, 1 << 16, 1, &buf);
+    if (!st) st = mpg_ctx_mem_free(j->ctx, buf);
+    if (st) {
+      j->helper_st = st;
+      snprintf(j->helper_msg, sizeof j->helper_msg, "%s", mpg_last_error());
+    }
+    j->allocs++;
+  }
+  return NULL;
+}
+
+static void *reg_race_rank(void *p) {
+  reg_race *j = p;
+  cudaSetDevice(j->rank);
+  mpg_init_opts o = MPG_INIT_OPTS_INIT;
+  o.backend = MPG_BACKEND_NCCL;
+  o.rank = j->rank;
+  o.world_size = j->world;
+  o.local_rank = j->rank;
+  o.local_world_size = j->world;
+  o.device = j->rank;
+  o.nccl_id = j->id;
+  o.lazy_groups = 1;
+  o.timeout_s = 60;
+  j->st = mpg_ctx_create(j->mesh, &o, &j->ctx);
+  if (j->st) {
+    snprintf(j->msg, sizeof j->msg, "ctx_create: %s", mpg_last_error());
+    return NULL;
+  }
+  pthread_t helper;
+  int started = pthread_create(&helper, NULL, reg_race_helper, j) == 0;
+  static const char *const names[] = {"cp", "dp", "dp_cp", "world"};
+  for (int i = 0; i < 4 && !j->st; i++) {
+    mpg_group *g = NULL;
+    j->st = mpg_ctx_group(j->ctx, names[i], &g);
+    void *x = NULL;
+    if (!j->st) j->st = mpg_ctx_mem_alloc(j->ctx, sizeof(int32_t), 0, &x);
+    int32_t one = 1, n = 0;
+    if (!j->st) {
+      cudaMemcpy(x, &one, sizeof one, cudaMemcpyHostToDevice);
+      j->st = mpg_all_reduce(g, x, x, 1, MPG_I32, MPG_OP_SUM, NULL, NULL);
+    }
+    if (!j->st) {
+      cudaDeviceSynchronize();
+      cudaMemcpy(&n, x, sizeof n, cudaMemcpyDeviceToHost);
+      if (n != mpg_group_size(g)) {
+        j->st = MPG_ERR_STATE;
+        snprintf(j->msg, sizeof j->msg, "group %s: sum of ones is %d, want %d", names[i], n,
+                 mpg_group_size(g));
+      }
+    } else {
+      snprintf(j->msg, sizeof j->msg, "group %s: %s", names[i], mpg_last_error());
+    }
+    if (x) mpg_ctx_mem_free(j->ctx, x);
+  }
+  atomic_store(&j->stop, 1);
+  if (started) pthread_join(helper, NULL);
+  mpg_status st = mpg_ctx_destroy(j->ctx);
+  if (st && !j->st) {
+    j->st = st;
+    snprintf(j->msg, sizeof j->msg, "destroy: %s", mpg_last_error());
+  }
+  return NULL;
+}
+
+Test(nccl_threads, registration_from_a_second_thread_while_groups_split, .timeout = 120) {
+  int ndev = require_gpu();
+  enum { W = 4 };
+  if (ndev < W) cr_skip_test("needs %d GPUs for %d thread ranks, found %d", W, W, ndev);
+  mpg_spec spec = MPG_SPEC_INIT;
+  EXPECT_OK(mpg_spec_init(&spec));
+  EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=2,cp=2"));
+  EXPECT_OK(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"));
+  mpg_mesh *mesh = NULL;
+  EXPECT_OK(mpg_mesh_create(&spec, W, &mesh));
+  ncclUniqueId id;
+  cr_assert_eq(ncclGetUniqueId(&id), ncclSuccess);
+  reg_race jobs[W];
+  pthread_t th[W];
+  for (int r = 0; r < W; r++) {
+    memset(&jobs[r], 0, sizeof jobs[r]);
+    jobs[r].rank = r;
+    jobs[r].world = W;
+    jobs[r].id = &id;
+    jobs[r].mesh = mesh;
+    cr_assert_eq(pthread_create(&th[r], NULL, reg_race_rank, &jobs[r]), 0);
+  }
+  for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
+  mpg_mesh_destroy(mesh);
+  long allocs = 0;
+  for (int r = 0; r < W; r++) {
+    cr_assert_eq(jobs[r].st, MPG_OK, "rank %d: %s: %s", r, mpg_status_name(jobs[r].st),
+                 jobs[r].msg);
+    cr_assert_eq(jobs[r].helper_st, MPG_OK, "rank %d, second thread: %s: %s", r,
+                 mpg_status_name(jobs[r].helper_st), jobs[r].helper_msg);
+    allocs += jobs[r].allocs;
+  }
+  cr_assert_gt(allocs, 0, "the second threads never ran");
+  cr_log_info("4 ranks created 4 groups lazily while their second threads made %ld "
+              "registered allocations", allocs);
 }
