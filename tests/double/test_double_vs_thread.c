@@ -41,6 +41,8 @@ typedef struct job {
   const char *group; /* the group the collectives run on */
   int gsize;         /* its size */
   mpg_mesh *mesh;
+  int nodes;         /* > 0: placement on that many simulated nodes */
+  int mesh_rank[2][MAXW]; /* each launcher rank's mesh rank, per backend */
   ncclUniqueId id;
   /* outputs[backend][rank][dtype][case]: N * world * 8 bytes each */
   unsigned char *out[2][MAXW][NDT][NCASE];
@@ -180,10 +182,26 @@ static void note(job *j, int backend, int rank, mpg_status st) {
            st ? mpg_last_error() : "");
 }
 
-static mpg_status thread_rank(const mpg_init_opts *opts, void *arg) {
+/* Placement (j->nodes > 0): launcher rank r runs on node r % nodes (a
+ * cyclic launcher), so the context renumbers ranks to keep the inner dims
+ * on a node; the NCCL world is then split into the mesh order. */
+static char hosts[MAXW][32];
+
+static void place(const job *j, mpg_init_opts *o) {
+  if (j->nodes <= 0) return;
+  snprintf(hosts[o->rank], sizeof hosts[o->rank], "node%d:boot", o->rank % j->nodes);
+  o->host_id = hosts[o->rank];
+  o->placement = 1;
+}
+
+static mpg_status thread_rank(const mpg_init_opts *in, void *arg) {
   job *j = arg;
+  mpg_init_opts o = *in;
+  const mpg_init_opts *opts = &o;
+  place(j, &o);
   mpg_ctx *ctx = NULL;
   mpg_status st = mpg_ctx_create(j->mesh, opts, &ctx);
+  if (!st) j->mesh_rank[0][opts->rank] = mpg_ctx_rank(ctx);
   if (!st) st = run_cases(j, 0, opts->rank, ctx);
   note(j, 0, opts->rank, st);
   mpg_ctx_destroy(ctx);
@@ -207,9 +225,11 @@ static void *nccl_rank(void *p) {
   o.device = na->rank;
   o.nccl_id = &j->id;
   o.timeout_s = 60;
+  place(j, &o);
   mpg_ctx *ctx = NULL;
   cudaSetDevice(na->rank);
   mpg_status st = mpg_ctx_create(j->mesh, &o, &ctx);
+  if (!st) j->mesh_rank[1][na->rank] = mpg_ctx_rank(ctx);
   if (!st) st = run_cases(j, 1, na->rank, ctx);
   note(j, 1, na->rank, st);
   mpg_ctx_destroy(ctx);
@@ -218,10 +238,11 @@ static void *nccl_rank(void *p) {
 
 /* The collectives on `group` (gsize ranks) of mesh `dims` (world ranks,
  * dp_cp flattened when the mesh has cp). */
-static void compare(const char *dims, int world, const char *group, int gsize) {
+static void compare_on(const char *dims, int world, const char *group, int gsize, int nodes) {
   job *j = calloc(1, sizeof *j);
   cr_assert_not_null(j);
   j->world = world;
+  j->nodes = nodes;
   j->group = group;
   j->gsize = gsize;
   for (int bk = 0; bk < 2; bk++)
@@ -250,6 +271,19 @@ static void compare(const char *dims, int world, const char *group, int gsize) {
     for (int r = 0; r < world; r++)
       cr_assert_eq(j->st[bk][r], MPG_OK, "%s rank %d: %s: %s", bk ? "nccl" : "thread", r,
                    mpg_status_name(j->st[bk][r]), j->msg[bk][r]);
+  int renumbered = 0;
+  for (int r = 0; r < world; r++) {
+    cr_assert_eq(j->mesh_rank[0][r], j->mesh_rank[1][r], "%s on %d nodes: launcher rank %d is "
+                 "mesh rank %d on threads, %d on nccl", dims, nodes, r, j->mesh_rank[0][r],
+                 j->mesh_rank[1][r]);
+    renumbered += j->mesh_rank[1][r] != r;
+  }
+  if (nodes > 0) {
+    cr_assert_gt(renumbered, 0, "%s on %d nodes (cyclic launcher): placement renumbered no "
+                 "rank", dims, nodes);
+    cr_log_info("%s on %d simulated nodes: placement renumbered %d of %d ranks on both "
+                "backends", dims, nodes, renumbered, world);
+  }
   static const char *const cname[NCASE] = {
       "all_reduce sum", "all_reduce avg", "all_reduce max", "all_reduce min",
       "all_reduce scaled", "all_reduce sum in place", "all_reduce avg in place",
@@ -279,6 +313,10 @@ static void compare(const char *dims, int world, const char *group, int gsize) {
   free(j);
 }
 
+static void compare(const char *dims, int world, const char *group, int gsize) {
+  compare_on(dims, world, group, gsize, 0);
+}
+
 Test(double_vs_thread, world_3_bit_for_bit, .timeout = 120) { compare("dp=3", 3, "dp", 3); }
 Test(double_vs_thread, world_4_bit_for_bit, .timeout = 120) { compare("dp=4", 4, "dp", 4); }
 /* Megatron's shape: every group of dp2 x cp2 x tp2. */
@@ -291,3 +329,13 @@ Test(double_vs_thread, world_8_world, .timeout = 120) { compare(MESH8, 8, "world
 /* Pipeline stages: the pp group (first and last stage, as a tied
  * embedding's) of pp2 x dp2 x tp2. */
 Test(double_vs_thread, world_8_pp, .timeout = 120) { compare("pp=2,dp=2,tp=2", 8, "pp", 2); }
+/* Placement renumbering on NCCL: two simulated nodes, the launcher dealing
+ * ranks round-robin, so the context renumbers ranks to keep tp and cp on a
+ * node (the NCCL world is split into mesh order); every group's results
+ * still equal the thread backend's under the same placement. */
+Test(double_vs_thread, world_8_placed_on_2_nodes_tp, .timeout = 120) {
+  compare_on(MESH8, 8, "tp", 2, 2);
+}
+Test(double_vs_thread, world_8_placed_on_2_nodes_dp_cp, .timeout = 120) {
+  compare_on(MESH8, 8, "dp_cp", 4, 2);
+}
