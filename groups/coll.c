@@ -345,3 +345,16 @@ mpg_status mpg__group_host_all_gather(mpg_group *g, const void *send, void *recv
   st = mpg__ctx_setup_coll(g->ctx, g->comm, g->size, &c);
   return st ? on_failure(g, "all_gather (host)", st) : MPG_OK;
 }
+
+mpg_status mpg__group_host_all_reduce(mpg_group *g, const void *send, void *recv,
+                                      size_t count, mpg_dtype dtype, mpg_op op) {
+  mpg__coll c = {MPG__ALL_REDUCE, send, recv, count, dtype, op, 1.0, 0, 0, NULL, 0};
+  mpg_status st = prepare(g, &c, "all_reduce (host)");
+  if (st) return st;
+  if (g->size == 1) {
+    if (count) memmove(recv, send, count * mpg__dtype_size(dtype));
+    return MPG_OK;
+  }
+  st = mpg__ctx_setup_coll(g->ctx, g->comm, g->size, &c);
+  return st ? on_failure(g, "all_reduce (host)", st) : MPG_OK;
+}

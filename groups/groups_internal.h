@@ -56,6 +56,13 @@ void mpg__ctx_sync_count(mpg_ctx *ctx, int delta);
 mpg_status mpg__group_host_all_gather(mpg_group *group, const void *send,
                                       void *recv, size_t count, mpg_dtype dtype);
 
+/* The same for an all-reduce (recv holds count elements): e.g. sync's
+ * agreement on the union of the reduce groups, whose size does not grow
+ * with the world. */
+mpg_status mpg__group_host_all_reduce(mpg_group *group, const void *send,
+                                      void *recv, size_t count, mpg_dtype dtype,
+                                      mpg_op op);
+
 /* The issue-order check (groups/order.c) at `where` ("mpg_sync_finish"):
  * collective over the world when the checker is on (MESHPG_CHECK_ORDER),
  * nothing when it is off or the context was aborted.  MPG_ERR_STATE, on

@@ -1312,10 +1312,14 @@ MPG_API mpg_status mpg_sync_add_param(mpg_sync *sync, const char *name, size_t c
  * (dtype, reduce group, tied group), each view on a 64-byte boundary) and
  * the buckets (slices of one buffer, each up to bucket_mb, the buffer's
  * first up to first_bucket_mb; a larger parameter has its own).  Collective
- * over the world when it creates groups: the distinct reduce_dims are
- * created sorted by their dims, so every rank must register the same set
- * of reduce_dims (or create those groups first, in one order everywhere).
- * Gradients start at zero.
+ * over the world: every rank calls it.  The ranks first agree on the union
+ * of the reduce_dims that any rank registered (one all-reduce over the
+ * world, of a size that does not depend on the world), then every rank
+ * creates those groups in the same order (sorted by their dims), whether
+ * or not it has a parameter in them.  So pipeline stages may register
+ * different parameters with different reduce_dims and tied groups: only
+ * the ranks of one reduce group (or one tied group) must agree on its
+ * layout (below).  Gradients start at zero.
  *
  * Commit also checks that the ranks agree (thread and mpi backends; not on
  * nccl, whose collectives need device memory): over each reduce group (the

@@ -38,43 +38,51 @@ void mpg__sync_free_layout(mpg_sync *s) {
 /* Commit: groups, buffers, buckets                                     */
 /* ------------------------------------------------------------------ */
 
-static int cmp_unsigned(const void *a, const void *b) {
-  unsigned x = *(const unsigned *)a, y = *(const unsigned *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* Resolve every parameter's reduce group.  Override groups are created in
- * ascending mask order, whatever the registration order. */
+/* Resolve every parameter's reduce group.  The groups to create are the
+ * union, over the world, of every rank's reduce_dims other than the
+ * default: pipeline stages hold different parameters (a norm reduced over
+ * "dp,tp" on one stage only), and creating a group is a split over the
+ * whole world, so each rank first learns what any rank needs (one
+ * all-reduce of a flag per dim set: 2^MPG_MAX_DIMS int32, whatever the
+ * world size) and then every rank creates the same groups in ascending
+ * mask order, whatever its own parameters and their registration order. */
 static mpg_status resolve_groups(mpg_sync *s) {
-  unsigned masks[256];
-  mpg_group *groups[256];
-  int n = 0;
+  enum { NMASK = 1u << MPG_MAX_DIMS };
+  int32_t mine[NMASK], all[NMASK];
+  mpg_group *groups[NMASK];
+  memset(mine, 0, sizeof mine);
   for (int i = 0; i < s->nparams; i++) {
-    sparam *p = &s->params[i];
+    const sparam *p = &s->params[i];
     if (!p->dims || (s->default_mask && p->mask == s->default_mask)) continue;
-    int seen = 0;
-    for (int j = 0; j < n && !seen; j++) seen = masks[j] == p->mask;
-    if (!seen) masks[n++] = p->mask; /* masks < 2^MPG_MAX_DIMS = 256 */
+    mine[p->mask] = 1; /* masks < 2^MPG_MAX_DIMS */
   }
-  qsort(masks, (size_t)n, sizeof masks[0], cmp_unsigned);
-  for (int j = 0; j < n; j++) {
+  mpg_group *world = NULL;
+  mpg_status st = mpg_ctx_group(s->ctx, "world", &world);
+  if (!st) st = mpg__group_host_all_reduce(world, mine, all, NMASK, MPG_I32, MPG_OP_MAX);
+  if (st)
+    return mpg__fail_wrap(st, "mpg_sync_commit: agreeing over the world on the reduce "
+                          "groups (does every rank call mpg_sync_commit?)");
+  for (unsigned m = 0; m < NMASK; m++) {
+    groups[m] = NULL;
+    if (!all[m]) continue;
     char names[MPG_MAX_DIMS * MPG_NAME_MAX];
-    mpg__mesh_mask_names(s->mesh, masks[j], ",", names, sizeof names);
-    mpg_status st = mpg_ctx_group_dims(s->ctx, names, &groups[j]);
+    mpg__mesh_mask_names(s->mesh, m, ",", names, sizeof names);
+    st = mpg_ctx_group_dims(s->ctx, names, &groups[m]);
     if (st) {
       const char *who = "";
       for (int i = 0; i < s->nparams && !who[0]; i++)
-        if (s->params[i].dims && s->params[i].mask == masks[j]) who = s->params[i].name;
-      return mpg__fail_wrap(st, "mpg_sync_commit: reduce group \"%s\" (of param \"%s\")",
-                            names, who);
+        if (s->params[i].dims && s->params[i].mask == m) who = s->params[i].name;
+      if (who[0])
+        return mpg__fail_wrap(st, "mpg_sync_commit: reduce group \"%s\" (of param \"%s\")",
+                              names, who);
+      return mpg__fail_wrap(st, "mpg_sync_commit: reduce group \"%s\" (of another rank's "
+                            "params)", names);
     }
   }
   for (int i = 0; i < s->nparams; i++) {
     sparam *p = &s->params[i];
     p->group = s->default_group;
-    if (!p->dims) continue;
-    for (int j = 0; j < n; j++)
-      if (masks[j] == p->mask) p->group = groups[j];
+    if (p->dims && !(s->default_mask && p->mask == s->default_mask)) p->group = groups[p->mask];
   }
   return MPG_OK;
 }
