@@ -41,6 +41,10 @@ typedef struct sc_param {
   const char *reduce_dims; /* given to the library (NULL: default) */
   const char *expect_dims; /* the mesh dims the test expects: "dp,cp"; "" */
   int tied;                /* 1: tied over pp positions {0, P-1} */
+  unsigned stages;         /* pipeline stages that hold it (bit s: stage s);
+                              0: every rank */
+  const char *last_name;   /* its name on the last stage (a tied head named
+                              apart from the embedding), or NULL */
 } sc_param;
 
 typedef struct scenario {
@@ -66,6 +70,9 @@ typedef struct scenario {
   const char *differs_dim;
   int nparams;
   sc_param params[SC_MAX_PARAMS];
+  /* Storage for generated scenarios (sc_build_random): the strings above
+   * point here. */
+  char mesh_buf[96], flatten_buf[32], dims_buf[16][24];
 } scenario;
 
 /* ------------------------------------------------------------------ */
@@ -324,6 +331,7 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
   if (sc->lazy) copts.lazy_groups = 1;
   SC_TRY(mpg_ctx_create(mesh, &copts, &ctx));
   rank = mpg_ctx_rank(ctx);
+  int npresent = 0;
 
   mi->world = mpg_mesh_world_size(mesh);
   mi->ndims = mpg_mesh_ndims(mesh);
@@ -352,6 +360,10 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
              (void *)tied);
   }
 
+  /* Which params this rank's pipeline stage holds (all without pp). */
+  int stage = mi->pp_dim >= 0 ? mi->coord[rank][mi->pp_dim] : 0;
+#define SC_HERE(pa) (!(pa)->stages || ((pa)->stages >> stage & 1u))
+
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.fsdp_owns_dp = sc->fsdp;
   so.op = sc->op;
@@ -364,13 +376,19 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
 
   for (int p = 0; p < sc->nparams; p++) {
     const sc_param *pa = &sc->params[p];
+    ids[p] = -1;
+    SC_CHECK(sc_mask(mesh, pa->expect_dims, &masks[p]) == 0, "bad expect_dims \"%s\"",
+             pa->expect_dims);
+    if (!SC_HERE(pa)) continue;
     mpg_param_opts po = MPG_PARAM_OPTS_INIT;
     po.reduce_dims = pa->reduce_dims;
     po.tied_group = pa->tied ? tied : NULL;
-    SC_TRY(mpg_sync_add_param(sync, pa->name, pa->count, pa->dtype, &po, &ids[p]));
-    SC_CHECK(ids[p] == p, "param %s got id %d, expected %d", pa->name, ids[p], p);
-    SC_CHECK(sc_mask(mesh, pa->expect_dims, &masks[p]) == 0, "bad expect_dims \"%s\"",
-             pa->expect_dims);
+    const char *pname = pa->last_name && mi->pp_dim >= 0 && stage == mi->pp_size - 1
+                            ? pa->last_name : pa->name;
+    SC_TRY(mpg_sync_add_param(sync, pname, pa->count, pa->dtype, &po, &ids[p]));
+    SC_CHECK(ids[p] == npresent, "param %s got id %d, expected %d", pa->name, ids[p],
+             npresent);
+    npresent++;
   }
   SC_TRY(mpg_sync_commit(sync));
 
@@ -378,8 +396,8 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
   SC_TRY(mpg_sync_get_stats(sync, &stats));
   o->nbuckets = stats.num_buckets;
   o->nbuffers = stats.num_buffers;
-  SC_CHECK(stats.num_params == sc->nparams, "num_params %d, expected %d", stats.num_params,
-           sc->nparams);
+  SC_CHECK(stats.num_params == npresent, "num_params %d, expected %d", stats.num_params,
+           npresent);
   SC_CHECK(stats.launched_buckets == 0, "launched %ld before any step", stats.launched_buckets);
   if (sc->expect_buckets >= 0)
     SC_CHECK(stats.num_buckets == sc->expect_buckets, "num_buckets %d, expected %d",
@@ -395,14 +413,15 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
   size_t sum_bytes = 0;
   for (int p = 0; p < sc->nparams; p++) {
     const sc_param *pa = &sc->params[p];
-    SC_TRY(mpg_sync_grad(sync, p, &views[p]));
+    if (!SC_HERE(pa)) continue;
+    SC_TRY(mpg_sync_grad(sync, ids[p], &views[p]));
     SC_CHECK(views[p] != NULL, "param %s: NULL view", pa->name);
     for (size_t i = 0; i < pa->count; i++)
       SC_CHECK(sc_get(views[p], pa->dtype, i) == 0, "param %s[%zu] not zero at start",
                pa->name, i);
     sum_bytes += pa->count * mpg_dtype_size(pa->dtype);
     mpg_group *g = NULL;
-    SC_TRY(mpg_sync_param_group(sync, p, &g));
+    SC_TRY(mpg_sync_param_group(sync, ids[p], &g));
     int want = 1;
     for (int q = 0; q < mi->world; q++)
       if (q != rank && sc_same_outside(mi, rank, q, masks[p])) want++;
@@ -410,14 +429,16 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
              pa->name, mpg_group_name(g), mpg_group_size(g), want);
   }
   SC_CHECK(stats.total_bytes >= sum_bytes, "total_bytes %zu < %zu", stats.total_bytes, sum_bytes);
-  SC_CHECK(stats.total_bytes <= sum_bytes + (size_t)sc->nparams * 64,
+  SC_CHECK(stats.total_bytes <= sum_bytes + (size_t)npresent * 64,
            "total_bytes %zu: more than 64 bytes of padding per param over %zu",
            stats.total_bytes, sum_bytes);
   for (int a = 0; a < sc->nparams; a++) {
     const sc_param *pa = &sc->params[a];
+    if (!SC_HERE(pa)) continue;
     char *lo_a = views[a], *hi_a = lo_a + pa->count * mpg_dtype_size(pa->dtype);
     for (int b = a + 1; b < sc->nparams; b++) {
       const sc_param *pb = &sc->params[b];
+      if (!SC_HERE(pb)) continue;
       char *lo_b = views[b], *hi_b = lo_b + pb->count * mpg_dtype_size(pb->dtype);
       SC_CHECK(hi_a <= lo_b || hi_b <= lo_a, "views of %s and %s overlap", pa->name, pb->name);
       int same = pa->dtype == pb->dtype && masks[a] == masks[b] && pa->tied == pb->tied;
@@ -446,6 +467,7 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
       if (last && sc->sync_all) {
         for (int k = 0; k < sc->nparams; k++) {
           int p = order[k];
+          if (!SC_HERE(&sc->params[p])) continue;
           for (size_t i = 0; i < sc->params[p].count; i++)
             sc_set(views[p], sc->params[p].dtype, i,
                    sc_get(views[p], sc->params[p].dtype, i) + (double)sc_value(rank, p, i, step, m));
@@ -456,11 +478,12 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
         for (int k = 0; k < sc->nparams; k++) {
           int p = order[k];
           const sc_param *pa = &sc->params[p];
+          if (!SC_HERE(pa)) continue;
           for (size_t i = 0; i < pa->count; i++)
             sc_set(views[p], pa->dtype, i,
                    sc_get(views[p], pa->dtype, i) + (double)sc_value(rank, p, i, step, m));
           if (last && sc->unmarked && p % sc->unmarked == 0) continue;
-          SC_TRY(mpg_sync_mark_ready(sync, p));
+          SC_TRY(mpg_sync_mark_ready(sync, ids[p]));
         }
         SC_TRY(mpg_sync_get_stats(sync, &stats));
         if (!last)
@@ -479,6 +502,7 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
     /* Every element against the reduction over exactly its group. */
     for (int p = 0; p < sc->nparams; p++) {
       const sc_param *pa = &sc->params[p];
+      if (!SC_HERE(pa)) continue;
       for (size_t i = 0; i < pa->count; i++) {
         double want = sc_expected(sc, mi, masks[p], rank, p, i, step);
         double got = sc_get(views[p], pa->dtype, i);
@@ -509,11 +533,12 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
     }
     SC_TRY(mpg_sync_zero_grads(sync));
     for (int p = 0; p < sc->nparams; p++)
-      for (size_t i = 0; i < sc->params[p].count; i++)
+      for (size_t i = 0; SC_HERE(&sc->params[p]) && i < sc->params[p].count; i++)
         SC_CHECK(sc_get(views[p], sc->params[p].dtype, i) == 0, "param %s[%zu] not zeroed",
                  sc->params[p].name, i);
   }
   o->launched = launched;
+#undef SC_HERE
 
 done:
   if (sync) {
@@ -584,8 +609,90 @@ static SC_UNUSED void sc_add_model(scenario *sc, int layers, mpg_dtype dt, const
   sc_add(sc, "final_norm", 16, dt, sp ? "dp_cp,tp" : NULL, sp ? sp : dflt, 0);
 }
 
+/* "pp_random:SEED" (issue 20): a random pipeline mesh for `world` ranks,
+ * whose stages register different params.  pp is 2..4 (a divisor of the
+ * world), the rest of the world split at random over dp, cp and tp (sizes
+ * 1 allowed), the four dims in a random order, dp_cp flattened.  4..14
+ * params, each on a random non-empty set of stages, with a random count,
+ * dtype (f32, f64, bf16) and reduce_dims: the default (dp_cp) or a random
+ * non-empty subset of {dp, cp, tp} (never pp: ranks of different stages
+ * hold different params).  Some are tied over the first and last stage
+ * (present on both, and maybe on stages between, where they are plain
+ * params).  Every stage holds at least one param.  Random micro-batches,
+ * bucket sizes and ready orders.  Returns -1 when no pp fits the world. */
+static SC_UNUSED int sc_build_random(scenario *sc, unsigned seed, int world) {
+  unsigned r = seed * 2654435761u + 977u;
+  int pps[3], npp = 0;
+  for (int P = 2; P <= 4; P++)
+    if (world % P == 0) pps[npp++] = P;
+  if (npp == 0 || world > SC_MAX_RANKS) return -1;
+  int P = pps[sc_rand(&r) % (unsigned)npp], rest = world / P, size[3] = {1, 1, 1};
+  /* rest over dp, cp, tp: deal its prime factors at random. */
+  for (int f = 2; rest > 1; f++)
+    while (rest % f == 0) {
+      size[sc_rand(&r) % 3] *= f;
+      rest /= f;
+    }
+  sc_init(sc, "", NULL, NULL, world);
+  snprintf(sc->name, sizeof sc->name, "pp_random:%u", seed);
+  const char *dn[4] = {"pp", "dp", "cp", "tp"};
+  int ds[4] = {P, size[0], size[1], size[2]}, perm[4] = {0, 1, 2, 3};
+  for (int i = 3; i > 0; i--) {
+    int j = (int)(sc_rand(&r) % (unsigned)(i + 1)), t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+  int n = 0;
+  for (int i = 0; i < 4; i++)
+    n += snprintf(sc->mesh_buf + n, sizeof sc->mesh_buf - (size_t)n, "%s%s=%d", i ? "," : "",
+                  dn[perm[i]], ds[perm[i]]);
+  /* Dim lists name the dims in mesh order (the spec's rule). */
+  int at[4];
+  for (int i = 0; i < 4; i++) at[perm[i]] = i;
+  snprintf(sc->flatten_buf, sizeof sc->flatten_buf, "dp_cp=%s",
+           at[1] < at[2] ? "dp,cp" : "cp,dp");
+  sc->mesh = sc->mesh_buf;
+  sc->flatten = sc->flatten_buf;
+  /* reduce_dims strings: subset k (bits dp 1, cp 2, tp 4) at dims_buf[k]. */
+  for (unsigned k = 1; k < 8; k++) {
+    char *b = sc->dims_buf[k];
+    size_t len = 0;
+    b[0] = '\0';
+    for (int i = 0; i < 4; i++) {
+      int d = perm[i] - 1; /* mesh order; pp (-1) never */
+      if (d >= 0 && (k >> d & 1u))
+        len += (size_t)snprintf(b + len, sizeof sc->dims_buf[k] - len, "%s%s", len ? "," : "",
+                                dn[1 + d]);
+    }
+  }
+  static const mpg_dtype dts[3] = {MPG_F32, MPG_F64, MPG_BF16};
+  int np = 4 + (int)(sc_rand(&r) % 11u);
+  unsigned all = (1u << P) - 1u, covered = 0;
+  for (int i = 0; i < np; i++) {
+    int tied = sc_rand(&r) % 5u == 0;
+    unsigned k = sc_rand(&r) % 10u; /* 0..2: the default, else subset k - 2 (1..7) */
+    const char *rd = k < 3 ? NULL : sc->dims_buf[k - 2];
+    sc_add(sc, NULL, 1 + sc_rand(&r) % 300u, dts[sc_rand(&r) % 3u], rd, rd ? rd : "dp,cp",
+           tied);
+    unsigned st = sc_rand(&r) & all;
+    if (tied) st |= 1u | (1u << (P - 1));
+    if (!st) st = 1u << (sc_rand(&r) % (unsigned)P);
+    sc->params[i].stages = st;
+    covered |= st;
+  }
+  for (int s = 0; s < P; s++) /* every stage holds something */
+    if (!(covered >> s & 1u)) sc->params[sc_rand(&r) % (unsigned)np].stages |= 1u << s;
+  sc->microbatches = 1 + (int)(sc_rand(&r) % 2u);
+  sc->bucket_mb = 0.0005 + 0.0005 * (double)(sc_rand(&r) % 8u);
+  sc->first_bucket_mb = 0.0005;
+  sc->seed = 1 + sc_rand(&r) % 1000u;
+  return 0;
+}
+
 /* Fill `sc` with the scenario called `name` for `world` ranks; 0 or -1. */
 static SC_UNUSED int sc_build(scenario *sc, const char *name, int world) {
+  if (strncmp(name, "pp_random:", 10) == 0)
+    return sc_build_random(sc, (unsigned)strtoul(name + 10, NULL, 10), world);
   if (strcmp(name, "dp_cp_default") == 0 && world == 8) {
     sc_init(sc, name, "dp=2,cp=2,tp=2", "dp_cp=dp,cp", 8);
     sc_add_model(sc, 3, MPG_F32, "dp,cp", NULL);

@@ -102,6 +102,47 @@ Test(sync_step, sync_all) {
   run_scenario("sync_all", 4);
 }
 
+/* Pipeline stages with different params (issue 20): a norm reduced over
+ * "dp,tp" on one stage only, a tied embedding on the first and last stage,
+ * and so on, on random meshes (sync_scenarios.h: sc_build_random).  Before
+ * commit agreed on the union of the reduce groups, a stage whose params
+ * named a dim set that another stage's did not entered a split alone and
+ * every rank timed out.  Commit must succeed, and every gradient must be
+ * the average over exactly its group (plus the tied sum). */
+Test(sync_pipeline, stages_with_different_params_random_meshes, .timeout = 600) {
+  static const int worlds[] = {4, 6, 8, 12, 16};
+  int ran = 0;
+  for (int seed = 1; seed <= 30; seed++) {
+    int world = worlds[seed % 5];
+    char name[32];
+    snprintf(name, sizeof name, "pp_random:%d", seed);
+    run_scenario(name, world);
+    ran++;
+  }
+  cr_log_info("%d random pipeline scenarios passed", ran);
+}
+
+/* The case from the issue, by hand: pp=2, dp=2, tp=2; stage 0 holds the
+ * embedding (tied to stage 1's head), a layer and a norm reduced over
+ * "dp,tp"; stage 1 a layer and the head.  It timed out in commit. */
+static void set_stages_issue20(scenario *sc, int unused) {
+  (void)unused;
+  sc_init(sc, "pp_issue20", "pp=2,dp=2,tp=2", NULL, 8);
+  sc_add(sc, "embed", 256, MPG_F32, NULL, "dp", 1);
+  sc->params[0].stages = 3u; /* both stages: "embed" on 0, "head" on 1 */
+  sc->params[0].last_name = "head";
+  sc_add(sc, "l0.w", 300, MPG_F32, NULL, "dp", 0);
+  sc->params[1].stages = 1u;
+  sc_add(sc, "l0.norm", 16, MPG_F32, "dp,tp", "dp,tp", 0);
+  sc->params[2].stages = 1u;
+  sc_add(sc, "l1.w", 300, MPG_F32, NULL, "dp", 0);
+  sc->params[3].stages = 2u;
+  sc->seed = 3;
+}
+Test(sync_pipeline, stage_only_reduce_dims_and_tied_head) {
+  run_scenario_with("dp_cp_default", 8, set_stages_issue20, 0);
+}
+
 static void set_microbatches(scenario *sc, int m) {
   sc->microbatches = m;
   sc->steps = 2;

@@ -31,6 +31,16 @@ Test(sync_mpi, scenarios_4_ranks, .timeout = 400) { run_worker(4, "", "all", 380
 
 Test(sync_mpi, scenarios_8_ranks, .timeout = 600) { run_worker(8, "", "all", 580); }
 
+/* Pipeline stages with different params on random meshes (issue 20,
+ * sync_scenarios.h: sc_build_random), as real processes. */
+Test(sync_mpi, pipeline_stages_with_different_params_4_ranks, .timeout = 300) {
+  run_worker(4, "", "pp_random:1 pp_random:2 pp_random:3 pp_random:4 pp_random:5 pp_random:6",
+             280);
+}
+Test(sync_mpi, pipeline_stages_with_different_params_8_ranks, .timeout = 400) {
+  run_worker(8, "", "pp_random:7 pp_random:8 pp_random:9 pp_random:10 pp_random:11", 380);
+}
+
 /* Shard mode on real processes: owned gradient values, owned ranges that
  * partition every param over each shard group, gathered params. */
 Test(sync_mpi, shard_4_ranks, .timeout = 300) { run_worker(4, "", "shard", 280); }
