@@ -128,6 +128,9 @@ struct mpg__backend_ops {
    * or -1.  nccl: the device world_init chose (groups/device.h), so that
    * binding pins the rank near that GPU. */
   int (*comm_device)(const mpg__comm *comm);
+  /* Set the timeout of the operations (and splits) that start on comm from
+   * now on; communicators split from it later inherit it.  Local. */
+  void (*set_timeout)(mpg__comm *comm, double timeout_s);
 };
 
 /* The size-1 collective on host memory. */

@@ -338,6 +338,26 @@ mpg_status mpg_ctx_destroy(mpg_ctx *ctx) {
   return first ? mpg__error_restore(first, &why) : MPG_OK;
 }
 
+mpg_status mpg_ctx_set_timeout(mpg_ctx *ctx, double timeout_s) {
+  if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_set_timeout: ctx is NULL");
+  if (!(timeout_s > 0) || !(timeout_s < 1e9))
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpg_ctx_set_timeout: timeout_s is %g, expected > 0 and < 1e9 seconds",
+                     timeout_s);
+  ctx->timeout_s = timeout_s;
+  if (!ctx->ops->set_timeout) return MPG_OK;
+  if (ctx->world_comm) ctx->ops->set_timeout(ctx->world_comm, timeout_s);
+  if (ctx->launch_comm) ctx->ops->set_timeout(ctx->launch_comm, timeout_s);
+  for (int i = 0; i < ctx->nsets; i++) {
+    mpg__comm *c = ctx->groups[i].comm;
+    if (c && c != ctx->world_comm) ctx->ops->set_timeout(c, timeout_s);
+  }
+  for (mpg_group *g = ctx->extra; g; g = g->next)
+    if (g->comm && g->comm != ctx->world_comm) ctx->ops->set_timeout(g->comm, timeout_s);
+  mpg__log(1, "ctx: rank %d: timeout now %g s", ctx->rank, timeout_s);
+  return MPG_OK;
+}
+
 mpg_status mpg_ctx_abort(mpg_ctx *ctx) {
   if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_abort: ctx is NULL");
   mpg__ctx_abort_all(ctx, MPG_ERR_ABORTED);

@@ -907,6 +907,19 @@ MPG_API mpg_status mpg_ctx_destroy(mpg_ctx *ctx);
  * reason (MPG_ERR_TIMEOUT, MPG_ERR_ABORTED).  Safe from any thread. */
 MPG_API mpg_status mpg_ctx_status(const mpg_ctx *ctx);
 
+/* Change the context's timeout (opts.timeout_s at create) for every
+ * operation, split and setup check that starts from now on, on every
+ * group of the context, groups created later included.  Typical use: a
+ * generous timeout while the job starts (process launch, first NCCL
+ * connections, group creation and mpg_sync_commit can be slow on a loaded
+ * machine) and a short one for the training steps, so that a dead peer is
+ * found quickly.  Local (no communication); each rank sets its own, and
+ * ranks should agree.  Operations already in flight keep the deadline they
+ * started with.  Not to be called while another thread uses the context.
+ * Returns MPG_ERR_INVALID for a NULL ctx or a timeout that is not > 0 (or
+ * is 1e9 s or more). */
+MPG_API mpg_status mpg_ctx_set_timeout(mpg_ctx *ctx, double timeout_s);
+
 /* Abort every communicator of the context (safe from a watchdog thread): waiting peers fail with
  * MPG_ERR_ABORTED or MPG_ERR_TIMEOUT, and later collectives with
  * MPG_ERR_ABORTED.  Never blocks.  The context must still be destroyed. */

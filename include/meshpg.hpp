@@ -821,6 +821,9 @@ class Ctx {
   /* Abort every communicator (mpg_ctx_abort): safe from another thread,
    * never blocks.  The context must still be destroyed. */
   void abort() noexcept { (void)mpg_ctx_abort(ctx_); }
+  /* The timeout of every operation that starts from now on
+   * (mpg_ctx_set_timeout): e.g. long for start-up, short for the steps. */
+  void set_timeout(double seconds) { check(mpg_ctx_set_timeout(ctx_, seconds)); }
   /* What opts.bind did (mpg_ctx_get_binding). */
   mpg_binding binding() const {
     mpg_binding b = MPG_BINDING_INIT;

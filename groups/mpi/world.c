@@ -520,6 +520,12 @@ static mpg_status comm_destroy(mpg__comm *m) {
   return st;
 }
 
+static void comm_set_timeout(mpg__comm *m, double timeout_s) {
+  lock_g();
+  m->timeout_s = timeout_s;
+  unlock_g();
+}
+
 const struct mpg__backend_ops mpg__backend_mpi = {
     .name = "mpi",
     .world_init = world_init,
@@ -533,4 +539,5 @@ const struct mpg__backend_ops mpg__backend_mpi = {
     .mem_alloc = mpg__mpi_mem_alloc,
     .mem_free = mpg__mpi_mem_free,
     .comm_identity = comm_identity,
+    .set_timeout = comm_set_timeout,
 };

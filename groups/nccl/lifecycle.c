@@ -282,6 +282,12 @@ static mpg_status nccl_destroy(mpg__comm *c) {
 /* The function table                                                 */
 /* ------------------------------------------------------------------ */
 
+static void nccl_set_timeout(mpg__comm *c, double timeout_s) {
+  pthread_mutex_lock(&c->lock);
+  c->timeout_s = timeout_s;
+  pthread_mutex_unlock(&c->lock);
+}
+
 const struct mpg__backend_ops mpg__backend_nccl = {
     .name = "nccl",
     .world_init = mpg__nccl_world_init,
@@ -303,4 +309,5 @@ const struct mpg__backend_ops mpg__backend_nccl = {
     .stream_destroy = mpg__nccl_stream_destroy,
     .stream_order = mpg__nccl_stream_order,
     .comm_device = mpg__nccl_comm_device,
+    .set_timeout = nccl_set_timeout,
 };

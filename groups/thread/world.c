@@ -186,6 +186,9 @@ static mpg_status t_destroy(mpg__comm *cm) {
   return MPG_OK;
 }
 
+/* The member's own view: only its rank's thread reads it. */
+static void t_set_timeout(mpg__comm *cm, double timeout_s) { cm->timeout_s = timeout_s; }
+
 const struct mpg__backend_ops mpg__backend_thread = {
     .name = "thread",
     .world_init = t_world_init,
@@ -197,4 +200,5 @@ const struct mpg__backend_ops mpg__backend_thread = {
     .abort_comm = t_abort,
     .destroy = t_destroy,
     .local = NULL,
+    .set_timeout = t_set_timeout,
 };

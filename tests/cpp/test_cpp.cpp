@@ -639,6 +639,10 @@ Test(threads, work_move_and_destructor_waits, .timeout = 120) {
     REQUIRE(!e.pending());
     REQUIRE(mpg_work_wait(raw) == MPG_OK && u == 1);
 
+    // A shorter timeout for what follows; a bad one throws ERR_INVALID.
+    ctx.set_timeout(30);
+    expect_error(MPG_ERR_INVALID, [&] { ctx.set_timeout(0); });
+
     // After an abort, collectives throw ERR_ABORTED.
     g.barrier();
     ctx.abort();

@@ -362,7 +362,11 @@ static int run_fault(enum fault_kind kind, int k) {
   int victim = g_rank == g_world - 1;
   static const char *const dims[3] = {"dp_cp", "tp", "dp_cp,tp"};
   int ids[3] = {-1, -1, -1};
-  TRY(make_ctx(timeout, &mesh, &ctx));
+  /* Start-up (launch, NCCL's connections, the splits of commit, a healthy
+   * step) under a generous timeout: 8 ranks under ASan on 2 cores took more
+   * than 3 s to connect (CI).  The fault is then met under `timeout`
+   * (mpg_ctx_set_timeout), which is what the bounds below measure. */
+  TRY(make_ctx(timeout > 120 ? timeout : 120, &mesh, &ctx));
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   TRY(mpg_sync_create(ctx, &so, &s));
   for (int p = 0; p < k; p++) {
@@ -376,6 +380,7 @@ static int run_fault(enum fault_kind kind, int k) {
   }
   TRY(mpg_sync_commit(s));
   TRY(mpg_sync_all(s, 0, NULL)); /* one healthy step */
+  TRY(mpg_ctx_set_timeout(ctx, timeout));
   TRY(mpg_sync_begin(s, 1, 1, NULL));
 #ifdef MPG_ON_DOUBLE
   {
@@ -673,7 +678,7 @@ static int run_gather(int armed) {
   cudaStream_t fwd = NULL;
   cudaEvent_t ev = NULL;
   int ids[2] = {-1, -1};
-  TRY(make_ctx(3, &mesh, &ctx));
+  TRY(make_ctx(120, &mesh, &ctx)); /* start-up; then 3 s for the held gather */
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.mode = MPG_SYNC_SHARD;
   so.bucket_mb = 0.25;
@@ -683,6 +688,7 @@ static int run_gather(int armed) {
   TRY(mpg_sync_add_param(s, "p1", 1 << 16, MPG_F32, NULL, &ids[1]));
   TRY(mpg_sync_commit(s));
   TRY(mpg_sync_all(s, 0, NULL));
+  TRY(mpg_ctx_set_timeout(ctx, 3));
   CUDA_TRY(cudaStreamCreateWithFlags(&fwd, cudaStreamNonBlocking));
   CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   CUDA_TRY(cudaDeviceSynchronize());

@@ -1069,6 +1069,72 @@ Test(thread_timeout, skipped_all_reduce_in_a_subgroup) {
   run_timeout("dp=4,tp=4", 16, "dp", 6, 0);
 }
 
+/* mpg_ctx_set_timeout: a context made with a long timeout (start-up) that
+ * is then shortened for the steps gives up on a missing peer after the new
+ * timeout, on a group created before the change and on one created after;
+ * bad values are refused. */
+typedef struct settime_arg {
+  const mpg_mesh *mesh;
+  double elapsed[2][8];
+  mpg_status got[2][8], bad[8];
+} settime_arg;
+
+static mpg_status settime_main(const mpg_init_opts *opts, void *arg) {
+  settime_arg *sa = arg;
+  int r = opts->rank;
+  mpg_init_opts o = *opts;
+  o.timeout_s = 120; /* start-up */
+  o.lazy_groups = 1;
+  mpg_ctx *ctx = NULL;
+  RCALL(mpg_ctx_create(sa->mesh, &o, &ctx));
+  mpg_group *dp = NULL, *tp = NULL;
+  RCALL(mpg_ctx_group(ctx, "dp", &dp)); /* created under 120 s */
+  sa->bad[r] = mpg_ctx_set_timeout(ctx, 0);
+  if (sa->bad[r] == MPG_ERR_INVALID) sa->bad[r] = mpg_ctx_set_timeout(ctx, -1);
+  if (sa->bad[r] == MPG_ERR_INVALID) sa->bad[r] = mpg_ctx_set_timeout(NULL, 1);
+  RCALL(mpg_ctx_set_timeout(ctx, TIMEOUT_S));
+  RCALL(mpg_ctx_group(ctx, "tp", &tp)); /* created after the change */
+  /* Rank 3 skips one all-reduce on each: its dp peer (rank 1) and its tp
+   * peer (rank 2) give up after TIMEOUT_S, not 120 s. */
+  mpg_group *gs[2] = {dp, tp};
+  for (int k = 0; k < 2; k++) {
+    if (r == 3) break;
+    double x = 1, y = 0, t0 = now_s();
+    sa->got[k][r] = mpg_all_reduce(gs[k], &x, &y, 1, MPG_F64, MPG_OP_SUM, NULL, NULL);
+    sa->elapsed[k][r] = now_s() - t0;
+    if (sa->got[k][r] != MPG_OK) break; /* the context is aborted now */
+  }
+  mpg_ctx_destroy(ctx);
+  return MPG_OK;
+}
+
+Test(thread_timeout, set_timeout_shortens_later_operations) {
+  setenv("MESHPG_CHECK_ORDER", "0", 1); /* see run_timeout */
+  mpg_mesh *mesh = make_mesh("dp=2,tp=2", NULL);
+  settime_arg *sa = calloc(1, sizeof *sa);
+  sa->mesh = mesh;
+  EXPECT_RUN_OK(mpg_thread_run(4, 120, settime_main, sa, NULL));
+  for (int r = 0; r < 4; r++)
+    cr_assert_eq(sa->bad[r], MPG_ERR_INVALID, "rank %d: a bad timeout gave %s", r,
+                 mpg_status_name(sa->bad[r]));
+  /* mesh dp=2,tp=2: rank 3's dp peer is rank 1, its tp peer rank 2.  Rank 1
+   * times out on dp; rank 2 passes dp (with rank 0) and times out on tp. */
+  cr_assert_eq(sa->got[0][1], MPG_ERR_TIMEOUT, "rank 1 on dp: %s",
+               mpg_status_name(sa->got[0][1]));
+  cr_assert_eq(sa->got[0][2], MPG_OK, "rank 2 on dp: %s", mpg_status_name(sa->got[0][2]));
+  cr_assert_eq(sa->got[1][2], MPG_ERR_TIMEOUT, "rank 2 on tp: %s",
+               mpg_status_name(sa->got[1][2]));
+  double waited[2] = {sa->elapsed[0][1], sa->elapsed[1][2]};
+  for (int k = 0; k < 2; k++) {
+    cr_assert(waited[k] < tb_bound(TIMEOUT_S + 1.0, 4), "%s: gave up after %.3f s, not "
+              "the new %.1f s", k ? "tp (created after)" : "dp (created before)", waited[k],
+              TIMEOUT_S);
+    cr_assert(waited[k] > TIMEOUT_S * 0.5, "gave up after only %.3f s", waited[k]);
+  }
+  free(sa);
+  mpg_mesh_destroy(mesh);
+}
+
 /* The message of a rank that gave up on its own names the missing rank. */
 Test(thread_timeout, message_names_the_missing_rank) {
   setenv("MESHPG_CHECK_ORDER", "0", 1); /* see run_timeout */
