@@ -1,0 +1,223 @@
+/* gpt: train a small byte-level GPT on thread ranks with tensor, sequence,
+ * data and pipeline parallelism through meshpg, next to the single-process
+ * reference on the same global batches, and compare them.
+ *
+ *   gpt [--mesh pp=2,dp=2,tp=2] [--sp] [--steps N] [--layers L] [--dmodel C]
+ *       [--heads H] [--seq T] [--batch B] [--microbatches M] [--lr LR]
+ *       [--seed S] [--data FILE] [--svg FILE] [--tol X] [--ptol X]
+ *
+ * Tolerances: the parallel run computes the same f32 arithmetic as the
+ * reference but sums in another order (tp partial sums added by an
+ * all-reduce, dp gradients averaged, micro-batches accumulated, the grad
+ * norm summed per shard).  Each such sum differs by a few f32 ulps (~1e-7
+ * relative), so --tol (1e-4 relative) is ample for the loss of every step
+ * and for the gradients of step 1 (before any optimizer step), while a real
+ * bug (a missing reduction, a wrong shard, a factor of tp) gives far larger
+ * errors.  Each tensor shard is compared in the 2-norm, ||a - ref|| /
+ * ||ref||.  The parameters after the last step get --ptol (1e-3): AdamW's
+ * m / sqrt(v) is of order 1 whatever the size of the gradient, so an
+ * element whose gradient is near zero (a cancellation) moves by about lr
+ * in a direction set by rounding noise; small tensors that start at zero
+ * (biases) then differ by ~1e-4 relative after tens of steps, more with
+ * small batches.  The key part of qkv.b is left out of the parameter
+ * comparison: its gradient is zero in exact arithmetic, so both runs' key
+ * biases are pure AdamW-scaled rounding noise (see gpt_shard_error in
+ * train.h).
+ */
+#include "train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef GPT_DEFAULT_DATA
+#define GPT_DEFAULT_DATA "include/meshpg.h"
+#endif
+
+static uint8_t *read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  uint8_t *buf = NULL;
+  size_t cap = 0, n = 0;
+  for (;;) {
+    if (n == cap) {
+      cap = cap ? 2 * cap : 65536;
+      uint8_t *nb = realloc(buf, cap);
+      if (!nb) { free(buf); fclose(f); return NULL; }
+      buf = nb;
+    }
+    size_t k = fread(buf + n, 1, cap - n, f);
+    if (k == 0) break;
+    n += k;
+  }
+  fclose(f);
+  *len = n;
+  return buf;
+}
+
+static void write_svg(const char *path, const double *a, const double *b, int n,
+                      double base) {
+  FILE *f = fopen(path, "w");
+  if (!f) { fprintf(stderr, "gpt: cannot write %s\n", path); return; }
+  const double W = 640, H = 400, L = 60, Rm = 20, Tm = 30, Bm = 50;
+  double lo = base, hi = base;
+  for (int i = 0; i < n; i++) {
+    lo = fmin(lo, fmin(a[i], b[i]));
+    hi = fmax(hi, fmax(a[i], b[i]));
+  }
+  if (hi - lo < 1e-9) hi = lo + 1;
+  double pad = 0.05 * (hi - lo);
+  lo -= pad, hi += pad;
+#define X(i) (L + (n > 1 ? (double)(i) / (n - 1) : 0.5) * (W - L - Rm))
+#define Y(v) (Tm + (hi - (v)) / (hi - lo) * (H - Tm - Bm))
+  fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\">\n"
+             "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
+  fprintf(f, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n", L,
+          H - Bm, W - Rm, H - Bm);
+  fprintf(f, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n", L, Tm,
+          L, H - Bm);
+  for (int k = 0; k <= 4; k++) {
+    double v = lo + (hi - lo) * k / 4;
+    fprintf(f, "<text x=\"%g\" y=\"%g\" font-size=\"11\" text-anchor=\"end\">%.2f</text>\n",
+            L - 4, Y(v) + 4, v);
+  }
+  fprintf(f, "<text x=\"%g\" y=\"%g\" font-size=\"12\" text-anchor=\"middle\">step (1..%d)"
+             "</text>\n", (L + W - Rm) / 2, H - 15, n);
+  fprintf(f, "<text x=\"%g\" y=\"18\" font-size=\"13\">loss: parallel (blue), reference "
+             "(red, dashed), unigram entropy (grey)</text>\n", L);
+  fprintf(f, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"grey\" "
+             "stroke-dasharray=\"2,4\"/>\n", L, Y(base), W - Rm, Y(base));
+  const double *s[2] = {a, b};
+  const char *style[2] = {"stroke=\"blue\" stroke-width=\"2\"",
+                          "stroke=\"red\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\""};
+  for (int k = 0; k < 2; k++) {
+    fprintf(f, "<polyline fill=\"none\" %s points=\"", style[k]);
+    for (int i = 0; i < n; i++) fprintf(f, "%.1f,%.1f ", X(i), Y(s[k][i]));
+    fprintf(f, "\"/>\n");
+  }
+  fprintf(f, "</svg>\n");
+#undef X
+#undef Y
+  fclose(f);
+}
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: gpt [--mesh pp=2,dp=2,tp=2] [--sp] [--steps N] [--layers L]\n"
+          "           [--dmodel C] [--heads H] [--seq T] [--batch B]\n"
+          "           [--microbatches M] [--lr LR] [--seed S] [--data FILE]\n"
+          "           [--svg FILE] [--tol X] [--ptol X]\n");
+}
+
+int main(int argc, char **argv) {
+  gpt_config c = {.n_layer = 2, .d_model = 32, .n_head = 4, .seq = 32, .batch = 8,
+                  .micro = 2, .lr = 3e-3f, .seed = 1};
+  const char *mesh = "pp=2,dp=2,tp=2", *data_path = GPT_DEFAULT_DATA, *svg = NULL;
+  int sp = 0, steps = 20;
+  double tol = 1e-4, ptol = 1e-3;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--sp")) { sp = 1; continue; }
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
+    if (!v) { usage(); return 2; }
+    i++;
+    if (!strcmp(a, "--mesh")) mesh = v;
+    else if (!strcmp(a, "--steps")) steps = atoi(v);
+    else if (!strcmp(a, "--layers")) c.n_layer = atoi(v);
+    else if (!strcmp(a, "--dmodel")) c.d_model = atoi(v);
+    else if (!strcmp(a, "--heads")) c.n_head = atoi(v);
+    else if (!strcmp(a, "--seq")) c.seq = atoi(v);
+    else if (!strcmp(a, "--batch")) c.batch = atoi(v);
+    else if (!strcmp(a, "--microbatches")) c.micro = atoi(v);
+    else if (!strcmp(a, "--lr")) c.lr = (float)atof(v);
+    else if (!strcmp(a, "--seed")) c.seed = strtoull(v, NULL, 0);
+    else if (!strcmp(a, "--data")) data_path = v;
+    else if (!strcmp(a, "--svg")) svg = v;
+    else if (!strcmp(a, "--tol")) tol = atof(v);
+    else if (!strcmp(a, "--ptol")) ptol = atof(v);
+    else { usage(); return 2; }
+  }
+  if (steps < 1) { usage(); return 2; }
+  size_t len = 0;
+  uint8_t *data = read_file(data_path, &len);
+  if (!data) { fprintf(stderr, "gpt: cannot read %s\n", data_path); return 1; }
+  int pp, dp, tp;
+  if (gpt_parse_mesh(mesh, &pp, &dp, &tp)) {
+    fprintf(stderr, "gpt: bad --mesh \"%s\"\n", mesh);
+    return 2;
+  }
+  const char *why = gpt_config_check(&c, tp, pp, dp, sp);
+  if (why || len < (size_t)c.seq + 2) {
+    fprintf(stderr, "gpt: %s\n", why ? why : "data too short");
+    return 2;
+  }
+  double ent = gpt_unigram_entropy(data, len);
+  printf("data %s: %zu bytes, unigram entropy %.4f nats (uniform: %.4f)\n", data_path, len,
+         ent, log(256.0));
+  printf("model: layers %d, dmodel %d, heads %d, seq %d; batch %d, microbatches %d, lr %g, "
+         "seed %llu\n", c.n_layer, c.d_model, c.n_head, c.seq, c.batch, c.micro,
+         (double)c.lr, (unsigned long long)c.seed);
+  printf("mesh pp=%d,dp=%d,tp=%d%s (%d thread ranks)\n", pp, dp, tp, sp ? " + sp" : "",
+         pp * dp * tp);
+
+  gpt_model ref;
+  double *rloss = calloc((size_t)steps, sizeof(double));
+  float **g1 = NULL;
+  double t0 = now();
+  if (!rloss || gpt_reference_train(&c, data, len, steps, &ref, rloss, &g1) || !g1) {
+    fprintf(stderr, "gpt: reference failed\n");
+    return 1;
+  }
+  double t1 = now();
+  gpt_par_result res;
+  if (gpt_parallel_train(&c, data, len, mesh, sp, steps, &ref, g1, &res)) {
+    fprintf(stderr, "gpt: %s\n", res.error);
+    return 1;
+  }
+  double t2 = now();
+  printf("\n%6s %12s %12s %12s\n", "step", "loss", "ref loss", "rel err");
+  double max_loss_err = 0.0;
+  for (int s = 0; s < steps; s++) {
+    double e = fabs(res.loss[s] - rloss[s]) / fabs(rloss[s]);
+    max_loss_err = fmax(max_loss_err, e);
+    printf("%6d %12.6f %12.6f %12.3e\n", s + 1, res.loss[s], rloss[s], e);
+  }
+  printf("\nrelative error ||a - ref|| / ||ref|| per tensor shard (max over ranks)\n"
+         "  %-12s %10s  %12s  %12s\n", "tensor", "elements", "grad step 1",
+         "param final");
+  double max_param_err = 0.0, max_grad_err = 0.0;
+  for (int id = 0; id < res.nt; id++) {
+    char name[48];
+    gpt_tensor_name(id, name, sizeof name);
+    printf("  %-12s %10zu  %12.3e  %12.3e\n", name, gpt_tensor_count(&c, id, 1),
+           res.grad_err[id], res.param_err[id]);
+    max_param_err = fmax(max_param_err, res.param_err[id]);
+    max_grad_err = fmax(max_grad_err, res.grad_err[id]);
+  }
+  printf("(param final: qkv.b without its key part, see train.h)\n");
+  printf("\nmax rel err: loss %.3e, grad (step 1) %.3e (tolerance %.1e); param %.3e "
+         "(tolerance %.1e)\n", max_loss_err, max_grad_err, tol, max_param_err, ptol);
+  printf("final loss %.4f vs unigram entropy %.4f; reference %.2f s, parallel %.2f s\n",
+         res.loss[steps - 1], ent, t1 - t0, t2 - t1);
+  int pass = max_loss_err <= tol && max_grad_err <= tol && max_param_err <= ptol;
+  printf("%s\n", pass ? "PASS" : "FAIL");
+  if (svg) {
+    write_svg(svg, res.loss, rloss, steps, ent);
+    printf("wrote %s\n", svg);
+  }
+  gpt_par_result_free(&res);
+  for (int id = 0; id < ref.nt; id++) free(g1[id]);
+  free(g1);
+  gpt_model_free(&ref);
+  free(rloss);
+  free(data);
+  return pass ? 0 : 1;
+}

@@ -1,0 +1,134 @@
+/* A small byte-level GPT (pre-LayerNorm transformer) in plain C11 f32, with a
+ * manual backward pass, written so that one code path serves both the
+ * single-process reference (tp = 1, one pipeline stage, no communication)
+ * and a rank of a parallel job (a tensor-parallel shard of a pipeline
+ * stage, Megatron style, every communication through meshpg groups).
+ *
+ * Activations are "token rows" laid out sequence-major: row t * nb + b is
+ * position t of sequence b of a micro-batch of nb sequences.  So splitting
+ * the rows in tp contiguous chunks splits along the sequence (sequence
+ * parallel), as Megatron's [s, b, h] layout does.
+ *
+ * Tensor parallel: QKV and fc are column-parallel (heads split over tp),
+ * proj and fc2 row-parallel.  The embeddings, the LayerNorms, the
+ * row-parallel biases and the (tied) LM head are replicated over tp: the
+ * simplest correct choice (a vocabulary-parallel head would save memory
+ * and compute, not change the result). */
+#ifndef GPT_MODEL_H
+#define GPT_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "meshpg.h"
+
+#define GPT_VOCAB 256
+
+typedef struct gpt_config {
+  int n_layer;
+  int d_model;
+  int n_head;
+  int seq;          /* T */
+  int batch;        /* global batch, sequences per step */
+  int micro;        /* micro-batches per step (pipeline) */
+  float lr;
+  uint64_t seed;
+} gpt_config;
+
+/* Tensors: 4 global ones, then 12 per layer.  id = 4 + 12 * layer + kind. */
+enum { GPT_WTE, GPT_WPE, GPT_LNFG, GPT_LNFB, GPT_NGLOBAL };
+enum {
+  L_LN1G, L_LN1B, L_QKVW, L_QKVB, L_PROJW, L_PROJB,
+  L_LN2G, L_LN2B, L_FCW, L_FCB, L_FC2W, L_FC2B, L_NPER
+};
+
+int gpt_num_tensors(const gpt_config *c);
+int gpt_tensor_id(int layer, int kind);
+int gpt_tensor_layer(int id); /* -1 for the global tensors */
+int gpt_tensor_kind(int id);  /* L_* for layer tensors, GPT_* for globals */
+void gpt_tensor_name(int id, char *buf, size_t n);
+/* Split over tp (column- or row-parallel weight or column bias)? */
+int gpt_tensor_sharded(int id);
+/* Matrices get weight decay. */
+int gpt_tensor_decays(int id);
+size_t gpt_tensor_count(const gpt_config *c, int id, int tp);
+/* Local element index of tp rank r's shard -> index in the full tensor. */
+size_t gpt_shard_to_full(const gpt_config *c, int id, int tp, int r, size_t i);
+float gpt_init_value(const gpt_config *c, int id, size_t full_index);
+/* Check a config for a given tp / pp / dp / sp; NULL if fine, else why not. */
+const char *gpt_config_check(const gpt_config *c, int tp, int pp, int dp, int sp);
+
+/* Tensor-parallel communication of one rank.  tp == NULL: none (tp = 1). */
+typedef struct gpt_comm {
+  mpg_group *tp;
+  int tp_size, tp_rank;
+  int sp; /* sequence parallel */
+  mpg_status err; /* first communication error */
+} gpt_comm;
+
+typedef void (*gpt_ready_fn)(void *arg, int tensor);
+
+typedef struct gpt_act gpt_act; /* one micro-batch's saved activations */
+
+typedef struct gpt_model {
+  gpt_config cfg;
+  gpt_comm comm;
+  int layer_lo, layer_hi; /* layers of this stage */
+  int first, last;        /* holds the embedding / the LM head */
+  int nt;
+  float **p, **g, **m, **v; /* per tensor; NULL where absent */
+  size_t *n;
+  int own_grads;
+  gpt_ready_fn ready;
+  void *ready_arg;
+  int nb, nslots; /* sequences per micro-batch, activation slots */
+  int rows, rows_local; /* N = seq * nb, R = N / tp with sp else N */
+  gpt_act *act;
+  float *s_a, *s_b, *s_c, *s_d, *s_e; /* backward scratch */
+  long t; /* AdamW step */
+} gpt_model;
+
+/* grads: NULL (the model allocates zeroed gradients) or one view per
+ * tensor (NULL for the tensors this stage does not hold). */
+int gpt_model_init(gpt_model *m, const gpt_config *c, const gpt_comm *comm,
+                   int layer_lo, int layer_hi, int first, int last, int nb,
+                   int nslots, float **grads);
+void gpt_model_free(gpt_model *m);
+void gpt_model_zero_grads(gpt_model *m);
+/* Does a stage with layers [lo, hi) hold tensor id? */
+int gpt_tensor_held(int id, int lo, int hi, int first, int last);
+
+/* The tokens of global sequence g of step `step`: tok[0..seq] (seq + 1
+ * bytes, inputs then targets shifted by one). */
+void gpt_sequence(const gpt_config *c, const uint8_t *data, size_t len, long step,
+                  long g, uint8_t *tok);
+/* Unigram entropy of the data in nats. */
+double gpt_unigram_entropy(const uint8_t *data, size_t len);
+
+/* Forward of one micro-batch into activation slot `slot`.  seqs: nb
+ * sequences of seq + 1 bytes (gpt_sequence).  in: this rank's input rows
+ * (R x C) when not first; out: its output rows when not last.  On the last
+ * stage returns the sum of the token losses of this rank's rows and keeps
+ * loss_scale (d loss / d token loss) for backward. */
+double gpt_forward(gpt_model *m, int slot, const uint8_t *seqs, const float *in,
+                   float *out, float loss_scale);
+/* Backward of slot: dout (R x C) when not last; dx (R x C) when not first.
+ * Accumulates into the gradients; calls m->ready(arg, tensor) as each
+ * tensor's gradient for this micro-batch is complete. */
+void gpt_backward(gpt_model *m, int slot, const float *dout, float *dx);
+
+/* Sum of squares of tensor id's gradient (f64). */
+double gpt_grad_sumsq(const gpt_model *m, int id);
+/* AdamW step over every held tensor, gradients multiplied by gscale
+ * (clipping) first. */
+void gpt_adamw(gpt_model *m, float gscale);
+
+/* Single-process reference training.  losses[steps]; grads1 (may be NULL):
+ * per-tensor copies of the gradients of step 0 (full tensors, before
+ * clipping), allocated.  On return *model holds the final parameters. */
+int gpt_reference_train(const gpt_config *c, const uint8_t *data, size_t len,
+                        int steps, gpt_model *model, double *losses,
+                        float ***grads1);
+
+#define GPT_CLIP 1.0
+#endif

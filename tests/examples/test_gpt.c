@@ -1,0 +1,138 @@
+/* Tests of the GPT example: a finite-difference gradient check of the
+ * single-process model, and parallel runs on thread ranks (tp, tp + sp,
+ * dp, pp and their mixes) equal to the reference: the loss of every step,
+ * every gradient after step 1's sync, every parameter after the last
+ * step.  Tolerances as in gpt_main.c. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train.h"
+
+static uint8_t *load_data(size_t *len) {
+  FILE *f = fopen(GPT_DEFAULT_DATA, "rb");
+  cr_assert_not_null(f, "cannot open %s", GPT_DEFAULT_DATA);
+  uint8_t *buf = malloc(1 << 20);
+  cr_assert_not_null(buf);
+  *len = fread(buf, 1, 1 << 20, f);
+  fclose(f);
+  cr_assert_gt(*len, 1000);
+  return buf;
+}
+
+Test(gpt, finite_difference_gradients) {
+  gpt_config c = {.n_layer = 2, .d_model = 16, .n_head = 4, .seq = 8, .batch = 2,
+                  .micro = 1, .lr = 1e-3f, .seed = 3};
+  size_t len;
+  uint8_t *data = load_data(&len);
+  gpt_model m;
+  cr_assert_eq(gpt_model_init(&m, &c, NULL, 0, c.n_layer, 1, 1, c.batch, 1, NULL), 0);
+  /* Move the zero biases and unit gains off their init so every path of
+   * the backward is exercised. */
+  for (int id = 0; id < m.nt; id++)
+    for (size_t i = 0; i < m.n[id]; i++)
+      m.p[id][i] += 0.05f * sinf((float)(7 * id + 3 * (int)i));
+  uint8_t seqs[2 * 9];
+  for (int b = 0; b < c.batch; b++) gpt_sequence(&c, data, len, 0, b, seqs + b * (c.seq + 1));
+  const double ntok = (double)c.batch * c.seq;
+  gpt_forward(&m, 0, seqs, NULL, NULL, (float)(1.0 / ntok));
+  gpt_backward(&m, 0, NULL, NULL);
+  int checked = 0;
+  for (int id = 0; id < m.nt; id++) {
+    /* the largest gradient element and 7 others spread over the tensor */
+    size_t pick[8] = {0};
+    for (size_t i = 0; i < m.n[id]; i++)
+      if (fabsf(m.g[id][i]) > fabsf(m.g[id][pick[0]])) pick[0] = i;
+    for (int k = 1; k < 8; k++) pick[k] = ((size_t)k * m.n[id] / 7 + (size_t)k) % m.n[id];
+    for (int k = 0; k < 8; k++) {
+      size_t i = pick[k];
+      float keep = m.p[id][i];
+      /* f32 loss: eps small enough for the curvature of LayerNorm and
+       * softmax, large enough for rounding (~1e-7 of the loss / eps) */
+      const float eps = 2e-3f;
+      m.p[id][i] = keep + eps;
+      double lp = gpt_forward(&m, 0, seqs, NULL, NULL, 1.0f) / ntok;
+      m.p[id][i] = keep - eps;
+      double lm = gpt_forward(&m, 0, seqs, NULL, NULL, 1.0f) / ntok;
+      m.p[id][i] = keep;
+      double fd = (lp - lm) / (2.0 * eps), an = m.g[id][i];
+      char name[48];
+      gpt_tensor_name(id, name, sizeof name);
+      cr_expect_leq(fabs(fd - an), 2e-4 + 5e-3 * fmax(fabs(fd), fabs(an)),
+                    "%s[%zu]: finite difference %.6g, backward %.6g", name, i, fd, an);
+      checked++;
+    }
+  }
+  cr_assert_eq(checked, 8 * m.nt);
+  gpt_model_free(&m);
+  free(data);
+}
+
+static void check_mesh_layers(const char *mesh, int sp, int layers) {
+  gpt_config c = {.n_layer = layers, .d_model = 32, .n_head = 4, .seq = 16, .batch = 4,
+                  .micro = 2, .lr = 3e-3f, .seed = 7};
+  const int steps = 3;
+  size_t len;
+  uint8_t *data = load_data(&len);
+  gpt_model ref;
+  double rloss[3];
+  float **g1 = NULL;
+  cr_assert_eq(gpt_reference_train(&c, data, len, steps, &ref, rloss, &g1), 0);
+  gpt_par_result res;
+  int rc = gpt_parallel_train(&c, data, len, mesh, sp, steps, &ref, g1, &res);
+  cr_assert_eq(rc, 0, "%s%s: %s", mesh, sp ? " sp" : "", res.error);
+  for (int s = 0; s < steps; s++)
+    cr_expect_leq(fabs(res.loss[s] - rloss[s]), 1e-4 * fabs(rloss[s]),
+                  "%s%s step %d: loss %.8f, reference %.8f", mesh, sp ? " sp" : "", s + 1,
+                  res.loss[s], rloss[s]);
+  for (int id = 0; id < res.nt; id++) {
+    char name[48];
+    gpt_tensor_name(id, name, sizeof name);
+    cr_expect(res.grad_err[id] >= 0 && res.grad_err[id] <= 1e-4,
+              "%s%s: gradient of %s after step 1: rel err %.3e", mesh, sp ? " sp" : "",
+              name, res.grad_err[id]);
+    cr_expect(res.param_err[id] >= 0 && res.param_err[id] <= 1e-3,
+              "%s%s: %s after step %d: rel err %.3e", mesh, sp ? " sp" : "", name, steps,
+              res.param_err[id]);
+  }
+  gpt_par_result_free(&res);
+  for (int id = 0; id < ref.nt; id++) free(g1[id]);
+  free(g1);
+  gpt_model_free(&ref);
+  free(data);
+}
+
+static void check_mesh(const char *mesh, int sp) { check_mesh_layers(mesh, sp, 2); }
+
+Test(gpt, dp2_tp2) { check_mesh("dp=2,tp=2", 0); }
+Test(gpt, dp2_tp2_sp) { check_mesh("dp=2,tp=2", 1); }
+Test(gpt, pp2_dp2) { check_mesh("pp=2,dp=2", 0); }
+Test(gpt, pp2_tp2) { check_mesh("pp=2,tp=2", 0); }
+Test(gpt, pp2_tp2_sp) { check_mesh("pp=2,tp=2", 1); }
+Test(gpt, pp2_dp2_tp2_sp) { check_mesh("pp=2,dp=2,tp=2", 1); }
+Test(gpt, tp4_sp) { check_mesh("tp=4", 1); }
+/* four stages: the middle ones hold neither wte copy */
+Test(gpt, pp4_tp2_sp) { check_mesh_layers("pp=4,tp=2", 1, 4); }
+
+/* The comparison catches a real mistake: a run with another seed differs. */
+Test(gpt, detects_difference) {
+  gpt_config c = {.n_layer = 2, .d_model = 32, .n_head = 4, .seq = 16, .batch = 4,
+                  .micro = 1, .lr = 3e-3f, .seed = 7};
+  size_t len;
+  uint8_t *data = load_data(&len);
+  gpt_model ref;
+  double rloss[2];
+  cr_assert_eq(gpt_reference_train(&c, data, len, 2, &ref, rloss, NULL), 0);
+  c.seed = 8;
+  gpt_par_result res;
+  cr_assert_eq(gpt_parallel_train(&c, data, len, "dp=2", 0, 2, &ref, NULL, &res), 0);
+  double worst = 0;
+  for (int id = 0; id < res.nt; id++) worst = fmax(worst, res.param_err[id]);
+  cr_expect_gt(worst, 1e-2);
+  gpt_par_result_free(&res);
+  gpt_model_free(&ref);
+  free(data);
+}
