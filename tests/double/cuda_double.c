@@ -225,6 +225,10 @@ void dbl_stats(dbl_stats_t *out) {
 
 void dbl_count_collective(void) { atomic_fetch_add(&st_collectives, 1); }
 
+/* Progress of device work in this process (double.h). */
+static _Atomic uint64_t st_progress;
+void dbl_note_progress(void) { atomic_fetch_add_explicit(&st_progress, 1, memory_order_relaxed); }
+
 /* The rank is per thread (ranks may be threads of one process); a thread
  * that never set one gets the process's rank when every setter agreed on
  * one, else MESHPG_DOUBLE_RANK, else -1. */
@@ -787,15 +791,23 @@ static void hang(const char *why, int device, const struct dep *d) {
             other[0] ? " Device of the awaited stream: " : "", other);
 }
 
-/* Block the host (G held) until every dep is met, or report a hang. */
+/* Block the host (G held) until every dep is met, or report a hang: a
+ * wait of MESHPG_DOUBLE_HANG_S during which no device work of this
+ * process progressed (dbl_note_progress).  Work that still moves data is
+ * slow (a sanitizer, an oversubscribed machine), and its wait goes on. */
 static void host_wait_deps(const struct dep *deps, int n, const char *why, int device) {
   double deadline = dbl_now() + cfg.hang_s;
+  uint64_t seen = atomic_load_explicit(&st_progress, memory_order_relaxed);
   pthread_cond_t *cv = my_cv();
   for (int i = 0; i < n; i++)
     while (deps[i].s->completed < deps[i].seq)
       if (wait_on(&deps[i].s->waiters, cv, deadline) == ETIMEDOUT &&
-          deps[i].s->completed < deps[i].seq)
-        hang(why, device, &deps[i]);
+          deps[i].s->completed < deps[i].seq) {
+        uint64_t now_seen = atomic_load_explicit(&st_progress, memory_order_relaxed);
+        if (now_seen == seen) hang(why, device, &deps[i]);
+        seen = now_seen;
+        deadline = dbl_now() + cfg.hang_s;
+      }
 }
 
 static void host_wait(struct dstream *s, uint64_t seq, const char *why) {

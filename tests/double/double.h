@@ -106,9 +106,16 @@ int dbl_stream_device(cudaStream_t stream);
 /* Wait until every stream of `device` has run all of its work, as
  * cudaFree, cudaMalloc and cudaDeviceSynchronize do.  `why` names the
  * caller for the hang report: when the wait lasts longer than
- * MESHPG_DOUBLE_HANG_S (default 20 s) the double dbl_fatal()s, listing
+ * MESHPG_DOUBLE_HANG_S (default 20 s) with no device work of this process
+ * making progress (dbl_note_progress), the double dbl_fatal()s, listing
  * every unfinished item of the device (stream, what, since when). */
 void dbl_device_wait(int device, const char *why);
+
+/* Long device work (a collective moving 64 MiB between 8 ranks under ASan
+ * on 2 cores can run for more than MESHPG_DOUBLE_HANG_S) calls this each
+ * time it moves data: a host wait whose work still moves is slow, not
+ * hung, and its hang deadline starts again. */
+void dbl_note_progress(void);
 
 /* The item now running on each stream of `device`, for reports: writes
  * "stream S: WHAT (running X s); ..." into buf. */

@@ -2030,6 +2030,7 @@ static void launch_run(void *arg) {
       double now = dbl_now();
       if (progressed) {
         since = now;
+        dbl_note_progress(); /* the host's wait on this stream is not hung */
         continue;
       }
       ww_sleep(&h->wake, seen, 20, 1);
