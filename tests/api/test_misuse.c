@@ -26,6 +26,7 @@
  *    collective on a group of a destroyed context; buffers shorter than
  *    count elements. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -485,6 +486,7 @@ Test(api, ctx_create_misuse) {
   EXPECT(mpg_ctx_destroy(NULL), MPG_OK, "");
   cr_expect_eq(mpg_ctx_status(NULL), MPG_ERR_INVALID);
   EXPECT(mpg_ctx_abort(NULL), MPG_ERR_INVALID, "NULL");
+  EXPECT(mpg_ctx_set_timeout(NULL, 1), MPG_ERR_INVALID, "NULL");
   EXPECT(mpg_ctx_check_order(NULL), MPG_ERR_INVALID, "NULL");
   cr_expect_eq(mpg_ctx_rank(NULL), -1);
   cr_expect_eq(mpg_ctx_launcher_rank(NULL), -1);
@@ -661,6 +663,13 @@ static mpg_status ctx_rank(const mpg_init_opts *opts, void *arg) {
   R_EXPECT(mpg_work_test(w, NULL), MPG_ERR_INVALID, "done is NULL");
   R_EXPECT(mpg_work_wait(w), MPG_OK, "");
   (void)done;
+  /* A timeout that is not > 0 (or not finite) is refused, and the old one
+   * stays. */
+  R_EXPECT(mpg_ctx_set_timeout(c, 0), MPG_ERR_INVALID, "timeout_s is 0");
+  R_EXPECT(mpg_ctx_set_timeout(c, -2), MPG_ERR_INVALID, "expected > 0");
+  R_EXPECT(mpg_ctx_set_timeout(c, NAN), MPG_ERR_INVALID, "timeout_s");
+  R_EXPECT(mpg_ctx_set_timeout(c, 1e300), MPG_ERR_INVALID, "1e9");
+  R_EXPECT(mpg_ctx_set_timeout(c, 30), MPG_OK, "");
   /* After an abort every collective says so, and the context reports it. */
   R_EXPECT(mpg_barrier(g, NULL), MPG_OK, "");
   R_EXPECT(mpg_ctx_abort(c), MPG_OK, "");
