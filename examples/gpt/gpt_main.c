@@ -1,10 +1,19 @@
 /* gpt: train a small byte-level GPT on thread ranks with tensor, sequence,
- * data and pipeline parallelism through meshpg, next to the single-process
- * reference on the same global batches, and compare them.
+ * context, data (replicated, sharded or HSDP) and pipeline parallelism
+ * through meshpg, next to the single-process reference on the same global
+ * batches, and compare them.
  *
- *   gpt [--mesh pp=2,dp=2,tp=2] [--sp] [--steps N] [--layers L] [--dmodel C]
- *       [--heads H] [--seq T] [--batch B] [--microbatches M] [--lr LR]
- *       [--seed S] [--data FILE] [--svg FILE] [--tol X] [--ptol X]
+ *   gpt [--mesh pp=2,dp=2,cp=2,tp=2] [--sp] [--shard] [--mpi] [--steps N]
+ *       [--layers L] [--dmodel C] [--heads H] [--seq T] [--batch B]
+ *       [--microbatches M] [--lr LR] [--seed S] [--data FILE] [--svg FILE]
+ *       [--tol X] [--ptol X]
+ *
+ * Mesh dims: pp, dp, cp, tp, or for HSDP (with --shard) dp_replicate and
+ * dp_shard in place of dp.  --shard: sharded data parallel (a distributed
+ * optimizer: mpg_sync in MPG_SYNC_SHARD mode).  --mpi: this process is one
+ * rank of an mpirun job (as many processes as the mesh has ranks); every
+ * process runs the reference, rank 0 prints the comparison:
+ *   mpirun -np 8 build/examples/gpt/gpt --mpi --mesh pp=2,dp=2,tp=2
  *
  * Tolerances: the parallel run computes the same f32 arithmetic as the
  * reference but sums in another order (tp partial sums added by an
@@ -111,8 +120,8 @@ static double now(void) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: gpt [--mesh pp=2,dp=2,tp=2] [--sp] [--steps N] [--layers L]\n"
-          "           [--dmodel C] [--heads H] [--seq T] [--batch B]\n"
+          "usage: gpt [--mesh pp=2,dp=2,cp=2,tp=2] [--sp] [--shard] [--mpi]\n"
+          "           [--steps N] [--layers L] [--dmodel C] [--heads H] [--seq T] [--batch B]\n"
           "           [--microbatches M] [--lr LR] [--seed S] [--data FILE]\n"
           "           [--svg FILE] [--tol X] [--ptol X]\n");
 }
@@ -121,11 +130,13 @@ int main(int argc, char **argv) {
   gpt_config c = {.n_layer = 2, .d_model = 32, .n_head = 4, .seq = 32, .batch = 8,
                   .micro = 2, .lr = 3e-3f, .seed = 1};
   const char *mesh = "pp=2,dp=2,tp=2", *data_path = GPT_DEFAULT_DATA, *svg = NULL;
-  int sp = 0, steps = 20;
+  int sp = 0, shard = 0, mpi = 0, steps = 20;
   double tol = 1e-4, ptol = 1e-3;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--sp")) { sp = 1; continue; }
+    if (!strcmp(a, "--shard")) { shard = 1; continue; }
+    if (!strcmp(a, "--mpi") || !strcmp(a, "--launcher")) { mpi = 1; continue; }
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
     if (!v) { usage(); return 2; }
     i++;
@@ -149,24 +160,42 @@ int main(int argc, char **argv) {
   size_t len = 0;
   uint8_t *data = read_file(data_path, &len);
   if (!data) { fprintf(stderr, "gpt: cannot read %s\n", data_path); return 1; }
-  int pp, dp, tp;
-  if (gpt_parse_mesh(mesh, &pp, &dp, &tp)) {
+  gpt_dims d;
+  if (gpt_parse_mesh(mesh, &d)) {
     fprintf(stderr, "gpt: bad --mesh \"%s\"\n", mesh);
     return 2;
   }
-  const char *why = gpt_config_check(&c, tp, pp, dp, sp);
+  const char *why = gpt_config_check(&c, d.tp, d.pp, d.dp, d.cp, sp);
   if (why || len < (size_t)c.seq + 2) {
     fprintf(stderr, "gpt: %s\n", why ? why : "data too short");
     return 2;
   }
+  /* With --mpi only rank 0 prints (its rank from the launcher). */
+  int root = 1;
+  if (mpi) {
+    mpg_launch L = MPG_LAUNCH_INIT;
+    if (mpg_launch_from_env(&L) != MPG_OK || L.rank < 0) {
+      fprintf(stderr, "gpt: --mpi: no launcher environment\n");
+      return 2;
+    }
+    root = L.rank == 0;
+  }
   double ent = gpt_unigram_entropy(data, len);
-  printf("data %s: %zu bytes, unigram entropy %.4f nats (uniform: %.4f)\n", data_path, len,
-         ent, log(256.0));
-  printf("model: layers %d, dmodel %d, heads %d, seq %d; batch %d, microbatches %d, lr %g, "
-         "seed %llu\n", c.n_layer, c.d_model, c.n_head, c.seq, c.batch, c.micro,
-         (double)c.lr, (unsigned long long)c.seed);
-  printf("mesh pp=%d,dp=%d,tp=%d%s (%d thread ranks)\n", pp, dp, tp, sp ? " + sp" : "",
-         pp * dp * tp);
+  if (root) {
+    printf("data %s: %zu bytes, unigram entropy %.4f nats (uniform: %.4f)\n", data_path, len,
+           ent, log(256.0));
+    printf("model: layers %d, dmodel %d, heads %d, seq %d; batch %d, microbatches %d, lr %g, "
+           "seed %llu\n", c.n_layer, c.d_model, c.n_head, c.seq, c.batch, c.micro,
+           (double)c.lr, (unsigned long long)c.seed);
+    if (d.hsdp)
+      printf("mesh pp=%d,dp_replicate=%d,dp_shard=%d,cp=%d,tp=%d", d.pp, d.dp_rep, d.dp_shard,
+             d.cp, d.tp);
+    else
+      printf("mesh pp=%d,dp=%d,cp=%d,tp=%d", d.pp, d.dp, d.cp, d.tp);
+    printf("%s%s (%d %s)\n", sp ? " + sp" : "", shard ? " + shard" : "",
+           d.pp * d.dp * d.cp * d.tp, mpi ? "MPI processes" : "thread ranks");
+    fflush(stdout);
+  }
 
   gpt_model ref;
   double *rloss = calloc((size_t)steps, sizeof(double));
@@ -178,11 +207,21 @@ int main(int argc, char **argv) {
   }
   double t1 = now();
   gpt_par_result res;
-  if (gpt_parallel_train(&c, data, len, mesh, sp, steps, &ref, g1, &res)) {
+  gpt_par_opts po = {sp, shard, mpi};
+  if (gpt_parallel_train_opts(&c, data, len, mesh, &po, steps, &ref, g1, &res)) {
     fprintf(stderr, "gpt: %s\n", res.error);
     return 1;
   }
   double t2 = now();
+  if (!res.root) {
+    gpt_par_result_free(&res);
+    for (int id = 0; id < ref.nt; id++) free(g1[id]);
+    free(g1);
+    gpt_model_free(&ref);
+    free(rloss);
+    free(data);
+    return 0;
+  }
   printf("\n%6s %12s %12s %12s\n", "step", "loss", "ref loss", "rel err");
   double max_loss_err = 0.0;
   for (int s = 0; s < steps; s++) {
@@ -205,8 +244,9 @@ int main(int argc, char **argv) {
   printf("(param final: qkv.b without its key part, see train.h)\n");
   printf("\nmax rel err: loss %.3e, grad (step 1) %.3e (tolerance %.1e); param %.3e "
          "(tolerance %.1e)\n", max_loss_err, max_grad_err, tol, max_param_err, ptol);
-  printf("final loss %.4f vs unigram entropy %.4f; reference %.2f s, parallel %.2f s\n",
-         res.loss[steps - 1], ent, t1 - t0, t2 - t1);
+  printf("final loss %.4f vs unigram entropy %.4f; reference %.2f s, parallel %.2f s "
+         "(%.1f ms per step after the first)\n",
+         res.loss[steps - 1], ent, t1 - t0, t2 - t1, 1e3 * res.step_s);
   int pass = max_loss_err <= tol && max_grad_err <= tol && max_param_err <= ptol;
   printf("%s\n", pass ? "PASS" : "FAIL");
   if (svg) {

@@ -110,7 +110,7 @@ float gpt_init_value(const gpt_config *c, int id, size_t full_index) {
   return (float)(u * std * sqrt(3.0));
 }
 
-const char *gpt_config_check(const gpt_config *c, int tp, int pp, int dp, int sp) {
+const char *gpt_config_check(const gpt_config *c, int tp, int pp, int dp, int cp, int sp) {
   if (c->n_layer < 1 || c->d_model < 1 || c->n_head < 1 || c->seq < 1 || c->batch < 1 ||
       c->micro < 1)
     return "sizes must be positive";
@@ -118,7 +118,8 @@ const char *gpt_config_check(const gpt_config *c, int tp, int pp, int dp, int sp
   if (c->n_head % tp) return "heads must be a multiple of tp";
   if (c->n_layer % pp) return "layers must be a multiple of pp";
   if (c->batch % (dp * c->micro)) return "batch must be a multiple of dp * microbatches";
-  if (sp && c->seq % tp) return "with --sp, seq must be a multiple of tp";
+  if (c->seq % cp) return "seq must be a multiple of cp";
+  if (sp && (c->seq / cp) % tp) return "with --sp, seq / cp must be a multiple of tp";
   return NULL;
 }
 
@@ -140,7 +141,7 @@ double gpt_unigram_entropy(const uint8_t *data, size_t len) {
 
 /* ---- activations -------------------------------------------------------- */
 typedef struct layer_act {
-  float *h1, *h1f, *mu1, *rs1, *qkv, *att, *y, *x2, *h2, *h2f, *mu2, *rs2, *pre, *gel;
+  float *h1, *h1f, *mu1, *rs1, *qkv, *kv, *att, *y, *x2, *h2, *h2f, *mu2, *rs2, *pre, *gel;
 } layer_act;
 
 struct gpt_act {
@@ -157,7 +158,7 @@ static float *falloc(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
 
 static int act_alloc(gpt_model *m, gpt_act *a) {
   size_t C = (size_t)m->cfg.d_model, N = (size_t)m->rows, R = (size_t)m->rows_local;
-  size_t Cl = C / (size_t)m->comm.tp_size, T = (size_t)m->cfg.seq;
+  size_t Cl = C / (size_t)m->comm.tp_size, T = (size_t)m->cfg.seq, Tl = (size_t)m->tl;
   size_t Hl = (size_t)m->cfg.n_head / (size_t)m->comm.tp_size;
   int nl = m->layer_hi - m->layer_lo, ok = 1, sp = use_sp(m);
   a->tok = malloc(N);
@@ -172,14 +173,15 @@ static int act_alloc(gpt_model *m, gpt_act *a) {
     l->h1 = falloc(R * C); l->mu1 = falloc(R); l->rs1 = falloc(R);
     l->h1f = sp ? falloc(N * C) : l->h1;
     l->qkv = falloc(N * 3 * Cl);
-    l->att = falloc((size_t)m->nb * Hl * T * T);
+    l->kv = falloc(T * (size_t)m->nb * 2 * Cl);
+    l->att = falloc((size_t)m->nb * Hl * Tl * T);
     l->y = falloc(N * Cl);
     l->x2 = falloc(R * C);
     l->h2 = falloc(R * C); l->mu2 = falloc(R); l->rs2 = falloc(R);
     l->h2f = sp ? falloc(N * C) : l->h2;
     l->pre = falloc(N * 4 * Cl);
     l->gel = falloc(N * 4 * Cl);
-    ok = l->h1 && l->mu1 && l->rs1 && l->h1f && l->qkv && l->att && l->y && l->x2 &&
+    ok = l->h1 && l->mu1 && l->rs1 && l->h1f && l->qkv && l->kv && l->att && l->y && l->x2 &&
          l->h2 && l->mu2 && l->rs2 && l->h2f && l->pre && l->gel;
   }
   if (m->last) {
@@ -199,7 +201,7 @@ static void act_free(gpt_model *m, gpt_act *a) {
       layer_act *l = &a->L[i];
       if (l->h1f != l->h1) free(l->h1f);
       if (l->h2f != l->h2) free(l->h2f);
-      free(l->h1); free(l->mu1); free(l->rs1); free(l->qkv); free(l->att); free(l->y);
+      free(l->h1); free(l->mu1); free(l->rs1); free(l->qkv); free(l->kv); free(l->att); free(l->y);
       free(l->x2); free(l->h2); free(l->mu2); free(l->rs2); free(l->pre); free(l->gel);
     }
   free(a->xs); free(a->L); free(a->tok); free(a->tgt);
@@ -215,14 +217,24 @@ int gpt_tensor_held(int id, int lo, int hi, int first, int last) {
 int gpt_model_init(gpt_model *m, const gpt_config *c, const gpt_comm *comm,
                    int layer_lo, int layer_hi, int first, int last, int nb,
                    int nslots, float **grads) {
+  return gpt_model_init_views(m, c, comm, layer_lo, layer_hi, first, last, nb, nslots,
+                              grads, NULL);
+}
+
+int gpt_model_init_views(gpt_model *m, const gpt_config *c, const gpt_comm *comm,
+                         int layer_lo, int layer_hi, int first, int last, int nb,
+                         int nslots, float **grads, float **params) {
   memset(m, 0, sizeof *m);
   m->cfg = *c;
   if (comm) m->comm = *comm;
   if (!m->comm.tp || m->comm.tp_size < 1) m->comm.tp_size = 1, m->comm.tp_rank = 0;
+  if (!m->comm.cp || m->comm.cp_size < 1) m->comm.cp_size = 1, m->comm.cp_rank = 0;
   m->layer_lo = layer_lo, m->layer_hi = layer_hi, m->first = first, m->last = last;
   m->nt = gpt_num_tensors(c);
   m->nb = nb, m->nslots = nslots;
-  m->rows = c->seq * nb;
+  m->tl = c->seq / m->comm.cp_size;
+  m->t0 = m->comm.cp_rank * m->tl;
+  m->rows = m->tl * nb;
   m->rows_local = use_sp(m) ? m->rows / m->comm.tp_size : m->rows;
   m->p = calloc((size_t)m->nt, sizeof(float *));
   m->g = calloc((size_t)m->nt, sizeof(float *));
@@ -231,17 +243,23 @@ int gpt_model_init(gpt_model *m, const gpt_config *c, const gpt_comm *comm,
   m->n = calloc((size_t)m->nt, sizeof(size_t));
   m->act = calloc((size_t)nslots, sizeof(gpt_act));
   m->own_grads = grads == NULL;
+  m->own_params = params == NULL;
   if (!m->p || !m->g || !m->m || !m->v || !m->n || !m->act) return -1;
   const int tp = m->comm.tp_size, r = m->comm.tp_rank;
   for (int id = 0; id < m->nt; id++) {
     if (!gpt_tensor_held(id, layer_lo, layer_hi, first, last)) continue;
     size_t n = gpt_tensor_count(c, id, tp);
     m->n[id] = n;
-    m->p[id] = falloc(n);
-    m->m[id] = falloc(n);
-    m->v[id] = falloc(n);
+    if (params) {
+      m->p[id] = params[id];
+    } else {
+      m->p[id] = falloc(n);
+      m->m[id] = falloc(n);
+      m->v[id] = falloc(n);
+      if (!m->m[id] || !m->v[id]) return -1;
+    }
     m->g[id] = grads ? grads[id] : falloc(n);
-    if (!m->p[id] || !m->m[id] || !m->v[id] || !m->g[id]) return -1;
+    if (!m->p[id] || !m->g[id]) return -1;
     for (size_t i = 0; i < n; i++)
       m->p[id][i] = gpt_init_value(c, id, gpt_shard_to_full(c, id, tp, r, i));
   }
@@ -251,7 +269,10 @@ int gpt_model_init(gpt_model *m, const gpt_config *c, const gpt_comm *comm,
   if (R * GPT_VOCAB > big) big = R * GPT_VOCAB;
   m->s_a = falloc(big); m->s_b = falloc(big); m->s_c = falloc(big);
   m->s_d = falloc(big); m->s_e = falloc(big);
-  if (!m->s_a || !m->s_b || !m->s_c || !m->s_d || !m->s_e) return -1;
+  m->s_kv = falloc((size_t)c->seq * (size_t)nb * 2 * Cl + (size_t)c->seq);
+  m->s_kvl = falloc(N * 2 * Cl);
+  if (!m->s_a || !m->s_b || !m->s_c || !m->s_d || !m->s_e || !m->s_kv || !m->s_kvl)
+    return -1;
   for (int s = 0; s < nslots; s++)
     if (act_alloc(m, &m->act[s])) return -1;
   return 0;
@@ -261,11 +282,13 @@ void gpt_model_free(gpt_model *m) {
   if (m->act)
     for (int s = 0; s < m->nslots; s++) act_free(m, &m->act[s]);
   for (int id = 0; m->p && id < m->nt; id++) {
-    free(m->p[id]); free(m->m[id]); free(m->v[id]);
+    if (m->own_params) free(m->p[id]);
+    free(m->m[id]); free(m->v[id]);
     if (m->own_grads) free(m->g[id]);
   }
   free(m->p); free(m->g); free(m->m); free(m->v); free(m->n); free(m->act);
   free(m->s_a); free(m->s_b); free(m->s_c); free(m->s_d); free(m->s_e);
+  free(m->s_kv); free(m->s_kvl);
   memset(m, 0, sizeof *m);
 }
 
@@ -282,7 +305,7 @@ void gpt_model_zero_grads(gpt_model *m) {
 static void note(gpt_model *m, mpg_status st) {
   if (st != MPG_OK && m->comm.err == MPG_OK) {
     m->comm.err = st;
-    fprintf(stderr, "gpt: tp collective failed: %s\n", mpg_last_error());
+    fprintf(stderr, "gpt: tp/cp collective failed: %s\n", mpg_last_error());
   }
 }
 /* in: R x C -> out: N x C (sp only). */
@@ -384,20 +407,25 @@ static float gelu_grad(float x) {
          0.5f * x * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-/* Causal attention over this rank's Hl heads.  qkv: N x 3Cl (q | k | v),
- * y: N x Cl, att: nb x Hl x T x T probabilities. */
-static void attn_fwd(const gpt_model *m, const float *qkv, float *att, float *y) {
-  const int T = m->cfg.seq, nb = m->nb, tp = m->comm.tp_size;
+/* Causal attention over this rank's Hl heads and its tl query positions
+ * (global positions t0 ..).  qkv: N x 3Cl (q | k | v) of its rows; kv:
+ * seq * nb x 2Cl (k | v) of every position of the sequences (gathered over
+ * cp), row u * nb + b for global position u; y: N x Cl; att: nb x Hl x tl
+ * x seq probabilities (masked by global position). */
+static void attn_fwd(const gpt_model *m, const float *qkv, const float *kv, float *att,
+                     float *y) {
+  const int T = m->cfg.seq, Tl = m->tl, t0 = m->t0, nb = m->nb, tp = m->comm.tp_size;
   const int Cl = m->cfg.d_model / tp, Hl = m->cfg.n_head / tp, hd = m->cfg.d_model / m->cfg.n_head;
   const float sc = 1.0f / sqrtf((float)hd);
   for (int b = 0; b < nb; b++)
     for (int h = 0; h < Hl; h++)
-      for (int t = 0; t < T; t++) {
-        const float *q = qkv + (size_t)(t * nb + b) * 3 * Cl + h * hd;
-        float *p = att + (((size_t)b * Hl + h) * T + t) * T;
+      for (int tl = 0; tl < Tl; tl++) {
+        const int t = t0 + tl;
+        const float *q = qkv + (size_t)(tl * nb + b) * 3 * Cl + h * hd;
+        float *p = att + (((size_t)b * Hl + h) * Tl + tl) * T;
         float mx = -INFINITY, sum = 0.0f;
         for (int u = 0; u <= t; u++) {
-          const float *k = qkv + (size_t)(u * nb + b) * 3 * Cl + Cl + h * hd;
+          const float *k = kv + (size_t)(u * nb + b) * 2 * Cl + h * hd;
           float s = 0.0f;
           for (int i = 0; i < hd; i++) s += q[i] * k[i];
           p[u] = s * sc;
@@ -406,33 +434,38 @@ static void attn_fwd(const gpt_model *m, const float *qkv, float *att, float *y)
         for (int u = 0; u <= t; u++) sum += (p[u] = expf(p[u] - mx));
         for (int u = 0; u <= t; u++) p[u] /= sum;
         for (int u = t + 1; u < T; u++) p[u] = 0.0f;
-        float *o = y + (size_t)(t * nb + b) * Cl + h * hd;
+        float *o = y + (size_t)(tl * nb + b) * Cl + h * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int u = 0; u <= t; u++) {
-          const float *v = qkv + (size_t)(u * nb + b) * 3 * Cl + 2 * Cl + h * hd;
+          const float *v = kv + (size_t)(u * nb + b) * 2 * Cl + Cl + h * hd;
           for (int i = 0; i < hd; i++) o[i] += p[u] * v[i];
         }
       }
 }
 
-/* dqkv (N x 3Cl) = backward of attn_fwd for dy (N x Cl). */
-static void attn_bwd(const gpt_model *m, const float *qkv, const float *att,
-                     const float *dy, float *dqkv, float *tmp) {
-  const int T = m->cfg.seq, nb = m->nb, tp = m->comm.tp_size;
+/* Backward of attn_fwd for dy (N x Cl): the q part of dqkv (N x 3Cl, the
+ * k and v parts left zero) and dkv (seq * nb x 2Cl, the gradient of the
+ * gathered K and V: this rank's queries' share). */
+static void attn_bwd(const gpt_model *m, const float *qkv, const float *kv,
+                     const float *att, const float *dy, float *dqkv, float *dkv,
+                     float *tmp) {
+  const int T = m->cfg.seq, Tl = m->tl, t0 = m->t0, nb = m->nb, tp = m->comm.tp_size;
   const int Cl = m->cfg.d_model / tp, Hl = m->cfg.n_head / tp, hd = m->cfg.d_model / m->cfg.n_head;
   const float sc = 1.0f / sqrtf((float)hd);
   memset(dqkv, 0, (size_t)m->rows * 3 * Cl * sizeof(float));
+  memset(dkv, 0, (size_t)T * nb * 2 * Cl * sizeof(float));
   for (int b = 0; b < nb; b++)
     for (int h = 0; h < Hl; h++)
-      for (int t = 0; t < T; t++) {
-        const float *p = att + (((size_t)b * Hl + h) * T + t) * T;
-        const float *d = dy + (size_t)(t * nb + b) * Cl + h * hd;
-        const float *q = qkv + (size_t)(t * nb + b) * 3 * Cl + h * hd;
-        float *dq = dqkv + (size_t)(t * nb + b) * 3 * Cl + h * hd;
+      for (int tl = 0; tl < Tl; tl++) {
+        const int t = t0 + tl;
+        const float *p = att + (((size_t)b * Hl + h) * Tl + tl) * T;
+        const float *d = dy + (size_t)(tl * nb + b) * Cl + h * hd;
+        const float *q = qkv + (size_t)(tl * nb + b) * 3 * Cl + h * hd;
+        float *dq = dqkv + (size_t)(tl * nb + b) * 3 * Cl + h * hd;
         float dot = 0.0f;
         for (int u = 0; u <= t; u++) {
-          const float *v = qkv + (size_t)(u * nb + b) * 3 * Cl + 2 * Cl + h * hd;
-          float *dv = dqkv + (size_t)(u * nb + b) * 3 * Cl + 2 * Cl + h * hd;
+          const float *v = kv + (size_t)(u * nb + b) * 2 * Cl + Cl + h * hd;
+          float *dv = dkv + (size_t)(u * nb + b) * 2 * Cl + Cl + h * hd;
           float s = 0.0f;
           for (int i = 0; i < hd; i++) {
             s += d[i] * v[i];
@@ -443,14 +476,39 @@ static void attn_bwd(const gpt_model *m, const float *qkv, const float *att,
         }
         for (int u = 0; u <= t; u++) {
           float ds = p[u] * (tmp[u] - dot) * sc;
-          const float *k = qkv + (size_t)(u * nb + b) * 3 * Cl + Cl + h * hd;
-          float *dk = dqkv + (size_t)(u * nb + b) * 3 * Cl + Cl + h * hd;
+          const float *k = kv + (size_t)(u * nb + b) * 2 * Cl + h * hd;
+          float *dk = dkv + (size_t)(u * nb + b) * 2 * Cl + h * hd;
           for (int i = 0; i < hd; i++) {
             dq[i] += ds * k[i];
             dk[i] += ds * q[i];
           }
         }
       }
+}
+
+/* K | V of this rank's rows (N x 3Cl -> N x 2Cl) gathered over cp into
+ * kv (seq * nb x 2Cl: contiguous chunks, so cp rank r's rows land at rows
+ * r * N.., which are exactly the global rows t * nb + b). */
+static void kv_gather(gpt_model *m, const float *qkv, float *kv) {
+  const size_t N = (size_t)m->rows, Cl = (size_t)m->cfg.d_model / (size_t)m->comm.tp_size;
+  float *loc = m->comm.cp_size > 1 ? m->s_kvl : kv;
+  for (size_t r = 0; r < N; r++)
+    memcpy(loc + r * 2 * Cl, qkv + r * 3 * Cl + Cl, 2 * Cl * sizeof(float));
+  if (m->comm.cp_size > 1)
+    note(m, mpg_all_gather(m->comm.cp, loc, kv, N * 2 * Cl, MPG_F32, NULL, NULL));
+}
+/* The gradient of the gathered K | V (seq * nb x 2Cl) summed over cp and
+ * scattered back to each rank's rows, into the k and v parts of dqkv. */
+static void kv_scatter(gpt_model *m, const float *dkv, float *dqkv) {
+  const size_t N = (size_t)m->rows, Cl = (size_t)m->cfg.d_model / (size_t)m->comm.tp_size;
+  const float *loc = dkv;
+  if (m->comm.cp_size > 1) {
+    note(m, mpg_reduce_scatter(m->comm.cp, dkv, m->s_kvl, N * 2 * Cl, MPG_F32, MPG_OP_SUM,
+                               NULL, NULL));
+    loc = m->s_kvl;
+  }
+  for (size_t r = 0; r < N; r++)
+    memcpy(dqkv + r * 3 * Cl + Cl, loc + r * 2 * Cl, 2 * Cl * sizeof(float));
 }
 
 static void add_bias(float *x, const float *b, const float *res, int R, int C) {
@@ -463,15 +521,21 @@ static void col_sum(float *db, const float *d, int R, int C) {
 }
 
 /* ---- forward / backward -------------------------------------------------- */
+static void use(gpt_model *m, int id) {
+  if (m->use) m->use(m->use_arg, id);
+}
+
 static void block_fwd(gpt_model *m, layer_act *a, int layer, const float *X, float *Y) {
   const int C = m->cfg.d_model, N = m->rows, R = m->rows_local;
   const int Cl = C / m->comm.tp_size, sp = use_sp(m);
   float *const *P = m->p;
 #define W(k) P[gpt_tensor_id(layer, k)]
+  for (int k = 0; k < L_NPER; k++) use(m, gpt_tensor_id(layer, k));
   ln_fwd(a->h1, a->mu1, a->rs1, X, W(L_LN1G), W(L_LN1B), R, C);
   if (sp) comm_gather(m, a->h1, a->h1f);
   mm_fwd(a->qkv, a->h1f, W(L_QKVW), W(L_QKVB), N, C, 3 * Cl);
-  attn_fwd(m, a->qkv, a->att, a->y);
+  kv_gather(m, a->qkv, a->kv);
+  attn_fwd(m, a->qkv, a->kv, a->att, a->y);
   mm_fwd(m->s_a, a->y, W(L_PROJW), NULL, N, Cl, C);
   comm_reduce(m, m->s_a, a->x2);
   add_bias(a->x2, W(L_PROJB), X, R, C);
@@ -516,7 +580,9 @@ static void block_bwd(gpt_model *m, layer_act *a, int layer, const float *X,
   const float *dx2f = dx2;
   if (sp) comm_gather(m, dx2, m->s_a), dx2f = m->s_a;
   mm_bwd(m->s_b, D(L_PROJW), NULL, a->y, W(L_PROJW), dx2f, N, Cl, C);
-  attn_bwd(m, a->qkv, a->att, m->s_b, m->s_c, m->s_d);
+  attn_bwd(m, a->qkv, a->kv, a->att, m->s_b, m->s_c, m->s_kv,
+           m->s_kv + (size_t)m->cfg.seq * m->nb * 2 * Cl);
+  kv_scatter(m, m->s_kv, m->s_c);
   mm_bwd(m->s_a, D(L_QKVW), D(L_QKVB), a->h1f, W(L_QKVW), m->s_c, N, C, 3 * Cl);
   comm_reduce(m, m->s_a, m->s_d); /* f backward */
   ready(m, gpt_tensor_id(layer, L_PROJB)); ready(m, gpt_tensor_id(layer, L_PROJW));
@@ -535,16 +601,18 @@ double gpt_forward(gpt_model *m, int slot, const uint8_t *seqs, const float *in,
                    float *out, float loss_scale) {
   gpt_act *a = &m->act[slot];
   const int C = m->cfg.d_model, T = m->cfg.seq, nb = m->nb, R = m->rows_local, r0 = row0(m);
-  const int nl = m->layer_hi - m->layer_lo;
+  const int nl = m->layer_hi - m->layer_lo, Tl = m->tl, t0 = m->t0;
   for (int b = 0; b < nb; b++)
-    for (int t = 0; t < T; t++) {
-      a->tok[t * nb + b] = seqs[(size_t)b * (T + 1) + t];
-      a->tgt[t * nb + b] = seqs[(size_t)b * (T + 1) + t + 1];
+    for (int t = 0; t < Tl; t++) {
+      a->tok[t * nb + b] = seqs[(size_t)b * (T + 1) + t0 + t];
+      a->tgt[t * nb + b] = seqs[(size_t)b * (T + 1) + t0 + t + 1];
     }
   a->loss_scale = loss_scale;
   if (m->first) {
+    use(m, GPT_WTE);
+    use(m, GPT_WPE);
     for (int r = 0; r < R; r++) {
-      int row = r0 + r, t = row / nb;
+      int row = r0 + r, t = t0 + row / nb;
       const float *e = m->p[GPT_WTE] + (size_t)a->tok[row] * C;
       const float *pe = m->p[GPT_WPE] + (size_t)t * C;
       for (int i = 0; i < C; i++) a->xs[0][(size_t)r * C + i] = e[i] + pe[i];
@@ -559,6 +627,9 @@ double gpt_forward(gpt_model *m, int slot, const uint8_t *seqs, const float *in,
   }
   /* LM head, tied to wte: logits = h . wte^T.  Replicated over tp (each tp
    * rank computes it for its rows: all of them, or its sequence chunk). */
+  use(m, GPT_WTE);
+  use(m, GPT_LNFG);
+  use(m, GPT_LNFB);
   ln_fwd(a->hf, a->muf, a->rsf, a->xs[nl], m->p[GPT_LNFG], m->p[GPT_LNFB], R, C);
   double loss = 0.0;
   for (int r = 0; r < R; r++) {
@@ -581,7 +652,7 @@ double gpt_forward(gpt_model *m, int slot, const uint8_t *seqs, const float *in,
 void gpt_backward(gpt_model *m, int slot, const float *dout, float *dx) {
   gpt_act *a = &m->act[slot];
   const int C = m->cfg.d_model, nb = m->nb, R = m->rows_local, r0 = row0(m);
-  const int nl = m->layer_hi - m->layer_lo;
+  const int nl = m->layer_hi - m->layer_lo, t0 = m->t0;
   /* two R x C buffers for the gradient flowing down, beyond the scratch */
   float *cur = malloc((size_t)R * C * sizeof(float));
   float *nxt = malloc((size_t)R * C * sizeof(float));
@@ -622,7 +693,7 @@ void gpt_backward(gpt_model *m, int slot, const float *dout, float *dx) {
   }
   if (m->first) {
     for (int r = 0; r < R; r++) {
-      int row = r0 + r, t = row / nb;
+      int row = r0 + r, t = t0 + row / nb;
       float *de = m->g[GPT_WTE] + (size_t)a->tok[row] * C;
       float *dp = m->g[GPT_WPE] + (size_t)t * C;
       for (int i = 0; i < C; i++) {
@@ -646,23 +717,32 @@ double gpt_grad_sumsq(const gpt_model *m, int id) {
   return s;
 }
 
-void gpt_adamw(gpt_model *m, float gscale) {
+static void adamw_span(const gpt_model *m, int id, float *p, const float *g, float *mo,
+                       float *va, size_t n, float gscale) {
   const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, lr = m->cfg.lr;
-  m->t++;
   const float c1 = 1.0f - powf(b1, (float)m->t), c2 = 1.0f - powf(b2, (float)m->t);
-  for (int id = 0; id < m->nt; id++) {
-    if (!m->p[id]) continue;
-    float *p = m->p[id], *g = m->g[id], *mo = m->m[id], *va = m->v[id];
-    const int decay = gpt_tensor_decays(id);
-    for (size_t i = 0; i < m->n[id]; i++) {
-      float gi = g[i] * gscale;
-      mo[i] = b1 * mo[i] + (1.0f - b1) * gi;
-      va[i] = b2 * va[i] + (1.0f - b2) * gi * gi;
-      float upd = (mo[i] / c1) / (sqrtf(va[i] / c2) + eps);
-      if (decay) upd += wd * p[i];
-      p[i] -= lr * upd;
-    }
+  const int decay = gpt_tensor_decays(id);
+  for (size_t i = 0; i < n; i++) {
+    float gi = g[i] * gscale;
+    mo[i] = b1 * mo[i] + (1.0f - b1) * gi;
+    va[i] = b2 * va[i] + (1.0f - b2) * gi * gi;
+    float upd = (mo[i] / c1) / (sqrtf(va[i] / c2) + eps);
+    if (decay) upd += wd * p[i];
+    p[i] -= lr * upd;
   }
+}
+
+void gpt_adamw(gpt_model *m, float gscale) {
+  m->t++;
+  for (int id = 0; id < m->nt; id++)
+    if (m->p[id]) adamw_span(m, id, m->p[id], m->g[id], m->m[id], m->v[id], m->n[id], gscale);
+}
+
+void gpt_adamw_tick(gpt_model *m) { m->t++; }
+
+void gpt_adamw_range(gpt_model *m, int id, size_t off, size_t n, float *mo, float *va,
+                     float gscale) {
+  if (m->p[id] && n) adamw_span(m, id, m->p[id] + off, m->g[id] + off, mo, va, n, gscale);
 }
 
 /* ---- the single-process reference --------------------------------------- */

@@ -55,15 +55,28 @@ size_t gpt_tensor_count(const gpt_config *c, int id, int tp);
 /* Local element index of tp rank r's shard -> index in the full tensor. */
 size_t gpt_shard_to_full(const gpt_config *c, int id, int tp, int r, size_t i);
 float gpt_init_value(const gpt_config *c, int id, size_t full_index);
-/* Check a config for a given tp / pp / dp / sp; NULL if fine, else why not. */
-const char *gpt_config_check(const gpt_config *c, int tp, int pp, int dp, int sp);
+/* Check a config for a given tp / pp / dp / cp / sp; NULL if fine, else
+ * why not. */
+const char *gpt_config_check(const gpt_config *c, int tp, int pp, int dp, int cp, int sp);
 
-/* Tensor-parallel communication of one rank.  tp == NULL: none (tp = 1). */
+/* Tensor- and context-parallel communication of one rank.  tp == NULL:
+ * none (tp = 1); cp == NULL: none (cp = 1).
+ *
+ * Context parallel (Megatron style): the sequence of every sample is cut
+ * in cp contiguous chunks of seq / cp positions; cp rank r holds positions
+ * [r * seq / cp, (r + 1) * seq / cp) of every sequence of its micro-batch
+ * (all its activations, the embedding with global positions, its tokens'
+ * losses).  Attention all-gathers K and V over "cp" and masks by global
+ * position; backward reduce-scatters (sum) the gradients of the gathered K
+ * and V over "cp".  Contiguous chunks are not load balanced (the last
+ * chunk attends to the most keys); the result is the same. */
 typedef struct gpt_comm {
   mpg_group *tp;
   int tp_size, tp_rank;
   int sp; /* sequence parallel */
   mpg_status err; /* first communication error */
+  mpg_group *cp;
+  int cp_size, cp_rank;
 } gpt_comm;
 
 typedef void (*gpt_ready_fn)(void *arg, int tensor);
@@ -79,12 +92,17 @@ typedef struct gpt_model {
   float **p, **g, **m, **v; /* per tensor; NULL where absent */
   size_t *n;
   int own_grads;
+  int own_params; /* p (and m, v) allocated by the model */
   gpt_ready_fn ready;
   void *ready_arg;
+  gpt_ready_fn use; /* called before a tensor's first use in a forward */
+  void *use_arg;
   int nb, nslots; /* sequences per micro-batch, activation slots */
-  int rows, rows_local; /* N = seq * nb, R = N / tp with sp else N */
+  int tl, t0;     /* positions held (seq / cp) and the first one */
+  int rows, rows_local; /* N = tl * nb, R = N / tp with sp else N */
   gpt_act *act;
   float *s_a, *s_b, *s_c, *s_d, *s_e; /* backward scratch */
+  float *s_kv, *s_kvl; /* seq * nb x 2Cl and N x 2Cl (K | V) */
   long t; /* AdamW step */
 } gpt_model;
 
@@ -93,6 +111,12 @@ typedef struct gpt_model {
 int gpt_model_init(gpt_model *m, const gpt_config *c, const gpt_comm *comm,
                    int layer_lo, int layer_hi, int first, int last, int nb,
                    int nslots, float **grads);
+/* The same with parameter views too: params (may be NULL: allocated) is
+ * one view per tensor, filled here with the initial values; with params
+ * the model allocates no AdamW state (use gpt_adamw_range). */
+int gpt_model_init_views(gpt_model *m, const gpt_config *c, const gpt_comm *comm,
+                         int layer_lo, int layer_hi, int first, int last, int nb,
+                         int nslots, float **grads, float **params);
 void gpt_model_free(gpt_model *m);
 void gpt_model_zero_grads(gpt_model *m);
 /* Does a stage with layers [lo, hi) hold tensor id? */
@@ -122,6 +146,12 @@ double gpt_grad_sumsq(const gpt_model *m, int id);
 /* AdamW step over every held tensor, gradients multiplied by gscale
  * (clipping) first. */
 void gpt_adamw(gpt_model *m, float gscale);
+/* Sharded AdamW: gpt_adamw_tick once per step, then gpt_adamw_range for
+ * each owned range: elements [off, off + n) of tensor id, with the state
+ * mo[0..n), va[0..n). */
+void gpt_adamw_tick(gpt_model *m);
+void gpt_adamw_range(gpt_model *m, int id, size_t off, size_t n, float *mo, float *va,
+                     float gscale);
 
 /* Single-process reference training.  losses[steps]; grads1 (may be NULL):
  * per-tensor copies of the gradients of step 0 (full tensors, before

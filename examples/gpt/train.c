@@ -1,15 +1,31 @@
-/* The parallel trainer: one thread per rank (mpg_thread_run), each with its
- * own meshpg context on the mesh "pp=P,dp=D,tp=T" (tp innermost).
+/* The parallel trainer: one rank per thread (mpg_thread_run) or per
+ * process (--mpi, the MPI backend under mpirun), each with its own meshpg
+ * context on the mesh "pp=P,dp=D,cp=K,tp=T" (tp innermost; with HSDP
+ * "pp=P,dp_replicate=R,dp_shard=S,cp=K,tp=T"), and the flattened set
+ * dp_cp = (dp, cp) over which meshpg's default reduction averages.
  *
  *  - tp: Megatron tensor parallel inside gpt_forward / gpt_backward (model.c)
  *    over the "tp" group, optionally sequence parallel (--sp).
+ *  - cp: each cp rank holds a contiguous chunk of seq / cp positions of
+ *    every sequence; attention all-gathers K and V over "cp" (model.c).
+ *    Its tokens' losses are scaled by cp so that the average over dp_cp is
+ *    the gradient of the mean loss over the whole batch.
  *  - dp: each dp rank takes its slice of the global batch; gradients are
- *    averaged over "dp" by mpg_sync, written straight into its views and
- *    marked ready as each layer's backward ends.
+ *    averaged over dp_cp by mpg_sync, written straight into its views and
+ *    marked ready as each layer's backward ends.  --shard: the sync in
+ *    MPG_SYNC_SHARD mode (a distributed optimizer): each rank keeps the
+ *    averaged gradient and the AdamW state of its owned ranges only,
+ *    updates them, and the parameters (in the sync's parameter buffer) are
+ *    all-gathered after the step, each layer waiting for its bucket at its
+ *    first use in the next forward.  HSDP: shard over (dp_shard, cp),
+ *    all-reduce the shards over dp_replicate.
  *  - pp: layers split over stages, 1F1B over the micro-batches, activations
- *    and their gradients moved with mpg_p2p_batch over "pp"; wte lives on
- *    the first stage (embedding) and the last (LM head), tied through
- *    mpg_ctx_group_select("pp", {0, P-1}) so the sync sums both gradients.
+ *    and their gradients moved with mpg_p2p_batch over "pp"; a send is
+ *    batched with the next receive where the schedule has one (Megatron's
+ *    send_forward_recv_backward / send_backward_recv_forward), so blocking
+ *    MPI sends cannot deadlock; wte lives on the first stage (embedding)
+ *    and the last (LM head), tied through mpg_ctx_group_select("pp",
+ *    {0, P-1}) so the sync sums both gradients.
  */
 #include "train.h"
 
@@ -17,30 +33,41 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-int gpt_parse_mesh(const char *s, int *pp, int *dp, int *tp) {
-  *pp = *dp = *tp = 1;
+int gpt_parse_mesh(const char *s, gpt_dims *d) {
+  memset(d, 0, sizeof *d);
+  d->pp = d->dp = d->cp = d->tp = d->dp_rep = d->dp_shard = 1;
+  int has_dp = 0;
   char buf[256];
   snprintf(buf, sizeof buf, "%s", s);
   for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
        tok = strtok_r(NULL, ",", &save)) {
-    char name[16];
+    char name[32];
     int v;
-    if (sscanf(tok, " %15[a-z] = %d", name, &v) != 2 || v < 1) return -1;
-    if (!strcmp(name, "pp")) *pp = v;
-    else if (!strcmp(name, "dp")) *dp = v;
-    else if (!strcmp(name, "tp")) *tp = v;
+    if (sscanf(tok, " %31[a-z_] = %d", name, &v) != 2 || v < 1) return -1;
+    if (!strcmp(name, "pp")) d->pp = v;
+    else if (!strcmp(name, "dp")) d->dp = v, has_dp = 1;
+    else if (!strcmp(name, "cp")) d->cp = v;
+    else if (!strcmp(name, "tp")) d->tp = v;
+    else if (!strcmp(name, "dp_replicate")) d->dp_rep = v, d->hsdp = 1;
+    else if (!strcmp(name, "dp_shard")) d->dp_shard = v, d->hsdp = 1;
     else return -1;
+  }
+  if (d->hsdp) {
+    if (has_dp) return -1; /* dp or dp_replicate x dp_shard, not both */
+    d->dp = d->dp_rep * d->dp_shard;
   }
   return 0;
 }
 
-double gpt_shard_error(const gpt_config *c, int id, int tp, int r, const float *a,
-                       size_t n, const float *ref_full, int skip_key_bias) {
+double gpt_shard_error_at(const gpt_config *c, int id, int tp, int r, const float *a,
+                          size_t off, size_t n, const float *ref_full, int skip_key_bias) {
   const size_t C = (size_t)c->d_model;
   const int kb = skip_key_bias && gpt_tensor_layer(id) >= 0 && gpt_tensor_kind(id) == L_QKVB;
   double e2 = 0.0, r2 = 0.0;
-  for (size_t i = 0; i < n; i++) {
+  if (n == 0) return -1.0;
+  for (size_t i = off; i < off + n; i++) {
     size_t f = gpt_shard_to_full(c, id, tp, r, i);
     if (kb && f >= C && f < 2 * C) continue;
     double ref = ref_full[f], d = (double)a[i] - ref;
@@ -50,25 +77,34 @@ double gpt_shard_error(const gpt_config *c, int id, int tp, int r, const float *
   return r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
 }
 
+double gpt_shard_error(const gpt_config *c, int id, int tp, int r, const float *a,
+                       size_t n, const float *ref_full, int skip_key_bias) {
+  return gpt_shard_error_at(c, id, tp, r, a, 0, n, ref_full, skip_key_bias);
+}
+
 typedef struct job {
   gpt_config cfg;
   const uint8_t *data;
   size_t len;
   mpg_mesh *mesh;
-  int P, D, T, sp, steps;
+  gpt_dims d;
+  gpt_par_opts o;
+  int steps;
   const gpt_model *ref;
   float *const *ref_grads1;
   gpt_par_result *res;
-  double *perr, *gerr; /* [world][nt] */
 } job;
 
 typedef struct rank_state {
   mpg_sync *sync;
   int *param_of;    /* tensor id -> sync param id */
   int *partial;     /* gradient is a partial sum over tp (sp): scale by tp */
-  float **grad;
+  float **grad, **param;
   size_t *count;
-  int last_mb, T;
+  /* shard mode: this rank's range of each tensor */
+  int *sharded;
+  size_t *own_off, *own_cnt, *own_state;
+  int shard, last_mb, T;
   mpg_status err;
 } rank_state;
 
@@ -77,18 +113,22 @@ static void on_ready(void *arg, int id) {
   if (rs->param_of[id] < 0) return;
   /* A sequence-parallel replicated parameter's gradient is a partial sum
    * over tp (each tp rank saw its chunk of the sequence) reduced with
-   * reduce_dims "dp,tp"; the sync averages over dp x tp, so pre-multiply
-   * by tp to get the sum over tp and the mean over dp.  (tp is a power of
-   * two in practice, so this is exact.) */
+   * reduce_dims "dp_cp,tp"; the sync averages over dp x cp x tp, so
+   * pre-multiply by tp to get the sum over tp and the mean over dp_cp.
+   * (tp is a power of two in practice, so this is exact.) */
   if (rs->last_mb && rs->partial[id])
     for (size_t i = 0; i < rs->count[id]; i++) rs->grad[id][i] *= (float)rs->T;
   mpg_status st = mpg_sync_mark_ready(rs->sync, rs->param_of[id]);
   if (st != MPG_OK && rs->err == MPG_OK) rs->err = st;
 }
 
-static mpg_status p2p(mpg_group *pp, mpg_p2p_kind kind, int peer, float *buf, size_t n) {
-  mpg_p2p_op op = {kind, peer, buf, n, MPG_F32};
-  return mpg_p2p_batch(pp, &op, 1, NULL, NULL);
+/* Shard mode: before a tensor's first use in forward, wait for its
+ * bucket's all-gather (and start the next bucket's). */
+static void on_use(void *arg, int id) {
+  rank_state *rs = arg;
+  if (!rs->shard || rs->param_of[id] < 0) return;
+  mpg_status st = mpg_sync_gather_wait(rs->sync, rs->param_of[id]);
+  if (st != MPG_OK && rs->err == MPG_OK) rs->err = st;
 }
 
 #define CHECK(expr)                                                              \
@@ -100,6 +140,12 @@ static mpg_status p2p(mpg_group *pp, mpg_p2p_kind kind, int peer, float *buf, si
     }                                                                            \
   } while (0)
 
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   job *J = arg;
   const gpt_config *c = &J->cfg;
@@ -110,46 +156,73 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   rank_state rs;
   memset(&rs, 0, sizeof rs);
   uint8_t *seqs = NULL;
-  float *buf_in = NULL, *buf_out = NULL;
+  float *buf_in = NULL, *buf_out = NULL, *st_m = NULL, *st_v = NULL;
+  double *errs = NULL;
   int rank = opts->rank;
   mpg_status st = mpg_ctx_create(J->mesh, opts, &ctx);
   if (st != MPG_OK) return st;
   rank = mpg_ctx_rank(ctx);
-  int coord[3];
+  int coord[MPG_MAX_DIMS];
   CHECK(mpg_mesh_coord_of(J->mesh, rank, coord));
-  const int P = J->P, D = J->D, T = J->T, sp = J->sp;
-  const int ps = coord[0], dr = coord[1], tr = coord[2];
-  mpg_group *g_tp, *g_pp, *g_world, *tied = NULL;
+  const int P = J->d.pp, D = J->d.dp, K = J->d.cp, T = J->d.tp, sp = J->o.sp;
+  const int shard = J->o.shard;
+  /* coordinates: pp, dp (or dp_replicate, dp_shard), cp, tp */
+  const int h = J->d.hsdp;
+  const int ps = coord[0], dr = h ? coord[1] * J->d.dp_shard + coord[2] : coord[1];
+  const int rep = h ? coord[1] : 0, cr = coord[2 + h], tr = coord[3 + h];
+  mpg_group *g_tp, *g_cp, *g_pp, *g_world, *tied = NULL;
   CHECK(mpg_ctx_group(ctx, "tp", &g_tp));
+  CHECK(mpg_ctx_group(ctx, "cp", &g_cp));
   CHECK(mpg_ctx_group(ctx, "pp", &g_pp));
   CHECK(mpg_ctx_group(ctx, "world", &g_world));
   if (P > 1) {
     int pos[2] = {0, P - 1};
     CHECK(mpg_ctx_group_select(ctx, "pp", pos, 2, &tied));
   }
-  CHECK(mpg_sync_create(ctx, NULL, &sync)); /* default: average over dp */
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT; /* default: average over dp_cp */
+  if (shard) {
+    so.mode = MPG_SYNC_SHARD;
+    if (h) {
+      so.shard_dims = "dp_shard,cp";
+      so.replicate_dims = "dp_replicate";
+    }
+  }
+  CHECK(mpg_sync_create(ctx, &so, &sync));
   const int nt = gpt_num_tensors(c);
   const int lo = ps * (c->n_layer / P), hi = lo + c->n_layer / P;
   const int first = ps == 0, last = ps == P - 1;
   rs.sync = sync;
   rs.T = T;
+  rs.shard = shard;
   rs.param_of = malloc(sizeof(int) * (size_t)nt);
   rs.partial = calloc((size_t)nt, sizeof(int));
   rs.grad = calloc((size_t)nt, sizeof(float *));
+  rs.param = calloc((size_t)nt, sizeof(float *));
   rs.count = calloc((size_t)nt, sizeof(size_t));
-  if (!rs.param_of || !rs.partial || !rs.grad || !rs.count) { st = MPG_ERR_NOMEM; goto out; }
+  rs.sharded = calloc((size_t)nt, sizeof(int));
+  rs.own_off = calloc((size_t)nt, sizeof(size_t));
+  rs.own_cnt = calloc((size_t)nt, sizeof(size_t));
+  rs.own_state = calloc((size_t)nt, sizeof(size_t));
+  errs = malloc(sizeof(double) * 2 * (size_t)nt);
+  if (!rs.param_of || !rs.partial || !rs.grad || !rs.param || !rs.count || !rs.sharded ||
+      !rs.own_off || !rs.own_cnt || !rs.own_state || !errs) {
+    st = MPG_ERR_NOMEM;
+    goto out;
+  }
+  for (int i = 0; i < 2 * nt; i++) errs[i] = -1.0;
   /* Register in forward order, with each rank's local shard size.
    * Embeddings, LayerNorms, row-parallel biases and the LM head are
    * replicated over tp (the simplest correct choice): without sp every tp
-   * rank computes the same gradient for them, so they are reduced over dp
-   * only; with sp each tp rank sees only its chunk of the sequence, so
-   * they are reduced over "dp,tp". */
+   * rank computes the same gradient for them, so they are reduced over
+   * dp_cp only; with sp each tp rank sees only its chunk of the sequence,
+   * so they are reduced over "dp_cp,tp" (and stay unsharded in shard mode,
+   * as do the tied wte copies). */
   for (int id = 0; id < nt; id++) {
     rs.param_of[id] = -1;
     if (!gpt_tensor_held(id, lo, hi, first, last)) continue;
     mpg_param_opts po = MPG_PARAM_OPTS_INIT;
     if (sp && T > 1 && !gpt_tensor_sharded(id)) {
-      po.reduce_dims = "dp,tp";
+      po.reduce_dims = "dp_cp,tp";
       rs.partial[id] = 1;
     }
     if (id == GPT_WTE && P > 1) po.tied_group = tied;
@@ -159,75 +232,138 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
     CHECK(mpg_sync_add_param(sync, name, rs.count[id], MPG_F32, &po, &rs.param_of[id]));
   }
   CHECK(mpg_sync_commit(sync));
+  size_t state_elems = 0;
   for (int id = 0; id < nt; id++)
     if (rs.param_of[id] >= 0) {
       void *v;
       CHECK(mpg_sync_grad(sync, rs.param_of[id], &v));
       rs.grad[id] = v;
+      if (shard) {
+        CHECK(mpg_sync_param(sync, rs.param_of[id], &v));
+        rs.param[id] = v;
+        mpg_shard_info si = MPG_SHARD_INFO_INIT;
+        CHECK(mpg_sync_shard(sync, rs.param_of[id], &si));
+        rs.sharded[id] = si.sharded;
+        rs.own_off[id] = si.param_offset;
+        rs.own_cnt[id] = si.count;
+        rs.own_state[id] = si.shard_offset;
+        if (si.shard_offset + si.count > state_elems) state_elems = si.shard_offset + si.count;
+      }
     }
+  if (shard) {
+    mpg_sync_stats sst = MPG_SYNC_STATS_INIT;
+    CHECK(mpg_sync_get_stats(sync, &sst));
+    if (sst.shard_elems < state_elems) {
+      fprintf(stderr, "gpt rank %d: owned ranges beyond shard_elems\n", rank);
+      st = MPG_ERR_STATE;
+      goto out;
+    }
+    /* AdamW state for the owned ranges only */
+    st_m = calloc(sst.shard_elems ? sst.shard_elems : 1, sizeof(float));
+    st_v = calloc(sst.shard_elems ? sst.shard_elems : 1, sizeof(float));
+    if (!st_m || !st_v) { st = MPG_ERR_NOMEM; goto out; }
+  }
   const int M = c->micro, nb = c->batch / (D * M);
-  gpt_comm comm = {g_tp, T, tr, sp, MPG_OK};
-  if (gpt_model_init(&m, c, &comm, lo, hi, first, last, nb, M, rs.grad)) {
+  gpt_comm comm = {.tp = g_tp, .tp_size = T, .tp_rank = tr, .sp = sp, .err = MPG_OK,
+                   .cp = g_cp, .cp_size = K, .cp_rank = cr};
+  if (gpt_model_init_views(&m, c, &comm, lo, hi, first, last, nb, M, rs.grad,
+                           shard ? rs.param : NULL)) {
     st = MPG_ERR_NOMEM;
     goto out;
   }
   m.ready = on_ready;
   m.ready_arg = &rs;
+  m.use = on_use;
+  m.use_arg = &rs;
   const size_t hsz = (size_t)m.rows_local * c->d_model;
   seqs = malloc((size_t)nb * (c->seq + 1));
   buf_in = malloc(hsz * sizeof(float));
   buf_out = malloc(hsz * sizeof(float));
   if (!seqs || !buf_in || !buf_out) { st = MPG_ERR_NOMEM; goto out; }
   const int per_dp = c->batch / D;
-  const float scale = (float)(1.0 / ((double)per_dp * c->seq));
+  /* The loss is the mean over the batch's batch * seq tokens; the sync
+   * averages over dp x cp, and each cp rank holds seq / cp of the tokens
+   * of its dp rank's per_dp sequences: scale by cp / (per_dp * seq). */
+  const float scale = (float)((double)K / ((double)per_dp * c->seq));
+  double t_first = 0.0;
   for (int step = 0; step < J->steps; step++) {
+    if (step == 1) t_first = now_s();
     double loss = 0.0;
     int fi = 0, bi = 0;
     const int warm = P - ps - 1 < M ? P - ps - 1 : M;
+    /* A send waiting to be batched with the next receive. */
+    mpg_p2p_op pend = {MPG_P2P_SEND, 0, NULL, 0, MPG_F32};
+    int npend = 0;
     /* 1F1B: warm-up forwards, then one forward one backward, then the
      * remaining backwards (op k of 2M is a forward when it is one of the
      * warm-up ones or falls on the F of an (F, B) pair). */
     for (int k = 0; k < 2 * M; k++) {
       const int do_fwd = k < warm || (k < 2 * M - warm && (k - warm) % 2 == 0);
+      mpg_p2p_op ops[2];
+      int n = 0;
+      if (npend) ops[n++] = pend, npend = 0;
+      if (do_fwd && !first) ops[n++] = (mpg_p2p_op){MPG_P2P_RECV, ps - 1, buf_in, hsz, MPG_F32};
+      if (!do_fwd && !last) ops[n++] = (mpg_p2p_op){MPG_P2P_RECV, ps + 1, buf_in, hsz, MPG_F32};
+      if (n) CHECK(mpg_p2p_batch(g_pp, ops, n, NULL, NULL));
       if (do_fwd) {
         for (int b = 0; b < nb; b++)
           gpt_sequence(c, J->data, J->len, step, (long)dr * per_dp + (long)fi * nb + b,
                        seqs + (size_t)b * (c->seq + 1));
-        if (!first) CHECK(p2p(g_pp, MPG_P2P_RECV, ps - 1, buf_in, hsz));
         double l = gpt_forward(&m, fi, seqs, buf_in, buf_out, scale);
         if (m.comm.err != MPG_OK) { st = m.comm.err; goto out; }
+        if (rs.err != MPG_OK) { st = rs.err; goto out; }
         if (sp || tr == 0) loss += l; /* without sp tp ranks repeat the loss */
-        if (!last) CHECK(p2p(g_pp, MPG_P2P_SEND, ps + 1, buf_out, hsz));
+        if (!last) pend = (mpg_p2p_op){MPG_P2P_SEND, ps + 1, buf_out, hsz, MPG_F32}, npend = 1;
         fi++;
       } else {
         rs.last_mb = bi == M - 1;
         CHECK(mpg_sync_begin(sync, step, rs.last_mb, NULL));
-        if (!last) CHECK(p2p(g_pp, MPG_P2P_RECV, ps + 1, buf_in, hsz));
         gpt_backward(&m, bi, buf_in, buf_out);
         if (m.comm.err != MPG_OK) { st = m.comm.err; goto out; }
         if (rs.err != MPG_OK) { st = rs.err; goto out; }
-        if (!first) CHECK(p2p(g_pp, MPG_P2P_SEND, ps - 1, buf_out, hsz));
+        if (!first) {
+          pend = (mpg_p2p_op){MPG_P2P_SEND, ps - 1, buf_out, hsz, MPG_F32}, npend = 1;
+          /* The last backward's send goes now: the last micro-batch's
+           * finish sums the tied wte over the end stages, which waits for
+           * the first stage's backward, which needs this gradient. */
+          if (rs.last_mb) {
+            CHECK(mpg_p2p_batch(g_pp, &pend, 1, NULL, NULL));
+            npend = 0;
+          }
+        }
         CHECK(mpg_sync_finish(sync));
         bi++;
       }
     }
+    if (npend) CHECK(mpg_p2p_batch(g_pp, &pend, 1, NULL, NULL));
     if (step == 0 && J->ref_grads1)
       for (int id = 0; id < nt; id++)
-        if (rs.grad[id])
-          J->gerr[(size_t)rank * nt + id] = gpt_shard_error(
-              c, id, gpt_tensor_sharded(id) ? T : 1, tr, rs.grad[id], rs.count[id],
-              J->ref_grads1[id], 0);
-    /* Global grad norm: after the sync the dp ranks hold equal gradients,
-     * so count dp rank 0 only; tp shards each once, replicated tensors on
-     * tp rank 0 only, the tied wte on the first stage only. */
+        if (rs.grad[id]) {
+          size_t off = 0, cnt = rs.count[id];
+          if (shard && rs.sharded[id]) off = rs.own_off[id], cnt = rs.own_cnt[id];
+          errs[nt + id] = gpt_shard_error_at(c, id, gpt_tensor_sharded(id) ? T : 1, tr,
+                                             rs.grad[id], off, cnt, J->ref_grads1[id], 0);
+        }
+    /* Global grad norm, every element counted once: after the sync the
+     * dp_cp ranks hold equal gradients (replicate mode; shard mode: of the
+     * unsharded tensors), so count dp_cp rank 0 only; in shard mode each
+     * rank counts its owned ranges of the sharded tensors (distinct over the
+     * shard group, repeated over dp_replicate: count replica 0 only); tp
+     * shards each once, replicated tensors on tp rank 0 only, the tied wte
+     * on the first stage only. */
     double red[2] = {loss, 0.0};
-    if (dr == 0)
-      for (int id = 0; id < nt; id++) {
-        if (!rs.grad[id]) continue;
-        if (!gpt_tensor_sharded(id) && tr != 0) continue;
-        if (id == GPT_WTE && !first) continue;
+    for (int id = 0; id < nt; id++) {
+      if (!rs.grad[id]) continue;
+      if (!gpt_tensor_sharded(id) && tr != 0) continue;
+      if (id == GPT_WTE && !first) continue;
+      if (shard && rs.sharded[id]) {
+        if (rep != 0) continue;
+        const float *g = rs.grad[id] + rs.own_off[id];
+        for (size_t i = 0; i < rs.own_cnt[id]; i++) red[1] += (double)g[i] * g[i];
+      } else if (dr == 0 && cr == 0) {
         red[1] += gpt_grad_sumsq(&m, id);
       }
+    }
     CHECK(mpg_all_reduce(g_world, red, red, 2, MPG_F64, MPG_OP_SUM, NULL, NULL));
     /* With the issue-order checker on (MESHPG_CHECK_ORDER=1), close the
      * checked interval here, so that this world collective (the same call
@@ -236,45 +372,79 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
      * no-op when the checker is off. */
     CHECK(mpg_ctx_check_order(ctx));
     double norm = sqrt(red[1]);
-    gpt_adamw(&m, norm > GPT_CLIP ? (float)(GPT_CLIP / norm) : 1.0f);
-    CHECK(mpg_sync_zero_grads(sync));
+    const float gscale = norm > GPT_CLIP ? (float)(GPT_CLIP / norm) : 1.0f;
+    if (shard) {
+      gpt_adamw_tick(&m);
+      for (int id = 0; id < nt; id++)
+        if (rs.param_of[id] >= 0)
+          gpt_adamw_range(&m, id, rs.own_off[id], rs.own_cnt[id], st_m + rs.own_state[id],
+                          st_v + rs.own_state[id], gscale);
+      CHECK(mpg_sync_zero_grads(sync));
+      CHECK(mpg_sync_gather_begin(sync, NULL));
+    } else {
+      gpt_adamw(&m, gscale);
+      CHECK(mpg_sync_zero_grads(sync));
+    }
     if (rank == 0) J->res->loss[step] = red[0] / ((double)c->batch * c->seq);
   }
+  if (rank == 0 && J->steps > 1) J->res->step_s = (now_s() - t_first) / (J->steps - 1);
+  if (shard) CHECK(mpg_sync_gather_all(sync));
   if (J->ref)
     for (int id = 0; id < nt; id++)
       if (m.p[id])
-        J->perr[(size_t)rank * nt + id] =
-            gpt_shard_error(c, id, gpt_tensor_sharded(id) ? T : 1, tr, m.p[id],
-                            m.n[id], J->ref->p[id], 1);
+        errs[id] = gpt_shard_error(c, id, gpt_tensor_sharded(id) ? T : 1, tr, m.p[id],
+                                   m.n[id], J->ref->p[id], 1);
+  /* max over ranks, on every rank */
+  CHECK(mpg_all_reduce(g_world, errs, errs, 2 * (size_t)nt, MPG_F64, MPG_OP_MAX, NULL,
+                       NULL));
+  if (rank == 0) {
+    memcpy(J->res->param_err, errs, sizeof(double) * (size_t)nt);
+    memcpy(J->res->grad_err, errs + nt, sizeof(double) * (size_t)nt);
+  }
 out:
   free(seqs);
   free(buf_in);
   free(buf_out);
+  free(st_m);
+  free(st_v);
+  free(errs);
   gpt_model_free(&m);
   free(rs.param_of);
   free(rs.partial);
   free(rs.grad);
+  free(rs.param);
   free(rs.count);
+  free(rs.sharded);
+  free(rs.own_off);
+  free(rs.own_cnt);
+  free(rs.own_state);
   if (sync) mpg_sync_destroy(sync);
   if (st != MPG_OK) mpg_ctx_abort(ctx);
   mpg_ctx_destroy(ctx);
   return st;
 }
 
-int gpt_parallel_train(const gpt_config *c, const uint8_t *data, size_t len,
-                       const char *mesh_str, int sp, int steps, const gpt_model *ref,
-                       float *const *ref_grads1, gpt_par_result *res) {
+int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len,
+                            const char *mesh_str, const gpt_par_opts *o, int steps,
+                            const gpt_model *ref, float *const *ref_grads1,
+                            gpt_par_result *res) {
   memset(res, 0, sizeof *res);
   job J;
   memset(&J, 0, sizeof J);
-  J.cfg = *c, J.data = data, J.len = len, J.sp = sp, J.steps = steps;
+  J.cfg = *c, J.data = data, J.len = len, J.o = *o, J.steps = steps;
   J.ref = ref, J.ref_grads1 = ref_grads1, J.res = res;
-  if (gpt_parse_mesh(mesh_str, &J.P, &J.D, &J.T)) {
-    snprintf(res->error, sizeof res->error, "bad mesh \"%s\" (want e.g. pp=2,dp=2,tp=2)",
-             mesh_str);
+  res->root = 1;
+  if (gpt_parse_mesh(mesh_str, &J.d)) {
+    snprintf(res->error, sizeof res->error,
+             "bad mesh \"%s\" (want e.g. pp=2,dp=2,cp=2,tp=2 or "
+             "dp_replicate=2,dp_shard=2,tp=2)", mesh_str);
     return -1;
   }
-  const char *why = gpt_config_check(c, J.T, J.P, J.D, sp);
+  if (J.d.hsdp && !o->shard) {
+    snprintf(res->error, sizeof res->error, "dp_replicate / dp_shard need --shard");
+    return -1;
+  }
+  const char *why = gpt_config_check(c, J.d.tp, J.d.pp, J.d.dp, J.d.cp, o->sp);
   if (why) {
     snprintf(res->error, sizeof res->error, "%s", why);
     return -1;
@@ -283,46 +453,68 @@ int gpt_parallel_train(const gpt_config *c, const uint8_t *data, size_t len,
     snprintf(res->error, sizeof res->error, "data shorter than seq + 2 bytes");
     return -1;
   }
-  res->pp = J.P, res->dp = J.D, res->tp = J.T;
-  const int nt = gpt_num_tensors(c), world = J.P * J.D * J.T;
+  res->pp = J.d.pp, res->dp = J.d.dp, res->cp = J.d.cp, res->tp = J.d.tp;
+  const int nt = gpt_num_tensors(c), world = J.d.pp * J.d.dp * J.d.cp * J.d.tp;
   res->steps = steps, res->nt = nt;
   res->loss = calloc((size_t)steps + 1, sizeof(double));
   res->param_err = malloc(sizeof(double) * (size_t)nt);
   res->grad_err = malloc(sizeof(double) * (size_t)nt);
-  J.perr = malloc(sizeof(double) * (size_t)nt * world);
-  J.gerr = malloc(sizeof(double) * (size_t)nt * world);
-  if (!res->loss || !res->param_err || !res->grad_err || !J.perr || !J.gerr) {
+  if (!res->loss || !res->param_err || !res->grad_err) {
     snprintf(res->error, sizeof res->error, "out of memory");
     return -1;
   }
-  for (size_t i = 0; i < (size_t)nt * world; i++) J.perr[i] = J.gerr[i] = -1.0;
-  char canon[96];
-  snprintf(canon, sizeof canon, "pp=%d,dp=%d,tp=%d", J.P, J.D, J.T);
+  for (int id = 0; id < nt; id++) res->param_err[id] = res->grad_err[id] = -1.0;
+  char canon[160];
+  if (J.d.hsdp)
+    snprintf(canon, sizeof canon, "pp=%d,dp_replicate=%d,dp_shard=%d,cp=%d,tp=%d", J.d.pp,
+             J.d.dp_rep, J.d.dp_shard, J.d.cp, J.d.tp);
+  else
+    snprintf(canon, sizeof canon, "pp=%d,dp=%d,cp=%d,tp=%d", J.d.pp, J.d.dp, J.d.cp, J.d.tp);
   mpg_spec spec = MPG_SPEC_INIT;
   int rc = -1;
-  if (mpg_spec_set_mesh(&spec, canon) != MPG_OK || mpg_spec_validate(&spec) != MPG_OK ||
-      mpg_mesh_create(&spec, world, &J.mesh) != MPG_OK) {
+  if (mpg_spec_set_mesh(&spec, canon) != MPG_OK ||
+      mpg_spec_add_flatten(&spec, "dp_cp",
+                           J.d.hsdp ? "dp_replicate,dp_shard,cp" : "dp,cp") != MPG_OK ||
+      mpg_spec_validate(&spec) != MPG_OK || mpg_mesh_create(&spec, world, &J.mesh) != MPG_OK) {
     snprintf(res->error, sizeof res->error, "mesh %s: %s", canon, mpg_last_error());
     goto done;
   }
-  mpg_status st = mpg_thread_run(world, 120.0, rank_main, &J, NULL);
+  mpg_status st;
+  if (o->mpi) {
+    mpg_launch L = MPG_LAUNCH_INIT;
+    if (mpg_launch_from_env(&L) != MPG_OK || L.rank < 0 || L.world_size < 0) {
+      snprintf(res->error, sizeof res->error, "--mpi: no launcher environment (%s)",
+               mpg_last_error());
+      goto done;
+    }
+    if (L.world_size != world) {
+      snprintf(res->error, sizeof res->error, "--mpi: %d processes, mesh %s needs %d",
+               L.world_size, canon, world);
+      goto done;
+    }
+    mpg_init_opts io = MPG_INIT_OPTS_INIT;
+    io.backend = MPG_BACKEND_MPI;
+    io.timeout_s = 120.0;
+    res->root = L.rank == 0;
+    st = rank_main(&io, &J);
+  } else {
+    st = mpg_thread_run(world, 120.0, rank_main, &J, NULL);
+  }
   if (st != MPG_OK) {
     snprintf(res->error, sizeof res->error, "parallel run failed: %s", mpg_last_error());
     goto done;
   }
-  for (int id = 0; id < nt; id++) {
-    res->param_err[id] = res->grad_err[id] = -1.0;
-    for (int r = 0; r < world; r++) {
-      res->param_err[id] = fmax(res->param_err[id], J.perr[(size_t)r * nt + id]);
-      res->grad_err[id] = fmax(res->grad_err[id], J.gerr[(size_t)r * nt + id]);
-    }
-  }
   rc = 0;
 done:
   mpg_mesh_destroy(J.mesh);
-  free(J.perr);
-  free(J.gerr);
   return rc;
+}
+
+int gpt_parallel_train(const gpt_config *c, const uint8_t *data, size_t len,
+                       const char *mesh, int sp, int steps, const gpt_model *ref,
+                       float *const *ref_grads1, gpt_par_result *res) {
+  gpt_par_opts o = {sp, 0, 0};
+  return gpt_parallel_train_opts(c, data, len, mesh, &o, steps, ref, ref_grads1, res);
 }
 
 void gpt_par_result_free(gpt_par_result *res) {

@@ -1,5 +1,6 @@
-/* The parallel GPT trainer on thread ranks (tp, sp, dp, pp through meshpg),
- * checked against the single-process reference.  See train.c. */
+/* The parallel GPT trainer on thread ranks (tp, sp, cp, dp, pp through
+ * meshpg; optionally sharded data parallel / HSDP, optionally real MPI
+ * processes), checked against the single-process reference.  See train.c. */
 #ifndef GPT_TRAIN_H
 #define GPT_TRAIN_H
 
@@ -10,16 +11,42 @@ typedef struct gpt_par_result {
   double *loss;      /* [steps] global mean loss of each step */
   double *param_err; /* [nt] after the last step, max over ranks (-1: none) */
   double *grad_err;  /* [nt] after step 0's sync (-1: none) */
-  int pp, dp, tp;
+  int pp, dp, cp, tp;
+  int root;          /* 1 on the process that holds the results (rank 0 with
+                        --mpi; always 1 on thread ranks) */
+  double step_s;     /* mean wall time of a step after the first (rank 0) */
   char error[512];
 } gpt_par_result;
 
-/* Parse "pp=2,dp=2,tp=2" (any order, dims pp/dp/tp only, missing = 1). */
-int gpt_parse_mesh(const char *s, int *pp, int *dp, int *tp);
+/* A parsed mesh: dims pp, dp, cp, tp, or HSDP with dp split in
+ * dp_replicate x dp_shard (then dp = dp_replicate * dp_shard).  Missing
+ * dims are 1. */
+typedef struct gpt_dims {
+  int pp, dp, cp, tp;
+  int hsdp, dp_rep, dp_shard;
+} gpt_dims;
 
-/* Train `steps` steps on a mesh as threads.  ref / ref_grads1 (may be
- * NULL): the reference's final model and step-0 gradients to compare
- * against.  Returns 0, or -1 with res->error set. */
+/* Parse "pp=2,dp=2,cp=2,tp=2" or "dp_replicate=2,dp_shard=2,tp=2" (any
+ * order).  Returns 0 or -1. */
+int gpt_parse_mesh(const char *s, gpt_dims *d);
+
+typedef struct gpt_par_opts {
+  int sp;    /* sequence parallel over tp */
+  int shard; /* mpg_sync in MPG_SYNC_SHARD mode (distributed optimizer; HSDP
+                when the mesh has dp_replicate / dp_shard) */
+  int mpi;   /* this process is one rank of an mpirun job (MPI backend);
+                otherwise every rank is a thread of this process */
+} gpt_par_opts;
+
+/* Train `steps` steps on a mesh.  ref / ref_grads1 (may be NULL): the
+ * reference's final model and step-0 gradients to compare against.
+ * Returns 0, or -1 with res->error set.  With opts->mpi, collective over
+ * the mpirun job; the results are complete where res->root is 1. */
+int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len,
+                            const char *mesh, const gpt_par_opts *opts, int steps,
+                            const gpt_model *ref, float *const *ref_grads1,
+                            gpt_par_result *res);
+/* The same on thread ranks, replicate mode. */
 int gpt_parallel_train(const gpt_config *c, const uint8_t *data, size_t len,
                        const char *mesh, int sp, int steps, const gpt_model *ref,
                        float *const *ref_grads1, gpt_par_result *res);
@@ -37,5 +64,9 @@ void gpt_par_result_free(gpt_par_result *res);
  * gradients of step 1. */
 double gpt_shard_error(const gpt_config *c, int id, int tp, int r, const float *a,
                        size_t n, const float *ref_full, int skip_key_bias);
+/* The same over elements [off, off + n) of the shard only (a rank's owned
+ * range in shard mode); -1 when n is 0. */
+double gpt_shard_error_at(const gpt_config *c, int id, int tp, int r, const float *a,
+                          size_t off, size_t n, const float *ref_full, int skip_key_bias);
 
 #endif

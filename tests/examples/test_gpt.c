@@ -1,8 +1,10 @@
 /* Tests of the GPT example: a finite-difference gradient check of the
  * single-process model, and parallel runs on thread ranks (tp, tp + sp,
- * dp, pp and their mixes) equal to the reference: the loss of every step,
- * every gradient after step 1's sync, every parameter after the last
- * step.  Tolerances as in gpt_main.c. */
+ * cp, dp, pp and their mixes; replicated and sharded data parallel, HSDP)
+ * equal to the reference: the loss of every step, every gradient after
+ * step 1's sync (in shard mode: each rank's owned ranges), every parameter
+ * after the last step.  Tolerances as in gpt_main.c.  And one mpirun job
+ * of the gpt program (--mpi) when the build has MPI. */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -71,10 +73,10 @@ Test(gpt, finite_difference_gradients) {
   free(data);
 }
 
-static void check_mesh_layers(const char *mesh, int sp, int layers) {
-  gpt_config c = {.n_layer = layers, .d_model = 32, .n_head = 4, .seq = 16, .batch = 4,
-                  .micro = 2, .lr = 3e-3f, .seed = 7};
+static void check_cfg(const gpt_config *cfg, const char *mesh, int sp, int shard) {
+  const gpt_config c = *cfg;
   const int steps = 3;
+  const char *what = shard ? (sp ? " sp shard" : " shard") : (sp ? " sp" : "");
   size_t len;
   uint8_t *data = load_data(&len);
   gpt_model ref;
@@ -82,20 +84,21 @@ static void check_mesh_layers(const char *mesh, int sp, int layers) {
   float **g1 = NULL;
   cr_assert_eq(gpt_reference_train(&c, data, len, steps, &ref, rloss, &g1), 0);
   gpt_par_result res;
-  int rc = gpt_parallel_train(&c, data, len, mesh, sp, steps, &ref, g1, &res);
-  cr_assert_eq(rc, 0, "%s%s: %s", mesh, sp ? " sp" : "", res.error);
+  gpt_par_opts o = {sp, shard, 0};
+  int rc = gpt_parallel_train_opts(&c, data, len, mesh, &o, steps, &ref, g1, &res);
+  cr_assert_eq(rc, 0, "%s%s: %s", mesh, what, res.error);
   for (int s = 0; s < steps; s++)
     cr_expect_leq(fabs(res.loss[s] - rloss[s]), 1e-4 * fabs(rloss[s]),
-                  "%s%s step %d: loss %.8f, reference %.8f", mesh, sp ? " sp" : "", s + 1,
+                  "%s%s step %d: loss %.8f, reference %.8f", mesh, what, s + 1,
                   res.loss[s], rloss[s]);
   for (int id = 0; id < res.nt; id++) {
     char name[48];
     gpt_tensor_name(id, name, sizeof name);
     cr_expect(res.grad_err[id] >= 0 && res.grad_err[id] <= 1e-4,
-              "%s%s: gradient of %s after step 1: rel err %.3e", mesh, sp ? " sp" : "",
-              name, res.grad_err[id]);
+              "%s%s: gradient of %s after step 1: rel err %.3e", mesh, what, name,
+              res.grad_err[id]);
     cr_expect(res.param_err[id] >= 0 && res.param_err[id] <= 1e-3,
-              "%s%s: %s after step %d: rel err %.3e", mesh, sp ? " sp" : "", name, steps,
+              "%s%s: %s after step %d: rel err %.3e", mesh, what, name, steps,
               res.param_err[id]);
   }
   gpt_par_result_free(&res);
@@ -103,6 +106,15 @@ static void check_mesh_layers(const char *mesh, int sp, int layers) {
   free(g1);
   gpt_model_free(&ref);
   free(data);
+}
+
+static const gpt_config base_cfg = {.n_layer = 2, .d_model = 32, .n_head = 4, .seq = 16,
+                                    .batch = 4, .micro = 2, .lr = 3e-3f, .seed = 7};
+
+static void check_mesh_layers(const char *mesh, int sp, int layers) {
+  gpt_config c = base_cfg;
+  c.n_layer = layers;
+  check_cfg(&c, mesh, sp, 0);
 }
 
 static void check_mesh(const char *mesh, int sp) { check_mesh_layers(mesh, sp, 2); }
@@ -116,6 +128,35 @@ Test(gpt, pp2_dp2_tp2_sp) { check_mesh("pp=2,dp=2,tp=2", 1); }
 Test(gpt, tp4_sp) { check_mesh("tp=4", 1); }
 /* four stages: the middle ones hold neither wte copy */
 Test(gpt, pp4_tp2_sp) { check_mesh_layers("pp=4,tp=2", 1, 4); }
+
+/* Context parallel: each cp rank holds a contiguous chunk of every
+ * sequence; K and V all-gathered over cp. */
+Test(gpt, cp2_dp2) { check_mesh("cp=2,dp=2", 0); }
+Test(gpt, dp2_cp2_tp2) { check_mesh("tp=2,cp=2,dp=2", 0); }
+Test(gpt, dp2_cp2_tp2_sp) { check_mesh("tp=2,cp=2,dp=2", 1); }
+Test(gpt, pp2_cp2_tp2) { check_mesh("pp=2,cp=2,tp=2", 0); }
+Test(gpt, cp4) { check_mesh("cp=4", 0); }
+
+/* Sharded data parallel (mpg_sync MPG_SYNC_SHARD): gradients and AdamW
+ * state of the owned ranges only, parameters all-gathered after the step. */
+Test(gpt, shard_dp2_cp2_tp2) { check_cfg(&base_cfg, "tp=2,cp=2,dp=2", 0, 1); }
+/* sp: the tp-replicated tensors reduce over "dp_cp,tp" and stay unsharded;
+ * pp: the tied wte stays unsharded */
+Test(gpt, shard_pp2_dp2_tp2_sp) { check_cfg(&base_cfg, "pp=2,dp=2,tp=2", 1, 1); }
+/* HSDP: shard over dp_shard, all-reduce the shards over dp_replicate */
+Test(gpt, shard_hsdp) {
+  gpt_config c = base_cfg;
+  c.batch = 8;
+  check_cfg(&c, "dp_replicate=2,dp_shard=2,tp=2", 0, 1);
+}
+/* Three shards of tensors whose sizes do not divide by 3 (d_model 20,
+ * wte 5120, wpe 320, qkv.w 1200...). */
+Test(gpt, shard_dp3_uneven) {
+  gpt_config c = base_cfg;
+  c.d_model = 20;
+  c.batch = 6;
+  check_cfg(&c, "dp=3", 0, 1);
+}
 
 /* The comparison catches a real mistake: a run with another seed differs. */
 Test(gpt, detects_difference) {
@@ -135,4 +176,29 @@ Test(gpt, detects_difference) {
   gpt_par_result_free(&res);
   gpt_model_free(&ref);
   free(data);
+}
+
+/* Real processes: `mpirun -np 8 gpt --mpi --mesh pp=2,dp=2,tp=2`, one
+ * process per rank (MPI backend, rank and world size from the launcher),
+ * every process running the reference, rank 0 printing the comparison
+ * and PASS.  The pipeline's sends are batched with the next receive, so
+ * MPI's blocking sends cannot deadlock. */
+#include "../mpirun_util.h"
+
+Test(gpt, mpirun_pp2_dp2_tp2, .timeout = 300) {
+#ifndef GPT_TEST_MPI
+  cr_skip_test("built without MPI");
+#else
+  if (system("command -v mpirun >/dev/null 2>&1") != 0) cr_skip_test("mpirun is not installed");
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd,
+           "timeout -k 5 240 " MPIRUN "-np 8 '%s' --mpi --mesh pp=2,dp=2,tp=2 --steps 5",
+           env_program("MESHPG_GPT_EXE"));
+  double secs = 0;
+  int rc = run(cmd, &secs);
+  cr_log_info("%s: exit %d after %.2f s", cmd, rc, secs);
+  cr_assert_eq(rc, 0, "%s\nexit code %d after %.2f s; output:\n%s", cmd, rc, secs, out);
+  cr_assert(strstr(out, "8 MPI processes"), "%s", out);
+  cr_assert(strstr(out, "\nPASS\n"), "%s\nno PASS line; output:\n%s", cmd, out);
+#endif
 }
