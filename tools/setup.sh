@@ -70,11 +70,12 @@ case "$mode" in
     "$root/bench/run_sync.sh" "$build"
     ;;
   demo)
-    # The main job: 8 simulated ranks train a tp/cp/dp-parallel MLP with
-    # gradients synchronised over dp_cp, checked against one process.
-    "$build/tools/meshpg" plan "$root/examples/seed.toml" --rank 5
-    echo
-    "$build/tools/meshpg" sim "$root/examples/seed.toml" --steps 50
+    # The main job: 8 thread ranks train a small GPT tensor- (with sequence
+    # parallelism), context- and data-parallel (sharded optimizer) on
+    # meshpg's groups and sync, checked step for step against one process
+    # (examples/gpt; README "The GPT example").  Exits non-zero on FAIL.
+    "$build/examples/gpt/gpt" --mesh tp=2,cp=2,dp=2 --sp --shard --steps 300 \
+      --svg "$build/gpt_loss.svg"
     ;;
   test)
     total_ok=0 total_fail=0 total_skip=0 status=0

@@ -6,7 +6,11 @@
  *   gpt [--mesh pp=2,dp=2,cp=2,tp=2] [--sp] [--shard] [--mpi] [--steps N]
  *       [--layers L] [--dmodel C] [--heads H] [--seq T] [--batch B]
  *       [--microbatches M] [--lr LR] [--seed S] [--data FILE] [--svg FILE]
- *       [--tol X] [--ptol X]
+ *       [--tol X] [--ptol X] [--every K] [--tensors]
+ *
+ * --every K prints every K-th step of the loss table (and the last; default
+ * 1 up to 30 steps, else about 20 rows); --tensors adds the per-tensor
+ * error table.
  *
  * Mesh dims: pp, dp, cp, tp, or for HSDP (with --shard) dp_replicate and
  * dp_shard in place of dp.  --shard: sharded data parallel (a distributed
@@ -123,20 +127,21 @@ static void usage(void) {
           "usage: gpt [--mesh pp=2,dp=2,cp=2,tp=2] [--sp] [--shard] [--mpi]\n"
           "           [--steps N] [--layers L] [--dmodel C] [--heads H] [--seq T] [--batch B]\n"
           "           [--microbatches M] [--lr LR] [--seed S] [--data FILE]\n"
-          "           [--svg FILE] [--tol X] [--ptol X]\n");
+          "           [--svg FILE] [--tol X] [--ptol X] [--every K] [--tensors]\n");
 }
 
 int main(int argc, char **argv) {
   gpt_config c = {.n_layer = 2, .d_model = 32, .n_head = 4, .seq = 32, .batch = 8,
                   .micro = 2, .lr = 3e-3f, .seed = 1};
   const char *mesh = "pp=2,dp=2,tp=2", *data_path = GPT_DEFAULT_DATA, *svg = NULL;
-  int sp = 0, shard = 0, mpi = 0, steps = 20;
+  int sp = 0, shard = 0, mpi = 0, steps = 20, every = 0, tensors = 0;
   double tol = 1e-4, ptol = 1e-3;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--sp")) { sp = 1; continue; }
     if (!strcmp(a, "--shard")) { shard = 1; continue; }
     if (!strcmp(a, "--mpi") || !strcmp(a, "--launcher")) { mpi = 1; continue; }
+    if (!strcmp(a, "--tensors")) { tensors = 1; continue; }
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
     if (!v) { usage(); return 2; }
     i++;
@@ -154,9 +159,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--svg")) svg = v;
     else if (!strcmp(a, "--tol")) tol = atof(v);
     else if (!strcmp(a, "--ptol")) ptol = atof(v);
+    else if (!strcmp(a, "--every")) every = atoi(v);
     else { usage(); return 2; }
   }
-  if (steps < 1) { usage(); return 2; }
+  if (steps < 1 || every < 0) { usage(); return 2; }
+  if (every == 0) every = steps <= 30 ? 1 : (steps + 19) / 20;
   size_t len = 0;
   uint8_t *data = read_file(data_path, &len);
   if (!data) { fprintf(stderr, "gpt: cannot read %s\n", data_path); return 1; }
@@ -227,21 +234,24 @@ int main(int argc, char **argv) {
   for (int s = 0; s < steps; s++) {
     double e = fabs(res.loss[s] - rloss[s]) / fabs(rloss[s]);
     max_loss_err = fmax(max_loss_err, e);
-    printf("%6d %12.6f %12.6f %12.3e\n", s + 1, res.loss[s], rloss[s], e);
+    if (s == 0 || (s + 1) % every == 0 || s == steps - 1)
+      printf("%6d %12.6f %12.6f %12.3e\n", s + 1, res.loss[s], rloss[s], e);
   }
-  printf("\nrelative error ||a - ref|| / ||ref|| per tensor shard (max over ranks)\n"
-         "  %-12s %10s  %12s  %12s\n", "tensor", "elements", "grad step 1",
-         "param final");
+  if (tensors)
+    printf("\nrelative error ||a - ref|| / ||ref|| per tensor shard (max over ranks)\n"
+           "  %-12s %10s  %12s  %12s\n", "tensor", "elements", "grad step 1",
+           "param final");
   double max_param_err = 0.0, max_grad_err = 0.0;
   for (int id = 0; id < res.nt; id++) {
     char name[48];
     gpt_tensor_name(id, name, sizeof name);
-    printf("  %-12s %10zu  %12.3e  %12.3e\n", name, gpt_tensor_count(&c, id, 1),
-           res.grad_err[id], res.param_err[id]);
+    if (tensors)
+      printf("  %-12s %10zu  %12.3e  %12.3e\n", name, gpt_tensor_count(&c, id, 1),
+             res.grad_err[id], res.param_err[id]);
     max_param_err = fmax(max_param_err, res.param_err[id]);
     max_grad_err = fmax(max_grad_err, res.grad_err[id]);
   }
-  printf("(param final: qkv.b without its key part, see train.h)\n");
+  if (tensors) printf("(param final: qkv.b without its key part, see train.h)\n");
   printf("\nmax rel err: loss %.3e, grad (step 1) %.3e (tolerance %.1e); param %.3e "
          "(tolerance %.1e)\n", max_loss_err, max_grad_err, tol, max_param_err, ptol);
   printf("final loss %.4f vs unigram entropy %.4f; reference %.2f s, parallel %.2f s "
