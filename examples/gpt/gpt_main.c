@@ -3,7 +3,7 @@
  * through meshpg, next to the single-process reference on the same global
  * batches, and compare them.
  *
- *   gpt [--mesh pp=2,dp=2,cp=2,tp=2] [--sp] [--shard] [--mpi] [--steps N]
+ *   gpt [--mesh pp=2,dp=2,cp=2,tp=2] [--sp] [--shard] [--mpi | --nccl] [--steps N]
  *       [--layers L] [--dmodel C] [--heads H] [--seq T] [--batch B]
  *       [--microbatches M] [--lr LR] [--seed S] [--data FILE] [--svg FILE]
  *       [--tol X] [--ptol X] [--every K] [--tensors]
@@ -18,6 +18,10 @@
  * rank of an mpirun job (as many processes as the mesh has ranks); every
  * process runs the reference, rank 0 prints the comparison:
  *   mpirun -np 8 build/examples/gpt/gpt --mpi --mesh pp=2,dp=2,tp=2
+ * --nccl: thread ranks on the NCCL backend, rank r on CUDA device r % count
+ * (on real GPUs: as many GPUs as ranks, see usage()); the model computes
+ * on host arrays and every collective, p2p batch and the gradient sync is
+ * staged through device memory (stage.h).
  *
  * Tolerances: the parallel run computes the same f32 arithmetic as the
  * reference but sums in another order (tp partial sums added by an
@@ -124,23 +128,31 @@ static double now(void) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: gpt [--mesh pp=2,dp=2,cp=2,tp=2] [--sp] [--shard] [--mpi]\n"
+          "usage: gpt [--mesh pp=2,dp=2,cp=2,tp=2] [--sp] [--shard] [--mpi | --nccl]\n"
           "           [--steps N] [--layers L] [--dmodel C] [--heads H] [--seq T] [--batch B]\n"
           "           [--microbatches M] [--lr LR] [--seed S] [--data FILE]\n"
-          "           [--svg FILE] [--tol X] [--ptol X] [--every K] [--tensors]\n");
+          "           [--svg FILE] [--tol X] [--ptol X] [--every K] [--tensors]\n"
+          "  --mpi   one rank per process of an mpirun job (MPI backend)\n"
+          "  --nccl  thread ranks on the NCCL backend, one CUDA device each\n"
+          "          (device = rank %% device count); the math stays on the host and\n"
+          "          every communication is staged through device memory.  NCCL\n"
+          "          refuses two ranks of one process on one GPU (a distinct\n"
+          "          NCCL_HOSTID per rank is impossible for threads), so on a real\n"
+          "          machine --nccl needs as many GPUs as the mesh has ranks\n");
 }
 
 int main(int argc, char **argv) {
   gpt_config c = {.n_layer = 2, .d_model = 32, .n_head = 4, .seq = 32, .batch = 8,
                   .micro = 2, .lr = 3e-3f, .seed = 1};
   const char *mesh = "pp=2,dp=2,tp=2", *data_path = GPT_DEFAULT_DATA, *svg = NULL;
-  int sp = 0, shard = 0, mpi = 0, steps = 20, every = 0, tensors = 0;
+  int sp = 0, shard = 0, mpi = 0, nccl = 0, steps = 20, every = 0, tensors = 0;
   double tol = 1e-4, ptol = 1e-3;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--sp")) { sp = 1; continue; }
     if (!strcmp(a, "--shard")) { shard = 1; continue; }
     if (!strcmp(a, "--mpi") || !strcmp(a, "--launcher")) { mpi = 1; continue; }
+    if (!strcmp(a, "--nccl")) { nccl = 1; continue; }
     if (!strcmp(a, "--tensors")) { tensors = 1; continue; }
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
     if (!v) { usage(); return 2; }
@@ -162,7 +174,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--every")) every = atoi(v);
     else { usage(); return 2; }
   }
-  if (steps < 1 || every < 0) { usage(); return 2; }
+  if (steps < 1 || every < 0 || (mpi && nccl)) { usage(); return 2; }
   if (every == 0) every = steps <= 30 ? 1 : (steps + 19) / 20;
   size_t len = 0;
   uint8_t *data = read_file(data_path, &len);
@@ -200,7 +212,8 @@ int main(int argc, char **argv) {
     else
       printf("mesh pp=%d,dp=%d,cp=%d,tp=%d", d.pp, d.dp, d.cp, d.tp);
     printf("%s%s (%d %s)\n", sp ? " + sp" : "", shard ? " + shard" : "",
-           d.pp * d.dp * d.cp * d.tp, mpi ? "MPI processes" : "thread ranks");
+           d.pp * d.dp * d.cp * d.tp,
+           mpi ? "MPI processes" : nccl ? "thread ranks on NCCL" : "thread ranks");
     fflush(stdout);
   }
 
@@ -214,7 +227,7 @@ int main(int argc, char **argv) {
   }
   double t1 = now();
   gpt_par_result res;
-  gpt_par_opts po = {sp, shard, mpi};
+  gpt_par_opts po = {sp, shard, mpi, nccl, 0};
   if (gpt_parallel_train_opts(&c, data, len, mesh, &po, steps, &ref, g1, &res)) {
     fprintf(stderr, "gpt: %s\n", res.error);
     return 1;

@@ -1,6 +1,7 @@
 /* The GPT model: parameters, forward, manual backward, AdamW, data, and
  * the single-process reference.  See model.h. */
 #include "model.h"
+#include "stage.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -310,8 +311,8 @@ static void note(gpt_model *m, mpg_status st) {
 }
 /* in: R x C -> out: N x C (sp only). */
 static void comm_gather(gpt_model *m, const float *in, float *out) {
-  note(m, mpg_all_gather(m->comm.tp, in, out, (size_t)m->rows_local * m->cfg.d_model,
-                         MPG_F32, NULL, NULL));
+  note(m, gpt_stage_all_gather(m->comm.stage, m->comm.tp, in, out,
+                               (size_t)m->rows_local * m->cfg.d_model, MPG_F32));
 }
 /* in: N x C partial sums -> out: R x C (sp), or in place over N x C. */
 static void comm_reduce(gpt_model *m, float *in, float *out) {
@@ -319,11 +320,11 @@ static void comm_reduce(gpt_model *m, float *in, float *out) {
   if (m->comm.tp_size == 1) {
     if (out != in) memcpy(out, in, (size_t)m->rows * C * sizeof(float));
   } else if (use_sp(m)) {
-    note(m, mpg_reduce_scatter(m->comm.tp, in, out, (size_t)m->rows_local * C, MPG_F32,
-                               MPG_OP_SUM, NULL, NULL));
+    note(m, gpt_stage_reduce_scatter(m->comm.stage, m->comm.tp, in, out,
+                                     (size_t)m->rows_local * C, MPG_F32, MPG_OP_SUM));
   } else {
-    note(m, mpg_all_reduce(m->comm.tp, in, in, (size_t)m->rows * C, MPG_F32, MPG_OP_SUM,
-                           NULL, NULL));
+    note(m, gpt_stage_all_reduce(m->comm.stage, m->comm.tp, in, in, (size_t)m->rows * C,
+                                 MPG_F32, MPG_OP_SUM));
     if (out != in) memcpy(out, in, (size_t)m->rows * C * sizeof(float));
   }
 }
@@ -495,7 +496,7 @@ static void kv_gather(gpt_model *m, const float *qkv, float *kv) {
   for (size_t r = 0; r < N; r++)
     memcpy(loc + r * 2 * Cl, qkv + r * 3 * Cl + Cl, 2 * Cl * sizeof(float));
   if (m->comm.cp_size > 1)
-    note(m, mpg_all_gather(m->comm.cp, loc, kv, N * 2 * Cl, MPG_F32, NULL, NULL));
+    note(m, gpt_stage_all_gather(m->comm.stage, m->comm.cp, loc, kv, N * 2 * Cl, MPG_F32));
 }
 /* The gradient of the gathered K | V (seq * nb x 2Cl) summed over cp and
  * scattered back to each rank's rows, into the k and v parts of dqkv. */
@@ -503,8 +504,8 @@ static void kv_scatter(gpt_model *m, const float *dkv, float *dqkv) {
   const size_t N = (size_t)m->rows, Cl = (size_t)m->cfg.d_model / (size_t)m->comm.tp_size;
   const float *loc = dkv;
   if (m->comm.cp_size > 1) {
-    note(m, mpg_reduce_scatter(m->comm.cp, dkv, m->s_kvl, N * 2 * Cl, MPG_F32, MPG_OP_SUM,
-                               NULL, NULL));
+    note(m, gpt_stage_reduce_scatter(m->comm.stage, m->comm.cp, dkv, m->s_kvl, N * 2 * Cl,
+                                     MPG_F32, MPG_OP_SUM));
     loc = m->s_kvl;
   }
   for (size_t r = 0; r < N; r++)

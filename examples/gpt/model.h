@@ -77,6 +77,10 @@ typedef struct gpt_comm {
   mpg_status err; /* first communication error */
   mpg_group *cp;
   int cp_size, cp_rank;
+  /* Where the collectives' buffers are staged (stage.h): NULL, or a
+   * host-backend stage, calls meshpg on the host arrays directly; an NCCL
+   * stage copies them through device memory. */
+  struct gpt_stage *stage;
 } gpt_comm;
 
 typedef void (*gpt_ready_fn)(void *arg, int tensor);

@@ -28,8 +28,10 @@
  *    {0, P-1}) so the sync sums both gradients.
  */
 #include "train.h"
+#include "stage.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,7 +101,15 @@ typedef struct rank_state {
   mpg_sync *sync;
   int *param_of;    /* tensor id -> sync param id */
   int *partial;     /* gradient is a partial sum over tp (sp): scale by tp */
+  /* grad / param: the host arrays the model computes with.  dgrad / dparam:
+   * the sync's views (mpg_sync_grad, mpg_sync_param).  On thread and MPI
+   * they are the same memory; on NCCL the views are device memory, and
+   * the host arrays are staged in and out around the sync (stage.h). */
   float **grad, **param;
+  float **dgrad, **dparam;
+  int *up;   /* gradient staged into its view in this step's last micro-batch */
+  int *down; /* gathered parameter staged out of its view in this step */
+  gpt_stage *stage;
   size_t *count;
   /* shard mode: this rank's range of each tensor */
   int *sharded;
@@ -118,7 +128,14 @@ static void on_ready(void *arg, int id) {
    * (tp is a power of two in practice, so this is exact.) */
   if (rs->last_mb && rs->partial[id])
     for (size_t i = 0; i < rs->count[id]; i++) rs->grad[id][i] *= (float)rs->T;
-  mpg_status st = mpg_sync_mark_ready(rs->sync, rs->param_of[id]);
+  mpg_status st = MPG_OK;
+  /* Only the last micro-batch launches reductions: the gradient summed
+   * over the micro-batches goes into the view then, before mark_ready. */
+  if (rs->last_mb) {
+    st = gpt_stage_in(rs->stage, rs->dgrad[id], rs->grad[id], rs->count[id] * sizeof(float));
+    rs->up[id] = 1;
+  }
+  if (st == MPG_OK) st = mpg_sync_mark_ready(rs->sync, rs->param_of[id]);
   if (st != MPG_OK && rs->err == MPG_OK) rs->err = st;
 }
 
@@ -128,6 +145,12 @@ static void on_use(void *arg, int id) {
   rank_state *rs = arg;
   if (!rs->shard || rs->param_of[id] < 0) return;
   mpg_status st = mpg_sync_gather_wait(rs->sync, rs->param_of[id]);
+  /* The gathered tensor into the host array, once a step (the caller's
+   * stream is ordered after the gather by gather_wait). */
+  if (st == MPG_OK && !rs->down[id]) {
+    st = gpt_stage_out(rs->stage, rs->param[id], rs->dparam[id], rs->count[id] * sizeof(float));
+    rs->down[id] = 1;
+  }
   if (st != MPG_OK && rs->err == MPG_OK) rs->err = st;
 }
 
@@ -155,6 +178,9 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   memset(&m, 0, sizeof m);
   rank_state rs;
   memset(&rs, 0, sizeof rs);
+  gpt_stage stage;
+  memset(&stage, 0, sizeof stage);
+  int nccl = 0;
   uint8_t *seqs = NULL;
   float *buf_in = NULL, *buf_out = NULL, *st_m = NULL, *st_v = NULL;
   double *errs = NULL;
@@ -162,6 +188,7 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   mpg_status st = mpg_ctx_create(J->mesh, opts, &ctx);
   if (st != MPG_OK) return st;
   rank = mpg_ctx_rank(ctx);
+  nccl = mpg_ctx_backend(ctx) == MPG_BACKEND_NCCL;
   int coord[MPG_MAX_DIMS];
   CHECK(mpg_mesh_coord_of(J->mesh, rank, coord));
   const int P = J->d.pp, D = J->d.dp, K = J->d.cp, T = J->d.tp, sp = J->o.sp;
@@ -198,6 +225,11 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   rs.partial = calloc((size_t)nt, sizeof(int));
   rs.grad = calloc((size_t)nt, sizeof(float *));
   rs.param = calloc((size_t)nt, sizeof(float *));
+  rs.dgrad = calloc((size_t)nt, sizeof(float *));
+  rs.dparam = calloc((size_t)nt, sizeof(float *));
+  rs.up = calloc((size_t)nt, sizeof(int));
+  rs.down = calloc((size_t)nt, sizeof(int));
+  rs.stage = &stage;
   rs.count = calloc((size_t)nt, sizeof(size_t));
   rs.sharded = calloc((size_t)nt, sizeof(int));
   rs.own_off = calloc((size_t)nt, sizeof(size_t));
@@ -205,7 +237,8 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   rs.own_state = calloc((size_t)nt, sizeof(size_t));
   errs = malloc(sizeof(double) * 2 * (size_t)nt);
   if (!rs.param_of || !rs.partial || !rs.grad || !rs.param || !rs.count || !rs.sharded ||
-      !rs.own_off || !rs.own_cnt || !rs.own_state || !errs) {
+      !rs.own_off || !rs.own_cnt || !rs.own_state || !errs || !rs.dgrad || !rs.dparam ||
+      !rs.up || !rs.down) {
     st = MPG_ERR_NOMEM;
     goto out;
   }
@@ -237,10 +270,16 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
     if (rs.param_of[id] >= 0) {
       void *v;
       CHECK(mpg_sync_grad(sync, rs.param_of[id], &v));
-      rs.grad[id] = v;
+      /* NCCL: the views are device memory; the model computes on host
+       * arrays staged in and out of them. */
+      rs.dgrad[id] = v;
+      rs.grad[id] = nccl ? calloc(rs.count[id] ? rs.count[id] : 1, sizeof(float)) : v;
+      if (!rs.grad[id]) { st = MPG_ERR_NOMEM; goto out; }
       if (shard) {
         CHECK(mpg_sync_param(sync, rs.param_of[id], &v));
-        rs.param[id] = v;
+        rs.dparam[id] = v;
+        rs.param[id] = nccl ? calloc(rs.count[id] ? rs.count[id] : 1, sizeof(float)) : v;
+        if (!rs.param[id]) { st = MPG_ERR_NOMEM; goto out; }
         mpg_shard_info si = MPG_SHARD_INFO_INIT;
         CHECK(mpg_sync_shard(sync, rs.param_of[id], &si));
         rs.sharded[id] = si.sharded;
@@ -276,6 +315,26 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   m.use = on_use;
   m.use_arg = &rs;
   const size_t hsz = (size_t)m.rows_local * c->d_model;
+  {
+    /* The largest message of any communication: tp's all-reduce /
+     * all-gather / reduce-scatter of N x C rows, cp's gathered K | V
+     * (seq * nb x 2C/tp), the pipeline's R x C activations, and the world
+     * all-reduces of 2 x nt doubles. */
+    const size_t C = (size_t)c->d_model, Cl = C / (size_t)T;
+    size_t cap = (size_t)m.rows * C;
+    if ((size_t)c->seq * (size_t)nb * 2 * Cl > cap) cap = (size_t)c->seq * (size_t)nb * 2 * Cl;
+    if (hsz > cap) cap = hsz;
+    cap *= sizeof(float);
+    if (2 * (size_t)nt * sizeof(double) > cap) cap = 2 * (size_t)nt * sizeof(double);
+    CHECK(gpt_stage_init(&stage, ctx, cap));
+    m.comm.stage = &stage;
+  }
+  /* Shard mode: the initial values (every rank the same) into the sync's
+   * parameter buffer (a no-op where the model wrote into it directly). */
+  if (shard)
+    for (int id = 0; id < nt; id++)
+      if (rs.param_of[id] >= 0)
+        CHECK(gpt_stage_in(&stage, rs.dparam[id], rs.param[id], rs.count[id] * sizeof(float)));
   seqs = malloc((size_t)nb * (c->seq + 1));
   buf_in = malloc(hsz * sizeof(float));
   buf_out = malloc(hsz * sizeof(float));
@@ -304,7 +363,7 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
       if (npend) ops[n++] = pend, npend = 0;
       if (do_fwd && !first) ops[n++] = (mpg_p2p_op){MPG_P2P_RECV, ps - 1, buf_in, hsz, MPG_F32};
       if (!do_fwd && !last) ops[n++] = (mpg_p2p_op){MPG_P2P_RECV, ps + 1, buf_in, hsz, MPG_F32};
-      if (n) CHECK(mpg_p2p_batch(g_pp, ops, n, NULL, NULL));
+      if (n) CHECK(gpt_stage_p2p(&stage, g_pp, ops, n));
       if (do_fwd) {
         for (int b = 0; b < nb; b++)
           gpt_sequence(c, J->data, J->len, step, (long)dr * per_dp + (long)fi * nb + b,
@@ -317,7 +376,7 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
         fi++;
       } else {
         rs.last_mb = bi == M - 1;
-        CHECK(mpg_sync_begin(sync, step, rs.last_mb, NULL));
+        CHECK(mpg_sync_begin(sync, step, rs.last_mb, stage.stream));
         gpt_backward(&m, bi, buf_in, buf_out);
         if (m.comm.err != MPG_OK) { st = m.comm.err; goto out; }
         if (rs.err != MPG_OK) { st = rs.err; goto out; }
@@ -327,15 +386,31 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
            * finish sums the tied wte over the end stages, which waits for
            * the first stage's backward, which needs this gradient. */
           if (rs.last_mb) {
-            CHECK(mpg_p2p_batch(g_pp, &pend, 1, NULL, NULL));
+            CHECK(gpt_stage_p2p(&stage, g_pp, &pend, 1));
             npend = 0;
           }
         }
+        /* A held tensor that backward never marked ready is launched by
+         * finish as its view is: stage it first. */
+        if (rs.last_mb)
+          for (int id = 0; id < nt; id++)
+            if (rs.param_of[id] >= 0 && !rs.up[id])
+              CHECK(gpt_stage_in(&stage, rs.dgrad[id], rs.grad[id],
+                                 rs.count[id] * sizeof(float)));
         CHECK(mpg_sync_finish(sync));
+        /* The reduced gradients (finish ordered the stream after the
+         * sync's) back into the host arrays for the norm and AdamW. */
+        if (rs.last_mb)
+          for (int id = 0; id < nt; id++)
+            if (rs.param_of[id] >= 0) {
+              rs.up[id] = 0;
+              CHECK(gpt_stage_out(&stage, rs.grad[id], rs.dgrad[id],
+                                  rs.count[id] * sizeof(float)));
+            }
         bi++;
       }
     }
-    if (npend) CHECK(mpg_p2p_batch(g_pp, &pend, 1, NULL, NULL));
+    if (npend) CHECK(gpt_stage_p2p(&stage, g_pp, &pend, 1));
     if (step == 0 && J->ref_grads1)
       for (int id = 0; id < nt; id++)
         if (rs.grad[id]) {
@@ -364,7 +439,7 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
         red[1] += gpt_grad_sumsq(&m, id);
       }
     }
-    CHECK(mpg_all_reduce(g_world, red, red, 2, MPG_F64, MPG_OP_SUM, NULL, NULL));
+    CHECK(gpt_stage_all_reduce(&stage, g_world, red, red, 2, MPG_F64, MPG_OP_SUM));
     /* With the issue-order checker on (MESHPG_CHECK_ORDER=1), close the
      * checked interval here, so that this world collective (the same call
      * on every rank) never shares an interval with the stages' differing
@@ -376,27 +451,48 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
     if (shard) {
       gpt_adamw_tick(&m);
       for (int id = 0; id < nt; id++)
-        if (rs.param_of[id] >= 0)
+        if (rs.param_of[id] >= 0) {
           gpt_adamw_range(&m, id, rs.own_off[id], rs.own_cnt[id], st_m + rs.own_state[id],
                           st_v + rs.own_state[id], gscale);
+          /* the updated owned range into the parameter buffer */
+          CHECK(gpt_stage_in(&stage, rs.dparam[id] + rs.own_off[id],
+                             rs.param[id] + rs.own_off[id], rs.own_cnt[id] * sizeof(float)));
+        }
       CHECK(mpg_sync_zero_grads(sync));
-      CHECK(mpg_sync_gather_begin(sync, NULL));
+      if (nccl) gpt_model_zero_grads(&m); /* the host arrays too */
+      CHECK(mpg_sync_gather_begin(sync, stage.stream));
+      for (int id = 0; id < nt; id++) rs.down[id] = 0;
     } else {
       gpt_adamw(&m, gscale);
       CHECK(mpg_sync_zero_grads(sync));
+      if (nccl) gpt_model_zero_grads(&m);
     }
     if (rank == 0) J->res->loss[step] = red[0] / ((double)c->batch * c->seq);
   }
   if (rank == 0 && J->steps > 1) J->res->step_s = (now_s() - t_first) / (J->steps - 1);
-  if (shard) CHECK(mpg_sync_gather_all(sync));
+  if (shard) {
+    CHECK(mpg_sync_gather_all(sync));
+    for (int id = 0; id < nt; id++)
+      if (rs.param_of[id] >= 0)
+        CHECK(gpt_stage_out(&stage, rs.param[id], rs.dparam[id], rs.count[id] * sizeof(float)));
+  }
+  if (J->o.keep_params && J->res->rank_params)
+    for (int id = 0; id < nt; id++)
+      if (m.p[id]) {
+        float *keep = malloc(m.n[id] * sizeof(float));
+        if (!keep) { st = MPG_ERR_NOMEM; goto out; }
+        memcpy(keep, m.p[id], m.n[id] * sizeof(float));
+        J->res->rank_params[(size_t)rank * nt + id] = keep;
+        J->res->rank_count[(size_t)rank * nt + id] = m.n[id];
+      }
   if (J->ref)
     for (int id = 0; id < nt; id++)
       if (m.p[id])
         errs[id] = gpt_shard_error(c, id, gpt_tensor_sharded(id) ? T : 1, tr, m.p[id],
                                    m.n[id], J->ref->p[id], 1);
   /* max over ranks, on every rank */
-  CHECK(mpg_all_reduce(g_world, errs, errs, 2 * (size_t)nt, MPG_F64, MPG_OP_MAX, NULL,
-                       NULL));
+  CHECK(gpt_stage_all_reduce(&stage, g_world, errs, errs, 2 * (size_t)nt, MPG_F64,
+                             MPG_OP_MAX));
   if (rank == 0) {
     memcpy(J->res->param_err, errs, sizeof(double) * (size_t)nt);
     memcpy(J->res->grad_err, errs + nt, sizeof(double) * (size_t)nt);
@@ -409,6 +505,15 @@ out:
   free(st_v);
   free(errs);
   gpt_model_free(&m);
+  if (nccl)
+    for (int id = 0; rs.grad && rs.param && id < gpt_num_tensors(c); id++) {
+      free(rs.grad[id]);
+      free(rs.param[id]);
+    }
+  free(rs.dgrad);
+  free(rs.dparam);
+  free(rs.up);
+  free(rs.down);
   free(rs.param_of);
   free(rs.partial);
   free(rs.grad);
@@ -420,7 +525,87 @@ out:
   free(rs.own_state);
   if (sync) mpg_sync_destroy(sync);
   if (st != MPG_OK) mpg_ctx_abort(ctx);
+  gpt_stage_free(&stage);
   mpg_ctx_destroy(ctx);
+  return st;
+}
+
+/* --nccl: one thread per rank, each on its own CUDA device (device = rank
+ * % device count), all joining one NCCL world through a shared
+ * ncclUniqueId. */
+typedef struct nccl_rank_arg {
+  job *J;
+  int rank, world, device;
+  const void *id;
+  mpg_status st;
+  char msg[320]; /* the rank's mpg_last_error() (thread-local) on failure */
+} nccl_rank_arg;
+
+static void *nccl_rank_main(void *p) {
+  nccl_rank_arg *a = p;
+  mpg_init_opts io = MPG_INIT_OPTS_INIT;
+  io.backend = MPG_BACKEND_NCCL;
+  io.rank = a->rank;
+  io.world_size = a->world;
+  io.local_rank = a->rank;
+  io.local_world_size = a->world;
+  io.device = a->device;
+  io.nccl_id = a->id;
+  io.timeout_s = 120.0;
+  if (gpt_stage_set_device(a->device)) {
+    fprintf(stderr, "gpt rank %d: cannot make CUDA device %d current\n", a->rank, a->device);
+    a->st = MPG_ERR_BACKEND;
+    return NULL;
+  }
+  a->st = rank_main(&io, a->J);
+  if (a->st != MPG_OK) snprintf(a->msg, sizeof a->msg, "%s", mpg_last_error());
+  return NULL;
+}
+
+static mpg_status nccl_run(job *J, int world, char *err, size_t errlen) {
+  const int ndev = gpt_stage_device_count();
+  if (ndev < 1) {
+    snprintf(err, errlen, "--nccl: no CUDA device (or a build without NCCL)");
+    return MPG_ERR_UNSUPPORTED;
+  }
+  if (world > ndev)
+    fprintf(stderr, "gpt: --nccl: %d ranks on %d CUDA devices: ranks share a device, "
+            "which NCCL refuses within one process (Duplicate GPU detected)\n", world, ndev);
+  unsigned char id[128];
+  if (gpt_stage_nccl_id(id)) {
+    snprintf(err, errlen, "--nccl: ncclGetUniqueId failed");
+    return MPG_ERR_BACKEND;
+  }
+  nccl_rank_arg *a = calloc((size_t)world, sizeof *a);
+  pthread_t *t = calloc((size_t)world, sizeof *t);
+  int *started = calloc((size_t)world, sizeof *started);
+  mpg_status st = MPG_OK;
+  if (!a || !t || !started) {
+    snprintf(err, errlen, "out of memory");
+    st = MPG_ERR_NOMEM;
+  }
+  for (int r = 0; st == MPG_OK && r < world; r++) {
+    a[r] = (nccl_rank_arg){J, r, world, r % ndev, id, MPG_OK, ""};
+    if (pthread_create(&t[r], NULL, nccl_rank_main, &a[r])) {
+      /* The ranks started already wait for this one until their timeout. */
+      snprintf(err, errlen, "--nccl: cannot start the thread of rank %d", r);
+      st = MPG_ERR_NOMEM;
+    } else {
+      started[r] = 1;
+    }
+  }
+  for (int r = 0; t && started && r < world; r++)
+    if (started[r]) {
+      pthread_join(t[r], NULL);
+      if (st == MPG_OK && a[r].st != MPG_OK) {
+        st = a[r].st;
+        snprintf(err, errlen, "parallel run failed: rank %d: %s: %s", r, mpg_status_name(st),
+                 a[r].msg);
+      }
+    }
+  free(a);
+  free(t);
+  free(started);
   return st;
 }
 
@@ -438,6 +623,10 @@ int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len
     snprintf(res->error, sizeof res->error,
              "bad mesh \"%s\" (want e.g. pp=2,dp=2,cp=2,tp=2 or "
              "dp_replicate=2,dp_shard=2,tp=2)", mesh_str);
+    return -1;
+  }
+  if (o->nccl && o->mpi) {
+    snprintf(res->error, sizeof res->error, "--nccl runs thread ranks: not with --mpi");
     return -1;
   }
   if (J.d.hsdp && !o->shard) {
@@ -459,6 +648,15 @@ int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len
   res->loss = calloc((size_t)steps + 1, sizeof(double));
   res->param_err = malloc(sizeof(double) * (size_t)nt);
   res->grad_err = malloc(sizeof(double) * (size_t)nt);
+  res->world = world;
+  if (o->keep_params) {
+    res->rank_params = calloc((size_t)world * (size_t)nt, sizeof(float *));
+    res->rank_count = calloc((size_t)world * (size_t)nt, sizeof(size_t));
+    if (!res->rank_params || !res->rank_count) {
+      snprintf(res->error, sizeof res->error, "out of memory");
+      return -1;
+    }
+  }
   if (!res->loss || !res->param_err || !res->grad_err) {
     snprintf(res->error, sizeof res->error, "out of memory");
     return -1;
@@ -497,6 +695,9 @@ int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len
     io.timeout_s = 120.0;
     res->root = L.rank == 0;
     st = rank_main(&io, &J);
+  } else if (o->nccl) {
+    st = nccl_run(&J, world, res->error, sizeof res->error);
+    if (st != MPG_OK) goto done;
   } else {
     st = mpg_thread_run(world, 120.0, rank_main, &J, NULL);
   }
@@ -513,11 +714,15 @@ done:
 int gpt_parallel_train(const gpt_config *c, const uint8_t *data, size_t len,
                        const char *mesh, int sp, int steps, const gpt_model *ref,
                        float *const *ref_grads1, gpt_par_result *res) {
-  gpt_par_opts o = {sp, 0, 0};
+  gpt_par_opts o = {sp, 0, 0, 0, 0};
   return gpt_parallel_train_opts(c, data, len, mesh, &o, steps, ref, ref_grads1, res);
 }
 
 void gpt_par_result_free(gpt_par_result *res) {
+  if (res->rank_params)
+    for (size_t i = 0; i < (size_t)res->world * (size_t)res->nt; i++) free(res->rank_params[i]);
+  free(res->rank_params);
+  free(res->rank_count);
   free(res->loss);
   free(res->param_err);
   free(res->grad_err);

@@ -16,6 +16,13 @@ typedef struct gpt_par_result {
                         --mpi; always 1 on thread ranks) */
   double step_s;     /* mean wall time of a step after the first (rank 0) */
   char error[512];
+  /* With opts->keep_params: every rank's final parameters (its tp shard of
+   * each tensor it holds), rank_params[rank * nt + id] of rank_count[rank *
+   * nt + id] floats, NULL where the rank does not hold the tensor (and for
+   * ranks of other processes with --mpi); world = pp * dp * cp * tp. */
+  int world;
+  float **rank_params;
+  size_t *rank_count;
 } gpt_par_result;
 
 /* A parsed mesh: dims pp, dp, cp, tp, or HSDP with dp split in
@@ -36,6 +43,12 @@ typedef struct gpt_par_opts {
                 when the mesh has dp_replicate / dp_shard) */
   int mpi;   /* this process is one rank of an mpirun job (MPI backend);
                 otherwise every rank is a thread of this process */
+  int nccl;  /* thread ranks on the NCCL backend, one CUDA device each
+                (device = rank % device count; on real GPUs as many GPUs
+                as ranks: NCCL refuses two ranks of one process on one
+                GPU).  The math stays on the host: every communication is
+                staged through device memory (stage.h).  Not with mpi. */
+  int keep_params; /* fill res->rank_params */
 } gpt_par_opts;
 
 /* Train `steps` steps on a mesh.  ref / ref_grads1 (may be NULL): the

@@ -84,7 +84,7 @@ static void check_cfg(const gpt_config *cfg, const char *mesh, int sp, int shard
   float **g1 = NULL;
   cr_assert_eq(gpt_reference_train(&c, data, len, steps, &ref, rloss, &g1), 0);
   gpt_par_result res;
-  gpt_par_opts o = {sp, shard, 0};
+  gpt_par_opts o = {sp, shard, 0, 0, 0};
   int rc = gpt_parallel_train_opts(&c, data, len, mesh, &o, steps, &ref, g1, &res);
   cr_assert_eq(rc, 0, "%s%s: %s", mesh, what, res.error);
   for (int s = 0; s < steps; s++)
