@@ -1,9 +1,11 @@
 /* The groups layer's own state, shared by its three parts: ctx.c (the
  * context: launch, placement, binding, memory), group.c (the groups of a
  * context) and coll.c (collectives and work handles), with p2p.c
- * (mpg_p2p_batch, on top of coll.c) and coll_f32.c (f16/bf16 collectives
+ * (mpg_p2p_batch, on top of coll.c), alltoall.c (mpg_all_to_all and
+ * mpg_all_to_all_v, on top of p2p.c) and coll_f32.c (f16/bf16 collectives
  * with f32 accumulation, for sync/); calls go one way, from p2p.c and
- * coll_f32.c to coll.c and from ctx.c and coll.c to group.c.  The backends (backend.h) only move
+ * coll_f32.c to coll.c, from alltoall.c to p2p.c and coll.c, and from
+ * ctx.c and coll.c to group.c.  The backends (backend.h) only move
  * data: this layer checks arguments, turns size-1 groups into local
  * copies, applies the context's timeout and aborts the whole context when
  * a peer never arrives. */
@@ -92,6 +94,17 @@ mpg_status mpg__group_run(mpg_group *g, const mpg__coll *c, mpg_work **work);
 mpg_status mpg__group_finish(mpg_group *g, mpg__req **reqs, int n, double deadline,
                              const char *fn, mpg_status failed, int skip);
 
+/* p2p.c: post the sends and receives list[0..n) (kinds MPG__SEND and
+ * MPG__RECV, already checked; one stream) on g, which is ready
+ * (mpg__group_ready) and has two or more members, as mpg_p2p_batch does:
+ * through the backend's post_batch as one group, or the receives then the
+ * sends with post (the list is posted in its order: put the receives
+ * first).  With work NULL, waits for all of them; otherwise hands out one
+ * work handle.  Timeouts and aborts go through mpg__group_on_failure, with
+ * `fn` ("mpg_all_to_all") in the messages.  For alltoall.c. */
+mpg_status mpg__group_post_p2p(mpg_group *g, const mpg__coll *list, int n, const char *fn,
+                               mpg_work **work);
+
 /* setup.c: run a setup collective on host buffers over `comm` (of
  * `members` ranks) to completion within the timeout (the caller counts it
  * in setup_collectives if it is one).  A backend whose collectives need its own memory
@@ -121,6 +134,10 @@ typedef struct mpg__order mpg__order;
 mpg_status mpg__order_create(mpg_ctx *ctx);
 void mpg__order_note(mpg_group *g, const mpg__coll *c);
 void mpg__order_note_split(mpg_group *g);
+/* An all-to-all on g (alltoall.c), as a collective of the group: kind
+ * "all_to_all" with its count, or "all_to_all_v" (v = 1) with dtype only,
+ * since its counts differ between members by nature. */
+void mpg__order_note_all_to_all(mpg_group *g, int v, size_t count, mpg_dtype dtype);
 void mpg__order_destroy(mpg_ctx *ctx);
 
 #endif

@@ -11,6 +11,11 @@
  *    never the group index: ranks of different tp groups issue on
  *    different communicators of the same dim set.  Barriers record no
  *    count, dtype or op; broadcasts and all-gathers no op.
+ *  - every mpg_all_to_all / mpg_all_to_all_v (alltoall.c), as a
+ *    collective of its group, of kind KIND_ALL_TO_ALL (with its count,
+ *    equal on every member) or KIND_ALL_TO_ALL_V (no count: per-peer
+ *    counts differ between members by nature), dtype, no op; size-1
+ *    groups too.
  *  - every split that creates a group (group.c), as (name, "split"): a
  *    collective over the world.
  *  - nothing on groups made by mpg_ctx_group_select (their non-members
@@ -68,7 +73,19 @@
 
 _Static_assert(MPG_MAX_DIMS <= 8, "the used-mask bitmap holds masks below 256");
 
-enum { KIND_SPLIT = 100 };
+/* Kinds recorded next to mpg__coll_kind that no backend sees: a split,
+ * and the all-to-alls (alltoall.c, made of point-to-point traffic but
+ * collectives of the group). */
+enum { KIND_SPLIT = 100, KIND_ALL_TO_ALL = 101, KIND_ALL_TO_ALL_V = 102 };
+
+static const char *kind_name(int kind) {
+  switch (kind) {
+    case KIND_SPLIT: return "split";
+    case KIND_ALL_TO_ALL: return "all_to_all";
+    case KIND_ALL_TO_ALL_V: return "all_to_all_v";
+  }
+  return mpg__kind_name((mpg__coll_kind)kind);
+}
 
 typedef struct entry {
   uint64_t count;
@@ -182,6 +199,13 @@ void mpg__order_note(mpg_group *g, const mpg__coll *c) {
          barrier ? -1 : (int)c->dtype, reduces ? (int)c->op : -1);
 }
 
+void mpg__order_note_all_to_all(mpg_group *g, int v, size_t count, mpg_dtype dtype) {
+  if (!g->ctx->order || g->nselect > 0) return;
+  /* The v form's counts differ per member and peer: none is recorded. */
+  record(g->ctx->order, g->name, g->mask, v ? KIND_ALL_TO_ALL_V : KIND_ALL_TO_ALL,
+         v ? 0 : (uint64_t)count, (int)dtype, -1);
+}
+
 void mpg__order_note_split(mpg_group *g) {
   mpg__order *o = g->ctx->order;
   if (!o || g->nselect > 0) return;
@@ -239,12 +263,14 @@ static void describe(const uint64_t *rec, long n, char *buf, size_t len) {
   char name[ORDER_NAME];
   memcpy(name, &rec[3], ORDER_NAME);
   name[ORDER_NAME - 1] = '\0';
-  const char *k = mpg__kind_name((mpg__coll_kind)kind);
+  const char *k = kind_name(kind);
   unsigned long long count = (unsigned long long)rec[0];
   if (kind == KIND_SPLIT)
     snprintf(buf, len, "split (creation) of group \"%s\"", name);
   else if (kind == MPG__BARRIER)
     snprintf(buf, len, "barrier on \"%s\"", name);
+  else if (kind == KIND_ALL_TO_ALL_V)
+    snprintf(buf, len, "%s(%s) on \"%s\"", k, mpg_dtype_name((mpg_dtype)dtype), name);
   else if (op >= 0)
     snprintf(buf, len, "%s(%s, %s, count %llu) on \"%s\"", k,
              mpg_dtype_name((mpg_dtype)dtype), mpg__op_name((mpg_op)op), count, name);

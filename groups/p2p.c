@@ -8,7 +8,8 @@
  * per operation.  Matching order per (peer, direction) is kept: the list
  * is reordered only between the two directions.  Waiting, timeouts and
  * aborts go through coll.c (mpg__group_finish, mpg__group_on_failure).
- * See ctx_internal.h. */
+ * The posting part, mpg__group_post_p2p, also carries alltoall.c's
+ * all-to-alls.  See ctx_internal.h. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -62,17 +63,17 @@ static void to_list(const mpg_p2p_op *ops, int n, void *stream, mpg__coll *list)
 /* Wait for the posted requests (reqs, or the single `one` when reqs is
  * NULL), or hand them out as one work handle.  Takes reqs. */
 static mpg_status hand_out(mpg_group *g, mpg__req *one, mpg__req **reqs, int n,
-                           double deadline, mpg_work **work) {
+                           double deadline, mpg_work **work, const char *fn) {
   mpg__req **list = reqs ? reqs : &one;
   mpg_work *w = work ? calloc(1, sizeof *w) : NULL;
   if (!w) {
     /* Blocking, or no memory for the handle: finish the batch here rather
      * than lose it. */
-    mpg_status st = mpg__group_finish(g, list, n, deadline, FN, MPG_OK, 0);
+    mpg_status st = mpg__group_finish(g, list, n, deadline, fn, MPG_OK, 0);
     free(reqs);
     if (st || !work) return st;
-    return mpg__fail(MPG_ERR_NOMEM, FN " on \"%s\": out of memory for the work handle "
-                     "(the %d operations completed)", g->name, n);
+    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for the work handle "
+                     "(the %d operations completed)", fn, g->name, n);
   }
   w->group = g;
   w->req = one;
@@ -88,16 +89,16 @@ static mpg_status hand_out(mpg_group *g, mpg__req *one, mpg__req **reqs, int n,
  * missing one) or, after a timeout or abort, fail at once; then they are
  * freed and the failure is returned. */
 static mpg_status post_each(mpg_group *g, const mpg__coll *list, int n, double deadline,
-                            mpg__req **reqs) {
+                            mpg__req **reqs, const char *fn) {
   const struct mpg__backend_ops *ops = g->ctx->ops;
   int posted = 0;
   mpg_status st = MPG_OK;
   while (posted < n && !(st = ops->post(g->comm, &list[posted], &reqs[posted]))) posted++;
   if (!st) return MPG_OK;
-  st = mpg__group_on_failure(g, FN, st);
+  st = mpg__group_on_failure(g, fn, st);
   mpg__saved_error why;
   mpg__error_save(&why);
-  (void)mpg__group_finish(g, reqs, posted, deadline, FN, MPG_OK, 0);
+  (void)mpg__group_finish(g, reqs, posted, deadline, fn, MPG_OK, 0);
   return mpg__error_restore(st, &why);
 }
 
@@ -117,26 +118,31 @@ mpg_status mpg_p2p_batch(mpg_group *group, const mpg_p2p_op *ops, int n, void *s
     if ((st = check_op(g, &ops[i], i))) return st;
   if (n == 0) return MPG_OK;
   if ((st = mpg__group_ready(g, FN))) return st;
-  mpg_ctx *ctx = g->ctx;
   /* A size-1 group has no peer: check_op refused every operation. */
-
   mpg__coll *list = malloc((size_t)n * sizeof *list);
-  mpg__req **reqs = ctx->ops->post_batch ? NULL : calloc((size_t)n, sizeof *reqs);
-  if (!list || (!ctx->ops->post_batch && !reqs)) {
-    free(list);
-    free(reqs);
+  if (!list)
     return mpg__fail(MPG_ERR_NOMEM, FN " on \"%s\": out of memory for %d operations",
                      g->name, n);
-  }
   to_list(ops, n, stream, list);
+  st = mpg__group_post_p2p(g, list, n, FN, work);
+  free(list);
+  return st;
+}
+
+mpg_status mpg__group_post_p2p(mpg_group *g, const mpg__coll *list, int n, const char *fn,
+                               mpg_work **work) {
+  mpg_ctx *ctx = g->ctx;
+  mpg__req **reqs = ctx->ops->post_batch ? NULL : calloc((size_t)n, sizeof *reqs);
+  if (!ctx->ops->post_batch && !reqs)
+    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for %d operations", fn,
+                     g->name, n);
   double deadline = mpg__now() + ctx->timeout_s;
   mpg__req *one = NULL;
-  st = ctx->ops->post_batch ? ctx->ops->post_batch(g->comm, list, n, &one)
-                            : post_each(g, list, n, deadline, reqs);
-  free(list);
+  mpg_status st = ctx->ops->post_batch ? ctx->ops->post_batch(g->comm, list, n, &one)
+                                       : post_each(g, list, n, deadline, reqs, fn);
   if (st) {
     free(reqs);
-    return ctx->ops->post_batch ? mpg__group_on_failure(g, FN, st) : st;
+    return ctx->ops->post_batch ? mpg__group_on_failure(g, fn, st) : st;
   }
-  return hand_out(g, one, reqs, reqs ? n : 1, deadline, work);
+  return hand_out(g, one, reqs, reqs ? n : 1, deadline, work, fn);
 }

@@ -958,8 +958,9 @@ MPG_API long mpg_ctx_setup_collectives(const mpg_ctx *ctx);
  * included.  The value must be the same on every rank (another value fails
  * mpg_ctx_create with MPG_ERR_ENV).  While it is on, each context records
  * in issue order every collective (all_reduce, all_reduce_scaled,
- * broadcast, all_gather, reduce_scatter, barrier; groups of size 1 too) as
- * (group name, kind, count, dtype, op), the name being the dim set's
+ * broadcast, all_gather, reduce_scatter, barrier, all_to_all,
+ * all_to_all_v; groups of size 1 too) as (group name, kind, count, dtype,
+ * op; all_to_all_v without a count, since its counts differ per member), the name being the dim set's
  * ("tp"), not the group index, and every group creation (a split: at
  * mpg_ctx_create, at first use with opts.lazy_groups, mpg_ctx_group_dims)
  * as (name, "split").  Not recorded: groups made by mpg_ctx_group_select
@@ -1125,6 +1126,71 @@ MPG_API mpg_status mpg_reduce_scatter_scaled(mpg_group *group, const void *send,
 
 /* Returns when every member has entered it. */
 MPG_API mpg_status mpg_barrier(mpg_group *group, mpg_work **work);
+
+/* All-to-all with equal blocks: send and recv hold size * count elements
+ * each; the member at position i sends elements [j * count, (j + 1) *
+ * count) of its send to the member at position j, which stores them at
+ * [i * count, (i + 1) * count) of its recv (block i of its own send goes
+ * to block i of its own recv, as a local copy).  count must be the same on
+ * every member.  Same as mpg_all_to_all_v with every count = count and
+ * displacements j * count; see there for everything else. */
+MPG_API mpg_status mpg_all_to_all(mpg_group *group, const void *send, void *recv,
+                                  size_t count, mpg_dtype dtype, void *stream,
+                                  mpg_work **work);
+
+/* All-to-all with a count and a displacement per peer, in elements, as
+ * MPI_Alltoallv (MoE token dispatch and combine): the member at position i
+ * sends send_counts[j] elements, starting at element send_displs[j] of
+ * send, to the member at position j, which stores them at element
+ * recv_displs[i] of its recv, where recv_counts[i] elements are expected.
+ * The four arrays have one entry per member (mpg_group_size), are read
+ * during the call only and may be reused when it returns; the blocks may
+ * be laid out in any order, with gaps (recv elements outside every block
+ * are left untouched), but the blocks of recv must not overlap each other.
+ *
+ * Counts must match pairwise: recv_counts[i] on member j equals
+ * send_counts[j] on member i (dtype too).  Counts of 0 are fine in either
+ * direction (a NULL buffer is allowed when all its counts are 0).  A
+ * member checks its own pair (send_counts[position] ==
+ * recv_counts[position]) before anything is posted; a mismatch between two
+ * members is reported where the backend sees it: the thread backend fails
+ * the receiving member with MPG_ERR_INVALID naming both sides' counts (no
+ * element is written past or short of its block; the sending member
+ * completes), mpi fails a block longer than its receive with
+ * MPG_ERR_BACKEND (a shorter one is not detected), and on nccl a mismatch
+ * is undefined (it may hang until the timeout).
+ *
+ * Not in place: send and recv must not overlap (the span of the send
+ * blocks against the span of the receive blocks), MPG_ERR_INVALID
+ * otherwise, before anything is posted.  Like the other collectives:
+ * blocking when work is NULL, otherwise *work (NULL when nothing is left
+ * to wait for); host buffers on thread and mpi, device buffers and
+ * `stream` on nccl; every member of the group must call it, in the same
+ * order as its other collectives (the issue-order checker records it as a
+ * collective of the group: kind and dtype, and the count of
+ * mpg_all_to_all; mpg_ctx_check_order).  A group of size 1 copies its one
+ * block.  It is built from point-to-point traffic: on nccl one
+ * ncclGroupStart .. ncclGroupEnd of ncclSend / ncclRecv on `stream`
+ * (pairs with 0 elements both ways exchange nothing), on thread and mpi a
+ * receive from and a send to every peer (mpg_p2p_batch's rules; sends and
+ * receives of mpg_send / mpg_recv / mpg_p2p_batch on the same group must
+ * not be left unmatched across it).
+ *
+ * Returns MPG_OK; MPG_ERR_INVALID for a NULL group, an unknown dtype, a
+ * NULL count or displacement array, a NULL send (recv) with a send (recv)
+ * count > 0, this member's own counts that differ, overlapping send and
+ * recv, or (thread backend) counts that differ between two members;
+ * MPG_ERR_RANGE when a block's end (displacement + count, or size * count
+ * for mpg_all_to_all) in bytes overflows size_t, checked before any buffer
+ * is touched; MPG_ERR_TIMEOUT when a peer did not arrive within the
+ * context's timeout (the message names the member whose block never came;
+ * the context is then aborted); MPG_ERR_ABORTED after an abort;
+ * MPG_ERR_NOMEM; MPG_ERR_BACKEND (the context is then aborted). */
+MPG_API mpg_status mpg_all_to_all_v(mpg_group *group, const void *send,
+                                    const size_t *send_counts, const size_t *send_displs,
+                                    void *recv, const size_t *recv_counts,
+                                    const size_t *recv_displs, mpg_dtype dtype, void *stream,
+                                    mpg_work **work);
 
 /* Point to point with the member at position `peer` of the group (not
  * this rank's own position: MPG_ERR_INVALID).  Messages from one peer are

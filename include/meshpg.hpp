@@ -649,6 +649,113 @@ class Group {
     return posted(st, w);
   }
 
+  /* --- all_to_all: block j of send to member j; block i of recv from i -- */
+
+  /* Typed: send and recv hold size() * count elements. */
+  template <class T, detail::if_dtype<T> = 0>
+  void all_to_all(const T* send, T* recv, std::size_t count, void* stream = nullptr) {
+    check(mpg_all_to_all(group_, send, recv, count, dtype_v<T>, stream, nullptr));
+  }
+  /* Typed, returning a new vector of send.size() elements (send.size()
+   * must be a multiple of size(): ERR_INVALID otherwise). */
+  template <class T, detail::if_dtype<T> = 0>
+  std::vector<T> all_to_all(const std::vector<T>& send) {
+    std::size_t n = static_cast<std::size_t>(size());
+    if (n == 0 || send.size() % n != 0)
+      throw Error(MPG_ERR_INVALID, "Group::all_to_all: " + std::to_string(send.size()) +
+                                       " elements do not split into " + std::to_string(n) +
+                                       " equal blocks");
+    std::vector<T> recv(send.size());
+    all_to_all(send.data(), recv.data(), send.size() / n, nullptr);
+    return recv;
+  }
+  /* Raw dtype. */
+  void all_to_all(const void* send, void* recv, std::size_t count, mpg_dtype dtype,
+                  void* stream = nullptr) {
+    check(mpg_all_to_all(group_, send, recv, count, dtype, stream, nullptr));
+  }
+  /* Asynchronous, typed. */
+  template <class T, detail::if_dtype<T> = 0>
+  Work all_to_all_async(const T* send, T* recv, std::size_t count, void* stream = nullptr) {
+    return all_to_all_async(static_cast<const void*>(send), static_cast<void*>(recv), count,
+                            dtype_v<T>, stream);
+  }
+  /* Asynchronous, raw dtype. */
+  Work all_to_all_async(const void* send, void* recv, std::size_t count, mpg_dtype dtype,
+                        void* stream = nullptr) {
+    mpg_work* w = nullptr;
+    mpg_status st = mpg_all_to_all(group_, send, recv, count, dtype, stream, &w);
+    return posted(st, w);
+  }
+
+  /* --- all_to_all_v: per-peer counts and displacements, in elements ---- */
+
+  /* Typed; the four arrays have size() entries (see mpg_all_to_all_v). */
+  template <class T, detail::if_dtype<T> = 0>
+  void all_to_all_v(const T* send, const std::size_t* send_counts,
+                    const std::size_t* send_displs, T* recv, const std::size_t* recv_counts,
+                    const std::size_t* recv_displs, void* stream = nullptr) {
+    check(mpg_all_to_all_v(group_, send, send_counts, send_displs, recv, recv_counts,
+                           recv_displs, dtype_v<T>, stream, nullptr));
+  }
+  /* Typed, packed: send holds the blocks for members 0, 1, ... back to
+   * back (send_counts[j] elements for member j); returns the blocks from
+   * members 0, 1, ... back to back (recv_counts[i] from member i).  Both
+   * count vectors need size() entries and send the sum of send_counts
+   * elements: ERR_INVALID otherwise. */
+  template <class T, detail::if_dtype<T> = 0>
+  std::vector<T> all_to_all_v(const std::vector<T>& send,
+                              const std::vector<std::size_t>& send_counts,
+                              const std::vector<std::size_t>& recv_counts) {
+    std::size_t n = static_cast<std::size_t>(size());
+    std::vector<std::size_t> sd(n), rd(n);
+    std::size_t st = 0, rt = 0;
+    for (std::size_t p = 0; p < n && p < send_counts.size() && p < recv_counts.size(); p++) {
+      sd[p] = st;
+      st += send_counts[p];
+      rd[p] = rt;
+      rt += recv_counts[p];
+    }
+    if (send_counts.size() != n || recv_counts.size() != n || st != send.size())
+      throw Error(MPG_ERR_INVALID,
+                  "Group::all_to_all_v: expected " + std::to_string(n) +
+                      " send and receive counts and send.size() == their sum, found " +
+                      std::to_string(send_counts.size()) + ", " +
+                      std::to_string(recv_counts.size()) + " and " +
+                      std::to_string(send.size()));
+    std::vector<T> recv(rt);
+    all_to_all_v(send.data(), send_counts.data(), sd.data(), recv.data(), recv_counts.data(),
+                 rd.data(), nullptr);
+    return recv;
+  }
+  /* Raw dtype. */
+  void all_to_all_v(const void* send, const std::size_t* send_counts,
+                    const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
+                    const std::size_t* recv_displs, mpg_dtype dtype, void* stream = nullptr) {
+    check(mpg_all_to_all_v(group_, send, send_counts, send_displs, recv, recv_counts,
+                           recv_displs, dtype, stream, nullptr));
+  }
+  /* Asynchronous, typed (the arrays may be reused at once). */
+  template <class T, detail::if_dtype<T> = 0>
+  Work all_to_all_v_async(const T* send, const std::size_t* send_counts,
+                          const std::size_t* send_displs, T* recv,
+                          const std::size_t* recv_counts, const std::size_t* recv_displs,
+                          void* stream = nullptr) {
+    return all_to_all_v_async(static_cast<const void*>(send), send_counts, send_displs,
+                              static_cast<void*>(recv), recv_counts, recv_displs, dtype_v<T>,
+                              stream);
+  }
+  /* Asynchronous, raw dtype. */
+  Work all_to_all_v_async(const void* send, const std::size_t* send_counts,
+                          const std::size_t* send_displs, void* recv,
+                          const std::size_t* recv_counts, const std::size_t* recv_displs,
+                          mpg_dtype dtype, void* stream = nullptr) {
+    mpg_work* w = nullptr;
+    mpg_status st = mpg_all_to_all_v(group_, send, send_counts, send_displs, recv,
+                                     recv_counts, recv_displs, dtype, stream, &w);
+    return posted(st, w);
+  }
+
   /* --- point to point with the member at position `peer` --------------- */
 
   /* Typed send. */

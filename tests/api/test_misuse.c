@@ -11,7 +11,8 @@
  *  - Detected: NULL handles and out pointers; a versioned struct whose magic
  *    is wrong (never set up by its initializer); bad enum values; negative
  *    or too large ranks, positions, indices and counts; count x element
- *    size (x group size for all_gather / reduce_scatter) overflowing size_t,
+ *    size (x group size for all_gather / reduce_scatter / all_to_all, or
+ *    displacement + count for all_to_all_v) overflowing size_t,
  *    before any memory is touched; calls in the wrong order on a mpg_sync
  *    (add_param after commit, commit twice, grad / begin / zero_grads /
  *    param_group before commit, mark_ready or finish without begin,
@@ -529,6 +530,11 @@ Test(api, ctx_create_misuse) {
   EXPECT(mpg_reduce_scatter_scaled(NULL, f, f, 1, MPG_F32, 0.5, NULL, NULL),
          MPG_ERR_INVALID, "group is NULL");
   EXPECT(mpg_barrier(NULL, NULL), MPG_ERR_INVALID, "group is NULL");
+  size_t a2c[2] = {1, 1}, a2d[2] = {0, 1};
+  EXPECT(mpg_all_to_all(NULL, f, f, 1, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+         "group is NULL");
+  EXPECT(mpg_all_to_all_v(NULL, f, a2c, a2d, f, a2c, a2d, MPG_F32, NULL, NULL),
+         MPG_ERR_INVALID, "group is NULL");
   EXPECT(mpg_send(NULL, f, 2, MPG_F32, 1, NULL, NULL), MPG_ERR_INVALID, "group is NULL");
   EXPECT(mpg_recv(NULL, f, 2, MPG_F32, 1, NULL, NULL), MPG_ERR_INVALID, "group is NULL");
   mpg_p2p_op pop = {MPG_P2P_SEND, 1, f, 2, MPG_F32};
@@ -606,6 +612,26 @@ static mpg_status ctx_rank(const mpg_init_opts *opts, void *arg) {
   R_EXPECT(mpg_all_gather(g, NULL, f, 2, MPG_F32, NULL, NULL), MPG_ERR_INVALID, "NULL");
   R_EXPECT(mpg_reduce_scatter(g, f, f, 2, MPG_F32, MPG_OP_PREMUL_SUM, NULL, NULL),
            MPG_ERR_INVALID, "PREMUL_SUM");
+  /* all_to_all: buffers, dtype, overlap (never in place), own counts;
+   * nothing is posted, so nothing needs the peer. */
+  float a2s[4] = {0}, a2r[4] = {0};
+  size_t a2c[2] = {2, 2}, a2d[2] = {0, 2}, a2z[2] = {0, 0};
+  R_EXPECT(mpg_all_to_all(g, NULL, a2r, 2, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+           "send buffer is NULL");
+  R_EXPECT(mpg_all_to_all(g, a2s, NULL, 2, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+           "receive buffer is NULL");
+  R_EXPECT(mpg_all_to_all(g, a2s, a2r, 2, (mpg_dtype)9, NULL, NULL), MPG_ERR_INVALID,
+           "unknown dtype 9");
+  R_EXPECT(mpg_all_to_all(g, f, f, 2, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+           "never in place");
+  R_EXPECT(mpg_all_to_all_v(g, a2s, NULL, a2d, a2r, a2c, a2d, MPG_F32, NULL, NULL),
+           MPG_ERR_INVALID, "send_counts is NULL");
+  R_EXPECT(mpg_all_to_all_v(g, a2s, a2c, a2d, a2r, a2c, NULL, MPG_F32, NULL, NULL),
+           MPG_ERR_INVALID, "recv_displs is NULL");
+  R_EXPECT(mpg_all_to_all_v(g, a2s, a2c, a2d, a2r, a2z, a2d, MPG_F32, NULL, NULL),
+           MPG_ERR_INVALID, "sends itself");
+  R_EXPECT(mpg_all_to_all_v(g, a2s, a2c, a2d, a2r, a2c, a2d, (mpg_dtype)-1, NULL, NULL),
+           MPG_ERR_INVALID, "unknown dtype -1");
   R_EXPECT(mpg_send(g, f, 4, MPG_F32, -1, NULL, NULL), MPG_ERR_INVALID, "peer -1");
   R_EXPECT(mpg_send(g, f, 4, MPG_F32, rank, NULL, NULL), MPG_ERR_INVALID, "another member");
   R_EXPECT(mpg_send(g, NULL, 4, MPG_F32, peer, NULL, NULL), MPG_ERR_INVALID, "NULL");
@@ -655,6 +681,11 @@ static mpg_status ctx_rank(const mpg_init_opts *opts, void *arg) {
            MPG_ERR_RANGE, "overflows");
   R_EXPECT(mpg_send(g, f, huge + 1, MPG_BF16, peer, NULL, NULL), MPG_ERR_RANGE,
            "overflows");
+  R_EXPECT(mpg_all_to_all(g, f, f, SIZE_MAX / 6, MPG_F32, NULL, NULL), MPG_ERR_RANGE,
+           "overflows");
+  size_t a2big[2] = {SIZE_MAX / 8, 1}, a2one[2] = {1, 1};
+  R_EXPECT(mpg_all_to_all_v(g, f, a2one, a2big, f + 2, a2one, a2c, MPG_F64, NULL, NULL),
+           MPG_ERR_RANGE, "send_displs[0] + send_counts[0]");
   R_EXPECT(mpg_recv(g, f, SIZE_MAX, MPG_F16, peer, NULL, NULL), MPG_ERR_RANGE, "overflows");
   int done;
   R_EXPECT(mpg_work_test(NULL, NULL), MPG_ERR_INVALID, "NULL");

@@ -473,6 +473,39 @@ static void typed_collectives(meshpg::Ctx& ctx) {
     REQUIRE(recv[k] == as<T>(want));
   }
 
+  // all_to_all: block j (2 elements) of position i's send is 10 i + j;
+  // vector form, then the pointer form through a Work.
+  const long me = g.rank();
+  std::vector<T> a2s(2 * static_cast<size_t>(n));
+  for (size_t j = 0; j < a2s.size(); j++) a2s[j] = as<T>(10 * me + static_cast<long>(j / 2));
+  std::vector<T> a2r = g.all_to_all(a2s);
+  REQUIRE(a2r.size() == a2s.size());
+  for (size_t j = 0; j < a2r.size(); j++) REQUIRE(a2r[j] == as<T>(10 * static_cast<long>(j / 2) + me));
+  std::vector<T> a2p(a2s.size());
+  g.all_to_all_async(a2s.data(), a2p.data(), 2).wait();
+  REQUIRE(a2p == a2r);
+  expect_error(MPG_ERR_INVALID, [&] { g.all_to_all(std::vector<T>(3)); });
+
+  // all_to_all_v: position i sends i + j elements of value 100 i + j to
+  // position j (0 from 0 to 0), packed; then the pointer form, async.
+  std::vector<size_t> sc(static_cast<size_t>(n)), rc(sc.size()), sd(sc.size()), rd(sc.size());
+  std::vector<T> vs;
+  size_t rtot = 0;
+  for (size_t j = 0; j < sc.size(); j++) {
+    sc[j] = rc[j] = static_cast<size_t>(me) + j;
+    sd[j] = vs.size();
+    rd[j] = rtot;
+    rtot += rc[j];
+    for (size_t k = 0; k < sc[j]; k++) vs.push_back(as<T>(100 * me + static_cast<long>(j)));
+  }
+  std::vector<T> vr = g.all_to_all_v(vs, sc, rc);
+  REQUIRE(vr.size() == rtot);
+  for (size_t i = 0, at = 0; i < rc.size(); i++)
+    for (size_t k = 0; k < rc[i]; k++) REQUIRE(vr[at++] == as<T>(100 * static_cast<long>(i) + me));
+  std::vector<T> vp(rtot);
+  g.all_to_all_v_async(vs.data(), sc.data(), sd.data(), vp.data(), rc.data(), rd.data()).wait();
+  REQUIRE(vp == vr);
+
   // send / recv with the other member of tp.
   meshpg::Group tp = ctx.group("tp");
   const int peer = 1 - tp.rank();

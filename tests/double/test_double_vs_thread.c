@@ -6,7 +6,10 @@
  * of dp2 x cp2 x tp2 at world 8 (tp, cp, dp, dp_cp, world) and pp of
  * pp2 x dp2 x tp2, every floating
  * dtype, sum, avg, max, min and a scaled sum, all_reduce (in place and
- * not), reduce_scatter, all_gather and broadcast.  (This test found the
+ * not), reduce_scatter, all_gather, broadcast, all_to_all and
+ * all_to_all_v (uneven per-pair counts, zeros included, blocks in
+ * reverse order on the send side and with gaps on the receive side: on
+ * nccl one ncclGroupStart .. ncclGroupEnd of ncclSend / ncclRecv).  (This test found the
  * scaled f16/bf16 sum rounding each addend before the sum, up to 7 units
  * in the last place off, and the f16/bf16 average over 3 ranks
  * pre-multiplied by a rounded 1/3: groups/nccl/ops.c.) */
@@ -33,8 +36,16 @@ static const mpg_op ops[] = {MPG_OP_SUM, MPG_OP_AVG, MPG_OP_MAX, MPG_OP_MIN,
 #define NDT 4
 #define NOP 5
 /* Cases per dtype: 5 ops x {out of place, in place} all_reduce, then
- * reduce_scatter (sum, avg), all_gather, broadcast. */
-#define NCASE (NOP * 2 + 4)
+ * reduce_scatter (sum, avg), all_gather, broadcast, all_to_all,
+ * all_to_all_v. */
+#define NCASE (NOP * 2 + 6)
+#define A2A (NOP * 2 + 4) /* the all_to_all case; A2A + 1: all_to_all_v */
+
+/* all_to_all_v: elements position s sends to position t (0 for some
+ * pairs, at most 802 < N). */
+static size_t a2a_count(int s, int t) {
+  return (size_t)((s * 7 + t * 13) % 5) * 200 + (size_t)((s + t) % 3);
+}
 
 typedef struct job {
   int world;
@@ -140,7 +151,7 @@ static mpg_status run_cases(job *j, int backend, int rank, mpg_ctx *ctx) {
     mpg_dtype dt = dts[d];
     size_t es = mpg_dtype_size(dt);
     for (int c = 0; c < NCASE && !st; c++) {
-      size_t nin = (size_t)N * (c == NOP * 2 || c == NOP * 2 + 1 ? (size_t)w : 1);
+      size_t nin = (size_t)N * (c == NOP * 2 || c == NOP * 2 + 1 || c >= A2A ? (size_t)w : 1);
       for (size_t i = 0; i < nin; i++) put(dt, host, i, input(rank, i));
       memset(host + nin * es, 0, max_bytes - nin * es);
       copy_in(&x, a, host, max_bytes);
@@ -162,9 +173,29 @@ static mpg_status run_cases(job *j, int backend, int rank, mpg_ctx *ctx) {
       } else if (c == NOP * 2 + 2) {
         st = mpg_all_gather(g, a, b, N, dt, NULL, NULL);
         if (!st) copy_out(&x, host, b, (size_t)N * w * es);
-      } else {
+      } else if (c == NOP * 2 + 3) {
         st = mpg_broadcast(g, a, N, dt, w - 1, NULL, NULL);
         if (!st) copy_out(&x, host, a, (size_t)N * es);
+      } else if (c == A2A) {
+        st = mpg_all_to_all(g, a, b, N, dt, NULL, NULL);
+        if (!st) copy_out(&x, host, b, (size_t)N * w * es);
+      } else {
+        /* Send blocks in reverse peer order, receive blocks with a gap of
+         * one element after each. */
+        size_t sc[MAXW], sd[MAXW], rc[MAXW], rd[MAXW], so = 0, ro = 0;
+        int me = mpg_group_rank(g);
+        for (int t = w - 1; t >= 0; t--) {
+          sc[t] = a2a_count(me, t);
+          sd[t] = so;
+          so += sc[t];
+        }
+        for (int s = 0; s < w; s++) {
+          rc[s] = a2a_count(s, me);
+          rd[s] = ro;
+          ro += rc[s] + 1;
+        }
+        st = mpg_all_to_all_v(g, a, sc, sd, b, rc, rd, dt, NULL, NULL);
+        if (!st) copy_out(&x, host, b, (size_t)N * w * es);
       }
       if (!st) memcpy(j->out[backend][rank][d][c], host, case_bytes(w, dt));
       if (!st) st = mpg_ctx_check_order(ctx); /* the order checker, every case */
@@ -288,7 +319,8 @@ static void compare_on(const char *dims, int world, const char *group, int gsize
       "all_reduce sum", "all_reduce avg", "all_reduce max", "all_reduce min",
       "all_reduce scaled", "all_reduce sum in place", "all_reduce avg in place",
       "all_reduce max in place", "all_reduce min in place", "all_reduce scaled in place",
-      "reduce_scatter sum", "reduce_scatter avg", "all_gather", "broadcast"};
+      "reduce_scatter sum", "reduce_scatter avg", "all_gather", "broadcast", "all_to_all",
+      "all_to_all_v"};
   int cases = 0;
   for (int r = 0; r < world; r++)
     for (int d = 0; d < NDT; d++)

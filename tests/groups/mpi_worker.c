@@ -30,6 +30,11 @@
  *   mpi_worker p2p_timeout   rank 0's batch with the last rank, which never
  *                            posts: MPG_ERR_TIMEOUT within the timeout
  *                            + 1 s, the context aborted, a clean exit.
+ *   mpi_worker all_to_all    mpg_all_to_all / mpg_all_to_all_v on every
+ *                            group of the mesh: uneven per-pair counts
+ *                            with zeros, blocks out of order with gaps,
+ *                            every dtype, blocking and async, every byte
+ *                            and gap checked; the issue-order check.
  *   mpi_worker sub_comm      the program initialises MPI, splits
  *                            MPI_COMM_WORLD into two halves and builds a
  *                            mesh on each (opts.mpi_comm): rank and size
@@ -1027,6 +1032,143 @@ static int run_p2p_batch(int world) {
   return 0;
 }
 
+/* ------------------------------------------------------------------ */
+/* All-to-all (mpg_all_to_all, mpg_all_to_all_v)                       */
+/* ------------------------------------------------------------------ */
+
+#define A2A_MAXG 64
+#define A2A_MAXC 300 /* elements per block at most: some exceed the eager limit */
+
+static uint64_t a2a_mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+static uint64_t a2a_h(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  return a2a_mix(a2a_mix(a2a_mix(a2a_mix(a) ^ b) ^ c) ^ d);
+}
+
+/* Case `key`: the elements position s sends to position t (0 for about a
+ * quarter of the pairs; one count for every pair in the equal form). */
+static size_t a2a_count(uint64_t key, int v, int s, int t) {
+  if (!v) return (size_t)(a2a_mix(key) % 40);
+  uint64_t h = a2a_h(key, 1, (uint64_t)s, (uint64_t)t);
+  return h % 4 == 0 ? 0 : (size_t)(h >> 8) % (A2A_MAXC + 1);
+}
+
+static unsigned char a2a_byte(uint64_t key, int s, int t, size_t k, size_t b) {
+  return (unsigned char)(a2a_h(key, ((uint64_t)s << 32) | (uint64_t)t, k, 2) >> (8 * (b % 8)));
+}
+
+/* One side's layout on position me (side 0 send, 1 recv): the blocks in
+ * reverse (send) or rotated (recv) order, with a gap of 0..2 elements
+ * before each; returns the elements spanned. */
+static size_t a2a_layout(uint64_t key, int v, int side, int me, int n, size_t *c, size_t *d) {
+  for (int p = 0; p < n; p++)
+    c[p] = side == 0 ? a2a_count(key, v, me, p) : a2a_count(key, v, p, me);
+  if (!v) {
+    for (int p = 0; p < n; p++) d[p] = (size_t)p * c[0];
+    return (size_t)n * c[0];
+  }
+  size_t at = 0;
+  for (int i = 0; i < n; i++) {
+    int p = side == 0 ? n - 1 - i : (i + me) % n;
+    at += a2a_h(key, 5 + (uint64_t)side, (uint64_t)me, (uint64_t)i) % 3;
+    d[p] = at;
+    at += c[p];
+  }
+  return at + 1;
+}
+
+/* Run case `key` on g and check every byte received and every gap. */
+static void a2a_case(mpg_group *g, uint64_t key, mpg_dtype dt, int v, int async) {
+  int me = mpg_group_rank(g), n = mpg_group_size(g);
+  if (n > A2A_MAXG) {
+    FAIL("group \"%s\" has %d members, more than %d", mpg_group_name(g), n, A2A_MAXG);
+    return;
+  }
+  size_t es = mpg_dtype_size(dt);
+  size_t sc[A2A_MAXG], sd[A2A_MAXG], rc[A2A_MAXG], rd[A2A_MAXG];
+  size_t sn = a2a_layout(key, v, 0, me, n, sc, sd), rn = a2a_layout(key, v, 1, me, n, rc, rd);
+  unsigned char *send = malloc(sn * es + 1), *recv = malloc(rn * es + 1);
+  unsigned char *mark = calloc(rn * es + 1, 1);
+  if (!send || !recv || !mark) {
+    FAIL("out of memory");
+    free(send), free(recv), free(mark);
+    return;
+  }
+  memset(send, 0x5a, sn * es + 1);
+  memset(recv, 0xa5, rn * es + 1);
+  for (int t = 0; t < n; t++)
+    for (size_t k = 0; k < sc[t]; k++)
+      for (size_t b = 0; b < es; b++) send[(sd[t] + k) * es + b] = a2a_byte(key, me, t, k, b);
+  mpg_work *w = NULL;
+  mpg_status st = v ? mpg_all_to_all_v(g, send, sc, sd, recv, rc, rd, dt, NULL,
+                                       async ? &w : NULL)
+                    : mpg_all_to_all(g, send, recv, sc[0], dt, NULL, async ? &w : NULL);
+  if (!st && async) st = mpg_work_wait(w);
+  int bad = 0;
+  if (st) {
+    FAIL("%s(%s) on \"%s\": %s: %s", v ? "all_to_all_v" : "all_to_all", mpg_dtype_name(dt),
+         mpg_group_name(g), mpg_status_name(st), mpg_last_error());
+    bad = 1;
+  }
+  for (int s = 0; s < n && !bad; s++)
+    for (size_t k = 0; k < rc[s] && !bad; k++)
+      for (size_t b = 0; b < es && !bad; b++) {
+        size_t at = (rd[s] + k) * es + b;
+        mark[at] = 1;
+        if (recv[at] != a2a_byte(key, s, me, k, b)) {
+          FAIL("%s(%s) on \"%s\": element %zu from position %d, byte %zu: 0x%02x, "
+               "expected 0x%02x", v ? "all_to_all_v" : "all_to_all", mpg_dtype_name(dt),
+               mpg_group_name(g), k, s, b, recv[at], a2a_byte(key, s, me, k, b));
+          bad = 1;
+        }
+      }
+  for (size_t at = 0; at < rn * es + 1 && !bad; at++)
+    if (!mark[at] && recv[at] != 0xa5) {
+      FAIL("%s(%s) on \"%s\": byte %zu outside every block was written",
+           v ? "all_to_all_v" : "all_to_all", mpg_dtype_name(dt), mpg_group_name(g), at);
+      bad = 1;
+    }
+  free(send);
+  free(recv);
+  free(mark);
+}
+
+/* Random all-to-alls (mostly the v form) on every group of the mesh:
+ * every dtype, blocking and through a work handle, uneven counts with
+ * zeros; then the issue-order check. */
+static int run_all_to_all(int world) {
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  if (setup(world, 60, 0, &mesh, &ctx)) return 1;
+  int nsets = mpg_mesh_num_dimsets(mesh), cases = 0;
+  for (int s = 0; s < nsets; s++) {
+    mpg_group *g = NULL;
+    mpg_status st = mpg_ctx_group_at(ctx, s, &g);
+    if (st) {
+      FAIL("mpg_ctx_group_at(%d) -> %s: %s", s, mpg_status_name(st), mpg_last_error());
+      continue;
+    }
+    for (int c = 0; c < 18; c++) {
+      uint64_t key = a2a_h(0xa2a, (uint64_t)s, (uint64_t)mpg_group_index(g), (uint64_t)c);
+      mpg_dtype dt = (mpg_dtype)(c % MPG_DTYPE_COUNT);
+      int v = c < 12, async = (c / MPG_DTYPE_COUNT + c) % 2;
+      a2a_case(g, key, dt, v, async);
+      cases++;
+    }
+  }
+  CHECK(mpg_ctx_check_order(ctx));
+  CHECK(mpg_ctx_destroy(ctx));
+  mpg_mesh_destroy(mesh);
+  if (failed()) return 1;
+  printf("OK %s rank %d (%d all-to-alls)\n", g_mode, g_rank, cases);
+  return 0;
+}
+
 /* Rank 0 exchanges with the last rank, which never posts its side. */
 static int run_p2p_timeout(int world) {
   const double timeout = test_timeout();
@@ -1096,8 +1238,10 @@ int main(int argc, char **argv) {
   if (strcmp(g_mode, "sub_comm") == 0) return run_sub_comm(env.world_size);
   if (strcmp(g_mode, "p2p_batch") == 0) return run_p2p_batch(env.world_size);
   if (strcmp(g_mode, "p2p_timeout") == 0) return run_p2p_timeout(env.world_size);
+  if (strcmp(g_mode, "all_to_all") == 0) return run_all_to_all(env.world_size);
   printf("FAIL %s rank %d: unknown mode (collectives | timeout | split_timeout | "
-         "progress | progress_env | window_env | idle_cpu | sub_comm | p2p_batch | p2p_timeout)\n",
+         "progress | progress_env | window_env | idle_cpu | sub_comm | p2p_batch | p2p_timeout | "
+         "all_to_all)\n",
          g_mode, g_rank);
   return 1;
 }

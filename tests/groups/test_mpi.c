@@ -123,6 +123,13 @@ Test(mpi, p2p_batch_absent_peer_times_out, .timeout = 120) {
   cr_assert(strstr(out, "ERR_TIMEOUT after"), "%s", out);
 }
 
+/* mpg_all_to_all and mpg_all_to_all_v on every group of the 4- and 8-rank
+ * meshes: random uneven counts (zeros included), every dtype, blocking and
+ * async, checked byte for byte. */
+Test(mpi, all_to_all_4_ranks, .timeout = 300) { run_worker(4, "", "", "all_to_all", 280); }
+
+Test(mpi, all_to_all_8_ranks, .timeout = 300) { run_worker(8, "", "", "all_to_all", 280); }
+
 /* The split's two-phase rendezvous: a rank that arrives after its peers
  * gave up times out too, rather than hanging in MPI_Comm_split. */
 Test(mpi, split_timeout_never_hangs, .timeout = 120) {

@@ -1,0 +1,186 @@
+/* mpg_all_to_all and mpg_all_to_all_v: every member sends a block of its
+ * send buffer to every member (itself included) and receives one block
+ * from every member, on every backend, on top of the point-to-point
+ * machinery of p2p.c.  Each member copies its own block locally (the
+ * backend's `local` hook: a memcpy on the host backends, a
+ * cudaMemcpyAsync on the caller's stream on nccl), then posts a receive
+ * from every peer and a send to every peer as one list through
+ * mpg__group_post_p2p: on nccl one ncclGroupStart .. ncclGroupEnd of
+ * ncclRecv / ncclSend (NCCL's own all-to-all recipe), on thread and mpi
+ * the receives, then the sends.  Peers are visited in a staggered order
+ * (receive from position - k, send to position + k, k = 1 .. size - 1) so
+ * that the members do not all start with the same peer.
+ *
+ * Everything is checked before anything is posted: the arguments, the
+ * byte sizes (MPG_ERR_RANGE), the one count pair this member can check
+ * alone (its own block: send_counts[position] == recv_counts[position]),
+ * and the overlap of send and recv (refused: an all-to-all is never in
+ * place).  Counts that disagree between two members are caught where the
+ * backend sees them: the thread backend fails the receive with
+ * MPG_ERR_INVALID (never truncating or overrunning), mpi fails a message
+ * longer than its receive (MPG_ERR_BACKEND).  Waiting, timeouts (the
+ * receive from a member that never arrived names it) and aborts are
+ * p2p.c's and coll.c's.  The issue-order checker records each call as a
+ * collective of the group (order.c).  See ctx_internal.h. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctx_internal.h"
+
+/* One call, equal (v == 0: count) or per peer (v == 1: the arrays). */
+typedef struct a2a {
+  const char *fn;
+  int v;
+  const void *send;
+  void *recv;
+  const size_t *scounts, *sdispls, *rcounts, *rdispls;
+  size_t count;
+  mpg_dtype dtype;
+  void *stream;
+} a2a;
+
+static size_t scount(const a2a *a, int p) { return a->v ? a->scounts[p] : a->count; }
+static size_t sdispl(const a2a *a, int p) { return a->v ? a->sdispls[p] : (size_t)p * a->count; }
+static size_t rcount(const a2a *a, int p) { return a->v ? a->rcounts[p] : a->count; }
+static size_t rdispl(const a2a *a, int p) { return a->v ? a->rdispls[p] : (size_t)p * a->count; }
+
+/* The extent of one side, in elements: [*lo, *hi) spans every block with
+ * elements (*lo == *hi == 0 when none has).  Blocks are checked first:
+ * displs[p] + counts[p] and its byte size must fit in size_t. */
+static mpg_status extent(const mpg_group *g, const a2a *a, int recv_side, size_t *lo,
+                         size_t *hi, size_t *total) {
+  size_t es = mpg__dtype_size(a->dtype), max = SIZE_MAX / es;
+  const char *side = recv_side ? "recv" : "send";
+  *lo = *hi = *total = 0;
+  int any = 0;
+  for (int p = 0; p < g->size; p++) {
+    size_t n = recv_side ? rcount(a, p) : scount(a, p);
+    size_t d = recv_side ? rdispl(a, p) : sdispl(a, p);
+    if (n > max || d > max - n)
+      return mpg__fail(MPG_ERR_RANGE,
+                       "%s on \"%s\": %s_displs[%d] + %s_counts[%d] = %zu + %zu elements "
+                       "of %s overflows size_t bytes",
+                       a->fn, g->name, side, p, side, p, d, n, mpg_dtype_name(a->dtype));
+    if (n == 0) continue;
+    *total = n > SIZE_MAX - *total ? SIZE_MAX : *total + n; /* saturating */
+    if (!any || d < *lo) *lo = d;
+    if (!any || d + n > *hi) *hi = d + n;
+    any = 1;
+  }
+  return MPG_OK;
+}
+
+static mpg_status check(const mpg_group *g, const a2a *a) {
+  const char *fn = a->fn;
+  if (!g) return mpg__fail(MPG_ERR_INVALID, "%s: group is NULL", fn);
+  if ((unsigned)a->dtype >= MPG_DTYPE_COUNT)
+    return mpg__fail(MPG_ERR_INVALID, "%s on \"%s\": unknown dtype %d", fn, g->name,
+                     (int)a->dtype);
+  size_t members = (size_t)(g->size > 0 ? g->size : 1);
+  if (a->v) {
+    const char *null = !a->scounts ? "send_counts" : !a->sdispls ? "send_displs"
+                       : !a->rcounts ? "recv_counts" : !a->rdispls ? "recv_displs" : NULL;
+    if (null)
+      return mpg__fail(MPG_ERR_INVALID, "%s on \"%s\": %s is NULL (it needs one entry per "
+                       "member: %zu)", fn, g->name, null, members);
+  } else if (a->count > SIZE_MAX / mpg__dtype_size(a->dtype) / members) {
+    return mpg__fail(MPG_ERR_RANGE,
+                     "%s on \"%s\": count %zu of %s x %zu member%s overflows size_t bytes",
+                     fn, g->name, a->count, mpg_dtype_name(a->dtype), members,
+                     members == 1 ? "" : "s");
+  }
+  size_t slo, shi, stot, rlo, rhi, rtot;
+  mpg_status st = extent(g, a, 0, &slo, &shi, &stot);
+  if (!st) st = extent(g, a, 1, &rlo, &rhi, &rtot);
+  if (st) return st;
+  if ((stot && !a->send) || (rtot && !a->recv))
+    return mpg__fail(MPG_ERR_INVALID, "%s on \"%s\": %s buffer is NULL for %zu elements", fn,
+                     g->name, stot && !a->send ? "send" : "receive", stot && !a->send ? stot
+                                                                                  : rtot);
+  int me = g->position;
+  if (scount(a, me) != rcount(a, me))
+    return mpg__fail(MPG_ERR_INVALID,
+                     "%s on \"%s\": this member (position %d) sends itself %zu elements "
+                     "(send_counts[%d]) but expects %zu (recv_counts[%d])",
+                     fn, g->name, me, scount(a, me), me, rcount(a, me), me);
+  if (stot && rtot) {
+    size_t es = mpg__dtype_size(a->dtype);
+    uintptr_t s0 = (uintptr_t)a->send + slo * es, s1 = (uintptr_t)a->send + shi * es;
+    uintptr_t r0 = (uintptr_t)a->recv + rlo * es, r1 = (uintptr_t)a->recv + rhi * es;
+    if (s0 < r1 && r0 < s1)
+      return mpg__fail(MPG_ERR_INVALID,
+                       "%s on \"%s\": the send blocks (bytes %zu..%zu of send) overlap the "
+                       "receive blocks (bytes %zu..%zu of recv, recv = send %+td bytes); an "
+                       "all-to-all is never in place: use separate buffers",
+                       fn, g->name, slo * es, shi * es, rlo * es, rhi * es,
+                       (ptrdiff_t)((uintptr_t)a->recv - (uintptr_t)a->send));
+  }
+  return MPG_OK;
+}
+
+/* This member's own block, send to recv: a copy through the backend. */
+static mpg_status copy_self(mpg_group *g, const a2a *a) {
+  int me = g->position;
+  size_t n = scount(a, me), es = mpg__dtype_size(a->dtype);
+  if (n == 0) return MPG_OK;
+  mpg__coll c = {MPG__ALL_GATHER, (const char *)a->send + sdispl(a, me) * es,
+                 (char *)a->recv + rdispl(a, me) * es, n, a->dtype, MPG_OP_SUM, 1.0, 0, 0,
+                 a->stream, 0};
+  mpg_ctx *ctx = g->ctx;
+  return ctx->ops->local ? ctx->ops->local(ctx->world_comm, &c) : mpg__local_host(&c);
+}
+
+static mpg_status run_a2a(mpg_group *g, const a2a *a, mpg_work **work) {
+  if (work) *work = NULL;
+  mpg_status st = check(g, a);
+  if (st) return st;
+  if ((st = mpg__group_ready(g, a->fn))) return st;
+  mpg__order_note_all_to_all(g, a->v, a->count, a->dtype); /* as issued, size 1 too */
+  st = copy_self(g, a);
+  if (g->size == 1) return st; /* as coll.c's run(): the local result as it is */
+  if (st) return mpg__group_on_failure(g, a->fn, st);
+
+  int size = g->size, me = g->position, n = 2 * (size - 1);
+  size_t es = mpg__dtype_size(a->dtype);
+  mpg__coll *list = malloc((size_t)n * sizeof *list);
+  if (!list)
+    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for %d operations", a->fn,
+                     g->name, n);
+  /* The receives first (p2p.c posts the list in order), then the sends. */
+  for (int k = 1; k < size; k++) {
+    int from = (me - k + size) % size, to = (me + k) % size;
+    size_t rn = rcount(a, from), sn = scount(a, to);
+    mpg__coll r = {MPG__RECV, NULL, rn ? (char *)a->recv + rdispl(a, from) * es : NULL, rn,
+                   a->dtype, MPG_OP_SUM, 1.0, 0, from, a->stream, 0};
+    mpg__coll s = {MPG__SEND, sn ? (const char *)a->send + sdispl(a, to) * es : NULL, NULL,
+                   sn, a->dtype, MPG_OP_SUM, 1.0, 0, to, a->stream, 0};
+    list[k - 1] = r;
+    list[size - 1 + k - 1] = s;
+  }
+  st = mpg__group_post_p2p(g, list, n, a->fn, work);
+  free(list);
+  if (st == MPG_ERR_INVALID)
+    /* Posted and refused by the backend: the counts of two members
+     * disagree (the thread backend's receive names the pair). */
+    return mpg__fail_wrap(st, "%s on \"%s\" (position %d): the counts of two members do "
+                          "not match (recv_counts[i] on member j must equal send_counts[j] "
+                          "on member i)", a->fn, g->name, me);
+  return st;
+}
+
+mpg_status mpg_all_to_all(mpg_group *group, const void *send, void *recv, size_t count,
+                          mpg_dtype dtype, void *stream, mpg_work **work) {
+  a2a a = {"mpg_all_to_all", 0, send, recv, NULL, NULL, NULL, NULL, count, dtype, stream};
+  return run_a2a(group, &a, work);
+}
+
+mpg_status mpg_all_to_all_v(mpg_group *group, const void *send, const size_t *send_counts,
+                            const size_t *send_displs, void *recv, const size_t *recv_counts,
+                            const size_t *recv_displs, mpg_dtype dtype, void *stream,
+                            mpg_work **work) {
+  a2a a = {"mpg_all_to_all_v", 1, send, recv, send_counts, send_displs, recv_counts,
+           recv_displs, 0, dtype, stream};
+  return run_a2a(group, &a, work);
+}

@@ -1,0 +1,538 @@
+/* mpg_all_to_all and mpg_all_to_all_v on the thread backend, through the
+ * public API:
+ *  - a property test over random worlds of 1..16 ranks on random meshes of
+ *    three dims (pp, dp, tp; sizes 1 included), on every group of the mesh
+ *    (each dim, world): random per-pair counts with zeros, blocks laid out
+ *    in a random order with random gaps on both sides, every dtype,
+ *    blocking and through a work handle, every element checked byte for
+ *    byte and every gap left untouched; the issue-order check after each
+ *    world;
+ *  - refusals before anything is posted (NULL pointers, bad dtype,
+ *    overflowing sizes, overlapping buffers, this member's own counts),
+ *    which abort nothing; counts that differ between two members
+ *    (MPG_ERR_INVALID on the receiver, nothing written); size-1 groups;
+ *  - a member that never calls it: the others get MPG_ERR_TIMEOUT naming
+ *    it, within tests/time_bound.h's bounds, blocking and async;
+ *  - the issue-order checker: members that issue an all-to-all of another
+ *    dtype are caught, the call named as all_to_all(...) / all_to_all_v(...).
+ * The same exchange runs on MPI processes in mpi_worker.c (mode
+ * all_to_all) and on NCCL over the test double in
+ * tests/double/test_double_vs_thread.c.
+ *
+ * Ranks are threads: they record their first failure (RCHECK,
+ * tests/rank_check.h) and the test thread asserts. */
+#include <criterion/criterion.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "meshpg.h"
+#include "../rank_check.h"
+#include "../time_bound.h"
+
+/* A call that must fail with `want` and a message holding `text`. */
+#define REXPECT(expr, want, text)                                               \
+  do {                                                                          \
+    mpg_status st_ = (expr);                                                    \
+    RCHECK(st_ == (want) && strstr(mpg_last_error(), (text)),                   \
+           "%s gave %s (\"%s\"), expected %s with \"%s\"", #expr,               \
+           mpg_status_name(st_), mpg_last_error(), mpg_status_name(want), text); \
+  } while (0)
+
+#define MAXG 16     /* members of a group at most */
+#define MAXC 24     /* elements per block at most */
+#define SENTINEL 0xA5
+
+static uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+static uint64_t h4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  return mix(mix(mix(mix(a) ^ b) ^ c) ^ d);
+}
+
+static mpg_mesh *make_mesh(const char *dims) {
+  mpg_spec spec = MPG_SPEC_INIT;
+  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
+  cr_assert_eq(mpg_spec_set_mesh(&spec, dims), MPG_OK, "%s", mpg_last_error());
+  mpg_mesh *m = NULL;
+  cr_assert_eq(mpg_mesh_create(&spec, 0, &m), MPG_OK, "mesh %s: %s", dims, mpg_last_error());
+  return m;
+}
+
+/* ------------------------------------------------------------------------ */
+/* One all-to-all, described the same way on every member                   */
+/* ------------------------------------------------------------------------ */
+
+/* Case `key` (the same on every member of the group): the count position
+ * s sends to position t (equal form: one count for all pairs). */
+static size_t pair_count(uint64_t key, int v, int s, int t) {
+  if (!v) return (size_t)(mix(key) % 7); /* 0 .. 6, 0 now and then */
+  uint64_t h = h4(key, 1, (uint64_t)s, (uint64_t)t);
+  return h % 4 == 0 ? 0 : (size_t)(h >> 8) % (MAXC + 1);
+}
+
+/* Byte b of element k of the block s -> t. */
+static unsigned char byte_of(uint64_t key, int s, int t, size_t k, size_t b) {
+  return (unsigned char)(h4(key, ((uint64_t)s << 32) | (uint64_t)t, k, 2) >> (8 * (b % 8)));
+}
+
+/* The layout of one side on member `me` (side 0: send, 1: recv): the
+ * blocks in a random order with gaps of 0..2 elements between them.
+ * Equal form: block p at p * count, as mpg_all_to_all defines it.
+ * Returns the elements spanned. */
+static size_t layout(uint64_t key, int v, int side, int me, int n, size_t *counts,
+                     size_t *displs) {
+  for (int p = 0; p < n; p++)
+    counts[p] = side == 0 ? pair_count(key, v, me, p) : pair_count(key, v, p, me);
+  if (!v) {
+    for (int p = 0; p < n; p++) displs[p] = (size_t)p * counts[0];
+    return (size_t)n * counts[0];
+  }
+  int order[MAXG];
+  for (int p = 0; p < n; p++) order[p] = p;
+  for (int p = n - 1; p > 0; p--) { /* Fisher-Yates, seeded per member and side */
+    int q = (int)(h4(key, 3 + (uint64_t)side, (uint64_t)me, (uint64_t)p) % (uint64_t)(p + 1));
+    int x = order[p];
+    order[p] = order[q];
+    order[q] = x;
+  }
+  size_t at = 0;
+  for (int i = 0; i < n; i++) {
+    at += h4(key, 5 + (uint64_t)side, (uint64_t)me, (uint64_t)i) % 3; /* the gap */
+    displs[order[i]] = at;
+    at += counts[order[i]];
+  }
+  return at + 1;
+}
+
+/* Run case `key` on g (dtype dt, equal or v, blocking or async) and check
+ * every byte of recv.  MPG_OK or rank_fail's status. */
+static mpg_status one_case(mpg_group *g, uint64_t key, mpg_dtype dt, int v, int async) {
+  int me = mpg_group_rank(g), n = mpg_group_size(g);
+  size_t es = mpg_dtype_size(dt);
+  size_t sc[MAXG], sd[MAXG], rc[MAXG], rd[MAXG];
+  size_t sn = layout(key, v, 0, me, n, sc, sd), rn = layout(key, v, 1, me, n, rc, rd);
+  unsigned char *send = malloc(sn * es + 1), *recv = malloc(rn * es + 1);
+  RCHECK(send && recv, "out of memory");
+  memset(send, 0x5A, sn * es + 1);
+  memset(recv, SENTINEL, rn * es + 1);
+  for (int t = 0; t < n; t++)
+    for (size_t k = 0; k < sc[t]; k++)
+      for (size_t b = 0; b < es; b++) send[(sd[t] + k) * es + b] = byte_of(key, me, t, k, b);
+  mpg_work *w = NULL;
+  mpg_work **wp = async ? &w : NULL;
+  mpg_status st = v ? mpg_all_to_all_v(g, send, sc, sd, recv, rc, rd, dt, NULL, wp)
+                    : mpg_all_to_all(g, send, recv, sc[0], dt, NULL, wp);
+  if (!st && async) {
+    int done = 0;
+    for (int spins = 0; !done && !st; spins++) st = mpg_work_test(w, &done);
+    mpg_status st2 = mpg_work_wait(w);
+    if (!st) st = st2;
+  }
+  RCHECK(st == MPG_OK, "%s(%s, %s) on \"%s\" (position %d of %d): %s: %s",
+         v ? "all_to_all_v" : "all_to_all", mpg_dtype_name(dt), async ? "async" : "blocking",
+         mpg_group_name(g), me, n, mpg_status_name(st), mpg_last_error());
+  /* Every element of every block, then everything outside the blocks. */
+  unsigned char *mark = calloc(rn * es + 1, 1);
+  RCHECK(mark != NULL, "out of memory");
+  for (int s = 0; s < n; s++)
+    for (size_t k = 0; k < rc[s]; k++)
+      for (size_t b = 0; b < es; b++) {
+        size_t at = (rd[s] + k) * es + b;
+        mark[at] = 1;
+        unsigned char want = byte_of(key, s, me, k, b);
+        RCHECK(recv[at] == want, "%s(%s) on \"%s\": position %d, element %zu from position "
+               "%d, byte %zu: 0x%02x, expected 0x%02x", v ? "all_to_all_v" : "all_to_all",
+               mpg_dtype_name(dt), mpg_group_name(g), me, k, s, b, recv[at], want);
+      }
+  for (size_t at = 0; at < rn * es + 1; at++)
+    RCHECK(mark[at] || recv[at] == SENTINEL, "%s(%s) on \"%s\": position %d: byte %zu "
+           "outside every block was written (0x%02x)", v ? "all_to_all_v" : "all_to_all",
+           mpg_dtype_name(dt), mpg_group_name(g), me, at, recv[at]);
+  free(mark);
+  free(send);
+  free(recv);
+  return MPG_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The property test                                                         */
+/* ------------------------------------------------------------------------ */
+
+typedef struct prop_arg {
+  const mpg_mesh *mesh;
+  uint64_t seed;
+  int cases; /* all-to-alls per group */
+} prop_arg;
+
+static mpg_status prop_main(const mpg_init_opts *opts, void *arg) {
+  const prop_arg *a = arg;
+  mpg_ctx *ctx = NULL;
+  mpg_status st = rank_open(opts, a->mesh, &ctx, NULL, NULL);
+  if (st) return st;
+  int nsets = mpg_mesh_num_dimsets(a->mesh);
+  for (int s = 0; s < nsets; s++) {
+    mpg_group *g = NULL;
+    RCALL(mpg_ctx_group_at(ctx, s, &g));
+    int index = mpg_group_index(g);
+    for (int c = 0; c < a->cases; c++) {
+      /* The same key on every member of this group; other groups of the
+       * set get others. */
+      uint64_t key = h4(a->seed, (uint64_t)s, (uint64_t)index, (uint64_t)c);
+      mpg_dtype dt = (mpg_dtype)(c % MPG_DTYPE_COUNT);
+      /* Every 12 cases: each dtype in both forms, half of them through a
+       * work handle; the next 12 swap blocking and async. */
+      int v = (c / MPG_DTYPE_COUNT) % 2, async = (c / (2 * MPG_DTYPE_COUNT) + c) % 2;
+      if ((st = one_case(g, key, dt, v, async))) return st;
+    }
+  }
+  RCALL(mpg_ctx_check_order(ctx)); /* recorded alike on every member */
+  RCHECK(mpg_ctx_status(ctx) == MPG_OK, "context status %s",
+         mpg_status_name(mpg_ctx_status(ctx)));
+  tl_ctx = NULL;
+  RCALL(mpg_ctx_destroy(ctx));
+  return MPG_OK;
+}
+
+/* The divisor of n picked by h, the largest one only when it is the
+ * only other choice than 1 (so that meshes get several dims > 1). */
+static int pick_divisor(int n, uint64_t h) {
+  int divs[16], nd = 0;
+  for (int d = 1; d <= n; d++)
+    if (n % d == 0) divs[nd++] = d;
+  if (nd > 2) nd--;
+  return divs[h % (uint64_t)nd];
+}
+
+/* Random meshes pp=a,dp=b,tp=c of random world sizes (world 1 and 16
+ * always among them); 24 all-to-alls per group up to world 8, 12 above
+ * (16 threads on a small machine are slow to schedule). */
+Test(all_to_all, random_meshes_groups_counts_dtypes, .timeout = 300) {
+  setenv("MESHPG_CHECK_ORDER", "1", 1);
+  const int runs = 10;
+  for (int r = 0; r < runs; r++) {
+    uint64_t seed = mix(0xa2a0000u + (uint64_t)r);
+    int world = r == 0 ? 1 : r == 1 ? 16 : 1 + (int)(seed % 16);
+    int pp = pick_divisor(world, seed >> 8), rest = world / pp;
+    int dp = pick_divisor(rest, seed >> 16), tp = rest / dp;
+    char dims[64];
+    snprintf(dims, sizeof dims, "pp=%d,dp=%d,tp=%d", pp, dp, tp);
+    mpg_mesh *mesh = make_mesh(dims);
+    prop_arg a = {mesh, seed, world > 8 ? 2 * MPG_DTYPE_COUNT : 4 * MPG_DTYPE_COUNT};
+    fail_msg[0] = '\0';
+    double t0 = now_s();
+    EXPECT_RUN_OK(mpg_thread_run(world, 30.0, prop_main, &a, NULL));
+    cr_log_info("%s (world %d): %d all-to-alls per group on %d groups per rank, %.3f s",
+                dims, world, a.cases, mpg_mesh_num_dimsets(mesh), now_s() - t0);
+    mpg_mesh_destroy(mesh);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Refusals, mismatched counts, size-1 groups                                */
+/* ------------------------------------------------------------------------ */
+
+static mpg_status args_main(const mpg_init_opts *opts, void *arg) {
+  mpg_ctx *ctx = NULL;
+  mpg_group *g;
+  mpg_status st = rank_open(opts, arg, &ctx, "dp", &g);
+  if (st) return st;
+  int me = mpg_group_rank(g), peer = 1 - me;
+  float s[8] = {1, 2, 3, 4, 5, 6, 7, 8}, r[8];
+  size_t c2[2] = {2, 2}, d2[2] = {0, 2};
+
+  /* Refused before anything is posted (every one on both members; none
+   * is collective). */
+  REXPECT(mpg_all_to_all(NULL, s, r, 2, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+          "mpg_all_to_all: group is NULL");
+  REXPECT(mpg_all_to_all_v(NULL, s, c2, d2, r, c2, d2, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+          "mpg_all_to_all_v: group is NULL");
+  REXPECT(mpg_all_to_all(g, s, r, 2, (mpg_dtype)6, NULL, NULL), MPG_ERR_INVALID,
+          "unknown dtype 6");
+  REXPECT(mpg_all_to_all_v(g, s, c2, d2, r, c2, d2, (mpg_dtype)-3, NULL, NULL),
+          MPG_ERR_INVALID, "unknown dtype -3");
+  REXPECT(mpg_all_to_all(g, NULL, r, 2, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+          "send buffer is NULL for 4 elements");
+  REXPECT(mpg_all_to_all(g, s, NULL, 2, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+          "receive buffer is NULL for 4 elements");
+  REXPECT(mpg_all_to_all_v(g, s, NULL, d2, r, c2, d2, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+          "send_counts is NULL");
+  REXPECT(mpg_all_to_all_v(g, s, c2, NULL, r, c2, d2, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+          "send_displs is NULL");
+  REXPECT(mpg_all_to_all_v(g, s, c2, d2, r, NULL, d2, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+          "recv_counts is NULL");
+  REXPECT(mpg_all_to_all_v(g, s, c2, d2, r, c2, NULL, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+          "recv_displs is NULL");
+  /* Overflows, as the other collectives' count checks. */
+  REXPECT(mpg_all_to_all(g, s, r, SIZE_MAX / 6, MPG_F32, NULL, NULL), MPG_ERR_RANGE,
+          "overflows size_t bytes");
+  REXPECT(mpg_all_to_all(g, s, r, SIZE_MAX / 8 / 2 + 1, MPG_F64, NULL, NULL), MPG_ERR_RANGE,
+          "x 2 members overflows");
+  size_t big[2] = {SIZE_MAX / 4, 0}, one[2] = {1, 1}, huge[2] = {0, SIZE_MAX / 2};
+  REXPECT(mpg_all_to_all_v(g, s, one, big, r, one, d2, MPG_F32, NULL, NULL), MPG_ERR_RANGE,
+          "send_displs[0] + send_counts[0]");
+  REXPECT(mpg_all_to_all_v(g, s, one, d2, r, huge, d2, MPG_I32, NULL, NULL), MPG_ERR_RANGE,
+          "recv_displs[1] + recv_counts[1]");
+  /* Never in place: any overlap of the send and receive spans. */
+  REXPECT(mpg_all_to_all(g, s, s, 2, MPG_F32, NULL, NULL), MPG_ERR_INVALID, "never in place");
+  REXPECT(mpg_all_to_all(g, s, s + 3, 2, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+          "never in place");
+  REXPECT(mpg_all_to_all_v(g, s, c2, d2, s + 3, c2, d2, MPG_F32, NULL, NULL),
+          MPG_ERR_INVALID, "never in place");
+  /* This member's own pair. */
+  size_t own[2] = {2, 2};
+  own[me] = 3;
+  REXPECT(mpg_all_to_all_v(g, s, c2, d2, r, own, d2, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+          "sends itself 2 elements");
+  RCHECK(mpg_ctx_status(ctx) == MPG_OK, "a refused call aborted the context");
+
+  /* Disjoint blocks of one array are fine: send s[0], s[1], receive into
+   * s[4] (from position 0) and s[5] (from position 1). */
+  size_t c1[2] = {1, 1}, d1[2] = {0, 1}, far[2] = {4, 5};
+  s[4] = s[5] = -1;
+  RCALL(mpg_all_to_all_v(g, s, c1, d1, s, c1, far, MPG_F32, NULL, NULL));
+  RCHECK(s[4] == (float)(me + 1) && s[5] == (float)(me + 1),
+         "blocks in one array: s[4] = %g, s[5] = %g", s[4], s[5]);
+  /* Zero elements everywhere, NULL buffers: an exchange of nothing. */
+  size_t z[2] = {0, 0};
+  RCALL(mpg_all_to_all(g, NULL, NULL, 0, MPG_BF16, NULL, NULL));
+  mpg_work *w = (mpg_work *)&w;
+  RCALL(mpg_all_to_all_v(g, NULL, z, z, NULL, z, z, MPG_I64, NULL, &w));
+  RCALL(mpg_work_wait(w));
+  /* Checked here: the mismatched equal counts below differ on purpose. */
+  RCALL(mpg_ctx_check_order(ctx));
+
+  /* Counts that differ between the two members.  (a) equal form, count 2
+   * on position 0 and 3 on position 1: each receives a message of the
+   * wrong size; both fail, nothing is written. */
+  float big_r[8];
+  memset(big_r, SENTINEL, sizeof big_r);
+  st = mpg_all_to_all(g, s, big_r, me == 0 ? 2 : 3, MPG_F32, NULL, NULL);
+  RCHECK(st == MPG_ERR_INVALID && strstr(mpg_last_error(), "do not match") &&
+             strstr(mpg_last_error(), "bytes expected"),
+         "mismatched equal counts gave %s: %s", mpg_status_name(st), mpg_last_error());
+  unsigned char *bytes = (unsigned char *)big_r;
+  for (size_t i = (size_t)(me == 0 ? 2 : 0) * 4; i < (size_t)(me == 0 ? 4 : 3) * 4; i++)
+    RCHECK(bytes[i] == SENTINEL, "the block from the mismatched peer was written (byte %zu)",
+           i);
+  /* (b) v form: position 1 expects 5 elements from position 0, which
+   * sends 3 (a short message), then 1 (a long one): position 1 fails
+   * with MPG_ERR_INVALID naming both sizes and nothing is written past
+   * or into its block; position 0 completes. */
+  for (int round = 0; round < 2; round++) {
+    size_t sc[2] = {1, 1}, sd[2] = {0, 1}, rc[2] = {1, 1}, rd[2] = {0, 6};
+    if (me == 0) sc[1] = 3;
+    if (me == 1) rc[0] = round == 0 ? 5 : 1;
+    memset(big_r, SENTINEL, sizeof big_r);
+    st = mpg_all_to_all_v(g, s, sc, sd, big_r, rc, rd, MPG_F32, NULL, NULL);
+    if (me == 0) {
+      RCALL(st);
+    } else {
+      RCHECK(st == MPG_ERR_INVALID && strstr(mpg_last_error(), "mpg_all_to_all_v") &&
+                 strstr(mpg_last_error(), "got a message of 12 bytes"),
+             "round %d: mismatched counts gave %s: %s", round, mpg_status_name(st),
+             mpg_last_error());
+      for (size_t i = 0; i < 5 * 4; i++)
+        RCHECK(bytes[i] == SENTINEL, "round %d: byte %zu of the block from position 0 was "
+               "written", round, i);
+    }
+  }
+  /* Nothing aborted, nothing left over: a correct exchange still works. */
+  RCHECK(mpg_ctx_status(ctx) == MPG_OK, "a count mismatch aborted the context (%s)",
+         mpg_status_name(mpg_ctx_status(ctx)));
+  RCALL(mpg_barrier(g, NULL));
+  float a[4] = {(float)me, (float)me + 10, (float)me + 20, (float)me + 30}, b[4] = {0};
+  RCALL(mpg_all_to_all(g, a, b, 2, MPG_F32, NULL, NULL));
+  RCHECK(b[2 * peer] == (float)peer + (float)(20 * me) && b[2 * me] == a[2 * me],
+         "after the mismatch: b = %g %g %g %g", b[0], b[1], b[2], b[3]);
+
+  /* A size-1 group: its one block is copied, no work handle is left. */
+  mpg_group *solo;
+  RCALL(mpg_ctx_group(ctx, "tp", &solo));
+  RCHECK(mpg_group_size(solo) == 1, "tp has %d members", mpg_group_size(solo));
+  float x[3] = {7, 8, 9}, y[5] = {0, 0, 0, 0, 0};
+  w = (mpg_work *)&w;
+  RCALL(mpg_all_to_all(solo, x, y, 3, MPG_F32, NULL, &w));
+  RCHECK(w == NULL && y[0] == 7 && y[2] == 9, "size 1: w %p, y = %g %g %g", (void *)w, y[0],
+         y[1], y[2]);
+  size_t sc1 = 2, sd1 = 1, rc1 = 2, rd1 = 3;
+  RCALL(mpg_all_to_all_v(solo, x, &sc1, &sd1, y, &rc1, &rd1, MPG_F32, NULL, NULL));
+  RCHECK(y[3] == 8 && y[4] == 9, "size 1, v: y[3..4] = %g %g", y[3], y[4]);
+  REXPECT(mpg_all_to_all(solo, x, x, 3, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
+          "never in place");
+
+  tl_ctx = NULL;
+  RCALL(mpg_ctx_destroy(ctx));
+  return MPG_OK;
+}
+
+Test(all_to_all, refusals_mismatches_and_size_one) {
+  setenv("MESHPG_CHECK_ORDER", "1", 1);
+  mpg_mesh *mesh = make_mesh("dp=2,tp=1");
+  EXPECT_RUN_OK(mpg_thread_run(2, 20.0, args_main, mesh, NULL));
+  mpg_mesh_destroy(mesh);
+}
+
+/* ------------------------------------------------------------------------ */
+/* A member that never arrives                                               */
+/* ------------------------------------------------------------------------ */
+
+#define TIMEOUT_S 0.5
+#define TWORLD 8
+
+typedef struct absent_arg {
+  const mpg_mesh *mesh;
+  int async, v;
+  int skipper;       /* world rank that never calls it */
+  mpg_status got[TWORLD], later[TWORLD];
+  double elapsed[TWORLD];
+  int position[TWORLD]; /* in "dp" */
+  char msg[TWORLD][1024];
+} absent_arg;
+
+static mpg_status absent_main(const mpg_init_opts *opts, void *arg) {
+  absent_arg *a = arg;
+  mpg_ctx *ctx = NULL;
+  mpg_group *g;
+  int r = opts->rank;
+  mpg_status st = rank_open(opts, a->mesh, &ctx, "dp", &g);
+  if (st) return st;
+  a->position[r] = mpg_group_rank(g);
+  if (r != a->skipper) {
+    int n = mpg_group_size(g);
+    int32_t s[4 * TWORLD], rv[4 * TWORLD];
+    size_t c[TWORLD], d[TWORLD];
+    for (int p = 0; p < n; p++) c[p] = 4, d[p] = 4 * (size_t)p;
+    for (int i = 0; i < 4 * n; i++) s[i] = i;
+    mpg_work *w = NULL;
+    mpg_work **wp = a->async ? &w : NULL;
+    double t0 = now_s();
+    st = a->v ? mpg_all_to_all_v(g, s, c, d, rv, c, d, MPG_I32, NULL, wp)
+              : mpg_all_to_all(g, s, rv, 4, MPG_I32, NULL, wp);
+    if (!st && a->async) st = mpg_work_wait(w);
+    a->elapsed[r] = now_s() - t0;
+    a->got[r] = st;
+    snprintf(a->msg[r], sizeof a->msg[r], "%s", mpg_last_error());
+    a->later[r] = mpg_all_to_all(g, s, rv, 4, MPG_I32, NULL, NULL);
+  } else {
+    sleep_s(TIMEOUT_S * 3); /* never calls it */
+  }
+  tl_ctx = NULL;
+  (void)mpg_ctx_destroy(ctx);
+  return MPG_OK;
+}
+
+/* Mesh dp=4,tp=2: the skipper's dp group has 4 members, 3 of which wait. */
+static void run_absent(int async, int v, int skipper) {
+  setenv("MESHPG_CHECK_ORDER", "0", 1); /* the skipper breaks the order, by design */
+  mpg_mesh *mesh = make_mesh("dp=4,tp=2");
+  absent_arg *a = calloc(1, sizeof *a);
+  a->mesh = mesh;
+  a->async = async;
+  a->v = v;
+  a->skipper = skipper;
+  fail_msg[0] = '\0';
+  EXPECT_RUN_OK(mpg_thread_run(TWORLD, TIMEOUT_S, absent_main, a, NULL));
+  int dimset, index, size, members[TWORLD];
+  cr_assert_eq(mpg_mesh_dimset_find(mesh, "dp", &dimset), MPG_OK);
+  cr_assert_eq(mpg_mesh_group_of(mesh, dimset, skipper, &index, NULL, &size), MPG_OK);
+  mpg_mesh_group_members(mesh, dimset, index, members);
+  char peer[32], rank[32];
+  snprintf(peer, sizeof peer, "peer %d", a->position[skipper]);
+  snprintf(rank, sizeof rank, "rank %d", skipper);
+  int own = 0;
+  for (int p = 0; p < size; p++) {
+    int r = members[p];
+    if (r == skipper) continue;
+    cr_assert_eq(a->got[r], MPG_ERR_TIMEOUT, "rank %d got %s: %s", r,
+                 mpg_status_name(a->got[r]), a->msg[r]);
+    cr_assert(a->elapsed[r] > TIMEOUT_S * 0.5 && a->elapsed[r] < tb_bound(TIMEOUT_S + 1.0,
+                                                                           TWORLD),
+              "rank %d gave up after %.3f s", r, a->elapsed[r]);
+    /* The call (the wait, for a work handle, as for every collective) and
+     * group, and the missing member: every waiter's message
+     * names its receive from it ("peer P"); the one that timed out itself
+     * (the others are woken by its abort) also names its world rank. */
+    const char *call = async ? "mpg_work_wait" : v ? "mpg_all_to_all_v" : "mpg_all_to_all";
+    cr_assert(strstr(a->msg[r], call) &&
+                  strstr(a->msg[r], "\"dp\"") && strstr(a->msg[r], peer),
+              "rank %d: message: %s", r, a->msg[r]);
+    own += strstr(a->msg[r], "no message from position") && strstr(a->msg[r], rank);
+    cr_assert(a->later[r] == MPG_ERR_ABORTED || a->later[r] == MPG_ERR_TIMEOUT,
+              "rank %d: a call after the timeout gave %s", r, mpg_status_name(a->later[r]));
+  }
+  cr_assert_geq(own, 1, "no waiter names rank %d as missing", skipper);
+  free(a);
+  mpg_mesh_destroy(mesh);
+}
+
+Test(all_to_all, absent_member_times_out_blocking, .timeout = 60) { run_absent(0, 0, 5); }
+
+Test(all_to_all, absent_member_times_out_v_through_a_work_handle, .timeout = 60) {
+  run_absent(1, 1, 2);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The issue-order checker records all-to-alls as collectives of the group   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct order_arg {
+  const mpg_mesh *mesh;
+  int v;
+  mpg_status got[2];
+  char msg[2][1024];
+} order_arg;
+
+/* The two members exchange 4-byte elements under different dtypes (f32 on
+ * position 0, i32 on position 1): the thread backend moves the bytes, the
+ * checker finds the difference. */
+static mpg_status order_main(const mpg_init_opts *opts, void *arg) {
+  order_arg *a = arg;
+  mpg_ctx *ctx = NULL;
+  mpg_group *g;
+  mpg_status st = rank_open(opts, a->mesh, &ctx, "dp", &g);
+  if (st) return st;
+  int me = mpg_group_rank(g);
+  mpg_dtype dt = me == 0 ? MPG_F32 : MPG_I32;
+  int32_t s[4] = {1, 2, 3, 4}, r[4];
+  size_t c[2] = {2, 2}, d[2] = {0, 2};
+  RCALL(mpg_all_to_all(g, s, r, 2, MPG_F32, NULL, NULL)); /* the same on both */
+  RCALL(a->v ? mpg_all_to_all_v(g, s, c, d, r, c, d, dt, NULL, NULL)
+             : mpg_all_to_all(g, s, r, 2, dt, NULL, NULL));
+  a->got[opts->rank] = mpg_ctx_check_order(ctx);
+  snprintf(a->msg[opts->rank], sizeof a->msg[0], "%s", mpg_last_error());
+  tl_ctx = NULL;
+  RCALL(mpg_ctx_destroy(ctx));
+  return MPG_OK;
+}
+
+static void run_order(int v) {
+  setenv("MESHPG_CHECK_ORDER", "1", 1);
+  mpg_mesh *mesh = make_mesh("dp=2");
+  order_arg *a = calloc(1, sizeof *a);
+  a->mesh = mesh;
+  a->v = v;
+  fail_msg[0] = '\0';
+  EXPECT_RUN_OK(mpg_thread_run(2, 20.0, order_main, a, NULL));
+  const char *want0 = v ? "all_to_all_v(f32) on \"dp\"" : "all_to_all(f32, count 2) on \"dp\"";
+  const char *want1 = v ? "all_to_all_v(i32) on \"dp\"" : "all_to_all(i32, count 2) on \"dp\"";
+  for (int r = 0; r < 2; r++) {
+    cr_assert_eq(a->got[r], MPG_ERR_STATE, "rank %d: %s: %s", r, mpg_status_name(a->got[r]),
+                 a->msg[r]);
+    cr_assert(strstr(a->msg[r], "issue order differs") && strstr(a->msg[r], want0) &&
+                  strstr(a->msg[r], want1),
+              "rank %d: %s", r, a->msg[r]);
+  }
+  free(a);
+  mpg_mesh_destroy(mesh);
+}
+
+Test(all_to_all, order_checker_names_a_differing_all_to_all) { run_order(0); }
+
+Test(all_to_all, order_checker_names_a_differing_all_to_all_v) { run_order(1); }
