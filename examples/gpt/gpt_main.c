@@ -270,6 +270,10 @@ int main(int argc, char **argv) {
   printf("final loss %.4f vs unigram entropy %.4f; reference %.2f s, parallel %.2f s "
          "(%.1f ms per step after the first)\n",
          res.loss[steps - 1], ent, t1 - t0, t2 - t1, 1e3 * res.step_s);
+  if (res.comm_frac >= 0)
+    printf("exposed communication: %.1f %% of a step on the most exposed rank (blocking "
+           "collectives, p2p incl. pipeline bubbles, the sync's waits)\n",
+           100.0 * res.comm_frac);
   int pass = max_loss_err <= tol && max_grad_err <= tol && max_param_err <= ptol;
   printf("%s\n", pass ? "PASS" : "FAIL");
   if (svg) {

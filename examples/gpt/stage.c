@@ -1,6 +1,8 @@
 /* Staging between host arrays and the backend's memory (see stage.h). */
 #include "stage.h"
 
+#include <time.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,7 +128,7 @@ static mpg_status staged(gpt_stage *s, enum coll k, mpg_group *g, const void *se
 }
 #endif
 
-mpg_status gpt_stage_all_reduce(gpt_stage *s, mpg_group *g, const void *send, void *recv,
+static mpg_status stage_all_reduce_raw(gpt_stage *s, mpg_group *g, const void *send, void *recv,
                                 size_t count, mpg_dtype dt, mpg_op op) {
 #ifdef GPT_HAVE_CUDA
   if (s && s->nccl) return staged(s, C_ALL_REDUCE, g, send, recv, count, dt, op);
@@ -135,7 +137,7 @@ mpg_status gpt_stage_all_reduce(gpt_stage *s, mpg_group *g, const void *send, vo
   return mpg_all_reduce(g, send, recv, count, dt, op, NULL, NULL);
 }
 
-mpg_status gpt_stage_all_gather(gpt_stage *s, mpg_group *g, const void *send, void *recv,
+static mpg_status stage_all_gather_raw(gpt_stage *s, mpg_group *g, const void *send, void *recv,
                                 size_t count, mpg_dtype dt) {
 #ifdef GPT_HAVE_CUDA
   if (s && s->nccl) return staged(s, C_ALL_GATHER, g, send, recv, count, dt, MPG_OP_SUM);
@@ -144,7 +146,7 @@ mpg_status gpt_stage_all_gather(gpt_stage *s, mpg_group *g, const void *send, vo
   return mpg_all_gather(g, send, recv, count, dt, NULL, NULL);
 }
 
-mpg_status gpt_stage_reduce_scatter(gpt_stage *s, mpg_group *g, const void *send, void *recv,
+static mpg_status stage_reduce_scatter_raw(gpt_stage *s, mpg_group *g, const void *send, void *recv,
                                     size_t count, mpg_dtype dt, mpg_op op) {
 #ifdef GPT_HAVE_CUDA
   if (s && s->nccl) return staged(s, C_REDUCE_SCATTER, g, send, recv, count, dt, op);
@@ -153,7 +155,7 @@ mpg_status gpt_stage_reduce_scatter(gpt_stage *s, mpg_group *g, const void *send
   return mpg_reduce_scatter(g, send, recv, count, dt, op, NULL, NULL);
 }
 
-mpg_status gpt_stage_p2p(gpt_stage *s, mpg_group *g, const mpg_p2p_op *ops, int n) {
+static mpg_status stage_p2p_raw(gpt_stage *s, mpg_group *g, const mpg_p2p_op *ops, int n) {
 #ifdef GPT_HAVE_CUDA
   if (s && s->nccl && n > 0) {
     if (n > 2) {
@@ -215,4 +217,46 @@ int gpt_stage_set_device(int device) {
   (void)device;
   return -1;
 #endif
+}
+
+/* ------------------------------------------------------------------ */
+/* Timed entry points: every blocking communication of the model and the
+ * trainer goes through these, so comm_s is the rank's exposed
+ * communication (waiting for peers included: pipeline bubbles show here). */
+
+double gpt_stage_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+mpg_status gpt_stage_all_reduce(gpt_stage *s, mpg_group *g, const void *send, void *recv,
+                                size_t count, mpg_dtype dt, mpg_op op) {
+  double t0 = gpt_stage_now();
+  mpg_status st = stage_all_reduce_raw(s, g, send, recv, count, dt, op);
+  if (s) s->comm_s += gpt_stage_now() - t0;
+  return st;
+}
+
+mpg_status gpt_stage_all_gather(gpt_stage *s, mpg_group *g, const void *send, void *recv,
+                                size_t count, mpg_dtype dt) {
+  double t0 = gpt_stage_now();
+  mpg_status st = stage_all_gather_raw(s, g, send, recv, count, dt);
+  if (s) s->comm_s += gpt_stage_now() - t0;
+  return st;
+}
+
+mpg_status gpt_stage_reduce_scatter(gpt_stage *s, mpg_group *g, const void *send, void *recv,
+                                    size_t count, mpg_dtype dt, mpg_op op) {
+  double t0 = gpt_stage_now();
+  mpg_status st = stage_reduce_scatter_raw(s, g, send, recv, count, dt, op);
+  if (s) s->comm_s += gpt_stage_now() - t0;
+  return st;
+}
+
+mpg_status gpt_stage_p2p(gpt_stage *s, mpg_group *g, const mpg_p2p_op *ops, int n) {
+  double t0 = gpt_stage_now();
+  mpg_status st = stage_p2p_raw(s, g, ops, n);
+  if (s) s->comm_s += gpt_stage_now() - t0;
+  return st;
 }

@@ -32,7 +32,13 @@ typedef struct gpt_stage {
   void *stream; /* nccl: the rank's cudaStream_t; NULL elsewhere */
   void *dev[2]; /* nccl: two device buffers of cap bytes each */
   size_t cap;
+  double comm_s; /* wall time spent inside the blocking calls below (and
+                    what the trainer adds: the sync's finish and gather
+                    waits): communication the rank waited for, exposed */
 } gpt_stage;
+
+/* Seconds on a monotonic clock. */
+double gpt_stage_now(void);
 
 /* Set up the stage of a rank whose context is ctx: on NCCL create its
  * stream and its two device buffers of cap bytes (the largest message:

@@ -144,7 +144,9 @@ static void on_ready(void *arg, int id) {
 static void on_use(void *arg, int id) {
   rank_state *rs = arg;
   if (!rs->shard || rs->param_of[id] < 0) return;
+  double t0 = gpt_stage_now();
   mpg_status st = mpg_sync_gather_wait(rs->sync, rs->param_of[id]);
+  rs->stage->comm_s += gpt_stage_now() - t0; /* exposed gather */
   /* The gathered tensor into the host array, once a step (the caller's
    * stream is ordered after the gather by gather_wait). */
   if (st == MPG_OK && !rs->down[id]) {
@@ -235,14 +237,14 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   rs.own_off = calloc((size_t)nt, sizeof(size_t));
   rs.own_cnt = calloc((size_t)nt, sizeof(size_t));
   rs.own_state = calloc((size_t)nt, sizeof(size_t));
-  errs = malloc(sizeof(double) * 2 * (size_t)nt);
+  errs = malloc(sizeof(double) * (2 * (size_t)nt + 1));
   if (!rs.param_of || !rs.partial || !rs.grad || !rs.param || !rs.count || !rs.sharded ||
       !rs.own_off || !rs.own_cnt || !rs.own_state || !errs || !rs.dgrad || !rs.dparam ||
       !rs.up || !rs.down) {
     st = MPG_ERR_NOMEM;
     goto out;
   }
-  for (int i = 0; i < 2 * nt; i++) errs[i] = -1.0;
+  for (int i = 0; i < 2 * nt + 1; i++) errs[i] = -1.0;
   /* Register in forward order, with each rank's local shard size.
    * Embeddings, LayerNorms, row-parallel biases and the LM head are
    * replicated over tp (the simplest correct choice): without sp every tp
@@ -344,9 +346,12 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
    * averages over dp x cp, and each cp rank holds seq / cp of the tokens
    * of its dp rank's per_dp sequences: scale by cp / (per_dp * seq). */
   const float scale = (float)((double)K / ((double)per_dp * c->seq));
-  double t_first = 0.0;
+  double t_first = 0.0, comm_first = 0.0;
   for (int step = 0; step < J->steps; step++) {
-    if (step == 1) t_first = now_s();
+    if (step == 1) {
+      t_first = now_s();
+      comm_first = stage.comm_s;
+    }
     double loss = 0.0;
     int fi = 0, bi = 0;
     const int warm = P - ps - 1 < M ? P - ps - 1 : M;
@@ -397,7 +402,9 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
             if (rs.param_of[id] >= 0 && !rs.up[id])
               CHECK(gpt_stage_in(&stage, rs.dgrad[id], rs.grad[id],
                                  rs.count[id] * sizeof(float)));
+        double tf = gpt_stage_now();
         CHECK(mpg_sync_finish(sync));
+        stage.comm_s += gpt_stage_now() - tf; /* the buckets not hidden by backward */
         /* The reduced gradients (finish ordered the stream after the
          * sync's) back into the host arrays for the norm and AdamW. */
         if (rs.last_mb)
@@ -470,6 +477,8 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
     if (rank == 0) J->res->loss[step] = red[0] / ((double)c->batch * c->seq);
   }
   if (rank == 0 && J->steps > 1) J->res->step_s = (now_s() - t_first) / (J->steps - 1);
+  /* This rank's exposed communication over the steps after the first. */
+  if (J->steps > 1) errs[2 * nt] = (stage.comm_s - comm_first) / (now_s() - t_first);
   if (shard) {
     CHECK(mpg_sync_gather_all(sync));
     for (int id = 0; id < nt; id++)
@@ -491,11 +500,12 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
         errs[id] = gpt_shard_error(c, id, gpt_tensor_sharded(id) ? T : 1, tr, m.p[id],
                                    m.n[id], J->ref->p[id], 1);
   /* max over ranks, on every rank */
-  CHECK(gpt_stage_all_reduce(&stage, g_world, errs, errs, 2 * (size_t)nt, MPG_F64,
+  CHECK(gpt_stage_all_reduce(&stage, g_world, errs, errs, 2 * (size_t)nt + 1, MPG_F64,
                              MPG_OP_MAX));
   if (rank == 0) {
     memcpy(J->res->param_err, errs, sizeof(double) * (size_t)nt);
     memcpy(J->res->grad_err, errs + nt, sizeof(double) * (size_t)nt);
+    J->res->comm_frac = errs[2 * nt];
   }
 out:
   free(seqs);

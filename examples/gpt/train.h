@@ -15,6 +15,11 @@ typedef struct gpt_par_result {
   int root;          /* 1 on the process that holds the results (rank 0 with
                         --mpi; always 1 on thread ranks) */
   double step_s;     /* mean wall time of a step after the first (rank 0) */
+  double comm_frac;  /* exposed communication: the share of the steps after
+                        the first that a rank spent waiting in blocking
+                        communication (collectives, p2p, the sync's finish
+                        and gather waits), the largest over the ranks; -1
+                        with one step */
   char error[512];
   /* With opts->keep_params: every rank's final parameters (its tp shard of
    * each tensor it holds), rank_params[rank * nt + id] of rank_count[rank *
