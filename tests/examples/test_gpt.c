@@ -128,6 +128,7 @@ Test(gpt, pp2_dp2_tp2_sp) { check_mesh("pp=2,dp=2,tp=2", 1); }
 Test(gpt, tp4_sp) { check_mesh("tp=4", 1); }
 /* four stages: the middle ones hold neither wte copy */
 Test(gpt, pp4_tp2_sp) { check_mesh_layers("pp=4,tp=2", 1, 4); }
+Test(gpt, pp4_dp2) { check_mesh_layers("pp=4,dp=2", 0, 4); }
 
 /* Context parallel: each cp rank holds a contiguous chunk of every
  * sequence; K and V all-gathered over cp. */
@@ -185,20 +186,32 @@ Test(gpt, detects_difference) {
  * MPI's blocking sends cannot deadlock. */
 #include "../mpirun_util.h"
 
-Test(gpt, mpirun_pp2_dp2_tp2, .timeout = 300) {
+/* mpirun -np NP gpt --mpi ARGS --steps 5: exit 0, NP processes, PASS. */
+static void mpirun_case(int np, const char *args) {
 #ifndef GPT_TEST_MPI
+  (void)np;
+  (void)args;
   cr_skip_test("built without MPI");
 #else
   if (system("command -v mpirun >/dev/null 2>&1") != 0) cr_skip_test("mpirun is not installed");
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd,
-           "timeout -k 5 240 " MPIRUN "-np 8 '%s' --mpi --mesh pp=2,dp=2,tp=2 --steps 5",
-           env_program("MESHPG_GPT_EXE"));
+  char cmd[4096], procs[32];
+  snprintf(cmd, sizeof cmd, "timeout -k 5 240 " MPIRUN "-np %d '%s' --mpi %s --steps 5", np,
+           env_program("MESHPG_GPT_EXE"), args);
   double secs = 0;
   int rc = run(cmd, &secs);
   cr_log_info("%s: exit %d after %.2f s", cmd, rc, secs);
   cr_assert_eq(rc, 0, "%s\nexit code %d after %.2f s; output:\n%s", cmd, rc, secs, out);
-  cr_assert(strstr(out, "8 MPI processes"), "%s", out);
+  snprintf(procs, sizeof procs, "%d MPI processes", np);
+  cr_assert(strstr(out, procs), "%s", out);
   cr_assert(strstr(out, "\nPASS\n"), "%s\nno PASS line; output:\n%s", cmd, out);
 #endif
+}
+
+Test(gpt, mpirun_pp2_dp2_tp2, .timeout = 300) { mpirun_case(8, "--mesh pp=2,dp=2,tp=2"); }
+/* Context parallel with the sharded optimizer, and uneven shards, as processes. */
+Test(gpt, mpirun_tp2_cp2_dp2_sp_shard, .timeout = 300) {
+  mpirun_case(8, "--mesh tp=2,cp=2,dp=2 --sp --shard");
+}
+Test(gpt, mpirun_dp3_uneven_shard, .timeout = 300) {
+  mpirun_case(3, "--mesh dp=3 --shard --dmodel 20 --batch 6");
 }
