@@ -1,0 +1,239 @@
+/*
+ * bench_alltoall_mpi - all-to-all bus bandwidth: meshpg's mpg_all_to_all
+ * and mpg_all_to_all_v on the MPI backend against raw MPI_Alltoall and
+ * MPI_Alltoallv on the same bytes, side by side in one run (issue 21).
+ *
+ *   mpirun -np P bench_alltoall_mpi [--min-bytes B] [--max-bytes B]
+ *                                   [--repeat N] [--iters N] [--warmup N]
+ *
+ * Per size S (bytes each rank sends in all, S / P to every member, f32;
+ * from --min-bytes by x4 up to --max-bytes): the four methods run in turn,
+ * each on its own buffers, allocated and touched once before any timing
+ * (the references run at their best: no page faults, warm buffers).  Each
+ * timed block is `iters` back-to-back calls (256 MiB / S, clamped to
+ * 2..--iters) after --warmup untimed ones; a block's time per call is the
+ * maximum over ranks; the median of --repeat blocks is reported, and the
+ * best as "best".  The order of the methods rotates from block to block.
+ *   algbw = S / time; busbw = algbw * (P - 1) / P (nccl-tests' alltoall
+ *   convention: the share of the bytes that crosses between ranks).
+ *   The v forms use equal counts here (the same bytes as the plain forms),
+ *   with displacements, as MoE dispatch would pass them.
+ * Every result is checked after its block (rank r sends r * 1e6 + j * 1e3 +
+ * i to member j, element i of the block): a wrong element fails the run.
+ */
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "meshpg.h"
+
+enum { M_OURS, M_OURS_V, M_MPI, M_MPI_V, M_COUNT };
+static const char *const method_name[M_COUNT] = {"mpg_all_to_all", "mpg_all_to_all_v",
+                                                 "MPI_Alltoall", "MPI_Alltoallv"};
+
+static int g_rank, g_world;
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+#define CHECK(call)                                                                   \
+  do {                                                                                \
+    mpg_status st_ = (call);                                                          \
+    if (st_ != MPG_OK) {                                                              \
+      fprintf(stderr, "bench_alltoall_mpi: rank %d: %s: %s\n", g_rank, #call,         \
+              mpg_last_error());                                                      \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                   \
+    }                                                                                 \
+  } while (0)
+
+typedef struct method_bufs {
+  float *send, *recv;
+} method_bufs;
+
+static void fill(float *send, size_t per) {
+  for (int j = 0; j < g_world; j++)
+    for (size_t i = 0; i < per; i++)
+      send[(size_t)j * per + i] = (float)(g_rank * 1000000 + j * 1000) + (float)(i % 997);
+}
+
+/* recv block i comes from member i: i * 1e6 + me * 1e3 + (k % 997). */
+static long check(const float *recv, size_t per) {
+  long wrong = 0;
+  for (int i = 0; i < g_world; i++)
+    for (size_t k = 0; k < per; k++)
+      if (recv[(size_t)i * per + k] !=
+          (float)(i * 1000000 + g_rank * 1000) + (float)(k % 997))
+        wrong++;
+  return wrong;
+}
+
+static void run_once(int m, mpg_group *world, method_bufs *b, size_t per, const size_t *cnt,
+                     const size_t *dsp, const int *icnt, const int *idsp) {
+  switch (m) {
+    case M_OURS:
+      CHECK(mpg_all_to_all(world, b->send, b->recv, per, MPG_F32, NULL, NULL));
+      break;
+    case M_OURS_V:
+      CHECK(mpg_all_to_all_v(world, b->send, cnt, dsp, b->recv, cnt, dsp, MPG_F32, NULL,
+                             NULL));
+      break;
+    case M_MPI:
+      MPI_Alltoall(b->send, (int)per, MPI_FLOAT, b->recv, (int)per, MPI_FLOAT,
+                   MPI_COMM_WORLD);
+      break;
+    default:
+      MPI_Alltoallv(b->send, icnt, idsp, MPI_FLOAT, b->recv, icnt, idsp, MPI_FLOAT,
+                    MPI_COMM_WORLD);
+  }
+}
+
+int main(int argc, char **argv) {
+  size_t min_bytes = 1 << 16, max_bytes = 64u << 20;
+  int repeat = 5, max_iters = 50, warmup = 2;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!v) {
+      fprintf(stderr, "usage: bench_alltoall_mpi [--min-bytes B] [--max-bytes B] "
+                      "[--repeat N] [--iters N] [--warmup N]\n");
+      return 2;
+    }
+    i++;
+    if (!strcmp(a, "--min-bytes")) min_bytes = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--max-bytes")) max_bytes = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--repeat")) repeat = atoi(v);
+    else if (!strcmp(a, "--iters")) max_iters = atoi(v);
+    else if (!strcmp(a, "--warmup")) warmup = atoi(v);
+    else {
+      fprintf(stderr, "bench_alltoall_mpi: unknown option %s\n", a);
+      return 2;
+    }
+  }
+  if (repeat < 1 || max_iters < 2 || warmup < 0 || min_bytes < 4 || max_bytes < min_bytes) {
+    fprintf(stderr, "bench_alltoall_mpi: bad option values\n");
+    return 2;
+  }
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+
+  mpg_spec spec = MPG_SPEC_INIT;
+  CHECK(mpg_spec_init(&spec));
+  CHECK(mpg_spec_set_mesh(&spec, "dp=-1"));
+  CHECK(mpg_spec_validate(&spec));
+  mpg_mesh *mesh = NULL;
+  CHECK(mpg_mesh_create(&spec, g_world, &mesh));
+  mpg_init_opts io = MPG_INIT_OPTS_INIT;
+  io.backend = MPG_BACKEND_MPI;
+  io.rank = g_rank;
+  io.world_size = g_world;
+  io.timeout_s = 600;
+  mpg_ctx *ctx = NULL;
+  CHECK(mpg_ctx_create(mesh, &io, &ctx));
+  mpg_group *world = NULL;
+  CHECK(mpg_ctx_group(ctx, "world", &world));
+
+  /* Buffers for the largest size, one pair per method, touched once. */
+  size_t per_max = max_bytes / 4 / (size_t)g_world;
+  if (per_max == 0) per_max = 1;
+  method_bufs bufs[M_COUNT];
+  for (int m = 0; m < M_COUNT; m++) {
+    bufs[m].send = malloc(per_max * (size_t)g_world * sizeof(float));
+    bufs[m].recv = malloc(per_max * (size_t)g_world * sizeof(float));
+    if (!bufs[m].send || !bufs[m].recv) {
+      fprintf(stderr, "bench_alltoall_mpi: out of memory\n");
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    memset(bufs[m].recv, 0, per_max * (size_t)g_world * sizeof(float));
+  }
+  size_t *cnt = malloc(sizeof(size_t) * (size_t)g_world);
+  size_t *dsp = malloc(sizeof(size_t) * (size_t)g_world);
+  int *icnt = malloc(sizeof(int) * (size_t)g_world), *idsp = malloc(sizeof(int) * (size_t)g_world);
+  double *blk = malloc(sizeof(double) * (size_t)repeat * M_COUNT);
+  if (!cnt || !dsp || !icnt || !idsp || !blk) MPI_Abort(MPI_COMM_WORLD, 1);
+
+  if (g_rank == 0) {
+    printf("# all-to-all, %d MPI processes (MPI backend), f32; busbw = S/t * (P-1)/P, GB/s\n",
+           g_world);
+    printf("# %10s  %-18s %10s %9s %9s %9s  %s\n", "bytes", "method", "time_us", "algbw",
+           "busbw", "best", "vs best MPI");
+  }
+  for (size_t bytes = min_bytes;; bytes = bytes * 4 > max_bytes && bytes < max_bytes
+                                              ? max_bytes : bytes * 4) {
+    size_t per = bytes / 4 / (size_t)g_world;
+    if (per == 0) per = 1;
+    size_t S = per * (size_t)g_world * 4;
+    for (int j = 0; j < g_world; j++) {
+      cnt[j] = per;
+      dsp[j] = (size_t)j * per;
+      icnt[j] = (int)per;
+      idsp[j] = (int)((size_t)j * per);
+    }
+    for (int m = 0; m < M_COUNT; m++) fill(bufs[m].send, per);
+    int iters = (int)((256u << 20) / S);
+    if (iters < 2) iters = 2;
+    if (iters > max_iters) iters = max_iters;
+    for (int r = 0; r < repeat; r++)
+      for (int k = 0; k < M_COUNT; k++) {
+        int m = (k + r) % M_COUNT; /* rotate who goes first */
+        for (int w = 0; w < warmup; w++)
+          run_once(m, world, &bufs[m], per, cnt, dsp, icnt, idsp);
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = now_s();
+        for (int it = 0; it < iters; it++)
+          run_once(m, world, &bufs[m], per, cnt, dsp, icnt, idsp);
+        double t = (now_s() - t0) / iters, tmax = 0;
+        MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        blk[(size_t)m * repeat + r] = tmax;
+        long wrong = check(bufs[m].recv, per), all_wrong = 0;
+        MPI_Allreduce(&wrong, &all_wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        if (all_wrong) {
+          if (g_rank == 0)
+            fprintf(stderr, "bench_alltoall_mpi: %s at %zu bytes: %ld wrong elements\n",
+                    method_name[m], S, all_wrong);
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        memset(bufs[m].recv, 0, S);
+      }
+    double med[M_COUNT], best[M_COUNT];
+    for (int m = 0; m < M_COUNT; m++) {
+      qsort(blk + (size_t)m * repeat, (size_t)repeat, sizeof(double), cmp_double);
+      med[m] = blk[(size_t)m * repeat + repeat / 2];
+      best[m] = blk[(size_t)m * repeat];
+    }
+    double best_mpi = med[M_MPI] < med[M_MPI_V] ? med[M_MPI] : med[M_MPI_V];
+    double share = g_world > 1 ? (double)(g_world - 1) / g_world : 1.0;
+    if (g_rank == 0)
+      for (int m = 0; m < M_COUNT; m++) {
+        double alg = (double)S / med[m] / 1e9;
+        printf("  %10zu  %-18s %10.1f %9.3f %9.3f %9.3f  %.2fx\n", S, method_name[m],
+               med[m] * 1e6, alg, alg * share, (double)S / best[m] / 1e9 * share,
+               best_mpi / med[m]);
+      }
+    if (bytes >= max_bytes) break;
+  }
+  for (int m = 0; m < M_COUNT; m++) {
+    free(bufs[m].send);
+    free(bufs[m].recv);
+  }
+  free(cnt);
+  free(dsp);
+  free(icnt);
+  free(idsp);
+  free(blk);
+  mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  MPI_Finalize();
+  return 0;
+}
