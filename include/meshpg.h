@@ -283,6 +283,20 @@ typedef struct mpg_spec {
   char shard_dims[128];           /* [sync] shard_dims; "" = the default group */
   char replicate_dims[128];       /* [sync] replicate_dims; "" = none */
   int pad_for_nccl;               /* [sync] pad_for_nccl; default 0 */
+
+  /* [experts], appended: the expert grid of MoE layers, a second rank grid
+   * over the same world (Megatron's expert RankGenerator); see
+   * mpg_spec_set_experts and README.md, "Expert parallelism (MoE) grid". */
+  int expert_ep;                  /* [experts] ep: > 0, or -1 (inferred, then
+                                     edp = 1); 0 = no expert grid */
+  int expert_tp;                  /* [experts] tp: > 0; 0 = the size of the
+                                     mesh's "tp" dim (1 without one) */
+  char expert_order[64];          /* [experts] order, Megatron tokens
+                                     innermost first; "" = from the mesh */
+  mpg_srcpos expert_pos;          /* the [experts] table */
+  mpg_srcpos expert_ep_pos;       /* [experts] ep */
+  mpg_srcpos expert_tp_pos;       /* [experts] tp */
+  mpg_srcpos expert_order_pos;    /* [experts] order */
 } mpg_spec;
 
 #define MPG_SPEC_MAGIC 0x6d706773u /* "mpgs" */
@@ -292,7 +306,8 @@ typedef struct mpg_spec {
     {{"", 0, {0, 0}, {0, 0}}}, 0,                                           \
     {{"", 0, {{0}}, {0, 0}, {{0, 0}}}}, 0, 0, MPG_BIND_NONE,                \
     MPG_RANK_ORDER_BLOCK, 0, 0, MPG_OP_AVG, 25.0, 1.0, MPG_REDUCE_F32,      \
-    MPG_BACKEND_THREAD, 600.0, 0, "", MPG_SYNC_REPLICATE, "", "", 0 }
+    MPG_BACKEND_THREAD, 600.0, 0, "", MPG_SYNC_REPLICATE, "", "", 0,        \
+    0, 0, "", {0, 0}, {0, 0}, {0, 0}, {0, 0} }
 
 /* Reset *spec (set up with MPG_SPEC_INIT) to the defaults and an empty
  * mesh, within the caller's size.  Every spec function below also takes a
@@ -332,10 +347,37 @@ MPG_API mpg_status mpg_spec_add_flatten(mpg_spec *spec, const char *name,
  * Returns MPG_ERR_SPEC naming the unknown, missing or repeated dim. */
 MPG_API mpg_status mpg_spec_apply_order(mpg_spec *spec, const char *order);
 
+/* Give the spec an expert grid (Megatron's expert RankGenerator): the
+ * ranks of MoE layers laid out over expert tensor parallel (etp), expert
+ * parallel (ep), expert data parallel (edp) and the mesh's pipeline dim
+ * (pp), edp = world / (etp * ep * pp).  Its groups are the dim sets
+ * "etp", "ep", "edp", "etp_ep" (Megatron's tp-ep) and "etp_ep_pp"
+ * (tp-ep-pp) of every mesh built from the spec; the pipeline groups of
+ * both grids must be the same.
+ *  tp:    expert tensor parallel size > 0; 0 = the size of the mesh's
+ *         "tp" dim (1 without one).
+ *  ep:    expert parallel size > 0, or -1 to infer it (edp is then 1);
+ *         0 removes the expert grid (tp and order must then be 0 / NULL).
+ *  order: a Megatron order string over tp, cp, ep, dp, pp, innermost
+ *         first ("tp-cp-ep-dp-pp"; tp means etp, dp means edp, cp is
+ *         ignored: it has size 1 in the expert grid); a token may be left
+ *         out when its size is 1.  NULL or "": derived from the mesh (its
+ *         dims innermost first, tp, dp and pp kept, ep just inside dp).
+ * The spec's mesh may then have at most 5 dims, and none of them or of the
+ * flattened sets may be named etp, ep, edp, etp_ep or etp_ep_pp.  Sizes
+ * are checked by mpg_mesh_create once the world size is known.
+ * Returns MPG_OK; MPG_ERR_INVALID for a NULL spec or one not from
+ * MPG_SPEC_INIT; MPG_ERR_SPEC naming the bad value (the spec is then left
+ * as it was). */
+MPG_API mpg_status mpg_spec_set_experts(mpg_spec *spec, int tp, int ep,
+                                        const char *order);
+
 /* Check everything that does not need the world size: dim count (1..8),
  * names ([A-Za-z_][A-Za-z0-9_]*, at most 31 chars, not "world", distinct),
  * sizes (> 0 or one -1), flattened sets (known dims, no repeats, mesh order,
- * no clash with a dim name or another set), and the other sections' values.
+ * no clash with a dim name or another set), the expert grid's keys (order
+ * tokens, no clash with the expert names, at most 5 mesh dims) and the
+ * other sections' values.
  * Returns MPG_OK or MPG_ERR_SPEC. */
 MPG_API mpg_status mpg_spec_validate(const mpg_spec *spec);
 
@@ -350,9 +392,15 @@ typedef struct mpg_mesh mpg_mesh;
 
 /* Build a mesh from a validated spec.  world_size > 0 resolves a -1 dim and
  * must equal the product of the sizes; world_size == 0 means "the product"
- * and is invalid when a dim is -1.
+ * and is invalid when a dim is -1.  With an expert grid
+ * (mpg_spec_set_experts) its sizes are resolved and checked as Megatron
+ * does: etp * ep * pp divides the world; every token of size > 1 is named
+ * by the order; the pipeline groups of the expert grid equal the mesh's
+ * (same pp stride); and unless pp is 1 or the outermost token, edp equals
+ * the mesh's data parallel size, world / (tp * cp * pp).
  * Returns MPG_OK; MPG_ERR_SPEC (message names the world size and the
- * product); MPG_ERR_INVALID for NULL arguments; MPG_ERR_NOMEM. */
+ * product, or the experts key, its value and what to change);
+ * MPG_ERR_INVALID for NULL arguments; MPG_ERR_NOMEM. */
 MPG_API mpg_status mpg_mesh_create(const mpg_spec *spec, int world_size,
                                    mpg_mesh **out);
 
@@ -368,7 +416,12 @@ MPG_API mpg_status mpg_mesh_dim(const mpg_mesh *mesh, int dim, const char **name
                                 int *size);
 
 /* Dim sets: every dim (ids 0..ndims-1, mesh order), then every flattened
- * set (spec order), then "world" (all dims).  Their count: */
+ * set (spec order), then with an expert grid its five sets "etp", "ep",
+ * "edp", "etp_ep", "etp_ep_pp", then "world" (all dims, always the last).
+ * An expert set's groups are the expert grid's (row-major over it, like a
+ * mesh's), and its names join dim lists like any other: "etp,ep" is
+ * etp_ep; "pp" may join them (its groups are the same in both grids), a
+ * mesh dim other than pp may not.  Their count: */
 MPG_API int mpg_mesh_num_dimsets(const mpg_mesh *mesh);
 
 /* Find a dim set by dim name, flattened name or "world".
@@ -384,9 +437,21 @@ MPG_API mpg_status mpg_mesh_dimset_info(const mpg_mesh *mesh, int dimset,
                                         int *num_groups);
 
 /* The dims of a dim set as mesh dim indices, in mesh order; *ndims is set
- * and dims[] needs room for MPG_MAX_DIMS. */
+ * and dims[] needs room for MPG_MAX_DIMS.  An expert set's etp, ep and edp
+ * are numbered mpg_mesh_ndims + 0, + 1 and + 2 (after pp, if it has pp). */
 MPG_API mpg_status mpg_mesh_dimset_dims(const mpg_mesh *mesh, int dimset,
                                         int dims[MPG_MAX_DIMS], int *ndims);
+
+/* The expert grid's dim count: 4 (etp, ep, edp, pp in the grid's order)
+ * for a mesh whose spec has an expert grid, else 0 (also for NULL). */
+MPG_API int mpg_mesh_expert_ndims(const mpg_mesh *mesh);
+
+/* Name ("etp", "ep", "edp" or "pp"; belongs to the mesh) and size of dim
+ * `dim` of the expert grid, 0 = outermost (the last is contiguous).
+ * Returns MPG_ERR_INVALID for a NULL mesh; MPG_ERR_NOT_FOUND when the mesh
+ * has no expert grid; MPG_ERR_RANGE for a bad index. */
+MPG_API mpg_status mpg_mesh_expert_dim(const mpg_mesh *mesh, int dim,
+                                       const char **name, int *size);
 
 /* rank -> coordinate (coord[] has mpg_mesh_ndims entries). */
 MPG_API mpg_status mpg_mesh_coord_of(const mpg_mesh *mesh, int rank, int coord[]);

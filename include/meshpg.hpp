@@ -179,6 +179,13 @@ class Spec {
     check(mpg_spec_apply_order(&spec_, order.c_str()));
     return *this;
   }
+  /* Give the spec an expert (MoE) grid: expert tp (0: the mesh's tp), ep
+   * (-1: inferred), order (Megatron's tokens, "" derives it from the mesh)
+   * (mpg_spec_set_experts).  ep = 0 removes it.  Throws ERR_SPEC. */
+  Spec& set_experts(int tp, int ep, const std::string& order = "") {
+    check(mpg_spec_set_experts(&spec_, tp, ep, order.c_str()));
+    return *this;
+  }
   /* Check the spec (mpg_spec_validate).  Throws ERR_SPEC. */
   const Spec& validate() const {
     check(mpg_spec_validate(&spec_));
@@ -294,6 +301,18 @@ class Mesh {
   std::vector<Dim> dims() const {
     std::vector<Dim> out;
     for (int d = 0; d < ndims(); d++) out.push_back(dim(d));
+    return out;
+  }
+  /* The expert grid's dims (etp, ep, edp, pp in its order), outermost
+   * first; empty without an expert grid (mpg_mesh_expert_dim). */
+  std::vector<Dim> expert_dims() const {
+    std::vector<Dim> out;
+    for (int d = 0; d < mpg_mesh_expert_ndims(mesh_); d++) {
+      const char* name = nullptr;
+      int size = 0;
+      check(mpg_mesh_expert_dim(mesh_, d, &name, &size));
+      out.push_back(Dim{name, size});
+    }
     return out;
   }
 

@@ -55,7 +55,7 @@ typedef struct mpg__abi_head {
  * (mesh/abi.c checks that no field follows). */
 #define MPG__ABI_FIELD_END(type, field) \
   (offsetof(type, field) + sizeof(((type *)0)->field))
-#define MPG__ABI_LAST_mpg_spec pad_for_nccl
+#define MPG__ABI_LAST_mpg_spec expert_order_pos
 #define MPG__ABI_LAST_mpg_nic_info cpuset
 #define MPG__ABI_LAST_mpg_gpu_info nvlink_peers
 #define MPG__ABI_LAST_mpg_binding thread

@@ -2,22 +2,38 @@
  * Every lookup is arithmetic over at most MPG_MAX_DIMS strides, so memory
  * is O(ndims) whatever the world size. */
 #include "mesh_internal.h"
+#include "spec_internal.h"
 
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* A rank grid: the mesh's dims (grid 0) or the expert grid (grid 1), each
+ * dim with its mask bit.  Mask bits 0..ndims-1 are the mesh dims; the
+ * expert grid's etp, ep and edp take bits ndims..ndims+2 and its pp the
+ * mesh's pp bit (the pipeline groups of both grids are the same).  Masks
+ * stay below 2^MPG_MAX_DIMS, which groups/ and sync/ rely on. */
+typedef struct grid {
+  int n;
+  int sizes[MPG_MAX_DIMS];
+  int strides[MPG_MAX_DIMS];
+  unsigned bits[MPG_MAX_DIMS]; /* 0 for a size-1 dim without a bit */
+} grid;
+
 typedef struct dimset {
   char name[MPG_NAME_MAX];
-  int nin;                  /* dims inside the set, mesh order */
+  int grid;                 /* 0: the mesh, 1: the expert grid */
+  int nin;                  /* grid dims inside the set, grid order */
   int in[MPG_MAX_DIMS];
-  int nout;                 /* dims outside the set, mesh order */
+  int nout;                 /* grid dims outside the set, grid order */
   int out[MPG_MAX_DIMS];
-  unsigned mask;            /* bit d: mesh dim d is inside */
+  unsigned mask;            /* bit b: mask bit b is inside */
   int group_size;
   int num_groups;
 } dimset;
+
+#define MAX_SETS (MPG_MAX_DIMS + MPG_MAX_FLATTEN + 1)
 
 struct mpg_mesh {
   int world;
@@ -26,8 +42,18 @@ struct mpg_mesh {
   int sizes[MPG_MAX_DIMS];
   int strides[MPG_MAX_DIMS]; /* rank stride of each dim */
   int nsets;
-  dimset sets[MPG_MAX_DIMS + MPG_MAX_FLATTEN + 1];
+  dimset sets[MAX_SETS];
+  grid grids[2];
+  int experts;                          /* 1: grids[1] is the expert grid */
+  unsigned expert_bits;                 /* the bits of etp, ep, edp */
+  unsigned pp_bit;                      /* the mesh's pp bit, 0 without pp */
+  char enames[4][MPG_NAME_MAX];         /* expert grid dims, outermost first */
+  char bitnames[MPG_MAX_DIMS][MPG_NAME_MAX]; /* the name of each mask bit */
 };
+
+static int mask_grid(const mpg_mesh *m, unsigned mask) {
+  return (mask & m->expert_bits) ? 1 : 0;
+}
 
 static void dimset_fill(mpg_mesh *m, dimset *s, const char *name,
                         unsigned mask) {
@@ -35,10 +61,12 @@ static void dimset_fill(mpg_mesh *m, dimset *s, const char *name,
   strcpy(s->name, name);
   s->group_size = 1;
   s->mask = mask;
-  for (int d = 0; d < m->ndims; d++) {
-    if (mask & (1u << d)) {
+  s->grid = mask_grid(m, mask);
+  const grid *g = &m->grids[s->grid];
+  for (int d = 0; d < g->n; d++) {
+    if (mask & g->bits[d]) {
       s->in[s->nin++] = d;
-      s->group_size *= m->sizes[d];
+      s->group_size *= g->sizes[d];
     } else {
       s->out[s->nout++] = d;
     }
@@ -96,6 +124,141 @@ static mpg_status resolve_sizes(const mpg_spec *spec, int world, int *sizes) {
   return MPG_OK;
 }
 
+static int dim_size(const mpg_mesh *m, const char *name, int *index) {
+  for (int d = 0; d < m->ndims; d++)
+    if (strcmp(m->names[d], name) == 0) {
+      if (index) *index = d;
+      return m->sizes[d];
+    }
+  if (index) *index = -1;
+  return 1;
+}
+
+/* "tp-ep-dp-pp" for messages (the expert grid's order, cp left out). */
+static void order_str(const int *tok, int n, char *buf, size_t cap) {
+  size_t k = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < n && k < cap; i++)
+    k += (size_t)snprintf(buf + k, cap - k, "%s%s", i ? "-" : "", mpg__tok_names[tok[i]]);
+}
+
+/* The expert grid of a mesh whose dense dims are set (mpg_mesh_create). */
+static mpg_status build_experts(mpg_mesh *m, const mpg_spec *spec) {
+  const char *src = spec->source;
+  int tok[4], ntok, named[MPG__TOK_COUNT];
+  mpg_status st = mpg__expert_order(spec, tok, &ntok, named);
+  if (st) return st;
+  int W = m->world, pp_dim;
+  int tp = dim_size(m, "tp", NULL), cp = dim_size(m, "cp", NULL);
+  int pp = dim_size(m, "pp", &pp_dim);
+  int dp = W / (tp * cp * pp);
+  int etp = spec->expert_tp ? spec->expert_tp : tp;
+  int ep = spec->expert_ep;
+  long long tpp = (long long)etp * pp;
+  mpg_srcpos at = spec->expert_ep_pos.line ? spec->expert_ep_pos : spec->expert_pos;
+  if (ep == -1) {
+    if (W % tpp != 0)
+      return mpg__fail_at(MPG_ERR_SPEC, src, at,
+                          "experts.ep: -1 (inferred), but world size %d is not "
+                          "divisible by etp x pp = %d x %d = %lld; change experts.tp",
+                          W, etp, pp, tpp);
+    ep = (int)(W / tpp);
+  }
+  long long etmp = tpp * ep;
+  if (etmp > W || W % etmp != 0)
+    return mpg__fail_at(MPG_ERR_SPEC, src, at,
+                        "experts: world size %d is not divisible by etp x ep x pp = "
+                        "%d x %d x %d = %lld (experts.tp = %d%s, experts.ep = %d); "
+                        "choose experts.tp and experts.ep whose product with pp divides %d",
+                        W, etp, ep, pp, etmp, etp, spec->expert_tp ? "" : ", the mesh's tp",
+                        ep, W);
+  int edp = (int)(W / etmp);
+  int size_of[MPG__TOK_COUNT] = {etp, 1, ep, edp, pp};
+  const char *key_of[MPG__TOK_COUNT] = {"experts.tp", "", "experts.ep",
+                                        "the expert dp (world / (etp x ep x pp))",
+                                        "the mesh's pp"};
+  /* Megatron appends the tokens an order leaves out; they must be 1. */
+  char ord[64];
+  order_str(tok, ntok, ord, sizeof ord);
+  for (int t = 0; t < MPG__TOK_COUNT; t++) {
+    if (t == MPG__TOK_CP || named[t]) continue;
+    if (size_of[t] != 1)
+      return mpg__fail_at(MPG_ERR_SPEC, src, spec->expert_order_pos,
+                          "experts.order \"%s\": \"%s\" is left out but %s is %d; "
+                          "name \"%s\" in the order (only tokens of size 1 may be left out)",
+                          spec->expert_order, mpg__tok_names[t], key_of[t], size_of[t],
+                          mpg__tok_names[t]);
+    tok[ntok++] = t;
+  }
+  grid *g = &m->grids[1];
+  static const char *const ename[MPG__TOK_COUNT] = {"etp", "", "ep", "edp", "pp"};
+  unsigned bit_of[MPG__TOK_COUNT] = {1u << m->ndims, 0, 1u << (m->ndims + 1),
+                                     1u << (m->ndims + 2), pp_dim >= 0 ? 1u << pp_dim : 0};
+  g->n = ntok;
+  int stride = 1;
+  for (int i = 0; i < ntok; i++) { /* tok is innermost first */
+    int d = ntok - 1 - i, t = tok[i];
+    g->sizes[d] = size_of[t];
+    g->strides[d] = stride;
+    g->bits[d] = bit_of[t];
+    strcpy(m->enames[d], ename[t]);
+    stride *= size_of[t];
+  }
+  /* The pipeline groups must be the same in both grids: same pp stride. */
+  if (pp > 1) {
+    char shape[256];
+    size_t k = 0;
+    for (int d = 0; d < m->ndims && k < sizeof shape; d++)
+      k += (size_t)snprintf(shape + k, sizeof shape - k, "%s%s=%d", d ? " x " : "",
+                            m->names[d], m->sizes[d]);
+    int estride = 0;
+    for (int d = 0; d < g->n; d++)
+      if (strcmp(m->enames[d], "pp") == 0) estride = g->strides[d];
+    if (estride != m->strides[pp_dim])
+      return mpg__fail_at(MPG_ERR_SPEC, src,
+                          spec->expert_order_pos.line ? spec->expert_order_pos : at,
+                          "experts.order \"%s\": the expert grid's pipeline groups "
+                          "differ from the mesh's (pp stride %d in the expert grid, %d in "
+                          "the mesh %s); the pipeline groups of both must "
+                          "be the same: place pp so that the product of the expert sizes "
+                          "inside it equals that of the mesh dims inside pp (e.g. pp "
+                          "outermost in both)",
+                          ord, estride, m->strides[pp_dim], shape);
+    /* Megatron's rule reads the order string: does it end with pp? */
+    int last_pp;
+    if (spec->expert_order[0]) {
+      const char *dash = strrchr(spec->expert_order, '-');
+      const char *lastt = dash ? dash + 1 : spec->expert_order;
+      while (*lastt == ' ' || *lastt == '\t') lastt++;
+      last_pp = strncmp(lastt, "pp", 2) == 0 && strspn(lastt + 2, " \t") == strlen(lastt + 2);
+    } else {
+      last_pp = strcmp(m->names[0], "pp") == 0;
+    }
+    if (!last_pp && edp != dp)
+      return mpg__fail_at(MPG_ERR_SPEC, src,
+                          spec->expert_order_pos.line ? spec->expert_order_pos : at,
+                          "experts.order \"%s\": pp is not the outermost token, so the "
+                          "expert data parallel size (edp = %d) must equal the mesh's "
+                          "(dp = world / (tp x cp x pp) = %d) as Megatron requires; put pp "
+                          "last (outermost) or choose experts.tp x experts.ep = %d",
+                          ord, edp, dp, tp * cp);
+  }
+  m->experts = 1;
+  m->expert_bits = bit_of[MPG__TOK_TP] | bit_of[MPG__TOK_EP] | bit_of[MPG__TOK_DP];
+  m->pp_bit = bit_of[MPG__TOK_PP];
+  strcpy(m->bitnames[m->ndims], "etp");
+  strcpy(m->bitnames[m->ndims + 1], "ep");
+  strcpy(m->bitnames[m->ndims + 2], "edp");
+  unsigned e_tp = bit_of[MPG__TOK_TP], e_ep = bit_of[MPG__TOK_EP];
+  dimset_fill(m, &m->sets[m->nsets++], "etp", e_tp);
+  dimset_fill(m, &m->sets[m->nsets++], "ep", e_ep);
+  dimset_fill(m, &m->sets[m->nsets++], "edp", bit_of[MPG__TOK_DP]);
+  dimset_fill(m, &m->sets[m->nsets++], "etp_ep", e_tp | e_ep);
+  dimset_fill(m, &m->sets[m->nsets++], "etp_ep_pp", e_tp | e_ep | m->pp_bit);
+  mpg__log(1, "mesh: expert grid %s = etp %d, ep %d, edp %d, pp %d", ord, etp, ep, edp, pp);
+  return MPG_OK;
+}
+
 mpg_status mpg_mesh_create(const mpg_spec *caller, int world_size,
                            mpg_mesh **out) {
   if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_mesh_create: out is NULL");
@@ -124,6 +287,14 @@ mpg_status mpg_mesh_create(const mpg_spec *caller, int world_size,
     m->strides[d] = stride;
     stride *= m->sizes[d];
   }
+  grid *g0 = &m->grids[0];
+  g0->n = m->ndims;
+  for (int d = 0; d < m->ndims; d++) {
+    g0->sizes[d] = m->sizes[d];
+    g0->strides[d] = m->strides[d];
+    g0->bits[d] = 1u << d;
+    strcpy(m->bitnames[d], m->names[d]);
+  }
   for (int d = 0; d < m->ndims; d++)
     dimset_fill(m, &m->sets[m->nsets++], m->names[d], 1u << d);
   for (int k = 0; k < spec->nflatten; k++) {
@@ -132,6 +303,10 @@ mpg_status mpg_mesh_create(const mpg_spec *caller, int world_size,
       for (int d = 0; d < m->ndims; d++)
         if (strcmp(m->names[d], spec->flatten[k].dims[i]) == 0) mask |= 1u << d;
     dimset_fill(m, &m->sets[m->nsets++], spec->flatten[k].name, mask);
+  }
+  if (spec->expert_ep != 0 && (st = build_experts(m, spec))) {
+    free(m);
+    return st;
   }
   dimset_fill(m, &m->sets[m->nsets++], "world", (1u << m->ndims) - 1);
   mpg__log(1, "mesh: %d ranks, %d dims, %d dim sets", m->world, m->ndims,
@@ -164,7 +339,7 @@ mpg_status mpg_mesh_dim(const mpg_mesh *mesh, int dim, const char **name,
 static mpg_status dimset_find_fail(const mpg_mesh *mesh, const char *name) {
   char known[1024];
   size_t n = 0;
-  const char *cands[MPG_MAX_DIMS + MPG_MAX_FLATTEN + 1];
+  const char *cands[MAX_SETS];
   for (int i = 0; i < mesh->nsets; i++) {
     cands[i] = mesh->sets[i].name;
     n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "",
@@ -217,8 +392,30 @@ mpg_status mpg_mesh_dimset_dims(const mpg_mesh *mesh, int set,
   if (!dims || !ndims)
     return mpg__fail(MPG_ERR_INVALID, "mpg_mesh_dimset_dims: NULL argument");
   const dimset *s = &mesh->sets[set];
-  memcpy(dims, s->in, sizeof(int) * (size_t)s->nin);
-  *ndims = s->nin;
+  /* Mask bits: the mesh's dims in mesh order, then etp, ep, edp. */
+  int n = 0;
+  for (int b = 0; b < MPG_MAX_DIMS; b++)
+    if (s->mask & (1u << b)) dims[n++] = b;
+  *ndims = n;
+  return MPG_OK;
+}
+
+int mpg_mesh_expert_ndims(const mpg_mesh *mesh) {
+  return mesh && mesh->experts ? mesh->grids[1].n : 0;
+}
+
+mpg_status mpg_mesh_expert_dim(const mpg_mesh *mesh, int dim, const char **name,
+                               int *size) {
+  if (!mesh) return mpg__fail(MPG_ERR_INVALID, "mpg_mesh_expert_dim: mesh is NULL");
+  if (!mesh->experts)
+    return mpg__fail(MPG_ERR_NOT_FOUND,
+                     "mpg_mesh_expert_dim: the mesh has no expert grid (its spec has no "
+                     "[experts] section; see mpg_spec_set_experts)");
+  if (dim < 0 || dim >= mesh->grids[1].n)
+    return mpg__fail(MPG_ERR_RANGE, "mpg_mesh_expert_dim: dim %d is outside 0..%d", dim,
+                     mesh->grids[1].n - 1);
+  if (name) *name = mesh->enames[dim];
+  if (size) *size = mesh->grids[1].sizes[dim];
   return MPG_OK;
 }
 
@@ -268,13 +465,14 @@ mpg_status mpg_mesh_group_of(const mpg_mesh *mesh, int set, int rank,
   return MPG_OK;
 }
 
-/* Spread a row-major index over the listed dims into a rank offset. */
-static int spread(const mpg_mesh *mesh, const int *dims, int n, int index) {
+/* Spread a row-major index over the listed dims of grid g into a rank
+ * offset. */
+static int spread(const grid *g, const int *dims, int n, int index) {
   int r = 0;
   for (int i = n - 1; i >= 0; i--) {
     int d = dims[i];
-    r += (index % mesh->sizes[d]) * mesh->strides[d];
-    index /= mesh->sizes[d];
+    r += (index % g->sizes[d]) * g->strides[d];
+    index /= g->sizes[d];
   }
   return r;
 }
@@ -293,8 +491,8 @@ mpg_status mpg_mesh_group_rank(const mpg_mesh *mesh, int set, int group_index,
     return mpg__fail(MPG_ERR_RANGE,
                      "mpg_mesh_group_rank: position %d in \"%s\" is outside 0..%d",
                      position, s->name, s->group_size - 1);
-  *rank = spread(mesh, s->out, s->nout, group_index) +
-          spread(mesh, s->in, s->nin, position);
+  const grid *g = &mesh->grids[s->grid];
+  *rank = spread(g, s->out, s->nout, group_index) + spread(g, s->in, s->nin, position);
   return MPG_OK;
 }
 
@@ -309,7 +507,8 @@ mpg_status mpg_mesh_group_members(const mpg_mesh *mesh, int set,
     return mpg__fail(MPG_ERR_RANGE,
                      "mpg_mesh_group_members: group %d of \"%s\" is outside 0..%d",
                      group_index, s->name, s->num_groups - 1);
-  int base = spread(mesh, s->out, s->nout, group_index);
+  const grid *g = &mesh->grids[s->grid];
+  int base = spread(g, s->out, s->nout, group_index);
   /* Odometer over the set's dims: one add per member. */
   int idx[MPG_MAX_DIMS] = {0};
   int r = base;
@@ -317,11 +516,11 @@ mpg_status mpg_mesh_group_members(const mpg_mesh *mesh, int set,
     ranks[p] = r;
     for (int i = s->nin - 1; i >= 0; i--) {
       int d = s->in[i];
-      if (++idx[i] < mesh->sizes[d]) {
-        r += mesh->strides[d];
+      if (++idx[i] < g->sizes[d]) {
+        r += g->strides[d];
         break;
       }
-      r -= (mesh->sizes[d] - 1) * mesh->strides[d];
+      r -= (g->sizes[d] - 1) * g->strides[d];
       idx[i] = 0;
     }
   }
@@ -361,15 +560,34 @@ mpg_status mpg__mesh_parse_dims(const mpg_mesh *mesh, const char *list,
       return mpg__fail_wrap(MPG_ERR_NOT_FOUND, "%s \"%s\"", what, list);
     }
     const dimset *s = &mesh->sets[set];
-    for (int i = 0; i < s->nin; i++) {
-      int d = s->in[i];
-      if (*mask & (1u << d)) continue;
-      *mask |= 1u << d;
-      if (dims) dims[nd] = d;
+    if (dims && (s->mask & mesh->expert_bits)) {
+      if (flags & MPG__DIMS_SKIP_UNKNOWN) continue;
+      return mpg__fail(MPG_ERR_INVALID,
+                       "%s \"%s\": \"%s\" is a dim set of the expert grid; only the "
+                       "mesh's dims (%s) are allowed here",
+                       what, list, name, mesh->ndims ? mesh->names[0] : "");
+    }
+    /* Bits in mesh order (then etp, ep, edp), each once. */
+    for (int b = 0; b < MPG_MAX_DIMS; b++) {
+      unsigned bit = 1u << b;
+      if (!(s->mask & bit) || (*mask & bit)) continue;
+      *mask |= bit;
+      if (dims) dims[nd] = b;
       nd++;
     }
   }
   if (ndims) *ndims = nd;
+  if ((*mask & mesh->expert_bits) && (*mask & ~mesh->expert_bits & ~mesh->pp_bit)) {
+    char dense[256], expert[128];
+    mpg__mesh_mask_names(mesh, *mask & ~mesh->expert_bits & ~mesh->pp_bit, ", ", dense,
+                         sizeof dense);
+    mpg__mesh_mask_names(mesh, *mask & mesh->expert_bits, ", ", expert, sizeof expert);
+    return mpg__fail(MPG_ERR_INVALID,
+                     "%s \"%s\": names dims of the mesh (%s) and of the expert grid "
+                     "(%s); a group lies in one grid (only pp is in both): name mesh "
+                     "dims only, or etp, ep, edp and pp only",
+                     what, list, dense, expert);
+  }
   if (!*mask && mesh->ndims > 0 && !(flags & MPG__DIMS_ALLOW_EMPTY) &&
       !(flags & MPG__DIMS_SKIP_UNKNOWN))
     return mpg__fail(MPG_ERR_INVALID,
@@ -385,14 +603,15 @@ unsigned mpg__mesh_dimset_mask(const mpg_mesh *mesh, int set) {
 
 void mpg__mesh_mask_place(const mpg_mesh *mesh, unsigned mask, int rank,
                           int *index, int *position, int *size) {
+  const grid *g = &mesh->grids[mask_grid(mesh, mask)];
   int gi = 0, pos = 0, n = 1;
-  for (int d = 0; d < mesh->ndims; d++) {
-    int c = (rank / mesh->strides[d]) % mesh->sizes[d];
-    if (mask & (1u << d)) {
-      pos = pos * mesh->sizes[d] + c;
-      n *= mesh->sizes[d];
+  for (int d = 0; d < g->n; d++) {
+    int c = (rank / g->strides[d]) % g->sizes[d];
+    if (mask & g->bits[d]) {
+      pos = pos * g->sizes[d] + c;
+      n *= g->sizes[d];
     } else {
-      gi = gi * mesh->sizes[d] + c;
+      gi = gi * g->sizes[d] + c;
     }
   }
   if (index) *index = gi;
@@ -402,14 +621,15 @@ void mpg__mesh_mask_place(const mpg_mesh *mesh, unsigned mask, int rank,
 
 int mpg__mesh_mask_member(const mpg_mesh *mesh, unsigned mask, int rank,
                           int position) {
+  const grid *g = &mesh->grids[mask_grid(mesh, mask)];
   int r = 0;
-  for (int d = mesh->ndims - 1; d >= 0; d--) {
-    int c = (rank / mesh->strides[d]) % mesh->sizes[d];
-    if (mask & (1u << d)) {
-      c = position % mesh->sizes[d];
-      position /= mesh->sizes[d];
+  for (int d = g->n - 1; d >= 0; d--) {
+    int c = (rank / g->strides[d]) % g->sizes[d];
+    if (mask & g->bits[d]) {
+      c = position % g->sizes[d];
+      position /= g->sizes[d];
     }
-    r += c * mesh->strides[d];
+    r += c * g->strides[d];
   }
   return r;
 }
@@ -418,9 +638,9 @@ void mpg__mesh_mask_names(const mpg_mesh *mesh, unsigned mask,
                           const char *sep, char *buf, size_t cap) {
   size_t k = 0;
   buf[0] = '\0';
-  for (int d = 0; d < mesh->ndims; d++) {
-    if (!(mask & (1u << d))) continue;
+  for (int b = 0; b < MPG_MAX_DIMS; b++) {
+    if (!(mask & (1u << b)) || !mesh->bitnames[b][0]) continue;
     if (k < cap)
-      k += (size_t)snprintf(buf + k, cap - k, "%s%s", k ? sep : "", mesh->names[d]);
+      k += (size_t)snprintf(buf + k, cap - k, "%s%s", k ? sep : "", mesh->bitnames[b]);
   }
 }

@@ -26,7 +26,12 @@ enum {
  * twice counts once.  Messages start with `what` and the list.
  * *mask gets the union.  dims (may be NULL; room for MPG_MAX_DIMS) gets
  * each dim once in the order named, a set's dims in mesh order; *ndims
- * (may be NULL) their count. */
+ * (may be NULL) their count.  An expert grid's sets (etp, ep, edp and their
+ * unions) are bits ndims..ndims+2 of the mask, with the mesh's pp bit for
+ * pp; a list that mixes them with mesh dims other than pp is
+ * MPG_ERR_INVALID, and so is an expert set when dims is not NULL (the
+ * caller wants mesh dim indices; with MPG__DIMS_SKIP_UNKNOWN it is
+ * skipped).  Every mask stays below 2^MPG_MAX_DIMS. */
 mpg_status mpg__mesh_parse_dims(const mpg_mesh *mesh, const char *list,
                                 int flags, const char *what, unsigned *mask,
                                 int *dims, int *ndims);
@@ -44,7 +49,8 @@ void mpg__mesh_mask_place(const mpg_mesh *mesh, unsigned mask, int rank,
 int mpg__mesh_mask_member(const mpg_mesh *mesh, unsigned mask, int rank,
                           int position);
 
-/* The names of the mask's dims in mesh order joined by sep ("dp+cp"). */
+/* The names of the mask's dims in mesh order joined by sep ("dp+cp"); an
+ * expert grid's etp, ep, edp (mask bits ndims..ndims+2) come last. */
 void mpg__mesh_mask_names(const mpg_mesh *mesh, unsigned mask,
                           const char *sep, char *buf, size_t cap);
 

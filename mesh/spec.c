@@ -209,6 +209,178 @@ static mpg_status apply_order(mpg_spec *spec, const char *order, const char *unu
   return MPG_OK;
 }
 
+/* ------------------------------------------------------------------ */
+/* The expert grid ([experts], mpg_spec_set_experts)                   */
+/* ------------------------------------------------------------------ */
+
+const char *const mpg__tok_names[MPG__TOK_COUNT] = {"tp", "cp", "ep", "dp", "pp"};
+
+/* Names an expert grid takes; no mesh dim or flattened set may use them. */
+static const char *const expert_names[] = {"etp", "ep", "edp", "etp_ep", "etp_ep_pp"};
+#define EXPERT_NAMES 5
+
+mpg_status mpg__expert_order(const mpg_spec *spec, int tok[4], int *ntok,
+                             int named[MPG__TOK_COUNT]) {
+  int n = 0;
+  for (int t = 0; t < MPG__TOK_COUNT; t++) named[t] = 0;
+  if (!spec->expert_order[0]) {
+    /* The mesh's dims innermost first: tp, dp and pp where they are, ep
+     * just inside dp (Megatron's tp-cp-ep-dp-pp); a missing tp goes
+     * first, a missing dp (with ep) just inside pp, a missing pp last. */
+    int has[MPG__TOK_COUNT] = {0};
+    for (int d = spec->ndims - 1; d >= 0; d--) {
+      const char *nm = spec->dims[d].name;
+      if (strcmp(nm, "tp") == 0) tok[n++] = MPG__TOK_TP, has[MPG__TOK_TP] = 1;
+      if (strcmp(nm, "pp") == 0) tok[n++] = MPG__TOK_PP, has[MPG__TOK_PP] = 1;
+      if (strcmp(nm, "dp") == 0) {
+        tok[n++] = MPG__TOK_EP;
+        tok[n++] = MPG__TOK_DP;
+        has[MPG__TOK_DP] = 1;
+      }
+    }
+    if (!has[MPG__TOK_TP]) {
+      memmove(tok + 1, tok, sizeof(int) * (size_t)n);
+      tok[0] = MPG__TOK_TP;
+      n++;
+    }
+    if (!has[MPG__TOK_DP]) {
+      int at = n;
+      for (int i = 0; i < n; i++)
+        if (tok[i] == MPG__TOK_PP) at = i;
+      memmove(tok + at + 2, tok + at, sizeof(int) * (size_t)(n - at));
+      tok[at] = MPG__TOK_EP;
+      tok[at + 1] = MPG__TOK_DP;
+      n += 2;
+    }
+    if (!has[MPG__TOK_PP]) tok[n++] = MPG__TOK_PP;
+    for (int i = 0; i < n; i++) named[tok[i]] = 1;
+    *ntok = n;
+    return MPG_OK;
+  }
+  const char *order = spec->expert_order;
+  const char *p = order;
+  char item[64];
+  int got, seen[MPG__TOK_COUNT] = {0};
+  while ((got = mpg__list_next(&p, '-', item, sizeof item))) {
+    int t = -1;
+    for (int k = 0; k < MPG__TOK_COUNT && got > 0; k++)
+      if (strcmp(item, mpg__tok_names[k]) == 0) t = k;
+    if (t < 0) {
+      const char *c = got > 0 ? mpg__closest(item, mpg__tok_names, MPG__TOK_COUNT) : NULL;
+      return mpg__fail_at(MPG_ERR_SPEC, spec->source, spec->expert_order_pos,
+                          "experts.order \"%s\": unknown token \"%s\"%s%s%s; expected "
+                          "Megatron's names tp, cp, ep, dp, pp separated by '-', "
+                          "innermost first (tp is the expert tp, dp the expert dp)",
+                          order, item, c ? " (did you mean \"" : "", c ? c : "",
+                          c ? "\"?)" : "");
+    }
+    if (seen[t])
+      return mpg__fail_at(MPG_ERR_SPEC, spec->source, spec->expert_order_pos,
+                          "experts.order \"%s\": \"%s\" is named twice", order, item);
+    seen[t] = 1;
+    named[t] = 1;
+    if (t != MPG__TOK_CP) tok[n++] = t;
+  }
+  *ntok = n;
+  return MPG_OK;
+}
+
+/* The expert keys of a spec (no world size needed). */
+static mpg_status validate_experts(const mpg_spec *spec) {
+  const char *src = spec->source;
+  if (!memchr(spec->expert_order, '\0', sizeof spec->expert_order))
+    return mpg__fail(MPG_ERR_SPEC, "experts.order: not a string of at most %zu chars",
+                     sizeof spec->expert_order - 1);
+  if (spec->expert_ep == 0) {
+    if (spec->expert_tp != 0 || spec->expert_order[0])
+      return mpg__fail_at(MPG_ERR_SPEC, src,
+                          spec->expert_tp ? spec->expert_tp_pos : spec->expert_order_pos,
+                          "experts.%s is set but experts.ep is 0 (no expert grid); "
+                          "set experts.ep to a size > 0 or -1",
+                          spec->expert_tp ? "tp" : "order");
+    return MPG_OK;
+  }
+  if (spec->expert_ep < -1)
+    return mpg__fail_at(MPG_ERR_SPEC, src, spec->expert_ep_pos,
+                        "experts.ep: expected a positive integer or -1 (inferred), "
+                        "found %d",
+                        spec->expert_ep);
+  if (spec->expert_tp < 0)
+    return mpg__fail_at(MPG_ERR_SPEC, src, spec->expert_tp_pos,
+                        "experts.tp: expected a positive integer (or 0: the size of "
+                        "the mesh's tp dim), found %d",
+                        spec->expert_tp);
+  int tok[4], ntok, named[MPG__TOK_COUNT];
+  mpg_status st = mpg__expert_order(spec, tok, &ntok, named);
+  if (st) return st;
+  char known[512];
+  dim_list(spec, known, sizeof known);
+  if (spec->ndims > MPG_MAX_DIMS - 3)
+    return mpg__fail_at(MPG_ERR_SPEC, src, spec->expert_pos,
+                        "experts: an expert grid needs a mesh of at most %d dims "
+                        "(etp, ep and edp take 3 of the %d), but the mesh has %d (%s); "
+                        "merge dims or drop [experts]",
+                        MPG_MAX_DIMS - 3, MPG_MAX_DIMS, spec->ndims, known);
+  if (spec->ndims + spec->nflatten > MPG_MAX_DIMS + MPG_MAX_FLATTEN - EXPERT_NAMES)
+    return mpg__fail_at(MPG_ERR_SPEC, src, spec->expert_pos,
+                        "experts: an expert grid adds %d dim sets, so the mesh may "
+                        "have at most %d dims and flattened sets together, but it "
+                        "has %d dims and %d sets; drop flattened sets",
+                        EXPERT_NAMES, MPG_MAX_DIMS + MPG_MAX_FLATTEN - EXPERT_NAMES,
+                        spec->ndims, spec->nflatten);
+  for (int d = 0; d < spec->ndims; d++)
+    for (int k = 0; k < EXPERT_NAMES; k++)
+      if (strcmp(spec->dims[d].name, expert_names[k]) == 0)
+        return mpg__fail_at(MPG_ERR_SPEC, src, spec->dims[d].name_pos,
+                            "mesh.dims[%d].name: \"%s\" is a name of the expert grid "
+                            "([experts] is set); rename the dim or drop [experts]",
+                            d, expert_names[k]);
+  for (int f = 0; f < spec->nflatten; f++)
+    for (int k = 0; k < EXPERT_NAMES; k++)
+      if (strcmp(spec->flatten[f].name, expert_names[k]) == 0)
+        return mpg__fail_at(MPG_ERR_SPEC, src, spec->flatten[f].name_pos,
+                            "mesh.flatten.%s: \"%s\" is a name of the expert grid "
+                            "([experts] is set); rename the set or drop [experts]",
+                            expert_names[k], expert_names[k]);
+  return MPG_OK;
+}
+
+mpg_status mpg_spec_set_experts(mpg_spec *caller, int tp, int ep, const char *order) {
+  mpg_spec full;
+  mpg_status st = spec_in(caller, &full, "mpg_spec_set_experts");
+  if (st) return st;
+  if (!order) order = "";
+  if (strlen(order) >= sizeof full.expert_order)
+    return mpg__fail(MPG_ERR_SPEC, "experts.order \"%.40s...\": longer than %zu chars",
+                     order, sizeof full.expert_order - 1);
+  if (ep == 0 && (tp != 0 || order[0]))
+    return mpg__fail(MPG_ERR_SPEC,
+                     "mpg_spec_set_experts: ep = 0 removes the expert grid, but tp = %d "
+                     "and order = \"%s\" were given; pass tp = 0 and order = NULL, or "
+                     "an ep > 0 or -1",
+                     tp, order);
+  mpg_srcpos nopos = {0, 0};
+  full.expert_ep = ep;
+  full.expert_tp = tp;
+  strcpy(full.expert_order, order);
+  full.expert_pos = full.expert_ep_pos = full.expert_tp_pos = full.expert_order_pos = nopos;
+  /* Only the expert keys are checked here; a mesh set later is checked by
+   * mpg_spec_validate. */
+  if (ep < -1)
+    return mpg__fail(MPG_ERR_SPEC,
+                     "experts.ep: expected a positive integer or -1 (inferred), found %d",
+                     ep);
+  if (tp < 0)
+    return mpg__fail(MPG_ERR_SPEC,
+                     "experts.tp: expected a positive integer (or 0: the size of the "
+                     "mesh's tp dim), found %d",
+                     tp);
+  int tok[4], ntok, named[MPG__TOK_COUNT];
+  if (ep != 0 && (st = mpg__expert_order(&full, tok, &ntok, named))) return st;
+  mpg__abi_out(caller, &full, MPG__ABI_END(mpg_spec));
+  return MPG_OK;
+}
+
 static const char *const opt_keys[MPG__OPT_FSDP_OWNS_DP] = {
     "topology.nodes",          "topology.gpus_per_node", "sync.bucket_mb",
     "sync.first_bucket_mb",    "backend.timeout_s",
@@ -312,6 +484,8 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
       prev = d;
     }
   }
+  mpg_status est = validate_experts(spec);
+  if (est) return est;
   /* Scalar options of the other sections. */
   struct {
     double v;

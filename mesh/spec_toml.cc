@@ -331,8 +331,45 @@ struct reader {
       spec->lazy_groups = get_bool(*v, "backend.lazy_groups");
   }
 
+  void read_experts(const toml::node &n) {
+    const toml::table &t = section(n, "experts");
+    only_keys(t, "experts", {"tp", "ep", "order"});
+    spec->expert_pos = pos(n.source());
+    spec->expert_ep = 1;
+    if (auto v = t.get("ep")) {
+      spec->expert_ep_pos = pos(v->source());
+      if (auto s = v->as_string()) {
+        if (s->get() != "auto") expected("experts.ep", *v, "an integer > 0, -1 or \"auto\"");
+        spec->expert_ep = -1;
+      } else {
+        spec->expert_ep = get_int(*v, "experts.ep", "an integer > 0, -1 or \"auto\"");
+        // 0 would mean "no expert grid": in a file it is just a bad size.
+        if (spec->expert_ep == 0 || spec->expert_ep < -1)
+          fail(v->source(), "experts.ep: expected a positive integer or -1 (inferred), "
+                            "found " + std::to_string(spec->expert_ep));
+      }
+    }
+    if (auto v = t.get("tp")) {
+      spec->expert_tp_pos = pos(v->source());
+      spec->expert_tp = get_int(*v, "experts.tp", "a positive integer");
+      if (spec->expert_tp <= 0)
+        fail(v->source(), "experts.tp: expected a positive integer (leave it out for "
+                          "the mesh's tp size), found " + std::to_string(spec->expert_tp));
+    }
+    if (auto v = t.get("order")) {
+      spec->expert_order_pos = pos(v->source());
+      auto s = v->as_string();
+      if (!s) expected("experts.order", *v, "a Megatron order string like \"tp-cp-ep-dp-pp\"");
+      if (s->get().empty() || s->get().size() >= sizeof spec->expert_order)
+        fail(v->source(), "experts.order: expected 1 to " +
+                              std::to_string(sizeof spec->expert_order - 1) +
+                              " chars like \"tp-cp-ep-dp-pp\", found \"" + s->get() + "\"");
+      std::strcpy(spec->expert_order, s->get().c_str());
+    }
+  }
+
   void read(const toml::table &root) {
-    only_keys(root, "", {"mesh", "topology", "sync", "backend"});
+    only_keys(root, "", {"mesh", "topology", "sync", "backend", "experts"});
     auto mesh = root.get("mesh");
     if (!mesh) {
       mpg__fail_at(MPG_ERR_SPEC, spec->source, mpg_srcpos{1, 1},
@@ -343,6 +380,7 @@ struct reader {
     if (auto s = root.get("topology")) read_topology(*s);
     if (auto s = root.get("sync")) read_sync(*s);
     if (auto s = root.get("backend")) read_backend(*s);
+    if (auto s = root.get("experts")) read_experts(*s);
   }
 };
 

@@ -12,7 +12,7 @@ int cmd_sim(int argc, char **argv);
 int cmd_topo(int argc, char **argv);
 
 /* The spec options shared by plan and sim: SPEC.toml, --mesh, --flatten,
- * --order, --world (tools/spec_args.c). */
+ * --order, --world, --experts (tools/spec_args.c). */
 typedef struct tool_spec {
   const char *path;  /* SPEC.toml or NULL */
   const char *mesh;  /* --mesh or NULL */
@@ -20,6 +20,9 @@ typedef struct tool_spec {
   const char *flatten[MPG_MAX_FLATTEN]; /* --flatten values, NAME=d1,d2 */
   int nflatten;
   int world;         /* --world, 0 when not given */
+  int experts;         /* --experts given: ep=N[,tp=N][,order=O] */
+  int expert_tp, expert_ep;      /* its tp (0: the mesh's) and ep (-1: auto) */
+  char expert_order[64];         /* its order ("": from the mesh) */
 } tool_spec;
 
 /* If argv[*i] is one of the shared spec options (or the positional spec
@@ -29,7 +32,7 @@ int tool_spec_arg(tool_spec *t, int argc, char **argv, int *i,
                   const char *usage);
 
 /* The spec file, then --mesh (or default_mesh when neither is given; may
- * be NULL), --flatten and --order, applied in that order. */
+ * be NULL), --flatten, --order and --experts, applied in that order. */
 mpg_status tool_spec_load(const tool_spec *t, const char *default_mesh,
                           mpg_spec *spec);
 

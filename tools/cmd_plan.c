@@ -10,14 +10,16 @@
 static const char plan_usage[] =
     "usage: meshpg plan [SPEC.toml] [--mesh dp=2,cp=2,tp=2] "
     "[--flatten NAME=d1,d2]...\n"
-    "                   [--order tp-cp-dp-pp] [--world N] [--rank R] "
-    "[--json]\n"
+    "                   [--order tp-cp-dp-pp] [--experts ep=N,tp=N,order=O]\n"
+    "                   [--world N] [--rank R] [--json]\n"
     "\n"
     "  SPEC.toml          read the mesh (and other sections) from a spec file\n"
     "  --mesh DIMS        the dims, outermost first; replaces the spec's dims\n"
     "  --flatten N=D,..   add a flattened dim set (repeatable)\n"
     "  --order ORDER      reorder the dims by a Megatron order string\n"
     "                     (innermost first: tp-cp-dp-pp is the mesh pp,dp,cp,tp)\n"
+    "  --experts KEYS     an expert (MoE) grid: ep=N (or auto), tp=N (default: the\n"
+    "                     mesh's tp), order=ORDER (Megatron's, e.g. tp-cp-ep-dp-pp)\n"
     "  --world N          world size; resolves a -1 dim (default: the product)\n"
     "  --rank R           show only rank R's coordinate and groups\n"
     "  --json             print JSON instead of text\n";
@@ -96,6 +98,17 @@ static void print_text(const mpg_mesh *m, const mpg_spec *spec, int rank,
   }
   printf("  (world %d%s%s)\n", mpg_mesh_world_size(m),
          spec->source[0] ? ", from " : "", spec->source);
+  int ne = mpg_mesh_expert_ndims(m);
+  if (ne > 0) {
+    printf("experts:");
+    for (int d = 0; d < ne; d++) {
+      const char *name;
+      int size;
+      mpg_mesh_expert_dim(m, d, &name, &size);
+      printf("%s%s=%d", d ? " x " : " ", name, size);
+    }
+    printf("  (groups etp, ep, edp, etp_ep, etp_ep_pp)\n");
+  }
   if (rank >= 0) {
     int coord[MPG_MAX_DIMS];
     mpg_mesh_coord_of(m, rank, coord);
@@ -143,8 +156,22 @@ static void print_json(const mpg_mesh *m, int rank, int *buf,
     json_string(name);
     printf(", \"size\": %d}", size);
   }
-  printf("], \"groups\": {");
-  /* One entry per dim and per flattened set; "world" is left out. */
+  printf("]");
+  int ne = mpg_mesh_expert_ndims(m);
+  if (ne > 0) {
+    printf(", \"experts\": [");
+    for (int d = 0; d < ne; d++) {
+      const char *name;
+      int size;
+      mpg_mesh_expert_dim(m, d, &name, &size);
+      printf("%s{\"name\": ", d ? ", " : "");
+      json_string(name);
+      printf(", \"size\": %d}", size);
+    }
+    printf("]");
+  }
+  printf(", \"groups\": {");
+  /* One entry per dim, flattened set and expert set; "world" is left out. */
   for (int s = 0; s < nsets - 1; s++) {
     const char *name;
     int gsize, ngroups;

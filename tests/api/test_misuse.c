@@ -215,6 +215,12 @@ Test(api, spec_functions) {
   EXPECT(mpg_spec_apply_order(NULL, "tp-dp"), MPG_ERR_INVALID, "NULL");
   EXPECT(mpg_spec_apply_order(&sp, NULL), MPG_ERR_INVALID, "NULL");
   EXPECT(mpg_spec_apply_order(&bad, "tp-dp"), MPG_ERR_INVALID, "MPG_SPEC_INIT");
+  EXPECT(mpg_spec_set_experts(NULL, 1, 2, NULL), MPG_ERR_INVALID, "NULL");
+  EXPECT(mpg_spec_set_experts(&bad, 1, 2, NULL), MPG_ERR_INVALID, "MPG_SPEC_INIT");
+  EXPECT(mpg_spec_set_experts(&sp, 1, -2, NULL), MPG_ERR_SPEC, "experts.ep");
+  EXPECT(mpg_spec_set_experts(&sp, -1, 2, NULL), MPG_ERR_SPEC, "experts.tp");
+  EXPECT(mpg_spec_set_experts(&sp, 2, 0, NULL), MPG_ERR_SPEC, "ep = 0");
+  EXPECT(mpg_spec_set_experts(&sp, 1, 2, "tp-xp-dp"), MPG_ERR_SPEC, "\"xp\"");
   EXPECT(mpg_spec_validate(NULL), MPG_ERR_INVALID, "NULL");
   EXPECT(mpg_spec_validate(&bad), MPG_ERR_INVALID, "MPG_SPEC_INIT");
   /* Odd sizes are the ABI rule at work, not errors: size 0 reads no
@@ -246,6 +252,7 @@ Test(api, mesh_functions) {
   cr_expect_eq(mpg_mesh_world_size(NULL), 0);
   cr_expect_eq(mpg_mesh_ndims(NULL), 0);
   cr_expect_eq(mpg_mesh_num_dimsets(NULL), 0);
+  cr_expect_eq(mpg_mesh_expert_ndims(NULL), 0);
 
   m = make_mesh("dp=2,tp=2");
   const char *name;
@@ -253,6 +260,19 @@ Test(api, mesh_functions) {
   EXPECT(mpg_mesh_dim(NULL, 0, &name, &size), MPG_ERR_INVALID, "mesh is NULL");
   EXPECT(mpg_mesh_dim(m, -1, &name, &size), MPG_ERR_RANGE, "dim -1");
   EXPECT(mpg_mesh_dim(m, 2, &name, &size), MPG_ERR_RANGE, "dim 2");
+  EXPECT(mpg_mesh_expert_dim(NULL, 0, &name, &size), MPG_ERR_INVALID, "mesh is NULL");
+  EXPECT(mpg_mesh_expert_dim(m, 0, &name, &size), MPG_ERR_NOT_FOUND, "no expert grid");
+  cr_expect_eq(mpg_mesh_expert_ndims(m), 0);
+  {
+    mpg_spec es = MPG_SPEC_INIT;
+    mpg_mesh *em = NULL;
+    cr_assert_eq(mpg_spec_set_mesh(&es, "dp=2,tp=2"), MPG_OK);
+    cr_assert_eq(mpg_spec_set_experts(&es, 1, 2, NULL), MPG_OK, "%s", mpg_last_error());
+    cr_assert_eq(mpg_mesh_create(&es, 0, &em), MPG_OK, "%s", mpg_last_error());
+    EXPECT(mpg_mesh_expert_dim(em, -1, &name, &size), MPG_ERR_RANGE, "dim -1");
+    EXPECT(mpg_mesh_expert_dim(em, 4, &name, &size), MPG_ERR_RANGE, "dim 4");
+    mpg_mesh_destroy(em);
+  }
   EXPECT(mpg_mesh_dimset_find(NULL, "dp", &set), MPG_ERR_INVALID, "NULL");
   EXPECT(mpg_mesh_dimset_find(m, NULL, &set), MPG_ERR_INVALID, "NULL");
   EXPECT(mpg_mesh_dimset_find(m, "dp", NULL), MPG_ERR_INVALID, "NULL");

@@ -77,3 +77,21 @@ Test(cli, help_exits_0) {
   cr_assert(strstr(out, "--flatten"), "%s", out);
   cr_assert_eq(cli("--help"), 0, "%s", out);
 }
+
+Test(cli, plan_experts) {
+  cr_assert_eq(cli("plan --mesh pp=2,dp=2,cp=2,tp=2 --experts ep=2,tp=1 --json"), 0, "%s", out);
+  cr_expect(strstr(out, "\"experts\": [{\"name\": \"pp\", \"size\": 2}, {\"name\": \"edp\", "
+                        "\"size\": 4}, {\"name\": \"ep\", \"size\": 2}, {\"name\": \"etp\", "
+                        "\"size\": 1}]"), "%s", out);
+  cr_expect(strstr(out, "\"edp\": [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]]"),
+            "%s", out);
+  cr_expect(strstr(out, "\"etp_ep_pp\": [[0, 1, 8, 9], [2, 3, 10, 11]"), "%s", out);
+  cr_assert_eq(cli("plan --mesh pp=2,dp=2,tp=2 --experts ep=2 --rank 3"), 0, "%s", out);
+  cr_expect(strstr(out, "experts: pp=2 x edp=1 x ep=2 x etp=2"), "%s", out);
+  cr_expect(strstr(out, "edp"), "%s", out);
+  cr_assert_eq(cli("plan --mesh pp=2,dp=2,tp=2 --experts ep=3"), 1, "%s", out);
+  cr_expect(strstr(out, "experts: world size 8 is not divisible by etp x ep x pp = 2 x 3 x 2"),
+            "%s", out);
+  cr_assert_eq(cli("plan --mesh dp=2 --experts ep=2,xx=1"), 2, "%s", out);
+  cr_expect(strstr(out, "--experts: expected ep=N, tp=N or order=ORDER"), "%s", out);
+}

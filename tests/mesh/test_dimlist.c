@@ -216,3 +216,56 @@ Test(dimlist, groups_sync_and_placement_agree) {
   }
   mpg_mesh_destroy(m);
 }
+
+/* ------------------------------------------------------------------ */
+/* The expert grid's names in dim lists                                */
+/* ------------------------------------------------------------------ */
+
+Test(dimlist, expert_names_join_dim_lists) {
+  mpg_spec s = MPG_SPEC_INIT;
+  OK(mpg_spec_set_mesh(&s, "pp=2,dp=2,cp=2,tp=2"));
+  OK(mpg_spec_set_experts(&s, 1, 2, NULL));
+  mpg_mesh *m = NULL;
+  OK(mpg_mesh_create(&s, 0, &m));
+  unsigned mask, mu, mpp;
+  int set;
+  /* etp, ep, edp are bits 4, 5, 6 (after the mesh's 4 dims); pp is bit 0. */
+  OK(mpg__mesh_parse_dims(m, "ep", 0, "t", &mask, NULL, NULL));
+  cr_expect_eq(mask, 1u << 5);
+  OK(mpg__mesh_parse_dims(m, "etp, ep", 0, "t", &mu, NULL, NULL));
+  OK(mpg_mesh_dimset_find(m, "etp_ep", &set));
+  cr_expect_eq(mu, mpg__mesh_dimset_mask(m, set));
+  OK(mpg__mesh_parse_dims(m, "etp,ep,pp", 0, "t", &mpp, NULL, NULL));
+  OK(mpg_mesh_dimset_find(m, "etp_ep_pp", &set));
+  cr_expect_eq(mpp, mpg__mesh_dimset_mask(m, set));
+  cr_expect_eq(mpp, (1u << 4) | (1u << 5) | 1u);
+  /* Names back and forth. */
+  char names[128];
+  mpg__mesh_mask_names(m, mpp, ",", names, sizeof names);
+  cr_expect_str_eq(names, "pp,etp,ep");
+  /* mpg_mesh_dimset_dims numbers the expert dims after the mesh's. */
+  int dims[MPG_MAX_DIMS], nd;
+  OK(mpg_mesh_dimset_dims(m, set, dims, &nd));
+  cr_assert_eq(nd, 3);
+  cr_expect(dims[0] == 0 && dims[1] == 4 && dims[2] == 5);
+  /* Each rank's group over the mask equals the dim set's. */
+  for (int r = 0; r < 16; r++) {
+    int a, b, c, d;
+    mpg__mesh_mask_place(m, mpp, r, &a, &b, NULL);
+    OK(mpg_mesh_group_of(m, set, r, &c, &d, NULL));
+    cr_expect(a == c && b == d, "rank %d", r);
+    cr_expect_eq(mpg__mesh_mask_member(m, mpp, r, b), r);
+  }
+  /* A mesh dim other than pp does not mix with the expert grid. */
+  cr_expect_eq(mpg__mesh_parse_dims(m, "tp,ep", 0, "group dims", &mask, NULL, NULL),
+               MPG_ERR_INVALID);
+  cr_expect(strstr(mpg_last_error(), "group dims \"tp,ep\": names dims of the mesh (tp) "
+                                     "and of the expert grid (ep)"),
+            "%s", mpg_last_error());
+  /* Callers that want mesh dim indices (placement) get no expert dims. */
+  cr_expect_eq(mpg__mesh_parse_dims(m, "ep", 0, "inner", &mask, dims, &nd), MPG_ERR_INVALID);
+  OK(mpg__mesh_parse_dims(m, "tp,ep", MPG__DIMS_SKIP_UNKNOWN, "inner", &mask, dims, &nd));
+  cr_expect_eq(nd, 1);
+  cr_expect_eq(mask, 1u << 3);
+  mpg_mesh_destroy(m);
+}
