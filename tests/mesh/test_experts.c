@@ -14,16 +14,7 @@
 
 #include "meshpg.h"
 
-#define EXPECT_ERR(expr, want, sub)                                            \
-  do {                                                                         \
-    mpg_status st_ = (expr);                                                   \
-    cr_assert_eq(st_, (want), "%s: got %s, want %s (message: \"%s\")", #expr,  \
-                 mpg_status_name(st_), mpg_status_name(want),                  \
-                 mpg_last_error());                                            \
-    cr_assert(strstr(mpg_last_error(), (sub)) != NULL,                         \
-              "%s: message \"%s\" does not contain \"%s\"", #expr,             \
-              mpg_last_error(), (sub));                                        \
-  } while (0)
+#include "expect_err.h"
 
 static mpg_mesh *make(const char *dims, const char *order, int etp, int ep,
                       const char *eorder, int world) {

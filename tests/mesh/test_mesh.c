@@ -17,16 +17,7 @@
 /* ------------------------------------------------------------------------ */
 
 /* Assert `expr` returns `want` and the last error contains `sub`. */
-#define EXPECT_ERR(expr, want, sub)                                            \
-  do {                                                                         \
-    mpg_status st_ = (expr);                                                   \
-    cr_assert_eq(st_, (want), "%s: got %s, want %s (message: \"%s\")", #expr,  \
-                 mpg_status_name(st_), mpg_status_name(want),                  \
-                 mpg_last_error());                                            \
-    cr_assert(strstr(mpg_last_error(), (sub)) != NULL,                         \
-              "%s: message \"%s\" does not contain \"%s\"", #expr,             \
-              mpg_last_error(), (sub));                                        \
-  } while (0)
+#include "expect_err.h"
 
 #define EXPECT_OK(expr)                                                        \
   do {                                                                         \
