@@ -230,9 +230,14 @@ mpg_status mpg__expert_order(const mpg_spec *spec, int tok[4], int *ntok,
     int has[MPG__TOK_COUNT] = {0};
     for (int d = spec->ndims - 1; d >= 0; d--) {
       const char *nm = spec->dims[d].name;
-      if (strcmp(nm, "tp") == 0) tok[n++] = MPG__TOK_TP, has[MPG__TOK_TP] = 1;
-      if (strcmp(nm, "pp") == 0) tok[n++] = MPG__TOK_PP, has[MPG__TOK_PP] = 1;
-      if (strcmp(nm, "dp") == 0) {
+      /* Each token once, whatever the spec (a repeated dim is reported by
+       * validation; here it must not overrun tok[], which the fuzzer
+       * found). */
+      if (strcmp(nm, "tp") == 0 && !has[MPG__TOK_TP])
+        tok[n++] = MPG__TOK_TP, has[MPG__TOK_TP] = 1;
+      if (strcmp(nm, "pp") == 0 && !has[MPG__TOK_PP])
+        tok[n++] = MPG__TOK_PP, has[MPG__TOK_PP] = 1;
+      if (strcmp(nm, "dp") == 0 && !has[MPG__TOK_DP]) {
         tok[n++] = MPG__TOK_EP;
         tok[n++] = MPG__TOK_DP;
         has[MPG__TOK_DP] = 1;
