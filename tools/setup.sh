@@ -157,7 +157,7 @@ case "$mode" in
         run_suite "$build-asan" "ASan+UBSan build" --timeout-multiplier 3
       fi
       # 3. TSan: the thread backend, the sync suites, the C++ tests, the GPT
-      # example on thread ranks, and
+      # example on thread ranks, the fault suite's thread ranks, and
       # the NCCL backend on the CUDA/NCCL test double with thread ranks
       # (host code against the double's stream executors).  Open MPI is not
       # TSan-instrumented and would report its own progress engine, so this
@@ -168,7 +168,7 @@ case "$mode" in
       echo "== TSan build: -Dmpi=disabled: the MPI tests are skipped here (Open MPI is not TSan-instrumented)"
       if setup_san "$build-tsan" thread -Dmpi=disabled; then
         run_suite "$build-tsan" "TSan build" --timeout-multiplier 3 \
-          --suite groups --suite sync --suite cpp --suite examples
+          --suite groups --suite sync --suite cpp --suite examples --suite faults
       fi
     else
       echo "== MESHPG_SANITIZE=0: the ASan+UBSan and TSan builds are skipped"
