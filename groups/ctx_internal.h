@@ -30,6 +30,10 @@ struct mpg_group {
   int index, position, size;
   int nselect;      /* > 0: only these positions of the mask group */
   int select[MAX_SELECT];
+  int pstride;      /* > 0: a partial group (mpg_ctx_group_partial): its
+                       position p is position pbase + p * pstride of the
+                       mask group */
+  int pbase;
   int created;      /* communicator made (or not needed) */
   int member;       /* extra groups: this rank belongs to it */
   mpg__comm *comm;  /* NULL for size-1 groups; the world comm for "world" */

@@ -119,8 +119,10 @@ mpg_status mpg_group_member(const mpg_group *g, int position, int *rank) {
   if (position < 0 || position >= g->size)
     return mpg__fail(MPG_ERR_RANGE, "mpg_group_member: position %d in \"%s\" is outside 0..%d",
                      position, g->name, g->size - 1);
-  *rank = mpg__mesh_mask_member(g->ctx->mesh, g->mask, g->ctx->rank,
-                                g->nselect ? g->select[position] : position);
+  int base = g->nselect ? g->select[position]
+             : g->pstride ? g->pbase + position * g->pstride
+                          : position;
+  *rank = mpg__mesh_mask_member(g->ctx->mesh, g->mask, g->ctx->rank, base);
   return MPG_OK;
 }
 
@@ -130,10 +132,13 @@ static mpg_group *find_extra(mpg_ctx *ctx, const char *key) {
   return NULL;
 }
 
-/* Make (collectively) and remember an extra group.  member == 0: this
- * rank enters the split without joining. */
-static mpg_status make_extra(mpg_ctx *ctx, const char *key, unsigned mask,
-                             const int *select, int nselect, mpg_group **out) {
+/* Make (collectively) and remember an extra group: the whole mask group,
+ * the positions `select` of it (nselect > 0; other ranks enter the split
+ * without joining), or with instances > 0 a partial group (inter: the
+ * strided one). */
+static mpg_status make_extra_part(mpg_ctx *ctx, const char *key, unsigned mask,
+                                  const int *select, int nselect, int instances, int inter,
+                                  mpg_group **out) {
   mpg_group *g = calloc(1, sizeof *g);
   if (!g) return mpg__fail(MPG_ERR_NOMEM, "group \"%s\": out of memory", key);
   g->ctx = ctx;
@@ -153,6 +158,25 @@ static mpg_status make_extra(mpg_ctx *ctx, const char *key, unsigned mask,
     for (int i = 0; i < nselect; i++)
       if (select[i] == base_pos) member = 1, g->position = i;
     g->size = nselect;
+  } else if (instances > 0) {
+    /* Megatron's create_hierarchical_groups with sizes [c, instances]:
+     * part i holds positions [i c, (i + 1) c); the inter group j the
+     * positions j, j + c, ...  The split's colour is unique over the
+     * world: the mask group's index times the number of its parts. */
+    int c = base_size / instances;
+    if (inter) {
+      g->pbase = base_pos % c;
+      g->pstride = c;
+      g->position = base_pos / c;
+      g->size = instances;
+      g->index = g->index * c + g->pbase;
+    } else {
+      g->pbase = base_pos / c * c;
+      g->pstride = 1;
+      g->position = base_pos % c;
+      g->size = c;
+      g->index = g->index * instances + base_pos / c;
+    }
   }
   mpg_status st = MPG_OK;
   if (atomic_load(&ctx->aborted)) {
@@ -180,6 +204,11 @@ static mpg_status make_extra(mpg_ctx *ctx, const char *key, unsigned mask,
            g->index, g->position, g->size, member ? "" : " (not a member)");
   *out = member ? g : NULL;
   return MPG_OK;
+}
+
+static mpg_status make_extra(mpg_ctx *ctx, const char *key, unsigned mask,
+                             const int *select, int nselect, mpg_group **out) {
+  return make_extra_part(ctx, key, mask, select, nselect, 0, 0, out);
 }
 
 mpg_status mpg_ctx_group_dims(mpg_ctx *ctx, const char *dims, mpg_group **out) {
@@ -242,4 +271,39 @@ mpg_status mpg_ctx_group_select(mpg_ctx *ctx, const char *name,
     return MPG_OK;
   }
   return make_extra(ctx, key, mask, positions, npositions, out);
+}
+
+mpg_status mpg_ctx_group_partial(mpg_ctx *ctx, const char *dims, int instances,
+                                 mpg_partial which, mpg_group **out) {
+  if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_group_partial: out is NULL");
+  *out = NULL;
+  if (!ctx || !dims) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_group_partial: NULL argument");
+  if (which != MPG_PARTIAL_INTRA && which != MPG_PARTIAL_INTER)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpg_ctx_group_partial \"%s\": which is %d, expected MPG_PARTIAL_INTRA (0) "
+                     "or MPG_PARTIAL_INTER (1)", dims, (int)which);
+  unsigned mask;
+  mpg_status st = mpg__mesh_parse_dims(ctx->mesh, dims, 0, "group dims", &mask, NULL, NULL);
+  if (st) return st;
+  int idx, pos, size;
+  mpg__mesh_mask_place(ctx->mesh, mask, ctx->rank, &idx, &pos, &size);
+  if (instances < 1 || size % instances != 0)
+    return mpg__fail(MPG_ERR_RANGE,
+                     "mpg_ctx_group_partial \"%s\": instances %d does not divide the group "
+                     "size %d; choose a divisor of %d (Megatron's "
+                     "num_distributed_optimizer_instances)", dims, instances, size, size);
+  char names[96];
+  mpg__mesh_mask_names(ctx->mesh, mask, "+", names, sizeof names);
+  /* One instance: the intra group is the whole group, the inter group one
+   * rank (no split needed for either; both stay separate groups so their
+   * names say what they are). */
+  char key[128];
+  snprintf(key, sizeof key, "%s/%s%d", names, which == MPG_PARTIAL_INTER ? "inter" : "intra",
+           instances);
+  mpg_group *g = find_extra(ctx, key);
+  if (g) {
+    *out = g;
+    return MPG_OK;
+  }
+  return make_extra_part(ctx, key, mask, NULL, 0, instances, which == MPG_PARTIAL_INTER, out);
 }

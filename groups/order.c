@@ -191,7 +191,7 @@ static void record(mpg__order *o, const char *name, unsigned mask, int kind, uin
 }
 
 void mpg__order_note(mpg_group *g, const mpg__coll *c) {
-  if (!g->ctx->order || g->nselect > 0) return;
+  if (!g->ctx->order || g->nselect > 0 || g->pstride > 0) return;
   if (c->kind == MPG__SEND || c->kind == MPG__RECV) return;
   int reduces = c->kind == MPG__ALL_REDUCE || c->kind == MPG__REDUCE_SCATTER;
   int barrier = c->kind == MPG__BARRIER;
@@ -200,7 +200,7 @@ void mpg__order_note(mpg_group *g, const mpg__coll *c) {
 }
 
 void mpg__order_note_all_to_all(mpg_group *g, int v, size_t count, mpg_dtype dtype) {
-  if (!g->ctx->order || g->nselect > 0) return;
+  if (!g->ctx->order || g->nselect > 0 || g->pstride > 0) return;
   /* The v form's counts differ per member and peer: none is recorded. */
   record(g->ctx->order, g->name, g->mask, v ? KIND_ALL_TO_ALL_V : KIND_ALL_TO_ALL,
          v ? 0 : (uint64_t)count, (int)dtype, -1);
@@ -208,7 +208,7 @@ void mpg__order_note_all_to_all(mpg_group *g, int v, size_t count, mpg_dtype dty
 
 void mpg__order_note_split(mpg_group *g) {
   mpg__order *o = g->ctx->order;
-  if (!o || g->nselect > 0) return;
+  if (!o || g->nselect > 0 || g->pstride > 0) return;
   record(o, g->name, o->world_mask, KIND_SPLIT, 0, -1, -1); /* over the world */
   add_slot(o, g->mask); /* a mpg_ctx_group_dims group: made here on every rank */
 }

@@ -1029,7 +1029,8 @@ MPG_API long mpg_ctx_setup_collectives(const mpg_ctx *ctx);
  * ("tp"), not the group index, and every group creation (a split: at
  * mpg_ctx_create, at first use with opts.lazy_groups, mpg_ctx_group_dims)
  * as (name, "split").  Not recorded: groups made by mpg_ctx_group_select
- * (their non-members do not issue on them), point-to-point traffic
+ * (their non-members do not issue on them) and mpg_ctx_group_partial
+ * (their members are not those of their dims' groups), point-to-point traffic
  * (mpg_send, mpg_recv, mpg_p2p_batch: ranks legitimately differ there), and
  * the library's own checks.  The record costs a few hash mixes per call:
  * a 64-bit hash and a count of the calls since the last check, a hash per
@@ -1094,6 +1095,34 @@ MPG_API mpg_status mpg_ctx_group_dims(mpg_ctx *ctx, const char *dims, mpg_group 
 MPG_API mpg_status mpg_ctx_group_select(mpg_ctx *ctx, const char *name,
                                         const int *positions, int npositions,
                                         mpg_group **out);
+
+/* Which of Megatron's partial data-parallel groups mpg_ctx_group_partial
+ * makes. */
+typedef enum mpg_partial {
+  MPG_PARTIAL_INTRA = 0, /* the member's contiguous part of the group */
+  MPG_PARTIAL_INTER = 1  /* the members at its place in every part */
+} mpg_partial;
+
+/* Megatron's partial data-parallel groups (num_distributed_optimizer_
+ * instances, its create_hierarchical_groups): the group of `dims` on this
+ * rank, of size S, cut into `instances` contiguous parts of c = S /
+ * instances members.  MPG_PARTIAL_INTRA: the part holding this rank,
+ * positions [i c, (i + 1) c) of the group (Megatron's intra-partial data
+ * parallel group, e.g. of "edp" or "dp_cp"); MPG_PARTIAL_INTER: the
+ * members at this rank's place j in every part, positions j, j + c, ...,
+ * j + (instances - 1) c (the inter-partial group).  Members are ordered by
+ * position, so position p of the intra group is position i c + p of the
+ * group.  Every rank is a member of one intra and one inter group.
+ * Collective over the world (one split; every rank calls it with the same
+ * arguments).  Cached by (dims, instances, which); named e.g.
+ * "edp/intra2".  Not followed by the issue-order checker.  instances = 1
+ * gives the whole group (intra) or a group of one (inter).  Returns
+ * MPG_ERR_RANGE when instances is < 1 or does not divide S,
+ * MPG_ERR_INVALID for NULL arguments or an unknown `which`, and
+ * mpg_ctx_group_dims's errors for `dims`.  Sharded data parallel uses them
+ * for mpg_sync_opts.instances. */
+MPG_API mpg_status mpg_ctx_group_partial(mpg_ctx *ctx, const char *dims, int instances,
+                                         mpg_partial which, mpg_group **out);
 
 /* Memory and streams where the backend's collectives want them: host
  * memory for thread/mpi, device memory for nccl (cudaMalloc, or ncclMemAlloc

@@ -993,6 +993,17 @@ class Ctx {
     return Group(g);
   }
 
+  /* Megatron's partial data-parallel group of `dims` cut into
+   * `instances` parts (mpg_ctx_group_partial): the intra part holding this
+   * rank, or with `inter` the members at its place in every part;
+   * collective over the world.  Throws ERR_RANGE. */
+  Group group_partial(const std::string& dims, int instances, bool inter = false) {
+    mpg_group* g = nullptr;
+    check(mpg_ctx_group_partial(ctx_, dims.c_str(), instances,
+                                inter ? MPG_PARTIAL_INTER : MPG_PARTIAL_INTRA, &g));
+    return Group(g);
+  }
+
   /* Zeroed memory where the backend wants buffers (mpg_ctx_mem_alloc):
    * host on thread/mpi, device on nccl.  Free with mem_free. */
   void* mem_alloc(std::size_t bytes, bool registered = false) {

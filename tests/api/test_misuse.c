@@ -525,6 +525,7 @@ Test(api, ctx_create_misuse) {
   EXPECT(mpg_ctx_group_dims(NULL, "dp", &g), MPG_ERR_INVALID, "NULL");
   int pos0 = 0;
   EXPECT(mpg_ctx_group_select(NULL, "dp", &pos0, 1, &g), MPG_ERR_INVALID, "NULL");
+  EXPECT(mpg_ctx_group_partial(NULL, "dp", 1, MPG_PARTIAL_INTRA, &g), MPG_ERR_INVALID, "NULL");
   void *ptr = NULL;
   EXPECT(mpg_ctx_mem_alloc(NULL, 8, 0, &ptr), MPG_ERR_INVALID, "NULL");
   EXPECT(mpg_ctx_mem_free(NULL, ptr), MPG_ERR_INVALID, "ctx is NULL");
@@ -600,6 +601,13 @@ static mpg_status ctx_rank(const mpg_init_opts *opts, void *arg) {
   R_EXPECT(mpg_ctx_group_select(c, "dp", dec, 2, &g), MPG_ERR_INVALID, "increasing");
   R_EXPECT(mpg_ctx_group_select(c, "dp", big, 0, &g), MPG_ERR_RANGE, "found 0");
   R_EXPECT(mpg_ctx_group_select(c, "dp", big, -1, &g), MPG_ERR_RANGE, "found -1");
+  R_EXPECT(mpg_ctx_group_partial(c, "dp", 1, MPG_PARTIAL_INTRA, NULL), MPG_ERR_INVALID, "NULL");
+  R_EXPECT(mpg_ctx_group_partial(c, NULL, 1, MPG_PARTIAL_INTRA, &g), MPG_ERR_INVALID, "NULL");
+  R_EXPECT(mpg_ctx_group_partial(c, "dp", 3, MPG_PARTIAL_INTRA, &g), MPG_ERR_RANGE,
+           "instances 3 does not divide the group size 2");
+  R_EXPECT(mpg_ctx_group_partial(c, "dp", 0, MPG_PARTIAL_INTER, &g), MPG_ERR_RANGE, "instances 0");
+  R_EXPECT(mpg_ctx_group_partial(c, "dp", 1, (mpg_partial)7, &g), MPG_ERR_INVALID, "which is 7");
+  R_EXPECT(mpg_ctx_group_partial(c, "xx", 1, MPG_PARTIAL_INTRA, &g), MPG_ERR_NOT_FOUND, "xx");
   R_EXPECT(mpg_ctx_mem_alloc(c, 8, 0, NULL), MPG_ERR_INVALID, "NULL");
   R_EXPECT(mpg_ctx_mem_zero(c, NULL, 8, NULL), MPG_ERR_INVALID, "NULL");
   R_EXPECT(mpg_ctx_stream_create(c, NULL), MPG_ERR_INVALID, "NULL");

@@ -614,6 +614,13 @@ Test(threads, group_views_and_ctx_members, .timeout = 120) {
     meshpg::Group first = ctx.group_select("dp", {0});
     REQUIRE(static_cast<bool>(first) == (dp.rank() == 0));
     if (first) REQUIRE(first.size() == 1 && first.member(0) == ctx.rank());
+    meshpg::Group intra = ctx.group_partial("dp_cp,tp", 2);
+    meshpg::Group inter = ctx.group_partial("dp_cp,tp", 2, true);
+    REQUIRE(intra.size() == 4 && inter.size() == 2);
+    REQUIRE(intra.member(intra.rank()) == ctx.rank() && inter.member(inter.rank()) == ctx.rank());
+    REQUIRE(intra.member(0) == big.member(big.rank() / 4 * 4));
+    REQUIRE(inter.member(1) == big.member(big.rank() % 4 + 4));
+    expect_error(MPG_ERR_RANGE, [&] { ctx.group_partial("dp", 3); });
     meshpg::Group none;
     REQUIRE(!none && none.get() == nullptr);
     expect_error(MPG_ERR_NOT_FOUND, [&] { ctx.group("xyz"); });
