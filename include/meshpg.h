@@ -297,6 +297,12 @@ typedef struct mpg_spec {
   mpg_srcpos expert_ep_pos;       /* [experts] ep */
   mpg_srcpos expert_tp_pos;       /* [experts] tp */
   mpg_srcpos expert_order_pos;    /* [experts] order */
+
+  /* [sync], appended with the expert grid: */
+  char expert_shard_dims[128];    /* [sync] expert_shard_dims; "" = the
+                                     default ("edp" with an expert grid),
+                                     "none" = expert params replicated */
+  int optimizer_instances;        /* [sync] optimizer_instances; default 1 */
 } mpg_spec;
 
 #define MPG_SPEC_MAGIC 0x6d706773u /* "mpgs" */
@@ -307,7 +313,7 @@ typedef struct mpg_spec {
     {{"", 0, {{0}}, {0, 0}, {{0, 0}}}}, 0, 0, MPG_BIND_NONE,                \
     MPG_RANK_ORDER_BLOCK, 0, 0, MPG_OP_AVG, 25.0, 1.0, MPG_REDUCE_F32,      \
     MPG_BACKEND_THREAD, 600.0, 0, "", MPG_SYNC_REPLICATE, "", "", 0,        \
-    0, 0, "", {0, 0}, {0, 0}, {0, 0}, {0, 0} }
+    0, 0, "", {0, 0}, {0, 0}, {0, 0}, {0, 0}, "", 1 }
 
 /* Reset *spec (set up with MPG_SPEC_INIT) to the defaults and an empty
  * mesh, within the caller's size.  Every spec function below also takes a
@@ -1425,16 +1431,34 @@ typedef struct mpg_sync_opts {
                              size, 128, 65536) elements instead of
                              lcm(size, 128) (Megatron's option for NCCL
                              ring bandwidth) */
+  /* Appended: expert parallelism. */
+  const char *expert_shard_dims; /* shard: params whose reduce_dims name
+                             exactly these dims (their group) are sharded
+                             over it, Megatron's distributed optimizer for
+                             expert params; NULL: "edp" when the mesh has an
+                             expert grid (mpg_spec_set_experts), else none;
+                             "": none (expert params stay replicated).
+                             Copied at create. */
+  int optimizer_instances; /* shard: Megatron's
+                             num_distributed_optimizer_instances (default
+                             1).  N > 1 cuts each sharded domain's group
+                             (the data-parallel group, and the expert one)
+                             into N contiguous parts (mpg_ctx_group_partial):
+                             buckets are reduce-scattered over the intra
+                             part and the slice all-reduced over the inter
+                             group, HSDP without naming dims.  Not with
+                             replicate_dims. */
 } mpg_sync_opts;
 #define MPG_SYNC_OPTS_MAGIC 0x6d706779u /* "mpgy" */
 #define MPG_SYNC_OPTS_INIT                                                  \
   { sizeof(mpg_sync_opts), MPG_SYNC_OPTS_MAGIC, MPG_API_VERSION, 0, NULL,   \
     MPG_OP_AVG, 1.0, 25.0, 1.0, MPG_REDUCE_F32, 0, MPG_SYNC_REPLICATE, NULL, \
-    NULL, 0 }
+    NULL, 0, NULL, 1 }
 
 /* Copy the [sync] section of a spec (fsdp_owns_dp, op, bucket_mb,
  * first_bucket_mb, reduce_dtype, mode, shard_dims, replicate_dims,
- * pad_for_nccl; the dims strings point into the spec, which must outlive
+ * pad_for_nccl, expert_shard_dims ("none" becomes ""),
+ * optimizer_instances; the dims strings point into the spec, which must outlive
  * opts until mpg_sync_create has copied them) into *opts, which must have been set from
  * MPG_SYNC_OPTS_INIT; its other fields are left alone.  Returns
  * MPG_ERR_INVALID for NULL arguments or structs not set up properly. */

@@ -55,14 +55,14 @@ typedef struct mpg__abi_head {
  * (mesh/abi.c checks that no field follows). */
 #define MPG__ABI_FIELD_END(type, field) \
   (offsetof(type, field) + sizeof(((type *)0)->field))
-#define MPG__ABI_LAST_mpg_spec expert_order_pos
+#define MPG__ABI_LAST_mpg_spec optimizer_instances
 #define MPG__ABI_LAST_mpg_nic_info cpuset
 #define MPG__ABI_LAST_mpg_gpu_info nvlink_peers
 #define MPG__ABI_LAST_mpg_binding thread
 #define MPG__ABI_LAST_mpg_placement_opts strict
 #define MPG__ABI_LAST_mpg_init_opts host_id
 #define MPG__ABI_LAST_mpg_launch source
-#define MPG__ABI_LAST_mpg_sync_opts pad_for_nccl
+#define MPG__ABI_LAST_mpg_sync_opts optimizer_instances
 #define MPG__ABI_LAST_mpg_param_opts tied_group
 #define MPG__ABI_LAST_mpg_sync_stats shard_size
 #define MPG__ABI_LAST_mpg_shard_info shard_offset

@@ -286,7 +286,7 @@ struct reader {
     const toml::table &t = section(n, "sync");
     only_keys(t, "sync", {"fsdp_owns_dp", "op", "bucket_mb", "first_bucket_mb",
                           "reduce_dtype", "mode", "shard_dims", "replicate_dims",
-                          "pad_for_nccl"});
+                          "pad_for_nccl", "expert_shard_dims", "optimizer_instances"});
     if (auto v = t.get("mode")) {
       spec->sync_mode = static_cast<mpg_sync_mode>(
           get_choice(*v, "sync.mode", {"replicate", "shard"}));
@@ -298,6 +298,17 @@ struct reader {
       copy_dims(spec->replicate_dims, sizeof spec->replicate_dims, *v,
                 "sync.replicate_dims");
     if (auto v = t.get("pad_for_nccl")) spec->pad_for_nccl = get_bool(*v, "sync.pad_for_nccl");
+    if (auto v = t.get("expert_shard_dims"))
+      copy_dims(spec->expert_shard_dims, sizeof spec->expert_shard_dims, *v,
+                "sync.expert_shard_dims");
+    if (auto v = t.get("optimizer_instances")) {
+      spec->optimizer_instances =
+          get_int(*v, "sync.optimizer_instances", "an integer >= 1");
+      if (spec->optimizer_instances < 1)
+        fail(v->source(), "sync.optimizer_instances: expected an integer >= 1 (Megatron's "
+                          "num_distributed_optimizer_instances), found " +
+                              std::to_string(spec->optimizer_instances));
+    }
     if (auto v = t.get("fsdp_owns_dp")) {
       spec->fsdp_owns_dp = get_bool(*v, "sync.fsdp_owns_dp");
       opt_pos[MPG__OPT_FSDP_OWNS_DP] = pos(v->source());

@@ -115,7 +115,7 @@ static int cmp_bucket_ref(const void *a, const void *b) {
  * lcm(S, 128) (the padding is zero and stays zero), so that it cuts into S
  * equal slices and the next bucket starts aligned. */
 static void close_sharded(const mpg_sync *s, sbuffer *buf, sbucket *k) {
-  size_t pad = mpg__sync_shard_pad(s);
+  size_t pad = mpg__sync_shard_pad(s, buf->domain);
   size_t end = (buf->count + pad - 1) / pad * pad;
   k->count = end - k->offset;
   buf->count = end;
@@ -144,8 +144,9 @@ static mpg_status layout(mpg_sync *s) {
       buf->open = -1;
       /* Integer buffers stay replicated: their average truncates, which
        * a scaled reduce-scatter cannot do. */
-      buf->sharded = s->opts.mode == MPG_SYNC_SHARD && p->group == s->default_group &&
-                     !p->tied && p->dtype != MPG_I32 && p->dtype != MPG_I64;
+      buf->domain = s->opts.mode == MPG_SYNC_SHARD ? mpg__sync_shard_domain(s, p->group) : -1;
+      buf->sharded = buf->domain >= 0 && !p->tied && p->dtype != MPG_I32 &&
+                     p->dtype != MPG_I64;
     }
     /* Shard mode: a sharded buffer's params start on 64 elements (as in
      * Megatron's distributed optimizer), the others on 64 bytes. */
@@ -416,13 +417,14 @@ out:
  * other pipeline stage), and so that ranks created with different options
  * (different buckets, dtypes on the wire) fail here rather than hang. */
 enum {
-  FPW_FLAG, FPW_MODE, FPW_RDT, FPW_OP, FPW_PAD, FPW_REG, FPW_SCALE, FPW_BUCKET, FPW_FIRST,
-  FPW_N
+  FPW_FLAG, FPW_MODE, FPW_RDT, FPW_OP, FPW_PAD, FPW_REG, FPW_INST, FPW_EXPERT, FPW_SCALE,
+  FPW_BUCKET, FPW_FIRST, FPW_N
 };
 
 static mpg_status fp_world(mpg_sync *s, int mismatch) {
   static const char *const field[FPW_N] = {
-      "", "mode", "reduce_dtype", "op", "pad_for_nccl", "register_buffers", "grad_scale",
+      "", "mode", "reduce_dtype", "op", "pad_for_nccl", "register_buffers",
+      "optimizer_instances", "expert shard domain (expert_shard_dims)", "grad_scale",
       "bucket_mb", "first_bucket_mb"};
   mpg_group *world = NULL;
   mpg_status st = mpg_ctx_group(s->ctx, "world", &world);
@@ -434,7 +436,10 @@ static mpg_status fp_world(mpg_sync *s, int mismatch) {
                           /* NCCL: every rank registers its buffers, or none
                            * (User Buffer Registration); a mix hangs NCCL's
                            * launch (L4). */
-                          (uint64_t)(s->opts.register_buffers != 0), 0, 0, 0};
+                          (uint64_t)(s->opts.register_buffers != 0),
+                          (uint64_t)s->opts.optimizer_instances,
+                          (uint64_t)(s->ndom > 1 ? mpg__hash_str(mpg_group_name(s->dom[1].reduce)) : 0),
+                          0, 0, 0};
   memcpy(&mine[FPW_SCALE], &s->opts.grad_scale, sizeof(double));
   memcpy(&mine[FPW_BUCKET], &s->opts.bucket_mb, sizeof(double));
   memcpy(&mine[FPW_FIRST], &s->opts.first_bucket_mb, sizeof(double));

@@ -7,6 +7,11 @@
  *    default reduce group then spans both, so that params kept replicated
  *    (their own reduce_dims aside) reduce over the whole data-parallel
  *    group.
+ *  - Expert domain: params whose reduce group is expert_shard_dims' (by
+ *    default "edp" with an expert grid) shard over that group the same
+ *    way, with their own pad and slices.  optimizer_instances N > 1 cuts
+ *    each domain's group into Megatron's intra/inter partial groups
+ *    (mpg_ctx_group_partial): shard over intra, replicate over inter.
  *  - Sharded buffers: the default group's buffers with no tied group.  In
  *    them params start on 64 elements and each bucket ends on a multiple of
  *    lcm(S, 128) (layout.c asks mpg__sync_shard_pad), so each bucket cuts
@@ -39,8 +44,8 @@ static size_t gcd_size(size_t a, size_t b) {
 
 static size_t lcm_size(size_t a, size_t b) { return a / gcd_size(a, b) * b; }
 
-size_t mpg__sync_shard_pad(const mpg_sync *s) {
-  size_t S = (size_t)mpg_group_size(s->shard_group);
+size_t mpg__sync_shard_pad(const mpg_sync *s, int d) {
+  size_t S = (size_t)mpg_group_size(s->dom[d].shard);
   size_t pad = lcm_size(S, 128);
   return s->opts.pad_for_nccl ? lcm_size(pad, 65536) : pad;
 }
@@ -54,6 +59,56 @@ static char *dup_or_null(const char *v, int *oom) {
   return d;
 }
 
+int mpg__sync_shard_domain(const mpg_sync *s, const mpg_group *g) {
+  for (int d = 0; d < s->ndom; d++)
+    if (s->dom[d].reduce == g) return d;
+  return -1;
+}
+
+/* optimizer_instances > 1: the domain's shard group becomes the intra
+ * part of `names`' group and its replicate group the inter group. */
+static mpg_status partial_domain(mpg_sync *s, struct sdomain *d, const char *names,
+                                 const char *what) {
+  int n = s->opts.optimizer_instances;
+  if (n == 1) return MPG_OK;
+  mpg_status st = mpg_ctx_group_partial(s->ctx, names, n, MPG_PARTIAL_INTRA, &d->shard);
+  if (!st) st = mpg_ctx_group_partial(s->ctx, names, n, MPG_PARTIAL_INTER, &d->replicate);
+  if (st)
+    return mpg__fail_wrap(st, "mpg_sync_create: opts.optimizer_instances = %d over the %s "
+                          "group \"%s\"", n, what, names);
+  if (mpg_group_size(d->replicate) > 1) s->any_replicate = 1;
+  return MPG_OK;
+}
+
+/* The expert domain: expert_shard_dims, by default "edp" when the mesh has
+ * an expert grid. */
+static mpg_status expert_domain(mpg_sync *s) {
+  const char *dims = s->expert_dims;
+  if (!dims) {
+    if (mpg_mesh_expert_ndims(s->mesh) <= 0) return MPG_OK;
+    dims = "edp";
+  }
+  if (!dims[0]) return MPG_OK; /* "": expert params stay replicated */
+  unsigned mask;
+  mpg_status st = mpg__mesh_parse_dims(s->mesh, dims, 0, "mpg_sync_create: opts.expert_shard_dims",
+                                       &mask, NULL, NULL);
+  if (st) return st;
+  if (mask == s->default_mask)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpg_sync_create: opts.expert_shard_dims \"%s\" is the data-parallel "
+                     "group %s itself; name the expert group (\"edp\") or use NULL", dims,
+                     s->default_desc);
+  char names[MPG_MAX_DIMS * MPG_NAME_MAX];
+  mpg__mesh_mask_names(s->mesh, mask, ",", names, sizeof names);
+  struct sdomain *d = &s->dom[1];
+  if ((st = mpg_ctx_group_dims(s->ctx, names, &d->reduce)))
+    return mpg__fail_wrap(st, "mpg_sync_create: expert shard group \"%s\"", names);
+  d->shard = d->reduce;
+  d->replicate = NULL;
+  s->ndom = 2;
+  return partial_domain(s, d, names, "expert");
+}
+
 mpg_status mpg__sync_shard_groups(mpg_sync *s) {
   if (s->opts.fsdp_owns_dp)
     return mpg__fail(MPG_ERR_INVALID,
@@ -63,9 +118,16 @@ mpg_status mpg__sync_shard_groups(mpg_sync *s) {
   int oom = 0;
   s->shard_dims = dup_or_null(s->opts.shard_dims, &oom);
   s->replicate_dims = dup_or_null(s->opts.replicate_dims, &oom);
+  s->expert_dims = dup_or_null(s->opts.expert_shard_dims, &oom);
   if (oom) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_create: out of memory");
   s->opts.shard_dims = s->shard_dims;
   s->opts.replicate_dims = s->replicate_dims;
+  s->opts.expert_shard_dims = s->expert_dims;
+  if (s->opts.optimizer_instances > 1 && s->replicate_dims)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpg_sync_create: opts.optimizer_instances = %d and opts.replicate_dims "
+                     "= \"%s\" both say how to replicate the shards; keep one",
+                     s->opts.optimizer_instances, s->replicate_dims);
   if ((s->shard_dims && !s->shard_dims[0]) || (s->replicate_dims && !s->replicate_dims[0]))
     return mpg__fail(MPG_ERR_INVALID, "mpg_sync_create: opts.%s is \"\"; use NULL",
                      s->shard_dims && !s->shard_dims[0] ? "shard_dims" : "replicate_dims");
@@ -111,19 +173,39 @@ mpg_status mpg__sync_shard_groups(mpg_sync *s) {
     if ((st = mpg_ctx_group_dims(s->ctx, names, &s->default_group)))
       return mpg__fail_wrap(st, "mpg_sync_create: data-parallel group \"%s\"", names);
     s->default_mask = smask | rmask;
-    snprintf(s->default_desc, sizeof s->default_desc, "%s (shard %s%s%s)", names,
-             mpg_group_name(s->shard_group), rmask ? ", replicate " : "",
-             rmask ? mpg_group_name(s->replicate_group) : "");
   }
-  return MPG_OK;
+  /* Created in a fixed order on every rank: the data-parallel domain's
+   * partial groups, then the expert domain's. */
+  s->ndom = 1;
+  s->dom[0] = (struct sdomain){s->default_group, s->shard_group, s->replicate_group};
+  if (s->replicate_group) s->any_replicate = 1;
+  if (s->default_mask) {
+    mpg__mesh_mask_names(s->mesh, s->default_mask, ",", names, sizeof names);
+    if ((st = partial_domain(s, &s->dom[0], names, "data-parallel"))) return st;
+    s->shard_group = s->dom[0].shard;
+    s->replicate_group = s->dom[0].replicate;
+  }
+  if (smask | rmask || s->opts.optimizer_instances > 1)
+    snprintf(s->default_desc, sizeof s->default_desc, "%s (shard %s%s%s)",
+             mpg_group_name(s->default_group), mpg_group_name(s->shard_group),
+             s->replicate_group ? ", replicate " : "",
+             s->replicate_group ? mpg_group_name(s->replicate_group) : "");
+  return expert_domain(s);
 }
 
 /* ------------------------------------------------------------------ */
 /* Commit                                                              */
 /* ------------------------------------------------------------------ */
 
+/* The shard and replicate groups of bucket k's buffer. */
+static mpg_group *shard_of(const mpg_sync *s, const sbucket *b) {
+  return s->dom[s->buffers[b->buffer].domain].shard;
+}
+static mpg_group *replicate_of(const mpg_sync *s, const sbucket *b) {
+  return s->dom[s->buffers[b->buffer].domain].replicate;
+}
+
 mpg_status mpg__sync_shard_commit(mpg_sync *s) {
-  size_t S = (size_t)mpg_group_size(s->shard_group);
   size_t state = 0;
   s->nforward = 0;
   s->forward = malloc(sizeof *s->forward * (size_t)(s->nbuckets ? s->nbuckets : 1));
@@ -131,7 +213,7 @@ mpg_status mpg__sync_shard_commit(mpg_sync *s) {
   for (int k = 0; k < s->nbuckets; k++) {
     sbucket *b = &s->buckets[k];
     if (!s->buffers[b->buffer].sharded) continue;
-    b->slice = b->count / S;
+    b->slice = b->count / (size_t)mpg_group_size(shard_of(s, b));
     b->state_base = state;
     state += b->slice;
   }
@@ -179,23 +261,26 @@ static mpg_status replicate_slice(mpg_sync *s, int k) {
   sbucket *b = &s->buckets[k];
   const sbuffer *f = &s->buffers[b->buffer];
   size_t es = mpg_dtype_size(f->dtype);
-  char *slice = (char *)f->data + (b->offset + (size_t)mpg_group_rank(s->shard_group) * b->slice) * es;
+  mpg_group *rep = replicate_of(s, b);
+  char *slice = (char *)f->data + (b->offset + (size_t)mpg_group_rank(shard_of(s, b)) * b->slice) * es;
   if (f32acc(s, f->dtype))
-    return mpg__all_reduce_f32acc(s->replicate_group, slice, slice, b->slice, f->dtype,
-                                  MPG_OP_SUM, 1.0, s->stream, &b->work2);
-  return mpg_all_reduce(s->replicate_group, slice, slice, b->slice, f->dtype, MPG_OP_SUM,
-                        s->stream, &b->work2);
+    return mpg__all_reduce_f32acc(rep, slice, slice, b->slice, f->dtype, MPG_OP_SUM, 1.0,
+                                  s->stream, &b->work2);
+  return mpg_all_reduce(rep, slice, slice, b->slice, f->dtype, MPG_OP_SUM, s->stream,
+                        &b->work2);
 }
 
 mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
   sbucket *b = &s->buckets[k];
   const sbuffer *f = &s->buffers[b->buffer];
   size_t es = mpg_dtype_size(f->dtype);
+  mpg_group *shard = shard_of(s, b);
   char *data = (char *)f->data + b->offset * es;
-  char *mine = data + (size_t)mpg_group_rank(s->shard_group) * b->slice * es;
-  int levels = s->replicate_group != NULL;
+  char *mine = data + (size_t)mpg_group_rank(shard) * b->slice * es;
+  int levels = replicate_of(s, b) != NULL;
   double scale = s->opts.grad_scale;
-  if (s->opts.op == MPG_OP_AVG) scale /= mpg_group_size(s->default_group);
+  /* Averaged over the whole domain (shard x replicate = its reduce group). */
+  if (s->opts.op == MPG_OP_AVG) scale /= mpg_group_size(f->group);
   /* One level, no extra scale: the backend's own average (or sum);
    * otherwise a sum pre-multiplied by 1/(shard x replicate) x grad_scale. */
   mpg_status st;
@@ -203,14 +288,13 @@ mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
                   ? (s->opts.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM)
               : scale == 1.0 ? MPG_OP_SUM : MPG_OP_PREMUL_SUM;
   if (f32acc(s, f->dtype))
-    st = mpg__reduce_scatter_f32acc(s->shard_group, data, mine, b->slice, f->dtype, op, scale,
+    st = mpg__reduce_scatter_f32acc(shard, data, mine, b->slice, f->dtype, op, scale,
                                     s->stream, &b->work);
   else if (op == MPG_OP_PREMUL_SUM)
-    st = mpg_reduce_scatter_scaled(s->shard_group, data, mine, b->slice, f->dtype, scale,
-                                   s->stream, &b->work);
+    st = mpg_reduce_scatter_scaled(shard, data, mine, b->slice, f->dtype, scale, s->stream,
+                                   &b->work);
   else
-    st = mpg_reduce_scatter(s->shard_group, data, mine, b->slice, f->dtype, op, s->stream,
-                            &b->work);
+    st = mpg_reduce_scatter(shard, data, mine, b->slice, f->dtype, op, s->stream, &b->work);
   if (st || !levels || !mpg__ctx_stream_ordered(s->ctx)) return st;
   /* Ordered on the stream after the reduce-scatter: post it now. */
   return replicate_slice(s, k);
@@ -219,11 +303,13 @@ mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
 mpg_status mpg__sync_shard_finish(mpg_sync *s, int *failed_bucket) {
   mpg_status first = MPG_OK;
   *failed_bucket = -1;
-  if (!s->replicate_group) return MPG_OK;
+  if (!s->any_replicate) return MPG_OK;
   /* The reduce-scatters were waited for by the caller (finish). */
   for (int k = 0; k < s->nbuckets; k++) {
     sbucket *b = &s->buckets[k];
-    if (!s->buffers[b->buffer].sharded || !b->launched || b->work2 || first) continue;
+    if (!s->buffers[b->buffer].sharded || !b->launched || b->work2 || first ||
+        !replicate_of(s, b))
+      continue;
     mpg_status st = replicate_slice(s, k);
     if (st) {
       first = st;
@@ -285,7 +371,7 @@ mpg_status mpg_sync_shard(const mpg_sync *s, int param, mpg_shard_info *info) {
     out.shard_offset = p->state;
   } else {
     const sbucket *b = &s->buckets[p->bucket];
-    size_t lo = b->offset + (size_t)mpg_group_rank(s->shard_group) * b->slice;
+    size_t lo = b->offset + (size_t)mpg_group_rank(shard_of(s, b)) * b->slice;
     size_t hi = lo + b->slice;
     size_t a = p->offset > lo ? p->offset : lo;
     size_t e = p->offset + p->count < hi ? p->offset + p->count : hi;
@@ -316,14 +402,14 @@ static mpg_status gather_start(mpg_sync *s, int i) {
   sbucket *b = &s->buckets[s->forward[i]];
   const sbuffer *f = &s->buffers[b->buffer];
   size_t es = mpg_dtype_size(f->dtype);
+  mpg_group *shard = shard_of(s, b);
   char *all = (char *)f->params + b->offset * es;
-  char *mine = all + (size_t)mpg_group_rank(s->shard_group) * b->slice * es;
-  mpg_status st = mpg_all_gather(s->shard_group, mine, all, b->slice, f->dtype, s->stream,
-                                 &b->gather);
+  char *mine = all + (size_t)mpg_group_rank(shard) * b->slice * es;
+  mpg_status st = mpg_all_gather(shard, mine, all, b->slice, f->dtype, s->stream, &b->gather);
   if (st)
     return mpg__fail_wrap(st, "sync gather: bucket %d (%s, %zu elements over \"%s\")",
                           s->forward[i], mpg_dtype_name(f->dtype), b->count,
-                          mpg_group_name(s->shard_group));
+                          mpg_group_name(shard));
   s->gather_started = i + 1;
   return MPG_OK;
 }

@@ -233,14 +233,14 @@ mpg_status mpg_sync_finish(mpg_sync *s) {
   }
   /* Shard mode with a replicate group: the slices' all-reduces (those not
    * posted at launch), then wait for them. */
-  if (s->replicate_group) {
+  if (s->any_replicate) {
     int bad = -1;
     mpg_status st = mpg__sync_shard_finish(s, &bad);
     if (st && !s->step_status) {
       char what[512];
       describe_bucket(s, bad >= 0 ? bad : 0, what, sizeof what);
       snprintf(what + strlen(what), sizeof what - strlen(what),
-               ": all-reduce of the shard over \"%s\"", mpg_group_name(s->replicate_group));
+               ": all-reduce of the shard over its replicate group");
       step_fail(s, st, what);
     }
   }

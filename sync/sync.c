@@ -75,6 +75,10 @@ mpg_status mpg_sync_opts_from_spec(const mpg_spec *spec, mpg_sync_opts *opts) {
   const mpg_spec *caller = spec;
   o.shard_dims = sp.shard_dims[0] ? caller->shard_dims : NULL;
   o.replicate_dims = sp.replicate_dims[0] ? caller->replicate_dims : NULL;
+  o.expert_shard_dims = !sp.expert_shard_dims[0]                     ? NULL
+                        : strcmp(sp.expert_shard_dims, "none") == 0 ? ""
+                                                                     : caller->expert_shard_dims;
+  o.optimizer_instances = sp.optimizer_instances;
   mpg__abi_out(opts, &o, MPG__ABI_END(mpg_sync_opts));
   return MPG_OK;
 }
@@ -112,6 +116,14 @@ static mpg_status check_opts(const mpg_sync_opts *o) {
                      "MPG_SYNC_SHARD",
                      o->shard_dims ? "shard_dims" : "replicate_dims",
                      o->shard_dims ? o->shard_dims : o->replicate_dims);
+  if (o->mode != MPG_SYNC_SHARD && (o->expert_shard_dims || o->optimizer_instances != 1))
+    return mpg__fail(MPG_ERR_INVALID, "mpg_sync_create: opts.%s needs opts.mode = "
+                     "MPG_SYNC_SHARD",
+                     o->expert_shard_dims ? "expert_shard_dims" : "optimizer_instances");
+  if (o->optimizer_instances < 1)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpg_sync_create: opts.optimizer_instances is %d, expected 1 or more",
+                     o->optimizer_instances);
   if (o->default_dims && !o->default_dims[0])
     return mpg__fail(MPG_ERR_INVALID,
                      "mpg_sync_create: opts.default_dims is \"\"; use NULL for the "
@@ -203,10 +215,12 @@ mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
   }
   s->opts.default_dims = s->default_dims;
   s->opts.shard_dims = s->opts.replicate_dims = NULL; /* copied by shard.c */
+  s->opts.expert_shard_dims = NULL;
   st = make_default_group(s);
   if (!st && opts->mode == MPG_SYNC_SHARD) {
     s->opts.shard_dims = opts->shard_dims;
     s->opts.replicate_dims = opts->replicate_dims;
+    s->opts.expert_shard_dims = opts->expert_shard_dims;
     st = mpg__sync_shard_groups(s);
   }
   if (!st) {
@@ -217,6 +231,7 @@ mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
     free(s->default_dims);
     free(s->shard_dims);
     free(s->replicate_dims);
+    free(s->expert_dims);
     free(s);
     return st;
   }
@@ -271,6 +286,7 @@ mpg_status mpg_sync_destroy(mpg_sync *s) {
   free(s->default_dims);
   free(s->shard_dims);
   free(s->replicate_dims);
+  free(s->expert_dims);
   free(s);
   return first ? mpg__error_restore(first, &why) : MPG_OK;
 }

@@ -89,7 +89,9 @@ typedef struct sbuffer {
   int nparams;
   int nbuckets;
   int open;            /* its bucket being filled at commit, -1: none */
-  int sharded;         /* shard mode: reduce-scattered over the shard group */
+  int sharded;         /* shard mode: reduce-scattered over its domain's
+                          shard group */
+  int domain;          /* sharded: index into mpg_sync.dom */
   void *params;        /* shard mode: the parameter buffer (same layout) */
 } sbuffer;
 
@@ -121,9 +123,18 @@ struct mpg_sync {
   int committed;
 
   /* Shard mode (shard.c): */
-  char *shard_dims, *replicate_dims; /* copies of the options */
-  mpg_group *shard_group;     /* reduce-scatter and gather over it */
-  mpg_group *replicate_group; /* NULL, or the slices' all-reduce (HSDP) */
+  char *shard_dims, *replicate_dims, *expert_dims; /* copies of the options */
+  mpg_group *shard_group;     /* the data-parallel domain's (dom[0].shard) */
+  mpg_group *replicate_group; /* NULL, or dom[0]'s (HSDP) */
+  /* Sharded domains: 0, the data-parallel group (the default group's
+   * params); 1 when ndom is 2, the expert group (expert_shard_dims). */
+  struct sdomain {
+    mpg_group *reduce;    /* the params' reduce group: buffers of it shard */
+    mpg_group *shard;     /* reduce-scatter and gather over it */
+    mpg_group *replicate; /* NULL, or the slices' all-reduce (HSDP) */
+  } dom[2];
+  int ndom;
+  int any_replicate;          /* some domain has a replicate group */
   size_t shard_elems, pad_elems;
   int *forward;               /* sharded buckets in forward order */
   int nforward;
@@ -174,8 +185,11 @@ void mpg__sync_wait_all(mpg_sync *s);
 /* shard.c: the shard and replicate groups at create (shard mode only;
  * collective: they may be created). */
 mpg_status mpg__sync_shard_groups(mpg_sync *s);
-/* shard.c: pad size of a sharded bucket's end: lcm(S, 128[, 65536]). */
-size_t mpg__sync_shard_pad(const mpg_sync *s);
+/* shard.c: pad size of the end of a bucket of domain d: lcm(S, 128[,
+ * 65536]). */
+size_t mpg__sync_shard_pad(const mpg_sync *s, int d);
+/* shard.c: the sharded domain of a buffer of reduce group g, -1: none. */
+int mpg__sync_shard_domain(const mpg_sync *s, const mpg_group *g);
 /* shard.c: at commit, after the buckets: slices, state offsets, forward
  * order and the parameter buffers. */
 mpg_status mpg__sync_shard_commit(mpg_sync *s);

@@ -593,4 +593,28 @@ Test(spec_good, shard_mode_keys_in_both_forms) {
   snprintf(text, sizeof text, "%s[sync]\nreplicate_dims = [\"dp_replicate\"]\n", mesh);
   cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_ERR_SPEC);
   cr_assert(strstr(mpg_last_error(), "needs sync.mode"), "%s", mpg_last_error());
+  /* The expert shard keys (issue 21). */
+  snprintf(text, sizeof text, "%s[sync]\nmode = \"shard\"\nexpert_shard_dims = [\"edp\"]\n"
+           "optimizer_instances = 2\n", mesh);
+  cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_OK, "%s", mpg_last_error());
+  cr_assert_str_eq(spec.expert_shard_dims, "edp");
+  cr_assert_eq(spec.optimizer_instances, 2);
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  cr_assert_eq(mpg_sync_opts_from_spec(&spec, &so), MPG_OK, "%s", mpg_last_error());
+  cr_assert_str_eq(so.expert_shard_dims, "edp");
+  cr_assert_eq(so.optimizer_instances, 2);
+  snprintf(text, sizeof text, "%s[sync]\nmode = \"shard\"\nexpert_shard_dims = \"none\"\n",
+           mesh);
+  cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_OK, "%s", mpg_last_error());
+  cr_assert_eq(mpg_sync_opts_from_spec(&spec, &so), MPG_OK, "%s", mpg_last_error());
+  cr_assert_str_eq(so.expert_shard_dims, "");
+  cr_assert_eq(so.optimizer_instances, 1);
+  snprintf(text, sizeof text, "%s[sync]\nmode = \"shard\"\noptimizer_instances = 0\n", mesh);
+  cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_ERR_SPEC);
+  cr_assert(strstr(mpg_last_error(), ":5:23: sync.optimizer_instances") && strstr(mpg_last_error(), "found 0"), "%s",
+            mpg_last_error());
+  snprintf(text, sizeof text, "%s[sync]\noptimizer_instances = 2\n", mesh);
+  cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_ERR_SPEC);
+  cr_assert(strstr(mpg_last_error(), "optimizer_instances needs sync.mode"), "%s",
+            mpg_last_error());
 }
