@@ -660,6 +660,141 @@ out:
 }
 
 /* ------------------------------------------------------------------ */
+/* alltoall: mpg_all_to_all and _v on NCCL (grouped ncclSend/ncclRecv)  */
+/* ------------------------------------------------------------------ */
+
+/* Counts from rank a to rank b in round `round`: 0..37 elements, zero for
+ * some pairs (a token-dispatch pattern), the same formula on every rank. */
+static size_t a2a_count(int a, int b, int round) {
+  unsigned h = (unsigned)(a * 131 + b * 71 + round * 29 + 7);
+  h ^= h >> 3;
+  return (h % 5 == 0) ? 0 : h % 38;
+}
+
+/* Over "world" and "dp": equal splits (f32), then per-peer counts (bf16
+ * and i32) with displacements that leave gaps; every received element is
+ * sender * 4096 + receiver * 64 + index (exact in bf16 only for small
+ * values: the bf16 case sends index % 128 + 1). */
+static int run_alltoall(void) {
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  void *send = NULL, *recv = NULL;
+  float *hs = NULL, *hr = NULL;
+  mpg_spec spec = MPG_SPEC_INIT;
+  TRY(mpg_spec_init(&spec));
+  TRY(mpg_spec_set_mesh(&spec, mesh_of(g_world)));
+  TRY(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"));
+  TRY(mpg_spec_validate(&spec));
+  TRY(mpg_mesh_create(&spec, g_world, &mesh));
+  mpg_init_opts o = MPG_INIT_OPTS_INIT;
+  o.backend = MPG_BACKEND_NCCL;
+  o.timeout_s = 60;
+  TRY(mpg_ctx_create(mesh, &o, &ctx));
+  const size_t cap = 8 * 64 * 4; /* elements per buffer: 8 peers x 64, 4 B each */
+  TRY(mpg_ctx_mem_alloc(ctx, cap * 4, 0, &send));
+  TRY(mpg_ctx_mem_alloc(ctx, cap * 4, 0, &recv));
+  hs = calloc(cap, 4);
+  hr = calloc(cap, 4);
+  if (!hs || !hr) {
+    FAIL("out of memory");
+    goto out;
+  }
+  static const char *const names[] = {"world", "dp"};
+  for (int gi = 0; gi < 2; gi++) {
+    mpg_group *g = NULL;
+    TRY(mpg_ctx_group(ctx, names[gi], &g));
+    int n = mpg_group_size(g), me = mpg_group_rank(g);
+    /* Equal splits: 16 floats to each peer. */
+    for (int q = 0; q < n; q++)
+      for (int i = 0; i < 16; i++) hs[q * 16 + i] = (float)(me * 4096 + q * 64 + i);
+    CUDA_TRY(cudaMemcpy(send, hs, (size_t)n * 16 * 4, cudaMemcpyHostToDevice));
+    CUDA_TRY(cudaMemset(recv, 0xff, (size_t)n * 16 * 4));
+    CUDA_TRY(cudaDeviceSynchronize());
+    TRY(mpg_all_to_all(g, send, recv, 16, MPG_F32, NULL, NULL));
+    CUDA_TRY(cudaDeviceSynchronize());
+    CUDA_TRY(cudaMemcpy(hr, recv, (size_t)n * 16 * 4, cudaMemcpyDeviceToHost));
+    for (int q = 0; q < n && !g_fail; q++)
+      for (int i = 0; i < 16; i++)
+        if (hr[q * 16 + i] != (float)(q * 4096 + me * 64 + i)) {
+          FAIL("%s all_to_all: from position %d element %d is %g, want %d", names[gi], q, i,
+               (double)hr[q * 16 + i], q * 4096 + me * 64 + i);
+          break;
+        }
+    /* Per-peer counts, 3 rounds, i32 then bf16. */
+    for (int round = 0; round < 3 && !g_fail; round++) {
+      int bf = round == 1;
+      size_t sc[8], sd[8], rc[8], rd[8], off = 0, roff = 0;
+      for (int q = 0; q < n; q++) {
+        sc[q] = a2a_count(me, q, round);
+        sd[q] = off;
+        off += sc[q] + 3; /* a gap of 3 after each block */
+        rc[q] = a2a_count(q, me, round);
+        rd[q] = roff;
+        roff += rc[q] + 1;
+      }
+      unsigned char *hb = (unsigned char *)hs;
+      memset(hb, 0, cap * 4);
+      for (int q = 0; q < n; q++)
+        for (size_t i = 0; i < sc[q]; i++) {
+          if (bf) {
+            float v = (float)(i % 128 + 1);
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            uint16_t b16 = (uint16_t)(u >> 16);
+            memcpy(hb + (sd[q] + i) * 2, &b16, 2);
+          } else {
+            int32_t v = me * 4096 + q * 64 + (int32_t)i;
+            memcpy(hb + (sd[q] + i) * 4, &v, 4);
+          }
+        }
+      CUDA_TRY(cudaMemcpy(send, hs, cap * 4, cudaMemcpyHostToDevice));
+      CUDA_TRY(cudaMemset(recv, 0, cap * 4));
+      CUDA_TRY(cudaDeviceSynchronize());
+      TRY(mpg_all_to_all_v(g, send, sc, sd, recv, rc, rd, bf ? MPG_BF16 : MPG_I32, NULL, NULL));
+      CUDA_TRY(cudaDeviceSynchronize());
+      CUDA_TRY(cudaMemcpy(hr, recv, cap * 4, cudaMemcpyDeviceToHost));
+      unsigned char *rb = (unsigned char *)hr;
+      for (int q = 0; q < n && !g_fail; q++)
+        for (size_t i = 0; i < rc[q]; i++) {
+          long got, want;
+          if (bf) {
+            uint16_t b16;
+            memcpy(&b16, rb + (rd[q] + i) * 2, 2);
+            uint32_t u = (uint32_t)b16 << 16;
+            float f;
+            memcpy(&f, &u, 4);
+            got = (long)f;
+            want = (long)(i % 128 + 1);
+          } else {
+            int32_t v;
+            memcpy(&v, rb + (rd[q] + i) * 4, 4);
+            got = v;
+            want = q * 4096 + me * 64 + (long)i;
+          }
+          if (got != want) {
+            FAIL("%s all_to_all_v round %d (%s): from position %d element %zu of %zu is %ld, "
+                 "want %ld", names[gi], round, bf ? "bf16" : "i32", q, i, rc[q], got, want);
+            break;
+          }
+        }
+    }
+  }
+  TRY(mpg_ctx_check_order(ctx));
+out:
+  free(hs);
+  free(hr);
+  if (send) mpg_ctx_mem_free(ctx, send);
+  if (recv) mpg_ctx_mem_free(ctx, recv);
+  if (ctx) {
+    mpg_status d = mpg_ctx_destroy(ctx);
+    if (d) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
+  }
+  mpg_mesh_destroy(mesh);
+  if (!g_fail) printf("OK %s rank %d\n", g_mode, g_rank);
+  return g_fail;
+}
+
+/* ------------------------------------------------------------------ */
 /* gather: the prefetch of the next bucket does not hold up forward     */
 /* ------------------------------------------------------------------ */
 
@@ -734,7 +869,7 @@ out:
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) {
-    printf("usage: nccl_mpi_worker sync | lazy | gather [armed] | hang K | kill K | oom K | "
+    printf("usage: nccl_mpi_worker sync | lazy | alltoall | gather [armed] | hang K | kill K | oom K | "
            "count K | async K | async_wait K | bw MIB\n");
     return 2;
   }
@@ -757,6 +892,8 @@ int main(int argc, char **argv) {
     rc = run_gather(argc > 2 && !strcmp(argv[2], "armed"));
   } else if (!strcmp(argv[1], "lazy")) {
     rc = run_lazy();
+  } else if (!strcmp(argv[1], "alltoall")) {
+    rc = run_alltoall();
   } else if (!strcmp(argv[1], "bw") && argc > 2 && atoi(argv[2]) > 0) {
     rc = run_bw((size_t)atoi(argv[2]));
   } else if ((!strcmp(argv[1], "hang") || !strcmp(argv[1], "kill") ||

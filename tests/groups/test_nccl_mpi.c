@@ -104,6 +104,18 @@ static void lazy_world(int np) {
 }
 
 Test(nccl_mpi, lazy_groups_and_p2p_world_4, .timeout = 300) { lazy_world(4); }
+
+/* mpg_all_to_all and mpg_all_to_all_v (grouped ncclSend/ncclRecv) over the
+ * world and dp: equal splits, then per-peer counts with zeros and gaps,
+ * i32 and bf16, every element checked. */
+static void alltoall_world(int np) {
+  require_devices();
+  all_ranks_ok(np, "alltoall", -1);
+}
+
+Test(nccl_mpi, alltoall_world_2, .timeout = 300) { alltoall_world(2); }
+Test(nccl_mpi, alltoall_world_4, .timeout = 300) { alltoall_world(4); }
+Test(nccl_mpi, alltoall_world_8, .timeout = 300) { alltoall_world(8); }
 Test(nccl_mpi, lazy_groups_and_p2p_world_8, .timeout = 300) { lazy_world(8); }
 
 /* The sync's bus bandwidth next to NCCL's own all-reduce of the same bytes
