@@ -333,28 +333,27 @@ mpg_status mpg_recv(mpg_group *group, void *buf, size_t count,
   return run(group, &c, work);
 }
 
+/* A collective on host memory through the context's setup path (c->kind:
+ * all-gather or all-reduce); a one-rank group copies. */
+static mpg_status host_coll(mpg_group *g, mpg__coll *c, const char *what) {
+  mpg_status st = prepare(g, c, what);
+  if (st) return st;
+  if (g->size == 1) {
+    if (c->count) memmove(c->recv, c->send, c->count * mpg__dtype_size(c->dtype));
+    return MPG_OK;
+  }
+  st = mpg__ctx_setup_coll(g->ctx, g->comm, g->size, c);
+  return st ? on_failure(g, what, st) : MPG_OK;
+}
+
 mpg_status mpg__group_host_all_gather(mpg_group *g, const void *send, void *recv,
                                       size_t count, mpg_dtype dtype) {
   mpg__coll c = {MPG__ALL_GATHER, send, recv, count, dtype, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
-  mpg_status st = prepare(g, &c, "all_gather (host)");
-  if (st) return st;
-  if (g->size == 1) {
-    if (count) memmove(recv, send, count * mpg__dtype_size(dtype));
-    return MPG_OK;
-  }
-  st = mpg__ctx_setup_coll(g->ctx, g->comm, g->size, &c);
-  return st ? on_failure(g, "all_gather (host)", st) : MPG_OK;
+  return host_coll(g, &c, "all_gather (host)");
 }
 
 mpg_status mpg__group_host_all_reduce(mpg_group *g, const void *send, void *recv,
                                       size_t count, mpg_dtype dtype, mpg_op op) {
   mpg__coll c = {MPG__ALL_REDUCE, send, recv, count, dtype, op, 1.0, 0, 0, NULL, 0};
-  mpg_status st = prepare(g, &c, "all_reduce (host)");
-  if (st) return st;
-  if (g->size == 1) {
-    if (count) memmove(recv, send, count * mpg__dtype_size(dtype));
-    return MPG_OK;
-  }
-  st = mpg__ctx_setup_coll(g->ctx, g->comm, g->size, &c);
-  return st ? on_failure(g, "all_reduce (host)", st) : MPG_OK;
+  return host_coll(g, &c, "all_reduce (host)");
 }
