@@ -6,8 +6,11 @@
  * cudaMemcpyAsync on the caller's stream on nccl), then posts a receive
  * from every peer and a send to every peer as one list through
  * mpg__group_post_p2p: on nccl one ncclGroupStart .. ncclGroupEnd of
- * ncclRecv / ncclSend (NCCL's own all-to-all recipe), on thread and mpi
- * the receives, then the sends.  Peers are visited in a staggered order
+ * ncclRecv / ncclSend (NCCL's own all-to-all recipe), on thread the
+ * receives, then the sends; a backend with its own all-to-all (mpi:
+ * post_alltoallv, one MPI_Ialltoallv) runs it as one operation after the
+ * members exchanged their counts (run_native).  Peers are visited in a
+ * staggered order
  * (receive from position - k, send to position + k, k = 1 .. size - 1) so
  * that the members do not all start with the same peer.
  *
@@ -17,8 +20,9 @@
  * and the overlap of send and recv (refused: an all-to-all is never in
  * place).  Counts that disagree between two members are caught where the
  * backend sees them: the thread backend fails the receive with
- * MPG_ERR_INVALID (never truncating or overrunning), mpi fails a message
- * longer than its receive (MPG_ERR_BACKEND).  Waiting, timeouts (the
+ * MPG_ERR_INVALID (never truncating or overrunning), mpi fails both
+ * members of the pair with MPG_ERR_INVALID after the exchange of counts
+ * (run_native).  Waiting, timeouts (the
  * receive from a member that never arrived names it) and aborts are
  * p2p.c's and coll.c's.  The issue-order checker records each call as a
  * collective of the group (order.c).  See ctx_internal.h. */
@@ -132,6 +136,164 @@ static mpg_status copy_self(mpg_group *g, const a2a *a) {
   return ctx->ops->local ? ctx->ops->local(ctx->world_comm, &c) : mpg__local_host(&c);
 }
 
+/* Before the backend's own all-to-all, every member tells each peer what
+ * it sends it and what it expects from it: one point-to-point round
+ * (mpg__group_post_p2p: a member that never arrives is named by the
+ * timeout).  theirs[2 p] is what peer p sends this member, theirs[2 p +
+ * 1] what it expects from it.  Blocking, also for an async call. */
+static mpg_status exchange_counts(mpg_group *g, const a2a *a, uint64_t *mine,
+                                  uint64_t *theirs) {
+  int size = g->size, me = g->position, n = 2 * (size - 1);
+  mpg__coll *list = malloc((size_t)n * sizeof *list);
+  if (!list)
+    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for %d operations", a->fn,
+                     g->name, n);
+  for (int k = 1; k < size; k++) {
+    int from = (me - k + size) % size, to = (me + k) % size;
+    mine[2 * to] = scount(a, to);
+    mine[2 * to + 1] = rcount(a, to);
+    mpg__coll r = {MPG__RECV, NULL, theirs + 2 * from, 2, MPG_I64, MPG_OP_SUM, 1.0, 0, from,
+                   NULL, 0};
+    mpg__coll sn = {MPG__SEND, mine + 2 * to, NULL, 2, MPG_I64, MPG_OP_SUM, 1.0, 0, to, NULL,
+                    0};
+    list[k - 1] = r;
+    list[size - 1 + k - 1] = sn;
+  }
+  mpg_status st = mpg__group_post_p2p(g, list, n, a->fn, NULL);
+  free(list);
+  if (st)
+    return mpg__fail_wrap(st, "%s on \"%s\" (position %d): exchanging the counts before "
+                          "the data", a->fn, g->name, me);
+  return MPG_OK;
+}
+
+/* The backend's own all-to-all (post_alltoallv), one request: the four
+ * arrays of the call with this member's own entries 0 (copy_self did that
+ * block).  *taken = 0 when the backend declined it (*req NULL): the caller
+ * goes on with point to point.  Waiting, the work handle and failures as
+ * coll.c's run().
+ *
+ * The counts are exchanged first (exchange_counts).  A pair whose counts
+ * disagree still takes part, so that every other member's all-to-all
+ * completes: its receiver takes the sender's count into scratch memory
+ * (MPI never sees a message longer than its receive: Open MPI would raise
+ * that through MPI_COMM_WORLD's error handler, fatal by default), keeps
+ * the blocks of the peers that agree, and both members of the pair fail
+ * with MPG_ERR_INVALID once it finished. */
+static mpg_status run_native(mpg_group *g, const a2a *a, mpg_work **work, int *taken) {
+  mpg_ctx *ctx = g->ctx;
+  int size = g->size, me = g->position;
+  size_t es = mpg__dtype_size(a->dtype);
+  *taken = 1;
+  size_t *arr = malloc(4 * (size_t)size * sizeof *arr);
+  uint64_t *mine = calloc(4 * (size_t)size, sizeof *mine), *theirs = mine ? mine + 2 * size
+                                                                            : NULL;
+  if (!arr || !mine) {
+    free(arr);
+    free(mine);
+    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for the counts of %d "
+                     "members", a->fn, g->name, size);
+  }
+  double deadline = mpg__now() + ctx->timeout_s;
+  mpg_status st = exchange_counts(g, a, mine, theirs);
+  if (st) {
+    free(arr);
+    free(mine);
+    return st;
+  }
+  size_t *sc = arr, *sd = arr + size, *rc = arr + 2 * size, *rd = arr + 3 * size;
+  char bad[256] = "";
+  size_t nbad = 0, scratch = 0;
+  for (int p = 0; p < size; p++) {
+    sc[p] = p == me ? 0 : scount(a, p);
+    sd[p] = p == me ? 0 : sdispl(a, p);
+    rc[p] = p == me ? 0 : rcount(a, p);
+    rd[p] = p == me ? 0 : rdispl(a, p);
+    if (p == me) continue;
+    uint64_t in = theirs[2 * p], out = theirs[2 * p + 1];
+    if (in == rc[p] && out == sc[p]) continue;
+    if (nbad++ == 0)
+      snprintf(bad, sizeof bad, "position %d sends %llu elements where this member (position "
+               "%d) expects %zu (recv_counts[%d]), and expects %llu where it sends %zu "
+               "(send_counts[%d])", p, (unsigned long long)in, me, rc[p], p,
+               (unsigned long long)out, sc[p], p);
+  }
+  void *recv = a->recv;
+  char *tmp = NULL;
+  if (nbad) {
+    /* Receive every block as its sender sends it, packed, into scratch. */
+    for (int p = 0; p < size; p++) {
+      rc[p] = p == me ? 0 : (size_t)theirs[2 * p];
+      rd[p] = scratch;
+      if (rc[p] > (SIZE_MAX / 2) / es - scratch) {
+        free(arr);
+        free(mine);
+        return mpg__group_on_failure(
+            g, a->fn, mpg__fail(MPG_ERR_INVALID, "%s on \"%s\": the counts of two members "
+                                "do not match (%s), and position %d's are too large to "
+                                "receive", a->fn, g->name, bad, p));
+      }
+      scratch += rc[p];
+    }
+    tmp = malloc(scratch ? scratch * es : 1);
+    recv = tmp;
+    if (!tmp) {
+      free(arr);
+      free(mine);
+      return mpg__group_on_failure(
+          g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory receiving "
+                              "mismatched counts (%s)", a->fn, g->name, bad));
+    }
+  }
+  mpg__req *req = NULL;
+  st = ctx->ops->post_alltoallv(g->comm, a->send, sc, sd, recv, rc, rd, a->dtype, &req);
+  if (st || !req || !nbad) free(arr);
+  if (st) {
+    free(mine);
+    free(tmp);
+    return mpg__group_on_failure(g, a->fn, st);
+  }
+  if (!req) {
+    /* Declined: the mpi backend never declines (backend.h). */
+    free(mine);
+    free(tmp);
+    *taken = 0;
+    return MPG_OK;
+  }
+  if (nbad) {
+    /* Finish it here, keep the agreeing blocks, then fail. */
+    st = mpg__group_finish(g, &req, 1, deadline, a->fn, MPG_OK, 0);
+    for (int p = 0; !st && p < size; p++)
+      if (p != me && theirs[2 * p] == rcount(a, p) && rcount(a, p))
+        memcpy((char *)a->recv + rdispl(a, p) * es, tmp + rd[p] * es, rc[p] * es);
+    free(arr);
+    free(mine);
+    free(tmp);
+    if (st) return st;
+    return mpg__fail(MPG_ERR_INVALID,
+                     "%s on \"%s\": the counts of %zu pair%s of members do not match "
+                     "(recv_counts[i] on member j must equal send_counts[j] on member i): %s; "
+                     "the other blocks were received",
+                     a->fn, g->name, nbad, nbad == 1 ? "" : "s", bad);
+  }
+  free(mine);
+  mpg_work *w = work ? calloc(1, sizeof *w) : NULL;
+  if (w) {
+    w->group = g;
+    w->req = req;
+    w->deadline = deadline;
+    w->status = MPG_OK;
+    *work = w;
+    return MPG_OK;
+  }
+  /* Blocking, or no memory for the handle: finish it here rather than
+   * lose it (a failure aborts before the pending request is freed). */
+  st = mpg__group_finish(g, &req, 1, deadline, a->fn, MPG_OK, 0);
+  if (st || !work) return st;
+  return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for the work handle (the "
+                   "operation completed)", a->fn, g->name);
+}
+
 static mpg_status run_a2a(mpg_group *g, const a2a *a, mpg_work **work) {
   if (work) *work = NULL;
   mpg_status st = check(g, a);
@@ -141,6 +303,12 @@ static mpg_status run_a2a(mpg_group *g, const a2a *a, mpg_work **work) {
   st = copy_self(g, a);
   if (g->size == 1) return st; /* as coll.c's run(): the local result as it is */
   if (st) return mpg__group_on_failure(g, a->fn, st);
+
+  if (g->ctx->ops->post_alltoallv) {
+    int taken = 0;
+    st = run_native(g, a, work, &taken);
+    if (taken) return st;
+  }
 
   int size = g->size, me = g->position, n = 2 * (size - 1);
   size_t es = mpg__dtype_size(a->dtype);

@@ -82,6 +82,24 @@ struct mpg__backend_ops {
    * with post, and keeps one request per operation. */
   mpg_status (*post_batch)(mpg__comm *comm, const mpg__coll *list, int n,
                            mpg__req **req);
+  /* Optional: start an all-to-all (mpg_all_to_all, mpg_all_to_all_v) as
+   * one operation with one request, never blocking past the timeout (the
+   * post waits for no peer).  Counts and displacements are in elements
+   * of dtype, one entry per member, already checked by the generic layer
+   * (groups/alltoall.c: no byte size overflows, send and recv do not
+   * overlap); the entries at this member's own position are 0 on both
+   * sides (the generic layer copies that block itself, before the post).
+   * The arrays are read during the call only.  Counts that differ
+   * between two members fail where the backend sees them.  Returns
+   * MPG_OK with *req NULL when the backend does not take this call: the
+   * generic layer then posts it as point-to-point traffic (mpg__group_
+   * post_p2p); a backend that declines must decide from what every member
+   * knows alike (the mpi backend never declines: a pair too large for one
+   * MPI call travels as its own messages inside the same request).  NULL:
+   * every all-to-all is point to point. */
+  mpg_status (*post_alltoallv)(mpg__comm *comm, const void *send, const size_t *scounts,
+                               const size_t *sdispls, void *recv, const size_t *rcounts,
+                               const size_t *rdispls, mpg_dtype dtype, mpg__req **req);
   /* *done = 1 when finished; returns the operation's error, if any. */
   mpg_status (*test)(mpg__req *req, int *done);
   /* Wait until finished or until `deadline` (mpg__now() seconds):

@@ -1256,9 +1256,12 @@ MPG_API mpg_status mpg_all_to_all(mpg_group *group, const void *send, void *recv
  * members is reported where the backend sees it: the thread backend fails
  * the receiving member with MPG_ERR_INVALID naming both sides' counts (no
  * element is written past or short of its block; the sending member
- * completes), mpi fails a block longer than its receive with
- * MPG_ERR_BACKEND (a shorter one is not detected), and on nccl a mismatch
- * is undefined (it may hang until the timeout).
+ * completes), on mpi the members exchange their counts before the data
+ * and both members of a mismatched pair fail with MPG_ERR_INVALID naming
+ * both sides' counts after the operation (the others complete, every
+ * agreeing block is received, MPI never sees a message longer than its
+ * receive), and on nccl a mismatch is undefined (it may hang until the
+ * timeout).
  *
  * Not in place: send and recv must not overlap (the span of the send
  * blocks against the span of the receive blocks), MPG_ERR_INVALID
@@ -1269,12 +1272,17 @@ MPG_API mpg_status mpg_all_to_all(mpg_group *group, const void *send, void *recv
  * order as its other collectives (the issue-order checker records it as a
  * collective of the group: kind and dtype, and the count of
  * mpg_all_to_all; mpg_ctx_check_order).  A group of size 1 copies its one
- * block.  It is built from point-to-point traffic: on nccl one
- * ncclGroupStart .. ncclGroupEnd of ncclSend / ncclRecv on `stream`
- * (pairs with 0 elements both ways exchange nothing), on thread and mpi a
- * receive from and a send to every peer (mpg_p2p_batch's rules; sends and
- * receives of mpg_send / mpg_recv / mpg_p2p_batch on the same group must
- * not be left unmatched across it).
+ * block.  On nccl it is one ncclGroupStart .. ncclGroupEnd of ncclSend /
+ * ncclRecv on `stream` (pairs with 0 elements both ways exchange
+ * nothing), on thread a receive from and a send to every peer
+ * (mpg_p2p_batch's rules), on mpi a blocking exchange of the counts (two
+ * integers with every peer, point to point; also for an async call), then
+ * one MPI_Ialltoallv on staging memory (none for a side in
+ * mpg_ctx_mem_alloc memory), where a block of more than
+ * MESHPG_MPI_MAX_COUNT / size elements (default INT_MAX / size) travels as
+ * its own messages within the same operation.  Sends and receives of
+ * mpg_send / mpg_recv / mpg_p2p_batch on the same group must not be left
+ * unmatched across it.
  *
  * Returns MPG_OK; MPG_ERR_INVALID for a NULL group, an unknown dtype, a
  * NULL count or displacement array, a NULL send (recv) with a send (recv)

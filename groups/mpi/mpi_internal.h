@@ -18,7 +18,8 @@
  *   orphans.c   the end of a request: its release, or its deferred free
  *               (with memory) while an abandoned operation may use it.
  *   ops.c       operations: post, test, wait, free; data types, chunking
- *               of counts above INT_MAX, the completion step.
+ *               of counts above INT_MAX, the completion step; the
+ *               all-to-all (one MPI_Ialltoallv).
  *   progress.c  the progress thread, driving pending requests and pieces.
  *   world.c     MPI ownership (init, finalise, the no-finalise-after-fault
  *               rule; mpi_owner.h) and communicator lifecycle: world,
@@ -111,7 +112,9 @@ struct mpg__comm {
   struct mpg__req *pend;  /* pending requests */
 };
 
-enum finish_kind { FIN_NONE, FIN_COPY, FIN_NARROW };
+/* FIN_SCATTER: an all-to-all's received blocks, packed in `out`, go to
+ * their places in dst (struct mpg__req's a2a). */
+enum finish_kind { FIN_NONE, FIN_COPY, FIN_NARROW, FIN_SCATTER };
 
 struct mpg__req {
   mpg__comm *comm;     /* NULL once orphaned */
@@ -154,7 +157,17 @@ struct mpg__req {
   mpg_op rop;          /* the reduction: SUM (also for AVG, PREMUL_SUM), MAX, MIN */
   int piece_div;       /* 0: no division */
   enum finish_kind piece_fin;
-  struct region *region; /* zero-copy: the mem_alloc region used */
+  struct region *region; /* zero-copy: the mem_alloc region used (all-to-all:
+                            the receive side's) */
+  /* All-to-all (ops.c): a2a != NULL.  a2a holds 4 * size entries, per
+   * member p: the receive count, its displacement in dst, its offset in
+   * the packed receive staging, and the send block's offset in the packed
+   * send staging (or in the caller's send when zero-copy); a2a_int the
+   * four int arrays MPI_Ialltoallv reads until it completes. */
+  size_t *a2a;
+  int *a2a_int;
+  size_t a2a_in;         /* elements received, for messages (count: sent) */
+  struct region *region2; /* zero-copy: the send side's region */
   struct mpg__req *next; /* orphan list */
 };
 
@@ -267,6 +280,9 @@ void mpg__mpi_free_orphans(void);
 
 /* ops.c */
 mpg_status mpg__mpi_post(mpg__comm *m, const mpg__coll *c, mpg__req **out);
+mpg_status mpg__mpi_post_alltoallv(mpg__comm *m, const void *send, const size_t *sc,
+                                   const size_t *sd, void *recv, const size_t *rc,
+                                   const size_t *rd, mpg_dtype dt, mpg__req **out);
 mpg_status mpg__mpi_test(mpg__req *q, int *done);
 mpg_status mpg__mpi_wait(mpg__req *q, double deadline);
 void mpg__mpi_req_free(mpg__req *q);

@@ -26,6 +26,7 @@
  * with sleeps growing to 1 ms (see mpg__mpi_poller_pause() in pending.c).
  * A request freed before it finished is orphaned (orphans.c); a
  * communicator that was aborted fails later posts with the reason. */
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,7 +67,17 @@ static void describe(char *buf, size_t n, mpg__coll_kind kind, mpg_dtype dt,
            rank);
 }
 
+static void a2a_describe(char *buf, size_t n, mpg_dtype dt, size_t out, size_t in,
+                         int size, int rank) {
+  snprintf(buf, n, "all_to_all (dtype %s, %zu elements to send, %zu to receive) on a "
+           "group of size %d (rank %d)", mpg_dtype_name(dt), out, in, size, rank);
+}
+
 static void req_describe(const mpg__req *q, char *buf, size_t n) {
+  if (q->a2a) {
+    a2a_describe(buf, n, q->dtype, q->count, q->a2a_in, q->size, q->rank);
+    return;
+  }
   describe(buf, n, q->kind, q->dtype, q->op, q->count, q->peer, q->size,
            q->rank);
 }
@@ -189,6 +200,19 @@ static mpg_status post_fail(mpg_status st, const mpg__coll *c,
   describe(what, sizeof what, c->kind, c->dtype, c->op, c->count,
            c->kind == MPG__BROADCAST ? c->root : c->peer, m->size, m->rank);
   return mpg__fail(st, "mpi: %s: %s", what, why);
+}
+
+/* A post whose MPI call failed: parts already posted cannot be taken
+ * back, so they are parked (orphaned) until MPI is done with them; with
+ * nothing posted the request is released.  Lock held. */
+static void park_failed(mpg__req *q, mpg__comm *m) {
+  q->finished = 1;
+  if (q->nreq > 0) {
+    mpg__mpi_orphan(q);
+  } else {
+    mpg__mpi_comm_unref(m);
+    mpg__mpi_req_release(q);
+  }
 }
 
 mpg_status mpg__mpi_post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
@@ -385,18 +409,192 @@ mpg_status mpg__mpi_post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
   q->comm = m;
   m->refs++;
   if (rc != MPI_SUCCESS) {
-    /* Chunks already posted cannot be taken back: park them. */
-    q->finished = 1;
-    if (q->nreq > 0) {
-      mpg__mpi_orphan(q);
-    } else {
-      mpg__mpi_comm_unref(m);
-      mpg__mpi_req_release(q);
-    }
+    park_failed(q, m);
     unlock_g();
     char what[256];
     describe(what, sizeof what, c->kind, dt, c->op, n, peer, size, rank);
     return mpg__mpi_fail(rc, call, what);
+  }
+  mpg__mpi_pend_link(m, q);
+  unlock_g();
+  *out = q;
+  return MPG_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* All-to-all                                                          */
+/* ------------------------------------------------------------------ */
+
+/* One MPI_Ialltoallv carries every pair whose block has at most
+ * chunk / size elements: then each side's blocks in it total at most
+ * chunk <= INT_MAX elements, so its packed displacements fit an int.  A
+ * larger block travels as its own Isend / Irecv (cut into chunks, as
+ * post_p2p does) inside the same request.  Both members of a pair see
+ * the same count (send_counts on one, recv_counts on the other), so they
+ * always agree on how the pair travels, whatever the other pairs hold. */
+static int a2a_in_call(size_t n, int size) {
+  return n <= (size_t)mpg__mpi.chunk / (size_t)size;
+}
+
+/* Zero-copy for one side: every nonempty block lies in one mem_alloc
+ * region and the displacements of the blocks in the MPI call fit an int;
+ * the region is then marked busy.  Lock held. */
+static struct region *a2a_region(const void *base, const size_t *c, const size_t *d,
+                                 int size, size_t es) {
+  size_t lo = SIZE_MAX, hi = 0;
+  for (int p = 0; p < size; p++) {
+    if (!c[p]) continue;
+    if (a2a_in_call(c[p], size) && d[p] > (size_t)INT_MAX) return NULL;
+    if (d[p] < lo) lo = d[p];
+    if (d[p] + c[p] > hi) hi = d[p] + c[p];
+  }
+  if (hi == 0 || mpg__mpi.we_finalized) return NULL;
+  struct region *r = mpg__mpi_region_find((const char *)base + lo * es, (hi - lo) * es);
+  if (!r || r->freed) return NULL;
+  r->busy++;
+  return r;
+}
+
+/* Lay one side out: off[p] is block p's offset in the MPI buffer, ic /
+ * id MPI's int counts and displacements (blocks outside the call get 0).
+ * Staged: packed, the blocks of the call first.  Returns the elements. */
+static size_t a2a_layout(const size_t *c, const size_t *d, int size, int zc, size_t *off,
+                         int *ic, int *id) {
+  size_t at = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int p = 0; p < size; p++) {
+      int in = a2a_in_call(c[p], size);
+      if (pass == 0) ic[p] = id[p] = 0;
+      if (!c[p] || in != (pass == 0)) continue;
+      off[p] = zc ? d[p] : at;
+      at += c[p];
+      if (in) {
+        ic[p] = (int)c[p];
+        id[p] = (int)off[p];
+      }
+    }
+  return at;
+}
+
+mpg_status mpg__mpi_post_alltoallv(mpg__comm *m, const void *send, const size_t *sc,
+                                   const size_t *sd, void *recv, const size_t *rc,
+                                   const size_t *rd, mpg_dtype dt, mpg__req **out) {
+  *out = NULL;
+  int size = m->size, rank = m->rank;
+  size_t es = mpg__dtype_size(dt), stot = 0, rtot = 0, extra = 0;
+  int big = 0;
+  for (int p = 0; p < size; p++) {
+    size_t a = p == rank ? 0 : sc[p], b = p == rank ? 0 : rc[p];
+    if (a > SIZE_MAX / 16 - stot || b > SIZE_MAX / 16 - rtot) big = 1;
+    if (big) break;
+    stot += a;
+    rtot += b;
+    extra += (a2a_in_call(a, size) ? 0 : nchunks(a)) + (a2a_in_call(b, size) ? 0 : nchunks(b));
+  }
+  char what[256];
+  a2a_describe(what, sizeof what, dt, stot, rtot, size, rank);
+  mpg_status why = atomic_load(&m->aborted);
+  if (why)
+    return mpg__fail(why, "mpi: %s: %s", what, why == MPG_ERR_TIMEOUT
+                     ? "the communicator was aborted after a timeout"
+                     : "the communicator was aborted");
+  if (es == 0 || big || stot + rtot > SIZE_MAX / es)
+    return mpg__fail(MPG_ERR_INVALID, "mpi: %s: %s", what,
+                     es == 0 ? "unknown dtype" : "counts too large for memory");
+
+  mpg__req *q = calloc(1, sizeof *q);
+  if (q) {
+    q->a2a = calloc(4 * (size_t)size, sizeof *q->a2a);
+    q->a2a_int = calloc(4 * (size_t)size, sizeof *q->a2a_int);
+    q->reqs = &q->one;
+    if (extra && q->a2a && q->a2a_int)
+      q->reqs = malloc((1 + extra) * sizeof *q->reqs);
+  }
+  if (!q || !q->a2a || !q->a2a_int || !q->reqs) {
+    if (q) {
+      if (!q->reqs) q->reqs = &q->one;
+      mpg__mpi_req_release(q);
+    }
+    return mpg__fail(MPG_ERR_NOMEM, "mpi: %s: out of memory for a request", what);
+  }
+  q->kind = MPG__ALL_GATHER; /* a collective (never cancelled as a receive) */
+  q->dtype = q->work_dtype = dt;
+  q->op = MPG_OP_SUM;
+  q->count = stot;
+  q->a2a_in = rtot;
+  q->peer = -1;
+  q->size = size;
+  q->rank = rank;
+  size_t *rcnt = q->a2a, *rdst = rcnt + size, *roff = rdst + size, *soff = roff + size;
+  int *isc = q->a2a_int, *isd = isc + size, *irc = isd + size, *ird = irc + size;
+  size_t *scnt = calloc((size_t)size, sizeof *scnt);
+  if (!scnt) {
+    mpg__mpi_req_release(q);
+    return mpg__fail(MPG_ERR_NOMEM, "mpi: %s: out of memory for a request", what);
+  }
+  for (int p = 0; p < size; p++)
+    if (p != rank) {
+      scnt[p] = sc[p];
+      rcnt[p] = rc[p];
+      rdst[p] = rd[p];
+    }
+
+  /* Every buffer MPI sees is staging memory owned by the request (see
+   * staging.c), one buffer for both sides, unless that side lies in
+   * memory from mem_alloc (zero-copy, see struct region). */
+  lock_g();
+  q->region2 = stot ? a2a_region(send, scnt, sd, size, es) : NULL;
+  q->region = rtot ? a2a_region(recv, rcnt, rd, size, es) : NULL;
+  size_t bytes = ((q->region2 ? 0 : stot) + (q->region ? 0 : rtot)) * es;
+  if (bytes) q->stage = mpg__mpi_stage_take(m, bytes, &q->stage_cap);
+  unlock_g();
+  if (bytes && !q->stage) {
+    q->stage = malloc(bytes);
+    q->stage_cap = bytes;
+    if (!q->stage) {
+      free(scnt);
+      lock_g();
+      mpg__mpi_req_release(q);
+      unlock_g();
+      return mpg__fail(MPG_ERR_NOMEM, "mpi: %s: out of memory for %zu staging bytes", what,
+                       bytes);
+    }
+  }
+  static char empty[8];
+  char *sbase = q->region2 ? (char *)send : stot ? (char *)q->stage : empty;
+  char *rbase = q->region ? (char *)recv
+                : rtot ? (char *)q->stage + (q->region2 ? 0 : stot) * es : empty;
+  a2a_layout(scnt, sd, size, q->region2 != NULL, soff, isc, isd);
+  a2a_layout(rcnt, rd, size, q->region != NULL, roff, irc, ird);
+  if (!q->region2) /* copy in */
+    for (int p = 0; p < size; p++)
+      if (scnt[p]) memcpy(sbase + soff[p] * es, (const char *)send + sd[p] * es, scnt[p] * es);
+  q->fin = q->region || !rtot ? FIN_NONE : FIN_SCATTER;
+  q->dst = recv;
+  q->out = rbase;
+  q->nfin = rtot;
+
+  MPI_Datatype t = mpi_type(dt);
+  const char *call = "MPI_Ialltoallv";
+  lock_g();
+  int rcode = MPI_Ialltoallv(sbase, isc, isd, t, rbase, irc, ird, t, m->comm, &q->reqs[0]);
+  if (rcode == MPI_SUCCESS) q->nreq = 1;
+  /* The blocks too large for the call: receives, then sends. */
+  for (int dir = 0; dir < 2 && rcode == MPI_SUCCESS; dir++)
+    for (int p = 0; p < size && rcode == MPI_SUCCESS; p++) {
+      size_t n = dir ? scnt[p] : rcnt[p];
+      if (!n || a2a_in_call(n, size)) continue;
+      call = dir ? "MPI_Isend" : "MPI_Irecv";
+      rcode = post_p2p(q, m->comm, dir, dir ? sbase + soff[p] * es : rbase + roff[p] * es, n,
+                       es, t, p);
+    }
+  free(scnt);
+  q->comm = m;
+  m->refs++;
+  if (rcode != MPI_SUCCESS) {
+    park_failed(q, m);
+    unlock_g();
+    return mpg__mpi_fail(rcode, call, what);
   }
   mpg__mpi_pend_link(m, q);
   unlock_g();
@@ -413,6 +611,14 @@ static void finish(mpg__req *q) {
     mpg__half_narrow(q->dtype, q->out, q->dst, q->nfin);
   else if (q->fin == FIN_COPY)
     memcpy(q->dst, q->out, q->nfin * mpg__dtype_size(q->dtype));
+  else if (q->fin == FIN_SCATTER) {
+    size_t es = mpg__dtype_size(q->dtype);
+    const size_t *a = q->a2a;
+    for (int p = 0; p < q->size; p++)
+      if (a[p]) /* count a[p], at a[size + p] in dst, a[2 size + p] in out */
+        memcpy((char *)q->dst + a[q->size + p] * es,
+               (char *)q->out + a[2 * q->size + p] * es, a[p] * es);
+  }
 }
 
 /* Has q's MPI part completed?  Sets q->mpi_done.  Lock held; the caller
@@ -517,6 +723,10 @@ mpg_status mpg__mpi_wait(mpg__req *q, double deadline) {
         lock_g();
         mpg__mpi_ring_detail(q->comm, q, who, sizeof who);
         unlock_g();
+      } else if (!q->a2a && q->kind == MPG__RECV && q->peer >= 0) {
+        snprintf(who, sizeof who, "; position %d never sent its message", q->peer);
+      } else if (!q->a2a && q->kind == MPG__SEND && q->peer >= 0) {
+        snprintf(who, sizeof who, "; position %d never received this message", q->peer);
       } else {
         snprintf(who, sizeof who, "; MPI does not say which of the %d members did not "
                  "arrive", q->size);

@@ -24,6 +24,9 @@ static mpg__req *g_orphans; /* guarded by mpg__mpi.lock */
 /* Free q and what it owns: it is finished, or MPI is done with it. */
 void mpg__mpi_req_release(mpg__req *q) {
   if (q->region) mpg__mpi_region_unref(q->region);
+  if (q->region2) mpg__mpi_region_unref(q->region2);
+  free(q->a2a);
+  free(q->a2a_int);
   if (q->reqs != &q->one) free(q->reqs);
   free(q->stage);
   free(q);

@@ -531,6 +531,7 @@ const struct mpg__backend_ops mpg__backend_mpi = {
     .world_init = world_init,
     .split = split,
     .post = mpg__mpi_post,
+    .post_alltoallv = mpg__mpi_post_alltoallv,
     .test = mpg__mpi_test,
     .wait = mpg__mpi_wait,
     .req_free = mpg__mpi_req_free,

@@ -33,8 +33,19 @@
  *   mpi_worker all_to_all    mpg_all_to_all / mpg_all_to_all_v on every
  *                            group of the mesh: uneven per-pair counts
  *                            with zeros, blocks out of order with gaps,
- *                            every dtype, blocking and async, every byte
- *                            and gap checked; the issue-order check.
+ *                            every dtype, blocking and async, malloc'ed
+ *                            and mpg_ctx_mem_alloc (zero-copy) buffers,
+ *                            every byte and gap checked; the issue-order
+ *                            check.  With MESHPG_TEST_A2A_MISMATCH set,
+ *                            then a count mismatch on the world:
+ *                            both members of the pair get
+ *                            MPG_ERR_INVALID naming it, every other
+ *                            block arrives, the others succeed.
+ *   mpi_worker a2a_timeout   an all-to-all on the world without the last
+ *                            rank: MPG_ERR_TIMEOUT within the timeout
+ *                            + 1 s, the context aborted, a clean exit
+ *                            (the late rank's all-to-all finishes or
+ *                            fails, never hangs).
  *   mpi_worker sub_comm      the program initialises MPI, splits
  *                            MPI_COMM_WORLD into two halves and builds a
  *                            mesh on each (opts.mpi_comm): rank and size
@@ -1083,7 +1094,23 @@ static size_t a2a_layout(uint64_t key, int v, int side, int me, int n, size_t *c
 }
 
 /* Run case `key` on g and check every byte received and every gap. */
-static void a2a_case(mpg_group *g, uint64_t key, mpg_dtype dt, int v, int async) {
+/* zc: 0 malloc'ed buffers, 1 both from mpg_ctx_mem_alloc (zero-copy on
+ * mpi), 2 only send, 3 only recv. */
+static void *a2a_alloc(mpg_ctx *ctx, int zc, size_t bytes) {
+  void *p = NULL;
+  if (!zc) return malloc(bytes);
+  mpg_status st = mpg_ctx_mem_alloc(ctx, bytes, 0, &p);
+  return st ? NULL : p;
+}
+
+static void a2a_free(mpg_ctx *ctx, int zc, void *p) {
+  if (!p) return;
+  if (!zc) free(p);
+  else CHECK(mpg_ctx_mem_free(ctx, p));
+}
+
+static void a2a_case(mpg_ctx *ctx, mpg_group *g, uint64_t key, mpg_dtype dt, int v,
+                     int async, int zc) {
   int me = mpg_group_rank(g), n = mpg_group_size(g);
   if (n > A2A_MAXG) {
     FAIL("group \"%s\" has %d members, more than %d", mpg_group_name(g), n, A2A_MAXG);
@@ -1092,11 +1119,12 @@ static void a2a_case(mpg_group *g, uint64_t key, mpg_dtype dt, int v, int async)
   size_t es = mpg_dtype_size(dt);
   size_t sc[A2A_MAXG], sd[A2A_MAXG], rc[A2A_MAXG], rd[A2A_MAXG];
   size_t sn = a2a_layout(key, v, 0, me, n, sc, sd), rn = a2a_layout(key, v, 1, me, n, rc, rd);
-  unsigned char *send = malloc(sn * es + 1), *recv = malloc(rn * es + 1);
+  int zs = zc == 1 || zc == 2, zr = zc == 1 || zc == 3;
+  unsigned char *send = a2a_alloc(ctx, zs, sn * es + 1), *recv = a2a_alloc(ctx, zr, rn * es + 1);
   unsigned char *mark = calloc(rn * es + 1, 1);
   if (!send || !recv || !mark) {
     FAIL("out of memory");
-    free(send), free(recv), free(mark);
+    a2a_free(ctx, zs, send), a2a_free(ctx, zr, recv), free(mark);
     return;
   }
   memset(send, 0x5a, sn * es + 1);
@@ -1133,8 +1161,8 @@ static void a2a_case(mpg_group *g, uint64_t key, mpg_dtype dt, int v, int async)
            v ? "all_to_all_v" : "all_to_all", mpg_dtype_name(dt), mpg_group_name(g), at);
       bad = 1;
     }
-  free(send);
-  free(recv);
+  a2a_free(ctx, zs, send);
+  a2a_free(ctx, zr, recv);
   free(mark);
 }
 
@@ -1153,15 +1181,64 @@ static int run_all_to_all(int world) {
       FAIL("mpg_ctx_group_at(%d) -> %s: %s", s, mpg_status_name(st), mpg_last_error());
       continue;
     }
-    for (int c = 0; c < 18; c++) {
+    for (int c = 0; c < 24; c++) {
       uint64_t key = a2a_h(0xa2a, (uint64_t)s, (uint64_t)mpg_group_index(g), (uint64_t)c);
       mpg_dtype dt = (mpg_dtype)(c % MPG_DTYPE_COUNT);
-      int v = c < 12, async = (c / MPG_DTYPE_COUNT + c) % 2;
-      a2a_case(g, key, dt, v, async);
+      int v = c < 12 || c >= 18, async = (c / MPG_DTYPE_COUNT + c) % 2;
+      /* the last six on mpg_ctx_mem_alloc memory: both sides, send, recv */
+      a2a_case(ctx, g, key, dt, v, async, c < 18 ? 0 : 1 + (c - 18) % 3);
       cases++;
     }
   }
+  /* Counts that differ between two members (mpi: a block longer than its
+   * receive is MPG_ERR_BACKEND on the receiving member once MPI_COMM_WORLD
+   * returns errors, the context then aborted): position 0 of the world sends 8 elements to position 1,
+   * which expects 4; every other pair exchanges 4 (the last thing done). */
+  mpg_group *wg = NULL;
+  CHECK(mpg_ctx_group(ctx, "world", &wg));
   CHECK(mpg_ctx_check_order(ctx));
+  if (wg && world >= 2 && getenv("MESHPG_TEST_A2A_MISMATCH")) {
+    int me = mpg_group_rank(wg), n = mpg_group_size(wg);
+    size_t sc[A2A_MAXG], sd[A2A_MAXG], rc[A2A_MAXG], rd[A2A_MAXG];
+    int32_t sb[8 * A2A_MAXG] = {0}, rb[8 * A2A_MAXG];
+    for (int p = 0; p < n && p < A2A_MAXG; p++) {
+      sc[p] = rc[p] = 4;
+      sd[p] = rd[p] = 8 * (size_t)p;
+    }
+    if (me == 0) sc[1] = 8;
+    for (int p = 0; p < n && p < A2A_MAXG; p++)
+      for (int k = 0; k < 8; k++) sb[8 * p + k] = me * 100 + p * 10 + k;
+    for (int i = 0; i < 8 * A2A_MAXG; i++) rb[i] = -1;
+    /* MPI_COMM_WORLD keeps its fatal error handler: the library must not
+     * let MPI see a message longer than its receive. */
+    mpg_status st = mpg_all_to_all_v(wg, sb, sc, sd, rb, rc, rd, MPG_I32, NULL, NULL);
+    int pair = me == 0 || me == 1;
+    if (pair && st != MPG_ERR_INVALID)
+      FAIL("rank %d of the mismatched pair got %s, expected ERR_INVALID: %s", g_rank,
+           mpg_status_name(st), mpg_last_error());
+    else if (pair && !strstr(mpg_last_error(), "do not match"))
+      FAIL("rank %d: the message does not name the mismatch: %s", g_rank, mpg_last_error());
+    else if (!pair && st != MPG_OK)
+      FAIL("rank %d (not in the pair) got %s: %s", g_rank, mpg_status_name(st),
+           mpg_last_error());
+    if (pair) printf("rank %d: mismatch -> %s: %s\n", g_rank, mpg_status_name(st),
+                     mpg_last_error());
+    /* Every block of an agreeing pair arrived. */
+    for (int p = 0; p < n && p < A2A_MAXG && !failed(); p++) {
+      if ((me == 1 && p == 0) || p == me) continue;
+      for (int k = 0; k < 4; k++)
+        if (rb[8 * p + k] != p * 100 + me * 10 + k) {
+          FAIL("rank %d: element %d from position %d is %d, expected %d", g_rank, k, p,
+               rb[8 * p + k], p * 100 + me * 10 + k);
+          break;
+        }
+    }
+    CHECK(mpg_ctx_destroy(ctx));
+    mpg_mesh_destroy(mesh);
+    if (failed()) return 1;
+    printf("OK %s rank %d (%d all-to-alls)\n", g_mode, g_rank, cases);
+    return 0;
+  }
   CHECK(mpg_ctx_destroy(ctx));
   mpg_mesh_destroy(mesh);
   if (failed()) return 1;
@@ -1215,6 +1292,74 @@ static int run_p2p_timeout(int world) {
   return 0;
 }
 
+/* An all-to-all on the world without the last rank, which arrives only
+ * after the others gave up.  Half of the buffers are malloc'ed and
+ * scribbled over after the timeout (staged: MPI must never write them
+ * late), the rest from mpg_ctx_mem_alloc (zero-copy: freed late). */
+static int run_a2a_timeout(int world) {
+  const double timeout = test_timeout();
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  if (setup(world, timeout, 0, &mesh, &ctx)) return 1;
+  mpg_group *wg = NULL;
+  CHECK(mpg_ctx_group(ctx, "world", &wg));
+  CHECK(mpg_barrier(wg, NULL)); /* everybody is healthy first */
+  enum { N = 1000 };            /* per member: past the eager limit */
+  size_t bytes = (size_t)world * N * sizeof(float);
+  float *send = malloc(bytes), *recv = NULL;
+  CHECK(mpg_ctx_mem_alloc(ctx, bytes, 0, (void **)&recv));
+  if (!send || !recv) return 1;
+  for (size_t i = 0; i < (size_t)world * N; i++) send[i] = (float)i;
+  int late = g_rank == world - 1;
+  if (late) {
+    double until = now() + timeout + 1.5; /* the others gave up by then */
+    while (now() < until) {
+      struct timespec ts = {0, 50000000L};
+      nanosleep(&ts, NULL);
+    }
+  }
+  double t0 = now();
+  mpg_status st = mpg_all_to_all(wg, send, recv, N, MPG_F32, NULL, NULL);
+  double dt = now() - t0;
+  memset(send, 0x77, bytes); /* the caller's memory is free again */
+  if (!late) {
+    if (st != MPG_ERR_TIMEOUT)
+      FAIL("all_to_all without rank %d returned %s, expected ERR_TIMEOUT: %s", world - 1,
+           mpg_status_name(st), mpg_last_error());
+    else if (dt < timeout * 0.9 || dt > tb_bound(timeout + 1.0, world))
+      FAIL("ERR_TIMEOUT after %.3f s, expected %.1f .. %.1f s", dt, timeout * 0.9,
+           tb_bound(timeout + 1.0, world));
+    else if (!strstr(mpg_last_error(), "mpg_all_to_all"))
+      FAIL("the message does not name the call: %s", mpg_last_error());
+    else if (mpg_group_size(wg) == world && g_rank < world - 1 &&
+             !strstr(mpg_last_error(), "never sent") &&
+             !strstr(mpg_last_error(), "aborted"))
+      FAIL("the message does not name the member that never arrived: %s", mpg_last_error());
+    else
+      printf("rank %d: ERR_TIMEOUT after %.3f s: %s\n", g_rank, dt, mpg_last_error());
+    if (mpg_ctx_status(ctx) != MPG_ERR_TIMEOUT)
+      FAIL("the context status is %s, expected ERR_TIMEOUT",
+           mpg_status_name(mpg_ctx_status(ctx)));
+    st = mpg_all_to_all(wg, send, recv, N, MPG_F32, NULL, NULL);
+    if (st != MPG_ERR_ABORTED)
+      FAIL("an all_to_all after the timeout returned %s, expected ERR_ABORTED",
+           mpg_status_name(st));
+  } else if (st != MPG_OK && st != MPG_ERR_TIMEOUT && st != MPG_ERR_ABORTED) {
+    FAIL("late all_to_all returned %s: %s", mpg_status_name(st), mpg_last_error());
+  } else if (dt > tb_bound(timeout + 1.0, world)) {
+    FAIL("late all_to_all took %.3f s", dt);
+  } else {
+    printf("rank %d (late): all_to_all -> %s after %.3f s\n", g_rank, mpg_status_name(st), dt);
+  }
+  free(send);
+  CHECK(mpg_ctx_mem_free(ctx, recv)); /* maybe still MPI's: deferred */
+  CHECK(mpg_ctx_destroy(ctx));
+  mpg_mesh_destroy(mesh);
+  if (failed()) return 1;
+  printf("OK %s rank %d\n", g_mode, g_rank);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   g_mode = argc > 1 ? argv[1] : "?";
@@ -1239,9 +1384,10 @@ int main(int argc, char **argv) {
   if (strcmp(g_mode, "p2p_batch") == 0) return run_p2p_batch(env.world_size);
   if (strcmp(g_mode, "p2p_timeout") == 0) return run_p2p_timeout(env.world_size);
   if (strcmp(g_mode, "all_to_all") == 0) return run_all_to_all(env.world_size);
+  if (strcmp(g_mode, "a2a_timeout") == 0) return run_a2a_timeout(env.world_size);
   printf("FAIL %s rank %d: unknown mode (collectives | timeout | split_timeout | "
          "progress | progress_env | window_env | idle_cpu | sub_comm | p2p_batch | p2p_timeout | "
-         "all_to_all)\n",
+         "all_to_all | a2a_timeout)\n",
          g_mode, g_rank);
   return 1;
 }

@@ -130,6 +130,32 @@ Test(mpi, all_to_all_4_ranks, .timeout = 300) { run_worker(4, "", "", "all_to_al
 
 Test(mpi, all_to_all_8_ranks, .timeout = 300) { run_worker(8, "", "", "all_to_all", 280); }
 
+/* The native all-to-all (one MPI_Ialltoallv) carries the pairs of at most
+ * MESHPG_MPI_MAX_COUNT / size elements; larger blocks travel as their own
+ * chunked messages in the same request.  40 / 4 = 10: most pairs of the
+ * random cases (up to 300 elements) take that path, cut into 40s. */
+Test(mpi, all_to_all_large_blocks_as_messages, .timeout = 300) {
+  run_worker(4, "-x MESHPG_MPI_MAX_COUNT=40", "", "all_to_all", 280);
+}
+
+/* Then a count mismatch between positions 0 and 1 of the world: the
+ * counts exchanged first catch it, both members fail with
+ * MPG_ERR_INVALID, the others finish, nothing aborts (MPI_COMM_WORLD
+ * keeps its fatal handler). */
+Test(mpi, all_to_all_count_mismatch_fails_the_pair, .timeout = 300) {
+  run_worker(4, "-x MESHPG_TEST_A2A_MISMATCH=1", "", "all_to_all", 280);
+  cr_assert(strstr(out, "rank 0: mismatch -> ERR_INVALID") &&
+                strstr(out, "rank 1: mismatch -> ERR_INVALID"), "%s", out);
+}
+
+/* A member that never arrives: MPG_ERR_TIMEOUT, abort, clean exit. */
+Test(mpi, all_to_all_absent_member_times_out, .timeout = 120) {
+  double t0 = now();
+  run_worker(4, "", "", "a2a_timeout", 100);
+  cr_assert_lt(now() - t0, 60.0, "the timeout job took %.1f s\n%s", now() - t0, out);
+  cr_assert(strstr(out, "ERR_TIMEOUT after"), "%s", out);
+}
+
 /* The split's two-phase rendezvous: a rank that arrives after its peers
  * gave up times out too, rather than hanging in MPI_Comm_split. */
 Test(mpi, split_timeout_never_hangs, .timeout = 120) {
