@@ -302,7 +302,8 @@ typedef struct mpg_spec {
   char expert_shard_dims[128];    /* [sync] expert_shard_dims; "" = the
                                      default ("edp" with an expert grid),
                                      "none" = expert params replicated */
-  int optimizer_instances;        /* [sync] optimizer_instances; default 1 */
+  int optimizer_instances;        /* [sync] optimizer_instances; 0 (the
+                                     default) = 1 */
 } mpg_spec;
 
 #define MPG_SPEC_MAGIC 0x6d706773u /* "mpgs" */
@@ -313,7 +314,7 @@ typedef struct mpg_spec {
     {{"", 0, {{0}}, {0, 0}, {{0, 0}}}}, 0, 0, MPG_BIND_NONE,                \
     MPG_RANK_ORDER_BLOCK, 0, 0, MPG_OP_AVG, 25.0, 1.0, MPG_REDUCE_F32,      \
     MPG_BACKEND_THREAD, 600.0, 0, "", MPG_SYNC_REPLICATE, "", "", 0,        \
-    0, 0, "", {0, 0}, {0, 0}, {0, 0}, {0, 0}, "", 1 }
+    0, 0, "", {0, 0}, {0, 0}, {0, 0}, {0, 0}, "", 0 }
 
 /* Reset *spec (set up with MPG_SPEC_INIT) to the defaults and an empty
  * mesh, within the caller's size.  Every spec function below also takes a
@@ -1448,8 +1449,8 @@ typedef struct mpg_sync_opts {
                              "": none (expert params stay replicated).
                              Copied at create. */
   int optimizer_instances; /* shard: Megatron's
-                             num_distributed_optimizer_instances (default
-                             1).  N > 1 cuts each sharded domain's group
+                             num_distributed_optimizer_instances (0, the
+                             default, means 1).  N > 1 cuts each sharded domain's group
                              (the data-parallel group, and the expert one)
                              into N contiguous parts (mpg_ctx_group_partial):
                              buckets are reduce-scattered over the intra
@@ -1461,7 +1462,7 @@ typedef struct mpg_sync_opts {
 #define MPG_SYNC_OPTS_INIT                                                  \
   { sizeof(mpg_sync_opts), MPG_SYNC_OPTS_MAGIC, MPG_API_VERSION, 0, NULL,   \
     MPG_OP_AVG, 1.0, 25.0, 1.0, MPG_REDUCE_F32, 0, MPG_SYNC_REPLICATE, NULL, \
-    NULL, 0, NULL, 1 }
+    NULL, 0, NULL, 0 }
 
 /* Copy the [sync] section of a spec (fsdp_owns_dp, op, bucket_mb,
  * first_bucket_mb, reduce_dtype, mode, shard_dims, replicate_dims,

@@ -533,10 +533,10 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
                      spec->shard_dims[0] ? "shard_dims" : "replicate_dims",
                      spec->shard_dims[0] ? spec->shard_dims : spec->replicate_dims);
   if (spec->sync_mode != MPG_SYNC_SHARD &&
-      (spec->expert_shard_dims[0] || spec->optimizer_instances != 1))
+      (spec->expert_shard_dims[0] || spec->optimizer_instances > 1))
     return mpg__fail(MPG_ERR_SPEC, "sync.%s needs sync.mode = \"shard\"",
                      spec->expert_shard_dims[0] ? "expert_shard_dims" : "optimizer_instances");
-  if (spec->optimizer_instances < 1)
+  if (spec->optimizer_instances < 0)
     return mpg__fail(MPG_ERR_SPEC, "sync.optimizer_instances: expected an integer >= 1, "
                      "found %d", spec->optimizer_instances);
   if (spec->fsdp_owns_dp && find_dim(spec, "dp") < 0)

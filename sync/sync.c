@@ -116,13 +116,14 @@ static mpg_status check_opts(const mpg_sync_opts *o) {
                      "MPG_SYNC_SHARD",
                      o->shard_dims ? "shard_dims" : "replicate_dims",
                      o->shard_dims ? o->shard_dims : o->replicate_dims);
-  if (o->mode != MPG_SYNC_SHARD && (o->expert_shard_dims || o->optimizer_instances != 1))
+  if (o->mode != MPG_SYNC_SHARD && (o->expert_shard_dims || o->optimizer_instances > 1))
     return mpg__fail(MPG_ERR_INVALID, "mpg_sync_create: opts.%s needs opts.mode = "
                      "MPG_SYNC_SHARD",
                      o->expert_shard_dims ? "expert_shard_dims" : "optimizer_instances");
-  if (o->optimizer_instances < 1)
+  if (o->optimizer_instances < 0)
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_sync_create: opts.optimizer_instances is %d, expected 1 or more",
+                     "mpg_sync_create: opts.optimizer_instances is %d, expected 1 or more "
+                     "(0: the default, 1)",
                      o->optimizer_instances);
   if (o->default_dims && !o->default_dims[0])
     return mpg__fail(MPG_ERR_INVALID,
@@ -208,6 +209,7 @@ mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
   s->ctx = ctx;
   s->mesh = mpg_ctx_mesh(ctx);
   s->opts = *opts;
+  if (s->opts.optimizer_instances == 0) s->opts.optimizer_instances = 1;
   s->valid = 1;
   if (opts->default_dims && !(s->default_dims = dup_str(opts->default_dims))) {
     free(s);

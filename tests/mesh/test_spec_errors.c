@@ -608,7 +608,7 @@ Test(spec_good, shard_mode_keys_in_both_forms) {
   cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_OK, "%s", mpg_last_error());
   cr_assert_eq(mpg_sync_opts_from_spec(&spec, &so), MPG_OK, "%s", mpg_last_error());
   cr_assert_str_eq(so.expert_shard_dims, "");
-  cr_assert_eq(so.optimizer_instances, 1);
+  cr_assert_eq(so.optimizer_instances, 0); /* the default: one instance */
   snprintf(text, sizeof text, "%s[sync]\nmode = \"shard\"\noptimizer_instances = 0\n", mesh);
   cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_ERR_SPEC);
   cr_assert(strstr(mpg_last_error(), ":5:23: sync.optimizer_instances") && strstr(mpg_last_error(), "found 0"), "%s",

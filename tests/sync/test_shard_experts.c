@@ -346,10 +346,10 @@ static mpg_status opts_rank(const mpg_init_opts *opts, void *arg) {
            "replicate mode with instances: %s", mpg_last_error());
   so = (mpg_sync_opts)MPG_SYNC_OPTS_INIT;
   so.mode = MPG_SYNC_SHARD;
-  so.optimizer_instances = 0;
+  so.optimizer_instances = -1;
   SC_CHECK(mpg_sync_create(ctx, &so, &sync) == MPG_ERR_INVALID &&
-               strstr(mpg_last_error(), "optimizer_instances is 0"),
-           "instances 0: %s", mpg_last_error());
+               strstr(mpg_last_error(), "optimizer_instances is -1"),
+           "instances -1: %s", mpg_last_error());
   so.optimizer_instances = 3;
   SC_CHECK(mpg_sync_create(ctx, &so, &sync) == MPG_ERR_RANGE &&
                strstr(mpg_last_error(), "instances 3 does not divide the group size 4"),
