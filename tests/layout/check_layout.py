@@ -9,7 +9,8 @@ usage: check_layout.py SOURCE_ROOT LIBMESHPG_A TOOLS_OBJECT_DIR
 2. No call cycles: in the library (read from the static archive) and in
    the meshpg program (its objects), the graph "file A uses a symbol that
    file B defines" has no cycle.
-3. Size: no library source file is over 800 lines (a larger one mixes
+3. Size: no library source file, and no source or header of the meshpg
+   program (tools/*.c, tools/*.h), is over 800 lines (a larger one mixes
    jobs and should be split).
 Prints every violation and exits 1 if there is any."""
 import collections
@@ -133,13 +134,22 @@ def check_cycles(what, members, errors):
         errors.append("%s: files that call each other in a cycle: %s" % (what, "; ".join(edges)))
 
 
+def tools_files(root):
+    for pattern in ("*.c", "*.h"):
+        yield from sorted(glob.glob(os.path.join(root, "tools", pattern)))
+
+
 def check_sizes(root, errors):
-    for path in library_files(root):
-        if path.endswith((".c", ".cc")):
-            n = sum(1 for _ in open(path, encoding="utf-8"))
-            if n > MAX_LINES:
-                errors.append("%s: %d lines (over %d: split it by job)"
-                              % (os.path.relpath(path, root), n, MAX_LINES))
+    lib = [p for p in library_files(root) if p.endswith((".c", ".cc"))]
+    tools = list(tools_files(root))
+    if not tools:
+        errors.append("no sources of the meshpg program in %s"
+                      % os.path.join(root, "tools"))
+    for path in lib + tools:
+        n = sum(1 for _ in open(path, encoding="utf-8"))
+        if n > MAX_LINES:
+            errors.append("%s: %d lines (over %d: split it by job)"
+                          % (os.path.relpath(path, root), n, MAX_LINES))
 
 
 def main():
