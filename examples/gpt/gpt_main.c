@@ -7,6 +7,7 @@
  *       [--layers L] [--dmodel C] [--heads H] [--seq T] [--batch B]
  *       [--microbatches M] [--lr LR] [--seed S] [--data FILE] [--svg FILE]
  *       [--tol X] [--ptol X] [--every K] [--tensors]
+ *       [--moe E [--topk K] [--ep N] [--etp N] [--dense-layers D] [--aux-coef A]]
  *
  * --every K prints every K-th step of the loss table (and the last; default
  * 1 up to 30 steps, else about 20 rows); --tensors adds the per-tensor
@@ -22,6 +23,29 @@
  * (on real GPUs: as many GPUs as ranks, see usage()); the model computes
  * on host arrays and every collective, p2p batch and the gradient sync is
  * staged through device memory (stage.h).
+ *
+ * Mixture of experts (moe.h): --moe E replaces the MLP of every layer
+ * from --dense-layers D on (default 0; the first D stay dense, DeepSeek's
+ * layout) by a router (C x E, no bias) and E expert MLPs; each token goes
+ * to its --topk K experts (default 2; ties to the lower index), weighted
+ * by the chosen router probabilities renormalised to sum 1.  The Switch /
+ * GShard load-balancing loss, --aux-coef A (default 0.01) x E x sum_e f_e
+ * P_e per micro-batch of a dp rank (counts and probabilities all-reduced
+ * over its tp and cp ranks), is added to the loss: the table shows it
+ * ("aux") and the tokens-per-expert imbalance (max / mean over experts,
+ * worst MoE layer, whole batch).  Parallel: Megatron's AlltoAll
+ * dispatcher on the mesh's expert grid (mpg_spec_set_experts): --ep N
+ * ranks split the experts (default 1; E % N == 0), --etp N split each
+ * expert's fc / fc2 column / row parallel (default tp; 4C % N == 0); tp > 1
+ * needs --sp (each rank routes its own rows).  Tokens go out by
+ * mpg_all_to_all_v over "ep", are all-gathered over "etp", and come back
+ * by reduce-scatter and the reverse all-to-all.  Expert gradients are
+ * averaged over "edp" (scale derived in train.c); --shard is refused.
+ * Pipeline stages may mix dense and MoE layers.  The reference computes
+ * all experts in one process, with the same load-balancing groups; the
+ * comparison covers the router and each rank's expert shards ("h1.router.w",
+ * "h1.e3.fc.w" in --tensors):
+ *   gpt --mesh dp=4,tp=2 --sp --moe 8 --ep 4 --etp 1 --tensors
  *
  * Tolerances: the parallel run computes the same f32 arithmetic as the
  * reference but sums in another order (tp partial sums added by an
@@ -41,6 +65,7 @@
  * biases are pure AdamW-scaled rounding noise (see gpt_shard_error in
  * train.h).
  */
+#include "moe.h"
 #include "train.h"
 
 #include <math.h>
@@ -132,6 +157,13 @@ static void usage(void) {
           "           [--steps N] [--layers L] [--dmodel C] [--heads H] [--seq T] [--batch B]\n"
           "           [--microbatches M] [--lr LR] [--seed S] [--data FILE]\n"
           "           [--svg FILE] [--tol X] [--ptol X] [--every K] [--tensors]\n"
+          "           [--moe E [--topk K] [--ep N] [--etp N] [--dense-layers D]\n"
+          "            [--aux-coef A]]\n"
+          "  --moe   E experts per MoE layer (0: dense, the default); --topk experts\n"
+          "          per token (2); --ep expert parallel size (1, E %% ep == 0);\n"
+          "          --etp expert tensor parallel size (tp); --dense-layers D: the\n"
+          "          first D layers keep a dense MLP (0); --aux-coef load-balancing\n"
+          "          loss coefficient (0.01).  tp > 1 needs --sp; not with --shard\n"
           "  --mpi   one rank per process of an mpirun job (MPI backend)\n"
           "  --nccl  thread ranks on the NCCL backend, one CUDA device each\n"
           "          (device = rank %% device count); the math stays on the host and\n"
@@ -143,7 +175,8 @@ static void usage(void) {
 
 int main(int argc, char **argv) {
   gpt_config c = {.n_layer = 2, .d_model = 32, .n_head = 4, .seq = 32, .batch = 8,
-                  .micro = 2, .lr = 3e-3f, .seed = 1};
+                  .micro = 2, .lr = 3e-3f, .seed = 1, .moe = 0, .topk = 2, .dense_layers = 0,
+                  .aux_coef = 0.01f, .ep = 0, .etp = 0};
   const char *mesh = "pp=2,dp=2,tp=2", *data_path = GPT_DEFAULT_DATA, *svg = NULL;
   int sp = 0, shard = 0, mpi = 0, nccl = 0, steps = 20, every = 0, tensors = 0;
   double tol = 1e-4, ptol = 1e-3;
@@ -172,6 +205,12 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--tol")) tol = atof(v);
     else if (!strcmp(a, "--ptol")) ptol = atof(v);
     else if (!strcmp(a, "--every")) every = atoi(v);
+    else if (!strcmp(a, "--moe")) c.moe = atoi(v);
+    else if (!strcmp(a, "--topk")) c.topk = atoi(v);
+    else if (!strcmp(a, "--ep")) c.ep = atoi(v);
+    else if (!strcmp(a, "--etp")) c.etp = atoi(v);
+    else if (!strcmp(a, "--dense-layers")) c.dense_layers = atoi(v);
+    else if (!strcmp(a, "--aux-coef")) c.aux_coef = (float)atof(v);
     else { usage(); return 2; }
   }
   if (steps < 1 || every < 0 || (mpi && nccl)) { usage(); return 2; }
@@ -184,7 +223,20 @@ int main(int argc, char **argv) {
     fprintf(stderr, "gpt: bad --mesh \"%s\"\n", mesh);
     return 2;
   }
+  /* MoE: one load-balancing group per micro-batch of a dp rank; ep 1 and
+   * etp tp by default. */
+  if (c.moe > 0) {
+    c.aux_seqs = d.dp * c.micro > 0 ? c.batch / (d.dp * c.micro) : 0;
+    if (c.ep < 1) c.ep = 1;
+    if (c.etp < 1) c.etp = d.tp;
+  }
   const char *why = gpt_config_check(&c, d.tp, d.pp, d.dp, d.cp, sp);
+  if (!why && c.moe > 0) {
+    why = gpt_moe_check(&c, d.tp, d.pp, d.dp, d.cp, sp, c.ep, c.etp);
+    if (!why && shard) why = "--shard with --moe is not supported yet";
+  } else if (!why && (c.ep > 1 || c.etp > 1)) {
+    why = "--ep and --etp need --moe";
+  }
   if (why || len < (size_t)c.seq + 2) {
     fprintf(stderr, "gpt: %s\n", why ? why : "data too short");
     return 2;
@@ -214,14 +266,22 @@ int main(int argc, char **argv) {
     printf("%s%s (%d %s)\n", sp ? " + sp" : "", shard ? " + shard" : "",
            d.pp * d.dp * d.cp * d.tp,
            mpi ? "MPI processes" : nccl ? "thread ranks on NCCL" : "thread ranks");
+    if (c.moe > 0)
+      printf("moe: %d experts, top-%d, layers %d..%d (%d dense first), aux coef %g over "
+             "groups of %d sequences; expert grid ep=%d, etp=%d, edp=%d\n",
+             c.moe, c.topk, c.dense_layers, c.n_layer - 1, c.dense_layers, (double)c.aux_coef,
+             c.aux_seqs, c.ep, c.etp, d.pp * d.dp * d.cp * d.tp / (d.pp * c.ep * c.etp));
     fflush(stdout);
   }
 
   gpt_model ref;
   double *rloss = calloc((size_t)steps, sizeof(double));
+  double *raux = calloc((size_t)steps, sizeof(double));
+  double *rimb = calloc((size_t)steps, sizeof(double));
   float **g1 = NULL;
   double t0 = now();
-  if (!rloss || gpt_reference_train(&c, data, len, steps, &ref, rloss, &g1) || !g1) {
+  if (!rloss || !raux || !rimb ||
+      gpt_reference_train_moe(&c, data, len, steps, &ref, rloss, raux, rimb, &g1) || !g1) {
     fprintf(stderr, "gpt: reference failed\n");
     return 1;
   }
@@ -239,27 +299,47 @@ int main(int argc, char **argv) {
     free(g1);
     gpt_model_free(&ref);
     free(rloss);
+    free(raux);
+    free(rimb);
     free(data);
     return 0;
   }
-  printf("\n%6s %12s %12s %12s\n", "step", "loss", "ref loss", "rel err");
-  double max_loss_err = 0.0;
+  /* With MoE: the aux loss (part of the loss) and the tokens-per-expert
+   * imbalance (max / mean over experts, worst MoE layer) of each step,
+   * next to the reference's.  The aux loss is compared on its own too: it
+   * is a small part of the loss. */
+  const int moe = c.moe > 0;
+  if (moe)
+    printf("\n%6s %12s %12s %10s %12s %12s %10s %8s %8s\n", "step", "loss", "ref loss",
+           "rel err", "aux", "ref aux", "rel err", "imbal", "ref");
+  else
+    printf("\n%6s %12s %12s %12s\n", "step", "loss", "ref loss", "rel err");
+  double max_loss_err = 0.0, max_aux_err = 0.0;
   for (int s = 0; s < steps; s++) {
     double e = fabs(res.loss[s] - rloss[s]) / fabs(rloss[s]);
+    double ea = moe && raux[s] != 0 ? fabs(res.aux[s] - raux[s]) / fabs(raux[s]) : 0.0;
+    if (moe && raux[s] == 0) ea = fabs(res.aux[s]);
     max_loss_err = fmax(max_loss_err, e);
-    if (s == 0 || (s + 1) % every == 0 || s == steps - 1)
-      printf("%6d %12.6f %12.6f %12.3e\n", s + 1, res.loss[s], rloss[s], e);
+    max_aux_err = fmax(max_aux_err, ea);
+    if (s == 0 || (s + 1) % every == 0 || s == steps - 1) {
+      if (moe)
+        printf("%6d %12.6f %12.6f %10.3e %12.6f %12.6f %10.3e %8.3f %8.3f\n", s + 1,
+               res.loss[s], rloss[s], e, res.aux[s], raux[s], ea, res.imbalance[s], rimb[s]);
+      else
+        printf("%6d %12.6f %12.6f %12.3e\n", s + 1, res.loss[s], rloss[s], e);
+    }
   }
   if (tensors)
     printf("\nrelative error ||a - ref|| / ||ref|| per tensor shard (max over ranks)\n"
-           "  %-12s %10s  %12s  %12s\n", "tensor", "elements", "grad step 1",
+           "  %-14s %10s  %12s  %12s\n", "tensor", "elements", "grad step 1",
            "param final");
   double max_param_err = 0.0, max_grad_err = 0.0;
   for (int id = 0; id < res.nt; id++) {
     char name[48];
-    gpt_tensor_name(id, name, sizeof name);
+    if (!ref.p[id]) continue; /* the dense MLP ids of an MoE layer: no such tensor */
+    gpt_tensor_name_cfg(&c, id, name, sizeof name);
     if (tensors)
-      printf("  %-12s %10zu  %12.3e  %12.3e\n", name, gpt_tensor_count(&c, id, 1),
+      printf("  %-14s %10zu  %12.3e  %12.3e\n", name, gpt_tensor_count(&c, id, 1),
              res.grad_err[id], res.param_err[id]);
     max_param_err = fmax(max_param_err, res.param_err[id]);
     max_grad_err = fmax(max_grad_err, res.grad_err[id]);
@@ -267,6 +347,10 @@ int main(int argc, char **argv) {
   if (tensors) printf("(param final: qkv.b without its key part, see train.h)\n");
   printf("\nmax rel err: loss %.3e, grad (step 1) %.3e (tolerance %.1e); param %.3e "
          "(tolerance %.1e)\n", max_loss_err, max_grad_err, tol, max_param_err, ptol);
+  if (moe)
+    printf("moe: aux loss max rel err %.3e (tolerance %.1e); last step aux %.6f, tokens per "
+           "expert max/mean %.3f (reference %.3f)\n", max_aux_err, tol, res.aux[steps - 1],
+           res.imbalance[steps - 1], rimb[steps - 1]);
   printf("final loss %.4f vs unigram entropy %.4f; reference %.2f s, parallel %.2f s "
          "(%.1f ms per step after the first)\n",
          res.loss[steps - 1], ent, t1 - t0, t2 - t1, 1e3 * res.step_s);
@@ -274,7 +358,8 @@ int main(int argc, char **argv) {
     printf("exposed communication: %.1f %% of a step on the most exposed rank (blocking "
            "collectives, p2p incl. pipeline bubbles, the sync's waits)\n",
            100.0 * res.comm_frac);
-  int pass = max_loss_err <= tol && max_grad_err <= tol && max_param_err <= ptol;
+  int pass = max_loss_err <= tol && max_grad_err <= tol && max_param_err <= ptol &&
+             max_aux_err <= tol;
   printf("%s\n", pass ? "PASS" : "FAIL");
   if (svg) {
     write_svg(svg, res.loss, rloss, steps, ent);
@@ -285,6 +370,8 @@ int main(int argc, char **argv) {
   free(g1);
   gpt_model_free(&ref);
   free(rloss);
+  free(raux);
+  free(rimb);
   free(data);
   return pass ? 0 : 1;
 }

@@ -106,13 +106,13 @@ static mpg_status too_big(const gpt_stage *s, const char *what, size_t bytes) {
 
 /* The common shape: in_bytes of send into dev[0], the call from dev[0]
  * into dev[1] on the stream, out_bytes of dev[1] back into recv. */
-enum coll { C_ALL_REDUCE, C_ALL_GATHER, C_REDUCE_SCATTER };
+enum coll { C_ALL_REDUCE, C_ALL_GATHER, C_REDUCE_SCATTER, C_ALL_TO_ALL };
 static mpg_status staged(gpt_stage *s, enum coll k, mpg_group *g, const void *send, void *recv,
                          size_t count, mpg_dtype dt, mpg_op op) {
   const size_t es = mpg_dtype_size(dt), gs = (size_t)mpg_group_size(g);
-  const size_t in_b = count * es * (k == C_REDUCE_SCATTER ? gs : 1);
-  const size_t out_b = count * es * (k == C_ALL_GATHER ? gs : 1);
-  static const char *names[] = {"all_reduce", "all_gather", "reduce_scatter"};
+  const size_t in_b = count * es * (k == C_REDUCE_SCATTER || k == C_ALL_TO_ALL ? gs : 1);
+  const size_t out_b = count * es * (k == C_ALL_GATHER || k == C_ALL_TO_ALL ? gs : 1);
+  static const char *names[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
   if (in_b > s->cap || out_b > s->cap) return too_big(s, names[k], in_b > out_b ? in_b : out_b);
   mpg_status st = queue_copy(s, s->dev[0], send, in_b, cudaMemcpyHostToDevice);
   if (st) return st;
@@ -120,8 +120,10 @@ static mpg_status staged(gpt_stage *s, enum coll k, mpg_group *g, const void *se
     st = mpg_all_reduce(g, s->dev[0], s->dev[1], count, dt, op, s->stream, NULL);
   else if (k == C_ALL_GATHER)
     st = mpg_all_gather(g, s->dev[0], s->dev[1], count, dt, s->stream, NULL);
-  else
+  else if (k == C_REDUCE_SCATTER)
     st = mpg_reduce_scatter(g, s->dev[0], s->dev[1], count, dt, op, s->stream, NULL);
+  else
+    st = mpg_all_to_all(g, s->dev[0], s->dev[1], count, dt, s->stream, NULL);
   if (st) return st;
   if ((st = queue_copy(s, recv, s->dev[1], out_b, cudaMemcpyDeviceToHost))) return st;
   return sync_stream(s);
@@ -153,6 +155,35 @@ static mpg_status stage_reduce_scatter_raw(gpt_stage *s, mpg_group *g, const voi
 #endif
   (void)s;
   return mpg_reduce_scatter(g, send, recv, count, dt, op, NULL, NULL);
+}
+
+static mpg_status stage_all_to_all_v_raw(gpt_stage *s, mpg_group *g, const void *send,
+                                         const size_t *sc, const size_t *sd, void *recv,
+                                         const size_t *rc, const size_t *rd, mpg_dtype dt) {
+#ifdef GPT_HAVE_CUDA
+  if (s && s->nccl) {
+    const size_t es = mpg_dtype_size(dt), n = (size_t)mpg_group_size(g);
+    size_t in_b = 0, out_b = 0;
+    for (size_t j = 0; j < n; j++) {
+      if ((sd[j] + sc[j]) * es > in_b) in_b = (sd[j] + sc[j]) * es;
+      if ((rd[j] + rc[j]) * es > out_b) out_b = (rd[j] + rc[j]) * es;
+    }
+    if (in_b > s->cap || out_b > s->cap)
+      return too_big(s, "all_to_all_v", in_b > out_b ? in_b : out_b);
+    mpg_status st = queue_copy(s, s->dev[0], send, in_b, cudaMemcpyHostToDevice);
+    if (st) return st;
+    if ((st = mpg_all_to_all_v(g, s->dev[0], sc, sd, s->dev[1], rc, rd, dt, s->stream, NULL)))
+      return st;
+    /* only the blocks: recv elements outside them are left as they were */
+    for (size_t j = 0; j < n; j++)
+      if ((st = queue_copy(s, (char *)recv + rd[j] * es, (char *)s->dev[1] + rd[j] * es,
+                           rc[j] * es, cudaMemcpyDeviceToHost)))
+        return st;
+    return sync_stream(s);
+  }
+#endif
+  (void)s;
+  return mpg_all_to_all_v(g, send, sc, sd, recv, rc, rd, dt, NULL, NULL);
 }
 
 static mpg_status stage_p2p_raw(gpt_stage *s, mpg_group *g, const mpg_p2p_op *ops, int n) {
@@ -257,6 +288,30 @@ mpg_status gpt_stage_reduce_scatter(gpt_stage *s, mpg_group *g, const void *send
 mpg_status gpt_stage_p2p(gpt_stage *s, mpg_group *g, const mpg_p2p_op *ops, int n) {
   double t0 = gpt_stage_now();
   mpg_status st = stage_p2p_raw(s, g, ops, n);
+  if (s) s->comm_s += gpt_stage_now() - t0;
+  return st;
+}
+
+mpg_status gpt_stage_all_to_all_v(gpt_stage *s, mpg_group *g, const void *send,
+                                  const size_t *send_counts, const size_t *send_displs,
+                                  void *recv, const size_t *recv_counts,
+                                  const size_t *recv_displs, mpg_dtype dt) {
+  double t0 = gpt_stage_now();
+  mpg_status st = stage_all_to_all_v_raw(s, g, send, send_counts, send_displs, recv,
+                                         recv_counts, recv_displs, dt);
+  if (s) s->comm_s += gpt_stage_now() - t0;
+  return st;
+}
+
+mpg_status gpt_stage_all_to_all(gpt_stage *s, mpg_group *g, const void *send, void *recv,
+                                size_t count, mpg_dtype dt) {
+  double t0 = gpt_stage_now();
+  mpg_status st;
+#ifdef GPT_HAVE_CUDA
+  if (s && s->nccl) st = staged(s, C_ALL_TO_ALL, g, send, recv, count, dt, MPG_OP_SUM);
+  else
+#endif
+    st = mpg_all_to_all(g, send, recv, count, dt, NULL, NULL);
   if (s) s->comm_s += gpt_stage_now() - t0;
   return st;
 }

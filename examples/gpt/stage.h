@@ -63,6 +63,15 @@ mpg_status gpt_stage_all_gather(gpt_stage *s, mpg_group *g, const void *send, vo
                                 size_t count, mpg_dtype dt);
 mpg_status gpt_stage_reduce_scatter(gpt_stage *s, mpg_group *g, const void *send, void *recv,
                                     size_t count, mpg_dtype dt, mpg_op op);
+/* mpg_all_to_all / mpg_all_to_all_v on host buffers (counts and
+ * displacements in elements, as meshpg's).  On NCCL the span of the send
+ * blocks is staged in, and each receive block staged out. */
+mpg_status gpt_stage_all_to_all(gpt_stage *s, mpg_group *g, const void *send, void *recv,
+                                size_t count, mpg_dtype dt);
+mpg_status gpt_stage_all_to_all_v(gpt_stage *s, mpg_group *g, const void *send,
+                                  const size_t *send_counts, const size_t *send_displs,
+                                  void *recv, const size_t *recv_counts,
+                                  const size_t *recv_displs, mpg_dtype dt);
 /* mpg_p2p_batch on host buffers; at most 2 operations on NCCL. */
 mpg_status gpt_stage_p2p(gpt_stage *s, mpg_group *g, const mpg_p2p_op *ops, int n);
 

@@ -26,8 +26,13 @@
  *    MPI sends cannot deadlock; wte lives on the first stage (embedding)
  *    and the last (LM head), tied through mpg_ctx_group_select("pp",
  *    {0, P-1}) so the sync sums both gradients.
+ *  - MoE (moe.h): the spec gets an expert grid (mpg_spec_set_experts(spec,
+ *    etp, ep, NULL)); MoE layers dispatch tokens over "ep" and split each
+ *    expert over "etp"; expert gradients are averaged over "edp" with the
+ *    pre-multiplier derived at their registration below.
  */
 #include "train.h"
+#include "moe.h"
 #include "stage.h"
 
 #include <math.h>
@@ -63,14 +68,15 @@ int gpt_parse_mesh(const char *s, gpt_dims *d) {
   return 0;
 }
 
-double gpt_shard_error_at(const gpt_config *c, int id, int tp, int r, const float *a,
+double gpt_shard_error_at(const gpt_config *c, int id, int parts, int r, const float *a,
                           size_t off, size_t n, const float *ref_full, int skip_key_bias) {
   const size_t C = (size_t)c->d_model;
-  const int kb = skip_key_bias && gpt_tensor_layer(id) >= 0 && gpt_tensor_kind(id) == L_QKVB;
+  const int kb = skip_key_bias && id < gpt_moe_base(c) && gpt_tensor_layer(id) >= 0 &&
+                 gpt_tensor_kind(id) == L_QKVB;
   double e2 = 0.0, r2 = 0.0;
   if (n == 0) return -1.0;
   for (size_t i = off; i < off + n; i++) {
-    size_t f = gpt_shard_to_full(c, id, tp, r, i);
+    size_t f = gpt_shard_to_full(c, id, parts, r, i);
     if (kb && f >= C && f < 2 * C) continue;
     double ref = ref_full[f], d = (double)a[i] - ref;
     e2 += d * d;
@@ -79,9 +85,18 @@ double gpt_shard_error_at(const gpt_config *c, int id, int tp, int r, const floa
   return r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
 }
 
-double gpt_shard_error(const gpt_config *c, int id, int tp, int r, const float *a,
+double gpt_shard_error(const gpt_config *c, int id, int parts, int r, const float *a,
                        size_t n, const float *ref_full, int skip_key_bias) {
-  return gpt_shard_error_at(c, id, tp, r, a, 0, n, ref_full, skip_key_bias);
+  return gpt_shard_error_at(c, id, parts, r, a, 0, n, ref_full, skip_key_bias);
+}
+
+/* The group size a tensor of split kind `split` (gpt_tensor_split) is cut
+ * over, and this rank's shard index in it. */
+static int split_parts(int split, int tp, int etp) {
+  return split == GPT_SPLIT_TP ? tp : split == GPT_SPLIT_ETP ? etp : 1;
+}
+static int split_rank(int split, int tp_rank, int etp_rank) {
+  return split == GPT_SPLIT_TP ? tp_rank : split == GPT_SPLIT_ETP ? etp_rank : 0;
 }
 
 typedef struct job {
@@ -100,7 +115,9 @@ typedef struct job {
 typedef struct rank_state {
   mpg_sync *sync;
   int *param_of;    /* tensor id -> sync param id */
-  int *partial;     /* gradient is a partial sum over tp (sp): scale by tp */
+  float *premul;    /* multiplier of the summed gradient before its
+                       reduction (1: none): tp for a partial sum over tp
+                       (sp), the expert scale for expert tensors */
   /* grad / param: the host arrays the model computes with.  dgrad / dparam:
    * the sync's views (mpg_sync_grad, mpg_sync_param).  On thread and MPI
    * they are the same memory; on NCCL the views are device memory, and
@@ -125,9 +142,10 @@ static void on_ready(void *arg, int id) {
    * over tp (each tp rank saw its chunk of the sequence) reduced with
    * reduce_dims "dp_cp,tp"; the sync averages over dp x cp x tp, so
    * pre-multiply by tp to get the sum over tp and the mean over dp_cp.
-   * (tp is a power of two in practice, so this is exact.) */
-  if (rs->last_mb && rs->partial[id])
-    for (size_t i = 0; i < rs->count[id]; i++) rs->grad[id][i] *= (float)rs->T;
+   * (tp is a power of two in practice, so this is exact.)  Expert
+   * tensors: see their registration. */
+  if (rs->last_mb && rs->premul[id] != 1.0f)
+    for (size_t i = 0; i < rs->count[id]; i++) rs->grad[id][i] *= rs->premul[id];
   mpg_status st = MPG_OK;
   /* Only the last micro-batch launches reductions: the gradient summed
    * over the micro-batches goes into the view then, before mark_ready. */
@@ -185,7 +203,7 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   int nccl = 0;
   uint8_t *seqs = NULL;
   float *buf_in = NULL, *buf_out = NULL, *st_m = NULL, *st_v = NULL;
-  double *errs = NULL;
+  double *errs = NULL, *red = NULL;
   int rank = opts->rank;
   mpg_status st = mpg_ctx_create(J->mesh, opts, &ctx);
   if (st != MPG_OK) return st;
@@ -208,6 +226,18 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
     int pos[2] = {0, P - 1};
     CHECK(mpg_ctx_group_select(ctx, "pp", pos, 2, &tied));
   }
+  /* The expert grid (MoE): ep and etp carry the tokens, edp reduces the
+   * expert gradients. */
+  const int moe = c->moe > 0, EP = c->ep, ETP = c->etp;
+  mpg_group *g_ep = NULL, *g_etp = NULL, *g_edp = NULL;
+  int epr = 0, etr = 0, edr = 0, EDP = 1;
+  if (moe) {
+    CHECK(mpg_ctx_group(ctx, "ep", &g_ep));
+    CHECK(mpg_ctx_group(ctx, "etp", &g_etp));
+    CHECK(mpg_ctx_group(ctx, "edp", &g_edp));
+    epr = mpg_group_rank(g_ep), etr = mpg_group_rank(g_etp), edr = mpg_group_rank(g_edp);
+    EDP = mpg_group_size(g_edp);
+  }
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT; /* default: average over dp_cp */
   if (shard) {
     so.mode = MPG_SYNC_SHARD;
@@ -224,7 +254,7 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   rs.T = T;
   rs.shard = shard;
   rs.param_of = malloc(sizeof(int) * (size_t)nt);
-  rs.partial = calloc((size_t)nt, sizeof(int));
+  rs.premul = malloc((size_t)nt * sizeof(float));
   rs.grad = calloc((size_t)nt, sizeof(float *));
   rs.param = calloc((size_t)nt, sizeof(float *));
   rs.dgrad = calloc((size_t)nt, sizeof(float *));
@@ -238,7 +268,9 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   rs.own_cnt = calloc((size_t)nt, sizeof(size_t));
   rs.own_state = calloc((size_t)nt, sizeof(size_t));
   errs = malloc(sizeof(double) * (2 * (size_t)nt + 1));
-  if (!rs.param_of || !rs.partial || !rs.grad || !rs.param || !rs.count || !rs.sharded ||
+  const int nmoe = gpt_moe_num_layers(c), nred = 3 + nmoe * c->moe;
+  red = calloc((size_t)nred, sizeof(double));
+  if (!red || !rs.param_of || !rs.premul || !rs.grad || !rs.param || !rs.count || !rs.sharded ||
       !rs.own_off || !rs.own_cnt || !rs.own_state || !errs || !rs.dgrad || !rs.dparam ||
       !rs.up || !rs.down) {
     st = MPG_ERR_NOMEM;
@@ -251,19 +283,39 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
    * rank computes the same gradient for them, so they are reduced over
    * dp_cp only; with sp each tp rank sees only its chunk of the sequence,
    * so they are reduced over "dp_cp,tp" (and stay unsharded in shard mode,
-   * as do the tied wte copies). */
+   * as do the tied wte copies).  The MoE router is such a replicated
+   * tensor.
+   *
+   * Expert tensors are reduced over "edp", pre-multiplied by
+   * escale = edp / (dp * cp).  Derivation: every rank computes with the
+   * loss scale dp * cp / (batch * seq), dp * cp times the true one (the
+   * dp_cp average of the dense gradients divides it back).  A token's
+   * contribution to an expert shard is computed exactly once, on the etp
+   * group holding that expert in the token's own edp slice: the ep group
+   * of the token's rank keeps its edp coordinate, so the stage's
+   * dp * cp * tp = etp * ep * edp ranks' tokens split over the edp copies
+   * of the expert.  The sum over the copies is thus dp * cp times the true
+   * gradient, the sync's average over edp makes it dp * cp / edp times,
+   * and escale = edp / (dp * cp) (= tp / (etp * ep)) gives the true one. */
+  const float escale = (float)((double)EDP / ((double)D * K)) *
+                       (c->expert_grad_bug != 0.0f ? c->expert_grad_bug : 1.0f);
   for (int id = 0; id < nt; id++) {
     rs.param_of[id] = -1;
-    if (!gpt_tensor_held(id, lo, hi, first, last)) continue;
+    rs.premul[id] = 1.0f;
+    if (!gpt_tensor_held(c, id, lo, hi, first, last, EP, epr)) continue;
     mpg_param_opts po = MPG_PARAM_OPTS_INIT;
-    if (sp && T > 1 && !gpt_tensor_sharded(id)) {
+    const int split = gpt_tensor_split(c, id);
+    if (gpt_tensor_expert(c, id)) {
+      po.reduce_dims = "edp";
+      rs.premul[id] = escale;
+    } else if (sp && T > 1 && split != GPT_SPLIT_TP) {
       po.reduce_dims = "dp_cp,tp";
-      rs.partial[id] = 1;
+      rs.premul[id] = (float)T;
     }
     if (id == GPT_WTE && P > 1) po.tied_group = tied;
     char name[48];
-    gpt_tensor_name(id, name, sizeof name);
-    rs.count[id] = gpt_tensor_count(c, id, T);
+    gpt_tensor_name_cfg(c, id, name, sizeof name);
+    rs.count[id] = gpt_tensor_count(c, id, split_parts(split, T, ETP));
     CHECK(mpg_sync_add_param(sync, name, rs.count[id], MPG_F32, &po, &rs.param_of[id]));
   }
   CHECK(mpg_sync_commit(sync));
@@ -306,7 +358,8 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   }
   const int M = c->micro, nb = c->batch / (D * M);
   gpt_comm comm = {.tp = g_tp, .tp_size = T, .tp_rank = tr, .sp = sp, .err = MPG_OK,
-                   .cp = g_cp, .cp_size = K, .cp_rank = cr};
+                   .cp = g_cp, .cp_size = K, .cp_rank = cr, .ep = g_ep, .etp = g_etp,
+                   .ep_size = EP, .ep_rank = epr, .etp_size = ETP, .etp_rank = etr};
   if (gpt_model_init_views(&m, c, &comm, lo, hi, first, last, nb, M, rs.grad,
                            shard ? rs.param : NULL)) {
     st = MPG_ERR_NOMEM;
@@ -326,8 +379,20 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
     size_t cap = (size_t)m.rows * C;
     if ((size_t)c->seq * (size_t)nb * 2 * Cl > cap) cap = (size_t)c->seq * (size_t)nb * 2 * Cl;
     if (hsz > cap) cap = hsz;
+    if (moe) {
+      /* MoE: a rank sends R * topk rows, receives at most ep * R *
+       * min(topk, E / ep) (R rows per local expert and source, topk per
+       * row), and the etp gather holds etp times that. */
+      const size_t R = (size_t)m.rows_local, k = (size_t)c->topk, El = (size_t)(c->moe / EP);
+      const size_t recv_rows = (size_t)EP * R * (k < El ? k : El);
+      if ((size_t)ETP * recv_rows * C > cap) cap = (size_t)ETP * recv_rows * C;
+      if (R * k * C > cap) cap = R * k * C;
+    }
     cap *= sizeof(float);
-    if (2 * (size_t)nt * sizeof(double) > cap) cap = 2 * (size_t)nt * sizeof(double);
+    /* the world all-reduces: errs, red, and the MoE statistics */
+    if ((2 * (size_t)nt + 1) * sizeof(double) > cap) cap = (2 * (size_t)nt + 1) * sizeof(double);
+    if ((size_t)nred * sizeof(double) > cap) cap = (size_t)nred * sizeof(double);
+    if (2 * (size_t)c->moe * sizeof(double) > cap) cap = 2 * (size_t)c->moe * sizeof(double);
     CHECK(gpt_stage_init(&stage, ctx, cap));
     m.comm.stage = &stage;
   }
@@ -354,6 +419,7 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
     }
     double loss = 0.0;
     int fi = 0, bi = 0;
+    gpt_model_zero_stats(&m);
     const int warm = P - ps - 1 < M ? P - ps - 1 : M;
     /* A send waiting to be batched with the next receive. */
     mpg_p2p_op pend = {MPG_P2P_SEND, 0, NULL, 0, MPG_F32};
@@ -423,8 +489,10 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
         if (rs.grad[id]) {
           size_t off = 0, cnt = rs.count[id];
           if (shard && rs.sharded[id]) off = rs.own_off[id], cnt = rs.own_cnt[id];
-          errs[nt + id] = gpt_shard_error_at(c, id, gpt_tensor_sharded(id) ? T : 1, tr,
-                                             rs.grad[id], off, cnt, J->ref_grads1[id], 0);
+          const int split = gpt_tensor_split(c, id);
+          errs[nt + id] = gpt_shard_error_at(c, id, split_parts(split, T, ETP),
+                                             split_rank(split, tr, etr), rs.grad[id], off, cnt,
+                                             J->ref_grads1[id], 0);
         }
     /* Global grad norm, every element counted once: after the sync the
      * dp_cp ranks hold equal gradients (replicate mode; shard mode: of the
@@ -432,11 +500,24 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
      * rank counts its owned ranges of the sharded tensors (distinct over the
      * shard group, repeated over dp_replicate: count replica 0 only); tp
      * shards each once, replicated tensors on tp rank 0 only, the tied wte
-     * on the first stage only. */
-    double red[2] = {loss, 0.0};
+     * on the first stage only.  Expert tensors: equal over edp after the
+     * sync, count edp rank 0; etp shards each once, fc2's bias (the same
+     * on every etp member) on etp rank 0; each ep rank's experts are its
+     * own. */
+    memset(red, 0, (size_t)nred * sizeof(double));
+    red[0] = loss;
+    /* MoE: the aux loss (every rank of a group's tp x cp ranks computed
+     * the same), and the tokens per expert of this rank's own rows. */
+    if (tr == 0 && cr == 0) red[2] = m.aux_sum;
+    for (int i = 0; i < nmoe * c->moe; i++) red[3 + i] = m.moe_tokens[i];
     for (int id = 0; id < nt; id++) {
       if (!rs.grad[id]) continue;
-      if (!gpt_tensor_sharded(id) && tr != 0) continue;
+      const int split = gpt_tensor_split(c, id);
+      if (gpt_tensor_expert(c, id)) {
+        if (edr == 0 && (split == GPT_SPLIT_ETP || etr == 0)) red[1] += gpt_grad_sumsq(&m, id);
+        continue;
+      }
+      if (split != GPT_SPLIT_TP && tr != 0) continue;
       if (id == GPT_WTE && !first) continue;
       if (shard && rs.sharded[id]) {
         if (rep != 0) continue;
@@ -446,7 +527,7 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
         red[1] += gpt_grad_sumsq(&m, id);
       }
     }
-    CHECK(gpt_stage_all_reduce(&stage, g_world, red, red, 2, MPG_F64, MPG_OP_SUM));
+    CHECK(gpt_stage_all_reduce(&stage, g_world, red, red, (size_t)nred, MPG_F64, MPG_OP_SUM));
     /* With the issue-order checker on (MESHPG_CHECK_ORDER=1), close the
      * checked interval here, so that this world collective (the same call
      * on every rank) never shares an interval with the stages' differing
@@ -474,7 +555,15 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
       CHECK(mpg_sync_zero_grads(sync));
       if (nccl) gpt_model_zero_grads(&m);
     }
-    if (rank == 0) J->res->loss[step] = red[0] / ((double)c->batch * c->seq);
+    if (rank == 0) {
+      /* the aux loss: the mean over the batch's groups (moe.h) */
+      const double aux = moe ? red[2] * c->aux_seqs / c->batch : 0.0;
+      J->res->loss[step] = red[0] / ((double)c->batch * c->seq) + aux;
+      if (moe) {
+        J->res->aux[step] = aux;
+        J->res->imbalance[step] = gpt_moe_imbalance(c, red + 3);
+      }
+    }
   }
   if (rank == 0 && J->steps > 1) J->res->step_s = (now_s() - t_first) / (J->steps - 1);
   /* This rank's exposed communication over the steps after the first. */
@@ -497,7 +586,8 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   if (J->ref)
     for (int id = 0; id < nt; id++)
       if (m.p[id])
-        errs[id] = gpt_shard_error(c, id, gpt_tensor_sharded(id) ? T : 1, tr, m.p[id],
+        errs[id] = gpt_shard_error(c, id, split_parts(gpt_tensor_split(c, id), T, ETP),
+                                   split_rank(gpt_tensor_split(c, id), tr, etr), m.p[id],
                                    m.n[id], J->ref->p[id], 1);
   /* max over ranks, on every rank */
   CHECK(gpt_stage_all_reduce(&stage, g_world, errs, errs, 2 * (size_t)nt + 1, MPG_F64,
@@ -514,6 +604,7 @@ out:
   free(st_m);
   free(st_v);
   free(errs);
+  free(red);
   gpt_model_free(&m);
   if (nccl)
     for (int id = 0; rs.grad && rs.param && id < gpt_num_tensors(c); id++) {
@@ -525,7 +616,7 @@ out:
   free(rs.up);
   free(rs.down);
   free(rs.param_of);
-  free(rs.partial);
+  free(rs.premul);
   free(rs.grad);
   free(rs.param);
   free(rs.count);
@@ -643,9 +734,19 @@ int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len
     snprintf(res->error, sizeof res->error, "dp_replicate / dp_shard need --shard");
     return -1;
   }
-  const char *why = gpt_config_check(c, J.d.tp, J.d.pp, J.d.dp, J.d.cp, o->sp);
+  /* MoE: ep defaults to 1, etp to tp (resolved in the job's copy). */
+  if (J.cfg.ep < 1) J.cfg.ep = 1;
+  if (J.cfg.etp < 1) J.cfg.etp = c->moe > 0 ? J.d.tp : 1;
+  const char *why =
+      gpt_moe_check(c, J.d.tp, J.d.pp, J.d.dp, J.d.cp, o->sp, J.cfg.ep, J.cfg.etp);
   if (why) {
     snprintf(res->error, sizeof res->error, "%s", why);
+    return -1;
+  }
+  if (c->moe > 0 && (o->shard || J.d.hsdp)) {
+    snprintf(res->error, sizeof res->error,
+             "--shard with --moe is not supported yet: the example's shard mode has no "
+             "expert (edp) parameters; use the replicate mode");
     return -1;
   }
   if (len < (size_t)c->seq + 2) {
@@ -659,6 +760,16 @@ int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len
   res->param_err = malloc(sizeof(double) * (size_t)nt);
   res->grad_err = malloc(sizeof(double) * (size_t)nt);
   res->world = world;
+  if (c->moe > 0) {
+    res->ep = J.cfg.ep, res->etp = J.cfg.etp;
+    res->edp = world / (J.d.pp * J.cfg.ep * J.cfg.etp);
+    res->aux = calloc((size_t)steps + 1, sizeof(double));
+    res->imbalance = calloc((size_t)steps + 1, sizeof(double));
+    if (!res->aux || !res->imbalance) {
+      snprintf(res->error, sizeof res->error, "out of memory");
+      return -1;
+    }
+  }
   if (o->keep_params) {
     res->rank_params = calloc((size_t)world * (size_t)nt, sizeof(float *));
     res->rank_count = calloc((size_t)world * (size_t)nt, sizeof(size_t));
@@ -683,6 +794,7 @@ int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len
   if (mpg_spec_set_mesh(&spec, canon) != MPG_OK ||
       mpg_spec_add_flatten(&spec, "dp_cp",
                            J.d.hsdp ? "dp_replicate,dp_shard,cp" : "dp,cp") != MPG_OK ||
+      (c->moe > 0 && mpg_spec_set_experts(&spec, J.cfg.etp, J.cfg.ep, NULL) != MPG_OK) ||
       mpg_spec_validate(&spec) != MPG_OK || mpg_mesh_create(&spec, world, &J.mesh) != MPG_OK) {
     snprintf(res->error, sizeof res->error, "mesh %s: %s", canon, mpg_last_error());
     goto done;
@@ -736,5 +848,7 @@ void gpt_par_result_free(gpt_par_result *res) {
   free(res->loss);
   free(res->param_err);
   free(res->grad_err);
+  free(res->aux);
+  free(res->imbalance);
   memset(res, 0, sizeof *res);
 }

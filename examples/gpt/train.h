@@ -28,6 +28,12 @@ typedef struct gpt_par_result {
   int world;
   float **rank_params;
   size_t *rank_count;
+  /* MoE (moe.h): the expert grid, and per step the aux loss (part of
+   * loss[]) and gpt_moe_imbalance of the step's tokens per expert, summed
+   * over every rank's rows; NULL / 0 without MoE. */
+  int ep, etp, edp;
+  double *aux;       /* [steps] */
+  double *imbalance; /* [steps] */
 } gpt_par_result;
 
 /* A parsed mesh: dims pp, dp, cp, tp, or HSDP with dp split in
@@ -54,6 +60,8 @@ typedef struct gpt_par_opts {
                 GPU).  The math stays on the host: every communication is
                 staged through device memory (stage.h).  Not with mpi. */
   int keep_params; /* fill res->rank_params */
+  /* (MoE's expert parallel sizes are gpt_config.ep / etp: callers build
+   * this struct with positional initializers, so it keeps its fields.) */
 } gpt_par_opts;
 
 /* Train `steps` steps on a mesh.  ref / ref_grads1 (may be NULL): the
@@ -70,7 +78,8 @@ int gpt_parallel_train(const gpt_config *c, const uint8_t *data, size_t len,
                        float *const *ref_grads1, gpt_par_result *res);
 void gpt_par_result_free(gpt_par_result *res);
 
-/* Relative error of a shard in the 2-norm: ||a - ref|| / ||ref|| over the
+/* Relative error of a shard (shard r of `parts`, as gpt_shard_to_full) in
+ * the 2-norm: ||a - ref|| / ||ref|| over the
  * shard's elements and the matching elements of the full reference tensor.
  * (An elementwise max would flag elements whose gradient is a cancellation
  * near zero.)  skip_key_bias leaves out the key part of qkv.b: its
@@ -80,11 +89,11 @@ void gpt_par_result_free(gpt_par_result *res);
  * lr whatever its size; both runs' key biases are such random walks and
  * cannot be compared.  Used for parameters after training, not for the
  * gradients of step 1. */
-double gpt_shard_error(const gpt_config *c, int id, int tp, int r, const float *a,
+double gpt_shard_error(const gpt_config *c, int id, int parts, int r, const float *a,
                        size_t n, const float *ref_full, int skip_key_bias);
 /* The same over elements [off, off + n) of the shard only (a rank's owned
  * range in shard mode); -1 when n is 0. */
-double gpt_shard_error_at(const gpt_config *c, int id, int tp, int r, const float *a,
+double gpt_shard_error_at(const gpt_config *c, int id, int parts, int r, const float *a,
                           size_t off, size_t n, const float *ref_full, int skip_key_bias);
 
 #endif

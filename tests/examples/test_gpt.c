@@ -13,17 +13,8 @@
 #include <string.h>
 
 #include "train.h"
+#include "gpt_data.h"
 
-static uint8_t *load_data(size_t *len) {
-  FILE *f = fopen(GPT_DEFAULT_DATA, "rb");
-  cr_assert_not_null(f, "cannot open %s", GPT_DEFAULT_DATA);
-  uint8_t *buf = malloc(1 << 20);
-  cr_assert_not_null(buf);
-  *len = fread(buf, 1, 1 << 20, f);
-  fclose(f);
-  cr_assert_gt(*len, 1000);
-  return buf;
-}
 
 Test(gpt, finite_difference_gradients) {
   gpt_config c = {.n_layer = 2, .d_model = 16, .n_head = 4, .seq = 8, .batch = 2,

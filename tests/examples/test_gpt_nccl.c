@@ -17,17 +17,8 @@
 
 #include "double.h"
 #include "train.h"
+#include "gpt_data.h"
 
-static uint8_t *load_data(size_t *len) {
-  FILE *f = fopen(GPT_DEFAULT_DATA, "rb");
-  cr_assert_not_null(f, "cannot open %s", GPT_DEFAULT_DATA);
-  uint8_t *buf = malloc(1 << 20);
-  cr_assert_not_null(buf);
-  *len = fread(buf, 1, 1 << 20, f);
-  fclose(f);
-  cr_assert_gt(*len, 1000);
-  return buf;
-}
 
 static const gpt_config base_cfg = {.n_layer = 2, .d_model = 32, .n_head = 4, .seq = 16,
                                     .batch = 4, .micro = 2, .lr = 3e-3f, .seed = 7};
