@@ -40,7 +40,8 @@
  * needs --sp (each rank routes its own rows).  Tokens go out by
  * mpg_all_to_all_v over "ep", are all-gathered over "etp", and come back
  * by reduce-scatter and the reverse all-to-all.  Expert gradients are
- * averaged over "edp" (scale derived in train.c); --shard is refused.
+ * averaged over "edp" (scale derived in train.c); with --shard they are
+ * sharded over "edp" (the sync's expert domain), dense ones over dp_cp.
  * Pipeline stages may mix dense and MoE layers.  The reference computes
  * all experts in one process, with the same load-balancing groups; the
  * comparison covers the router and each rank's expert shards ("h1.router.w",
@@ -163,7 +164,8 @@ static void usage(void) {
           "          per token (2); --ep expert parallel size (1, E %% ep == 0);\n"
           "          --etp expert tensor parallel size (tp); --dense-layers D: the\n"
           "          first D layers keep a dense MLP (0); --aux-coef load-balancing\n"
-          "          loss coefficient (0.01).  tp > 1 needs --sp; not with --shard\n"
+          "          loss coefficient (0.01).  tp > 1 needs --sp; with --shard the\n"
+          "          expert params shard over edp (a dp mesh, not dp_replicate)\n"
           "  --mpi   one rank per process of an mpirun job (MPI backend)\n"
           "  --nccl  thread ranks on the NCCL backend, one CUDA device each\n"
           "          (device = rank %% device count); the math stays on the host and\n"
@@ -233,7 +235,7 @@ int main(int argc, char **argv) {
   const char *why = gpt_config_check(&c, d.tp, d.pp, d.dp, d.cp, sp);
   if (!why && c.moe > 0) {
     why = gpt_moe_check(&c, d.tp, d.pp, d.dp, d.cp, sp, c.ep, c.etp);
-    if (!why && shard) why = "--shard with --moe is not supported yet";
+    if (!why && d.hsdp) why = "--moe needs a \"dp\" dim (not dp_replicate / dp_shard)";
   } else if (!why && (c.ep > 1 || c.etp > 1)) {
     why = "--ep and --etp need --moe";
   }

@@ -501,9 +501,9 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
      * shard group, repeated over dp_replicate: count replica 0 only); tp
      * shards each once, replicated tensors on tp rank 0 only, the tied wte
      * on the first stage only.  Expert tensors: equal over edp after the
-     * sync, count edp rank 0; etp shards each once, fc2's bias (the same
-     * on every etp member) on etp rank 0; each ep rank's experts are its
-     * own. */
+     * sync, count edp rank 0 (shard mode: each edp member its owned range);
+     * etp shards each once, fc2's bias (the same on every etp member) on
+     * etp rank 0; each ep rank's experts are its own. */
     memset(red, 0, (size_t)nred * sizeof(double));
     red[0] = loss;
     /* MoE: the aux loss (every rank of a group's tp x cp ranks computed
@@ -514,7 +514,14 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
       if (!rs.grad[id]) continue;
       const int split = gpt_tensor_split(c, id);
       if (gpt_tensor_expert(c, id)) {
-        if (edr == 0 && (split == GPT_SPLIT_ETP || etr == 0)) red[1] += gpt_grad_sumsq(&m, id);
+        if (split != GPT_SPLIT_ETP && etr != 0) continue;
+        if (shard && rs.sharded[id]) {
+          /* Shard mode: sharded over edp, each member counts its range. */
+          const float *g = rs.grad[id] + rs.own_off[id];
+          for (size_t i = 0; i < rs.own_cnt[id]; i++) red[1] += (double)g[i] * g[i];
+        } else if (edr == 0) {
+          red[1] += gpt_grad_sumsq(&m, id);
+        }
         continue;
       }
       if (split != GPT_SPLIT_TP && tr != 0) continue;
@@ -743,10 +750,10 @@ int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len
     snprintf(res->error, sizeof res->error, "%s", why);
     return -1;
   }
-  if (c->moe > 0 && (o->shard || J.d.hsdp)) {
+  if (c->moe > 0 && J.d.hsdp) {
     snprintf(res->error, sizeof res->error,
-             "--shard with --moe is not supported yet: the example's shard mode has no "
-             "expert (edp) parameters; use the replicate mode");
+             "--moe with dp_replicate / dp_shard dims: the expert grid needs a \"dp\" dim; "
+             "use --shard on a dp mesh (expert params shard over edp)");
     return -1;
   }
   if (len < (size_t)c->seq + 2) {

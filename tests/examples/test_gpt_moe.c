@@ -9,7 +9,8 @@
  * and every parameter after the last step, each rank's expert shards
  * against the matching slice of the reference's); deliberate bugs (a wrong
  * expert-gradient scale, another aux coefficient) that the comparison
- * catches; the configurations the example refuses; and one mpirun job of
+ * catches; shard mode (expert params sharded over edp); the configurations
+ * the example refuses; and one mpirun job of
  * the gpt program (--mpi) when the build has MPI.
  *
  * Built again on the CUDA/NCCL test double (GPT_MOE_ON_DOUBLE,
@@ -304,19 +305,20 @@ Test(gpt_moe, aux_loss_gradient) {
 
 /* ---- parallel, thread ranks ----------------------------------------------- */
 
-static void check_moe(const gpt_config *cfg, const char *mesh, int sp) {
+static void check_moe_mode(const gpt_config *cfg, const char *mesh, int sp, int shard) {
   gpt_config c = *cfg;
   c.aux_seqs = c.batch / (mesh_dp(mesh) * c.micro);
   const int steps = 3;
   char what[200];
-  snprintf(what, sizeof what, "%s%s moe=%d topk=%d ep=%d etp=%d dense=%d", mesh,
-           sp ? " sp" : "", c.moe, c.topk, c.ep, c.etp, c.dense_layers);
+  snprintf(what, sizeof what, "%s%s%s moe=%d topk=%d ep=%d etp=%d dense=%d", mesh,
+           sp ? " sp" : "", shard ? " shard" : "", c.moe, c.topk, c.ep, c.etp,
+           c.dense_layers);
   size_t len;
   uint8_t *data = load_data(&len);
   run_ref r;
   ref_train(&c, data, len, steps, &r);
   gpt_par_result res;
-  gpt_par_opts o = {.sp = sp};
+  gpt_par_opts o = {.sp = sp, .shard = shard};
   int rc = gpt_parallel_train_opts(&c, data, len, mesh, &o, steps, &r.model, r.g1, &res);
   cr_assert_eq(rc, 0, "%s: %s", what, res.error);
   cr_assert_not_null(res.aux);
@@ -326,6 +328,10 @@ static void check_moe(const gpt_config *cfg, const char *mesh, int sp) {
   gpt_par_result_free(&res);
   ref_free(&r);
   free(data);
+}
+
+static void check_moe(const gpt_config *cfg, const char *mesh, int sp) {
+  check_moe_mode(cfg, mesh, sp, 0);
 }
 
 /* etp (1) != tp (2); ep * edp = 4 * 2 = world; experts see rows of two
@@ -365,6 +371,26 @@ Test(gpt_moe, dp8_e6_ep2_top3) {
   gpt_config c = moe_cfg;
   c.moe = 6, c.topk = 3, c.ep = 2, c.etp = 0, c.micro = 1;
   check_moe(&c, "dp=8", 0);
+}
+
+/* Sharded data parallel (a distributed optimizer): dense params shard over
+ * dp_cp, expert params over edp (the sync's expert domain), and the grad
+ * norm counts each rank's owned ranges of both. */
+Test(gpt_moe, shard_dp4_tp2_sp_ep4_etp1) {
+  gpt_config c = moe_cfg;
+  c.ep = 4, c.etp = 1;
+  check_moe_mode(&c, "dp=4,tp=2", 1, 1);
+}
+Test(gpt_moe, shard_tp2_cp2_dp2_sp_ep2_etp2) {
+  gpt_config c = moe_cfg;
+  c.ep = 2, c.etp = 2;
+  check_moe_mode(&c, "tp=2,cp=2,dp=2", 1, 1);
+}
+/* Stage 0 dense (no expert params to shard), stage 1 MoE. */
+Test(gpt_moe, shard_pp2_dp2_tp2_sp_dense1) {
+  gpt_config c = moe_cfg;
+  c.ep = 2, c.etp = 1, c.dense_layers = 1;
+  check_moe_mode(&c, "pp=2,dp=2,tp=2", 1, 1);
 }
 
 /* ---- the comparison catches mistakes -------------------------------------- */
@@ -436,7 +462,7 @@ Test(gpt_moe, refused_configurations) {
     const char *msg;
   } bad[] = {
       {"dp=4,tp=2", 0, 0, 4, 4, 1, 2, "needs --sp"},
-      {"dp=4,tp=2", 1, 1, 4, 4, 1, 2, "--shard"},
+      {"dp_replicate=2,dp_shard=2,tp=2", 1, 1, 4, 4, 1, 2, "dp_replicate / dp_shard"},
       {"dp=8", 0, 0, 6, 4, 1, 1, "multiple of ep"},
       {"dp=8", 0, 0, 4, 4, 3, 1, "multiple of etp"},
       {"dp=4,tp=2", 1, 0, 4, 4, 1, 1, "aux_seqs"},
