@@ -242,7 +242,7 @@ typedef struct mpg_flatten {
 /* Everything a spec file says.  A plain value type: it holds no pointers,
  * so it may be copied, and needs no destroy call.  A versioned struct
  * (input and output): always start from MPG_SPEC_INIT, which holds every
- * default.  Each section's keys and defaults are documented in README.md. */
+ * default.  Each section's keys and defaults are documented in docs/spec.md. */
 typedef struct mpg_spec {
   size_t size;       /* sizeof(mpg_spec) of the caller's build */
   uint32_t magic;    /* MPG_SPEC_MAGIC */
@@ -286,7 +286,7 @@ typedef struct mpg_spec {
 
   /* [experts], appended: the expert grid of MoE layers, a second rank grid
    * over the same world (Megatron's expert RankGenerator); see
-   * mpg_spec_set_experts and README.md, "Expert parallelism (MoE) grid". */
+   * mpg_spec_set_experts and docs/pipeline-and-experts.md. */
   int expert_ep;                  /* [experts] ep: > 0, or -1 (inferred, then
                                      edp = 1); 0 = no expert grid */
   int expert_tp;                  /* [experts] tp: > 0; 0 = the size of the
@@ -875,7 +875,7 @@ struct mpg_init_opts {
                            dim-set order (NCCL matches splits by order) */
   int device;           /* NCCL: CUDA device (this process's ordinal);
                            -1: chosen from the local rank and the devices
-                           CUDA shows (README "Choice of CUDA device") */
+                           CUDA shows (docs/nccl.md, "Choice of CUDA device") */
   const void *nccl_id;  /* NCCL: a 128-byte ncclUniqueId from the caller */
   void *mpi_comm;       /* MPI: pointer to the MPI_Comm to use as world;
                            NULL: MPI_COMM_WORLD.  Rank and world size then
@@ -1138,8 +1138,8 @@ MPG_API mpg_status mpg_ctx_group_partial(mpg_ctx *ctx, const char *dims, int ins
  *
  * On the mpi backend this memory is also faster: an in-place all_reduce
  * (send == recv) on it runs without staging copies, MPI reducing the
- * buffer itself (other memory is copied in and out, see README "mpi
- * backend").  The price: after a failed or timed-out operation such a
+ * buffer itself (other memory is copied in and out, see docs/groups.md,
+ * "The mpi backend in more detail").  The price: after a failed or timed-out operation such a
  * buffer holds unspecified values (staged buffers keep their input), and
  * mpg_ctx_mem_free of a buffer that an unfinished or abandoned operation
  * still uses returns MPG_OK but defers the release until MPI is done with

@@ -2,7 +2,7 @@
  * add, never one number widened until it passes.
  *
  * meshpg promises that a call which waits on an absent peer returns within
- * its timeout + 1 s (README "Failures").  That promise is about the
+ * its timeout + 1 s (docs/failures.md).  That promise is about the
  * library.  A test that times the call with a wall clock also measures the
  * machine: with more runnable ranks than cores, a rank whose deadline has
  * passed waits for a core before it can see so, and a sanitizer slows every

@@ -33,8 +33,9 @@ esac
 
 # Debian packages the build and the test suite need.
 # cmake: tests/install builds a CMake consumer of the installed package.
+# scdoc: builds the man pages (man/); man-db: tests/install renders them.
 packages=(gcc g++ meson ninja-build pkg-config libtomlplusplus-dev libhwloc-dev
-          libcriterion-dev libopenmpi-dev openmpi-bin valgrind cmake)
+          libcriterion-dev libopenmpi-dev openmpi-bin valgrind cmake scdoc man-db)
 # PyTorch (gloo) for the DDP column of the sync benchmark only.
 if [ "$mode" = bench ]; then packages+=(python3-torch); fi
 # clang and its runtimes (ASan, UBSan, TSan, libFuzzer) for the sanitizer
@@ -73,7 +74,7 @@ case "$mode" in
     # The main job: 8 thread ranks train a small GPT tensor- (with sequence
     # parallelism), context- and data-parallel (sharded optimizer) on
     # meshpg's groups and sync, checked step for step against one process
-    # (examples/gpt; README "The GPT example").  Exits non-zero on FAIL.
+    # (examples/gpt; docs/examples.md).  Exits non-zero on FAIL.
     "$build/examples/gpt/gpt" --mesh tp=2,cp=2,dp=2 --sp --shard --steps 300 \
       --svg "$build/gpt_loss.svg"
     ;;

@@ -276,7 +276,7 @@ static mpg_status comm_identity(void *mpi_comm, int *rank, int *size) {
 /* The ring's window: MESHPG_MPI_WINDOW, else MPG_MPI_WINDOW_WIDE when
  * this node's ranks (args->local_world_size) have an online core each and
  * MPG_MPI_WINDOW_NARROW when they outnumber the cores.  Measured on
- * gpt-small's sync (bench/run_sync.sh, README "Benchmarks"): with a core
+ * gpt-small's sync (bench/run_sync.sh, docs/benchmarks.md): with a core
  * per rank, 8 one-MiB pieces in flight keep every rank busy reducing one
  * piece while the next arrives (11 % faster than 2 at np 2 on 2 cores);
  * with more ranks than cores, the extra pieces only compete for the same

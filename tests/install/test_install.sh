@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The installed package, as a consumer sees it.
 #
-#   test_install.sh BUILD_DIR SOURCE_DIR VERSION HAVE_MPI MESON
+#   test_install.sh BUILD_DIR SOURCE_DIR VERSION HAVE_MPI MESON HAVE_MAN
 #
 # 1. `meson install --destdir STAGE --no-rebuild` of the built tree;
 # 2. examples/trainer.cpp, copied out of the source tree, built twice against
@@ -12,13 +12,17 @@
 #    meshpgConfigVersion.cmake;
 # 3. each binary must resolve libmeshpg from STAGE (RUNPATH, ldd with
 #    LD_LIBRARY_PATH cleared of any libmeshpg), then train: 8 thread-backend ranks, and 4
-#    processes under mpirun when the MPI backend is built.
+#    processes under mpirun when the MPI backend is built;
+# 4. when the man pages were built (HAVE_MAN=1: scdoc was found), each of
+#    meshpg.1, meshpg-spec.5 and meshpg.3 is installed under mandir and
+#    `man -l` renders it without a warning; skipped, saying so, without
+#    scdoc or man.
 # Exit 0 on success, 1 on a failure, 77 (skip) only when cmake or pkg-config
 # is missing.
 set -euo pipefail
 
-if [ $# -ne 5 ]; then
-  echo "usage: $0 BUILD_DIR SOURCE_DIR VERSION HAVE_MPI MESON" >&2
+if [ $# -ne 6 ]; then
+  echo "usage: $0 BUILD_DIR SOURCE_DIR VERSION HAVE_MPI MESON HAVE_MAN" >&2
   exit 1
 fi
 build=$(cd "$1" && pwd)
@@ -26,6 +30,7 @@ src=$(cd "$2" && pwd)
 version=$3
 have_mpi=$4
 meson=$5
+have_man=$6
 
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -69,13 +74,38 @@ step "meson install --destdir $stage"
   { cat "$tmp/install.log" >&2; fail "meson install failed"; }
 
 # Where meson put things: the build's prefix, libdir and includedir.
-read -r prefix libdir includedir < <("$meson" introspect "$build" --buildoptions | python3 -c '
+read -r prefix libdir includedir mandir < <("$meson" introspect "$build" --buildoptions | python3 -c '
 import json, sys
 o = {x["name"]: x["value"] for x in json.load(sys.stdin)}
-print(o["prefix"], o["libdir"], o["includedir"])')
+print(o["prefix"], o["libdir"], o["includedir"], o["mandir"])')
 sprefix=$stage$prefix
 case $libdir in /*) slib=$stage$libdir ;; *) slib=$sprefix/$libdir ;; esac
 case $includedir in /*) sinc=$stage$includedir ;; *) sinc=$sprefix/$includedir ;; esac
+case $mandir in /*) sman=$stage$mandir ;; *) sman=$sprefix/$mandir ;; esac
+
+# ---------------------------------------------------------------------------
+# The man pages: installed under mandir, and each renders.
+if [ "$have_man" != 1 ]; then
+  echo "SKIP (man pages): scdoc was not found when $build was configured, so the man" \
+       "pages are not built (Debian package scdoc; bash tools/setup.sh test installs it)"
+else
+  step "man pages"
+  for page in man1/meshpg.1 man5/meshpg-spec.5 man3/meshpg.3; do
+    [ -s "$sman/$page" ] || fail "the staged install has no ${sman#"$stage"}/$page"
+  done
+  if ! command -v man >/dev/null 2>&1; then
+    echo "SKIP (man pages): man is not installed (Debian package man-db), the installed" \
+         "pages are not rendered"
+  else
+    for page in man1/meshpg.1 man5/meshpg-spec.5 man3/meshpg.3; do
+      MANWIDTH=80 man --warnings -l "$sman/$page" >"$tmp/man.txt" 2>"$tmp/man.err" ||
+        { cat "$tmp/man.err" >&2; fail "man -l $page failed"; }
+      [ ! -s "$tmp/man.err" ] || { cat "$tmp/man.err" >&2; fail "man -l $page: warnings"; }
+      grep -q '^NAME' "$tmp/man.txt" || fail "man -l $page: no NAME section in: $(head -5 "$tmp/man.txt")"
+      echo "man -l $page: $(wc -l <"$tmp/man.txt") lines"
+    done
+  fi
+fi
 for f in "$sinc/meshpg.h" "$sinc/meshpg.hpp" "$slib/libmeshpg.so" "$slib/pkgconfig/meshpg.pc" \
          "$slib/cmake/meshpg/meshpgConfig.cmake" "$slib/cmake/meshpg/meshpgConfigVersion.cmake"; do
   [ -e "$f" ] || fail "the staged install has no ${f#"$stage"}"
