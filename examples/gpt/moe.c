@@ -187,6 +187,22 @@ static void gather(gpt_model *m, mpg_group *g, const void *send, void *recv, siz
   gpt__note(m, gpt_stage_all_gather(m->comm.stage, g, send, recv, count, dt));
 }
 
+/* Rows to the experts' ep rank (the all-to-all over "ep"), then, with
+ * etp > 1, gathered over "etp" into `out` (etp x `count` floats: each
+ * member's rows padded to count / C, the padding zero); with etp == 1 the
+ * all-to-all writes `out` itself.  `loc`: count floats of scratch. */
+static void to_experts(gpt_model *m, int etp, const float *send, const size_t *sc,
+                       const size_t *sd, const size_t *rc, const size_t *rd, float *loc,
+                       float *out, size_t count) {
+  if (etp == 1) {
+    a2a_v(m, m->comm.ep, send, sc, sd, out, rc, rd);
+    return;
+  }
+  memset(loc, 0, count * sizeof(float));
+  a2a_v(m, m->comm.ep, send, sc, sd, loc, rc, rd);
+  gather(m, m->comm.etp, loc, out, count, MPG_F32);
+}
+
 static void scatter_sum(gpt_model *m, mpg_group *g, const float *send, float *recv,
                         size_t count) {
   if (gsize(g) == 1) {
@@ -328,14 +344,7 @@ void gpt__moe_fwd(gpt_model *m, gpt_moe_act *a, int layer, const float *h, const
    * nmax rows each). */
   const size_t NG = (size_t)etp * nmax;
   float *X = GROW(a, X, NG * C);
-  if (etp == 1) {
-    a2a_v(m, m->comm.ep, send, ssc, sdis, X, rsc, rdis);
-  } else {
-    float *loc = GROW(w, b, nmax * C);
-    memset(loc, 0, nmax * C * sizeof(float));
-    a2a_v(m, m->comm.ep, send, ssc, sdis, loc, rsc, rdis);
-    gather(m, m->comm.etp, loc, X, nmax * C, MPG_F32);
-  }
+  to_experts(m, etp, send, ssc, sdis, rsc, rdis, GROW(w, b, nmax * C), X, nmax * C);
 
   /* The local experts, segment by segment: (etp member q, source s,
    * expert le) in that order. */
@@ -417,14 +426,7 @@ void gpt__moe_bwd(gpt_model *m, gpt_moe_act *a, int layer, const float *h, const
   /* To the experts' ep rank, gathered over etp: every etp member then has
    * the output gradients of all the rows its expert shards saw. */
   float *dG = GROW(w, c, NG * C);
-  if (etp == 1) {
-    a2a_v(m, m->comm.ep, dsend, ssc, sdis, dG, rsc, rdis);
-  } else {
-    float *loc = GROW(w, d, nmax * C);
-    memset(loc, 0, nmax * C * sizeof(float));
-    a2a_v(m, m->comm.ep, dsend, ssc, sdis, loc, rsc, rdis);
-    gather(m, m->comm.etp, loc, dG, nmax * C, MPG_F32);
-  }
+  to_experts(m, etp, dsend, ssc, sdis, rsc, rdis, GROW(w, d, nmax * C), dG, nmax * C);
   /* Expert backward, segment by segment as in forward.  dXg: the input
    * gradients' partial sums over etp (padding rows 0). */
   float *dgel = GROW(w, a, NG * Cx); /* dsend is consumed */
