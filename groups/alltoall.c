@@ -136,6 +136,50 @@ static mpg_status copy_self(mpg_group *g, const a2a *a) {
   return ctx->ops->local ? ctx->ops->local(ctx->world_comm, &c) : mpg__local_host(&c);
 }
 
+/* One exchange with every peer as one point-to-point list: the receive
+ * from position me - k and the send to me + k for k = 1 .. size - 1 (the
+ * staggered order), every receive before any send (p2p.c posts the list in
+ * order).  fill() sets the pair's receive and send. */
+typedef void (*pair_fill)(const a2a *a, void *arg, int from, int to, mpg__coll *r,
+                          mpg__coll *s);
+
+static mpg_status post_staggered(mpg_group *g, const a2a *a, pair_fill fill, void *arg,
+                                 mpg_work **work) {
+  int size = g->size, me = g->position, n = 2 * (size - 1);
+  mpg__coll *list = malloc((size_t)n * sizeof *list);
+  if (!list)
+    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for %d operations", a->fn,
+                     g->name, n);
+  for (int k = 1; k < size; k++)
+    fill(a, arg, (me - k + size) % size, (me + k) % size, &list[k - 1],
+         &list[size - 1 + k - 1]);
+  mpg_status st = mpg__group_post_p2p(g, list, n, a->fn, work);
+  free(list);
+  return st;
+}
+
+/* The counts' pair: two u64 each way (exchange_counts). */
+static void count_pair(const a2a *a, void *arg, int from, int to, mpg__coll *r,
+                       mpg__coll *s) {
+  uint64_t *mine = ((uint64_t **)arg)[0], *theirs = ((uint64_t **)arg)[1];
+  mine[2 * to] = scount(a, to);
+  mine[2 * to + 1] = rcount(a, to);
+  *r = (mpg__coll){MPG__RECV, NULL, theirs + 2 * from, 2, MPG_I64, MPG_OP_SUM, 1.0, 0, from,
+                   NULL, 0};
+  *s = (mpg__coll){MPG__SEND, mine + 2 * to, NULL, 2, MPG_I64, MPG_OP_SUM, 1.0, 0, to, NULL,
+                   0};
+}
+
+/* The data's pair: the blocks from `from` and to `to`. */
+static void data_pair(const a2a *a, void *arg, int from, int to, mpg__coll *r, mpg__coll *s) {
+  (void)arg;
+  size_t es = mpg__dtype_size(a->dtype), rn = rcount(a, from), sn = scount(a, to);
+  *r = (mpg__coll){MPG__RECV, NULL, rn ? (char *)a->recv + rdispl(a, from) * es : NULL, rn,
+                   a->dtype, MPG_OP_SUM, 1.0, 0, from, a->stream, 0};
+  *s = (mpg__coll){MPG__SEND, sn ? (const char *)a->send + sdispl(a, to) * es : NULL, NULL,
+                   sn, a->dtype, MPG_OP_SUM, 1.0, 0, to, a->stream, 0};
+}
+
 /* Before the backend's own all-to-all, every member tells each peer what
  * it sends it and what it expects from it: one point-to-point round
  * (mpg__group_post_p2p: a member that never arrives is named by the
@@ -143,27 +187,11 @@ static mpg_status copy_self(mpg_group *g, const a2a *a) {
  * 1] what it expects from it.  Blocking, also for an async call. */
 static mpg_status exchange_counts(mpg_group *g, const a2a *a, uint64_t *mine,
                                   uint64_t *theirs) {
-  int size = g->size, me = g->position, n = 2 * (size - 1);
-  mpg__coll *list = malloc((size_t)n * sizeof *list);
-  if (!list)
-    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for %d operations", a->fn,
-                     g->name, n);
-  for (int k = 1; k < size; k++) {
-    int from = (me - k + size) % size, to = (me + k) % size;
-    mine[2 * to] = scount(a, to);
-    mine[2 * to + 1] = rcount(a, to);
-    mpg__coll r = {MPG__RECV, NULL, theirs + 2 * from, 2, MPG_I64, MPG_OP_SUM, 1.0, 0, from,
-                   NULL, 0};
-    mpg__coll sn = {MPG__SEND, mine + 2 * to, NULL, 2, MPG_I64, MPG_OP_SUM, 1.0, 0, to, NULL,
-                    0};
-    list[k - 1] = r;
-    list[size - 1 + k - 1] = sn;
-  }
-  mpg_status st = mpg__group_post_p2p(g, list, n, a->fn, NULL);
-  free(list);
+  uint64_t *both[2] = {mine, theirs};
+  mpg_status st = post_staggered(g, a, count_pair, both, NULL);
   if (st)
     return mpg__fail_wrap(st, "%s on \"%s\" (position %d): exchanging the counts before "
-                          "the data", a->fn, g->name, me);
+                          "the data", a->fn, g->name, g->position);
   return MPG_OK;
 }
 
@@ -310,31 +338,13 @@ static mpg_status run_a2a(mpg_group *g, const a2a *a, mpg_work **work) {
     if (taken) return st;
   }
 
-  int size = g->size, me = g->position, n = 2 * (size - 1);
-  size_t es = mpg__dtype_size(a->dtype);
-  mpg__coll *list = malloc((size_t)n * sizeof *list);
-  if (!list)
-    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for %d operations", a->fn,
-                     g->name, n);
-  /* The receives first (p2p.c posts the list in order), then the sends. */
-  for (int k = 1; k < size; k++) {
-    int from = (me - k + size) % size, to = (me + k) % size;
-    size_t rn = rcount(a, from), sn = scount(a, to);
-    mpg__coll r = {MPG__RECV, NULL, rn ? (char *)a->recv + rdispl(a, from) * es : NULL, rn,
-                   a->dtype, MPG_OP_SUM, 1.0, 0, from, a->stream, 0};
-    mpg__coll s = {MPG__SEND, sn ? (const char *)a->send + sdispl(a, to) * es : NULL, NULL,
-                   sn, a->dtype, MPG_OP_SUM, 1.0, 0, to, a->stream, 0};
-    list[k - 1] = r;
-    list[size - 1 + k - 1] = s;
-  }
-  st = mpg__group_post_p2p(g, list, n, a->fn, work);
-  free(list);
+  st = post_staggered(g, a, data_pair, NULL, work);
   if (st == MPG_ERR_INVALID)
     /* Posted and refused by the backend: the counts of two members
      * disagree (the thread backend's receive names the pair). */
     return mpg__fail_wrap(st, "%s on \"%s\" (position %d): the counts of two members do "
                           "not match (recv_counts[i] on member j must equal send_counts[j] "
-                          "on member i)", a->fn, g->name, me);
+                          "on member i)", a->fn, g->name, g->position);
   return st;
 }
 
