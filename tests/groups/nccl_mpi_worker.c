@@ -119,7 +119,7 @@ static const char *mesh_of(int world) {
   return NULL;
 }
 
-static mpg_status make_ctx(double timeout_s, mpg_mesh **mesh, mpg_ctx **ctx) {
+static mpg_status make_ctx_lazy(double timeout_s, int lazy, mpg_mesh **mesh, mpg_ctx **ctx) {
   mpg_spec spec = MPG_SPEC_INIT;
   mpg_status st = mpg_spec_init(&spec);
   if (!st) st = mpg_spec_set_mesh(&spec, mesh_of(g_world));
@@ -130,7 +130,12 @@ static mpg_status make_ctx(double timeout_s, mpg_mesh **mesh, mpg_ctx **ctx) {
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
   o.backend = MPG_BACKEND_NCCL;
   o.timeout_s = timeout_s;
+  o.lazy_groups = lazy;
   return mpg_ctx_create(*mesh, &o, ctx); /* rank, device: from the launcher */
+}
+
+static mpg_status make_ctx(double timeout_s, mpg_mesh **mesh, mpg_ctx **ctx) {
+  return make_ctx_lazy(timeout_s, 0, mesh, ctx);
 }
 
 /* The gradient rank r writes at element i: small integers, so every
@@ -596,17 +601,7 @@ static int run_lazy(void) {
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
   void *dev = NULL, *ring = NULL;
-  mpg_spec spec = MPG_SPEC_INIT;
-  TRY(mpg_spec_init(&spec));
-  TRY(mpg_spec_set_mesh(&spec, mesh_of(g_world)));
-  TRY(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"));
-  TRY(mpg_spec_validate(&spec));
-  TRY(mpg_mesh_create(&spec, g_world, &mesh));
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
-  o.timeout_s = 60;
-  o.lazy_groups = 1;
-  TRY(mpg_ctx_create(mesh, &o, &ctx));
+  TRY(make_ctx_lazy(60, 1, &mesh, &ctx));
   TRY(mpg_ctx_mem_alloc(ctx, 4, 0, &dev));
   /* Even ranks want tp first, odd ranks dp: the library agrees on the
    * union before it splits (every rank enters the same splits). */
@@ -680,16 +675,7 @@ static int run_alltoall(void) {
   mpg_ctx *ctx = NULL;
   void *send = NULL, *recv = NULL;
   float *hs = NULL, *hr = NULL;
-  mpg_spec spec = MPG_SPEC_INIT;
-  TRY(mpg_spec_init(&spec));
-  TRY(mpg_spec_set_mesh(&spec, mesh_of(g_world)));
-  TRY(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"));
-  TRY(mpg_spec_validate(&spec));
-  TRY(mpg_mesh_create(&spec, g_world, &mesh));
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
-  o.timeout_s = 60;
-  TRY(mpg_ctx_create(mesh, &o, &ctx));
+  TRY(make_ctx(60, &mesh, &ctx));
   const size_t cap = 8 * 64 * 4; /* elements per buffer: 8 peers x 64, 4 B each */
   TRY(mpg_ctx_mem_alloc(ctx, cap * 4, 0, &send));
   TRY(mpg_ctx_mem_alloc(ctx, cap * 4, 0, &recv));
