@@ -213,6 +213,12 @@ static mpg__req **work_reqs(mpg_work *w, int *n) {
 
 mpg_status mpg_work_wait(mpg_work *w) {
   if (!w) return MPG_OK;
+  if (w->shm) {
+    mpg_status st = w->status ? w->status : mpg__shm_wait(w->shm, w->shm_q, w->deadline);
+    if (st && !w->status) st = on_failure(w->group, "mpg_work_wait", st);
+    free(w);
+    return st;
+  }
   int n;
   mpg__req **reqs = work_reqs(w, &n);
   /* A failure seen by mpg_work_test was of reqs[ndone]; the others are
@@ -233,6 +239,14 @@ mpg_status mpg_work_test(mpg_work *w, int *done) {
   if (w->status) {
     *done = 1;
     return w->status;
+  }
+  if (w->shm) {
+    mpg_status st = mpg__shm_test(w->shm, w->shm_q, w->deadline, done);
+    if (st) {
+      *done = 1;
+      w->status = on_failure(w->group, "mpg_work_test", st);
+    }
+    return st ? w->status : MPG_OK;
   }
   const struct mpg__backend_ops *ops = w->group->ctx->ops;
   int n;

@@ -256,6 +256,7 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
   ctx->nsets = mpg_mesh_num_dimsets(mesh);
   ctx->launcher_rank = a.rank;
   ctx->num_nodes = 1;
+  if (opts->host_id) snprintf(ctx->host_id, sizeof ctx->host_id, "%s", opts->host_id);
   mpg_binding unbound = MPG_BINDING_INIT;
   ctx->binding = unbound;
   ctx->binding.local_rank = a.local_rank;

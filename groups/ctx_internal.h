@@ -56,6 +56,7 @@ struct mpg_ctx {
   atomic_int aborted; /* MPG_OK while healthy, else the reason; atomic so
                         that a watchdog thread may call mpg_ctx_abort */
   mpg__comm *world_comm;
+  char host_id[MPG_HOST_ID_MAX]; /* opts.host_id, "" when not given */
   long setup_collectives;
   int nsets;
   mpg_group groups[MAX_SETS];
@@ -72,7 +73,15 @@ struct mpg_work {
   int ndone;          /* requests mpg_work_test saw finish, in order */
   double deadline;
   mpg_status status; /* a failure seen by mpg_work_test */
+  struct mpg__shm *shm; /* or a shared-memory operation (groups/shm/): */
+  uint32_t shm_q;       /* its number */
 };
+
+/* shm/engine.c: is shared-memory operation q complete (test: *done), or
+ * wait for it until deadline (plus the engine's grace).  A timeout or
+ * abort is returned (the caller aborts the context). */
+mpg_status mpg__shm_test(struct mpg__shm *s, uint32_t q, double deadline, int *done);
+mpg_status mpg__shm_wait(struct mpg__shm *s, uint32_t q, double deadline);
 
 /* coll.c: before an operation `fn` on g: MPG_ERR_ABORTED when the context
  * was aborted; else g's communicator, created now if lazy (a failure then

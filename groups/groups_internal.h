@@ -70,6 +70,45 @@ mpg_status mpg__group_host_all_reduce(mpg_group *group, const void *send,
  * issued different collectives or group creations since the last check. */
 mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where);
 
+/* Node-local shared memory for a group's in-place reductions
+ * (groups/shm/, protocol in shm/shm_internal.h): the one-pass sync of the
+ * CPU backends.  mpg__shm_create is collective over the group: when the
+ * backend is thread or mpi, dtype is f32, f64, f16 or bf16, the group has
+ * two or more members, every member is on one host (opts.host_id, else
+ * mpg_topo_host_identity) and MESHPG_SHM is not 0 on any of them, it
+ * makes one segment holding every member's `bytes`-byte buffer (threads
+ * of one process: an anonymous mapping; processes: a POSIX shared-memory
+ * object, unlinked once all mapped it), starts this member's worker
+ * thread and returns *out with *data, this member's buffer (zeroed, page
+ * aligned; it lives until mpg__shm_destroy).  Otherwise *out is NULL (one
+ * log line says why) and the caller allocates as before.  depth: how
+ * many operations a member may post before the first is complete
+ * everywhere (more wait, bounded by the timeout).  Errors, on every
+ * member alike: MPG_ERR_ENV when /dev/shm lacks the space (the message
+ * names the bytes needed and free) or MESHPG_SHM has another value than
+ * 0 or 1; MPG_ERR_NOMEM. */
+typedef struct mpg__shm mpg__shm;
+mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int depth,
+                           mpg__shm **out, void **data);
+/* Post, as the n-th operation of this member, the in-place all-reduce of
+ * elements [offset, offset + count) of every member's buffer, or the
+ * reduce-scatter of [offset, offset + count x size) (member p gets slice p
+ * in place, the others keep their input there).  op: MPG_OP_SUM,
+ * MPG_OP_AVG, or MPG_OP_PREMUL_SUM with scale.  Reduced in position order,
+ * f16/bf16 in f32 and rounded once: the thread backend's arithmetic, bit
+ * for bit.  The caller's elements must be written before the post; the
+ * buffer's range must not be touched until the work completes
+ * (mpg_work_test / mpg_work_wait as for any collective; the timeout and
+ * abort are the context's).  Every member posts the same operations in
+ * the same order (each is checked against the others': MPG_ERR_INVALID). */
+mpg_status mpg__shm_all_reduce(mpg__shm *shm, size_t offset, size_t count, mpg_op op,
+                               double scale, mpg_work **work);
+mpg_status mpg__shm_reduce_scatter(mpg__shm *shm, size_t offset, size_t count, mpg_op op,
+                                   double scale, mpg_work **work);
+/* Stop the worker and unmap (NULL: nothing).  Local; after the works
+ * completed, or after a failure. */
+mpg_status mpg__shm_destroy(mpg__shm *shm);
+
 #ifdef __cplusplus
 }
 #endif

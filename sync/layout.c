@@ -16,7 +16,8 @@ static size_t mib_bytes(double mb) {
 
 void mpg__sync_free_layout(mpg_sync *s) {
   for (int i = 0; i < s->nbuffers; i++) {
-    if (s->buffers[i].data) mpg_ctx_mem_free(s->ctx, s->buffers[i].data);
+    if (s->buffers[i].shm) mpg__shm_destroy(s->buffers[i].shm); /* owns data */
+    else if (s->buffers[i].data) mpg_ctx_mem_free(s->ctx, s->buffers[i].data);
     if (s->buffers[i].params) mpg_ctx_mem_free(s->ctx, s->buffers[i].params);
   }
   free(s->buffers);
@@ -99,6 +100,16 @@ static int cmp_tied(const void *a, const void *b) {
   int c = strcmp(x->tied, y->tied);
   if (!c) c = strcmp(x->group, y->group);
   if (!c) c = x->dtype - y->dtype;
+  return c;
+}
+
+/* Buffers by (reduce group name, dtype, tied group name, "" for none): the
+ * same order on every rank for the groups it shares with another. */
+static int cmp_buffer_ref(const void *a, const void *b) {
+  const tied_ref *x = a, *y = b;
+  int c = strcmp(x->group, y->group);
+  if (!c) c = x->dtype - y->dtype;
+  if (!c) c = strcmp(x->tied, y->tied);
   return c;
 }
 
@@ -245,22 +256,35 @@ static mpg_status layout(mpg_sync *s) {
     free(refs);
   }
 
-  /* Memory: zeroed by the context. */
-  for (int b = 0; b < s->nbuffers; b++) {
+  /* Memory: zeroed by the context, or shared (in a rank-independent
+   * order: each creation is collective over its group). */
+  tied_ref *order = malloc(sizeof *order * (size_t)(s->nbuffers ? s->nbuffers : 1));
+  if (!order) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
+  for (int b = 0; b < s->nbuffers; b++)
+    order[b] = (tied_ref){s->buffers[b].tied ? mpg_group_name(s->buffers[b].tied) : "",
+                          mpg_group_name(s->buffers[b].group), (int)s->buffers[b].dtype, b};
+  qsort(order, (size_t)s->nbuffers, sizeof *order, cmp_buffer_ref);
+  mpg_status st = MPG_OK;
+  for (int i = 0; i < s->nbuffers && !st; i++) {
+    int b = order[i].index;
     sbuffer *buf = &s->buffers[b];
     size_t bytes = buf->count * mpg_dtype_size(buf->dtype);
-    mpg_status st = mpg_ctx_mem_alloc(s->ctx, bytes, s->opts.register_buffers, &buf->data);
+    mpg_group *over = buf->sharded ? s->dom[buf->domain].shard : buf->group;
+    st = mpg__shm_create(over, bytes, buf->dtype, buf->nbuckets, &buf->shm, &buf->data);
+    if (!st && !buf->shm)
+      st = mpg_ctx_mem_alloc(s->ctx, bytes, s->opts.register_buffers, &buf->data);
     if (st)
-      return mpg__fail_wrap(st,
-                            "mpg_sync_commit: buffer %d (%s, group \"%s\"%s%s, %d params, "
-                            "%zu bytes)",
-                            b, mpg_dtype_name(buf->dtype), mpg_group_name(buf->group),
-                            buf->tied ? ", tied " : "",
-                            buf->tied ? mpg_group_name(buf->tied) : "", buf->nparams,
-                            bytes);
-    s->total_bytes += bytes;
+      st = mpg__fail_wrap(st,
+                          "mpg_sync_commit: buffer %d (%s, group \"%s\"%s%s, %d params, "
+                          "%zu bytes)",
+                          b, mpg_dtype_name(buf->dtype), mpg_group_name(buf->group),
+                          buf->tied ? ", tied " : "",
+                          buf->tied ? mpg_group_name(buf->tied) : "", buf->nparams, bytes);
+    else
+      s->total_bytes += bytes;
   }
-  return MPG_OK;
+  free(order);
+  return st;
 }
 
 /* ------------------------------------------------------------------ */

@@ -287,7 +287,11 @@ mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
   mpg_op op = s->opts.grad_scale == 1.0 && !levels
                   ? (s->opts.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM)
               : scale == 1.0 ? MPG_OP_SUM : MPG_OP_PREMUL_SUM;
-  if (f32acc(s, f->dtype))
+  if (f->shm)
+    /* The shard group shares a node: each member reduces its own slice of
+     * everyone's bucket (groups/shm/). */
+    st = mpg__shm_reduce_scatter(f->shm, b->offset, b->slice, op, scale, &b->work);
+  else if (f32acc(s, f->dtype))
     st = mpg__reduce_scatter_f32acc(shard, data, mine, b->slice, f->dtype, op, scale,
                                     s->stream, &b->work);
   else if (op == MPG_OP_PREMUL_SUM)

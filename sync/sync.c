@@ -263,7 +263,7 @@ mpg_status mpg_sync_destroy(mpg_sync *s) {
         mpg__error_save(&why);
       }
     }
-    if (!s->buffers[i].data) continue;
+    if (!s->buffers[i].data || s->buffers[i].shm) continue; /* shm: freed with the layout */
     mpg_status st = mpg_ctx_mem_free(s->ctx, s->buffers[i].data);
     s->buffers[i].data = NULL;
     if (st && !first) {

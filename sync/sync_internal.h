@@ -10,7 +10,14 @@
  *    distinct override dim sets at commit, sorted by their mesh-dim mask, so
  *    that every rank enters the world-collective creations alike.
  *  - One buffer per (dtype, reduce group, tied group), allocated with
- *    mpg_ctx_mem_alloc (host or device memory: the groups layer decides).
+ *    mpg_ctx_mem_alloc (host or device memory: the groups layer decides),
+ *    or, on the CPU backends when every member of the group it reduces
+ *    over (the shard group for a sharded buffer) is on one node, in a
+ *    segment the members share (mpg__shm_create, groups/shm/): its
+ *    buckets are then reduced in one pass, each member summing its shard
+ *    of every member's bucket in place.  Those creations are collective
+ *    over each group; they run in a rank-independent order (by group
+ *    name, dtype and tied group name).
  *    Parameters are laid out in reverse registration order (backward
  *    order), each view starting on a 64-byte boundary; the padding is zero
  *    and stays zero.
@@ -93,6 +100,8 @@ typedef struct sbuffer {
                           shard group */
   int domain;          /* sharded: index into mpg_sync.dom */
   void *params;        /* shard mode: the parameter buffer (same layout) */
+  mpg__shm *shm;       /* data lives in node-local shared memory (the
+                          one-pass path; NULL: mpg_ctx_mem_alloc) */
 } sbuffer;
 
 typedef struct sbucket {

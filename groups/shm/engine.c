@@ -1,0 +1,253 @@
+/* Posting a shared-memory operation, the worker thread that reduces this
+ * member's shards, and waiting for the operations to complete, with the
+ * timeout and the abort that every member sees (protocol in
+ * shm_internal.h). */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shm_internal.h"
+
+#define POLL_S 0.1   /* longest futex sleep between looks at the abort word */
+#define GRACE_S 0.25 /* the main thread's extra time over the worker's */
+
+/* Shared futexes (no FUTEX_PRIVATE_FLAG): the words may live in a segment
+ * that other processes map. */
+void mpg__shm_futex_wait(_Atomic uint32_t *w, uint32_t val, double timeout_s) {
+  if (timeout_s <= 0) return;
+  struct timespec ts;
+  ts.tv_sec = (time_t)timeout_s;
+  ts.tv_nsec = (long)((timeout_s - (double)ts.tv_sec) * 1e9);
+  syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+void mpg__shm_futex_wake(_Atomic uint32_t *w) {
+  syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static int after(uint32_t a, uint32_t b) { return (int32_t)(a - b) > 0; }
+
+void mpg__shm_abort(mpg__shm *s, mpg_status why, int peer, uint32_t q) {
+  uint32_t none = 0;
+  /* Who and why first, then the status that publishes them. */
+  int32_t unset = -1;
+  if (!atomic_compare_exchange_strong(&s->ctl->abort_by, &unset, s->pos)) return;
+  atomic_store(&s->ctl->abort_peer, peer);
+  atomic_store(&s->ctl->abort_q, q);
+  atomic_compare_exchange_strong(&s->ctl->abort_status, &none, (uint32_t)why);
+  for (int p = 0; p < s->n; p++) {
+    mpg__shm_futex_wake(&s->posted[p].v);
+    mpg__shm_futex_wake(&s->finished[p].v);
+  }
+}
+
+/* The member at position p, for messages: "position 2 (rank 5)". */
+static void who(const mpg__shm *s, int p, char *buf, size_t n) {
+  int rank = -1;
+  mpg_group_member(s->group, p, &rank);
+  snprintf(buf, n, "position %d (rank %d)", p, rank);
+}
+
+/* The error every member reports once the segment was aborted. */
+static mpg_status aborted(const mpg__shm *s, uint32_t q) {
+  mpg_status st = (mpg_status)atomic_load(&s->ctl->abort_status);
+  int by = atomic_load(&s->ctl->abort_by), peer = atomic_load(&s->ctl->abort_peer);
+  uint32_t aq = atomic_load(&s->ctl->abort_q);
+  char a[64], b[64];
+  who(s, by, a, sizeof a);
+  if (peer >= 0) who(s, peer, b, sizeof b);
+  const char *head = "shared-memory reduction";
+  if (st == MPG_ERR_TIMEOUT && by == s->pos)
+    return mpg__fail(st,
+                     "%s #%u of group %s (%d ranks on this node): %s did not post "
+                     "operation #%u within the timeout",
+                     head, q, s->gname, s->n, peer >= 0 ? b : "a member", aq);
+  if (st == MPG_ERR_INVALID)
+    return mpg__fail(st,
+                     "%s #%u of group %s: %s and %s posted different operations #%u "
+                     "(offset, count, dtype or op differ)",
+                     head, q, s->gname, a, peer >= 0 ? b : "another member", aq);
+  return mpg__fail(st == MPG_ERR_TIMEOUT ? MPG_ERR_ABORTED : st,
+                   "%s #%u of group %s (%d ranks on this node): aborted by %s (%s%s%s%s "
+                   "in operation #%u)",
+                   head, q, s->gname, s->n, a, mpg_status_name(st),
+                   peer >= 0 ? ": " : "", peer >= 0 ? b : "",
+                   peer >= 0 ? (st == MPG_ERR_TIMEOUT ? " never posted" : " differed") : "",
+                   aq);
+}
+
+/* ------------------------------------------------------------------ */
+/* The worker                                                          */
+/* ------------------------------------------------------------------ */
+
+static int same_desc(const shm_desc *a, const shm_desc *b) {
+  return a->offset == b->offset && a->count == b->count && a->dtype == b->dtype &&
+         a->op == b->op && a->scatter == b->scatter && a->scale == b->scale;
+}
+
+void *mpg__shm_worker(void *arg) {
+  mpg__shm *s = arg;
+  shm_word *mine = &s->posted[s->pos];
+  for (uint32_t q = atomic_load_explicit(&s->finished[s->pos].v, memory_order_relaxed);;
+       q++) {
+    /* This member's own post of q (no deadline: the trainer may take its
+     * time between steps). */
+    for (;;) {
+      uint32_t v = atomic_load_explicit(&mine->v, memory_order_acquire);
+      if (atomic_load(&s->stop) || atomic_load(&s->ctl->abort_status)) return NULL;
+      if (after(v, q)) break;
+      mpg__shm_futex_wait(&mine->v, v, POLL_S);
+    }
+    double deadline = s->deadline[q % (uint32_t)s->depth];
+    const shm_desc *d = &s->desc[(size_t)s->pos * (size_t)s->depth + q % (uint32_t)s->depth];
+    for (int p = 0; p < s->n; p++) {
+      for (;;) {
+        uint32_t v = atomic_load_explicit(&s->posted[p].v, memory_order_acquire);
+        if (atomic_load(&s->stop) || atomic_load(&s->ctl->abort_status)) return NULL;
+        if (after(v, q)) break;
+        double left = deadline - mpg__now();
+        if (left <= 0) {
+          mpg__shm_abort(s, MPG_ERR_TIMEOUT, p, q);
+          return NULL;
+        }
+        mpg__shm_futex_wait(&s->posted[p].v, v, left < POLL_S ? left : POLL_S);
+      }
+      if (!same_desc(d, &s->desc[(size_t)p * (size_t)s->depth + q % (uint32_t)s->depth])) {
+        mpg__shm_abort(s, MPG_ERR_INVALID, p, q);
+        return NULL;
+      }
+    }
+    mpg__shm_reduce(s, d);
+    atomic_store_explicit(&s->finished[s->pos].v, q + 1, memory_order_release);
+    mpg__shm_futex_wake(&s->finished[s->pos].v);
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* Waiting                                                             */
+/* ------------------------------------------------------------------ */
+
+/* The first member whose shard of q is not finished, -1: none. */
+static int lagging(const mpg__shm *s, uint32_t q, uint32_t *val) {
+  for (int p = 0; p < s->n; p++) {
+    uint32_t v = atomic_load_explicit(&s->finished[p].v, memory_order_acquire);
+    if (!after(v, q)) {
+      *val = v;
+      return p;
+    }
+  }
+  return -1;
+}
+
+/* Wait until q is complete (block: 0 looks once) or the segment, or the
+ * context, gives up. */
+static mpg_status wait_q(mpg__shm *s, uint32_t q, double deadline, int block, int *done) {
+  mpg_ctx *ctx = s->group->ctx;
+  *done = 0;
+  for (;;) {
+    if (atomic_load(&s->ctl->abort_status)) return aborted(s, q);
+    int reason = atomic_load(&ctx->aborted);
+    if (reason) {
+      mpg__shm_abort(s, (mpg_status)reason, -1, q);
+      return aborted(s, q);
+    }
+    uint32_t v = 0;
+    int p = lagging(s, q, &v);
+    if (p < 0) {
+      *done = 1;
+      return MPG_OK;
+    }
+    double left = deadline + GRACE_S - mpg__now();
+    if (left <= 0) {
+      mpg__shm_abort(s, MPG_ERR_TIMEOUT, -1, q);
+      if ((mpg_status)atomic_load(&s->ctl->abort_status) == MPG_ERR_TIMEOUT &&
+          atomic_load(&s->ctl->abort_by) == s->pos) {
+        char b[64];
+        who(s, p, b, sizeof b);
+        return mpg__fail(MPG_ERR_TIMEOUT,
+                         "shared-memory reduction #%u of group %s (%d ranks on this "
+                         "node): %s did not finish its shard within the timeout",
+                         q, s->gname, s->n, b);
+      }
+      return aborted(s, q);
+    }
+    if (!block) return MPG_OK;
+    mpg__shm_futex_wait(&s->finished[p].v, v, left < POLL_S ? left : POLL_S);
+  }
+}
+
+mpg_status mpg__shm_test(mpg__shm *s, uint32_t q, double deadline, int *done) {
+  return wait_q(s, q, deadline, 0, done);
+}
+
+mpg_status mpg__shm_wait(mpg__shm *s, uint32_t q, double deadline) {
+  int done;
+  return wait_q(s, q, deadline, 1, &done);
+}
+
+/* ------------------------------------------------------------------ */
+/* Posting                                                             */
+/* ------------------------------------------------------------------ */
+
+static mpg_status post(mpg__shm *s, int scatter, size_t offset, size_t count, mpg_op op,
+                       double scale, mpg_work **work) {
+  const char *fn = scatter ? "mpg_reduce_scatter (shared memory)"
+                           : "mpg_all_reduce (shared memory)";
+  mpg_ctx *ctx = s->group->ctx;
+  if (!work) return mpg__fail(MPG_ERR_INVALID, "%s: work is NULL", fn);
+  *work = NULL;
+  size_t span = scatter ? count * (size_t)s->n : count;
+  if (offset > s->region_bytes / mpg__dtype_size(s->dtype) ||
+      span > s->region_bytes / mpg__dtype_size(s->dtype) - offset)
+    return mpg__fail(MPG_ERR_RANGE, "%s: elements %zu..%zu are outside the %zu-byte buffer",
+                     fn, offset, offset + span, s->region_bytes);
+  mpg_status st = mpg__group_ready(s->group, fn);
+  if (st) return st;
+  if (atomic_load(&s->ctl->abort_status)) return aborted(s, s->nposted);
+  uint32_t q = s->nposted;
+  double deadline = mpg__now() + ctx->timeout_s;
+  /* Slot q % depth held operation q - depth: complete everywhere first. */
+  if (q >= (uint32_t)s->depth) {
+    st = mpg__shm_wait(s, q - (uint32_t)s->depth, deadline);
+    if (st) return mpg__group_on_failure(s->group, fn, st);
+  }
+  mpg_work *w = calloc(1, sizeof *w);
+  if (!w) return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", fn);
+  shm_desc *d = &s->desc[(size_t)s->pos * (size_t)s->depth + q % (uint32_t)s->depth];
+  d->offset = offset;
+  d->count = count;
+  d->dtype = (int32_t)s->dtype;
+  d->op = (int32_t)op;
+  d->scatter = scatter;
+  d->pad = 0;
+  d->scale = op == MPG_OP_PREMUL_SUM ? scale : 1.0;
+  s->deadline[q % (uint32_t)s->depth] = deadline;
+  mpg__coll c = {scatter ? MPG__REDUCE_SCATTER : MPG__ALL_REDUCE, NULL, NULL, count,
+                 s->dtype, op, scale, 0, 0, NULL, 0};
+  mpg__order_note(s->group, &c);
+  s->nposted = q + 1;
+  atomic_store_explicit(&s->posted[s->pos].v, q + 1, memory_order_release);
+  mpg__shm_futex_wake(&s->posted[s->pos].v);
+  w->group = s->group;
+  w->shm = s;
+  w->shm_q = q;
+  w->deadline = deadline;
+  *work = w;
+  return MPG_OK;
+}
+
+mpg_status mpg__shm_all_reduce(mpg__shm *s, size_t offset, size_t count, mpg_op op,
+                               double scale, mpg_work **work) {
+  return post(s, 0, offset, count, op, scale, work);
+}
+
+mpg_status mpg__shm_reduce_scatter(mpg__shm *s, size_t offset, size_t count, mpg_op op,
+                                   double scale, mpg_work **work) {
+  return post(s, 1, offset, count, op, scale, work);
+}

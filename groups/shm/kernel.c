@@ -1,0 +1,153 @@
+/* The reduction of one member's shard of a shared-memory operation (see
+ * shm_internal.h): read the shard from every member's region in position
+ * order, sum (f32 for f16/bf16; each addend pre-multiplied first for
+ * MPG_OP_PREMUL_SUM; the average divided at the end), round once, and
+ * write the result back, in blocks small enough that the n sources and
+ * the result stay in the core's cache between the reads and the writes:
+ * each element of the shard is read once from each region and written
+ * once to each destination, the memory floor.  The arithmetic is the
+ * thread backend's (groups/thread/coll.c, reduce_all), operation for
+ * operation, so the results are equal bit for bit. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "shm_internal.h"
+
+#define BLOCK 2048 /* elements: 8 KiB of f32 per source */
+
+typedef float v4f __attribute__((vector_size(16)));
+typedef double v2d __attribute__((vector_size(16)));
+
+void *mpg__shm_scratch(void) {
+  /* acc (f32/f64), tmp (f32), narrowed halves. */
+  return aligned_alloc(64, BLOCK * (sizeof(double) + sizeof(float) + sizeof(uint16_t)));
+}
+
+/* acc = x (* f) for p == 0, else acc += x (* f); the product is its own
+ * statement, so that no compiler contracts it into a fused multiply-add
+ * (the thread backend scales in one pass and adds in another). */
+static void step_f32(float *acc, const float *x, size_t n, int first, int premul, float f) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    v4f a0, a1, b0, b1;
+    memcpy(&b0, x + i, 16);
+    memcpy(&b1, x + i + 4, 16);
+    if (premul) {
+      b0 *= f;
+      b1 *= f;
+    }
+    if (!first) {
+      memcpy(&a0, acc + i, 16);
+      memcpy(&a1, acc + i + 4, 16);
+      b0 = a0 + b0;
+      b1 = a1 + b1;
+    }
+    memcpy(acc + i, &b0, 16);
+    memcpy(acc + i + 4, &b1, 16);
+  }
+  for (; i < n; i++) {
+    float v = x[i];
+    if (premul) v *= f;
+    acc[i] = first ? v : acc[i] + v;
+  }
+}
+
+static void step_f64(double *acc, const double *x, size_t n, int first, int premul, double f) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    v2d a0, a1, b0, b1;
+    memcpy(&b0, x + i, 16);
+    memcpy(&b1, x + i + 2, 16);
+    if (premul) {
+      b0 *= f;
+      b1 *= f;
+    }
+    if (!first) {
+      memcpy(&a0, acc + i, 16);
+      memcpy(&a1, acc + i + 2, 16);
+      b0 = a0 + b0;
+      b1 = a1 + b1;
+    }
+    memcpy(acc + i, &b0, 16);
+    memcpy(acc + i + 2, &b1, 16);
+  }
+  for (; i < n; i++) {
+    double v = x[i];
+    if (premul) v *= f;
+    acc[i] = first ? v : acc[i] + v;
+  }
+}
+
+/* acc /= d (a power of two: times its exact inverse, the same quotient). */
+static void avg_f32(float *acc, size_t n, int d) {
+  float fd = (float)d, inv = 1.0f / fd;
+  if ((d & (d - 1)) == 0) {
+    for (size_t i = 0; i < n; i++) acc[i] *= inv;
+  } else {
+    for (size_t i = 0; i < n; i++) acc[i] /= fd;
+  }
+}
+
+static void avg_f64(double *acc, size_t n, int d) {
+  double fd = (double)d, inv = 1.0 / fd;
+  if ((d & (d - 1)) == 0) {
+    for (size_t i = 0; i < n; i++) acc[i] *= inv;
+  } else {
+    for (size_t i = 0; i < n; i++) acc[i] /= fd;
+  }
+}
+
+/* This member's part [*lo, *hi) of an operation's count elements: an
+ * all-reduce splits them into n parts on 64-byte boundaries, so that no
+ * two owners write one cache line; a reduce-scatter's part is its slice. */
+static void shard(const mpg__shm *s, const shm_desc *d, size_t es, size_t *lo, size_t *hi) {
+  if (d->scatter) {
+    *lo = (size_t)s->pos * d->count;
+    *hi = *lo + d->count;
+    return;
+  }
+  size_t align = SHM_LINE / es, c = d->count, n = (size_t)s->n, p = (size_t)s->pos;
+  *lo = c * p / n / align * align;
+  *hi = p + 1 == n ? c : c * (p + 1) / n / align * align;
+}
+
+void mpg__shm_reduce(mpg__shm *s, const shm_desc *d) {
+  mpg_dtype dt = (mpg_dtype)d->dtype;
+  size_t es = mpg__dtype_size(dt), lo, hi;
+  shard(s, d, es, &lo, &hi);
+  int n = s->n, half = mpg__dtype_is_half(dt), premul = d->op == MPG_OP_PREMUL_SUM;
+  int avg = d->op == MPG_OP_AVG;
+  char *scr = s->scratch;
+  float *tmp = (float *)(scr + BLOCK * sizeof(double));
+  uint16_t *narrow = (uint16_t *)(scr + BLOCK * (sizeof(double) + sizeof(float)));
+  int first_dst = d->scatter ? s->pos : 0, last_dst = d->scatter ? s->pos : n - 1;
+  for (size_t b = lo; b < hi; b += BLOCK) {
+    size_t m = hi - b < BLOCK ? hi - b : BLOCK;
+    size_t at = (d->offset + b) * es;
+    const void *out;
+    if (dt == MPG_F64) {
+      double *acc = (double *)scr;
+      for (int p = 0; p < n; p++)
+        step_f64(acc, (const double *)(s->region[p] + at), m, p == 0, premul, d->scale);
+      if (avg) avg_f64(acc, m, n);
+      out = acc;
+    } else {
+      float *acc = (float *)scr;
+      for (int p = 0; p < n; p++) {
+        const float *x = (const float *)(s->region[p] + at);
+        if (half) {
+          mpg__half_widen(dt, s->region[p] + at, tmp, m);
+          x = tmp;
+        }
+        step_f32(acc, x, m, p == 0, premul, (float)d->scale);
+      }
+      if (avg) avg_f32(acc, m, n);
+      out = acc;
+      if (half) {
+        mpg__half_narrow(dt, acc, narrow, m);
+        out = narrow;
+      }
+    }
+    for (int p = first_dst; p <= last_dst; p++) memcpy(s->region[p] + at, out, m * es);
+  }
+}

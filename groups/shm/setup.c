@@ -1,0 +1,330 @@
+/* mpg__shm_create and mpg__shm_destroy: deciding whether a group's members
+ * share a node, and the segment they share (see shm_internal.h). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "shm_internal.h"
+
+#define SHM_DIR "/dev/shm"
+#define NAME_MAX_ 64
+
+enum { ENV_OFF = 0, ENV_ON = 1, ENV_BAD = 2 };
+
+/* What each member tells the others first (int32 words). */
+enum { A_HASH_LO, A_HASH_HI, A_PID, A_ENV, A_WORDS };
+/* What the creator (position 0) tells them next. */
+enum { B_STATUS, B_PTR_LO, B_PTR_HI, B_NEED_LO, B_NEED_HI, B_FREE_LO, B_FREE_HI,
+       B_ERRNO, B_NAME, B_WORDS = B_NAME + NAME_MAX_ / 4 };
+
+static atomic_uint segment_seq;
+
+static int env_value(void) {
+  const char *v = getenv("MESHPG_SHM");
+  if (!v || !*v || strcmp(v, "1") == 0) return ENV_ON;
+  return strcmp(v, "0") == 0 ? ENV_OFF : ENV_BAD;
+}
+
+static uint64_t fnv(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+static void put64(int32_t *w, uint64_t v) {
+  w[0] = (int32_t)(uint32_t)v;
+  w[1] = (int32_t)(uint32_t)(v >> 32);
+}
+
+static uint64_t get64(const int32_t *w) {
+  return (uint64_t)(uint32_t)w[0] | (uint64_t)(uint32_t)w[1] << 32;
+}
+
+static size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+/* Lay out the control area and the regions over s->base. */
+static void carve(mpg__shm *s) {
+  char *p = s->base;
+  s->ctl = (shm_ctl *)p;
+  p += SHM_LINE;
+  s->posted = (shm_word *)p;
+  p += sizeof(shm_word) * (size_t)s->n;
+  s->finished = (shm_word *)p;
+  p += sizeof(shm_word) * (size_t)s->n;
+  s->desc = (shm_desc *)p;
+  char *data = s->base + (s->map_bytes - s->region_bytes * (size_t)s->n);
+  for (int i = 0; i < s->n; i++) s->region[i] = data + s->region_bytes * (size_t)i;
+}
+
+static size_t control_bytes(int n, int depth) {
+  return round_up(SHM_LINE + 2 * sizeof(shm_word) * (size_t)n +
+                      sizeof(shm_desc) * (size_t)n * (size_t)depth,
+                  SHM_PAGE);
+}
+
+static void init_ctl(mpg__shm *s) {
+  s->ctl->magic = SHM_MAGIC;
+  s->ctl->n = (uint32_t)s->n;
+  s->ctl->depth = (uint32_t)s->depth;
+  s->ctl->mode = (uint32_t)s->anon;
+  atomic_store(&s->ctl->abort_by, -1);
+  atomic_store(&s->ctl->abort_peer, -1);
+  atomic_store(&s->ctl->refs, s->n);
+}
+
+/* The creator's segment: checked against /dev/shm's free space, reserved
+ * with posix_fallocate (so that a full /dev/shm is an error now, not a
+ * SIGBUS in the middle of a step), mapped. */
+static mpg_status create_segment(mpg__shm *s, const char *name, int32_t *b) {
+  struct statvfs v;
+  uint64_t need = s->map_bytes, avail = 0;
+  put64(b + B_NEED_LO, need);
+  if (statvfs(SHM_DIR, &v) == 0) {
+    avail = (uint64_t)v.f_bavail * (uint64_t)v.f_frsize;
+    put64(b + B_FREE_LO, avail);
+    if (avail < need) return MPG_ERR_ENV;
+  } else {
+    put64(b + B_FREE_LO, UINT64_MAX);
+  }
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    b[B_ERRNO] = errno;
+    return MPG_ERR_ENV;
+  }
+  int rc = ftruncate(fd, (off_t)need);
+  if (rc == 0) rc = posix_fallocate(fd, 0, (off_t)need);
+  else rc = errno;
+  void *p = MAP_FAILED;
+  if (rc == 0) {
+    p = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) rc = errno;
+  }
+  close(fd);
+  if (rc) {
+    shm_unlink(name);
+    b[B_ERRNO] = rc;
+    if (rc == ENOSPC && !avail) put64(b + B_FREE_LO, 0);
+    return rc == ENOMEM ? MPG_ERR_NOMEM : MPG_ERR_ENV;
+  }
+  s->base = p;
+  return MPG_OK;
+}
+
+static mpg_status map_segment(mpg__shm *s, const char *name, int *err) {
+  int fd = shm_open(name, O_RDWR, 0);
+  if (fd < 0) {
+    *err = errno;
+    return MPG_ERR_ENV;
+  }
+  struct stat st;
+  void *p = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && (size_t)st.st_size == s->map_bytes)
+    p = mmap(NULL, s->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  *err = p == MAP_FAILED ? (errno ? errno : EINVAL) : 0;
+  close(fd);
+  if (p == MAP_FAILED) return MPG_ERR_ENV;
+  s->base = p;
+  return MPG_OK;
+}
+
+static void release(mpg__shm *s) {
+  if (!s) return;
+  if (s->worker_up) {
+    atomic_store(&s->stop, 1);
+    mpg__shm_futex_wake(&s->posted[s->pos].v);
+    pthread_join(s->worker, NULL);
+  }
+  if (s->base) {
+    /* Anonymous: the threads share one mapping, freed by the last. */
+    if (!s->anon || atomic_fetch_sub(&s->ctl->refs, 1) == 1) munmap(s->base, s->map_bytes);
+  }
+  free(s->scratch);
+  free(s->region);
+  free(s->deadline);
+  free(s);
+}
+
+mpg_status mpg__shm_destroy(mpg__shm *s) {
+  release(s);
+  return MPG_OK;
+}
+
+static mpg_status gather(mpg_group *g, const int32_t *mine, int32_t *all, size_t words) {
+  return mpg__group_host_all_gather(g, mine, all, words, MPG_I32);
+}
+
+mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int depth,
+                           mpg__shm **out, void **data) {
+  *out = NULL;
+  *data = NULL;
+  mpg_ctx *ctx = group->ctx;
+  int n = mpg_group_size(group), pos = mpg_group_rank(group);
+  char gname[128];
+  snprintf(gname, sizeof gname, "\"%s\" index %d", mpg_group_name(group),
+           mpg_group_index(group));
+  int cpu = ctx->kind == MPG_BACKEND_THREAD || ctx->kind == MPG_BACKEND_MPI;
+  int dt_ok = dtype == MPG_F32 || dtype == MPG_F64 || dtype == MPG_F16 || dtype == MPG_BF16;
+  /* Decided from what every member knows alike: no collective then. */
+  if (n < 2 || !cpu || !dt_ok || depth < 1 || bytes == 0) return MPG_OK;
+  char host[MPG_HOST_ID_MAX];
+  if (ctx->host_id[0]) snprintf(host, sizeof host, "%s", ctx->host_id);
+  else if (mpg_topo_host_identity(host, sizeof host)) snprintf(host, sizeof host, "?");
+  int32_t a[A_WORDS] = {0}, *all = malloc(sizeof(int32_t) * B_WORDS * (size_t)n);
+  if (!all) return mpg__fail(MPG_ERR_NOMEM, "shared memory for group %s: out of memory", gname);
+  put64(a + A_HASH_LO, fnv(host));
+  a[A_PID] = (int32_t)getpid();
+  a[A_ENV] = env_value();
+  mpg_status st = gather(group, a, all, A_WORDS);
+  if (st) {
+    free(all);
+    return mpg__fail_wrap(st, "shared memory for group %s: exchanging host identities", gname);
+  }
+  int hosts_differ = 0, pids_differ = 0, off = -1, bad = -1;
+  for (int p = 0; p < n; p++) {
+    const int32_t *x = all + (size_t)p * A_WORDS;
+    if (get64(x + A_HASH_LO) != get64(all + A_HASH_LO)) hosts_differ = 1;
+    if (x[A_PID] != all[A_PID]) pids_differ = 1;
+    if (x[A_ENV] == ENV_OFF && off < 0) off = p;
+    if (x[A_ENV] == ENV_BAD && bad < 0) bad = p;
+  }
+  if (bad >= 0) {
+    int rank = -1;
+    mpg_group_member(group, bad, &rank);
+    free(all);
+    return mpg__fail(MPG_ERR_ENV,
+                     "MESHPG_SHM must be 0 (off) or 1 (on, the default) but rank %d has "
+                     "another value%s%s%s",
+                     rank, bad == pos ? " (\"" : "", bad == pos ? getenv("MESHPG_SHM") : "",
+                     bad == pos ? "\")" : "");
+  }
+  if (off >= 0 || hosts_differ) {
+    int rank = -1;
+    if (off >= 0) mpg_group_member(group, off, &rank);
+    if (off >= 0)
+      mpg__log(1, "rank %d: shared memory off for group %s (MESHPG_SHM=0 at rank %d): it "
+               "syncs through the %s backend's collectives", ctx->rank, gname, rank,
+               ctx->ops->name);
+    else
+      mpg__log(2, "rank %d: group %s spans several hosts: it syncs through the %s backend's "
+               "collectives", ctx->rank, gname, ctx->ops->name);
+    free(all);
+    return MPG_OK;
+  }
+  /* Every member on this node: the segment. */
+  mpg__shm *s = calloc(1, sizeof *s);
+  if (s) {
+    s->region = calloc((size_t)n, sizeof *s->region);
+    s->deadline = calloc((size_t)depth, sizeof *s->deadline);
+    s->scratch = mpg__shm_scratch();
+  }
+  int32_t b[B_WORDS] = {0};
+  char name[NAME_MAX_];
+  if (!s || !s->region || !s->deadline || !s->scratch) {
+    b[B_STATUS] = MPG_ERR_NOMEM;
+  } else {
+    s->group = group;
+    s->n = n;
+    s->pos = pos;
+    s->anon = !pids_differ;
+    s->depth = depth;
+    s->dtype = dtype;
+    s->region_bytes = round_up(bytes, SHM_PAGE);
+    s->map_bytes = control_bytes(n, depth) + s->region_bytes * (size_t)n;
+    snprintf(s->gname, sizeof s->gname, "%s", gname);
+  }
+  if (pos == 0 && !b[B_STATUS]) {
+    if (s->anon) {
+      void *p = mmap(NULL, s->map_bytes, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) b[B_STATUS] = MPG_ERR_NOMEM;
+      else s->base = p;
+      put64(b + B_PTR_LO, (uint64_t)(uintptr_t)p);
+      put64(b + B_NEED_LO, s->map_bytes);
+    } else {
+      /* Per job (the creator's pid), group and segment. */
+      snprintf(name, sizeof name, "/meshpg-%d-%.20s-%d-%u", (int)getpid(),
+               mpg_group_name(group), mpg_group_index(group),
+               atomic_fetch_add(&segment_seq, 1));
+      for (char *c = name + 1; *c; c++)
+        if (*c == '/') *c = '_';
+      snprintf((char *)(b + B_NAME), NAME_MAX_, "%s", name);
+      b[B_STATUS] = create_segment(s, name, b);
+    }
+    if (!b[B_STATUS]) {
+      carve(s);
+      init_ctl(s);
+    }
+  }
+  st = gather(group, b, all, B_WORDS);
+  int32_t cb[B_WORDS]; /* the creator's (all is reused below) */
+  memcpy(cb, all, sizeof cb);
+  int32_t c[2] = {0, 0};
+  if (st) {
+    c[0] = st;
+  } else if (cb[B_STATUS]) {
+    c[0] = cb[B_STATUS];
+  } else if (!s || !s->region || !s->deadline || !s->scratch) {
+    c[0] = MPG_ERR_NOMEM;
+  } else if (pos != 0) {
+    memcpy(name, cb + B_NAME, NAME_MAX_);
+    name[NAME_MAX_ - 1] = '\0';
+    if (s->anon) s->base = (char *)(uintptr_t)get64(cb + B_PTR_LO);
+    else c[0] = map_segment(s, name, &c[1]);
+    if (!c[0]) {
+      carve(s);
+      if (s->ctl->magic != SHM_MAGIC || s->ctl->n != (uint32_t)n) c[0] = MPG_ERR_STATE;
+    }
+  }
+  mpg_status st2 = st ? st : gather(group, c, all, 2);
+  /* Everyone mapped it (or gave up): the name goes now. */
+  if (pos == 0 && s && !s->anon && !b[B_STATUS]) shm_unlink(name);
+  int failed = -1;
+  for (int p = 0; !st2 && p < n; p++)
+    if (all[2 * p] && failed < 0) failed = p;
+  if (!st2 && failed < 0) {
+    free(all);
+    if (pthread_create(&s->worker, NULL, mpg__shm_worker, s)) {
+      /* The others fail at their first operation, at once. */
+      mpg__shm_abort(s, MPG_ERR_NOMEM, -1, 0);
+      release(s);
+      return mpg__fail(MPG_ERR_NOMEM, "shared memory for group %s: cannot start its "
+                       "worker thread", gname);
+    }
+    s->worker_up = 1;
+    mpg__log(2, "rank %d: group %s shares %zu bytes of %s memory (%d members)", ctx->rank,
+             gname, s->map_bytes, s->anon ? "anonymous" : "POSIX shared", n);
+    *out = s;
+    *data = s->region[pos];
+    return MPG_OK;
+  }
+  /* Failed, everyone alike (or the exchange itself failed). */
+  int32_t why = st2 ? (int32_t)st2 : all[2 * failed], err = st2 ? 0 : all[2 * failed + 1];
+  /* No worker runs yet: the creator unmaps an anonymous mapping alone. */
+  if (s && s->anon && s->base && pos != 0) s->base = NULL;
+  if (s && s->base && s->anon) atomic_store(&s->ctl->refs, 1);
+  release(s);
+  free(all);
+  if (st2) return mpg__fail_wrap(st2, "shared memory for group %s", gname);
+  if (cb[B_STATUS] == MPG_ERR_ENV && (!cb[B_ERRNO] || cb[B_ERRNO] == ENOSPC))
+    return mpg__fail(MPG_ERR_ENV,
+                     "shared memory for group %s: its segment needs %llu bytes (%d ranks x "
+                     "%zu bytes of gradients, plus control) but " SHM_DIR " has %llu bytes "
+                     "free; make " SHM_DIR " larger (docker run --shm-size=...) or set "
+                     "MESHPG_SHM=0",
+                     gname, (unsigned long long)get64(cb + B_NEED_LO), n, bytes,
+                     (unsigned long long)get64(cb + B_FREE_LO));
+  int frank = -1;
+  mpg_group_member(group, failed, &frank);
+  return mpg__fail((mpg_status)why,
+                   "shared memory for group %s: rank %d could not %s its %llu-byte segment "
+                   "in " SHM_DIR ": %s",
+                   gname, frank, failed == 0 ? "create" : "map",
+                   (unsigned long long)get64(cb + B_NEED_LO),
+                   err ? strerror(err) : mpg_status_name((mpg_status)why));
+}

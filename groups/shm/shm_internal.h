@@ -1,0 +1,112 @@
+/* Node-local shared memory for a group's in-place reductions: the
+ * one-pass all-reduce and reduce-scatter that sync/ runs on the CPU
+ * backends when the members of a group share a node (docs/sync.md,
+ * "Shared memory").  Three files, calls going one way:
+ *  - setup.c: mpg__shm_create / _destroy: who shares a node (one host
+ *    all-gather of host, process and switch), the segment (an anonymous
+ *    mapping when every member is a thread of one process; else a POSIX
+ *    shared-memory object, sized from the caller's bytes, checked against
+ *    /dev/shm's free space, mapped by every member and unlinked as soon as
+ *    all have mapped it) and the worker thread;
+ *  - engine.c: posting an operation, the worker, waiting, timeouts and
+ *    abort (groups_internal.h has the contract);
+ *  - kernel.c: the reduction of one shard.
+ *
+ * The segment.  A control area (struct shm_ctl, then one cache line per
+ * member for `posted` and one for `finished`, then each member's ring of
+ * `depth` operation descriptors), then one region per member, page
+ * aligned: member p's buffer.  Member p posts its operations in order,
+ * numbered q = 0, 1, 2, ... (each member numbers alike: every member
+ * posts the same operations in the same order): it writes descriptor q
+ * into slot q % depth of its ring, then stores posted[p] = q + 1 (release)
+ * and wakes the futex on that word.  Member p's worker thread, for each
+ * q in turn, waits for posted[x] > q of every member x (acquire), checks
+ * that x's descriptor equals its own, reduces its shard of operation q
+ * from every region (in position order, in f32 for f16/bf16, the average
+ * and the pre-multiply fused), writes the result back (every region for
+ * an all-reduce, its own for a reduce-scatter) and stores finished[p] =
+ * q + 1 (release).  Operation q is complete for a member when
+ * finished[x] > q for every x: every shard was read and written.  The
+ * counters are 32-bit and compared by signed difference, so they may
+ * wrap.  A member does not reuse descriptor slot q % depth before
+ * operation q - depth is complete everywhere.
+ *
+ * Faults.  Waits are futex waits of at most 100 ms, each followed by a
+ * look at the shared abort word, the context's abort flag and the
+ * deadline (the post's time plus the context's timeout; the waiting main
+ * thread allows itself 0.25 s more, so that the worker, which knows which
+ * member never posted, reports first).  The first member to give up stores
+ * its reason in the abort word and wakes every futex of the segment, so
+ * that every member returns MPG_ERR_TIMEOUT or MPG_ERR_ABORTED within the
+ * timeout plus a fraction of a second, even when a member died. */
+#ifndef MPG_GROUPS_SHM_INTERNAL_H
+#define MPG_GROUPS_SHM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "ctx_internal.h"
+
+#define SHM_MAGIC 0x6d706773u /* "mpgs" */
+#define SHM_LINE 64
+#define SHM_PAGE 4096
+
+/* The shared header. */
+typedef struct shm_ctl {
+  uint32_t magic, n, depth, mode;
+  _Atomic uint32_t abort_status; /* 0, or the mpg_status that ended it */
+  _Atomic int32_t abort_by;      /* position that gave up */
+  _Atomic int32_t abort_peer;    /* the member it waited for, -1: none */
+  _Atomic uint32_t abort_q;      /* the operation */
+  _Atomic int32_t refs;          /* anonymous mode: members still attached */
+} shm_ctl;
+
+typedef struct shm_word {
+  _Atomic uint32_t v;
+  char pad[SHM_LINE - sizeof(uint32_t)];
+} shm_word;
+
+/* One operation as a member posted it (compared between members). */
+typedef struct shm_desc {
+  uint64_t offset, count; /* elements; reduce-scatter: count per member */
+  int32_t dtype, op, scatter, pad;
+  double scale;
+} shm_desc;
+
+struct mpg__shm {
+  mpg_group *group;
+  int n, pos;
+  int anon;             /* one mapping shared by the threads of a process */
+  char *base;           /* the mapping */
+  size_t map_bytes, region_bytes;
+  shm_ctl *ctl;
+  shm_word *posted, *finished; /* n each */
+  shm_desc *desc;              /* n x depth */
+  int depth;
+  char **region;               /* n: each member's buffer in this mapping */
+  mpg_dtype dtype;
+  uint32_t nposted;            /* operations this member posted */
+  double *deadline;            /* depth: the worker's deadline of each */
+  pthread_t worker;
+  int worker_up;
+  atomic_int stop;
+  void *scratch;               /* the worker's blocks (kernel.c) */
+  char gname[128];             /* "dp_cp" index 1: for messages */
+};
+
+/* engine.c: the worker thread's body. */
+void *mpg__shm_worker(void *arg);
+/* engine.c: give up (first caller wins): store the reason and wake every
+ * futex of the segment. */
+void mpg__shm_abort(mpg__shm *s, mpg_status why, int peer, uint32_t q);
+/* engine.c: futex wait while *w == val, at most timeout_s; wake all. */
+void mpg__shm_futex_wait(_Atomic uint32_t *w, uint32_t val, double timeout_s);
+void mpg__shm_futex_wake(_Atomic uint32_t *w);
+
+/* kernel.c: the worker's scratch (NULL: out of memory) and the reduction
+ * of this member's shard of operation d. */
+void *mpg__shm_scratch(void);
+void mpg__shm_reduce(mpg__shm *s, const shm_desc *d);
+
+#endif
