@@ -105,6 +105,8 @@ mpg_status mpg__shm_all_reduce(mpg__shm *shm, size_t offset, size_t count, mpg_o
                                double scale, mpg_work **work);
 mpg_status mpg__shm_reduce_scatter(mpg__shm *shm, size_t offset, size_t count, mpg_op op,
                                    double scale, mpg_work **work);
+/* The bytes of its mapping (every member's buffer and the control area). */
+size_t mpg__shm_mapped_bytes(const mpg__shm *shm);
 /* Stop the worker and unmap (NULL: nothing).  Local; after the works
  * completed, or after a failure. */
 mpg_status mpg__shm_destroy(mpg__shm *shm);

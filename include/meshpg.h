@@ -1632,10 +1632,18 @@ typedef struct mpg_sync_stats {
   size_t pad_elems;      /* padding elements of the sharded buffers (param
                             starts on 64 elements, bucket ends) */
   int shard_size;        /* members of the shard group */
+  /* Appended: the shared-memory path (docs/sync.md, "Shared memory"). */
+  int shm_buffers;       /* buffers whose buckets are reduced in node-local
+                            shared memory (the one-pass path); 0 when
+                            MESHPG_SHM=0, on nccl, or when no group of the
+                            sync has all its members on one host */
+  size_t shm_bytes;      /* the bytes this rank maps for them: every local
+                            member's buffer plus the control areas */
 } mpg_sync_stats;
 #define MPG_SYNC_STATS_MAGIC 0x6d706774u /* "mpgt" */
 #define MPG_SYNC_STATS_INIT \
-  { sizeof(mpg_sync_stats), MPG_SYNC_STATS_MAGIC, MPG_API_VERSION, 0, 0, 0, 0, 0, 0, 0, 0 }
+  { sizeof(mpg_sync_stats), MPG_SYNC_STATS_MAGIC, MPG_API_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, \
+    0, 0 }
 /* Fill *stats (set up with MPG_SYNC_STATS_INIT).  Returns MPG_ERR_INVALID
  * for NULL arguments or a wrong magic. */
 MPG_API mpg_status mpg_sync_get_stats(const mpg_sync *sync, mpg_sync_stats *stats);

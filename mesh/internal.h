@@ -64,7 +64,7 @@ typedef struct mpg__abi_head {
 #define MPG__ABI_LAST_mpg_launch source
 #define MPG__ABI_LAST_mpg_sync_opts optimizer_instances
 #define MPG__ABI_LAST_mpg_param_opts tied_group
-#define MPG__ABI_LAST_mpg_sync_stats shard_size
+#define MPG__ABI_LAST_mpg_sync_stats shm_bytes
 #define MPG__ABI_LAST_mpg_shard_info shard_offset
 #define MPG__ABI_END(type) MPG__ABI_FIELD_END(type, MPG__ABI_LAST_##type)
 

@@ -471,6 +471,11 @@ mpg_status mpg_sync_get_stats(const mpg_sync *s, mpg_sync_stats *stats) {
     full.pad_elems = s->pad_elems;
     full.shard_size = mpg_group_size(s->shard_group);
   }
+  for (int b = 0; b < s->nbuffers; b++)
+    if (s->buffers[b].shm) {
+      full.shm_buffers++;
+      full.shm_bytes += mpg__shm_mapped_bytes(s->buffers[b].shm);
+    }
   mpg__abi_out(stats, &full, MPG__ABI_END(mpg_sync_stats));
   return MPG_OK;
 }

@@ -59,27 +59,23 @@ static mpg_status aborted(const mpg__shm *s, uint32_t q) {
   mpg_status st = (mpg_status)atomic_load(&s->ctl->abort_status);
   int by = atomic_load(&s->ctl->abort_by), peer = atomic_load(&s->ctl->abort_peer);
   uint32_t aq = atomic_load(&s->ctl->abort_q);
-  char a[64], b[64];
+  char a[64], b[64], head[256];
   who(s, by, a, sizeof a);
   if (peer >= 0) who(s, peer, b, sizeof b);
-  const char *head = "shared-memory reduction";
-  if (st == MPG_ERR_TIMEOUT && by == s->pos)
-    return mpg__fail(st,
-                     "%s #%u of group %s (%d ranks on this node): %s did not post "
-                     "operation #%u within the timeout",
-                     head, q, s->gname, s->n, peer >= 0 ? b : "a member", aq);
+  snprintf(head, sizeof head, "shared-memory reduction #%u of group %s (%d ranks on this node)",
+           q, s->gname, s->n);
   if (st == MPG_ERR_INVALID)
-    return mpg__fail(st,
-                     "%s #%u of group %s: %s and %s posted different operations #%u "
-                     "(offset, count, dtype or op differ)",
-                     head, q, s->gname, a, peer >= 0 ? b : "another member", aq);
-  return mpg__fail(st == MPG_ERR_TIMEOUT ? MPG_ERR_ABORTED : st,
-                   "%s #%u of group %s (%d ranks on this node): aborted by %s (%s%s%s%s "
-                   "in operation #%u)",
-                   head, q, s->gname, s->n, a, mpg_status_name(st),
-                   peer >= 0 ? ": " : "", peer >= 0 ? b : "",
-                   peer >= 0 ? (st == MPG_ERR_TIMEOUT ? " never posted" : " differed") : "",
-                   aq);
+    return mpg__fail(st, "%s: %s and %s posted different operations #%u (offset, count, "
+                     "dtype or op differ)", head, a, peer >= 0 ? b : "another member", aq);
+  if (st == MPG_ERR_TIMEOUT && by == s->pos)
+    return mpg__fail(st, "%s timed out after %.3g s: missing %s, which did not post "
+                     "operation #%u", head, s->group->ctx->timeout_s,
+                     peer >= 0 ? b : "a member", aq);
+  if (st == MPG_ERR_TIMEOUT)
+    return mpg__fail(MPG_ERR_ABORTED, "%s: aborted by %s, which timed out in operation #%u: "
+                     "missing %s", head, a, aq, peer >= 0 ? b : "a member");
+  return mpg__fail(st, "%s: aborted by %s (%s) in operation #%u", head, a,
+                   mpg_status_name(st), aq);
 }
 
 /* ------------------------------------------------------------------ */
@@ -172,8 +168,8 @@ static mpg_status wait_q(mpg__shm *s, uint32_t q, double deadline, int block, in
         who(s, p, b, sizeof b);
         return mpg__fail(MPG_ERR_TIMEOUT,
                          "shared-memory reduction #%u of group %s (%d ranks on this "
-                         "node): %s did not finish its shard within the timeout",
-                         q, s->gname, s->n, b);
+                         "node) timed out after %.3g s: missing %s, which did not finish "
+                         "its shard", q, s->gname, s->n, ctx->timeout_s, b);
       }
       return aborted(s, q);
     }

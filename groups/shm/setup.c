@@ -150,6 +150,8 @@ static void release(mpg__shm *s) {
   free(s);
 }
 
+size_t mpg__shm_mapped_bytes(const mpg__shm *s) { return s ? s->map_bytes : 0; }
+
 mpg_status mpg__shm_destroy(mpg__shm *s) {
   release(s);
   return MPG_OK;

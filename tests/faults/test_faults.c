@@ -326,11 +326,14 @@ static const char *mpi_worker(void) {
 
 /* mpirun -np N worker ARGS; parse every rank's RESULT line into res
  * (indexed by rank; rank -1 where none came).  Returns the exit code. */
+static const char *mpirun_extra = ""; /* more mpirun flags (mpi_kill_survivors) */
+static int mpi_limit = 120;            /* seconds before `timeout` ends the job */
+
 static int mpi_job(int np, const char *env, const char *args, fault_res *res, int *nres,
                    double *secs) {
   char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s timeout -k 5 120 " MPIRUN "-np %d '%s' %s", env, np,
-           mpi_worker(), args);
+  snprintf(cmd, sizeof cmd, "%s timeout -k 5 %d " MPIRUN "%s -np %d '%s' %s", env,
+           mpi_limit, mpirun_extra, np, mpi_worker(), args);
   int rc = run(cmd, secs);
   cr_log_info("%s: exit %d after %.2f s", cmd, rc, *secs);
   *nres = 0;
@@ -399,12 +402,13 @@ Test(faults_mpi, watchdog_abort_8, .timeout = 150) {
 }
 
 /* The sleeping rank is named: with tiny ring pieces the bucket runs on
- * meshpg's ring, whose waits know their left neighbour. */
+ * meshpg's ring, whose waits know their left neighbour (the shared-memory
+ * path, which would otherwise take this single-node job, is off). */
 Test(faults_mpi, timeout_names_the_sleeping_rank, .timeout = 150) {
   fault_res res[MAX_RANKS];
   int nres = 0, np = 4;
   double secs = 0;
-  int rc = mpi_job(np, "MESHPG_MPI_PIECE_BYTES=256", "stop 1", res, &nres, &secs);
+  int rc = mpi_job(np, "MESHPG_SHM=0 MESHPG_MPI_PIECE_BYTES=256", "stop 1", res, &nres, &secs);
   cr_assert_eq(rc, 0, "exit %d; output:\n%s", rc, out);
   cr_assert_eq(nres, np, "%d of %d ranks reported; output:\n%s", nres, np, out);
   check_survivors("mpi -np 4 sleep", res, np, "finish", MPG_OK, 0);
@@ -442,3 +446,47 @@ static void mpi_kill(int np) {
 
 Test(faults_mpi, killed_rank_4, .timeout = 150) { mpi_kill(4); }
 Test(faults_mpi, killed_rank_8, .timeout = 150) { mpi_kill(8); }
+
+/* Segments of the shared-memory sync in /dev/shm ("meshpg-<pid>-..."). */
+static int shm_segments(void) {
+  int n = 0;
+  FILE *p = popen("ls /dev/shm 2>/dev/null", "r");
+  char line[512];
+  while (p && fgets(line, sizeof line, p))
+    if (strncmp(line, "meshpg-", 7) == 0) n++;
+  if (p) pclose(p);
+  return n;
+}
+
+/* A rank SIGKILLed in the middle of a step whose buckets run in shared
+ * memory (the whole world is one node's dp_cp group), with mpirun told to
+ * let the others live (--enable-recovery): every survivor reports, with
+ * TIMEOUT or ABORTED within the timeout + 1 s, its gradients invalid and
+ * clean destroys, and the segments are gone from /dev/shm (unlinked as
+ * soon as every rank mapped them). */
+static void mpi_kill_survivors(int np) {
+  fault_res res[MAX_RANKS];
+  int nres = 0, before = shm_segments();
+  double secs = 0;
+  /* With a dead peer, Open MPI's MPI_Finalize may never return (after
+   * every survivor reported): the job's exit is not meshpg's to judge. */
+  mpirun_extra = "--enable-recovery";
+  mpi_limit = 45;
+  int rc = mpi_job(np, "MESHPG_SHM=1", "kill", res, &nres, &secs);
+  mpirun_extra = "";
+  mpi_limit = 120;
+  cr_log_info("mpi -np %d kill (recovery): exit %d after %.2f s", np, rc, secs);
+  cr_assert_eq(nres, np - 1, "%d of %d survivors reported:\n%s", nres, np - 1, out);
+  /* The victim is the last rank: the first np - 1 are the survivors. */
+  check_survivors("mpi kill (recovery)", res, np - 1, "finish", MPG_OK, 0);
+  for (int i = 0; i < np - 1; i++) {
+    cr_expect(strstr(res[i].msg, "shared-memory reduction"),
+              "rank %d did not sync in shared memory: %s", i, res[i].msg);
+  }
+  expect_names_missing("mpi kill (recovery)", &res[0], np - 1);
+  cr_expect_eq(shm_segments(), before, "segments left in /dev/shm: %d before, %d after",
+               before, shm_segments());
+}
+
+Test(faults_mpi, killed_rank_survivors_4, .timeout = 150) { mpi_kill_survivors(4); }
+Test(faults_mpi, killed_rank_survivors_8, .timeout = 150) { mpi_kill_survivors(8); }
