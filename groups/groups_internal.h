@@ -74,11 +74,14 @@ mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where);
  * (groups/shm/, protocol in shm/shm_internal.h): the one-pass sync of the
  * CPU backends.  mpg__shm_create is collective over the group: when the
  * backend is thread or mpi, dtype is f32, f64, f16 or bf16, the group has
- * two or more members, every member is on one host (opts.host_id, else
- * mpg_topo_host_identity) and MESHPG_SHM is not 0 on any of them, it
- * makes one segment holding every member's `bytes`-byte buffer (threads
- * of one process: an anonymous mapping; processes: a POSIX shared-memory
- * object, unlinked once all mapped it), starts this member's worker
+ * two or more members, they are on one host (opts.host_id, else
+ * mpg_topo_host_identity) or, for a buffer that is only all-reduced
+ * (scatter 0), on several hosts with the same number >= 2 on each
+ * (hierarchical: shm_internal.h), and MESHPG_SHM is not 0 on any of
+ * them, it makes one segment per host holding every local member's
+ * `bytes`-byte buffer (threads of one process: an anonymous mapping;
+ * processes: a POSIX shared-memory object, unlinked once all mapped it),
+ * starts this member's worker
  * thread and returns *out with *data, this member's buffer (zeroed, page
  * aligned; it lives until mpg__shm_destroy).  Otherwise *out is NULL (one
  * log line says why) and the caller allocates as before.  depth: how
@@ -89,7 +92,7 @@ mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where);
  * 0 or 1; MPG_ERR_NOMEM. */
 typedef struct mpg__shm mpg__shm;
 mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int depth,
-                           mpg__shm **out, void **data);
+                           int scatter, mpg__shm **out, void **data);
 /* Post, as the n-th operation of this member, the in-place all-reduce of
  * elements [offset, offset + count) of every member's buffer, or the
  * reduce-scatter of [offset, offset + count x size) (member p gets slice p

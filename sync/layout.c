@@ -270,7 +270,8 @@ static mpg_status layout(mpg_sync *s) {
     sbuffer *buf = &s->buffers[b];
     size_t bytes = buf->count * mpg_dtype_size(buf->dtype);
     mpg_group *over = buf->sharded ? s->dom[buf->domain].shard : buf->group;
-    st = mpg__shm_create(over, bytes, buf->dtype, buf->nbuckets, &buf->shm, &buf->data);
+    st = mpg__shm_create(over, bytes, buf->dtype, buf->nbuckets, buf->sharded, &buf->shm,
+                         &buf->data);
     if (!st && !buf->shm)
       st = mpg_ctx_mem_alloc(s->ctx, bytes, s->opts.register_buffers, &buf->data);
     if (st)

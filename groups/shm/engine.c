@@ -49,9 +49,9 @@ void mpg__shm_abort(mpg__shm *s, mpg_status why, int peer, uint32_t q) {
 
 /* The member at position p, for messages: "position 2 (rank 5)". */
 static void who(const mpg__shm *s, int p, char *buf, size_t n) {
-  int rank = -1;
-  mpg_group_member(s->group, p, &rank);
-  snprintf(buf, n, "position %d (rank %d)", p, rank);
+  int rank = -1, gp = s->members[p];
+  mpg_group_member(s->group, gp, &rank);
+  snprintf(buf, n, "position %d (rank %d)", gp, rank);
 }
 
 /* The error every member reports once the segment was aborted. */
@@ -67,6 +67,10 @@ static mpg_status aborted(const mpg__shm *s, uint32_t q) {
   if (st == MPG_ERR_INVALID)
     return mpg__fail(st, "%s: %s and %s posted different operations #%u (offset, count, "
                      "dtype or op differ)", head, a, peer >= 0 ? b : "another member", aq);
+  if (peer == -2)
+    return mpg__fail(st == MPG_ERR_TIMEOUT && by == s->pos ? st : MPG_ERR_ABORTED,
+                     "%s: the all-reduce across nodes of %s failed (%s) in operation #%u",
+                     head, a, mpg_status_name(st), aq);
   if (st == MPG_ERR_TIMEOUT && by == s->pos)
     return mpg__fail(st, "%s timed out after %.3g s: missing %s, which did not post "
                      "operation #%u", head, s->group->ctx->timeout_s,
@@ -85,6 +89,20 @@ static mpg_status aborted(const mpg__shm *s, uint32_t q) {
 static int same_desc(const shm_desc *a, const shm_desc *b) {
   return a->offset == b->offset && a->count == b->count && a->dtype == b->dtype &&
          a->op == b->op && a->scatter == b->scatter && a->scale == b->scale;
+}
+
+/* The all-reduce (sum) of this member's staged partial sums with the
+ * members at its local position on the other nodes. */
+static mpg_status across_nodes(mpg__shm *s, const shm_desc *d, size_t m, double deadline) {
+  const struct mpg__backend_ops *ops = s->group->ctx->ops;
+  mpg__coll c = {MPG__ALL_REDUCE, s->stage, s->stage, m,
+                 d->dtype == MPG_F64 ? MPG_F64 : MPG_F32, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
+  mpg__req *r = NULL;
+  mpg_status st = ops->post(s->inter, &c, &r);
+  if (!st) st = ops->wait(r, deadline);
+  if (st && r) ops->abort_comm(s->inter, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
+  if (r) ops->req_free(r);
+  return st;
 }
 
 void *mpg__shm_worker(void *arg) {
@@ -119,7 +137,18 @@ void *mpg__shm_worker(void *arg) {
         return NULL;
       }
     }
-    mpg__shm_reduce(s, d);
+    if (s->inter) {
+      /* Hierarchical: the node's partial sums, then across nodes. */
+      size_t first, m = mpg__shm_partial(s, d, &first);
+      mpg_status st = m ? across_nodes(s, d, m, deadline) : MPG_OK;
+      if (st) {
+        mpg__shm_abort(s, st, -2, q);
+        return NULL;
+      }
+      mpg__shm_finish(s, d);
+    } else {
+      mpg__shm_reduce(s, d);
+    }
     atomic_store_explicit(&s->finished[s->pos].v, q + 1, memory_order_release);
     mpg__shm_futex_wake(&s->finished[s->pos].v);
   }

@@ -111,43 +111,89 @@ static void shard(const mpg__shm *s, const shm_desc *d, size_t es, size_t *lo, s
   *hi = p + 1 == n ? c : c * (p + 1) / n / align * align;
 }
 
-void mpg__shm_reduce(mpg__shm *s, const shm_desc *d) {
+/* acc (f64 for f64, else f32) = the pre-multiplied sum of elements
+ * [at, at + m) (byte offset at) of the node's regions, in position
+ * order. */
+static void sum_block(const mpg__shm *s, const shm_desc *d, size_t at, size_t m, void *acc,
+                      float *tmp) {
   mpg_dtype dt = (mpg_dtype)d->dtype;
-  size_t es = mpg__dtype_size(dt), lo, hi;
+  int premul = d->op == MPG_OP_PREMUL_SUM;
+  if (dt == MPG_F64) {
+    for (int p = 0; p < s->n; p++)
+      step_f64(acc, (const double *)(s->region[p] + at), m, p == 0, premul, d->scale);
+    return;
+  }
+  for (int p = 0; p < s->n; p++) {
+    const float *x = (const float *)(s->region[p] + at);
+    if (mpg__dtype_is_half(dt)) {
+      mpg__half_widen(dt, s->region[p] + at, tmp, m);
+      x = tmp;
+    }
+    step_f32(acc, x, m, p == 0, premul, (float)d->scale);
+  }
+}
+
+/* The group's sum in acc: divide for an average (by every member of the
+ * group), round f16/bf16 once, and write the result to the destinations:
+ * every local region for an all-reduce, this member's for a
+ * reduce-scatter. */
+static void finish_block(const mpg__shm *s, const shm_desc *d, size_t at, size_t m, void *acc,
+                         uint16_t *narrow) {
+  mpg_dtype dt = (mpg_dtype)d->dtype;
+  size_t es = mpg__dtype_size(dt);
+  const void *out = acc;
+  if (dt == MPG_F64) {
+    if (d->op == MPG_OP_AVG) avg_f64(acc, m, s->total);
+  } else {
+    if (d->op == MPG_OP_AVG) avg_f32(acc, m, s->total);
+    if (mpg__dtype_is_half(dt)) {
+      mpg__half_narrow(dt, acc, narrow, m);
+      out = narrow;
+    }
+  }
+  int first = d->scatter ? s->pos : 0, last = d->scatter ? s->pos : s->n - 1;
+  for (int p = first; p <= last; p++) memcpy(s->region[p] + at, out, m * es);
+}
+
+static size_t acc_size(const shm_desc *d) {
+  return d->dtype == MPG_F64 ? sizeof(double) : sizeof(float);
+}
+
+void mpg__shm_reduce(mpg__shm *s, const shm_desc *d) {
+  size_t es = mpg__dtype_size((mpg_dtype)d->dtype), lo, hi;
   shard(s, d, es, &lo, &hi);
-  int n = s->n, half = mpg__dtype_is_half(dt), premul = d->op == MPG_OP_PREMUL_SUM;
-  int avg = d->op == MPG_OP_AVG;
   char *scr = s->scratch;
   float *tmp = (float *)(scr + BLOCK * sizeof(double));
   uint16_t *narrow = (uint16_t *)(scr + BLOCK * (sizeof(double) + sizeof(float)));
-  int first_dst = d->scatter ? s->pos : 0, last_dst = d->scatter ? s->pos : n - 1;
+  for (size_t b = lo; b < hi; b += BLOCK) {
+    size_t m = hi - b < BLOCK ? hi - b : BLOCK, at = (d->offset + b) * es;
+    sum_block(s, d, at, m, scr, tmp);
+    finish_block(s, d, at, m, scr, narrow);
+  }
+}
+
+size_t mpg__shm_partial(mpg__shm *s, const shm_desc *d, size_t *first) {
+  size_t es = mpg__dtype_size((mpg_dtype)d->dtype), lo, hi, as = acc_size(d);
+  shard(s, d, es, &lo, &hi);
+  float *tmp = (float *)((char *)s->scratch + BLOCK * sizeof(double));
   for (size_t b = lo; b < hi; b += BLOCK) {
     size_t m = hi - b < BLOCK ? hi - b : BLOCK;
-    size_t at = (d->offset + b) * es;
-    const void *out;
-    if (dt == MPG_F64) {
-      double *acc = (double *)scr;
-      for (int p = 0; p < n; p++)
-        step_f64(acc, (const double *)(s->region[p] + at), m, p == 0, premul, d->scale);
-      if (avg) avg_f64(acc, m, n);
-      out = acc;
-    } else {
-      float *acc = (float *)scr;
-      for (int p = 0; p < n; p++) {
-        const float *x = (const float *)(s->region[p] + at);
-        if (half) {
-          mpg__half_widen(dt, s->region[p] + at, tmp, m);
-          x = tmp;
-        }
-        step_f32(acc, x, m, p == 0, premul, (float)d->scale);
-      }
-      if (avg) avg_f32(acc, m, n);
-      out = acc;
-      if (half) {
-        mpg__half_narrow(dt, acc, narrow, m);
-        out = narrow;
-      }
-    }
-    for (int p = first_dst; p <= last_dst; p++) memcpy(s->region[p] + at, out, m * es);
+    sum_block(s, d, (d->offset + b) * es, m, (char *)s->stage + (b - lo) * as, tmp);
   }
+  *first = lo;
+  return hi - lo;
+}
+
+void mpg__shm_finish(mpg__shm *s, const shm_desc *d) {
+  size_t es = mpg__dtype_size((mpg_dtype)d->dtype), lo, hi, as = acc_size(d);
+  shard(s, d, es, &lo, &hi);
+  uint16_t *narrow = (uint16_t *)((char *)s->scratch + BLOCK * (sizeof(double) + sizeof(float)));
+  for (size_t b = lo; b < hi; b += BLOCK) {
+    size_t m = hi - b < BLOCK ? hi - b : BLOCK;
+    finish_block(s, d, (d->offset + b) * es, m, (char *)s->stage + (b - lo) * as, narrow);
+  }
+}
+
+size_t mpg__shm_max_shard(const mpg__shm *s, size_t elems) {
+  return elems / (size_t)s->n + 2 * SHM_LINE;
 }

@@ -135,6 +135,11 @@ static mpg_status map_segment(mpg__shm *s, const char *name, int *err) {
 
 static void release(mpg__shm *s) {
   if (!s) return;
+  const struct mpg__backend_ops *ops = s->group ? s->group->ctx->ops : NULL;
+  /* A worker blocked in the all-reduce across nodes of a failed step
+   * returns now. */
+  if (s->inter && s->ctl && atomic_load(&s->ctl->abort_status))
+    ops->abort_comm(s->inter, MPG_ERR_ABORTED);
   if (s->worker_up) {
     atomic_store(&s->stop, 1);
     mpg__shm_futex_wake(&s->posted[s->pos].v);
@@ -144,6 +149,9 @@ static void release(mpg__shm *s) {
     /* Anonymous: the threads share one mapping, freed by the last. */
     if (!s->anon || atomic_fetch_sub(&s->ctl->refs, 1) == 1) munmap(s->base, s->map_bytes);
   }
+  if (s->inter) ops->destroy(s->inter);
+  free(s->stage);
+  free(s->members);
   free(s->scratch);
   free(s->region);
   free(s->deadline);
@@ -161,85 +169,142 @@ static mpg_status gather(mpg_group *g, const int32_t *mine, int32_t *all, size_t
   return mpg__group_host_all_gather(g, mine, all, words, MPG_I32);
 }
 
+/* The nodes of the group, from the gathered host hashes: node[p] (numbered
+ * in the order of their first position), *nodes, and whether every node
+ * holds the same number of members (*per, else 0). */
+static void find_nodes(const int32_t *all, int n, int *node, int *nodes, int *per) {
+  *nodes = 0;
+  for (int p = 0; p < n; p++) {
+    node[p] = -1;
+    for (int q = 0; q < p && node[p] < 0; q++)
+      if (get64(all + (size_t)q * A_WORDS + A_HASH_LO) ==
+          get64(all + (size_t)p * A_WORDS + A_HASH_LO))
+        node[p] = node[q];
+    if (node[p] < 0) node[p] = (*nodes)++;
+  }
+  *per = n / *nodes;
+  for (int k = 0; k < *nodes && *per; k++) {
+    int c = 0;
+    for (int p = 0; p < n; p++) c += node[p] == k;
+    if (c != *per) *per = 0;
+  }
+}
+
+static mpg_status fail_env(mpg_group *group, int bad, int pos) {
+  int rank = -1;
+  mpg_group_member(group, bad, &rank);
+  return mpg__fail(MPG_ERR_ENV,
+                   "MESHPG_SHM must be 0 (off) or 1 (on, the default) but rank %d has "
+                   "another value%s%s%s",
+                   rank, bad == pos ? " (\"" : "", bad == pos ? getenv("MESHPG_SHM") : "",
+                   bad == pos ? "\")" : "");
+}
+
 mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int depth,
-                           mpg__shm **out, void **data) {
+                           int scatter, mpg__shm **out, void **data) {
   *out = NULL;
   *data = NULL;
   mpg_ctx *ctx = group->ctx;
-  int n = mpg_group_size(group), pos = mpg_group_rank(group);
+  int total = mpg_group_size(group), gpos = mpg_group_rank(group);
   char gname[128];
   snprintf(gname, sizeof gname, "\"%s\" index %d", mpg_group_name(group),
            mpg_group_index(group));
   int cpu = ctx->kind == MPG_BACKEND_THREAD || ctx->kind == MPG_BACKEND_MPI;
   int dt_ok = dtype == MPG_F32 || dtype == MPG_F64 || dtype == MPG_F16 || dtype == MPG_BF16;
   /* Decided from what every member knows alike: no collective then. */
-  if (n < 2 || !cpu || !dt_ok || depth < 1 || bytes == 0) return MPG_OK;
+  if (total < 2 || !cpu || !dt_ok || depth < 1 || bytes == 0) return MPG_OK;
   char host[MPG_HOST_ID_MAX];
   if (ctx->host_id[0]) snprintf(host, sizeof host, "%s", ctx->host_id);
   else if (mpg_topo_host_identity(host, sizeof host)) snprintf(host, sizeof host, "?");
-  int32_t a[A_WORDS] = {0}, *all = malloc(sizeof(int32_t) * B_WORDS * (size_t)n);
-  if (!all) return mpg__fail(MPG_ERR_NOMEM, "shared memory for group %s: out of memory", gname);
+  int32_t a[A_WORDS] = {0}, *all = malloc(sizeof(int32_t) * B_WORDS * (size_t)total);
+  int *node = malloc(sizeof(int) * (size_t)total);
+  if (!all || !node) {
+    free(all);
+    free(node);
+    return mpg__fail(MPG_ERR_NOMEM, "shared memory for group %s: out of memory", gname);
+  }
   put64(a + A_HASH_LO, fnv(host));
   a[A_PID] = (int32_t)getpid();
   a[A_ENV] = env_value();
   mpg_status st = gather(group, a, all, A_WORDS);
   if (st) {
     free(all);
+    free(node);
     return mpg__fail_wrap(st, "shared memory for group %s: exchanging host identities", gname);
   }
-  int hosts_differ = 0, pids_differ = 0, off = -1, bad = -1;
-  for (int p = 0; p < n; p++) {
+  int off = -1, bad = -1, nodes = 0, per = 0;
+  for (int p = 0; p < total; p++) {
     const int32_t *x = all + (size_t)p * A_WORDS;
-    if (get64(x + A_HASH_LO) != get64(all + A_HASH_LO)) hosts_differ = 1;
-    if (x[A_PID] != all[A_PID]) pids_differ = 1;
     if (x[A_ENV] == ENV_OFF && off < 0) off = p;
     if (x[A_ENV] == ENV_BAD && bad < 0) bad = p;
   }
-  if (bad >= 0) {
-    int rank = -1;
-    mpg_group_member(group, bad, &rank);
-    free(all);
-    return mpg__fail(MPG_ERR_ENV,
-                     "MESHPG_SHM must be 0 (off) or 1 (on, the default) but rank %d has "
-                     "another value%s%s%s",
-                     rank, bad == pos ? " (\"" : "", bad == pos ? getenv("MESHPG_SHM") : "",
-                     bad == pos ? "\")" : "");
+  find_nodes(all, total, node, &nodes, &per);
+  /* The members on this node, in position order: local position pos of n;
+   * the node's creator is its first; do their processes differ? */
+  int n = 0, pos = 0, creator = -1, pids_differ = 0;
+  for (int p = 0; p < total; p++) {
+    if (node[p] != node[gpos]) continue;
+    if (creator < 0) creator = p;
+    if (p == gpos) pos = n;
+    n++;
+    if (all[(size_t)p * A_WORDS + A_PID] != all[(size_t)creator * A_WORDS + A_PID])
+      pids_differ = 1;
   }
-  if (off >= 0 || hosts_differ) {
-    int rank = -1;
-    if (off >= 0) mpg_group_member(group, off, &rank);
-    if (off >= 0)
-      mpg__log(1, "rank %d: shared memory off for group %s (MESHPG_SHM=0 at rank %d): it "
-               "syncs through the %s backend's collectives", ctx->rank, gname, rank,
-               ctx->ops->name);
-    else
-      mpg__log(2, "rank %d: group %s spans several hosts: it syncs through the %s backend's "
-               "collectives", ctx->rank, gname, ctx->ops->name);
+  int mynode = node[gpos];
+  if (bad >= 0) {
     free(all);
+    free(node);
+    return fail_env(group, bad, gpos);
+  }
+  const char *why = NULL;
+  if (off >= 0) why = "MESHPG_SHM=0";
+  else if (nodes > 1 && !per) why = "its nodes hold different numbers of its members";
+  else if (nodes > 1 && per < 2) why = "it has one member per node";
+  else if (nodes > 1 && scatter) why = "a sharded buffer across nodes is not reduced hierarchically";
+  if (why) {
+    char at[48] = "";
+    int rank = -1;
+    if (off >= 0 && !mpg_group_member(group, off, &rank))
+      snprintf(at, sizeof at, " at rank %d", rank);
+    mpg__log(off >= 0 ? 1 : 2,
+             "rank %d: shared memory off for group %s (%s%s): it syncs through the %s "
+             "backend's collectives", ctx->rank, gname, why, at, ctx->ops->name);
+    free(all);
+    free(node);
     return MPG_OK;
   }
-  /* Every member on this node: the segment. */
+  /* This node's members share a segment. */
   mpg__shm *s = calloc(1, sizeof *s);
   if (s) {
     s->region = calloc((size_t)n, sizeof *s->region);
+    s->members = calloc((size_t)n, sizeof *s->members);
     s->deadline = calloc((size_t)depth, sizeof *s->deadline);
     s->scratch = mpg__shm_scratch();
   }
   int32_t b[B_WORDS] = {0};
-  char name[NAME_MAX_];
-  if (!s || !s->region || !s->deadline || !s->scratch) {
-    b[B_STATUS] = MPG_ERR_NOMEM;
-  } else {
+  char name[NAME_MAX_] = "";
+  int ok = s && s->region && s->members && s->deadline && s->scratch;
+  if (ok) {
+    for (int p = 0, k = 0; p < total; p++)
+      if (node[p] == mynode) s->members[k++] = p;
     s->group = group;
     s->n = n;
     s->pos = pos;
+    s->total = total;
     s->anon = !pids_differ;
     s->depth = depth;
     s->dtype = dtype;
     s->region_bytes = round_up(bytes, SHM_PAGE);
     s->map_bytes = control_bytes(n, depth) + s->region_bytes * (size_t)n;
     snprintf(s->gname, sizeof s->gname, "%s", gname);
+    if (nodes > 1) {
+      s->stage_elems = mpg__shm_max_shard(s, bytes / mpg__dtype_size(dtype));
+      s->stage = malloc(s->stage_elems * (dtype == MPG_F64 ? 8 : 4));
+      ok = s->stage != NULL;
+    }
   }
+  free(node);
+  if (!ok) b[B_STATUS] = MPG_ERR_NOMEM;
   if (pos == 0 && !b[B_STATUS]) {
     if (s->anon) {
       void *p = mmap(NULL, s->map_bytes, PROT_READ | PROT_WRITE,
@@ -264,14 +329,14 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
     }
   }
   st = gather(group, b, all, B_WORDS);
-  int32_t cb[B_WORDS]; /* the creator's (all is reused below) */
-  memcpy(cb, all, sizeof cb);
+  int32_t cb[B_WORDS]; /* this node's creator's (all is reused below) */
+  memcpy(cb, all + (size_t)creator * B_WORDS, sizeof cb);
   int32_t c[2] = {0, 0};
   if (st) {
     c[0] = st;
   } else if (cb[B_STATUS]) {
     c[0] = cb[B_STATUS];
-  } else if (!s || !s->region || !s->deadline || !s->scratch) {
+  } else if (!ok) {
     c[0] = MPG_ERR_NOMEM;
   } else if (pos != 0) {
     memcpy(name, cb + B_NAME, NAME_MAX_);
@@ -287,8 +352,13 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   /* Everyone mapped it (or gave up): the name goes now. */
   if (pos == 0 && s && !s->anon && !b[B_STATUS]) shm_unlink(name);
   int failed = -1;
-  for (int p = 0; !st2 && p < n; p++)
+  for (int p = 0; !st2 && p < total; p++)
     if (all[2 * p] && failed < 0) failed = p;
+  /* Across nodes: the members at this local position on every node. */
+  if (!st2 && failed < 0 && nodes > 1) {
+    st2 = ctx->ops->split(group->comm, pos, mynode, &s->inter);
+    if (st2) st2 = mpg__fail_wrap(st2, "splitting the group by local position");
+  }
   if (!st2 && failed < 0) {
     free(all);
     if (pthread_create(&s->worker, NULL, mpg__shm_worker, s)) {
@@ -299,14 +369,15 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
                        "worker thread", gname);
     }
     s->worker_up = 1;
-    mpg__log(2, "rank %d: group %s shares %zu bytes of %s memory (%d members)", ctx->rank,
-             gname, s->map_bytes, s->anon ? "anonymous" : "POSIX shared", n);
+    mpg__log(2, "rank %d: group %s shares %zu bytes of %s memory (%d members on this node%s)",
+             ctx->rank, gname, s->map_bytes, s->anon ? "anonymous" : "POSIX shared", n,
+             nodes > 1 ? ", hierarchical across nodes" : "");
     *out = s;
     *data = s->region[pos];
     return MPG_OK;
   }
   /* Failed, everyone alike (or the exchange itself failed). */
-  int32_t why = st2 ? (int32_t)st2 : all[2 * failed], err = st2 ? 0 : all[2 * failed + 1];
+  int32_t why2 = st2 ? (int32_t)st2 : all[2 * failed], err = st2 ? 0 : all[2 * failed + 1];
   /* No worker runs yet: the creator unmaps an anonymous mapping alone. */
   if (s && s->anon && s->base && pos != 0) s->base = NULL;
   if (s && s->base && s->anon) atomic_store(&s->ctl->refs, 1);
@@ -323,10 +394,9 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
                      (unsigned long long)get64(cb + B_FREE_LO));
   int frank = -1;
   mpg_group_member(group, failed, &frank);
-  return mpg__fail((mpg_status)why,
-                   "shared memory for group %s: rank %d could not %s its %llu-byte segment "
-                   "in " SHM_DIR ": %s",
-                   gname, frank, failed == 0 ? "create" : "map",
-                   (unsigned long long)get64(cb + B_NEED_LO),
-                   err ? strerror(err) : mpg_status_name((mpg_status)why));
+  return mpg__fail((mpg_status)why2,
+                   "shared memory for group %s: rank %d could not %s its segment in " SHM_DIR
+                   ": %s",
+                   gname, frank, cb[B_STATUS] ? "create" : "map",
+                   err ? strerror(err) : mpg_status_name((mpg_status)why2));
 }

@@ -12,6 +12,18 @@
  *    abort (groups_internal.h has the contract);
  *  - kernel.c: the reduction of one shard.
  *
+ * Across nodes (hierarchical, all-reduce only): when the group's members
+ * are on several hosts with the same number n >= 2 on each, each node has
+ * its own segment, and the worker of local position r, after summing shard
+ * r of its node's buffers into a staging array (f32 for f16/bf16, the
+ * pre-multiply applied; no average yet), all-reduces that array (sum) over
+ * a communicator split from the group's: the members at local position r
+ * of every node, ordered by node.  Then it divides by the group's size for
+ * an average, rounds once and writes the shard back to every local
+ * buffer: Horovod's hierarchical all-reduce, with the intra-node steps in
+ * shared memory.  The order is then: position order inside a node, the
+ * backend's order across nodes.
+ *
  * The segment.  A control area (struct shm_ctl, then one cache line per
  * member for `posted` and one for `finished`, then each member's ring of
  * `depth` operation descriptors), then one region per member, page
@@ -76,7 +88,15 @@ typedef struct shm_desc {
 
 struct mpg__shm {
   mpg_group *group;
-  int n, pos;
+  int n, pos;           /* members on this node (the segment's), this one's */
+  int total;            /* members of the group (n x nodes) */
+  int *members;         /* n: the group position of each local member */
+  /* Hierarchical (the group spans nodes, n members on each): this
+   * member's all-reduce of its node's partial sums with the members at
+   * the same local position on the other nodes, run by the worker. */
+  mpg__comm *inter;
+  void *stage;          /* the shard's partial sums (f32, or f64) */
+  size_t stage_elems;
   int anon;             /* one mapping shared by the threads of a process */
   char *base;           /* the mapping */
   size_t map_bytes, region_bytes;
@@ -105,8 +125,16 @@ void mpg__shm_futex_wait(_Atomic uint32_t *w, uint32_t val, double timeout_s);
 void mpg__shm_futex_wake(_Atomic uint32_t *w);
 
 /* kernel.c: the worker's scratch (NULL: out of memory) and the reduction
- * of this member's shard of operation d. */
+ * of this member's shard of operation d: in one pass on one node; or
+ * (hierarchical) _partial sums the node's into s->stage (returns its
+ * element count and the shard's first element) and _finish, once the
+ * stage was all-reduced across nodes, averages, rounds and writes it back. */
 void *mpg__shm_scratch(void);
 void mpg__shm_reduce(mpg__shm *s, const shm_desc *d);
+size_t mpg__shm_partial(mpg__shm *s, const shm_desc *d, size_t *first);
+void mpg__shm_finish(mpg__shm *s, const shm_desc *d);
+/* kernel.c: the largest shard of a buffer of `elems` elements (stage
+ * size). */
+size_t mpg__shm_max_shard(const mpg__shm *s, size_t elems);
 
 #endif
