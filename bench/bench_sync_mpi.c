@@ -679,7 +679,8 @@ static void print_result(const bench *B, int m, const series *s, double t_comm) 
   if (m == M_A || m == M_S || m == M_1) {
     mpg_sync_stats st = MPG_SYNC_STATS_INIT;
     if (mpg_sync_get_stats(B->sync[m], &st) == MPG_OK)
-      printf(" buckets=%d sync_bytes=%zu", st.num_buckets, st.total_bytes);
+      printf(" buckets=%d sync_bytes=%zu shm_buffers=%d", st.num_buckets, st.total_bytes,
+             st.shm_buffers);
   }
   if (m == M_C) printf(" calls=%d", B->np);
   if (m == M_R || m == M_I) {

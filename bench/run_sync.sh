@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# run_sync.sh - the issue-4 gradient-sync benchmarks side by side, one table.
+# run_sync.sh - the issue-4 gradient-sync benchmarks side by side, beside the
+# physical floor (issue 23): one table per np, then a summary.
 #
 #   bench/run_sync.sh [BUILD_DIR] [PARAMS]
 #
-# BUILD_DIR (default: build) holds bench/bench_sync_mpi; PARAMS defaults to
-# gpt-small.params next to this script (bench/gpt-medium.params works too,
-# but needs about 4 x 4 GB for the C program and 4 x 8 GB for DDP; both
-# lists are described in bench/README.md).  Run from the repository root (or
-# anywhere: paths are resolved from this script).
+# BUILD_DIR (default: build) holds bench/bench_sync_mpi and bench/bench_floor;
+# PARAMS defaults to gpt-small.params next to this script
+# (bench/gpt-medium.params works too, but needs about np x 4 GB for each C
+# program and np x 8 GB for DDP; both lists are described in
+# bench/README.md).  Run from the repository root (or anywhere: paths are
+# resolved from this script).
 #
-# One run does ROUNDS (3) rounds, each with the same mpirun line
-#   mpirun --oversubscribe --bind-to none --mca btl self,vader -np $NP
+# For every np of NPS in turn, one run of ROUNDS (3) rounds, each with the
+# same mpirun line
+#   mpirun --oversubscribe --bind-to none --mca btl self,vader -np <np>
 # running, in turn (so a noisy neighbour hits every program alike):
 #   1. bench_sync_mpi PARAMS: (a) meshpg sync, (b) flat all-reduce, (c) the
 #      naive per-tensor recipe (and (r)/(i), MPI in the same process, when
@@ -18,29 +21,47 @@
 #      compute (o), polling MPI (p), device-like compute where the host
 #      thread sleeps (g), and no overlap (n), with T_comm = median of (a)
 #      from this same run;
-#   2. bench_raw_mpi PARAMS, a process of its own (issue 13): (R) raw
+#   2. bench_floor PARAMS --threads <np> (M), the physical floor, one
+#      process, not under mpirun: np threads, each memcpy'ing its own
+#      S-byte buffer into another S-byte buffer of its own, all at once (S:
+#      the f32 bytes of PARAMS, the bytes (a) syncs); buffers allocated once
+#      and written before timing (no page faults), threads not pinned (the
+#      ranks are not either); an iteration runs from the common start (a
+#      barrier) to the end of the last thread;
+#   3. bench_raw_mpi PARAMS, a process of its own (issue 13): (R) raw
 #      MPI_Allreduce in place on one buffer allocated once, + divide; (L)
 #      the naive per-tensor loop on raw MPI;
-#   3. bench/gloo_flat.py (F): torch.distributed.all_reduce (gloo) on one
-#      flat tensor, + divide;  4. bench/ddp_bench.py (d): DDP sync time;
+#   4. bench/gloo_flat.py (F): torch.distributed.all_reduce (gloo) on one
+#      flat tensor, + divide;  5. bench/ddp_bench.py (d): DDP sync time;
 #      both under /usr/bin/python3 (Debian python3-torch).
-# It prints every RESULT line and one table: per mode the median over the
-# rounds of each round's median, with the spread (lowest..highest round
-# median), faults per step, GB/s; the best reference (the fastest of R, L,
-# c and F) and the goals as ratios against it: (a) <= 1.00 x best,
-# (d)/(a) >= 2, exposed in (g) <= floor + 5 points.
+# Every program gets ITERS timed iterations after WARMUP warm-up ones.
+# Per np it prints every RESULT line and one table: per mode the median
+# over the rounds of each round's median, with the spread (lowest..highest
+# round median), faults per step, GB/s (bytes S over the time; for (M) per
+# thread); the best reference (the fastest of R, L, c and F) and the goals
+# as ratios, each with PASS or MISS:
+#   (a)/best time       (a) <= 1.00 x the best reference;
+#   (a)/floor = X.XX goal <= 1.00   (a) within the floor (M) of that np;
+#   (d)/(a) time        >= 3 at np >= 4 (so at np 4 and 8), >= 2 below;
+#   exposed, overlap, device compute (g) <= floor + 5 points, where this
+#                       floor is the exposure's: the share of the bytes in
+#                       the last-ready tensor (not the copy floor (M)).
+# Then a summary, one row per np: np, (a) ms, floor ms, (a)/floor, (d)/(a)
+# and its goal, exposed (g) and its goal; and, when np 2 and np 8 both ran,
+# "(a)/floor at np 8 vs np 2" (goal: no worse at np 8 than at np 2).
 #
-# Environment: NP (4), ROUNDS (3), ITERS (20), WARMUP (3), MODES
-# (a,b,c,o,g,n; add r,i,p,s,1 for more profile rows), MASTER_PORT (29500 +
-# pid % 1000), PYTHON (/usr/bin/python3), SKIP_DDP=1 to leave out (d),
-# SKIP_GLOO=1 to leave out (F), SKIP_RAW=1 to leave out (R) and (L),
-# SKIP_WAKEUP=1 to leave out bench_wakeup (run with (g): what one host
-# wake-up costs busy cores here, which explains part of (g)'s exposure),
-# DDP_TIMEOUT (1800 s, a guard
-# against a hung torch teardown), MPIRUN_EXTRA (more mpirun arguments).
+# Environment: NPS (the np values to run, space- or comma-separated;
+# default "2 4 8" when nproc >= 8, "2 4" when nproc >= 4, else "2"), NP
+# (one np: the same as NPS=NP, for older command lines; set NP or NPS, not
+# both), ROUNDS (3), ITERS (20), WARMUP (3), MODES (a,b,c,o,g,n; add
+# r,i,p,s,1 for more profile rows), MASTER_PORT (29500 + pid % 1000),
+# PYTHON (/usr/bin/python3), SKIP_DDP=1 to leave out (d), SKIP_GLOO=1 to
+# leave out (F), SKIP_RAW=1 to leave out (R) and (L), DDP_TIMEOUT (1800 s,
+# a guard against a hung torch teardown), MPIRUN_EXTRA (more mpirun
+# arguments).  The floor (M) always runs.
 # Exit status: 0 when every program ran (a missed goal is reported as MISS,
 # not an error: timings depend on the machine), 1 when one failed, 2 on a
-# usage error.
+# usage error (a bad NP or NPS included).
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -53,16 +74,39 @@ if [[ $# -gt 2 || ${1:-} = -h || ${1:-} = --help ]]; then
   [[ ${1:-} = -h || ${1:-} = --help ]] && exit 0 || exit 2
 fi
 exe="$build/bench/bench_sync_mpi"
-if [[ ! -x $exe ]]; then
-  echo "run_sync.sh: $exe not found: build first (meson setup $build && ninja -C $build)" >&2
-  exit 2
-fi
+floor="$build/bench/bench_floor"
+for x in "$exe" "$floor"; do
+  if [[ ! -x $x ]]; then
+    echo "run_sync.sh: $x not found: build first (meson setup $build && ninja -C $build)" >&2
+    exit 2
+  fi
+done
 if [[ ! -r $params ]]; then
   echo "run_sync.sh: cannot read $params" >&2
   exit 2
 fi
 
-NP=${NP:-4}
+cores=$(nproc)
+if [[ -n ${NP:-} && -n ${NPS:-} ]]; then
+  echo "run_sync.sh: set NP (one np) or NPS (a list), not both" >&2
+  exit 2
+fi
+if [[ -n ${NP:-} ]]; then
+  NPS=$NP
+elif [[ -z ${NPS:-} ]]; then
+  if ((cores >= 8)); then NPS="2 4 8"; elif ((cores >= 4)); then NPS="2 4"; else NPS=2; fi
+fi
+read -r -a nps <<<"${NPS//,/ }"
+if [[ ${#nps[@]} -eq 0 ]]; then
+  echo "run_sync.sh: NPS is empty" >&2
+  exit 2
+fi
+for np in "${nps[@]}"; do
+  if [[ ! $np =~ ^[1-9][0-9]*$ ]]; then
+    echo "run_sync.sh: NP/NPS: '$np' is not a positive whole number" >&2
+    exit 2
+  fi
+done
 ROUNDS=${ROUNDS:-3}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-3}
@@ -72,17 +116,14 @@ MASTER_PORT=${MASTER_PORT:-$((29500 + $$ % 1000))}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # shellcheck disable=SC2206
 extra=(${MPIRUN_EXTRA:-})
-mpirun_cmd=(mpirun --oversubscribe --bind-to none --mca btl "self,vader" -np "$NP" "${extra[@]}")
 raw="$build/bench/bench_raw_mpi"
-wake="$build/bench/bench_wakeup"
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/run_sync.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 
-cores=$(nproc)
 echo "# run_sync.sh: $(date -u +%FT%TZ) on $(hostname): $cores cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# $(mpirun --version 2>/dev/null | head -1); $NP processes on $cores cores$([[ $NP -gt $cores ]] && echo ' (oversubscribed)')"
-echo "# params: $params; $ROUNDS rounds of $ITERS timed iterations after $WARMUP warm-up"
+echo "# $(mpirun --version 2>/dev/null | head -1); np ${nps[*]} on $cores cores"
+echo "# params: $params; per np $ROUNDS rounds of $ITERS timed iterations after $WARMUP warm-up"
 
 # run NAME OUTFILE COMMAND...: run it, show its output, fail loudly.
 run() {
@@ -96,164 +137,222 @@ run() {
   fi
   cat "$file"
 }
-py_env=(-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$MASTER_PORT" -x GLOO_SOCKET_IFNAME=lo)
-for ((r = 1; r <= ROUNDS; r++)); do
-  echo "# round $r of $ROUNDS: load $(cut -d' ' -f1-3 /proc/loadavg)"
-  run bench_sync_mpi "$out/c.$r.txt" "${mpirun_cmd[@]}" "$exe" "$params" --iters "$ITERS" \
-    --warmup "$WARMUP" --modes "$MODES"
-  if [[ ${SKIP_WAKEUP:-0} != 1 && -x $wake && ,$MODES, = *,g,* ]]; then
-    # What (g)'s host wake-ups cost: NP sleeping threads against the
-    # progress threads' busy cores (at most one per core).
-    run bench_wakeup "$out/w.$r.txt" "$wake" --workers "$((NP < cores ? NP : cores))" \
-      --sleepers "$NP" --seconds 0.3
-  fi
-  if [[ ${SKIP_RAW:-0} != 1 && -x $raw ]]; then
-    run bench_raw_mpi "$out/r.$r.txt" "${mpirun_cmd[@]}" "$raw" "$params" "$ITERS" "$WARMUP"
-  fi
-  if [[ ${SKIP_GLOO:-0} != 1 ]]; then
-    run gloo_flat.py "$out/f.$r.txt" timeout "${DDP_TIMEOUT:-1800}" "${mpirun_cmd[@]}" \
-      "${py_env[@]}" "$PYTHON" "$here/gloo_flat.py" "$params" --iters "$ITERS" --warmup "$WARMUP"
-  fi
-  if [[ ${SKIP_DDP:-0} != 1 ]]; then
-    run ddp_bench.py "$out/d.$r.txt" timeout "${DDP_TIMEOUT:-1800}" "${mpirun_cmd[@]}" \
-      "${py_env[@]}" "$PYTHON" "$here/ddp_bench.py" "$params" --iters "$ITERS" --warmup "$WARMUP"
-  fi
-done
-echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-# The table (python3 of the system: only the standard library).
-"$PYTHON" - "$NP" "$cores" "$params" "$ROUNDS" "$out" <<'PY'
+# The tables (python3 of the system: only the standard library).
+#   table NP CORES PARAMS ROUNDS DIR SUMMARY: one np's table and goals from
+#     DIR/<program>.<round>.txt; appends its summary row (JSON) to SUMMARY;
+#   summary CORES PARAMS ROUNDS SUMMARY: the summary, one row per np.
+read -r -d '' tables <<'PY'
+import json
 import os
 import statistics
 import sys
-np_, cores, params, rounds, out = sys.argv[1:6]
-runs = []  # per round: {mode: {key: value}}
-for r in range(1, int(rounds) + 1):
-    R = {}
-    for f in ("c", "r", "f", "d", "w"):
-        path = os.path.join(out, "%s.%d.txt" % (f, r))
-        if os.path.exists(path):
-            for line in open(path):
-                if line.startswith("RESULT "):
-                    x = line.split()
-                    R[x[1]] = dict(y.split("=", 1) for y in x[2:])
-    runs.append(R)
-modes = sorted({m for R in runs for m in R})
-
-
-def vals(m, k="median_s"):
-    v = []
-    for R in runs:
-        try:
-            v.append(float(R[m][k]))
-        except (KeyError, ValueError):
-            pass
-    return v
-
-
-def g(m, k="median_s"):
-    """Median over the rounds of a round's figure."""
-    v = vals(m, k)
-    return statistics.median(v) if v else None
-
-
-def spread(m, k="median_s"):
-    v = vals(m, k)
-    return (min(v), max(v)) if v else (None, None)
-
-
-def ms(x):
-    return x * 1e3
-
-
-rows = [
-    ("a", "meshpg mpg_sync: begin + mark_ready x N (backward order) + finish"),
-    ("b", "flat mpg_all_reduce avg, one contiguous buffer (ours)"),
-    ("c", "ref: naive per-tensor mpg_all_reduce sum + divide loop"),
-    ("R", "ref: raw MPI_Allreduce in place, own process, + divide"),
-    ("L", "ref: naive per-tensor loop on raw MPI_Allreduce, own process"),
-    ("F", "ref: gloo flat all_reduce through torch, one tensor, + divide"),
-    ("d", "ref: PyTorch DDP gloo, bucket_cap_mb=25: backward - no_sync"),
-    ("r", "raw MPI_Allreduce in the C benchmark's process + divide"),
-    ("i", "raw MPI_Iallreduce + MPI_Wait in that process + divide"),
-    ("s", "profile: mpg_sync with op sum (no divide pass)"),
-    ("1", "profile: mpg_sync with one bucket"),
-]
-by = next((float(R[m]["bytes"]) for R in runs for m in R if "bytes" in R[m]), 0.0)
-print()
-print("== sync benchmark: %s, %.2f MB f32, Open MPI, np=%s on %s cores; median of %s "
-      "rounds' medians (spread: lowest..highest round) =="
-      % (os.path.basename(params), by / 1e6, np_, cores, rounds))
-print("%-4s%-64s%10s %-15s%8s%9s  %s" % ("", "mode", "median ms", "spread ms", "GB/s",
-                                          "flt/step", "extra"))
-for m, desc in rows:
-    t = g(m)
-    if t is None:
-        continue
-    lo, hi = spread(m)
-    ex = []
-    if m in ("R", "r", "i"):
-        ex.append("allreduce %.1f + divide %.1f ms" % (ms(g(m, "allreduce_s")),
-                                                     ms(g(m, "divide_s"))))
-    if m == "d":
-        ex.append("backward %.1f - no_sync %.1f ms" % (ms(g(m, "ddp_backward_s")),
-                                                      ms(g(m, "nosync_backward_s"))))
-    fl = g(m, "faults")
-    print("(%s) %-64s%10.2f %6.1f..%-7.1f%8.3f%9s  %s"
-          % (m, desc, ms(t), ms(lo), ms(hi), by / t / 1e9,
-             "%.0f" % fl if fl is not None else "n/a", ", ".join(ex)))
-for m, desc in (("o", "overlap: busy CPU compute T_comm, marks as it goes"),
-                ("p", "profile: o, compute polls MPI progress every 100 us"),
-                ("g", "overlap, compute on a device: host thread sleeps"),
-                ("n", "no overlap: compute T_comm, then mark all ready, finish")):
-    if g(m) is None:
-        continue
-    lo, hi = spread(m, "exposed_pct")
-    print("(%s) %-64s%10.2f %6.1f..%-7.1f%8s%9.0f  T_comm %.1f ms, exposed %.1f%% "
-          "(spread %.1f..%.1f %%)"
-          % (m, desc, ms(g(m)), ms(spread(m)[0]), ms(spread(m)[1]), "", g(m, "faults"),
-             ms(g(m, "t_comm_s")), g(m, "exposed_pct"), lo, hi))
-print()
 
 
 def verdict(ok):
     return "PASS" if ok else "MISS"
 
 
-a, d = g("a"), g("d")
-refs = [(g(m), m) for m in ("R", "L", "c", "F") if g(m) is not None]
-if a and refs:
-    best, bm = min(refs)
-    print("best reference: (%s) %.2f ms" % (bm, ms(best)))
-    r = a / best
-    print("(a)/best time       = %7.3f    goal <= 1.00   %s   (per reference: %s)"
-          % (r, verdict(r <= 1.0), ", ".join("%s %.3f" % (m, a / t) for t, m in refs)))
-if a and d:
-    r = d / a
-    print("(d)/(a) time        = %7.3f    goal >= 2      %s" % (r, verdict(r >= 2.0)))
-if a and g("b"):
-    print("(a)/(b) bandwidth   = %7.3f    (against our own flat all-reduce)" % (g("b") / a))
-for m, what in (("g", "overlap, device compute (g)"), ("o", "overlap, busy CPU (o)")):
-    if g(m) is not None:
-        e, fl = g(m, "exposed_pct"), g(m, "bound_pct")
-        line = "exposed, %-27s = %5.1f %%" % (what, e)
-        if m == "g":
-            line += "  goal <= floor + 5 = %.1f %%   %s" % (fl + 5, verdict(e <= fl + 5))
-        print(line + "   (floor: the last-ready tensor holds %.1f %% of the bytes)" % fl)
-        w, c = g(m, "wakeups"), g("wakeup", "cost_us")
-        if m == "g" and w is not None and c is not None:
-            # The wake-ups' core time, spread over the busy cores (work
-            # that any rank can take over), or summed (a ring: every step
-            # waits for every rank, so one rank's stall stalls them all).
-            busy = min(int(np_), int(cores))
-            total = int(np_) * w * c * 1e-6
-            y1 = 100.0 * total / busy / g(m, "t_comm_s")
-            y2 = 100.0 * total / g(m, "t_comm_s")
-            print("  (g) host wake-ups: %.0f per rank per step x %.1f us of core time each "
-                  "when the cores are busy (bench_wakeup) x %s ranks = %.2f ms: floor + "
-                  "their share of T_comm = %.1f %% spread over %d cores, %.1f %% if every "
-                  "rank waits for every stall (a ring)"
-                  % (w, c, np_, ms(total), fl + y1, busy, fl + y2))
-if g("n") is not None:
-    print("exposed, no overlap = %7.1f %%" % g("n", "exposed_pct"))
+def ms(x):
+    return x * 1e3
+
+
+def ddp_goal(np_):
+    """(d)/(a) must reach 3 from np 4 on (np 4 and 8), 2 below."""
+    return 3.0 if np_ >= 4 else 2.0
+
+
+def table(np_, cores, params, rounds, out, summary):
+    runs = []  # per round: {mode: {key: value}}
+    for r in range(1, rounds + 1):
+        R = {}
+        for f in ("c", "m", "r", "f", "d"):
+            path = os.path.join(out, "%s.%d.txt" % (f, r))
+            if os.path.exists(path):
+                for line in open(path):
+                    if line.startswith("RESULT "):
+                        x = line.split()
+                        R[x[1]] = dict(y.split("=", 1) for y in x[2:])
+        runs.append(R)
+
+    def vals(m, k="median_s"):
+        v = []
+        for R in runs:
+            try:
+                v.append(float(R[m][k]))
+            except (KeyError, ValueError):
+                pass
+        return v
+
+    def g(m, k="median_s"):
+        """Median over the rounds of a round's figure."""
+        v = vals(m, k)
+        return statistics.median(v) if v else None
+
+    def spread(m, k="median_s"):
+        v = vals(m, k)
+        return (min(v), max(v)) if v else (None, None)
+
+    rows = [
+        ("a", "meshpg mpg_sync: begin + mark_ready x N (backward order) + finish"),
+        ("b", "flat mpg_all_reduce avg, one contiguous buffer (ours)"),
+        ("c", "ref: naive per-tensor mpg_all_reduce sum + divide loop"),
+        ("R", "ref: raw MPI_Allreduce in place, own process, + divide"),
+        ("L", "ref: naive per-tensor loop on raw MPI_Allreduce, own process"),
+        ("F", "ref: gloo flat all_reduce through torch, one tensor, + divide"),
+        ("d", "ref: PyTorch DDP gloo, bucket_cap_mb=25: backward - no_sync"),
+        ("M", "floor: np threads each memcpy S bytes of their own, at once"),
+        ("r", "raw MPI_Allreduce in the C benchmark's process + divide"),
+        ("i", "raw MPI_Iallreduce + MPI_Wait in that process + divide"),
+        ("s", "profile: mpg_sync with op sum (no divide pass)"),
+        ("1", "profile: mpg_sync with one bucket"),
+    ]
+    by = next((float(R[m]["bytes"]) for R in runs for m in R if "bytes" in R[m]), 0.0)
+    print()
+    print("== sync benchmark: %s, %.2f MB f32, Open MPI, np=%d on %d cores; median of %d "
+          "rounds' medians (spread: lowest..highest round) =="
+          % (os.path.basename(params), by / 1e6, np_, cores, rounds))
+    print("%-4s%-64s%10s %-15s%8s%9s  %s" % ("", "mode", "median ms", "spread ms", "GB/s",
+                                              "flt/step", "extra"))
+    for m, desc in rows:
+        t = g(m)
+        if t is None:
+            continue
+        lo, hi = spread(m)
+        ex = []
+        if m in ("R", "r", "i"):
+            ex.append("allreduce %.1f + divide %.1f ms" % (ms(g(m, "allreduce_s")),
+                                                         ms(g(m, "divide_s"))))
+        if m == "d":
+            ex.append("backward %.1f - no_sync %.1f ms" % (ms(g(m, "ddp_backward_s")),
+                                                          ms(g(m, "nosync_backward_s"))))
+        if m == "M":
+            ex.append("GB/s per thread; own copy of the slowest..fastest thread "
+                      "%.2f..%.2f GB/s, %.2f GB/s in all"
+                      % (g(m, "thread_gbps_min"), g(m, "thread_gbps_max"),
+                         g(m, "gbps_total")))
+        fl = g(m, "faults")
+        print("(%s) %-64s%10.2f %6.1f..%-7.1f%8.3f%9s  %s"
+              % (m, desc, ms(t), ms(lo), ms(hi), by / t / 1e9,
+                 "%.0f" % fl if fl is not None else "n/a", ", ".join(ex)))
+    for m, desc in (("o", "overlap: busy CPU compute T_comm, marks as it goes"),
+                    ("p", "profile: o, compute polls MPI progress every 100 us"),
+                    ("g", "overlap, compute on a device: host thread sleeps"),
+                    ("n", "no overlap: compute T_comm, then mark all ready, finish")):
+        if g(m) is None:
+            continue
+        lo, hi = spread(m, "exposed_pct")
+        print("(%s) %-64s%10.2f %6.1f..%-7.1f%8s%9.0f  T_comm %.1f ms, exposed %.1f%% "
+              "(spread %.1f..%.1f %%)"
+              % (m, desc, ms(g(m)), ms(spread(m)[0]), ms(spread(m)[1]), "",
+                 g(m, "faults"), ms(g(m, "t_comm_s")), g(m, "exposed_pct"), lo, hi))
+    print()
+
+    a, d, fm = g("a"), g("d"), g("M")
+    row = {"np": np_, "a": a, "floor": fm, "a_floor": None, "d_a": None,
+           "d_goal": ddp_goal(np_), "g": None, "g_goal": None}
+    refs = [(g(m), m) for m in ("R", "L", "c", "F") if g(m) is not None]
+    if a and refs:
+        best, bm = min(refs)
+        print("best reference: (%s) %.2f ms" % (bm, ms(best)))
+        r = a / best
+        print("(a)/best time       = %7.3f    goal <= 1.00   %s   (per reference: %s)"
+              % (r, verdict(r <= 1.0), ", ".join("%s %.3f" % (m, a / t) for t, m in refs)))
+    if a and fm:
+        print("floor (M): %d threads x %.2f MB memcpy at once, %.2f ms, %.2f GB/s per thread"
+              % (np_, by / 1e6, ms(fm), by / fm / 1e9))
+        r = row["a_floor"] = a / fm
+        print("(a)/floor = %.2f goal <= 1.00   %s" % (r, verdict(r <= 1.0)))
+        shm = g("a", "shm_buffers")
+        if shm is not None:
+            print("(a) path: %s" % ("node-local shared memory (one pass)" if shm > 0 else
+                                    "the MPI backend's collectives (MESHPG_SHM=0?)"))
+    if a and d:
+        r = row["d_a"] = d / a
+        need = ddp_goal(np_)
+        print("(d)/(a) time        = %7.3f    goal >= %-5g  %s" % (r, need, verdict(r >= need)))
+    if a and g("b"):
+        print("(a)/(b) bandwidth   = %7.3f    (against our own flat all-reduce)" % (g("b") / a))
+    for m, what in (("g", "overlap, device compute (g)"), ("o", "overlap, busy CPU (o)")):
+        if g(m) is not None:
+            e, fl = g(m, "exposed_pct"), g(m, "bound_pct")
+            line = "exposed, %-27s = %5.1f %%" % (what, e)
+            if m == "g":
+                line += "  goal <= floor + 5 = %.1f %%   %s" % (fl + 5, verdict(e <= fl + 5))
+                row["g"], row["g_goal"] = e, fl + 5
+            print(line + "   (floor: the last-ready tensor holds %.1f %% of the bytes)" % fl)
+    if g("n") is not None:
+        print("exposed, no overlap = %7.1f %%" % g("n", "exposed_pct"))
+    with open(summary, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def summary(cores, params, rounds, path):
+    rows = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+    if not rows:
+        return
+
+    def num(x, fmt):
+        return fmt % x if x is not None else "n/a"
+
+    print()
+    print("== summary: %s, np %s on %d cores; median of %d rounds' medians =="
+          % (os.path.basename(params), " ".join(str(r["np"]) for r in rows), cores, rounds))
+    print("%4s %10s %10s  %-16s %-22s %-12s %s"
+          % ("np", "(a) ms", "floor ms", "(a)/floor <= 1", "(d)/(a) goal", "exposed (g)",
+             "goal (g)"))
+    for r in rows:
+        af = r["a_floor"]
+        da = r["d_a"]
+        e, eg = r["g"], r["g_goal"]
+        print("%4d %10s %10s  %-16s %-22s %-12s %s"
+              % (r["np"], num(r["a"] and ms(r["a"]), "%.2f"),
+                 num(r["floor"] and ms(r["floor"]), "%.2f"),
+                 "%.2f %s" % (af, verdict(af <= 1.0)) if af is not None else "n/a",
+                 "%.2f >= %g %s" % (da, r["d_goal"], verdict(da >= r["d_goal"]))
+                 if da is not None else "n/a (>= %g)" % r["d_goal"],
+                 num(e, "%.1f %%"),
+                 "<= %.1f %% %s" % (eg, verdict(e <= eg)) if e is not None else "n/a"))
+    by = {r["np"]: r["a_floor"] for r in rows}
+    if by.get(2) is not None and by.get(8) is not None:
+        print("(a)/floor at np 8 vs np 2 = %.2f vs %.2f   goal: no worse at np 8   %s"
+              % (by[8], by[2], verdict(by[8] <= by[2])))
+
+
+if sys.argv[1] == "table":
+    np_, cores, params, rounds, out, path = sys.argv[2:8]
+    table(int(np_), int(cores), params, int(rounds), out, path)
+else:
+    cores, params, rounds, path = sys.argv[2:6]
+    summary(int(cores), params, int(rounds), path)
 PY
+
+py_env=(-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$MASTER_PORT" -x GLOO_SOCKET_IFNAME=lo)
+for np in "${nps[@]}"; do
+  dir="$out/np$np"
+  mkdir -p "$dir"
+  mpirun_cmd=(mpirun --oversubscribe --bind-to none --mca btl "self,vader" -np "$np" "${extra[@]}")
+  echo "# == np $np: $np processes on $cores cores$( ((np > cores)) && echo ' (oversubscribed)')"
+  for ((r = 1; r <= ROUNDS; r++)); do
+    echo "# np $np, round $r of $ROUNDS: load $(cut -d' ' -f1-3 /proc/loadavg)"
+    run bench_sync_mpi "$dir/c.$r.txt" "${mpirun_cmd[@]}" "$exe" "$params" --iters "$ITERS" \
+      --warmup "$WARMUP" --modes "$MODES"
+    run bench_floor "$dir/m.$r.txt" "$floor" "$params" --threads "$np" --iters "$ITERS" \
+      --warmup "$WARMUP"
+    if [[ ${SKIP_RAW:-0} != 1 && -x $raw ]]; then
+      run bench_raw_mpi "$dir/r.$r.txt" "${mpirun_cmd[@]}" "$raw" "$params" "$ITERS" "$WARMUP"
+    fi
+    if [[ ${SKIP_GLOO:-0} != 1 ]]; then
+      run gloo_flat.py "$dir/f.$r.txt" timeout "${DDP_TIMEOUT:-1800}" "${mpirun_cmd[@]}" \
+        "${py_env[@]}" "$PYTHON" "$here/gloo_flat.py" "$params" --iters "$ITERS" --warmup "$WARMUP"
+    fi
+    if [[ ${SKIP_DDP:-0} != 1 ]]; then
+      run ddp_bench.py "$dir/d.$r.txt" timeout "${DDP_TIMEOUT:-1800}" "${mpirun_cmd[@]}" \
+        "${py_env[@]}" "$PYTHON" "$here/ddp_bench.py" "$params" --iters "$ITERS" --warmup "$WARMUP"
+    fi
+  done
+  echo "# np $np done: load $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$PYTHON" -c "$tables" table "$np" "$cores" "$params" "$ROUNDS" "$dir" "$out/summary.jsonl" ||
+    exit 1
+done
+"$PYTHON" -c "$tables" summary "$cores" "$params" "$ROUNDS" "$out/summary.jsonl" || exit 1
