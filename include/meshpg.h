@@ -1634,9 +1634,10 @@ typedef struct mpg_sync_stats {
   int shard_size;        /* members of the shard group */
   /* Appended: the shared-memory path (docs/sync.md, "Shared memory"). */
   int shm_buffers;       /* buffers whose buckets are reduced in node-local
-                            shared memory (the one-pass path); 0 when
+                            shared memory (the one-pass path, or its
+                            hierarchical form across nodes); 0 when
                             MESHPG_SHM=0, on nccl, or when no group of the
-                            sync has all its members on one host */
+                            sync qualifies (docs/sync.md) */
   size_t shm_bytes;      /* the bytes this rank maps for them: every local
                             member's buffer plus the control areas */
 } mpg_sync_stats;

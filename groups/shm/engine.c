@@ -105,6 +105,17 @@ static mpg_status across_nodes(mpg__shm *s, const shm_desc *d, size_t m, double 
   return st;
 }
 
+/* Should the worker stop: destroy, the segment aborted, or this member's
+ * context aborted (a watchdog's mpg_ctx_abort: passed on to the other
+ * members at once, without waiting for this member's next wait)? */
+static int gave_up(mpg__shm *s, uint32_t q) {
+  if (atomic_load(&s->stop) || atomic_load(&s->ctl->abort_status)) return 1;
+  int reason = atomic_load(&s->group->ctx->aborted);
+  if (!reason) return 0;
+  mpg__shm_abort(s, (mpg_status)reason, -1, q);
+  return 1;
+}
+
 void *mpg__shm_worker(void *arg) {
   mpg__shm *s = arg;
   shm_word *mine = &s->posted[s->pos];
@@ -114,7 +125,7 @@ void *mpg__shm_worker(void *arg) {
      * time between steps). */
     for (;;) {
       uint32_t v = atomic_load_explicit(&mine->v, memory_order_acquire);
-      if (atomic_load(&s->stop) || atomic_load(&s->ctl->abort_status)) return NULL;
+      if (gave_up(s, q)) return NULL;
       if (after(v, q)) break;
       mpg__shm_futex_wait(&mine->v, v, POLL_S);
     }
@@ -123,7 +134,7 @@ void *mpg__shm_worker(void *arg) {
     for (int p = 0; p < s->n; p++) {
       for (;;) {
         uint32_t v = atomic_load_explicit(&s->posted[p].v, memory_order_acquire);
-        if (atomic_load(&s->stop) || atomic_load(&s->ctl->abort_status)) return NULL;
+        if (gave_up(s, q)) return NULL;
         if (after(v, q)) break;
         double left = deadline - mpg__now();
         if (left <= 0) {

@@ -294,7 +294,12 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
     s->anon = !pids_differ;
     s->depth = depth;
     s->dtype = dtype;
-    s->region_bytes = round_up(bytes, SHM_PAGE);
+    /* Regions a page apart would put the n addends of an element, and
+     * their stores, at one offset modulo 4 KiB, where the core's loads
+     * wait on stores to other addresses that alias them: 5 more cache
+     * lines per region give each of up to 64 members its own offset
+     * (17.7 ms -> 14.8 ms for gpt-small at np 2 on the 2-core machine). */
+    s->region_bytes = round_up(bytes, SHM_PAGE) + 5 * SHM_LINE;
     s->map_bytes = control_bytes(n, depth) + s->region_bytes * (size_t)n;
     snprintf(s->gname, sizeof s->gname, "%s", gname);
     if (nodes > 1) {
