@@ -167,6 +167,38 @@ static void prefetch_block(const mpg__shm *s, size_t at, size_t bytes) {
     for (size_t i = 0; i < bytes; i += SHM_LINE) __builtin_prefetch(s->region[p] + at + i);
 }
 
+/* f32 on one node, the common case, in fewer passes over the block: the
+ * first n - 1 addends into acc, then one loop that adds the last, divides
+ * (the same two roundings as a separate pass: the sum, then the
+ * quotient) and stores to every destination. */
+static void block_f32(const mpg__shm *s, const shm_desc *d, size_t at, size_t m, float *acc) {
+  int n = s->n, premul = d->op == MPG_OP_PREMUL_SUM, avg = d->op == MPG_OP_AVG;
+  int pow2 = (s->total & (s->total - 1)) == 0;
+  float f = (float)d->scale, dv = (float)s->total, inv = 1.0f / dv;
+  for (int p = 0; p < n - 1; p++)
+    step_f32(acc, (const float *)(s->region[p] + at), m, p == 0, premul, f);
+  const float *x = (const float *)(s->region[n - 1] + at);
+  int first = d->scatter ? s->pos : 0, last = d->scatter ? s->pos : n - 1;
+  size_t i = 0;
+  for (; i + 4 <= m; i += 4) {
+    v4f a, b;
+    memcpy(&b, x + i, 16);
+    memcpy(&a, acc + i, 16);
+    if (premul) b *= f;
+    a = a + b;
+    if (avg && pow2) a *= inv;
+    else if (avg) a /= dv;
+    for (int q = first; q <= last; q++) memcpy(s->region[q] + at + i * 4, &a, 16);
+  }
+  for (; i < m; i++) {
+    float v = x[i];
+    if (premul) v *= f;
+    v = acc[i] + v;
+    if (avg) v = pow2 ? v * inv : v / dv;
+    for (int q = first; q <= last; q++) memcpy(s->region[q] + at + i * 4, &v, 4);
+  }
+}
+
 void mpg__shm_reduce(mpg__shm *s, const shm_desc *d) {
   size_t es = mpg__dtype_size((mpg_dtype)d->dtype), lo, hi;
   shard(s, d, es, &lo, &hi);
@@ -178,6 +210,10 @@ void mpg__shm_reduce(mpg__shm *s, const shm_desc *d) {
     if (b + m < hi) {
       size_t next = hi - (b + m) < BLOCK ? hi - (b + m) : BLOCK;
       prefetch_block(s, at + m * es, next * es);
+    }
+    if (d->dtype == MPG_F32) {
+      block_f32(s, d, at, m, (float *)scr);
+      continue;
     }
     sum_block(s, d, at, m, scr, tmp);
     finish_block(s, d, at, m, scr, narrow);
