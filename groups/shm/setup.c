@@ -211,8 +211,10 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
            mpg_group_index(group));
   int cpu = ctx->kind == MPG_BACKEND_THREAD || ctx->kind == MPG_BACKEND_MPI;
   int dt_ok = dtype == MPG_F32 || dtype == MPG_F64 || dtype == MPG_F16 || dtype == MPG_BF16;
-  /* Decided from what every member knows alike: no collective then. */
-  if (total < 2 || !cpu || !dt_ok || depth < 1 || bytes == 0) return MPG_OK;
+  /* Decided from what every member knows alike: no collective then (a bad
+   * MESHPG_SHM still fails a CPU rank: alone, it has no peer to wait). */
+  if (total < 2 || !cpu || !dt_ok || depth < 1 || bytes == 0)
+    return cpu && total < 2 && env_value() == ENV_BAD ? fail_env(group, gpos, gpos) : MPG_OK;
   char host[MPG_HOST_ID_MAX];
   if (ctx->host_id[0]) snprintf(host, sizeof host, "%s", ctx->host_id);
   else if (mpg_topo_host_identity(host, sizeof host)) snprintf(host, sizeof host, "?");
