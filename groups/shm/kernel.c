@@ -23,32 +23,73 @@ void *mpg__shm_scratch(void) {
   return aligned_alloc(64, BLOCK * (sizeof(double) + sizeof(float) + sizeof(uint16_t)));
 }
 
-/* acc = x (* f) for p == 0, else acc += x (* f); the product is its own
- * statement, so that no compiler contracts it into a fused multiply-add
- * (the thread backend scales in one pass and adds in another). */
-static void step_f32(float *acc, const float *x, size_t n, int first, int premul, float f) {
+/* acc = x (* f) for p == 0, else acc += x (* f); then, with div > 0 (the
+ * last addend of an average), acc /= div in the same loop: the same two
+ * roundings as a divide pass after the sum, one pass fewer (a power of two
+ * multiplies by its exact inverse, the same quotient).  The product is its
+ * own statement, so that no compiler contracts it into a fused
+ * multiply-add (the thread backend scales in one pass and adds in
+ * another). */
+static void step_f32(float *acc, const float *x, size_t n, int first, int premul, float f,
+                     int div) {
+  int pow2 = div > 0 && (div & (div - 1)) == 0;
+  float dv = (float)div, inv = div > 0 ? 1.0f / dv : 1.0f;
+  if (first && !premul && div == 0) {
+    memcpy(acc, x, n * sizeof(float));
+    return;
+  }
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    v4f a0, a1, b0, b1;
-    memcpy(&b0, x + i, 16);
-    memcpy(&b1, x + i + 4, 16);
-    if (premul) {
-      b0 *= f;
-      b1 *= f;
-    }
-    if (!first) {
+  if (!first && !premul) {
+    /* The common case, unswitched: acc += x, the average's divide fused. */
+    for (; i + 8 <= n; i += 8) {
+      v4f a0, a1, b0, b1;
+      memcpy(&b0, x + i, 16);
+      memcpy(&b1, x + i + 4, 16);
       memcpy(&a0, acc + i, 16);
       memcpy(&a1, acc + i + 4, 16);
-      b0 = a0 + b0;
-      b1 = a1 + b1;
+      a0 += b0;
+      a1 += b1;
+      if (pow2) {
+        a0 *= inv;
+        a1 *= inv;
+      } else if (div > 0) {
+        a0 /= dv;
+        a1 /= dv;
+      }
+      memcpy(acc + i, &a0, 16);
+      memcpy(acc + i + 4, &a1, 16);
     }
-    memcpy(acc + i, &b0, 16);
-    memcpy(acc + i + 4, &b1, 16);
+  } else {
+    for (; i + 8 <= n; i += 8) {
+      v4f a0, a1, b0, b1;
+      memcpy(&b0, x + i, 16);
+      memcpy(&b1, x + i + 4, 16);
+      if (premul) {
+        b0 *= f;
+        b1 *= f;
+      }
+      if (!first) {
+        memcpy(&a0, acc + i, 16);
+        memcpy(&a1, acc + i + 4, 16);
+        b0 = a0 + b0;
+        b1 = a1 + b1;
+      }
+      if (pow2) {
+        b0 *= inv;
+        b1 *= inv;
+      } else if (div > 0) {
+        b0 /= dv;
+        b1 /= dv;
+      }
+      memcpy(acc + i, &b0, 16);
+      memcpy(acc + i + 4, &b1, 16);
+    }
   }
   for (; i < n; i++) {
     float v = x[i];
     if (premul) v *= f;
-    acc[i] = first ? v : acc[i] + v;
+    v = first ? v : acc[i] + v;
+    acc[i] = pow2 ? v * inv : div > 0 ? v / dv : v;
   }
 }
 
@@ -112,10 +153,10 @@ static void shard(const mpg__shm *s, const shm_desc *d, size_t es, size_t *lo, s
 }
 
 /* acc (f64 for f64, else f32) = the pre-multiplied sum of elements
- * [at, at + m) (byte offset at) of the node's regions, in position
- * order. */
+ * [at, at + m) (byte offset at) of the node's regions, in position order;
+ * with fuse, an average's divide too (f32). */
 static void sum_block(const mpg__shm *s, const shm_desc *d, size_t at, size_t m, void *acc,
-                      float *tmp) {
+                      float *tmp, int fuse) {
   mpg_dtype dt = (mpg_dtype)d->dtype;
   int premul = d->op == MPG_OP_PREMUL_SUM;
   if (dt == MPG_F64) {
@@ -129,7 +170,7 @@ static void sum_block(const mpg__shm *s, const shm_desc *d, size_t at, size_t m,
       mpg__half_widen(dt, s->region[p] + at, tmp, m);
       x = tmp;
     }
-    step_f32(acc, x, m, p == 0, premul, (float)d->scale);
+    step_f32(acc, x, m, p == 0, premul, (float)d->scale, fuse && p == s->n - 1 ? s->total : 0);
   }
 }
 
@@ -138,14 +179,14 @@ static void sum_block(const mpg__shm *s, const shm_desc *d, size_t at, size_t m,
  * every local region for an all-reduce, this member's for a
  * reduce-scatter. */
 static void finish_block(const mpg__shm *s, const shm_desc *d, size_t at, size_t m, void *acc,
-                         uint16_t *narrow) {
+                         uint16_t *narrow, int fused) {
   mpg_dtype dt = (mpg_dtype)d->dtype;
   size_t es = mpg__dtype_size(dt);
   const void *out = acc;
   if (dt == MPG_F64) {
     if (d->op == MPG_OP_AVG) avg_f64(acc, m, s->total);
   } else {
-    if (d->op == MPG_OP_AVG) avg_f32(acc, m, s->total);
+    if (d->op == MPG_OP_AVG && !fused) avg_f32(acc, m, s->total);
     if (mpg__dtype_is_half(dt)) {
       mpg__half_narrow(dt, acc, narrow, m);
       out = narrow;
@@ -167,38 +208,6 @@ static void prefetch_block(const mpg__shm *s, size_t at, size_t bytes) {
     for (size_t i = 0; i < bytes; i += SHM_LINE) __builtin_prefetch(s->region[p] + at + i);
 }
 
-/* f32 on one node, the common case, in fewer passes over the block: the
- * first n - 1 addends into acc, then one loop that adds the last, divides
- * (the same two roundings as a separate pass: the sum, then the
- * quotient) and stores to every destination. */
-static void block_f32(const mpg__shm *s, const shm_desc *d, size_t at, size_t m, float *acc) {
-  int n = s->n, premul = d->op == MPG_OP_PREMUL_SUM, avg = d->op == MPG_OP_AVG;
-  int pow2 = (s->total & (s->total - 1)) == 0;
-  float f = (float)d->scale, dv = (float)s->total, inv = 1.0f / dv;
-  for (int p = 0; p < n - 1; p++)
-    step_f32(acc, (const float *)(s->region[p] + at), m, p == 0, premul, f);
-  const float *x = (const float *)(s->region[n - 1] + at);
-  int first = d->scatter ? s->pos : 0, last = d->scatter ? s->pos : n - 1;
-  size_t i = 0;
-  for (; i + 4 <= m; i += 4) {
-    v4f a, b;
-    memcpy(&b, x + i, 16);
-    memcpy(&a, acc + i, 16);
-    if (premul) b *= f;
-    a = a + b;
-    if (avg && pow2) a *= inv;
-    else if (avg) a /= dv;
-    for (int q = first; q <= last; q++) memcpy(s->region[q] + at + i * 4, &a, 16);
-  }
-  for (; i < m; i++) {
-    float v = x[i];
-    if (premul) v *= f;
-    v = acc[i] + v;
-    if (avg) v = pow2 ? v * inv : v / dv;
-    for (int q = first; q <= last; q++) memcpy(s->region[q] + at + i * 4, &v, 4);
-  }
-}
-
 void mpg__shm_reduce(mpg__shm *s, const shm_desc *d) {
   size_t es = mpg__dtype_size((mpg_dtype)d->dtype), lo, hi;
   shard(s, d, es, &lo, &hi);
@@ -211,12 +220,9 @@ void mpg__shm_reduce(mpg__shm *s, const shm_desc *d) {
       size_t next = hi - (b + m) < BLOCK ? hi - (b + m) : BLOCK;
       prefetch_block(s, at + m * es, next * es);
     }
-    if (d->dtype == MPG_F32) {
-      block_f32(s, d, at, m, (float *)scr);
-      continue;
-    }
-    sum_block(s, d, at, m, scr, tmp);
-    finish_block(s, d, at, m, scr, narrow);
+    int fuse = d->dtype != MPG_F64 && d->op == MPG_OP_AVG;
+    sum_block(s, d, at, m, scr, tmp, fuse);
+    finish_block(s, d, at, m, scr, narrow, fuse);
   }
 }
 
@@ -226,7 +232,7 @@ size_t mpg__shm_partial(mpg__shm *s, const shm_desc *d, size_t *first) {
   float *tmp = (float *)((char *)s->scratch + BLOCK * sizeof(double));
   for (size_t b = lo; b < hi; b += BLOCK) {
     size_t m = hi - b < BLOCK ? hi - b : BLOCK;
-    sum_block(s, d, (d->offset + b) * es, m, (char *)s->stage + (b - lo) * as, tmp);
+    sum_block(s, d, (d->offset + b) * es, m, (char *)s->stage + (b - lo) * as, tmp, 0);
   }
   *first = lo;
   return hi - lo;
@@ -238,7 +244,7 @@ void mpg__shm_finish(mpg__shm *s, const shm_desc *d) {
   uint16_t *narrow = (uint16_t *)((char *)s->scratch + BLOCK * (sizeof(double) + sizeof(float)));
   for (size_t b = lo; b < hi; b += BLOCK) {
     size_t m = hi - b < BLOCK ? hi - b : BLOCK;
-    finish_block(s, d, (d->offset + b) * es, m, (char *)s->stage + (b - lo) * as, narrow);
+    finish_block(s, d, (d->offset + b) * es, m, (char *)s->stage + (b - lo) * as, narrow, 0);
   }
 }
 
