@@ -51,84 +51,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <time.h>
+
+#include "bench_util.h"
 
 #define MAX_THREADS 1024
 #define MAX_ITERS 10000
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double minor_faults(void) {
-  struct rusage ru; /* RUSAGE_SELF: every thread of the process */
-  return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_minflt : 0;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-/* Median of v[0..n) (sorts v). */
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/* The f32 bytes of a `name elements shape` list, checked as bench_sync_mpi
- * checks it (elements > 0; a shape AxBx... must hold that many).  Returns
- * 0, or 1 with a message. */
+/* The f32 bytes of the parameter list at `path`, read and checked by
+ * bench_load_params (as bench_sync_mpi reads it).  Returns 0, or 1 with a
+ * message. */
 static int params_bytes(const char *path, size_t *bytes) {
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    fprintf(stderr, "bench_floor: %s: %s\n", path, strerror(errno));
-    return 1;
-  }
+  pdesc *v = NULL;
+  int n = 0;
+  if (bench_load_params("bench_floor", path, &v, &n)) return 1;
   unsigned long long total = 0;
-  int n = 0, lineno = 0;
-  char line[1024];
-  while (fgets(line, sizeof line, f)) {
-    lineno++;
-    char *hash = strchr(line, '#');
-    if (hash) *hash = '\0';
-    char name[128], shape[256], first[8];
-    unsigned long long count = 0, prod = 1;
-    if (sscanf(line, " %7s", first) != 1) continue; /* blank / comment */
-    int k = sscanf(line, " %127s %llu %255s", name, &count, shape);
-    if (k == 3) {
-      char *q = shape;
-      while (*q) {
-        char *end;
-        errno = 0;
-        unsigned long long d = strtoull(q, &end, 10);
-        if (errno || end == q || d == 0 || (*end && *end != 'x')) {
-          prod = 0;
-          break;
-        }
-        prod *= d;
-        q = *end ? end + 1 : end;
-      }
-    }
-    if (k < 2 || count == 0 || (k == 3 && prod != count)) {
-      fprintf(stderr,
-              "bench_floor: %s:%d: expected `name elements shape` with "
-              "elements > 0 and a shape (AxBx...) of that many elements\n",
-              path, lineno);
-      fclose(f);
-      return 1;
-    }
-    total += count;
-    n++;
-  }
-  fclose(f);
-  if (n == 0) {
-    fprintf(stderr, "bench_floor: %s: no parameters\n", path);
-    return 1;
-  }
+  for (int i = 0; i < n; i++) total += v[i].count;
+  free(v);
   *bytes = (size_t)total * 4;
   return 0;
 }

@@ -24,6 +24,8 @@
  * mean (world + 1) / 2) and is not timed.
  *
  * Usage: mpirun -np N bench_raw_mpi PARAMS [ITERS [WARMUP]]
+ * PARAMS: the parameter list, read and checked as bench_sync_mpi reads it
+ * (bench_load_params in bench_util.h; a malformed line is an error).
  * Output (rank 0): RESULT <mode> median_s=.. min_s=.. max_s=.. n=..
  *   bytes=.. gbps=.. faults=.. [allreduce_s=.. divide_s=..]
  * Exit status 0, 1 on a failure, 2 on a usage error.
@@ -34,59 +36,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/resource.h>
-#include <time.h>
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double minor_faults(void) {
-  struct rusage ru;
-  return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_minflt : 0;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+#include "bench_util.h"
 
 static void scale(float *x, size_t n, float by) {
   for (size_t i = 0; i < n; i++) x[i] *= by;
-}
-
-/* Element counts of the list's lines (`name elements shape`). */
-static size_t *load(const char *path, int *np) {
-  FILE *f = fopen(path, "r");
-  if (!f) return NULL;
-  size_t *v = NULL;
-  int n = 0, cap = 0;
-  char line[1024];
-  while (fgets(line, sizeof line, f)) {
-    char *h = strchr(line, '#');
-    if (h) *h = '\0';
-    char name[256];
-    unsigned long long c = 0;
-    if (sscanf(line, " %255s %llu", name, &c) != 2 || c == 0) continue;
-    if (n == cap) {
-      cap = cap ? 2 * cap : 256;
-      size_t *w = realloc(v, (size_t)cap * sizeof *v);
-      if (!w) break;
-      v = w;
-    }
-    v[n++] = (size_t)c;
-  }
-  fclose(f);
-  *np = n;
-  return v;
 }
 
 enum { R, L, NMODES };
@@ -108,11 +62,17 @@ int main(int argc, char **argv) {
     MPI_Finalize();
     return 2;
   }
+  /* Every rank reads the list; rank 0 says what is wrong with it. */
+  pdesc *par = NULL;
   int np = 0;
-  size_t *cnt = load(argv[1], &np), total = 0;
-  for (int p = 0; p < np; p++) total += cnt[p];
-  if (!cnt || np == 0 || total > 2147483647u) {
-    if (rank == 0) fprintf(stderr, "bench_raw_mpi: %s: unreadable or too large\n", argv[1]);
+  if (bench_load_params(rank == 0 ? "bench_raw_mpi" : NULL, argv[1], &par, &np))
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  size_t total = 0;
+  for (int p = 0; p < np; p++) total += par[p].count;
+  if (total > 2147483647u) { /* MPI counts are int */
+    if (rank == 0)
+      fprintf(stderr, "bench_raw_mpi: %s: too large (%zu elements, at most 2^31 - 1)\n",
+              argv[1], total);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   float *buf = malloc(total * sizeof *buf); /* once; touched below */
@@ -137,10 +97,10 @@ int main(int argc, char **argv) {
       } else {
         size_t off = 0;
         for (int p = 0; p < np; p++) {
-          MPI_Allreduce(MPI_IN_PLACE, buf + off, (int)cnt[p], MPI_FLOAT, MPI_SUM,
+          MPI_Allreduce(MPI_IN_PLACE, buf + off, (int)par[p].count, MPI_FLOAT, MPI_SUM,
                         MPI_COMM_WORLD);
-          scale(buf + off, cnt[p], inv);
-          off += cnt[p];
+          scale(buf + off, par[p].count, inv);
+          off += par[p].count;
         }
         t1 = now_s();
       }
@@ -189,7 +149,7 @@ int main(int argc, char **argv) {
   free(p1);
   free(p2);
   free(buf);
-  free(cnt);
+  free(par);
   MPI_Finalize();
   return anybad;
 }

@@ -92,23 +92,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 #define MAX_ITERS 10000
-#define NAME_CAP 128
 
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                       */
 /* ------------------------------------------------------------------ */
 
 static int g_rank = 0;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Busy-wait "compute" until CLOCK_MONOTONIC reaches `deadline` (no MPI
  * call inside). */
@@ -131,13 +125,6 @@ static int sleep_until(double deadline) {
   return 1;
 }
 
-/* Minor page faults of this process so far. */
-static double minor_faults(void) {
-  struct rusage ru;
-  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-  return (double)ru.ru_minflt;
-}
-
 /* As spin_until, but every 100 us one MPI_Iprobe, which runs Open MPI's
  * progress engine from the computing thread. */
 static void spin_polling_until(double deadline) {
@@ -151,11 +138,6 @@ static void spin_polling_until(double deadline) {
   }
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 typedef struct stats {
   double median, min, max;
   int n;
@@ -167,10 +149,9 @@ static stats summarize(const double *v, int n) {
   double *w = malloc((size_t)n * sizeof *w);
   if (!w) return s;
   memcpy(w, v, (size_t)n * sizeof *w);
-  qsort(w, (size_t)n, sizeof *w, cmp_double);
+  s.median = median(w, n); /* sorts w */
   s.min = w[0];
   s.max = w[n - 1];
-  s.median = n % 2 ? w[n / 2] : 0.5 * (w[n / 2 - 1] + w[n / 2]);
   free(w);
   return s;
 }
@@ -195,86 +176,6 @@ static stats summarize(const double *v, int n) {
       return 1;                                                            \
     }                                                                      \
   } while (0)
-
-/* ------------------------------------------------------------------ */
-/* The parameter list                                                  */
-/* ------------------------------------------------------------------ */
-
-typedef struct pdesc {
-  char name[NAME_CAP];
-  size_t count;
-} pdesc;
-
-/* Read `name elements shape` lines.  Returns 0, or 1 with a message. */
-static int load_params(const char *path, pdesc **out, int *n_out) {
-  *out = NULL;
-  *n_out = 0;
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    fprintf(stderr, "bench_sync_mpi: %s: %s\n", path, strerror(errno));
-    return 1;
-  }
-  int n = 0, cap = 0, lineno = 0;
-  pdesc *v = NULL;
-  char line[1024];
-  while (fgets(line, sizeof line, f)) {
-    lineno++;
-    char *hash = strchr(line, '#');
-    if (hash) *hash = '\0';
-    char name[NAME_CAP], shape[256];
-    unsigned long long count = 0;
-    char first[8];
-    if (sscanf(line, " %7s", first) != 1) continue; /* blank / comment */
-    int k = sscanf(line, " %127s %llu %255s", name, &count, shape);
-    unsigned long long prod = 1;
-    if (k == 3) { /* the shape, "32000x256", must hold `elements` */
-      char *q = shape;
-      while (*q) {
-        char *end;
-        errno = 0;
-        unsigned long long d = strtoull(q, &end, 10);
-        if (errno || end == q || d == 0 || (*end && *end != 'x')) {
-          prod = 0;
-          break;
-        }
-        prod *= d;
-        q = *end ? end + 1 : end;
-      }
-    }
-    if (k < 2 || count == 0 || (k == 3 && prod != count)) {
-      fprintf(stderr,
-              "bench_sync_mpi: %s:%d: expected `name elements shape` with "
-              "elements > 0 and a shape (AxBx...) of that many elements\n",
-              path, lineno);
-      fclose(f);
-      free(v);
-      return 1;
-    }
-    if (n == cap) {
-      cap = cap ? 2 * cap : 128;
-      pdesc *w = realloc(v, (size_t)cap * sizeof *v);
-      if (!w) {
-        fclose(f);
-        free(v);
-        fprintf(stderr, "bench_sync_mpi: out of memory\n");
-        return 1;
-      }
-      v = w;
-    }
-    snprintf(v[n].name, sizeof v[n].name, "%s", name);
-    v[n].count = (size_t)count;
-    n++;
-  }
-  fclose(f);
-  if (n == 0) {
-    fprintf(stderr, "bench_sync_mpi: %s: no parameters\n", path);
-    free(v);
-    return 1;
-  }
-  *out = v;
-  *n_out = n;
-  return 0;
-}
 
 /* ------------------------------------------------------------------ */
 /* Options                                                             */
@@ -837,7 +738,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &B.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &B.world);
   g_rank = B.rank;
-  int rc = load_params(B.opt.params, &B.params, &B.np);
+  int rc = bench_load_params("bench_sync_mpi", B.opt.params, &B.params, &B.np);
   if (!rc) {
     for (int p = 0; p < B.np; p++) B.total_elems += B.params[p].count;
     B.bytes = (double)B.total_elems * 4.0;

@@ -178,6 +178,10 @@ void mpg__half_narrow(mpg_dtype dt, const float *src, void *dst, size_t n);
  * op is SUM, MAX or MIN (AVG and PREMUL_SUM reduce as SUM). */
 void mpg__reduce_into(mpg_dtype dt, mpg_op op, void *acc, const void *x,
                       size_t n);
+/* acc[i] += x[i] (f32), divided by div when div > 0 (a power of two
+ * multiplies by its exact inverse: the same quotient), vectorised: the MPI
+ * ring's reduce step and the shared-memory kernel's. */
+void mpg__add_f32(float *acc, const float *x, size_t n, int div);
 /* buf[i] *= factor (floats), for pre-multiply. */
 void mpg__scale(mpg_dtype dt, void *buf, size_t n, double factor);
 /* buf[i] /= divisor (floats divide; integers truncate toward zero), for

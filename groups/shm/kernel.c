@@ -38,52 +38,34 @@ static void step_f32(float *acc, const float *x, size_t n, int first, int premul
     memcpy(acc, x, n * sizeof(float));
     return;
   }
-  size_t i = 0;
   if (!first && !premul) {
-    /* The common case, unswitched: acc += x, the average's divide fused. */
-    for (; i + 8 <= n; i += 8) {
-      v4f a0, a1, b0, b1;
-      memcpy(&b0, x + i, 16);
-      memcpy(&b1, x + i + 4, 16);
+    mpg__add_f32(acc, x, n, div); /* the common case */
+    return;
+  }
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    v4f a0, a1, b0, b1;
+    memcpy(&b0, x + i, 16);
+    memcpy(&b1, x + i + 4, 16);
+    if (premul) {
+      b0 *= f;
+      b1 *= f;
+    }
+    if (!first) {
       memcpy(&a0, acc + i, 16);
       memcpy(&a1, acc + i + 4, 16);
-      a0 += b0;
-      a1 += b1;
-      if (pow2) {
-        a0 *= inv;
-        a1 *= inv;
-      } else if (div > 0) {
-        a0 /= dv;
-        a1 /= dv;
-      }
-      memcpy(acc + i, &a0, 16);
-      memcpy(acc + i + 4, &a1, 16);
+      b0 = a0 + b0;
+      b1 = a1 + b1;
     }
-  } else {
-    for (; i + 8 <= n; i += 8) {
-      v4f a0, a1, b0, b1;
-      memcpy(&b0, x + i, 16);
-      memcpy(&b1, x + i + 4, 16);
-      if (premul) {
-        b0 *= f;
-        b1 *= f;
-      }
-      if (!first) {
-        memcpy(&a0, acc + i, 16);
-        memcpy(&a1, acc + i + 4, 16);
-        b0 = a0 + b0;
-        b1 = a1 + b1;
-      }
-      if (pow2) {
-        b0 *= inv;
-        b1 *= inv;
-      } else if (div > 0) {
-        b0 /= dv;
-        b1 /= dv;
-      }
-      memcpy(acc + i, &b0, 16);
-      memcpy(acc + i + 4, &b1, 16);
+    if (pow2) {
+      b0 *= inv;
+      b1 *= inv;
+    } else if (div > 0) {
+      b0 /= dv;
+      b1 /= dv;
     }
+    memcpy(acc + i, &b0, 16);
+    memcpy(acc + i + 4, &b1, 16);
   }
   for (; i < n; i++) {
     float v = x[i];
