@@ -16,6 +16,17 @@
  *                            whose group has 2+ members, and right after
  *                            commit no /dev/shm/meshpg-<this pid>-* entry
  *                            exists (unlinked once every member mapped it).
+ *   shm_mpi_worker hosts     (np 4) mesh dp=4 with mpg_init_opts.host_id
+ *                            "hostA" for ranks 0-1 and "hostB" for 2-3:
+ *                            the one dp group takes the hierarchical form
+ *                            (a segment per host, the hosts' partial sums
+ *                            all-reduced over MPI by the workers), in
+ *                            replicate mode, avg and avg x 0.37; results
+ *                            must equal, bit for bit, (x0 + x1) + (x2 + x3)
+ *                            in f32 (each host's members in position
+ *                            order, then the two hosts' sums), divided at
+ *                            the end for avg, rounded once for bf16: not
+ *                            the flat order ((x0 + x1) + x2) + x3.
  *   shm_mpi_worker overflow  (np 2) one f32 param of free/4/2 + 2^20
  *                            elements, free being /dev/shm's free bytes
  *                            (rank 0's statvfs, broadcast): commit must fail
@@ -267,6 +278,105 @@ done:
   }
 }
 
+/* Two hosts of two ranks: (x0 + x1) + (x2 + x3), pre-multiplied addends,
+ * the average at the end, one rounding. */
+static uint32_t expect_hier_bits(mpg_dtype dt, int p, int step, size_t i, int premul,
+                                 double scale, int avg) {
+  float f = (float)scale, host[2];
+  for (int h = 0; h < 2; h++) {
+    volatile float a = input(dt, 2 * h, p, step, i), b = input(dt, 2 * h + 1, p, step, i);
+    if (premul) {
+      a = a * f;
+      b = b * f;
+    }
+    host[h] = a + b;
+  }
+  float acc = host[0] + host[1];
+  if (avg) acc = acc / 4.0f;
+  if (dt == MPG_BF16) return f32_to_bf16(acc);
+  uint32_t u;
+  memcpy(&u, &acc, 4);
+  return u;
+}
+
+static void run_hosts(mpg_ctx *ctx, double grad_scale) {
+  const vparam ps[] = {{"f0", 3001, MPG_F32, NULL}, {"b0", 1501, MPG_BF16, NULL},
+                       {"f1", 129, MPG_F32, NULL},  {"b1", 7, MPG_BF16, NULL}};
+  const int np = (int)(sizeof ps / sizeof ps[0]);
+  mpg_sync *s = NULL;
+  void *gv[4];
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  so.bucket_mb = 0.004;
+  so.first_bucket_mb = 0.001;
+  so.grad_scale = grad_scale;
+  TRY(mpg_sync_create(ctx, &so, &s));
+  for (int p = 0; p < np; p++) {
+    int id;
+    TRY(mpg_sync_add_param(s, ps[p].name, ps[p].count, ps[p].dtype, NULL, &id));
+  }
+  TRY(mpg_sync_commit(s));
+  mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
+  TRY(mpg_sync_get_stats(s, &stats));
+  if (stats.shm_buffers != 2)
+    fail("hosts: shm_buffers %d of %d buffers, expected 2 (hierarchical)", stats.shm_buffers,
+         stats.num_buffers);
+  for (int p = 0; p < np; p++) TRY(mpg_sync_grad(s, p, &gv[p]));
+  long bad = 0;
+  for (int step = 0; step < 2; step++) {
+    for (int p = 0; p < np; p++)
+      for (size_t i = 0; i < ps[p].count; i++) {
+        float x = gen(g_rank, p, step, i);
+        if (ps[p].dtype == MPG_BF16) ((uint16_t *)gv[p])[i] = f32_to_bf16(x);
+        else ((float *)gv[p])[i] = x;
+      }
+    TRY(mpg_sync_all(s, step, NULL));
+    int premul = grad_scale != 1.0;
+    for (int p = 0; p < np; p++)
+      for (size_t i = 0; i < ps[p].count; i++) {
+        uint32_t want = expect_hier_bits(ps[p].dtype, p, step, i, premul, grad_scale / 4, !premul);
+        uint32_t got = 0;
+        if (ps[p].dtype == MPG_BF16) got = ((uint16_t *)gv[p])[i];
+        else memcpy(&got, (float *)gv[p] + i, 4);
+        if (got != want && bad++ < 5)
+          fail("hosts (grad_scale %g) step %d: %s element %zu: got 0x%x, expected 0x%x",
+               grad_scale, step, ps[p].name, i, got, want);
+      }
+  }
+  if (bad) fail("hosts: %ld elements differ from (x0 + x1) + (x2 + x3)", bad);
+done:
+  if (s) {
+    mpg_status st = mpg_sync_destroy(s);
+    if (st) fail("mpg_sync_destroy -> %s", mpg_status_name(st));
+  }
+}
+
+static void mode_hosts(int world) {
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_spec spec = MPG_SPEC_INIT;
+  if (world != 4) {
+    fail("hosts needs 4 ranks, not %d", world);
+    return;
+  }
+  TRY(mpg_spec_init(&spec));
+  TRY(mpg_spec_set_mesh(&spec, "dp=4"));
+  TRY(mpg_mesh_create(&spec, world, &mesh));
+  mpg_init_opts opts = MPG_INIT_OPTS_INIT;
+  opts.backend = MPG_BACKEND_MPI;
+  opts.timeout_s = 60;
+  opts.host_id = g_rank < 2 ? "hostA" : "hostB";
+  TRY(mpg_ctx_create(mesh, &opts, &ctx));
+  run_hosts(ctx, 1.0);
+  run_hosts(ctx, 0.37);
+  if (g_rank == 0) printf("checked the hierarchical shm buffers\n");
+done:
+  if (ctx) {
+    mpg_status st = mpg_ctx_destroy(ctx);
+    if (st) fail("mpg_ctx_destroy -> %s", mpg_status_name(st));
+  }
+  mpg_mesh_destroy(mesh);
+}
+
 static void mode_values(int world) {
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
@@ -375,7 +485,7 @@ done:
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    printf("usage: shm_mpi_worker values | overflow\n");
+    printf("usage: shm_mpi_worker values | hosts | overflow\n");
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -386,6 +496,7 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   printf("pid of rank %d: %ld\n", g_rank, (long)getpid());
   if (strcmp(g_mode, "values") == 0) mode_values(world);
+  else if (strcmp(g_mode, "hosts") == 0) mode_hosts(world);
   else if (strcmp(g_mode, "overflow") == 0) mode_overflow(world);
   else fail("unknown mode");
   MPI_Finalize();

@@ -30,7 +30,8 @@
  *                   destroys.
  *  - test_sync_shm_mpi (SHM_TEST_MPI, only with MPI): real `mpirun -np 2 /
  *    -np 4` processes of shm_mpi_worker: results equal to the position-order
- *    f32 sum computed in the worker, nothing left in /dev/shm, and a segment
+ *    f32 sum computed in the worker, two hosts (host_id) in the hierarchical
+ *    form and its order, nothing left in /dev/shm, and a segment
  *    larger than /dev/shm's free space fails commit with MPG_ERR_ENV. */
 #include <criterion/criterion.h>
 #include <stdarg.h>
@@ -1270,6 +1271,15 @@ static void values(int np) {
  * that the worker computes itself; replicate and shard mode. */
 Test(shm_mpi, values_2_ranks, .timeout = 240) { values(2); }
 Test(shm_mpi, values_4_ranks, .timeout = 240) { values(4); }
+
+/* Two "hosts" (mpg_init_opts.host_id) of two processes: the hierarchical
+ * form, results bit for bit (x0 + x1) + (x2 + x3), nothing left behind. */
+Test(shm_mpi, two_hosts_hierarchical_4_ranks, .timeout = 240) {
+  int before = shm_files(0);
+  run_worker(4, "hosts", 200);
+  cr_assert(strstr(out, "checked the hierarchical shm buffers"), "%s", out);
+  expect_nothing_left(4, before);
+}
 
 /* A param larger than /dev/shm's free space: commit fails with
  * MPG_ERR_ENV on both ranks, naming the bytes needed and free. */
