@@ -5,8 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/random.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -18,12 +20,31 @@
 enum { ENV_OFF = 0, ENV_ON = 1, ENV_BAD = 2 };
 
 /* What each member tells the others first (int32 words). */
-enum { A_HASH_LO, A_HASH_HI, A_PID, A_ENV, A_WORDS };
+enum { A_HASH_LO, A_HASH_HI, A_PROC_LO, A_PROC_HI, A_ENV, A_WORDS };
 /* What the creator (position 0) tells them next. */
 enum { B_STATUS, B_PTR_LO, B_PTR_HI, B_NEED_LO, B_NEED_HI, B_FREE_LO, B_FREE_HI,
        B_ERRNO, B_NAME, B_WORDS = B_NAME + NAME_MAX_ / 4 };
 
 static atomic_uint segment_seq;
+
+/* This process, told apart from every other: a random number drawn once
+ * (a pid alone is not enough: two containers on one host id may both run
+ * pid 1, and only threads of one process may share a pointer). */
+static _Atomic uint64_t process_nonce;
+
+static uint64_t process_id(void) {
+  uint64_t v = atomic_load(&process_nonce);
+  if (v) return v;
+  uint64_t r = 0;
+  if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  r ^= (uint64_t)getpid() << 32 ^ (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)&process_nonce;
+  if (!r) r = 1;
+  uint64_t zero = 0;
+  atomic_compare_exchange_strong(&process_nonce, &zero, r);
+  return atomic_load(&process_nonce);
+}
 
 static int env_value(void) {
   const char *v = getenv("MESHPG_SHM");
@@ -226,7 +247,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
     return mpg__fail(MPG_ERR_NOMEM, "shared memory for group %s: out of memory", gname);
   }
   put64(a + A_HASH_LO, fnv(host));
-  a[A_PID] = (int32_t)getpid();
+  put64(a + A_PROC_LO, process_id());
   a[A_ENV] = env_value();
   mpg_status st = gather(group, a, all, A_WORDS);
   if (st) {
@@ -242,14 +263,15 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   }
   find_nodes(all, total, node, &nodes, &per);
   /* The members on this node, in position order: local position pos of n;
-   * the node's creator is its first; do their processes differ? */
+   * the node's creator is its first; are they threads of one process? */
   int n = 0, pos = 0, creator = -1, pids_differ = 0;
   for (int p = 0; p < total; p++) {
     if (node[p] != node[gpos]) continue;
     if (creator < 0) creator = p;
     if (p == gpos) pos = n;
     n++;
-    if (all[(size_t)p * A_WORDS + A_PID] != all[(size_t)creator * A_WORDS + A_PID])
+    if (get64(all + (size_t)p * A_WORDS + A_PROC_LO) !=
+        get64(all + (size_t)creator * A_WORDS + A_PROC_LO))
       pids_differ = 1;
   }
   int mynode = node[gpos];
@@ -389,8 +411,19 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   if (s && s->anon && s->base && pos != 0) s->base = NULL;
   if (s && s->base && s->anon) atomic_store(&s->ctl->refs, 1);
   release(s);
+  int not_there = !st2 && err == ENOENT; /* every member sees the same words */
   free(all);
   if (st2) return mpg__fail_wrap(st2, "shared memory for group %s", gname);
+  if (not_there) {
+    /* The creator made it, a member cannot see it: another /dev/shm (two
+     * containers that report one host).  Not shared, then, on any. */
+    int frank = -1;
+    mpg_group_member(group, failed, &frank);
+    mpg__log(1, "rank %d: shared memory off for group %s (rank %d cannot see the segment "
+             "its host's first member made: another /dev/shm?): it syncs through the %s "
+             "backend's collectives", ctx->rank, gname, frank, ctx->ops->name);
+    return MPG_OK;
+  }
   if (cb[B_STATUS] == MPG_ERR_ENV && (!cb[B_ERRNO] || cb[B_ERRNO] == ENOSPC))
     return mpg__fail(MPG_ERR_ENV,
                      "shared memory for group %s: its segment needs %llu bytes (%d ranks x "
