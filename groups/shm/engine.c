@@ -17,10 +17,19 @@
 #define POLL_S 0.1   /* longest futex sleep between looks at the abort word */
 #define GRACE_S 0.25 /* the main thread's extra time over the worker's */
 
+#define SPINS 256 /* about 10-30 us of looking before sleeping */
+
 /* Shared futexes (no FUTEX_PRIVATE_FLAG): the words may live in a segment
- * that other processes map. */
+ * that other processes map.  A short spin first: a peer's post or shard
+ * is often microseconds away, and a futex sleep and wake-up costs more. */
 void mpg__shm_futex_wait(_Atomic uint32_t *w, uint32_t val, double timeout_s) {
   if (timeout_s <= 0) return;
+  for (int i = 0; i < SPINS; i++) {
+    if (atomic_load_explicit(w, memory_order_relaxed) != val) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
   struct timespec ts;
   ts.tv_sec = (time_t)timeout_s;
   ts.tv_nsec = (long)((timeout_s - (double)ts.tv_sec) * 1e9);

@@ -43,7 +43,8 @@
  * wrap.  A member does not reuse descriptor slot q % depth before
  * operation q - depth is complete everywhere.
  *
- * Faults.  Waits are futex waits of at most 100 ms, each followed by a
+ * Faults.  Waits are futex waits of at most 100 ms (after a spin of a few
+ * microseconds), each followed by a
  * look at the shared abort word, the context's abort flag and the
  * deadline (the post's time plus the context's timeout; the waiting main
  * thread allows itself 0.25 s more, so that the worker, which knows which
