@@ -213,8 +213,8 @@ static mpg__req **work_reqs(mpg_work *w, int *n) {
 
 mpg_status mpg_work_wait(mpg_work *w) {
   if (!w) return MPG_OK;
-  if (w->shm) {
-    mpg_status st = w->status ? w->status : mpg__shm_wait(w->shm, w->shm_q, w->deadline);
+  if (w->ext) {
+    mpg_status st = w->status ? w->status : w->ext->wait(w->ext_obj, w->ext_q, w->deadline);
     if (st && !w->status) st = on_failure(w->group, "mpg_work_wait", st);
     free(w);
     return st;
@@ -240,8 +240,8 @@ mpg_status mpg_work_test(mpg_work *w, int *done) {
     *done = 1;
     return w->status;
   }
-  if (w->shm) {
-    mpg_status st = mpg__shm_test(w->shm, w->shm_q, w->deadline, done);
+  if (w->ext) {
+    mpg_status st = w->ext->test(w->ext_obj, w->ext_q, w->deadline, done);
     if (st) {
       *done = 1;
       w->status = on_failure(w->group, "mpg_work_test", st);

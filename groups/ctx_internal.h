@@ -73,15 +73,18 @@ struct mpg_work {
   int ndone;          /* requests mpg_work_test saw finish, in order */
   double deadline;
   mpg_status status; /* a failure seen by mpg_work_test */
-  struct mpg__shm *shm; /* or a shared-memory operation (groups/shm/): */
-  uint32_t shm_q;       /* its number */
+  /* Or an operation run outside the backend (groups/shm/): its test and
+   * wait (a timeout or abort is returned; the caller aborts the context),
+   * through pointers so that this layer does not call up into it. */
+  const struct mpg__work_ext *ext;
+  void *ext_obj;
+  uint32_t ext_q;
 };
 
-/* shm/engine.c: is shared-memory operation q complete (test: *done), or
- * wait for it until deadline (plus the engine's grace).  A timeout or
- * abort is returned (the caller aborts the context). */
-mpg_status mpg__shm_test(struct mpg__shm *s, uint32_t q, double deadline, int *done);
-mpg_status mpg__shm_wait(struct mpg__shm *s, uint32_t q, double deadline);
+typedef struct mpg__work_ext {
+  mpg_status (*test)(void *obj, uint32_t q, double deadline, int *done);
+  mpg_status (*wait)(void *obj, uint32_t q, double deadline);
+} mpg__work_ext;
 
 /* coll.c: before an operation `fn` on g: MPG_ERR_ABORTED when the context
  * was aborted; else g's communicator, created now if lazy (a failure then

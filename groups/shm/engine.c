@@ -227,14 +227,16 @@ static mpg_status wait_q(mpg__shm *s, uint32_t q, double deadline, int block, in
   }
 }
 
-mpg_status mpg__shm_test(mpg__shm *s, uint32_t q, double deadline, int *done) {
-  return wait_q(s, q, deadline, 0, done);
+static mpg_status test_op(void *obj, uint32_t q, double deadline, int *done) {
+  return wait_q(obj, q, deadline, 0, done);
 }
 
-mpg_status mpg__shm_wait(mpg__shm *s, uint32_t q, double deadline) {
+static mpg_status wait_op(void *obj, uint32_t q, double deadline) {
   int done;
-  return wait_q(s, q, deadline, 1, &done);
+  return wait_q(obj, q, deadline, 1, &done);
 }
+
+static const mpg__work_ext shm_work = {test_op, wait_op};
 
 /* ------------------------------------------------------------------ */
 /* Posting                                                             */
@@ -259,7 +261,7 @@ static mpg_status post(mpg__shm *s, int scatter, size_t offset, size_t count, mp
   double deadline = mpg__now() + ctx->timeout_s;
   /* Slot q % depth held operation q - depth: complete everywhere first. */
   if (q >= (uint32_t)s->depth) {
-    st = mpg__shm_wait(s, q - (uint32_t)s->depth, deadline);
+    st = wait_op(s, q - (uint32_t)s->depth, deadline);
     if (st) return mpg__group_on_failure(s->group, fn, st);
   }
   mpg_work *w = calloc(1, sizeof *w);
@@ -280,8 +282,9 @@ static mpg_status post(mpg__shm *s, int scatter, size_t offset, size_t count, mp
   atomic_store_explicit(&s->posted[s->pos].v, q + 1, memory_order_release);
   mpg__shm_futex_wake(&s->posted[s->pos].v);
   w->group = s->group;
-  w->shm = s;
-  w->shm_q = q;
+  w->ext = &shm_work;
+  w->ext_obj = s;
+  w->ext_q = q;
   w->deadline = deadline;
   *work = w;
   return MPG_OK;
