@@ -100,19 +100,6 @@ static int same_desc(const shm_desc *a, const shm_desc *b) {
          a->op == b->op && a->scatter == b->scatter && a->scale == b->scale;
 }
 
-/* The all-reduce (sum) of this member's staged partial sums with the
- * members at its local position on the other nodes. */
-static mpg_status across_nodes(mpg__shm *s, const shm_desc *d, size_t m, double deadline) {
-  const struct mpg__backend_ops *ops = s->group->ctx->ops;
-  mpg__coll c = {MPG__ALL_REDUCE, s->stage, s->stage, m,
-                 d->dtype == MPG_F64 ? MPG_F64 : MPG_F32, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
-  mpg__req *r = NULL;
-  mpg_status st = ops->post(s->inter, &c, &r);
-  if (!st) st = ops->wait(r, deadline);
-  if (st && r) ops->abort_comm(s->inter, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
-  if (r) ops->req_free(r);
-  return st;
-}
 
 /* Should the worker stop: destroy, the segment aborted, or this member's
  * context aborted (a watchdog's mpg_ctx_abort: passed on to the other
@@ -123,6 +110,28 @@ static int gave_up(mpg__shm *s, uint32_t q) {
   if (!reason) return 0;
   mpg__shm_abort(s, (mpg_status)reason, -1, q);
   return 1;
+}
+
+/* The all-reduce (sum) of this member's staged partial sums with the
+ * members at its local position on the other nodes, waited for in slices
+ * of POLL_S so that an abort (of the segment, or of this member's
+ * context) or a destroy ends it at once, not at the deadline. */
+static mpg_status across_nodes(mpg__shm *s, const shm_desc *d, size_t m, double deadline,
+                               uint32_t q) {
+  const struct mpg__backend_ops *ops = s->group->ctx->ops;
+  mpg__coll c = {MPG__ALL_REDUCE, s->stage, s->stage, m,
+                 d->dtype == MPG_F64 ? MPG_F64 : MPG_F32, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
+  mpg__req *r = NULL;
+  mpg_status st = ops->post(s->inter, &c, &r);
+  while (!st) {
+    double now = mpg__now(), until = now + POLL_S < deadline ? now + POLL_S : deadline;
+    st = ops->wait(r, until);
+    if (st != MPG_ERR_TIMEOUT || until >= deadline) break;
+    st = gave_up(s, q) ? MPG_ERR_ABORTED : MPG_OK; /* else the next slice */
+  }
+  if (st && r) ops->abort_comm(s->inter, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
+  if (r) ops->req_free(r);
+  return st;
 }
 
 void *mpg__shm_worker(void *arg) {
@@ -160,7 +169,7 @@ void *mpg__shm_worker(void *arg) {
     if (s->inter) {
       /* Hierarchical: the node's partial sums, then across nodes. */
       size_t first, m = mpg__shm_partial(s, d, &first);
-      mpg_status st = m ? across_nodes(s, d, m, deadline) : MPG_OK;
+      mpg_status st = m ? across_nodes(s, d, m, deadline, q) : MPG_OK;
       if (st) {
         mpg__shm_abort(s, st, -2, q);
         return NULL;

@@ -1099,6 +1099,7 @@ Test(shm_env, bad_value_fails_every_commit_with_env, .timeout = 60) {
 #define STALL_RANKS 4
 
 typedef struct stall_job {
+  int hosts; /* 1: ranks 0-1 on "hostA", 2-3 on "hostB" (the hierarchical form) */
   mpg_status finish[STALL_RANKS], sync_destroy[STALL_RANKS], ctx_destroy[STALL_RANKS];
   int valid[STALL_RANKS], shm_buffers[STALL_RANKS];
   double secs[STALL_RANKS];
@@ -1116,7 +1117,9 @@ static mpg_status stall_rank(const mpg_init_opts *opts, void *arg) {
   j->finish[r] = MPG_ERR_INVALID;
   j->valid[r] = -1;
   mpg_status st = make_mesh("dp=2,cp=2", "dp_cp=dp,cp", &mesh);
-  if (!st) where = "ctx_create", st = mpg_ctx_create(mesh, opts, &ctx);
+  mpg_init_opts o = *opts;
+  if (j->hosts) o.host_id = r < 2 ? "hostA" : "hostB";
+  if (!st) where = "ctx_create", st = mpg_ctx_create(mesh, &o, &ctx);
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.bucket_mb = 0.001;
   so.first_bucket_mb = 0.001;
@@ -1158,9 +1161,10 @@ static mpg_status stall_rank(const mpg_init_opts *opts, void *arg) {
   return MPG_OK;
 }
 
-Test(shm_faults, stalled_rank_fails_the_others_in_time, .timeout = 60) {
+static void stalled_rank(int hosts) {
   stall_job *j = calloc(1, sizeof *j);
   cr_assert_not_null(j);
+  j->hosts = hosts;
   setenv("MESHPG_SHM", "1", 1);
   mpg_status rc = mpg_thread_run(STALL_RANKS, STALL_TIMEOUT_S, stall_rank, j, NULL);
   cr_assert_eq(rc, MPG_OK, "%s", mpg_last_error());
@@ -1191,6 +1195,13 @@ Test(shm_faults, stalled_rank_fails_the_others_in_time, .timeout = 60) {
   }
   free(j);
 }
+
+Test(shm_faults, stalled_rank_fails_the_others_in_time, .timeout = 60) { stalled_rank(0); }
+
+/* The same across two hosts: the stalled rank's host partner times out
+ * in the segment, the other host's ranks in their all-reduce between
+ * hosts, all within the timeout + 1 s. */
+Test(shm_faults, stalled_rank_across_hosts, .timeout = 60) { stalled_rank(1); }
 
 #else /* SHM_TEST_MPI */
 
