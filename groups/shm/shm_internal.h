@@ -2,8 +2,9 @@
  * one-pass all-reduce and reduce-scatter that sync/ runs on the CPU
  * backends when the members of a group share a node (docs/sync.md,
  * "Shared memory").  Three files, calls going one way:
- *  - setup.c: mpg__shm_create / _destroy: who shares a node (one host
- *    all-gather of host, process and switch), the segment (an anonymous
+ *  - setup.c: mpg__shm_create / _destroy: who shares a node (one
+ *    all-gather of host identity, process id and MESHPG_SHM), the
+ *    segment (an anonymous
  *    mapping when every member is a thread of one process; else a POSIX
  *    shared-memory object, sized from the caller's bytes, checked against
  *    /dev/shm's free space, mapped by every member and unlinked as soon as
@@ -26,8 +27,9 @@
  *
  * The segment.  A control area (struct shm_ctl, then one cache line per
  * member for `posted` and one for `finished`, then each member's ring of
- * `depth` operation descriptors), then one region per member, page
- * aligned: member p's buffer.  Member p posts its operations in order,
+ * `depth` operation descriptors), then one region per member: member p's
+ * buffer, each a whole number of pages plus 5 cache lines, so that the
+ * members' elements do not meet at one offset modulo 4 KiB.  Member p posts its operations in order,
  * numbered q = 0, 1, 2, ... (each member numbers alike: every member
  * posts the same operations in the same order): it writes descriptor q
  * into slot q % depth of its ring, then stores posted[p] = q + 1 (release)
@@ -44,8 +46,8 @@
  * operation q - depth is complete everywhere.
  *
  * Faults.  Waits are futex waits of at most 100 ms (after a spin of a few
- * microseconds), each followed by a
- * look at the shared abort word, the context's abort flag and the
+ * microseconds), each followed by a look at the shared abort word, the
+ * context's abort flag and the
  * deadline (the post's time plus the context's timeout; the waiting main
  * thread allows itself 0.25 s more, so that the worker, which knows which
  * member never posted, reports first).  The first member to give up stores
@@ -70,7 +72,8 @@ typedef struct shm_ctl {
   uint32_t magic, n, depth, mode;
   _Atomic uint32_t abort_status; /* 0, or the mpg_status that ended it */
   _Atomic int32_t abort_by;      /* position that gave up */
-  _Atomic int32_t abort_peer;    /* the member it waited for, -1: none */
+  _Atomic int32_t abort_peer;    /* the member it waited for, -1: none,
+                                    -2: its all-reduce between hosts */
   _Atomic uint32_t abort_q;      /* the operation */
   _Atomic int32_t refs;          /* anonymous mode: members still attached */
 } shm_ctl;
