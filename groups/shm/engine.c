@@ -114,8 +114,8 @@ static int gave_up(mpg__shm *s, uint32_t q) {
 
 /* The all-reduce (sum) of this member's staged partial sums with the
  * members at its local position on the other nodes, waited for in slices
- * of POLL_S so that an abort (of the segment, or of this member's
- * context) or a destroy ends it at once, not at the deadline. */
+ * of POLL_S so that a segment or context that gave up, or a destroy,
+ * ends it at once, not at the deadline. */
 static mpg_status across_nodes(mpg__shm *s, const shm_desc *d, size_t m, double deadline,
                                uint32_t q) {
   const struct mpg__backend_ops *ops = s->group->ctx->ops;

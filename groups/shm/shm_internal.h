@@ -10,7 +10,7 @@
  *    /dev/shm's free space, mapped by every member and unlinked as soon as
  *    all have mapped it) and the worker thread;
  *  - engine.c: posting an operation, the worker, waiting, timeouts and
- *    abort (groups_internal.h has the contract);
+ *    giving up on a dead peer; groups_internal.h has the contract;
  *  - kernel.c: the reduction of one shard.
  *
  * Across nodes (hierarchical, all-reduce only): when the group's members
