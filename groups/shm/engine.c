@@ -168,7 +168,7 @@ void *mpg__shm_worker(void *arg) {
     }
     if (s->inter) {
       /* Hierarchical: the node's partial sums, then across nodes. */
-      size_t first, m = mpg__shm_partial(s, d, &first);
+      size_t m = mpg__shm_partial(s, d);
       mpg_status st = m ? across_nodes(s, d, m, deadline, q) : MPG_OK;
       if (st) {
         mpg__shm_abort(s, st, -2, q);

@@ -208,7 +208,7 @@ void mpg__shm_reduce(mpg__shm *s, const shm_desc *d) {
   }
 }
 
-size_t mpg__shm_partial(mpg__shm *s, const shm_desc *d, size_t *first) {
+size_t mpg__shm_partial(mpg__shm *s, const shm_desc *d) {
   size_t es = mpg__dtype_size((mpg_dtype)d->dtype), lo, hi, as = acc_size(d);
   shard(s, d, es, &lo, &hi);
   float *tmp = (float *)((char *)s->scratch + BLOCK * sizeof(double));
@@ -216,7 +216,6 @@ size_t mpg__shm_partial(mpg__shm *s, const shm_desc *d, size_t *first) {
     size_t m = hi - b < BLOCK ? hi - b : BLOCK;
     sum_block(s, d, (d->offset + b) * es, m, (char *)s->stage + (b - lo) * as, tmp, 0);
   }
-  *first = lo;
   return hi - lo;
 }
 

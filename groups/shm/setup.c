@@ -52,12 +52,6 @@ static int env_value(void) {
   return strcmp(v, "0") == 0 ? ENV_OFF : ENV_BAD;
 }
 
-static uint64_t fnv(const char *s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-  return h;
-}
-
 static void put64(int32_t *w, uint64_t v) {
   w[0] = (int32_t)(uint32_t)v;
   w[1] = (int32_t)(uint32_t)(v >> 32);
@@ -93,7 +87,6 @@ static void init_ctl(mpg__shm *s) {
   s->ctl->magic = SHM_MAGIC;
   s->ctl->n = (uint32_t)s->n;
   s->ctl->depth = (uint32_t)s->depth;
-  s->ctl->mode = (uint32_t)s->anon;
   atomic_store(&s->ctl->abort_by, -1);
   atomic_store(&s->ctl->abort_peer, -1);
   atomic_store(&s->ctl->refs, s->n);
@@ -246,7 +239,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
     free(node);
     return mpg__fail(MPG_ERR_NOMEM, "shared memory for group %s: out of memory", gname);
   }
-  put64(a + A_HASH_LO, fnv(host));
+  put64(a + A_HASH_LO, mpg__hash_str(host));
   put64(a + A_PROC_LO, process_id());
   a[A_ENV] = env_value();
   mpg_status st = gather(group, a, all, A_WORDS);

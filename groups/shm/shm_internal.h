@@ -69,7 +69,7 @@
 
 /* The shared header. */
 typedef struct shm_ctl {
-  uint32_t magic, n, depth, mode;
+  uint32_t magic, n, depth;
   _Atomic uint32_t abort_status; /* 0, or the mpg_status that ended it */
   _Atomic int32_t abort_by;      /* position that gave up */
   _Atomic int32_t abort_peer;    /* the member it waited for, -1: none,
@@ -131,11 +131,11 @@ void mpg__shm_futex_wake(_Atomic uint32_t *w);
 /* kernel.c: the worker's scratch (NULL: out of memory) and the reduction
  * of this member's shard of operation d: in one pass on one node; or
  * (hierarchical) _partial sums the node's into s->stage (returns its
- * element count and the shard's first element) and _finish, once the
+ * element count) and _finish, once the
  * stage was all-reduced across nodes, averages, rounds and writes it back. */
 void *mpg__shm_scratch(void);
 void mpg__shm_reduce(mpg__shm *s, const shm_desc *d);
-size_t mpg__shm_partial(mpg__shm *s, const shm_desc *d, size_t *first);
+size_t mpg__shm_partial(mpg__shm *s, const shm_desc *d);
 void mpg__shm_finish(mpg__shm *s, const shm_desc *d);
 /* kernel.c: the largest shard of a buffer of `elems` elements (stage
  * size). */

@@ -350,26 +350,28 @@ done:
   }
 }
 
-static void mode_hosts(int world) {
-  mpg_mesh *mesh = NULL;
+/* An MPI context on mesh `dims` (with the flatten dp_cp = dp,cp when
+ * `dp_cp`), this rank on host `host_id` (NULL: the real host); NULL after a
+ * failure (reported). */
+static mpg_ctx *open_ctx(const char *dims, int dp_cp, int world, const char *host_id,
+                         mpg_mesh **mesh) {
   mpg_ctx *ctx = NULL;
   mpg_spec spec = MPG_SPEC_INIT;
-  if (world != 4) {
-    fail("hosts needs 4 ranks, not %d", world);
-    return;
-  }
+  *mesh = NULL;
   TRY(mpg_spec_init(&spec));
-  TRY(mpg_spec_set_mesh(&spec, "dp=4"));
-  TRY(mpg_mesh_create(&spec, world, &mesh));
+  TRY(mpg_spec_set_mesh(&spec, dims));
+  if (dp_cp) TRY(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"));
+  TRY(mpg_mesh_create(&spec, world, mesh));
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
   opts.backend = MPG_BACKEND_MPI;
   opts.timeout_s = 60;
-  opts.host_id = g_rank < 2 ? "hostA" : "hostB";
-  TRY(mpg_ctx_create(mesh, &opts, &ctx));
-  run_hosts(ctx, 1.0);
-  run_hosts(ctx, 0.37);
-  if (g_rank == 0) printf("checked the hierarchical shm buffers\n");
+  opts.host_id = host_id;
+  TRY(mpg_ctx_create(*mesh, &opts, &ctx));
 done:
+  return ctx;
+}
+
+static void close_ctx(mpg_ctx *ctx, mpg_mesh *mesh) {
   if (ctx) {
     mpg_status st = mpg_ctx_destroy(ctx);
     if (st) fail("mpg_ctx_destroy -> %s", mpg_status_name(st));
@@ -377,33 +379,36 @@ done:
   mpg_mesh_destroy(mesh);
 }
 
+static void mode_hosts(int world) {
+  if (world != 4) {
+    fail("hosts needs 4 ranks, not %d", world);
+    return;
+  }
+  mpg_mesh *mesh;
+  mpg_ctx *ctx = open_ctx("dp=4", 0, world, g_rank < 2 ? "hostA" : "hostB", &mesh);
+  if (ctx) {
+    run_hosts(ctx, 1.0);
+    run_hosts(ctx, 0.37);
+    if (g_rank == 0) printf("checked the hierarchical shm buffers\n");
+  }
+  close_ctx(ctx, mesh);
+}
+
 static void mode_values(int world) {
-  mpg_mesh *mesh = NULL;
-  mpg_ctx *ctx = NULL;
-  mpg_spec spec = MPG_SPEC_INIT;
-  char dims[64];
   if (world != 2 && world != 4) {
     fail("values needs 2 or 4 ranks, not %d", world);
     return;
   }
+  char dims[64];
   snprintf(dims, sizeof dims, "dp=2,cp=%d", world / 2);
-  TRY(mpg_spec_init(&spec));
-  TRY(mpg_spec_set_mesh(&spec, dims));
-  TRY(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"));
-  TRY(mpg_mesh_create(&spec, world, &mesh));
-  mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend = MPG_BACKEND_MPI;
-  opts.timeout_s = 60;
-  TRY(mpg_ctx_create(mesh, &opts, &ctx));
-  run_values(ctx, 0);
-  run_values(ctx, 1);
-  if (g_rank == 0) printf("checked the shm buffers\n");
-done:
+  mpg_mesh *mesh;
+  mpg_ctx *ctx = open_ctx(dims, 1, world, NULL, &mesh);
   if (ctx) {
-    mpg_status st = mpg_ctx_destroy(ctx);
-    if (st) fail("mpg_ctx_destroy -> %s", mpg_status_name(st));
+    run_values(ctx, 0);
+    run_values(ctx, 1);
+    if (g_rank == 0) printf("checked the shm buffers\n");
   }
-  mpg_mesh_destroy(mesh);
+  close_ctx(ctx, mesh);
 }
 
 /* ------------------------------------------------------------------ */
@@ -446,14 +451,7 @@ static void mode_overflow(int world) {
     return;
   }
   size_t count = (size_t)plan[1];
-  mpg_spec spec = MPG_SPEC_INIT;
-  TRY(mpg_spec_init(&spec));
-  TRY(mpg_spec_set_mesh(&spec, "dp=2"));
-  TRY(mpg_mesh_create(&spec, world, &mesh));
-  mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend = MPG_BACKEND_MPI;
-  opts.timeout_s = 60;
-  TRY(mpg_ctx_create(mesh, &opts, &ctx));
+  if (!(ctx = open_ctx("dp=2", 0, world, NULL, &mesh))) goto done;
   TRY(mpg_sync_create(ctx, NULL, &s));
   int id;
   TRY(mpg_sync_add_param(s, "huge", count, MPG_F32, NULL, &id));
@@ -479,8 +477,7 @@ static void mode_overflow(int world) {
   if (!no_segment_of_mine()) fail("a /dev/shm/meshpg-%ld-* entry exists", (long)getpid());
 done:
   if (s && (st = mpg_sync_destroy(s)) != MPG_OK) fail("mpg_sync_destroy -> %s", mpg_status_name(st));
-  if (ctx && (st = mpg_ctx_destroy(ctx)) != MPG_OK) fail("mpg_ctx_destroy -> %s", mpg_status_name(st));
-  mpg_mesh_destroy(mesh);
+  close_ctx(ctx, mesh);
 }
 
 int main(int argc, char **argv) {
