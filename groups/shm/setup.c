@@ -1,5 +1,13 @@
 /* mpg__shm_create and mpg__shm_destroy: deciding whether a group's members
- * share a node, and the segment they share (see shm_internal.h). */
+ * share a node, and the segment they share (see shm_internal.h).
+ *
+ * Three all-gathers over the group, issued by every member in this order
+ * whatever happens (a failure travels in the words, never as a skipped
+ * collective): A, host identity, process and MESHPG_SHM; B, the creator's
+ * (each node's first member's) account of its segment; C, each member's
+ * outcome of opening it.  The creator's descriptor stays open until C, so
+ * that the others can open /proc/<its pid>/fd/<fd>; after C it closes it,
+ * and the segment lives as long as a mapping of it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -15,17 +23,31 @@
 #include "shm_internal.h"
 
 #define SHM_DIR "/dev/shm"
-#define NAME_MAX_ 64
+/* The free space a segment leaves in /dev/shm for the MPI transport's own
+ * shared memory (Open MPI's vader puts its backing files there, and dies
+ * of SIGBUS when it cannot grow them): max(64 MiB, 1/16 of the segment). */
+#define SLACK_MIN ((uint64_t)64 << 20)
+#define SLACK_DIV 16
 
 enum { ENV_OFF = 0, ENV_ON = 1, ENV_BAD = 2 };
 
 /* What each member tells the others first (int32 words). */
 enum { A_HASH_LO, A_HASH_HI, A_PROC_LO, A_PROC_HI, A_ENV, A_WORDS };
-/* What the creator (position 0) tells them next. */
-enum { B_STATUS, B_PTR_LO, B_PTR_HI, B_NEED_LO, B_NEED_HI, B_FREE_LO, B_FREE_HI,
-       B_ERRNO, B_NAME, B_WORDS = B_NAME + NAME_MAX_ / 4 };
+/* What the creator (local position 0) tells them next: how it made the
+ * segment, or what failed; where the others open it (/proc/PID/fd/FD) and
+ * what they must find there (device and inode). */
+enum { B_STATUS, B_STEP, B_ERRNO, B_KIND, B_PID, B_FD, B_PTR_LO, B_PTR_HI, B_NEED_LO,
+       B_NEED_HI, B_FREE_LO, B_FREE_HI, B_SLACK_LO, B_SLACK_HI, B_DEV_LO, B_DEV_HI,
+       B_INO_LO, B_INO_HI, B_WORDS };
+/* What every member tells the others last: its outcome (its creator's
+ * when the creator failed). */
+enum { C_STATUS, C_STEP, C_ERRNO, C_WORDS };
 
-static atomic_uint segment_seq;
+/* The kinds of segment (B_KIND). */
+enum { K_NONE, K_ANON, K_TMPFILE, K_MEMFD };
+/* What failed (B_STEP, C_STEP): the creator's steps, then a member's. */
+enum { F_NONE, F_BOOK, F_SPACE, F_TMPFILE, F_MEMFD, F_TRUNCATE, F_FALLOCATE, F_FSTAT, F_MMAP,
+       F_ANON, F_NOPROC, F_OPEN, F_NOT_IT, F_MAP, F_MAGIC };
 
 /* This process, told apart from every other: a random number drawn once
  * (a pid alone is not enough: two containers on one host id may both run
@@ -92,57 +114,97 @@ static void init_ctl(mpg__shm *s) {
   atomic_store(&s->ctl->refs, s->n);
 }
 
-/* The creator's segment: checked against /dev/shm's free space, reserved
- * with posix_fallocate (so that a full /dev/shm is an error now, not a
- * SIGBUS in the middle of a step), mapped. */
-static mpg_status create_segment(mpg__shm *s, const char *name, int32_t *b) {
-  struct statvfs v;
-  uint64_t need = s->map_bytes, avail = 0;
+static uint64_t slack_bytes(uint64_t need) {
+  return need / SLACK_DIV > SLACK_MIN ? need / SLACK_DIV : SLACK_MIN;
+}
+
+static mpg_status failed_at(int32_t *b, int step, int err) {
+  b[B_STEP] = step;
+  b[B_ERRNO] = err;
+  return err == ENOMEM ? MPG_ERR_NOMEM : MPG_ERR_ENV;
+}
+
+/* The creator's segment, a file that never has a name, so that no kill of
+ * any process at any moment leaves anything in /dev/shm: an O_TMPFILE in
+ * /dev/shm (its size counts against /dev/shm, like the transport's
+ * files), or where /dev/shm cannot hold one (no /dev/shm, not a tmpfs, a
+ * kernel without O_TMPFILE there) a memfd.  Checked first against
+ * /dev/shm's free space less the slack, reserved with posix_fallocate (so
+ * that a full /dev/shm is an error now, not a SIGBUS in the middle of a
+ * step), mapped.  Its descriptor stays open (*fdp) until every member
+ * has opened it through /proc/<pid>/fd/<fd>. */
+static mpg_status create_segment(mpg__shm *s, int32_t *b, int *fdp) {
+  uint64_t need = s->map_bytes, slack = slack_bytes(need);
   put64(b + B_NEED_LO, need);
+  put64(b + B_SLACK_LO, slack);
+  put64(b + B_FREE_LO, UINT64_MAX);
+  struct statvfs v;
   if (statvfs(SHM_DIR, &v) == 0) {
-    avail = (uint64_t)v.f_bavail * (uint64_t)v.f_frsize;
+    uint64_t avail = (uint64_t)v.f_bavail * (uint64_t)v.f_frsize;
     put64(b + B_FREE_LO, avail);
-    if (avail < need) return MPG_ERR_ENV;
-  } else {
-    put64(b + B_FREE_LO, UINT64_MAX);
+    if (avail < need || avail - need < slack) {
+      b[B_STEP] = F_SPACE;
+      return MPG_ERR_ENV;
+    }
   }
-  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) {
-    b[B_ERRNO] = errno;
-    return MPG_ERR_ENV;
+  b[B_KIND] = K_TMPFILE;
+  int fd = open(SHM_DIR, O_TMPFILE | O_RDWR | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL ||
+                 errno == ENOENT || errno == ENOTDIR)) {
+    b[B_KIND] = K_MEMFD;
+    fd = memfd_create("meshpg", MFD_CLOEXEC);
   }
-  int rc = ftruncate(fd, (off_t)need);
-  if (rc == 0) rc = posix_fallocate(fd, 0, (off_t)need);
-  else rc = errno;
+  if (fd < 0) return failed_at(b, b[B_KIND] == K_MEMFD ? F_MEMFD : F_TMPFILE, errno);
+  int step = F_NONE, rc = 0;
+  struct stat st;
   void *p = MAP_FAILED;
-  if (rc == 0) {
-    p = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) rc = errno;
+  if (ftruncate(fd, (off_t)need)) step = F_TRUNCATE, rc = errno;
+  else if ((rc = posix_fallocate(fd, 0, (off_t)need))) step = F_FALLOCATE;
+  else if (fstat(fd, &st)) step = F_FSTAT, rc = errno;
+  else if ((p = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+    step = F_MMAP, rc = errno;
+  if (step) {
+    close(fd);
+    return failed_at(b, step, rc ? rc : EINVAL);
   }
-  close(fd);
-  if (rc) {
-    shm_unlink(name);
-    b[B_ERRNO] = rc;
-    if (rc == ENOSPC && !avail) put64(b + B_FREE_LO, 0);
-    return rc == ENOMEM ? MPG_ERR_NOMEM : MPG_ERR_ENV;
-  }
+  put64(b + B_DEV_LO, (uint64_t)st.st_dev);
+  put64(b + B_INO_LO, (uint64_t)st.st_ino);
+  b[B_PID] = (int32_t)getpid();
+  b[B_FD] = fd;
+  *fdp = fd;
   s->base = p;
   return MPG_OK;
 }
 
-static mpg_status map_segment(mpg__shm *s, const char *name, int *err) {
-  int fd = shm_open(name, O_RDWR, 0);
-  if (fd < 0) {
-    *err = errno;
-    return MPG_ERR_ENV;
-  }
+/* A member maps its creator's segment through /proc/<pid>/fd/<fd>, and
+ * checks that it is that file (another pid namespace may have a process
+ * of that pid, with some file at that descriptor). */
+static mpg_status map_segment(mpg__shm *s, const int32_t *cb, int32_t *c) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)cb[B_PID], (int)cb[B_FD]);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  int step = F_NONE, err = 0;
   struct stat st;
   void *p = MAP_FAILED;
-  if (fstat(fd, &st) == 0 && (size_t)st.st_size == s->map_bytes)
-    p = mmap(NULL, s->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  *err = p == MAP_FAILED ? (errno ? errno : EINVAL) : 0;
-  close(fd);
-  if (p == MAP_FAILED) return MPG_ERR_ENV;
+  if (fd < 0) {
+    err = errno;
+    step = err == ENOENT && access("/proc/self/fd", F_OK) != 0 ? F_NOPROC : F_OPEN;
+  } else if (fstat(fd, &st)) {
+    step = F_FSTAT, err = errno;
+  } else if ((uint64_t)st.st_dev != get64(cb + B_DEV_LO) ||
+             (uint64_t)st.st_ino != get64(cb + B_INO_LO) || (size_t)st.st_size != s->map_bytes) {
+    step = F_NOT_IT;
+  } else if ((p = mmap(NULL, s->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+             MAP_FAILED) {
+    step = F_MAP, err = errno;
+  }
+  if (fd >= 0) close(fd);
+  if (step) {
+    c[C_STEP] = step;
+    c[C_ERRNO] = err;
+    c[C_STATUS] = err == ENOMEM ? MPG_ERR_NOMEM : MPG_ERR_ENV;
+    return (mpg_status)c[C_STATUS];
+  }
   s->base = p;
   return MPG_OK;
 }
@@ -214,6 +276,101 @@ static mpg_status fail_env(mpg_group *group, int bad, int pos) {
                    bad == pos ? "\")" : "");
 }
 
+/* The error of a failed creation, alike on every member: position
+ * `failed`'s outcome fc (its creator's, at position `fcreator`, when the
+ * creator failed) and that creator's account fb.  MPG_OK when the members
+ * only cannot share (the shared path is off for the group). */
+static mpg_status describe_failure(mpg_group *group, const char *gname, int n, size_t bytes,
+                                   int failed, int fcreator, const int32_t *fc,
+                                   const int32_t *fb) {
+  mpg_ctx *ctx = group->ctx;
+  int frank = -1, crank = -1;
+  mpg_group_member(group, failed, &frank);
+  mpg_group_member(group, fcreator, &crank);
+  mpg_status why = (mpg_status)fc[C_STATUS];
+  int step = fc[C_STEP], err = fc[C_ERRNO];
+  const char *e = err ? strerror(err) : mpg_status_name(why);
+  unsigned long long need = get64(fb + B_NEED_LO), free_b = get64(fb + B_FREE_LO),
+                     slack = get64(fb + B_SLACK_LO);
+  char proc[64];
+  snprintf(proc, sizeof proc, "/proc/%d/fd/%d", (int)fb[B_PID], (int)fb[B_FD]);
+  const char *what = fb[B_KIND] == K_ANON    ? "an anonymous shared mapping"
+                     : fb[B_KIND] == K_MEMFD ? "a memfd"
+                                             : "an unnamed file in " SHM_DIR;
+  switch (step) {
+  case F_SPACE:
+    return mpg__fail(MPG_ERR_ENV,
+                     "shared memory for group %s: its segment needs %llu bytes (%d ranks x "
+                     "%zu bytes of gradients, plus control), plus %llu bytes of slack for the "
+                     "MPI transport's own shared memory (max(64 MiB, 1/%d of the segment)), "
+                     "but " SHM_DIR " has %llu bytes free; make " SHM_DIR " larger (docker "
+                     "run --shm-size=...) or set MESHPG_SHM=0",
+                     gname, need, n, bytes, slack, SLACK_DIV, free_b);
+  case F_TMPFILE:
+  case F_MEMFD:
+  case F_TRUNCATE:
+  case F_FALLOCATE:
+  case F_MMAP:
+  case F_ANON: {
+    const char *call = step == F_TMPFILE    ? "open(" SHM_DIR ", O_TMPFILE)"
+                       : step == F_MEMFD    ? "memfd_create"
+                       : step == F_TRUNCATE ? "ftruncate"
+                       : step == F_FALLOCATE ? "posix_fallocate"
+                                             : "mmap";
+    char room[160] = "";
+    if (err == ENOSPC && free_b != UINT64_MAX)
+      snprintf(room, sizeof room, " (" SHM_DIR " had %llu bytes free, %llu bytes of slack "
+               "kept)", free_b, slack);
+    return mpg__fail(why, "shared memory for group %s: rank %d could not create its segment "
+                     "(%s of %llu bytes): %s: %s%s%s",
+                     gname, crank, what, need, call, e, room,
+                     err == ENOSPC ? "; make " SHM_DIR " larger (docker run --shm-size=...) or "
+                                     "set MESHPG_SHM=0"
+                     : fb[B_KIND] == K_ANON ? ""
+                                            : "; or set MESHPG_SHM=0");
+  }
+  case F_OPEN:
+    if (err == ENOENT) {
+      /* The creator's pid is not this member's (another pid namespace:
+       * containers that report one host).  Not shared, then, on any. */
+      mpg__log(1, "rank %d: shared memory off for group %s (rank %d cannot open %s, the "
+               "segment of rank %d: another pid namespace?): it syncs through the %s "
+               "backend's collectives", ctx->rank, gname, frank, proc, crank, ctx->ops->name);
+      return MPG_OK;
+    }
+    return mpg__fail(why, "shared memory for group %s: rank %d could not open %s, the "
+                     "segment of rank %d (%s): %s; the processes of a host must run as one "
+                     "user and may open each other's /proc/<pid>/fd, or set MESHPG_SHM=0",
+                     gname, frank, proc, crank, what, e);
+  case F_NOT_IT:
+    mpg__log(1, "rank %d: shared memory off for group %s (%s is not the segment of rank %d "
+             "for rank %d: another pid namespace?): it syncs through the %s backend's "
+             "collectives", ctx->rank, gname, proc, crank, frank, ctx->ops->name);
+    return MPG_OK;
+  case F_NOPROC:
+    return mpg__fail(why, "shared memory for group %s: rank %d could not open %s, the "
+                     "segment of rank %d: %s: /proc is not mounted; mount it or set "
+                     "MESHPG_SHM=0", gname, frank, proc, crank, e);
+  case F_FSTAT:
+  case F_MAP:
+    if (failed == fcreator) /* the creator's own fstat */
+      return mpg__fail(why, "shared memory for group %s: rank %d could not create its "
+                       "segment (%s of %llu bytes): fstat: %s", gname, crank, what, need, e);
+    return mpg__fail(why, "shared memory for group %s: rank %d could not map %s, the "
+                     "segment of rank %d (%llu bytes): %s: %s", gname, frank, proc, crank,
+                     need, step == F_MAP ? "mmap" : "fstat", e);
+  case F_MAGIC:
+    return mpg__fail(why, "shared memory for group %s: rank %d found no segment header "
+                     "(%d members) in %s, the segment of rank %d", gname, frank, n, proc,
+                     crank);
+  case F_BOOK:
+    return mpg__fail(why, "shared memory for group %s: rank %d: out of memory", gname,
+                     frank);
+  default:
+    return mpg__fail(why, "shared memory for group %s: rank %d failed: %s", gname, frank, e);
+  }
+}
+
 mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int depth,
                            int scatter, mpg__shm **out, void **data) {
   *out = NULL;
@@ -232,10 +389,14 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   char host[MPG_HOST_ID_MAX];
   if (ctx->host_id[0]) snprintf(host, sizeof host, "%s", ctx->host_id);
   else if (mpg_topo_host_identity(host, sizeof host)) snprintf(host, sizeof host, "?");
+  /* all: each gather's words; allb: the creators' accounts, kept for the
+   * message of a failure. */
   int32_t a[A_WORDS] = {0}, *all = malloc(sizeof(int32_t) * B_WORDS * (size_t)total);
+  int32_t *allb = malloc(sizeof(int32_t) * B_WORDS * (size_t)total);
   int *node = malloc(sizeof(int) * (size_t)total);
-  if (!all || !node) {
+  if (!all || !allb || !node) {
     free(all);
+    free(allb);
     free(node);
     return mpg__fail(MPG_ERR_NOMEM, "shared memory for group %s: out of memory", gname);
   }
@@ -245,6 +406,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   mpg_status st = gather(group, a, all, A_WORDS);
   if (st) {
     free(all);
+    free(allb);
     free(node);
     return mpg__fail_wrap(st, "shared memory for group %s: exchanging host identities", gname);
   }
@@ -270,6 +432,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   int mynode = node[gpos];
   if (bad >= 0) {
     free(all);
+    free(allb);
     free(node);
     return fail_env(group, bad, gpos);
   }
@@ -287,6 +450,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
              "rank %d: shared memory off for group %s (%s%s): it syncs through the %s "
              "backend's collectives", ctx->rank, gname, why, at, ctx->ops->name);
     free(all);
+    free(allb);
     free(node);
     return MPG_OK;
   }
@@ -299,7 +463,6 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
     s->scratch = mpg__shm_scratch();
   }
   int32_t b[B_WORDS] = {0};
-  char name[NAME_MAX_] = "";
   int ok = s && s->region && s->members && s->deadline && s->scratch;
   if (ok) {
     for (int p = 0, k = 0; p < total; p++)
@@ -325,64 +488,68 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
       ok = s->stage != NULL;
     }
   }
-  free(node);
-  if (!ok) b[B_STATUS] = MPG_ERR_NOMEM;
+  if (!ok) b[B_STATUS] = MPG_ERR_NOMEM, b[B_STEP] = F_BOOK;
+  int sfd = -1; /* the creator's descriptor of its segment */
   if (pos == 0 && !b[B_STATUS]) {
     if (s->anon) {
+      b[B_KIND] = K_ANON;
+      put64(b + B_NEED_LO, s->map_bytes);
       void *p = mmap(NULL, s->map_bytes, PROT_READ | PROT_WRITE,
                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) b[B_STATUS] = MPG_ERR_NOMEM;
-      else s->base = p;
-      put64(b + B_PTR_LO, (uint64_t)(uintptr_t)p);
-      put64(b + B_NEED_LO, s->map_bytes);
+      if (p == MAP_FAILED) {
+        b[B_STATUS] = failed_at(b, F_ANON, errno);
+      } else {
+        s->base = p;
+        put64(b + B_PTR_LO, (uint64_t)(uintptr_t)p);
+      }
     } else {
-      /* Per job (the creator's pid), group and segment. */
-      snprintf(name, sizeof name, "/meshpg-%d-%.20s-%d-%u", (int)getpid(),
-               mpg_group_name(group), mpg_group_index(group),
-               atomic_fetch_add(&segment_seq, 1));
-      for (char *c = name + 1; *c; c++)
-        if (*c == '/') *c = '_';
-      snprintf((char *)(b + B_NAME), NAME_MAX_, "%s", name);
-      b[B_STATUS] = create_segment(s, name, b);
+      b[B_STATUS] = create_segment(s, b, &sfd);
     }
     if (!b[B_STATUS]) {
       carve(s);
       init_ctl(s);
     }
   }
-  st = gather(group, b, all, B_WORDS);
-  int32_t cb[B_WORDS]; /* this node's creator's (all is reused below) */
-  memcpy(cb, all + (size_t)creator * B_WORDS, sizeof cb);
-  int32_t c[2] = {0, 0};
+  st = gather(group, b, allb, B_WORDS);
+  const int32_t *cb = allb + (size_t)creator * B_WORDS; /* this node's creator's */
+  int32_t c[C_WORDS] = {0};
   if (st) {
-    c[0] = st;
+    c[C_STATUS] = st;
   } else if (cb[B_STATUS]) {
-    c[0] = cb[B_STATUS];
+    c[C_STATUS] = cb[B_STATUS];
+    c[C_STEP] = cb[B_STEP];
+    c[C_ERRNO] = cb[B_ERRNO];
   } else if (!ok) {
-    c[0] = MPG_ERR_NOMEM;
+    c[C_STATUS] = MPG_ERR_NOMEM;
+    c[C_STEP] = F_BOOK;
   } else if (pos != 0) {
-    memcpy(name, cb + B_NAME, NAME_MAX_);
-    name[NAME_MAX_ - 1] = '\0';
     if (s->anon) s->base = (char *)(uintptr_t)get64(cb + B_PTR_LO);
-    else c[0] = map_segment(s, name, &c[1]);
-    if (!c[0]) {
+    else map_segment(s, cb, c);
+    if (!c[C_STATUS]) {
       carve(s);
-      if (s->ctl->magic != SHM_MAGIC || s->ctl->n != (uint32_t)n) c[0] = MPG_ERR_STATE;
+      if (s->ctl->magic != SHM_MAGIC || s->ctl->n != (uint32_t)n)
+        c[C_STATUS] = MPG_ERR_STATE, c[C_STEP] = F_MAGIC;
     }
   }
-  mpg_status st2 = st ? st : gather(group, c, all, 2);
-  /* Everyone mapped it (or gave up): the name goes now. */
-  if (pos == 0 && s && !s->anon && !b[B_STATUS]) shm_unlink(name);
+  mpg_status st2 = st ? st : gather(group, c, all, C_WORDS);
+  /* Everyone opened it (or gave up): the creator's descriptor goes now,
+   * the segment with the last mapping. */
+  if (sfd >= 0) close(sfd);
   int failed = -1;
   for (int p = 0; !st2 && p < total; p++)
-    if (all[2 * p] && failed < 0) failed = p;
+    if (all[(size_t)p * C_WORDS + C_STATUS] && failed < 0) failed = p;
   /* Across nodes: the members at this local position on every node. */
   if (!st2 && failed < 0 && nodes > 1) {
     st2 = ctx->ops->split(group->comm, pos, mynode, &s->inter);
     if (st2) st2 = mpg__fail_wrap(st2, "splitting the group by local position");
   }
   if (!st2 && failed < 0) {
+    const char *what = s->anon                  ? "anonymous shared memory"
+                       : cb[B_KIND] == K_MEMFD ? "shared memory in a memfd"
+                                               : "shared memory in an unnamed file in " SHM_DIR;
     free(all);
+    free(allb);
+    free(node);
     if (pthread_create(&s->worker, NULL, mpg__shm_worker, s)) {
       /* The others fail at their first operation, at once. */
       mpg__shm_abort(s, MPG_ERR_NOMEM, -1, 0);
@@ -391,45 +558,33 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
                        "worker thread", gname);
     }
     s->worker_up = 1;
-    mpg__log(2, "rank %d: group %s shares %zu bytes of %s memory (%d members on this node%s)",
-             ctx->rank, gname, s->map_bytes, s->anon ? "anonymous" : "POSIX shared", n,
-             nodes > 1 ? ", hierarchical across nodes" : "");
+    mpg__log(2, "rank %d: group %s shares %zu bytes of %s (%d members on this node%s)",
+             ctx->rank, gname, s->map_bytes, what, n, nodes > 1 ? ", hierarchical across nodes" : "");
     *out = s;
     *data = s->region[pos];
     return MPG_OK;
   }
   /* Failed, everyone alike (or the exchange itself failed). */
-  int32_t why2 = st2 ? (int32_t)st2 : all[2 * failed], err = st2 ? 0 : all[2 * failed + 1];
   /* No worker runs yet: the creator unmaps an anonymous mapping alone. */
   if (s && s->anon && s->base && pos != 0) s->base = NULL;
   if (s && s->base && s->anon) atomic_store(&s->ctl->refs, 1);
   release(s);
-  int not_there = !st2 && err == ENOENT; /* every member sees the same words */
-  free(all);
-  if (st2) return mpg__fail_wrap(st2, "shared memory for group %s", gname);
-  if (not_there) {
-    /* The creator made it, a member cannot see it: another /dev/shm (two
-     * containers that report one host).  Not shared, then, on any. */
-    int frank = -1;
-    mpg_group_member(group, failed, &frank);
-    mpg__log(1, "rank %d: shared memory off for group %s (rank %d cannot see the segment "
-             "its host's first member made: another /dev/shm?): it syncs through the %s "
-             "backend's collectives", ctx->rank, gname, frank, ctx->ops->name);
-    return MPG_OK;
+  if (st2) {
+    free(all);
+    free(allb);
+    free(node);
+    return mpg__fail_wrap(st2, "shared memory for group %s", gname);
   }
-  if (cb[B_STATUS] == MPG_ERR_ENV && (!cb[B_ERRNO] || cb[B_ERRNO] == ENOSPC))
-    return mpg__fail(MPG_ERR_ENV,
-                     "shared memory for group %s: its segment needs %llu bytes (%d ranks x "
-                     "%zu bytes of gradients, plus control) but " SHM_DIR " has %llu bytes "
-                     "free; make " SHM_DIR " larger (docker run --shm-size=...) or set "
-                     "MESHPG_SHM=0",
-                     gname, (unsigned long long)get64(cb + B_NEED_LO), n, bytes,
-                     (unsigned long long)get64(cb + B_FREE_LO));
-  int frank = -1;
-  mpg_group_member(group, failed, &frank);
-  return mpg__fail((mpg_status)why2,
-                   "shared memory for group %s: rank %d could not %s its segment in " SHM_DIR
-                   ": %s",
-                   gname, frank, cb[B_STATUS] ? "create" : "map",
-                   err ? strerror(err) : mpg_status_name((mpg_status)why2));
+  /* Every member has the same words: the failed position's outcome, and
+   * its node's creator's account. */
+  int32_t fc[C_WORDS];
+  memcpy(fc, all + (size_t)failed * C_WORDS, sizeof fc);
+  int fcreator = 0;
+  while (node[fcreator] != node[failed]) fcreator++;
+  int32_t fb[B_WORDS];
+  memcpy(fb, allb + (size_t)fcreator * B_WORDS, sizeof fb);
+  free(all);
+  free(allb);
+  free(node);
+  return describe_failure(group, gname, n, bytes, failed, fcreator, fc, fb);
 }

@@ -5,10 +5,13 @@
  *  - setup.c: mpg__shm_create / _destroy: who shares a node (one
  *    all-gather of host identity, process id and MESHPG_SHM), the
  *    segment (an anonymous
- *    mapping when every member is a thread of one process; else a POSIX
- *    shared-memory object, sized from the caller's bytes, checked against
- *    /dev/shm's free space, mapped by every member and unlinked as soon as
- *    all have mapped it) and the worker thread;
+ *    mapping when every member is a thread of one process; else a file
+ *    that never has a name: an O_TMPFILE in /dev/shm, or a memfd where
+ *    /dev/shm cannot hold one, sized from the caller's bytes, checked
+ *    against /dev/shm's free space less a slack for the MPI transport,
+ *    reserved, and opened by the other members through
+ *    /proc/<creator pid>/fd/<fd>; so no kill at any moment leaves
+ *    anything in /dev/shm) and the worker thread;
  *  - engine.c: posting an operation, the worker, waiting, timeouts and
  *    giving up on a dead peer; groups_internal.h has the contract;
  *  - kernel.c: the reduction of one shard.
