@@ -32,19 +32,49 @@
  *                            (rank 0's statvfs, broadcast): commit must fail
  *                            with MPG_ERR_ENV on both ranks, the message
  *                            naming the bytes needed (more than free) and
- *                            the bytes free.  Prints "SKIP overflow: ..."
+ *                            the bytes free.  Then (issue 29) a segment
+ *                            that fits in the free space but not with the
+ *                            slack left for Open MPI's own shared memory:
+ *                            need = free - max(32 MiB, free/33), so that
+ *                            need <= free < need + max(64 MiB, need/16):
+ *                            commit must fail alike, naming the bytes
+ *                            needed, the slack (that formula) and the
+ *                            bytes free.  Prints "SKIP overflow: ..."
  *                            when /dev/shm is not a mounted tmpfs or the
  *                            size would not fit.
+ *   shm_mpi_worker killed SIG
+ *                            (np 2, issue 29) mesh dp=2, one f32 param of
+ *                            8 MiB: rank 0, the segment's creator, raises
+ *                            SIG (KILL or TERM) on itself in the middle of
+ *                            mpg_sync_commit, right after the library's
+ *                            posix_fallocate of the segment returns (this
+ *                            worker interposes posix_fallocate; rank 1
+ *                            then waits in commit's next all-gather).
+ *                            Prints "rank 0 raises SIG..." first; the job
+ *                            dies (mpirun kills rank 1), and the test
+ *                            looks at /dev/shm afterwards.
+ *   shm_mpi_worker existing  (np 2, issue 29) mesh dp=2: before commit,
+ *                            rank 0 creates /dev/shm/meshpg-<its pid>-dp-
+ *                            0-<k> (k = 0..3), the names an earlier job of
+ *                            the same pid would have left (and which the
+ *                            library used to pick): commit must succeed,
+ *                            sync one step in shared memory and leave
+ *                            those files alone; rank 0 then removes them.
  *
  * Every rank prints "pid of rank R: PID", then "OK <mode> rank R" on
  * success or "FAIL <mode> rank R: ..." lines; exit code 0 / 1. */
 #include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <mpi.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -415,14 +445,82 @@ static void mode_values(int world) {
 /* A segment larger than /dev/shm                                      */
 /* ------------------------------------------------------------------ */
 
+/* A sync on ctx with one f32 param "w" of `count` elements (id 0); NULL
+ * after a failure (reported). */
+static mpg_sync *one_param_sync(mpg_ctx *ctx, size_t count) {
+  mpg_sync *s = NULL;
+  int id;
+  TRY(mpg_sync_create(ctx, NULL, &s));
+  TRY(mpg_sync_add_param(s, "w", count, MPG_F32, NULL, &id));
+  return s;
+done:
+  if (s) mpg_sync_destroy(s);
+  return NULL;
+}
+
+/* Whether the job has the `want` ranks that `mode` needs (else reported). */
+static int ranks_are(int world, int want) {
+  if (world != want) fail("%s needs %d ranks, not %d", g_mode, want, world);
+  return world == want;
+}
+
+/* One f32 param of `count` elements on dp=2: commit must fail with
+ * MPG_ERR_ENV, naming the bytes needed, the slack and the bytes free.
+ * slack_case: the segment fits in the free space, only not with the
+ * slack. */
+static void overflow_case(mpg_ctx *ctx, size_t count, unsigned long long free_plan,
+                          int slack_case) {
+  const char *what = slack_case ? "slack" : "larger than free";
+  mpg_status st = MPG_OK;
+  char msg[1024] = "";
+  mpg_sync *s = one_param_sync(ctx, count);
+  if (!s) return;
+  st = mpg_sync_commit(s);
+  snprintf(msg, sizeof msg, "%s", mpg_last_error());
+  printf("rank %d, %s: %zu f32 (%zu bytes per rank, %llu bytes free): commit -> %s: %s\n",
+         g_rank, what, count, count * 4, free_plan, mpg_status_name(st), msg);
+  if (st != MPG_ERR_ENV) {
+    fail("%s: commit -> %s, expected ERR_ENV: %s", what, mpg_status_name(st), msg);
+    goto done;
+  }
+  unsigned long long need = 0, free_b = 0, slack = 0;
+  const char *n = strstr(msg, "needs ");
+  const char *f = strstr(msg, " has ");
+  const char *k = strstr(msg, "), plus ");
+  if (!n || sscanf(n, "needs %llu bytes", &need) != 1)
+    fail("%s: the message does not name the bytes needed: %s", what, msg);
+  if (!f || sscanf(f, " has %llu bytes free", &free_b) != 1 || !strstr(msg, "bytes free"))
+    fail("%s: the message does not name the bytes free: %s", what, msg);
+  if (!k || sscanf(k, "), plus %llu bytes of slack", &slack) != 1)
+    fail("%s: the message does not name the slack: %s", what, msg);
+  /* docs/sync.md: the slack is max(64 MiB, 1/16 of the segment). */
+  unsigned long long want_slack = need / 16 > (64ull << 20) ? need / 16 : 64ull << 20;
+  if (slack != want_slack)
+    fail("%s: slack %llu bytes, expected max(64 MiB, %llu / 16) = %llu: %s", what, slack, need,
+         want_slack, msg);
+  if (need < 2ull * count * 4 || need + slack <= free_b)
+    fail("%s: needs %llu bytes (2 x %zu of gradients) + %llu of slack but %llu free: "
+         "inconsistent: %s", what, need, count * 4, slack, free_b, msg);
+  if (slack_case && need > free_b)
+    fail("slack: needs %llu bytes, more than the %llu free: the case meant a segment that "
+         "fits but for the slack (did /dev/shm shrink meanwhile?): %s", need, free_b, msg);
+  char per_rank[64];
+  snprintf(per_rank, sizeof per_rank, "%zu bytes", count * 4);
+  if (!strstr(msg, per_rank))
+    fail("%s: the message does not name the %s per rank: %s", what, per_rank, msg);
+  if (!strstr(msg, "MESHPG_SHM=0"))
+    fail("%s: the message does not suggest MESHPG_SHM=0: %s", what, msg);
+  if (!no_segment_of_mine()) fail("a /dev/shm/meshpg-%ld-* entry exists", (long)getpid());
+done:
+  if ((st = mpg_sync_destroy(s)) != MPG_OK) fail("mpg_sync_destroy -> %s", mpg_status_name(st));
+}
+
 static void mode_overflow(int world) {
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
-  mpg_sync *s = NULL;
-  mpg_status st = MPG_OK;
-  char msg[1024] = "";
-  /* Rank 0 decides (so both register the same count): [skip, count, free]. */
-  unsigned long long plan[3] = {0, 0, 0};
+  /* Rank 0 decides (so both register the same counts):
+   * [skip, count over free, free, count over free - slack]. */
+  unsigned long long plan[4] = {0, 0, 0, 0};
   if (g_rank == 0) {
     struct statfs fs;
     struct statvfs v;
@@ -436,9 +534,14 @@ static void mode_overflow(int world) {
       /* The library refuses a param of more than SIZE_MAX / 16 f32. */
       if (avail / 8 + (1ull << 20) > (unsigned long long)(SIZE_MAX / 4) / 4) plan[0] = 3;
       else plan[1] = avail / 4 / 2 + (1ull << 20);
+      /* need = 2 x count x 4 (+ 8 KiB of pages and control) = avail - d,
+       * d = max(32 MiB, avail / 33): below the free space by d, and d is
+       * at most half the slack max(64 MiB, need / 16). */
+      unsigned long long d = avail / 33 > (32ull << 20) ? avail / 33 : 32ull << 20;
+      if (!plan[0] && avail > d + (16ull << 20)) plan[3] = (avail - d) / 8;
     }
   }
-  MPI_Bcast(plan, 3, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  MPI_Bcast(plan, 4, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
   if (plan[0]) {
     printf("SKIP overflow: %s\n",
            plan[0] == 1   ? "/dev/shm is not a mounted tmpfs"
@@ -446,43 +549,125 @@ static void mode_overflow(int world) {
                           : "/dev/shm is so large that the param would overflow");
     return;
   }
-  if (world != 2) {
-    fail("overflow needs 2 ranks, not %d", world);
+  if (!ranks_are(world, 2)) return;
+  if (!(ctx = open_ctx("dp=2", 0, world, NULL, &mesh))) goto done;
+  overflow_case(ctx, (size_t)plan[1], plan[2], 0);
+  if (plan[3]) overflow_case(ctx, (size_t)plan[3], plan[2], 1);
+  else printf("SKIP overflow (slack): /dev/shm has only %llu bytes free\n", plan[2]);
+done:
+  close_ctx(ctx, mesh);
+}
+
+/* ------------------------------------------------------------------ */
+/* The creator killed in the middle of commit                          */
+/* ------------------------------------------------------------------ */
+
+#define KILLED_COUNT ((size_t)2 << 20) /* f32: 8 MiB per rank */
+
+/* Armed by mode_killed on rank 0: the signal to raise once the library's
+ * posix_fallocate of a segment (at least KILLED_COUNT x 4 bytes per rank:
+ * not Open MPI's own files) has returned. */
+static volatile sig_atomic_t g_kill_sig;
+
+/* Interposes the C library's posix_fallocate (under -D_FILE_OFFSET_BITS=64
+ * <fcntl.h> names this definition posix_fallocate64, as it does the
+ * library's call): the real one, then the armed signal. */
+int posix_fallocate(int fd, off_t offset, off_t len) {
+  typedef int (*fn)(int, off_t, off_t);
+  static fn real;
+  if (!real) {
+#if defined(_FILE_OFFSET_BITS) && _FILE_OFFSET_BITS == 64
+    *(void **)&real = dlsym(RTLD_NEXT, "posix_fallocate64");
+#else
+    *(void **)&real = dlsym(RTLD_NEXT, "posix_fallocate");
+#endif
+    if (!real) return ENOSYS;
+  }
+  int rc = real(fd, offset, len);
+  if (g_kill_sig && (unsigned long long)len >= 2ull * KILLED_COUNT * 4) {
+    int sig = g_kill_sig;
+    printf("rank %d raises %s in mpg_sync_commit after posix_fallocate(%lld bytes) -> %d\n",
+           g_rank, sig == SIGKILL ? "SIGKILL" : "SIGTERM", (long long)len, rc);
+    fflush(stdout);
+    raise(sig);
+    for (;;) pause(); /* SIGTERM handled by someone: wait for mpirun's kill */
+  }
+  return rc;
+}
+
+static void mode_killed(int world, const char *sig) {
+  int signo = !sig ? 0 : !strcmp(sig, "TERM") ? SIGTERM : !strcmp(sig, "KILL") ? SIGKILL : 0;
+  if (!signo) {
+    fail("killed needs KILL or TERM, not %s", sig ? sig : "nothing");
     return;
   }
-  size_t count = (size_t)plan[1];
-  if (!(ctx = open_ctx("dp=2", 0, world, NULL, &mesh))) goto done;
-  TRY(mpg_sync_create(ctx, NULL, &s));
-  int id;
-  TRY(mpg_sync_add_param(s, "huge", count, MPG_F32, NULL, &id));
-  st = mpg_sync_commit(s);
-  snprintf(msg, sizeof msg, "%s", mpg_last_error());
-  printf("rank %d: %zu f32 (%zu bytes per rank, %llu bytes free): commit -> %s: %s\n", g_rank,
-         count, count * 4, plan[2], mpg_status_name(st), msg);
-  if (st != MPG_ERR_ENV) fail("commit -> %s, expected ERR_ENV: %s", mpg_status_name(st), msg);
-  unsigned long long need = 0, free_b = 0;
-  const char *n = strstr(msg, "needs ");
-  const char *f = strstr(msg, " has ");
-  if (!n || sscanf(n, "needs %llu bytes", &need) != 1)
-    fail("the message does not name the bytes needed: %s", msg);
-  if (!f || sscanf(f, " has %llu bytes free", &free_b) != 1 || !strstr(msg, "bytes free"))
-    fail("the message does not name the bytes free: %s", msg);
-  if (need < 2ull * count * 4 || need <= free_b)
-    fail("needs %llu bytes (2 x %zu of gradients) but %llu free: inconsistent: %s", need,
-         count * 4, free_b, msg);
-  char per_rank[64];
-  snprintf(per_rank, sizeof per_rank, "%zu bytes", count * 4);
-  if (!strstr(msg, per_rank)) fail("the message does not name the %s per rank: %s", per_rank, msg);
-  if (!strstr(msg, "MESHPG_SHM=0")) fail("the message does not suggest MESHPG_SHM=0: %s", msg);
-  if (!no_segment_of_mine()) fail("a /dev/shm/meshpg-%ld-* entry exists", (long)getpid());
-done:
-  if (s && (st = mpg_sync_destroy(s)) != MPG_OK) fail("mpg_sync_destroy -> %s", mpg_status_name(st));
+  if (!ranks_are(world, 2)) return;
+  mpg_mesh *mesh;
+  mpg_ctx *ctx = open_ctx("dp=2", 0, world, NULL, &mesh);
+  mpg_sync *s = ctx ? one_param_sync(ctx, KILLED_COUNT) : NULL;
+  if (s) {
+    if (g_rank == 0) g_kill_sig = signo;
+    mpg_status st = mpg_sync_commit(s);
+    g_kill_sig = 0;
+    /* Rank 0 never gets here; rank 1 only if the job outlived its death. */
+    fail("commit returned %s (%s) although rank 0 should have died in it",
+         mpg_status_name(st), st ? mpg_last_error() : "");
+    mpg_sync_destroy(s);
+  }
   close_ctx(ctx, mesh);
+}
+
+/* ------------------------------------------------------------------ */
+/* Names that exist already                                            */
+/* ------------------------------------------------------------------ */
+
+static void mode_existing(int world) {
+  if (!ranks_are(world, 2)) return;
+  char names[4][96];
+  int made = 0;
+  if (g_rank == 0)
+    for (; made < 4; made++) {
+      snprintf(names[made], sizeof names[made], "/dev/shm/meshpg-%ld-dp-0-%d", (long)getpid(),
+               made);
+      int fd = open(names[made], O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0) {
+        fail("cannot create %s: %s", names[made], strerror(errno));
+        break;
+      }
+      close(fd);
+    }
+  mpg_mesh *mesh;
+  mpg_ctx *ctx = open_ctx("dp=2", 0, world, NULL, &mesh);
+  mpg_sync *s = ctx ? one_param_sync(ctx, 1000) : NULL;
+  if (!s) goto done;
+  TRY(mpg_sync_commit(s));
+  mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
+  TRY(mpg_sync_get_stats(s, &stats));
+  if (stats.shm_buffers != 1) fail("shm_buffers %d, expected 1", stats.shm_buffers);
+  float *g;
+  TRY(mpg_sync_grad(s, 0, (void **)&g));
+  for (int i = 0; i < 1000; i++) g[i] = (float)(g_rank + 1) * (float)i;
+  TRY(mpg_sync_all(s, 0, NULL));
+  for (int i = 0; i < 1000; i++)
+    if (g[i] != 1.5f * (float)i) {
+      fail("element %d: %g, expected %g", i, (double)g[i], 1.5 * i);
+      break;
+    }
+  if (g_rank == 0) printf("committed and synced next to %d existing names\n", made);
+done:
+  if (s) {
+    mpg_status st = mpg_sync_destroy(s);
+    if (st) fail("mpg_sync_destroy -> %s", mpg_status_name(st));
+  }
+  close_ctx(ctx, mesh);
+  for (int k = 0; k < made; k++)
+    if (unlink(names[k]) != 0)
+      fail("%s: %s (did the library remove a file it did not make?)", names[k], strerror(errno));
 }
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    printf("usage: shm_mpi_worker values | hosts | overflow\n");
+    printf("usage: shm_mpi_worker values | hosts | overflow | killed KILL|TERM | existing\n");
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -495,6 +680,8 @@ int main(int argc, char **argv) {
   if (strcmp(g_mode, "values") == 0) mode_values(world);
   else if (strcmp(g_mode, "hosts") == 0) mode_hosts(world);
   else if (strcmp(g_mode, "overflow") == 0) mode_overflow(world);
+  else if (strcmp(g_mode, "killed") == 0) mode_killed(world, argc > 2 ? argv[2] : NULL);
+  else if (strcmp(g_mode, "existing") == 0) mode_existing(world);
   else fail("unknown mode");
   MPI_Finalize();
   if (!failures) printf("OK %s rank %d\n", g_mode, g_rank);
