@@ -49,6 +49,35 @@ typedef struct mpg__coll {
                        narrows; the CPU backends always do); 0 elsewhere */
 } mpg__coll;
 
+/* Every MESHPG_* variable the library reads, parsed once by
+ * mpg_ctx_create (groups/settings.c, one rule for all: docs/launchers.md)
+ * and handed to the backends through mpg__world_args; none of them reads
+ * the environment itself.  MESHPG_LOG alone is also read where it is used
+ * (mesh/log.c), since it works before any context exists. */
+typedef struct mpg__settings {
+  int log;                  /* MESHPG_LOG: 0 off, 1 info, 2 debug */
+  int check_order;          /* MESHPG_CHECK_ORDER (build default when unset) */
+  int shm;                  /* MESHPG_SHM: 1 (default) or 0 */
+  size_t thread_inbox_msgs; /* MESHPG_THREAD_INBOX_MSGS (1024) */
+  size_t thread_inbox_bytes;/* MESHPG_THREAD_INBOX_BYTES (256 MiB) */
+  int mpi_progress;         /* MESHPG_MPI_PROGRESS: 1 thread (default), 0 off */
+  int mpi_window;           /* MESHPG_MPI_WINDOW: 1..8, 0 unset (automatic) */
+  long mpi_max_count;       /* MESHPG_MPI_MAX_COUNT: 0 unset (INT_MAX) */
+  size_t mpi_piece_bytes;   /* MESHPG_MPI_PIECE_BYTES: 0 unset (1 MiB) */
+  int nccl_port;            /* MESHPG_NCCL_PORT: 0 unset (MASTER_PORT + 1) */
+  int nccl_split_share;     /* MESHPG_NCCL_SPLIT_SHARE: 0 (default) or 1 */
+  /* The first variable that broke the rule: MPG_OK, or MPG_ERR_ENV with
+   * `error` the message (its field keeps the default). */
+  mpg_status status;
+  char error[256];
+} mpg__settings;
+
+/* settings.c: read every variable into *out.  Never fails: a bad value
+ * leaves its default in place and is reported in out->status and
+ * out->error (the first one), so that the rank still joins the world and
+ * every rank learns of it (groups/agree.c). */
+void mpg__settings_read(mpg__settings *out);
+
 /* What world_init needs, resolved from options and environment. */
 typedef struct mpg__world_args {
   int rank, world_size, local_rank, local_world_size;
@@ -59,6 +88,7 @@ typedef struct mpg__world_args {
   int master_port;                /* -1 if unknown */
   void *mpi_comm;                 /* mpi (and nccl bootstrap): MPI_Comm * */
   mpg_thread_world *thread_world; /* thread */
+  const mpg__settings *settings;  /* lives as long as the context */
 } mpg__world_args;
 
 struct mpg__backend_ops {
@@ -149,6 +179,9 @@ struct mpg__backend_ops {
   /* Set the timeout of the operations (and splits) that start on comm from
    * now on; communicators split from it later inherit it.  Local. */
   void (*set_timeout)(mpg__comm *comm, double timeout_s);
+  /* This member's position in comm and comm's size, as the backend made
+   * them: group.c checks them against the mesh after every split.  Local. */
+  void (*comm_shape)(const mpg__comm *comm, int *position, int *size);
 };
 
 /* The size-1 collective on host memory. */

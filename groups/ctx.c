@@ -226,15 +226,13 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
   mpg__world_args a;
   memset(&a, 0, sizeof a);
   mpg_launch env;
+  if (opts->timeout_s > 0 ? !(opts->timeout_s < MPG__TIMEOUT_MAX) : opts->timeout_s != opts->timeout_s)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpg_ctx_create: opts.timeout_s is %g: expected a number of seconds "
+                     "> 0 and < %g (or <= 0 for the default, 600 s)",
+                     opts->timeout_s, MPG__TIMEOUT_MAX);
   mpg_status st = resolve_launch(ops, opts, &a, &env);
   if (st) return st;
-  if (a.world_size != mpg_mesh_world_size(mesh))
-    return mpg__fail(MPG_ERR_INVALID,
-                     "the world has %d ranks (%s) but the mesh has %d",
-                     a.world_size,
-                     opts->world_size > 0 ? "from opts.world_size"
-                     : env.source[0]      ? env.source : "from the environment",
-                     mpg_mesh_world_size(mesh));
   a.timeout_s = opts->timeout_s > 0 ? opts->timeout_s : 600.0;
   a.device = opts->device;
   a.nccl_id = opts->nccl_id;
@@ -245,6 +243,11 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
 
   mpg_ctx *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return mpg__fail(MPG_ERR_NOMEM, "mpg_ctx_create: out of memory");
+  /* Every MESHPG_* variable, once (settings.c).  A bad value does not stop
+   * this rank here: it joins the world so that every rank learns of it
+   * (agree.c) instead of waiting out the timeout for this one. */
+  mpg__settings_read(&ctx->settings);
+  a.settings = &ctx->settings;
   ctx->mesh = mesh;
   ctx->ops = ops;
   ctx->kind = opts->backend;
@@ -263,11 +266,27 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
   ctx->setup_collectives = 1;
   st = ops->world_init(&a, &ctx->world_comm);
   if (st) {
+    /* A bad variable may be why (a port): say so first. */
+    if (ctx->settings.status)
+      st = mpg__fail_wrap(st, "mpg_ctx_create (rank %d): %s; joining the world then failed",
+                          a.rank, ctx->settings.error);
     free(ctx);
     return st;
   }
   mpg__log(1, "rank %d of %d: %s backend up", ctx->rank, ctx->world, ops->name);
-  if (opts->placement) st = place(ctx, opts, &a);
+  /* Every rank built the same job (agree.c), before anything depends on
+   * the mesh; then what is wrong on every rank alike. */
+  st = mpg__ctx_agree(ctx, opts, &ctx->settings);
+  if (!st && ctx->settings.status)
+    st = mpg__fail(MPG_ERR_ENV, "mpg_ctx_create (rank %d): %s", a.rank, ctx->settings.error);
+  if (!st && a.world_size != mpg_mesh_world_size(mesh))
+    st = mpg__fail(MPG_ERR_INVALID,
+                   "the world has %d ranks (%s) but the mesh has %d",
+                   a.world_size,
+                   opts->world_size > 0 ? "from opts.world_size"
+                   : env.source[0]      ? env.source : "from the environment",
+                   mpg_mesh_world_size(mesh));
+  if (!st && opts->placement) st = place(ctx, opts, &a);
   if (!st && opts->bind != MPG_BIND_NONE) st = bind_rank(ctx, opts, &a);
   if (!st) st = mpg__order_create(ctx); /* MESHPG_CHECK_ORDER: records from here */
   if (st) {
@@ -341,10 +360,10 @@ mpg_status mpg_ctx_destroy(mpg_ctx *ctx) {
 
 mpg_status mpg_ctx_set_timeout(mpg_ctx *ctx, double timeout_s) {
   if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_set_timeout: ctx is NULL");
-  if (!(timeout_s > 0) || !(timeout_s < 1e9))
+  if (!(timeout_s > 0) || !(timeout_s < MPG__TIMEOUT_MAX))
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_ctx_set_timeout: timeout_s is %g, expected > 0 and < 1e9 seconds",
-                     timeout_s);
+                     "mpg_ctx_set_timeout: timeout_s is %g, expected > 0 and < %g seconds",
+                     timeout_s, MPG__TIMEOUT_MAX);
   ctx->timeout_s = timeout_s;
   if (!ctx->ops->set_timeout) return MPG_OK;
   if (ctx->world_comm) ctx->ops->set_timeout(ctx->world_comm, timeout_s);

@@ -62,6 +62,7 @@ struct mpg_ctx {
   mpg_group groups[MAX_SETS];
   mpg_group *extra; /* groups made by mpg_ctx_group_dims / _select */
   struct mpg__order *order; /* order.c: the issue-order record, NULL when off */
+  mpg__settings settings;   /* the MESHPG_* variables, read once at create */
 };
 
 struct mpg_work {
@@ -128,6 +129,13 @@ mpg_status mpg__group_post_p2p(mpg_group *g, const mpg__coll *list, int n, const
  * buffers.  A failure of the operation aborts the context. */
 mpg_status mpg__ctx_setup_coll(mpg_ctx *ctx, mpg__comm *comm, int members,
                                const mpg__coll *c);
+
+/* agree.c: check, collectively over the world, that every rank built the
+ * same job: mesh, flattened dims, expert grid, backend, library, the
+ * options and variables that must match, and that no rank's variables
+ * broke the rule (set->status).  MPG_ERR_STATE (MPG_ERR_ENV for a
+ * variable) on every rank, with the same message, when they differ. */
+mpg_status mpg__ctx_agree(mpg_ctx *ctx, const mpg_init_opts *opts, const mpg__settings *set);
 
 /* setup.c: abort every communicator of the context (once; later calls do
  * nothing) with `reason`, MPG_ERR_TIMEOUT or MPG_ERR_ABORTED. */

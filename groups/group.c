@@ -8,6 +8,26 @@
 
 #include "ctx_internal.h"
 
+/* After a split: the communicator the backend made has the size and this
+ * rank's position that the mesh says (defence in depth behind agree.c: a
+ * group of another size would make collectives write past the caller's
+ * buffers).  On a mismatch the context is aborted, so that no rank goes on
+ * with groups it does not share. */
+static mpg_status check_shape(mpg_ctx *ctx, mpg_group *g, const char *key) {
+  if (!g->comm || !ctx->ops->comm_shape) return MPG_OK;
+  int pos = -1, size = -1;
+  ctx->ops->comm_shape(g->comm, &pos, &size);
+  if (pos == g->position && size == g->size) return MPG_OK;
+  mpg__ctx_abort_all(ctx, MPG_ERR_ABORTED);
+  (void)ctx->ops->destroy(g->comm); /* never blocks after the abort */
+  g->comm = NULL;
+  return mpg__fail(MPG_ERR_STATE,
+                   "group \"%s\" index %d (rank %d): the %s backend made a communicator of "
+                   "%d members with this rank at position %d, but the mesh says %d members "
+                   "and position %d: the ranks do not agree on the mesh (context aborted)",
+                   key, g->index, ctx->rank, ctx->ops->name, size, pos, g->size, g->position);
+}
+
 /* Make g's communicator: nothing for size 1, the world's for "world",
  * else one split of the world (collective over the world). */
 static mpg_status create_one(mpg_ctx *ctx, mpg_group *g) {
@@ -28,6 +48,7 @@ static mpg_status create_one(mpg_ctx *ctx, mpg_group *g) {
       st = mpg__fail(MPG_ERR_BACKEND,
                      "group \"%s\": split gave rank %d no communicator",
                      g->name, ctx->rank);
+    if (!st) st = check_shape(ctx, g, g->name);
     if (st) return st;
   }
   g->created = 1;
@@ -191,6 +212,7 @@ static mpg_status make_extra_part(mpg_ctx *ctx, const char *key, unsigned mask,
     mpg__order_note_split(g); /* not for mpg_ctx_group_select's groups */
     st = ctx->ops->split(ctx->world_comm, member ? g->index : -1, g->position,
                          &g->comm);
+    if (!st && member) st = check_shape(ctx, g, key);
   }
   if (st) {
     free(g);

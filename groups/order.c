@@ -131,15 +131,7 @@ static void restart(mpg__order *o) {
 
 mpg_status mpg__order_create(mpg_ctx *ctx) {
   ctx->order = NULL;
-  const char *env = getenv("MESHPG_CHECK_ORDER");
-  int on = MPG_CHECK_ORDER_DEFAULT;
-  if (env && env[0]) {
-    if (strcmp(env, "0") && strcmp(env, "1"))
-      return mpg__fail(MPG_ERR_ENV, "MESHPG_CHECK_ORDER=\"%s\": expected 0 (off) or 1 (on)",
-                       env);
-    on = env[0] == '1';
-  }
-  if (!on) return MPG_OK;
+  if (!ctx->settings.check_order) return MPG_OK; /* MESHPG_CHECK_ORDER, read at create */
   mpg__order *o = calloc(1, sizeof *o);
   entry *log = malloc(sizeof *log * ORDER_LOG_MIN);
   if (!o || !log) {

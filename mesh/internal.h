@@ -99,6 +99,12 @@ void mpg__clear_error(void);
 int mpg__log_level(void);
 void mpg__log(int level, const char *fmt, ...) MPG__PRINTF(2, 3);
 
+/* Every timeout (opts.timeout_s, the spec's backend.timeout_s,
+ * mpg_ctx_set_timeout) is a finite number of seconds below this bound
+ * (about 31 years): NaN, inf and 1e300 would make a missing peer hang
+ * for ever. */
+#define MPG__TIMEOUT_MAX 1e9
+
 /* Name rules shared by the spec and the mesh. */
 int mpg__name_valid(const char *name);
 

@@ -492,21 +492,27 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
   mpg_status est = validate_experts(spec);
   if (est) return est;
   /* Scalar options of the other sections. */
+  /* Every value finite: below hi (exclusive; the timeout's bound). */
   struct {
     double v;
-    double lo;
+    double lo, hi;
     int integer;
   } opts[MPG__OPT_FSDP_OWNS_DP] = {
-      {spec->nodes, 0, 1},        {spec->gpus_per_node, 0, 1},
-      {spec->bucket_mb, 0, 0},    {spec->first_bucket_mb, 0, 0},
-      {spec->timeout_s, 0, 0},
+      {spec->nodes, 0, 1e300, 1},     {spec->gpus_per_node, 0, 1e300, 1},
+      {spec->bucket_mb, 0, 1e300, 0}, {spec->first_bucket_mb, 0, 1e300, 0},
+      {spec->timeout_s, 0, MPG__TIMEOUT_MAX, 0},
   };
   for (int i = 0; i < MPG__OPT_FSDP_OWNS_DP; i++) {
     int bad = opts[i].integer ? opts[i].v < opts[i].lo : !(opts[i].v > opts[i].lo);
+    bad = bad || !(opts[i].v < opts[i].hi);
+    if (bad && opts[i].hi == MPG__TIMEOUT_MAX)
+      return mpg__fail_at(MPG_ERR_SPEC, src, opt_pos ? opt_pos[i] : nopos,
+                          "%s: expected a number of seconds > 0 and < %g, found %g",
+                          opt_keys[i], MPG__TIMEOUT_MAX, opts[i].v);
     if (bad)
       return mpg__fail_at(MPG_ERR_SPEC, src, opt_pos ? opt_pos[i] : nopos,
                           "%s: expected %s, found %g", opt_keys[i],
-                          opts[i].integer ? "an integer >= 0" : "a number > 0",
+                          opts[i].integer ? "an integer >= 0" : "a finite number > 0",
                           opts[i].v);
   }
   if (spec->bind < MPG_BIND_NONE || spec->bind > MPG_BIND_CORE)

@@ -290,9 +290,9 @@ void mpg__mpi_req_free(mpg__req *q);
 int mpg__mpi_req_poll(mpg__req *q, int *flag);
 
 /* progress.c */
-/* Read MESHPG_MPI_PROGRESS; the thread level MPI should be initialised
- * at for it. */
-mpg_status mpg__mpi_progress_configure(void);
+/* MESHPG_MPI_PROGRESS as mpg_ctx_create parsed it (1: thread, 0: off);
+ * then the thread level MPI should be initialised at for it. */
+void mpg__mpi_progress_configure(int thread);
 int mpg__mpi_progress_level(void);
 /* Start the thread (lock held); stop and join it (lock NOT held). */
 void mpg__mpi_progress_start(void);

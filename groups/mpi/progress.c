@@ -144,19 +144,8 @@ static void *progress_main(void *arg) {
   return NULL;
 }
 
-mpg_status mpg__mpi_progress_configure(void) {
-  const char *prog = getenv("MESHPG_MPI_PROGRESS");
-  if (prog && *prog) {
-    if (strcmp(prog, "thread") == 0 || strcmp(prog, "on") == 0 ||
-        strcmp(prog, "1") == 0)
-      g_prog_mode = PROG_THREAD;
-    else if (strcmp(prog, "off") == 0 || strcmp(prog, "0") == 0)
-      g_prog_mode = PROG_OFF;
-    else
-      return mpg__fail(MPG_ERR_ENV, "MESHPG_MPI_PROGRESS=\"%s\": expected "
-                       "\"thread\" or \"off\"", prog);
-  }
-  return MPG_OK;
+void mpg__mpi_progress_configure(int thread) {
+  g_prog_mode = thread ? PROG_THREAD : PROG_OFF;
 }
 
 /* MPI sees calls from two threads only with the progress thread

@@ -282,17 +282,11 @@ static mpg_status comm_identity(void *mpi_comm, int *rank, int *size) {
  * with more ranks than cores, the extra pieces only compete for the same
  * cores and caches (2 is as fast or faster at np 4 on 2 cores).  The
  * window may differ between ranks: every piece has its own tag. */
-static mpg_status window_configure(const mpg__world_args *args) {
-  const char *env = getenv("MESHPG_MPI_WINDOW");
-  if (env && *env) {
-    char *end = NULL;
-    long w = strtol(env, &end, 10);
-    if (*end || w < 1 || w > MPG_MPI_WINDOW_MAX)
-      return mpg__fail(MPG_ERR_ENV, "MESHPG_MPI_WINDOW=\"%s\": expected a whole "
-                       "number of ring pieces in flight from 1 to %d", env,
-                       MPG_MPI_WINDOW_MAX);
-    mpg__mpi.window = (int)w;
-    return MPG_OK;
+static void window_configure(const mpg__world_args *args) {
+  int w = args->settings ? args->settings->mpi_window : 0; /* 1..8, checked */
+  if (w >= 1 && w <= MPG_MPI_WINDOW_MAX) {
+    mpg__mpi.window = w;
+    return;
   }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   int local = args->local_world_size;
@@ -300,7 +294,6 @@ static mpg_status window_configure(const mpg__world_args *args) {
                                                  : MPG_MPI_WINDOW_NARROW;
   mpg__log(2, "mpi: ring window %d (%d local ranks, %ld online cores)",
            mpg__mpi.window, local, cores);
-  return MPG_OK;
 }
 
 static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
@@ -308,11 +301,11 @@ static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
   double timeout = args->timeout_s > 0 ? args->timeout_s : 600.0;
   int fin = 0;
 
-  /* MESHPG_MPI_PROGRESS: thread (default) or off. */
-  mpg_status st = mpg__mpi_progress_configure();
-  if (st) return st;
-  st = window_configure(args);
-  if (st) return st;
+  /* The variables, as mpg_ctx_create parsed them (groups/settings.c). */
+  const mpg__settings *set = args->settings;
+  mpg__mpi_progress_configure(set ? set->mpi_progress : 1);
+  window_configure(args);
+  mpg_status st = MPG_OK;
 
   lock_g();
   MPI_Finalized(&fin);
@@ -345,13 +338,11 @@ static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
   }
 
   /* Test hook: a small chunk size exercises the > INT_MAX paths. */
-  const char *chunk = getenv("MESHPG_MPI_MAX_COUNT");
-  long ck = chunk ? atol(chunk) : 0;
+  long ck = set ? set->mpi_max_count : 0;
   mpg__mpi.chunk = ck > 0 && ck <= INT_MAX ? ck : INT_MAX;
   /* Test hook: a small piece size pipelines small all-reduces too. */
-  const char *piece = getenv("MESHPG_MPI_PIECE_BYTES");
-  long pb = piece ? atol(piece) : 0;
-  mpg__mpi.piece = pb >= 8 ? (size_t)pb : MPG_MPI_PIECE_DEFAULT;
+  size_t pb = set ? set->mpi_piece_bytes : 0;
+  mpg__mpi.piece = pb >= 8 ? pb : MPG_MPI_PIECE_DEFAULT;
 
   MPI_Comm base = args->mpi_comm ? *(MPI_Comm *)args->mpi_comm : MPI_COMM_WORLD;
   int rank = -1, size = -1;
@@ -526,6 +517,12 @@ static void comm_set_timeout(mpg__comm *m, double timeout_s) {
   unlock_g();
 }
 
+/* rank and size are set when the communicator is made and never change. */
+static void comm_shape(const mpg__comm *m, int *pos, int *size) {
+  *pos = m->rank;
+  *size = m->size;
+}
+
 const struct mpg__backend_ops mpg__backend_mpi = {
     .name = "mpi",
     .world_init = world_init,
@@ -541,4 +538,5 @@ const struct mpg__backend_ops mpg__backend_mpi = {
     .mem_free = mpg__mpi_mem_free,
     .comm_identity = comm_identity,
     .set_timeout = comm_set_timeout,
+    .comm_shape = comm_shape,
 };

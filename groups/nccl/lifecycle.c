@@ -288,6 +288,12 @@ static void nccl_set_timeout(mpg__comm *c, double timeout_s) {
   pthread_mutex_unlock(&c->lock);
 }
 
+/* rank and size are set when the communicator is made and never change. */
+static void nccl_shape(const mpg__comm *c, int *pos, int *size) {
+  *pos = c->rank;
+  *size = c->size;
+}
+
 const struct mpg__backend_ops mpg__backend_nccl = {
     .name = "nccl",
     .world_init = mpg__nccl_world_init,
@@ -310,4 +316,5 @@ const struct mpg__backend_ops mpg__backend_nccl = {
     .stream_order = mpg__nccl_stream_order,
     .comm_device = mpg__nccl_comm_device,
     .set_timeout = nccl_set_timeout,
+    .comm_shape = nccl_shape,
 };

@@ -148,20 +148,11 @@ static mpg_status mpi_bcast_id(const mpg__world_args *a, ncclUniqueId *id,
 }
 #endif
 
-/* The port of NCCL's root for bootstrap 4 from MASTER_ADDR: MESHPG_NCCL_PORT, else
- * MASTER_PORT + 1.  -1 with the error set when MESHPG_NCCL_PORT is not a
- * port or MASTER_PORT + 1 is past 65535. */
+/* The port of NCCL's root for bootstrap 4 from MASTER_ADDR: MESHPG_NCCL_PORT
+ * (as mpg_ctx_create parsed it: 1..65535, 0 when unset), else MASTER_PORT +
+ * 1.  -1 with the error set when MASTER_PORT + 1 is past 65535. */
 static int master_boot_port(const mpg__world_args *a) {
-  const char *v = getenv("MESHPG_NCCL_PORT");
-  if (v && v[0]) {
-    char *end = NULL;
-    long p = strtol(v, &end, 10);
-    if (*end || p < 1 || p > 65535) {
-      mpg__fail(MPG_ERR_ENV, "MESHPG_NCCL_PORT=\"%s\": expected a TCP port 1..65535", v);
-      return -1;
-    }
-    return (int)p;
-  }
+  if (a->settings && a->settings->nccl_port > 0) return a->settings->nccl_port;
   if (a->master_port + 1 > 65535) {
     mpg__fail(MPG_ERR_ENV,
               "MASTER_PORT=%d: NCCL's root would listen on MASTER_PORT + 1, past 65535; "
@@ -172,14 +163,6 @@ static int master_boot_port(const mpg__world_args *a) {
   return a->master_port + 1;
 }
 
-/* MESHPG_NCCL_SPLIT_SHARE: 0 (default) or 1; -1 with the error set. */
-static int split_share_env(void) {
-  const char *v = getenv("MESHPG_NCCL_SPLIT_SHARE");
-  if (!v || !v[0] || strcmp(v, "0") == 0) return 0;
-  if (strcmp(v, "1") == 0) return 1;
-  mpg__fail(MPG_ERR_ENV, "MESHPG_NCCL_SPLIT_SHARE=\"%s\": expected 0 or 1", v);
-  return -1;
-}
 
 /* The user's NCCL_COMM_ID, not one that meshpg set for a world still
  * initialising in another thread, read under env_lock (another thread may
@@ -220,10 +203,9 @@ static void boot_name(enum boot b, const mpg__world_args *a, char *buf,
       return;
     }
     case BOOT_MASTER: {
-      const char *v = getenv("MESHPG_NCCL_PORT");
-      if (v && v[0])
-        snprintf(buf, n, "NCCL_COMM_ID from MASTER_ADDR=%s, MESHPG_NCCL_PORT=%s",
-                 a->master_addr, v);
+      if (a->settings && a->settings->nccl_port > 0)
+        snprintf(buf, n, "NCCL_COMM_ID from MASTER_ADDR=%s, MESHPG_NCCL_PORT=%d",
+                 a->master_addr, a->settings->nccl_port);
       else
         snprintf(buf, n, "NCCL_COMM_ID from MASTER_ADDR=%s, port MASTER_PORT + 1 = %d",
                  a->master_addr, a->master_port + 1);
@@ -266,8 +248,7 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
                      "style) or NCCL_COMM_ID=host:port, launch with mpirun "
                      "(meshpg built with MPI), or pass opts.nccl_id",
                      a->rank, a->world_size);
-  int share = split_share_env();
-  if (share < 0) return MPG_ERR_ENV;
+  int share = a->settings ? a->settings->nccl_split_share : 0; /* MESHPG_NCCL_SPLIT_SHARE */
   int root_port = how == BOOT_MASTER ? master_boot_port(a) : -1;
   if (how == BOOT_MASTER && root_port < 0) return MPG_ERR_ENV;
   char via[320];

@@ -4,13 +4,13 @@
  * once; receives match messages from the same peer in order (layer: above
  * group.c, below req.c).
  *
- * Back-pressure: an inbox holds at most INBOX_MAX_MSGS unreceived messages
- * and INBOX_MAX_BYTES bytes (an empty inbox takes one message of any
- * size).  A send to a full inbox waits, within the group's timeout, until
- * the receiver takes a message, then fails with MPG_ERR_TIMEOUT.  The
- * environment variables MESHPG_THREAD_INBOX_MSGS / MESHPG_THREAD_INBOX_BYTES
- * override the limits (read at each send; tests set them before
- * mpg_thread_run). */
+ * Back-pressure: an inbox holds at most inbox_msgs unreceived messages
+ * and inbox_bytes bytes (an empty inbox takes one message of any size;
+ * the communicator's limits, MESHPG_THREAD_INBOX_MSGS and
+ * MESHPG_THREAD_INBOX_BYTES as mpg_ctx_create read them, 1024 and
+ * 256 MiB by default).  A send to a full inbox waits, within the group's
+ * timeout, until the receiver takes a message, then fails with
+ * MPG_ERR_TIMEOUT. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,16 +18,6 @@
 
 #include "thread_internal.h"
 
-#define INBOX_MAX_MSGS 1024
-#define INBOX_MAX_BYTES ((size_t)256 << 20)
-
-static size_t inbox_limit(const char *var, size_t fallback) {
-  const char *v = getenv(var);
-  if (!v || !*v) return fallback;
-  char *end;
-  unsigned long long n = strtoull(v, &end, 10);
-  return *end == '\0' && n > 0 ? (size_t)n : fallback;
-}
 
 /* Deliver message bytes to a posted receive; sets its status. */
 static void deliver(mpg__req *r, const void *data, size_t bytes, size_t count,
@@ -95,8 +85,7 @@ mpg_status mpg__thread_p2p_post(mpg__comm *cm, mpg__req *req) {
   if (box && !g->aborted) {
     /* Back-pressure: a receive posted for this message takes it at once;
      * else wait (bounded by the timeout) for room in the peer's inbox. */
-    size_t max_msgs = inbox_limit("MESHPG_THREAD_INBOX_MSGS", INBOX_MAX_MSGS);
-    size_t max_bytes = inbox_limit("MESHPG_THREAD_INBOX_BYTES", INBOX_MAX_BYTES);
+    size_t max_msgs = cm->inbox_msgs, max_bytes = cm->inbox_bytes;
     double deadline = 0;
     for (;;) {
       for (r = box->rhead; r && r->coll.peer != cm->pos; r = r->next) {

@@ -110,6 +110,8 @@ struct mpg__comm {
   int rank;            /* world rank */
   uint64_t seq;        /* next collective of this member */
   double timeout_s;
+  size_t inbox_msgs, inbox_bytes; /* MESHPG_THREAD_INBOX_* (p2p.c), from
+                                     world_init's settings; splits inherit */
 };
 
 struct mpg__req {

@@ -101,6 +101,8 @@ static mpg_status t_world_init(const mpg__world_args *a, mpg__comm **out) {
   cm->pos = a->rank;
   cm->rank = a->rank;
   cm->timeout_s = timeout;
+  cm->inbox_msgs = a->settings ? a->settings->thread_inbox_msgs : 1024;
+  cm->inbox_bytes = a->settings ? a->settings->thread_inbox_bytes : (size_t)256 << 20;
   mpg__log(2, "thread: rank %d joined %s of %d ranks", a->rank, g->name, w->nranks);
   *out = cm;
   return MPG_OK;
@@ -166,6 +168,8 @@ static mpg_status t_split(mpg__comm *parent, int color, int key, mpg__comm **out
   mine->pos = req.child_pos;
   mine->rank = parent->rank;
   mine->timeout_s = parent->timeout_s;
+  mine->inbox_msgs = parent->inbox_msgs;
+  mine->inbox_bytes = parent->inbox_bytes;
   *out = mine;
   return MPG_OK;
 }
@@ -188,6 +192,10 @@ static mpg_status t_destroy(mpg__comm *cm) {
 
 /* The member's own view: only its rank's thread reads it. */
 static void t_set_timeout(mpg__comm *cm, double timeout_s) { cm->timeout_s = timeout_s; }
+static void t_shape(const mpg__comm *cm, int *pos, int *size) {
+  *pos = cm->pos;
+  *size = cm->g->size;
+}
 
 const struct mpg__backend_ops mpg__backend_thread = {
     .name = "thread",
@@ -201,4 +209,5 @@ const struct mpg__backend_ops mpg__backend_thread = {
     .destroy = t_destroy,
     .local = NULL,
     .set_timeout = t_set_timeout,
+    .comm_shape = t_shape,
 };
