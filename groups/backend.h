@@ -69,6 +69,7 @@ typedef struct mpg__settings {
   /* The first variable that broke the rule: MPG_OK, or MPG_ERR_ENV with
    * `error` the message (its field keeps the default). */
   mpg_status status;
+  const char *bad_var; /* that variable's name (a literal), or NULL */
   char error[256];
 } mpg__settings;
 

@@ -23,6 +23,7 @@
 static void bad(mpg__settings *s, const char *var, const char *value, const char *expected) {
   if (s->status) return;
   s->status = MPG_ERR_ENV;
+  s->bad_var = var;
   snprintf(s->error, sizeof s->error, "%s=\"%s\": expected %s", var, value, expected);
 }
 

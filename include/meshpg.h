@@ -270,7 +270,7 @@ typedef struct mpg_spec {
 
   /* [backend] */
   mpg_backend_kind backend;  /* default MPG_BACKEND_THREAD */
-  double timeout_s;          /* default 600 */
+  double timeout_s;          /* default 600; > 0 and below 1e9 s */
   int lazy_groups;           /* 1: create groups on first use */
 
   /* The file this spec was read from (the name given to
@@ -867,7 +867,8 @@ struct mpg_init_opts {
   int world_size;       /* -1: from the environment */
   int local_rank;       /* -1: from the environment (0 if absent) */
   int local_world_size; /* -1: from the environment (1 if absent) */
-  double timeout_s;     /* <= 0: 600 s */
+  double timeout_s;     /* <= 0: 600 s; else below 1e9 s (NaN and inf are
+                           MPG_ERR_INVALID) */
   int lazy_groups;      /* 1: create a group's communicator on first use.
                            That first use is collective over the world: a
                            world all-reduce agrees which dim sets any rank
@@ -957,11 +958,20 @@ MPG_API mpg_status mpg_init_opts_from_spec(const mpg_spec *spec,
  * joining only its own groups.  Collective over the world.  The mesh must
  * outlive the context.  opts may be NULL (all from the environment, thread
  * backend).  The world size must equal mpg_mesh_world_size(mesh).
- * Returns MPG_OK; MPG_ERR_ENV (rank or world missing / contradictory);
- * MPG_ERR_INVALID; MPG_ERR_UNSUPPORTED (backend not built);
- * MPG_ERR_STATE (mpi: MPI already finalized, or opts.mpi_comm set before
- * MPI is initialised); MPG_ERR_BACKEND; MPG_ERR_TIMEOUT (peers never
- * arrived). */
+ * Every rank must build the same job: right after joining the world the
+ * ranks compare the mesh (dims, order, sizes, flattened sets, expert
+ * grid), the backend, the library version, opts.placement,
+ * opts.strict_placement, opts.lazy_groups and the MESHPG_* variables that
+ * must match (docs/launchers.md, "One job").  The MESHPG_* variables are
+ * read here, once (docs/launchers.md, "The library's variables").
+ * Returns MPG_OK; MPG_ERR_STATE on every rank when the ranks differ (the
+ * message names the first differing item, both values and the world ranks
+ * on each side), also when MPI was already finalized or opts.mpi_comm is
+ * set before MPI is initialised; MPG_ERR_ENV (rank or world missing or
+ * contradictory; a MESHPG_* variable outside its documented values on any
+ * rank, on every rank); MPG_ERR_INVALID (among others opts.timeout_s NaN,
+ * inf or 1e9 s or more); MPG_ERR_UNSUPPORTED (backend not built);
+ * MPG_ERR_BACKEND; MPG_ERR_TIMEOUT (peers never arrived). */
 MPG_API mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
                                   mpg_ctx **out);
 

@@ -504,16 +504,14 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
   };
   for (int i = 0; i < MPG__OPT_FSDP_OWNS_DP; i++) {
     int bad = opts[i].integer ? opts[i].v < opts[i].lo : !(opts[i].v > opts[i].lo);
-    bad = bad || !(opts[i].v < opts[i].hi);
-    if (bad && opts[i].hi == MPG__TIMEOUT_MAX)
-      return mpg__fail_at(MPG_ERR_SPEC, src, opt_pos ? opt_pos[i] : nopos,
-                          "%s: expected a number of seconds > 0 and < %g, found %g",
-                          opt_keys[i], MPG__TIMEOUT_MAX, opts[i].v);
     if (bad)
       return mpg__fail_at(MPG_ERR_SPEC, src, opt_pos ? opt_pos[i] : nopos,
                           "%s: expected %s, found %g", opt_keys[i],
-                          opts[i].integer ? "an integer >= 0" : "a finite number > 0",
-                          opts[i].v);
+                          opts[i].integer ? "an integer >= 0" : "a number > 0", opts[i].v);
+    if (!(opts[i].v < opts[i].hi))
+      return mpg__fail_at(MPG_ERR_SPEC, src, opt_pos ? opt_pos[i] : nopos,
+                          "%s: expected a finite number below %g, found %g", opt_keys[i],
+                          opts[i].hi, opts[i].v);
   }
   if (spec->bind < MPG_BIND_NONE || spec->bind > MPG_BIND_CORE)
     return mpg__fail(MPG_ERR_SPEC, "topology.bind: unknown value %d", (int)spec->bind);

@@ -731,10 +731,17 @@ mpg_status mpg__mpi_wait(mpg__req *q, double deadline) {
         snprintf(who, sizeof who, "; MPI does not say which of the %d members did not "
                  "arrive", q->size);
       }
+      /* MESHPG_MPI_MAX_COUNT (testing) cuts every MPI call: a large
+       * operation then needs count / max_count messages per step and may
+       * simply outlast the timeout with every peer present. */
+      char slow[200] = "";
+      if (mpg__mpi.chunk < INT_MAX)
+        snprintf(slow, sizeof slow, "; or too slow: MESHPG_MPI_MAX_COUNT=%ld sends at most "
+                 "that many elements per MPI call", (long)mpg__mpi.chunk);
       return mpg__fail(MPG_ERR_TIMEOUT,
                        "mpi: %s: not finished within the %.3g s timeout (a peer "
-                       "did not arrive%s)",
-                       what, q->comm->timeout_s, who);
+                       "did not arrive%s%s)",
+                       what, q->comm->timeout_s, who, slow);
     }
     if (mpg__mpi_progress_running() && mpg__now() >= spin_end)
       mpg__mpi_nap_on_done(q, deadline); /* rechecks under the lock */

@@ -248,6 +248,14 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
                      "style) or NCCL_COMM_ID=host:port, launch with mpirun "
                      "(meshpg built with MPI), or pass opts.nccl_id",
                      a->rank, a->world_size);
+  /* A bad MESHPG_NCCL_PORT cannot fall back to a default: the rendezvous
+   * itself needs it.  Refused here, before any CUDA or network call (the
+   * other ranks then time out in the rendezvous).  Other bad variables
+   * are reported on every rank once the world is joined (agree.c). */
+  if (a->settings && a->settings->status && a->settings->bad_var &&
+      !strcmp(a->settings->bad_var, "MESHPG_NCCL_PORT"))
+    return mpg__fail(MPG_ERR_ENV, "nccl: rank %d: %s (the rendezvous needs it)", a->rank,
+                     a->settings->error);
   int share = a->settings ? a->settings->nccl_split_share : 0; /* MESHPG_NCCL_SPLIT_SHARE */
   int root_port = how == BOOT_MASTER ? master_boot_port(a) : -1;
   if (how == BOOT_MASTER && root_port < 0) return MPG_ERR_ENV;

@@ -68,11 +68,10 @@ static uint64_t process_id(void) {
   return atomic_load(&process_nonce);
 }
 
-static int env_value(void) {
-  const char *v = getenv("MESHPG_SHM");
-  if (!v || !*v || strcmp(v, "1") == 0) return ENV_ON;
-  return strcmp(v, "0") == 0 ? ENV_OFF : ENV_BAD;
-}
+/* MESHPG_SHM as mpg_ctx_create read it (groups/settings.c refuses any
+ * value but 0 and 1 there; ENV_BAD stays in the protocol for a member
+ * whose word is neither). */
+static int env_value(const mpg_ctx *ctx) { return ctx->settings.shm ? ENV_ON : ENV_OFF; }
 
 static void put64(int32_t *w, uint64_t v) {
   w[0] = (int32_t)(uint32_t)v;
@@ -271,9 +270,8 @@ static mpg_status fail_env(mpg_group *group, int bad, int pos) {
   mpg_group_member(group, bad, &rank);
   return mpg__fail(MPG_ERR_ENV,
                    "MESHPG_SHM must be 0 (off) or 1 (on, the default) but rank %d has "
-                   "another value%s%s%s",
-                   rank, bad == pos ? " (\"" : "", bad == pos ? getenv("MESHPG_SHM") : "",
-                   bad == pos ? "\")" : "");
+                   "another value%s",
+                   rank, bad == pos ? " (this rank)" : "");
 }
 
 /* The error of a failed creation, alike on every member: position
@@ -382,10 +380,8 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
            mpg_group_index(group));
   int cpu = ctx->kind == MPG_BACKEND_THREAD || ctx->kind == MPG_BACKEND_MPI;
   int dt_ok = dtype == MPG_F32 || dtype == MPG_F64 || dtype == MPG_F16 || dtype == MPG_BF16;
-  /* Decided from what every member knows alike: no collective then (a bad
-   * MESHPG_SHM still fails a CPU rank: alone, it has no peer to wait). */
-  if (total < 2 || !cpu || !dt_ok || depth < 1 || bytes == 0)
-    return cpu && total < 2 && env_value() == ENV_BAD ? fail_env(group, gpos, gpos) : MPG_OK;
+  /* Decided from what every member knows alike: no collective then. */
+  if (total < 2 || !cpu || !dt_ok || depth < 1 || bytes == 0) return MPG_OK;
   char host[MPG_HOST_ID_MAX];
   if (ctx->host_id[0]) snprintf(host, sizeof host, "%s", ctx->host_id);
   else if (mpg_topo_host_identity(host, sizeof host)) snprintf(host, sizeof host, "?");
@@ -402,7 +398,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   }
   put64(a + A_HASH_LO, mpg__hash_str(host));
   put64(a + A_PROC_LO, process_id());
-  a[A_ENV] = env_value();
+  a[A_ENV] = env_value(ctx);
   mpg_status st = gather(group, a, all, A_WORDS);
   if (st) {
     free(all);

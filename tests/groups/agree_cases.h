@@ -11,6 +11,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "meshpg.h"
@@ -91,12 +92,13 @@ static inline int agree_same_job(const agree_job *a, const agree_job *b) {
          !strcmp(a->flatten[1], b->flatten[1]);
 }
 
-/* Case i of seed `seed`. */
-static inline void agree_make_case(uint64_t seed, int i, agree_case *c) {
+/* Case i of seed `seed`, over `world` ranks (0: a random world size). */
+static inline void agree_make_case(uint64_t seed, int i, int world, agree_case *c) {
   static const int worlds[] = {2, 3, 4, 6, 8, 12, 16};
   uint64_t s = seed * 1000003ull + (uint64_t)i;
   memset(c, 0, sizeof *c);
   c->world = worlds[agree_rand(&s) % 7];
+  if (world > 0) c->world = world;
   agree_random_job(&s, c->world, &c->job[0]);
   agree_random_job(&s, c->world, &c->job[1]);
   if (agree_rand(&s) % 3 == 0) {
@@ -118,6 +120,20 @@ static inline void agree_make_case(uint64_t seed, int i, agree_case *c) {
   for (int r = 0; r < c->world; r++) nb += c->uses_b[r] = (unsigned char)(agree_rand(&s) % 2);
   if (nb == 0) c->uses_b[agree_rand(&s) % (uint64_t)c->world] = 1;
   if (nb == c->world) c->uses_b[agree_rand(&s) % (uint64_t)c->world] = 0;
+}
+
+/* A create that should have failed but did not: an all-gather over the
+ * first dim set into a buffer sized by this rank's own mesh (under ASan a
+ * write past it shows), then the context is destroyed. */
+static inline void agree_probe(mpg_ctx *ctx) {
+  mpg_group *g = NULL;
+  if (!mpg_ctx_group_at(ctx, 0, &g)) {
+    int n = mpg_group_size(g);
+    int32_t *recv = calloc((size_t)n, sizeof *recv), one = 1;
+    (void)mpg_all_gather(g, &one, recv, 1, MPG_I32, NULL, NULL);
+    free(recv);
+  }
+  mpg_ctx_destroy(ctx);
 }
 
 /* Build job j into a mesh of `world` ranks. */

@@ -1,8 +1,8 @@
-/* Ranks that disagree are told at once, on every rank (issue 29), on the
- * thread backend: mpg_ctx_create's job fingerprint (groups/agree.c), the
- * one rule for the MESHPG_* variables (groups/settings.c) and the bounds on
- * timeouts.  The same over real mpirun processes, where each rank has its
- * own environment: test_agree_mpi.c. */
+/* Ranks that disagree are told at once, on every rank (issue 29):
+ * mpg_ctx_create's job fingerprint (groups/agree.c), the one rule for the
+ * MESHPG_* variables (groups/settings.c) and the bounds on timeouts, on the
+ * thread backend and, at the end, over real mpirun processes
+ * (agree_mpi_worker.c), where each rank has its own environment. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "meshpg.h"
+#include "../mpirun_util.h"
 #include "../time_bound.h"
 #include "agree_cases.h"
 
@@ -42,18 +43,7 @@ static mpg_status case_main(const mpg_init_opts *opts, void *p) {
   a->secs[r] = clock_s() - a->t0;
   a->status[r] = st;
   snprintf(a->msg[r], sizeof a->msg[r], "%s", st ? mpg_last_error() : "");
-  if (!st) {
-    /* Must not happen; keep the buffers honest if it does: an all-gather
-     * over the first dim set sized by this rank's mesh. */
-    mpg_group *g = NULL;
-    if (!mpg_ctx_group_at(ctx, 0, &g)) {
-      int n = mpg_group_size(g);
-      int32_t *recv = calloc((size_t)n, sizeof *recv), one = 1;
-      (void)mpg_all_gather(g, &one, recv, 1, MPG_I32, NULL, NULL);
-      free(recv);
-    }
-    mpg_ctx_destroy(ctx);
-  }
+  if (!st) agree_probe(ctx);
   mpg_mesh_destroy(mesh);
   return st;
 }
@@ -128,7 +118,7 @@ Test(agree, random_disagreeing_jobs_fail_every_rank, .timeout = 300) {
   int caught = 0;
   for (int i = 0; i < 100; i++) {
     agree_case c;
-    agree_make_case(29, i, &c);
+    agree_make_case(29, i, 0, &c);
     char what[512];
     describe_case(&c, what, sizeof what);
     run_case(&c, &a);
@@ -151,7 +141,7 @@ Test(agree, agreeing_jobs_come_up) {
   static run_arg a;
   for (int i = 0; i < 20; i++) {
     agree_case c;
-    agree_make_case(7, i, &c);
+    agree_make_case(7, i, 0, &c);
     memset(c.uses_b, 0, sizeof c.uses_b);
     run_case(&c, &a);
     for (int r = 0; r < c.world; r++)
@@ -275,4 +265,153 @@ Test(agree, spec_timeout_must_be_finite) {
                   strstr(mpg_last_error(), ":4:"),
               "timeout_s = %s: %s", bad[i], mpg_last_error());
   }
+}
+
+/* ------------------------------------------------------------------ */
+/* Real processes: mpirun, each rank with its own mesh or environment   */
+/* ------------------------------------------------------------------ */
+
+/* The worker is agree_mpi_worker.c; every rank must fail mpg_ctx_create
+ * with the expected status, naming what differs, within the promise (1 s
+ * after the last rank arrives, plus the scheduler's allowance), never by
+ * waiting out its 60 s timeout. */
+#define MAX_LINES 512
+
+typedef struct result {
+  int rank, icase;
+  char status[32];
+  double secs;
+  const char *msg; /* into `out` */
+} result;
+
+static result res[MAX_LINES];
+
+
+/* Run `mpirun ARGS` (ARGS names the worker through %W) and parse its
+ * RESULT lines; returns their number. */
+static int run_job(const char *args) {
+  const char *w = getenv("MESHPG_AGREE_MPI_WORKER");
+  if (!w) cr_skip_test("built without MPI");
+  char cmd[4096], expanded[3072];
+  size_t len = 0;
+  for (const char *a = args; *a && len + 512 < sizeof expanded; a++) {
+    if (a[0] == '%' && a[1] == 'W') {
+      len += (size_t)snprintf(expanded + len, sizeof expanded - len, "%s", w);
+      a++;
+    } else {
+      expanded[len++] = *a;
+    }
+  }
+  expanded[len] = '\0';
+  snprintf(cmd, sizeof cmd, "MESHPG_SHM=0 timeout 280 " MPIRUN "%s", expanded);
+  int rc = run(cmd, NULL);
+  cr_assert_eq(rc, 0, "%s: exit %d\n%s", cmd, rc, out);
+  int n = 0;
+  for (char *line = strtok(out, "\n"); line && n < MAX_LINES; line = strtok(NULL, "\n")) {
+    result *r = &res[n];
+    int used = 0;
+    if (sscanf(line, "RESULT rank %d case %d status %31s secs %lf msg %n", &r->rank, &r->icase,
+               r->status, &r->secs, &used) != 4 || used == 0)
+      continue;
+    r->msg = line + used;
+    n++;
+  }
+  return n;
+}
+
+/* Every line has `status`, a message containing `want` (NULL: any), and
+ * a time within the bound for np ranks. */
+static void expect_all(int n, int np, const char *status, const char *want) {
+  cr_assert_eq(n, np, "%d RESULT lines for %d ranks", n, np);
+  double bound = tb_bound(1.0, np);
+  for (int i = 0; i < n; i++) {
+    cr_expect_str_eq(res[i].status, status, "rank %d: %s: %s", res[i].rank, res[i].status,
+                     res[i].msg);
+    if (want)
+      cr_expect(strstr(res[i].msg, want), "rank %d: expected \"%s\" in: %s", res[i].rank, want,
+                res[i].msg);
+    cr_expect_lt(res[i].secs, bound, "rank %d: %.2f s (bound %.2f s): %s", res[i].rank,
+                 res[i].secs, bound, res[i].msg);
+  }
+}
+
+/* The issue: `tp=2,dp=-1` on rank 0 and `dp=-1,tp=2` on the others (the
+ * README's first program with one line changed) waited out the 600 s
+ * timeout with messages that never said the meshes differ. */
+Test(agree_mpi, mesh_order_differs_on_one_rank, .timeout = 300) {
+  int n = run_job("-np 4 %W split 1 tp=2,dp=-1 - dp=-1,tp=2 -");
+  expect_all(n, 4, "ERR_STATE",
+             "mesh: world rank 0 has \"tp=2,dp=2\", world ranks 1-3 have \"dp=2,tp=2\"");
+}
+
+/* The issue: dp=4,tp=1 against dp=2,tp=2 sat in mpg_ctx_create for the
+ * whole create timeout. */
+Test(agree_mpi, mesh_sizes_differ, .timeout = 300) {
+  int n = run_job("-np 4 %W split 2 dp=4,tp=1 - dp=2,tp=2 -");
+  expect_all(n, 4, "ERR_STATE",
+             "mesh: world ranks 0-1 have \"dp=4,tp=1\", world ranks 2-3 have \"dp=2,tp=2\"");
+}
+
+/* The issue: X = dp,tp on ranks 0-1 and X = dp on ranks 2-3 gave OK
+ * everywhere, sums 3 and 1 for 4 and 2, and rank 2's all-gather wrote
+ * past its buffer. */
+Test(agree_mpi, flattened_set_differs, .timeout = 300) {
+  int n = run_job("-np 4 %W split 2 dp=2,tp=2 dp,tp dp=2,tp=2 dp");
+  expect_all(n, 4, "ERR_STATE",
+             "flattened dims: world ranks 0-1 have \"X=dp+tp\", world ranks 2-3 have \"X=dp\"");
+}
+
+/* The property on real processes: 100 random pairs of different jobs
+ * (agree_cases.h), one after another in one mpirun job of 4 ranks. */
+Test(agree_mpi, random_disagreeing_jobs_fail_every_rank, .timeout = 300) {
+  int n = run_job("-np 4 %W random 100 29");
+  cr_assert_eq(n, 400, "%d RESULT lines for 100 cases of 4 ranks", n);
+  double bound = tb_bound(1.0, 4);
+  int caught[100] = {0};
+  for (int i = 0; i < n; i++) {
+    cr_expect_str_eq(res[i].status, "ERR_STATE", "case %d rank %d: %s", res[i].icase,
+                     res[i].rank, res[i].msg);
+    cr_expect(strstr(res[i].msg, "did not build the same job"), "case %d rank %d: %s",
+              res[i].icase, res[i].rank, res[i].msg);
+    cr_expect_lt(res[i].secs, bound, "case %d rank %d: %.2f s", res[i].icase, res[i].rank,
+                 res[i].secs);
+    if (!strcmp(res[i].status, "ERR_STATE") && res[i].icase >= 0 && res[i].icase < 100)
+      caught[res[i].icase]++;
+  }
+  int all = 0;
+  for (int c = 0; c < 100; c++) all += caught[c] == 4;
+  cr_assert_eq(all, 100, "%d of 100 cases failed on every rank", all);
+}
+
+/* The issue: a different MESHPG_MPI_PIECE_BYTES per rank crashed the job
+ * (Open MPI segfault, exit 139) with MESHPG_SHM=0. */
+Test(agree_mpi, piece_bytes_differ, .timeout = 300) {
+  int n = run_job("-np 1 -x MESHPG_MPI_PIECE_BYTES=65536 %W plain : -np 1 %W plain");
+  expect_all(n, 2, "ERR_STATE",
+             "MESHPG_MPI_PIECE_BYTES: world rank 0 has \"65536\", world rank 1 has \"unset\"");
+}
+
+/* The issue: MESHPG_CHECK_ORDER=1 on one rank and 0 on another was not
+ * caught at create; commit then timed out with misleading messages. */
+Test(agree_mpi, order_checker_differs, .timeout = 300) {
+  int n = run_job("-np 1 -x MESHPG_CHECK_ORDER=1 %W plain : -np 1 -x MESHPG_CHECK_ORDER=0 %W "
+                  "plain");
+  expect_all(n, 2, "ERR_STATE",
+             "MESHPG_CHECK_ORDER: world rank 0 has \"1\", world rank 1 has \"0\"");
+}
+
+/* A bad value on one rank fails every rank at once with MPG_ERR_ENV that
+ * names the rank, the variable and the value (the others do not wait for
+ * it). */
+Test(agree_mpi, bad_value_on_one_rank_fails_every_rank, .timeout = 300) {
+  int n = run_job("-np 1 %W plain : -np 1 -x MESHPG_MPI_WINDOW=\" 2\" %W plain : -np 1 %W "
+                  "plain");
+  expect_all(n, 3, "ERR_ENV", "world rank 1: MESHPG_MPI_WINDOW=\" 2\": expected");
+}
+
+/* Variables that may differ do not stop the job. */
+Test(agree_mpi, variables_that_may_differ, .timeout = 300) {
+  int n = run_job("-np 1 -x MESHPG_MPI_WINDOW=1 -x MESHPG_MPI_PROGRESS=off %W plain : -np 1 "
+                  "-x MESHPG_LOG=off %W plain");
+  expect_all(n, 2, "OK", NULL);
 }

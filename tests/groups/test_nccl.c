@@ -277,6 +277,9 @@ static mpg_status nogpu_world_init(int rank, int world, int local_world,
                                    const char *master_addr, int master_port) {
   mpg__world_args a;
   memset(&a, 0, sizeof a);
+  static mpg__settings set; /* the variables, as mpg_ctx_create reads them */
+  mpg__settings_read(&set);
+  a.settings = &set;
   a.rank = rank;
   a.world_size = world;
   a.local_rank = rank;
