@@ -229,8 +229,8 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
   if (opts->timeout_s > 0 ? !(opts->timeout_s < MPG__TIMEOUT_MAX) : opts->timeout_s != opts->timeout_s)
     return mpg__fail(MPG_ERR_INVALID,
                      "mpg_ctx_create: opts.timeout_s is %g: expected a number of seconds "
-                     "> 0 and < %g (or <= 0 for the default, 600 s)",
-                     opts->timeout_s, MPG__TIMEOUT_MAX);
+                     "> 0 and < " MPG__TIMEOUT_MAX_TEXT " (or <= 0 for the default, 600 s)",
+                     opts->timeout_s);
   mpg_status st = resolve_launch(ops, opts, &a, &env);
   if (st) return st;
   a.timeout_s = opts->timeout_s > 0 ? opts->timeout_s : 600.0;
@@ -362,8 +362,8 @@ mpg_status mpg_ctx_set_timeout(mpg_ctx *ctx, double timeout_s) {
   if (!ctx) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_set_timeout: ctx is NULL");
   if (!(timeout_s > 0) || !(timeout_s < MPG__TIMEOUT_MAX))
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_ctx_set_timeout: timeout_s is %g, expected > 0 and < %g seconds",
-                     timeout_s, MPG__TIMEOUT_MAX);
+                     "mpg_ctx_set_timeout: timeout_s is %g, expected > 0 and < "
+                     MPG__TIMEOUT_MAX_TEXT " seconds", timeout_s);
   ctx->timeout_s = timeout_s;
   if (!ctx->ops->set_timeout) return MPG_OK;
   if (ctx->world_comm) ctx->ops->set_timeout(ctx->world_comm, timeout_s);

@@ -104,6 +104,7 @@ void mpg__log(int level, const char *fmt, ...) MPG__PRINTF(2, 3);
  * (about 31 years): NaN, inf and 1e300 would make a missing peer hang
  * for ever. */
 #define MPG__TIMEOUT_MAX 1e9
+#define MPG__TIMEOUT_MAX_TEXT "1e9" /* for messages */
 
 /* Name rules shared by the spec and the mesh. */
 int mpg__name_valid(const char *name);

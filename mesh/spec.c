@@ -510,8 +510,9 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
                           opts[i].integer ? "an integer >= 0" : "a number > 0", opts[i].v);
     if (!(opts[i].v < opts[i].hi))
       return mpg__fail_at(MPG_ERR_SPEC, src, opt_pos ? opt_pos[i] : nopos,
-                          "%s: expected a finite number below %g, found %g", opt_keys[i],
-                          opts[i].hi, opts[i].v);
+                          "%s: expected a finite number%s, found %g", opt_keys[i],
+                          opts[i].hi == MPG__TIMEOUT_MAX ? " below " MPG__TIMEOUT_MAX_TEXT : "",
+                          opts[i].v);
   }
   if (spec->bind < MPG_BIND_NONE || spec->bind > MPG_BIND_CORE)
     return mpg__fail(MPG_ERR_SPEC, "topology.bind: unknown value %d", (int)spec->bind);

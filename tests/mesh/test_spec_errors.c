@@ -209,7 +209,7 @@ static const struct row rows[] = {
     {"timeout_nan.toml", MPG_ERR_SPEC, 6, 13, 0,
      "backend.timeout_s: expected a number > 0, found nan"},
     {"timeout_inf.toml", MPG_ERR_SPEC, 6, 13, 0,
-     "backend.timeout_s: expected a finite number below 1e+09, found inf"},
+     "backend.timeout_s: expected a finite number below 1e9, found inf"},
     {"lazy_groups_not_bool.toml", MPG_ERR_SPEC, 6, 15, 0,
      "backend.lazy_groups: expected true or false, found string \"false\""},
 
