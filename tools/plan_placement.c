@@ -139,24 +139,51 @@ int plan_place_build(const plan_place_args *a, const mpg_spec *spec,
   return TOOL_EXIT_OK;
 }
 
-/* Distinct nodes of a group, ascending, into nodes[] (room for the group
- * size); members[] gets the group. Returns the count. */
+/* Scratch for group_nodes: members and nodes with room for a whole world,
+ * and seen[] (a flag per node, all 0 between calls) so that finding a
+ * group's distinct nodes is linear in the group size, not size x nodes. */
+typedef struct group_scratch {
+  int *members, *nodes;
+  unsigned char *seen;
+} group_scratch;
+
+static int scratch_init(group_scratch *s, const plan_placement *pp, int world) {
+  s->members = malloc(sizeof(int) * (size_t)world);
+  s->nodes = malloc(sizeof(int) * (size_t)world);
+  s->seen = calloc((size_t)pp->nodes, 1);
+  return s->members && s->nodes && s->seen;
+}
+
+static void scratch_free(group_scratch *s) {
+  free(s->members);
+  free(s->nodes);
+  free(s->seen);
+}
+
+static int cmp_int(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
+/* The distinct nodes of group g of a set: s->members gets the group,
+ * s->nodes its nodes (ascending when sorted, else in first-seen order).
+ * Returns the node count. */
 static int group_nodes(const plan_placement *pp, const mpg_mesh *mesh, int set,
-                       int g, int *members, int *nodes) {
+                       int g, group_scratch *s, int sorted) {
   int gsize;
   mpg_mesh_dimset_info(mesh, set, NULL, &gsize, NULL);
-  mpg_mesh_group_members(mesh, set, g, members);
-  int n = 0;
+  mpg_mesh_group_members(mesh, set, g, s->members);
+  int n = 0, ascending = 1;
   for (int i = 0; i < gsize; i++) {
     int node;
-    mpg_placement_of(pp->pl, members[i], NULL, &node, NULL);
-    int k = 0;
-    while (k < n && nodes[k] < node) k++;
-    if (k < n && nodes[k] == node) continue;
-    memmove(nodes + k + 1, nodes + k, sizeof(int) * (size_t)(n - k));
-    nodes[k] = node;
-    n++;
+    mpg_placement_of(pp->pl, s->members[i], NULL, &node, NULL);
+    if (s->seen[node]) continue;
+    s->seen[node] = 1;
+    if (n && node < s->nodes[n - 1]) ascending = 0;
+    s->nodes[n++] = node;
   }
+  for (int k = 0; k < n; k++) s->seen[s->nodes[k]] = 0;
+  if (sorted && !ascending) qsort(s->nodes, (size_t)n, sizeof(int), cmp_int);
   return n;
 }
 
@@ -220,12 +247,10 @@ void plan_place_print(FILE *f, const plan_placement *pp,
     fprintf(f, "  %6d %9d %5d %4d\n", r, L, node, gpu);
   }
   int *grid = malloc(sizeof(int) * (size_t)world);
-  int *members = malloc(sizeof(int) * (size_t)world);
-  int *nodes = malloc(sizeof(int) * (size_t)world);
-  if (!grid || !members || !nodes) {
+  group_scratch gs;
+  if (!scratch_init(&gs, pp, world) || !grid) {
     free(grid);
-    free(members);
-    free(nodes);
+    scratch_free(&gs);
     return;
   }
   for (int r = 0; r < world; r++) {
@@ -252,7 +277,7 @@ void plan_place_print(FILE *f, const plan_placement *pp,
     int gsize, ngroups, crossing = 0;
     mpg_mesh_dimset_info(mesh, s, &name, &gsize, &ngroups);
     for (int g = 0; g < ngroups; g++)
-      if (group_nodes(pp, mesh, s, g, members, nodes) > 1) crossing++;
+      if (group_nodes(pp, mesh, s, g, &gs, 0) > 1) crossing++;
     int inner = mpg_placement_dimset_is_inner(pp->pl, s);
     fprintf(f, "  %s: %d group%s of %d, %d crossing nodes%s\n", name, ngroups,
             ngroups == 1 ? "" : "s", gsize, crossing, inner ? " (inner dim)" : "");
@@ -262,11 +287,11 @@ void plan_place_print(FILE *f, const plan_placement *pp,
         g = ngroups - SHOW_EDGE - 1;
         continue;
       }
-      int nn = group_nodes(pp, mesh, s, g, members, nodes);
+      int nn = group_nodes(pp, mesh, s, g, &gs, 1);
       fprintf(f, "    %s ", name);
-      print_list(f, members, gsize);
+      print_list(f, gs.members, gsize);
       fprintf(f, " node%s ", nn == 1 ? "" : "s");
-      print_nodes(f, nodes, nn);
+      print_nodes(f, gs.nodes, nn);
       if (nn > 1) fprintf(f, "  crosses%s", inner ? ", misfit" : "");
       fputc('\n', f);
     }
@@ -278,8 +303,7 @@ void plan_place_print(FILE *f, const plan_placement *pp,
   else
     fprintf(f, "misfits: none\n");
   free(grid);
-  free(members);
-  free(nodes);
+  scratch_free(&gs);
 }
 
 void plan_place_print_rank(FILE *f, const plan_placement *pp, int rank) {
@@ -314,23 +338,22 @@ void plan_place_json(FILE *f, const plan_placement *pp,
             r ? ", " : "", r, L, node, gpu);
   }
   fprintf(f, "], \"crossing\": {");
-  int *members = malloc(sizeof(int) * (size_t)world);
-  int *nodes = malloc(sizeof(int) * (size_t)world);
+  group_scratch gs;
+  int ok = scratch_init(&gs, pp, world);
   int nsets = mpg_mesh_num_dimsets(mesh);
-  for (int s = 0; members && nodes && s < nsets - 1; s++) {
+  for (int s = 0; ok && s < nsets - 1; s++) {
     const char *name;
     int ngroups, first = 1;
     mpg_mesh_dimset_info(mesh, s, &name, NULL, &ngroups);
     fprintf(f, "%s\"%s\": [", s ? ", " : "", name);
     for (int g = 0; g < ngroups; g++)
-      if (group_nodes(pp, mesh, s, g, members, nodes) > 1) {
+      if (group_nodes(pp, mesh, s, g, &gs, 0) > 1) {
         fprintf(f, "%s%d", first ? "" : ", ", g);
         first = 0;
       }
     fputc(']', f);
   }
-  free(members);
-  free(nodes);
+  scratch_free(&gs);
   fprintf(f, "}, \"misfits\": %d}", pp->misfits);
 }
 
@@ -380,13 +403,12 @@ int plan_place_svg(const plan_placement *pp, const mpg_mesh *mesh) {
   const char *set_name;
   int gsize, ngroups;
   mpg_mesh_dimset_info(mesh, pp->svg_set, &set_name, &gsize, &ngroups);
-  int *members = malloc(sizeof(int) * (size_t)world);
-  int *nodes = malloc(sizeof(int) * (size_t)world);
+  group_scratch gs;
+  int ok = scratch_init(&gs, pp, world);
   unsigned char *crosses = calloc((size_t)ngroups, 1);
   int *grid = malloc(sizeof(int) * (size_t)world);
-  if (!members || !nodes || !crosses || !grid) {
-    free(members);
-    free(nodes);
+  if (!ok || !crosses || !grid) {
+    scratch_free(&gs);
     free(crosses);
     free(grid);
     fclose(f);
@@ -394,7 +416,7 @@ int plan_place_svg(const plan_placement *pp, const mpg_mesh *mesh) {
     return TOOL_EXIT_FAIL;
   }
   for (int g = 0; g < ngroups; g++)
-    crosses[g] = group_nodes(pp, mesh, pp->svg_set, g, members, nodes) > 1;
+    crosses[g] = group_nodes(pp, mesh, pp->svg_set, g, &gs, 0) > 1;
   for (int r = 0; r < world; r++) {
     int node, gpu;
     mpg_placement_of(pp->pl, r, NULL, &node, &gpu);
@@ -468,8 +490,7 @@ int plan_place_svg(const plan_placement *pp, const mpg_mesh *mesh) {
   fprintf(f, "</svg>\n");
   int bad = ferror(f);
   if (fclose(f) != 0) bad = 1;
-  free(members);
-  free(nodes);
+  scratch_free(&gs);
   free(crosses);
   free(grid);
   if (bad) {
