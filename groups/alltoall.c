@@ -33,6 +33,10 @@
 
 #include "ctx_internal.h"
 
+/* coll.c: the group's busy flag (one thread at a time; see there). */
+mpg_status mpg__group_claim(mpg_group *g, const char *fn);
+void mpg__group_release(mpg_group *g);
+
 /* One call, equal (v == 0: count) or per peer (v == 1: the arrays). */
 typedef struct a2a {
   const char *fn;
@@ -322,10 +326,9 @@ static mpg_status run_native(mpg_group *g, const a2a *a, mpg_work **work, int *t
                    "operation completed)", a->fn, g->name);
 }
 
-static mpg_status run_a2a(mpg_group *g, const a2a *a, mpg_work **work) {
-  if (work) *work = NULL;
-  mpg_status st = check(g, a);
-  if (st) return st;
+/* run_a2a with g claimed and the arguments checked. */
+static mpg_status run_claimed(mpg_group *g, const a2a *a, mpg_work **work) {
+  mpg_status st;
   if ((st = mpg__group_ready(g, a->fn))) return st;
   mpg__order_note_all_to_all(g, a->v, a->count, a->dtype); /* as issued, size 1 too */
   st = copy_self(g, a);
@@ -345,6 +348,17 @@ static mpg_status run_a2a(mpg_group *g, const a2a *a, mpg_work **work) {
     return mpg__fail_wrap(st, "%s on \"%s\" (position %d): the counts of two members do "
                           "not match (recv_counts[i] on member j must equal send_counts[j] "
                           "on member i)", a->fn, g->name, g->position);
+  return st;
+}
+
+static mpg_status run_a2a(mpg_group *g, const a2a *a, mpg_work **work) {
+  if (work) *work = NULL;
+  if (!g) return check(g, a); /* its message for a NULL group */
+  mpg_status st = mpg__group_claim(g, a->fn);
+  if (st) return st;
+  st = check(g, a);
+  if (!st) st = run_claimed(g, a, work);
+  mpg__group_release(g);
   return st;
 }
 

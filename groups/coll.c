@@ -1,6 +1,25 @@
 /* The public collectives and work handles: argument checks, size-1 groups
  * as local copies, the context's timeout, and abort on a timeout.  See
- * ctx_internal.h. */
+ * ctx_internal.h.
+ *
+ * Threads.  A group is used by one thread at a time: every call that
+ * issues on it (here, p2p.c's mpg_p2p_batch, alltoall.c's all-to-alls,
+ * coll_f32.c's variants through mpg__group_run, the host collectives of
+ * sync/ and shm/ setup) claims the group's busy flag for the duration of
+ * the call (mpg__group_claim), so that a second thread's call fails with
+ * MPG_ERR_STATE, posting nothing, instead of running beside the first:
+ * the calls of two threads cannot be in one order on every rank, so they
+ * would meet the peers' calls in whatever order they happened to start
+ * (issue 29: wrong sums, all MPG_OK).  Only overlapping calls are caught,
+ * not two threads' calls that happen to alternate (docs/groups.md,
+ * "Threads").  The claim ends when the call
+ * returns, not when its work completes: one thread may keep several
+ * operations of a group in flight.  mpg_work_test / mpg_work_wait claim
+ * nothing: they post nothing, and the backends lock what they share with
+ * a post.  The internal steps of a claimed call (mpg__group_post_p2p,
+ * mpg__group_ready) claim nothing, so no call trips on its own claim.
+ * Not claimed: groups/shm/engine.c's posts (the sync's node-local
+ * reductions), which never reach the group's communicator. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -156,17 +175,41 @@ mpg_status mpg__group_ready(mpg_group *g, const char *fn) {
   return st ? on_failure(g, fn, st) : MPG_OK;
 }
 
+/* Claim g for the call `fn` of this thread (see the top of this file):
+ * MPG_OK, or MPG_ERR_STATE while another call holds it.  Declared in
+ * p2p.c and alltoall.c, which claim for their public calls. */
+mpg_status mpg__group_claim(mpg_group *g, const char *fn);
+void mpg__group_release(mpg_group *g);
+
+mpg_status mpg__group_claim(mpg_group *g, const char *fn) {
+  int idle = 0;
+  if (atomic_compare_exchange_strong_explicit(&g->busy, &idle, 1, memory_order_acquire,
+                                              memory_order_relaxed))
+    return MPG_OK;
+  return mpg__fail(MPG_ERR_STATE,
+                   "%s on group \"%s\" (index %d, position %d of %d, world rank %d): "
+                   "another call on this group has not returned yet; a group must not be "
+                   "used from two threads at once (serialise the calls on one group and "
+                   "issue them in the same order on every rank); nothing was posted",
+                   fn, g->name, g->index, g->position, g->size, g->ctx->rank);
+}
+
+/* The release pairs with the next claim's acquire: the next caller, on
+ * any thread, sees everything this call wrote. */
+void mpg__group_release(mpg_group *g) {
+  atomic_store_explicit(&g->busy, 0, memory_order_release);
+}
+
 /* Before any operation on g: the arguments, then mpg__group_ready. */
 static mpg_status prepare(mpg_group *g, const mpg__coll *c, const char *fn) {
   mpg_status st = check_coll(g, c);
   return st ? st : mpg__group_ready(g, fn);
 }
 
-static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
-  if (work) *work = NULL;
-  mpg_ctx *ctx = g ? g->ctx : NULL;
-  char fn[32];
-  snprintf(fn, sizeof fn, "mpg_%s", mpg__kind_name(c->kind));
+/* run() with g claimed. */
+static mpg_status run_claimed(mpg_group *g, const mpg__coll *c, mpg_work **work,
+                              const char *fn) {
+  mpg_ctx *ctx = g->ctx;
   mpg_status st = prepare(g, c, fn);
   if (st) return st;
   mpg__order_note(g, c); /* issue order (order.c): as issued, size-1 groups too */
@@ -201,8 +244,22 @@ static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
   return st;
 }
 
+/* One collective on g, claimed for the call `name`, the name a refusal
+ * gives (NULL: "mpg_<kind>", the name every other message gives). */
+static mpg_status run(mpg_group *g, const mpg__coll *c, mpg_work **work, const char *name) {
+  if (work) *work = NULL;
+  if (!g) return check_coll(g, c); /* its message for a NULL group */
+  char fn[32];
+  snprintf(fn, sizeof fn, "mpg_%s", mpg__kind_name(c->kind));
+  mpg_status st = mpg__group_claim(g, name ? name : fn);
+  if (st) return st;
+  st = run_claimed(g, c, work, fn);
+  mpg__group_release(g);
+  return st;
+}
+
 mpg_status mpg__group_run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
-  return run(g, c, work);
+  return run(g, c, work, NULL);
 }
 
 /* The requests of w: its array (a batch), or its one request. */
@@ -286,7 +343,7 @@ mpg_status mpg_all_reduce(mpg_group *group, const void *send, void *recv,
     return mpg__fail(MPG_ERR_INVALID,
                      "mpg_all_reduce: use mpg_all_reduce_scaled for a scaled sum");
   mpg__coll c = {MPG__ALL_REDUCE, send, recv, count, dtype, op, 1.0, 0, 0, stream, 0};
-  return run(group, &c, work);
+  return run(group, &c, work, NULL);
 }
 
 mpg_status mpg_all_reduce_scaled(mpg_group *group, const void *send,
@@ -294,21 +351,21 @@ mpg_status mpg_all_reduce_scaled(mpg_group *group, const void *send,
                                  double scale, void *stream, mpg_work **work) {
   mpg__coll c = {MPG__ALL_REDUCE, send, recv, count, dtype, MPG_OP_PREMUL_SUM,
                  scale, 0, 0, stream, 0};
-  return run(group, &c, work);
+  return run(group, &c, work, "mpg_all_reduce_scaled");
 }
 
 mpg_status mpg_broadcast(mpg_group *group, void *buf, size_t count,
                          mpg_dtype dtype, int root, void *stream,
                          mpg_work **work) {
   mpg__coll c = {MPG__BROADCAST, buf, buf, count, dtype, MPG_OP_SUM, 1.0, root, 0, stream, 0};
-  return run(group, &c, work);
+  return run(group, &c, work, NULL);
 }
 
 mpg_status mpg_all_gather(mpg_group *group, const void *send, void *recv,
                           size_t count, mpg_dtype dtype, void *stream,
                           mpg_work **work) {
   mpg__coll c = {MPG__ALL_GATHER, send, recv, count, dtype, MPG_OP_SUM, 1.0, 0, 0, stream, 0};
-  return run(group, &c, work);
+  return run(group, &c, work, NULL);
 }
 
 mpg_status mpg_reduce_scatter(mpg_group *group, const void *send, void *recv,
@@ -319,7 +376,7 @@ mpg_status mpg_reduce_scatter(mpg_group *group, const void *send, void *recv,
                      "mpg_reduce_scatter: MPG_OP_PREMUL_SUM needs a scale; "
                      "it is only reached through mpg_all_reduce_scaled");
   mpg__coll c = {MPG__REDUCE_SCATTER, send, recv, count, dtype, op, 1.0, 0, 0, stream, 0};
-  return run(group, &c, work);
+  return run(group, &c, work, NULL);
 }
 
 mpg_status mpg_reduce_scatter_scaled(mpg_group *group, const void *send, void *recv,
@@ -327,29 +384,29 @@ mpg_status mpg_reduce_scatter_scaled(mpg_group *group, const void *send, void *r
                                      void *stream, mpg_work **work) {
   mpg__coll c = {MPG__REDUCE_SCATTER, send, recv, count, dtype, MPG_OP_PREMUL_SUM,
                  scale, 0, 0, stream, 0};
-  return run(group, &c, work);
+  return run(group, &c, work, "mpg_reduce_scatter_scaled");
 }
 
 mpg_status mpg_barrier(mpg_group *group, mpg_work **work) {
   mpg__coll c = {MPG__BARRIER, NULL, NULL, 0, MPG_I32, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
-  return run(group, &c, work);
+  return run(group, &c, work, NULL);
 }
 
 mpg_status mpg_send(mpg_group *group, const void *buf, size_t count,
                     mpg_dtype dtype, int peer, void *stream, mpg_work **work) {
   mpg__coll c = {MPG__SEND, buf, NULL, count, dtype, MPG_OP_SUM, 1.0, 0, peer, stream, 0};
-  return run(group, &c, work);
+  return run(group, &c, work, NULL);
 }
 
 mpg_status mpg_recv(mpg_group *group, void *buf, size_t count,
                     mpg_dtype dtype, int peer, void *stream, mpg_work **work) {
   mpg__coll c = {MPG__RECV, NULL, buf, count, dtype, MPG_OP_SUM, 1.0, 0, peer, stream, 0};
-  return run(group, &c, work);
+  return run(group, &c, work, NULL);
 }
 
 /* A collective on host memory through the context's setup path (c->kind:
  * all-gather or all-reduce); a one-rank group copies. */
-static mpg_status host_coll(mpg_group *g, mpg__coll *c, const char *what) {
+static mpg_status host_coll_claimed(mpg_group *g, mpg__coll *c, const char *what) {
   mpg_status st = prepare(g, c, what);
   if (st) return st;
   if (g->size == 1) {
@@ -358,6 +415,15 @@ static mpg_status host_coll(mpg_group *g, mpg__coll *c, const char *what) {
   }
   st = mpg__ctx_setup_coll(g->ctx, g->comm, g->size, c);
   return st ? on_failure(g, what, st) : MPG_OK;
+}
+
+static mpg_status host_coll(mpg_group *g, mpg__coll *c, const char *what) {
+  if (!g) return check_coll(g, c);
+  mpg_status st = mpg__group_claim(g, what);
+  if (st) return st;
+  st = host_coll_claimed(g, c, what);
+  mpg__group_release(g);
+  return st;
 }
 
 mpg_status mpg__group_host_all_gather(mpg_group *g, const void *send, void *recv,

@@ -4,7 +4,8 @@
  * public call: the CPU backends always widen to f32, reduce and round once,
  * so they need no flag; the nccl backend widens into an f32 buffer on the
  * stream, runs the NCCL collective in ncclFloat32 and narrows the result
- * (groups/nccl/widen.c).  Other dtypes run exactly as the plain calls. */
+ * (groups/nccl/widen.c).  Other dtypes run exactly as the plain calls,
+ * claims of the group included (one thread at a time: coll.c). */
 #include "ctx_internal.h"
 
 static mpg_status run_f32acc(mpg_group *g, mpg__coll_kind kind, const void *send,

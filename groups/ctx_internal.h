@@ -39,6 +39,10 @@ struct mpg_group {
   mpg__comm *comm;  /* NULL for size-1 groups; the world comm for "world" */
   char extra_name[128];
   struct mpg_group *next; /* extra groups of the context */
+  atomic_int busy;  /* 1 while a call issues on the group (coll.c's
+                       mpg__group_claim): a second thread's call fails
+                       with MPG_ERR_STATE instead of running beside it.
+                       0 from calloc. */
 };
 
 struct mpg_ctx {

@@ -17,6 +17,10 @@
 
 #define FN "mpg_p2p_batch"
 
+/* coll.c: the group's busy flag (one thread at a time; see there). */
+mpg_status mpg__group_claim(mpg_group *g, const char *fn);
+void mpg__group_release(mpg_group *g);
+
 static mpg_status check_op(const mpg_group *g, const mpg_p2p_op *op, int i) {
   if (op->kind != MPG_P2P_SEND && op->kind != MPG_P2P_RECV)
     return mpg__fail(MPG_ERR_INVALID,
@@ -102,11 +106,9 @@ static mpg_status post_each(mpg_group *g, const mpg__coll *list, int n, double d
   return mpg__error_restore(st, &why);
 }
 
-mpg_status mpg_p2p_batch(mpg_group *group, const mpg_p2p_op *ops, int n, void *stream,
-                         mpg_work **work) {
-  if (work) *work = NULL;
-  mpg_group *g = group;
-  if (!g) return mpg__fail(MPG_ERR_INVALID, FN ": group is NULL");
+/* mpg_p2p_batch with g claimed. */
+static mpg_status p2p_batch(mpg_group *g, const mpg_p2p_op *ops, int n, void *stream,
+                            mpg_work **work) {
   if (n < 0)
     return mpg__fail(MPG_ERR_INVALID, FN " on \"%s\": n is %d, expected 0 or more", g->name,
                      n);
@@ -126,6 +128,17 @@ mpg_status mpg_p2p_batch(mpg_group *group, const mpg_p2p_op *ops, int n, void *s
   to_list(ops, n, stream, list);
   st = mpg__group_post_p2p(g, list, n, FN, work);
   free(list);
+  return st;
+}
+
+mpg_status mpg_p2p_batch(mpg_group *group, const mpg_p2p_op *ops, int n, void *stream,
+                         mpg_work **work) {
+  if (work) *work = NULL;
+  if (!group) return mpg__fail(MPG_ERR_INVALID, FN ": group is NULL");
+  mpg_status st = mpg__group_claim(group, FN);
+  if (st) return st;
+  st = p2p_batch(group, ops, n, stream, work);
+  mpg__group_release(group);
   return st;
 }
 
