@@ -1187,13 +1187,25 @@ MPG_API mpg_status mpg_group_member(const mpg_group *group, int position, int *r
  * all_gather with send == recv + position * count (this member's slot of
  * recv); reduce_scatter with recv == send + position * count (this
  * member's block of send).  Any other overlap of send and recv is refused
- * with MPG_ERR_INVALID before anything is posted.  Every member of the group must make the same calls in the same
- * order.  A group of size 1 makes no communicator: collectives are local
- * copies.
+ * with MPG_ERR_INVALID before anything is posted.  Every member of the
+ * group must make the same calls, with the same counts and dtypes, in the
+ * same order.  A group of size 1 makes no communicator: collectives are
+ * local copies.
+ * A group is used by one thread at a time: the caller serialises the calls
+ * that issue on one group (these, mpg_send / mpg_recv, mpg_p2p_batch,
+ * mpg_all_to_all(_v)).  A call made while another call on the same group
+ * has not returned (in another thread) fails with MPG_ERR_STATE, posts
+ * nothing and aborts nothing.  A call holds the group only while it runs,
+ * so one thread may keep several async operations of a group in flight.
+ * Only overlapping calls are caught: calls of two threads that alternate
+ * may meet the other ranks' calls in another order.  Different groups of
+ * one context must not be used from two threads at once either
+ * (docs/groups.md, "Threads").
  * Each returns MPG_OK; MPG_ERR_INVALID (NULL buffer, bad dtype, op, root,
  * peer); MPG_ERR_RANGE when count x element size (x the group size for
  * all_gather's recv and reduce_scatter's send) overflows size_t, checked
- * before any buffer is touched; MPG_ERR_TIMEOUT when a peer did not arrive within the context's
+ * before any buffer is touched; MPG_ERR_STATE when another thread's call
+ * on the group has not returned (nothing posted); MPG_ERR_TIMEOUT when a peer did not arrive within the context's
  * timeout (the context is then aborted); MPG_ERR_ABORTED after an abort;
  * MPG_ERR_BACKEND when the backend failed the operation (the context is
  * then aborted too: peers may be inside the same collective, and NCCL
@@ -1388,7 +1400,10 @@ MPG_API mpg_status mpg_p2p_batch(mpg_group *group, const mpg_p2p_op *ops, int n,
                                  void *stream, mpg_work **work);
 
 /* Wait for `work` (up to the context's timeout) and release it, whatever
- * the outcome.  NULL is MPG_OK.  Returns the collective's status:
+ * the outcome.  NULL is MPG_OK.  May be called from another thread than
+ * the one issuing on the group, also while it issues (so may
+ * mpg_work_test); one work handle is used by one thread at a time.
+ * Returns the collective's status:
  * MPG_ERR_TIMEOUT (the context is then aborted), MPG_ERR_ABORTED, ... */
 MPG_API mpg_status mpg_work_wait(mpg_work *work);
 
