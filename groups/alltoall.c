@@ -33,10 +33,6 @@
 
 #include "ctx_internal.h"
 
-/* coll.c: the group's busy flag (one thread at a time; see there). */
-mpg_status mpg__group_claim(mpg_group *g, const char *fn);
-void mpg__group_release(mpg_group *g);
-
 /* One call, equal (v == 0: count) or per peer (v == 1: the arrays). */
 typedef struct a2a {
   const char *fn;

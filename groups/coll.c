@@ -175,12 +175,8 @@ mpg_status mpg__group_ready(mpg_group *g, const char *fn) {
   return st ? on_failure(g, fn, st) : MPG_OK;
 }
 
-/* Claim g for the call `fn` of this thread (see the top of this file):
- * MPG_OK, or MPG_ERR_STATE while another call holds it.  Declared in
- * p2p.c and alltoall.c, which claim for their public calls. */
-mpg_status mpg__group_claim(mpg_group *g, const char *fn);
-void mpg__group_release(mpg_group *g);
-
+/* mpg__group_claim and mpg__group_release (ctx_internal.h): the group's
+ * busy flag, see the top of this file. */
 mpg_status mpg__group_claim(mpg_group *g, const char *fn) {
   int idle = 0;
   if (atomic_compare_exchange_strong_explicit(&g->busy, &idle, 1, memory_order_acquire,

@@ -96,6 +96,13 @@ typedef struct mpg__work_ext {
  * goes through mpg__group_on_failure). */
 mpg_status mpg__group_ready(mpg_group *g, const char *fn);
 
+/* coll.c: claim g for the public call `fn` of this thread (one thread
+ * uses a group at a time): MPG_OK, or MPG_ERR_STATE, nothing posted, while
+ * another call holds it; released by mpg__group_release when the call
+ * returns.  coll.c, p2p.c and alltoall.c claim for their public calls. */
+mpg_status mpg__group_claim(mpg_group *g, const char *fn);
+void mpg__group_release(mpg_group *g);
+
 /* coll.c: after a failure `st` of the call `fn` on g: a timeout or an
  * abort aborts the whole context and names the group in the message;
  * returns st. */

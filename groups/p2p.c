@@ -17,10 +17,6 @@
 
 #define FN "mpg_p2p_batch"
 
-/* coll.c: the group's busy flag (one thread at a time; see there). */
-mpg_status mpg__group_claim(mpg_group *g, const char *fn);
-void mpg__group_release(mpg_group *g);
-
 static mpg_status check_op(const mpg_group *g, const mpg_p2p_op *op, int i) {
   if (op->kind != MPG_P2P_SEND && op->kind != MPG_P2P_RECV)
     return mpg__fail(MPG_ERR_INVALID,
