@@ -183,6 +183,12 @@ struct mpg__backend_ops {
   /* This member's position in comm and comm's size, as the backend made
    * them: group.c checks them against the mesh after every split.  Local. */
   void (*comm_shape)(const mpg__comm *comm, int *position, int *size);
+  /* Optional: the position in `parent` (the communicator comm was split
+   * from) of each of comm's members, in comm's position order, into
+   * positions[] (room for comm's size): group.c checks them against the
+   * mesh.  Local.  Returns 0, or -1 when the backend cannot tell (nothing
+   * is checked then).  NULL: not checked (nccl says no member ids). */
+  int (*comm_members)(const mpg__comm *comm, const mpg__comm *parent, int *positions);
 };
 
 /* The size-1 collective on host memory. */

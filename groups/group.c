@@ -17,15 +17,33 @@ static mpg_status check_shape(mpg_ctx *ctx, mpg_group *g, const char *key) {
   if (!g->comm || !ctx->ops->comm_shape) return MPG_OK;
   int pos = -1, size = -1;
   ctx->ops->comm_shape(g->comm, &pos, &size);
-  if (pos == g->position && size == g->size) return MPG_OK;
+  char why[160] = "";
+  if (pos != g->position || size != g->size) {
+    snprintf(why, sizeof why, "of %d members with this rank at position %d, but the mesh "
+             "says %d members and position %d", size, pos, g->size, g->position);
+  } else if (ctx->ops->comm_members) {
+    /* Its members, as world positions (= mesh ranks: the world is in mesh
+     * order, placement renumbered it), against the mesh's. */
+    int *at = malloc(sizeof *at * (size_t)size);
+    if (at && ctx->ops->comm_members(g->comm, ctx->world_comm, at) == 0) {
+      for (int p = 0; p < size && !why[0]; p++) {
+        int want = -1;
+        mpg_group_member(g, p, &want);
+        if (at[p] != want)
+          snprintf(why, sizeof why, "whose member at position %d is world rank %d, but the "
+                   "mesh says world rank %d", p, at[p], want);
+      }
+    }
+    free(at);
+  }
+  if (!why[0]) return MPG_OK;
   mpg__ctx_abort_all(ctx, MPG_ERR_ABORTED);
   (void)ctx->ops->destroy(g->comm); /* never blocks after the abort */
   g->comm = NULL;
   return mpg__fail(MPG_ERR_STATE,
-                   "group \"%s\" index %d (rank %d): the %s backend made a communicator of "
-                   "%d members with this rank at position %d, but the mesh says %d members "
-                   "and position %d: the ranks do not agree on the mesh (context aborted)",
-                   key, g->index, ctx->rank, ctx->ops->name, size, pos, g->size, g->position);
+                   "group \"%s\" index %d (rank %d): the %s backend made a communicator %s: "
+                   "the ranks do not agree on the mesh (context aborted)",
+                   key, g->index, ctx->rank, ctx->ops->name, why);
 }
 
 /* Make g's communicator: nothing for size 1, the world's for "world",

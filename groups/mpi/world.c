@@ -523,6 +523,23 @@ static void comm_shape(const mpg__comm *m, int *pos, int *size) {
   *size = m->size;
 }
 
+/* MPI_Group_translate_ranks from comm's group to its parent's. */
+static int comm_members(const mpg__comm *m, const mpg__comm *parent, int *pos) {
+  int *in = malloc(sizeof *in * (size_t)m->size);
+  if (!in) return -1;
+  for (int i = 0; i < m->size; i++) in[i] = i;
+  MPI_Group a = MPI_GROUP_NULL, b = MPI_GROUP_NULL;
+  lock_g();
+  int rc = MPI_Comm_group(m->comm, &a);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_group(parent->comm, &b);
+  if (rc == MPI_SUCCESS) rc = MPI_Group_translate_ranks(a, m->size, in, b, pos);
+  if (a != MPI_GROUP_NULL) MPI_Group_free(&a);
+  if (b != MPI_GROUP_NULL) MPI_Group_free(&b);
+  unlock_g();
+  free(in);
+  return rc == MPI_SUCCESS ? 0 : -1;
+}
+
 const struct mpg__backend_ops mpg__backend_mpi = {
     .name = "mpi",
     .world_init = world_init,
@@ -539,4 +556,5 @@ const struct mpg__backend_ops mpg__backend_mpi = {
     .comm_identity = comm_identity,
     .set_timeout = comm_set_timeout,
     .comm_shape = comm_shape,
+    .comm_members = comm_members,
 };

@@ -197,6 +197,23 @@ static void t_shape(const mpg__comm *cm, int *pos, int *size) {
   *size = cm->g->size;
 }
 
+/* The groups' ranks[] are thread-world ranks; the parent's give their
+ * positions there.  Both groups' member lists are fixed at creation. */
+static int t_members(const mpg__comm *cm, const mpg__comm *parent, int *pos) {
+  const tgroup *g = cm->g, *p = parent->g;
+  int top = 0;
+  for (int i = 0; i < p->size; i++)
+    if (p->ranks[i] >= top) top = p->ranks[i] + 1;
+  int *at = malloc(sizeof *at * (size_t)(top ? top : 1));
+  if (!at) return -1;
+  for (int r = 0; r < top; r++) at[r] = -1;
+  for (int i = 0; i < p->size; i++) at[p->ranks[i]] = i;
+  for (int i = 0; i < g->size; i++)
+    pos[i] = g->ranks[i] >= 0 && g->ranks[i] < top ? at[g->ranks[i]] : -1;
+  free(at);
+  return 0;
+}
+
 const struct mpg__backend_ops mpg__backend_thread = {
     .name = "thread",
     .world_init = t_world_init,
@@ -210,4 +227,5 @@ const struct mpg__backend_ops mpg__backend_thread = {
     .local = NULL,
     .set_timeout = t_set_timeout,
     .comm_shape = t_shape,
+    .comm_members = t_members,
 };
