@@ -54,6 +54,16 @@ static inline mpg_status rank_fail(const char *file, int line, const char *fmt, 
 }
 
 /* In a rank function: fail (and return) unless cond holds. */
+/* A mesh from "dp=2,tp=2" (sizes may be -1), over the world it implies. */
+static inline mpg_mesh *make_dims_mesh(const char *dims) {
+  mpg_spec spec = MPG_SPEC_INIT;
+  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
+  cr_assert_eq(mpg_spec_set_mesh(&spec, dims), MPG_OK, "%s", mpg_last_error());
+  mpg_mesh *m = NULL;
+  cr_assert_eq(mpg_mesh_create(&spec, 0, &m), MPG_OK, "mesh %s: %s", dims, mpg_last_error());
+  return m;
+}
+
 #define RCHECK(cond, ...)                                            \
   do {                                                               \
     if (!(cond)) return rank_fail(__FILE__, __LINE__, __VA_ARGS__);  \

@@ -56,15 +56,6 @@ static uint64_t h4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
   return mix(mix(mix(mix(a) ^ b) ^ c) ^ d);
 }
 
-static mpg_mesh *make_mesh(const char *dims) {
-  mpg_spec spec = MPG_SPEC_INIT;
-  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
-  cr_assert_eq(mpg_spec_set_mesh(&spec, dims), MPG_OK, "%s", mpg_last_error());
-  mpg_mesh *m = NULL;
-  cr_assert_eq(mpg_mesh_create(&spec, 0, &m), MPG_OK, "mesh %s: %s", dims, mpg_last_error());
-  return m;
-}
-
 /* ------------------------------------------------------------------------ */
 /* One all-to-all, described the same way on every member                   */
 /* ------------------------------------------------------------------------ */
@@ -223,7 +214,7 @@ Test(all_to_all, random_meshes_groups_counts_dtypes, .timeout = 300) {
     int dp = pick_divisor(rest, seed >> 16), tp = rest / dp;
     char dims[64];
     snprintf(dims, sizeof dims, "pp=%d,dp=%d,tp=%d", pp, dp, tp);
-    mpg_mesh *mesh = make_mesh(dims);
+    mpg_mesh *mesh = make_dims_mesh(dims);
     prop_arg a = {mesh, seed, world > 8 ? 2 * MPG_DTYPE_COUNT : 4 * MPG_DTYPE_COUNT};
     fail_msg[0] = '\0';
     double t0 = now_s();
@@ -374,7 +365,7 @@ static mpg_status args_main(const mpg_init_opts *opts, void *arg) {
 
 Test(all_to_all, refusals_mismatches_and_size_one) {
   setenv("MESHPG_CHECK_ORDER", "1", 1);
-  mpg_mesh *mesh = make_mesh("dp=2,tp=1");
+  mpg_mesh *mesh = make_dims_mesh("dp=2,tp=1");
   EXPECT_RUN_OK(mpg_thread_run(2, 20.0, args_main, mesh, NULL));
   mpg_mesh_destroy(mesh);
 }
@@ -431,7 +422,7 @@ static mpg_status absent_main(const mpg_init_opts *opts, void *arg) {
 /* Mesh dp=4,tp=2: the skipper's dp group has 4 members, 3 of which wait. */
 static void run_absent(int async, int v, int skipper) {
   setenv("MESHPG_CHECK_ORDER", "0", 1); /* the skipper breaks the order, by design */
-  mpg_mesh *mesh = make_mesh("dp=4,tp=2");
+  mpg_mesh *mesh = make_dims_mesh("dp=4,tp=2");
   absent_arg *a = calloc(1, sizeof *a);
   a->mesh = mesh;
   a->async = async;
@@ -514,7 +505,7 @@ static mpg_status order_main(const mpg_init_opts *opts, void *arg) {
 
 static void run_order(int v) {
   setenv("MESHPG_CHECK_ORDER", "1", 1);
-  mpg_mesh *mesh = make_mesh("dp=2");
+  mpg_mesh *mesh = make_dims_mesh("dp=2");
   order_arg *a = calloc(1, sizeof *a);
   a->mesh = mesh;
   a->v = v;

@@ -31,18 +31,9 @@
            mpg_status_name(st_), mpg_last_error(), mpg_status_name(want), text); \
   } while (0)
 
-static mpg_mesh *make_mesh(const char *dims) {
-  mpg_spec spec = MPG_SPEC_INIT;
-  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
-  cr_assert_eq(mpg_spec_set_mesh(&spec, dims), MPG_OK, "%s", mpg_last_error());
-  mpg_mesh *m = NULL;
-  cr_assert_eq(mpg_mesh_create(&spec, 0, &m), MPG_OK, "mesh %s: %s", dims, mpg_last_error());
-  return m;
-}
-
 /* Run fn on `world` thread ranks over the mesh `dims` (fn's argument). */
 static void run_on(const char *dims, int world, mpg_status (*fn)(const mpg_init_opts *, void *)) {
-  mpg_mesh *mesh = make_mesh(dims);
+  mpg_mesh *mesh = make_dims_mesh(dims);
   EXPECT_RUN_OK(mpg_thread_run(world, 20.0, fn, mesh, NULL));
   mpg_mesh_destroy(mesh);
 }
@@ -136,7 +127,7 @@ static mpg_status ring_main(const mpg_init_opts *opts, void *arg) {
 
 static void run_ring(const char *dims, int world, const char *group, size_t count,
                      int async, int rounds) {
-  mpg_mesh *mesh = make_mesh(dims);
+  mpg_mesh *mesh = make_dims_mesh(dims);
   ring_arg a = {mesh, group, count, async, rounds};
   double t0 = now_s();
   EXPECT_RUN_OK(mpg_thread_run(world, 30.0, ring_main, &a, NULL));
@@ -382,7 +373,7 @@ static mpg_status absent_main(const mpg_init_opts *opts, void *arg) {
 }
 
 static void run_absent(int async) {
-  mpg_mesh *mesh = make_mesh("pp=2");
+  mpg_mesh *mesh = make_dims_mesh("pp=2");
   absent_arg *a = calloc(1, sizeof *a);
   a->mesh = mesh;
   a->async = async;
@@ -436,7 +427,7 @@ static mpg_status midway_main(const mpg_init_opts *opts, void *arg) {
 
 Test(p2p_batch, failed_post_midway_releases_what_was_posted) {
   setenv("MESHPG_THREAD_INBOX_MSGS", "1", 1);
-  mpg_mesh *mesh = make_mesh("pp=2");
+  mpg_mesh *mesh = make_dims_mesh("pp=2");
   midway_arg *a = calloc(1, sizeof *a);
   a->mesh = mesh;
   EXPECT_RUN_OK(mpg_thread_run(2, TIMEOUT_S, midway_main, a, NULL));

@@ -43,15 +43,6 @@
 #define TIMEOUT_S 60.0 /* the contexts' timeout: far beyond any wait here */
 #define HOLD_S 30.0    /* how long a rank waits for the forced overlap */
 
-static mpg_mesh *make_mesh(const char *dims) {
-  mpg_spec spec = MPG_SPEC_INIT;
-  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
-  cr_assert_eq(mpg_spec_set_mesh(&spec, dims), MPG_OK, "%s", mpg_last_error());
-  mpg_mesh *m = NULL;
-  cr_assert_eq(mpg_mesh_create(&spec, 0, &m), MPG_OK, "mesh %s: %s", dims, mpg_last_error());
-  return m;
-}
-
 /* In a rank's helper thread: fail unless the call gave MPG_ERR_STATE with
  * the message of a call on a group in use, naming `fn` and this rank. */
 static mpg_status expect_busy(mpg_status st, const char *fn, int rank) {
@@ -229,7 +220,7 @@ static mpg_status hammer_main(const mpg_init_opts *opts, void *arg) {
 Test(threads, hammer_one_group_from_two_threads, .timeout = 300) {
   hammer_arg *a = calloc(1, sizeof *a);
   cr_assert(a);
-  a->mesh = make_mesh("dp=3");
+  a->mesh = make_dims_mesh("dp=3");
   double t0 = now_s();
   EXPECT_RUN_OK(mpg_thread_run(H_WORLD, TIMEOUT_S, hammer_main, a, NULL));
   int total = 0;
@@ -377,7 +368,7 @@ Test(threads, every_issuing_call_refused_while_another_thread_holds_the_group,
      .timeout = 300) {
   refuse_arg *a = calloc(1, sizeof *a);
   cr_assert(a);
-  a->mesh = make_mesh("dp=2");
+  a->mesh = make_dims_mesh("dp=2");
   EXPECT_RUN_OK(mpg_thread_run(2, TIMEOUT_S, refuse_main, a, NULL));
   cr_assert_eq(a->calls_tried, 17, "%d calls tried", a->calls_tried);
   mpg_mesh_destroy((mpg_mesh *)a->mesh);
