@@ -8,12 +8,13 @@
 
 #include "ctx_internal.h"
 
-/* After a split: the communicator the backend made has the size and this
- * rank's position that the mesh says (defence in depth behind agree.c: a
- * group of another size would make collectives write past the caller's
- * buffers).  On a mismatch the context is aborted, so that no rank goes on
- * with groups it does not share. */
-static mpg_status check_shape(mpg_ctx *ctx, mpg_group *g, const char *key) {
+/* After a split: the communicator the backend made has the size, this
+ * rank's position and (where the backend can tell) the members that the
+ * mesh says (defence in depth behind agree.c: a group of another size
+ * would make collectives write past the caller's buffers).  On a mismatch
+ * the context is aborted, so that no rank goes on with groups it does not
+ * share. */
+static mpg_status check_shape(mpg_ctx *ctx, mpg_group *g) {
   if (!g->comm || !ctx->ops->comm_shape) return MPG_OK;
   int pos = -1, size = -1;
   ctx->ops->comm_shape(g->comm, &pos, &size);
@@ -43,7 +44,7 @@ static mpg_status check_shape(mpg_ctx *ctx, mpg_group *g, const char *key) {
   return mpg__fail(MPG_ERR_STATE,
                    "group \"%s\" index %d (rank %d): the %s backend made a communicator %s: "
                    "the ranks do not agree on the mesh (context aborted)",
-                   key, g->index, ctx->rank, ctx->ops->name, why);
+                   g->name, g->index, ctx->rank, ctx->ops->name, why);
 }
 
 /* Make g's communicator: nothing for size 1, the world's for "world",
@@ -66,7 +67,7 @@ static mpg_status create_one(mpg_ctx *ctx, mpg_group *g) {
       st = mpg__fail(MPG_ERR_BACKEND,
                      "group \"%s\": split gave rank %d no communicator",
                      g->name, ctx->rank);
-    if (!st) st = check_shape(ctx, g, g->name);
+    if (!st) st = check_shape(ctx, g);
     if (st) return st;
   }
   g->created = 1;
@@ -230,7 +231,7 @@ static mpg_status make_extra_part(mpg_ctx *ctx, const char *key, unsigned mask,
     mpg__order_note_split(g); /* not for mpg_ctx_group_select's groups */
     st = ctx->ops->split(ctx->world_comm, member ? g->index : -1, g->position,
                          &g->comm);
-    if (!st && member) st = check_shape(ctx, g, key);
+    if (!st && member) st = check_shape(ctx, g);
   }
   if (st) {
     free(g);
