@@ -122,16 +122,21 @@ static mpg_status check_coll(const mpg_group *g, const mpg__coll *c) {
   return MPG_OK;
 }
 
-/* Abort the context when an operation of a group failed in the backend,
- * timed out or was aborted, and keep the message, with the group in front:
- * which group (name, index in its dim set) and this rank's place in it;
- * the backend's part says who had not arrived, as far as it knows.  A
- * backend error aborts too: the peers may be inside the same collective,
- * and NCCL requires ncclCommAbort after an asynchronous error (its
- * communicator cannot be used again).  Argument errors (MPG_ERR_INVALID,
- * _RANGE) are caught before anything is posted and abort nothing. */
+/* Abort the context when an operation of a group failed after its
+ * arguments were accepted: it timed out, was aborted, failed in the
+ * backend, or could not be posted (out of memory, ...); and keep the
+ * message, with the group in front: which group (name, index in its dim
+ * set) and this rank's place in it; the backend's part says who had not
+ * arrived, as far as it knows.  Every such failure aborts, because the
+ * peers may have posted the same collective: a rank that failed to post
+ * operation k and went on would pair its operation k + 1 with their k and
+ * give them a wrong sum with MPG_OK; and NCCL requires ncclCommAbort
+ * after an asynchronous error (its communicator cannot be used again).
+ * Argument errors (MPG_ERR_INVALID, _RANGE) are caught before anything is
+ * posted, the same on every rank that passed the same arguments, and abort
+ * nothing; so do refusals that post nothing (MPG_ERR_STATE). */
 static mpg_status on_failure(mpg_group *g, const char *fn, mpg_status st) {
-  if (st == MPG_ERR_TIMEOUT || st == MPG_ERR_ABORTED || st == MPG_ERR_BACKEND) {
+  if (st != MPG_OK && st != MPG_ERR_INVALID && st != MPG_ERR_RANGE && st != MPG_ERR_STATE) {
     mpg__saved_error why;
     mpg__error_save(&why);
     mpg__ctx_abort_all(g->ctx, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
