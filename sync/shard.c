@@ -410,6 +410,7 @@ static mpg_status gather_start(mpg_sync *s, int i) {
   char *all = (char *)f->params + b->offset * es;
   char *mine = all + (size_t)mpg_group_rank(shard) * b->slice * es;
   mpg_status st = mpg_all_gather(shard, mine, all, b->slice, f->dtype, s->stream, &b->gather);
+  mpg__sync_abort_after(s, st); /* the peers' gathers go on: never pair with them */
   if (st)
     return mpg__fail_wrap(st, "sync gather: bucket %d (%s, %zu elements over \"%s\")",
                           s->forward[i], mpg_dtype_name(f->dtype), b->count,
@@ -459,8 +460,10 @@ mpg_status mpg_sync_gather_begin(mpg_sync *s, void *stream) {
     return mpg__fail(MPG_ERR_ABORTED, "mpg_sync_gather_begin: the context was aborted in "
                      "step %ld: %s", s->dead_step, s->dead_msg);
   /* The optimizer wrote the params on the caller's stream. */
-  if ((st = mpg_ctx_stream_order(s->ctx, s->stream, stream)))
+  if ((st = mpg_ctx_stream_order(s->ctx, s->stream, stream))) {
+    mpg__sync_abort_after(s, st); /* no gather posted here: the peers' go on */
     return mpg__fail_wrap(st, "mpg_sync_gather_begin: ordering the sync's stream");
+  }
   s->gather_caller = stream;
   s->gather_due = 0;
   s->gathering = 1;

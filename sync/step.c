@@ -22,16 +22,39 @@ void mpg__sync_wait_all(mpg_sync *s) {
 /* The step                                                            */
 /* ------------------------------------------------------------------ */
 
+void mpg__sync_abort_after(mpg_sync *s, mpg_status st) {
+  if (st == MPG_OK || st == MPG_ERR_INVALID || st == MPG_ERR_RANGE ||
+      mpg_ctx_status(s->ctx) != MPG_OK)
+    return;
+  mpg__saved_error why;
+  mpg__error_save(&why);
+  (void)mpg_ctx_abort(s->ctx);
+  (void)mpg__error_restore(st, &why);
+}
+
 /* Fail the step: keep the first error (with `what` in front of the groups
  * layer's message), mark the gradients invalid, and remember a timeout or
- * abort, after which the context is unusable. */
-static mpg_status step_fail(mpg_sync *s, mpg_status st, const char *what) {
+ * abort, after which the context is unusable.
+ *
+ * A failed step launches nothing more (no further bucket, replicate
+ * slice or tied sum), while the peers, whose step may be healthy, post
+ * theirs.  Unless the failure is an argument error (MPG_ERR_INVALID,
+ * _RANGE: the same on every member, which all stop at the same
+ * operation), this rank's next step would pair its collectives with the
+ * peers' pending ones and hand them a wrong sum with MPG_OK.  So such a
+ * failure aborts the context (the groups layer already did for timeouts,
+ * aborts and failed posts; this covers the rest: another thread holding
+ * a group, a stream that could not be ordered), and every member fails
+ * instead.  `more` is 0 for the step's last collective, the issue-order
+ * check, which every member runs and fails alike, with nothing after it. */
+static mpg_status step_fail_as(mpg_sync *s, mpg_status st, const char *what, int more) {
   if (!s->step_status) {
     snprintf(s->step_msg, sizeof s->step_msg, "sync step %ld: %s: %s", s->step, what,
              mpg_last_error());
     s->step_status = st;
-    if ((st == MPG_ERR_TIMEOUT || st == MPG_ERR_ABORTED) && !s->dead) {
-      s->dead = st;
+    if (more) mpg__sync_abort_after(s, st);
+    if (mpg_ctx_status(s->ctx) != MPG_OK && !s->dead) {
+      s->dead = st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED;
       s->dead_step = s->step;
       snprintf(s->dead_msg, sizeof s->dead_msg, "%s", s->step_msg);
     }
@@ -39,6 +62,10 @@ static mpg_status step_fail(mpg_sync *s, mpg_status st, const char *what) {
   }
   s->valid = 0;
   return mpg__fail(s->step_status, "%s", s->step_msg);
+}
+
+static mpg_status step_fail(mpg_sync *s, mpg_status st, const char *what) {
+  return step_fail_as(s, st, what, 1);
 }
 
 static void describe_bucket(const mpg_sync *s, int k, char *buf, size_t n) {
@@ -290,7 +317,7 @@ mpg_status mpg_sync_finish(mpg_sync *s) {
   /* The end of the step: the issue-order check, on every rank whatever
    * its step status (a collective: no rank may skip it). */
   mpg_status ost = mpg__ctx_check_order(s->ctx, "mpg_sync_finish");
-  if (ost && !s->step_status) step_fail(s, ost, "issue-order check");
+  if (ost && !s->step_status) step_fail_as(s, ost, "issue-order check", 0);
   s->in_step = 0;
   if (s->step_status) {
     s->valid = 0;
