@@ -80,10 +80,12 @@ mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where);
  * (hierarchical: shm_internal.h), and MESHPG_SHM is not 0 on any of
  * them, it makes one segment per host holding every local member's
  * `bytes`-byte buffer (threads of one process: an anonymous mapping;
- * processes: a POSIX shared-memory object, unlinked once all mapped it),
+ * processes: a file that never has a name, in /dev/shm or a memfd),
  * starts this member's worker
- * thread and returns *out with *data, this member's buffer (zeroed, page
- * aligned; it lives until mpg__shm_destroy).  Otherwise *out is NULL (one
+ * thread and returns *out with *data, this member's buffer (zeroed and
+ * 64-byte aligned: page aligned only for the node's first member, since
+ * the members' buffers are whole pages plus 5 cache lines apart, against
+ * 4 KiB aliasing; it lives until mpg__shm_destroy).  Otherwise *out is NULL (one
  * log line says why) and the caller allocates as before.  depth: how
  * many operations a member may post before the first is complete
  * everywhere (more wait, bounded by the timeout).  Errors, on every
@@ -103,7 +105,16 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
  * buffer's range must not be touched until the work completes
  * (mpg_work_test / mpg_work_wait as for any collective; the timeout and
  * abort are the context's).  Every member posts the same operations in
- * the same order (each is checked against the others': MPG_ERR_INVALID). */
+ * the same order (each is checked against the others': MPG_ERR_INVALID).
+ * The post claims the group like the public calls (mpg__group_claim): a
+ * second thread's call on it meanwhile fails with MPG_ERR_STATE.  Any
+ * failure of a post (arguments, MPG_ERR_STATE, MPG_ERR_NOMEM, the
+ * context aborted, a timeout waiting for a ring slot) has not posted the
+ * operation, which the peers may have posted: it aborts the segment, so
+ * that every later operation of every member fails (the others with
+ * MPG_ERR_ABORTED naming this member and the reason), and a timeout or
+ * abort also aborts the context (mpg__group_on_failure).  An operation
+ * never completes with MPG_OK unless every member reduced it. */
 mpg_status mpg__shm_all_reduce(mpg__shm *shm, size_t offset, size_t count, mpg_op op,
                                double scale, mpg_work **work);
 mpg_status mpg__shm_reduce_scatter(mpg__shm *shm, size_t offset, size_t count, mpg_op op,

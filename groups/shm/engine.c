@@ -42,14 +42,37 @@ void mpg__shm_futex_wake(_Atomic uint32_t *w) {
 
 static int after(uint32_t a, uint32_t b) { return (int32_t)(a - b) > 0; }
 
+mpg__shm_seam_set mpg__shm_seams;
+
+static uint64_t abort_pack(mpg_status why, int by, int peer, uint32_t q) {
+  return (uint64_t)(uint32_t)why |
+         (uint64_t)(uint32_t)by << SHM_ABORT_STATUS_BITS |
+         (uint64_t)(uint32_t)(peer + 2) << (SHM_ABORT_STATUS_BITS + SHM_ABORT_BY_BITS) |
+         (uint64_t)q << 32;
+}
+
+int mpg__shm_aborted(const mpg__shm *s, shm_abort *out) {
+  uint64_t w = atomic_load(&s->ctl->abort);
+  if (!w) return 0;
+  if (out) {
+    uint32_t st = (uint32_t)w & ((1u << SHM_ABORT_STATUS_BITS) - 1);
+    out->status = st ? (mpg_status)st : MPG_ERR_ABORTED; /* never MPG_OK */
+    out->by = (int)((uint32_t)w >> SHM_ABORT_STATUS_BITS & ((1u << SHM_ABORT_BY_BITS) - 1));
+    out->peer = (int)((uint32_t)w >> (SHM_ABORT_STATUS_BITS + SHM_ABORT_BY_BITS)) - 2;
+    out->q = (uint32_t)(w >> 32);
+  }
+  return 1;
+}
+
 void mpg__shm_abort(mpg__shm *s, mpg_status why, int peer, uint32_t q) {
-  uint32_t none = 0;
-  /* Who and why first, then the status that publishes them. */
-  int32_t unset = -1;
-  if (!atomic_compare_exchange_strong(&s->ctl->abort_by, &unset, s->pos)) return;
-  atomic_store(&s->ctl->abort_peer, peer);
-  atomic_store(&s->ctl->abort_q, q);
-  atomic_compare_exchange_strong(&s->ctl->abort_status, &none, (uint32_t)why);
+  /* The whole reason in one store: a reader never sees an abort claimed
+   * but not yet explained, and never a status of 0. */
+  uint64_t none = 0;
+  if (!why) why = MPG_ERR_ABORTED;
+  if (peer < -2 || peer >= s->n) peer = -1;
+  if (!atomic_compare_exchange_strong(&s->ctl->abort, &none, abort_pack(why, s->pos, peer, q)))
+    return;
+  if (mpg__shm_seams.abort_claimed) mpg__shm_seams.abort_claimed(s->pos, why, peer, q);
   for (int p = 0; p < s->n; p++) {
     mpg__shm_futex_wake(&s->posted[p].v);
     mpg__shm_futex_wake(&s->finished[p].v);
@@ -58,36 +81,49 @@ void mpg__shm_abort(mpg__shm *s, mpg_status why, int peer, uint32_t q) {
 
 /* The member at position p, for messages: "position 2 (rank 5)". */
 static void who(const mpg__shm *s, int p, char *buf, size_t n) {
-  int rank = -1, gp = s->members[p];
+  int rank = -1, gp = p >= 0 && p < s->n ? s->members[p] : -1;
+  if (gp < 0) {
+    snprintf(buf, n, "a member");
+    return;
+  }
   mpg_group_member(s->group, gp, &rank);
   snprintf(buf, n, "position %d (rank %d)", gp, rank);
 }
 
-/* The error every member reports once the segment was aborted. */
+/* The error every member reports once the segment was aborted: never
+ * MPG_OK (the caller saw the abort word set).  The member that gave up
+ * gets its own reason; the others MPG_ERR_ABORTED naming it and the
+ * reason, except for two members' different operations (MPG_ERR_INVALID
+ * on every member). */
 static mpg_status aborted(const mpg__shm *s, uint32_t q) {
-  mpg_status st = (mpg_status)atomic_load(&s->ctl->abort_status);
-  int by = atomic_load(&s->ctl->abort_by), peer = atomic_load(&s->ctl->abort_peer);
-  uint32_t aq = atomic_load(&s->ctl->abort_q);
+  shm_abort ab = {MPG_ERR_ABORTED, -1, -1, q};
+  (void)mpg__shm_aborted(s, &ab);
+  mpg_status st = ab.status;
+  int by = ab.by, peer = ab.peer, mine = by == s->pos;
+  uint32_t aq = ab.q;
   char a[64], b[64], head[256];
   who(s, by, a, sizeof a);
   if (peer >= 0) who(s, peer, b, sizeof b);
   snprintf(head, sizeof head, "shared-memory reduction #%u of group %s (%d ranks on this node)",
            q, s->gname, s->n);
-  if (st == MPG_ERR_INVALID)
+  if (st == MPG_ERR_INVALID && peer >= 0)
     return mpg__fail(st, "%s: %s and %s posted different operations #%u (offset, count, "
-                     "dtype or op differ)", head, a, peer >= 0 ? b : "another member", aq);
+                     "dtype or op differ)", head, a, b, aq);
   if (peer == -2)
-    return mpg__fail(st == MPG_ERR_TIMEOUT && by == s->pos ? st : MPG_ERR_ABORTED,
+    return mpg__fail(st == MPG_ERR_TIMEOUT && mine ? st : MPG_ERR_ABORTED,
                      "%s: the all-reduce across nodes of %s failed (%s) in operation #%u",
                      head, a, mpg_status_name(st), aq);
-  if (st == MPG_ERR_TIMEOUT && by == s->pos)
+  if (st == MPG_ERR_TIMEOUT && mine)
     return mpg__fail(st, "%s timed out after %.3g s: missing %s, which did not post "
                      "operation #%u", head, s->group->ctx->timeout_s,
                      peer >= 0 ? b : "a member", aq);
   if (st == MPG_ERR_TIMEOUT)
     return mpg__fail(MPG_ERR_ABORTED, "%s: aborted by %s, which timed out in operation #%u: "
                      "missing %s", head, a, aq, peer >= 0 ? b : "a member");
-  return mpg__fail(st, "%s: aborted by %s (%s) in operation #%u", head, a,
+  if (mine)
+    return mpg__fail(st, "%s: this member (%s) gave up in operation #%u (%s); the segment "
+                     "stays aborted", head, a, aq, mpg_status_name(st));
+  return mpg__fail(MPG_ERR_ABORTED, "%s: aborted by %s (%s) in operation #%u", head, a,
                    mpg_status_name(st), aq);
 }
 
@@ -105,7 +141,7 @@ static int same_desc(const shm_desc *a, const shm_desc *b) {
  * context aborted (a watchdog's mpg_ctx_abort: passed on to the other
  * members at once, without waiting for this member's next wait)? */
 static int gave_up(mpg__shm *s, uint32_t q) {
-  if (atomic_load(&s->stop) || atomic_load(&s->ctl->abort_status)) return 1;
+  if (atomic_load(&s->stop) || mpg__shm_aborted(s, NULL)) return 1;
   int reason = atomic_load(&s->group->ctx->aborted);
   if (!reason) return 0;
   mpg__shm_abort(s, (mpg_status)reason, -1, q);
@@ -147,8 +183,9 @@ void *mpg__shm_worker(void *arg) {
       if (after(v, q)) break;
       mpg__shm_futex_wait(&mine->v, v, POLL_S);
     }
-    double deadline = s->deadline[q % (uint32_t)s->depth];
-    const shm_desc *d = &s->desc[(size_t)s->pos * (size_t)s->depth + q % (uint32_t)s->depth];
+    uint32_t slot = q & (uint32_t)(s->depth - 1); /* a power of two: across the wrap */
+    double deadline = s->deadline[slot];
+    const shm_desc *d = &s->desc[(size_t)s->pos * (size_t)s->depth + slot];
     for (int p = 0; p < s->n; p++) {
       for (;;) {
         uint32_t v = atomic_load_explicit(&s->posted[p].v, memory_order_acquire);
@@ -161,7 +198,7 @@ void *mpg__shm_worker(void *arg) {
         }
         mpg__shm_futex_wait(&s->posted[p].v, v, left < POLL_S ? left : POLL_S);
       }
-      if (!same_desc(d, &s->desc[(size_t)p * (size_t)s->depth + q % (uint32_t)s->depth])) {
+      if (!same_desc(d, &s->desc[(size_t)p * (size_t)s->depth + slot])) {
         mpg__shm_abort(s, MPG_ERR_INVALID, p, q);
         return NULL;
       }
@@ -200,28 +237,31 @@ static int lagging(const mpg__shm *s, uint32_t q, uint32_t *val) {
 }
 
 /* Wait until q is complete (block: 0 looks once) or the segment, or the
- * context, gives up. */
+ * context, gives up.  Complete first: an operation every member finished
+ * is reduced, even when the segment was aborted after it (by a later
+ * operation's failure). */
 static mpg_status wait_q(mpg__shm *s, uint32_t q, double deadline, int block, int *done) {
   mpg_ctx *ctx = s->group->ctx;
   *done = 0;
   for (;;) {
-    if (atomic_load(&s->ctl->abort_status)) return aborted(s, q);
-    int reason = atomic_load(&ctx->aborted);
-    if (reason) {
-      mpg__shm_abort(s, (mpg_status)reason, -1, q);
-      return aborted(s, q);
-    }
     uint32_t v = 0;
     int p = lagging(s, q, &v);
     if (p < 0) {
       *done = 1;
       return MPG_OK;
     }
+    if (mpg__shm_aborted(s, NULL)) return aborted(s, q);
+    int reason = atomic_load(&ctx->aborted);
+    if (reason) {
+      mpg__shm_abort(s, (mpg_status)reason, -1, q);
+      return aborted(s, q);
+    }
     double left = deadline + GRACE_S - mpg__now();
     if (left <= 0) {
       mpg__shm_abort(s, MPG_ERR_TIMEOUT, -1, q);
-      if ((mpg_status)atomic_load(&s->ctl->abort_status) == MPG_ERR_TIMEOUT &&
-          atomic_load(&s->ctl->abort_by) == s->pos) {
+      shm_abort ab;
+      if (mpg__shm_aborted(s, &ab) && ab.status == MPG_ERR_TIMEOUT && ab.by == s->pos &&
+          ab.peer == -1) {
         char b[64];
         who(s, p, b, sizeof b);
         return mpg__fail(MPG_ERR_TIMEOUT,
@@ -251,31 +291,49 @@ static const mpg__work_ext shm_work = {test_op, wait_op};
 /* Posting                                                             */
 /* ------------------------------------------------------------------ */
 
-static mpg_status post(mpg__shm *s, int scatter, size_t offset, size_t count, mpg_op op,
-                       double scale, mpg_work **work) {
-  const char *fn = scatter ? "mpg_reduce_scatter (shared memory)"
-                           : "mpg_all_reduce (shared memory)";
+/* A post that fails once the segment exists (shm_internal.h, "A failed
+ * post"): abort the segment with the reason, so that no member pairs a
+ * later operation of this one with another of its own, then the groups
+ * layer's handling (a timeout or abort aborts the context).  The message
+ * of `st` is kept. */
+static mpg_status refuse(mpg__shm *s, const char *fn, mpg_status st) {
+  mpg__saved_error why;
+  mpg__error_save(&why);
+  mpg__shm_abort(s, st, -1, atomic_load_explicit(&s->nposted, memory_order_relaxed));
+  (void)mpg__error_restore(st, &why);
+  return mpg__group_on_failure(s->group, fn, st);
+}
+
+/* post() with the group claimed. */
+static mpg_status post_claimed(mpg__shm *s, int scatter, size_t offset, size_t count,
+                               mpg_op op, double scale, mpg_work **work, const char *fn) {
   mpg_ctx *ctx = s->group->ctx;
-  if (!work) return mpg__fail(MPG_ERR_INVALID, "%s: work is NULL", fn);
-  *work = NULL;
   size_t span = scatter ? count * (size_t)s->n : count;
   if (offset > s->region_bytes / mpg__dtype_size(s->dtype) ||
       span > s->region_bytes / mpg__dtype_size(s->dtype) - offset)
-    return mpg__fail(MPG_ERR_RANGE, "%s: elements %zu..%zu are outside the %zu-byte buffer",
-                     fn, offset, offset + span, s->region_bytes);
+    return refuse(s, fn, mpg__fail(MPG_ERR_RANGE, "%s: elements %zu..%zu are outside the "
+                                   "%zu-byte buffer", fn, offset, offset + span,
+                                   s->region_bytes));
   mpg_status st = mpg__group_ready(s->group, fn);
-  if (st) return st;
-  if (atomic_load(&s->ctl->abort_status)) return aborted(s, s->nposted);
-  uint32_t q = s->nposted;
-  double deadline = mpg__now() + ctx->timeout_s;
-  /* Slot q % depth held operation q - depth: complete everywhere first. */
-  if (q >= (uint32_t)s->depth) {
-    st = wait_op(s, q - (uint32_t)s->depth, deadline);
-    if (st) return mpg__group_on_failure(s->group, fn, st);
-  }
+  if (st) return refuse(s, fn, st);
+  uint32_t q = atomic_load_explicit(&s->nposted, memory_order_relaxed);
+  if (mpg__shm_aborted(s, NULL)) return refuse(s, fn, aborted(s, q));
+  /* Everything that can fail comes before anything is written. */
   mpg_work *w = calloc(1, sizeof *w);
-  if (!w) return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", fn);
-  shm_desc *d = &s->desc[(size_t)s->pos * (size_t)s->depth + q % (uint32_t)s->depth];
+  if (!w) return refuse(s, fn, mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", fn));
+  double deadline = mpg__now() + ctx->timeout_s;
+  uint32_t slot = q & (uint32_t)(s->depth - 1);
+  /* The slot held operation q - depth when this member posted depth
+   * operations before (counted in 64 bits: q may have wrapped): complete
+   * everywhere first. */
+  if (s->nposts >= (uint64_t)s->depth) {
+    st = wait_op(s, q - (uint32_t)s->depth, deadline);
+    if (st) {
+      free(w);
+      return refuse(s, fn, st);
+    }
+  }
+  shm_desc *d = &s->desc[(size_t)s->pos * (size_t)s->depth + slot];
   d->offset = offset;
   d->count = count;
   d->dtype = (int32_t)s->dtype;
@@ -283,11 +341,12 @@ static mpg_status post(mpg__shm *s, int scatter, size_t offset, size_t count, mp
   d->scatter = scatter;
   d->pad = 0;
   d->scale = op == MPG_OP_PREMUL_SUM ? scale : 1.0;
-  s->deadline[q % (uint32_t)s->depth] = deadline;
+  s->deadline[slot] = deadline;
   mpg__coll c = {scatter ? MPG__REDUCE_SCATTER : MPG__ALL_REDUCE, NULL, NULL, count,
                  s->dtype, op, scale, 0, 0, NULL, 0};
   mpg__order_note(s->group, &c);
-  s->nposted = q + 1;
+  atomic_store_explicit(&s->nposted, q + 1, memory_order_relaxed);
+  s->nposts++;
   atomic_store_explicit(&s->posted[s->pos].v, q + 1, memory_order_release);
   mpg__shm_futex_wake(&s->posted[s->pos].v);
   w->group = s->group;
@@ -297,6 +356,23 @@ static mpg_status post(mpg__shm *s, int scatter, size_t offset, size_t count, mp
   w->deadline = deadline;
   *work = w;
   return MPG_OK;
+}
+
+/* Claimed like the public calls (coll.c): a second thread's post on this
+ * group (through the same sync, or any call on the group) while one runs
+ * fails with MPG_ERR_STATE, posting nothing, and, as every failed post,
+ * aborts the segment. */
+static mpg_status post(mpg__shm *s, int scatter, size_t offset, size_t count, mpg_op op,
+                       double scale, mpg_work **work) {
+  const char *fn = scatter ? "mpg_reduce_scatter (shared memory)"
+                           : "mpg_all_reduce (shared memory)";
+  if (!work) return refuse(s, fn, mpg__fail(MPG_ERR_INVALID, "%s: work is NULL", fn));
+  *work = NULL;
+  mpg_status st = mpg__group_claim(s->group, fn);
+  if (st) return refuse(s, fn, st);
+  st = post_claimed(s, scatter, offset, count, op, scale, work, fn);
+  mpg__group_release(s->group);
+  return st;
 }
 
 mpg_status mpg__shm_all_reduce(mpg__shm *s, size_t offset, size_t count, mpg_op op,

@@ -109,9 +109,23 @@ static void init_ctl(mpg__shm *s) {
   s->ctl->magic = SHM_MAGIC;
   s->ctl->n = (uint32_t)s->n;
   s->ctl->depth = (uint32_t)s->depth;
-  atomic_store(&s->ctl->abort_by, -1);
-  atomic_store(&s->ctl->abort_peer, -1);
+  atomic_store(&s->ctl->abort, 0);
   atomic_store(&s->ctl->refs, s->n);
+  /* Operations are numbered from 0, or from the test seam's first_q (each
+   * member starts at its posted word, the worker at its finished word). */
+  for (int p = 0; p < s->n; p++) {
+    atomic_store(&s->posted[p].v, mpg__shm_seams.first_q);
+    atomic_store(&s->finished[p].v, mpg__shm_seams.first_q);
+  }
+}
+
+/* The ring's slots: depth rounded up to a power of two, so that slot
+ * q & (slots - 1) stays consecutive when q wraps at 2^32 (shm_internal.h);
+ * depth <= SHM_MAX_DEPTH. */
+static int ring_slots(int depth) {
+  int slots = 1;
+  while (slots < depth) slots <<= 1;
+  return slots;
 }
 
 static uint64_t slack_bytes(uint64_t need) {
@@ -214,7 +228,7 @@ static void release(mpg__shm *s) {
   const struct mpg__backend_ops *ops = s->group ? s->group->ctx->ops : NULL;
   /* A worker blocked in the all-reduce across nodes of a failed step
    * returns now. */
-  if (s->inter && s->ctl && atomic_load(&s->ctl->abort_status))
+  if (s->inter && s->ctl && mpg__shm_aborted(s, NULL))
     ops->abort_comm(s->inter, MPG_ERR_ABORTED);
   if (s->worker_up) {
     atomic_store(&s->stop, 1);
@@ -438,12 +452,26 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   else if (nodes > 1 && !per) why = "its nodes hold different numbers of its members";
   else if (nodes > 1 && per < 2) why = "it has one member per node";
   else if (nodes > 1 && scatter) why = "a sharded buffer across nodes is not reduced hierarchically";
+  /* The bounds of the abort word's fields and of the ring
+   * (shm_internal.h), decided alike on every member: n is the same on
+   * each (one node, or the same number on each node), depth too. */
+  char bound[128];
+  int big = !why && (n > SHM_MAX_MEMBERS || depth > SHM_MAX_DEPTH);
+  if (big) {
+    if (n > SHM_MAX_MEMBERS)
+      snprintf(bound, sizeof bound, "%d members on one node, more than the %d a segment holds",
+               n, SHM_MAX_MEMBERS);
+    else
+      snprintf(bound, sizeof bound, "%d buckets in the buffer, more than the %d a segment's "
+               "ring holds", depth, SHM_MAX_DEPTH);
+    why = bound;
+  }
   if (why) {
     char at[48] = "";
     int rank = -1;
     if (off >= 0 && !mpg_group_member(group, off, &rank))
       snprintf(at, sizeof at, " at rank %d", rank);
-    mpg__log(off >= 0 ? 1 : 2,
+    mpg__log(off >= 0 || big ? 1 : 2,
              "rank %d: shared memory off for group %s (%s%s): it syncs through the %s "
              "backend's collectives", ctx->rank, gname, why, at, ctx->ops->name);
     free(all);
@@ -456,7 +484,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   if (s) {
     s->region = calloc((size_t)n, sizeof *s->region);
     s->members = calloc((size_t)n, sizeof *s->members);
-    s->deadline = calloc((size_t)depth, sizeof *s->deadline);
+    s->deadline = calloc((size_t)ring_slots(depth), sizeof *s->deadline);
     s->scratch = mpg__shm_scratch();
   }
   int32_t b[B_WORDS] = {0};
@@ -469,7 +497,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
     s->pos = pos;
     s->total = total;
     s->anon = !pids_differ;
-    s->depth = depth;
+    s->depth = ring_slots(depth);
     s->dtype = dtype;
     /* Regions a page apart would put the n addends of an element, and
      * their stores, at one offset modulo 4 KiB, where the core's loads
@@ -477,7 +505,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
      * lines per region give each of up to 64 members its own offset
      * (17.7 ms -> 14.8 ms for gpt-small at np 2 on the 2-core machine). */
     s->region_bytes = round_up(bytes, SHM_PAGE) + 5 * SHM_LINE;
-    s->map_bytes = control_bytes(n, depth) + s->region_bytes * (size_t)n;
+    s->map_bytes = control_bytes(n, s->depth) + s->region_bytes * (size_t)n;
     snprintf(s->gname, sizeof s->gname, "%s", gname);
     if (nodes > 1) {
       s->stage_elems = mpg__shm_max_shard(s, bytes / mpg__dtype_size(dtype));
@@ -547,9 +575,12 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
     free(all);
     free(allb);
     free(node);
+    /* This member's first operation: its posted word, as the creator set
+     * it before the second exchange (only this member writes it). */
+    atomic_store_explicit(&s->nposted, atomic_load(&s->posted[pos].v), memory_order_relaxed);
     if (pthread_create(&s->worker, NULL, mpg__shm_worker, s)) {
       /* The others fail at their first operation, at once. */
-      mpg__shm_abort(s, MPG_ERR_NOMEM, -1, 0);
+      mpg__shm_abort(s, MPG_ERR_NOMEM, -1, atomic_load(&s->nposted));
       release(s);
       return mpg__fail(MPG_ERR_NOMEM, "shared memory for group %s: cannot start its "
                        "worker thread", gname);

@@ -32,11 +32,15 @@
  * member for `posted` and one for `finished`, then each member's ring of
  * `depth` operation descriptors), then one region per member: member p's
  * buffer, each a whole number of pages plus 5 cache lines, so that the
- * members' elements do not meet at one offset modulo 4 KiB.  Member p posts its operations in order,
- * numbered q = 0, 1, 2, ... (each member numbers alike: every member
+ * members' elements do not meet at one offset modulo 4 KiB (so position
+ * 0's region is page aligned, the others only 64-byte aligned).  `depth`
+ * is the caller's depth rounded up to a power of two (at most
+ * SHM_MAX_DEPTH).  Member p posts its operations in order,
+ * numbered q = q0, q0 + 1, ... (q0 is 0, or the test seam's first_q; each
+ * member numbers alike: every member
  * posts the same operations in the same order): it writes descriptor q
- * into slot q % depth of its ring, then stores posted[p] = q + 1 (release)
- * and wakes the futex on that word.  Member p's worker thread, for each
+ * into slot q & (depth - 1) of its ring, then stores posted[p] = q + 1
+ * (release) and wakes the futex on that word.  Member p's worker thread, for each
  * q in turn, waits for posted[x] > q of every member x (acquire), checks
  * that x's descriptor equals its own, reduces its shard of operation q
  * from every region (in position order, in f32 for f16/bf16, the average
@@ -45,8 +49,12 @@
  * q + 1 (release).  Operation q is complete for a member when
  * finished[x] > q for every x: every shard was read and written.  The
  * counters are 32-bit and compared by signed difference, so they may
- * wrap.  A member does not reuse descriptor slot q % depth before
- * operation q - depth is complete everywhere.
+ * wrap; since depth is a power of two (a divisor of 2^32), slot
+ * q & (depth - 1) stays consecutive across the wrap.  A member does not
+ * reuse a descriptor slot before operation q - depth is complete
+ * everywhere; whether an earlier operation used the slot is decided by
+ * the member's 64-bit count of its posts (nposts >= depth), never by q,
+ * which may have wrapped.
  *
  * Faults.  Waits are futex waits of at most 100 ms (after a spin of a few
  * microseconds), each followed by a look at the shared abort word, the
@@ -56,7 +64,27 @@
  * member never posted, reports first).  The first member to give up stores
  * its reason in the abort word and wakes every futex of the segment, so
  * that every member returns MPG_ERR_TIMEOUT or MPG_ERR_ABORTED within the
- * timeout plus a fraction of a second, even when a member died. */
+ * timeout plus a fraction of a second, even when a member died.  The
+ * abort word is one 64-bit atomic holding all of the reason (status,
+ * position that gave up, the peer it waited for, the operation), stored
+ * by one compare-and-swap from 0: no reader can see an abort claimed but
+ * not yet explained, and a status 0 is never stored (a reader that finds
+ * one reports MPG_ERR_ABORTED).  Every path that reports an abort returns
+ * an error, never MPG_OK.  The position and peer fields bound the members
+ * of a segment to SHM_MAX_MEMBERS: a node with more keeps the shared path
+ * off (one log line).
+ *
+ * A failed post.  Once the segment exists, any post that fails (bad
+ * arguments, the group in use by another thread, the context aborted,
+ * out of memory, the slot-reuse wait failing) has not published its
+ * operation q, while the peers may have published theirs: a later post of
+ * this member would reuse q and pair with the peers' operation of another
+ * step (MPG_OK on wrong sums).  So every such failure aborts the segment
+ * (status: the failure's, peer -1) before returning, and goes through
+ * mpg__group_on_failure: every later operation of every member fails,
+ * the peers with MPG_ERR_ABORTED naming this member and the reason.  The
+ * handle is allocated before anything is written, so that nothing is
+ * half published. */
 #ifndef MPG_GROUPS_SHM_INTERNAL_H
 #define MPG_GROUPS_SHM_INTERNAL_H
 
@@ -70,16 +98,36 @@
 #define SHM_LINE 64
 #define SHM_PAGE 4096
 
+/* The abort word: 0 while healthy, else, packed in one 64-bit atomic,
+ * bits 0-6 the mpg_status that ended it (never 0), bits 7-18 the position
+ * that gave up, bits 19-31 the member it waited for plus 2 (so -1: none,
+ * -2: its all-reduce between hosts), bits 32-63 the operation. */
+#define SHM_ABORT_STATUS_BITS 7
+#define SHM_ABORT_BY_BITS 12
+#define SHM_ABORT_PEER_BITS 13
+#define SHM_MAX_MEMBERS (1 << SHM_ABORT_BY_BITS) /* members of one segment */
+#define SHM_MAX_DEPTH (1 << 20)                  /* ring slots per member */
+
+#if ATOMIC_LLONG_LOCK_FREE != 2
+#error "the abort word needs a lock-free 64-bit atomic (it is shared between processes)"
+#endif
+_Static_assert(MPG_STATUS_COUNT <= (1 << SHM_ABORT_STATUS_BITS), "status field too narrow");
+_Static_assert(SHM_MAX_MEMBERS + 2 <= (1 << SHM_ABORT_PEER_BITS), "peer field too narrow");
+_Static_assert(SHM_ABORT_STATUS_BITS + SHM_ABORT_BY_BITS + SHM_ABORT_PEER_BITS == 32,
+               "the abort word's low half");
+
 /* The shared header. */
 typedef struct shm_ctl {
   uint32_t magic, n, depth;
-  _Atomic uint32_t abort_status; /* 0, or the mpg_status that ended it */
-  _Atomic int32_t abort_by;      /* position that gave up */
-  _Atomic int32_t abort_peer;    /* the member it waited for, -1: none,
-                                    -2: its all-reduce between hosts */
-  _Atomic uint32_t abort_q;      /* the operation */
-  _Atomic int32_t refs;          /* anonymous mode: members still attached */
+  _Atomic int32_t refs;       /* anonymous mode: members still attached */
+  _Atomic uint64_t abort;     /* 0, or the packed reason (above) */
 } shm_ctl;
+
+typedef struct shm_abort {
+  mpg_status status; /* never MPG_OK once aborted */
+  int by, peer;
+  uint32_t q;
+} shm_abort;
 
 typedef struct shm_word {
   _Atomic uint32_t v;
@@ -113,7 +161,11 @@ struct mpg__shm {
   int depth;
   char **region;               /* n: each member's buffer in this mapping */
   mpg_dtype dtype;
-  uint32_t nposted;            /* operations this member posted */
+  _Atomic uint32_t nposted;    /* the number of this member's next operation
+                                  (q0 + posts, wrapping); atomic (relaxed)
+                                  only so that a refused second thread may
+                                  name it in its abort */
+  uint64_t nposts;             /* operations this member posted (no wrap) */
   double *deadline;            /* depth: the worker's deadline of each */
   pthread_t worker;
   int worker_up;
@@ -124,9 +176,27 @@ struct mpg__shm {
 
 /* engine.c: the worker thread's body. */
 void *mpg__shm_worker(void *arg);
-/* engine.c: give up (first caller wins): store the reason and wake every
- * futex of the segment. */
+/* engine.c: give up (first caller wins): store the whole reason in the
+ * abort word at once (why MPG_OK is stored as MPG_ERR_ABORTED) and wake
+ * every futex of the segment. */
 void mpg__shm_abort(mpg__shm *s, mpg_status why, int peer, uint32_t q);
+/* engine.c: the abort word of the segment: 0 while healthy, else *out
+ * holds the reason (out may be NULL). */
+int mpg__shm_aborted(const mpg__shm *s, shm_abort *out);
+
+/* Test seams (tests/groups/test_shm_faults.c), zero by default, set only
+ * by a test before it creates its contexts; never read from the
+ * environment.  first_q: the number of every segment's first operation
+ * (setup.c, read at creation), so that a test can start the counters
+ * near their wrap.  abort_claimed: called by mpg__shm_abort right after
+ * this member's compare-and-swap won the abort word, before the futexes
+ * are woken, so that a test can stall a winner there.  Off the hot path:
+ * read once per segment and once per abort. */
+typedef struct mpg__shm_seam_set {
+  uint32_t first_q;
+  void (*abort_claimed)(int pos, mpg_status why, int peer, uint32_t q);
+} mpg__shm_seam_set;
+extern mpg__shm_seam_set mpg__shm_seams;
 /* engine.c: futex wait while *w == val, at most timeout_s; wake all. */
 void mpg__shm_futex_wait(_Atomic uint32_t *w, uint32_t val, double timeout_s);
 void mpg__shm_futex_wake(_Atomic uint32_t *w);
