@@ -139,13 +139,17 @@ static int same_desc(const shm_desc *a, const shm_desc *b) {
 
 /* Should the worker stop: destroy, the segment aborted, or this member's
  * context aborted (a watchdog's mpg_ctx_abort: passed on to the other
- * members at once, without waiting for this member's next wait)? */
+ * members at once, without waiting for this member's next wait)?  The
+ * context first: a member that destroys its segment right after its
+ * context was aborted still tells the others, who would otherwise wait
+ * for its operation until their timeout. */
 static int gave_up(mpg__shm *s, uint32_t q) {
-  if (atomic_load(&s->stop) || mpg__shm_aborted(s, NULL)) return 1;
   int reason = atomic_load(&s->group->ctx->aborted);
-  if (!reason) return 0;
-  mpg__shm_abort(s, (mpg_status)reason, -1, q);
-  return 1;
+  if (reason) {
+    mpg__shm_abort(s, (mpg_status)reason, -1, q);
+    return 1;
+  }
+  return atomic_load(&s->stop) || mpg__shm_aborted(s, NULL);
 }
 
 /* The all-reduce (sum) of this member's staged partial sums with the
