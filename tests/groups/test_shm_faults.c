@@ -1,0 +1,396 @@
+/* The shared-memory path's failures are never reported as a success
+ * (issue 35, groups/shm/).  Each case forces, through a seam, a state in
+ * which the engine used to return MPG_OK on wrong data, and drives the
+ * public API on the thread backend (two ranks as threads, one "dp" group,
+ * a sync with MESHPG_SHM=1, op sum, integer-valued f32 gradients so that
+ * every sum is exact).  Every case asserts, for every rank and step: the
+ * step returns an error, or MPG_OK with exactly the reference sums, and
+ * mpg_sync_grads_valid() is 1 only with exactly the reference sums.
+ *
+ *  - abort_window: the two-step abort.  Rank 1 holds back its post;
+ *    rank 0's worker times out, wins the abort word and stalls right after
+ *    winning (the seam mpg__shm_seams.abort_claimed), while rank 0's main
+ *    thread times out too and loses.  Before, the loser read the status
+ *    before the winner stored it, 0, and returned MPG_OK, unreduced (three
+ *    steps in a row); the abort is now one atomic word.
+ *  - post_nomem: rank 0's handle allocation fails (a wrapped calloc: the
+ *    test links with -Wl,--wrap=calloc) in the post of step 1.  Before,
+ *    nothing was published and nothing aborted, and rank 0's next post
+ *    reused the operation number: the ranks paired step 2 with step 1,
+ *    MPG_OK on wrong sums.  Now the failed post aborts the segment: every
+ *    later operation of every member fails.
+ *  - counter_wrap: the operation counters start at 2^32 - 2 (the seam
+ *    first_q) with three buckets (ring depth 3): the third bucket is
+ *    operation 0.  Before, slot q % 3 put operations 2^32 - 1 and 0 in
+ *    one slot, and the slot-reuse wait (q >= depth) was skipped after the
+ *    wrap: bucket B unreduced and C summed twice, MPG_OK.  Now every step
+ *    succeeds with exact sums.
+ *  - claim: rank 0's group "dp" is held by another thread of rank 0 (a
+ *    blocking mpg_all_reduce) when its sync posts: the post fails with
+ *    MPG_ERR_STATE naming the group in use, and rank 1 fails too
+ *    (MPG_ERR_ABORTED naming rank 0's reason), instead of the ranks
+ *    going on with one operation apart.
+ *
+ * Links the static library (the seams, and struct mpg_work's size for the
+ * wrapped calloc). */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "meshpg.h"
+#include "shm_internal.h" /* mpg__shm_seams, struct mpg_work */
+#include "../rank_check.h"
+
+#define WORLD 2
+#define MAX_STEPS 8
+#define MAX_PARAMS 3
+#define CAP_S 20.0 /* the longest any wait of a rank on another may take */
+
+/* ------------------------------------------------------------------ */
+/* The wrapped calloc                                                   */
+/* ------------------------------------------------------------------ */
+
+void *__real_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+
+/* > 0: the calloc of a work handle (1 x struct mpg_work) this many calls
+ * from now on this thread fails. */
+static _Thread_local int tl_fail_work_calloc;
+static atomic_int calloc_failures;
+
+void *__wrap_calloc(size_t n, size_t size) {
+  if (tl_fail_work_calloc > 0 && n == 1 && size == sizeof(struct mpg_work) &&
+      --tl_fail_work_calloc == 0) {
+    atomic_fetch_add(&calloc_failures, 1);
+    errno = ENOMEM;
+    return NULL;
+  }
+  return __real_calloc(n, size);
+}
+
+/* ------------------------------------------------------------------ */
+/* The job: WORLD thread ranks, one sync over "dp" on the shared path   */
+/* ------------------------------------------------------------------ */
+
+enum { CASE_WINDOW, CASE_NOMEM, CASE_WRAP, CASE_CLAIM };
+
+typedef struct step_rec {
+  int ran;      /* the step was attempted */
+  mpg_status st;
+  int valid;    /* mpg_sync_grads_valid after it */
+  int exact;    /* every gradient equals the reference sum */
+  char msg[768];
+} step_rec;
+
+typedef struct job {
+  int kind;
+  int steps, rounds;
+  double timeout_s;
+  int nparams;
+  size_t count[MAX_PARAMS];
+  double bucket_mb;
+  step_rec rec[WORLD][MAX_STEPS]; /* the last round's (each round's checked) */
+  int bad_round[WORLD];           /* first round with a wrong OK, -1: none */
+  char bad_msg[WORLD][256];
+  int shm_buffers[WORLD], num_buckets[WORLD];
+  atomic_int r0_done;             /* rank 0 ran all its steps */
+  atomic_int busy_held;           /* claim: rank 0's helper holds "dp" */
+} job;
+
+/* Rank r's gradient of param p, element i, at step t: integers below
+ * 2^24, so that every sum over the ranks is exact in f32, and every
+ * mispairing (another step, another bucket, a bucket twice or not at all)
+ * gives another value. */
+static float grad_value(int r, int t, int p, size_t i) {
+  return (float)((r + 1) * 100000 + t * 1000 + p * 100 + (int)(i % 100));
+}
+
+static float ref_sum(int t, int p, size_t i) {
+  float s = 0;
+  for (int r = 0; r < WORLD; r++) s += grad_value(r, t, p, i);
+  return s;
+}
+
+static mpg_status write_grads(mpg_sync *s, const job *j, int r, int t) {
+  for (int p = 0; p < j->nparams; p++) {
+    void *v = NULL;
+    RCALL(mpg_sync_grad(s, p, &v));
+    float *g = v;
+    for (size_t i = 0; i < j->count[p]; i++) g[i] = grad_value(r, t, p, i);
+  }
+  return MPG_OK;
+}
+
+static int grads_exact(mpg_sync *s, const job *j, int t) {
+  for (int p = 0; p < j->nparams; p++) {
+    void *v = NULL;
+    if (mpg_sync_grad(s, p, &v)) return 0;
+    const float *g = v;
+    for (size_t i = 0; i < j->count[p]; i++)
+      if (g[i] != ref_sum(t, p, i)) return 0;
+  }
+  return 1;
+}
+
+static void wait_flag(atomic_int *f) {
+  double t0 = now_s();
+  while (!atomic_load(f) && now_s() - t0 < CAP_S) sleep_s(0.002);
+}
+
+/* claim: rank 0's helper, an all-reduce on "dp" that blocks (holding the
+ * group) until rank 1 joins it. */
+typedef struct holder {
+  mpg_group *g;
+  float x;
+  mpg_status st;
+} holder;
+
+static void *hold_group(void *arg) {
+  holder *h = arg;
+  h->st = mpg_all_reduce(h->g, &h->x, &h->x, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
+  return NULL;
+}
+
+/* One step t of rank r: gradients, then the sync's step (rank 1 of the
+ * window case first waits, with its step open, until rank 0 is done). */
+static void run_step(job *j, mpg_sync *s, mpg_group *dp, int r, int t, step_rec *rec) {
+  rec->ran = 1;
+  rec->st = write_grads(s, j, r, t);
+  if (rec->st) return;
+  if (j->kind == CASE_NOMEM && r == 0 && t == 1) tl_fail_work_calloc = 1;
+  pthread_t helper;
+  holder h = {dp, 1.0f, MPG_OK};
+  int helping = 0;
+  if (j->kind == CASE_CLAIM && r == 0 && t == 1) {
+    helping = pthread_create(&helper, NULL, hold_group, &h) == 0;
+    /* Until the helper holds the group (its busy flag, coll.c). */
+    double t0 = now_s();
+    while (helping && !atomic_load(&dp->busy) && now_s() - t0 < CAP_S) sleep_s(0.001);
+    atomic_store(&j->busy_held, 1);
+  }
+  if (j->kind == CASE_CLAIM && r == 1 && t == 1) wait_flag(&j->busy_held);
+  if (j->kind == CASE_WINDOW && r == 1 && t == 0) {
+    rec->st = mpg_sync_begin(s, t, 1, NULL);
+    if (!rec->st) {
+      wait_flag(&j->r0_done);
+      for (int p = j->nparams - 1; p >= 0 && !rec->st; p--) rec->st = mpg_sync_mark_ready(s, p);
+      mpg_status fst = mpg_sync_finish(s);
+      if (!rec->st) rec->st = fst;
+    }
+  } else {
+    rec->st = mpg_sync_all(s, t, NULL);
+  }
+  snprintf(rec->msg, sizeof rec->msg, "%s", rec->st ? mpg_last_error() : "");
+  tl_fail_work_calloc = 0;
+  rec->valid = mpg_sync_grads_valid(s);
+  rec->exact = grads_exact(s, j, t);
+  if (j->kind == CASE_CLAIM && r == 1 && t == 1) {
+    /* Join the helper's all-reduce (or fail at once on an aborted
+     * context), so that it returns. */
+    float x = 2.0f;
+    (void)mpg_all_reduce(dp, &x, &x, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
+  }
+  if (helping) pthread_join(helper, NULL);
+}
+
+static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
+  job *j = arg;
+  int r = opts->rank;
+  j->bad_round[r] = -1;
+  mpg_mesh *mesh = make_dims_mesh("dp=2");
+  mpg_ctx *ctx = NULL;
+  mpg_group *dp = NULL;
+  mpg_status st = rank_open(opts, mesh, &ctx, "dp", &dp);
+  for (int round = 0; round < j->rounds && !st; round++) {
+    mpg_sync *s = NULL;
+    mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+    so.op = MPG_OP_SUM;
+    so.default_dims = "dp";
+    so.bucket_mb = j->bucket_mb;
+    so.first_bucket_mb = j->bucket_mb;
+    RCALL(mpg_sync_create(ctx, &so, &s));
+    for (int p = 0; p < j->nparams; p++) {
+      char name[16];
+      int id;
+      snprintf(name, sizeof name, "w%d", p);
+      RCALL(mpg_sync_add_param(s, name, j->count[p], MPG_F32, NULL, &id));
+    }
+    RCALL(mpg_sync_commit(s));
+    mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
+    RCALL(mpg_sync_get_stats(s, &stats));
+    j->shm_buffers[r] = stats.shm_buffers;
+    j->num_buckets[r] = stats.num_buckets;
+    for (int t = 0; t < j->steps; t++) {
+      step_rec *rec = &j->rec[r][t];
+      memset(rec, 0, sizeof *rec);
+      run_step(j, s, dp, r, t, rec);
+      if (j->bad_round[r] < 0 && ((rec->st == MPG_OK && !rec->exact) ||
+                                  (rec->valid && !rec->exact))) {
+        j->bad_round[r] = round;
+        snprintf(j->bad_msg[r], sizeof j->bad_msg[r], "round %d step %d: %s, grads_valid %d",
+                 round, t, mpg_status_name(rec->st), rec->valid);
+      }
+    }
+    if (r == 0) atomic_store(&j->r0_done, 1);
+    mpg_sync_destroy(s);
+  }
+  if (ctx) mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  return st;
+}
+
+/* ------------------------------------------------------------------ */
+/* Checks                                                               */
+/* ------------------------------------------------------------------ */
+
+static job *new_job(int kind, int steps, double timeout_s) {
+  job *j = calloc(1, sizeof *j);
+  cr_assert_not_null(j);
+  j->kind = kind;
+  j->steps = steps;
+  j->rounds = 1;
+  j->timeout_s = timeout_s;
+  j->nparams = 1;
+  j->count[0] = 256;
+  j->bucket_mb = 25.0;
+  setenv("MESHPG_SHM", "1", 1);
+  /* The issue-order checker off, as by default outside the tests: it
+   * would catch a mispairing of whole steps itself (the ranks' records
+   * differ), and this is about the engine. */
+  setenv("MESHPG_CHECK_ORDER", "0", 1);
+  return j;
+}
+
+static void run_job(job *j) {
+  mpg_status rc = mpg_thread_run(WORLD, j->timeout_s, rank_main, j, NULL);
+  EXPECT_RUN_OK(rc);
+}
+
+/* The rule of every case: an error, or MPG_OK with exactly the reference
+ * sums; grads_valid only with them. */
+static void check_never_wrong(const job *j) {
+  for (int r = 0; r < WORLD; r++) {
+    cr_assert_eq(j->shm_buffers[r], 1, "rank %d: %d buffers on the shared path, expected 1",
+                 r, j->shm_buffers[r]);
+    for (int t = 0; t < j->steps; t++) {
+      const step_rec *x = &j->rec[r][t];
+      cr_log_info("rank %d step %d: %s, grads_valid %d, exact %d: %s", r, t,
+                  mpg_status_name(x->st), x->valid, x->exact, x->msg);
+    }
+    cr_assert_eq(j->bad_round[r], -1, "rank %d: a step returned MPG_OK or grads_valid 1 on "
+                 "wrong gradients: %s", r, j->bad_msg[r]);
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* Cases                                                                */
+/* ------------------------------------------------------------------ */
+
+#define WINDOW_TIMEOUT_S 0.5
+
+static atomic_int hook_calls, hook_stalls;
+static atomic_int *hook_release;
+
+/* Called right after an abort was won: stall a worker's timeout (one
+ * naming the peer it waited for) until rank 0 has run all its steps. */
+static void stall_winner(int pos, mpg_status why, int peer, uint32_t q) {
+  (void)pos;
+  (void)why;
+  (void)q;
+  atomic_fetch_add(&hook_calls, 1);
+  if (peer < 0) return;
+  atomic_fetch_add(&hook_stalls, 1);
+  wait_flag(hook_release);
+}
+
+Test(shm_faults, abort_window, .timeout = 120) {
+  job *j = new_job(CASE_WINDOW, 3, WINDOW_TIMEOUT_S);
+  hook_release = &j->r0_done;
+  mpg__shm_seams.abort_claimed = stall_winner;
+  run_job(j);
+  mpg__shm_seams.abort_claimed = NULL;
+  cr_log_info("abort hook: %d calls, %d stalled", atomic_load(&hook_calls),
+              atomic_load(&hook_stalls));
+  check_never_wrong(j);
+  cr_assert_geq(atomic_load(&hook_calls), 1, "no abort was claimed");
+  if (!atomic_load(&hook_stalls))
+    cr_log_warn("the main thread won the abort before the worker: the window was not held");
+  for (int r = 0; r < WORLD; r++)
+    for (int t = 0; t < j->steps; t++)
+      cr_expect_neq(j->rec[r][t].st, MPG_OK, "rank %d step %d: MPG_OK", r, t);
+  free(j);
+}
+
+Test(shm_faults, post_nomem, .timeout = 120) {
+  job *j = new_job(CASE_NOMEM, 4, 2.0);
+  run_job(j);
+  check_never_wrong(j);
+  cr_assert_eq(atomic_load(&calloc_failures), 1, "the wrapped calloc failed %d times",
+               atomic_load(&calloc_failures));
+  for (int r = 0; r < WORLD; r++) {
+    cr_expect_eq(j->rec[r][0].st, MPG_OK, "rank %d step 0: %s", r, j->rec[r][0].msg);
+    for (int t = 1; t < j->steps; t++)
+      cr_expect_neq(j->rec[r][t].st, MPG_OK, "rank %d step %d after the failed post: MPG_OK",
+                    r, t);
+  }
+  cr_expect_eq(j->rec[0][1].st, MPG_ERR_NOMEM, "rank 0 step 1: %s: %s",
+               mpg_status_name(j->rec[0][1].st), j->rec[0][1].msg);
+  cr_expect_eq(j->rec[1][1].st, MPG_ERR_ABORTED, "rank 1 step 1: %s: %s",
+               mpg_status_name(j->rec[1][1].st), j->rec[1][1].msg);
+  cr_expect(strstr(j->rec[1][1].msg, "rank 0") && strstr(j->rec[1][1].msg, "ERR_NOMEM"),
+            "rank 1 step 1 does not name rank 0 and its reason: %s", j->rec[1][1].msg);
+  free(j);
+}
+
+Test(shm_faults, counter_wrap, .timeout = 120) {
+  job *j = new_job(CASE_WRAP, 3, 10.0);
+  /* Launched in reverse registration order: w2 (large, operation
+   * 2^32 - 2, so that the workers are busy with it while both ranks post
+   * the small w1 and w0), w1 (2^32 - 1), w0 (0). */
+  j->nparams = 3;
+  j->count[0] = 256;
+  j->count[1] = 256;
+  j->count[2] = (size_t)1 << 20;
+  j->bucket_mb = 0.0005; /* one param per bucket */
+  j->rounds = 4;
+  mpg__shm_seams.first_q = UINT32_MAX - 1;
+  run_job(j);
+  mpg__shm_seams.first_q = 0;
+  for (int r = 0; r < WORLD; r++)
+    cr_assert_eq(j->num_buckets[r], 3, "rank %d: %d buckets, expected 3", r,
+                 j->num_buckets[r]);
+  check_never_wrong(j);
+  for (int r = 0; r < WORLD; r++)
+    for (int t = 0; t < j->steps; t++)
+      cr_expect(j->rec[r][t].st == MPG_OK && j->rec[r][t].exact && j->rec[r][t].valid,
+                "rank %d step %d: %s, exact %d, grads_valid %d: %s", r, t,
+                mpg_status_name(j->rec[r][t].st), j->rec[r][t].exact, j->rec[r][t].valid,
+                j->rec[r][t].msg);
+  free(j);
+}
+
+Test(shm_faults, claim, .timeout = 120) {
+  job *j = new_job(CASE_CLAIM, 3, 2.0);
+  run_job(j);
+  check_never_wrong(j);
+  for (int r = 0; r < WORLD; r++) {
+    cr_expect_eq(j->rec[r][0].st, MPG_OK, "rank %d step 0: %s", r, j->rec[r][0].msg);
+    for (int t = 1; t < j->steps; t++)
+      cr_expect_neq(j->rec[r][t].st, MPG_OK, "rank %d step %d after the refused post: MPG_OK",
+                    r, t);
+  }
+  cr_expect_eq(j->rec[0][1].st, MPG_ERR_STATE, "rank 0 step 1: %s: %s",
+               mpg_status_name(j->rec[0][1].st), j->rec[0][1].msg);
+  cr_expect(strstr(j->rec[0][1].msg, "must not be used from two threads at once"),
+            "rank 0 step 1: %s", j->rec[0][1].msg);
+  cr_expect_eq(j->rec[1][1].st, MPG_ERR_ABORTED, "rank 1 step 1: %s: %s",
+               mpg_status_name(j->rec[1][1].st), j->rec[1][1].msg);
+  cr_expect(strstr(j->rec[1][1].msg, "ERR_STATE"), "rank 1 step 1: %s", j->rec[1][1].msg);
+  free(j);
+}
