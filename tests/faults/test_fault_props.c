@@ -1,0 +1,371 @@
+/* Issue 35's property under random faults (fault_props.h): random faults
+ * (an abort from a watchdog thread, a rank stalled past the timeout, a
+ * failed allocation on one rank's thread, a killed or departing member) at
+ * random moments of random steps never yield MPG_OK with
+ * mpg_sync_grads_valid() == 1 on gradients that differ from the exact
+ * reference sum; no rank hangs.
+ *
+ * Built twice (tests/faults/meson.build), meshpg linked statically with
+ * the allocation wrappers of fault_alloc.h:
+ *  - test_fault_props: fault_props_thread (ranks as threads, the thread
+ *    backend, its shared-memory path on in most cases) and fault_props_mpi
+ *    (real `mpirun -np 2..4` jobs of fault_props_mpi_worker, the mpi
+ *    backend and its shared-memory path; half the jobs end with a SIGKILL
+ *    of one process, under --enable-recovery so that the survivors
+ *    report);
+ *  - test_fault_props_on_double (FP_ON_DOUBLE, only with the CUDA/NCCL
+ *    headers): fault_props_double, the nccl backend on the test double,
+ *    ranks as threads.
+ * Each backend runs >= 1,000 steps.  Every case's counts are printed (on
+ * stderr); the test asserts that the property held for every rank and
+ * step, that every fault kind was injected and made some step fail, and
+ * that no step took longer than its bound (a hang).
+ *
+ * To replay one case: MESHPG_FP_SEED=<seed> (and MESHPG_FP_STEPS=<steps>,
+ * MESHPG_FP_KILL=0|1 for mpi) runs that case only; every VIOLATION line
+ * names its seed, backend and step. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include "../mpirun_util.h"
+#include "fault_props.h"
+
+#ifdef FP_ON_DOUBLE
+#include <nccl.h>
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Totals and the final judgement                                      */
+/* ------------------------------------------------------------------ */
+
+typedef struct fp_totals {
+  fp_tally t;
+  long case_steps; /* steps of the plans (each run by every rank) */
+  int cases;
+  double secs;
+  char first_violation[2048];
+  char first_slow[2048];
+  char first_setup[2048];
+} fp_totals;
+
+static void keep_first(char *dst, size_t cap, const char *line) {
+  if (!dst[0]) snprintf(dst, cap, "%s", line);
+}
+
+static void note_line(fp_totals *T, const char *line) {
+  if (!strncmp(line, "VIOLATION", 9)) keep_first(T->first_violation, sizeof T->first_violation, line);
+  if (!strncmp(line, "SLOW", 4)) keep_first(T->first_slow, sizeof T->first_slow, line);
+  if (!strncmp(line, "SETUP", 5)) keep_first(T->first_setup, sizeof T->first_setup, line);
+}
+
+static void print_tally(const char *what, const fp_tally *t) {
+  fprintf(stderr, "%s:", what);
+  fp_tally_print(stderr, t);
+  fprintf(stderr, "\n");
+}
+
+static int env_int(const char *name, int dflt) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) : dflt;
+}
+
+/* One summary per backend, then the property and its coverage. */
+static void judge(const char *backend, const fp_totals *T, int replay) {
+  const fp_tally *t = &T->t;
+  fprintf(stderr,
+          "fault_props %s: %d cases, %ld steps (%ld rank-steps) in %.1f s: %ld OK with valid "
+          "gradients (%ld elements checked, %ld violations), %ld errors (TIMEOUT %ld, ABORTED "
+          "%ld, NOMEM %ld, INVALID %ld, STATE %ld, BACKEND %ld), %ld OK but invalid; %ld "
+          "contexts; the slowest step %ld ms besides its sleeps, the slowest setup %ld ms\n",
+          backend, T->cases, T->case_steps, t->steps, T->secs, t->ok_valid, t->elems,
+          t->violations, t->errors, t->status[MPG_ERR_TIMEOUT], t->status[MPG_ERR_ABORTED],
+          t->status[MPG_ERR_NOMEM], t->status[MPG_ERR_INVALID], t->status[MPG_ERR_STATE],
+          t->status[MPG_ERR_BACKEND], t->ok_invalid, t->epochs, t->max_step_ms,
+          t->max_setup_ms);
+  for (int k = 1; k < FP_NKINDS; k++)
+    fprintf(stderr,
+            "fault_props %s: %-5s planned %ld, injected %ld; its steps: %ld rank-steps, %ld "
+            "failed, %ld OK; %ld failures in the step after\n",
+            backend, fp_kind_names[k], t->planned[k], t->injected[k], t->rank_steps[k],
+            t->err[k], t->ok[k], t->next_err[k]);
+  fprintf(stderr,
+          "fault_props %s: aborts landed %ld during the marks, %ld inside finish, %ld after "
+          "finish; failed allocations %ld in mark_ready, %ld in finish, %ld armed but never "
+          "reached\n",
+          backend, t->abort_in_marks, t->abort_in_finish, t->abort_after_finish,
+          t->alloc_in_mark, t->alloc_in_finish, t->alloc_unfired);
+
+  /* The property. */
+  cr_expect_eq(t->violations, 0,
+               "%s: %ld steps returned MPG_OK with grads_valid 1 and gradients that differ "
+               "from the reference; the first: %s",
+               backend, t->violations, T->first_violation);
+  /* No rank hung. */
+  cr_expect_eq(t->slow, 0, "%s: %ld steps or teardowns exceeded their bound; the first: %s",
+               backend, t->slow, T->first_slow);
+  cr_expect_eq(t->setup_errors, 0, "%s: %ld contexts could not be set up; the first: %s",
+               backend, t->setup_errors, T->first_setup);
+  if (replay) return;
+  /* Coverage: enough steps, enough of them checked, every fault landed. */
+  cr_expect_geq(T->case_steps, 1000, "%s: only %ld steps", backend, T->case_steps);
+  cr_expect_geq(t->ok_valid * 2, t->steps, "%s: only %ld of %ld rank-steps were checked",
+                backend, t->ok_valid, t->steps);
+  for (int k = 1; k < FP_NKINDS; k++) {
+    cr_expect_gt(t->injected[k], 0, "%s: fault %s was never injected", backend,
+                 fp_kind_names[k]);
+    cr_expect_gt(t->err[k] + t->next_err[k], 0,
+                 "%s: fault %s was injected %ld times but no step failed", backend,
+                 fp_kind_names[k], t->injected[k]);
+  }
+  cr_expect_gt(t->abort_in_finish, 0, "%s: no abort landed inside mpg_sync_finish", backend);
+  cr_expect_gt(t->alloc_in_mark + t->alloc_in_finish, 0, "%s: no allocation failed", backend);
+}
+
+/* ------------------------------------------------------------------ */
+/* Ranks as threads (thread backend; nccl on the double)               */
+/* ------------------------------------------------------------------ */
+
+#define FP_NOTES 16
+
+typedef struct fp_job {
+  fp_case c;
+  fp_ctl ctl;
+  fp_rank ranks[FP_MAX_RANKS];
+  int start;
+  pthread_mutex_t mu;
+  fp_totals *T;
+#ifdef FP_ON_DOUBLE
+  ncclUniqueId id;
+#endif
+} fp_job;
+
+static void job_note(fp_rank *R, const char *line) {
+  fp_job *j = R->note_arg;
+  pthread_mutex_lock(&j->mu);
+  fprintf(stderr, "%s\n", line);
+  note_line(j->T, line);
+  pthread_mutex_unlock(&j->mu);
+}
+
+#ifndef FP_ON_DOUBLE
+static mpg_status thread_rank(const mpg_init_opts *opts, void *arg) {
+  fp_job *j = arg;
+  fp_rank *R = &j->ranks[opts->rank];
+  R->base = *opts;
+  fp_epoch(R, j->start);
+  return MPG_OK;
+}
+#else
+typedef struct nccl_arg {
+  fp_job *j;
+  int rank;
+} nccl_arg;
+
+static void *nccl_rank(void *p) {
+  nccl_arg *a = p;
+  fp_job *j = a->j;
+  fp_rank *R = &j->ranks[a->rank];
+  mpg_init_opts o = MPG_INIT_OPTS_INIT;
+  o.backend = MPG_BACKEND_NCCL;
+  o.rank = a->rank;
+  o.world_size = j->c.world;
+  o.local_rank = a->rank;
+  o.local_world_size = j->c.world;
+  o.device = a->rank;
+  o.nccl_id = &j->id;
+  cudaSetDevice(a->rank);
+  R->base = o;
+  fp_epoch(R, j->start);
+  return NULL;
+}
+#endif
+
+/* One epoch: every rank from j->start until the epoch ends. */
+static void run_epoch(fp_job *j) {
+  atomic_store(&j->ctl.epoch_over, 0);
+#ifndef FP_ON_DOUBLE
+  mpg_status st = mpg_thread_run(j->c.world, FP_SETUP_TIMEOUT_S, thread_rank, j, NULL);
+  cr_assert_eq(st, MPG_OK, "mpg_thread_run: %s: %s", mpg_status_name(st), mpg_last_error());
+#else
+  cr_assert_eq(ncclGetUniqueId(&j->id), ncclSuccess);
+  pthread_t th[FP_MAX_RANKS];
+  nccl_arg a[FP_MAX_RANKS];
+  for (int r = 0; r < j->c.world; r++) {
+    a[r] = (nccl_arg){j, r};
+    cr_assert_eq(pthread_create(&th[r], NULL, nccl_rank, &a[r]), 0);
+  }
+  for (int r = 0; r < j->c.world; r++) pthread_join(th[r], NULL);
+#endif
+}
+
+static void run_case_threads(const fp_case *c, fp_totals *T) {
+  char what[2048];
+  fp_describe(c, what, sizeof what);
+  fprintf(stderr, "case %s\n", what);
+  /* Set in the main thread before any rank starts; read at mpg_ctx_create. */
+  setenv("MESHPG_SHM", c->shm ? "1" : "0", 1);
+  setenv("MESHPG_CHECK_ORDER", c->check_order ? "1" : "0", 1);
+  fp_job *j = calloc(1, sizeof *j);
+  cr_assert_not_null(j);
+  j->c = *c;
+  j->T = T;
+  pthread_mutex_init(&j->mu, NULL);
+  fp_ctl_reset(&j->ctl);
+  for (int r = 0; r < c->world; r++) {
+    fp_rank *R = &j->ranks[r];
+    R->c = &j->c;
+    R->rank = r;
+    R->ctl = &j->ctl;
+    R->note = job_note;
+    R->note_arg = j;
+    R->verbose = env_int("MESHPG_FP_VERBOSE", 0);
+#ifdef FP_ON_DOUBLE
+    R->host = malloc(FP_MAX_ELEMS * 8);
+    cr_assert_not_null(R->host);
+#endif
+  }
+  double t0 = fp_now();
+  int start = 0, stuck = 0;
+  while (start < c->steps) {
+    j->start = start;
+    run_epoch(j);
+    int next = fp_ctl_next_step(&j->ctl, c->world);
+    if (next <= start) {
+      /* No rank began a step: the set-up failed (counted and noted). */
+      cr_assert_lt(++stuck, 3, "case %s: three epochs in a row began no step", what);
+      continue;
+    }
+    stuck = 0;
+    start = next;
+  }
+  double secs = fp_now() - t0;
+  fp_tally sum = {0};
+  for (int r = 0; r < c->world; r++) {
+    fp_tally_sum(&sum, &j->ranks[r].t);
+    free(j->ranks[r].host);
+  }
+  char head[64];
+  snprintf(head, sizeof head, "case %u: %.2f s", c->seed, secs);
+  print_tally(head, &sum);
+  fp_tally_sum(&T->t, &sum);
+  T->case_steps += c->steps;
+  T->cases++;
+  T->secs += secs;
+  pthread_mutex_destroy(&j->mu);
+  free(j);
+}
+
+/* `cases` random cases of `steps` steps from seed `first` (or the one of
+ * MESHPG_FP_SEED). */
+static void run_threads(int backend, unsigned first, int cases, int steps) {
+  cr_assert(fa_linked(), "the allocation wrappers are not linked (-Wl,--wrap=malloc)");
+  fp_totals *T = calloc(1, sizeof *T);
+  cr_assert_not_null(T);
+  int seed = env_int("MESHPG_FP_SEED", -1);
+  steps = env_int("MESHPG_FP_STEPS", steps);
+  cases = env_int("MESHPG_FP_CASES", cases);
+  fp_case c;
+  for (int k = 0; k < (seed >= 0 ? 1 : cases); k++) {
+    fp_case_make(seed >= 0 ? (unsigned)seed : first + (unsigned)k, backend, steps, 0, &c);
+    run_case_threads(&c, T);
+  }
+  judge(fp_backend_names[backend], T, seed >= 0);
+  free(T);
+}
+
+#ifndef FP_ON_DOUBLE
+/* 10 cases of 110 steps: worlds 2..4, the shared-memory path in most. */
+Test(fault_props_thread, ok_and_valid_means_the_reference_sum, .timeout = 600) {
+  run_threads(FP_THREAD, 1, 10, 110);
+}
+#else
+Test(fault_props_double, ok_and_valid_means_the_reference_sum, .timeout = 600) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < FP_MAX_RANKS)
+    cr_skip_test("the double shows %d devices (MESHPG_DOUBLE_DEVICES)", n);
+  run_threads(FP_NCCL, 1001, 10, 110);
+}
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Ranks as processes (mpi backend)                                    */
+/* ------------------------------------------------------------------ */
+
+#ifndef FP_ON_DOUBLE
+/* Parse one job's output: every "TALLY rank R k=v ..." line into *sum;
+ * every other line of interest is printed and noted.  Returns the number
+ * of TALLY lines. */
+static int parse_job(fp_totals *T, fp_tally *sum) {
+  int ntally = 0;
+  for (char *line = out; line && *line;) {
+    char *end = strchr(line, '\n');
+    if (end) *end = '\0';
+    if (!strncmp(line, "TALLY rank ", 11)) {
+      ntally++;
+      char *save = NULL;
+      for (char *tok = strtok_r(line + 11, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) continue;
+        *eq = '\0';
+        if (!fp_tally_add_kv(sum, tok, atol(eq + 1)))
+          cr_log_warn("unknown count %s in a TALLY line", tok);
+      }
+    } else if (!strncmp(line, "VIOLATION", 9) || !strncmp(line, "SLOW", 4) ||
+               !strncmp(line, "SETUP", 5) || !strncmp(line, "KILLED", 6) ||
+               !strncmp(line, "ODD", 3) || !strncmp(line, "DESTROY", 7) ||
+               !strncmp(line, "LEFT", 4) || !strncmp(line, "FAIL", 4)) {
+      fprintf(stderr, "%s\n", line);
+      note_line(T, line);
+    }
+    line = end ? end + 1 : NULL;
+  }
+  return ntally;
+}
+
+static void run_case_mpi(unsigned seed, int steps, int kill, fp_totals *T) {
+  const char *w = env_program("MESHPG_FP_MPI_WORKER");
+  fp_case c;
+  fp_case_make(seed, FP_MPI, steps, kill, &c);
+  char what[2048], cmd[4096];
+  fp_describe(&c, what, sizeof what);
+  fprintf(stderr, "case %s\n", what);
+  /* After a SIGKILL, --enable-recovery lets the survivors report; they
+   * then leave without MPI_Finalize (fault_props_mpi_worker.c). */
+  int limit = 240;
+  snprintf(cmd, sizeof cmd, "timeout -k 5 %d " MPIRUN "%s-np %d '%s' %u %d %d", limit,
+           kill ? "--enable-recovery " : "", c.world, w, seed, steps, kill);
+  double secs = 0;
+  int rc = run(cmd, &secs);
+  fp_tally sum = {0};
+  int ntally = parse_job(T, &sum);
+  cr_expect_neq(rc, 124, "case %s: the job ran into the %d s limit (a hang):\n%s", what, limit,
+                out);
+  cr_expect_null(strstr(out, "core dumped"), "case %s:\n%s", what, out);
+  /* Every rank reports, the killed one right before its SIGKILL. */
+  cr_expect_eq(ntally, c.world, "case %s: %d of %d ranks reported (exit %d):\n%s", what,
+               ntally, c.world, rc, out);
+  if (!kill) cr_expect_eq(rc, 0, "case %s: exit %d:\n%s", what, rc, out);
+  char head[96];
+  snprintf(head, sizeof head, "case %u: mpirun exit %d after %.2f s", seed, rc, secs);
+  print_tally(head, &sum);
+  fp_tally_sum(&T->t, &sum);
+  T->case_steps += steps;
+  T->cases++;
+  T->secs += secs;
+}
+
+/* 8 jobs of 130 steps, every other one ending with a SIGKILL. */
+Test(fault_props_mpi, ok_and_valid_means_the_reference_sum, .timeout = 900) {
+  if (!getenv("MESHPG_FP_MPI_WORKER")) cr_skip_test("built without MPI");
+  fp_totals *T = calloc(1, sizeof *T);
+  cr_assert_not_null(T);
+  int seed = env_int("MESHPG_FP_SEED", -1), steps = env_int("MESHPG_FP_STEPS", 130);
+  int cases = env_int("MESHPG_FP_CASES", 8);
+  if (seed >= 0)
+    run_case_mpi((unsigned)seed, steps, env_int("MESHPG_FP_KILL", 0), T);
+  else
+    for (int k = 0; k < cases; k++) run_case_mpi(501 + (unsigned)k, steps, k % 2, T);
+  judge("mpi", T, seed >= 0);
+  free(T);
+}
+#endif
