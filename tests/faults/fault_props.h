@@ -223,11 +223,12 @@ static inline void fp_describe(const fp_case *c, char *buf, size_t cap) {
   size_t n = (size_t)snprintf(
       buf, cap,
       "seed %u (%s): world %d, mesh %s (dp_cp=%s), %s, %s x %g, reduce_dtype %s, "
-      "bucket_mb %g first %g, MESHPG_SHM=%d MESHPG_CHECK_ORDER=%d, timeout %g s, %d steps%s",
+      "bucket_mb %g first %g, MESHPG_SHM=%d%s MESHPG_CHECK_ORDER=%d, timeout %g s, %d steps%s",
       c->seed, fp_backend_names[c->backend], c->world, c->mesh, c->flatten,
       c->shard ? "shard" : "replicate", c->op == MPG_OP_AVG ? "avg" : "sum", c->grad_scale,
       c->reduce_dtype == MPG_REDUCE_F32 ? "f32" : "native", c->bucket_mb, c->first_bucket_mb,
-      c->shm, c->check_order, c->timeout_s, c->steps, c->kill_step >= 0 ? ", a kill" : "");
+      c->shm, c->backend == FP_NCCL ? " (no shared memory on nccl)" : "", c->check_order,
+      c->timeout_s, c->steps, c->kill_step >= 0 ? ", a kill" : "");
   if (c->kill_step >= 0 && n < cap)
     n += (size_t)snprintf(buf + n, cap - n, " at step %d", c->kill_step);
   n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, ", params");
@@ -478,6 +479,10 @@ struct fp_rank {
   int prev_kind;       /* the fault of the step before */
   int verbose;         /* a STEP line per step (MESHPG_FP_VERBOSE=1) */
   unsigned char *host; /* nccl: a param's staging copy */
+  /* What the rank is doing, for the hang monitor (fp_monitor). */
+  _Atomic(const char *) busy_what; /* NULL: between calls */
+  atomic_llong busy_since_ns;
+  atomic_int busy_step;
 };
 
 __attribute__((format(printf, 2, 3))) static inline void fp_note(fp_rank *R, const char *fmt,
@@ -491,6 +496,67 @@ __attribute__((format(printf, 2, 3))) static inline void fp_note(fp_rank *R, con
     if (*p == '\n') *p = ' ';
   R->note(R, line);
 }
+
+static inline void fp_busy(fp_rank *R, const char *what, int step) {
+  atomic_store(&R->busy_step, step);
+  atomic_store(&R->busy_since_ns, (long long)(fp_now() * 1e9));
+  atomic_store(&R->busy_what, what);
+}
+
+static inline void fp_idle(fp_rank *R) { atomic_store(&R->busy_what, (const char *)NULL); }
+
+/* The hang monitor: a thread that looks at ranks[0..n) every 0.2 s and,
+ * when one has been inside one phase (set-up, a step, the teardown) for
+ * more than limit_s (far beyond every bound the library promises), notes
+ * a HANG line naming it and aborts the process, so that a hang fails the
+ * test at once, with its place, instead of at the test's time limit. */
+typedef struct fp_monitor {
+  fp_rank **ranks;
+  int n;
+  double limit_s;
+  atomic_int stop;
+  pthread_t th;
+  int up;
+} fp_monitor;
+
+static inline void *fp_monitor_main(void *arg) {
+  fp_monitor *m = arg;
+  while (!atomic_load(&m->stop)) {
+    fp_sleep(0.2);
+    double now = fp_now();
+    for (int i = 0; i < m->n; i++) {
+      fp_rank *R = m->ranks[i];
+      const char *what = atomic_load(&R->busy_what);
+      double since = (double)atomic_load(&R->busy_since_ns) * 1e-9;
+      if (!what || now - since <= m->limit_s) continue;
+      fp_note(R, "HANG seed %u %s rank %d: %s (step %d) has not returned after %.1f s", R->c->seed,
+              fp_backend_names[R->c->backend], R->rank, what, atomic_load(&R->busy_step),
+              now - since);
+      fflush(stdout);
+      fflush(stderr);
+      abort();
+    }
+  }
+  return NULL;
+}
+
+static inline void fp_monitor_start(fp_monitor *m, fp_rank **ranks, int n, double limit_s) {
+  m->ranks = ranks;
+  m->n = n;
+  m->limit_s = limit_s;
+  atomic_store(&m->stop, 0);
+  m->up = pthread_create(&m->th, NULL, fp_monitor_main, m) == 0;
+}
+
+static inline void fp_monitor_stop(fp_monitor *m) {
+  atomic_store(&m->stop, 1);
+  if (m->up) pthread_join(m->th, NULL);
+  m->up = 0;
+}
+
+/* Longer than any phase may take: the set-up's timeout twice over, and
+ * far beyond a step's bound. */
+#define FP_HANG_S (3 * FP_SETUP_TIMEOUT_S)
 
 /* A param's view and reference data for one context. */
 typedef struct fp_view {
@@ -674,6 +740,7 @@ static inline int fp_epoch(fp_rank *R, int start) {
   fp_stream stream = 0;
   double t0 = fp_now();
   const char *what = "mesh";
+  fp_busy(R, "the set-up (mpg_ctx_create .. mpg_sync_commit)", start);
   mpg_status st = fp_mesh(c, &mesh);
   mpg_init_opts o = R->base;
   o.timeout_s = FP_SETUP_TIMEOUT_S;
@@ -751,9 +818,11 @@ static inline int fp_epoch(fp_rank *R, int start) {
     goto done;
   }
   R->t.epochs++;
+  fp_idle(R);
 
   for (int step = start; step < c->steps; step++) {
     if (atomic_load(&R->ctl->epoch_over)) break;
+    fp_busy(R, "a step", step);
     atomic_store(&R->ctl->last_step[rank], step);
     fp_plan P;
     fp_plan_of(c, step, &P);
@@ -913,6 +982,7 @@ static inline int fp_epoch(fp_rank *R, int start) {
   }
 done:
   fa_disarm();
+  fp_busy(R, "the teardown (mpg_sync_destroy, mpg_ctx_destroy)", -1);
   t0 = fp_now();
   mpg_status sd = mpg_sync_destroy(s), cd = mpg_ctx_destroy(ctx);
   double dt = fp_now() - t0;
@@ -929,6 +999,7 @@ done:
 #ifdef FP_ON_DOUBLE
   if (stream) cudaStreamDestroy(stream);
 #endif
+  fp_idle(R);
   if (left) return 1;
   return 0;
 }

@@ -68,6 +68,8 @@ int main(int argc, char **argv) {
   R->verbose = getenv("MESHPG_FP_VERBOSE") && atoi(getenv("MESHPG_FP_VERBOSE"));
   R->base = (mpg_init_opts)MPG_INIT_OPTS_INIT;
   R->base.backend = MPG_BACKEND_MPI;
+  fp_monitor mon;
+  fp_monitor_start(&mon, &R, 1, FP_HANG_S);
   int start = 0, stuck = 0, killed = 0;
   /* Between epochs: generous, but bounded (a rank that never comes). */
   double limit = 4 * FP_SETUP_TIMEOUT_S;
@@ -97,6 +99,7 @@ int main(int argc, char **argv) {
   if (killed && !atomic_load(&ctl->killed))
     printf("FAIL seed %u rank %d: a barrier between epochs timed out after %.0f s\n", c.seed,
            rank, limit);
+  fp_monitor_stop(&mon);
   printf("TALLY rank %d", rank);
   fp_tally_print(stdout, &R->t);
   printf("\n");

@@ -54,7 +54,8 @@ static void keep_first(char *dst, size_t cap, const char *line) {
 
 static void note_line(fp_totals *T, const char *line) {
   if (!strncmp(line, "VIOLATION", 9)) keep_first(T->first_violation, sizeof T->first_violation, line);
-  if (!strncmp(line, "SLOW", 4)) keep_first(T->first_slow, sizeof T->first_slow, line);
+  if (!strncmp(line, "SLOW", 4) || !strncmp(line, "HANG", 4))
+    keep_first(T->first_slow, sizeof T->first_slow, line);
   if (!strncmp(line, "SETUP", 5)) keep_first(T->first_setup, sizeof T->first_setup, line);
 }
 
@@ -224,6 +225,10 @@ static void run_case_threads(const fp_case *c, fp_totals *T) {
     cr_assert_not_null(R->host);
 #endif
   }
+  fp_rank *watched[FP_MAX_RANKS];
+  for (int r = 0; r < c->world; r++) watched[r] = &j->ranks[r];
+  fp_monitor mon;
+  fp_monitor_start(&mon, watched, c->world, FP_HANG_S);
   double t0 = fp_now();
   int start = 0, stuck = 0;
   while (start < c->steps) {
@@ -239,6 +244,7 @@ static void run_case_threads(const fp_case *c, fp_totals *T) {
     start = next;
   }
   double secs = fp_now() - t0;
+  fp_monitor_stop(&mon);
   fp_tally sum = {0};
   for (int r = 0; r < c->world; r++) {
     fp_tally_sum(&sum, &j->ranks[r].t);
@@ -313,7 +319,8 @@ static int parse_job(fp_totals *T, fp_tally *sum) {
     } else if (!strncmp(line, "VIOLATION", 9) || !strncmp(line, "SLOW", 4) ||
                !strncmp(line, "SETUP", 5) || !strncmp(line, "KILLED", 6) ||
                !strncmp(line, "ODD", 3) || !strncmp(line, "DESTROY", 7) ||
-               !strncmp(line, "LEFT", 4) || !strncmp(line, "FAIL", 4)) {
+               !strncmp(line, "LEFT", 4) || !strncmp(line, "FAIL", 4) ||
+               !strncmp(line, "HANG", 4)) {
       fprintf(stderr, "%s\n", line);
       note_line(T, line);
     }
