@@ -1,16 +1,18 @@
 /* The NCCL backend's communicator object and the helpers every file of
  * the backend uses: error text, the device switch, the pacing of polls;
  * the communicator's config, creation and references, polling its async
- * state against a deadline, and abort with its lock held.  See
- * nccl_internal.h.
+ * state against a deadline, and marking it aborted with its lock held.
+ * See nccl_internal.h.
  *
- * Every communicator is non-blocking (config.blocking = 0) and shares its
- * resources with the communicators split from it (config.splitShare = 1), so
- * that init, split and enqueue can be bounded by the timeout and aborted.
- * After each call that may answer ncclInProgress we poll
- * ncclCommGetAsyncError until the state leaves ncclInProgress or the
- * deadline passes; then the communicator is aborted and the call fails with
- * MPG_ERR_TIMEOUT.  We poll after ncclSuccess too: ncclCommSplit on a
+ * Every communicator is non-blocking (config.blocking = 0), so that init,
+ * split and enqueue can be bounded by the timeout and aborted; its children
+ * share its resources (config.splitShare = 1) only with
+ * MESHPG_NCCL_SPLIT_SHARE=1 (mpg__nccl_config below).  After each call
+ * that may answer ncclInProgress we poll ncclCommGetAsyncError until the
+ * state leaves ncclInProgress or the deadline passes; then the
+ * communicator is marked aborted (the generic layer aborts the whole
+ * context: lifecycle.c) and the call fails with MPG_ERR_TIMEOUT.  We poll
+ * after ncclSuccess too: ncclCommSplit on a
  * non-blocking communicator answers ncclSuccess while its job still runs
  * (seen with NCCL 2.28.3 on an H100), and one ncclCommGetAsyncError costs
  * nothing when all is done. */
@@ -97,6 +99,8 @@ mpg__comm *mpg__nccl_comm_new(int device, double timeout_s) {
     return NULL;
   }
   atomic_init(&c->aborted, MPG_OK);
+  atomic_init(&c->abort_state, 0); /* lifecycle.c: no abort started */
+  atomic_init(&c->abort_deadline, 0.0);
   atomic_init(&c->refs, 1);
   c->device = device;
   c->timeout_s = timeout_s > 0 ? timeout_s : 600.0;
@@ -109,12 +113,9 @@ void mpg__nccl_comm_unref(mpg__comm *c) {
   free(c);
 }
 
-/* Poll the async state of `h` until it leaves ncclInProgress.  h is c->nccl
- * or a handle c's lock guards (a split parent).  Called and returns with
- * c->lock held; releases it while sleeping so the abort op can get in.
- * Returns MPG_OK with the final state in *res; MPG_ERR_TIMEOUT when still
- * in progress at `deadline`; or the abort reason when c was aborted in the
- * meantime (h is then gone). */
+/* Lock c for a new NCCL call: wait, with the lock released, while another
+ * thread's call on c is settling, unless c was aborted (nccl_internal.h,
+ * R2). */
 void mpg__nccl_lock(mpg__comm *c) {
   pthread_mutex_lock(&c->lock);
   unsigned spins = 0;
@@ -128,6 +129,12 @@ void mpg__nccl_lock(mpg__comm *c) {
 static mpg_status settle_loop(mpg__comm *c, ncclComm_t h, double deadline,
                               ncclResult_t *res);
 
+/* Poll the async state of `h` until it leaves ncclInProgress.  h is c->nccl
+ * or a handle c's lock guards (a split parent).  Called and returns with
+ * c->lock held; releases it while sleeping so the abort op can get in.
+ * Returns MPG_OK with the final state in *res; MPG_ERR_TIMEOUT when still
+ * in progress at `deadline`; or the abort reason when c was aborted in the
+ * meantime (h is then NCCL's aborter's, or gone). */
 mpg_status mpg__nccl_settle_locked(mpg__comm *c, ncclComm_t h,
                                    double deadline, ncclResult_t *res) {
   int outer = !c->settling; /* a split's child polls inside the parent's */
@@ -172,8 +179,9 @@ static mpg_status settle_loop(mpg__comm *c, ncclComm_t h, double deadline,
  * of the context's other communicators included, which may still wait for
  * the same missing peer.  The generic layer follows every failure with
  * mpg__ctx_abort_all, whose abort_comms (lifecycle.c) aborts all of the
- * context's handles at once; destroy aborts a handle still left.  Returns
- * 1 if this call set the flag. */
+ * context's handles at once, on a thread of its own; destroy aborts a
+ * handle still left (a backend caller without a context).  Returns 1 if
+ * this call set the flag. */
 int mpg__nccl_abort_locked(mpg__comm *c, mpg_status reason) {
   int expected = MPG_OK;
   if (reason == MPG_OK) reason = MPG_ERR_ABORTED;

@@ -16,6 +16,14 @@
  * abort never runs while another of our threads is inside NCCL for that
  * communicator.
  *
+ * The abort op never blocks (mpg_ctx_abort is a watchdog's call): it raises
+ * every communicator's `aborted` flag, which each waiter of ours polls, and
+ * hands the NCCL calls to a detached thread (abort_comms below), because
+ * NCCL's abort frees device memory synchronously and cudaFree waits for
+ * every kernel of the device.  destroy waits for that thread at most the
+ * timeout from the abort's start; past it, destroy returns MPG_ERR_TIMEOUT
+ * and the thread frees what is left when NCCL returns.
+ *
  * The context's communicators are aborted together, inside one
  * ncclGroupStart/ncclGroupEnd (abort_comms).  Aborted one after another,
  * the first ncclCommAbort frees its device memory, and cudaFree waits for
@@ -174,37 +182,31 @@ static mpg_status nccl_split(mpg__comm *p, int color, int key,
 /* abort / destroy                                                    */
 /* ------------------------------------------------------------------ */
 
-static void nccl_abort(mpg__comm *c, mpg_status reason) {
-  if (!c) return;
-  if (reason == MPG_OK) reason = MPG_ERR_ABORTED;
-  /* Publish the flag first, so a thread polling under the lock lets go. */
-  int expected = MPG_OK;
-  atomic_compare_exchange_strong(&c->aborted, &expected, (int)reason);
-  pthread_mutex_lock(&c->lock);
-  if (c->nccl) {
-    int old = -1;
-    (void)mpg__nccl_dev_enter(c->device, &old);
-    (void)ncclCommAbort(c->nccl);
-    c->nccl = NULL;
-    mpg__nccl_dev_leave(c->device, old);
-    mpg__log(1, "nccl: rank %d of a group of %d aborted (%s)", c->rank, c->size,
-             mpg_status_name(reason));
-  }
-  pthread_mutex_unlock(&c->lock);
-}
+/* abort_state of a communicator (nccl_internal.h). */
+enum { ABORT_NONE, ABORT_PENDING, ABORT_DONE, ABORT_ORPHANED };
 
-/* Abort n communicators as one step (see the top of this file). */
-static void nccl_abort_comms(mpg__comm *const *cs, int n, mpg_status reason) {
-  if (reason == MPG_OK) reason = MPG_ERR_ABORTED;
-  /* Our own waiters first: they let go of the locks within one poll. */
-  for (int i = 0; i < n; i++) {
-    int expected = MPG_OK;
-    if (cs[i]) atomic_compare_exchange_strong(&cs[i]->aborted, &expected, (int)reason);
-  }
+static atomic_int aborts_running; /* aborter threads alive (tests wait for 0) */
+
+int mpg__nccl_aborts_running(void) { return atomic_load(&aborts_running); }
+
+/* One abort: the communicators whose abort_state this abort moved to
+ * ABORT_PENDING, each with a reference held for the aborter. */
+typedef struct abort_job {
+  int n;
+  mpg_status reason;
+  mpg__comm *cs[];
+} abort_job;
+
+/* The NCCL part of an abort: every handle aborted inside one group (see the
+ * top of this file), then each communicator handed back to destroy
+ * (ABORT_DONE), or, when destroy stopped waiting (ABORT_ORPHANED), the
+ * scratch word it left is freed here.  ncclGroupEnd may block for as long
+ * as a kernel of the device runs (cudaFree), forever for a stuck one: it
+ * runs on the aborter thread, never on the caller's. */
+static void abort_run(abort_job *j) {
   ncclResult_t r = ncclGroupStart();
-  for (int i = 0; i < n; i++) {
-    mpg__comm *c = cs[i];
-    if (!c) continue;
+  for (int i = 0; i < j->n; i++) {
+    mpg__comm *c = j->cs[i];
     pthread_mutex_lock(&c->lock);
     if (c->nccl) {
       int old = -1;
@@ -213,16 +215,153 @@ static void nccl_abort_comms(mpg__comm *const *cs, int n, mpg_status reason) {
       c->nccl = NULL;
       mpg__nccl_dev_leave(c->device, old);
       mpg__log(1, "nccl: rank %d of a group of %d aborted (%s)", c->rank, c->size,
-               mpg_status_name(reason));
+               mpg_status_name(j->reason));
     }
     pthread_mutex_unlock(&c->lock);
   }
-  if (r == ncclSuccess) (void)ncclGroupEnd();
+  if (r == ncclSuccess) (void)ncclGroupEnd(); /* blocking: the abort's cudaFree */
+  for (int i = 0; i < j->n; i++) {
+    mpg__comm *c = j->cs[i];
+    int pending = ABORT_PENDING;
+    if (!atomic_compare_exchange_strong(&c->abort_state, &pending, ABORT_DONE)) {
+      /* Orphaned: destroy has returned, and left the scratch word to us. */
+      pthread_mutex_lock(&c->lock);
+      if (c->scratch) {
+        int old = -1;
+        (void)mpg__nccl_dev_enter(c->device, &old);
+        (void)cudaFree(c->scratch);
+        c->scratch = NULL;
+        mpg__nccl_dev_leave(c->device, old);
+      }
+      pthread_mutex_unlock(&c->lock);
+      mpg__log(1, "nccl: rank %d of a group of %d: its abort returned after destroy "
+               "stopped waiting; its memory is freed now", c->rank, c->size);
+    }
+    mpg__nccl_comm_unref(c);
+  }
+  free(j);
+}
+
+static void *aborter_main(void *arg) {
+  abort_run(arg);
+  atomic_fetch_sub(&aborts_running, 1); /* last: nothing of the job is left */
+  return NULL;
+}
+
+/* Abort n communicators as one step (see the top of this file), without
+ * blocking the caller (backend.h: "Never blocks"): the flags are raised
+ * here, so that every waiter of ours fails with the reason within one poll
+ * and every later call fails at once; NCCL's part (ncclCommAbort of each
+ * handle in one group) runs on a detached thread of its own, because NCCL
+ * runs an abort's cleanup synchronously: ncclCommAbort sets destroyFlag
+ * (src/init.cc:2516) before its ncclAsyncLaunch (init.cc:2533), which
+ * forces the group blocking (src/group.cc:52-53), so the outermost
+ * ncclGroupEnd runs commReclaim -> commCleanup -> commFree in the calling
+ * thread (group.cc:740-743), and commFree's cudaFree waits for every kernel
+ * of the device (init.cc:296), another library's stuck kernel included.
+ * destroy waits for that thread, bounded (nccl_destroy).  A communicator
+ * whose abort already started is skipped.  Without memory or a thread the
+ * abort runs here, blocking as before. */
+static void nccl_abort_comms(mpg__comm *const *cs, int n, mpg_status reason) {
+  if (reason == MPG_OK) reason = MPG_ERR_ABORTED;
+  for (int i = 0; i < n; i++) {
+    int expected = MPG_OK;
+    if (cs[i]) atomic_compare_exchange_strong(&cs[i]->aborted, &expected, (int)reason);
+  }
+  abort_job *j = malloc(sizeof *j + (size_t)(n > 0 ? n : 1) * sizeof j->cs[0]);
+  if (!j) {
+    /* Out of memory: abort here (blocking), as one group still. */
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; i < n; i++) {
+      mpg__comm *c = cs[i];
+      if (!c) continue;
+      pthread_mutex_lock(&c->lock);
+      if (c->nccl && atomic_load(&c->abort_state) == ABORT_NONE) {
+        int old = -1;
+        (void)mpg__nccl_dev_enter(c->device, &old);
+        (void)ncclCommAbort(c->nccl);
+        c->nccl = NULL;
+        mpg__nccl_dev_leave(c->device, old);
+      }
+      pthread_mutex_unlock(&c->lock);
+    }
+    if (r == ncclSuccess) (void)ncclGroupEnd();
+    return;
+  }
+  j->n = 0;
+  j->reason = reason;
+  double now = mpg__now();
+  for (int i = 0; i < n; i++) {
+    mpg__comm *c = cs[i];
+    if (!c) continue;
+    pthread_mutex_lock(&c->lock);
+    double timeout = c->timeout_s;
+    pthread_mutex_unlock(&c->lock);
+    atomic_store(&c->abort_deadline, now + timeout);
+    int none = ABORT_NONE;
+    if (!atomic_compare_exchange_strong(&c->abort_state, &none, ABORT_PENDING)) continue;
+    atomic_fetch_add(&c->refs, 1);
+    j->cs[j->n++] = c;
+  }
+  if (j->n == 0) {
+    free(j);
+    return;
+  }
+  int count = j->n; /* j is the thread's once it starts */
+  atomic_fetch_add(&aborts_running, 1);
+  pthread_attr_t attr;
+  pthread_t th;
+  int started = pthread_attr_init(&attr) == 0;
+  if (started) {
+    started = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
+              pthread_create(&th, &attr, aborter_main, j) == 0;
+    pthread_attr_destroy(&attr);
+  }
+  if (started) {
+    mpg__log(1, "nccl: aborting %d communicator%s (%s) on a thread of its own", count,
+             count == 1 ? "" : "s", mpg_status_name(reason));
+    return;
+  }
+  mpg__log(1, "nccl: no thread for the abort: ncclCommAbort runs in the caller");
+  aborter_main(j);
+}
+
+static void nccl_abort(mpg__comm *c, mpg_status reason) {
+  if (c) nccl_abort_comms(&c, 1, reason);
+}
+
+/* Wait for c's pending abort (abort_state), at most until its deadline
+ * (the abort's start + the timeout): 1 when destroy may go on, 0 when it
+ * stopped waiting (c is then ABORT_ORPHANED: the aborter frees the rest). */
+static int abort_settled(mpg__comm *c) {
+  if (atomic_load(&c->abort_state) != ABORT_PENDING) return 1;
+  double deadline = atomic_load(&c->abort_deadline);
+  unsigned spins = 0;
+  while (atomic_load(&c->abort_state) == ABORT_PENDING && mpg__now() < deadline)
+    mpg__nccl_backoff(&spins);
+  int pending = ABORT_PENDING;
+  return !atomic_compare_exchange_strong(&c->abort_state, &pending, ABORT_ORPHANED);
 }
 
 static mpg_status nccl_destroy(mpg__comm *c) {
   if (!c) return MPG_OK;
   mpg_status st = MPG_OK;
+  if (!abort_settled(c)) {
+    /* NCCL's abort still runs (a kernel of the device never finishes):
+     * leave the handle and the scratch word to the aborter thread, which
+     * holds its own reference to c. */
+    st = mpg__fail(MPG_ERR_TIMEOUT,
+                   "nccl destroy (rank %d of a group of %d): its abort (ncclCommAbort, "
+                   "on a thread of its own) has not returned within the timeout (%.3g s): "
+                   "NCCL frees the communicator's device memory with cudaFree, which "
+                   "waits for every kernel of CUDA device %d, and one of them does not "
+                   "finish (another library's, or another context's); what is left of "
+                   "the communicator is freed when the abort returns",
+                   c->rank, c->size, c->timeout_s, c->device);
+    mpg__nccl_family_leave(c); /* no NCCL call: its handle is the aborter's */
+    mpg__nccl_comm_unref(c);
+    return st;
+  }
   int old = -1;
   (void)mpg__nccl_dev_enter(c->device, &old);
   mpg__nccl_family_leave(c); /* deregisters its buffers first */
@@ -247,9 +386,24 @@ static mpg_status nccl_destroy(mpg__comm *c) {
     if (r == ncclSuccess || r == ncclInProgress)
       st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
     if (st == MPG_OK && r == ncclSuccess) {
-      r = ncclCommDestroy(c->nccl);
+      /* ncclCommDestroy is blocking whatever the config: it sets
+       * destroyFlag (src/init.cc:2379) before its ncclAsyncLaunch
+       * (init.cc:2384), which forces a blocking group (src/group.cc:52-53),
+       * so commReclaim has run and freed the handle when it returns
+       * ncclSuccess.  ncclInProgress (never returned by 2.18, 2.22 or 2.28)
+       * would mean the reclaim still runs on NCCL's thread and frees the
+       * handle when it ends: it is NCCL's either way, and never polled
+       * (ncclCommGetAsyncError on it could read freed memory).  On an
+       * error the handle is not freed but left in NCCL's open group
+       * (init.cc:2372-2381 return between ncclGroupStartInternal and
+       * ncclGroupEndInternal), so it is not touched again either. */
+      ncclComm_t h = c->nccl;
       c->nccl = NULL;
-      if (r != ncclSuccess && r != ncclInProgress)
+      r = ncclCommDestroy(h);
+      if (r == ncclInProgress)
+        mpg__log(1, "nccl: rank %d of a group of %d: ncclCommDestroy answered "
+                 "ncclInProgress; NCCL frees the handle when its job ends", c->rank, c->size);
+      else if (r != ncclSuccess)
         st = mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommDestroy", r);
     } else if (st == MPG_ERR_TIMEOUT) {
       mpg__nccl_abort_locked(c, MPG_ERR_TIMEOUT);

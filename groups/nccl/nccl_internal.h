@@ -5,13 +5,14 @@
  * (groups/backend.h).  One job per file:
  *
  *   comm.c       the communicator object: config, creation, references,
- *                polling its async state against the deadline, abort with
- *                its lock held; and the helpers every file uses (error
+ *                polling its async state against the deadline, marking it
+ *                aborted with its lock held; and the helpers every file uses (error
  *                text, device switch, pacing of polls).
  *   world.c      joining the world: how the ranks agree on the NCCL unique
  *                id (the caller's id, a local one, MPI, NCCL_COMM_ID), the
  *                CUDA device (chosen by groups/device.c) and the init call.
- *   lifecycle.c  split, abort, destroy; the function table.
+ *   lifecycle.c  split, abort (NCCL's part on a thread of its own),
+ *                destroy; the function table.
  *   ops.c        operations: post, post_batch (sends and receives as one
  *                NCCL group), test, wait, free; dtype and op mapping,
  *                pre-multiplied sums.
@@ -31,7 +32,8 @@
  * Threads.  Each communicator has a mutex held around every NCCL call on it
  * (released while polling), so abort never runs while another of our
  * threads is inside NCCL for that communicator.  "Lock held" in a comment
- * means the caller holds c->lock.
+ * means the caller holds c->lock.  The abort op raises the flags and
+ * returns: ncclCommAbort runs on a thread of its own (lifecycle.c).
  *
  * Exactly these external calls are used:
  *   NCCL:  ncclGetUniqueId, ncclCommInitRankConfig, ncclCommSplit,
@@ -58,7 +60,8 @@
  *          (mpg__mpi_bcast_bytes: MPI_Ibcast, MPI_Test).
  *   libc:  getenv, setenv, unsetenv (NCCL_COMM_ID; setenv of
  *          NCCL_LAUNCH_ORDER_IMPLICIT when unset), pthread mutex and
- *          once, sched_yield, nanosleep. */
+ *          once, pthread_create of a detached thread (lifecycle.c's
+ *          aborter), sched_yield, nanosleep. */
 #ifndef MPG_GROUPS_NCCL_INTERNAL_H
 #define MPG_GROUPS_NCCL_INTERNAL_H
 
@@ -76,7 +79,13 @@ struct mpg__comm {
   pthread_mutex_t lock;  /* held around every NCCL call on `nccl` */
   int settling;          /* a call's job is still in progress (lock guards) */
   atomic_int aborted;    /* MPG_OK, or the reason given to abort */
-  atomic_int refs;       /* 1 for the communicator + 1 per live request */
+  atomic_int abort_state; /* lifecycle.c: none, pending (its aborter thread
+                             runs ncclCommAbort), done, or orphaned (destroy
+                             stopped waiting; the aborter frees the rest) */
+  _Atomic double abort_deadline; /* destroy waits for a pending abort until
+                                    then (the abort's start + timeout_s) */
+  atomic_int refs;       /* 1 for the communicator + 1 per live request
+                            + 1 while an aborter thread holds it */
   int rank, size;        /* this rank's position and the group size */
   int device;            /* CUDA device of the communicator */
   int split_share;       /* splitShare of its children (MESHPG_NCCL_SPLIT_SHARE) */
@@ -167,12 +176,22 @@ ncclConfig_t mpg__nccl_config(int split_share);
 mpg__comm *mpg__nccl_comm_new(int device, double timeout_s);
 /* Drop one reference; the last frees c. */
 void mpg__nccl_comm_unref(mpg__comm *c);
+/* comm.c: lock c for a new NCCL call (R2): NCCL's rule for non-blocking
+ * communicators is that after ncclInProgress only ncclCommGetAsyncError
+ * and ncclCommAbort may be called until the state settles, so wait (with
+ * the lock released) while another thread's call on c is settling. */
+void mpg__nccl_lock(mpg__comm *c);
 /* Poll the async state of h until it leaves ncclInProgress (lock held,
  * released while sleeping); see comm.c. */
 mpg_status mpg__nccl_settle_locked(mpg__comm *c, ncclComm_t h,
                                    double deadline, ncclResult_t *res);
-/* Abort (lock held).  Returns 1 if this call did the abort. */
+/* Mark c aborted (lock held).  Returns 1 if this call set the flag. */
 int mpg__nccl_abort_locked(mpg__comm *c, mpg_status reason);
+
+/* lifecycle.c: aborter threads still running in this process (each runs
+ * one abort's ncclCommAbort calls and ncclGroupEnd; see lifecycle.c).  For
+ * tests: wait for 0 before checking for leaks. */
+int mpg__nccl_aborts_running(void);
 
 /* world.c */
 mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out);
@@ -220,11 +239,6 @@ mpg_status mpg__nccl_family_join(mpg__comm *c, const mpg__comm *parent);
  * no request of this thread waits on): that member is marked aborted and
  * its error returned (ncclSuccess: none); *rank and *size describe it. */
 ncclResult_t mpg__nccl_family_poll(mpg__comm *c, int *rank, int *size);
-/* Lock c for a new NCCL call (R2): NCCL's rule for non-blocking
- * communicators is that after ncclInProgress only ncclCommGetAsyncError
- * and ncclCommAbort may be called until the state settles, so wait (with
- * the lock released) while another thread's call on c is settling. */
-void mpg__nccl_lock(mpg__comm *c);
 /* Deregister everything from c and leave its family (before destroy). */
 void mpg__nccl_family_leave(mpg__comm *c);
 /* Register a buffer from ncclMemAlloc with every member of c's family. */
