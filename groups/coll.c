@@ -1,6 +1,6 @@
 /* The public collectives and work handles: argument checks, size-1 groups
- * as local copies, the context's timeout, and abort on a timeout.  See
- * ctx_internal.h.
+ * as local copies, the context's timeout, and abort on a failure after
+ * the arguments were accepted (on_failure).  See ctx_internal.h.
  *
  * Threads.  A group is used by one thread at a time: every call that
  * issues on it (here, p2p.c's mpg_p2p_batch, alltoall.c's all-to-alls,
@@ -19,12 +19,17 @@
  * a post.  The internal steps of a claimed call (mpg__group_post_p2p,
  * mpg__group_ready) claim nothing, so no call trips on its own claim.
  * Not claimed: groups/shm/engine.c's posts (the sync's node-local
- * reductions), which never reach the group's communicator. */
+ * reductions), which never reach the group's communicator.
+ * On nccl a context has one issuing thread (mpg__ctx_check_issuer below):
+ * a claim from any other thread fails with MPG_ERR_STATE, alternating or
+ * not. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "ctx_internal.h"
 
@@ -180,9 +185,46 @@ mpg_status mpg__group_ready(mpg_group *g, const char *fn) {
   return st ? on_failure(g, fn, st) : MPG_OK;
 }
 
+/* One issuing thread per context on nccl (ctx_internal.h): the first
+ * thread whose call issues becomes the context's issuer for its life (a
+ * context created on one thread may be handed to another before its first
+ * collective; mpg_ctx_create's own setup collectives do not count, since
+ * create returns before any other call can start).  NCCL_LAUNCH_ORDER_
+ * IMPLICIT=1 (world.c) orders every kernel of the device by host launch
+ * order, and NCCL then fails two threads launching at once:
+ * ncclLaunchPrepare acquires the device's launchOrder strong stream as not
+ * concurrent (src/enqueue.cc:1511-1515) and ncclStrongStreamRelease
+ * returns ncclInvalidUsage, "host threads racing to launch NCCL on same
+ * device", when another thread acquired it in between
+ * (src/misc/strongstream.cc:158-162, 282-285); without the race, two
+ * threads' calls still reach NCCL in an order no other rank shares.  Not
+ * checked: mpg_work_test / mpg_work_wait (they post nothing: an event
+ * query and ncclCommGetAsyncError under the communicator's lock, which
+ * NCCL allows from any thread), mpg_ctx_abort (any thread, by design),
+ * memory and stream calls. */
+mpg_status mpg__ctx_check_issuer(mpg_ctx *ctx, const char *fn, const char *group) {
+  if (ctx->kind != MPG_BACKEND_NCCL) return MPG_OK;
+  long me = (long)syscall(SYS_gettid), owner = 0;
+  if (atomic_compare_exchange_strong(&ctx->issuer, &owner, me) || owner == me) return MPG_OK;
+  return mpg__fail(MPG_ERR_STATE,
+                   "%s%s%s%s (world rank %d): called from thread %ld, but thread %ld issues this "
+                   "context's calls (the first thread that issued a collective or point-to-"
+                   "point call on it); on nccl one thread issues every collective, "
+                   "point-to-point and all-to-all call of a context: NCCL orders a device's "
+                   "kernels by host launch order (NCCL_LAUNCH_ORDER_IMPLICIT) and fails two "
+                   "threads launching at once (\"host threads racing to launch NCCL on same "
+                   "device\"), and two threads' calls cannot be in the same order on every "
+                   "rank; mpg_work_test, mpg_work_wait and mpg_ctx_abort may come from any "
+                   "thread; nothing was posted",
+                   fn, group ? " on group \"" : "", group ? group : "", group ? "\"" : "",
+                   ctx->rank, me, owner);
+}
+
 /* mpg__group_claim and mpg__group_release (ctx_internal.h): the group's
- * busy flag, see the top of this file. */
+ * busy flag, see the top of this file; on nccl first the issuing thread. */
 mpg_status mpg__group_claim(mpg_group *g, const char *fn) {
+  mpg_status st = mpg__ctx_check_issuer(g->ctx, fn, g->name);
+  if (st) return st;
   int idle = 0;
   if (atomic_compare_exchange_strong_explicit(&g->busy, &idle, 1, memory_order_acquire,
                                               memory_order_relaxed))

@@ -59,6 +59,9 @@ struct mpg_ctx {
   int lazy;
   atomic_int aborted; /* MPG_OK while healthy, else the reason; atomic so
                         that a watchdog thread may call mpg_ctx_abort */
+  atomic_long issuer; /* nccl: the OS thread id (gettid) of the thread that
+                         issues (coll.c's mpg__ctx_check_issuer); 0 until the
+                         first issuing call; 0 from calloc */
   mpg__comm *world_comm;
   char host_id[MPG_HOST_ID_MAX]; /* opts.host_id, "" when not given */
   long setup_collectives;
@@ -98,10 +101,20 @@ mpg_status mpg__group_ready(mpg_group *g, const char *fn);
 
 /* coll.c: claim g for the public call `fn` of this thread (one thread
  * uses a group at a time): MPG_OK, or MPG_ERR_STATE, nothing posted, while
- * another call holds it; released by mpg__group_release when the call
- * returns.  coll.c, p2p.c and alltoall.c claim for their public calls. */
+ * another call holds it or (nccl) when this thread is not the context's
+ * issuing thread (mpg__ctx_check_issuer); released by mpg__group_release
+ * when the call returns.  coll.c, p2p.c and alltoall.c claim for their
+ * public calls. */
 mpg_status mpg__group_claim(mpg_group *g, const char *fn);
 void mpg__group_release(mpg_group *g);
+
+/* coll.c: on nccl, every call that issues on the context (collectives,
+ * point to point, all-to-all, host collectives, mpg_ctx_check_order) comes
+ * from one thread, the first that issued one: MPG_OK for that thread (and
+ * on thread and mpi), else MPG_ERR_STATE, naming both threads, nothing
+ * posted.  `fn` and the group's name (NULL: none) start the message.
+ * mpg__group_claim checks it first. */
+mpg_status mpg__ctx_check_issuer(mpg_ctx *ctx, const char *fn, const char *group);
 
 /* coll.c: after a failure `st` of the call `fn` on g: a timeout or an
  * abort aborts the whole context and names the group in the message;

@@ -441,5 +441,7 @@ mpg_status mpg_ctx_check_order(mpg_ctx *ctx) {
   if (reason)
     return mpg__fail(MPG_ERR_ABORTED, "mpg_ctx_check_order (rank %d): the context was "
                      "aborted (%s)", ctx->rank, mpg_status_name((mpg_status)reason));
-  return mpg__ctx_check_order(ctx, "mpg_ctx_check_order");
+  /* Collectives over the world: from the context's issuing thread (nccl). */
+  mpg_status st = ctx->order ? mpg__ctx_check_issuer(ctx, "mpg_ctx_check_order", NULL) : MPG_OK;
+  return st ? st : mpg__ctx_check_order(ctx, "mpg_ctx_check_order");
 }

@@ -23,7 +23,9 @@
  * their operations, and from 2.26 offers NCCL_LAUNCH_ORDER_IMPLICIT=1,
  * which orders them by host issue order (overlapping them on CUDA 12.3+).
  * meshpg issues every collective in the same order on every rank (its
- * rule, checked by the issue-order checker), so it sets
+ * rule, checked by the issue-order checker), from one thread per context
+ * (enforced: groups/coll.c, mpg__ctx_check_issuer; with the variable set,
+ * NCCL fails two threads launching on one device at once), so it sets
  * NCCL_LAUNCH_ORDER_IMPLICIT=1 unless the user set it.  splitShare is 0
  * by default, like torch: with 1 ("the child communicator can share
  * internal resources of the parent"; NCCL's ncclConfig_t docs) every group
