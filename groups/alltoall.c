@@ -22,7 +22,12 @@
  * backend sees them: the thread backend fails the receive with
  * MPG_ERR_INVALID (never truncating or overrunning), mpi fails both
  * members of the pair with MPG_ERR_INVALID after the exchange of counts
- * (run_native).  Waiting, timeouts (the
+ * (run_native); nccl cannot see them (a receive longer than its send
+ * waits, a shorter one leaves bytes on the pair's connection), so with the
+ * issue-order checker on (MESHPG_CHECK_ORDER) every member exchanges the
+ * counts first and all fail with MPG_ERR_INVALID before any data moves
+ * (check_counts); with it off a mismatch on nccl is undefined.  Waiting,
+ * timeouts (the
  * receive from a member that never arrived names it) and aborts are
  * p2p.c's and coll.c's.  The issue-order checker records each call as a
  * collective of the group (order.c).  See ctx_internal.h. */
@@ -158,12 +163,11 @@ static mpg_status post_staggered(mpg_group *g, const a2a *a, pair_fill fill, voi
   return st;
 }
 
-/* The counts' pair: two u64 each way (exchange_counts). */
+/* The counts' pair: two u64 each way (exchange_counts, which filled mine). */
 static void count_pair(const a2a *a, void *arg, int from, int to, mpg__coll *r,
                        mpg__coll *s) {
+  (void)a;
   uint64_t *mine = ((uint64_t **)arg)[0], *theirs = ((uint64_t **)arg)[1];
-  mine[2 * to] = scount(a, to);
-  mine[2 * to + 1] = rcount(a, to);
   *r = (mpg__coll){MPG__RECV, NULL, theirs + 2 * from, 2, MPG_I64, MPG_OP_SUM, 1.0, 0, from,
                    NULL, 0};
   *s = (mpg__coll){MPG__SEND, mine + 2 * to, NULL, 2, MPG_I64, MPG_OP_SUM, 1.0, 0, to, NULL,
@@ -180,19 +184,106 @@ static void data_pair(const a2a *a, void *arg, int from, int to, mpg__coll *r, m
                    sn, a->dtype, MPG_OP_SUM, 1.0, 0, to, a->stream, 0};
 }
 
-/* Before the backend's own all-to-all, every member tells each peer what
- * it sends it and what it expects from it: one point-to-point round
- * (mpg__group_post_p2p: a member that never arrives is named by the
- * timeout).  theirs[2 p] is what peer p sends this member, theirs[2 p +
- * 1] what it expects from it.  Blocking, also for an async call. */
+/* Before the data, every member tells each peer what it sends it and what
+ * it expects from it: one point-to-point round (mpg__group_post_p2p: a
+ * member that never arrives is named by the timeout), on the default
+ * stream through a buffer of the backend when its point to point needs its
+ * own memory (nccl: device memory, as setup.c stages).  mine and theirs
+ * have 2 x size entries: mine[2 p], mine[2 p + 1] = what this member sends
+ * p and expects from p; theirs[2 p] is what peer p sends this member,
+ * theirs[2 p + 1] what it expects from it.  Blocking, also for an async
+ * call.  A failure other than the exchange's own has aborted the context
+ * (mpg__group_on_failure) like the exchange's. */
 static mpg_status exchange_counts(mpg_group *g, const a2a *a, uint64_t *mine,
                                   uint64_t *theirs) {
+  mpg_ctx *ctx = g->ctx;
+  size_t half = 2 * (size_t)g->size * sizeof *mine;
+  for (int p = 0; p < g->size; p++) {
+    mine[2 * p] = scount(a, p);
+    mine[2 * p + 1] = rcount(a, p);
+  }
   uint64_t *both[2] = {mine, theirs};
-  mpg_status st = post_staggered(g, a, count_pair, both, NULL);
+  void *dev = NULL;
+  mpg_status st = MPG_OK;
+  if (ctx->ops->mem_alloc && ctx->ops->mem_copy) {
+    st = ctx->ops->mem_alloc(ctx->world_comm, 2 * half, 0, &dev);
+    if (!st) st = ctx->ops->mem_copy(ctx->world_comm, dev, mine, half);
+    if (st) st = mpg__group_on_failure(g, a->fn, st);
+    both[0] = dev;
+    both[1] = dev ? (uint64_t *)((char *)dev + half) : NULL;
+  }
+  if (!st) st = post_staggered(g, a, count_pair, both, NULL);
+  if (!st && dev) {
+    st = ctx->ops->mem_copy(ctx->world_comm, theirs, both[1], half);
+    if (st) st = mpg__group_on_failure(g, a->fn, st);
+  }
+  if (dev) {
+    mpg__saved_error why;
+    mpg__error_save(&why);
+    mpg_status fst = ctx->ops->mem_free(ctx->world_comm, dev);
+    if (st) (void)mpg__error_restore(st, &why);
+    else if (fst) st = mpg__group_on_failure(g, a->fn, fst);
+  }
   if (st)
     return mpg__fail_wrap(st, "%s on \"%s\" (position %d): exchanging the counts before "
                           "the data", a->fn, g->name, g->position);
   return MPG_OK;
+}
+
+/* The checker's count check (run_claimed; nccl, whose point to point
+ * cannot check a count at the receive: a mismatch there hangs until the
+ * timeout, or leaves bytes on the pair's connection for a later receive):
+ * the counts are exchanged (exchange_counts), each member takes the
+ * mismatches where it sends (send_counts[j] on this member i against
+ * recv_counts[i] on member j: every mismatched pair is seen by its
+ * sender), and one all-gather of (mismatches, first receiver, sent,
+ * expected) per member tells every member of the group the same verdict:
+ * MPG_ERR_INVALID on every member, naming the first pair (lowest sender,
+ * then receiver) and both counts, before any data moved (the member's own
+ * block included).  The context is not aborted: nothing is pending.  Two
+ * collectives more per call, every member alike (MESHPG_CHECK_ORDER is
+ * the same on every rank: agree.c). */
+static mpg_status check_counts(mpg_group *g, const a2a *a) {
+  int size = g->size, me = g->position;
+  uint64_t *mine = calloc(4 * (size_t)size + 4 * (size_t)size, sizeof *mine);
+  if (!mine)
+    return mpg__group_on_failure(g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of "
+                                 "memory for the counts of %d members", a->fn, g->name,
+                                 size));
+  uint64_t *theirs = mine + 2 * size, *all = mine + 4 * size, v[4] = {0, 0, 0, 0};
+  mpg_status st = exchange_counts(g, a, mine, theirs);
+  for (int p = 0; !st && p < size; p++) {
+    if (p == me || mine[2 * p] == theirs[2 * p + 1]) continue;
+    if (v[0]++ == 0) v[1] = (uint64_t)p, v[2] = mine[2 * p], v[3] = theirs[2 * p + 1];
+  }
+  if (!st) {
+    mpg__coll c = {MPG__ALL_GATHER, v, all, 4, MPG_I64, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
+    st = mpg__ctx_setup_coll(g->ctx, g->comm, size, &c);
+    if (st)
+      st = mpg__fail_wrap(mpg__group_on_failure(g, a->fn, st), "%s on \"%s\" (position "
+                          "%d): agreeing on the counts", a->fn, g->name, me);
+  }
+  uint64_t nbad = 0;
+  int first = -1;
+  for (int i = 0; !st && i < size; i++) {
+    nbad += all[4 * i];
+    if (first < 0 && all[4 * i]) first = i;
+  }
+  if (!st && first >= 0) {
+    const uint64_t *f = all + 4 * first;
+    st = mpg__fail(MPG_ERR_INVALID,
+                   "%s on \"%s\": the counts of %llu pair%s of members do not match "
+                   "(recv_counts[i] on member j must equal send_counts[j] on member i): "
+                   "position %d sends %llu elements to position %llu (send_counts[%llu]) "
+                   "where position %llu expects %llu (recv_counts[%d]); checked on every "
+                   "member because MESHPG_CHECK_ORDER is on; nothing was sent",
+                   a->fn, g->name, (unsigned long long)nbad, nbad == 1 ? "" : "s", first,
+                   (unsigned long long)f[2], (unsigned long long)f[1],
+                   (unsigned long long)f[1], (unsigned long long)f[1],
+                   (unsigned long long)f[3], first);
+  }
+  free(mine);
+  return st;
 }
 
 /* The backend's own all-to-all (post_alltoallv), one request: the four
@@ -327,6 +418,9 @@ static mpg_status run_claimed(mpg_group *g, const a2a *a, mpg_work **work) {
   mpg_status st;
   if ((st = mpg__group_ready(g, a->fn))) return st;
   mpg__order_note_all_to_all(g, a->v, a->count, a->dtype); /* as issued, size 1 too */
+  if (g->size > 1 && g->ctx->order && g->ctx->kind == MPG_BACKEND_NCCL &&
+      (st = check_counts(g, a)))
+    return st;
   st = copy_self(g, a);
   if (g->size == 1) return st; /* as coll.c's run(): the local result as it is */
   if (st) return mpg__group_on_failure(g, a->fn, st);
