@@ -977,12 +977,18 @@ MPG_API mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opt
 
 /* Free every communicator and the context.  Every work handle must have
  * been released with mpg_work_wait first.  NULL is a no-op.  After a
- * timeout or abort it frees what can be freed without blocking.  It is
+ * timeout or abort it frees what can be freed without blocking on peers;
+ * on nccl it first waits for the abort's thread (mpg_ctx_abort) to
+ * finish, at most the context's timeout (mpg_ctx_set_timeout) from the
+ * abort's start, and past that returns MPG_ERR_TIMEOUT with the context
+ * freed all the same: what is left of the communicators is freed by that
+ * thread when NCCL's abort returns.  It is
  * not collective (no issue-order check here: call mpg_ctx_check_order
  * before, if wanted).
  * Returns MPG_OK or the first backend error met while freeing;
- * MPG_ERR_STATE, freeing nothing, while a mpg_sync made on it still lives
- * (destroy the sync first, then the context). */
+ * MPG_ERR_TIMEOUT as above (nccl); MPG_ERR_STATE, freeing nothing, while
+ * a mpg_sync made on it still lives (destroy the sync first, then the
+ * context). */
 MPG_API mpg_status mpg_ctx_destroy(mpg_ctx *ctx);
 
 /* MPG_OK while the context is healthy; after a timeout or abort, the
@@ -1002,9 +1008,16 @@ MPG_API mpg_status mpg_ctx_status(const mpg_ctx *ctx);
  * is 1e9 s or more). */
 MPG_API mpg_status mpg_ctx_set_timeout(mpg_ctx *ctx, double timeout_s);
 
-/* Abort every communicator of the context (safe from a watchdog thread): waiting peers fail with
- * MPG_ERR_ABORTED or MPG_ERR_TIMEOUT, and later collectives with
- * MPG_ERR_ABORTED.  Never blocks.  The context must still be destroyed. */
+/* Abort every communicator of the context (safe from any thread, such as a
+ * watchdog): the context and each of its communicators are marked aborted
+ * before it returns, so this rank's waiting calls fail with MPG_ERR_ABORTED
+ * within one poll (about 1 ms), later calls at once, and waiting peers fail
+ * with MPG_ERR_ABORTED or MPG_ERR_TIMEOUT.  Never blocks: on nccl the NCCL
+ * part (ncclCommAbort of every communicator, in one NCCL group) runs on a
+ * thread of its own, since NCCL frees the communicators' device memory
+ * there and cudaFree waits for every kernel of the device, which may never
+ * end (another library's stuck kernel).  The context must still be
+ * destroyed (mpg_ctx_destroy waits for that thread, bounded). */
 MPG_API mpg_status mpg_ctx_abort(mpg_ctx *ctx);
 
 /* This rank in the mesh (0..world-1).  Equal to the launcher's rank unless
@@ -1080,7 +1093,9 @@ MPG_API long mpg_ctx_setup_collectives(const mpg_ctx *ctx);
  * mpg_ctx_setup_collectives.
  *
  * Returns MPG_OK (at once, without communicating, when the checker is
- * off); MPG_ERR_STATE when the order differs; MPG_ERR_INVALID for NULL;
+ * off); MPG_ERR_STATE when the order differs, or (nccl) when called from
+ * another thread than the context's issuing thread (see the collectives;
+ * nothing compared); MPG_ERR_INVALID for NULL;
  * MPG_ERR_ABORTED when the context was aborted (nothing is compared);
  * MPG_ERR_TIMEOUT / MPG_ERR_ABORTED when a peer never joins the check (the
  * context is then aborted); MPG_ERR_NOMEM. */
@@ -1200,12 +1215,20 @@ MPG_API mpg_status mpg_group_member(const mpg_group *group, int position, int *r
  * Only overlapping calls are caught: calls of two threads that alternate
  * may meet the other ranks' calls in another order.  Different groups of
  * one context must not be used from two threads at once either
- * (docs/groups.md, "Threads").
+ * (docs/groups.md, "Threads").  On nccl this is enforced per context: the
+ * first thread that issues a collective, point-to-point or all-to-all call
+ * on a context (or mpg_ctx_check_order) is its issuing thread for the
+ * context's life, and the same calls from any other thread fail with
+ * MPG_ERR_STATE, naming both threads, posting nothing (NCCL orders a
+ * device's kernels by host launch order and fails two threads launching
+ * at once).  mpg_work_test, mpg_work_wait, mpg_ctx_abort, memory and
+ * stream calls may come from any thread.
  * Each returns MPG_OK; MPG_ERR_INVALID (NULL buffer, bad dtype, op, root,
  * peer); MPG_ERR_RANGE when count x element size (x the group size for
  * all_gather's recv and reduce_scatter's send) overflows size_t, checked
  * before any buffer is touched; MPG_ERR_STATE when another thread's call
- * on the group has not returned (nothing posted); MPG_ERR_TIMEOUT when a peer did not arrive within the context's
+ * on the group has not returned, or (nccl) when the calling thread is not
+ * the context's issuing thread (nothing posted); MPG_ERR_TIMEOUT when a peer did not arrive within the context's
  * timeout (the context is then aborted); MPG_ERR_ABORTED after an abort;
  * MPG_ERR_BACKEND when the backend failed the operation (the context is
  * then aborted too: peers may be inside the same collective, and NCCL
@@ -1283,8 +1306,13 @@ MPG_API mpg_status mpg_all_to_all(mpg_group *group, const void *send, void *recv
  * and both members of a mismatched pair fail with MPG_ERR_INVALID naming
  * both sides' counts after the operation (the others complete, every
  * agreeing block is received, MPI never sees a message longer than its
- * receive), and on nccl a mismatch is undefined (it may hang until the
- * timeout).
+ * receive), and on nccl, when the issue-order checker is on
+ * (MESHPG_CHECK_ORDER=1), the members exchange their counts before the
+ * data (two more NCCL operations per call) and every member fails with
+ * MPG_ERR_INVALID naming the first mismatched pair and both counts,
+ * before anything is sent or copied; with the checker off a mismatch on
+ * nccl is undefined (it may hang until the timeout, or leave bytes on the
+ * pair's connection for a later receive).
  *
  * Not in place: send and recv must not overlap (the span of the send
  * blocks against the span of the receive blocks), MPG_ERR_INVALID
@@ -1310,7 +1338,9 @@ MPG_API mpg_status mpg_all_to_all(mpg_group *group, const void *send, void *recv
  * Returns MPG_OK; MPG_ERR_INVALID for a NULL group, an unknown dtype, a
  * NULL count or displacement array, a NULL send (recv) with a send (recv)
  * count > 0, this member's own counts that differ, overlapping send and
- * recv, or (thread backend) counts that differ between two members;
+ * recv, or counts that differ between two members (thread; mpi; nccl with
+ * MESHPG_CHECK_ORDER=1); MPG_ERR_STATE from a thread that may not issue
+ * (see the collectives above);
  * MPG_ERR_RANGE when a block's end (displacement + count, or size * count
  * for mpg_all_to_all) in bytes overflows size_t, checked before any buffer
  * is touched; MPG_ERR_TIMEOUT when a peer did not arrive within the
@@ -1390,7 +1420,10 @@ typedef struct mpg_p2p_op {
  * n > 0, or an operation (named "ops[i]" with the field and its value)
  * with a bad kind, a peer outside 0..size-1 or equal to this rank's
  * position, an unknown dtype, or a NULL buf with count > 0; MPG_ERR_RANGE
- * when count x element size overflows size_t; MPG_ERR_TIMEOUT when an
+ * when count x element size overflows size_t; MPG_ERR_STATE, nothing
+ * posted, while another thread's call on the group has not returned, or
+ * (nccl) from a thread that may not issue (see the collectives);
+ * MPG_ERR_TIMEOUT when an
  * operation did not complete within the context's timeout (the context is
  * then aborted); MPG_ERR_ABORTED after an abort; MPG_ERR_NOMEM;
  * MPG_ERR_BACKEND.  When an operation fails to post after others were
@@ -1401,7 +1434,7 @@ MPG_API mpg_status mpg_p2p_batch(mpg_group *group, const mpg_p2p_op *ops, int n,
 
 /* Wait for `work` (up to the context's timeout) and release it, whatever
  * the outcome.  NULL is MPG_OK.  May be called from another thread than
- * the one issuing on the group, also while it issues (so may
+ * the one issuing on the group, also while it issues, on nccl too (so may
  * mpg_work_test); one work handle is used by one thread at a time.
  * Returns the collective's status:
  * MPG_ERR_TIMEOUT (the context is then aborted), MPG_ERR_ABORTED, ... */
