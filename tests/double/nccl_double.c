@@ -75,6 +75,9 @@
  *   NCCL_COMM_ID             as in NCCL: ncclGetUniqueId returns the same
  *                            id in every process (bootstrap.cc:414-431).
  *   NCCL_DEBUG=WARN|INFO     print each WARN on stderr, as NCCL does.
+ *   NCCL_LAUNCH_ORDER_IMPLICIT, NCCL_LAUNCH_RACE_FATAL  as in NCCL: two
+ *                            threads launching on one device at once fail
+ *                            with ncclInvalidUsage (launch_race_enter).
  *
  * Deliberate differences from NCCL, each for the tests' sake:
  *   - f16/bf16 reductions accumulate in f32 and round once; ncclAvg is a sum
@@ -2072,6 +2075,54 @@ static ncclResult_t cuda_fail(cudaError_t e) {
 
 static ncclResult_t launch_plan_on_device(struct plan *p);
 
+/* Two host threads launching on one device (v2.28.9): with
+ * NCCL_LAUNCH_ORDER_IMPLICIT set (and not capturing a graph, which the
+ * double does not model), ncclLaunchPrepare acquires the device's
+ * launchOrder strong stream as not concurrent (enqueue.cc:1510-1515, "non-
+ * captured cannot be concurrent because that would violate deterministic
+ * program order of launches"), which records the acquiring thread
+ * (strongstream.cc:170-172), and ncclLaunchFinish releases it
+ * (enqueue.cc:1738-1742), where ncclStrongStreamRelease returns
+ * ncclInvalidUsage with "Fatal: host threads racing to launch NCCL on same
+ * device." when another thread acquired it in between
+ * (strongstream.cc:158-162, 282-285; NCCL_LAUNCH_RACE_FATAL, default 1).
+ * The kernel was launched all the same.  Both variables are read at the
+ * process's first launch (NCCL_PARAM caches them). */
+static pthread_once_t race_once = PTHREAD_ONCE_INIT;
+static int race_on;
+static _Thread_local char race_marker;
+static _Atomic(void *) race_owner[MAX_DEV_TRACK];
+
+static void race_read(void) {
+  const char *o = getenv("NCCL_LAUNCH_ORDER_IMPLICIT"), *f = getenv("NCCL_LAUNCH_RACE_FATAL");
+  race_on = o && atoi(o) != 0 && !(f && f[0] && atoi(f) == 0);
+}
+
+/* Test knob (test_nccl_rules.c): hold every launch this long inside its
+ * acquired window, so that a second thread's launch falls in it. */
+static _Atomic double launch_pause_s;
+void dbl_fault_launch_pause(double seconds);
+void dbl_fault_launch_pause(double seconds) { atomic_store(&launch_pause_s, seconds); }
+
+static int launch_race_enter(struct plan *p) {
+  pthread_once(&race_once, race_read);
+  int d = p->comm->device;
+  int on = race_on && p->n > 0 && d >= 0 && d < MAX_DEV_TRACK;
+  if (on) atomic_store(&race_owner[d], (void *)&race_marker);
+  double pause = atomic_load(&launch_pause_s);
+  if (pause > 0) {
+    struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
+    nanosleep(&ts, NULL);
+  }
+  return on;
+}
+
+static ncclResult_t launch_race_leave(struct plan *p) {
+  if (atomic_load(&race_owner[p->comm->device]) == (void *)&race_marker) return ncclSuccess;
+  warn("Fatal: host threads racing to launch NCCL on same device.");
+  return ncclInvalidUsage;
+}
+
 /* groupLaunch makes each communicator's device current before launching
  * its plan (group.cc:597; the blocking group end restores the caller's device,
  * group.cc:741-745), which is where stream 0 then points. */
@@ -2079,7 +2130,9 @@ static ncclResult_t launch_plan(struct plan *p) {
   int old = dbl_device_current();
   cudaError_t e = old == p->comm->device ? cudaSuccess : cudaSetDevice(p->comm->device);
   if (e != cudaSuccess) return cuda_fail(e);
+  int race = launch_race_enter(p);
   ncclResult_t r = launch_plan_on_device(p);
+  if (race && r == ncclSuccess) r = launch_race_leave(p);
   if (old != p->comm->device) (void)cudaSetDevice(old);
   return r;
 }
