@@ -51,6 +51,7 @@
 #ifndef MESHPG_TESTS_FAULT_PROPS_H
 #define MESHPG_TESTS_FAULT_PROPS_H
 
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -147,12 +148,21 @@ typedef struct fp_case {
   double timeout_s;
   int steps;
   double fault_rate;
-  int kill_step; /* mpi: the step whose fault is the SIGKILL; -1: none */
+  int procs;     /* ranks are processes under mpirun (FP_KILL: SIGKILL) */
+  int kill_step; /* procs: the step whose fault is the SIGKILL; -1: none */
 } fp_case;
 
-/* Draw case `seed` of `backend` with `steps` steps.  kill: on mpi, one
- * SIGKILL in the last steps (the job ends with it). */
-static inline void fp_case_make(unsigned seed, int backend, int steps, int kill, fp_case *c) {
+/* The backend as messages name it. */
+static inline const char *fp_name(const fp_case *c) {
+  if (c->backend == FP_NCCL && c->procs) return "nccl-processes";
+  return fp_backend_names[c->backend];
+}
+
+/* Draw case `seed` of `backend` with `steps` steps; procs: the ranks are
+ * processes under mpirun (mpi always; nccl on the double's processes), and
+ * then kill: one SIGKILL in the last steps (the job ends with it). */
+static inline void fp_case_make(unsigned seed, int backend, int procs, int steps, int kill,
+                                fp_case *c) {
   memset(c, 0, sizeof *c);
   fp_rng r = {fp_mix(((uint64_t)seed << 8) ^ (uint64_t)backend ^ 0x35u)};
   c->seed = seed;
@@ -216,7 +226,8 @@ static inline void fp_case_make(unsigned seed, int backend, int steps, int kill,
   if (tb_sanitizer_factor() >= 4.0) c->timeout_s *= 2.0;
   c->steps = steps;
   c->fault_rate = 0.1;
-  c->kill_step = backend == FP_MPI && kill ? steps - 1 - (int)fp_below(&r, 6) : -1;
+  c->procs = procs;
+  c->kill_step = procs && kill ? steps - 1 - (int)fp_below(&r, 6) : -1;
 }
 
 static inline void fp_describe(const fp_case *c, char *buf, size_t cap) {
@@ -224,7 +235,7 @@ static inline void fp_describe(const fp_case *c, char *buf, size_t cap) {
       buf, cap,
       "seed %u (%s): world %d, mesh %s (dp_cp=%s), %s, %s x %g, reduce_dtype %s, "
       "bucket_mb %g first %g, MESHPG_SHM=%d%s MESHPG_CHECK_ORDER=%d, timeout %g s, %d steps%s",
-      c->seed, fp_backend_names[c->backend], c->world, c->mesh, c->flatten,
+      c->seed, fp_name(c), c->world, c->mesh, c->flatten,
       c->shard ? "shard" : "replicate", c->op == MPG_OP_AVG ? "avg" : "sum", c->grad_scale,
       c->reduce_dtype == MPG_REDUCE_F32 ? "f32" : "native", c->bucket_mb, c->first_bucket_mb,
       c->shm, c->backend == FP_NCCL ? " (no shared memory on nccl)" : "", c->check_order,
@@ -262,8 +273,8 @@ static inline void fp_plan_of(const fp_case *c, int step, fp_plan *p) {
   if (step == c->kill_step) {
     p->kind = FP_KILL;
   } else if (fp_unit(&r) < c->fault_rate) {
-    /* abort 3, stall 2, alloc 4, (thread and nccl) leave 1 */
-    unsigned w = fp_below(&r, c->backend == FP_MPI ? 9 : 10);
+    /* abort 3, stall 2, alloc 4, (ranks as threads) leave 1 */
+    unsigned w = fp_below(&r, c->procs ? 9 : 10);
     p->kind = w < 3 ? FP_ABORT : w < 5 ? FP_STALL : w < 9 ? FP_ALLOC : FP_KILL;
   }
   p->victim = (int)fp_below(&r, (unsigned)c->world);
@@ -425,6 +436,7 @@ typedef struct fp_ctl {
   atomic_int killed;                /* mpi: a rank raised SIGKILL */
   atomic_int arrived, generation;   /* mpi: the barrier between epochs */
   atomic_long last_step[FP_MAX_RANKS]; /* the last step each rank began */
+  atomic_int pid[FP_MAX_RANKS];     /* mpi: each rank's process (0: unknown) */
 } fp_ctl;
 
 static inline void fp_ctl_reset(fp_ctl *ctl) {
@@ -432,7 +444,10 @@ static inline void fp_ctl_reset(fp_ctl *ctl) {
   atomic_store(&ctl->killed, 0);
   atomic_store(&ctl->arrived, 0);
   atomic_store(&ctl->generation, 0);
-  for (int r = 0; r < FP_MAX_RANKS; r++) atomic_store(&ctl->last_step[r], -1);
+  for (int r = 0; r < FP_MAX_RANKS; r++) {
+    atomic_store(&ctl->last_step[r], -1);
+    atomic_store(&ctl->pid[r], 0);
+  }
 }
 
 /* The step the next epoch starts at: one past the last any rank began. */
@@ -445,8 +460,18 @@ static inline int fp_ctl_next_step(fp_ctl *ctl, int world) {
   return (int)(m + 1);
 }
 
-/* A barrier of `world` processes on shared memory; returns -1 (at once)
- * when a rank was killed, or after `limit_s`. */
+/* A process of the job that is gone (SIGKILL, a crash): its rank, or -1. */
+static inline int fp_ctl_dead_rank(fp_ctl *ctl, int world) {
+  for (int r = 0; r < world; r++) {
+    int pid = atomic_load(&ctl->pid[r]);
+    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) return r;
+  }
+  return -1;
+}
+
+/* A barrier of `world` processes on shared memory; returns -1 when a rank
+ * was killed or its process is gone (looked at every 0.1 s), or after
+ * `limit_s`. */
 static inline int fp_ctl_barrier(fp_ctl *ctl, int world, double limit_s) {
   int gen = atomic_load(&ctl->generation);
   if (atomic_fetch_add(&ctl->arrived, 1) == world - 1) {
@@ -454,9 +479,13 @@ static inline int fp_ctl_barrier(fp_ctl *ctl, int world, double limit_s) {
     atomic_fetch_add(&ctl->generation, 1);
     return 0;
   }
-  double until = fp_now() + limit_s;
+  double until = fp_now() + limit_s, look = 0;
   while (atomic_load(&ctl->generation) == gen) {
     if (atomic_load(&ctl->killed) || fp_now() > until) return -1;
+    if (fp_now() > look) {
+      if (fp_ctl_dead_rank(ctl, world) >= 0) return -1;
+      look = fp_now() + 0.1;
+    }
     fp_sleep(0.001);
   }
   return 0;
@@ -530,7 +559,7 @@ static inline void *fp_monitor_main(void *arg) {
       double since = (double)atomic_load(&R->busy_since_ns) * 1e-9;
       if (!what || now - since <= m->limit_s) continue;
       fp_note(R, "HANG seed %u %s rank %d: %s (step %d) has not returned after %.1f s", R->c->seed,
-              fp_backend_names[R->c->backend], R->rank, what, atomic_load(&R->busy_step),
+              fp_name(R->c), R->rank, what, atomic_load(&R->busy_step),
               now - since);
       fflush(stdout);
       fflush(stderr);
@@ -642,7 +671,7 @@ static inline void fp_check(fp_rank *R, const fp_view *views, int step, const fp
     if (!got) {
       R->t.violations++;
       fp_note(R, "VIOLATION seed %u %s step %d rank %d: finish OK but the gradient of p%d "
-              "cannot be read back", c->seed, fp_backend_names[c->backend], step, R->rank, p);
+              "cannot be read back", c->seed, fp_name(c), step, R->rank, p);
       return;
     }
     for (size_t i = v->off; i < v->off + v->cnt; i++) {
@@ -662,7 +691,7 @@ static inline void fp_check(fp_rank *R, const fp_view *views, int step, const fp
               "grads_valid 1, but p%d (%zu x %s, group of %d) element %zu is %.9g, the "
               "reference %.9g = (%s) x %g; the step's fault: %s on rank %d at moment %d of "
               "%d%s; the step before: %s",
-              c->seed, fp_backend_names[c->backend], step, R->rank, p, pa->count,
+              c->seed, fp_name(c), step, R->rank, p, pa->count,
               mpg_dtype_name(pa->dtype), v->n, i, have, want, in, v->scale,
               fp_kind_names[P->kind], P->victim, P->moment, c->nparams,
               P->accum ? ", two micro-batches" : "", fp_kind_names[R->prev_kind]);
@@ -709,7 +738,7 @@ static inline int fp_inject(fp_rank *R, const fp_plan *P, int step, mpg_ctx *ctx
       return 0;
     case FP_KILL:
       R->t.injected[FP_KILL]++;
-      if (c->backend == FP_MPI) {
+      if (c->procs) {
         /* The counts so far go first: a killed process prints nothing. */
         fp_note(R, "KILLED seed %u rank %d at step %d, moment %d of %d", c->seed, R->rank,
                 step, P->moment, c->nparams);
@@ -812,7 +841,7 @@ static inline int fp_epoch(fp_rank *R, int start) {
   if (st) {
     R->t.setup_errors++;
     fp_note(R, "SETUP seed %u %s rank %d, epoch from step %d: %s -> %s: %s", c->seed,
-            fp_backend_names[c->backend], rank, start, what, mpg_status_name(st),
+            fp_name(c), rank, start, what, mpg_status_name(st),
             mpg_last_error());
     atomic_store(&R->ctl->epoch_over, 1);
     goto done;
@@ -904,7 +933,7 @@ static inline int fp_epoch(fp_rank *R, int start) {
       if (dog_up) pthread_join(dog, NULL);
       fa_disarm();
       fp_note(R, "LEFT seed %u %s rank %d at step %d, moment %d of %d", c->seed,
-              fp_backend_names[c->backend], rank, step, P.moment, n);
+              fp_name(c), rank, step, P.moment, n);
       break;
     }
     tf0 = fp_now();
@@ -917,7 +946,7 @@ static inline int fp_epoch(fp_rank *R, int start) {
       R->t.mark_err_finish_ok++;
       fp_note(R, "ODD seed %u %s step %d rank %d: mark_ready or a copy failed (%s), but "
               "mpg_sync_finish returned MPG_OK (grads_valid %d)", c->seed,
-              fp_backend_names[c->backend], step, rank, mpg_status_name(fst), valid);
+              fp_name(c), step, rank, mpg_status_name(fst), valid);
     }
     if (victim && P.moment == n + 1 && fp_inject(R, &P, step, ctx, &wd, &dog, &dog_up, &slept))
       left = 1;
@@ -953,7 +982,7 @@ static inline int fp_epoch(fp_rank *R, int start) {
     }
     if (R->verbose)
       fp_note(R, "STEP seed %u %s step %d rank %d: fault %s on rank %d at moment %d of %d%s: "
-              "%s, grads_valid %d%s%s", c->seed, fp_backend_names[c->backend], step, rank,
+              "%s, grads_valid %d%s%s", c->seed, fp_name(c), step, rank,
               fp_kind_names[P.kind], P.victim, P.moment, n, P.accum ? " (two micro-batches)" : "",
               mpg_status_name(fst ? fst : st), valid, (fst || st) ? ": " : "",
               (fst || st) ? mpg_last_error() : "");
@@ -966,11 +995,11 @@ static inline int fp_epoch(fp_rank *R, int start) {
       R->t.slow++;
       fp_note(R, "SLOW seed %u %s step %d rank %d: the step took %.3f s besides its own "
               "sleeps (%.3f s), bound %.3f s; status %s; fault %s on rank %d", c->seed,
-              fp_backend_names[c->backend], step, rank, own, slept, bound,
+              fp_name(c), step, rank, own, slept, bound,
               mpg_status_name(fst ? fst : st), fp_kind_names[P.kind], P.victim);
     }
     if (left) {
-      fp_note(R, "LEFT seed %u %s rank %d after step %d", c->seed, fp_backend_names[c->backend],
+      fp_note(R, "LEFT seed %u %s rank %d after step %d", c->seed, fp_name(c),
               rank, step);
       break;
     }
@@ -988,12 +1017,12 @@ done:
   double dt = fp_now() - t0;
   if (sd || cd)
     fp_note(R, "DESTROY seed %u %s rank %d: mpg_sync_destroy -> %s, mpg_ctx_destroy -> %s: %s",
-            c->seed, fp_backend_names[c->backend], rank, mpg_status_name(sd),
+            c->seed, fp_name(c), rank, mpg_status_name(sd),
             mpg_status_name(cd), mpg_last_error());
   if (dt > c->timeout_s + 1.0 + tb_allowance(2 * c->world)) {
     R->t.slow++;
     fp_note(R, "SLOW seed %u %s rank %d: destroying the sync and context took %.3f s",
-            c->seed, fp_backend_names[c->backend], rank, dt);
+            c->seed, fp_name(c), rank, dt);
   }
   mpg_mesh_destroy(mesh);
 #ifdef FP_ON_DOUBLE

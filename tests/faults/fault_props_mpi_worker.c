@@ -32,7 +32,13 @@ int main(int argc, char **argv) {
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
   fp_case c;
-  fp_case_make((unsigned)strtoul(argv[1], NULL, 10), FP_MPI, atoi(argv[2]), atoi(argv[3]), &c);
+#ifdef FP_ON_DOUBLE
+  int backend = FP_NCCL;
+#else
+  int backend = FP_MPI;
+#endif
+  fp_case_make((unsigned)strtoul(argv[1], NULL, 10), backend, 1, atoi(argv[2]), atoi(argv[3]),
+               &c);
   setenv("MESHPG_SHM", c.shm ? "1" : "0", 1);
   setenv("MESHPG_CHECK_ORDER", c.check_order ? "1" : "0", 1);
   int provided = 0, rank = 0, world = 0;
@@ -58,6 +64,8 @@ int main(int argc, char **argv) {
   MPI_Win_shared_query(win, 0, &size, &disp, &ctl);
   if (rank == 0) fp_ctl_reset(ctl);
   MPI_Barrier(MPI_COMM_WORLD);
+  atomic_store(&ctl->pid[rank], (int)getpid());
+  MPI_Barrier(MPI_COMM_WORLD);
 
   fp_rank *R = calloc(1, sizeof *R);
   if (!R) return 1;
@@ -67,7 +75,15 @@ int main(int argc, char **argv) {
   R->note = print_note;
   R->verbose = getenv("MESHPG_FP_VERBOSE") && atoi(getenv("MESHPG_FP_VERBOSE"));
   R->base = (mpg_init_opts)MPG_INIT_OPTS_INIT;
+#ifdef FP_ON_DOUBLE
+  /* NCCL: rank and world from the launcher; device = rank (one node). */
+  R->base.backend = MPG_BACKEND_NCCL;
+  R->base.device = rank;
+  R->host = malloc(FP_MAX_ELEMS * 8);
+  if (!R->host) return 1;
+#else
   R->base.backend = MPG_BACKEND_MPI;
+#endif
   fp_monitor mon;
   fp_monitor_start(&mon, &R, 1, FP_HANG_S);
   int start = 0, stuck = 0, killed = 0;
@@ -96,14 +112,21 @@ int main(int argc, char **argv) {
     if (next > start) stuck = 0;
     start = next > start ? next : start;
   }
-  if (killed && !atomic_load(&ctl->killed))
-    printf("FAIL seed %u rank %d: a barrier between epochs timed out after %.0f s\n", c.seed,
-           rank, limit);
+  if (killed && !atomic_load(&ctl->killed)) {
+    int dead = fp_ctl_dead_rank(ctl, world);
+    if (dead >= 0)
+      printf("FAIL seed %u rank %d: the process of rank %d died (not the planned SIGKILL)\n",
+             c.seed, rank, dead);
+    else
+      printf("FAIL seed %u rank %d: a barrier between epochs timed out after %.0f s\n",
+             c.seed, rank, limit);
+  }
   fp_monitor_stop(&mon);
   printf("TALLY rank %d", rank);
   fp_tally_print(stdout, &R->t);
   printf("\n");
   fflush(stdout);
+  free(R->host);
   free(R);
   if (killed) _exit(0);
   MPI_Win_free(&win);

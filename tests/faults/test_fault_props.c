@@ -71,7 +71,7 @@ static int env_int(const char *name, int dflt) {
 }
 
 /* One summary per backend, then the property and its coverage. */
-static void judge(const char *backend, const fp_totals *T, int replay) {
+static void judge(const char *backend, const fp_totals *T, int replay, long min_steps) {
   const fp_tally *t = &T->t;
   fprintf(stderr,
           "fault_props %s: %d cases, %ld steps (%ld rank-steps) in %.1f s: %ld OK with valid "
@@ -108,7 +108,7 @@ static void judge(const char *backend, const fp_totals *T, int replay) {
                backend, t->setup_errors, T->first_setup);
   if (replay) return;
   /* Coverage: enough steps, enough of them checked, every fault landed. */
-  cr_expect_geq(T->case_steps, 1000, "%s: only %ld steps", backend, T->case_steps);
+  cr_expect_geq(T->case_steps, min_steps, "%s: only %ld steps", backend, T->case_steps);
   cr_expect_geq(t->ok_valid * 2, t->steps, "%s: only %ld of %ld rank-steps were checked",
                 backend, t->ok_valid, t->steps);
   for (int k = 1; k < FP_NKINDS; k++) {
@@ -272,10 +272,10 @@ static void run_threads(int backend, unsigned first, int cases, int steps) {
   cases = env_int("MESHPG_FP_CASES", cases);
   fp_case c;
   for (int k = 0; k < (seed >= 0 ? 1 : cases); k++) {
-    fp_case_make(seed >= 0 ? (unsigned)seed : first + (unsigned)k, backend, steps, 0, &c);
+    fp_case_make(seed >= 0 ? (unsigned)seed : first + (unsigned)k, backend, 0, steps, 0, &c);
     run_case_threads(&c, T);
   }
-  judge(fp_backend_names[backend], T, seed >= 0);
+  judge(fp_backend_names[backend], T, seed >= 0, 1000);
   free(T);
 }
 
@@ -297,12 +297,12 @@ Test(fault_props_double, ok_and_valid_means_the_reference_sum, .timeout = 600) {
 /* Ranks as processes (mpi backend)                                    */
 /* ------------------------------------------------------------------ */
 
-#ifndef FP_ON_DOUBLE
 /* Parse one job's output: every "TALLY rank R k=v ..." line into *sum;
  * every other line of interest is printed and noted.  Returns the number
  * of TALLY lines. */
-static int parse_job(fp_totals *T, fp_tally *sum) {
+static int parse_job(fp_totals *T, fp_tally *sum, long *nviol, long *nfail) {
   int ntally = 0;
+  *nviol = *nfail = 0;
   for (char *line = out; line && *line;) {
     char *end = strchr(line, '\n');
     if (end) *end = '\0';
@@ -323,16 +323,18 @@ static int parse_job(fp_totals *T, fp_tally *sum) {
                !strncmp(line, "HANG", 4)) {
       fprintf(stderr, "%s\n", line);
       note_line(T, line);
+      if (!strncmp(line, "VIOLATION", 9)) (*nviol)++;
+      if (!strncmp(line, "FAIL", 4) || !strncmp(line, "HANG", 4)) (*nfail)++;
     }
     line = end ? end + 1 : NULL;
   }
   return ntally;
 }
 
-static void run_case_mpi(unsigned seed, int steps, int kill, fp_totals *T) {
+static void run_case_mpi(int backend, unsigned seed, int steps, int kill, fp_totals *T) {
   const char *w = env_program("MESHPG_FP_MPI_WORKER");
   fp_case c;
-  fp_case_make(seed, FP_MPI, steps, kill, &c);
+  fp_case_make(seed, backend, 1, steps, kill, &c);
   char what[2048], cmd[4096];
   fp_describe(&c, what, sizeof what);
   fprintf(stderr, "case %s\n", what);
@@ -344,10 +346,15 @@ static void run_case_mpi(unsigned seed, int steps, int kill, fp_totals *T) {
   double secs = 0;
   int rc = run(cmd, &secs);
   fp_tally sum = {0};
-  int ntally = parse_job(T, &sum);
+  long nviol = 0, nfail = 0;
+  int ntally = parse_job(T, &sum, &nviol, &nfail);
+  /* A rank that died before its TALLY line still printed its violations. */
+  if (nviol > sum.violations) sum.violations = nviol;
   cr_expect_neq(rc, 124, "case %s: the job ran into the %d s limit (a hang):\n%s", what, limit,
                 out);
   cr_expect_null(strstr(out, "core dumped"), "case %s:\n%s", what, out);
+  cr_expect_eq(nfail, 0, "case %s: %ld FAIL or HANG lines (a rank died, hung or could not "
+               "start):\n%s", what, nfail, out);
   /* Every rank reports, the killed one right before its SIGKILL. */
   cr_expect_eq(ntally, c.world, "case %s: %d of %d ranks reported (exit %d):\n%s", what,
                ntally, c.world, rc, out);
@@ -361,18 +368,37 @@ static void run_case_mpi(unsigned seed, int steps, int kill, fp_totals *T) {
   T->secs += secs;
 }
 
-/* 8 jobs of 130 steps, every other one ending with a SIGKILL. */
-Test(fault_props_mpi, ok_and_valid_means_the_reference_sum, .timeout = 900) {
+/* `cases` jobs of `steps` steps from seed `first` (or the one of
+ * MESHPG_FP_SEED), those with kill_every | k ending with a SIGKILL. */
+static void run_procs(int backend, unsigned first, int cases, int steps, int kill_every,
+                      long min_steps) {
   if (!getenv("MESHPG_FP_MPI_WORKER")) cr_skip_test("built without MPI");
   fp_totals *T = calloc(1, sizeof *T);
   cr_assert_not_null(T);
-  int seed = env_int("MESHPG_FP_SEED", -1), steps = env_int("MESHPG_FP_STEPS", 130);
-  int cases = env_int("MESHPG_FP_CASES", 8);
+  int seed = env_int("MESHPG_FP_SEED", -1);
+  steps = env_int("MESHPG_FP_STEPS", steps);
+  cases = env_int("MESHPG_FP_CASES", cases);
   if (seed >= 0)
-    run_case_mpi((unsigned)seed, steps, env_int("MESHPG_FP_KILL", 0), T);
+    run_case_mpi(backend, (unsigned)seed, steps, env_int("MESHPG_FP_KILL", 0), T);
   else
-    for (int k = 0; k < cases; k++) run_case_mpi(501 + (unsigned)k, steps, k % 2, T);
-  judge("mpi", T, seed >= 0);
+    for (int k = 0; k < cases; k++)
+      run_case_mpi(backend, first + (unsigned)k, steps, k % kill_every == kill_every - 1, T);
+  fp_case c;
+  fp_case_make(0, backend, 1, 1, 0, &c);
+  judge(fp_name(&c), T, seed >= 0, min_steps);
   free(T);
+}
+
+#ifndef FP_ON_DOUBLE
+/* 8 jobs of 130 steps, every other one ending with a SIGKILL. */
+Test(fault_props_mpi, ok_and_valid_means_the_reference_sum, .timeout = 900) {
+  run_procs(FP_MPI, 501, 8, 130, 2, 1000);
+}
+#else
+/* The nccl backend on the double's processes (each one a node of
+ * MESHPG_DOUBLE_DEVICES devices; the ranks take devices 0..world-1 of
+ * their own node): 4 jobs of 100 steps, each ending with a SIGKILL. */
+Test(fault_props_double_mpi, ok_and_valid_means_the_reference_sum, .timeout = 900) {
+  run_procs(FP_NCCL, 1501, 4, 100, 1, 400);
 }
 #endif
