@@ -80,12 +80,19 @@
  *                            with ncclInvalidUsage (launch_race_enter).
  *
  * Deliberate differences from NCCL, each for the tests' sake:
- *   - f16/bf16 reductions accumulate in f32 and round once; ncclAvg is a sum
- *     divided by the rank count at the end; every reduction runs in rank
- *     order.  Real NCCL reduces f16/bf16 in their own precision, in ring or
- *     tree order, and implements float ncclAvg as a pre-multiplication by
- *     1/nranks (enqueue.cc:2285-2320).  The double reproduces meshpg's
- *     thread backend (groups/thread/coll.c reduce_all), bit for bit.
+ *   - f16/bf16 reductions accumulate in f32 and round once; every
+ *     reduction runs in rank order; ncclAvg of f32/f64 is a sum divided by
+ *     the rank count at the end.  Real NCCL reduces f16/bf16 in their own
+ *     precision, in ring or tree order, and implements float ncclAvg as a
+ *     pre-multiplication by float(1/nranks) (enqueue.cc:2285-2320), which
+ *     for f32/f64 is exact at power-of-two rank counts (barring underflow)
+ *     and otherwise rounds each addend once more in the element's own
+ *     precision, an effect of the size of the summation order's.  The
+ *     double reproduces meshpg's thread backend (groups/thread/coll.c
+ *     reduce_all), bit for bit, except where NCCL's arithmetic loses more
+ *     than that: ncclAvg of f16/bf16 and pre-multiplied f16/bf16 addends
+ *     are rounded to the half before the sum, as NCCL does (see
+ *     DEFINE_RED_FLOAT), so that a backend passing them to NCCL shows it.
  *   - pointers are always checked (as with NCCL_CHECK_POINTERS=1,
  *     init.cc:452 / misc/argcheck.cc:10-26), and a buffer running past the
  *     end of its allocation is reported (real NCCL would fault).
@@ -314,30 +321,43 @@ static uint16_t f32_to_bf16(float f) {
  * types accumulate in A (f32 for f16/bf16/f32, f64 for f64), as
  * groups/thread/coll.c reduce_all: the first rank's value (times its
  * pre-multiplier) starts the accumulator, each next rank is combined with
- * `acc + x`, `x > acc ? x : acc` or `x < acc ? x : acc`, ncclAvg divides by n
- * at the end, and f16/bf16 are rounded once.  `scal` holds each rank's
- * pre-multiplier (OPC_PREMUL only). */
-#define DEFINE_RED_FLOAT(NAME, T, A, LOAD, STORE)                                    \
+ * `acc + x`, `x > acc ? x : acc` or `x < acc ? x : acc`, and f16/bf16 are
+ * rounded once at the end.  `scal` holds each rank's pre-multiplier
+ * (OPC_PREMUL only).
+ *
+ * A pre-multiplied addend is rounded to the element type before the sum, as
+ * NCCL's preOp does: x * scalar in T (device/reduce_kernel.h:655-662 for
+ * f32/f64; __hmul of two halves, 665-716, whose exact product the f32
+ * multiply below holds, then rounds to the half).  ncclAvg of f16/bf16 is
+ * NCCL's: a pre-multiplied sum with the scalar __float2half(float(1.0 /
+ * nranks)) / __float2bfloat16(...) (enqueue.cc:2304-2312), so every addend
+ * is rounded to the half once more, and an addend of 1e-7 in f16 at 8 ranks
+ * becomes 0 (AVG_PREMUL = 1).  ncclAvg of f32/f64 divides the sum by n at
+ * the end instead (AVG_PREMUL = 0: see "Deliberate differences" above). */
+#define DEFINE_RED_FLOAT(NAME, T, A, LOAD, STORE, ROUND, AVG_PREMUL)                  \
   static void NAME(int opc, int n, const char *const *src, void *dstv, size_t len,   \
                    const A *scal, A *acc) {                                          \
     T *dst = dstv;                                                                   \
+    int pre = opc == OPC_PREMUL || (AVG_PREMUL && opc == OPC_AVG);                   \
+    A avg_s = (A)1;                                                                  \
+    if (AVG_PREMUL && opc == OPC_AVG) avg_s = LOAD(STORE((float)(1.0 / n)));         \
     for (int p = 0; p < n; p++) {                                                    \
       const T *x = (const T *)src[p];                                                \
-      A s = opc == OPC_PREMUL ? scal[p] : (A)1;                                      \
+      A s = opc == OPC_PREMUL ? scal[p] : avg_s;                                     \
       if (p == 0) {                                                                  \
         for (size_t j = 0; j < len; j++) {                                           \
           A v = LOAD(x[j]);                                                          \
-          if (opc == OPC_PREMUL) v = v * s;                                          \
+          if (pre) v = ROUND(v * s);                                                 \
           acc[j] = v;                                                                \
+        }                                                                            \
+      } else if (pre) {                                                              \
+        for (size_t j = 0; j < len; j++) {                                           \
+          A v = LOAD(x[j]);                                                          \
+          v = ROUND(v * s);                                                          \
+          acc[j] = acc[j] + v;                                                       \
         }                                                                            \
       } else if (opc == OPC_SUM || opc == OPC_AVG) {                                 \
         for (size_t j = 0; j < len; j++) acc[j] = acc[j] + LOAD(x[j]);               \
-      } else if (opc == OPC_PREMUL) {                                                \
-        for (size_t j = 0; j < len; j++) {                                           \
-          A v = LOAD(x[j]);                                                          \
-          v = v * s;                                                                 \
-          acc[j] = acc[j] + v;                                                       \
-        }                                                                            \
       } else if (opc == OPC_PROD) {                                                  \
         for (size_t j = 0; j < len; j++) acc[j] = acc[j] * LOAD(x[j]);               \
       } else if (opc == OPC_MAX) {                                                   \
@@ -352,16 +372,18 @@ static uint16_t f32_to_bf16(float f) {
         }                                                                            \
       }                                                                              \
     }                                                                                \
-    if (opc == OPC_AVG)                                                              \
+    if (opc == OPC_AVG && !pre)                                                      \
       for (size_t j = 0; j < len; j++) acc[j] = acc[j] / (A)n;                       \
     for (size_t j = 0; j < len; j++) dst[j] = STORE(acc[j]);                         \
   }
 
 #define ID_LOAD(x) (x)
-DEFINE_RED_FLOAT(red_f32, float, float, ID_LOAD, ID_LOAD)
-DEFINE_RED_FLOAT(red_f64, double, double, ID_LOAD, ID_LOAD)
-DEFINE_RED_FLOAT(red_f16, uint16_t, float, f16_to_f32, f32_to_f16)
-DEFINE_RED_FLOAT(red_bf16, uint16_t, float, bf16_to_f32, f32_to_bf16)
+#define ROUND_F16(v) f16_to_f32(f32_to_f16(v))
+#define ROUND_BF16(v) bf16_to_f32(f32_to_bf16(v))
+DEFINE_RED_FLOAT(red_f32, float, float, ID_LOAD, ID_LOAD, ID_LOAD, 0)
+DEFINE_RED_FLOAT(red_f64, double, double, ID_LOAD, ID_LOAD, ID_LOAD, 0)
+DEFINE_RED_FLOAT(red_f16, uint16_t, float, f16_to_f32, f32_to_f16, ROUND_F16, 1)
+DEFINE_RED_FLOAT(red_bf16, uint16_t, float, bf16_to_f32, f32_to_bf16, ROUND_BF16, 1)
 
 /* Integers: NCCL's arithmetic in the element type, wrapping (done in the
  * unsigned type); ncclAvg is the wrapped sum divided by n, rounding towards
@@ -1945,7 +1967,21 @@ static void launch_free(struct launch *L) {
   free(L);
 }
 
-/* The kernel: runs on the stream's executor. */
+/* The kernel: runs on the stream's executor.
+ *
+ * An abort cuts it short, and the stream goes on: ncclCommAbort raises the
+ * communicator's abort flags at once (setCommAbortFlags, init.cc:2394-2403,
+ * called at init.cc:2515 before anything is freed); every wait of a device
+ * primitive polls the flag (checkAbort, device/primitives.h:142-152, e.g.
+ * waitPeer's loop, device/prims_simple.h:115-117), and once it is seen the
+ * primitives move no more data ("if user abort the kernel, we don't need to
+ * actually perform copy/reduce", prims_simple.h:238-240) and the kernel's
+ * work loop ends (`while (ncclShmem.aborted == 0)`, device/common.h:385).
+ * The kernel then returns like any other, so the stream's later work, an
+ * event recorded after the collective included, completes: an event that
+ * fired does not mean the data moved.  Here: an aborted kernel stops at its
+ * next poll of sh->abort (or never starts), leaves the receive buffer as it
+ * is, and finishes its stream item. */
 static void launch_run(void *arg) {
   struct launch *L = arg;
   struct ncclComm *c = L->comm;
@@ -3170,6 +3206,29 @@ ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
     warn("ncclRedOpDestroy : invalid communicator passed.");
     return ncclInvalidArgument;
   }
+  /* ncclRedOpDestroy checks neither the handle nor the communicator's state
+   * (enqueue.cc:2708-2736): it reads and writes comm->userRedOps, which
+   * ncclCommAbort and ncclCommDestroy free with the communicator (commFree,
+   * init.cc:264).  And after a call on a non-blocking communicator answered
+   * ncclInProgress, the NCCL user guide ("Creating a communication with
+   * options", non-blocking communicators) allows only ncclCommGetAsyncError
+   * and ncclCommAbort until ncclCommGetAsyncError reports ncclSuccess.  The
+   * double stops loudly in both cases. */
+  if (atomic_load(&comm->magic) != COMM_LIVE || comm->destroy_flag)
+    dbl_fatal("nccl double: ncclRedOpDestroy(%d) on rank %d of communicator %s after "
+              "ncclCommAbort or ncclCommDestroy: NCCL frees the communicator's reduction "
+              "operations with it (commFree, init.cc:264) and ncclRedOpDestroy checks "
+              "neither the handle nor its state (enqueue.cc:2708-2736), so real NCCL would "
+              "write freed memory; the abort already freed the operation",
+              v, comm->rank, comm->name);
+  if (!comm->blocking && atomic_load(&comm->async) == ncclInProgress)
+    dbl_fatal("nccl double: ncclRedOpDestroy(%d) on rank %d of communicator %s while a "
+              "call on it is still in progress (it answered ncclInProgress and "
+              "ncclCommGetAsyncError has not reported ncclSuccess since): the NCCL user "
+              "guide allows only ncclCommGetAsyncError and ncclCommAbort on a non-blocking "
+              "communicator until then (an enqueue that timed out is aborted, and the "
+              "abort frees the operation)",
+              v, comm->rank, comm->name);
   unsigned u = (unsigned)(v - ncclNumOps);
   int ix = (int)(u >> 8);
   pthread_mutex_lock(&comm->mu);

@@ -5,8 +5,11 @@
  *  - all-reduce of every dtype and op (sum, prod, max, min, avg, pre-
  *    multiplied sums with host and device scalars) on worlds of 2, 4 and 8
  *    equals a CPU reduction in rank order with the thread backend's
- *    arithmetic (f16/bf16 in f32, rounded once; avg = sum / n), bit for bit;
- *    every f16 value through a pre-multiplied sum on one rank;
+ *    arithmetic (f16/bf16 in f32, rounded once; f32/f64 avg = sum / n),
+ *    except that f16/bf16 avg and pre-multiplied f16/bf16 addends are
+ *    rounded to the half before the sum, as NCCL does, bit for bit; every
+ *    f16 value through a pre-multiplied sum on one rank; f16 avg of tiny
+ *    addends at 2, 4 and 8 ranks (1e-7 becomes 0: NCCL's ncclAvg);
  *  - broadcast, reduce, all-gather and reduce-scatter, in and out of place,
  *    over several staging chunks; a 64 MiB all-reduce;
  *  - ncclCommSplit with keys and NCCL_SPLIT_NOCOLOR, blocking and not;
@@ -25,7 +28,8 @@
  *    collective order mismatch, a cross-communicator deadlock and a send
  *    without its receive caught by the watchdog, an ncclCommAbort waiting
  *    for another communicator's kernel (R8), a registration mismatch, a
- *    destroy that would leave NCCL's group depth raised;
+ *    destroy that would leave NCCL's group depth raised, ncclRedOpDestroy
+ *    after ncclCommAbort or while the enqueue is still in progress;
  *  - ranks as processes: a forked world all-reduces through the shared
  *    segment, and a child killed by MESHPG_DOUBLE_FAULT=kill gives its
  *    peers ncclRemoteError.
@@ -313,14 +317,20 @@ static void expect(ncclDataType_t t, int op, int n, size_t i, void *out) {
       memcpy(out, &acc, 8);
       return;
     }
+    /* NCCL's ncclAvg of a half is a pre-multiplied sum by half(1/n)
+     * (src/enqueue.cc:2304-2312), and its preOp rounds every pre-multiplied
+     * addend to the half (src/device/reduce_kernel.h:665-716). */
     float acc = 0;
+    int pre = op == OP_PREMUL_HOST || op == OP_PREMUL_DEV || (half && op == OP_AVG);
+    float avg_s = ref_from_half(bf, ref_to_half(bf, (float)(1.0 / n)));
     for (int p = 0; p < n; p++) {
       float x;
       if (half) x = ref_from_half(bf, ref_to_half(bf, (float)value(t, p, i)));
       else x = (float)value(t, p, i);
-      if (op == OP_PREMUL_HOST || op == OP_PREMUL_DEV) {
-        volatile float y = x * (float)scale_of(p);
+      if (pre) {
+        volatile float y = x * (op == OP_AVG ? avg_s : (float)scale_of(p));
         x = y;
+        if (half) x = ref_from_half(bf, ref_to_half(bf, x));
       }
       if (p == 0) acc = x;
       else if (op == OP_PROD) acc = acc * x;
@@ -328,7 +338,7 @@ static void expect(ncclDataType_t t, int op, int n, size_t i, void *out) {
       else if (op == OP_MIN) acc = x < acc ? x : acc;
       else acc = acc + x;
     }
-    if (op == OP_AVG) acc = acc / (float)n;
+    if (op == OP_AVG && !pre) acc = acc / (float)n;
     if (half) {
       uint16_t h = ref_to_half(bf, acc);
       memcpy(out, &h, 2);
@@ -475,6 +485,53 @@ static int every_half(struct rank *rk) {
 }
 
 Test(allreduce, every_half_value_rounds_like_the_thread_backend) { run_world(1, every_half, NULL); }
+
+/* ncclAvg of f16/bf16 is NCCL's pre-multiplied sum by half(1/n)
+ * (src/enqueue.cc:2304-2312): each addend is rounded to the half before the
+ * sum, so tiny addends vanish where a sum divided by n keeps them (the
+ * thread backend's arithmetic).  Every rank sends the same values. */
+static int tiny_half_avg(struct rank *rk) {
+  enum { C = 6 };
+  /* f16: 1e-7 (0x0002 = 2^-23), the smallest subnormals, the smallest
+   * normal, 1; bf16: subnormals (33 units ~ 3e-39), 2^-24, 1. */
+  static const uint16_t vals[2][C] = {{0x0002, 0x0001, 0x0003, 0x0007, 0x0400, 0x3c00},
+                                      {0x0021, 0x0001, 0x0003, 0x0080, 0x3380, 0x3f80}};
+  int n = rk->n, vanished = 0;
+  for (int bf = 0; bf < 2; bf++) {
+    ncclDataType_t t = bf ? ncclBfloat16 : ncclFloat16;
+    uint16_t got[C];
+    void *buf = NULL;
+    CUDA_OK(cudaMalloc(&buf, sizeof got));
+    CUDA_OK(cudaMemcpy(buf, vals[bf], sizeof got, cudaMemcpyHostToDevice));
+    NCCL_OK(ncclAllReduce(buf, buf, C, t, ncclAvg, rk->comm, 0));
+    CUDA_OK(cudaStreamSynchronize(0));
+    CUDA_OK(cudaMemcpy(got, buf, sizeof got, cudaMemcpyDeviceToHost));
+    cudaFree(buf);
+    float s = ref_from_half(bf, ref_to_half(bf, (float)(1.0 / n)));
+    for (int j = 0; j < C; j++) {
+      float x = ref_from_half(bf, vals[bf][j]);
+      volatile float y = x * s;
+      float addend = ref_from_half(bf, ref_to_half(bf, y)), acc = 0;
+      for (int p = 0; p < n; p++) acc = acc + addend;
+      uint16_t want = ref_to_half(bf, acc);
+      /* the thread backend's: the f32 sum divided by n, rounded once */
+      uint16_t divided = ref_to_half(bf, (x * (float)n) / (float)n);
+      RCHECK(got[j] == want, "%s avg of 0x%04x over %d ranks: got 0x%04x, want 0x%04x (NCCL's "
+             "pre-multiplied sum; a sum divided by n gives 0x%04x)", bf ? "bf16" : "f16",
+             vals[bf][j], n, got[j], want, divided);
+      vanished += got[j] != divided;
+    }
+  }
+  /* 1e-7 in f16 is 2^-23: times half(1/4) it is half of the smallest
+   * subnormal, rounded to even: 0. */
+  RCHECK(n < 4 || vanished > 0, "no f16/bf16 average of %d ranks differed from a sum divided by "
+         "the rank count", n);
+  return 0;
+}
+
+Test(allreduce, half_avg_is_a_premultiplied_sum_2_ranks) { run_world(2, tiny_half_avg, NULL); }
+Test(allreduce, half_avg_is_a_premultiplied_sum_4_ranks) { run_world(4, tiny_half_avg, NULL); }
+Test(allreduce, half_avg_is_a_premultiplied_sum_8_ranks) { run_world(8, tiny_half_avg, NULL); }
 
 /* 64 MiB of f32 on 2 ranks: many staging chunks (8 MiB under a
  * sanitizer, MESHPG_SANITIZER, where it would take 10 s). */
@@ -1235,6 +1292,47 @@ Test(reports, destroy_twice_then_use) {
   cr_assert(strstr(err, "ncclGroupStart called after ncclCommDestroy"), "stderr: %s", err);
 }
 
+/* ncclRedOpDestroy after ncclCommAbort (NCCL frees the operation with the
+ * communicator: a write to freed memory), and on a non-blocking
+ * communicator whose enqueue answered ncclInProgress, before
+ * ncclCommGetAsyncError reported ncclSuccess (the user guide allows only
+ * ncclCommGetAsyncError and ncclCommAbort then). */
+static int redop_destroy_misuse(struct rank *rk) {
+  int after_abort = rk->arg != NULL;
+  float one = 1.0f;
+  ncclRedOp_t op;
+  void *b = NULL;
+  CUDA_OK(cudaMalloc(&b, 64));
+  NCCL_OK(ncclRedOpCreatePreMulSum(&op, &one, ncclFloat32, ncclScalarHostImmediate, rk->comm));
+  if (after_abort) {
+    NCCL_OK(ncclCommAbort(rk->comm));
+    (void)ncclRedOpDestroy(op, rk->comm); /* reported */
+    rk->comm = NULL;
+    return rank_fail(rk->rank, __LINE__, "ncclRedOpDestroy after ncclCommAbort was not reported");
+  }
+  ncclResult_t r = ncclAllReduce(b, b, 4, ncclFloat32, op, rk->comm, 0);
+  RCHECK(r == ncclInProgress, "non-blocking ncclAllReduce: %s", ncclGetErrorString(r));
+  (void)ncclRedOpDestroy(op, rk->comm); /* reported */
+  return rank_fail(rk->rank, __LINE__, "ncclRedOpDestroy while in progress was not reported");
+}
+
+Test(reports, redop_destroy_after_abort) {
+  char err[16384];
+  int st = in_child("redopabort", NULL, err, sizeof err);
+  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child status %d; stderr: %s", st, err);
+  cr_assert(strstr(err, "ncclRedOpDestroy") && strstr(err, "after ncclCommAbort") &&
+                strstr(err, "init.cc:264"),
+            "stderr: %s", err);
+}
+
+Test(reports, redop_destroy_while_in_progress) {
+  char err[16384];
+  int st = in_child("redopinprogress", NULL, err, sizeof err);
+  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child status %d; stderr: %s", st, err);
+  cr_assert(strstr(err, "ncclRedOpDestroy") && strstr(err, "still in progress"), "stderr: %s",
+            err);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Ranks as processes                                                        */
 /* ------------------------------------------------------------------------ */
@@ -1373,6 +1471,10 @@ __attribute__((constructor)) static void child_main(void) {
     world_run(2, 1, 0, unmatched_send, NULL);
   } else if (!strcmp(mode, "destroytwice")) {
     world_run(1, 1, 0, destroy_twice, NULL);
+  } else if (!strcmp(mode, "redopabort")) {
+    world_run(1, 1, 0, redop_destroy_misuse, (void *)1);
+  } else if (!strcmp(mode, "redopinprogress")) {
+    world_run(1, 0, 0, redop_destroy_misuse, NULL);
   } else if (sscanf(mode, "proc:%d:%d:%d", &r, &n, &death) == 3) {
     const char *hex = getenv("MESHPG_NCCL_DOUBLE_ID");
     ncclUniqueId id;
