@@ -106,7 +106,11 @@ struct nccl_reg {
 
 struct mpg__req {
   mpg__comm *comm;
+  cudaEvent_t start;     /* recorded on the stream just before the operation */
   cudaEvent_t event;     /* recorded on the stream after the enqueue */
+  double posted;         /* mpg__now() when the post began */
+  double started;        /* when start was first seen complete; 0 until then
+                            (ops.c: the timeout counts from here) */
   mpg__coll_kind kind;
   mpg_dtype dtype;
   mpg_op op;
@@ -211,8 +215,10 @@ void mpg__nccl_req_free(mpg__req *q);
 mpg_status mpg__nccl_local(mpg__comm *world, const mpg__coll *k);
 /* dst[i] = src[i] * scale on stream s (current device), the arithmetic in
  * f32 for f16/bf16 (f64 for f64), rounded once to nearest even; dst may
- * be src.  Floating dtypes only (MPG_ERR_INVALID otherwise).  ops.c uses
- * it for a scaled f16/bf16 all-reduce (see there). */
+ * be src.  Floating dtypes only (MPG_ERR_INVALID otherwise).  A size-1
+ * group's scaled sum (mpg__nccl_local); tests/double/test_cuda_double.c
+ * drives the kernels' twins through it.  (A scaled f16/bf16 sum of a
+ * larger group goes through widen.c, not here.) */
 mpg_status mpg__nccl_scale(void *dst, const void *src, size_t count, mpg_dtype dtype,
                            double scale, cudaStream_t s, const char *what);
 

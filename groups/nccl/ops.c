@@ -1,9 +1,43 @@
 /* Operations of the NCCL backend: post (dtype and op mapping, a
- * pre-multiplied sum's scalar, f16/bf16 with f32 accumulation through
- * widen.c, the enqueue on the caller's stream), a
- * batch of sends and receives as one NCCL group (post_batch), test, wait
- * and free.  A request is done when the CUDA event recorded after its
- * enqueue has fired.  See nccl_internal.h. */
+ * pre-multiplied sum's scalar, f16/bf16 through widen.c's f32 path, the
+ * enqueue on the caller's stream), a batch of sends and receives as one
+ * NCCL group (post_batch), test, wait and free.  See nccl_internal.h.
+ *
+ * Completion.  A request records two events on the caller's stream: `start`
+ * just before the operation's work and `event` after it.  It is done, with
+ * MPG_OK, when `event` has fired and the communicator is neither aborted
+ * nor holding an asynchronous error.  An event that fired proves only that
+ * the stream went past the kernel, not that the data moved: ncclCommAbort
+ * raises the communicator's abort flags (NCCL 2.28.9 src/init.cc:2515,
+ * setCommAbortFlags 2394-2403), the kernels see them (checkAbort,
+ * src/device/primitives.h:142-152), move no more data
+ * (src/device/prims_simple.h:238-240) and return, and the stream goes on.
+ * So once the communicator is aborted, for any reason and at any moment, a
+ * request not yet reported done fails with the abort's reason
+ * (MPG_ERR_ABORTED, or MPG_ERR_TIMEOUT when the context was aborted after
+ * a timeout), as on the thread and mpi backends, even if its event has
+ * fired: a kernel that finished just before the abort cannot be told from
+ * one the abort cut short.  The abort flag is read after the event query,
+ * and every abort publishes it (c->aborted) before calling ncclCommAbort
+ * (lifecycle.c), so an event that fired because of an abort is always
+ * seen with the flag.  An asynchronous error (ncclCommGetAsyncError) seen
+ * when the event fires fails the request too (a send's kernel may finish
+ * while NCCL's proxy still sends).
+ *
+ * Timeout.  The clock starts when the GPU reaches the operation, not at the
+ * host's post: a sync stream that waits behind a long backward is not a
+ * missing peer.  The caller's deadline is read as a timeout measured from
+ * the post (T = deadline - posted); the request fails with MPG_ERR_TIMEOUT
+ *   - T after `start` was first seen complete (test and wait poll it), or
+ *   - START_LIMIT x T after the post while `start` is still pending: work
+ *     queued before the operation on its stream never finished (a stuck
+ *     kernel, or an earlier collective that waits for a dead peer and that
+ *     nobody waits on yet).
+ * So a call ends at most (START_LIMIT + 1) x T after its post.  The start
+ * is seen by the host's polls, so the clock starts at most one poll after
+ * the GPU got there, or at the first test/wait when nobody polled.  Ranks
+ * whose streams reach a collective at times further apart than T still
+ * time out: T bounds the skew between ranks, not the local delay. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -11,6 +45,10 @@
 #include <stdlib.h>
 
 #include "nccl_internal.h"
+
+/* The start limit (see the top of this file): a stream that has not reached
+ * the operation START_LIMIT x the timeout after the post fails it. */
+#define START_LIMIT 4
 
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                      */
@@ -171,6 +209,7 @@ static ncclResult_t enqueue_batch(mpg__comm *c, const mpg__coll *k, int n, cudaS
  * receives; one request and one event either way. */
 static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req **out) {
   *out = NULL;
+  double posted = mpg__now();
   char what[200];
   mpg_dtype dtype = k->kind == MPG__BARRIER ? MPG_I32 : k->dtype;
   describe_ops(what, sizeof what, c, nops, k->kind, dtype, k->op, k->count);
@@ -206,7 +245,11 @@ static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req 
     free(req);
     return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaSetDevice", ce);
   }
-  ce = cudaEventCreateWithFlags(&req->event, cudaEventDisableTiming);
+  ce = cudaEventCreateWithFlags(&req->start, cudaEventDisableTiming);
+  if (ce == cudaSuccess) {
+    ce = cudaEventCreateWithFlags(&req->event, cudaEventDisableTiming);
+    if (ce != cudaSuccess) (void)cudaEventDestroy(req->start);
+  }
   if (ce != cudaSuccess) {
     mpg__nccl_dev_leave(c->device, old);
     free(req);
@@ -236,6 +279,12 @@ static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req 
       goto out_locked;
     }
     c->scratch = p;
+  }
+  /* The timeout's clock starts when the stream gets here (see the top). */
+  ce = cudaEventRecord(req->start, stream);
+  if (ce != cudaSuccess) {
+    st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaEventRecord (start)", ce);
+    goto out_locked;
   }
   if (k->kind != MPG__BARRIER && moved == 0) {
     /* Nothing to move; every member skips alike.  NCCL is not called, so
@@ -286,7 +335,16 @@ static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req 
   if (r == ncclSuccess || r == ncclInProgress)
     st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
 out_result:
-  if (premul && c->nccl) (void)ncclRedOpDestroy(op, c->nccl);
+  /* The op is destroyed only once the enqueue settled with ncclSuccess on
+   * a communicator not aborted: after ncclInProgress NCCL allows only
+   * ncclCommGetAsyncError and ncclCommAbort until the state settles (the
+   * NCCL user guide, "Creating a communication with options", non-blocking
+   * communicators), and ncclRedOpDestroy checks neither (src/enqueue.cc:
+   * 2708-2736); a timeout or an error aborts the communicator, and the
+   * abort frees the op with it (commFree, src/init.cc:264). */
+  if (premul && st == MPG_OK && r == ncclSuccess && c->nccl &&
+      atomic_load(&c->aborted) == MPG_OK)
+    (void)ncclRedOpDestroy(op, c->nccl);
   if (widened) {
     /* Narrow only after a successful enqueue; free the f32 buffer always. */
     int ok = st == MPG_OK && r == ncclSuccess;
@@ -314,6 +372,7 @@ out_result:
 out_locked:
   pthread_mutex_unlock(&c->lock);
   if (st != MPG_OK) {
+    (void)cudaEventDestroy(req->start);
     (void)cudaEventDestroy(req->event);
     mpg__nccl_dev_leave(c->device, old);
     free(req);
@@ -322,6 +381,7 @@ out_locked:
   mpg__nccl_dev_leave(c->device, old);
   atomic_fetch_add(&c->refs, 1);
   req->comm = c;
+  req->posted = posted;
   req->kind = k->kind;
   req->dtype = dtype;
   req->op = k->op;
@@ -365,30 +425,49 @@ mpg_status mpg__nccl_test(mpg__req *q, int *done) {
   }
   mpg__comm *c = q->comm;
   cudaError_t ce = cudaEventQuery(q->event);
-  if (ce == cudaSuccess) {
-    q->done = 1;
-    q->status = MPG_OK;
-    *done = 1;
-    return MPG_OK;
+  const char *call = "cudaEventQuery";
+  if (ce == cudaSuccess || ce == cudaErrorNotReady) {
+    /* The timeout's clock (see the top of this file). */
+    cudaError_t se = q->started > 0 || ce == cudaSuccess ? cudaSuccess : cudaEventQuery(q->start);
+    if (se == cudaSuccess && !(q->started > 0)) q->started = mpg__now();
+    if (se != cudaSuccess && se != cudaErrorNotReady) {
+      ce = se;
+      call = "cudaEventQuery (start)";
+    }
   }
-  if (ce != cudaErrorNotReady) {
+  if (ce != cudaSuccess && ce != cudaErrorNotReady) {
     (void)cudaGetLastError();
     *done = 1;
-    return req_fail(q, MPG_ERR_BACKEND, "%s: cudaEventQuery: %s",
-                    cudaGetErrorString(ce));
+    char detail[160];
+    snprintf(detail, sizeof detail, "%s: %s", call, cudaGetErrorString(ce));
+    return req_fail(q, MPG_ERR_BACKEND, "%s: %s", detail);
   }
+  /* Read after the event: an abort is published before ncclCommAbort, so
+   * an event that fired because the abort cut the kernel short is seen
+   * here with the flag set (see the top of this file). */
   int why = atomic_load(&c->aborted);
   if (why != MPG_OK) {
     *done = 1;
-    return req_fail(q, (mpg_status)why, "%s: the communicator was aborted (%s)",
+    return req_fail(q, (mpg_status)why,
+                    ce == cudaSuccess
+                        ? "%s: the communicator was aborted (%s) before the operation was seen "
+                          "complete: its kernel may have been cut short by the abort (the "
+                          "stream goes on, its event fires), so its result is not trusted"
+                        : "%s: the communicator was aborted (%s)",
                     mpg_status_name((mpg_status)why));
   }
   ncclResult_t state = ncclSuccess, r = ncclSuccess;
   pthread_mutex_lock(&c->lock);
   if (c->nccl) r = ncclCommGetAsyncError(c->nccl, &state);
   pthread_mutex_unlock(&c->lock);
-  if (r == ncclSuccess && (state == ncclSuccess || state == ncclInProgress))
+  if (r == ncclSuccess && (state == ncclSuccess || state == ncclInProgress)) {
+    if (ce == cudaSuccess) {
+      q->done = 1;
+      q->status = MPG_OK;
+      *done = 1;
+    }
     return MPG_OK;
+  }
   ncclResult_t bad = r != ncclSuccess ? r : state;
   char detail[1024];
   const char *d = mpg__nccl_detail();
@@ -398,7 +477,9 @@ mpg_status mpg__nccl_test(mpg__req *q, int *done) {
    * used again and must be aborted (ncclCommAbort), which also frees
    * kernels of it still waiting on the device.  It is marked here; the
    * generic layer then aborts it with every other communicator of the
-   * context, in one NCCL group (lifecycle.c, R8). */
+   * context, in one NCCL group (lifecycle.c, R8).  Also when the event has
+   * fired: the error may be this operation's (a send's kernel can finish
+   * while NCCL's proxy still sends), and the step is not trusted. */
   pthread_mutex_lock(&c->lock);
   (void)mpg__nccl_abort_locked(c, MPG_ERR_ABORTED);
   pthread_mutex_unlock(&c->lock);
@@ -412,6 +493,10 @@ mpg_status mpg__nccl_test(mpg__req *q, int *done) {
 
 mpg_status mpg__nccl_wait(mpg__req *q, double deadline) {
   unsigned spins = 0;
+  /* The caller's timeout, measured from the post (see the top of this
+   * file). */
+  double budget = deadline - q->posted;
+  if (!(budget > 0)) budget = 0;
   double next_poll = mpg__now() + 0.01;
   for (;;) {
     int done = 0;
@@ -436,14 +521,25 @@ mpg_status mpg__nccl_wait(mpg__req *q, double deadline) {
                         detail);
       }
     }
-    if (mpg__now() > deadline) {
+    double now = mpg__now();
+    if (q->started > 0 && now > q->started + budget) {
       char what[200];
       req_describe(what, sizeof what, q);
       return mpg__fail(MPG_ERR_TIMEOUT,
-                       "%s: not complete within the %.3g s timeout (a peer "
-                       "did not arrive?  NCCL does not say which member is missing: "
-                       "its kernel is still waiting on the stream)",
-                       what, q->comm->timeout_s);
+                       "%s: not complete %.3g s (the timeout) after the GPU reached it, "
+                       "%.3g s after the post (a peer did not arrive?  NCCL does not say "
+                       "which member is missing: its kernel is still waiting on the stream)",
+                       what, budget, now - q->posted);
+    }
+    if (!(q->started > 0) && now > q->posted + START_LIMIT * budget) {
+      char what[200];
+      req_describe(what, sizeof what, q);
+      return mpg__fail(MPG_ERR_TIMEOUT,
+                       "%s: the stream did not reach the operation within %.3g s of the "
+                       "post (%d x the %.3g s timeout): work queued before it on the stream "
+                       "never finished (a kernel that does not end, or an earlier "
+                       "collective still waiting for a peer)",
+                       what, now - q->posted, START_LIMIT, budget);
     }
     mpg__nccl_backoff(&spins);
   }
@@ -453,6 +549,7 @@ void mpg__nccl_req_free(mpg__req *q) {
   if (!q) return;
   /* Destroying an event still pending is allowed: CUDA frees it once it
    * completes. */
+  (void)cudaEventDestroy(q->start);
   (void)cudaEventDestroy(q->event);
   mpg__nccl_comm_unref(q->comm);
   free(q);
