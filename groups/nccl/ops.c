@@ -292,26 +292,22 @@ static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req 
     premul = 0;
     goto out_result;
   }
-  /* An f16/bf16 average over a group whose size is not a power of two:
-   * NCCL's ncclAvg pre-multiplies each element by 1/size in the element's
-   * own type, where 1/3, 1/6, ... are not exact, so every addend is rounded
-   * once more than on the CPU backends (which sum in f32 and divide once).
-   * Such an average goes through the f32 path below instead: widened, the
-   * average taken in f32, narrowed once. */
-  int size_pow2 = c->size > 0 && (c->size & (c->size - 1)) == 0;
-  int half_avg = k->op == MPG_OP_AVG && !size_pow2;
-  /* A scaled f16/bf16 sum: NCCL's pre-multiply scalar has the element's
-   * own type (a small scale such as 1 / (dp * cp * microbatches) would be
-   * rounded, or underflow in f16), and scaling each addend into a half
-   * before the sum rounds every addend once more: up to 7 units in the
-   * last place off the CPU backends' result where the addends cancel (seen
-   * on the test double).  It too goes through the f32 path: each element
-   * widened and scaled in f32, summed in f32, narrowed once; the wire then
-   * carries f32. */
-  if ((k->acc_f32 || half_avg || premul) && uses_op(k->kind) && mpg__dtype_is_half(dtype)) {
-    /* f16/bf16 with f32 accumulation (widen.c): widened into an f32 buffer
-     * (times the scale, in f32, for a pre-multiplied sum), reduced by NCCL
-     * in f32, narrowed into recv at out_result. */
+  /* An f16/bf16 average, at every group size: NCCL's ncclAvg of a half is
+   * a pre-multiplied sum whose scalar is half(1/size) (src/enqueue.cc:
+   * 2304-2312), and the pre-multiply rounds every addend to the half
+   * (src/device/reduce_kernel.h:665-716) before the sum: 1/3 is inexact,
+   * and even at a power of two the scaled addend is rounded once more than
+   * on the CPU backends (which sum in f32 and divide once), so a small one
+   * underflows: 1e-7 in f16 times half(1/8) is 0.  A scaled f16/bf16 sum
+   * likewise: NCCL's pre-multiply scalar has the element's own type (a
+   * small scale such as 1 / (dp * cp * microbatches) would be rounded, or
+   * underflow in f16) and each scaled addend is rounded to the half.  Both
+   * go through the f32 path (widen.c): each element widened (and scaled) in
+   * f32, reduced by NCCL in ncclFloat32 (ncclAvg for an average: its
+   * pre-multiply by float(1/size) in f32 is exact at a power of two), and
+   * narrowed once into recv at out_result; the wire then carries f32. */
+  if ((k->acc_f32 || k->op == MPG_OP_AVG || premul) && uses_op(k->kind) &&
+      mpg__dtype_is_half(dtype)) {
     st = mpg__nccl_widen(c, k, premul ? k->scale : 1.0, stream, what, &wide);
     if (st) goto out_locked;
     widened = 1;

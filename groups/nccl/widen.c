@@ -1,8 +1,10 @@
 /* f32 accumulation of an f16/bf16 all-reduce or reduce-scatter on the NCCL
- * backend (mpg__coll.acc_f32, the sync's reduce_dtype = f32).  NCCL itself
- * reduces in the element's type and rounds at every step of its ring or
- * tree, so ops.c runs such a collective in three steps, all on the
- * caller's stream and all enqueued before the call returns:
+ * backend: asked for (mpg__coll.acc_f32, the sync's reduce_dtype = f32), and
+ * always for an f16/bf16 average or scaled sum, whose pre-multiply NCCL
+ * would round into the half (ops.c).  NCCL itself reduces in the element's
+ * type and rounds at every step of its ring or tree, so ops.c runs such a
+ * collective in three steps, all on the caller's stream and all enqueued
+ * before the call returns:
  *
  *   1. mpg__nccl_widen: the input (count elements for an all-reduce, the
  *      whole size x count for a reduce-scatter) widened into an f32 buffer,
@@ -12,11 +14,15 @@
  *      it), with the op mapped as usual (sum for a pre-multiplied sum,
  *      whose scale step 1 applied: the same arithmetic as NCCL's own
  *      ncclRedOpCreatePreMulSum with an f32 scalar, without creating and
- *      destroying a reduction op per call);
+ *      destroying a reduction op per call; ncclAvg for an average, which
+ *      NCCL runs as a pre-multiply by float(1/size) in f32);
  *   3. mpg__nccl_narrow: the f32 result rounded once, to nearest even, into
  *      recv, then the f32 buffer freed.
  * The result is the CPU backends' (widen, reduce in f32, round once) up to
- * the order of NCCL's f32 additions.  Cost: the wire carries f32, twice
+ * the order of NCCL's f32 additions, and for an average over a group whose
+ * size is not a power of two, NCCL's f32 pre-multiply by float(1/size)
+ * (one f32 rounding per addend, where the CPU backends divide the sum;
+ * exact at a power of two).  Cost: the wire carries f32, twice
  * the bytes of the halves, plus two elementwise passes and 4 bytes per
  * element of device memory (per member of the group for a reduce-scatter)
  * while the operation is in flight.

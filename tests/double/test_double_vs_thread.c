@@ -9,10 +9,15 @@
  * not), reduce_scatter, all_gather, broadcast, all_to_all and
  * all_to_all_v (uneven per-pair counts, zeros included, blocks in
  * reverse order on the send side and with gaps on the receive side: on
- * nccl one ncclGroupStart .. ncclGroupEnd of ncclSend / ncclRecv).  (This test found the
- * scaled f16/bf16 sum rounding each addend before the sum, up to 7 units
- * in the last place off, and the f16/bf16 average over 3 ranks
- * pre-multiplied by a rounded 1/3: groups/nccl/ops.c.) */
+ * nccl one ncclGroupStart .. ncclGroupEnd of ncclSend / ncclRecv).  The
+ * same again with tiny inputs on groups of 2, 4 and 8 (subnormal in f16,
+ * bf16 or f32: NCCL's ncclAvg of a half pre-multiplies each addend by
+ * half(1/n) in the half, where 1e-7 becomes 0 even at a power of two).
+ * (This test found the scaled f16/bf16 sum rounding each addend before the
+ * sum, up to 7 units in the last place off, and the f16/bf16 average
+ * pre-multiplied in the half, over 3 ranks by a rounded 1/3 and, once the
+ * double modelled ncclAvg's pre-multiply, over 2, 4 and 8 ranks for tiny
+ * addends: groups/nccl/ops.c.) */
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -61,9 +66,18 @@ typedef struct job {
   char msg[2][MAXW][512];
 } job;
 
+/* Tiny inputs instead (the tiny_* tests set it before any rank starts). */
+static int tiny;
+
 /* Inputs with real rounding: a different irrational-ish value per element
- * and rank, some negative, some large. */
+ * and rank, some negative, some large; or tiny ones: 1e-7 is 2^-23 in f16
+ * (two units of its smallest subnormal), 3e-39, 4.5e-39 and 1.2e-38 are
+ * subnormal or nearly in bf16 and f32 (0 in f16). */
 static double input(int rank, size_t i) {
+  if (tiny) {
+    static const double t[] = {1e-7, 3e-7, 6e-8, 2e-6, 3e-39, 4.5e-39, 1.2e-38, 5e-6};
+    return t[(i + (size_t)rank) % 8] * (i % 3 == 2 ? -1.0 : 1.0);
+  }
   return sin(0.37 * (double)i + 1.3 * rank) * (1.0 + (double)((i * 7 + rank) % 13)) * 3.1;
 }
 
@@ -370,4 +384,18 @@ Test(double_vs_thread, world_8_placed_on_2_nodes_tp, .timeout = 120) {
 }
 Test(double_vs_thread, world_8_placed_on_2_nodes_dp_cp, .timeout = 120) {
   compare_on(MESH8, 8, "dp_cp", 4, 2);
+}
+/* Tiny inputs: f16/bf16 averages at group sizes 2, 4 and 8 must not take
+ * NCCL's ncclAvg in the half (ops.c widens them to f32). */
+Test(double_vs_thread, tiny_inputs_world_8_tp, .timeout = 120) {
+  tiny = 1;
+  compare(MESH8, 8, "tp", 2);
+}
+Test(double_vs_thread, tiny_inputs_world_8_dp_cp, .timeout = 120) {
+  tiny = 1;
+  compare(MESH8, 8, "dp_cp", 4);
+}
+Test(double_vs_thread, tiny_inputs_world_8_world, .timeout = 120) {
+  tiny = 1;
+  compare(MESH8, 8, "world", 8);
 }
