@@ -145,6 +145,7 @@ typedef struct fp_case {
   int nparams;
   fp_param params[FP_MAX_PARAMS];
   int shm, check_order;
+  long piece_bytes, max_count; /* mpi: MESHPG_MPI_PIECE_BYTES, _MAX_COUNT (0: unset) */
   double timeout_s;
   int steps;
   double fault_rate;
@@ -220,6 +221,11 @@ static inline void fp_case_make(unsigned seed, int backend, int procs, int steps
   }
   c->shm = fp_below(&r, 4) != 0;
   c->check_order = (int)fp_below(&r, 2);
+  /* mpi: buckets above a small piece run as meshpg's own ring (without
+   * the shared-memory path), sometimes in MPI calls of few elements. */
+  unsigned pc = fp_below(&r, 3);
+  c->piece_bytes = backend == FP_MPI && pc ? (pc == 1 ? 512 : 4096) : 0;
+  c->max_count = backend == FP_MPI && fp_below(&r, 4) == 0 ? 100 + fp_below(&r, 400) : 0;
   c->timeout_s = 0.2 + 0.05 * (double)fp_below(&r, 4);
   /* ThreadSanitizer runs everything several times slower: a healthy step
    * must not time out. */
@@ -242,6 +248,10 @@ static inline void fp_describe(const fp_case *c, char *buf, size_t cap) {
       c->timeout_s, c->steps, c->kill_step >= 0 ? ", a kill" : "");
   if (c->kill_step >= 0 && n < cap)
     n += (size_t)snprintf(buf + n, cap - n, " at step %d", c->kill_step);
+  if (c->piece_bytes && n < cap)
+    n += (size_t)snprintf(buf + n, cap - n, ", MESHPG_MPI_PIECE_BYTES=%ld", c->piece_bytes);
+  if (c->max_count && n < cap)
+    n += (size_t)snprintf(buf + n, cap - n, ", MESHPG_MPI_MAX_COUNT=%ld", c->max_count);
   n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, ", params");
   for (int p = 0; p < c->nparams && n < cap; p++)
     n += (size_t)snprintf(buf + n, cap - n, " p%d:%zux%s%s%s", p, c->params[p].count,
@@ -259,6 +269,7 @@ typedef struct fp_plan {
   int victim;
   int moment;    /* 0..n-1: before the k-th mark; n: before finish; n+1: after */
   double delay;  /* abort: the watchdog's delay */
+  int abort_nomem; /* abort: the watchdog's first allocation in mpg_ctx_abort fails */
   long alloc_n;  /* alloc: the n-th allocation from the moment fails */
   double stall_s;
   int accum;     /* two micro-batches */
@@ -282,6 +293,7 @@ static inline void fp_plan_of(const fp_case *c, int step, fp_plan *p) {
   /* Right away, within 2 ms, or within 20 ms of the moment. */
   unsigned d = fp_below(&r, 3);
   p->delay = d == 0 ? 0.0 : (d == 1 ? 0.002 : 0.02) * fp_unit(&r);
+  p->abort_nomem = fp_below(&r, 3) == 0;
   p->alloc_n = 1 + (long)fp_below(&r, 3);
   p->stall_s = c->timeout_s + 0.1 + 0.2 * fp_unit(&r);
   /* Another rank lags in a faulted step (so that the victim may wait
@@ -291,6 +303,15 @@ static inline void fp_plan_of(const fp_case *c, int step, fp_plan *p) {
                             : -1;
   p->lag_at = (int)fp_below(&r, (unsigned)c->nparams + 1);
   p->lag_s = 0.001 + 0.009 * fp_unit(&r);
+  /* A third of the aborts aim inside finish: the watchdog starts right
+   * before it with a delay of 0.5..3 ms while the laggard holds its first
+   * bucket back for 5..15 ms. */
+  if (p->kind == FP_ABORT && fp_below(&r, 3) == 0) {
+    p->moment = c->nparams;
+    p->delay = 0.0005 + 0.0025 * fp_unit(&r);
+    p->lag_at = 0;
+    p->lag_s = 0.005 + 0.01 * fp_unit(&r);
+  }
 }
 
 /* Member q's gradient of param p, element i, micro-batch mb of a step:
@@ -356,7 +377,7 @@ static inline double fp_get(const void *buf, mpg_dtype dt, size_t i) {
   X(steps) X(ok_valid) X(ok_invalid) X(errors) X(violations) X(elems) X(epochs)         \
   X(setup_errors) X(mark_err_finish_ok) X(slow) X(begin_errors) X(abort_in_marks)       \
   X(abort_in_finish) X(abort_after_finish) X(alloc_in_mark) X(alloc_in_finish)          \
-  X(alloc_unfired) X(max_step_ms) X(max_setup_ms)
+  X(alloc_unfired) X(abort_nomem) X(max_step_ms) X(max_setup_ms)
 #define FP_PER_KIND(X) X(planned) X(injected) X(rank_steps) X(err) X(ok) X(next_err)
 
 typedef struct fp_tally {
@@ -598,13 +619,16 @@ typedef struct fp_view {
 typedef struct fp_watchdog {
   mpg_ctx *ctx;
   double delay, at;
+  int nomem, nomem_fired; /* fail the watchdog's first allocation in the abort */
 } fp_watchdog;
 
 static inline void *fp_watchdog_main(void *arg) {
   fp_watchdog *w = arg;
   fp_sleep(w->delay);
   w->at = fp_now();
+  if (w->nomem) fa_arm(1);
   mpg_ctx_abort(w->ctx);
+  w->nomem_fired = fa_disarm();
   return NULL;
 }
 
@@ -725,6 +749,8 @@ static inline int fp_inject(fp_rank *R, const fp_plan *P, int step, mpg_ctx *ctx
       wd->ctx = ctx;
       wd->delay = P->delay;
       wd->at = 0;
+      wd->nomem = P->abort_nomem;
+      wd->nomem_fired = 0;
       if (pthread_create(dog, NULL, fp_watchdog_main, wd) == 0) *dog_up = 1;
       R->t.injected[FP_ABORT]++;
       return 0;
@@ -876,7 +902,7 @@ static inline int fp_epoch(fp_rank *R, int start) {
     R->t.steps++;
     if (P.kind) R->t.rank_steps[P.kind]++;
     if (victim) R->t.planned[P.kind]++;
-    fp_watchdog wd = {NULL, 0, 0};
+    fp_watchdog wd = {NULL, 0, 0, 0, 0};
     pthread_t dog;
     int dog_up = 0;
     double slept = 0, ts = fp_now(), tf0 = 0, tf1 = 0;
@@ -953,6 +979,7 @@ static inline int fp_epoch(fp_rank *R, int start) {
   judged:
     if (dog_up) {
       pthread_join(dog, NULL);
+      R->t.abort_nomem += wd.nomem_fired;
       if (wd.at < tf0 || !began) R->t.abort_in_marks++;
       else if (wd.at <= tf1) R->t.abort_in_finish++;
       else R->t.abort_after_finish++;

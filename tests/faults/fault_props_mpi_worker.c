@@ -41,6 +41,13 @@ int main(int argc, char **argv) {
                &c);
   setenv("MESHPG_SHM", c.shm ? "1" : "0", 1);
   setenv("MESHPG_CHECK_ORDER", c.check_order ? "1" : "0", 1);
+  char v[32];
+  snprintf(v, sizeof v, "%ld", c.piece_bytes);
+  if (c.piece_bytes) setenv("MESHPG_MPI_PIECE_BYTES", v, 1);
+  else unsetenv("MESHPG_MPI_PIECE_BYTES");
+  snprintf(v, sizeof v, "%ld", c.max_count);
+  if (c.max_count) setenv("MESHPG_MPI_MAX_COUNT", v, 1);
+  else unsetenv("MESHPG_MPI_MAX_COUNT");
   int provided = 0, rank = 0, world = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -91,10 +91,10 @@ static void judge(const char *backend, const fp_totals *T, int replay, long min_
             t->err[k], t->ok[k], t->next_err[k]);
   fprintf(stderr,
           "fault_props %s: aborts landed %ld during the marks, %ld inside finish, %ld after "
-          "finish; failed allocations %ld in mark_ready, %ld in finish, %ld armed but never "
-          "reached\n",
+          "finish (%ld of them with an allocation in mpg_ctx_abort failing); failed "
+          "allocations %ld in mark_ready, %ld in finish, %ld armed but never reached\n",
           backend, t->abort_in_marks, t->abort_in_finish, t->abort_after_finish,
-          t->alloc_in_mark, t->alloc_in_finish, t->alloc_unfired);
+          t->abort_nomem, t->alloc_in_mark, t->alloc_in_finish, t->alloc_unfired);
 
   /* The property. */
   cr_expect_eq(t->violations, 0,
