@@ -133,6 +133,13 @@ struct mpg__backend_ops {
                                const size_t *rdispls, mpg_dtype dtype, mpg__req **req);
   /* *done = 1 when finished; returns the operation's error, if any. */
   mpg_status (*test)(mpg__req *req, int *done);
+  /* 1: test itself returns MPG_ERR_TIMEOUT once a pending operation is
+   * past its timeout, counted by the backend's own clock (nccl: from when
+   * the GPU reaches the operation, groups/nccl/ops.c), and wait may run
+   * past the host's deadline; mpg_work_test then never calls wait.  0:
+   * mpg_work_test, past the host's deadline, calls wait, which returns at
+   * once with what the backend knows of the missing members. */
+  int test_keeps_time;
   /* Wait until finished or until `deadline` (mpg__now() seconds):
    * MPG_ERR_TIMEOUT then, leaving the request pending (the caller aborts
    * the communicator and frees the request). */

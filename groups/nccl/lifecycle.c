@@ -455,6 +455,7 @@ const struct mpg__backend_ops mpg__backend_nccl = {
     .post = mpg__nccl_post,
     .post_batch = mpg__nccl_post_batch,
     .test = mpg__nccl_test,
+    .test_keeps_time = 1,
     .wait = mpg__nccl_wait,
     .req_free = mpg__nccl_req_free,
     .abort_comm = nccl_abort,

@@ -111,6 +111,9 @@ struct mpg__req {
   double posted;         /* mpg__now() when the post began */
   double started;        /* when start was first seen complete; 0 until then
                             (ops.c: the timeout counts from here) */
+  double timeout_s;      /* the communicator's timeout at the post: test's
+                            own clock (mpg_work_test never calls wait on
+                            this backend; see backend.h test_keeps_time) */
   mpg__coll_kind kind;
   mpg_dtype dtype;
   mpg_op op;

@@ -378,6 +378,7 @@ out_locked:
   atomic_fetch_add(&c->refs, 1);
   req->comm = c;
   req->posted = posted;
+  req->timeout_s = c->timeout_s;
   req->kind = k->kind;
   req->dtype = dtype;
   req->op = k->op;
@@ -409,7 +410,44 @@ static mpg_status req_fail(mpg__req *q, mpg_status st, const char *fmt,
   return mpg__fail(st, fmt, what, detail);
 }
 
+/* MPG_ERR_TIMEOUT when the pending request q is past its clock (see the top
+ * of this file) for a timeout of `budget` seconds; the request stays
+ * pending (the caller aborts the communicator). */
+static mpg_status past_clock(const mpg__req *q, double budget) {
+  double now = mpg__now();
+  char what[200];
+  if (q->started > 0 && now > q->started + budget) {
+    req_describe(what, sizeof what, q);
+    return mpg__fail(MPG_ERR_TIMEOUT,
+                     "%s: not complete %.3g s (the timeout) after the GPU reached it, "
+                     "%.3g s after the post (a peer did not arrive?  NCCL does not say "
+                     "which member is missing: its kernel is still waiting on the stream)",
+                     what, budget, now - q->posted);
+  }
+  if (!(q->started > 0) && now > q->posted + START_LIMIT * budget) {
+    req_describe(what, sizeof what, q);
+    return mpg__fail(MPG_ERR_TIMEOUT,
+                     "%s: the stream did not reach the operation within %.3g s of the "
+                     "post (%d x the %.3g s timeout): work queued before it on the stream "
+                     "never finished (a kernel that does not end, or an earlier "
+                     "collective still waiting for a peer)",
+                     what, now - q->posted, START_LIMIT, budget);
+  }
+  return MPG_OK;
+}
+
+/* One look; past the request's own clock (the communicator's timeout at
+ * the post) a pending request is MPG_ERR_TIMEOUT, so that mpg_work_test
+ * needs no blocking wait to find a timeout (backend.h test_keeps_time). */
+static mpg_status test_once(mpg__req *q, int *done);
+
 mpg_status mpg__nccl_test(mpg__req *q, int *done) {
+  mpg_status st = test_once(q, done);
+  if (st || *done) return st;
+  return q->timeout_s > 0 ? past_clock(q, q->timeout_s) : MPG_OK;
+}
+
+static mpg_status test_once(mpg__req *q, int *done) {
   *done = 0;
   if (q->done) {
     *done = 1;
@@ -496,7 +534,7 @@ mpg_status mpg__nccl_wait(mpg__req *q, double deadline) {
   double next_poll = mpg__now() + 0.01;
   for (;;) {
     int done = 0;
-    mpg_status st = mpg__nccl_test(q, &done);
+    mpg_status st = test_once(q, &done);
     if (st != MPG_OK || done) return st;
     /* R4: the peer this operation waits for may have failed on another
      * communicator of the context (a closed connection, a local out of
@@ -517,26 +555,7 @@ mpg_status mpg__nccl_wait(mpg__req *q, double deadline) {
                         detail);
       }
     }
-    double now = mpg__now();
-    if (q->started > 0 && now > q->started + budget) {
-      char what[200];
-      req_describe(what, sizeof what, q);
-      return mpg__fail(MPG_ERR_TIMEOUT,
-                       "%s: not complete %.3g s (the timeout) after the GPU reached it, "
-                       "%.3g s after the post (a peer did not arrive?  NCCL does not say "
-                       "which member is missing: its kernel is still waiting on the stream)",
-                       what, budget, now - q->posted);
-    }
-    if (!(q->started > 0) && now > q->posted + START_LIMIT * budget) {
-      char what[200];
-      req_describe(what, sizeof what, q);
-      return mpg__fail(MPG_ERR_TIMEOUT,
-                       "%s: the stream did not reach the operation within %.3g s of the "
-                       "post (%d x the %.3g s timeout): work queued before it on the stream "
-                       "never finished (a kernel that does not end, or an earlier "
-                       "collective still waiting for a peer)",
-                       what, now - q->posted, START_LIMIT, budget);
-    }
+    if ((st = past_clock(q, budget))) return st;
     mpg__nccl_backoff(&spins);
   }
 }

@@ -62,7 +62,8 @@ struct world {
   mpg_mesh *mesh;
   rank_fn fn;
   double hold_s, timeout_s; /* scenario parameters */
-  int during;               /* abort_sync_step: abort during mpg_sync_finish */
+  int during;               /* abort_sync_step: abort during mpg_sync_finish;
+                               held: poll a work handle with mpg_work_test */
   pthread_barrier_t done;   /* both ranks finished their part */
   mpg_status create[2];
   char create_msg[2][512];
@@ -71,6 +72,7 @@ struct world {
   double elapsed[2];
   float got[2];             /* recv[0] after the call */
   int valid[2];             /* mpg_sync_grads_valid */
+  double longest_test[2];   /* held, polled: the longest mpg_work_test call */
 };
 
 typedef struct {
@@ -356,7 +358,23 @@ static void held(world *w, int rank, mpg_ctx *ctx, int alone) {
   float *buf = dev_floats(ctx, (float)(rank + 1));
   double t0 = now_s();
   cudaLaunchHostFunc(s, hold_stream, &w->hold_s);
-  note(w, rank, mpg_all_reduce(dp, buf, buf, N, MPG_F32, MPG_OP_SUM, s, NULL), t0);
+  if (!w->during) {
+    note(w, rank, mpg_all_reduce(dp, buf, buf, N, MPG_F32, MPG_OP_SUM, s, NULL), t0);
+  } else {
+    /* Polled, as the sync polls its buckets: no call may block. */
+    mpg_work *work = NULL;
+    mpg_status st = mpg_all_reduce(dp, buf, buf, N, MPG_F32, MPG_OP_SUM, s, &work);
+    int done = 0;
+    while (!st && !done) {
+      double a = now_s();
+      st = mpg_work_test(work, &done);
+      double took = now_s() - a;
+      if (took > w->longest_test[rank]) w->longest_test[rank] = took;
+      if (!st && !done) sleep_s(0.005);
+    }
+    mpg_status wst = mpg_work_wait(work);
+    note(w, rank, st ? st : wst, t0);
+  }
   cudaStreamSynchronize(s);
   w->got[rank] = first(buf);
   cudaStreamDestroy(s);
@@ -377,6 +395,35 @@ Test(timeout, a_held_stream_is_not_a_missing_peer, .timeout = 60) {
     cr_assert_geq(w->elapsed[r], w->hold_s - 0.05, "rank %d returned after %.3f s", r,
                   w->elapsed[r]);
   }
+  free(w);
+}
+
+/* The same through mpg_work_test: on nccl the backend's test keeps the
+ * clock itself, so polling never blocks (a wait past the host's deadline
+ * would wait for the GPU's), and the result is the blocking call's. */
+Test(timeout, polling_a_held_stream_never_blocks, .timeout = 60) {
+  world *w = world_run(held_both, 1.5, 0.5, 1);
+  for (int r = 0; r < 2; r++) {
+    cr_assert_eq(w->st[r], MPG_OK, "rank %d: polled all-reduce after a %.1f s hold "
+                 "(timeout %.1f s) -> %s after %.3f s: %s", r, w->hold_s, w->timeout_s,
+                 mpg_status_name(w->st[r]), w->elapsed[r], w->msg[r]);
+    cr_assert_eq(w->got[r], 3.0f, "rank %d: recv[0] = %g, want 3", r, (double)w->got[r]);
+    cr_assert_lt(w->longest_test[r], tb_bound(0.1, 2),
+                 "rank %d: one mpg_work_test call took %.3f s", r, w->longest_test[r]);
+  }
+  free(w);
+}
+
+Test(timeout, polling_finds_a_missing_peer_after_the_start, .timeout = 60) {
+  world *w = world_run(held_alone, 1.0, 0.5, 1);
+  double lo = w->hold_s + w->timeout_s, hi = tb_bound(lo, 2);
+  cr_assert_eq(w->st[0], MPG_ERR_TIMEOUT, "%s after %.3f s: %s", mpg_status_name(w->st[0]),
+               w->elapsed[0], w->msg[0]);
+  cr_assert(w->elapsed[0] >= lo - 0.05 && w->elapsed[0] <= hi,
+            "timed out after %.3f s; want the hold + the timeout, %.3f s (bound %.3f s): %s",
+            w->elapsed[0], lo, hi, w->msg[0]);
+  cr_assert_lt(w->longest_test[0], tb_bound(0.1, 2), "one mpg_work_test call took %.3f s",
+               w->longest_test[0]);
   free(w);
 }
 
