@@ -18,8 +18,9 @@
  * nothing: they post nothing, and the backends lock what they share with
  * a post.  The internal steps of a claimed call (mpg__group_post_p2p,
  * mpg__group_ready) claim nothing, so no call trips on its own claim.
- * Not claimed: groups/shm/engine.c's posts (the sync's node-local
- * reductions), which never reach the group's communicator.
+ * groups/shm/engine.c claims for its posts too (the sync's node-local
+ * reductions, which never reach the group's communicator), and a refusal
+ * there aborts the segment, since the peers may have posted.
  * On nccl a context has one issuing thread (mpg__ctx_check_issuer below):
  * a claim from any other thread fails with MPG_ERR_STATE, alternating or
  * not. */

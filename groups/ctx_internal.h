@@ -104,7 +104,7 @@ mpg_status mpg__group_ready(mpg_group *g, const char *fn);
  * another call holds it or (nccl) when this thread is not the context's
  * issuing thread (mpg__ctx_check_issuer); released by mpg__group_release
  * when the call returns.  coll.c, p2p.c and alltoall.c claim for their
- * public calls. */
+ * public calls, groups/shm/engine.c for its posts. */
 mpg_status mpg__group_claim(mpg_group *g, const char *fn);
 void mpg__group_release(mpg_group *g);
 
