@@ -142,7 +142,9 @@ struct mpg__backend_ops {
   int test_keeps_time;
   /* Wait until finished or until `deadline` (mpg__now() seconds):
    * MPG_ERR_TIMEOUT then, leaving the request pending (the caller aborts
-   * the communicator and frees the request). */
+   * the communicator and frees the request).  nccl reads `deadline` as a
+   * timeout (deadline - the post) counted from when the GPU reaches the
+   * operation (groups/nccl/ops.c), so its wait may run past `deadline`. */
   mpg_status (*wait)(mpg__req *req, double deadline);
   void (*req_free)(mpg__req *req);
   /* Wake every waiter of this communicator and fail later calls with
