@@ -314,6 +314,10 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
       return mpg__error_restore(st, &why);
     }
   }
+  /* The creating thread issued the create's own collectives; the issuing
+   * thread (nccl) is the first that issues after it, so that a context
+   * made on one thread may be trained on another. */
+  atomic_store(&ctx->issuer, 0);
   *out = ctx;
   return MPG_OK;
 }

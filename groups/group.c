@@ -60,6 +60,9 @@ static mpg_status create_one(mpg_ctx *ctx, mpg_group *g) {
     if (atomic_load(&ctx->aborted))
       return mpg__fail((mpg_status)atomic_load(&ctx->aborted), "group \"%s\": the context was aborted",
                        g->name);
+    /* A split issues on the world: nccl's issuing thread only. */
+    st = mpg__ctx_check_issuer(ctx, "creating the group", g->name);
+    if (st) return st;
     ctx->setup_collectives++;
     mpg__order_note_split(g);
     st = ctx->ops->split(ctx->world_comm, g->index, g->position, &g->comm);
@@ -226,7 +229,13 @@ static mpg_status make_extra_part(mpg_ctx *ctx, const char *key, unsigned mask,
   }
   g->member = member;
   if (g->size > 1) {
-    /* Non-members enter the split too: it is collective over the world. */
+    /* Non-members enter the split too: it is collective over the world
+     * (on nccl, from the issuing thread only). */
+    st = mpg__ctx_check_issuer(ctx, "creating the group", key);
+    if (st) {
+      free(g);
+      return st;
+    }
     ctx->setup_collectives++;
     mpg__order_note_split(g); /* not for mpg_ctx_group_select's groups */
     st = ctx->ops->split(ctx->world_comm, member ? g->index : -1, g->position,

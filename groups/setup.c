@@ -56,6 +56,10 @@ static mpg_status run_on(mpg_ctx *ctx, mpg__comm *comm, const mpg__coll *c) {
 
 mpg_status mpg__ctx_setup_coll(mpg_ctx *ctx, mpg__comm *comm, int members,
                                const mpg__coll *c) {
+  /* The library's own collectives (agreement, lazy groups, placement, the
+   * sync's layout check) issue too: nccl's issuing thread only. */
+  mpg_status chk = mpg__ctx_check_issuer(ctx, "a setup collective", NULL);
+  if (chk) return chk;
   if (c->kind == MPG__BARRIER || !ctx->ops->mem_copy || !ctx->ops->mem_alloc)
     return run_on(ctx, comm, c);
   /* NCCL reads and writes device (or registered, or managed) memory only;

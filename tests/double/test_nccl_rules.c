@@ -329,6 +329,11 @@ static void *issuer_rank(void *p) {
   expect_refused(r, "mpg_all_to_all",
                  mpg_all_to_all(s->dp, s->x, (char *)s->x + 512, 64, MPG_F32, NULL, NULL));
   expect_refused(r, "mpg_ctx_check_order", mpg_ctx_check_order(r->ctx));
+  /* A new group is a split of the world: refused too, nothing made. */
+  int both[2] = {0, 1};
+  mpg_group *sel = NULL;
+  expect_refused(r, "mpg_ctx_group_select",
+                 mpg_ctx_group_select(r->ctx, "dp", both, 2, &sel));
   CHECK(r, mpg_ctx_status(r->ctx) == MPG_OK, "rank %d: the refusals aborted the context",
         r->rank);
   pthread_barrier_wait(&s->inner);
