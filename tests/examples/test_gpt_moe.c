@@ -305,7 +305,6 @@ Test(gpt_moe, aux_loss_gradient) {
   free(gA[0]);
   free(gA[1]);
   gpt_model_free(&m);
-  free(data);
 }
 
 /* ---- parallel, thread ranks ----------------------------------------------- */
