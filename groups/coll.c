@@ -29,8 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "ctx_internal.h"
 
@@ -184,41 +182,6 @@ mpg_status mpg__group_ready(mpg_group *g, const char *fn) {
                      g->name, mpg_status_name((mpg_status)reason));
   mpg_status st = mpg__group_create(g->ctx, g);
   return st ? on_failure(g, fn, st) : MPG_OK;
-}
-
-/* One issuing thread per context on nccl (ctx_internal.h): the first
- * thread whose call issues becomes the context's issuer for its life (a
- * context created on one thread may be handed to another before its first
- * collective; mpg_ctx_create's own setup collectives do not count, since
- * create returns before any other call can start).  NCCL_LAUNCH_ORDER_
- * IMPLICIT=1 (world.c) orders every kernel of the device by host launch
- * order, and NCCL then fails two threads launching at once:
- * ncclLaunchPrepare acquires the device's launchOrder strong stream as not
- * concurrent (src/enqueue.cc:1511-1515) and ncclStrongStreamRelease
- * returns ncclInvalidUsage, "host threads racing to launch NCCL on same
- * device", when another thread acquired it in between
- * (src/misc/strongstream.cc:158-162, 282-285); without the race, two
- * threads' calls still reach NCCL in an order no other rank shares.  Not
- * checked: mpg_work_test / mpg_work_wait (they post nothing: an event
- * query and ncclCommGetAsyncError under the communicator's lock, which
- * NCCL allows from any thread), mpg_ctx_abort (any thread, by design),
- * memory and stream calls. */
-mpg_status mpg__ctx_check_issuer(mpg_ctx *ctx, const char *fn, const char *group) {
-  if (ctx->kind != MPG_BACKEND_NCCL) return MPG_OK;
-  long me = (long)syscall(SYS_gettid), owner = 0;
-  if (atomic_compare_exchange_strong(&ctx->issuer, &owner, me) || owner == me) return MPG_OK;
-  return mpg__fail(MPG_ERR_STATE,
-                   "%s%s%s%s (world rank %d): called from thread %ld, but thread %ld issues this "
-                   "context's calls (the first thread that issued a collective or point-to-"
-                   "point call on it); on nccl one thread issues every collective, "
-                   "point-to-point and all-to-all call of a context: NCCL orders a device's "
-                   "kernels by host launch order (NCCL_LAUNCH_ORDER_IMPLICIT) and fails two "
-                   "threads launching at once (\"host threads racing to launch NCCL on same "
-                   "device\"), and two threads' calls cannot be in the same order on every "
-                   "rank; mpg_work_test, mpg_work_wait and mpg_ctx_abort may come from any "
-                   "thread; nothing was posted",
-                   fn, group ? " on group \"" : "", group ? group : "", group ? "\"" : "",
-                   ctx->rank, me, owner);
 }
 
 /* mpg__group_claim and mpg__group_release (ctx_internal.h): the group's

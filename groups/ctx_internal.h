@@ -60,7 +60,7 @@ struct mpg_ctx {
   atomic_int aborted; /* MPG_OK while healthy, else the reason; atomic so
                         that a watchdog thread may call mpg_ctx_abort */
   atomic_long issuer; /* nccl: the OS thread id (gettid) of the thread that
-                         issues (coll.c's mpg__ctx_check_issuer); 0 until the
+                         issues (issuer.c's mpg__ctx_check_issuer); 0 until the
                          first issuing call; 0 from calloc */
   mpg__comm *world_comm;
   char host_id[MPG_HOST_ID_MAX]; /* opts.host_id, "" when not given */
@@ -108,7 +108,7 @@ mpg_status mpg__group_ready(mpg_group *g, const char *fn);
 mpg_status mpg__group_claim(mpg_group *g, const char *fn);
 void mpg__group_release(mpg_group *g);
 
-/* coll.c: on nccl, every call that issues on the context (collectives,
+/* issuer.c: on nccl, every call that issues on the context (collectives,
  * point to point, all-to-all, host collectives, mpg_ctx_check_order) comes
  * from one thread, the first that issued one: MPG_OK for that thread (and
  * on thread and mpi), else MPG_ERR_STATE, naming both threads, nothing
@@ -116,8 +116,10 @@ void mpg__group_release(mpg_group *g);
  * mpg__group_claim checks it first. */
 mpg_status mpg__ctx_check_issuer(mpg_ctx *ctx, const char *fn, const char *group);
 
-/* coll.c: after a failure `st` of the call `fn` on g: a timeout or an
- * abort aborts the whole context and names the group in the message;
+/* coll.c: after a failure `st` of the call `fn` on g: any failure but an
+ * argument error (MPG_ERR_INVALID, _RANGE) or a refusal (MPG_ERR_STATE)
+ * aborts the whole context (the peers may have posted what this rank
+ * could not) and names the group in the message;
  * returns st. */
 mpg_status mpg__group_on_failure(mpg_group *g, const char *fn, mpg_status st);
 

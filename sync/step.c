@@ -22,16 +22,6 @@ void mpg__sync_wait_all(mpg_sync *s) {
 /* The step                                                            */
 /* ------------------------------------------------------------------ */
 
-void mpg__sync_abort_after(mpg_sync *s, mpg_status st) {
-  if (st == MPG_OK || st == MPG_ERR_INVALID || st == MPG_ERR_RANGE ||
-      mpg_ctx_status(s->ctx) != MPG_OK)
-    return;
-  mpg__saved_error why;
-  mpg__error_save(&why);
-  (void)mpg_ctx_abort(s->ctx);
-  (void)mpg__error_restore(st, &why);
-}
-
 /* Fail the step: keep the first error (with `what` in front of the groups
  * layer's message), mark the gradients invalid, and remember a timeout or
  * abort, after which the context is unusable.

@@ -190,12 +190,21 @@ void mpg__sync_free_layout(mpg_sync *s);
 
 /* step.c: wait for (and release) every bucket still in flight. */
 void mpg__sync_wait_all(mpg_sync *s);
-/* step.c: after a failure `st` that leaves collectives of the step or
- * gather unposted on this rank (any status but the argument errors
+/* After a failure `st` that leaves collectives of the step or gather
+ * unposted on this rank (any status but the argument errors
  * MPG_ERR_INVALID and _RANGE), abort the context, so that the peers,
  * which may have posted them, fail instead of pairing this rank's next
- * collectives with theirs.  The last error is kept. */
-void mpg__sync_abort_after(mpg_sync *s, mpg_status st);
+ * collectives with theirs.  The last error is kept.  For step.c and
+ * shard.c (inline, so that neither calls the other for it). */
+static inline void mpg__sync_abort_after(mpg_sync *s, mpg_status st) {
+  if (st == MPG_OK || st == MPG_ERR_INVALID || st == MPG_ERR_RANGE ||
+      mpg_ctx_status(s->ctx) != MPG_OK)
+    return;
+  mpg__saved_error why;
+  mpg__error_save(&why);
+  (void)mpg_ctx_abort(s->ctx);
+  (void)mpg__error_restore(st, &why);
+}
 
 /* shard.c: the shard and replicate groups at create (shard mode only;
  * collective: they may be created). */

@@ -24,7 +24,7 @@
  * which orders them by host issue order (overlapping them on CUDA 12.3+).
  * meshpg issues every collective in the same order on every rank (its
  * rule, checked by the issue-order checker), from one thread per context
- * (enforced: groups/coll.c, mpg__ctx_check_issuer; with the variable set,
+ * (enforced: groups/issuer.c, mpg__ctx_check_issuer; with the variable set,
  * NCCL fails two threads launching on one device at once), so it sets
  * NCCL_LAUNCH_ORDER_IMPLICIT=1 unless the user set it.  splitShare is 0
  * by default, like torch: with 1 ("the child communicator can share
