@@ -71,6 +71,9 @@
 #ifdef FP_ON_DOUBLE
 #include <cuda_runtime_api.h>
 #endif
+#ifdef FP_SHM_SEAMS
+#include "shm_internal.h" /* mpg__shm_seams: the shared-memory path's test seams */
+#endif
 
 enum { FP_THREAD = 0, FP_MPI = 1, FP_NCCL = 2 };
 static const char *const fp_backend_names[3] = {"thread", "mpi", "nccl"};
@@ -152,6 +155,13 @@ typedef struct fp_case {
   unsigned kinds; /* the fault kinds drawn (bit k: kind k); MESHPG_FP_KINDS */
   int procs;     /* ranks are processes under mpirun (FP_KILL: SIGKILL) */
   int kill_step; /* procs: the step whose fault is the SIGKILL; -1: none */
+  /* The shared-memory path's seams (FP_SHM_SEAMS builds): every segment's
+   * operation counters start at first_q (0: as usual; else 2^32 - 1 - k,
+   * so that they wrap within the first steps of every context), and
+   * slow_abort: the member that wins a segment's abort word sleeps
+   * 0..3 ms before it wakes the others (the window of the abort race). */
+  uint32_t first_q;
+  int slow_abort;
 } fp_case;
 
 /* The backend as messages name it. */
@@ -245,6 +255,30 @@ static inline void fp_case_make(unsigned seed, int backend, int procs, int steps
   }
   c->procs = procs;
   c->kill_step = procs && kill ? steps - 1 - (int)fp_below(&r, 6) : -1;
+  c->first_q = backend != FP_NCCL && fp_below(&r, 3) == 0 ? 0xffffffffu - fp_below(&r, 200) : 0;
+  c->slow_abort = backend != FP_NCCL && fp_below(&r, 3) == 0;
+}
+
+#ifdef FP_SHM_SEAMS
+static atomic_uint fp_seam_calls;
+
+static inline void fp_abort_claimed(int pos, mpg_status why, int peer, uint32_t q) {
+  (void)pos;
+  (void)why;
+  (void)peer;
+  (void)q;
+  fp_sleep((double)(fp_mix(atomic_fetch_add(&fp_seam_calls, 1)) % 3000) * 1e-6);
+}
+#endif
+
+/* Set the seams the case asks for (before its contexts are created). */
+static inline void fp_seams_apply(const fp_case *c) {
+#ifdef FP_SHM_SEAMS
+  mpg__shm_seams.first_q = c->first_q;
+  mpg__shm_seams.abort_claimed = c->slow_abort ? fp_abort_claimed : NULL;
+#else
+  (void)c;
+#endif
 }
 
 static inline void fp_describe(const fp_case *c, char *buf, size_t cap) {
@@ -263,6 +297,11 @@ static inline void fp_describe(const fp_case *c, char *buf, size_t cap) {
     n += (size_t)snprintf(buf + n, cap - n, ", MESHPG_MPI_PIECE_BYTES=%ld", c->piece_bytes);
   if (c->max_count && n < cap)
     n += (size_t)snprintf(buf + n, cap - n, ", MESHPG_MPI_MAX_COUNT=%ld", c->max_count);
+  if (c->first_q && n < cap)
+    n += (size_t)snprintf(buf + n, cap - n, ", shm counters from 2^32 - %u",
+                          (unsigned)(0u - c->first_q));
+  if (c->slow_abort && n < cap)
+    n += (size_t)snprintf(buf + n, cap - n, ", shm abort winner sleeps 0..3 ms");
   n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, ", params");
   for (int p = 0; p < c->nparams && n < cap; p++)
     n += (size_t)snprintf(buf + n, cap - n, " p%d:%zux%s%s%s", p, c->params[p].count,

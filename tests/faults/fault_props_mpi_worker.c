@@ -48,6 +48,7 @@ int main(int argc, char **argv) {
   snprintf(v, sizeof v, "%ld", c.max_count);
   if (c.max_count) setenv("MESHPG_MPI_MAX_COUNT", v, 1);
   else unsetenv("MESHPG_MPI_MAX_COUNT");
+  fp_seams_apply(&c);
   int provided = 0, rank = 0, world = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

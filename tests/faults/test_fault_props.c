@@ -225,6 +225,7 @@ static void run_case_threads(const fp_case *c, fp_totals *T) {
   /* Set in the main thread before any rank starts; read at mpg_ctx_create. */
   setenv("MESHPG_SHM", c->shm ? "1" : "0", 1);
   setenv("MESHPG_CHECK_ORDER", c->check_order ? "1" : "0", 1);
+  fp_seams_apply(c);
   fp_job *j = calloc(1, sizeof *j);
   cr_assert_not_null(j);
   j->c = *c;
@@ -339,7 +340,7 @@ static int parse_job(fp_totals *T, fp_tally *sum, long *nviol, long *nfail) {
                !strncmp(line, "SETUP", 5) || !strncmp(line, "KILLED", 6) ||
                !strncmp(line, "ODD", 3) || !strncmp(line, "DESTROY", 7) ||
                !strncmp(line, "LEFT", 4) || !strncmp(line, "FAIL", 4) ||
-               !strncmp(line, "HANG", 4)) {
+               !strncmp(line, "HANG", 4) || !strncmp(line, "STEP", 4)) {
       fprintf(stderr, "%s\n", line);
       note_line(T, line);
       if (!strncmp(line, "VIOLATION", 9)) (*nviol)++;
@@ -412,6 +413,26 @@ static void run_procs(int backend, unsigned first, int cases, int steps, int kil
 /* 8 jobs of 130 steps, every other one ending with a SIGKILL. */
 Test(fault_props_mpi, ok_and_valid_means_the_reference_sum, .timeout = 900) {
   run_procs(FP_MPI, 501, 8, 130, 2, 1000);
+}
+
+/* Found by this test (case 1 of the mpi backend, 70 steps): world 3 (cp=3,
+ * so dp_cp is the world's communicator), MESHPG_SHM=0,
+ * MESHPG_CHECK_ORDER=1, MESHPG_MPI_PIECE_BYTES=512.  In step 64 rank 0's
+ * first allocation from before finish fails: the issue-order check's
+ * all-reduce (op max, i64, count 4) fails on rank 0 alone with
+ * MPG_ERR_NOMEM ("out of memory for a request"), and its context stays
+ * alive; rank 0's next collective on that communicator then meets ranks 1
+ * and 2's pending check, and Open MPI fails it with MPI_ERR_TRUNCATE in
+ * MPI_Test under MPI_ERRORS_ARE_FATAL: the whole job dies (exit 15).  Every
+ * rank must instead fail with an error (the failed post aborting the
+ * context, as every other collective's does). */
+Test(fault_props_mpi, failed_post_in_the_issue_order_check, .timeout = 300) {
+  if (!getenv("MESHPG_FP_MPI_WORKER")) cr_skip_test("built without MPI");
+  fp_totals *T = calloc(1, sizeof *T);
+  cr_assert_not_null(T);
+  run_case_mpi(FP_MPI, 1, 70, 0, T);
+  judge("mpi case 1", T, 1, 0);
+  free(T);
 }
 #else
 /* The nccl backend on the double's processes (each one a node of
