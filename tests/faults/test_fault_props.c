@@ -311,6 +311,30 @@ Test(fault_props_double, ok_and_valid_means_the_reference_sum, .timeout = 600) {
     cr_skip_test("the double shows %d devices (MESHPG_DOUBLE_DEVICES)", n);
   run_threads(FP_NCCL, 1001, 10, 110);
 }
+
+/* Found by this test (case 19 of the nccl backend, 12 steps): world 4
+ * (tp=2, cp=2), MESHPG_CHECK_ORDER=1, param p3 reduced over dp_cp,tp (the
+ * world's communicator).  In step 7 rank 3's first allocation from before
+ * finish fails: the issue-order check's all-reduce (i64, max, count 4)
+ * fails on rank 3 alone with MPG_ERR_NOMEM, and its context stays alive;
+ * in step 8 rank 3's ncclAllReduce of p3 (519 x f32, avg) meets the
+ * peers' pending check (4 x i64, max) on one communicator: the double
+ * stops the process ("does not match"; real NCCL would hang or corrupt
+ * memory).  The same case as fault_props_mpi's
+ * failed_post_in_the_issue_order_check; every rank must fail with an
+ * error instead. */
+Test(fault_props_double, failed_post_in_the_issue_order_check, .timeout = 300) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < FP_MAX_RANKS)
+    cr_skip_test("the double shows %d devices (MESHPG_DOUBLE_DEVICES)", n);
+  fp_totals *T = calloc(1, sizeof *T);
+  cr_assert_not_null(T);
+  fp_case c;
+  fp_case_make(19, FP_NCCL, 0, 12, 0, &c);
+  run_case_threads(&c, T);
+  judge("nccl case 19", T, 1, 0);
+  free(T);
+}
 #endif
 
 /* ------------------------------------------------------------------ */
