@@ -162,6 +162,9 @@ typedef struct fp_case {
    * 0..3 ms before it wakes the others (the window of the abort race). */
   uint32_t first_q;
   int slow_abort;
+  /* shard mode: NULL, or HSDP: reduce-scatter over shard_dims, then the
+   * slice all-reduced over replicate_dims ("cp" and "dp" in either role) */
+  const char *shard_dims, *replicate_dims;
 } fp_case;
 
 /* The backend as messages name it. */
@@ -257,6 +260,11 @@ static inline void fp_case_make(unsigned seed, int backend, int procs, int steps
   c->kill_step = procs && kill ? steps - 1 - (int)fp_below(&r, 6) : -1;
   c->first_q = backend != FP_NCCL && fp_below(&r, 3) == 0 ? 0xffffffffu - fp_below(&r, 200) : 0;
   c->slow_abort = backend != FP_NCCL && fp_below(&r, 3) == 0;
+  if (c->shard && fp_below(&r, 2)) {
+    int cp_first = (int)fp_below(&r, 2);
+    c->shard_dims = cp_first ? "cp" : "dp";
+    c->replicate_dims = cp_first ? "dp" : "cp";
+  }
 }
 
 #ifdef FP_SHM_SEAMS
@@ -300,6 +308,9 @@ static inline void fp_describe(const fp_case *c, char *buf, size_t cap) {
   if (c->first_q && n < cap)
     n += (size_t)snprintf(buf + n, cap - n, ", shm counters from 2^32 - %u",
                           (unsigned)(0u - c->first_q));
+  if (c->shard_dims && n < cap)
+    n += (size_t)snprintf(buf + n, cap - n, ", HSDP: shard over %s, replicate over %s",
+                          c->shard_dims, c->replicate_dims);
   if (c->slow_abort && n < cap)
     n += (size_t)snprintf(buf + n, cap - n, ", shm abort winner sleeps 0..3 ms");
   n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, ", params");
@@ -867,7 +878,11 @@ static inline int fp_epoch(fp_rank *R, int start) {
   so.reduce_dtype = c->reduce_dtype;
   so.bucket_mb = c->bucket_mb;
   so.first_bucket_mb = c->first_bucket_mb;
-  if (c->shard) so.mode = MPG_SYNC_SHARD;
+  if (c->shard) {
+    so.mode = MPG_SYNC_SHARD;
+    so.shard_dims = c->shard_dims;
+    so.replicate_dims = c->replicate_dims;
+  }
   if (!st) {
     what = "mpg_sync_create";
     st = mpg_sync_create(ctx, &so, &s);
