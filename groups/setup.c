@@ -54,12 +54,31 @@ static mpg_status run_on(mpg_ctx *ctx, mpg__comm *comm, const mpg__coll *c) {
   return st;
 }
 
+static mpg_status setup_coll(mpg_ctx *ctx, mpg__comm *comm, int members,
+                             const mpg__coll *c);
+
 mpg_status mpg__ctx_setup_coll(mpg_ctx *ctx, mpg__comm *comm, int members,
                                const mpg__coll *c) {
   /* The library's own collectives (agreement, lazy groups, placement, the
-   * sync's layout check) issue too: nccl's issuing thread only. */
-  mpg_status chk = mpg__ctx_check_issuer(ctx, "a setup collective", NULL);
-  if (chk) return chk;
+   * sync's layout check, the issue-order check) issue too: nccl's issuing
+   * thread only. */
+  mpg_status st = mpg__ctx_check_issuer(ctx, "a setup collective", NULL);
+  if (st) return st;
+  /* Any failure aborts the context, a failed post or staging included: the
+   * peers may have posted this collective, and this rank's next one would
+   * meet theirs (a wrong result, MPI_ERR_TRUNCATE, or a hang on nccl). */
+  st = setup_coll(ctx, comm, members, c);
+  if (st && !atomic_load(&ctx->aborted)) {
+    mpg__saved_error why;
+    mpg__error_save(&why);
+    mpg__ctx_abort_all(ctx, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
+    (void)mpg__error_restore(st, &why);
+  }
+  return st;
+}
+
+static mpg_status setup_coll(mpg_ctx *ctx, mpg__comm *comm, int members,
+                             const mpg__coll *c) {
   if (c->kind == MPG__BARRIER || !ctx->ops->mem_copy || !ctx->ops->mem_alloc)
     return run_on(ctx, comm, c);
   /* NCCL reads and writes device (or registered, or managed) memory only;

@@ -36,13 +36,15 @@ void mpg__sync_wait_all(mpg_sync *s) {
  * aborts and failed posts; this covers the rest: another thread holding
  * a group, a stream that could not be ordered), and every member fails
  * instead.  `more` is 0 for the step's last collective, the issue-order
- * check, which every member runs and fails alike, with nothing after it. */
+ * check: its verdict (MPG_ERR_STATE) is every member's alike, with nothing
+ * after it, and aborts nothing; its other failures (a post that failed on
+ * this rank) abort. */
 static mpg_status step_fail_as(mpg_sync *s, mpg_status st, const char *what, int more) {
   if (!s->step_status) {
     snprintf(s->step_msg, sizeof s->step_msg, "sync step %ld: %s: %s", s->step, what,
              mpg_last_error());
     s->step_status = st;
-    if (more) mpg__sync_abort_after(s, st);
+    if (more || st != MPG_ERR_STATE) mpg__sync_abort_after(s, st);
     if (mpg_ctx_status(s->ctx) != MPG_OK && !s->dead) {
       s->dead = st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED;
       s->dead_step = s->step;
