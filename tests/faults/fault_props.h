@@ -1,39 +1,48 @@
 /* The fault property of issue 35, shared by test_fault_props.c (ranks as
  * threads: the thread backend, and the nccl backend on the CUDA/NCCL test
  * double when built with FP_ON_DOUBLE) and fault_props_mpi_worker.c (ranks
- * as processes under mpirun: the mpi backend).
+ * as processes under mpirun: the mpi backend, and with FP_ON_DOUBLE the
+ * nccl backend on the double's processes).
  *
  * The property: whatever fault strikes at whatever moment, a rank whose
  * mpg_sync_finish returned MPG_OK with mpg_sync_grads_valid() == 1 holds
  * exactly the reference sum of its group's gradients for that step.  An
- * error is always allowed; a silent wrong result never is.
+ * error is always allowed; a silent wrong result never is, and neither is
+ * a hang or a dead process.
  *
  * A case is drawn from a seed (fp_case_make): a world of 2..4 ranks, a mesh
  * of dp, cp (and maybe tp) in a random order with dp_cp flattened and at
- * least 2 members, replicate or shard mode, sum or average (average only
- * where every group size is a power of two), grad_scale 1, 1/2 or 1/4,
- * reduce_dtype f32 or native, small random buckets, 2..8 params of f32,
- * f64, bf16 and f16 with random sizes, some reduced over their own dims,
- * the shared-memory path on or off (MESHPG_SHM) and the issue-order checker
- * on or off (MESHPG_CHECK_ORDER).  Gradients are small integers (|g| <= 6
+ * least 2 members, replicate or shard mode (half of it HSDP over cp and
+ * dp), sum or average (average only where every group size is a power of
+ * two), grad_scale 1, 1/2 or 1/4, reduce_dtype f32 or native, small random
+ * buckets, 2..8 params of f32, f64, bf16 and f16 with random sizes, some
+ * reduced over their own dims, the shared-memory path on or off
+ * (MESHPG_SHM), the issue-order checker on or off (MESHPG_CHECK_ORDER);
+ * mpi: sometimes meshpg's own ring (MESHPG_MPI_PIECE_BYTES) and small MPI
+ * calls (MESHPG_MPI_MAX_COUNT); thread and mpi: sometimes the
+ * shared-memory path's seams (counters near their wrap, a slow abort
+ * winner; FP_SHM_SEAMS builds).  Gradients are small integers (|g| <= 6
  * per micro-batch), so every sum over <= 4 members, times 1/2 or 1/4 or
  * divided by 2 or 4, is exact in every dtype and in every summation order:
  * the reference is exact and compared with ==.
  *
  * The steps: every rank runs the same steps 0 .. steps-1 (some with two
  * micro-batches: the first accumulates, nothing launched), writes each
- * param's gradient right before marking it ready, in its own random order,
- * with random pauses of a few milliseconds.  The plan of a step
- * (fp_plan_of) is a function of the seed and the step, the same on every
- * rank: most steps are clean; a fraction has one fault on one victim rank
- * at a random moment (before mark k, before finish, or after finish):
- *   FP_ABORT  a watchdog thread calls mpg_ctx_abort after 0..20 ms;
+ * param's gradient right before marking it ready, in its own random order
+ * (sometimes marking half, finish launching the rest), with random pauses
+ * of a few milliseconds.  The plan of a step (fp_plan_of) is a function of
+ * the seed and the step, the same on every rank: most steps are clean; a
+ * tenth has one fault on one victim rank at a random moment (before mark
+ * k, before finish, or after finish), while another rank lags a little:
+ *   FP_ABORT  a watchdog thread calls mpg_ctx_abort after 0, < 2 or
+ *             < 20 ms (a third of them aimed inside finish; a third with
+ *             the watchdog's first allocation in the abort failing);
  *   FP_STALL  the victim sleeps past the timeout (timeout + 0.1..0.3 s);
  *   FP_ALLOC  the victim's 1st..3rd allocation from then on fails
  *             (fault_alloc.h: only that rank's own thread);
- *   FP_KILL   mpi: SIGKILL of the victim process (once per job, near its
- *             end); thread and nccl ranks: the victim leaves (destroys its
- *             sync and context mid-step and sits the epoch out).
+ *   FP_KILL   processes: SIGKILL of the victim (once per job, in its last
+ *             steps); thread ranks: the victim leaves (destroys its sync
+ *             and context mid-step and sits the epoch out).
  * A context that died (timeout, abort) ends the rank's epoch; every rank
  * then ends it (the shared `epoch_over` flag, looked at before each step),
  * they agree on the next step (the largest step any rank began, plus one)
@@ -47,7 +56,8 @@
  * "VIOLATION" line naming seed, backend, step, rank, the fault, and the
  * first wrong element with the members' inputs).  A step that takes
  * longer than its own sleeps plus 2 x (timeout + 1 s) plus the scheduler's
- * allowance is "SLOW" (a hang would exceed every bound). */
+ * allowance is "SLOW"; a rank inside one phase for FP_HANG_S is a "HANG"
+ * (fp_monitor: the process aborts at once). */
 #ifndef MESHPG_TESTS_FAULT_PROPS_H
 #define MESHPG_TESTS_FAULT_PROPS_H
 
@@ -972,15 +982,21 @@ static inline int fp_epoch(fp_rank *R, int start) {
     pthread_t dog;
     int dog_up = 0;
     double slept = 0, ts = fp_now(), tf0 = 0, tf1 = 0;
-    mpg_status fst = MPG_OK; /* the step's result */
+    mpg_status fst = MPG_OK; /* the step's result: its first error */
+    mpg_status fin = MPG_ERR_STATE; /* what mpg_sync_finish returned */
     int mark_err = 0, alloc_where = 0, valid = 0, began = 0;
     if (P.accum) {
+      /* The first micro-batch: accumulated, nothing launched. */
       st = mpg_sync_begin(s, step, 0, stream);
+      int open = st == MPG_OK;
       for (int p = 0; p < n && !st; p++) {
         if (fp_write(R, &views[p], p, step, 0, 0, stream)) st = MPG_ERR_BACKEND;
         if (!st) st = mpg_sync_mark_ready(s, p);
       }
-      if (!st) st = mpg_sync_finish(s);
+      if (open) {
+        mpg_status fs = mpg_sync_finish(s);
+        if (!st) st = fs;
+      }
       if (st) {
         fst = st;
         R->t.begin_errors++;
@@ -1029,7 +1045,7 @@ static inline int fp_epoch(fp_rank *R, int start) {
       break;
     }
     tf0 = fp_now();
-    st = mpg_sync_finish(s);
+    st = fin = mpg_sync_finish(s);
     tf1 = fp_now();
     if (!alloc_where && fa_fired()) alloc_where = 2;
     valid = mpg_sync_grads_valid(s);
@@ -1059,13 +1075,12 @@ static inline int fp_epoch(fp_rank *R, int start) {
         R->t.alloc_unfired++;
       }
     }
-    if (!fst && !st && began) {
-      if (valid == 1) {
-        R->t.ok_valid++;
-        fp_check(R, views, step, &P, stream);
-      } else {
-        R->t.ok_invalid++;
-      }
+    /* The property: finish's MPG_OK with valid gradients means the
+     * reference sums, whatever failed before it in the step. */
+    if (began && fin == MPG_OK && valid == 1) fp_check(R, views, step, &P, stream);
+    if (!fst && began && fin == MPG_OK) {
+      if (valid == 1) R->t.ok_valid++;
+      else R->t.ok_invalid++;
       if (P.kind) R->t.ok[P.kind]++;
     } else {
       R->t.errors++;

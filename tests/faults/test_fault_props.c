@@ -123,6 +123,10 @@ static void judge(const char *backend, const fp_totals *T, int custom, long min_
   /* No rank hung. */
   cr_expect_eq(t->slow, 0, "%s: %ld steps or teardowns exceeded their bound; the first: %s",
                backend, t->slow, T->first_slow);
+  cr_expect_eq(t->mark_err_finish_ok + t->ok_invalid, 0,
+               "%s: %ld steps whose mark_ready failed returned MPG_OK from finish, %ld "
+               "steps returned MPG_OK with grads_valid 0 (see the ODD lines)",
+               backend, t->mark_err_finish_ok, t->ok_invalid);
   cr_expect_eq(t->setup_errors, 0, "%s: %ld contexts could not be set up; the first: %s",
                backend, t->setup_errors, T->first_setup);
   if (custom) return;
