@@ -37,7 +37,8 @@
  *   FP_ABORT  a watchdog thread calls mpg_ctx_abort after 0, < 2 or
  *             < 20 ms (a third of them aimed inside finish; a third with
  *             the watchdog's first allocation in the abort failing);
- *   FP_STALL  the victim sleeps past the timeout (timeout + 0.1..0.3 s);
+ *   FP_STALL  the victim sleeps past the timeout (timeout + 0.1..0.3 s), or
+ *             (a third) near it (0.8..1.2 x the timeout);
  *   FP_ALLOC  the victim's 1st..3rd allocation from then on fails
  *             (fault_alloc.h: only that rank's own thread);
  *   FP_KILL   processes: SIGKILL of the victim (once per job, in its last
@@ -375,6 +376,9 @@ static inline void fp_plan_of(const fp_case *c, int step, fp_plan *p) {
   p->lag_at = (int)fp_below(&r, (unsigned)c->nparams + 1);
   p->lag_s = 0.001 + 0.009 * fp_unit(&r);
   if (!(c->kinds & (1u << p->kind))) p->kind = FP_NONE;
+  /* A third of the stalls end near the deadline (0.8..1.2 x the timeout):
+   * some members may give up while the victim is already back. */
+  if (fp_below(&r, 3) == 0) p->stall_s = c->timeout_s * (0.8 + 0.4 * fp_unit(&r));
   /* A third of the aborts aim inside finish: the watchdog starts right
    * before it with a delay of 0.5..3 ms while the laggard holds its first
    * bucket back for 5..15 ms. */
