@@ -326,7 +326,7 @@ Test(fault_props_double, ok_and_valid_means_the_reference_sum, .timeout = 600) {
  * stops the process ("does not match"; real NCCL would hang or corrupt
  * memory).  The same case as fault_props_mpi's
  * failed_post_in_the_issue_order_check; every rank must fail with an
- * error instead. */
+ * error instead (025e93e). */
 Test(fault_props_double, failed_post_in_the_issue_order_check, .timeout = 300) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n < FP_MAX_RANKS)
@@ -453,7 +453,7 @@ Test(fault_props_mpi, ok_and_valid_means_the_reference_sum, .timeout = 900) {
  * and 2's pending check, and Open MPI fails it with MPI_ERR_TRUNCATE in
  * MPI_Test under MPI_ERRORS_ARE_FATAL: the whole job dies (exit 15).  Every
  * rank must instead fail with an error (the failed post aborting the
- * context, as every other collective's does). */
+ * context, as every other collective's does: 025e93e). */
 Test(fault_props_mpi, failed_post_in_the_issue_order_check, .timeout = 300) {
   if (!getenv("MESHPG_FP_MPI_WORKER")) cr_skip_test("built without MPI");
   fp_totals *T = calloc(1, sizeof *T);
