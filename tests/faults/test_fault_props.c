@@ -18,7 +18,10 @@
  *    ranks as threads; with MPI also fault_props_double_mpi, the double's
  *    processes under mpirun (fault_props_mpi_worker_on_double), every job
  *    ending with a SIGKILL.
- * Each backend runs >= 1,000 steps (the double's processes 400).  Every
+ * Each backend runs >= 1,000 steps (the double's processes 400) in the
+ * plain build; the sanitizer builds (MESHPG_SANITIZER), which look for
+ * memory errors and races rather than wrong sums, run a third of the cases
+ * (and ask a third of the steps), to keep CI's time.  Every
  * case's counts are printed (on stderr); the test asserts that the
  * property held for every rank and step, that no step took longer than its
  * bound and no rank hung (fault_props.h's monitor), and, in the default
@@ -285,21 +288,28 @@ static void run_case_threads(const fp_case *c, fp_totals *T) {
   free(j);
 }
 
+/* 3 in a sanitizer build (a third of the cases and of the steps asked,
+ * see the top of this file), else 1. */
+static int sanitizer_share(void) {
+  const char *s = getenv("MESHPG_SANITIZER");
+  return s && *s ? 3 : 1;
+}
+
 /* `cases` random cases of `steps` steps from seed `first` (or the one of
  * MESHPG_FP_SEED). */
 static void run_threads(int backend, unsigned first, int cases, int steps) {
   cr_assert(fa_linked(), "the allocation wrappers are not linked (-Wl,--wrap=malloc)");
   fp_totals *T = calloc(1, sizeof *T);
   cr_assert_not_null(T);
-  int seed = env_int("MESHPG_FP_SEED", -1);
+  int seed = env_int("MESHPG_FP_SEED", -1), share = sanitizer_share();
   steps = env_int("MESHPG_FP_STEPS", steps);
-  cases = env_int("MESHPG_FP_CASES", cases);
+  cases = env_int("MESHPG_FP_CASES", (cases + share - 1) / share);
   fp_case c;
   for (int k = 0; k < (seed >= 0 ? 1 : cases); k++) {
     fp_case_make(seed >= 0 ? (unsigned)seed : first + (unsigned)k, backend, 0, steps, 0, &c);
     run_case_threads(&c, T);
   }
-  judge(fp_backend_names[backend], T, custom_run(), 1000);
+  judge(fp_backend_names[backend], T, custom_run(), 1000 / share);
   free(T);
 }
 
@@ -423,9 +433,10 @@ static void run_procs(int backend, unsigned first, int cases, int steps, int kil
   if (!getenv("MESHPG_FP_MPI_WORKER")) cr_skip_test("built without MPI");
   fp_totals *T = calloc(1, sizeof *T);
   cr_assert_not_null(T);
-  int seed = env_int("MESHPG_FP_SEED", -1);
+  int seed = env_int("MESHPG_FP_SEED", -1), share = sanitizer_share();
   steps = env_int("MESHPG_FP_STEPS", steps);
-  cases = env_int("MESHPG_FP_CASES", cases);
+  cases = env_int("MESHPG_FP_CASES", (cases + share - 1) / share);
+  min_steps /= share;
   if (seed >= 0)
     run_case_mpi(backend, (unsigned)seed, steps, env_int("MESHPG_FP_KILL", 0), T);
   else
