@@ -330,7 +330,7 @@ static void nccl_abort(mpg__comm *c, mpg_status reason) {
   if (c) nccl_abort_comms(&c, 1, reason);
 }
 
-/* Wait for c's pending abort (abort_state), at most until its deadline
+/* Wait for c's pending abort, by its abort_state, at most until its deadline
  * (the abort's start + the timeout): 1 when destroy may go on, 0 when it
  * stopped waiting (c is then ABORT_ORPHANED: the aborter frees the rest). */
 static int abort_settled(mpg__comm *c) {
@@ -351,8 +351,8 @@ static mpg_status nccl_destroy(mpg__comm *c) {
      * leave the handle and the scratch word to the aborter thread, which
      * holds its own reference to c. */
     st = mpg__fail(MPG_ERR_TIMEOUT,
-                   "nccl destroy (rank %d of a group of %d): its abort (ncclCommAbort, "
-                   "on a thread of its own) has not returned within the timeout (%.3g s): "
+                   "nccl destroy (rank %d of a group of %d): its abort, ncclCommAbort "
+                   "on a thread of its own, has not returned within the timeout (%.3g s): "
                    "NCCL frees the communicator's device memory with cudaFree, which "
                    "waits for every kernel of CUDA device %d, and one of them does not "
                    "finish (another library's, or another context's); what is left of "

@@ -11,7 +11,7 @@
  *   world.c      joining the world: how the ranks agree on the NCCL unique
  *                id (the caller's id, a local one, MPI, NCCL_COMM_ID), the
  *                CUDA device (chosen by groups/device.c) and the init call.
- *   lifecycle.c  split, abort (NCCL's part on a thread of its own),
+ *   lifecycle.c  split, abort, with NCCL's part on a thread of its own,
  *                destroy; the function table.
  *   ops.c        operations: post, post_batch (sends and receives as one
  *                NCCL group), test, wait, free; dtype and op mapping,

@@ -485,8 +485,8 @@ static mpg_status test_once(mpg__req *q, int *done) {
     return req_fail(q, (mpg_status)why,
                     ce == cudaSuccess
                         ? "%s: the communicator was aborted (%s) before the operation was seen "
-                          "complete: its kernel may have been cut short by the abort (the "
-                          "stream goes on, its event fires), so its result is not trusted"
+                          "complete: its kernel may have been cut short by the abort, after "
+                          "which the stream goes on and its event fires, so its result is not trusted"
                         : "%s: the communicator was aborted (%s)",
                     mpg_status_name((mpg_status)why));
   }

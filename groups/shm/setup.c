@@ -24,7 +24,7 @@
 
 #define SHM_DIR "/dev/shm"
 /* The free space a segment leaves in /dev/shm for the MPI transport's own
- * shared memory (Open MPI's vader puts its backing files there, and its
+ * shared memory (Open MPI's vader keeps its backing files there, and its
  * processes get SIGBUS when those cannot grow): max(64 MiB, 1/16 of the
  * segment). */
 #define SLACK_MIN ((uint64_t)64 << 20)
