@@ -52,8 +52,10 @@ typedef struct mpg__coll {
 /* Every MESHPG_* variable the library reads, parsed once by
  * mpg_ctx_create (groups/settings.c, one rule for all: docs/launchers.md)
  * and handed to the backends through mpg__world_args; none of them reads
- * the environment itself.  MESHPG_LOG alone is also read where it is used
- * (mesh/log.c), since it works before any context exists. */
+ * the environment itself.  MESHPG_LOG is also read once per process by
+ * mesh/log.c, since it works before any context exists; mpg_ctx_create
+ * sets the log level from this read.  NCCL_LAUNCH_ORDER_IMPLICIT is
+ * NCCL's, read here as NCCL reads it. */
 typedef struct mpg__settings {
   int log;                  /* MESHPG_LOG: 0 off, 1 info, 2 debug */
   int check_order;          /* MESHPG_CHECK_ORDER (build default when unset) */
@@ -66,6 +68,9 @@ typedef struct mpg__settings {
   size_t mpi_piece_bytes;   /* MESHPG_MPI_PIECE_BYTES: 0 unset (1 MiB) */
   int nccl_port;            /* MESHPG_NCCL_PORT: 0 unset (MASTER_PORT + 1) */
   int nccl_split_share;     /* MESHPG_NCCL_SPLIT_SHARE: 0 (default) or 1 */
+  /* NCCL's own NCCL_LAUNCH_ORDER_IMPLICIT, read as NCCL reads it (an
+   * integer, not 0: on; anything else: off) and never validated here. */
+  int nccl_launch_order_implicit;
   /* The first variable that broke the rule: MPG_OK, or MPG_ERR_ENV with
    * `error` the message (its field keeps the default). */
   mpg_status status;

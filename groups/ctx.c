@@ -247,6 +247,7 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
    * this rank here: it joins the world so that every rank learns of it
    * (agree.c) instead of waiting out the timeout for this one. */
   mpg__settings_read(&ctx->settings);
+  mpg__log_set_level(ctx->settings.log);
   a.settings = &ctx->settings;
   ctx->mesh = mesh;
   ctx->ops = ops;

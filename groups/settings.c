@@ -11,6 +11,7 @@
  *    the documented range;
  *  - anything else is MPG_ERR_ENV naming the variable, the value and what
  *    was expected (mpg_ctx_create adds the rank). */
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,4 +108,13 @@ void mpg__settings_read(mpg__settings *s) {
                                       "a whole number of bytes from 8 to 2^40", 0);
   s->nccl_port = (int)number(s, "MESHPG_NCCL_PORT", 1, 65535, "a TCP port from 1 to 65535", 0);
   s->nccl_split_share = zero_one(s, "MESHPG_NCCL_SPLIT_SHARE", 0);
+  /* As NCCL reads it (v2.28.9 src/misc/param.cc:92-96): strtoll(value,
+   * NULL, 0), the default 0 on a range error.  (NCCL also reads it from
+   * /etc/nccl.conf, which meshpg does not: set it in the environment.) */
+  const char *order = getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
+  if (order && order[0]) {
+    errno = 0;
+    long long v = strtoll(order, NULL, 0);
+    s->nccl_launch_order_implicit = errno == 0 && v != 0;
+  }
 }

@@ -95,8 +95,12 @@ mpg_status mpg__spec_opts_in(const mpg_spec *spec, mpg_spec *sp, const void *opt
 /* Clear the thread's last error (successful public calls need not). */
 void mpg__clear_error(void);
 
-/* Logging, only when MESHPG_LOG=info|debug.  level 1 = info, 2 = debug. */
+/* Logging, only when MESHPG_LOG=info|debug.  level 1 = info, 2 = debug.
+ * The level is read from MESHPG_LOG once per process, and set again by
+ * mpg_ctx_create (mpg__log_set_level) from its one read of the variables;
+ * a log line never reads the environment. */
 int mpg__log_level(void);
+void mpg__log_set_level(int level);
 void mpg__log(int level, const char *fmt, ...) MPG__PRINTF(2, 3);
 
 /* Every timeout (opts.timeout_s, the spec's backend.timeout_s,

@@ -9,7 +9,8 @@
  *                aborted with its lock held; and the helpers every file uses (error
  *                text, device switch, pacing of polls).
  *   world.c      joining the world: how the ranks agree on the NCCL unique
- *                id (the caller's id, a local one, MPI, NCCL_COMM_ID), the
+ *                id (the caller's id, a local one, MPI, NCCL_COMM_ID,
+ *                meshpg's rendezvous at MASTER_ADDR), the
  *                CUDA device (chosen by groups/device.c) and the init call.
  *   lifecycle.c  split, abort, with NCCL's part on a thread of its own,
  *                destroy; the function table.
@@ -23,11 +24,12 @@
  *                the stream-ordered f32 buffer around ops.c's collective.
  *   mem.c        device memory (cudaMalloc, or ncclMemAlloc registered
  *                through reg.c) and streams (create, destroy, order).
- *   reg.c        registered buffers: every communicator of a context (its
- *                "family") has every registered buffer registered.
+ *   reg.c        the communicators of a context (its "family"): every one
+ *                has every registered buffer registered, and their
+ *                launches keep one order when NCCL does not.
  * Every file uses comm.c; lifecycle.c, through the function table, uses
- * every other file but widen.c; ops.c uses widen.c; mem.c, world.c and
- * lifecycle.c use reg.c; no other file uses another.
+ * every other file but widen.c; ops.c uses widen.c; mem.c, world.c, ops.c
+ * and lifecycle.c use reg.c; no other file uses another.
  *
  * Threads.  Each communicator has a mutex held around every NCCL call on it
  * (released while polling), so abort never runs while another of our
@@ -58,8 +60,9 @@
  *          it to initialise MPI if needed (mpg__mpi_acquire; MPI_Finalize
  *          then runs at exit) and to broadcast the id
  *          (mpg__mpi_bcast_bytes: MPI_Ibcast, MPI_Test).
- *   libc:  getenv, setenv, unsetenv (NCCL_COMM_ID; setenv of
- *          NCCL_LAUNCH_ORDER_IMPLICIT when unset), pthread mutex and
+ *   libc:  getenv (NCCL_COMM_ID, OMPI_COMM_WORLD_SIZE and
+ *          CUDA_VISIBLE_DEVICES, read once per world init; the library
+ *          never writes the environment), pthread mutex and
  *          once, pthread_create of a detached thread (lifecycle.c's
  *          aborter), sched_yield, nanosleep. */
 #ifndef MPG_GROUPS_NCCL_INTERNAL_H
@@ -254,6 +257,14 @@ void mpg__nccl_family_leave(mpg__comm *c);
 mpg_status mpg__nccl_family_register(mpg__comm *c, void *ptr, size_t bytes);
 /* Deregister ptr from every member; 1 if it was a registered buffer. */
 int mpg__nccl_family_deregister(mpg__comm *c, void *ptr);
+/* The launch order of the family's kernels.  by_meshpg 1 (the world's
+ * init, when NCCL_LAUNCH_ORDER_IMPLICIT is not on): each launch waits for
+ * the previous one to finish; 0: NCCL keeps the order.  ops.c calls
+ * order_before on the stream before its start event and order_after once
+ * the operation is enqueued (c->lock held, from the issuing thread). */
+void mpg__nccl_family_order(mpg__comm *c, int by_meshpg);
+cudaError_t mpg__nccl_family_order_before(mpg__comm *c, cudaStream_t s);
+cudaError_t mpg__nccl_family_order_after(mpg__comm *c, cudaStream_t s);
 
 /* mem.c */
 mpg_status mpg__nccl_mem_alloc(mpg__comm *c, size_t bytes, int registered,

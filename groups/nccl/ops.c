@@ -280,6 +280,13 @@ static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req 
     }
     c->scratch = p;
   }
+  /* Behind the family's previous launch when meshpg keeps the order
+   * (reg.c); before the start event, so that the wait is not counted. */
+  ce = mpg__nccl_family_order_before(c, stream);
+  if (ce != cudaSuccess) {
+    st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaStreamWaitEvent (launch order)", ce);
+    goto out_locked;
+  }
   /* The timeout's clock starts when the stream gets here (see the top). */
   ce = cudaEventRecord(req->start, stream);
   if (ce != cudaSuccess) {
@@ -364,6 +371,8 @@ out_result:
   } else {
     ce = cudaEventRecord(req->event, stream);
     if (ce != cudaSuccess) st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaEventRecord", ce);
+    else if ((ce = mpg__nccl_family_order_after(c, stream)) != cudaSuccess)
+      st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaEventRecord (launch order)", ce);
   }
 out_locked:
   pthread_mutex_unlock(&c->lock);

@@ -19,7 +19,10 @@
  *                itself.  An aborted member has no NCCL handle left: its
  *                registrations went with it.
  *
- * Lock order: the family's lock, then a member's lock. */
+ * The family also keeps the launch order of its communicators when NCCL
+ * does not (mpg__nccl_family_order_*, at the end of this file).
+ *
+ * Lock order: the family's lock, then a member's lock, then order_lock. */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -38,6 +41,12 @@ struct nccl_family {
   struct nccl_buf *bufs; /* registered buffers */
   mpg__comm *members;    /* live communicators, by family_next */
   int refs;              /* members; guarded by lock */
+  /* The launch order (mpg__nccl_family_order_*), a leaf lock: taken with a
+   * member's lock held, never the other way round. */
+  pthread_mutex_t order_lock;
+  int ordered;           /* 1: meshpg orders the launches */
+  int have_last;         /* `last` was recorded */
+  cudaEvent_t last;      /* recorded after the latest launch */
 };
 
 /* Register ptr with c (c->lock held).  A communicator without a handle
@@ -74,7 +83,12 @@ mpg_status mpg__nccl_family_join(mpg__comm *c, const mpg__comm *parent) {
   struct nccl_family *f = parent ? parent->family : NULL;
   if (!f) {
     f = calloc(1, sizeof *f);
+    if (f && pthread_mutex_init(&f->order_lock, NULL) != 0) {
+      free(f);
+      f = NULL;
+    }
     if (!f || pthread_mutex_init(&f->lock, NULL) != 0) {
+      if (f) pthread_mutex_destroy(&f->order_lock);
       free(f);
       return mpg__fail(MPG_ERR_NOMEM, "nccl: out of memory for the buffer registry");
     }
@@ -101,6 +115,7 @@ mpg_status mpg__nccl_family_join(mpg__comm *c, const mpg__comm *parent) {
   pthread_mutex_unlock(&f->lock);
   if (unused) {
     pthread_mutex_destroy(&f->lock);
+    pthread_mutex_destroy(&f->order_lock);
     free(f);
   }
   return st;
@@ -150,7 +165,9 @@ void mpg__nccl_family_leave(mpg__comm *c) {
       f->bufs = b->next;
       free(b);
     }
+    if (f->last) (void)cudaEventDestroy(f->last);
     pthread_mutex_destroy(&f->lock);
+    pthread_mutex_destroy(&f->order_lock);
     free(f);
   }
 }
@@ -208,4 +225,49 @@ int mpg__nccl_family_deregister(mpg__comm *c, void *ptr) {
     }
   pthread_mutex_unlock(&f->lock);
   return found;
+}
+
+/* ------------------------------------------------------------------ */
+/* Launch order                                                       */
+/* ------------------------------------------------------------------ */
+
+/* Without NCCL_LAUNCH_ORDER_IMPLICIT, NCCL leaves the order of kernels of
+ * different communicators of one device to the caller (the NCCL user
+ * guide, "Using multiple NCCL communicators concurrently": before 2.26 one
+ * "consistent total global order", or deadlocks can ensue).  meshpg's
+ * launches already come in the same host order on every rank; these two
+ * calls make the device follow it: each launch waits until the previous
+ * one of the family has finished.  That is what NCCL itself does with the
+ * variable set when CUDA lacks launch-completion events (v2.28.9
+ * src/enqueue.cc:1938-1940: "If we don't have launch events (requires
+ * CUDA 12.3) then just use completion event (serialize execution)"). */
+void mpg__nccl_family_order(mpg__comm *c, int by_meshpg) {
+  if (!c->family) return;
+  pthread_mutex_lock(&c->family->order_lock);
+  c->family->ordered = by_meshpg;
+  pthread_mutex_unlock(&c->family->order_lock);
+}
+
+cudaError_t mpg__nccl_family_order_before(mpg__comm *c, cudaStream_t s) {
+  struct nccl_family *f = c->family;
+  if (!f) return cudaSuccess;
+  cudaError_t e = cudaSuccess;
+  pthread_mutex_lock(&f->order_lock);
+  if (f->ordered && f->have_last) e = cudaStreamWaitEvent(s, f->last, 0);
+  pthread_mutex_unlock(&f->order_lock);
+  return e;
+}
+
+cudaError_t mpg__nccl_family_order_after(mpg__comm *c, cudaStream_t s) {
+  struct nccl_family *f = c->family;
+  if (!f) return cudaSuccess;
+  cudaError_t e = cudaSuccess;
+  pthread_mutex_lock(&f->order_lock);
+  if (f->ordered) {
+    if (!f->last) e = cudaEventCreateWithFlags(&f->last, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(f->last, s);
+    f->have_last = e == cudaSuccess;
+  }
+  pthread_mutex_unlock(&f->order_lock);
+  return e;
 }

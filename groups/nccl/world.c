@@ -2,20 +2,22 @@
  * unique id, the choice of CUDA device and the init call.  See
  * nccl_internal.h.
  *
- * Unique-id bootstrap, without a server of our own, first match wins:
+ * Unique-id bootstrap, first match wins:
  *   1. the caller's 128-byte id (opts.nccl_id);
  *   2. a world of one rank: ncclGetUniqueId locally;
  *   3. launched by mpirun and built with MPI (MPI initialised, or
  *      OMPI_COMM_WORLD_SIZE set): MPI rank 0 calls ncclGetUniqueId and
  *      broadcasts it (MPI_Ibcast on MPI_COMM_WORLD or *args->mpi_comm);
- *   4. NCCL's own rendezvous: NCCL_COMM_ID (as set by the user, or set here
- *      to MASTER_ADDR:<port> for the duration of the id and init calls).
- *      Every rank's ncclGetUniqueId then returns the same id and rank 0's
- *      init starts the root, listening on that port.  <port> is
- *      MESHPG_NCCL_PORT when set, else MASTER_PORT + 1: under torchrun the
- *      agent's TCPStore already listens on MASTER_PORT itself on the master
- *      host, and NCCL's root would fail to bind it.
+ *   4. NCCL_COMM_ID set by the user: NCCL's own rendezvous (every rank's
+ *      ncclGetUniqueId returns the same id; rank 0's init starts the root);
+ *   5. MASTER_ADDR and MASTER_PORT (torchrun style): rank 0 calls
+ *      ncclGetUniqueId and hands the id to the others through meshpg's own
+ *      rendezvous (groups/rendezvous.h) on MESHPG_NCCL_PORT when set, else
+ *      MASTER_PORT + 1: under torchrun the agent's TCPStore already listens
+ *      on MASTER_PORT on the master host.
  *   Nothing usable gives MPG_ERR_ENV naming MASTER_ADDR / MASTER_PORT.
+ * The library never writes the environment; it reads NCCL_COMM_ID and
+ * OMPI_COMM_WORLD_SIZE once per world init.
  *
  * Communicators per device.  The world and every group live on the same
  * device.  NCCL's user guide ("Using multiple NCCL communicators
@@ -25,8 +27,10 @@
  * meshpg issues every collective in the same order on every rank (its
  * rule, checked by the issue-order checker), from one thread per context
  * (enforced: groups/issuer.c, mpg__ctx_check_issuer; with the variable set,
- * NCCL fails two threads launching on one device at once), so it sets
- * NCCL_LAUNCH_ORDER_IMPLICIT=1 unless the user set it.  splitShare is 0
+ * NCCL fails two threads launching on one device at once).  Without the
+ * variable, meshpg imposes that order itself: each launch of the context
+ * waits for the previous one to finish (reg.c, mpg__nccl_family_order_*),
+ * as NCCL does with the variable on CUDA before 12.3.  splitShare is 0
  * by default, like torch: with 1 ("the child communicator can share
  * internal resources of the parent"; NCCL's ncclConfig_t docs) every group
  * of the context runs its kernels through the world's one internal device
@@ -45,6 +49,7 @@
 #include "device.h"
 #include "mpg_config.h"
 #include "nccl_internal.h"
+#include "rendezvous.h"
 
 #if MPG_HAVE_MPI
 #include <mpi.h>
@@ -61,40 +66,26 @@ _Static_assert(sizeof(ncclUniqueId) == 128,
 
 enum boot { BOOT_NONE, BOOT_CALLER, BOOT_LOCAL, BOOT_MPI, BOOT_ENV, BOOT_MASTER };
 
-/* Serialises the NCCL_COMM_ID window (setenv .. init .. unsetenv). */
-static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
-/* Inits in flight that use an NCCL_COMM_ID that we set (0: none; the
- * variable is then the user's, or unset).  Guarded by env_lock.  L1: a
- * non-blocking init reads NCCL_COMM_ID again from NCCL's own thread
- * (ncclFindInterfaces during ncclNetInit, in commAlloc), so the variable
- * stays set until the last init using it has settled. */
-static int env_users;
+/* What the bootstrap reads from the environment, once per world init. */
+typedef struct boot_env {
+  char comm_id[256]; /* NCCL_COMM_ID, "" when unset */
+  int ompi;          /* OMPI_COMM_WORLD_SIZE is set */
+} boot_env;
 
-/* Drop this init's use of our NCCL_COMM_ID; the last one unsets it. */
-static void env_release(int *env_set_here) {
-  if (!*env_set_here) return;
-  pthread_mutex_lock(&env_lock);
-  if (--env_users == 0) unsetenv("NCCL_COMM_ID");
-  pthread_mutex_unlock(&env_lock);
-  *env_set_here = 0;
+static void boot_env_read(boot_env *e) {
+  const char *id = getenv("NCCL_COMM_ID"), *ompi = getenv("OMPI_COMM_WORLD_SIZE");
+  snprintf(e->comm_id, sizeof e->comm_id, "%s", id ? id : "");
+  e->ompi = ompi && ompi[0];
 }
 
 #if MPG_HAVE_MPI
 /* MPI is initialised, or this process was started by mpirun. */
-static int mpi_launched(void) {
+static int mpi_launched(const boot_env *e) {
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
   if (fin) return 0;
-  if (init) return 1;
-  /* Under env_lock: another rank thread of this process may be setting
-   * NCCL_COMM_ID, and getenv racing setenv can read a freed environ (an
-   * ASan SEGV once in ~150 two-thread runs on the test double). */
-  pthread_mutex_lock(&env_lock);
-  const char *s = getenv("OMPI_COMM_WORLD_SIZE");
-  int set = s && s[0];
-  pthread_mutex_unlock(&env_lock);
-  return set;
+  return init || e->ompi;
 }
 
 /* Bootstrap 3.  MPI has one owner, groups/mpi (the rule is in
@@ -120,9 +111,7 @@ static mpg_status mpi_bcast_id(const mpg__world_args *a, ncclUniqueId *id,
                      n, a->world_size);
   memset(id, 0, sizeof *id);
   if (me == 0) {
-    pthread_mutex_lock(&env_lock);
     ncclResult_t r = ncclGetUniqueId(id);
-    pthread_mutex_unlock(&env_lock);
     if (r != ncclSuccess)
       return mpg__nccl_fail(MPG_ERR_BACKEND, "nccl bootstrap (MPI rank 0)",
                        "ncclGetUniqueId", r);
@@ -166,55 +155,68 @@ static int master_boot_port(const mpg__world_args *a) {
 }
 
 
-/* The user's NCCL_COMM_ID, not one that meshpg set for a world still
- * initialising in another thread, read under env_lock (another thread may
- * be setting or unsetting it: a race TSan found on the test double).  1
- * when set; copied into buf. */
-static int user_comm_id(char *buf, size_t n) {
-  pthread_mutex_lock(&env_lock);
-  const char *e = env_users > 0 ? NULL : getenv("NCCL_COMM_ID");
-  int have = e && e[0];
-  if (buf && n) snprintf(buf, n, "%s", have ? e : "");
-  pthread_mutex_unlock(&env_lock);
-  return have;
-}
-
-static enum boot pick_boot(const mpg__world_args *a) {
+static enum boot pick_boot(const mpg__world_args *a, const boot_env *e) {
   if (a->nccl_id) return BOOT_CALLER;
   if (a->world_size == 1) return BOOT_LOCAL;
 #if MPG_HAVE_MPI
-  if (mpi_launched()) return BOOT_MPI;
+  if (mpi_launched(e)) return BOOT_MPI;
 #endif
-  if (user_comm_id(NULL, 0)) return BOOT_ENV;
+  if (e->comm_id[0]) return BOOT_ENV;
   if (a->master_addr && a->master_addr[0] && a->master_port > 0)
     return BOOT_MASTER;
   return BOOT_NONE;
 }
 
-static void boot_name(enum boot b, const mpg__world_args *a, char *buf,
+static void boot_name(enum boot b, const mpg__world_args *a, const boot_env *e, char *buf,
                       size_t n) {
   switch (b) {
     case BOOT_NONE: break;
     case BOOT_CALLER: snprintf(buf, n, "the caller (opts.nccl_id)"); return;
     case BOOT_LOCAL: snprintf(buf, n, "ncclGetUniqueId (world of one rank)"); return;
     case BOOT_MPI: snprintf(buf, n, "MPI_Ibcast from MPI rank 0"); return;
-    case BOOT_ENV: {
-      char id[256];
-      user_comm_id(id, sizeof id);
-      snprintf(buf, n, "NCCL_COMM_ID=%s", id);
-      return;
-    }
+    case BOOT_ENV: snprintf(buf, n, "NCCL_COMM_ID=%s", e->comm_id); return;
     case BOOT_MASTER: {
       if (a->settings && a->settings->nccl_port > 0)
-        snprintf(buf, n, "NCCL_COMM_ID from MASTER_ADDR=%s, MESHPG_NCCL_PORT=%d",
-                 a->master_addr, a->settings->nccl_port);
+        snprintf(buf, n, "rank 0 at MASTER_ADDR=%s, MESHPG_NCCL_PORT=%d", a->master_addr,
+                 a->settings->nccl_port);
       else
-        snprintf(buf, n, "NCCL_COMM_ID from MASTER_ADDR=%s, port MASTER_PORT + 1 = %d",
+        snprintf(buf, n, "rank 0 at MASTER_ADDR=%s, port MASTER_PORT + 1 = %d",
                  a->master_addr, a->master_port + 1);
       return;
     }
   }
   snprintf(buf, n, "?");
+}
+
+/* The id by the chosen bootstrap (steps 3 to 5 may block). */
+static mpg_status get_id(enum boot how, const mpg__world_args *a, int root_port,
+                         double deadline, ncclUniqueId *id, const char *what) {
+  memset(id, 0, sizeof *id);
+  ncclResult_t r = ncclSuccess;
+  switch (how) {
+    case BOOT_NONE:
+      break;
+    case BOOT_MPI:
+#if MPG_HAVE_MPI
+      return mpi_bcast_id(a, id, deadline);
+#else
+      break;
+#endif
+    case BOOT_CALLER:
+      memcpy(id, a->nccl_id, sizeof *id);
+      break;
+    case BOOT_LOCAL:
+    case BOOT_ENV:
+      r = ncclGetUniqueId(id);
+      break;
+    case BOOT_MASTER:
+      if (a->rank == 0) r = ncclGetUniqueId(id);
+      if (r != ncclSuccess) break;
+      return mpg__rendezvous_bcast("nccl bootstrap", a->master_addr, root_port, a->rank,
+                                   a->world_size, id, sizeof *id, deadline);
+  }
+  if (r != ncclSuccess) return mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclGetUniqueId", r);
+  return MPG_OK;
 }
 
 /* ------------------------------------------------------------------ */
@@ -242,7 +244,9 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
   double deadline = mpg__now() + timeout;
 
   /* 1. How the ranks agree on the id.  Checked before touching CUDA. */
-  enum boot how = pick_boot(a);
+  boot_env env;
+  boot_env_read(&env);
+  enum boot how = pick_boot(a, &env);
   if (how == BOOT_NONE)
     return mpg__fail(MPG_ERR_ENV,
                      "nccl: rank %d of %d has no way to agree on the NCCL "
@@ -262,7 +266,7 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
   int root_port = how == BOOT_MASTER ? master_boot_port(a) : -1;
   if (how == BOOT_MASTER && root_port < 0) return MPG_ERR_ENV;
   char via[320];
-  boot_name(how, a, via, sizeof via);
+  boot_name(how, a, &env, via, sizeof via);
 
   /* 2. The device: opts.device, else from the local rank and what CUDA
    * shows this process (groups/device.h). */
@@ -302,82 +306,24 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
            "nccl world init (rank %d of %d, CUDA device %d, id from %s)",
            a->rank, a->world_size, dev, via);
 
-  /* 3. The id, and 4. the init call.  env_lock is held from the id to the
-   * init call on every path, so that an NCCL_COMM_ID we set for one world
-   * never reaches another world's ncclGetUniqueId or rank-0 init. */
+  /* 3. The id, and 4. the init call. */
   ncclUniqueId id;
-  memset(&id, 0, sizeof id);
-  mpg_status st = MPG_OK;
-  ncclResult_t r = ncclSuccess;
-  int env_set_here = 0;
-#if MPG_HAVE_MPI
-  if (how == BOOT_MPI) st = mpi_bcast_id(a, &id, deadline); /* may block */
-#endif
-  pthread_mutex_lock(&env_lock);
-  switch (how) {
-    case BOOT_NONE:
-    case BOOT_MPI:
-      break;
-    case BOOT_CALLER:
-      memcpy(&id, a->nccl_id, sizeof id);
-      break;
-    case BOOT_LOCAL:
-      r = ncclGetUniqueId(&id);
-      break;
-    case BOOT_ENV:
-    case BOOT_MASTER: {
-      char hostport[320];
-      int v6 = strchr(a->master_addr, ':') && a->master_addr[0] != '[';
-      snprintf(hostport, sizeof hostport, v6 ? "[%s]:%d" : "%s:%d", a->master_addr,
-               root_port);
-      /* Ours, still read by another world's init: wait until it settled
-       * if it names another root. */
-      while (how == BOOT_MASTER && env_users > 0 && getenv("NCCL_COMM_ID") &&
-             strcmp(getenv("NCCL_COMM_ID"), hostport) != 0 && mpg__now() < deadline) {
-        pthread_mutex_unlock(&env_lock);
-        unsigned spins = 64;
-        mpg__nccl_backoff(&spins);
-        pthread_mutex_lock(&env_lock);
-      }
-      if (!getenv("NCCL_COMM_ID")) {
-        if (setenv("NCCL_COMM_ID", hostport, 0) == 0) {
-          env_set_here = 1;
-          env_users = 1;
-        }
-      } else if (env_users > 0) {
-        env_set_here = 1; /* ours, shared with an init still in flight */
-        env_users++;
-      }
-      r = ncclGetUniqueId(&id);
-      break;
-    }
-  }
-  if (st != MPG_OK || r != ncclSuccess) {
-    pthread_mutex_unlock(&env_lock);
-    env_release(&env_set_here);
+  mpg_status st = get_id(how, a, root_port, deadline, &id, what);
+  if (st != MPG_OK) {
     mpg__nccl_comm_unref(c);
-    return st != MPG_OK ? st : mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclGetUniqueId", r);
+    return st;
   }
-
-  /* Several communicators per device (the world and every group): NCCL
-   * >= 2.26 keeps their kernels deadlock-free when every rank issues in the
-   * same host order (which is the library's rule, checked by its issue-order
-   * checker) if NCCL_LAUNCH_ORDER_IMPLICIT=1; without it NCCL requires a
-   * total order imposed by the caller.  Set it unless the user chose. */
-  if (setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0) == 0)
-    mpg__log(2, "nccl: NCCL_LAUNCH_ORDER_IMPLICIT=%s", getenv("NCCL_LAUNCH_ORDER_IMPLICIT"));
+  ncclResult_t r = ncclSuccess;
   c->split_share = share;
   ncclConfig_t cfg = mpg__nccl_config(share);
   pthread_mutex_lock(&c->lock);
   r = ncclCommInitRankConfig(&c->nccl, a->world_size, id, a->rank, &cfg);
-  pthread_mutex_unlock(&env_lock);
   /* Poll even after ncclSuccess: a non-blocking call may return before its
    * background job has finished. */
   if ((r == ncclSuccess || r == ncclInProgress) && c->nccl)
     st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
   if (st == MPG_OK && r == ncclSuccess) {
     pthread_mutex_unlock(&c->lock);
-    env_release(&env_set_here); /* NCCL's init thread is done with it */
     if ((st = mpg__nccl_family_join(c, NULL))) {
       pthread_mutex_lock(&c->lock);
       (void)ncclCommAbort(c->nccl);
@@ -386,15 +332,20 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
       mpg__nccl_comm_unref(c);
       return st;
     }
-    mpg__log(1, "nccl: rank %d of %d up on CUDA device %d (unique id from %s)",
-             a->rank, a->world_size, dev, via);
+    int nccl_orders = a->settings && a->settings->nccl_launch_order_implicit;
+    mpg__nccl_family_order(c, !nccl_orders);
+    mpg__log(1, "nccl: rank %d of %d up on CUDA device %d (unique id from %s); kernels of "
+             "its groups ordered by %s",
+             a->rank, a->world_size, dev, via,
+             nccl_orders ? "NCCL (NCCL_LAUNCH_ORDER_IMPLICIT)"
+                         : "meshpg, one at a time (set NCCL_LAUNCH_ORDER_IMPLICIT=1 to let "
+                           "them overlap)");
     *out = c;
     return MPG_OK;
   }
   if (c->nccl) (void)ncclCommAbort(c->nccl); /* joins NCCL's init thread */
   c->nccl = NULL;
   pthread_mutex_unlock(&c->lock);
-  env_release(&env_set_here);
   mpg__nccl_comm_unref(c);
   if (st == MPG_ERR_TIMEOUT)
     return explain(mpg__fail(MPG_ERR_TIMEOUT,

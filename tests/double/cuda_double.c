@@ -465,9 +465,9 @@ static struct ddev *dev_get(int d) {
 }
 
 /* Strict mode is read when the device runs its first kernel item: NCCL
- * reads NCCL_LAUNCH_ORDER_IMPLICIT when it initialises, which meshpg does
- * after setenv()ing it (groups/nccl/world.c), possibly after other CUDA
- * calls on the device. */
+ * reads NCCL_LAUNCH_ORDER_IMPLICIT at its first launch (NCCL_PARAM caches
+ * it, src/enqueue.cc:1538), which may come after other CUDA calls on the
+ * device. */
 static int dev_strict(struct ddev *v) {
   if (!v->strict_read) {
     const char *e = getenv("NCCL_LAUNCH_ORDER_IMPLICIT");

@@ -172,10 +172,9 @@ _Static_assert(sizeof(ncclUniqueId) == NCCL_UNIQUE_ID_BYTES, "ncclUniqueId size"
 /* ncclGetLastError's text, per thread (see the header comment). */
 static _Thread_local char tl_last_error[1024];
 
-/* The environment, read once by the first NCCL call of the process.
- * getenv races with another thread's setenv in libc: meshpg sets
- * NCCL_COMM_ID under its env lock, around ncclGetUniqueId and
- * ncclCommInitRankConfig, so reading everything then is safe. */
+/* The environment, read once by the first NCCL call of the process, as
+ * NCCL caches its parameters (NCCL_PARAM).  meshpg never writes the
+ * environment (tests/layout/check_layout.py checks it). */
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static int env_debug;     /* NCCL_DEBUG: 1 WARN, 2 INFO/TRACE */
 static double env_hang_s; /* MESHPG_DOUBLE_HANG_S */

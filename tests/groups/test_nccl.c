@@ -943,9 +943,10 @@ Test(nccl_two_ranks, threads_with_caller_unique_id, .timeout = 300) {
               ndev > 1 ? "GPUs 0 and 1" : "one GPU");
 }
 
-/* NCCL's own rendezvous: no id from the caller, MASTER_ADDR/MASTER_PORT in
- * the environment, so the backend sets NCCL_COMM_ID for the id and init
- * calls.  With two GPUs the world comes up; with one, NCCL's duplicate-GPU
+/* The torchrun-style bootstrap: no id from the caller, MASTER_ADDR and
+ * MASTER_PORT in the environment, so rank 0 hands its id to rank 1 through
+ * meshpg's own rendezvous (groups/rendezvous.h), and NCCL_COMM_ID is never
+ * set.  With two GPUs the world comes up; with one, NCCL's duplicate-GPU
  * check (which runs after every rank has met at the root) refuses it, which
  * still shows that the rendezvous itself worked. */
 typedef struct {
@@ -1027,7 +1028,7 @@ Test(nccl_two_ranks, rendezvous_from_master_addr, .timeout = 120) {
                    mpg_status_name(jobs[i].st), jobs[i].msg);
     }
   }
-  cr_log_info("rendezvous via NCCL_COMM_ID=127.0.0.1:%s reached both ranks%s",
+  cr_log_info("meshpg's rendezvous at 127.0.0.1, MASTER_PORT %s + 1, reached both ranks%s",
               port, ndev == 1 ? " (then NCCL refused two ranks on one GPU, as expected)"
                               : " and all_reduce ran");
 }

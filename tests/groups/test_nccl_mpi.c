@@ -13,6 +13,11 @@
  *    not NVLink, P2P or SHM;
  *  - with the CUDA/NCCL test double (tests/double/), where each process
  *    simulates a node of 8 devices: it runs on every CI machine.
+ * The sync and lazy groups also run under a torchrun-style launch (no
+ * mpirun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+ * MASTER_PORT per process), where the NCCL unique id travels through
+ * meshpg's own rendezvous (groups/rendezvous.h) and NCCL_COMM_ID is never
+ * set (issue 30).
  * MESHPG_NCCL_MPI_WORKER names the worker to start.  The jobs run one at a
  * time (Criterion --jobs 1, in meson.build). */
 #include <cuda_runtime_api.h>
@@ -86,6 +91,48 @@ static void all_ranks_ok(int np, const char *mode, int k) {
                out);
   cr_expect_eq(count("FAIL"), 0, "np %d, %s:\n%s", np, args, out);
 }
+
+/* The same worker started torchrun-style: np processes with the launcher
+ * variables a torchrun agent sets, MASTER_ADDR=127.0.0.1 and a port of
+ * this test's own; one NCCL_HOSTID per rank when the ranks outnumber the
+ * devices.  Exits non-zero when any rank did. */
+static int torchrun_job(int np, const char *args, double *secs) {
+  static int serial;
+  const char *w = env_program("MESHPG_NCCL_MPI_WORKER");
+  int port = 30000 + (int)(getpid() % 15000) * 2 + 2 * (serial++ % 8);
+  char cmd[4096];
+  int shared = devices() < np;
+  snprintf(cmd, sizeof cmd,
+           "MESHPG_TEST_TIMEOUT_S=%d timeout -k 5 %d sh -c 'pids=; r=0; "
+           "while [ $r -lt %d ]; do "
+           "env -u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_RANK RANK=$r WORLD_SIZE=%d "
+           "LOCAL_RANK=$r LOCAL_WORLD_SIZE=%d MASTER_ADDR=127.0.0.1 MASTER_PORT=%d %s"
+           "\"$0\" %s & pids=\"$pids $!\"; r=$((r + 1)); done; "
+           "rc=0; for p in $pids; do wait $p || rc=1; done; exit $rc' '%s' 2>&1",
+           fault_timeout(), job_limit, np, np, np, port,
+           shared ? "NCCL_HOSTID=meshpg-h$r " : "", args, w);
+  int rc = run(cmd, secs);
+  cr_log_info("%s: exit %d after %.2f s%s\n%s", cmd, rc, *secs,
+              shared ? " (one NCCL_HOSTID per rank)" : "", out);
+  return rc;
+}
+
+static void torchrun_ok(int np, const char *mode) {
+  require_devices();
+  char ok[16];
+  snprintf(ok, sizeof ok, "OK %s", mode);
+  double secs = 0;
+  int rc = torchrun_job(np, mode, &secs);
+  cr_expect_eq(rc, 0, "torchrun-style np %d, %s: exit %d\n%s", np, mode, rc, out);
+  cr_expect_eq(count(ok), np, "torchrun-style np %d, %s: %d of %d ranks OK\n%s", np, mode,
+               count(ok), np, out);
+  cr_expect_eq(count("FAIL"), 0, "torchrun-style np %d, %s:\n%s", np, mode, out);
+}
+
+Test(nccl_torchrun, sync_world_2, .timeout = 300) { torchrun_ok(2, "sync"); }
+Test(nccl_torchrun, sync_world_4, .timeout = 300) { torchrun_ok(4, "sync"); }
+Test(nccl_torchrun, lazy_groups_and_p2p_world_4, .timeout = 300) { torchrun_ok(4, "lazy"); }
+Test(nccl_torchrun, alltoall_world_8, .timeout = 300) { torchrun_ok(8, "alltoall"); }
 
 static void sync_world(int np) {
   require_devices();

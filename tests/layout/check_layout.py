@@ -12,6 +12,11 @@ usage: check_layout.py SOURCE_ROOT LIBMESHPG_A TOOLS_OBJECT_DIR
 3. Size: no library source file, and no source or header of the meshpg
    program (tools/*.c, tools/*.h), is over 800 lines (a larger one mixes
    jobs and should be split).
+4. Hands off the process: no object of the library calls a function that
+   writes the environment (setenv, unsetenv, putenv, clearenv), ends the
+   process (exit, _exit, _Exit, quick_exit, abort) or prints (printf, puts,
+   perror, putchar, fprintf, vfprintf, fputs, fwrite) -- except the log
+   (mesh/log.c), which prints only when MESHPG_LOG asks it to.
 Prints every violation and exits 1 if there is any."""
 import collections
 import glob
@@ -152,11 +157,28 @@ def check_sizes(root, errors):
                           % (os.path.relpath(path, root), n, MAX_LINES))
 
 
+HANDS_OFF = {"setenv", "unsetenv", "putenv", "clearenv", "exit", "_exit", "_Exit",
+             "quick_exit", "abort", "printf", "puts", "perror", "putchar", "fprintf",
+             "vfprintf", "fputs", "fwrite"}
+MAY_PRINT = {"mesh_log.c.o": {"fprintf", "vfprintf", "fputs", "fwrite"}}
+
+
+def check_hands_off(members, errors):
+    for name, (_, undefs) in sorted(members.items()):
+        base = os.path.basename(name)
+        for sym in sorted(undefs & HANDS_OFF):
+            if sym not in MAY_PRINT.get(base, set()):
+                errors.append("libmeshpg: %s calls %s (the library never writes the "
+                              "environment, ends the process or prints)" % (base, sym))
+
+
 def main():
     root, archive, tools_dir = sys.argv[1:4]
     errors = []
     check_includes(root, errors)
-    check_cycles("libmeshpg", nm_members([archive]), errors)
+    lib_members = nm_members([archive])
+    check_cycles("libmeshpg", lib_members, errors)
+    check_hands_off(lib_members, errors)
     tools = sorted(glob.glob(os.path.join(tools_dir, "*.o")))
     if not tools:
         errors.append("no objects of the meshpg program in %s" % tools_dir)
