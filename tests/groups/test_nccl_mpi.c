@@ -185,9 +185,16 @@ Test(nccl_mpi, bandwidth_world_8, .timeout = 300) { bandwidth(8); }
 
 /* The last rank sleeps through step 1 with k groups in flight: every other
  * rank reports OK (its own bound checked in the worker), and so does the
- * sleeper once it wakes. */
+ * sleeper once it wakes.  The worker expects every survivor to fail, also
+ * those that share no group in flight with the sleeper (ranks 0 and 2 at
+ * world 4 with one group): they meet it in the issue-order check, so the
+ * job runs with MESHPG_CHECK_ORDER=1 whoever starts the test (meson's
+ * test environment sets it too; an H200 run started by hand without it
+ * saw those two ranks finish step 1 with MPG_OK, which is right without
+ * the check). */
 static void hung_peer(int np, int k) {
   require_devices();
+  snprintf(job_env, sizeof job_env, "MESHPG_CHECK_ORDER=1");
   all_ranks_ok(np, "hang", k);
 }
 
@@ -201,6 +208,7 @@ Test(nccl_mpi, hung_peer_8_three_groups, .timeout = 300) { hung_peer(8, 3); }
  * job for it (--enable-recovery), so every survivor reports its own time. */
 static void killed_peer(int np, int k) {
   require_devices();
+  snprintf(job_env, sizeof job_env, "MESHPG_CHECK_ORDER=1"); /* as hung_peer */
   char args[32];
   snprintf(args, sizeof args, "kill %d", k);
   /* The survivors report before they exit; after a peer died, Open MPI
