@@ -137,6 +137,38 @@ pc_version=$(PKG_CONFIG_PATH=$pcpath pkg-config --modversion meshpg)
 # shellcheck disable=SC2086
 "$cxx" -std=c++17 -o "$app/trainer-pc" "$app/trainer.cpp" $flags -pthread \
   -Wl,-rpath,"$slib" || fail "building trainer.cpp with pkg-config flags failed"
+# A C program that includes meshpg.h needs meshpg.pc alone: no other .pc
+# file in sight (PKG_CONFIG_LIBDIR empties the default path), and none of
+# the library's private flags (toml++'s -DTOML_*, MPI's include paths).
+cflags_alone=$(PKG_CONFIG_LIBDIR=/nonexistent PKG_CONFIG_PATH="$slib/pkgconfig" \
+  pkg-config --cflags --libs meshpg) ||
+  fail "pkg-config --cflags --libs meshpg needs other packages' .pc files:" \
+       "$(PKG_CONFIG_LIBDIR=/nonexistent PKG_CONFIG_PATH="$slib/pkgconfig" \
+          pkg-config --cflags --libs meshpg 2>&1)"
+case "$cflags_alone" in
+  *TOML_*|*openmpi*|*hwloc*) fail "pkg-config --cflags meshpg leaks private flags: $cflags_alone" ;;
+esac
+cat >"$app/hello.c" <<'EOF_C'
+#include <meshpg.h>
+#include <stdio.h>
+int main(void) {
+  mpg_spec spec = MPG_SPEC_INIT;
+  if (mpg_spec_init(&spec) != MPG_OK) return 1;
+  printf("meshpg %s\n", mpg_version_string());
+  return 0;
+}
+EOF_C
+# shellcheck disable=SC2086
+cc -std=c11 -Wall -Werror -o "$app/hello-c" "$app/hello.c" $cflags_alone -Wl,-rpath,"$slib" ||
+  fail "building a C program with only meshpg.pc's flags failed: $cflags_alone"
+"$app/hello-c" | grep -q "meshpg $version" || fail "the C program did not print meshpg $version"
+
+# The soname CMake's target records is the library's own.
+so_elf=$(readelf -d "$slib/libmeshpg.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+so_cmake=$(sed -n 's/.*IMPORTED_SONAME "\(.*\)".*/\1/p' "$slib/cmake/meshpg/meshpgConfig.cmake")
+[ -n "$so_elf" ] && [ "$so_elf" = "$so_cmake" ] ||
+  fail "IMPORTED_SONAME is \"$so_cmake\" but libmeshpg.so's SONAME is \"$so_elf\""
+echo "soname $so_elf (ELF and CMake agree)"
 
 # ---------------------------------------------------------------------------
 step "cmake build"
@@ -147,11 +179,21 @@ if [ "$vmaj" = 0 ]; then
   refuse="$refuse;0.$((vmin + 1))"
   [ "$vmin" -gt 0 ] && refuse="$refuse;0.$((vmin - 1))"
 fi
+docs_request=$(sed -n 's/^find_package(meshpg \([0-9.]*\) REQUIRED).*/\1/p' \
+  "$src/docs/getting-started.md" | head -1)
+[ -n "$docs_request" ] || fail "docs/getting-started.md shows no find_package(meshpg X.Y REQUIRED)"
+cfg_request=$(sed -n 's/^#   find_package(meshpg \([0-9.]*\) REQUIRED).*/\1/p' \
+  "$slib/cmake/meshpg/meshpgConfig.cmake" | head -1)
+[ "$cfg_request" = "$docs_request" ] ||
+  fail "meshpgConfig.cmake's comment asks for $cfg_request, docs/getting-started.md for $docs_request"
 mkdir -p "$tmp/cmake-app"
 cat >"$tmp/cmake-app/CMakeLists.txt" <<EOF
 cmake_minimum_required(VERSION 3.16)
 project(meshpg_consumer LANGUAGES CXX)
 find_package(meshpg $vmaj.$vmin CONFIG REQUIRED)
+# The request that docs/getting-started.md and the installed config's own
+# comment show must find this version.
+find_package(meshpg $docs_request CONFIG REQUIRED)
 if(NOT meshpg_VERSION STREQUAL "$version")
   message(FATAL_ERROR "meshpg_VERSION is \${meshpg_VERSION}, want $version")
 endif()
