@@ -745,7 +745,7 @@ typedef struct mpg_placement_opts {
                         else the whole world on one node */
   mpg_rank_order rank_order; /* how the launcher numbered the ranks */
   const int *node_of;        /* optional, world_size entries: launcher rank
-                                -> node id (e.g. from mpg_node_ids); replaces
+                                -> node id (e.g. from mpg_topo_node_ids); replaces
                                 nodes, gpus_per_node and rank_order */
   const int *local_rank;     /* optional with node_of: launcher rank -> its
                                 local rank (= GPU); NULL: the order of the
@@ -894,7 +894,7 @@ struct mpg_init_opts {
   mpg_bind bind;        /* bind the process (the calling thread on the
                            thread backend) near its GPU with hwloc */
   const char *host_id;  /* this rank's host identity; NULL: the real one
-                           (mpg_host_identity).  For simulations and tests
+                           (mpg_topo_host_identity).  For simulations and tests
                            of multi-node placement. */
 };
 #define MPG_INIT_OPTS_MAGIC 0x6d706769u /* "mpgi" */
@@ -1152,7 +1152,7 @@ typedef enum mpg_partial {
  * MPG_ERR_RANGE when instances is < 1 or does not divide S,
  * MPG_ERR_INVALID for NULL arguments or an unknown `which`, and
  * mpg_ctx_group_dims's errors for `dims`.  Sharded data parallel uses them
- * for mpg_sync_opts.instances. */
+ * for mpg_sync_opts.optimizer_instances. */
 MPG_API mpg_status mpg_ctx_group_partial(mpg_ctx *ctx, const char *dims, int instances,
                                          mpg_partial which, mpg_group **out);
 

@@ -7,7 +7,9 @@ CHECK is one of
   keys   every TOML key the spec loader accepts (the only_keys(...) lists of
          mesh/spec_toml.cc) is in a reference table of docs/ (the key tables
          of docs/spec.md and docs/pipeline-and-experts.md), and every key
-         those tables name is accepted by the loader;
+         those tables name is accepted by the loader, and a quoted
+         "unknown key ... expected one of ..." error lists every key of its
+         section;
   cli    every flag of `meshpg CMD --help` (the program is $MESHPG_CLI) is
          named in the sections of docs/cli.md about `meshpg CMD`, and every
          flag of those sections' tables is in the help text;
@@ -29,7 +31,15 @@ CHECK is one of
   man    the man page sources: man/meshpg.1.scd names every flag of every
          `meshpg CMD --help` and no other, man/meshpg-spec.5.scd every key
          the loader accepts under its `# [section]`, and man/meshpg.3.scd
-         every function the header exports (MPG_API) and no other.
+         every function the header exports (MPG_API) and no other;
+  names  every mpg_/MPG_ identifier that include/meshpg.h (its comments),
+         include/meshpg.hpp, README.md, docs/*.md and man/* name is declared
+         by meshpg.h (after the preprocessor: the status enum comes from a
+         macro list) or meshpg.hpp, and every `mpg_struct.field` names a
+         field of that struct.  A name ending in `_` is a prefix (mpg_spec_
+         load_*): some identifier must start with it.  Paragraphs that start
+         with "Changes from" (release history) are not checked.  Internal
+         mpg__ names and file names (mpg_config.h) are not identifiers.
 Exit 0 when the check passes, 1 with one line per problem otherwise.
 """
 import glob
@@ -154,6 +164,15 @@ def check_keys(src):
             problem(f'docs: the key table of [{sec}] names "{k}", which the loader does not accept')
     for sec in sorted(set(documented) - set(accepted)):
         problem(f'docs: a key table documents [{sec}], a section the loader does not know')
+    # A quoted "unknown key" error lists every key of its section.
+    for page in pages:
+        text = read(os.path.join(src, 'docs', page))
+        for m in re.finditer(r'(\w+)\.\w+: unknown key[^`]*?expected one of ([\w,\s]+)`', text):
+            listed = set(re.findall(r'\w+', m.group(2)))
+            want = accepted.get(m.group(1), set())
+            if listed != want:
+                problem(f'docs/{page}: an example error lists the [{m.group(1)}] keys '
+                        f'{sorted(listed)}, but the loader accepts {sorted(want)}')
 
 
 # --------------------------------------------------------------------------
@@ -418,6 +437,69 @@ def check_c(src, cc):
     print(f'{n} C blocks compiled')
 
 
+def strip_c_comments(text):
+    text = re.sub(r'/\*.*?\*/', ' ', text, flags=re.S)
+    return re.sub(r'//[^\n]*', ' ', text)
+
+
+def declared_names(src, cc):
+    """(identifiers, {struct: fields}) that the public headers declare."""
+    hdr = os.path.join(src, 'include', 'meshpg.h')
+    out = subprocess.run(cc + ['-E', '-dD', '-P', hdr], capture_output=True, text=True)
+    if out.returncode != 0:
+        problem(f'{" ".join(cc)} -E {hdr} failed: {out.stderr.strip()}')
+        return set(), {}
+    code = out.stdout + strip_c_comments(read(os.path.join(src, 'include', 'meshpg.hpp')))
+    ids = set(re.findall(r'\b(?:mpg|MPG)_\w+', code))
+    fields = {}
+    # typedef struct mpg_x { ... } mpg_x;  and  struct mpg_x { ... };
+    for m in re.finditer(r'(?:typedef\s+)?struct\s+(mpg_\w+)\s*\{(.*?)\}\s*(mpg_\w+)?\s*;',
+                         code, re.S):
+        body = m.group(2)
+        names = set(re.findall(r'(\w+)\s*(?:\[[^\]]*\])?\s*;', body))
+        names |= set(re.findall(r'\(\s*\*\s*(\w+)\s*\)', body))
+        fields[m.group(3) or m.group(1)] = names
+    return ids, fields
+
+
+def without_history(text):
+    """text with every paragraph that starts with "Changes from" blanked
+    (line numbers kept)."""
+    out, skip = [], False
+    for line in text.split('\n'):
+        if not line.strip():
+            skip = False
+        elif line.startswith('Changes from'):
+            skip = True
+        out.append('' if skip else line)
+    return '\n'.join(out)
+
+
+def check_names(src, cc):
+    ids, fields = declared_names(src, cc)
+    if not ids:
+        problem('no mpg_ identifiers found in include/meshpg.h')
+        return
+    paths = [os.path.join(src, 'include', 'meshpg.h'), os.path.join(src, 'include', 'meshpg.hpp')]
+    paths += md_files(src) + sorted(glob.glob(os.path.join(src, 'man', '*')))
+    for path in paths:
+        text = without_history(read(path))
+        rel = os.path.relpath(path, src)
+        for m in re.finditer(r'\b((?:mpg|MPG)_(?!_)\w*)(?:\.([A-Za-z_]\w*))?', text):
+            name, field = m.group(1), m.group(2)
+            line = text.count('\n', 0, m.start()) + 1
+            if field in ('h', 'c', 'hpp', 'cc', 'map', 'so', 'a'):
+                continue
+            if name.endswith('_'):
+                if not any(i.startswith(name) for i in ids):
+                    problem(f'{rel}:{line}: no identifier starts with "{name}"')
+                continue
+            if name not in ids:
+                problem(f'{rel}:{line}: "{name}" is not declared by include/meshpg.h')
+            elif field and name in fields and field not in fields[name]:
+                problem(f'{rel}:{line}: "{name}.{field}": {name} has no field "{field}"')
+
+
 def main():
     if len(sys.argv) < 3:
         print(__doc__, file=sys.stderr)
@@ -435,6 +517,8 @@ def main():
         check_links(src)
     elif check == 'c':
         check_c(src, sys.argv[3:] or ['cc'])
+    elif check == 'names':
+        check_names(src, sys.argv[3:] or ['cc'])
     else:
         print(f'unknown check {check}', file=sys.stderr)
         return 2
