@@ -218,10 +218,23 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
                      "backend \"%s\" is not built into this meshpg (configure "
                      "with -D%s=enabled)",
                      backend_name(opts->backend), backend_name(opts->backend));
-  if (opts->backend == MPG_BACKEND_THREAD && !opts->thread_world)
+  if (opts->backend == MPG_BACKEND_THREAD && !opts->thread_world) {
+    /* Most often a spec without [backend] under a launcher: say so. */
+    mpg_launch by = MPG_LAUNCH_INIT;
+    if (mpg_launch_from_env(&by) == MPG_OK && by.world_size > 0 && by.source[0])
+      return mpg__fail(MPG_ERR_INVALID,
+                       "opts.backend is \"thread\" (the default, also of a spec without "
+                       "[backend] name), but %s started this process as rank %d of %d: "
+                       "for one process per rank set [backend] name = \"mpi\" (or \"nccl\" "
+                       "on GPUs; opts.backend = MPG_BACKEND_MPI / MPG_BACKEND_NCCL); the "
+                       "thread backend runs ranks started by mpg_thread_run "
+                       "(opts.thread_world is NULL)",
+                       by.source, by.rank, by.world_size);
     return mpg__fail(MPG_ERR_INVALID,
                      "the thread backend runs ranks started by mpg_thread_run "
-                     "(opts.thread_world is NULL)");
+                     "(opts.thread_world is NULL); under mpirun, srun or torchrun set "
+                     "[backend] name = \"mpi\" or \"nccl\" (opts.backend)");
+  }
 
   mpg__world_args a;
   memset(&a, 0, sizeof a);

@@ -212,6 +212,31 @@ static void print_json(const mpg_mesh *m, int rank, int *buf,
   printf("}\n");
 }
 
+/* The [sync] dims lists of the spec (shard_dims, replicate_dims,
+ * expert_shard_dims) name dims or flattened sets of this mesh: a plan that
+ * mpg_sync_create would refuse is refused here too (MPG_ERR_NOT_FOUND with
+ * the library's "did you mean").  0, or TOOL_EXIT_FAIL after the message. */
+static int check_sync_dims(const mpg_mesh *mesh, const mpg_spec *spec, const char *path) {
+  const struct {
+    const char *key, *value;
+  } lists[] = {{"shard_dims", spec->shard_dims},
+               {"replicate_dims", spec->replicate_dims},
+               {"expert_shard_dims", spec->expert_shard_dims}};
+  for (size_t k = 0; k < sizeof lists / sizeof lists[0]; k++) {
+    char buf[sizeof spec->shard_dims];
+    snprintf(buf, sizeof buf, "%s", lists[k].value);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+      int set;
+      mpg_status st = mpg_mesh_dimset_find(mesh, tok, &set);
+      if (st)
+        return tool_fail(st, "%s: sync.%s = \"%s\"", path ? path : "--mesh", lists[k].key,
+                         lists[k].value);
+    }
+  }
+  return 0;
+}
+
 int cmd_plan(int argc, char **argv) {
   tool_spec args = {0};
   int rank = -1, json = 0;
@@ -233,7 +258,7 @@ int cmd_plan(int argc, char **argv) {
     } else if (strcmp(a, "--rank") == 0) {
       if (i + 1 >= argc) {
         tool_error("%s needs a value", a);
-        fputs(plan_usage, stderr);
+        tool_usage_hint(plan_usage);
         return TOOL_EXIT_USAGE;
       }
       if (!tool_parse_int("--rank", argv[++i], 0, &rank)) return TOOL_EXIT_USAGE;
@@ -242,21 +267,26 @@ int cmd_plan(int argc, char **argv) {
       if (took < 0) return TOOL_EXIT_USAGE;
       if (!took) {
         tool_error("unknown option \"%s\"", a);
-        fputs(plan_usage, stderr);
+        tool_usage_hint(plan_usage);
         return TOOL_EXIT_USAGE;
       }
     }
   }
   if (!args.path && !args.mesh) {
     tool_error("give a spec file or --mesh");
-    fputs(plan_usage, stderr);
+    tool_usage_hint(plan_usage);
     return TOOL_EXIT_USAGE;
   }
   int world = args.world;
   mpg_status st = tool_spec_load(&args, NULL, &spec);
   mpg_mesh *mesh = NULL;
-  if (!st) st = mpg_mesh_create(&spec, world, &mesh);
   if (st) return tool_fail(st, NULL);
+  st = mpg_mesh_create(&spec, world, &mesh);
+  if (st) return tool_mesh_fail(st, world);
+  if (check_sync_dims(mesh, &spec, args.path)) {
+    mpg_mesh_destroy(mesh);
+    return TOOL_EXIT_FAIL;
+  }
   int world_size = mpg_mesh_world_size(mesh);
   if (rank >= world_size) {
     tool_error("--rank: rank %d is outside the world of %d ranks", rank,

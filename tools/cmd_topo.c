@@ -103,7 +103,7 @@ int cmd_topo(int argc, char **argv) {
         strcmp(a, "--local-ranks") == 0 || strcmp(a, "--bind") == 0) {
       if (i + 1 >= argc) {
         tool_error("%s needs a value", a);
-        fputs(topo_usage, stderr);
+        tool_usage_hint(topo_usage);
         return TOOL_EXIT_USAGE;
       }
       const char *v = argv[++i];
@@ -121,7 +121,7 @@ int cmd_topo(int argc, char **argv) {
     } else {
       tool_error("%s \"%s\"",
                  a[0] == '-' ? "unknown option" : "unexpected argument", a);
-      fputs(topo_usage, stderr);
+      tool_usage_hint(topo_usage);
       return TOOL_EXIT_USAGE;
     }
   }

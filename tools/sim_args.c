@@ -169,7 +169,7 @@ int sim_args_parse(int argc, char **argv, sim_args *args) {
                strcmp(a, "--optim") == 0) {
       if (i + 1 >= argc) {
         tool_error("%s needs a value", a);
-        fputs(sim_usage, stderr);
+        tool_usage_hint(sim_usage);
         return TOOL_EXIT_USAGE;
       }
       if (!take_value(args, a, argv[++i])) return TOOL_EXIT_USAGE;
@@ -178,14 +178,14 @@ int sim_args_parse(int argc, char **argv, sim_args *args) {
       if (took < 0) return TOOL_EXIT_USAGE;
       if (!took) {
         tool_error("unknown option \"%s\"", a);
-        fputs(sim_usage, stderr);
+        tool_usage_hint(sim_usage);
         return TOOL_EXIT_USAGE;
       }
     }
   }
   if (args->fsdp + args->shard + (args->hsdp > 0) > 1) {
     tool_error("--shard, --hsdp and --fsdp exclude each other");
-    fputs(sim_usage, stderr);
+    tool_usage_hint(sim_usage);
     return TOOL_EXIT_USAGE;
   }
   return -1;

@@ -250,7 +250,7 @@ int sim_mesh_build(const sim_args *a, mpg_spec *spec, mpg_mesh **mesh_out,
   const int world = a->spec.world;
   *mesh_out = NULL;
   note[0] = '\0';
-  /* The spec: a file, --mesh, or the seed mesh of DESIGN.md. */
+  /* The spec: a file, --mesh, or the seed mesh (examples/seed.toml). */
   mpg_status st = tool_spec_load(
       &a->spec, world ? "dp=-1,tp=2,cp=2" : "dp=2,tp=2,cp=2", spec);
   if (st != MPG_OK) return tool_fail(st, NULL);
@@ -268,7 +268,7 @@ int sim_mesh_build(const sim_args *a, mpg_spec *spec, mpg_mesh **mesh_out,
   if (!complete_spec(spec, added, added_cap)) return TOOL_EXIT_FAIL;
   mpg_mesh *mesh = NULL;
   st = mpg_mesh_create(spec, world, &mesh);
-  if (st != MPG_OK) return tool_fail(st, NULL);
+  if (st != MPG_OK) return tool_mesh_fail(st, world);
   if (a->hsdp) {
     /* Split dp now that its size is known, and build the mesh again. */
     int ok = hsdp_split(spec, mesh, a->hsdp, note, note_cap);

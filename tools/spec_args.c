@@ -64,7 +64,7 @@ int tool_spec_arg(tool_spec *t, int argc, char **argv, int *i,
   }
   if (*i + 1 >= argc) {
     tool_error("%s needs a value", a);
-    fputs(usage, stderr);
+    tool_usage_hint(usage);
     return -1;
   }
   const char *v = argv[++*i];

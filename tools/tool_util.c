@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 
 void tool_error(const char *fmt, ...) {
@@ -12,6 +13,22 @@ void tool_error(const char *fmt, ...) {
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);
+}
+
+int tool_mesh_fail(mpg_status st, int world) {
+  if (world <= 0 && st == MPG_ERR_SPEC && strstr(tool_why(st), "no world size was given")) {
+    fprintf(stderr, "meshpg: %s; give the world size with --world N\n", tool_why(st));
+    return TOOL_EXIT_FAIL;
+  }
+  return tool_fail(st, NULL);
+}
+
+void tool_usage_hint(const char *usage) {
+  const char *prefix = "usage: meshpg ";
+  char cmd[32] = "";
+  if (usage && strncmp(usage, prefix, strlen(prefix)) == 0)
+    sscanf(usage + strlen(prefix), "%31[a-z]", cmd);
+  fprintf(stderr, "run 'meshpg %s%s--help' for the options\n", cmd, cmd[0] ? " " : "");
 }
 
 const char *tool_why(mpg_status st) {

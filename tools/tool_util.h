@@ -29,6 +29,13 @@ const char *tool_why(mpg_status st);
  * "meshpg: <why>\n" when fmt is NULL, with <why> = tool_why(st).  Returns
  * TOOL_EXIT_FAIL. */
 int tool_fail(mpg_status st, const char *fmt, ...) TOOL_PRINTF(2, 3);
+/* mpg_mesh_create's failure, as tool_fail, with "give it with --world N"
+ * added when the spec has a -1 dim and no world size was given. */
+int tool_mesh_fail(mpg_status st, int world);
+/* After a usage error's one line: "run 'meshpg plan --help' for the
+ * options" (the command taken from the usage text's first line), not the
+ * whole help. */
+void tool_usage_hint(const char *usage);
 
 /* Parse s as a decimal int >= lo into *out: returns 1.  On a bad value,
  * reports "<flag>: expected an integer >= <lo>, found \"<s>\"" and

@@ -20,7 +20,9 @@ CHECK is one of
          is read somewhere;
   links  every relative link and #anchor in README.md and docs/*.md
          resolves (GitHub anchors: lowercase, punctuation dropped, spaces to
-         '-', a repeated heading gets -1, -2, ...);
+         '-', a repeated heading gets -1, -2, ...), and every NAME.md the
+         examples, the public headers, the man pages and the meshpg program
+         mention exists;
   c      every ```c block of README.md and docs/*.md compiles against
          include/meshpg.h (CC -fsyntax-only -std=c11 -I include).  A block
          with `main(` at the start of a line is a whole file; any other block
@@ -32,6 +34,9 @@ CHECK is one of
          `meshpg CMD --help` and no other, man/meshpg-spec.5.scd every key
          the loader accepts under its `# [section]`, and man/meshpg.3.scd
          every function the header exports (MPG_API) and no other;
+  hello  the first ```c block of README.md ("A first program") is
+         examples/hello/hello.c, byte for byte (the tests build and run
+         that file);
   names  every mpg_/MPG_ identifier that include/meshpg.h (its comments),
          include/meshpg.hpp, README.md, docs/*.md and man/* name is declared
          by meshpg.h (after the preprocessor: the status enum comes from a
@@ -356,6 +361,23 @@ def anchors(text):
     return res
 
 
+def check_md_mentions(src):
+    """Every NAME.md that the examples, the public headers, the man pages and
+    the meshpg program mention exists in the source tree (a user's clone)."""
+    paths = []
+    for pattern in ('examples/*.toml', 'examples/*.cpp', 'examples/*/*.c', 'examples/*/*.h',
+                    'include/*.h', 'include/*.hpp', 'man/*', 'tools/*.c', 'tools/*.h'):
+        paths += sorted(glob.glob(os.path.join(src, pattern)))
+    for path in paths:
+        for n, line in enumerate(read(path).split('\n'), 1):
+            for m in re.finditer(r'(?<![\w./-])([\w./-]+\.md)\b', line):
+                name = m.group(1)
+                cands = [os.path.join(src, name), os.path.join(src, 'docs', name)]
+                if not any(os.path.exists(c) for c in cands):
+                    problem(f'{os.path.relpath(path, src)}:{n}: mentions {name}, which is not '
+                            'in the source tree')
+
+
 def check_links(src):
     cache = {}
     for p in md_files(src):
@@ -500,6 +522,17 @@ def check_names(src, cc):
                 problem(f'{rel}:{line}: "{name}.{field}": {name} has no field "{field}"')
 
 
+def check_hello(src):
+    text = read(os.path.join(src, 'README.md'))
+    m = re.search(r'## A first program.*?```c\n(.*?)```', text, re.S)
+    if not m:
+        problem('README.md: no ```c block under "## A first program"')
+        return
+    if m.group(1) != read(os.path.join(src, 'examples', 'hello', 'hello.c')):
+        problem('README.md: the first program differs from examples/hello/hello.c '
+                '(copy the file into the README)')
+
+
 def main():
     if len(sys.argv) < 3:
         print(__doc__, file=sys.stderr)
@@ -515,8 +548,11 @@ def main():
         check_env(src)
     elif check == 'links':
         check_links(src)
+        check_md_mentions(src)
     elif check == 'c':
         check_c(src, sys.argv[3:] or ['cc'])
+    elif check == 'hello':
+        check_hello(src)
     elif check == 'names':
         check_names(src, sys.argv[3:] or ['cc'])
     else:

@@ -287,3 +287,29 @@ Test(launch, init_opts_from_spec_copies_backend_and_binding_keys) {
   cr_assert(strstr(mpg_last_error(), "MPG_INIT_OPTS_INIT"), "%s", mpg_last_error());
   cr_assert_eq(mpg_init_opts_from_spec(NULL, &o), MPG_ERR_INVALID);
 }
+
+/* A spec without [backend] leaves the thread backend, which only
+ * mpg_thread_run starts; under a launcher the error says which [backend]
+ * name to set (issue 30). */
+Test(launch, thread_backend_under_a_launcher_names_the_backend_to_set) {
+  setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  mpg_spec spec = MPG_SPEC_INIT;
+  cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=4"), MPG_OK);
+  mpg_mesh *mesh = NULL;
+  cr_assert_eq(mpg_mesh_create(&spec, 4, &mesh), MPG_OK);
+  mpg_init_opts o = MPG_INIT_OPTS_INIT;
+  cr_assert_eq(mpg_init_opts_from_spec(&spec, &o), MPG_OK);
+  mpg_ctx *ctx = NULL;
+  cr_assert_eq(mpg_ctx_create(mesh, &o, &ctx), MPG_ERR_INVALID);
+  const char *e = mpg_last_error();
+  cr_assert(strstr(e, "openmpi started this process as rank 1 of 4") &&
+                strstr(e, "[backend] name = \"mpi\""),
+            "%s", e);
+  clean_env();
+  cr_assert_eq(mpg_ctx_create(mesh, &o, &ctx), MPG_ERR_INVALID);
+  cr_assert(strstr(mpg_last_error(), "mpg_thread_run") &&
+                strstr(mpg_last_error(), "name = \"mpi\""),
+            "%s", mpg_last_error());
+  mpg_mesh_destroy(mesh);
+}

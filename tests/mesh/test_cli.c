@@ -95,3 +95,32 @@ Test(cli, plan_experts) {
   cr_assert_eq(cli("plan --mesh dp=2 --experts ep=2,xx=1"), 2, "%s", out);
   cr_expect(strstr(out, "--experts: expected ep=N, tp=N or order=ORDER"), "%s", out);
 }
+
+/* Issue 30's newcomer slips. */
+static int lines_of(const char *s) {
+  int n = 0;
+  for (; *s; s++) n += *s == '\n';
+  return n;
+}
+
+Test(cli, usage_error_is_one_line_and_a_hint) {
+  cr_assert_eq(cli("plan --mesh dp=2 --frobnicate"), 2, "%s", out);
+  cr_assert(strstr(out, "unknown option \"--frobnicate\""), "%s", out);
+  cr_assert(strstr(out, "run 'meshpg plan --help' for the options"), "%s", out);
+  cr_assert_leq(lines_of(out), 2, "a usage error printed %d lines:\n%s", lines_of(out), out);
+  cr_assert_eq(cli("sim --frobnicate"), 2, "%s", out);
+  cr_assert_leq(lines_of(out), 2, "%s", out);
+  cr_assert(strstr(out, "meshpg sim --help"), "%s", out);
+}
+
+Test(cli, plan_checks_the_sync_dims) {
+  cr_assert_eq(cli("plan tests/data/bad_shard_dims.toml"), 1, "%s", out);
+  cr_assert(strstr(out, "sync.shard_dims = \"dpp\"") && strstr(out, "did you mean \"dp\""),
+            "%s", out);
+  cr_assert_eq(cli("plan examples/hsdp.toml --world 16"), 0, "%s", out);
+}
+
+Test(cli, plan_minus_one_without_world_suggests_world) {
+  cr_assert_eq(cli("plan examples/llama64.toml"), 1, "%s", out);
+  cr_assert(strstr(out, "no world size was given") && strstr(out, "--world N"), "%s", out);
+}
