@@ -37,6 +37,9 @@ CHECK is one of
   hello  the first ```c block of README.md ("A first program") is
          examples/hello/hello.c, byte for byte (the tests build and run
          that file);
+  header include/meshpg.h is a contract: the comment right before each
+         MPG_API function is at most 12 lines, every function has one, and
+         no comment carries history ("Appended", "Changes from");
   names  every mpg_/MPG_ identifier that include/meshpg.h (its comments),
          include/meshpg.hpp, README.md, docs/*.md and man/* name is declared
          by meshpg.h (after the preprocessor: the status enum comes from a
@@ -522,6 +525,29 @@ def check_names(src, cc):
                 problem(f'{rel}:{line}: "{name}.{field}": {name} has no field "{field}"')
 
 
+MAX_CONTRACT_LINES = 12
+
+
+def check_header(src):
+    lines = read(os.path.join(src, 'include', 'meshpg.h')).split('\n')
+    for i, line in enumerate(lines):
+        if re.search(r'\b(Appended|Changes from)\b', line):
+            problem(f'include/meshpg.h:{i + 1}: history in a comment: {line.strip()}')
+        m = re.match(r'MPG_API\b[^(]*?\b(mpg_\w+)\s*\(', line)
+        if not m:
+            continue
+        j = i - 1
+        if j < 0 or not lines[j].rstrip().endswith('*/'):
+            problem(f'include/meshpg.h:{i + 1}: {m.group(1)} has no comment right before it')
+            continue
+        k = j
+        while k >= 0 and '/*' not in lines[k]:
+            k -= 1
+        if j - k + 1 > MAX_CONTRACT_LINES:
+            problem(f'include/meshpg.h:{i + 1}: the comment of {m.group(1)} has {j - k + 1} '
+                    f'lines (at most {MAX_CONTRACT_LINES}: how it works goes to docs/)')
+
+
 def check_hello(src):
     text = read(os.path.join(src, 'README.md'))
     m = re.search(r'## A first program.*?```c\n(.*?)```', text, re.S)
@@ -551,6 +577,8 @@ def main():
         check_md_mentions(src)
     elif check == 'c':
         check_c(src, sys.argv[3:] or ['cc'])
+    elif check == 'header':
+        check_header(src)
     elif check == 'hello':
         check_hello(src)
     elif check == 'names':
