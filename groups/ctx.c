@@ -200,6 +200,123 @@ mpg_status mpg_init_opts_from_spec(const mpg_spec *spec, mpg_init_opts *opts) {
   return MPG_OK;
 }
 
+/* The thread backend without a thread world: most often a spec without
+ * [backend] under a launcher, so say which name to set. */
+static mpg_status no_thread_world(void) {
+  mpg_launch by = MPG_LAUNCH_INIT;
+  if (mpg_launch_from_env(&by) == MPG_OK && by.world_size > 0 && by.source[0])
+    return mpg__fail(MPG_ERR_INVALID,
+                     "opts.backend is \"thread\" (the default, also of a spec without "
+                     "[backend] name), but %s started this process as rank %d of %d: "
+                     "for one process per rank set [backend] name = \"mpi\" (or \"nccl\" "
+                     "on GPUs; opts.backend = MPG_BACKEND_MPI / MPG_BACKEND_NCCL); the "
+                     "thread backend runs ranks started by mpg_thread_run "
+                     "(opts.thread_world is NULL)",
+                     by.source, by.rank, by.world_size);
+  return mpg__fail(MPG_ERR_INVALID,
+                   "the thread backend runs ranks started by mpg_thread_run "
+                   "(opts.thread_world is NULL); under mpirun, srun or torchrun set "
+                   "[backend] name = \"mpi\" or \"nccl\" (opts.backend)");
+}
+
+/* The caller's options, checked, and what world_init needs from them and
+ * from the launcher (a, env). */
+static mpg_status resolve_opts(const mpg_init_opts *opts, const struct mpg__backend_ops **ops,
+                               mpg__world_args *a, mpg_launch *env) {
+  *ops = backend_ops(opts->backend);
+  if (!*ops)
+    return mpg__fail(MPG_ERR_UNSUPPORTED,
+                     "backend \"%s\" is not built into this meshpg (configure "
+                     "with -D%s=enabled)",
+                     backend_name(opts->backend), backend_name(opts->backend));
+  if (opts->backend == MPG_BACKEND_THREAD && !opts->thread_world) return no_thread_world();
+  memset(a, 0, sizeof *a);
+  if (opts->timeout_s > 0 ? !(opts->timeout_s < MPG__TIMEOUT_MAX) : opts->timeout_s != opts->timeout_s)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "mpg_ctx_create: opts.timeout_s is %g: expected a number of seconds "
+                     "> 0 and < " MPG__TIMEOUT_MAX_TEXT " (or <= 0 for the default, 600 s)",
+                     opts->timeout_s);
+  mpg_status st = resolve_launch(*ops, opts, a, env);
+  if (st) return st;
+  a->timeout_s = opts->timeout_s > 0 ? opts->timeout_s : 600.0;
+  a->device = opts->device;
+  a->nccl_id = opts->nccl_id;
+  a->master_addr = env->master_addr;
+  a->master_port = env->master_port;
+  a->mpi_comm = opts->mpi_comm;
+  a->thread_world = opts->thread_world;
+  return MPG_OK;
+}
+
+/* A new context with everything but its communicators; NULL when out of
+ * memory.  Reads every MESHPG_* variable, once (settings.c): a bad value
+ * does not stop this rank here, it joins the world so that every rank
+ * learns of it (agree.c) instead of waiting out the timeout for this one. */
+static mpg_ctx *ctx_new(const mpg_mesh *mesh, const mpg_init_opts *opts,
+                        const struct mpg__backend_ops *ops, mpg__world_args *a) {
+  mpg_ctx *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return NULL;
+  mpg__settings_read(&ctx->settings);
+  mpg__log_set_level(ctx->settings.log);
+  a->settings = &ctx->settings;
+  ctx->mesh = mesh;
+  ctx->ops = ops;
+  ctx->kind = opts->backend;
+  ctx->rank = a->rank;
+  ctx->world = a->world_size;
+  ctx->local_rank = a->local_rank;
+  ctx->timeout_s = a->timeout_s;
+  ctx->lazy = opts->lazy_groups;
+  ctx->nsets = mpg_mesh_num_dimsets(mesh);
+  ctx->launcher_rank = a->rank;
+  ctx->num_nodes = 1;
+  if (opts->host_id) snprintf(ctx->host_id, sizeof ctx->host_id, "%s", opts->host_id);
+  mpg_binding unbound = MPG_BINDING_INIT;
+  ctx->binding = unbound;
+  ctx->binding.local_rank = a->local_rank;
+  ctx->setup_collectives = 1;
+  return ctx;
+}
+
+/* After world_init: every rank built the same job (agree.c), before
+ * anything depends on the mesh; then what is wrong on every rank alike,
+ * placement, binding and the order checker. */
+static mpg_status join_checks(mpg_ctx *ctx, const mpg_init_opts *opts, mpg__world_args *a,
+                              const mpg_launch *env) {
+  mpg_status st = mpg__ctx_agree(ctx, opts, &ctx->settings);
+  if (!st && ctx->settings.status)
+    st = mpg__fail(MPG_ERR_ENV, "mpg_ctx_create (rank %d): %s", a->rank, ctx->settings.error);
+  if (!st && a->world_size != mpg_mesh_world_size(ctx->mesh))
+    st = mpg__fail(MPG_ERR_INVALID,
+                   "the world has %d ranks (%s) but the mesh has %d",
+                   a->world_size,
+                   opts->world_size > 0 ? "from opts.world_size"
+                   : env->source[0]     ? env->source : "from the environment",
+                   mpg_mesh_world_size(ctx->mesh));
+  if (!st && opts->placement) st = place(ctx, opts, a);
+  if (!st && opts->bind != MPG_BIND_NONE) st = bind_rank(ctx, opts, a);
+  if (!st) st = mpg__order_create(ctx); /* MESHPG_CHECK_ORDER: records from here */
+  return st;
+}
+
+/* The context's group of every dim set, and (unless lazy) their
+ * communicators. */
+static mpg_status make_groups(mpg_ctx *ctx) {
+  for (int s = 0; s < ctx->nsets; s++) {
+    mpg_group *g = &ctx->groups[s];
+    g->ctx = ctx;
+    g->dimset = s;
+    mpg_mesh_dimset_info(ctx->mesh, s, &g->name, NULL, NULL);
+    mpg_mesh_group_of(ctx->mesh, s, ctx->rank, &g->index, &g->position, &g->size);
+    g->mask = mpg__mesh_dimset_mask(ctx->mesh, s);
+  }
+  mpg_status st = MPG_OK;
+  if (!ctx->lazy)
+    for (int s = 0; s < ctx->nsets && !st; s++) st = mpg__group_create(ctx, &ctx->groups[s]);
+  if (st) mpg__ctx_abort_all(ctx, st == MPG_ERR_TIMEOUT ? MPG_ERR_TIMEOUT : MPG_ERR_ABORTED);
+  return st;
+}
+
 mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
                           mpg_ctx **out) {
   if (!out) return mpg__fail(MPG_ERR_INVALID, "mpg_ctx_create: out is NULL");
@@ -212,72 +329,13 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
     if (bad) return bad;
   }
   opts = &full;
-  const struct mpg__backend_ops *ops = backend_ops(opts->backend);
-  if (!ops)
-    return mpg__fail(MPG_ERR_UNSUPPORTED,
-                     "backend \"%s\" is not built into this meshpg (configure "
-                     "with -D%s=enabled)",
-                     backend_name(opts->backend), backend_name(opts->backend));
-  if (opts->backend == MPG_BACKEND_THREAD && !opts->thread_world) {
-    /* Most often a spec without [backend] under a launcher: say so. */
-    mpg_launch by = MPG_LAUNCH_INIT;
-    if (mpg_launch_from_env(&by) == MPG_OK && by.world_size > 0 && by.source[0])
-      return mpg__fail(MPG_ERR_INVALID,
-                       "opts.backend is \"thread\" (the default, also of a spec without "
-                       "[backend] name), but %s started this process as rank %d of %d: "
-                       "for one process per rank set [backend] name = \"mpi\" (or \"nccl\" "
-                       "on GPUs; opts.backend = MPG_BACKEND_MPI / MPG_BACKEND_NCCL); the "
-                       "thread backend runs ranks started by mpg_thread_run "
-                       "(opts.thread_world is NULL)",
-                       by.source, by.rank, by.world_size);
-    return mpg__fail(MPG_ERR_INVALID,
-                     "the thread backend runs ranks started by mpg_thread_run "
-                     "(opts.thread_world is NULL); under mpirun, srun or torchrun set "
-                     "[backend] name = \"mpi\" or \"nccl\" (opts.backend)");
-  }
-
+  const struct mpg__backend_ops *ops = NULL;
   mpg__world_args a;
-  memset(&a, 0, sizeof a);
   mpg_launch env;
-  if (opts->timeout_s > 0 ? !(opts->timeout_s < MPG__TIMEOUT_MAX) : opts->timeout_s != opts->timeout_s)
-    return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_ctx_create: opts.timeout_s is %g: expected a number of seconds "
-                     "> 0 and < " MPG__TIMEOUT_MAX_TEXT " (or <= 0 for the default, 600 s)",
-                     opts->timeout_s);
-  mpg_status st = resolve_launch(ops, opts, &a, &env);
+  mpg_status st = resolve_opts(opts, &ops, &a, &env);
   if (st) return st;
-  a.timeout_s = opts->timeout_s > 0 ? opts->timeout_s : 600.0;
-  a.device = opts->device;
-  a.nccl_id = opts->nccl_id;
-  a.master_addr = env.master_addr;
-  a.master_port = env.master_port;
-  a.mpi_comm = opts->mpi_comm;
-  a.thread_world = opts->thread_world;
-
-  mpg_ctx *ctx = calloc(1, sizeof *ctx);
+  mpg_ctx *ctx = ctx_new(mesh, opts, ops, &a);
   if (!ctx) return mpg__fail(MPG_ERR_NOMEM, "mpg_ctx_create: out of memory");
-  /* Every MESHPG_* variable, once (settings.c).  A bad value does not stop
-   * this rank here: it joins the world so that every rank learns of it
-   * (agree.c) instead of waiting out the timeout for this one. */
-  mpg__settings_read(&ctx->settings);
-  mpg__log_set_level(ctx->settings.log);
-  a.settings = &ctx->settings;
-  ctx->mesh = mesh;
-  ctx->ops = ops;
-  ctx->kind = opts->backend;
-  ctx->rank = a.rank;
-  ctx->world = a.world_size;
-  ctx->local_rank = a.local_rank;
-  ctx->timeout_s = a.timeout_s;
-  ctx->lazy = opts->lazy_groups;
-  ctx->nsets = mpg_mesh_num_dimsets(mesh);
-  ctx->launcher_rank = a.rank;
-  ctx->num_nodes = 1;
-  if (opts->host_id) snprintf(ctx->host_id, sizeof ctx->host_id, "%s", opts->host_id);
-  mpg_binding unbound = MPG_BINDING_INIT;
-  ctx->binding = unbound;
-  ctx->binding.local_rank = a.local_rank;
-  ctx->setup_collectives = 1;
   st = ops->world_init(&a, &ctx->world_comm);
   if (st) {
     /* A bad variable may be why (a port): say so first. */
@@ -288,45 +346,13 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
     return st;
   }
   mpg__log(1, "rank %d of %d: %s backend up", ctx->rank, ctx->world, ops->name);
-  /* Every rank built the same job (agree.c), before anything depends on
-   * the mesh; then what is wrong on every rank alike. */
-  st = mpg__ctx_agree(ctx, opts, &ctx->settings);
-  if (!st && ctx->settings.status)
-    st = mpg__fail(MPG_ERR_ENV, "mpg_ctx_create (rank %d): %s", a.rank, ctx->settings.error);
-  if (!st && a.world_size != mpg_mesh_world_size(mesh))
-    st = mpg__fail(MPG_ERR_INVALID,
-                   "the world has %d ranks (%s) but the mesh has %d",
-                   a.world_size,
-                   opts->world_size > 0 ? "from opts.world_size"
-                   : env.source[0]      ? env.source : "from the environment",
-                   mpg_mesh_world_size(mesh));
-  if (!st && opts->placement) st = place(ctx, opts, &a);
-  if (!st && opts->bind != MPG_BIND_NONE) st = bind_rank(ctx, opts, &a);
-  if (!st) st = mpg__order_create(ctx); /* MESHPG_CHECK_ORDER: records from here */
+  st = join_checks(ctx, opts, &a, &env);
+  if (!st) st = make_groups(ctx);
   if (st) {
     mpg__saved_error why;
     mpg__error_save(&why);
     mpg_ctx_destroy(ctx);
     return mpg__error_restore(st, &why);
-  }
-  for (int s = 0; s < ctx->nsets; s++) {
-    mpg_group *g = &ctx->groups[s];
-    g->ctx = ctx;
-    g->dimset = s;
-    mpg_mesh_dimset_info(mesh, s, &g->name, NULL, NULL);
-    mpg_mesh_group_of(mesh, s, ctx->rank, &g->index, &g->position, &g->size);
-    g->mask = mpg__mesh_dimset_mask(mesh, s);
-  }
-
-  if (!ctx->lazy) {
-    for (int s = 0; s < ctx->nsets && !st; s++) st = mpg__group_create(ctx, &ctx->groups[s]);
-    if (st) {
-      mpg__saved_error why;
-      mpg__error_save(&why);
-      mpg__ctx_abort_all(ctx, st == MPG_ERR_TIMEOUT ? MPG_ERR_TIMEOUT : MPG_ERR_ABORTED);
-      mpg_ctx_destroy(ctx);
-      return mpg__error_restore(st, &why);
-    }
   }
   /* The creating thread issued the create's own collectives; the issuing
    * thread (nccl) is the first that issues after it, so that a context
