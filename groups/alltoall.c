@@ -286,6 +286,88 @@ static mpg_status check_counts(mpg_group *g, const a2a *a) {
   return st;
 }
 
+/* Fill the backend's four arrays (own entries 0); count the peers whose counts disagree. */
+static size_t native_arrays(const mpg_group *g, const a2a *a, const uint64_t *theirs,
+                            size_t *arrays, char *mismatch, size_t mismatch_size) {
+  int size = g->size, me = g->position;
+  size_t *send_counts = arrays, *send_displs = arrays + size;
+  size_t *recv_counts = arrays + 2 * size, *recv_displs = arrays + 3 * size;
+  size_t nbad = 0;
+  for (int p = 0; p < size; p++) {
+    send_counts[p] = p == me ? 0 : scount(a, p);
+    send_displs[p] = p == me ? 0 : sdispl(a, p);
+    recv_counts[p] = p == me ? 0 : rcount(a, p);
+    recv_displs[p] = p == me ? 0 : rdispl(a, p);
+    if (p == me) continue;
+    uint64_t peer_sends = theirs[2 * p], peer_expects = theirs[2 * p + 1];
+    if (peer_sends == recv_counts[p] && peer_expects == send_counts[p]) continue;
+    if (nbad++ == 0)
+      snprintf(mismatch, mismatch_size, "position %d sends %llu elements where this member "
+               "(position %d) expects %zu (recv_counts[%d]), and expects %llu where it sends "
+               "%zu (send_counts[%d])", p, (unsigned long long)peer_sends, me, recv_counts[p],
+               p, (unsigned long long)peer_expects, send_counts[p], p);
+  }
+  return nbad;
+}
+
+/* Receive every block as its sender sends it, packed, into a new scratch buffer. */
+static mpg_status native_scratch(const mpg_group *g, const a2a *a, const uint64_t *theirs,
+                                 size_t *arrays, const char *mismatch, char **scratch_out) {
+  int size = g->size, me = g->position;
+  size_t es = mpg__dtype_size(a->dtype), scratch_elems = 0;
+  size_t *recv_counts = arrays + 2 * size, *recv_displs = arrays + 3 * size;
+  for (int p = 0; p < size; p++) {
+    recv_counts[p] = p == me ? 0 : (size_t)theirs[2 * p];
+    recv_displs[p] = scratch_elems;
+    if (recv_counts[p] > (SIZE_MAX / 2) / es - scratch_elems)
+      return mpg__fail(MPG_ERR_INVALID, "%s on \"%s\": the counts of two members "
+                       "do not match (%s), and position %d's are too large to "
+                       "receive", a->fn, g->name, mismatch, p);
+    scratch_elems += recv_counts[p];
+  }
+  char *scratch = malloc(scratch_elems ? scratch_elems * es : 1);
+  if (!scratch)
+    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory receiving "
+                     "mismatched counts (%s)", a->fn, g->name, mismatch);
+  *scratch_out = scratch;
+  return MPG_OK;
+}
+
+/* Finish the mismatched all-to-all and copy the blocks of the agreeing peers out of scratch. */
+static mpg_status finish_agreeing(mpg_group *g, const a2a *a, mpg__req *req, double deadline,
+                                  const uint64_t *theirs, const size_t *arrays,
+                                  const char *scratch) {
+  int size = g->size, me = g->position;
+  size_t es = mpg__dtype_size(a->dtype);
+  const size_t *recv_counts = arrays + 2 * size, *recv_displs = arrays + 3 * size;
+  mpg_status st = mpg__group_finish(g, &req, 1, deadline, a->fn, MPG_OK, 0);
+  for (int p = 0; !st && p < size; p++)
+    if (p != me && theirs[2 * p] == rcount(a, p) && rcount(a, p))
+      memcpy((char *)a->recv + rdispl(a, p) * es, scratch + recv_displs[p] * es,
+             recv_counts[p] * es);
+  return st;
+}
+
+/* The posted request as the caller's work handle, else finished here. */
+static mpg_status native_work(mpg_group *g, const a2a *a, mpg__req *req, double deadline,
+                              mpg_work **work) {
+  mpg_work *handle = work ? calloc(1, sizeof *handle) : NULL;
+  if (handle) {
+    handle->group = g;
+    handle->req = req;
+    handle->deadline = deadline;
+    handle->status = MPG_OK;
+    *work = handle;
+    return MPG_OK;
+  }
+  /* Blocking, or no memory for the handle: finish it here rather than
+   * lose it (a failure aborts before the pending request is freed). */
+  mpg_status st = mpg__group_finish(g, &req, 1, deadline, a->fn, MPG_OK, 0);
+  if (st || !work) return st;
+  return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for the work handle (the "
+                   "operation completed)", a->fn, g->name);
+}
+
 /* The backend's own all-to-all (post_alltoallv), one request: the four
  * arrays of the call with this member's own entries 0 (copy_self did that
  * block).  *taken = 0 when the backend declined it (*req NULL): the caller
@@ -301,14 +383,14 @@ static mpg_status check_counts(mpg_group *g, const a2a *a) {
  * with MPG_ERR_INVALID once it finished. */
 static mpg_status run_native(mpg_group *g, const a2a *a, mpg_work **work, int *taken) {
   mpg_ctx *ctx = g->ctx;
-  int size = g->size, me = g->position;
-  size_t es = mpg__dtype_size(a->dtype);
+  int size = g->size;
   *taken = 1;
-  size_t *arr = malloc(4 * (size_t)size * sizeof *arr);
+  /* send counts, send displs, recv counts, recv displs: size entries each */
+  size_t *arrays = malloc(4 * (size_t)size * sizeof *arrays);
   uint64_t *mine = calloc(4 * (size_t)size, sizeof *mine), *theirs = mine ? mine + 2 * size
                                                                             : NULL;
-  if (!arr || !mine) {
-    free(arr);
+  if (!arrays || !mine) {
+    free(arrays);
     free(mine);
     return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for the counts of %d "
                      "members", a->fn, g->name, size);
@@ -316,101 +398,54 @@ static mpg_status run_native(mpg_group *g, const a2a *a, mpg_work **work, int *t
   double deadline = mpg__now() + ctx->timeout_s;
   mpg_status st = exchange_counts(g, a, mine, theirs);
   if (st) {
-    free(arr);
+    free(arrays);
     free(mine);
     return st;
   }
-  size_t *sc = arr, *sd = arr + size, *rc = arr + 2 * size, *rd = arr + 3 * size;
-  char bad[256] = "";
-  size_t nbad = 0, scratch = 0;
-  for (int p = 0; p < size; p++) {
-    sc[p] = p == me ? 0 : scount(a, p);
-    sd[p] = p == me ? 0 : sdispl(a, p);
-    rc[p] = p == me ? 0 : rcount(a, p);
-    rd[p] = p == me ? 0 : rdispl(a, p);
-    if (p == me) continue;
-    uint64_t in = theirs[2 * p], out = theirs[2 * p + 1];
-    if (in == rc[p] && out == sc[p]) continue;
-    if (nbad++ == 0)
-      snprintf(bad, sizeof bad, "position %d sends %llu elements where this member (position "
-               "%d) expects %zu (recv_counts[%d]), and expects %llu where it sends %zu "
-               "(send_counts[%d])", p, (unsigned long long)in, me, rc[p], p,
-               (unsigned long long)out, sc[p], p);
-  }
+  char mismatch[256] = ""; /* the first pair whose counts disagree */
+  size_t nbad = native_arrays(g, a, theirs, arrays, mismatch, sizeof mismatch);
   void *recv = a->recv;
-  char *tmp = NULL;
+  char *scratch = NULL;
   if (nbad) {
-    /* Receive every block as its sender sends it, packed, into scratch. */
-    for (int p = 0; p < size; p++) {
-      rc[p] = p == me ? 0 : (size_t)theirs[2 * p];
-      rd[p] = scratch;
-      if (rc[p] > (SIZE_MAX / 2) / es - scratch) {
-        free(arr);
-        free(mine);
-        return mpg__group_on_failure(
-            g, a->fn, mpg__fail(MPG_ERR_INVALID, "%s on \"%s\": the counts of two members "
-                                "do not match (%s), and position %d's are too large to "
-                                "receive", a->fn, g->name, bad, p));
-      }
-      scratch += rc[p];
-    }
-    tmp = malloc(scratch ? scratch * es : 1);
-    recv = tmp;
-    if (!tmp) {
-      free(arr);
+    st = native_scratch(g, a, theirs, arrays, mismatch, &scratch);
+    if (st) {
+      free(arrays);
       free(mine);
-      return mpg__group_on_failure(
-          g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory receiving "
-                              "mismatched counts (%s)", a->fn, g->name, bad));
+      return mpg__group_on_failure(g, a->fn, st);
     }
+    recv = scratch;
   }
   mpg__req *req = NULL;
-  st = ctx->ops->post_alltoallv(g->comm, a->send, sc, sd, recv, rc, rd, a->dtype, &req);
-  if (st || !req || !nbad) free(arr);
+  st = ctx->ops->post_alltoallv(g->comm, a->send, arrays, arrays + size, recv,
+                                arrays + 2 * size, arrays + 3 * size, a->dtype, &req);
+  if (st || !req || !nbad) free(arrays);
   if (st) {
     free(mine);
-    free(tmp);
+    free(scratch);
     return mpg__group_on_failure(g, a->fn, st);
   }
   if (!req) {
     /* Declined: the mpi backend never declines (backend.h). */
     free(mine);
-    free(tmp);
+    free(scratch);
     *taken = 0;
     return MPG_OK;
   }
   if (nbad) {
     /* Finish it here, keep the agreeing blocks, then fail. */
-    st = mpg__group_finish(g, &req, 1, deadline, a->fn, MPG_OK, 0);
-    for (int p = 0; !st && p < size; p++)
-      if (p != me && theirs[2 * p] == rcount(a, p) && rcount(a, p))
-        memcpy((char *)a->recv + rdispl(a, p) * es, tmp + rd[p] * es, rc[p] * es);
-    free(arr);
+    st = finish_agreeing(g, a, req, deadline, theirs, arrays, scratch);
+    free(arrays);
     free(mine);
-    free(tmp);
+    free(scratch);
     if (st) return st;
     return mpg__fail(MPG_ERR_INVALID,
                      "%s on \"%s\": the counts of %zu pair%s of members do not match "
                      "(recv_counts[i] on member j must equal send_counts[j] on member i): %s; "
                      "the other blocks were received",
-                     a->fn, g->name, nbad, nbad == 1 ? "" : "s", bad);
+                     a->fn, g->name, nbad, nbad == 1 ? "" : "s", mismatch);
   }
   free(mine);
-  mpg_work *w = work ? calloc(1, sizeof *w) : NULL;
-  if (w) {
-    w->group = g;
-    w->req = req;
-    w->deadline = deadline;
-    w->status = MPG_OK;
-    *work = w;
-    return MPG_OK;
-  }
-  /* Blocking, or no memory for the handle: finish it here rather than
-   * lose it (a failure aborts before the pending request is freed). */
-  st = mpg__group_finish(g, &req, 1, deadline, a->fn, MPG_OK, 0);
-  if (st || !work) return st;
-  return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for the work handle (the "
-                   "operation completed)", a->fn, g->name);
+  return native_work(g, a, req, deadline, work);
 }
 
 /* run_a2a with g claimed and the arguments checked. */

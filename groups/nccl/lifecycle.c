@@ -47,81 +47,149 @@
 /* split                                                              */
 /* ------------------------------------------------------------------ */
 
-static mpg_status nccl_split(mpg__comm *p, int color, int key,
-                             mpg__comm **out) {
-  *out = NULL;
-  char what[160];
-  snprintf(what, sizeof what, "nccl split (colour %d, key %d) of rank %d of a group of %d",
-           color, key, p->rank, p->size);
-  int why = atomic_load(&p->aborted);
-  if (why != MPG_OK)
-    return mpg__fail(MPG_ERR_ABORTED, "%s: the parent communicator was aborted (%s)",
-                     what, mpg_status_name((mpg_status)why));
-  double deadline = mpg__now() + p->timeout_s;
-  mpg__comm *c = NULL;
+/* The new group's communicator (colour >= 0), its handle's cell, p's device made current. */
+static mpg_status split_prepare(mpg__comm *p, int color, const char *what, mpg__comm **group_out,
+                                ncclComm_t **cell_out, ncclConfig_t *cfg, int *prev_dev) {
+  mpg__comm *group = NULL;
   if (color >= 0) {
-    c = mpg__nccl_comm_new(p->device, p->timeout_s);
-    if (!c) return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", what);
-    c->split_share = p->split_share;
+    group = mpg__nccl_comm_new(p->device, p->timeout_s);
+    if (!group) return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", what);
+    group->split_share = p->split_share;
   }
   /* NCCL writes the new handle from its init thread when the job ends.
    * The cell is on the heap: after a timeout it is left to that thread
    * (a few bytes, once per aborted context) rather than freed under it. */
   ncclComm_t *cell = calloc(1, sizeof *cell);
   if (!cell) {
-    if (c) mpg__nccl_comm_unref(c);
+    if (group) mpg__nccl_comm_unref(group);
     return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", what);
   }
-  ncclComm_t child = NULL;
-  ncclConfig_t cfg = mpg__nccl_config(p->split_share);
-  int old = -1;
-  cudaError_t ce = mpg__nccl_dev_enter(p->device, &old);
+  *cfg = mpg__nccl_config(p->split_share);
+  cudaError_t ce = mpg__nccl_dev_enter(p->device, prev_dev);
   if (ce != cudaSuccess) {
     free(cell);
-    if (c) mpg__nccl_comm_unref(c);
+    if (group) mpg__nccl_comm_unref(group);
     return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaSetDevice", ce);
   }
+  *group_out = group;
+  *cell_out = cell;
+  return MPG_OK;
+}
+
+/* ncclCommSplit of p's handle into *cell, settled; p marked aborted on a timeout (lock held). */
+static mpg_status split_call_locked(mpg__comm *p, int color, int key, ncclComm_t *cell,
+                                    ncclConfig_t *cfg, double deadline, ncclResult_t *res) {
   mpg_status st = MPG_OK;
+  *res = ncclCommSplit(p->nccl, color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, cell, cfg);
+  /* The split runs as a job of the parent: poll the parent.  NCCL 2.28
+   * answers ncclSuccess here while the job still runs, so always poll. */
+  if (*res == ncclSuccess || *res == ncclInProgress)
+    st = mpg__nccl_settle_locked(p, p->nccl, deadline, res);
+  if (st == MPG_ERR_TIMEOUT) mpg__nccl_abort_locked(p, MPG_ERR_TIMEOUT);
+  return st;
+}
+
+/* Wait, bounded, until NCCL's init thread has stored the child's handle in *cell. */
+static mpg_status split_wait_cell(mpg__comm *p, ncclComm_t *cell, double deadline) {
+  mpg_status st = MPG_OK;
+  unsigned spins = 0;
+  while (!__atomic_load_n(cell, __ATOMIC_ACQUIRE) && st == MPG_OK) {
+    if (mpg__now() > deadline) st = MPG_ERR_TIMEOUT;
+    else if (atomic_load(&p->aborted) != MPG_OK) st = (mpg_status)atomic_load(&p->aborted);
+    else mpg__nccl_backoff(&spins);
+  }
+  return st;
+}
+
+/* Wait, bounded, until the child's init leaves ncclInProgress; *res: its outcome. */
+static mpg_status split_wait_init(ncclComm_t child, double deadline, ncclResult_t *res) {
+  mpg_status st = MPG_OK;
+  ncclResult_t state = ncclInProgress;
+  unsigned spins = 0;
+  while ((*res = ncclCommGetAsyncError(child, &state)) == ncclSuccess &&
+         state == ncclInProgress && st == MPG_OK) {
+    if (mpg__now() > deadline) st = MPG_ERR_TIMEOUT;
+    else mpg__nccl_backoff(&spins);
+  }
+  if (*res == ncclSuccess) *res = state == ncclInProgress ? ncclSuccess : state;
+  return st;
+}
+
+/* The error of a failed split (st, else NCCL's res), once it is cleaned up. */
+static mpg_status split_failed(const mpg__comm *p, const char *what, mpg_status st,
+                               ncclResult_t res) {
+  if (st == MPG_ERR_TIMEOUT)
+    return mpg__fail(MPG_ERR_TIMEOUT,
+                     "%s: not every rank of the parent entered the split "
+                     "within %.3g s (the context is being aborted)",
+                     what, p->timeout_s);
+  if (st != MPG_OK) return mpg__fail(st, "%s: aborted while splitting", what);
+  return mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommSplit", res);
+}
+
+/* Give group the child's handle, rank, size and the context's buffers (dropped on failure). */
+static mpg_status split_adopt(mpg__comm *group, const mpg__comm *p, ncclComm_t child,
+                              const char *what) {
+  group->nccl = child;
+  int count = 0, rank = -1;
+  ncclResult_t res = ncclCommCount(child, &count);
+  if (res == ncclSuccess) res = ncclCommUserRank(child, &rank);
+  if (res != ncclSuccess) {
+    (void)ncclCommAbort(child);
+    group->nccl = NULL;
+    mpg__nccl_comm_unref(group);
+    return mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommCount/ncclCommUserRank", res);
+  }
+  group->size = count;
+  group->rank = rank;
+  /* The context's registered buffers are registered with the new group too
+   * (reg.c: NCCL's registrations are per communicator). */
+  mpg_status joined = mpg__nccl_family_join(group, p);
+  if (joined) {
+    (void)ncclCommAbort(child);
+    group->nccl = NULL;
+    mpg__nccl_comm_unref(group);
+    return joined;
+  }
+  return MPG_OK;
+}
+
+static mpg_status nccl_split(mpg__comm *p, int color, int key,
+                             mpg__comm **out) {
+  *out = NULL;
+  char what[160];
+  snprintf(what, sizeof what, "nccl split (colour %d, key %d) of rank %d of a group of %d",
+           color, key, p->rank, p->size);
+  int parent_abort = atomic_load(&p->aborted);
+  if (parent_abort != MPG_OK)
+    return mpg__fail(MPG_ERR_ABORTED, "%s: the parent communicator was aborted (%s)",
+                     what, mpg_status_name((mpg_status)parent_abort));
+  double deadline = mpg__now() + p->timeout_s;
+  mpg__comm *group = NULL; /* the new group's communicator; none for colour < 0 */
+  ncclComm_t *cell = NULL;
+  ncclConfig_t cfg;
+  int prev_dev = -1;
+  mpg_status st = split_prepare(p, color, what, &group, &cell, &cfg, &prev_dev);
+  if (st != MPG_OK) return st;
   mpg__nccl_lock(p);
   if (!p->nccl) {
     pthread_mutex_unlock(&p->lock);
-    mpg__nccl_dev_leave(p->device, old);
+    mpg__nccl_dev_leave(p->device, prev_dev);
     free(cell);
-    if (c) mpg__nccl_comm_unref(c);
+    if (group) mpg__nccl_comm_unref(group);
     return mpg__fail(MPG_ERR_ABORTED, "%s: the parent communicator is gone", what);
   }
-  ncclResult_t r = ncclCommSplit(p->nccl, color >= 0 ? color : NCCL_SPLIT_NOCOLOR,
-                                 key, cell, &cfg);
-  /* The split runs as a job of the parent: poll the parent.  NCCL 2.28
-   * answers ncclSuccess here while the job still runs, so always poll. */
-  if (r == ncclSuccess || r == ncclInProgress)
-    st = mpg__nccl_settle_locked(p, p->nccl, deadline, &r);
-  if (st == MPG_ERR_TIMEOUT) mpg__nccl_abort_locked(p, MPG_ERR_TIMEOUT);
+  ncclResult_t res = ncclSuccess;
+  st = split_call_locked(p, color, key, cell, &cfg, deadline, &res);
   pthread_mutex_unlock(&p->lock);
 
   /* NCCL stores the child from its init thread as the job ends; once the
    * parent has settled it is there.  Both waits below are bounded and run
    * without the parent's lock, so the abort op is never held up. */
-  if (st == MPG_OK && r == ncclSuccess && color >= 0) {
-    unsigned spins = 0;
-    while (!__atomic_load_n(cell, __ATOMIC_ACQUIRE) && st == MPG_OK) {
-      if (mpg__now() > deadline) st = MPG_ERR_TIMEOUT;
-      else if (atomic_load(&p->aborted) != MPG_OK) st = (mpg_status)atomic_load(&p->aborted);
-      else mpg__nccl_backoff(&spins);
-    }
-  }
-  child = __atomic_load_n(cell, __ATOMIC_ACQUIRE);
+  if (st == MPG_OK && res == ncclSuccess && color >= 0) st = split_wait_cell(p, cell, deadline);
+  ncclComm_t child = __atomic_load_n(cell, __ATOMIC_ACQUIRE);
   if (st == MPG_OK) free(cell); /* else NCCL may still write it */
-  if (st == MPG_OK && r == ncclSuccess && child) {
-    ncclResult_t state = ncclInProgress;
-    unsigned spins = 0;
-    while ((r = ncclCommGetAsyncError(child, &state)) == ncclSuccess &&
-           state == ncclInProgress && st == MPG_OK) {
-      if (mpg__now() > deadline) st = MPG_ERR_TIMEOUT;
-      else mpg__nccl_backoff(&spins);
-    }
-    if (r == ncclSuccess) r = state == ncclInProgress ? ncclSuccess : state;
-  }
+  if (st == MPG_OK && res == ncclSuccess && child) st = split_wait_init(child, deadline, &res);
   if (st == MPG_ERR_TIMEOUT) {
     /* Marked only: the context aborts every handle together (R8). */
     pthread_mutex_lock(&p->lock);
@@ -129,52 +197,28 @@ static mpg_status nccl_split(mpg__comm *p, int color, int key,
     pthread_mutex_unlock(&p->lock);
   }
 
-  if (st != MPG_OK || r != ncclSuccess) {
+  if (st != MPG_OK || res != ncclSuccess) {
     if (child) (void)ncclCommAbort(child);
-    mpg__nccl_dev_leave(p->device, old);
-    if (c) mpg__nccl_comm_unref(c);
-    if (st == MPG_ERR_TIMEOUT)
-      return mpg__fail(MPG_ERR_TIMEOUT,
-                       "%s: not every rank of the parent entered the split "
-                       "within %.3g s (the context is being aborted)",
-                       what, p->timeout_s);
-    if (st != MPG_OK) return mpg__fail(st, "%s: aborted while splitting", what);
-    return mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommSplit", r);
+    mpg__nccl_dev_leave(p->device, prev_dev);
+    if (group) mpg__nccl_comm_unref(group);
+    return split_failed(p, what, st, res);
   }
-  mpg__nccl_dev_leave(p->device, old);
+  mpg__nccl_dev_leave(p->device, prev_dev);
   if (color < 0) {
     if (child) (void)ncclCommAbort(child); /* not expected with NOCOLOR */
     mpg__log(2, "nccl: rank %d joined no group in a split", p->rank);
     return MPG_OK;
   }
   if (!child) {
-    mpg__nccl_comm_unref(c);
+    mpg__nccl_comm_unref(group);
     return mpg__fail(MPG_ERR_BACKEND, "%s: ncclCommSplit gave no communicator",
                      what);
   }
-  c->nccl = child;
-  int n = 0, me = -1;
-  r = ncclCommCount(child, &n);
-  if (r == ncclSuccess) r = ncclCommUserRank(child, &me);
-  if (r != ncclSuccess) {
-    (void)ncclCommAbort(child);
-    c->nccl = NULL;
-    mpg__nccl_comm_unref(c);
-    return mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommCount/ncclCommUserRank", r);
-  }
-  c->size = n;
-  c->rank = me;
-  /* The context's registered buffers are registered with the new group too
-   * (reg.c: NCCL's registrations are per communicator). */
-  mpg_status rs = mpg__nccl_family_join(c, p);
-  if (rs) {
-    (void)ncclCommAbort(child);
-    c->nccl = NULL;
-    mpg__nccl_comm_unref(c);
-    return rs;
-  }
-  mpg__log(2, "nccl: split colour %d key %d -> rank %d of %d", color, key, me, n);
-  *out = c;
+  st = split_adopt(group, p, child, what);
+  if (st != MPG_OK) return st;
+  mpg__log(2, "nccl: split colour %d key %d -> rank %d of %d", color, key, group->rank,
+           group->size);
+  *out = group;
   return MPG_OK;
 }
 

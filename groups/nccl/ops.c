@@ -205,42 +205,52 @@ static ncclResult_t enqueue_batch(mpg__comm *c, const mpg__coll *k, int n, cudaS
   return e;
 }
 
-/* Post one operation k (nops == 0) or the batch k[0..nops) of sends and
- * receives; one request and one event either way. */
-static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req **out) {
-  *out = NULL;
-  double posted = mpg__now();
-  char what[200];
-  mpg_dtype dtype = k->kind == MPG__BARRIER ? MPG_I32 : k->dtype;
-  describe_ops(what, sizeof what, c, nops, k->kind, dtype, k->op, k->count);
-  size_t moved = nops ? 0 : k->count; /* zero: nothing to move */
+/* What post_ops checked and mapped before posting, carried through its steps. */
+typedef struct post_plan {
+  char what[200];    /* describe_ops's text, the head of every message */
+  mpg_dtype dtype;   /* the operation's dtype (MPG_I32 for a barrier) */
+  ncclDataType_t dt; /* NCCL's dtype of the enqueue */
+  ncclRedOp_t op;    /* NCCL's op of the enqueue (ncclSum when it has none) */
+  scalar_t scalar;   /* a pre-multiplied sum's scalar */
+  int premul;        /* op is a pre-multiplied sum that this call creates */
+  size_t moved;      /* zero: nothing to move */
+} post_plan;
+
+/* Check the operation (or batch) k and map its dtype and op into *plan. */
+static mpg_status plan_post(mpg__comm *c, const mpg__coll *k, int nops, post_plan *plan) {
+  plan->dtype = k->kind == MPG__BARRIER ? MPG_I32 : k->dtype;
+  describe_ops(plan->what, sizeof plan->what, c, nops, k->kind, plan->dtype, k->op, k->count);
+  const char *what = plan->what;
+  plan->moved = nops ? 0 : k->count; /* zero: nothing to move */
   for (int i = 0; i < nops; i++) {
-    ncclDataType_t bdt;
-    if ((k[i].kind != MPG__SEND && k[i].kind != MPG__RECV) || !map_dtype(k[i].dtype, &bdt))
+    ncclDataType_t batch_dt;
+    if ((k[i].kind != MPG__SEND && k[i].kind != MPG__RECV) || !map_dtype(k[i].dtype, &batch_dt))
       return mpg__fail(MPG_ERR_INVALID, "%s: operation %d is not a send or receive of a "
                        "known dtype", what, i);
-    moved |= k[i].count;
+    plan->moved |= k[i].count;
   }
-  int why = atomic_load(&c->aborted);
-  if (why != MPG_OK)
+  int abort_reason = atomic_load(&c->aborted);
+  if (abort_reason != MPG_OK)
     return mpg__fail(MPG_ERR_ABORTED, "%s: the communicator was aborted (%s)",
-                     what, mpg_status_name((mpg_status)why));
-  ncclDataType_t dt;
-  if (!map_dtype(dtype, &dt))
-    return mpg__fail(MPG_ERR_INVALID, "%s: unknown dtype %d", what, (int)dtype);
-  ncclRedOp_t op = ncclSum;
-  scalar_t scalar;
-  int premul = uses_op(k->kind) && k->op == MPG_OP_PREMUL_SUM;
-  if (uses_op(k->kind) && !premul && !map_op(k->op, &op))
+                     what, mpg_status_name((mpg_status)abort_reason));
+  if (!map_dtype(plan->dtype, &plan->dt))
+    return mpg__fail(MPG_ERR_INVALID, "%s: unknown dtype %d", what, (int)plan->dtype);
+  plan->op = ncclSum;
+  plan->premul = uses_op(k->kind) && k->op == MPG_OP_PREMUL_SUM;
+  if (uses_op(k->kind) && !plan->premul && !map_op(k->op, &plan->op))
     return mpg__fail(MPG_ERR_INVALID, "%s: unknown op %d", what, (int)k->op);
-  if (premul && !make_scalar(dtype, k->scale, &scalar))
+  if (plan->premul && !make_scalar(plan->dtype, k->scale, &plan->scalar))
     return mpg__fail(MPG_ERR_INVALID, "%s: a scaled sum needs a floating dtype",
                      what);
+  return MPG_OK;
+}
 
+/* A new request with its two events, c's device made current (*prev_dev to give back). */
+static mpg_status req_new(const mpg__comm *c, const char *what, mpg__req **out,
+                          int *prev_dev) {
   mpg__req *req = calloc(1, sizeof *req);
   if (!req) return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", what);
-  int old = -1;
-  cudaError_t ce = mpg__nccl_dev_enter(c->device, &old);
+  cudaError_t ce = mpg__nccl_dev_enter(c->device, prev_dev);
   if (ce != cudaSuccess) {
     free(req);
     return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaSetDevice", ce);
@@ -251,54 +261,117 @@ static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req 
     if (ce != cudaSuccess) (void)cudaEventDestroy(req->start);
   }
   if (ce != cudaSuccess) {
-    mpg__nccl_dev_leave(c->device, old);
+    mpg__nccl_dev_leave(c->device, *prev_dev);
     free(req);
     return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaEventCreateWithFlags", ce);
   }
-  cudaStream_t stream = (cudaStream_t)k->stream;
-  double deadline = mpg__now() + c->timeout_s;
-  mpg_status st = MPG_OK;
-  ncclResult_t r = ncclSuccess;
-  const char *call = "?";
-  const mpg__coll *given = k;
-  mpg__coll wide; /* f32 accumulation: the f32 stand-in for k (widen.c) */
-  int widened = 0;
+  *out = req;
+  return MPG_OK;
+}
 
-  mpg__nccl_lock(c);
-  if (!c->nccl) {
-    st = mpg__fail(MPG_ERR_ABORTED, "%s: the communicator is gone", what);
-    goto out_locked;
+/* Undo req_new after a failed post: the events, the device, the request. */
+static void req_discard(const mpg__comm *c, mpg__req *req, int prev_dev) {
+  (void)cudaEventDestroy(req->start);
+  (void)cudaEventDestroy(req->event);
+  mpg__nccl_dev_leave(c->device, prev_dev);
+  free(req);
+}
+
+/* The barrier's zeroed device word, made once per communicator (lock held). */
+static mpg_status barrier_scratch_locked(mpg__comm *c, const char *what) {
+  if (c->scratch) return MPG_OK;
+  void *word = NULL;
+  cudaError_t ce = cudaMalloc(&word, sizeof(int));
+  if (ce == cudaSuccess) ce = cudaMemset(word, 0, sizeof(int));
+  if (ce != cudaSuccess) {
+    if (word) (void)cudaFree(word);
+    return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaMalloc (barrier scratch)", ce);
   }
-  if (k->kind == MPG__BARRIER && !c->scratch) {
-    void *p = NULL;
-    ce = cudaMalloc(&p, sizeof(int));
-    if (ce == cudaSuccess) ce = cudaMemset(p, 0, sizeof(int));
-    if (ce != cudaSuccess) {
-      if (p) (void)cudaFree(p);
-      st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaMalloc (barrier scratch)", ce);
-      goto out_locked;
-    }
-    c->scratch = p;
+  c->scratch = word;
+  return MPG_OK;
+}
+
+/* Everything on the stream before the operation's work, start event last (lock held). */
+static mpg_status start_locked(mpg__comm *c, const mpg__coll *k, cudaStream_t stream,
+                               mpg__req *req, const char *what) {
+  if (!c->nccl) return mpg__fail(MPG_ERR_ABORTED, "%s: the communicator is gone", what);
+  if (k->kind == MPG__BARRIER) {
+    mpg_status st = barrier_scratch_locked(c, what);
+    if (st != MPG_OK) return st;
   }
   /* Behind the family's previous launch when meshpg keeps the order
    * (reg.c); before the start event, so that the wait is not counted. */
-  ce = mpg__nccl_family_order_before(c, stream);
-  if (ce != cudaSuccess) {
-    st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaStreamWaitEvent (launch order)", ce);
-    goto out_locked;
-  }
+  cudaError_t ce = mpg__nccl_family_order_before(c, stream);
+  if (ce != cudaSuccess)
+    return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaStreamWaitEvent (launch order)", ce);
   /* The timeout's clock starts when the stream gets here (see the top). */
   ce = cudaEventRecord(req->start, stream);
-  if (ce != cudaSuccess) {
-    st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaEventRecord (start)", ce);
-    goto out_locked;
+  if (ce != cudaSuccess)
+    return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaEventRecord (start)", ce);
+  return MPG_OK;
+}
+
+/* Whether k reduces in f32 through widen.c (post_locked says why). */
+static int goes_through_f32(const mpg__coll *k, const post_plan *plan) {
+  return (k->acc_f32 || k->op == MPG_OP_AVG || plan->premul) && uses_op(k->kind) &&
+         mpg__dtype_is_half(plan->dtype);
+}
+
+/* Create a pre-multiplied sum's op if any, then enqueue k; both settled (lock held). */
+static mpg_status enqueue_settled(mpg__comm *c, const mpg__coll *k, int nops,
+                                  cudaStream_t stream, double deadline, post_plan *plan,
+                                  ncclResult_t *res, const char **call) {
+  mpg_status st = MPG_OK;
+  if (plan->premul) {
+    *call = "ncclRedOpCreatePreMulSum";
+    *res = ncclRedOpCreatePreMulSum(&plan->op, &plan->scalar, plan->dt,
+                                    ncclScalarHostImmediate, c->nccl);
+    if (*res == ncclSuccess || *res == ncclInProgress)
+      st = mpg__nccl_settle_locked(c, c->nccl, deadline, res);
+    if (st != MPG_OK || *res != ncclSuccess) {
+      plan->premul = 0; /* nothing to destroy */
+      return st;
+    }
   }
-  if (k->kind != MPG__BARRIER && moved == 0) {
+  *res = nops ? enqueue_batch(c, k, nops, stream, call)
+              : enqueue(c, k, plan->dt, plan->op, stream, call);
+  if (*res == ncclSuccess || *res == ncclInProgress)
+    st = mpg__nccl_settle_locked(c, c->nccl, deadline, res);
+  return st;
+}
+
+/* The enqueue's outcome as a status and message; on success the end event (lock held). */
+static mpg_status report_locked(mpg__comm *c, mpg__req *req, cudaStream_t stream,
+                                const char *what, mpg_status st, ncclResult_t res,
+                                const char *call) {
+  if (st == MPG_ERR_TIMEOUT) {
+    mpg__nccl_abort_locked(c, MPG_ERR_TIMEOUT);
+    return mpg__fail(MPG_ERR_TIMEOUT,
+                     "%s: %s still in progress after %.3g s (the communicator "
+                     "was aborted)",
+                     what, call, c->timeout_s);
+  }
+  if (st != MPG_OK)
+    return mpg__fail(MPG_ERR_ABORTED, "%s: aborted during %s (%s)", what, call,
+                     mpg_status_name(st));
+  if (res != ncclSuccess) return mpg__nccl_fail(MPG_ERR_BACKEND, what, call, res);
+  cudaError_t ce = cudaEventRecord(req->event, stream);
+  if (ce != cudaSuccess) return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaEventRecord", ce);
+  if ((ce = mpg__nccl_family_order_after(c, stream)) != cudaSuccess)
+    return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaEventRecord (launch order)", ce);
+  return MPG_OK;
+}
+
+/* The operation on c, from the start event to the end event (lock held). */
+static mpg_status post_locked(mpg__comm *c, const mpg__coll *k, int nops, cudaStream_t stream,
+                              double deadline, post_plan *plan, mpg__req *req) {
+  const char *what = plan->what;
+  mpg_status st = start_locked(c, k, stream, req, what);
+  if (st != MPG_OK) return st;
+  if (k->kind != MPG__BARRIER && plan->moved == 0)
     /* Nothing to move; every member skips alike.  NCCL is not called, so
      * NULL buffers of zero elements are fine. */
-    premul = 0;
-    goto out_result;
-  }
+    return report_locked(c, req, stream, what, MPG_OK, ncclSuccess, "?");
   /* An f16/bf16 average, at every group size: NCCL's ncclAvg of a half is
    * a pre-multiplied sum whose scalar is half(1/size) (src/enqueue.cc:
    * 2304-2312), and the pre-multiply rounds every addend to the half
@@ -312,32 +385,19 @@ static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req 
    * go through the f32 path (widen.c): each element widened (and scaled) in
    * f32, reduced by NCCL in ncclFloat32 (ncclAvg for an average: its
    * pre-multiply by float(1/size) in f32 is exact at a power of two), and
-   * narrowed once into recv at out_result; the wire then carries f32. */
-  if ((k->acc_f32 || k->op == MPG_OP_AVG || premul) && uses_op(k->kind) &&
-      mpg__dtype_is_half(dtype)) {
-    st = mpg__nccl_widen(c, k, premul ? k->scale : 1.0, stream, what, &wide);
-    if (st) goto out_locked;
-    widened = 1;
-    k = &wide;
-    dt = ncclFloat32;
-    if (premul) op = ncclSum;
-    premul = 0;
+   * narrowed once into recv below; the wire then carries f32. */
+  mpg__coll wide; /* f32 accumulation: the f32 stand-in for k (widen.c) */
+  int widened = goes_through_f32(k, plan);
+  if (widened) {
+    st = mpg__nccl_widen(c, k, plan->premul ? k->scale : 1.0, stream, what, &wide);
+    if (st) return st;
+    plan->dt = ncclFloat32;
+    if (plan->premul) plan->op = ncclSum;
+    plan->premul = 0;
   }
-  if (premul) {
-    call = "ncclRedOpCreatePreMulSum";
-    r = ncclRedOpCreatePreMulSum(&op, &scalar, dt, ncclScalarHostImmediate, c->nccl);
-    if (r == ncclSuccess || r == ncclInProgress)
-      st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
-    if (st != MPG_OK || r != ncclSuccess) {
-      premul = 0; /* nothing to destroy */
-      goto out_result;
-    }
-  }
-  r = nops ? enqueue_batch(c, k, nops, stream, &call)
-           : enqueue(c, k, dt, op, stream, &call);
-  if (r == ncclSuccess || r == ncclInProgress)
-    st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
-out_result:
+  ncclResult_t res = ncclSuccess;
+  const char *call = "?";
+  st = enqueue_settled(c, widened ? &wide : k, nops, stream, deadline, plan, &res, &call);
   /* The op is destroyed only once the enqueue settled with ncclSuccess on
    * a communicator not aborted: after ncclInProgress NCCL allows only
    * ncclCommGetAsyncError and ncclCommAbort until the state settles (the
@@ -345,51 +405,46 @@ out_result:
    * communicators), and ncclRedOpDestroy checks neither (src/enqueue.cc:
    * 2708-2736); a timeout or an error aborts the communicator, and the
    * abort frees the op with it (commFree, src/init.cc:264). */
-  if (premul && st == MPG_OK && r == ncclSuccess && c->nccl &&
+  if (plan->premul && st == MPG_OK && res == ncclSuccess && c->nccl &&
       atomic_load(&c->aborted) == MPG_OK)
-    (void)ncclRedOpDestroy(op, c->nccl);
+    (void)ncclRedOpDestroy(plan->op, c->nccl);
   if (widened) {
     /* Narrow only after a successful enqueue; free the f32 buffer always. */
-    int ok = st == MPG_OK && r == ncclSuccess;
-    mpg_status nst = mpg__nccl_narrow(given, &wide, ok, stream, what);
-    if (ok && nst) {
-      st = nst;
-      goto out_locked;
-    }
+    int enqueued = st == MPG_OK && res == ncclSuccess;
+    mpg_status narrow_st = mpg__nccl_narrow(k, &wide, enqueued, stream, what);
+    if (enqueued && narrow_st) return narrow_st;
   }
-  if (st == MPG_ERR_TIMEOUT) {
-    mpg__nccl_abort_locked(c, MPG_ERR_TIMEOUT);
-    st = mpg__fail(MPG_ERR_TIMEOUT,
-                   "%s: %s still in progress after %.3g s (the communicator "
-                   "was aborted)",
-                   what, call, c->timeout_s);
-  } else if (st != MPG_OK) {
-    st = mpg__fail(MPG_ERR_ABORTED, "%s: aborted during %s (%s)", what, call,
-                   mpg_status_name(st));
-  } else if (r != ncclSuccess) {
-    st = mpg__nccl_fail(MPG_ERR_BACKEND, what, call, r);
-  } else {
-    ce = cudaEventRecord(req->event, stream);
-    if (ce != cudaSuccess) st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaEventRecord", ce);
-    else if ((ce = mpg__nccl_family_order_after(c, stream)) != cudaSuccess)
-      st = mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaEventRecord (launch order)", ce);
-  }
-out_locked:
+  return report_locked(c, req, stream, what, st, res, call);
+}
+
+/* Post one operation k (nops == 0) or the batch k[0..nops) of sends and
+ * receives; one request and one event either way. */
+static mpg_status post_ops(mpg__comm *c, const mpg__coll *k, int nops, mpg__req **out) {
+  *out = NULL;
+  double posted = mpg__now();
+  post_plan plan;
+  mpg_status st = plan_post(c, k, nops, &plan);
+  if (st != MPG_OK) return st;
+  mpg__req *req = NULL;
+  int prev_dev = -1;
+  st = req_new(c, plan.what, &req, &prev_dev);
+  if (st != MPG_OK) return st;
+  cudaStream_t stream = (cudaStream_t)k->stream;
+  double deadline = mpg__now() + c->timeout_s;
+  mpg__nccl_lock(c);
+  st = post_locked(c, k, nops, stream, deadline, &plan, req);
   pthread_mutex_unlock(&c->lock);
   if (st != MPG_OK) {
-    (void)cudaEventDestroy(req->start);
-    (void)cudaEventDestroy(req->event);
-    mpg__nccl_dev_leave(c->device, old);
-    free(req);
+    req_discard(c, req, prev_dev);
     return st;
   }
-  mpg__nccl_dev_leave(c->device, old);
+  mpg__nccl_dev_leave(c->device, prev_dev);
   atomic_fetch_add(&c->refs, 1);
   req->comm = c;
   req->posted = posted;
   req->timeout_s = c->timeout_s;
   req->kind = k->kind;
-  req->dtype = dtype;
+  req->dtype = plan.dtype;
   req->op = k->op;
   req->count = k->count;
   req->nops = nops;

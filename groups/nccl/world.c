@@ -235,19 +235,13 @@ static mpg_status explain(mpg_status st, const mpg__device_choice *pick) {
 
 int mpg__nccl_comm_device(const mpg__comm *c) { return c ? c->device : -1; }
 
-mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
-  *out = NULL;
-  if (!a || a->world_size < 1 || a->rank < 0 || a->rank >= a->world_size)
-    return mpg__fail(MPG_ERR_INVALID, "nccl world_init: rank %d outside a world of %d",
-                     a ? a->rank : -1, a ? a->world_size : 0);
-  double timeout = a->timeout_s > 0 ? a->timeout_s : 600.0;
-  double deadline = mpg__now() + timeout;
-
-  /* 1. How the ranks agree on the id.  Checked before touching CUDA. */
+/* Step 1: how the ranks agree on the id (*how, *root_port, named in via); no CUDA call. */
+static mpg_status choose_boot(const mpg__world_args *a, enum boot *how, int *root_port,
+                              char *via, size_t via_size) {
   boot_env env;
   boot_env_read(&env);
-  enum boot how = pick_boot(a, &env);
-  if (how == BOOT_NONE)
+  *how = pick_boot(a, &env);
+  if (*how == BOOT_NONE)
     return mpg__fail(MPG_ERR_ENV,
                      "nccl: rank %d of %d has no way to agree on the NCCL "
                      "unique id: set MASTER_ADDR and MASTER_PORT (torchrun "
@@ -262,14 +256,16 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
       !strcmp(a->settings->bad_var, "MESHPG_NCCL_PORT"))
     return mpg__fail(MPG_ERR_ENV, "nccl: rank %d: %s (the rendezvous needs it)", a->rank,
                      a->settings->error);
-  int share = a->settings ? a->settings->nccl_split_share : 0; /* MESHPG_NCCL_SPLIT_SHARE */
-  int root_port = how == BOOT_MASTER ? master_boot_port(a) : -1;
-  if (how == BOOT_MASTER && root_port < 0) return MPG_ERR_ENV;
-  char via[320];
-  boot_name(how, a, &env, via, sizeof via);
+  *root_port = *how == BOOT_MASTER ? master_boot_port(a) : -1;
+  if (*how == BOOT_MASTER && *root_port < 0) return MPG_ERR_ENV;
+  boot_name(*how, a, &env, via, via_size);
+  return MPG_OK;
+}
 
-  /* 2. The device: opts.device, else from the local rank and what CUDA
-   * shows this process (groups/device.h). */
+/* Step 2: the CUDA device of this rank (*pick), made current. */
+static mpg_status choose_device(const mpg__world_args *a, mpg__device_choice *pick) {
+  /* opts.device, else from the local rank and what CUDA shows this
+   * process (groups/device.h). */
   int ndev = 0;
   cudaError_t ce = cudaGetDeviceCount(&ndev);
   if (ce != cudaSuccess) {
@@ -277,24 +273,95 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
     ndev = 0;
   }
   /* Args without a local world (0: tests of this table) count as 1. */
-  mpg__device_choice pick;
   mpg_status chosen = mpg__device_choose(
       a->device, a->local_rank, a->local_world_size > 0 ? a->local_world_size : 1, ndev,
-      getenv("CUDA_VISIBLE_DEVICES"), &pick);
+      getenv("CUDA_VISIBLE_DEVICES"), pick);
   if (chosen)
     return mpg__fail_wrap(chosen, "nccl: rank %d of %d%s%s%s", a->rank, a->world_size,
                           ce != cudaSuccess ? " (cudaGetDeviceCount: " : "",
                           ce != cudaSuccess ? cudaGetErrorString(ce) : "",
                           ce != cudaSuccess ? ")" : "");
-  int dev = pick.device;
-  mpg__log(1, "nccl: rank %d of %d takes CUDA %s", a->rank, a->world_size, pick.why);
-  ce = cudaSetDevice(dev);
+  mpg__log(1, "nccl: rank %d of %d takes CUDA %s", a->rank, a->world_size, pick->why);
+  ce = cudaSetDevice(pick->device);
   if (ce != cudaSuccess) {
     char what[96];
     snprintf(what, sizeof what, "nccl world_init (rank %d of %d)", a->rank,
              a->world_size);
     return mpg__nccl_fail_cuda(MPG_ERR_BACKEND, what, "cudaSetDevice", ce);
   }
+  return MPG_OK;
+}
+
+/* Step 4: ncclCommInitRankConfig into c->nccl, settled (lock held). */
+static mpg_status init_locked(mpg__comm *c, const mpg__world_args *a, ncclUniqueId id,
+                              ncclConfig_t *cfg, double deadline, ncclResult_t *res) {
+  mpg_status st = MPG_OK;
+  *res = ncclCommInitRankConfig(&c->nccl, a->world_size, id, a->rank, cfg);
+  /* Poll even after ncclSuccess: a non-blocking call may return before its
+   * background job has finished. */
+  if ((*res == ncclSuccess || *res == ncclInProgress) && c->nccl)
+    st = mpg__nccl_settle_locked(c, c->nccl, deadline, res);
+  return st;
+}
+
+/* The world c joined: start its family, choose who orders its launches, hand it out. */
+static mpg_status world_up(mpg__comm *c, const mpg__world_args *a, const char *via,
+                           mpg__comm **out) {
+  mpg_status st = mpg__nccl_family_join(c, NULL);
+  if (st) {
+    pthread_mutex_lock(&c->lock);
+    (void)ncclCommAbort(c->nccl);
+    c->nccl = NULL;
+    pthread_mutex_unlock(&c->lock);
+    mpg__nccl_comm_unref(c);
+    return st;
+  }
+  int nccl_orders = a->settings && a->settings->nccl_launch_order_implicit;
+  mpg__nccl_family_order(c, !nccl_orders);
+  mpg__log(1, "nccl: rank %d of %d up on CUDA device %d (unique id from %s); kernels of "
+           "its groups ordered by %s",
+           a->rank, a->world_size, c->device, via,
+           nccl_orders ? "NCCL (NCCL_LAUNCH_ORDER_IMPLICIT)"
+                       : "meshpg, one at a time (set NCCL_LAUNCH_ORDER_IMPLICIT=1 to let "
+                         "them overlap)");
+  *out = c;
+  return MPG_OK;
+}
+
+/* The error of a failed init call (st, else NCCL's res), explained by the device choice. */
+static mpg_status init_failed(mpg_status st, ncclResult_t res, const char *what,
+                              double timeout, int world_size, const mpg__device_choice *pick) {
+  if (st == MPG_ERR_TIMEOUT)
+    return explain(mpg__fail(MPG_ERR_TIMEOUT,
+                             "%s: not every rank connected within %.3g s (did all "
+                             "%d ranks start, with the same id?)",
+                             what, timeout, world_size),
+                   pick);
+  if (st != MPG_OK) return explain(mpg__fail(st, "%s: aborted while connecting", what), pick);
+  return explain(mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommInitRankConfig", res), pick);
+}
+
+mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
+  *out = NULL;
+  if (!a || a->world_size < 1 || a->rank < 0 || a->rank >= a->world_size)
+    return mpg__fail(MPG_ERR_INVALID, "nccl world_init: rank %d outside a world of %d",
+                     a ? a->rank : -1, a ? a->world_size : 0);
+  double timeout = a->timeout_s > 0 ? a->timeout_s : 600.0;
+  double deadline = mpg__now() + timeout;
+
+  /* 1. How the ranks agree on the id.  Checked before touching CUDA. */
+  enum boot how = BOOT_NONE;
+  int root_port = -1;
+  char via[320];
+  mpg_status st = choose_boot(a, &how, &root_port, via, sizeof via);
+  if (st != MPG_OK) return st;
+  int share = a->settings ? a->settings->nccl_split_share : 0; /* MESHPG_NCCL_SPLIT_SHARE */
+
+  /* 2. The device. */
+  mpg__device_choice pick;
+  st = choose_device(a, &pick);
+  if (st != MPG_OK) return st;
+  int dev = pick.device;
 
   mpg__comm *c = mpg__nccl_comm_new(dev, timeout);
   if (!c) return mpg__fail(MPG_ERR_NOMEM, "nccl world_init: out of memory");
@@ -308,51 +375,23 @@ mpg_status mpg__nccl_world_init(const mpg__world_args *a, mpg__comm **out) {
 
   /* 3. The id, and 4. the init call. */
   ncclUniqueId id;
-  mpg_status st = get_id(how, a, root_port, deadline, &id, what);
+  st = get_id(how, a, root_port, deadline, &id, what);
   if (st != MPG_OK) {
     mpg__nccl_comm_unref(c);
     return st;
   }
-  ncclResult_t r = ncclSuccess;
+  ncclResult_t res = ncclSuccess;
   c->split_share = share;
   ncclConfig_t cfg = mpg__nccl_config(share);
   pthread_mutex_lock(&c->lock);
-  r = ncclCommInitRankConfig(&c->nccl, a->world_size, id, a->rank, &cfg);
-  /* Poll even after ncclSuccess: a non-blocking call may return before its
-   * background job has finished. */
-  if ((r == ncclSuccess || r == ncclInProgress) && c->nccl)
-    st = mpg__nccl_settle_locked(c, c->nccl, deadline, &r);
-  if (st == MPG_OK && r == ncclSuccess) {
+  st = init_locked(c, a, id, &cfg, deadline, &res);
+  if (st == MPG_OK && res == ncclSuccess) {
     pthread_mutex_unlock(&c->lock);
-    if ((st = mpg__nccl_family_join(c, NULL))) {
-      pthread_mutex_lock(&c->lock);
-      (void)ncclCommAbort(c->nccl);
-      c->nccl = NULL;
-      pthread_mutex_unlock(&c->lock);
-      mpg__nccl_comm_unref(c);
-      return st;
-    }
-    int nccl_orders = a->settings && a->settings->nccl_launch_order_implicit;
-    mpg__nccl_family_order(c, !nccl_orders);
-    mpg__log(1, "nccl: rank %d of %d up on CUDA device %d (unique id from %s); kernels of "
-             "its groups ordered by %s",
-             a->rank, a->world_size, dev, via,
-             nccl_orders ? "NCCL (NCCL_LAUNCH_ORDER_IMPLICIT)"
-                         : "meshpg, one at a time (set NCCL_LAUNCH_ORDER_IMPLICIT=1 to let "
-                           "them overlap)");
-    *out = c;
-    return MPG_OK;
+    return world_up(c, a, via, out);
   }
   if (c->nccl) (void)ncclCommAbort(c->nccl); /* joins NCCL's init thread */
   c->nccl = NULL;
   pthread_mutex_unlock(&c->lock);
   mpg__nccl_comm_unref(c);
-  if (st == MPG_ERR_TIMEOUT)
-    return explain(mpg__fail(MPG_ERR_TIMEOUT,
-                             "%s: not every rank connected within %.3g s (did all "
-                             "%d ranks start, with the same id?)",
-                             what, timeout, a->world_size),
-                   &pick);
-  if (st != MPG_OK) return explain(mpg__fail(st, "%s: aborted while connecting", what), &pick);
-  return explain(mpg__nccl_fail(MPG_ERR_BACKEND, what, "ncclCommInitRankConfig", r), &pick);
+  return init_failed(st, res, what, timeout, a->world_size, &pick);
 }

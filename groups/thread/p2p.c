@@ -54,117 +54,163 @@ void mpg__thread_unlink_recv(tgroup *g, mpg__req *req) {
   r->next = NULL;
 }
 
+/* A send's own copy of its bytes as a message from cm, made before taking the lock. */
+static mpg_status msg_new(const mpg__comm *cm, const mpg__coll *coll, size_t bytes,
+                          tmsg **out) {
+  tmsg *msg = bytes <= SIZE_MAX - sizeof *msg ? malloc(sizeof *msg + bytes) : NULL;
+  if (!msg)
+    return mpg__fail(MPG_ERR_NOMEM,
+                     "thread backend: rank %d: out of memory for a %zu-byte message "
+                     "on group %s", cm->rank, bytes, cm->g->name);
+  msg->next = NULL;
+  msg->src = cm->pos;
+  msg->count = coll->count;
+  msg->dtype = coll->dtype;
+  msg->bytes = bytes;
+  if (bytes) memcpy(msg->data, coll->send, bytes);
+  *out = msg;
+  return MPG_OK;
+}
+
+/* The first receive posted in box for a message from position src, or NULL (g->mu held). */
+static mpg__req *posted_recv(const tinbox *box, int src) {
+  mpg__req *recv = box->rhead;
+  while (recv && recv->coll.peer != src) recv = recv->next;
+  return recv;
+}
+
+/* Whether box has no room for one more message of `bytes` under cm's limits (g->mu held). */
+static int inbox_full(const mpg__comm *cm, const tinbox *box, size_t bytes) {
+  size_t max_msgs = cm->inbox_msgs, max_bytes = cm->inbox_bytes;
+  return box->nmsgs >= max_msgs ||
+         (box->nmsgs > 0 &&
+          bytes > max_bytes - (box->nbytes < max_bytes ? box->nbytes : max_bytes));
+}
+
+/* Wait for a receive posted in box, room in it or an abort; 0 at the timeout (g->mu held). */
+static int wait_for_room_locked(const mpg__comm *cm, tinbox *box, size_t bytes,
+                                mpg__req **waiting, size_t *queued_msgs,
+                                size_t *queued_bytes) {
+  tgroup *g = cm->g;
+  double deadline = 0;
+  for (;;) {
+    *waiting = posted_recv(box, cm->pos);
+    if (*waiting || g->aborted) return 1;
+    if (!inbox_full(cm, box, bytes)) return 1;
+    if (deadline == 0) deadline = mpg__now() + cm->timeout_s;
+    if (mpg__now() >= deadline) {
+      *queued_msgs = box->nmsgs;
+      *queued_bytes = box->nbytes;
+      return 0;
+    }
+    mpg__thread_timed_wait(&g->cv, &g->mu, deadline);
+  }
+}
+
+/* The error of a send whose peer's inbox stayed full until the timeout. */
+static mpg_status send_timeout(const mpg__comm *cm, const mpg__coll *coll, size_t queued_msgs,
+                               size_t queued_bytes) {
+  return mpg__fail(MPG_ERR_TIMEOUT,
+                   "thread backend: rank %d (position %d of group %s): "
+                   "send(count %zu, %s, peer %d): the peer's inbox is full "
+                   "(%zu messages, %zu bytes not received; limits %zu "
+                   "messages, %zu bytes) and it received nothing within "
+                   "%.3g s",
+                   cm->rank, cm->pos, cm->g->name, coll->count,
+                   mpg_dtype_name(coll->dtype), coll->peer, queued_msgs, queued_bytes,
+                   cm->inbox_msgs, cm->inbox_bytes, cm->timeout_s);
+}
+
+/* Hand msg to the receive waiting for it, else queue it in box (g->mu held). */
+static void send_locked(tgroup *g, tinbox *box, mpg__req *waiting, tmsg *msg) {
+  if (waiting) { /* a receive is waiting: hand the data over directly */
+    mpg__thread_unlink_recv(g, waiting);
+    deliver(waiting, msg->data, msg->bytes, msg->count, msg->dtype, msg->src);
+    free(msg);
+    pthread_cond_broadcast(&g->cv);
+    return;
+  }
+  box->nmsgs++;
+  box->nbytes += msg->bytes;
+  if (box->tail)
+    box->tail->next = msg;
+  else
+    box->head = msg;
+  box->tail = msg;
+}
+
+/* Complete req with the first message from its peer in box, else post it there (g->mu held). */
+static void recv_locked(tgroup *g, tinbox *box, mpg__req *req) {
+  tmsg *prev = NULL, *found = box->head;
+  while (found && found->src != req->coll.peer) {
+    prev = found;
+    found = found->next;
+  }
+  if (found) {
+    if (prev)
+      prev->next = found->next;
+    else
+      box->head = found->next;
+    if (box->tail == found) box->tail = prev;
+    box->nmsgs--;
+    box->nbytes -= found->bytes;
+    deliver(req, found->data, found->bytes, found->count, found->dtype, found->src);
+    free(found);
+    pthread_cond_broadcast(&g->cv); /* a sender may wait for room */
+    return;
+  }
+  req->next = NULL;
+  if (box->rtail)
+    box->rtail->next = req;
+  else
+    box->rhead = req;
+  box->rtail = req;
+  pthread_cond_broadcast(&g->cv); /* a sender may wait for this receive */
+}
+
 mpg_status mpg__thread_p2p_post(mpg__comm *cm, mpg__req *req) {
   tgroup *g = cm->g;
-  const mpg__coll *c = &req->coll;
-  size_t bytes = c->count * mpg__dtype_size(c->dtype);
-  if (c->peer < 0 || c->peer >= g->size)
+  const mpg__coll *coll = &req->coll;
+  size_t bytes = coll->count * mpg__dtype_size(coll->dtype);
+  if (coll->peer < 0 || coll->peer >= g->size)
     return mpg__fail(MPG_ERR_INVALID,
                      "thread backend: rank %d (position %d of group %s): %s: peer %d "
                      "is outside 0..%d",
-                     cm->rank, cm->pos, g->name, mpg__thread_kind_name(req->kind), c->peer,
+                     cm->rank, cm->pos, g->name, mpg__thread_kind_name(req->kind), coll->peer,
                      g->size - 1);
   /* A send copies before taking the lock (the message is its own). */
-  tmsg *m = NULL;
+  tmsg *msg = NULL;
   if (req->kind == MPG__SEND) {
-    m = bytes <= SIZE_MAX - sizeof *m ? malloc(sizeof *m + bytes) : NULL;
-    if (!m)
-      return mpg__fail(MPG_ERR_NOMEM,
-                       "thread backend: rank %d: out of memory for a %zu-byte message "
-                       "on group %s", cm->rank, bytes, g->name);
-    m->next = NULL;
-    m->src = cm->pos;
-    m->count = c->count;
-    m->dtype = c->dtype;
-    m->bytes = bytes;
-    if (bytes) memcpy(m->data, c->send, bytes);
+    mpg_status st = msg_new(cm, coll, bytes, &msg);
+    if (st != MPG_OK) return st;
   }
   pthread_mutex_lock(&g->mu);
-  mpg__req *r = NULL;
-  tinbox *box = req->kind == MPG__SEND ? &g->inbox[c->peer] : NULL;
+  mpg__req *waiting = NULL; /* a receive posted for this send's message */
+  tinbox *box = req->kind == MPG__SEND ? &g->inbox[coll->peer] : NULL;
   if (box && !g->aborted) {
     /* Back-pressure: a receive posted for this message takes it at once;
      * else wait (bounded by the timeout) for room in the peer's inbox. */
-    size_t max_msgs = cm->inbox_msgs, max_bytes = cm->inbox_bytes;
-    double deadline = 0;
-    for (;;) {
-      for (r = box->rhead; r && r->coll.peer != cm->pos; r = r->next) {
-      }
-      if (r || g->aborted) break;
-      int full = box->nmsgs >= max_msgs ||
-                 (box->nmsgs > 0 &&
-                  bytes > max_bytes - (box->nbytes < max_bytes ? box->nbytes : max_bytes));
-      if (!full) break;
-      if (deadline == 0) deadline = mpg__now() + cm->timeout_s;
-      if (mpg__now() >= deadline) {
-        size_t nm = box->nmsgs, nb = box->nbytes;
-        pthread_mutex_unlock(&g->mu);
-        free(m);
-        return mpg__fail(MPG_ERR_TIMEOUT,
-                         "thread backend: rank %d (position %d of group %s): "
-                         "send(count %zu, %s, peer %d): the peer's inbox is full "
-                         "(%zu messages, %zu bytes not received; limits %zu "
-                         "messages, %zu bytes) and it received nothing within "
-                         "%.3g s",
-                         cm->rank, cm->pos, g->name, c->count,
-                         mpg_dtype_name(c->dtype), c->peer, nm, nb, max_msgs,
-                         max_bytes, cm->timeout_s);
-      }
-      mpg__thread_timed_wait(&g->cv, &g->mu, deadline);
+    size_t queued_msgs = 0, queued_bytes = 0;
+    if (!wait_for_room_locked(cm, box, bytes, &waiting, &queued_msgs, &queued_bytes)) {
+      pthread_mutex_unlock(&g->mu);
+      free(msg);
+      return send_timeout(cm, coll, queued_msgs, queued_bytes);
     }
   }
   if (g->aborted) {
-    char am[sizeof g->abort_msg];
-    snprintf(am, sizeof am, "%s", g->abort_msg);
+    char abort_msg[sizeof g->abort_msg];
+    snprintf(abort_msg, sizeof abort_msg, "%s", g->abort_msg);
     pthread_mutex_unlock(&g->mu);
-    free(m);
-    return mpg__thread_fail_aborted(cm, req->kind, c, am);
+    free(msg);
+    return mpg__thread_fail_aborted(cm, req->kind, coll, abort_msg);
   }
   if (req->owns_ref) g->refs++;
   if (req->kind == MPG__SEND) {
-    if (r) { /* a receive is waiting: hand the data over directly */
-      mpg__thread_unlink_recv(g, r);
-      deliver(r, m->data, bytes, c->count, c->dtype, cm->pos);
-      free(m);
-      pthread_cond_broadcast(&g->cv);
-    } else {
-      box->nmsgs++;
-      box->nbytes += bytes;
-      if (box->tail)
-        box->tail->next = m;
-      else
-        box->head = m;
-      box->tail = m;
-    }
+    send_locked(g, box, waiting, msg);
     req->done = 1;
     req->status = MPG_OK;
   } else {
-    box = &g->inbox[cm->pos];
-    tmsg *prev = NULL, *mm = box->head;
-    while (mm && mm->src != c->peer) {
-      prev = mm;
-      mm = mm->next;
-    }
-    if (mm) {
-      if (prev)
-        prev->next = mm->next;
-      else
-        box->head = mm->next;
-      if (box->tail == mm) box->tail = prev;
-      box->nmsgs--;
-      box->nbytes -= mm->bytes;
-      deliver(req, mm->data, mm->bytes, mm->count, mm->dtype, mm->src);
-      free(mm);
-      pthread_cond_broadcast(&g->cv); /* a sender may wait for room */
-    } else {
-      req->next = NULL;
-      if (box->rtail)
-        box->rtail->next = req;
-      else
-        box->rhead = req;
-      box->rtail = req;
-      pthread_cond_broadcast(&g->cv); /* a sender may wait for this receive */
-    }
+    recv_locked(g, &g->inbox[cm->pos], req);
   }
   pthread_mutex_unlock(&g->mu);
   return MPG_OK;
