@@ -215,80 +215,171 @@ static void park_failed(mpg__req *q, mpg__comm *m) {
   }
 }
 
-mpg_status mpg__mpi_post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
-  *out = NULL;
-  int peer = c->kind == MPG__BROADCAST ? c->root : c->peer;
-  mpg_status why = atomic_load(&m->aborted);
-  if (why)
-    return post_fail(why, c, m, why == MPG_ERR_TIMEOUT
+/* Refuse a post on an aborted communicator or with arguments it cannot run. */
+static mpg_status post_check(mpg__comm *m, const mpg__coll *coll, int peer) {
+  mpg_status aborted = atomic_load(&m->aborted);
+  if (aborted)
+    return post_fail(aborted, coll, m, aborted == MPG_ERR_TIMEOUT
                      ? "the communicator was aborted after a timeout"
                      : "the communicator was aborted");
-  mpg_dtype dt = c->dtype;
-  size_t es = mpg__dtype_size(dt);
-  size_t n = c->count;
-  int half = mpg__dtype_is_half(dt);
-  int size = m->size, rank = m->rank;
-  if (c->kind != MPG__BARRIER && es == 0)
-    return post_fail(MPG_ERR_INVALID, c, m, "unknown dtype");
+  if (coll->kind != MPG__BARRIER && mpg__dtype_size(coll->dtype) == 0)
+    return post_fail(MPG_ERR_INVALID, coll, m, "unknown dtype");
   /* The largest staging buffer, (size + 1) * n elements of up to 8 bytes,
    * must fit in size_t. */
-  if (n > SIZE_MAX / 8 / ((size_t)size + 1))
-    return post_fail(MPG_ERR_INVALID, c, m, "count too large for memory");
-  if ((c->kind == MPG__SEND || c->kind == MPG__RECV) &&
-      (peer < 0 || peer >= size || peer == rank))
-    return post_fail(MPG_ERR_INVALID, c, m, "the peer is not another member");
-  if (c->kind == MPG__BROADCAST && (peer < 0 || peer >= size))
-    return post_fail(MPG_ERR_INVALID, c, m, "the root is not a member");
+  if (coll->count > SIZE_MAX / 8 / ((size_t)m->size + 1))
+    return post_fail(MPG_ERR_INVALID, coll, m, "count too large for memory");
+  if ((coll->kind == MPG__SEND || coll->kind == MPG__RECV) &&
+      (peer < 0 || peer >= m->size || peer == m->rank))
+    return post_fail(MPG_ERR_INVALID, coll, m, "the peer is not another member");
+  if (coll->kind == MPG__BROADCAST && (peer < 0 || peer >= m->size))
+    return post_fail(MPG_ERR_INVALID, coll, m, "the root is not a member");
+  return MPG_OK;
+}
 
+/* The staging elements (of the wire type) of an operation of kind on count n. */
+static size_t stage_elems(mpg__coll_kind kind, int size, size_t n) {
+  return kind == MPG__BARRIER ? 0 : kind == MPG__ALL_GATHER ? (size_t)size * n
+         : kind == MPG__REDUCE_SCATTER ? ((size_t)size + 1) * n : n;
+}
+
+/* Copy the caller's data into `stage`, MPI's buffer, and describe q's completion step. */
+static void stage_in(mpg__req *q, const mpg__coll *coll, char *stage, int widen, int zc,
+                     int pipe) {
+  size_t n = q->count, es = mpg__dtype_size(q->dtype), ws = widen ? sizeof(float) : es;
+  mpg_dtype wdt = widen ? MPG_F32 : q->dtype;
+  int premul = coll->op == MPG_OP_PREMUL_SUM, size = q->size, rank = q->rank;
+  q->work_dtype = wdt;
+  q->fin = zc ? FIN_NONE : widen ? FIN_NARROW : FIN_COPY;
+  q->dst = coll->recv;
+  q->nfin = n;
+  q->out = stage;
+  size_t in_elems = coll->kind == MPG__REDUCE_SCATTER ? (size_t)size * n : n;
+  if (pipe) {
+    /* Staged, divided and copied out piece by piece (struct piece). */
+    q->src = coll->send;
+    q->wire = stage;
+    q->mtype = mpi_type(wdt);
+    q->mop = mpi_op(coll->op);
+    q->premul = premul ? coll->scale : 0;
+    q->rop = coll->op;
+    q->piece_div = coll->op == MPG_OP_AVG ? size : 0;
+    q->piece_fin = q->fin;
+    q->fin = FIN_NONE;
+  }
+  switch (pipe ? MPG__BARRIER : coll->kind) { /* pipe: nothing to do now */
+    case MPG__ALL_REDUCE:
+    case MPG__REDUCE_SCATTER:
+      if (widen) mpg__half_widen(q->dtype, coll->send, (float *)stage, in_elems);
+      else if (in_elems && !zc) memcpy(stage, coll->send, in_elems * es);
+      if (premul) mpg__scale(wdt, stage, in_elems, coll->scale);
+      if (coll->kind == MPG__REDUCE_SCATTER) q->out = stage + in_elems * ws;
+      if (coll->op == MPG_OP_AVG) q->divisor = size;
+      break;
+    case MPG__ALL_GATHER:
+      if (n) memcpy(stage + (size_t)rank * n * es, coll->send, n * es);
+      q->nfin = (size_t)size * n;
+      break;
+    case MPG__BROADCAST:
+      if (rank == q->peer) {
+        if (n) memcpy(stage, coll->recv, n * es);
+        q->fin = FIN_NONE; /* the root's buffer already holds the data */
+      }
+      break;
+    case MPG__SEND:
+      if (n) memcpy(stage, coll->send, n * es);
+      q->fin = FIN_NONE;
+      break;
+    case MPG__RECV:
+      break;
+    case MPG__BARRIER:
+      if (!pipe) q->fin = FIN_NONE;
+      break;
+  }
+}
+
+/* Post q's MPI calls over `stage`, naming the call in *call.  Lock held. */
+static int post_calls(mpg__req *q, mpg__comm *m, char *stage, size_t ws, int pipe,
+                      const char **call) {
+  size_t n = q->count, es = mpg__dtype_size(q->dtype);
+  MPI_Datatype t = mpi_type(q->work_dtype); /* MPI_FLOAT when widened */
+  MPI_Op op = mpi_op(q->op);
+  int rc = MPI_SUCCESS;
+  switch (q->kind) {
+    case MPG__ALL_REDUCE:
+      *call = "MPI_Iallreduce";
+      rc = pipe ? mpg__mpi_queue_allreduce(q, m, ws)
+                : post_allreduce(q, m->comm, stage, n, ws, t, op);
+      break;
+    case MPG__REDUCE_SCATTER:
+      *call = n <= (size_t)mpg__mpi.chunk ? "MPI_Ireduce_scatter_block" : "MPI_Ireduce";
+      rc = post_reduce_scatter(q, m, stage, q->out, n, ws, t, op);
+      break;
+    case MPG__ALL_GATHER:
+      *call = n <= (size_t)mpg__mpi.chunk ? "MPI_Iallgather" : "MPI_Ibcast";
+      rc = post_allgather(q, m, stage, n, es, t);
+      break;
+    case MPG__BROADCAST:
+      *call = "MPI_Ibcast";
+      rc = post_bcast(q, m->comm, stage, n, es, t, q->peer);
+      break;
+    case MPG__BARRIER:
+      *call = "MPI_Ibarrier";
+      rc = MPI_Ibarrier(m->comm, &q->reqs[0]);
+      if (rc == MPI_SUCCESS) q->nreq = 1;
+      break;
+    case MPG__SEND:
+      *call = "MPI_Isend";
+      rc = post_p2p(q, m->comm, 1, stage, n, es, t, q->peer);
+      break;
+    case MPG__RECV:
+      *call = "MPI_Irecv";
+      rc = post_p2p(q, m->comm, 0, stage, n, es, t, q->peer);
+      break;
+  }
+  return rc;
+}
+
+mpg_status mpg__mpi_post(mpg__comm *m, const mpg__coll *coll, mpg__req **out) {
+  *out = NULL;
+  int peer = coll->kind == MPG__BROADCAST ? coll->root : coll->peer;
+  mpg_status st = post_check(m, coll, peer);
+  if (st) return st;
+  mpg_dtype dt = coll->dtype;
+  size_t es = mpg__dtype_size(dt), n = coll->count;
+  int half = mpg__dtype_is_half(dt), size = m->size, rank = m->rank;
   mpg__req *q = calloc(1, sizeof *q);
-  if (!q) return post_fail(MPG_ERR_NOMEM, c, m, "out of memory for a request");
-  q->kind = c->kind;
+  if (!q) return post_fail(MPG_ERR_NOMEM, coll, m, "out of memory for a request");
+  q->kind = coll->kind;
   q->dtype = dt;
-  q->op = c->op;
+  q->op = coll->op;
   q->count = n;
   q->peer = peer;
   q->size = size;
   q->rank = rank;
   q->work_dtype = dt;
-  int gather_like = c->kind == MPG__ALL_GATHER || c->kind == MPG__REDUCE_SCATTER;
-  size_t maxreq = gather_like && n > (size_t)mpg__mpi.chunk
-                      ? (size_t)size * nchunks(n)
-                      : nchunks(n);
+  int gather_like = coll->kind == MPG__ALL_GATHER || coll->kind == MPG__REDUCE_SCATTER;
+  size_t maxreq = gather_like && n > (size_t)mpg__mpi.chunk ? (size_t)size * nchunks(n)
+                                                            : nchunks(n);
   size_t wire = half ? sizeof(float) : es; /* all-reduce element on the wire */
-  if (c->kind == MPG__ALL_REDUCE && mpg__mpi_pipelined(n, wire))
+  if (coll->kind == MPG__ALL_REDUCE && mpg__mpi_pipelined(n, wire))
     maxreq = 2 * mpg__mpi_npieces(n, wire);
   q->reqs = &q->one;
   if (maxreq > 1 && !(q->reqs = malloc(maxreq * sizeof *q->reqs))) {
     free(q);
-    return post_fail(MPG_ERR_NOMEM, c, m, "out of memory for the chunk requests");
+    return post_fail(MPG_ERR_NOMEM, coll, m, "out of memory for the chunk requests");
   }
 
   /* Every buffer MPI sees is staging memory owned by the request (see
    * staging.c), sized here in elements of the wire type. */
-  int widen = half && (c->kind == MPG__ALL_REDUCE || c->kind == MPG__REDUCE_SCATTER);
+  int widen = half && (coll->kind == MPG__ALL_REDUCE || coll->kind == MPG__REDUCE_SCATTER);
   size_t ws = widen ? sizeof(float) : es; /* f16/bf16 reduce in f32 */
-  size_t elems = 0;
-  switch (c->kind) {
-    case MPG__ALL_REDUCE: case MPG__BROADCAST: case MPG__SEND: case MPG__RECV:
-      elems = n;
-      break;
-    case MPG__ALL_GATHER:
-      elems = (size_t)size * n;
-      break;
-    case MPG__REDUCE_SCATTER:
-      elems = ((size_t)size + 1) * n;
-      break;
-    case MPG__BARRIER:
-      break;
-  }
-  size_t bytes = elems * ws;
+  size_t bytes = stage_elems(coll->kind, size, n) * ws;
   /* Zero-copy: an in-place all-reduce on memory from mem_alloc, which
    * this backend owns (see struct region). */
   int zc = 0;
-  if (c->kind == MPG__ALL_REDUCE && !widen && c->send == c->recv && n > 0) {
+  if (coll->kind == MPG__ALL_REDUCE && !widen && coll->send == coll->recv && n > 0) {
     lock_g();
-    struct region *r =
-        mpg__mpi.we_finalized ? NULL : mpg__mpi_region_find(c->recv, n * es);
+    struct region *r = mpg__mpi.we_finalized ? NULL : mpg__mpi_region_find(coll->recv, n * es);
     if (r && !r->freed) {
       r->busy++;
       q->region = r;
@@ -307,112 +398,27 @@ mpg_status mpg__mpi_post(mpg__comm *m, const mpg__coll *c, mpg__req **out) {
     if (!q->stage) {
       mpg__mpi_req_release(q);
       char why_nomem[64];
-      snprintf(why_nomem, sizeof why_nomem, "out of memory for %zu staging bytes",
-               bytes);
-      return post_fail(MPG_ERR_NOMEM, c, m, why_nomem);
+      snprintf(why_nomem, sizeof why_nomem, "out of memory for %zu staging bytes", bytes);
+      return post_fail(MPG_ERR_NOMEM, coll, m, why_nomem);
     }
   }
 
   /* Copy in; describe the completion step.  An empty operation still
    * hands MPI a valid (unused) pointer. */
   static char empty[8];
-  char *st = zc ? (char *)c->recv : q->stage ? (char *)q->stage : empty;
-  MPI_Datatype t = widen ? MPI_FLOAT : mpi_type(dt);
-  MPI_Op op = mpi_op(c->op);
-  mpg_dtype wdt = widen ? MPG_F32 : dt;
-  int premul = c->op == MPG_OP_PREMUL_SUM;
-  int pipe = c->kind == MPG__ALL_REDUCE && mpg__mpi_pipelined(n, ws);
-  q->work_dtype = wdt;
-  q->fin = zc ? FIN_NONE : widen ? FIN_NARROW : FIN_COPY;
-  q->dst = c->recv;
-  q->nfin = n;
-  q->out = st;
-  size_t in_elems = c->kind == MPG__REDUCE_SCATTER ? (size_t)size * n : n;
-  if (pipe) {
-    /* Staged, divided and copied out piece by piece (struct piece). */
-    q->src = c->send;
-    q->wire = st;
-    q->mtype = t;
-    q->mop = op;
-    q->premul = premul ? c->scale : 0;
-    q->rop = c->op;
-    q->piece_div = c->op == MPG_OP_AVG ? size : 0;
-    q->piece_fin = q->fin;
-    q->fin = FIN_NONE;
-  }
-  switch (pipe ? MPG__BARRIER : c->kind) { /* pipe: nothing to do now */
-    case MPG__ALL_REDUCE:
-    case MPG__REDUCE_SCATTER:
-      if (widen) mpg__half_widen(dt, c->send, (float *)st, in_elems);
-      else if (in_elems && !zc) memcpy(st, c->send, in_elems * es);
-      if (premul) mpg__scale(wdt, st, in_elems, c->scale);
-      if (c->kind == MPG__REDUCE_SCATTER) q->out = st + in_elems * ws;
-      if (c->op == MPG_OP_AVG) q->divisor = size;
-      break;
-    case MPG__ALL_GATHER:
-      if (n) memcpy(st + (size_t)rank * n * es, c->send, n * es);
-      q->nfin = (size_t)size * n;
-      break;
-    case MPG__BROADCAST:
-      if (rank == peer) {
-        if (n) memcpy(st, c->recv, n * es);
-        q->fin = FIN_NONE; /* the root's buffer already holds the data */
-      }
-      break;
-    case MPG__SEND:
-      if (n) memcpy(st, c->send, n * es);
-      q->fin = FIN_NONE;
-      break;
-    case MPG__RECV:
-      break;
-    case MPG__BARRIER:
-      if (!pipe) q->fin = FIN_NONE;
-      break;
-  }
-
+  char *stage = zc ? (char *)coll->recv : q->stage ? (char *)q->stage : empty;
+  int pipe = coll->kind == MPG__ALL_REDUCE && mpg__mpi_pipelined(n, ws);
+  stage_in(q, coll, stage, widen, zc, pipe);
   const char *call = "?";
-  int rc = MPI_SUCCESS;
   lock_g();
-  switch (c->kind) {
-    case MPG__ALL_REDUCE:
-      call = "MPI_Iallreduce";
-      rc = pipe ? mpg__mpi_queue_allreduce(q, m, ws)
-                : post_allreduce(q, m->comm, st, n, ws, t, op);
-      break;
-    case MPG__REDUCE_SCATTER:
-      call = n <= (size_t)mpg__mpi.chunk ? "MPI_Ireduce_scatter_block"
-                                         : "MPI_Ireduce";
-      rc = post_reduce_scatter(q, m, st, q->out, n, ws, t, op);
-      break;
-    case MPG__ALL_GATHER:
-      call = n <= (size_t)mpg__mpi.chunk ? "MPI_Iallgather" : "MPI_Ibcast";
-      rc = post_allgather(q, m, st, n, es, t);
-      break;
-    case MPG__BROADCAST:
-      call = "MPI_Ibcast";
-      rc = post_bcast(q, m->comm, st, n, es, t, peer);
-      break;
-    case MPG__BARRIER:
-      call = "MPI_Ibarrier";
-      rc = MPI_Ibarrier(m->comm, &q->reqs[0]);
-      if (rc == MPI_SUCCESS) q->nreq = 1;
-      break;
-    case MPG__SEND:
-      call = "MPI_Isend";
-      rc = post_p2p(q, m->comm, 1, st, n, es, t, peer);
-      break;
-    case MPG__RECV:
-      call = "MPI_Irecv";
-      rc = post_p2p(q, m->comm, 0, st, n, es, t, peer);
-      break;
-  }
+  int rc = post_calls(q, m, stage, ws, pipe, &call);
   q->comm = m;
   m->refs++;
   if (rc != MPI_SUCCESS) {
     park_failed(q, m);
     unlock_g();
     char what[256];
-    describe(what, sizeof what, c->kind, dt, c->op, n, peer, size, rank);
+    describe(what, sizeof what, coll->kind, dt, coll->op, n, peer, size, rank);
     return mpg__mpi_fail(rc, call, what);
   }
   mpg__mpi_pend_link(m, q);
@@ -476,32 +482,22 @@ static size_t a2a_layout(const size_t *c, const size_t *d, int size, int zc, siz
   return at;
 }
 
-mpg_status mpg__mpi_post_alltoallv(mpg__comm *m, const void *send, const size_t *sc,
-                                   const size_t *sd, void *recv, const size_t *rc,
-                                   const size_t *rd, mpg_dtype dt, mpg__req **out) {
-  *out = NULL;
-  int size = m->size, rank = m->rank;
-  size_t es = mpg__dtype_size(dt), stot = 0, rtot = 0, extra = 0;
-  int big = 0;
+/* Sum the blocks to send and receive and the requests outside the call; 1 on overflow. */
+static int a2a_totals(const size_t *scounts, const size_t *rcounts, int size, int rank,
+                      size_t *stot, size_t *rtot, size_t *extra) {
   for (int p = 0; p < size; p++) {
-    size_t a = p == rank ? 0 : sc[p], b = p == rank ? 0 : rc[p];
-    if (a > SIZE_MAX / 16 - stot || b > SIZE_MAX / 16 - rtot) big = 1;
-    if (big) break;
-    stot += a;
-    rtot += b;
-    extra += (a2a_in_call(a, size) ? 0 : nchunks(a)) + (a2a_in_call(b, size) ? 0 : nchunks(b));
+    size_t nsend = p == rank ? 0 : scounts[p], nrecv = p == rank ? 0 : rcounts[p];
+    if (nsend > SIZE_MAX / 16 - *stot || nrecv > SIZE_MAX / 16 - *rtot) return 1;
+    *stot += nsend;
+    *rtot += nrecv;
+    *extra += (a2a_in_call(nsend, size) ? 0 : nchunks(nsend)) +
+              (a2a_in_call(nrecv, size) ? 0 : nchunks(nrecv));
   }
-  char what[256];
-  a2a_describe(what, sizeof what, dt, stot, rtot, size, rank);
-  mpg_status why = atomic_load(&m->aborted);
-  if (why)
-    return mpg__fail(why, "mpi: %s: %s", what, why == MPG_ERR_TIMEOUT
-                     ? "the communicator was aborted after a timeout"
-                     : "the communicator was aborted");
-  if (es == 0 || big || stot + rtot > SIZE_MAX / es)
-    return mpg__fail(MPG_ERR_INVALID, "mpi: %s: %s", what,
-                     es == 0 ? "unknown dtype" : "counts too large for memory");
+  return 0;
+}
 
+/* A new all-to-all request with its count arrays and room for 1 + extra MPI requests. */
+static mpg__req *a2a_req_new(int size, size_t extra) {
   mpg__req *q = calloc(1, sizeof *q);
   if (q) {
     q->a2a = calloc(4 * (size_t)size, sizeof *q->a2a);
@@ -510,13 +506,54 @@ mpg_status mpg__mpi_post_alltoallv(mpg__comm *m, const void *send, const size_t 
     if (extra && q->a2a && q->a2a_int)
       q->reqs = malloc((1 + extra) * sizeof *q->reqs);
   }
-  if (!q || !q->a2a || !q->a2a_int || !q->reqs) {
-    if (q) {
-      if (!q->reqs) q->reqs = &q->one;
-      mpg__mpi_req_release(q);
-    }
-    return mpg__fail(MPG_ERR_NOMEM, "mpi: %s: out of memory for a request", what);
+  if (q && q->a2a && q->a2a_int && q->reqs) return q;
+  if (q) {
+    if (!q->reqs) q->reqs = &q->one;
+    mpg__mpi_req_release(q);
   }
+  return NULL;
+}
+
+/* Post the MPI_Ialltoallv and the blocks too large for it, naming it in *call.  Lock held. */
+static int a2a_post(mpg__req *q, mpg__comm *m, char *sbase, char *rbase, const size_t *scnt,
+                    size_t es, const char **call) {
+  int size = m->size;
+  const size_t *rcnt = q->a2a, *roff = rcnt + 2 * size, *soff = rcnt + 3 * size;
+  const int *isc = q->a2a_int, *isd = isc + size, *irc = isd + size, *ird = irc + size;
+  MPI_Datatype t = mpi_type(q->dtype);
+  int rcode = MPI_Ialltoallv(sbase, isc, isd, t, rbase, irc, ird, t, m->comm, &q->reqs[0]);
+  if (rcode == MPI_SUCCESS) q->nreq = 1;
+  /* The blocks too large for the call: receives, then sends. */
+  for (int dir = 0; dir < 2 && rcode == MPI_SUCCESS; dir++)
+    for (int p = 0; p < size && rcode == MPI_SUCCESS; p++) {
+      size_t n = dir ? scnt[p] : rcnt[p];
+      if (!n || a2a_in_call(n, size)) continue;
+      *call = dir ? "MPI_Isend" : "MPI_Irecv";
+      rcode = post_p2p(q, m->comm, dir, dir ? sbase + soff[p] * es : rbase + roff[p] * es, n,
+                       es, t, p);
+    }
+  return rcode;
+}
+
+mpg_status mpg__mpi_post_alltoallv(mpg__comm *m, const void *send, const size_t *sc,
+                                   const size_t *sd, void *recv, const size_t *rc,
+                                   const size_t *rd, mpg_dtype dt, mpg__req **out) {
+  *out = NULL;
+  int size = m->size, rank = m->rank;
+  size_t es = mpg__dtype_size(dt), stot = 0, rtot = 0, extra = 0;
+  int big = a2a_totals(sc, rc, size, rank, &stot, &rtot, &extra);
+  char what[256];
+  a2a_describe(what, sizeof what, dt, stot, rtot, size, rank);
+  mpg_status aborted = atomic_load(&m->aborted);
+  if (aborted)
+    return mpg__fail(aborted, "mpi: %s: %s", what, aborted == MPG_ERR_TIMEOUT
+                     ? "the communicator was aborted after a timeout"
+                     : "the communicator was aborted");
+  if (es == 0 || big || stot + rtot > SIZE_MAX / es)
+    return mpg__fail(MPG_ERR_INVALID, "mpi: %s: %s", what,
+                     es == 0 ? "unknown dtype" : "counts too large for memory");
+  mpg__req *q = a2a_req_new(size, extra);
+  if (!q) return mpg__fail(MPG_ERR_NOMEM, "mpi: %s: out of memory for a request", what);
   q->kind = MPG__ALL_GATHER; /* a collective (never cancelled as a receive) */
   q->dtype = q->work_dtype = dt;
   q->op = MPG_OP_SUM;
@@ -573,21 +610,9 @@ mpg_status mpg__mpi_post_alltoallv(mpg__comm *m, const void *send, const size_t 
   q->dst = recv;
   q->out = rbase;
   q->nfin = rtot;
-
-  MPI_Datatype t = mpi_type(dt);
   const char *call = "MPI_Ialltoallv";
   lock_g();
-  int rcode = MPI_Ialltoallv(sbase, isc, isd, t, rbase, irc, ird, t, m->comm, &q->reqs[0]);
-  if (rcode == MPI_SUCCESS) q->nreq = 1;
-  /* The blocks too large for the call: receives, then sends. */
-  for (int dir = 0; dir < 2 && rcode == MPI_SUCCESS; dir++)
-    for (int p = 0; p < size && rcode == MPI_SUCCESS; p++) {
-      size_t n = dir ? scnt[p] : rcnt[p];
-      if (!n || a2a_in_call(n, size)) continue;
-      call = dir ? "MPI_Isend" : "MPI_Irecv";
-      rcode = post_p2p(q, m->comm, dir, dir ? sbase + soff[p] * es : rbase + roff[p] * es, n,
-                       es, t, p);
-    }
+  int rcode = a2a_post(q, m, sbase, rbase, scnt, es, &call);
   free(scnt);
   q->comm = m;
   m->refs++;

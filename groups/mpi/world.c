@@ -296,18 +296,9 @@ static void window_configure(const mpg__world_args *args) {
            mpg__mpi.window, local, cores);
 }
 
-static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
-  *world = NULL;
-  double timeout = args->timeout_s > 0 ? args->timeout_s : 600.0;
+/* Initialise MPI for a world, warning of a low thread level; lock held, released on error. */
+static mpg_status world_mpi_init(int *here, double *init_s) {
   int fin = 0;
-
-  /* The variables, as mpg_ctx_create parsed them (groups/settings.c). */
-  const mpg__settings *set = args->settings;
-  mpg__mpi_progress_configure(set ? set->mpi_progress : 1);
-  window_configure(args);
-  mpg_status st = MPG_OK;
-
-  lock_g();
   MPI_Finalized(&fin);
   if (fin) {
     unlock_g();
@@ -319,16 +310,16 @@ static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
                                              "destroyed)" : "");
   }
   /* The progress thread needs MPI_THREAD_MULTIPLE (see progress.c). */
-  int provided = MPI_THREAD_SINGLE, here = 0;
+  int provided = MPI_THREAD_SINGLE;
   double init_t0 = mpg__now();
-  int rc = init_locked(mpg__mpi_progress_level(), &provided, &here);
-  double init_s = mpg__now() - init_t0;
+  int rc = init_locked(mpg__mpi_progress_level(), &provided, here);
+  *init_s = mpg__now() - init_t0;
   if (rc != MPI_SUCCESS) {
     unlock_g();
     return mpg__mpi_fail(rc, "MPI_Init_thread", "the world");
   }
   if (provided < MPI_THREAD_SERIALIZED) {
-    if (here)
+    if (*here)
       mpg__log(1, "mpi: MPI gave thread level %d, below MPI_THREAD_SERIALIZED; "
                "call meshpg from one thread only", provided);
     else
@@ -336,39 +327,91 @@ static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
                "(below MPI_THREAD_SERIALIZED); call meshpg from the thread "
                "that calls MPI only", provided);
   }
+  return MPG_OK;
+}
 
+/* Set the test hooks' chunk and piece sizes from the settings (may be NULL). */
+static void hooks_configure(const mpg__settings *set) {
   /* Test hook: a small chunk size exercises the > INT_MAX paths. */
   long ck = set ? set->mpi_max_count : 0;
   mpg__mpi.chunk = ck > 0 && ck <= INT_MAX ? ck : INT_MAX;
   /* Test hook: a small piece size pipelines small all-reduces too. */
   size_t pb = set ? set->mpi_piece_bytes : 0;
   mpg__mpi.piece = pb >= 8 ? pb : MPG_MPI_PIECE_DEFAULT;
+}
 
-  MPI_Comm base = args->mpi_comm ? *(MPI_Comm *)args->mpi_comm : MPI_COMM_WORLD;
-  int rank = -1, size = -1;
-  rc = MPI_Comm_rank(base, &rank);
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(base, &size);
+/* Check base's rank and size against what meshpg was told; lock held, released on error. */
+static mpg_status world_identity(const mpg__world_args *args, MPI_Comm base, const char *which,
+                                 int *rank, int *size) {
+  int rc = MPI_Comm_rank(base, rank);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(base, size);
   if (rc != MPI_SUCCESS) {
     unlock_g();
     return mpg__mpi_fail(rc, "MPI_Comm_rank/MPI_Comm_size", "the world communicator");
   }
-  const char *which = args->mpi_comm ? "the communicator in opts.mpi_comm"
-                                     : "MPI_COMM_WORLD";
-  if (rank != args->rank || size != args->world_size) {
+  if (*rank != args->rank || *size != args->world_size) {
     unlock_g();
     return mpg__fail(MPG_ERR_ENV,
                      "mpi: %s has rank %d of %d but meshpg was told rank %d of "
                      "%d (from opts or the launch environment); pass "
                      "opts.rank and opts.world_size to match MPI",
-                     which, rank, size, args->rank, args->world_size);
+                     which, *rank, *size, args->rank, args->world_size);
   }
+  return MPG_OK;
+}
+
+/* Duplicate base into the world's communicator and start the progress thread. */
+static mpg_status world_dup(MPI_Comm base, const char *which, double timeout,
+                            mpg__comm **world) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  lock_g();
+  int rc = MPI_Comm_dup(base, &comm);
+  if (rc != MPI_SUCCESS) {
+    unlock_g();
+    return mpg__mpi_fail(rc, "MPI_Comm_dup", which);
+  }
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  mpg_status st = comm_wrap(comm, timeout, 1, world);
+  if (st) {
+    MPI_Comm_free(&comm);
+  } else {
+    g_live_worlds++;
+    g_holds++; /* released by its destroy */
+    MPI_Comm_set_name(comm, "meshpg world");
+    mpg__mpi_progress_start();
+  }
+  unlock_g();
+  return st;
+}
+
+static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
+  *world = NULL;
+  double timeout = args->timeout_s > 0 ? args->timeout_s : 600.0;
+
+  /* The variables, as mpg_ctx_create parsed them (groups/settings.c). */
+  const mpg__settings *set = args->settings;
+  mpg__mpi_progress_configure(set ? set->mpi_progress : 1);
+  window_configure(args);
+
+  lock_g();
+  int here = 0;
+  double init_s = 0;
+  mpg_status st = world_mpi_init(&here, &init_s);
+  if (st) return st;
+  hooks_configure(set);
+  MPI_Comm base = args->mpi_comm ? *(MPI_Comm *)args->mpi_comm : MPI_COMM_WORLD;
+  const char *which = args->mpi_comm ? "the communicator in opts.mpi_comm"
+                                     : "MPI_COMM_WORLD";
+  int rank = -1, size = -1;
+  st = world_identity(args, base, which, &rank, &size);
+  if (st) return st;
   unlock_g();
 
   /* Every rank must arrive within the timeout, counted from here: our
    * MPI_Init_thread may have taken long, and the peers' may take as long
    * again.  Then the dup cannot hang. */
   int state = 0;
-  rc = rendezvous(base, NULL, mpg__now() + timeout, timeout, &state);
+  int rc = rendezvous(base, NULL, mpg__now() + timeout, timeout, &state);
   if (rc != MPI_SUCCESS) return mpg__mpi_fail(rc, "MPI_Ibarrier", which);
   /* The message says how long our MPI_Init_thread took: the timeout is
    * counted after it, so a caller who timed mpg_ctx_create can tell the
@@ -383,24 +426,7 @@ static mpg_status world_init(const mpg__world_args *args, mpg__comm **world) {
                      "arrived within the %.3g s timeout%s",
                      rank, size, timeout, init_note);
   }
-  MPI_Comm c = MPI_COMM_NULL;
-  lock_g();
-  rc = MPI_Comm_dup(base, &c);
-  if (rc != MPI_SUCCESS) {
-    unlock_g();
-    return mpg__mpi_fail(rc, "MPI_Comm_dup", which);
-  }
-  MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-  st = comm_wrap(c, timeout, 1, world);
-  if (st) {
-    MPI_Comm_free(&c);
-  } else {
-    g_live_worlds++;
-    g_holds++; /* released by its destroy */
-    MPI_Comm_set_name(c, "meshpg world");
-    mpg__mpi_progress_start();
-  }
-  unlock_g();
+  st = world_dup(base, which, timeout, world);
   if (!st)
     mpg__log(2, "mpi: rank %d of %d joined (%s, at most %ld elements per MPI "
              "call)", rank, size, which, mpg__mpi.chunk);

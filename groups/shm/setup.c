@@ -132,9 +132,10 @@ static uint64_t slack_bytes(uint64_t need) {
   return need / SLACK_DIV > SLACK_MIN ? need / SLACK_DIV : SLACK_MIN;
 }
 
-static mpg_status failed_at(int32_t *b, int step, int err) {
-  b[B_STEP] = step;
-  b[B_ERRNO] = err;
+/* Note in the creator's account what failed; the status it stands for. */
+static mpg_status failed_at(int32_t *acct, int step, int err) {
+  acct[B_STEP] = step;
+  acct[B_ERRNO] = err;
   return err == ENOMEM ? MPG_ERR_NOMEM : MPG_ERR_ENV;
 }
 
@@ -147,28 +148,28 @@ static mpg_status failed_at(int32_t *b, int step, int err) {
  * that a full /dev/shm is an error now, not a SIGBUS in the middle of a
  * step), mapped.  Its descriptor stays open (*fdp) until every member
  * has opened it through /proc/<pid>/fd/<fd>. */
-static mpg_status create_segment(mpg__shm *s, int32_t *b, int *fdp) {
+static mpg_status create_segment(mpg__shm *s, int32_t *acct, int *fdp) {
   uint64_t need = s->map_bytes, slack = slack_bytes(need);
-  put64(b + B_NEED_LO, need);
-  put64(b + B_SLACK_LO, slack);
-  put64(b + B_FREE_LO, UINT64_MAX);
+  put64(acct + B_NEED_LO, need);
+  put64(acct + B_SLACK_LO, slack);
+  put64(acct + B_FREE_LO, UINT64_MAX);
   struct statvfs v;
   if (statvfs(SHM_DIR, &v) == 0) {
     uint64_t avail = (uint64_t)v.f_bavail * (uint64_t)v.f_frsize;
-    put64(b + B_FREE_LO, avail);
+    put64(acct + B_FREE_LO, avail);
     if (avail < need || avail - need < slack) {
-      b[B_STEP] = F_SPACE;
+      acct[B_STEP] = F_SPACE;
       return MPG_ERR_ENV;
     }
   }
-  b[B_KIND] = K_TMPFILE;
+  acct[B_KIND] = K_TMPFILE;
   int fd = open(SHM_DIR, O_TMPFILE | O_RDWR | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL ||
                  errno == ENOENT || errno == ENOTDIR)) {
-    b[B_KIND] = K_MEMFD;
+    acct[B_KIND] = K_MEMFD;
     fd = memfd_create("meshpg", MFD_CLOEXEC);
   }
-  if (fd < 0) return failed_at(b, b[B_KIND] == K_MEMFD ? F_MEMFD : F_TMPFILE, errno);
+  if (fd < 0) return failed_at(acct, acct[B_KIND] == K_MEMFD ? F_MEMFD : F_TMPFILE, errno);
   int step = F_NONE, rc = 0;
   struct stat st;
   void *p = MAP_FAILED;
@@ -179,12 +180,12 @@ static mpg_status create_segment(mpg__shm *s, int32_t *b, int *fdp) {
     step = F_MMAP, rc = errno;
   if (step) {
     close(fd);
-    return failed_at(b, step, rc ? rc : EINVAL);
+    return failed_at(acct, step, rc ? rc : EINVAL);
   }
-  put64(b + B_DEV_LO, (uint64_t)st.st_dev);
-  put64(b + B_INO_LO, (uint64_t)st.st_ino);
-  b[B_PID] = (int32_t)getpid();
-  b[B_FD] = fd;
+  put64(acct + B_DEV_LO, (uint64_t)st.st_dev);
+  put64(acct + B_INO_LO, (uint64_t)st.st_ino);
+  acct[B_PID] = (int32_t)getpid();
+  acct[B_FD] = fd;
   *fdp = fd;
   s->base = p;
   return MPG_OK;
@@ -193,9 +194,9 @@ static mpg_status create_segment(mpg__shm *s, int32_t *b, int *fdp) {
 /* A member maps its creator's segment through /proc/<pid>/fd/<fd>, and
  * checks that it is that file (another pid namespace may have a process
  * of that pid, with some file at that descriptor). */
-static mpg_status map_segment(mpg__shm *s, const int32_t *cb, int32_t *c) {
+static mpg_status map_segment(mpg__shm *s, const int32_t *acct, int32_t *outcome) {
   char path[64];
-  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)cb[B_PID], (int)cb[B_FD]);
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)acct[B_PID], (int)acct[B_FD]);
   int fd = open(path, O_RDWR | O_CLOEXEC);
   int step = F_NONE, err = 0;
   struct stat st;
@@ -205,8 +206,8 @@ static mpg_status map_segment(mpg__shm *s, const int32_t *cb, int32_t *c) {
     step = err == ENOENT && access("/proc/self/fd", F_OK) != 0 ? F_NOPROC : F_OPEN;
   } else if (fstat(fd, &st)) {
     step = F_FSTAT, err = errno;
-  } else if ((uint64_t)st.st_dev != get64(cb + B_DEV_LO) ||
-             (uint64_t)st.st_ino != get64(cb + B_INO_LO) || (size_t)st.st_size != s->map_bytes) {
+  } else if ((uint64_t)st.st_dev != get64(acct + B_DEV_LO) ||
+             (uint64_t)st.st_ino != get64(acct + B_INO_LO) || (size_t)st.st_size != s->map_bytes) {
     step = F_NOT_IT;
   } else if ((p = mmap(NULL, s->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
              MAP_FAILED) {
@@ -214,10 +215,10 @@ static mpg_status map_segment(mpg__shm *s, const int32_t *cb, int32_t *c) {
   }
   if (fd >= 0) close(fd);
   if (step) {
-    c[C_STEP] = step;
-    c[C_ERRNO] = err;
-    c[C_STATUS] = err == ENOMEM ? MPG_ERR_NOMEM : MPG_ERR_ENV;
-    return (mpg_status)c[C_STATUS];
+    outcome[C_STEP] = step;
+    outcome[C_ERRNO] = err;
+    outcome[C_STATUS] = err == ENOMEM ? MPG_ERR_NOMEM : MPG_ERR_ENV;
+    return (mpg_status)outcome[C_STATUS];
   }
   s->base = p;
   return MPG_OK;
@@ -384,6 +385,263 @@ static mpg_status describe_failure(mpg_group *group, const char *gname, int n, s
   }
 }
 
+/* The three exchanges' words, kept until mpg__shm_create returns: words
+ * holds each gather's (A_WORDS, then B_WORDS, then C_WORDS per position:
+ * sized for the largest), accounts the creators' accounts (B, kept for the
+ * message of a failure), node each position's node. */
+typedef struct {
+  int32_t *words, *accounts;
+  int *node;
+} shm_exchange;
+
+/* Free the exchanges' words. */
+static void exchange_free(shm_exchange *x) {
+  free(x->words);
+  free(x->accounts);
+  free(x->node);
+}
+
+/* Allocate the exchanges' words for `total` positions: 0, or -1 (none kept) if out of memory. */
+static int exchange_alloc(shm_exchange *x, int total) {
+  x->words = malloc(sizeof(int32_t) * B_WORDS * (size_t)total);
+  x->accounts = malloc(sizeof(int32_t) * B_WORDS * (size_t)total);
+  x->node = malloc(sizeof(int) * (size_t)total);
+  if (x->words && x->accounts && x->node) return 0;
+  exchange_free(x);
+  return -1;
+}
+
+/* This host's identity: the context's host id, else the topology's, else "?". */
+static void host_identity(const mpg_ctx *ctx, char *host, size_t cap) {
+  if (ctx->host_id[0]) snprintf(host, cap, "%s", ctx->host_id);
+  else if (mpg_topo_host_identity(host, cap)) snprintf(host, cap, "?");
+}
+
+/* The first exchange (A): every member's host, process and MESHPG_SHM. */
+static mpg_status exchange_identities(mpg_group *group, const char *host, int32_t *words) {
+  int32_t ident[A_WORDS] = {0};
+  put64(ident + A_HASH_LO, mpg__hash_str(host));
+  put64(ident + A_PROC_LO, process_id());
+  ident[A_ENV] = env_value(group->ctx);
+  return gather(group, ident, words, A_WORDS);
+}
+
+/* Where this member stands, from the first exchange: the first positions
+ * with MESHPG_SHM=0 (off) and with another bad value (bad), or -1; the
+ * group's nodes (find_nodes); the members on this node, in position order
+ * (n of them, this member at local position pos, the node's creator its
+ * first, at group position creator); whether they are separate processes
+ * (pids_differ, else threads of one); this node's number (mynode). */
+typedef struct {
+  int total, off, bad, nodes, per;
+  int n, pos, creator, pids_differ, mynode;
+} shm_place;
+
+/* Find where the member at group position gpos stands; fills node. */
+static void locate(const int32_t *words, int total, int gpos, int *node, shm_place *pl) {
+  pl->total = total;
+  pl->off = pl->bad = -1;
+  pl->nodes = pl->per = 0;
+  for (int p = 0; p < total; p++) {
+    const int32_t *ident = words + (size_t)p * A_WORDS;
+    if (ident[A_ENV] == ENV_OFF && pl->off < 0) pl->off = p;
+    if (ident[A_ENV] == ENV_BAD && pl->bad < 0) pl->bad = p;
+  }
+  find_nodes(words, total, node, &pl->nodes, &pl->per);
+  pl->n = pl->pos = pl->pids_differ = 0;
+  pl->creator = -1;
+  for (int p = 0; p < total; p++) {
+    if (node[p] != node[gpos]) continue;
+    if (pl->creator < 0) pl->creator = p;
+    if (p == gpos) pl->pos = pl->n;
+    pl->n++;
+    if (get64(words + (size_t)p * A_WORDS + A_PROC_LO) !=
+        get64(words + (size_t)pl->creator * A_WORDS + A_PROC_LO))
+      pl->pids_differ = 1;
+  }
+  pl->mynode = node[gpos];
+}
+
+/* 1 (logged with why) when the group keeps to the backend's collectives, alike on every member. */
+static int declined(mpg_group *group, const char *gname, const shm_place *pl, int depth,
+                    int scatter) {
+  const mpg_ctx *ctx = group->ctx;
+  const char *reason = NULL;
+  if (pl->off >= 0) reason = "MESHPG_SHM=0";
+  else if (pl->nodes > 1 && !pl->per) reason = "its nodes hold different numbers of its members";
+  else if (pl->nodes > 1 && pl->per < 2) reason = "it has one member per node";
+  else if (pl->nodes > 1 && scatter)
+    reason = "a sharded buffer across nodes is not reduced hierarchically";
+  /* The bounds of the abort word's fields and of the ring
+   * (shm_internal.h), decided alike on every member: n is the same on
+   * each (one node, or the same number on each node), depth too. */
+  char bound[128];
+  int big = !reason && (pl->n > SHM_MAX_MEMBERS || depth > SHM_MAX_DEPTH);
+  if (big) {
+    if (pl->n > SHM_MAX_MEMBERS)
+      snprintf(bound, sizeof bound, "%d members on one node, more than the %d a segment holds",
+               pl->n, SHM_MAX_MEMBERS);
+    else
+      snprintf(bound, sizeof bound, "%d buckets in the buffer, more than the %d a segment's "
+               "ring holds", depth, SHM_MAX_DEPTH);
+    reason = bound;
+  }
+  if (!reason) return 0;
+  char at[48] = "";
+  int rank = -1;
+  if (pl->off >= 0 && !mpg_group_member(group, pl->off, &rank))
+    snprintf(at, sizeof at, " at rank %d", rank);
+  mpg__log(pl->off >= 0 || big ? 1 : 2,
+           "rank %d: shared memory off for group %s (%s%s): it syncs through the %s "
+           "backend's collectives", ctx->rank, gname, reason, at, ctx->ops->name);
+  return 1;
+}
+
+/* This member's bookkeeping of its node's segment, unmapped; *ok 0 when out of memory. */
+static mpg__shm *book(mpg_group *group, const char *gname, const shm_place *pl,
+                      const int *node, size_t bytes, mpg_dtype dtype, int depth, int *ok) {
+  mpg__shm *s = calloc(1, sizeof *s);
+  if (s) {
+    s->region = calloc((size_t)pl->n, sizeof *s->region);
+    s->members = calloc((size_t)pl->n, sizeof *s->members);
+    s->deadline = calloc((size_t)ring_slots(depth), sizeof *s->deadline);
+    s->scratch = mpg__shm_scratch();
+  }
+  *ok = s && s->region && s->members && s->deadline && s->scratch;
+  if (!*ok) return s; /* what was allocated (or NULL), for release */
+  for (int p = 0, k = 0; p < pl->total; p++)
+    if (node[p] == pl->mynode) s->members[k++] = p;
+  s->group = group;
+  s->n = pl->n;
+  s->pos = pl->pos;
+  s->total = pl->total;
+  s->anon = !pl->pids_differ;
+  s->depth = ring_slots(depth);
+  s->dtype = dtype;
+  /* Regions a page apart would put the n addends of an element, and
+   * their stores, at one offset modulo 4 KiB, where the core's loads
+   * wait on stores to other addresses that alias them: 5 more cache
+   * lines per region give each of up to 64 members its own offset
+   * (17.7 ms -> 14.8 ms for gpt-small at np 2 on the 2-core machine). */
+  s->region_bytes = round_up(bytes, SHM_PAGE) + 5 * SHM_LINE;
+  s->map_bytes = control_bytes(pl->n, s->depth) + s->region_bytes * (size_t)pl->n;
+  snprintf(s->gname, sizeof s->gname, "%s", gname);
+  if (pl->nodes > 1) {
+    s->stage_elems = mpg__shm_max_shard(s, bytes / mpg__dtype_size(dtype));
+    s->stage = malloc(s->stage_elems * (dtype == MPG_F64 ? 8 : 4));
+    *ok = s->stage != NULL;
+  }
+  return s;
+}
+
+/* The creator makes, lays out and heads its node's segment, with its account in acct. */
+static void creator_setup(mpg__shm *s, int32_t *acct, int *sfd) {
+  /* Threads of one process share an anonymous mapping, processes create_segment's file. */
+  if (s->anon) {
+    acct[B_KIND] = K_ANON;
+    put64(acct + B_NEED_LO, s->map_bytes);
+    void *p = mmap(NULL, s->map_bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      acct[B_STATUS] = failed_at(acct, F_ANON, errno);
+    } else {
+      s->base = p;
+      put64(acct + B_PTR_LO, (uint64_t)(uintptr_t)p);
+    }
+  } else {
+    acct[B_STATUS] = create_segment(s, acct, sfd);
+  }
+  if (!acct[B_STATUS]) {
+    carve(s);
+    init_ctl(s);
+  }
+}
+
+/* This member's outcome after the second exchange (st), its creator's account acct. */
+static void member_outcome(mpg__shm *s, int ok, mpg_status st, const int32_t *acct,
+                           const shm_place *pl, int32_t *outcome) {
+  /* The exchange's error, the creator's failure, this member's lack of
+   * memory (ok 0), or (any but the creator) mapping the creator's segment
+   * and finding its header. */
+  if (st) {
+    outcome[C_STATUS] = st;
+  } else if (acct[B_STATUS]) {
+    outcome[C_STATUS] = acct[B_STATUS];
+    outcome[C_STEP] = acct[B_STEP];
+    outcome[C_ERRNO] = acct[B_ERRNO];
+  } else if (!ok) {
+    outcome[C_STATUS] = MPG_ERR_NOMEM;
+    outcome[C_STEP] = F_BOOK;
+  } else if (pl->pos != 0) {
+    if (s->anon) s->base = (char *)(uintptr_t)get64(acct + B_PTR_LO);
+    else map_segment(s, acct, outcome);
+    if (!outcome[C_STATUS]) {
+      carve(s);
+      if (s->ctl->magic != SHM_MAGIC || s->ctl->n != (uint32_t)pl->n)
+        outcome[C_STATUS] = MPG_ERR_STATE, outcome[C_STEP] = F_MAGIC;
+    }
+  }
+}
+
+/* The first position whose outcome (the third exchange's words) is a failure, or -1. */
+static int first_failed(const int32_t *words, int total) {
+  for (int p = 0; p < total; p++)
+    if (words[(size_t)p * C_WORDS + C_STATUS]) return p;
+  return -1;
+}
+
+/* What the segment is, for the log (acct: the node's creator's account). */
+static const char *segment_kind(const mpg__shm *s, const int32_t *acct) {
+  return s->anon                  ? "anonymous shared memory"
+         : acct[B_KIND] == K_MEMFD ? "shared memory in a memfd"
+                                   : "shared memory in an unnamed file in " SHM_DIR;
+}
+
+/* Start this member's worker thread on the shared segment and hand out its region. */
+static mpg_status start_worker(mpg__shm *s, const char *gname, const char *what, int nodes,
+                               mpg__shm **out, void **data) {
+  const mpg_ctx *ctx = s->group->ctx;
+  /* This member's first operation: its posted word, as the creator set
+   * it before the second exchange (only this member writes it). */
+  atomic_store_explicit(&s->nposted, atomic_load(&s->posted[s->pos].v), memory_order_relaxed);
+  if (pthread_create(&s->worker, NULL, mpg__shm_worker, s)) {
+    /* The others fail at their first operation, at once. */
+    mpg__shm_abort(s, MPG_ERR_NOMEM, -1, atomic_load(&s->nposted));
+    release(s);
+    return mpg__fail(MPG_ERR_NOMEM, "shared memory for group %s: cannot start its "
+                     "worker thread", gname);
+  }
+  s->worker_up = 1;
+  mpg__log(2, "rank %d: group %s shares %zu bytes of %s (%d members on this node%s)",
+           ctx->rank, gname, s->map_bytes, what, s->n,
+           nodes > 1 ? ", hierarchical across nodes" : "");
+  *out = s;
+  *data = s->region[s->pos];
+  return MPG_OK;
+}
+
+/* Release what a creation that failed alike on every member left (s may be NULL). */
+static void discard(mpg__shm *s, int pos) {
+  /* No worker runs yet: the creator unmaps an anonymous mapping alone. */
+  if (s && s->anon && s->base && pos != 0) s->base = NULL;
+  if (s && s->base && s->anon) atomic_store(&s->ctl->refs, 1);
+  release(s);
+}
+
+/* The error of the failure at position `failed`, alike on every member; frees x's words. */
+static mpg_status explain_failure(mpg_group *group, const char *gname, shm_exchange *x, int n,
+                                  size_t bytes, int failed) {
+  int32_t failed_outcome[C_WORDS];
+  memcpy(failed_outcome, x->words + (size_t)failed * C_WORDS, sizeof failed_outcome);
+  int fcreator = 0;
+  while (x->node[fcreator] != x->node[failed]) fcreator++;
+  int32_t creator_acct[B_WORDS];
+  memcpy(creator_acct, x->accounts + (size_t)fcreator * B_WORDS, sizeof creator_acct);
+  exchange_free(x);
+  return describe_failure(group, gname, n, bytes, failed, fcreator, failed_outcome,
+                          creator_acct);
+}
+
 mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int depth,
                            int scatter, mpg__shm **out, void **data) {
   *out = NULL;
@@ -398,221 +656,58 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   /* Decided from what every member knows alike: no collective then. */
   if (total < 2 || !cpu || !dt_ok || depth < 1 || bytes == 0) return MPG_OK;
   char host[MPG_HOST_ID_MAX];
-  if (ctx->host_id[0]) snprintf(host, sizeof host, "%s", ctx->host_id);
-  else if (mpg_topo_host_identity(host, sizeof host)) snprintf(host, sizeof host, "?");
-  /* all: each gather's words; allb: the creators' accounts, kept for the
-   * message of a failure. */
-  int32_t a[A_WORDS] = {0}, *all = malloc(sizeof(int32_t) * B_WORDS * (size_t)total);
-  int32_t *allb = malloc(sizeof(int32_t) * B_WORDS * (size_t)total);
-  int *node = malloc(sizeof(int) * (size_t)total);
-  if (!all || !allb || !node) {
-    free(all);
-    free(allb);
-    free(node);
+  host_identity(ctx, host, sizeof host);
+  shm_exchange x;
+  if (exchange_alloc(&x, total))
     return mpg__fail(MPG_ERR_NOMEM, "shared memory for group %s: out of memory", gname);
-  }
-  put64(a + A_HASH_LO, mpg__hash_str(host));
-  put64(a + A_PROC_LO, process_id());
-  a[A_ENV] = env_value(ctx);
-  mpg_status st = gather(group, a, all, A_WORDS);
+  mpg_status st = exchange_identities(group, host, x.words);
   if (st) {
-    free(all);
-    free(allb);
-    free(node);
+    exchange_free(&x);
     return mpg__fail_wrap(st, "shared memory for group %s: exchanging host identities", gname);
   }
-  int off = -1, bad = -1, nodes = 0, per = 0;
-  for (int p = 0; p < total; p++) {
-    const int32_t *x = all + (size_t)p * A_WORDS;
-    if (x[A_ENV] == ENV_OFF && off < 0) off = p;
-    if (x[A_ENV] == ENV_BAD && bad < 0) bad = p;
+  shm_place pl;
+  locate(x.words, total, gpos, x.node, &pl);
+  if (pl.bad >= 0) {
+    exchange_free(&x);
+    return fail_env(group, pl.bad, gpos);
   }
-  find_nodes(all, total, node, &nodes, &per);
-  /* The members on this node, in position order: local position pos of n;
-   * the node's creator is its first; are they threads of one process? */
-  int n = 0, pos = 0, creator = -1, pids_differ = 0;
-  for (int p = 0; p < total; p++) {
-    if (node[p] != node[gpos]) continue;
-    if (creator < 0) creator = p;
-    if (p == gpos) pos = n;
-    n++;
-    if (get64(all + (size_t)p * A_WORDS + A_PROC_LO) !=
-        get64(all + (size_t)creator * A_WORDS + A_PROC_LO))
-      pids_differ = 1;
-  }
-  int mynode = node[gpos];
-  if (bad >= 0) {
-    free(all);
-    free(allb);
-    free(node);
-    return fail_env(group, bad, gpos);
-  }
-  const char *why = NULL;
-  if (off >= 0) why = "MESHPG_SHM=0";
-  else if (nodes > 1 && !per) why = "its nodes hold different numbers of its members";
-  else if (nodes > 1 && per < 2) why = "it has one member per node";
-  else if (nodes > 1 && scatter) why = "a sharded buffer across nodes is not reduced hierarchically";
-  /* The bounds of the abort word's fields and of the ring
-   * (shm_internal.h), decided alike on every member: n is the same on
-   * each (one node, or the same number on each node), depth too. */
-  char bound[128];
-  int big = !why && (n > SHM_MAX_MEMBERS || depth > SHM_MAX_DEPTH);
-  if (big) {
-    if (n > SHM_MAX_MEMBERS)
-      snprintf(bound, sizeof bound, "%d members on one node, more than the %d a segment holds",
-               n, SHM_MAX_MEMBERS);
-    else
-      snprintf(bound, sizeof bound, "%d buckets in the buffer, more than the %d a segment's "
-               "ring holds", depth, SHM_MAX_DEPTH);
-    why = bound;
-  }
-  if (why) {
-    char at[48] = "";
-    int rank = -1;
-    if (off >= 0 && !mpg_group_member(group, off, &rank))
-      snprintf(at, sizeof at, " at rank %d", rank);
-    mpg__log(off >= 0 || big ? 1 : 2,
-             "rank %d: shared memory off for group %s (%s%s): it syncs through the %s "
-             "backend's collectives", ctx->rank, gname, why, at, ctx->ops->name);
-    free(all);
-    free(allb);
-    free(node);
+  if (declined(group, gname, &pl, depth, scatter)) {
+    exchange_free(&x);
     return MPG_OK;
   }
   /* This node's members share a segment. */
-  mpg__shm *s = calloc(1, sizeof *s);
-  if (s) {
-    s->region = calloc((size_t)n, sizeof *s->region);
-    s->members = calloc((size_t)n, sizeof *s->members);
-    s->deadline = calloc((size_t)ring_slots(depth), sizeof *s->deadline);
-    s->scratch = mpg__shm_scratch();
-  }
-  int32_t b[B_WORDS] = {0};
-  int ok = s && s->region && s->members && s->deadline && s->scratch;
-  if (ok) {
-    for (int p = 0, k = 0; p < total; p++)
-      if (node[p] == mynode) s->members[k++] = p;
-    s->group = group;
-    s->n = n;
-    s->pos = pos;
-    s->total = total;
-    s->anon = !pids_differ;
-    s->depth = ring_slots(depth);
-    s->dtype = dtype;
-    /* Regions a page apart would put the n addends of an element, and
-     * their stores, at one offset modulo 4 KiB, where the core's loads
-     * wait on stores to other addresses that alias them: 5 more cache
-     * lines per region give each of up to 64 members its own offset
-     * (17.7 ms -> 14.8 ms for gpt-small at np 2 on the 2-core machine). */
-    s->region_bytes = round_up(bytes, SHM_PAGE) + 5 * SHM_LINE;
-    s->map_bytes = control_bytes(n, s->depth) + s->region_bytes * (size_t)n;
-    snprintf(s->gname, sizeof s->gname, "%s", gname);
-    if (nodes > 1) {
-      s->stage_elems = mpg__shm_max_shard(s, bytes / mpg__dtype_size(dtype));
-      s->stage = malloc(s->stage_elems * (dtype == MPG_F64 ? 8 : 4));
-      ok = s->stage != NULL;
-    }
-  }
-  if (!ok) b[B_STATUS] = MPG_ERR_NOMEM, b[B_STEP] = F_BOOK;
+  int ok = 0;
+  mpg__shm *s = book(group, gname, &pl, x.node, bytes, dtype, depth, &ok);
+  int32_t acct[B_WORDS] = {0}; /* this member's account (a creator's is read) */
+  if (!ok) acct[B_STATUS] = MPG_ERR_NOMEM, acct[B_STEP] = F_BOOK;
   int sfd = -1; /* the creator's descriptor of its segment */
-  if (pos == 0 && !b[B_STATUS]) {
-    if (s->anon) {
-      b[B_KIND] = K_ANON;
-      put64(b + B_NEED_LO, s->map_bytes);
-      void *p = mmap(NULL, s->map_bytes, PROT_READ | PROT_WRITE,
-                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) {
-        b[B_STATUS] = failed_at(b, F_ANON, errno);
-      } else {
-        s->base = p;
-        put64(b + B_PTR_LO, (uint64_t)(uintptr_t)p);
-      }
-    } else {
-      b[B_STATUS] = create_segment(s, b, &sfd);
-    }
-    if (!b[B_STATUS]) {
-      carve(s);
-      init_ctl(s);
-    }
-  }
-  st = gather(group, b, allb, B_WORDS);
-  const int32_t *cb = allb + (size_t)creator * B_WORDS; /* this node's creator's */
-  int32_t c[C_WORDS] = {0};
-  if (st) {
-    c[C_STATUS] = st;
-  } else if (cb[B_STATUS]) {
-    c[C_STATUS] = cb[B_STATUS];
-    c[C_STEP] = cb[B_STEP];
-    c[C_ERRNO] = cb[B_ERRNO];
-  } else if (!ok) {
-    c[C_STATUS] = MPG_ERR_NOMEM;
-    c[C_STEP] = F_BOOK;
-  } else if (pos != 0) {
-    if (s->anon) s->base = (char *)(uintptr_t)get64(cb + B_PTR_LO);
-    else map_segment(s, cb, c);
-    if (!c[C_STATUS]) {
-      carve(s);
-      if (s->ctl->magic != SHM_MAGIC || s->ctl->n != (uint32_t)n)
-        c[C_STATUS] = MPG_ERR_STATE, c[C_STEP] = F_MAGIC;
-    }
-  }
-  mpg_status st2 = st ? st : gather(group, c, all, C_WORDS);
+  if (pl.pos == 0 && !acct[B_STATUS]) creator_setup(s, acct, &sfd);
+  st = gather(group, acct, x.accounts, B_WORDS);
+  const int32_t *creator_acct = x.accounts + (size_t)pl.creator * B_WORDS;
+  int32_t outcome[C_WORDS] = {0};
+  member_outcome(s, ok, st, creator_acct, &pl, outcome);
+  mpg_status setup_st = st ? st : gather(group, outcome, x.words, C_WORDS);
   /* Everyone opened it (or gave up): the creator's descriptor goes now,
    * the segment with the last mapping. */
   if (sfd >= 0) close(sfd);
-  int failed = -1;
-  for (int p = 0; !st2 && p < total; p++)
-    if (all[(size_t)p * C_WORDS + C_STATUS] && failed < 0) failed = p;
+  int failed = setup_st ? -1 : first_failed(x.words, total);
   /* Across nodes: the members at this local position on every node. */
-  if (!st2 && failed < 0 && nodes > 1) {
-    st2 = ctx->ops->split(group->comm, pos, mynode, &s->inter);
-    if (st2) st2 = mpg__fail_wrap(st2, "splitting the group by local position");
+  if (!setup_st && failed < 0 && pl.nodes > 1) {
+    setup_st = ctx->ops->split(group->comm, pl.pos, pl.mynode, &s->inter);
+    if (setup_st) setup_st = mpg__fail_wrap(setup_st, "splitting the group by local position");
   }
-  if (!st2 && failed < 0) {
-    const char *what = s->anon                  ? "anonymous shared memory"
-                       : cb[B_KIND] == K_MEMFD ? "shared memory in a memfd"
-                                               : "shared memory in an unnamed file in " SHM_DIR;
-    free(all);
-    free(allb);
-    free(node);
-    /* This member's first operation: its posted word, as the creator set
-     * it before the second exchange (only this member writes it). */
-    atomic_store_explicit(&s->nposted, atomic_load(&s->posted[pos].v), memory_order_relaxed);
-    if (pthread_create(&s->worker, NULL, mpg__shm_worker, s)) {
-      /* The others fail at their first operation, at once. */
-      mpg__shm_abort(s, MPG_ERR_NOMEM, -1, atomic_load(&s->nposted));
-      release(s);
-      return mpg__fail(MPG_ERR_NOMEM, "shared memory for group %s: cannot start its "
-                       "worker thread", gname);
-    }
-    s->worker_up = 1;
-    mpg__log(2, "rank %d: group %s shares %zu bytes of %s (%d members on this node%s)",
-             ctx->rank, gname, s->map_bytes, what, n, nodes > 1 ? ", hierarchical across nodes" : "");
-    *out = s;
-    *data = s->region[pos];
-    return MPG_OK;
+  if (!setup_st && failed < 0) {
+    const char *what = segment_kind(s, creator_acct);
+    exchange_free(&x);
+    return start_worker(s, gname, what, pl.nodes, out, data);
   }
   /* Failed, everyone alike (or the exchange itself failed). */
-  /* No worker runs yet: the creator unmaps an anonymous mapping alone. */
-  if (s && s->anon && s->base && pos != 0) s->base = NULL;
-  if (s && s->base && s->anon) atomic_store(&s->ctl->refs, 1);
-  release(s);
-  if (st2) {
-    free(all);
-    free(allb);
-    free(node);
-    return mpg__fail_wrap(st2, "shared memory for group %s", gname);
+  discard(s, pl.pos);
+  if (setup_st) {
+    exchange_free(&x);
+    return mpg__fail_wrap(setup_st, "shared memory for group %s", gname);
   }
   /* Every member has the same words: the failed position's outcome, and
    * its node's creator's account. */
-  int32_t fc[C_WORDS];
-  memcpy(fc, all + (size_t)failed * C_WORDS, sizeof fc);
-  int fcreator = 0;
-  while (node[fcreator] != node[failed]) fcreator++;
-  int32_t fb[B_WORDS];
-  memcpy(fb, allb + (size_t)fcreator * B_WORDS, sizeof fb);
-  free(all);
-  free(allb);
-  free(node);
-  return describe_failure(group, gname, n, bytes, failed, fcreator, fc, fb);
+  return explain_failure(group, gname, &x, pl.n, bytes, failed);
 }
