@@ -142,120 +142,157 @@ static void order_str(const int *tok, int n, char *buf, size_t cap) {
     k += (size_t)snprintf(buf + k, cap - k, "%s%s", i ? "-" : "", mpg__tok_names[tok[i]]);
 }
 
-/* The expert grid of a mesh whose dense dims are set (mpg_mesh_create). */
-static mpg_status build_experts(mpg_mesh *m, const mpg_spec *spec) {
+/* The expert sizes {etp, 1, ep, edp, pp} (token order) that the world leaves, or why not. */
+static mpg_status expert_sizes(const mpg_mesh *m, const mpg_spec *spec, mpg_srcpos at,
+                               int pp, int size_of[MPG__TOK_COUNT]) {
   const char *src = spec->source;
-  int tok[4], ntok, named[MPG__TOK_COUNT];
-  mpg_status st = mpg__expert_order(spec, tok, &ntok, named);
-  if (st) return st;
-  int W = m->world, pp_dim;
-  int tp = dim_size(m, "tp", NULL), cp = dim_size(m, "cp", NULL);
-  int pp = dim_size(m, "pp", &pp_dim);
-  int dp = W / (tp * cp * pp);
-  int etp = spec->expert_tp ? spec->expert_tp : tp;
+  int world = m->world;
+  int etp = spec->expert_tp ? spec->expert_tp : dim_size(m, "tp", NULL);
   int ep = spec->expert_ep;
-  long long tpp = (long long)etp * pp;
-  mpg_srcpos at = spec->expert_ep_pos.line ? spec->expert_ep_pos : spec->expert_pos;
+  long long etp_pp = (long long)etp * pp;
   if (ep == -1) {
-    if (W % tpp != 0)
+    if (world % etp_pp != 0)
       return mpg__fail_at(MPG_ERR_SPEC, src, at,
                           "experts.ep: -1 (inferred), but world size %d is not "
                           "divisible by etp x pp = %d x %d = %lld; change experts.tp",
-                          W, etp, pp, tpp);
-    ep = (int)(W / tpp);
+                          world, etp, pp, etp_pp);
+    ep = (int)(world / etp_pp);
   }
-  long long etmp = tpp * ep;
-  if (etmp > W || W % etmp != 0)
+  long long etp_ep_pp = etp_pp * ep;
+  if (etp_ep_pp > world || world % etp_ep_pp != 0)
     return mpg__fail_at(MPG_ERR_SPEC, src, at,
                         "experts: world size %d is not divisible by etp x ep x pp = "
                         "%d x %d x %d = %lld (experts.tp = %d%s, experts.ep = %d); "
                         "choose experts.tp and experts.ep whose product with pp divides %d",
-                        W, etp, ep, pp, etmp, etp, spec->expert_tp ? "" : ", the mesh's tp",
-                        ep, W);
-  int edp = (int)(W / etmp);
-  int size_of[MPG__TOK_COUNT] = {etp, 1, ep, edp, pp};
-  const char *key_of[MPG__TOK_COUNT] = {"experts.tp", "", "experts.ep",
-                                        "the expert dp (world / (etp x ep x pp))",
-                                        "the mesh's pp"};
-  /* Megatron appends the tokens an order leaves out; they must be 1. */
-  char ord[64];
-  order_str(tok, ntok, ord, sizeof ord);
-  for (int t = 0; t < MPG__TOK_COUNT; t++) {
-    if (t == MPG__TOK_CP || named[t]) continue;
-    if (size_of[t] != 1)
-      return mpg__fail_at(MPG_ERR_SPEC, src, spec->expert_order_pos,
+                        world, etp, ep, pp, etp_ep_pp, etp,
+                        spec->expert_tp ? "" : ", the mesh's tp", ep, world);
+  size_of[MPG__TOK_TP] = etp;
+  size_of[MPG__TOK_CP] = 1;
+  size_of[MPG__TOK_EP] = ep;
+  size_of[MPG__TOK_DP] = (int)(world / etp_ep_pp);
+  size_of[MPG__TOK_PP] = pp;
+  return MPG_OK;
+}
+
+/* Megatron appends the tokens an order leaves out (cp aside); they must be of size 1. */
+static mpg_status append_left_out(const mpg_spec *spec, const int named[MPG__TOK_COUNT],
+                                  const int size_of[MPG__TOK_COUNT], int tok[4], int *ntok) {
+  static const char *const key_of[MPG__TOK_COUNT] = {
+      "experts.tp", "", "experts.ep", "the expert dp (world / (etp x ep x pp))",
+      "the mesh's pp"};
+  for (int token = 0; token < MPG__TOK_COUNT; token++) {
+    if (token == MPG__TOK_CP || named[token]) continue;
+    if (size_of[token] != 1)
+      return mpg__fail_at(MPG_ERR_SPEC, spec->source, spec->expert_order_pos,
                           "experts.order \"%s\": \"%s\" is left out but %s is %d; "
                           "name \"%s\" in the order (only tokens of size 1 may be left out)",
-                          spec->expert_order, mpg__tok_names[t], key_of[t], size_of[t],
-                          mpg__tok_names[t]);
-    tok[ntok++] = t;
+                          spec->expert_order, mpg__tok_names[token], key_of[token],
+                          size_of[token], mpg__tok_names[token]);
+    tok[(*ntok)++] = token;
   }
-  grid *g = &m->grids[1];
+  return MPG_OK;
+}
+
+/* Grid 1 from the tokens (innermost first) with their sizes and mask bits. */
+static void fill_expert_grid(mpg_mesh *m, const int *tok, int ntok,
+                             const int size_of[MPG__TOK_COUNT],
+                             const unsigned bit_of[MPG__TOK_COUNT]) {
   static const char *const ename[MPG__TOK_COUNT] = {"etp", "", "ep", "edp", "pp"};
-  unsigned bit_of[MPG__TOK_COUNT] = {1u << m->ndims, 0, 1u << (m->ndims + 1),
-                                     1u << (m->ndims + 2), pp_dim >= 0 ? 1u << pp_dim : 0};
-  g->n = ntok;
+  grid *egrid = &m->grids[1];
+  egrid->n = ntok;
   int stride = 1;
-  for (int i = 0; i < ntok; i++) { /* tok is innermost first */
-    int d = ntok - 1 - i, t = tok[i];
-    g->sizes[d] = size_of[t];
-    g->strides[d] = stride;
-    g->bits[d] = bit_of[t];
-    strcpy(m->enames[d], ename[t]);
-    stride *= size_of[t];
+  for (int i = 0; i < ntok; i++) {
+    int dim = ntok - 1 - i, token = tok[i];
+    egrid->sizes[dim] = size_of[token];
+    egrid->strides[dim] = stride;
+    egrid->bits[dim] = bit_of[token];
+    strcpy(m->enames[dim], ename[token]);
+    stride *= size_of[token];
   }
-  /* The pipeline groups must be the same in both grids: same pp stride. */
-  if (pp > 1) {
-    char shape[256];
-    size_t k = 0;
-    for (int d = 0; d < m->ndims && k < sizeof shape; d++)
-      k += (size_t)snprintf(shape + k, sizeof shape - k, "%s%s=%d", d ? " x " : "",
+}
+
+/* Megatron's rule reads the order string: does it end with pp (no order: is pp outermost)? */
+static int order_ends_with_pp(const mpg_mesh *m, const mpg_spec *spec) {
+  if (!spec->expert_order[0]) return strcmp(m->names[0], "pp") == 0;
+  const char *dash = strrchr(spec->expert_order, '-');
+  const char *last_token = dash ? dash + 1 : spec->expert_order;
+  while (*last_token == ' ' || *last_token == '\t') last_token++;
+  return strncmp(last_token, "pp", 2) == 0 &&
+         strspn(last_token + 2, " \t") == strlen(last_token + 2);
+}
+
+/* With pp > 1: the expert grid's pipeline groups equal the mesh's, and Megatron's edp rule. */
+static mpg_status check_expert_pp(const mpg_mesh *m, const mpg_spec *spec, mpg_srcpos at,
+                                  const char *order_text, int pp_dim, int edp) {
+  mpg_srcpos order_at = spec->expert_order_pos.line ? spec->expert_order_pos : at;
+  char shape[256];
+  size_t len = 0;
+  for (int d = 0; d < m->ndims && len < sizeof shape; d++)
+    len += (size_t)snprintf(shape + len, sizeof shape - len, "%s%s=%d", d ? " x " : "",
                             m->names[d], m->sizes[d]);
-    int estride = 0;
-    for (int d = 0; d < g->n; d++)
-      if (strcmp(m->enames[d], "pp") == 0) estride = g->strides[d];
-    if (estride != m->strides[pp_dim])
-      return mpg__fail_at(MPG_ERR_SPEC, src,
-                          spec->expert_order_pos.line ? spec->expert_order_pos : at,
-                          "experts.order \"%s\": the expert grid's pipeline groups "
-                          "differ from the mesh's (pp stride %d in the expert grid, %d in "
-                          "the mesh %s); the pipeline groups of both must "
-                          "be the same: place pp so that the product of the expert sizes "
-                          "inside it equals that of the mesh dims inside pp (e.g. pp "
-                          "outermost in both)",
-                          ord, estride, m->strides[pp_dim], shape);
-    /* Megatron's rule reads the order string: does it end with pp? */
-    int last_pp;
-    if (spec->expert_order[0]) {
-      const char *dash = strrchr(spec->expert_order, '-');
-      const char *lastt = dash ? dash + 1 : spec->expert_order;
-      while (*lastt == ' ' || *lastt == '\t') lastt++;
-      last_pp = strncmp(lastt, "pp", 2) == 0 && strspn(lastt + 2, " \t") == strlen(lastt + 2);
-    } else {
-      last_pp = strcmp(m->names[0], "pp") == 0;
-    }
-    if (!last_pp && edp != dp)
-      return mpg__fail_at(MPG_ERR_SPEC, src,
-                          spec->expert_order_pos.line ? spec->expert_order_pos : at,
-                          "experts.order \"%s\": pp is not the outermost token, so the "
-                          "expert data parallel size (edp = %d) must equal the mesh's "
-                          "(dp = world / (tp x cp x pp) = %d) as Megatron requires; put pp "
-                          "last (outermost) or choose experts.tp x experts.ep = %d",
-                          ord, edp, dp, tp * cp);
-  }
+  const grid *egrid = &m->grids[1];
+  int expert_stride = 0;
+  for (int d = 0; d < egrid->n; d++)
+    if (strcmp(m->enames[d], "pp") == 0) expert_stride = egrid->strides[d];
+  if (expert_stride != m->strides[pp_dim])
+    return mpg__fail_at(MPG_ERR_SPEC, spec->source, order_at,
+                        "experts.order \"%s\": the expert grid's pipeline groups "
+                        "differ from the mesh's (pp stride %d in the expert grid, %d in "
+                        "the mesh %s); the pipeline groups of both must "
+                        "be the same: place pp so that the product of the expert sizes "
+                        "inside it equals that of the mesh dims inside pp (e.g. pp "
+                        "outermost in both)",
+                        order_text, expert_stride, m->strides[pp_dim], shape);
+  int tp_cp = dim_size(m, "tp", NULL) * dim_size(m, "cp", NULL);
+  int dp = m->world / (tp_cp * m->sizes[pp_dim]);
+  if (!order_ends_with_pp(m, spec) && edp != dp)
+    return mpg__fail_at(MPG_ERR_SPEC, spec->source, order_at,
+                        "experts.order \"%s\": pp is not the outermost token, so the "
+                        "expert data parallel size (edp = %d) must equal the mesh's "
+                        "(dp = world / (tp x cp x pp) = %d) as Megatron requires; put pp "
+                        "last (outermost) or choose experts.tp x experts.ep = %d",
+                        order_text, edp, dp, tp_cp);
+  return MPG_OK;
+}
+
+/* The expert mask bits' names and the expert dim sets (etp, ep, edp and their unions). */
+static void add_expert_sets(mpg_mesh *m, const unsigned bit_of[MPG__TOK_COUNT]) {
   m->experts = 1;
   m->expert_bits = bit_of[MPG__TOK_TP] | bit_of[MPG__TOK_EP] | bit_of[MPG__TOK_DP];
   m->pp_bit = bit_of[MPG__TOK_PP];
   strcpy(m->bitnames[m->ndims], "etp");
   strcpy(m->bitnames[m->ndims + 1], "ep");
   strcpy(m->bitnames[m->ndims + 2], "edp");
-  unsigned e_tp = bit_of[MPG__TOK_TP], e_ep = bit_of[MPG__TOK_EP];
-  dimset_fill(m, &m->sets[m->nsets++], "etp", e_tp);
-  dimset_fill(m, &m->sets[m->nsets++], "ep", e_ep);
+  unsigned etp_bit = bit_of[MPG__TOK_TP], ep_bit = bit_of[MPG__TOK_EP];
+  dimset_fill(m, &m->sets[m->nsets++], "etp", etp_bit);
+  dimset_fill(m, &m->sets[m->nsets++], "ep", ep_bit);
   dimset_fill(m, &m->sets[m->nsets++], "edp", bit_of[MPG__TOK_DP]);
-  dimset_fill(m, &m->sets[m->nsets++], "etp_ep", e_tp | e_ep);
-  dimset_fill(m, &m->sets[m->nsets++], "etp_ep_pp", e_tp | e_ep | m->pp_bit);
-  mpg__log(1, "mesh: expert grid %s = etp %d, ep %d, edp %d, pp %d", ord, etp, ep, edp, pp);
+  dimset_fill(m, &m->sets[m->nsets++], "etp_ep", etp_bit | ep_bit);
+  dimset_fill(m, &m->sets[m->nsets++], "etp_ep_pp", etp_bit | ep_bit | m->pp_bit);
+}
+
+/* The expert grid of a mesh whose dense dims are set (mpg_mesh_create). */
+static mpg_status build_experts(mpg_mesh *m, const mpg_spec *spec) {
+  int tok[4], ntok, named[MPG__TOK_COUNT];
+  mpg_status st = mpg__expert_order(spec, tok, &ntok, named);
+  if (st) return st;
+  int pp_dim;
+  int pp = dim_size(m, "pp", &pp_dim);
+  mpg_srcpos at = spec->expert_ep_pos.line ? spec->expert_ep_pos : spec->expert_pos;
+  int size_of[MPG__TOK_COUNT];
+  if ((st = expert_sizes(m, spec, at, pp, size_of))) return st;
+  char order_text[64];
+  order_str(tok, ntok, order_text, sizeof order_text);
+  if ((st = append_left_out(spec, named, size_of, tok, &ntok))) return st;
+  unsigned bit_of[MPG__TOK_COUNT] = {1u << m->ndims, 0, 1u << (m->ndims + 1),
+                                     1u << (m->ndims + 2), pp_dim >= 0 ? 1u << pp_dim : 0};
+  fill_expert_grid(m, tok, ntok, size_of, bit_of);
+  /* The pipeline groups must be the same in both grids: same pp stride. */
+  if (pp > 1 && (st = check_expert_pp(m, spec, at, order_text, pp_dim, size_of[MPG__TOK_DP])))
+    return st;
+  add_expert_sets(m, bit_of);
+  mpg__log(1, "mesh: expert grid %s = etp %d, ep %d, edp %d, pp %d", order_text,
+           size_of[MPG__TOK_TP], size_of[MPG__TOK_EP], size_of[MPG__TOK_DP], pp);
   return MPG_OK;
 }
 

@@ -391,11 +391,15 @@ static const char *const opt_keys[MPG__OPT_FSDP_OWNS_DP] = {
     "sync.first_bucket_mb",    "backend.timeout_s",
 };
 
-mpg_status mpg__spec_validate_at(const mpg_spec *spec,
-                                 const mpg_srcpos *opt_pos) {
-  const char *src = spec->source;
-  char known[512], hint[64];
+/* The position of option `which` in the source, or none without positions. */
+static mpg_srcpos opt_at(const mpg_srcpos *opt_pos, int which) {
   mpg_srcpos nopos = {0, 0};
+  return opt_pos ? opt_pos[which] : nopos;
+}
+
+/* mesh.dims: 1 to MPG_MAX_DIMS dims, valid unique names, sizes > 0 or one -1. */
+static mpg_status validate_dims(const mpg_spec *spec) {
+  const char *src = spec->source;
   if (spec->ndims < 1)
     return mpg__fail(MPG_ERR_SPEC, "mesh.dims: expected 1 to %d dims, found 0",
                      MPG_MAX_DIMS);
@@ -404,94 +408,116 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
                      MPG_MAX_DIMS, spec->ndims);
   int auto_dim = -1;
   for (int i = 0; i < spec->ndims; i++) {
-    const mpg_dim *d = &spec->dims[i];
-    if (!mpg__name_valid(d->name))
-      return mpg__fail_at(MPG_ERR_SPEC, src, d->name_pos,
+    const mpg_dim *dim = &spec->dims[i];
+    if (!mpg__name_valid(dim->name))
+      return mpg__fail_at(MPG_ERR_SPEC, src, dim->name_pos,
                           "mesh.dims[%d].name: expected a name of letters, "
                           "digits and '_' not starting with a digit, at most "
                           "%d chars, found \"%s\"",
-                          i, MPG_NAME_MAX - 1, d->name);
-    if (strcmp(d->name, "world") == 0)
-      return mpg__fail_at(MPG_ERR_SPEC, src, d->name_pos,
+                          i, MPG_NAME_MAX - 1, dim->name);
+    if (strcmp(dim->name, "world") == 0)
+      return mpg__fail_at(MPG_ERR_SPEC, src, dim->name_pos,
                           "mesh.dims[%d].name: \"world\" is reserved for the "
                           "group of all ranks",
                           i);
     for (int j = 0; j < i; j++)
-      if (strcmp(spec->dims[j].name, d->name) == 0)
-        return mpg__fail_at(MPG_ERR_SPEC, src, d->name_pos,
+      if (strcmp(spec->dims[j].name, dim->name) == 0)
+        return mpg__fail_at(MPG_ERR_SPEC, src, dim->name_pos,
                             "mesh.dims[%d].name: duplicate dim name \"%s\" "
                             "(already mesh.dims[%d])",
-                            i, d->name, j);
-    if (d->size == -1) {
+                            i, dim->name, j);
+    if (dim->size == -1) {
       if (auto_dim >= 0)
-        return mpg__fail_at(MPG_ERR_SPEC, src, d->size_pos,
+        return mpg__fail_at(MPG_ERR_SPEC, src, dim->size_pos,
                             "mesh.dims[%d].size: only one dim may be -1 "
                             "(inferred), but \"%s\" is -1 and \"%s\" already is",
-                            i, d->name, spec->dims[auto_dim].name);
+                            i, dim->name, spec->dims[auto_dim].name);
       auto_dim = i;
-    } else if (d->size <= 0) {
-      return mpg__fail_at(MPG_ERR_SPEC, src, d->size_pos,
+    } else if (dim->size <= 0) {
+      return mpg__fail_at(MPG_ERR_SPEC, src, dim->size_pos,
                           "mesh.dims[%d].size: expected a positive integer or "
                           "-1 for dim \"%s\", found %d",
-                          i, d->name, d->size);
+                          i, dim->name, dim->size);
     }
   }
+  return MPG_OK;
+}
+
+/* The dims of one flatten set: known, listed once each, in mesh order. */
+static mpg_status validate_flatten_dims(const mpg_spec *spec, const mpg_flatten *set,
+                                        const char *known) {
+  const char *src = spec->source;
+  char hint[64];
+  int prev_index = -1;
+  for (int i = 0; i < set->ndims; i++) {
+    int dim_index = find_dim(spec, set->dims[i]);
+    mpg_srcpos pos = set->dim_pos[i];
+    if (dim_index < 0)
+      return mpg__fail_at(MPG_ERR_SPEC, src, pos,
+                          "mesh.flatten.%s[%d]: unknown dim \"%s\"%s; the "
+                          "mesh has %s",
+                          set->name, i, set->dims[i],
+                          suggest_dim(spec, set->dims[i], hint, sizeof hint),
+                          known);
+    for (int j = 0; j < i; j++)
+      if (strcmp(set->dims[j], set->dims[i]) == 0)
+        return mpg__fail_at(MPG_ERR_SPEC, src, pos,
+                            "mesh.flatten.%s[%d]: dim \"%s\" is listed twice",
+                            set->name, i, set->dims[i]);
+    if (dim_index < prev_index)
+      return mpg__fail_at(MPG_ERR_SPEC, src, pos,
+                          "mesh.flatten.%s[%d]: dims must be listed in mesh "
+                          "order (outermost first: %s), but \"%s\" comes "
+                          "after \"%s\"",
+                          set->name, i, known, set->dims[i], set->dims[i - 1]);
+    prev_index = dim_index;
+  }
+  return MPG_OK;
+}
+
+/* Flatten set k: a valid name clashing with no dim or earlier set, 1 to MPG_MAX_DIMS dims. */
+static mpg_status validate_flatten_set(const mpg_spec *spec, int k, const char *known) {
+  const char *src = spec->source;
+  const mpg_flatten *set = &spec->flatten[k];
+  if (!mpg__name_valid(set->name))
+    return mpg__fail_at(MPG_ERR_SPEC, src, set->name_pos,
+                        "mesh.flatten: expected a set name of letters, "
+                        "digits and '_' not starting with a digit, at most "
+                        "%d chars, found \"%s\"",
+                        MPG_NAME_MAX - 1, set->name);
+  if (find_dim(spec, set->name) >= 0 || strcmp(set->name, "world") == 0)
+    return mpg__fail_at(MPG_ERR_SPEC, src, set->name_pos,
+                        "mesh.flatten.%s: the name \"%s\" clashes with %s",
+                        set->name, set->name,
+                        strcmp(set->name, "world") == 0 ? "the reserved group \"world\""
+                                                         : "a mesh dim");
+  for (int j = 0; j < k; j++)
+    if (strcmp(spec->flatten[j].name, set->name) == 0)
+      return mpg__fail_at(MPG_ERR_SPEC, src, set->name_pos,
+                          "mesh.flatten.%s: the set is defined twice",
+                          set->name);
+  if (set->ndims < 1 || set->ndims > MPG_MAX_DIMS)
+    return mpg__fail_at(MPG_ERR_SPEC, src, set->name_pos,
+                        "mesh.flatten.%s: expected a list of 1 to %d dims, "
+                        "found %d",
+                        set->name, MPG_MAX_DIMS, set->ndims);
+  return validate_flatten_dims(spec, set, known);
+}
+
+/* mesh.flatten: at most MPG_MAX_FLATTEN sets, each valid. */
+static mpg_status validate_flatten(const mpg_spec *spec, const char *known) {
   if (spec->nflatten < 0 || spec->nflatten > MPG_MAX_FLATTEN)
     return mpg__fail(MPG_ERR_SPEC, "mesh.flatten: expected at most %d sets, found %d",
                      MPG_MAX_FLATTEN, spec->nflatten);
-  dim_list(spec, known, sizeof known);
   for (int k = 0; k < spec->nflatten; k++) {
-    const mpg_flatten *f = &spec->flatten[k];
-    if (!mpg__name_valid(f->name))
-      return mpg__fail_at(MPG_ERR_SPEC, src, f->name_pos,
-                          "mesh.flatten: expected a set name of letters, "
-                          "digits and '_' not starting with a digit, at most "
-                          "%d chars, found \"%s\"",
-                          MPG_NAME_MAX - 1, f->name);
-    if (find_dim(spec, f->name) >= 0 || strcmp(f->name, "world") == 0)
-      return mpg__fail_at(MPG_ERR_SPEC, src, f->name_pos,
-                          "mesh.flatten.%s: the name \"%s\" clashes with %s",
-                          f->name, f->name,
-                          strcmp(f->name, "world") == 0 ? "the reserved group \"world\""
-                                                         : "a mesh dim");
-    for (int j = 0; j < k; j++)
-      if (strcmp(spec->flatten[j].name, f->name) == 0)
-        return mpg__fail_at(MPG_ERR_SPEC, src, f->name_pos,
-                            "mesh.flatten.%s: the set is defined twice",
-                            f->name);
-    if (f->ndims < 1 || f->ndims > MPG_MAX_DIMS)
-      return mpg__fail_at(MPG_ERR_SPEC, src, f->name_pos,
-                          "mesh.flatten.%s: expected a list of 1 to %d dims, "
-                          "found %d",
-                          f->name, MPG_MAX_DIMS, f->ndims);
-    int prev = -1;
-    for (int i = 0; i < f->ndims; i++) {
-      int d = find_dim(spec, f->dims[i]);
-      mpg_srcpos pos = f->dim_pos[i];
-      if (d < 0)
-        return mpg__fail_at(MPG_ERR_SPEC, src, pos,
-                            "mesh.flatten.%s[%d]: unknown dim \"%s\"%s; the "
-                            "mesh has %s",
-                            f->name, i, f->dims[i],
-                            suggest_dim(spec, f->dims[i], hint, sizeof hint),
-                            known);
-      for (int j = 0; j < i; j++)
-        if (strcmp(f->dims[j], f->dims[i]) == 0)
-          return mpg__fail_at(MPG_ERR_SPEC, src, pos,
-                              "mesh.flatten.%s[%d]: dim \"%s\" is listed twice",
-                              f->name, i, f->dims[i]);
-      if (d < prev)
-        return mpg__fail_at(MPG_ERR_SPEC, src, pos,
-                            "mesh.flatten.%s[%d]: dims must be listed in mesh "
-                            "order (outermost first: %s), but \"%s\" comes "
-                            "after \"%s\"",
-                            f->name, i, known, f->dims[i], f->dims[i - 1]);
-      prev = d;
-    }
+    mpg_status st = validate_flatten_set(spec, k, known);
+    if (st) return st;
   }
-  mpg_status est = validate_experts(spec);
-  if (est) return est;
-  /* Scalar options of the other sections. */
+  return MPG_OK;
+}
+
+/* The numeric options of the other sections: each in range and finite. */
+static mpg_status validate_numbers(const mpg_spec *spec, const mpg_srcpos *opt_pos) {
   /* Every value finite: below hi (exclusive; the timeout's bound). */
   struct {
     double v;
@@ -505,15 +531,20 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
   for (int i = 0; i < MPG__OPT_FSDP_OWNS_DP; i++) {
     int bad = opts[i].integer ? opts[i].v < opts[i].lo : !(opts[i].v > opts[i].lo);
     if (bad)
-      return mpg__fail_at(MPG_ERR_SPEC, src, opt_pos ? opt_pos[i] : nopos,
+      return mpg__fail_at(MPG_ERR_SPEC, spec->source, opt_at(opt_pos, i),
                           "%s: expected %s, found %g", opt_keys[i],
                           opts[i].integer ? "an integer >= 0" : "a number > 0", opts[i].v);
     if (!(opts[i].v < opts[i].hi))
-      return mpg__fail_at(MPG_ERR_SPEC, src, opt_pos ? opt_pos[i] : nopos,
+      return mpg__fail_at(MPG_ERR_SPEC, spec->source, opt_at(opt_pos, i),
                           "%s: expected a finite number%s, found %g", opt_keys[i],
                           opts[i].hi == MPG__TIMEOUT_MAX ? " below " MPG__TIMEOUT_MAX_TEXT : "",
                           opts[i].v);
   }
+  return MPG_OK;
+}
+
+/* The enum options: each one of its known values. */
+static mpg_status validate_enums(const mpg_spec *spec) {
   if (spec->bind < MPG_BIND_NONE || spec->bind > MPG_BIND_CORE)
     return mpg__fail(MPG_ERR_SPEC, "topology.bind: unknown value %d", (int)spec->bind);
   if (spec->rank_order < MPG_RANK_ORDER_BLOCK || spec->rank_order > MPG_RANK_ORDER_CYCLIC)
@@ -528,8 +559,15 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
     return mpg__fail(MPG_ERR_SPEC, "backend.name: unknown value %d", (int)spec->backend);
   if (spec->sync_mode != MPG_SYNC_REPLICATE && spec->sync_mode != MPG_SYNC_SHARD)
     return mpg__fail(MPG_ERR_SPEC, "sync.mode: unknown value %d", (int)spec->sync_mode);
+  return MPG_OK;
+}
+
+/* The sync options that depend on each other or on the mesh's dims. */
+static mpg_status validate_sync_combos(const mpg_spec *spec, const mpg_srcpos *opt_pos,
+                                       const char *known) {
+  const char *src = spec->source;
   if (spec->sync_mode == MPG_SYNC_SHARD && spec->fsdp_owns_dp)
-    return mpg__fail_at(MPG_ERR_SPEC, src, opt_pos ? opt_pos[MPG__OPT_SYNC_MODE] : nopos,
+    return mpg__fail_at(MPG_ERR_SPEC, src, opt_at(opt_pos, MPG__OPT_SYNC_MODE),
                         "sync.mode: \"shard\" with sync.fsdp_owns_dp = true: the shard "
                         "mode owns dp itself (it reduce-scatters over dp_cp); drop "
                         "fsdp_owns_dp");
@@ -545,11 +583,23 @@ mpg_status mpg__spec_validate_at(const mpg_spec *spec,
     return mpg__fail(MPG_ERR_SPEC, "sync.optimizer_instances: expected an integer >= 1, "
                      "found %d", spec->optimizer_instances);
   if (spec->fsdp_owns_dp && find_dim(spec, "dp") < 0)
-    return mpg__fail_at(MPG_ERR_SPEC, src,
-                        opt_pos ? opt_pos[MPG__OPT_FSDP_OWNS_DP] : nopos,
+    return mpg__fail_at(MPG_ERR_SPEC, src, opt_at(opt_pos, MPG__OPT_FSDP_OWNS_DP),
                         "sync.fsdp_owns_dp: true needs a \"dp\" dim; the mesh has %s",
                         known);
   return MPG_OK;
+}
+
+mpg_status mpg__spec_validate_at(const mpg_spec *spec,
+                                 const mpg_srcpos *opt_pos) {
+  char known[512];
+  mpg_status st = validate_dims(spec);
+  if (st) return st;
+  dim_list(spec, known, sizeof known);
+  if ((st = validate_flatten(spec, known))) return st;
+  if ((st = validate_experts(spec))) return st;
+  if ((st = validate_numbers(spec, opt_pos))) return st;
+  if ((st = validate_enums(spec))) return st;
+  return validate_sync_combos(spec, opt_pos, known);
 }
 
 /* The public spec functions: each works on a full copy of the caller's

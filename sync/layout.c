@@ -133,92 +133,100 @@ static void close_sharded(const mpg_sync *s, sbuffer *buf, sbucket *k) {
   buf->open = -1;
 }
 
-static mpg_status layout(mpg_sync *s) {
-  int n = s->nparams;
-  /* Buffers, in order of first appearance in backward order. */
-  s->buffers = calloc((size_t)(n ? n : 1), sizeof *s->buffers);
-  s->buckets = calloc((size_t)(n ? n : 1), sizeof *s->buckets);
-  if (!s->buffers || !s->buckets) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
-  for (int id = n - 1; id >= 0; id--) {
-    sparam *p = &s->params[id];
-    int b = 0;
-    while (b < s->nbuffers && !(s->buffers[b].dtype == p->dtype &&
-                                s->buffers[b].group == p->group &&
-                                s->buffers[b].tied == p->tied))
-      b++;
-    sbuffer *buf = &s->buffers[b];
-    if (b == s->nbuffers) {
-      s->nbuffers++;
-      buf->dtype = p->dtype;
-      buf->group = p->group;
-      buf->tied = p->tied;
-      buf->open = -1;
-      /* Integer buffers stay replicated: their average truncates, which
-       * a scaled reduce-scatter cannot do. */
-      buf->domain = s->opts.mode == MPG_SYNC_SHARD ? mpg__sync_shard_domain(s, p->group) : -1;
-      buf->sharded = buf->domain >= 0 && !p->tied && p->dtype != MPG_I32 &&
-                     p->dtype != MPG_I64;
-    }
-    /* Shard mode: a sharded buffer's params start on 64 elements (as in
-     * Megatron's distributed optimizer), the others on 64 bytes. */
-    size_t dsize = mpg_dtype_size(p->dtype);
-    size_t align = buf->sharded ? 64 : ALIGN_BYTES / dsize;
-    size_t off = (buf->count + align - 1) / align * align;
-    if (buf->sharded && buf->open >= 0) {
-      /* A param that opens a new bucket: first pad the open one's end. */
-      size_t cap = mib_bytes(buf->nbuckets == 1 ? s->opts.first_bucket_mb
-                                                : s->opts.bucket_mb);
-      sbucket *k = &s->buckets[buf->open];
-      if (off <= SIZE_MAX / 8 - p->count && (off + p->count - k->offset) * dsize > cap) {
-        close_sharded(s, buf, k);
-        off = buf->count;
-      }
-    }
-    if (off > (SIZE_MAX / 4) / dsize - p->count)
-      return mpg__fail(MPG_ERR_RANGE,
-                       "mpg_sync_commit: param \"%s\": the %s gradient buffer of group "
-                       "\"%s\" would exceed the address space",
-                       p->name, mpg_dtype_name(p->dtype), mpg_group_name(p->group));
-    p->buffer = b;
-    p->offset = off;
-    buf->count = off + p->count;
-    buf->nparams++;
+/* The byte cap of a buffer's open bucket: its first when it is its only one. */
+static size_t open_bucket_cap(const mpg_sync *s, const sbuffer *buf) {
+  return mib_bytes(buf->nbuckets == 1 ? s->opts.first_bucket_mb : s->opts.bucket_mb);
+}
 
-    /* Bucket: join the buffer's open bucket while the slice fits. */
-    if (buf->open >= 0) {
-      /* The open bucket is the buffer's latest: its first when it is its
-       * only one. */
-      size_t cap = mib_bytes(buf->nbuckets == 1 ? s->opts.first_bucket_mb
-                                                : s->opts.bucket_mb);
-      sbucket *k = &s->buckets[buf->open];
-      size_t span = (p->offset + p->count - k->offset) * dsize;
-      if (span <= cap) {
-        k->count = p->offset + p->count - k->offset;
-        k->last = id;
-        k->nparams++;
-        k->key = n - 1 - id;
-        p->bucket = buf->open;
-        continue;
-      }
-    }
-    sbucket *k = &s->buckets[s->nbuckets];
-    k->buffer = b;
-    k->offset = p->offset;
-    k->count = p->count;
-    k->first = k->last = id;
-    k->nparams = 1;
-    k->key = n - 1 - id;
-    p->bucket = s->nbuckets;
-    buf->open = s->nbuckets++;
-    buf->nbuckets++;
+/* The index of the buffer for a param's (dtype, reduce group, tied group), added if new. */
+static int find_or_add_buffer(mpg_sync *s, const sparam *param) {
+  int index = 0;
+  while (index < s->nbuffers && !(s->buffers[index].dtype == param->dtype &&
+                                  s->buffers[index].group == param->group &&
+                                  s->buffers[index].tied == param->tied))
+    index++;
+  sbuffer *buf = &s->buffers[index];
+  if (index == s->nbuffers) {
+    s->nbuffers++;
+    buf->dtype = param->dtype;
+    buf->group = param->group;
+    buf->tied = param->tied;
+    buf->open = -1;
+    /* Integer buffers stay replicated: their average truncates, which
+     * a scaled reduce-scatter cannot do. */
+    buf->domain = s->opts.mode == MPG_SYNC_SHARD ? mpg__sync_shard_domain(s, param->group) : -1;
+    buf->sharded = buf->domain >= 0 && !param->tied && param->dtype != MPG_I32 &&
+                   param->dtype != MPG_I64;
   }
-  for (int b = 0; b < s->nbuffers; b++)
-    if (s->buffers[b].sharded && s->buffers[b].open >= 0)
-      close_sharded(s, &s->buffers[b], &s->buckets[s->buffers[b].open]);
-  /* Launch order: by the backward position of each bucket's last param. */
-  bucket_ref *refs = malloc(sizeof *refs * (size_t)(s->nbuckets ? s->nbuckets : 1));
-  int *where = malloc(sizeof *where * (size_t)(s->nbuckets ? s->nbuckets : 1));
-  sbucket *sorted = malloc(sizeof *sorted * (size_t)(s->nbuckets ? s->nbuckets : 1));
+  return index;
+}
+
+/* Place a param at the aligned end of its buffer, closing a sharded open bucket it overflows. */
+static mpg_status place_param(mpg_sync *s, sparam *param, int buf_index) {
+  sbuffer *buf = &s->buffers[buf_index];
+  /* Shard mode: a sharded buffer's params start on 64 elements (as in
+   * Megatron's distributed optimizer), the others on 64 bytes. */
+  size_t dsize = mpg_dtype_size(param->dtype);
+  size_t align = buf->sharded ? 64 : ALIGN_BYTES / dsize;
+  size_t offset = (buf->count + align - 1) / align * align;
+  if (buf->sharded && buf->open >= 0) {
+    /* A param that opens a new bucket: first pad the open one's end. */
+    size_t cap = open_bucket_cap(s, buf);
+    sbucket *open_bucket = &s->buckets[buf->open];
+    if (offset <= SIZE_MAX / 8 - param->count &&
+        (offset + param->count - open_bucket->offset) * dsize > cap) {
+      close_sharded(s, buf, open_bucket);
+      offset = buf->count;
+    }
+  }
+  if (offset > (SIZE_MAX / 4) / dsize - param->count)
+    return mpg__fail(MPG_ERR_RANGE,
+                     "mpg_sync_commit: param \"%s\": the %s gradient buffer of group "
+                     "\"%s\" would exceed the address space",
+                     param->name, mpg_dtype_name(param->dtype), mpg_group_name(param->group));
+  param->buffer = buf_index;
+  param->offset = offset;
+  buf->count = offset + param->count;
+  buf->nparams++;
+  return MPG_OK;
+}
+
+/* Put param `id` in its buffer's open bucket while the slice fits, else open a new one. */
+static void add_to_bucket(mpg_sync *s, sparam *param, int id) {
+  sbuffer *buf = &s->buffers[param->buffer];
+  int key = s->nparams - 1 - id;
+  if (buf->open >= 0) {
+    size_t cap = open_bucket_cap(s, buf);
+    sbucket *open_bucket = &s->buckets[buf->open];
+    size_t dsize = mpg_dtype_size(param->dtype);
+    size_t span = (param->offset + param->count - open_bucket->offset) * dsize;
+    if (span <= cap) {
+      open_bucket->count = param->offset + param->count - open_bucket->offset;
+      open_bucket->last = id;
+      open_bucket->nparams++;
+      open_bucket->key = key;
+      param->bucket = buf->open;
+      return;
+    }
+  }
+  sbucket *new_bucket = &s->buckets[s->nbuckets];
+  new_bucket->buffer = param->buffer;
+  new_bucket->offset = param->offset;
+  new_bucket->count = param->count;
+  new_bucket->first = new_bucket->last = id;
+  new_bucket->nparams = 1;
+  new_bucket->key = key;
+  param->bucket = s->nbuckets;
+  buf->open = s->nbuckets++;
+  buf->nbuckets++;
+}
+
+/* Sort the buckets into launch order (by the backward position of each one's last param). */
+static mpg_status sort_buckets(mpg_sync *s) {
+  size_t cap = (size_t)(s->nbuckets ? s->nbuckets : 1);
+  bucket_ref *refs = malloc(sizeof *refs * cap);
+  int *where = malloc(sizeof *where * cap);
+  sbucket *sorted = malloc(sizeof *sorted * cap);
   if (!refs || !where || !sorted) {
     free(refs);
     free(where);
@@ -231,33 +239,38 @@ static mpg_status layout(mpg_sync *s) {
     sorted[k] = s->buckets[refs[k].index];
     where[refs[k].index] = k;
   }
-  for (int id = 0; id < n; id++) s->params[id].bucket = where[s->params[id].bucket];
+  for (int id = 0; id < s->nparams; id++) s->params[id].bucket = where[s->params[id].bucket];
   free(s->buckets);
   s->buckets = sorted;
   free(refs);
   free(where);
+  return MPG_OK;
+}
 
-  /* Tied buffers, in an order every member of a tied group agrees on. */
+/* List the tied buffers in an order every member of a tied group agrees on. */
+static mpg_status order_tied(mpg_sync *s) {
   for (int b = 0; b < s->nbuffers; b++) s->ntied += s->buffers[b].tied != NULL;
-  if (s->ntied) {
-    s->tied = malloc(sizeof *s->tied * (size_t)s->ntied);
-    s->tied_work = calloc((size_t)s->ntied, sizeof *s->tied_work);
-    if (!s->tied || !s->tied_work) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
-    tied_ref *refs = malloc(sizeof *refs * (size_t)s->ntied);
-    if (!refs) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
-    int t = 0;
-    for (int b = 0; b < s->nbuffers; b++)
-      if (s->buffers[b].tied)
-        refs[t++] = (tied_ref){mpg_group_name(s->buffers[b].tied),
-                               mpg_group_name(s->buffers[b].group),
-                               (int)s->buffers[b].dtype, b};
-    qsort(refs, (size_t)s->ntied, sizeof *refs, cmp_tied);
-    for (t = 0; t < s->ntied; t++) s->tied[t] = refs[t].index;
-    free(refs);
-  }
+  if (!s->ntied) return MPG_OK;
+  s->tied = malloc(sizeof *s->tied * (size_t)s->ntied);
+  s->tied_work = calloc((size_t)s->ntied, sizeof *s->tied_work);
+  if (!s->tied || !s->tied_work) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
+  tied_ref *refs = malloc(sizeof *refs * (size_t)s->ntied);
+  if (!refs) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
+  int nrefs = 0;
+  for (int b = 0; b < s->nbuffers; b++)
+    if (s->buffers[b].tied)
+      refs[nrefs++] = (tied_ref){mpg_group_name(s->buffers[b].tied),
+                                 mpg_group_name(s->buffers[b].group),
+                                 (int)s->buffers[b].dtype, b};
+  qsort(refs, (size_t)s->ntied, sizeof *refs, cmp_tied);
+  for (int i = 0; i < s->ntied; i++) s->tied[i] = refs[i].index;
+  free(refs);
+  return MPG_OK;
+}
 
-  /* Memory: zeroed by the context, or shared (in a rank-independent
-   * order: each creation is collective over its group). */
+/* Buffer memory: zeroed by the context, or shared, created in an order all ranks agree on. */
+static mpg_status alloc_buffers(mpg_sync *s) {
+  /* Shared memory in a rank-independent order: each creation is collective over its group. */
   tied_ref *order = malloc(sizeof *order * (size_t)(s->nbuffers ? s->nbuffers : 1));
   if (!order) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
   for (int b = 0; b < s->nbuffers; b++)
@@ -266,19 +279,19 @@ static mpg_status layout(mpg_sync *s) {
   qsort(order, (size_t)s->nbuffers, sizeof *order, cmp_buffer_ref);
   mpg_status st = MPG_OK;
   for (int i = 0; i < s->nbuffers && !st; i++) {
-    int b = order[i].index;
-    sbuffer *buf = &s->buffers[b];
+    int buf_index = order[i].index;
+    sbuffer *buf = &s->buffers[buf_index];
     size_t bytes = buf->count * mpg_dtype_size(buf->dtype);
-    mpg_group *over = buf->sharded ? s->dom[buf->domain].shard : buf->group;
-    st = mpg__shm_create(over, bytes, buf->dtype, buf->nbuckets, buf->sharded, &buf->shm,
-                         &buf->data);
+    mpg_group *shared_over = buf->sharded ? s->dom[buf->domain].shard : buf->group;
+    st = mpg__shm_create(shared_over, bytes, buf->dtype, buf->nbuckets, buf->sharded,
+                         &buf->shm, &buf->data);
     if (!st && !buf->shm)
       st = mpg_ctx_mem_alloc(s->ctx, bytes, s->opts.register_buffers, &buf->data);
     if (st)
       st = mpg__fail_wrap(st,
                           "mpg_sync_commit: buffer %d (%s, group \"%s\"%s%s, %d params, "
                           "%zu bytes)",
-                          b, mpg_dtype_name(buf->dtype), mpg_group_name(buf->group),
+                          buf_index, mpg_dtype_name(buf->dtype), mpg_group_name(buf->group),
                           buf->tied ? ", tied " : "",
                           buf->tied ? mpg_group_name(buf->tied) : "", buf->nparams, bytes);
     else
@@ -286,6 +299,26 @@ static mpg_status layout(mpg_sync *s) {
   }
   free(order);
   return st;
+}
+
+static mpg_status layout(mpg_sync *s) {
+  int nparams = s->nparams;
+  /* Buffers, in order of first appearance in backward order. */
+  s->buffers = calloc((size_t)(nparams ? nparams : 1), sizeof *s->buffers);
+  s->buckets = calloc((size_t)(nparams ? nparams : 1), sizeof *s->buckets);
+  if (!s->buffers || !s->buckets) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
+  mpg_status st;
+  for (int id = nparams - 1; id >= 0; id--) {
+    sparam *param = &s->params[id];
+    if ((st = place_param(s, param, find_or_add_buffer(s, param)))) return st;
+    add_to_bucket(s, param, id);
+  }
+  for (int b = 0; b < s->nbuffers; b++)
+    if (s->buffers[b].sharded && s->buffers[b].open >= 0)
+      close_sharded(s, &s->buffers[b], &s->buckets[s->buffers[b].open]);
+  if ((st = sort_buckets(s))) return st;
+  if ((st = order_tied(s))) return st;
+  return alloc_buffers(s);
 }
 
 /* ------------------------------------------------------------------ */

@@ -47,110 +47,230 @@ mpg_status mpg_placement_opts_from_spec(const mpg_spec *spec,
   return MPG_OK;
 }
 
-/* Fill node_of/local_of for every launcher rank.  Returns the node count in
- * *nnodes. */
-static mpg_status layout_launcher(const mpg_placement_opts *o, int world,
-                                  const mpg_topo *topo, int *node_of,
-                                  int *local_of, int *nnodes) {
-  if (o->node_of) {
-    /* Measured: remap the ids to 0..K-1 in ascending id order. */
-    int maxid = -1;
-    for (int r = 0; r < world; r++) {
-      if (o->node_of[r] < 0 || o->node_of[r] >= world)
-        return mpg__fail(MPG_ERR_RANGE,
-                         "placement: node id %d of launcher rank %d is "
-                         "outside 0..%d",
-                         o->node_of[r], r, world - 1);
-      if (o->node_of[r] > maxid) maxid = o->node_of[r];
-    }
-    int *dense = malloc(sizeof(int) * (size_t)(maxid + 1));
-    int *count = calloc((size_t)world, sizeof(int));
-    if (!dense || !count) {
-      free(dense);
-      free(count);
-      return mpg__fail(MPG_ERR_NOMEM, "placement: out of memory");
-    }
-    for (int i = 0; i <= maxid; i++) dense[i] = -1;
-    for (int r = 0; r < world; r++) dense[o->node_of[r]] = 0;
-    int k = 0;
-    for (int i = 0; i <= maxid; i++)
-      if (dense[i] == 0) dense[i] = k++;
-    for (int r = 0; r < world; r++) node_of[r] = dense[o->node_of[r]];
-    *nnodes = k;
-    mpg_status st = MPG_OK;
-    if (o->local_rank) {
-      /* Each node's local ranks must be 0..count-1, each once. */
-      for (int r = 0; r < world; r++) count[node_of[r]]++;
-      unsigned char *seen = calloc((size_t)world, 1);
-      int *start = calloc((size_t)k + 1, sizeof(int));
-      if (!seen || !start) st = mpg__fail(MPG_ERR_NOMEM, "placement: out of memory");
-      for (int i = 0; !st && i < k; i++) start[i + 1] = start[i] + count[i];
-      for (int r = 0; !st && r < world; r++) {
-        int n = node_of[r], l = o->local_rank[r];
-        if (l < 0 || l >= count[n])
-          st = mpg__fail(MPG_ERR_RANGE,
-                         "placement: local rank %d of launcher rank %d is "
-                         "outside 0..%d (its node has %d ranks)",
-                         l, r, count[n] - 1, count[n]);
-        else if (seen[start[n] + l])
-          st = mpg__fail(MPG_ERR_RANGE,
-                         "placement: local rank %d appears twice on the node "
-                         "of launcher rank %d",
-                         l, r);
-        else {
-          seen[start[n] + l] = 1;
-          local_of[r] = l;
-        }
-      }
-      free(seen);
-      free(start);
-    } else {
-      for (int r = 0; r < world; r++) local_of[r] = count[node_of[r]]++;
-    }
-    free(dense);
-    free(count);
-    return st;
+/* Measured node ids remapped to 0..K-1 in ascending id order into node_of; K in *nnodes. */
+static mpg_status dense_node_ids(const int *node_ids, int world, int *node_of, int *nnodes) {
+  int max_id = -1;
+  for (int r = 0; r < world; r++) {
+    if (node_ids[r] < 0 || node_ids[r] >= world)
+      return mpg__fail(MPG_ERR_RANGE,
+                       "placement: node id %d of launcher rank %d is "
+                       "outside 0..%d",
+                       node_ids[r], r, world - 1);
+    if (node_ids[r] > max_id) max_id = node_ids[r];
   }
-  int n = o->nodes, g = o->gpus_per_node;
-  if (n < 0 || g < 0)
+  int *dense = malloc(sizeof(int) * (size_t)(max_id + 1));
+  if (!dense) return mpg__fail(MPG_ERR_NOMEM, "placement: out of memory");
+  for (int id = 0; id <= max_id; id++) dense[id] = -1;
+  for (int r = 0; r < world; r++) dense[node_ids[r]] = 0;
+  int ndense = 0;
+  for (int id = 0; id <= max_id; id++)
+    if (dense[id] == 0) dense[id] = ndense++;
+  for (int r = 0; r < world; r++) node_of[r] = dense[node_ids[r]];
+  *nnodes = ndense;
+  free(dense);
+  return MPG_OK;
+}
+
+/* Measured local ranks into local_of: each node's must be 0..count-1, each once. */
+static mpg_status check_local_ranks(const int *local_rank, int world, const int *node_of,
+                                    int nnodes, const int *count, int *local_of) {
+  mpg_status st = MPG_OK;
+  unsigned char *seen = calloc((size_t)world, 1);
+  int *start = calloc((size_t)nnodes + 1, sizeof(int));
+  if (!seen || !start) st = mpg__fail(MPG_ERR_NOMEM, "placement: out of memory");
+  for (int i = 0; !st && i < nnodes; i++) start[i + 1] = start[i] + count[i];
+  for (int r = 0; !st && r < world; r++) {
+    int node = node_of[r], local = local_rank[r];
+    if (local < 0 || local >= count[node])
+      st = mpg__fail(MPG_ERR_RANGE,
+                     "placement: local rank %d of launcher rank %d is "
+                     "outside 0..%d (its node has %d ranks)",
+                     local, r, count[node] - 1, count[node]);
+    else if (seen[start[node] + local])
+      st = mpg__fail(MPG_ERR_RANGE,
+                     "placement: local rank %d appears twice on the node "
+                     "of launcher rank %d",
+                     local, r);
+    else {
+      seen[start[node] + local] = 1;
+      local_of[r] = local;
+    }
+  }
+  free(seen);
+  free(start);
+  return st;
+}
+
+/* node_of/local_of from the launcher's measured node ids (and local ranks, if given). */
+static mpg_status layout_measured(const mpg_placement_opts *opts, int world, int *node_of,
+                                  int *local_of, int *nnodes) {
+  mpg_status st = dense_node_ids(opts->node_of, world, node_of, nnodes);
+  if (st) return st;
+  int *count = calloc((size_t)world, sizeof(int));
+  if (!count) return mpg__fail(MPG_ERR_NOMEM, "placement: out of memory");
+  if (opts->local_rank) {
+    for (int r = 0; r < world; r++) count[node_of[r]]++;
+    st = check_local_ranks(opts->local_rank, world, node_of, *nnodes, count, local_of);
+  } else {
+    for (int r = 0; r < world; r++) local_of[r] = count[node_of[r]]++;
+  }
+  free(count);
+  return st;
+}
+
+/* Nodes and GPUs per node: as given, or inferred from the other, the topology or the world. */
+static mpg_status node_shape(const mpg_placement_opts *opts, int world, const mpg_topo *topo,
+                             int *nodes_out, int *gpus_out) {
+  int nodes = opts->nodes, gpus = opts->gpus_per_node;
+  if (nodes < 0 || gpus < 0)
     return mpg__fail(MPG_ERR_RANGE,
                      "placement: nodes (%d) and gpus_per_node (%d) must be >= 0",
-                     n, g);
-  if (n == 0 && g == 0) {
-    int tg = mpg_topo_num_gpus(topo);
-    n = 1;
-    g = (tg > 0 && world % tg == 0) ? tg : world;
-    if (g != world) n = world / g;
-  } else if (n == 0) {
-    if (world % g != 0)
+                     nodes, gpus);
+  if (nodes == 0 && gpus == 0) {
+    int topo_gpus = mpg_topo_num_gpus(topo);
+    nodes = 1;
+    gpus = (topo_gpus > 0 && world % topo_gpus == 0) ? topo_gpus : world;
+    if (gpus != world) nodes = world / gpus;
+  } else if (nodes == 0) {
+    if (world % gpus != 0)
       return mpg__fail(MPG_ERR_TOPO,
                        "placement: world size %d is not a multiple of "
                        "gpus_per_node %d",
-                       world, g);
-    n = world / g;
-  } else if (g == 0) {
-    if (world % n != 0)
+                       world, gpus);
+    nodes = world / gpus;
+  } else if (gpus == 0) {
+    if (world % nodes != 0)
       return mpg__fail(MPG_ERR_TOPO,
                        "placement: world size %d is not a multiple of nodes %d",
-                       world, n);
-    g = world / n;
+                       world, nodes);
+    gpus = world / nodes;
   }
-  if ((long long)n * g != world)
+  if ((long long)nodes * gpus != world)
     return mpg__fail(MPG_ERR_TOPO,
                      "placement: world size %d does not equal nodes %d x "
                      "gpus_per_node %d = %lld",
-                     world, n, g, (long long)n * g);
+                     world, nodes, gpus, (long long)nodes * gpus);
+  *nodes_out = nodes;
+  *gpus_out = gpus;
+  return MPG_OK;
+}
+
+/* Fill node_of/local_of for every launcher rank.  Returns the node count in
+ * *nnodes. */
+static mpg_status layout_launcher(const mpg_placement_opts *opts, int world,
+                                  const mpg_topo *topo, int *node_of,
+                                  int *local_of, int *nnodes) {
+  if (opts->node_of) return layout_measured(opts, world, node_of, local_of, nnodes);
+  int nodes = 0, gpus = 0;
+  mpg_status st = node_shape(opts, world, topo, &nodes, &gpus);
+  if (st) return st;
   for (int r = 0; r < world; r++) {
-    if (o->rank_order == MPG_RANK_ORDER_CYCLIC) {
-      node_of[r] = r % n;
-      local_of[r] = r / n;
+    if (opts->rank_order == MPG_RANK_ORDER_CYCLIC) {
+      node_of[r] = r % nodes;
+      local_of[r] = r / nodes;
     } else {
-      node_of[r] = r / g;
-      local_of[r] = r % g;
+      node_of[r] = r / gpus;
+      local_of[r] = r % gpus;
     }
   }
-  *nnodes = n;
+  *nnodes = nodes;
   return MPG_OK;
+}
+
+/* The caller's opts (or the defaults) into *full, with a known rank order. */
+static mpg_status read_opts(const mpg_placement_opts *opts, mpg_placement_opts *full) {
+  if (opts) {
+    mpg_status st = mpg__abi_in(full, MPG__ABI_END(mpg_placement_opts), opts, MPG_PLACEMENT_MAGIC,
+                                "mpg_placement_create: opts", "MPG_PLACEMENT_OPTS_INIT");
+    if (st) return st;
+  }
+  if (full->rank_order != MPG_RANK_ORDER_BLOCK && full->rank_order != MPG_RANK_ORDER_CYCLIC)
+    return mpg__fail(MPG_ERR_INVALID, "placement: unknown rank order %d",
+                     (int)full->rank_order);
+  return MPG_OK;
+}
+
+/* The launcher rank of each slot, node by node in locality order; sets max_per_node. */
+static mpg_status fill_slots(mpg_placement *pl, const mpg_topo *topo, int *by_local,
+                             int *slots) {
+  /* Slots: node 0's GPUs, then node 1's ...; inside a node the GPUs go in
+   * locality order unless the node has an all-to-all fabric. */
+  int world = pl->world;
+  int *start = calloc((size_t)pl->nnodes + 1, sizeof(int));
+  int *order = malloc(sizeof(int) * (size_t)world);
+  if (!start || !order) {
+    free(start);
+    free(order);
+    return mpg__fail(MPG_ERR_NOMEM, "placement: out of memory");
+  }
+  for (int r = 0; r < world; r++) start[pl->node_of[r] + 1]++;
+  for (int node = 0; node < pl->nnodes; node++) {
+    int node_size = start[node + 1];
+    if (node_size > pl->max_per_node) pl->max_per_node = node_size;
+    start[node + 1] += start[node];
+  }
+  for (int r = 0; r < world; r++)
+    by_local[start[pl->node_of[r]] + pl->local_of[r]] = r;
+  int use_locality = topo && !mpg_topo_has_gpu_fabric(topo);
+  for (int node = 0; node < pl->nnodes; node++) {
+    int node_size = start[node + 1] - start[node];
+    if (use_locality && node_size <= mpg_topo_num_gpus(topo))
+      mpg__topo_locality_order(topo, node_size, order);
+    else
+      for (int k = 0; k < node_size; k++) order[k] = k;
+    for (int k = 0; k < node_size; k++)
+      slots[start[node] + k] = by_local[start[node] + order[k]];
+  }
+  free(start);
+  free(order);
+  return MPG_OK;
+}
+
+/* Physical dim order, outermost first: the others in mesh order, then inner, first-named last. */
+static int physical_order(int ndims, const int *inner, int ninner, int *phys) {
+  int nphys = 0;
+  for (int d = 0; d < ndims; d++) {
+    int is_inner = 0;
+    for (int i = 0; i < ninner; i++)
+      if (inner[i] == d) is_inner = 1;
+    if (!is_inner) phys[nphys++] = d;
+  }
+  for (int i = ninner - 1; i >= 0; i--) phys[nphys++] = inner[i];
+  return nphys;
+}
+
+/* launcher_of/mesh_of: each mesh rank takes the slot of its coordinate in physical order. */
+static void map_ranks(mpg_placement *pl, const int *inner, int ninner, const int *slots) {
+  int ndims = mpg_mesh_ndims(pl->mesh);
+  int phys[MPG_MAX_DIMS], size[MPG_MAX_DIMS], coord[MPG_MAX_DIMS];
+  int nphys = physical_order(ndims, inner, ninner, phys);
+  for (int d = 0; d < ndims; d++) mpg_mesh_dim(pl->mesh, d, NULL, &size[d]);
+  for (int mesh_rank = 0; mesh_rank < pl->world; mesh_rank++) {
+    mpg_mesh_coord_of(pl->mesh, mesh_rank, coord);
+    int slot = 0;
+    for (int i = 0; i < nphys; i++) slot = slot * size[phys[i]] + coord[phys[i]];
+    int launcher = slots[slot];
+    pl->launcher_of[mesh_rank] = launcher;
+    pl->mesh_of[launcher] = mesh_rank;
+  }
+}
+
+/* A placement of a mesh with its four per-rank tables allocated, or NULL. */
+static mpg_placement *placement_alloc(const mpg_mesh *mesh, int world) {
+  mpg_placement *pl = calloc(1, sizeof *pl);
+  if (!pl) return NULL;
+  pl->mesh = mesh;
+  pl->world = world;
+  size_t bytes = sizeof(int) * (size_t)world;
+  pl->launcher_of = malloc(bytes);
+  pl->mesh_of = malloc(bytes);
+  pl->node_of = malloc(bytes);
+  pl->local_of = malloc(bytes);
+  if (!pl->launcher_of || !pl->mesh_of || !pl->node_of || !pl->local_of) {
+    mpg_placement_destroy(pl);
+    return NULL;
+  }
+  return pl;
 }
 
 mpg_status mpg_placement_create(const mpg_mesh *mesh,
@@ -160,110 +280,41 @@ mpg_status mpg_placement_create(const mpg_mesh *mesh,
   *out = NULL;
   if (!mesh) return mpg__fail(MPG_ERR_INVALID, "mpg_placement_create: mesh is NULL");
   mpg_placement_opts full = MPG_PLACEMENT_OPTS_INIT;
-  if (opts) {
-    mpg_status bad = mpg__abi_in(&full, MPG__ABI_END(mpg_placement_opts), opts, MPG_PLACEMENT_MAGIC,
-                                 "mpg_placement_create: opts", "MPG_PLACEMENT_OPTS_INIT");
-    if (bad) return bad;
-  }
-  const mpg_placement_opts *o = &full;
-  if (o->rank_order != MPG_RANK_ORDER_BLOCK && o->rank_order != MPG_RANK_ORDER_CYCLIC)
-    return mpg__fail(MPG_ERR_INVALID, "placement: unknown rank order %d",
-                     (int)o->rank_order);
-  int ndims = mpg_mesh_ndims(mesh);
+  mpg_status st = read_opts(opts, &full);
+  if (st) return st;
   int inner[MPG_MAX_DIMS], ninner = 0;
   unsigned inner_mask;
   /* The default names dims a mesh may lack; given names must exist. */
-  mpg_status st = mpg__mesh_parse_dims(
-      mesh, o->inner_dims ? o->inner_dims : "tp,cp",
-      o->inner_dims ? MPG__DIMS_ALLOW_EMPTY : MPG__DIMS_SKIP_UNKNOWN,
+  st = mpg__mesh_parse_dims(
+      mesh, full.inner_dims ? full.inner_dims : "tp,cp",
+      full.inner_dims ? MPG__DIMS_ALLOW_EMPTY : MPG__DIMS_SKIP_UNKNOWN,
       "placement: inner dims", &inner_mask, inner, &ninner);
   if (st) return st;
 
   int world = mpg_mesh_world_size(mesh);
-  mpg_placement *pl = calloc(1, sizeof *pl);
-  if (!pl) return mpg__fail(MPG_ERR_NOMEM, "placement: out of memory");
-  pl->mesh = mesh;
-  pl->world = world;
-  size_t bytes = sizeof(int) * (size_t)world;
-  pl->launcher_of = malloc(bytes);
-  pl->mesh_of = malloc(bytes);
-  pl->node_of = malloc(bytes);
-  pl->local_of = malloc(bytes);
-  int *slots = malloc(bytes), *byloc = malloc(bytes);
-  int *start = NULL, *order = NULL;
-  if (!pl->launcher_of || !pl->mesh_of || !pl->node_of || !pl->local_of ||
-      !slots || !byloc) {
-    st = mpg__fail(MPG_ERR_NOMEM, "placement: out of memory");
-    goto fail;
-  }
-  st = layout_launcher(o, world, o->topo, pl->node_of, pl->local_of, &pl->nnodes);
-  if (st) goto fail;
-
-  /* Slots: node 0's GPUs, then node 1's ...; inside a node the GPUs go in
-   * locality order unless the node has an all-to-all fabric. */
-  start = calloc((size_t)pl->nnodes + 1, sizeof(int));
-  order = malloc(bytes);
-  if (!start || !order) {
-    st = mpg__fail(MPG_ERR_NOMEM, "placement: out of memory");
-    goto fail;
-  }
-  for (int r = 0; r < world; r++) start[pl->node_of[r] + 1]++;
-  for (int n = 0; n < pl->nnodes; n++) {
-    int c = start[n + 1];
-    if (c > pl->max_per_node) pl->max_per_node = c;
-    start[n + 1] += start[n];
-  }
-  for (int r = 0; r < world; r++)
-    byloc[start[pl->node_of[r]] + pl->local_of[r]] = r;
-  int use_locality = o->topo && !mpg_topo_has_gpu_fabric(o->topo);
-  for (int n = 0; n < pl->nnodes; n++) {
-    int c = start[n + 1] - start[n];
-    if (use_locality && c <= mpg_topo_num_gpus(o->topo))
-      mpg__topo_locality_order(o->topo, c, order);
-    else
-      for (int k = 0; k < c; k++) order[k] = k;
-    for (int k = 0; k < c; k++) slots[start[n] + k] = byloc[start[n] + order[k]];
-  }
-
-  /* Physical dim order, outermost first: the other dims in mesh order, then
-   * the inner dims with the first-named innermost. */
-  int phys[MPG_MAX_DIMS], np = 0, size[MPG_MAX_DIMS];
-  for (int d = 0; d < ndims; d++) {
-    int is_inner = 0;
-    for (int i = 0; i < ninner; i++)
-      if (inner[i] == d) is_inner = 1;
-    if (!is_inner) phys[np++] = d;
-  }
-  for (int i = ninner - 1; i >= 0; i--) phys[np++] = inner[i];
-  pl->inner_mask = inner_mask;
-  for (int d = 0; d < ndims; d++) mpg_mesh_dim(mesh, d, NULL, &size[d]);
-  int coord[MPG_MAX_DIMS];
-  for (int m = 0; m < world; m++) {
-    mpg_mesh_coord_of(mesh, m, coord);
-    int p = 0;
-    for (int i = 0; i < np; i++) p = p * size[phys[i]] + coord[phys[i]];
-    int L = slots[p];
-    pl->launcher_of[m] = L;
-    pl->mesh_of[L] = m;
+  mpg_placement *pl = placement_alloc(mesh, world);
+  int *slots = malloc(sizeof(int) * (size_t)world);
+  int *by_local = malloc(sizeof(int) * (size_t)world);
+  if (!pl || !slots || !by_local) st = mpg__fail(MPG_ERR_NOMEM, "placement: out of memory");
+  if (!st) st = layout_launcher(&full, world, full.topo, pl->node_of, pl->local_of, &pl->nnodes);
+  if (!st) st = fill_slots(pl, full.topo, by_local, slots);
+  if (!st) {
+    pl->inner_mask = inner_mask;
+    map_ranks(pl, inner, ninner, slots);
   }
   free(slots);
-  free(byloc);
-  free(start);
-  free(order);
-  slots = byloc = start = order = NULL;
-  mpg__log(1, "placement: %d ranks on %d nodes (up to %d per node)", world,
-           pl->nnodes, pl->max_per_node);
-  st = mpg_placement_check(pl, o->strict, NULL);
-  if (st) goto fail;
+  free(by_local);
+  if (!st) {
+    mpg__log(1, "placement: %d ranks on %d nodes (up to %d per node)", world,
+             pl->nnodes, pl->max_per_node);
+    st = mpg_placement_check(pl, full.strict, NULL);
+  }
+  if (st) {
+    mpg_placement_destroy(pl);
+    return st;
+  }
   *out = pl;
   return MPG_OK;
-fail:
-  free(slots);
-  free(byloc);
-  free(start);
-  free(order);
-  mpg_placement_destroy(pl);
-  return st;
 }
 
 int mpg_placement_num_nodes(const mpg_placement *pl) { return pl ? pl->nnodes : 0; }

@@ -203,6 +203,85 @@ static int is_uuid_text(const char *p, size_t n) {
   return 1;
 }
 
+/* The UUID text (no "GPU-") of a GPU-<uuid> or MIG-GPU-<uuid>/<gi>/<ci> entry, or why none. */
+static mpg_status entry_uuid(const char *env, int entry, const char *item, const char **uuid,
+                             size_t *uuid_len) {
+  *uuid = NULL;
+  *uuid_len = 0;
+  if (strncasecmp(item, "GPU-", 4) == 0) {
+    *uuid = item + 4;
+    *uuid_len = strlen(*uuid);
+  } else if (strncasecmp(item, "MIG-GPU-", 8) == 0 && strchr(item, '/')) {
+    *uuid = item + 8;
+    *uuid_len = (size_t)(strchr(item, '/') - *uuid);
+  } else if (strncasecmp(item, "MIG-", 4) == 0) {
+    return mpg__fail(MPG_ERR_TOPO,
+                     "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" is a MIG "
+                     "instance UUID, which cannot be mapped to its GPU (hwloc lists "
+                     "no MIG instances); name the GPU (index or GPU-<uuid>) or use "
+                     "MIG-GPU-<gpu uuid>/<gi>/<ci>",
+                     env, entry, item);
+  }
+  if (!*uuid || !is_uuid_text(*uuid, *uuid_len))
+    return mpg__fail(MPG_ERR_TOPO,
+                     "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" is not a GPU "
+                     "index, GPU-<uuid> or MIG-GPU-<uuid>/<gi>/<ci>",
+                     env, entry, item);
+  return MPG_OK;
+}
+
+/* The one GPU of list[0..total) whose UUID the UUID entry names, in *pick. */
+static mpg_status pick_by_uuid(const cand *list, int total, const char *env, int entry,
+                               const char *item, int *pick) {
+  const char *uuid;
+  size_t uuid_len;
+  mpg_status st = entry_uuid(env, entry, item, &uuid, &uuid_len);
+  if (st) return st;
+  int with_uuid = 0, found = -1;
+  for (int i = 0; i < total; i++) {
+    const char *gpu_id = gpu_uuid(list[i].pci);
+    if (!gpu_id) continue;
+    with_uuid++;
+    if (!uuid_has_prefix(gpu_id, uuid, uuid_len)) continue;
+    if (found >= 0)
+      return mpg__fail(MPG_ERR_TOPO,
+                       "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" is ambiguous: "
+                       "it matches GPU %d (%s) and GPU %d (%s)",
+                       env, entry, item, found, gpu_uuid(list[found].pci), i, gpu_id);
+    found = i;
+  }
+  if (!with_uuid)
+    return mpg__fail(MPG_ERR_TOPO,
+                     "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" names a GPU by "
+                     "UUID, but these %d GPUs have no UUID (hwloc sees them as bare "
+                     "PCI devices, without its NVML plugin): use GPU indexes",
+                     env, entry, item, total);
+  if (found < 0)
+    return mpg__fail(MPG_ERR_TOPO,
+                     "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" matches none of "
+                     "the %d GPUs' UUIDs",
+                     env, entry, item, total);
+  *pick = found;
+  return MPG_OK;
+}
+
+/* The GPU an index or UUID entry selects in *pick; -1 (an index out of range) ends the list. */
+static mpg_status pick_entry(const cand *list, int total, const char *env, int entry,
+                             const char *item, int *pick) {
+  char *end;
+  long index = strtol(item, &end, 10);
+  if (end == item || *end != '\0') return pick_by_uuid(list, total, env, entry, item, pick);
+  if (index < 0 || index >= total) {
+    mpg__log(1, "topology: CUDA_VISIBLE_DEVICES=\"%s\": entry %d (%ld) is not a "
+             "GPU index 0..%d; like CUDA, the list ends there", env, entry, index,
+             total - 1);
+    *pick = -1;
+    return MPG_OK;
+  }
+  *pick = (int)index;
+  return MPG_OK;
+}
+
 /* CUDA_VISIBLE_DEVICES for GPUs not found through CUDA (CUDA OS devices
  * already honour it): keep and reorder the GPUs it lists.  Entries are
  * indexes, GPU UUIDs or unique UUID prefixes ("GPU-1a2b"), or MIG devices
@@ -213,105 +292,51 @@ static int is_uuid_text(const char *p, size_t n) {
  * matches no GPU or several, a GPU listed twice, a MIG-<uuid> entry (hwloc
  * lists no MIG instances, so it cannot be mapped to its GPU). */
 static mpg_status apply_cuda_visible(cand *list, int *n) {
-  const char *v = getenv("CUDA_VISIBLE_DEVICES");
-  if (!v) return MPG_OK;
+  const char *env = getenv("CUDA_VISIBLE_DEVICES");
+  if (!env) return MPG_OK;
   cand keep[256];
   int from[256]; /* entry number that selected keep[i] */
-  int nk = 0, total = *n, entry = 0;
-  const char *p = v;
-  while (*p == ' ') p++;
-  while (*p && nk < 256) {
-    const char *e = strchr(p, ',');
-    size_t len = e ? (size_t)(e - p) : strlen(p);
-    while (len && p[len - 1] == ' ') len--;
-    char tok[128];
-    if (len == 0 || len >= sizeof tok)
+  int nkeep = 0, total = *n, entry = 0;
+  const char *cursor = env;
+  while (*cursor == ' ') cursor++;
+  while (*cursor && nkeep < 256) {
+    const char *comma = strchr(cursor, ',');
+    size_t len = comma ? (size_t)(comma - cursor) : strlen(cursor);
+    while (len && cursor[len - 1] == ' ') len--;
+    char item[128];
+    if (len == 0 || len >= sizeof item)
       return mpg__fail(MPG_ERR_TOPO,
                        "CUDA_VISIBLE_DEVICES=\"%s\": entry %d is %s; expected a GPU "
                        "index, GPU-<uuid> or MIG-GPU-<uuid>/<gi>/<ci>",
-                       v, entry, len ? "too long" : "empty");
-    memcpy(tok, p, len);
-    tok[len] = '\0';
-    int pick = -1;
-    char *end;
-    long idx = strtol(tok, &end, 10);
-    if (end != tok && *end == '\0') {
-      if (idx < 0 || idx >= total) {
-        mpg__log(1, "topology: CUDA_VISIBLE_DEVICES=\"%s\": entry %d (%ld) is not a "
-                 "GPU index 0..%d; like CUDA, the list ends there", v, entry, idx,
-                 total - 1);
-        break;
-      }
-      pick = (int)idx;
-    } else {
-      const char *uuid = NULL;
-      size_t ulen = 0;
-      if (strncasecmp(tok, "GPU-", 4) == 0) {
-        uuid = tok + 4;
-        ulen = strlen(uuid);
-      } else if (strncasecmp(tok, "MIG-GPU-", 8) == 0 && strchr(tok, '/')) {
-        uuid = tok + 8;
-        ulen = (size_t)(strchr(tok, '/') - uuid);
-      } else if (strncasecmp(tok, "MIG-", 4) == 0) {
-        return mpg__fail(MPG_ERR_TOPO,
-                         "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" is a MIG "
-                         "instance UUID, which cannot be mapped to its GPU (hwloc lists "
-                         "no MIG instances); name the GPU (index or GPU-<uuid>) or use "
-                         "MIG-GPU-<gpu uuid>/<gi>/<ci>",
-                         v, entry, tok);
-      }
-      if (!uuid || !is_uuid_text(uuid, ulen))
-        return mpg__fail(MPG_ERR_TOPO,
-                         "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" is not a GPU "
-                         "index, GPU-<uuid> or MIG-GPU-<uuid>/<gi>/<ci>",
-                         v, entry, tok);
-      int with_uuid = 0;
-      for (int i = 0; i < total; i++) {
-        const char *u = gpu_uuid(list[i].pci);
-        if (!u) continue;
-        with_uuid++;
-        if (!uuid_has_prefix(u, uuid, ulen)) continue;
-        if (pick >= 0)
-          return mpg__fail(MPG_ERR_TOPO,
-                           "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" is ambiguous: "
-                           "it matches GPU %d (%s) and GPU %d (%s)",
-                           v, entry, tok, pick, gpu_uuid(list[pick].pci), i, u);
-        pick = i;
-      }
-      if (!with_uuid)
-        return mpg__fail(MPG_ERR_TOPO,
-                         "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" names a GPU by "
-                         "UUID, but these %d GPUs have no UUID (hwloc sees them as bare "
-                         "PCI devices, without its NVML plugin): use GPU indexes",
-                         v, entry, tok, total);
-      if (pick < 0)
-        return mpg__fail(MPG_ERR_TOPO,
-                         "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" matches none of "
-                         "the %d GPUs' UUIDs",
-                         v, entry, tok, total);
-    }
-    for (int i = 0; i < nk; i++)
+                       env, entry, len ? "too long" : "empty");
+    memcpy(item, cursor, len);
+    item[len] = '\0';
+    int pick;
+    mpg_status st = pick_entry(list, total, env, entry, item, &pick);
+    if (st) return st;
+    if (pick < 0) break;
+    for (int i = 0; i < nkeep; i++)
       if (keep[i].pci == list[pick].pci)
         return mpg__fail(MPG_ERR_TOPO,
                          "CUDA_VISIBLE_DEVICES=\"%s\": entry %d \"%s\" selects GPU %d "
                          "again (entry %d did)",
-                         v, entry, tok, pick, from[i]);
-    from[nk] = entry;
-    keep[nk++] = list[pick];
+                         env, entry, item, pick, from[i]);
+    from[nkeep] = entry;
+    keep[nkeep++] = list[pick];
     entry++;
-    if (!e) break;
-    p = e + 1;
-    while (*p == ' ') p++;
-    if (!*p)
+    if (!comma) break;
+    cursor = comma + 1;
+    while (*cursor == ' ') cursor++;
+    if (!*cursor)
       return mpg__fail(MPG_ERR_TOPO,
                        "CUDA_VISIBLE_DEVICES=\"%s\": entry %d is empty; expected a GPU "
                        "index, GPU-<uuid> or MIG-GPU-<uuid>/<gi>/<ci>",
-                       v, entry);
+                       env, entry);
   }
-  memcpy(list, keep, sizeof *keep * (size_t)nk);
-  *n = nk;
-  mpg__log(1, "topology: CUDA_VISIBLE_DEVICES=\"%s\" leaves %d of %d GPUs", v,
-           nk, total);
+  memcpy(list, keep, sizeof *keep * (size_t)nkeep);
+  *n = nkeep;
+  mpg__log(1, "topology: CUDA_VISIBLE_DEVICES=\"%s\" leaves %d of %d GPUs", env,
+           nkeep, total);
   return MPG_OK;
 }
 
