@@ -18,8 +18,6 @@
 #include "groups_internal.h"
 #include "mesh_internal.h"
 
-#define MAX_SETS (MPG_MAX_DIMS + MPG_MAX_FLATTEN + 1)
-
 #define MAX_SELECT 64
 
 struct mpg_group {
@@ -66,7 +64,7 @@ struct mpg_ctx {
   char host_id[MPG_HOST_ID_MAX]; /* opts.host_id, "" when not given */
   long setup_collectives;
   int nsets;
-  mpg_group groups[MAX_SETS];
+  mpg_group groups[MPG__MAX_DIMSETS];
   mpg_group *extra; /* groups made by mpg_ctx_group_dims / _select */
   struct mpg__order *order; /* order.c: the issue-order record, NULL when off */
   mpg__settings settings;   /* the MESHPG_* variables, read once at create */

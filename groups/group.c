@@ -99,7 +99,7 @@ mpg_status mpg__group_create(mpg_ctx *ctx, mpg_group *g) {
   if (atomic_load(&ctx->aborted))
     return mpg__fail((mpg_status)atomic_load(&ctx->aborted),
                      "group \"%s\": the context was aborted", g->name);
-  int32_t want[MAX_SETS], agreed[MAX_SETS];
+  int32_t want[MPG__MAX_DIMSETS], agreed[MPG__MAX_DIMSETS];
   memset(want, 0, sizeof want);
   want[g->dimset] = 1;
   mpg__coll c = {MPG__ALL_REDUCE, want, agreed, (size_t)ctx->nsets, MPG_I32, MPG_OP_MAX,

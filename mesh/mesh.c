@@ -33,7 +33,6 @@ typedef struct dimset {
   int num_groups;
 } dimset;
 
-#define MAX_SETS (MPG_MAX_DIMS + MPG_MAX_FLATTEN + 1)
 
 struct mpg_mesh {
   int world;
@@ -42,7 +41,7 @@ struct mpg_mesh {
   int sizes[MPG_MAX_DIMS];
   int strides[MPG_MAX_DIMS]; /* rank stride of each dim */
   int nsets;
-  dimset sets[MAX_SETS];
+  dimset sets[MPG__MAX_DIMSETS];
   grid grids[2];
   int experts;                          /* 1: grids[1] is the expert grid */
   unsigned expert_bits;                 /* the bits of etp, ep, edp */
@@ -376,7 +375,7 @@ mpg_status mpg_mesh_dim(const mpg_mesh *mesh, int dim, const char **name,
 static mpg_status dimset_find_fail(const mpg_mesh *mesh, const char *name) {
   char known[1024];
   size_t n = 0;
-  const char *cands[MAX_SETS];
+  const char *cands[MPG__MAX_DIMSETS];
   for (int i = 0; i < mesh->nsets; i++) {
     cands[i] = mesh->sets[i].name;
     n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "",

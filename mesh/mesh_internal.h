@@ -11,6 +11,10 @@
 extern "C" {
 #endif
 
+/* The dim sets a mesh can have: its dims, its flattened sets and "world"
+ * (mesh.c's table of sets; a context's groups, groups/ctx_internal.h). */
+#define MPG__MAX_DIMSETS (MPG_MAX_DIMS + MPG_MAX_FLATTEN + 1)
+
 /* Flags of mpg__mesh_parse_dims. */
 enum {
   MPG__DIMS_ALLOW_EMPTY = 1,  /* "" names no dims (mask 0) */
