@@ -61,6 +61,12 @@ static void scale_load(void) {
                                         names, 4, scale_kernels, &scale_load_call);
 }
 
+cudaError_t mpg__nccl_scale_kernel_f32(cudaKernel_t *out) {
+  pthread_once(&scale_once, scale_load);
+  *out = scale_load_error == cudaSuccess ? scale_kernels[0] : NULL;
+  return scale_load_error;
+}
+
 /* The copy or kernel of a size-1 group, on the context's device (R6: the
  * caller's current device may be another one; a stream of one device
  * cannot take work launched while another is current). */

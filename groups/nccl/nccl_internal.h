@@ -217,6 +217,10 @@ mpg_status mpg__nccl_test(mpg__req *q, int *done);
 mpg_status mpg__nccl_wait(mpg__req *q, double deadline);
 void mpg__nccl_req_free(mpg__req *q);
 
+/* local.c's f32 scale kernel, loaded on first use (the CUDA/NCCL test
+ * double's tests launch it by hand: tests/double/test_cuda_double.c). */
+cudaError_t mpg__nccl_scale_kernel_f32(cudaKernel_t *out);
+
 /* local.c */
 mpg_status mpg__nccl_local(mpg__comm *world, const mpg__coll *k);
 /* dst[i] = src[i] * scale on stream s (current device), the arithmetic in

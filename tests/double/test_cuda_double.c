@@ -45,10 +45,9 @@
 
 #include "double.h"
 
-/* meshpg's launch code for the PTX kernels, compiled in. */
-#include "../../groups/nccl/comm.c"
-#include "../../groups/nccl/local.c"
-#include "../../groups/nccl/widen.c"
+/* meshpg's launch code for the PTX kernels: the library's objects of
+ * groups/nccl/comm.c, local.c and widen.c are linked in (meson.build). */
+#include "nccl/nccl_internal.h"
 
 #if defined(__SANITIZE_THREAD__)
 #define UNDER_TSAN 1
@@ -894,9 +893,8 @@ Test(cuda_double, launch_copies_its_arguments, .timeout = 10) {
   CUDA_OK(cudaMemcpy(buf, host, sizeof host, cudaMemcpyHostToDevice));
   CUDA_OK(cudaDeviceSynchronize()); /* s is not ordered after the legacy stream's copy */
   CUDA_OK(cudaLaunchHostFunc(s, hold, &ms));
-  pthread_once(&scale_once, scale_load); /* local.c's f32 scale kernel */
-  cr_assert_eq(scale_load_error, cudaSuccess);
-  cudaKernel_t kern = scale_kernels[0];
+  cudaKernel_t kern = NULL; /* local.c's f32 scale kernel */
+  cr_assert_eq(mpg__nccl_scale_kernel_f32(&kern), cudaSuccess);
   void *dst = buf, *src = buf;
   uint64_t n = 4;
   double scale = 2.0;
