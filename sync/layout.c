@@ -15,24 +15,24 @@ static size_t mib_bytes(double mb) {
 }
 
 void mpg__sync_free_layout(mpg_sync *s) {
-  for (int i = 0; i < s->nbuffers; i++) {
-    if (s->buffers[i].shm) mpg__shm_destroy(s->buffers[i].shm); /* owns data */
-    else if (s->buffers[i].data) mpg_ctx_mem_free(s->ctx, s->buffers[i].data);
-    if (s->buffers[i].params) mpg_ctx_mem_free(s->ctx, s->buffers[i].params);
+  for (int i = 0; i < s->layout.nbuffers; i++) {
+    if (s->layout.buffers[i].shm) mpg__shm_destroy(s->layout.buffers[i].shm); /* owns data */
+    else if (s->layout.buffers[i].data) mpg_ctx_mem_free(s->ctx, s->layout.buffers[i].data);
+    if (s->layout.buffers[i].param_data) mpg_ctx_mem_free(s->ctx, s->layout.buffers[i].param_data);
   }
-  free(s->buffers);
-  free(s->forward);
-  s->forward = NULL;
-  s->nforward = 0;
-  free(s->buckets);
-  free(s->tied);
-  free(s->tied_work);
-  s->buffers = NULL;
-  s->buckets = NULL;
-  s->tied = NULL;
-  s->tied_work = NULL;
-  s->nbuffers = s->nbuckets = s->ntied = 0;
-  s->total_bytes = 0;
+  free(s->layout.buffers);
+  free(s->shard.forward_buckets);
+  s->shard.forward_buckets = NULL;
+  s->shard.nforward = 0;
+  free(s->layout.buckets);
+  free(s->layout.tied_order);
+  free(s->step.tied_works);
+  s->layout.buffers = NULL;
+  s->layout.buckets = NULL;
+  s->layout.tied_order = NULL;
+  s->step.tied_works = NULL;
+  s->layout.nbuffers = s->layout.nbuckets = s->layout.ntied = 0;
+  s->layout.total_bytes = 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -52,8 +52,8 @@ static mpg_status resolve_groups(mpg_sync *s) {
   int32_t mine[NMASK], all[NMASK];
   mpg_group *groups[NMASK];
   memset(mine, 0, sizeof mine);
-  for (int i = 0; i < s->nparams; i++) {
-    const sparam *p = &s->params[i];
+  for (int i = 0; i < s->layout.nparams; i++) {
+    const sparam *p = &s->layout.params[i];
     if (!p->dims || (s->default_mask && p->mask == s->default_mask)) continue;
     mine[p->mask] = 1; /* masks < 2^MPG_MAX_DIMS */
   }
@@ -71,8 +71,9 @@ static mpg_status resolve_groups(mpg_sync *s) {
     st = mpg_ctx_group_dims(s->ctx, names, &groups[m]);
     if (st) {
       const char *who = "";
-      for (int i = 0; i < s->nparams && !who[0]; i++)
-        if (s->params[i].dims && s->params[i].mask == m) who = s->params[i].name;
+      for (int i = 0; i < s->layout.nparams && !who[0]; i++)
+        if (s->layout.params[i].dims && s->layout.params[i].mask == m)
+          who = s->layout.params[i].name;
       if (who[0])
         return mpg__fail_wrap(st, "mpg_sync_commit: reduce group \"%s\" (of param \"%s\")",
                               names, who);
@@ -80,8 +81,8 @@ static mpg_status resolve_groups(mpg_sync *s) {
                             "params)", names);
     }
   }
-  for (int i = 0; i < s->nparams; i++) {
-    sparam *p = &s->params[i];
+  for (int i = 0; i < s->layout.nparams; i++) {
+    sparam *p = &s->layout.params[i];
     p->group = s->default_group;
     if (p->dims && !(s->default_mask && p->mask == s->default_mask)) p->group = groups[p->mask];
   }
@@ -130,7 +131,7 @@ static void close_sharded(const mpg_sync *s, sbuffer *buf, sbucket *k) {
   size_t end = (buf->count + pad - 1) / pad * pad;
   k->count = end - k->offset;
   buf->count = end;
-  buf->open = -1;
+  buf->open_bucket = -1;
 }
 
 /* The byte cap of a buffer's open bucket: its first when it is its only one. */
@@ -141,17 +142,17 @@ static size_t open_bucket_cap(const mpg_sync *s, const sbuffer *buf) {
 /* The index of the buffer for a param's (dtype, reduce group, tied group), added if new. */
 static int find_or_add_buffer(mpg_sync *s, const sparam *param) {
   int index = 0;
-  while (index < s->nbuffers && !(s->buffers[index].dtype == param->dtype &&
-                                  s->buffers[index].group == param->group &&
-                                  s->buffers[index].tied == param->tied))
+  while (index < s->layout.nbuffers && !(s->layout.buffers[index].dtype == param->dtype &&
+                                  s->layout.buffers[index].group == param->group &&
+                                  s->layout.buffers[index].tied == param->tied))
     index++;
-  sbuffer *buf = &s->buffers[index];
-  if (index == s->nbuffers) {
-    s->nbuffers++;
+  sbuffer *buf = &s->layout.buffers[index];
+  if (index == s->layout.nbuffers) {
+    s->layout.nbuffers++;
     buf->dtype = param->dtype;
     buf->group = param->group;
     buf->tied = param->tied;
-    buf->open = -1;
+    buf->open_bucket = -1;
     /* Integer buffers stay replicated: their average truncates, which
      * a scaled reduce-scatter cannot do. */
     buf->domain = s->opts.mode == MPG_SYNC_SHARD ? mpg__sync_shard_domain(s, param->group) : -1;
@@ -163,16 +164,16 @@ static int find_or_add_buffer(mpg_sync *s, const sparam *param) {
 
 /* Place a param at the aligned end of its buffer, closing a sharded open bucket it overflows. */
 static mpg_status place_param(mpg_sync *s, sparam *param, int buf_index) {
-  sbuffer *buf = &s->buffers[buf_index];
+  sbuffer *buf = &s->layout.buffers[buf_index];
   /* Shard mode: a sharded buffer's params start on 64 elements (as in
    * Megatron's distributed optimizer), the others on 64 bytes. */
   size_t dsize = mpg_dtype_size(param->dtype);
   size_t align = buf->sharded ? 64 : ALIGN_BYTES / dsize;
   size_t offset = (buf->count + align - 1) / align * align;
-  if (buf->sharded && buf->open >= 0) {
+  if (buf->sharded && buf->open_bucket >= 0) {
     /* A param that opens a new bucket: first pad the open one's end. */
     size_t cap = open_bucket_cap(s, buf);
-    sbucket *open_bucket = &s->buckets[buf->open];
+    sbucket *open_bucket = &s->layout.buckets[buf->open_bucket];
     if (offset <= SIZE_MAX / 8 - param->count &&
         (offset + param->count - open_bucket->offset) * dsize > cap) {
       close_sharded(s, buf, open_bucket);
@@ -193,37 +194,37 @@ static mpg_status place_param(mpg_sync *s, sparam *param, int buf_index) {
 
 /* Put param `id` in its buffer's open bucket while the slice fits, else open a new one. */
 static void add_to_bucket(mpg_sync *s, sparam *param, int id) {
-  sbuffer *buf = &s->buffers[param->buffer];
-  int key = s->nparams - 1 - id;
-  if (buf->open >= 0) {
+  sbuffer *buf = &s->layout.buffers[param->buffer];
+  int key = s->layout.nparams - 1 - id;
+  if (buf->open_bucket >= 0) {
     size_t cap = open_bucket_cap(s, buf);
-    sbucket *open_bucket = &s->buckets[buf->open];
+    sbucket *open_bucket = &s->layout.buckets[buf->open_bucket];
     size_t dsize = mpg_dtype_size(param->dtype);
     size_t span = (param->offset + param->count - open_bucket->offset) * dsize;
     if (span <= cap) {
       open_bucket->count = param->offset + param->count - open_bucket->offset;
-      open_bucket->last = id;
+      open_bucket->last_param = id;
       open_bucket->nparams++;
-      open_bucket->key = key;
-      param->bucket = buf->open;
+      open_bucket->launch_key = key;
+      param->bucket = buf->open_bucket;
       return;
     }
   }
-  sbucket *new_bucket = &s->buckets[s->nbuckets];
+  sbucket *new_bucket = &s->layout.buckets[s->layout.nbuckets];
   new_bucket->buffer = param->buffer;
   new_bucket->offset = param->offset;
   new_bucket->count = param->count;
-  new_bucket->first = new_bucket->last = id;
+  new_bucket->first_param = new_bucket->last_param = id;
   new_bucket->nparams = 1;
-  new_bucket->key = key;
-  param->bucket = s->nbuckets;
-  buf->open = s->nbuckets++;
+  new_bucket->launch_key = key;
+  param->bucket = s->layout.nbuckets;
+  buf->open_bucket = s->layout.nbuckets++;
   buf->nbuckets++;
 }
 
 /* Sort the buckets into launch order (by the backward position of each one's last param). */
 static mpg_status sort_buckets(mpg_sync *s) {
-  size_t cap = (size_t)(s->nbuckets ? s->nbuckets : 1);
+  size_t cap = (size_t)(s->layout.nbuckets ? s->layout.nbuckets : 1);
   bucket_ref *refs = malloc(sizeof *refs * cap);
   int *where = malloc(sizeof *where * cap);
   sbucket *sorted = malloc(sizeof *sorted * cap);
@@ -233,15 +234,17 @@ static mpg_status sort_buckets(mpg_sync *s) {
     free(sorted);
     return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
   }
-  for (int k = 0; k < s->nbuckets; k++) refs[k] = (bucket_ref){s->buckets[k].key, k};
-  qsort(refs, (size_t)s->nbuckets, sizeof *refs, cmp_bucket_ref);
-  for (int k = 0; k < s->nbuckets; k++) {
-    sorted[k] = s->buckets[refs[k].index];
+  for (int k = 0; k < s->layout.nbuckets; k++)
+    refs[k] = (bucket_ref){s->layout.buckets[k].launch_key, k};
+  qsort(refs, (size_t)s->layout.nbuckets, sizeof *refs, cmp_bucket_ref);
+  for (int k = 0; k < s->layout.nbuckets; k++) {
+    sorted[k] = s->layout.buckets[refs[k].index];
     where[refs[k].index] = k;
   }
-  for (int id = 0; id < s->nparams; id++) s->params[id].bucket = where[s->params[id].bucket];
-  free(s->buckets);
-  s->buckets = sorted;
+  for (int id = 0; id < s->layout.nparams; id++)
+    s->layout.params[id].bucket = where[s->layout.params[id].bucket];
+  free(s->layout.buckets);
+  s->layout.buckets = sorted;
   free(refs);
   free(where);
   return MPG_OK;
@@ -249,21 +252,22 @@ static mpg_status sort_buckets(mpg_sync *s) {
 
 /* List the tied buffers in an order every member of a tied group agrees on. */
 static mpg_status order_tied(mpg_sync *s) {
-  for (int b = 0; b < s->nbuffers; b++) s->ntied += s->buffers[b].tied != NULL;
-  if (!s->ntied) return MPG_OK;
-  s->tied = malloc(sizeof *s->tied * (size_t)s->ntied);
-  s->tied_work = calloc((size_t)s->ntied, sizeof *s->tied_work);
-  if (!s->tied || !s->tied_work) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
-  tied_ref *refs = malloc(sizeof *refs * (size_t)s->ntied);
+  for (int b = 0; b < s->layout.nbuffers; b++) s->layout.ntied += s->layout.buffers[b].tied != NULL;
+  if (!s->layout.ntied) return MPG_OK;
+  s->layout.tied_order = malloc(sizeof *s->layout.tied_order * (size_t)s->layout.ntied);
+  s->step.tied_works = calloc((size_t)s->layout.ntied, sizeof *s->step.tied_works);
+  if (!s->layout.tied_order || !s->step.tied_works)
+    return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
+  tied_ref *refs = malloc(sizeof *refs * (size_t)s->layout.ntied);
   if (!refs) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
   int nrefs = 0;
-  for (int b = 0; b < s->nbuffers; b++)
-    if (s->buffers[b].tied)
-      refs[nrefs++] = (tied_ref){mpg_group_name(s->buffers[b].tied),
-                                 mpg_group_name(s->buffers[b].group),
-                                 (int)s->buffers[b].dtype, b};
-  qsort(refs, (size_t)s->ntied, sizeof *refs, cmp_tied);
-  for (int i = 0; i < s->ntied; i++) s->tied[i] = refs[i].index;
+  for (int b = 0; b < s->layout.nbuffers; b++)
+    if (s->layout.buffers[b].tied)
+      refs[nrefs++] = (tied_ref){mpg_group_name(s->layout.buffers[b].tied),
+                                 mpg_group_name(s->layout.buffers[b].group),
+                                 (int)s->layout.buffers[b].dtype, b};
+  qsort(refs, (size_t)s->layout.ntied, sizeof *refs, cmp_tied);
+  for (int i = 0; i < s->layout.ntied; i++) s->layout.tied_order[i] = refs[i].index;
   free(refs);
   return MPG_OK;
 }
@@ -271,18 +275,20 @@ static mpg_status order_tied(mpg_sync *s) {
 /* Buffer memory: zeroed by the context, or shared, created in an order all ranks agree on. */
 static mpg_status alloc_buffers(mpg_sync *s) {
   /* Shared memory in a rank-independent order: each creation is collective over its group. */
-  tied_ref *order = malloc(sizeof *order * (size_t)(s->nbuffers ? s->nbuffers : 1));
+  tied_ref *order = malloc(sizeof *order * (size_t)(s->layout.nbuffers ? s->layout.nbuffers : 1));
   if (!order) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
-  for (int b = 0; b < s->nbuffers; b++)
-    order[b] = (tied_ref){s->buffers[b].tied ? mpg_group_name(s->buffers[b].tied) : "",
-                          mpg_group_name(s->buffers[b].group), (int)s->buffers[b].dtype, b};
-  qsort(order, (size_t)s->nbuffers, sizeof *order, cmp_buffer_ref);
+  for (int b = 0; b < s->layout.nbuffers; b++) {
+    const sbuffer *buf = &s->layout.buffers[b];
+    order[b] = (tied_ref){buf->tied ? mpg_group_name(buf->tied) : "",
+                          mpg_group_name(buf->group), (int)buf->dtype, b};
+  }
+  qsort(order, (size_t)s->layout.nbuffers, sizeof *order, cmp_buffer_ref);
   mpg_status st = MPG_OK;
-  for (int i = 0; i < s->nbuffers && !st; i++) {
+  for (int i = 0; i < s->layout.nbuffers && !st; i++) {
     int buf_index = order[i].index;
-    sbuffer *buf = &s->buffers[buf_index];
+    sbuffer *buf = &s->layout.buffers[buf_index];
     size_t bytes = buf->count * mpg_dtype_size(buf->dtype);
-    mpg_group *shared_over = buf->sharded ? s->dom[buf->domain].shard : buf->group;
+    mpg_group *shared_over = buf->sharded ? s->shard.domains[buf->domain].shard : buf->group;
     st = mpg__shm_create(shared_over, bytes, buf->dtype, buf->nbuckets, buf->sharded,
                          &buf->shm, &buf->data);
     if (!st && !buf->shm)
@@ -295,27 +301,28 @@ static mpg_status alloc_buffers(mpg_sync *s) {
                           buf->tied ? ", tied " : "",
                           buf->tied ? mpg_group_name(buf->tied) : "", buf->nparams, bytes);
     else
-      s->total_bytes += bytes;
+      s->layout.total_bytes += bytes;
   }
   free(order);
   return st;
 }
 
 static mpg_status layout(mpg_sync *s) {
-  int nparams = s->nparams;
+  int nparams = s->layout.nparams;
   /* Buffers, in order of first appearance in backward order. */
-  s->buffers = calloc((size_t)(nparams ? nparams : 1), sizeof *s->buffers);
-  s->buckets = calloc((size_t)(nparams ? nparams : 1), sizeof *s->buckets);
-  if (!s->buffers || !s->buckets) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
+  s->layout.buffers = calloc((size_t)(nparams ? nparams : 1), sizeof *s->layout.buffers);
+  s->layout.buckets = calloc((size_t)(nparams ? nparams : 1), sizeof *s->layout.buckets);
+  if (!s->layout.buffers || !s->layout.buckets)
+    return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
   mpg_status st;
   for (int id = nparams - 1; id >= 0; id--) {
-    sparam *param = &s->params[id];
+    sparam *param = &s->layout.params[id];
     if ((st = place_param(s, param, find_or_add_buffer(s, param)))) return st;
     add_to_bucket(s, param, id);
   }
-  for (int b = 0; b < s->nbuffers; b++)
-    if (s->buffers[b].sharded && s->buffers[b].open >= 0)
-      close_sharded(s, &s->buffers[b], &s->buckets[s->buffers[b].open]);
+  for (int b = 0; b < s->layout.nbuffers; b++)
+    if (s->layout.buffers[b].sharded && s->layout.buffers[b].open_bucket >= 0)
+      close_sharded(s, &s->layout.buffers[b], &s->layout.buckets[s->layout.buffers[b].open_bucket]);
   if ((st = sort_buckets(s))) return st;
   if ((st = order_tied(s))) return st;
   return alloc_buffers(s);
@@ -382,7 +389,7 @@ static void fp_record(const mpg_sync *s, const fp_unit *u, long i, uint64_t *rec
   memset(rec, 0, FP_REC * sizeof *rec);
   rec[0] = fp_at(u, i);
   if (i >= u->n) return;
-  const sparam *p = &s->params[u->ids[i]];
+  const sparam *p = &s->layout.params[u->ids[i]];
   rec[1] = (uint64_t)p->count;
   rec[2] = (uint64_t)p->dtype + 1; /* 0: no such entry */
   char *text = (char *)&rec[3];
@@ -496,7 +503,9 @@ static mpg_status fp_world(mpg_sync *s, int mismatch) {
                            * launch (L4). */
                           (uint64_t)(s->opts.register_buffers != 0),
                           (uint64_t)s->opts.optimizer_instances,
-                          (uint64_t)(s->ndom > 1 ? mpg__hash_str(mpg_group_name(s->dom[1].reduce)) : 0),
+                          (uint64_t)(s->shard.ndomains > 1
+                                         ? mpg__hash_str(mpg_group_name(s->shard.domains[1].reduce))
+                                         : 0),
                           0, 0, 0};
   memcpy(&mine[FPW_SCALE], &s->opts.grad_scale, sizeof(double));
   memcpy(&mine[FPW_BUCKET], &s->opts.bucket_mb, sizeof(double));
@@ -564,7 +573,7 @@ static int cmp_fp_unit(const void *a, const void *b) {
  * then the other reduce groups by mask (as resolve_groups created them),
  * then the tied groups by name. */
 static mpg_status check_layout(mpg_sync *s) {
-  int n = s->nparams, nunits = 0;
+  int n = s->layout.nparams, nunits = 0;
   fp_unit *units = calloc((size_t)(2 * n + 1), sizeof *units);
   mpg_status st = units ? MPG_OK : MPG_ERR_NOMEM;
   unsigned *masks = calloc((size_t)(2 * n + 1), sizeof *masks);
@@ -572,7 +581,7 @@ static mpg_status check_layout(mpg_sync *s) {
   if (!st) {
     units[nunits++] = (fp_unit){s->default_group, 0, NULL, 0, NULL};
     for (int i = 0; i < n; i++) {
-      const sparam *p = &s->params[i];
+      const sparam *p = &s->layout.params[i];
       for (int kind = 0; kind < 2; kind++) {
         mpg_group *g = kind ? p->tied : p->group;
         if (!g) continue;
@@ -613,13 +622,14 @@ static mpg_status check_layout(mpg_sync *s) {
   } else {
     for (int i = 0; i < n; i++)
       for (int u = 0; u < nunits; u++)
-        if ((units[u].kind ? s->params[i].tied : s->params[i].group) == units[u].group)
+        if ((units[u].kind ? s->layout.params[i].tied : s->layout.params[i].group) ==
+            units[u].group)
           units[u].ids[units[u].n++] = i;
     for (int u = 0; u < nunits; u++) {
       fp_unit *f = &units[u];
       uint64_t h = mpg__hash_mix(0x6d7067666eull, (uint64_t)f->kind);
       for (int i = 0; i < f->n; i++) {
-        const sparam *p = &s->params[f->ids[i]];
+        const sparam *p = &s->layout.params[f->ids[i]];
         if (!f->kind) h = fp_str(h, p->name);
         h = mpg__hash_mix(h, (uint64_t)p->count);
         h = mpg__hash_mix(h, (uint64_t)p->dtype);
@@ -662,22 +672,23 @@ mpg_status mpg_sync_commit(mpg_sync *s) {
   if (!st && s->opts.mode == MPG_SYNC_SHARD) st = mpg__sync_shard_commit(s);
   if (st) {
     mpg__sync_free_layout(s);
-    s->valid = 0; /* no gradients to trust */
+    s->step.grads_valid = 0; /* no gradients to trust */
     return st;
   }
   s->committed = 1;
-  s->valid = 1;
+  s->step.grads_valid = 1;
   if (mpg__log_level() >= 1) {
     mpg__log(1, "sync: rank %d: %d params in %d buffers, %d buckets, %zu bytes",
-             mpg_ctx_rank(s->ctx), s->nparams, s->nbuffers, s->nbuckets, s->total_bytes);
-    for (int k = 0; k < s->nbuckets && mpg__log_level() >= 2; k++) {
-      const sbucket *b = &s->buckets[k];
-      const sbuffer *buf = &s->buffers[b->buffer];
+             mpg_ctx_rank(s->ctx), s->layout.nparams, s->layout.nbuffers, s->layout.nbuckets,
+             s->layout.total_bytes);
+    for (int k = 0; k < s->layout.nbuckets && mpg__log_level() >= 2; k++) {
+      const sbucket *b = &s->layout.buckets[k];
+      const sbuffer *buf = &s->layout.buffers[b->buffer];
       mpg__log(2, "sync: rank %d: bucket %d: buffer %d (%s, \"%s\"), elements %zu..%zu, "
                "%d params \"%s\"..\"%s\"", mpg_ctx_rank(s->ctx), k, b->buffer,
                mpg_dtype_name(buf->dtype), mpg_group_name(buf->group), b->offset,
-               b->offset + b->count, b->nparams, s->params[b->first].name,
-               s->params[b->last].name);
+               b->offset + b->count, b->nparams, s->layout.params[b->first_param].name,
+               s->layout.params[b->last_param].name);
     }
   }
   return MPG_OK;

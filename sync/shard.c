@@ -45,7 +45,7 @@ static size_t gcd_size(size_t a, size_t b) {
 static size_t lcm_size(size_t a, size_t b) { return a / gcd_size(a, b) * b; }
 
 size_t mpg__sync_shard_pad(const mpg_sync *s, int d) {
-  size_t S = (size_t)mpg_group_size(s->dom[d].shard);
+  size_t S = (size_t)mpg_group_size(s->shard.domains[d].shard);
   size_t pad = lcm_size(S, 128);
   return s->opts.pad_for_nccl ? lcm_size(pad, 65536) : pad;
 }
@@ -60,8 +60,8 @@ static char *dup_or_null(const char *v, int *oom) {
 }
 
 int mpg__sync_shard_domain(const mpg_sync *s, const mpg_group *g) {
-  for (int d = 0; d < s->ndom; d++)
-    if (s->dom[d].reduce == g) return d;
+  for (int d = 0; d < s->shard.ndomains; d++)
+    if (s->shard.domains[d].reduce == g) return d;
   return -1;
 }
 
@@ -76,14 +76,14 @@ static mpg_status partial_domain(mpg_sync *s, struct sdomain *d, const char *nam
   if (st)
     return mpg__fail_wrap(st, "mpg_sync_create: opts.optimizer_instances = %d over the %s "
                           "group \"%s\"", n, what, names);
-  if (mpg_group_size(d->replicate) > 1) s->any_replicate = 1;
+  if (mpg_group_size(d->replicate) > 1) s->shard.any_replicate = 1;
   return MPG_OK;
 }
 
 /* The expert domain: expert_shard_dims, by default "edp" when the mesh has
  * an expert grid. */
 static mpg_status expert_domain(mpg_sync *s) {
-  const char *dims = s->expert_dims;
+  const char *dims = s->shard.expert_dims;
   if (!dims) {
     if (mpg_mesh_expert_ndims(s->mesh) <= 0) return MPG_OK;
     dims = "edp";
@@ -100,12 +100,12 @@ static mpg_status expert_domain(mpg_sync *s) {
                      s->default_desc);
   char names[MPG_MAX_DIMS * MPG_NAME_MAX];
   mpg__mesh_mask_names(s->mesh, mask, ",", names, sizeof names);
-  struct sdomain *d = &s->dom[1];
+  struct sdomain *d = &s->shard.domains[1];
   if ((st = mpg_ctx_group_dims(s->ctx, names, &d->reduce)))
     return mpg__fail_wrap(st, "mpg_sync_create: expert shard group \"%s\"", names);
   d->shard = d->reduce;
   d->replicate = NULL;
-  s->ndom = 2;
+  s->shard.ndomains = 2;
   return partial_domain(s, d, names, "expert");
 }
 
@@ -116,29 +116,31 @@ mpg_status mpg__sync_shard_groups(mpg_sync *s) {
                      "shard mode owns dp itself (it reduce-scatters over dp_cp, or "
                      "shard_dims); leave fsdp_owns_dp at 0");
   int oom = 0;
-  s->shard_dims = dup_or_null(s->opts.shard_dims, &oom);
-  s->replicate_dims = dup_or_null(s->opts.replicate_dims, &oom);
-  s->expert_dims = dup_or_null(s->opts.expert_shard_dims, &oom);
+  s->shard.shard_dims = dup_or_null(s->opts.shard_dims, &oom);
+  s->shard.replicate_dims = dup_or_null(s->opts.replicate_dims, &oom);
+  s->shard.expert_dims = dup_or_null(s->opts.expert_shard_dims, &oom);
   if (oom) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_create: out of memory");
-  s->opts.shard_dims = s->shard_dims;
-  s->opts.replicate_dims = s->replicate_dims;
-  s->opts.expert_shard_dims = s->expert_dims;
-  if (s->opts.optimizer_instances > 1 && s->replicate_dims)
+  s->opts.shard_dims = s->shard.shard_dims;
+  s->opts.replicate_dims = s->shard.replicate_dims;
+  s->opts.expert_shard_dims = s->shard.expert_dims;
+  if (s->opts.optimizer_instances > 1 && s->shard.replicate_dims)
     return mpg__fail(MPG_ERR_INVALID,
                      "mpg_sync_create: opts.optimizer_instances = %d and opts.replicate_dims "
                      "= \"%s\" both say how to replicate the shards; keep one",
-                     s->opts.optimizer_instances, s->replicate_dims);
-  if ((s->shard_dims && !s->shard_dims[0]) || (s->replicate_dims && !s->replicate_dims[0]))
+                     s->opts.optimizer_instances, s->shard.replicate_dims);
+  if ((s->shard.shard_dims && !s->shard.shard_dims[0]) ||
+      (s->shard.replicate_dims && !s->shard.replicate_dims[0]))
     return mpg__fail(MPG_ERR_INVALID, "mpg_sync_create: opts.%s is \"\"; use NULL",
-                     s->shard_dims && !s->shard_dims[0] ? "shard_dims" : "replicate_dims");
+                     s->shard.shard_dims && !s->shard.shard_dims[0] ? "shard_dims"
+                                                                    : "replicate_dims");
   unsigned smask = s->default_mask, rmask = 0;
   mpg_status st;
-  if (s->shard_dims &&
-      (st = mpg__mesh_parse_dims(s->mesh, s->shard_dims, 0, "mpg_sync_create: opts.shard_dims",
-                                 &smask, NULL, NULL)))
+  if (s->shard.shard_dims &&
+      (st = mpg__mesh_parse_dims(s->mesh, s->shard.shard_dims, 0,
+                                 "mpg_sync_create: opts.shard_dims", &smask, NULL, NULL)))
     return st;
-  if (s->replicate_dims &&
-      (st = mpg__mesh_parse_dims(s->mesh, s->replicate_dims, 0,
+  if (s->shard.replicate_dims &&
+      (st = mpg__mesh_parse_dims(s->mesh, s->shard.replicate_dims, 0,
                                  "mpg_sync_create: opts.replicate_dims", &rmask, NULL, NULL)))
     return st;
   if (smask & rmask) {
@@ -147,25 +149,26 @@ mpg_status mpg__sync_shard_groups(mpg_sync *s) {
     return mpg__fail(MPG_ERR_INVALID,
                      "mpg_sync_create: opts.shard_dims \"%s\" and opts.replicate_dims "
                      "\"%s\" share the dims %s",
-                     s->shard_dims ? s->shard_dims : s->default_desc, s->replicate_dims, both);
+                     s->shard.shard_dims ? s->shard.shard_dims : s->default_desc,
+                     s->shard.replicate_dims, both);
   }
   /* Created in a fixed order on every rank: shard, replicate, their union
    * (the default group, for params kept replicated). */
   char names[MPG_MAX_DIMS * MPG_NAME_MAX];
-  if (s->shard_dims || rmask) {
+  if (s->shard.shard_dims || rmask) {
     if (smask) {
       mpg__mesh_mask_names(s->mesh, smask, ",", names, sizeof names);
-      if ((st = mpg_ctx_group_dims(s->ctx, names, &s->shard_group)))
+      if ((st = mpg_ctx_group_dims(s->ctx, names, &s->shard.shard_group)))
         return mpg__fail_wrap(st, "mpg_sync_create: shard group \"%s\"", names);
     } else {
-      s->shard_group = s->default_group; /* a one-rank group: nothing to shard */
+      s->shard.shard_group = s->default_group; /* a one-rank group: nothing to shard */
     }
   } else {
-    s->shard_group = s->default_group;
+    s->shard.shard_group = s->default_group;
   }
   if (rmask) {
     mpg__mesh_mask_names(s->mesh, rmask, ",", names, sizeof names);
-    if ((st = mpg_ctx_group_dims(s->ctx, names, &s->replicate_group)))
+    if ((st = mpg_ctx_group_dims(s->ctx, names, &s->shard.replicate_group)))
       return mpg__fail_wrap(st, "mpg_sync_create: replicate group \"%s\"", names);
   }
   if (smask | rmask) {
@@ -176,20 +179,21 @@ mpg_status mpg__sync_shard_groups(mpg_sync *s) {
   }
   /* Created in a fixed order on every rank: the data-parallel domain's
    * partial groups, then the expert domain's. */
-  s->ndom = 1;
-  s->dom[0] = (struct sdomain){s->default_group, s->shard_group, s->replicate_group};
-  if (s->replicate_group) s->any_replicate = 1;
+  s->shard.ndomains = 1;
+  s->shard.domains[0] =
+      (struct sdomain){s->default_group, s->shard.shard_group, s->shard.replicate_group};
+  if (s->shard.replicate_group) s->shard.any_replicate = 1;
   if (s->default_mask) {
     mpg__mesh_mask_names(s->mesh, s->default_mask, ",", names, sizeof names);
-    if ((st = partial_domain(s, &s->dom[0], names, "data-parallel"))) return st;
-    s->shard_group = s->dom[0].shard;
-    s->replicate_group = s->dom[0].replicate;
+    if ((st = partial_domain(s, &s->shard.domains[0], names, "data-parallel"))) return st;
+    s->shard.shard_group = s->shard.domains[0].shard;
+    s->shard.replicate_group = s->shard.domains[0].replicate;
   }
   if (smask | rmask || s->opts.optimizer_instances > 1)
     snprintf(s->default_desc, sizeof s->default_desc, "%s (shard %s%s%s)",
-             mpg_group_name(s->default_group), mpg_group_name(s->shard_group),
-             s->replicate_group ? ", replicate " : "",
-             s->replicate_group ? mpg_group_name(s->replicate_group) : "");
+             mpg_group_name(s->default_group), mpg_group_name(s->shard.shard_group),
+             s->shard.replicate_group ? ", replicate " : "",
+             s->shard.replicate_group ? mpg_group_name(s->shard.replicate_group) : "");
   return expert_domain(s);
 }
 
@@ -199,48 +203,51 @@ mpg_status mpg__sync_shard_groups(mpg_sync *s) {
 
 /* The shard and replicate groups of bucket k's buffer. */
 static mpg_group *shard_of(const mpg_sync *s, const sbucket *b) {
-  return s->dom[s->buffers[b->buffer].domain].shard;
+  return s->shard.domains[s->layout.buffers[b->buffer].domain].shard;
 }
 static mpg_group *replicate_of(const mpg_sync *s, const sbucket *b) {
-  return s->dom[s->buffers[b->buffer].domain].replicate;
+  return s->shard.domains[s->layout.buffers[b->buffer].domain].replicate;
 }
 
 mpg_status mpg__sync_shard_commit(mpg_sync *s) {
   size_t state = 0;
-  s->nforward = 0;
-  s->forward = malloc(sizeof *s->forward * (size_t)(s->nbuckets ? s->nbuckets : 1));
-  if (!s->forward) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
-  for (int k = 0; k < s->nbuckets; k++) {
-    sbucket *b = &s->buckets[k];
-    if (!s->buffers[b->buffer].sharded) continue;
+  s->shard.nforward = 0;
+  s->shard.forward_buckets = malloc(sizeof *s->shard.forward_buckets *
+                                    (size_t)(s->layout.nbuckets ? s->layout.nbuckets : 1));
+  if (!s->shard.forward_buckets) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
+  for (int k = 0; k < s->layout.nbuckets; k++) {
+    sbucket *b = &s->layout.buckets[k];
+    if (!s->layout.buffers[b->buffer].sharded) continue;
     b->slice = b->count / (size_t)mpg_group_size(shard_of(s, b));
     b->state_base = state;
     state += b->slice;
   }
-  for (int k = s->nbuckets - 1; k >= 0; k--)
-    if (s->buffers[s->buckets[k].buffer].sharded) s->forward[s->nforward++] = k;
-  for (int id = 0; id < s->nparams; id++) {
-    sparam *p = &s->params[id];
-    if (s->buffers[p->buffer].sharded) continue;
-    p->state = state;
+  for (int k = s->layout.nbuckets - 1; k >= 0; k--)
+    if (s->layout.buffers[s->layout.buckets[k].buffer].sharded)
+      s->shard.forward_buckets[s->shard.nforward++] = k;
+  for (int id = 0; id < s->layout.nparams; id++) {
+    sparam *p = &s->layout.params[id];
+    if (s->layout.buffers[p->buffer].sharded) continue;
+    p->state_offset = state;
     state += p->count;
   }
-  s->shard_elems = state;
+  s->shard.state_elems = state;
   /* Padding of the sharded buffers: what no param covers. */
-  s->pad_elems = 0;
-  for (int b = 0; b < s->nbuffers; b++)
-    if (s->buffers[b].sharded) s->pad_elems += s->buffers[b].count;
-  for (int id = 0; id < s->nparams; id++)
-    if (s->buffers[s->params[id].buffer].sharded) s->pad_elems -= s->params[id].count;
+  s->shard.pad_elems = 0;
+  for (int b = 0; b < s->layout.nbuffers; b++)
+    if (s->layout.buffers[b].sharded) s->shard.pad_elems += s->layout.buffers[b].count;
+  for (int id = 0; id < s->layout.nparams; id++)
+    if (s->layout.buffers[s->layout.params[id].buffer].sharded)
+      s->shard.pad_elems -= s->layout.params[id].count;
   /* The parameter buffers, zeroed like the gradients. */
-  for (int b = 0; b < s->nbuffers; b++) {
-    sbuffer *f = &s->buffers[b];
+  for (int b = 0; b < s->layout.nbuffers; b++) {
+    sbuffer *f = &s->layout.buffers[b];
     size_t bytes = f->count * mpg_dtype_size(f->dtype);
-    mpg_status st = mpg_ctx_mem_alloc(s->ctx, bytes, s->opts.register_buffers, &f->params);
+    mpg_status st = mpg_ctx_mem_alloc(s->ctx, bytes, s->opts.register_buffers, &f->param_data);
     if (st)
       return mpg__fail_wrap(st, "mpg_sync_commit: parameter buffer %d (%s, %zu bytes)", b,
                             mpg_dtype_name(f->dtype), bytes);
-    s->total_bytes += bytes;
+    s->layout.total_bytes += bytes;
   }
   return MPG_OK;
 }
@@ -258,21 +265,21 @@ static int f32acc(const mpg_sync *s, mpg_dtype dt) {
 /* The slice's all-reduce over the replicate group (sum: the reduce-scatter
  * scaled for both levels). */
 static mpg_status replicate_slice(mpg_sync *s, int k) {
-  sbucket *b = &s->buckets[k];
-  const sbuffer *f = &s->buffers[b->buffer];
+  sbucket *b = &s->layout.buckets[k];
+  const sbuffer *f = &s->layout.buffers[b->buffer];
   size_t es = mpg_dtype_size(f->dtype);
   mpg_group *rep = replicate_of(s, b);
   char *slice = (char *)f->data + (b->offset + (size_t)mpg_group_rank(shard_of(s, b)) * b->slice) * es;
   if (f32acc(s, f->dtype))
     return mpg__all_reduce_f32acc(rep, slice, slice, b->slice, f->dtype, MPG_OP_SUM, 1.0,
-                                  s->stream, &b->work2);
+                                  s->stream, &b->replicate_work);
   return mpg_all_reduce(rep, slice, slice, b->slice, f->dtype, MPG_OP_SUM, s->stream,
-                        &b->work2);
+                        &b->replicate_work);
 }
 
 mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
-  sbucket *b = &s->buckets[k];
-  const sbuffer *f = &s->buffers[b->buffer];
+  sbucket *b = &s->layout.buckets[k];
+  const sbuffer *f = &s->layout.buffers[b->buffer];
   size_t es = mpg_dtype_size(f->dtype);
   mpg_group *shard = shard_of(s, b);
   char *data = (char *)f->data + b->offset * es;
@@ -307,11 +314,11 @@ mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
 mpg_status mpg__sync_shard_finish(mpg_sync *s, int *failed_bucket) {
   mpg_status first = MPG_OK;
   *failed_bucket = -1;
-  if (!s->any_replicate) return MPG_OK;
+  if (!s->shard.any_replicate) return MPG_OK;
   /* The reduce-scatters were waited for by the caller (finish). */
-  for (int k = 0; k < s->nbuckets; k++) {
-    sbucket *b = &s->buckets[k];
-    if (!s->buffers[b->buffer].sharded || !b->launched || b->work2 || first ||
+  for (int k = 0; k < s->layout.nbuckets; k++) {
+    sbucket *b = &s->layout.buckets[k];
+    if (!s->layout.buffers[b->buffer].sharded || !b->launched || b->replicate_work || first ||
         !replicate_of(s, b))
       continue;
     mpg_status st = replicate_slice(s, k);
@@ -320,11 +327,11 @@ mpg_status mpg__sync_shard_finish(mpg_sync *s, int *failed_bucket) {
       *failed_bucket = k;
     }
   }
-  for (int k = 0; k < s->nbuckets; k++) {
-    sbucket *b = &s->buckets[k];
-    if (!b->work2) continue;
-    mpg_status st = mpg_work_wait(b->work2);
-    b->work2 = NULL;
+  for (int k = 0; k < s->layout.nbuckets; k++) {
+    sbucket *b = &s->layout.buckets[k];
+    if (!b->replicate_work) continue;
+    mpg_status st = mpg_work_wait(b->replicate_work);
+    b->replicate_work = NULL;
     if (st && !first) {
       first = st;
       *failed_bucket = k;
@@ -341,12 +348,12 @@ mpg_status mpg__sync_shard_finish(mpg_sync *s, int *failed_bucket) {
  * (gathered, or never stepped); an error after a finished step whose
  * update was never gathered (the other ranks' slices would be stale). */
 static mpg_status no_gather(const mpg_sync *s, const char *fn) {
-  if (!s->gather_due) return MPG_OK;
+  if (!s->shard.gather_due) return MPG_OK;
   return mpg__fail(MPG_ERR_STATE,
                    "%s: step %ld finished but no gather was started since: call "
                    "mpg_sync_gather_begin after the optimizer step (the other ranks' "
                    "slices of the params are stale until then)",
-                   fn, s->step);
+                   fn, s->step.number);
 }
 
 static mpg_status shard_ready(const mpg_sync *s, const char *fn) {
@@ -363,18 +370,18 @@ mpg_status mpg_sync_shard(const mpg_sync *s, int param, mpg_shard_info *info) {
   if (st) return st;
   st = mpg__abi_check(info, MPG_SHARD_INFO_MAGIC, "mpg_sync_shard: info", "MPG_SHARD_INFO_INIT");
   if (st) return st;
-  if (param < 0 || param >= s->nparams)
+  if (param < 0 || param >= s->layout.nparams)
     return mpg__fail(MPG_ERR_RANGE, "mpg_sync_shard: param %d is outside 0..%d", param,
-                     s->nparams - 1);
-  const sparam *p = &s->params[param];
+                     s->layout.nparams - 1);
+  const sparam *p = &s->layout.params[param];
   mpg_shard_info out = MPG_SHARD_INFO_INIT;
-  if (!s->buffers[p->buffer].sharded) {
+  if (!s->layout.buffers[p->buffer].sharded) {
     out.sharded = 0;
     out.param_offset = 0;
     out.count = p->count;
-    out.shard_offset = p->state;
+    out.shard_offset = p->state_offset;
   } else {
-    const sbucket *b = &s->buckets[p->bucket];
+    const sbucket *b = &s->layout.buckets[p->bucket];
     size_t lo = b->offset + (size_t)mpg_group_rank(shard_of(s, b)) * b->slice;
     size_t hi = lo + b->slice;
     size_t a = p->offset > lo ? p->offset : lo;
@@ -392,30 +399,30 @@ mpg_status mpg_sync_param(mpg_sync *s, int param, void **data) {
   mpg_status st = shard_ready(s, "mpg_sync_param");
   if (st) return st;
   if (!data) return mpg__fail(MPG_ERR_INVALID, "mpg_sync_param: data is NULL");
-  if (param < 0 || param >= s->nparams)
+  if (param < 0 || param >= s->layout.nparams)
     return mpg__fail(MPG_ERR_RANGE, "mpg_sync_param: param %d is outside 0..%d", param,
-                     s->nparams - 1);
-  const sparam *p = &s->params[param];
-  const sbuffer *f = &s->buffers[p->buffer];
-  *data = (char *)f->params + p->offset * mpg_dtype_size(f->dtype);
+                     s->layout.nparams - 1);
+  const sparam *p = &s->layout.params[param];
+  const sbuffer *f = &s->layout.buffers[p->buffer];
+  *data = (char *)f->param_data + p->offset * mpg_dtype_size(f->dtype);
   return MPG_OK;
 }
 
 /* Start the gather of forward position i. */
 static mpg_status gather_start(mpg_sync *s, int i) {
-  sbucket *b = &s->buckets[s->forward[i]];
-  const sbuffer *f = &s->buffers[b->buffer];
+  sbucket *b = &s->layout.buckets[s->shard.forward_buckets[i]];
+  const sbuffer *f = &s->layout.buffers[b->buffer];
   size_t es = mpg_dtype_size(f->dtype);
   mpg_group *shard = shard_of(s, b);
-  char *all = (char *)f->params + b->offset * es;
+  char *all = (char *)f->param_data + b->offset * es;
   char *mine = all + (size_t)mpg_group_rank(shard) * b->slice * es;
-  mpg_status st = mpg_all_gather(shard, mine, all, b->slice, f->dtype, s->stream, &b->gather);
+  mpg_status st = mpg_all_gather(shard, mine, all, b->slice, f->dtype, s->stream, &b->gather_work);
   mpg__sync_abort_after(s, st); /* the peers' gathers go on: never pair with them */
   if (st)
     return mpg__fail_wrap(st, "sync gather: bucket %d (%s, %zu elements over \"%s\")",
-                          s->forward[i], mpg_dtype_name(f->dtype), b->count,
+                          s->shard.forward_buckets[i], mpg_dtype_name(f->dtype), b->count,
                           mpg_group_name(shard));
-  s->gather_started = i + 1;
+  s->shard.gather_started = i + 1;
   return MPG_OK;
 }
 
@@ -423,53 +430,54 @@ static mpg_status gather_start(mpg_sync *s, int i) {
  * started yet. */
 static mpg_status gather_upto(mpg_sync *s, int upto) {
   mpg_status first = MPG_OK;
-  while (s->gather_waited < upto) {
-    int i = s->gather_waited;
-    if (s->gather_started <= i && !first) first = gather_start(s, i);
-    sbucket *b = &s->buckets[s->forward[i]];
-    if (b->gather) {
-      mpg_status st = mpg_work_wait(b->gather);
-      b->gather = NULL;
+  while (s->shard.gather_waited < upto) {
+    int i = s->shard.gather_waited;
+    if (s->shard.gather_started <= i && !first) first = gather_start(s, i);
+    sbucket *b = &s->layout.buckets[s->shard.forward_buckets[i]];
+    if (b->gather_work) {
+      mpg_status st = mpg_work_wait(b->gather_work);
+      b->gather_work = NULL;
       if (st && !first)
-        first = mpg__fail_wrap(st, "sync gather: waiting for bucket %d", s->forward[i]);
+        first = mpg__fail_wrap(st, "sync gather: waiting for bucket %d",
+                               s->shard.forward_buckets[i]);
     }
-    s->gather_waited++;
+    s->shard.gather_waited++;
   }
   return first;
 }
 
 /* The caller's stream reads the gathered params after the sync's. */
 static mpg_status gather_end_wait(mpg_sync *s, mpg_status st) {
-  mpg_status o = mpg_ctx_stream_order(s->ctx, s->gather_caller, s->stream);
+  mpg_status o = mpg_ctx_stream_order(s->ctx, s->shard.gather_caller_stream, s->stream);
   if (!st && o) st = mpg__fail_wrap(o, "sync gather: ordering the caller's stream");
-  if (s->gather_waited >= s->nforward) s->gathering = 0;
+  if (s->shard.gather_waited >= s->shard.nforward) s->shard.gather_open = 0;
   return st;
 }
 
 mpg_status mpg_sync_gather_begin(mpg_sync *s, void *stream) {
   mpg_status st = shard_ready(s, "mpg_sync_gather_begin");
   if (st) return st;
-  if (s->in_step)
+  if (s->step.open)
     return mpg__fail(MPG_ERR_STATE, "mpg_sync_gather_begin: step %ld is open; gather "
-                     "after mpg_sync_finish and the optimizer step", s->step);
-  if (s->gathering)
+                     "after mpg_sync_finish and the optimizer step", s->step.number);
+  if (s->shard.gather_open)
     return mpg__fail(MPG_ERR_STATE, "mpg_sync_gather_begin: the previous gather is still "
                      "open (%d of %d buckets waited); end it with mpg_sync_gather_all",
-                     s->gather_waited, s->nforward);
-  if (s->dead)
+                     s->shard.gather_waited, s->shard.nforward);
+  if (s->step.aborted)
     return mpg__fail(MPG_ERR_ABORTED, "mpg_sync_gather_begin: the context was aborted in "
-                     "step %ld: %s", s->dead_step, s->dead_msg);
+                     "step %ld: %s", s->step.aborted_step, s->step.aborted_msg);
   /* The optimizer wrote the params on the caller's stream. */
   if ((st = mpg_ctx_stream_order(s->ctx, s->stream, stream))) {
     mpg__sync_abort_after(s, st); /* no gather posted here: the peers' go on */
     return mpg__fail_wrap(st, "mpg_sync_gather_begin: ordering the sync's stream");
   }
-  s->gather_caller = stream;
-  s->gather_due = 0;
-  s->gathering = 1;
-  s->gather_started = s->gather_waited = 0;
-  if (s->nforward == 0) {
-    s->gathering = 0;
+  s->shard.gather_caller_stream = stream;
+  s->shard.gather_due = 0;
+  s->shard.gather_open = 1;
+  s->shard.gather_started = s->shard.gather_waited = 0;
+  if (s->shard.nforward == 0) {
+    s->shard.gather_open = 0;
     return MPG_OK;
   }
   return gather_start(s, 0);
@@ -478,43 +486,44 @@ mpg_status mpg_sync_gather_begin(mpg_sync *s, void *stream) {
 mpg_status mpg_sync_gather_wait(mpg_sync *s, int param) {
   mpg_status st = shard_ready(s, "mpg_sync_gather_wait");
   if (st) return st;
-  if (param < 0 || param >= s->nparams)
+  if (param < 0 || param >= s->layout.nparams)
     return mpg__fail(MPG_ERR_RANGE, "mpg_sync_gather_wait: param %d is outside 0..%d", param,
-                     s->nparams - 1);
-  const sparam *p = &s->params[param];
-  if (!s->buffers[p->buffer].sharded) return MPG_OK;
-  if (!s->gathering) return no_gather(s, "mpg_sync_gather_wait");
+                     s->layout.nparams - 1);
+  const sparam *p = &s->layout.params[param];
+  if (!s->layout.buffers[p->buffer].sharded) return MPG_OK;
+  if (!s->shard.gather_open) return no_gather(s, "mpg_sync_gather_wait");
   int pos = 0;
-  while (pos < s->nforward && s->forward[pos] != p->bucket) pos++;
-  if (pos < s->gather_waited) return MPG_OK;
+  while (pos < s->shard.nforward && s->shard.forward_buckets[pos] != p->bucket) pos++;
+  if (pos < s->shard.gather_waited) return MPG_OK;
   st = gather_upto(s, pos + 1);
   /* Order the caller's stream first, then start the next bucket: the other
    * way round, the caller's forward on this bucket would also wait for the
    * next bucket's all-gather, which defeats the prefetch (L3). */
   st = gather_end_wait(s, st);
-  if (!st && s->gather_started == s->gather_waited && s->gather_started < s->nforward)
-    st = gather_start(s, s->gather_started); /* one ahead of forward */
+  if (!st && s->shard.gather_started == s->shard.gather_waited &&
+      s->shard.gather_started < s->shard.nforward)
+    st = gather_start(s, s->shard.gather_started); /* one ahead of forward */
   return st;
 }
 
 mpg_status mpg_sync_gather_all(mpg_sync *s) {
   mpg_status st = shard_ready(s, "mpg_sync_gather_all");
   if (st) return st;
-  if (!s->gathering) return no_gather(s, "mpg_sync_gather_all");
-  for (int i = s->gather_started; i < s->nforward && !st; i++) st = gather_start(s, i);
-  mpg_status w = gather_upto(s, s->nforward);
+  if (!s->shard.gather_open) return no_gather(s, "mpg_sync_gather_all");
+  for (int i = s->shard.gather_started; i < s->shard.nforward && !st; i++) st = gather_start(s, i);
+  mpg_status w = gather_upto(s, s->shard.nforward);
   if (!st) st = w;
   return gather_end_wait(s, st);
 }
 
 void mpg__sync_gather_drop(mpg_sync *s) {
-  if (!s->forward) return;
-  for (int i = 0; i < s->nforward; i++) {
-    sbucket *b = &s->buckets[s->forward[i]];
-    if (b->gather) (void)mpg_work_wait(b->gather);
-    b->gather = NULL;
-    if (b->work2) (void)mpg_work_wait(b->work2);
-    b->work2 = NULL;
+  if (!s->shard.forward_buckets) return;
+  for (int i = 0; i < s->shard.nforward; i++) {
+    sbucket *b = &s->layout.buckets[s->shard.forward_buckets[i]];
+    if (b->gather_work) (void)mpg_work_wait(b->gather_work);
+    b->gather_work = NULL;
+    if (b->replicate_work) (void)mpg_work_wait(b->replicate_work);
+    b->replicate_work = NULL;
   }
-  s->gathering = 0;
+  s->shard.gather_open = 0;
 }

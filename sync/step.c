@@ -9,12 +9,12 @@
 
 /* Wait for (and release) every bucket still in flight. */
 void mpg__sync_wait_all(mpg_sync *s) {
-  for (int k = 0; k < s->nbuckets; k++) {
-    sbucket *b = &s->buckets[k];
+  for (int k = 0; k < s->layout.nbuckets; k++) {
+    sbucket *b = &s->layout.buckets[k];
     if (b->launched && b->work) (void)mpg_work_wait(b->work);
     b->work = NULL;
-    if (b->work2) (void)mpg_work_wait(b->work2);
-    b->work2 = NULL;
+    if (b->replicate_work) (void)mpg_work_wait(b->replicate_work);
+    b->replicate_work = NULL;
   }
 }
 
@@ -40,20 +40,20 @@ void mpg__sync_wait_all(mpg_sync *s) {
  * after it, and aborts nothing; its other failures (a post that failed on
  * this rank) abort. */
 static mpg_status step_fail_as(mpg_sync *s, mpg_status st, const char *what, int more) {
-  if (!s->step_status) {
-    snprintf(s->step_msg, sizeof s->step_msg, "sync step %ld: %s: %s", s->step, what,
+  if (!s->step.status) {
+    snprintf(s->step.msg, sizeof s->step.msg, "sync step %ld: %s: %s", s->step.number, what,
              mpg_last_error());
-    s->step_status = st;
+    s->step.status = st;
     if (more || st != MPG_ERR_STATE) mpg__sync_abort_after(s, st);
-    if (mpg_ctx_status(s->ctx) != MPG_OK && !s->dead) {
-      s->dead = st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED;
-      s->dead_step = s->step;
-      snprintf(s->dead_msg, sizeof s->dead_msg, "%s", s->step_msg);
+    if (mpg_ctx_status(s->ctx) != MPG_OK && !s->step.aborted) {
+      s->step.aborted = st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED;
+      s->step.aborted_step = s->step.number;
+      snprintf(s->step.aborted_msg, sizeof s->step.aborted_msg, "%s", s->step.msg);
     }
-    mpg__log(1, "rank %d: %s", mpg_ctx_rank(s->ctx), s->step_msg);
+    mpg__log(1, "rank %d: %s", mpg_ctx_rank(s->ctx), s->step.msg);
   }
-  s->valid = 0;
-  return mpg__fail(s->step_status, "%s", s->step_msg);
+  s->step.grads_valid = 0;
+  return mpg__fail(s->step.status, "%s", s->step.msg);
 }
 
 static mpg_status step_fail(mpg_sync *s, mpg_status st, const char *what) {
@@ -61,33 +61,33 @@ static mpg_status step_fail(mpg_sync *s, mpg_status st, const char *what) {
 }
 
 static void describe_bucket(const mpg_sync *s, int k, char *buf, size_t n) {
-  const sbucket *b = &s->buckets[k];
-  const sbuffer *f = &s->buffers[b->buffer];
+  const sbucket *b = &s->layout.buckets[k];
+  const sbuffer *f = &s->layout.buffers[b->buffer];
   snprintf(buf, n,
            "bucket %d of %d (%s, group \"%s\" index %d of %d ranks, %d params "
            "\"%s\"..\"%s\", %zu elements)",
-           k, s->nbuckets, mpg_dtype_name(f->dtype), mpg_group_name(f->group),
+           k, s->layout.nbuckets, mpg_dtype_name(f->dtype), mpg_group_name(f->group),
            mpg_group_index(f->group), mpg_group_size(f->group), b->nparams,
-           s->params[b->first].name,
-           s->params[b->last].name, b->count);
+           s->layout.params[b->first_param].name,
+           s->layout.params[b->last_param].name, b->count);
 }
 
 static mpg_status launch(mpg_sync *s, int k) {
-  sbucket *b = &s->buckets[k];
-  const sbuffer *f = &s->buffers[b->buffer];
+  sbucket *b = &s->layout.buckets[k];
+  const sbuffer *f = &s->layout.buffers[b->buffer];
   char what[512];
   /* The bucket's gradients were produced on the caller's stream before
    * mark_ready: order the sync's stream after everything queued there so
    * far (a fresh event for every bucket; once per step would miss the
    * gradients queued after the first launch). */
-  mpg_status st = mpg_ctx_stream_order(s->ctx, s->stream, s->caller);
+  mpg_status st = mpg_ctx_stream_order(s->ctx, s->stream, s->step.caller_stream);
   if (st) {
     describe_bucket(s, k, what, sizeof what);
     snprintf(what + strlen(what), sizeof what - strlen(what),
              ": ordering the sync's stream after the caller's");
     return step_fail(s, st, what);
   }
-  s->ordered = 1;
+  s->step.stream_used = 1;
   if (f->sharded) {
     /* Shard mode: reduce-scatter (shard.c). */
     st = mpg__sync_shard_launch(s, k);
@@ -96,7 +96,7 @@ static mpg_status launch(mpg_sync *s, int k) {
       return step_fail(s, st, what);
     }
     b->launched = 1;
-    s->launched_total++;
+    s->step.launched_buckets++;
     return MPG_OK;
   }
   void *data = (char *)f->data + b->offset * mpg_dtype_size(f->dtype);
@@ -124,37 +124,38 @@ static mpg_status launch(mpg_sync *s, int k) {
     return step_fail(s, st, what);
   }
   b->launched = 1;
-  s->launched_total++;
-  mpg__log(2, "sync: rank %d: step %ld: launched bucket %d", mpg_ctx_rank(s->ctx), s->step, k);
+  s->step.launched_buckets++;
+  mpg__log(2, "sync: rank %d: step %ld: launched bucket %d", mpg_ctx_rank(s->ctx),
+           s->step.number, k);
   return MPG_OK;
 }
 
 /* Launch every bucket, in order, from the next one while all its params
  * are ready (all of them with `force`). */
 static mpg_status launch_ready(mpg_sync *s, int force) {
-  while (!s->step_status && s->next_launch < s->nbuckets &&
-         (force || s->buckets[s->next_launch].pending == 0)) {
-    mpg_status st = launch(s, s->next_launch);
+  while (!s->step.status && s->step.next_launch < s->layout.nbuckets &&
+         (force || s->layout.buckets[s->step.next_launch].pending == 0)) {
+    mpg_status st = launch(s, s->step.next_launch);
     if (st) return st;
-    s->next_launch++;
+    s->step.next_launch++;
   }
-  return s->step_status ? mpg__fail(s->step_status, "%s", s->step_msg) : MPG_OK;
+  return s->step.status ? mpg__fail(s->step.status, "%s", s->step.msg) : MPG_OK;
 }
 
 /* Look at the buckets in flight, oldest first, so that backends which
  * progress only when called make headway, and failures show early. */
 static mpg_status poll(mpg_sync *s) {
-  while (!s->step_status && s->oldest < s->next_launch) {
-    sbucket *b = &s->buckets[s->oldest];
+  while (!s->step.status && s->step.first_unfinished < s->step.next_launch) {
+    sbucket *b = &s->layout.buckets[s->step.first_unfinished];
     int done = 0;
     mpg_status st = mpg_work_test(b->work, &done);
     if (st) {
       char what[512];
-      describe_bucket(s, s->oldest, what, sizeof what);
+      describe_bucket(s, s->step.first_unfinished, what, sizeof what);
       return step_fail(s, st, what);
     }
     if (!done) break;
-    s->oldest++;
+    s->step.first_unfinished++;
   }
   return MPG_OK;
 }
@@ -165,38 +166,39 @@ mpg_status mpg_sync_begin(mpg_sync *s, long step, int is_last_microbatch,
   if (!s->committed)
     return mpg__fail(MPG_ERR_STATE, "mpg_sync_begin step %ld: call mpg_sync_commit first",
                      step);
-  if (s->in_step)
+  if (s->step.open)
     return mpg__fail(MPG_ERR_STATE,
                      "mpg_sync_begin step %ld: step %ld is still open; end it with "
                      "mpg_sync_finish",
-                     step, s->step);
-  if (s->dead)
+                     step, s->step.number);
+  if (s->step.aborted)
     return mpg__fail(MPG_ERR_ABORTED,
                      "mpg_sync_begin step %ld: the context was aborted in step %ld "
                      "(%s); destroy the sync and the context and start again. "
                      "The failure was: %s",
-                     step, s->dead_step, mpg_status_name(s->dead), s->dead_msg);
-  if (s->zero_pending) {
+                     step, s->step.aborted_step, mpg_status_name(s->step.aborted),
+                     s->step.aborted_msg);
+  if (s->step.zeroed_on_stream) {
     /* Gradients were zeroed on the sync's stream: the caller's writes come
      * after. */
     mpg_status st = mpg_ctx_stream_order(s->ctx, stream, s->stream);
     if (st)
       return mpg__fail_wrap(st, "mpg_sync_begin step %ld: ordering the caller's stream "
                             "after the zeroing", step);
-    s->zero_pending = 0;
+    s->step.zeroed_on_stream = 0;
   }
-  s->in_step = 1;
-  s->step = step;
-  s->last = is_last_microbatch != 0;
-  s->caller = stream;
-  s->ordered = 0;
-  s->next_launch = 0;
-  s->oldest = 0;
-  s->step_status = MPG_OK;
-  s->step_msg[0] = '\0';
-  for (int i = 0; i < s->nparams; i++) s->params[i].ready = 0;
-  for (int k = 0; k < s->nbuckets; k++) {
-    sbucket *b = &s->buckets[k];
+  s->step.open = 1;
+  s->step.number = step;
+  s->step.last_microbatch = is_last_microbatch != 0;
+  s->step.caller_stream = stream;
+  s->step.stream_used = 0;
+  s->step.next_launch = 0;
+  s->step.first_unfinished = 0;
+  s->step.status = MPG_OK;
+  s->step.msg[0] = '\0';
+  for (int i = 0; i < s->layout.nparams; i++) s->layout.params[i].ready = 0;
+  for (int k = 0; k < s->layout.nbuckets; k++) {
+    sbucket *b = &s->layout.buckets[k];
     b->pending = b->nparams;
     b->launched = 0;
     b->work = NULL;
@@ -206,11 +208,11 @@ mpg_status mpg_sync_begin(mpg_sync *s, long step, int is_last_microbatch,
 
 mpg_status mpg_sync_mark_ready(mpg_sync *s, int param) {
   if (!s) return mpg__fail(MPG_ERR_INVALID, "mpg_sync_mark_ready: sync is NULL");
-  if (param < 0 || param >= s->nparams)
+  if (param < 0 || param >= s->layout.nparams)
     return mpg__fail(MPG_ERR_RANGE, "mpg_sync_mark_ready: param %d is outside 0..%d",
-                     param, s->nparams - 1);
-  sparam *p = &s->params[param];
-  if (!s->in_step)
+                     param, s->layout.nparams - 1);
+  sparam *p = &s->layout.params[param];
+  if (!s->step.open)
     return mpg__fail(MPG_ERR_STATE,
                      "mpg_sync_mark_ready \"%s\": no step is open; call mpg_sync_begin "
                      "first",
@@ -219,11 +221,11 @@ mpg_status mpg_sync_mark_ready(mpg_sync *s, int param) {
     return mpg__fail(MPG_ERR_STATE,
                      "mpg_sync_mark_ready \"%s\" (param %d): already marked ready in "
                      "step %ld",
-                     p->name, param, s->step);
+                     p->name, param, s->step.number);
   p->ready = 1;
-  if (!s->last) return MPG_OK; /* accumulation: communicate on the last only */
-  if (s->step_status) return mpg__fail(s->step_status, "%s", s->step_msg);
-  s->buckets[p->bucket].pending--;
+  if (!s->step.last_microbatch) return MPG_OK; /* accumulation: communicate on the last only */
+  if (s->step.status) return mpg__fail(s->step.status, "%s", s->step.msg);
+  s->layout.buckets[p->bucket].pending--;
   mpg_status st = launch_ready(s, 0);
   if (!st) st = poll(s);
   return st;
@@ -231,23 +233,23 @@ mpg_status mpg_sync_mark_ready(mpg_sync *s, int param) {
 
 mpg_status mpg_sync_finish(mpg_sync *s) {
   if (!s) return mpg__fail(MPG_ERR_INVALID, "mpg_sync_finish: sync is NULL");
-  if (!s->in_step)
+  if (!s->step.open)
     return mpg__fail(MPG_ERR_STATE, "mpg_sync_finish: no step is open; call "
                      "mpg_sync_begin first");
-  if (!s->last) {
-    s->in_step = 0;
+  if (!s->step.last_microbatch) {
+    s->step.open = 0;
     return MPG_OK;
   }
   /* Launch what is left (params never marked are taken as they are). */
   launch_ready(s, 1);
   /* Wait for everything launched, even after a failure: never leave a
    * collective writing into the buffers. */
-  for (int k = 0; k < s->nbuckets; k++) {
-    sbucket *b = &s->buckets[k];
+  for (int k = 0; k < s->layout.nbuckets; k++) {
+    sbucket *b = &s->layout.buckets[k];
     if (!b->launched || !b->work) continue;
     mpg_status st = mpg_work_wait(b->work);
     b->work = NULL;
-    if (st && !s->step_status) {
+    if (st && !s->step.status) {
       char what[512];
       describe_bucket(s, k, what, sizeof what);
       step_fail(s, st, what);
@@ -255,10 +257,10 @@ mpg_status mpg_sync_finish(mpg_sync *s) {
   }
   /* Shard mode with a replicate group: the slices' all-reduces (those not
    * posted at launch), then wait for them. */
-  if (s->any_replicate) {
+  if (s->shard.any_replicate) {
     int bad = -1;
     mpg_status st = mpg__sync_shard_finish(s, &bad);
-    if (st && !s->step_status) {
+    if (st && !s->step.status) {
       char what[512];
       describe_bucket(s, bad >= 0 ? bad : 0, what, sizeof what);
       snprintf(what + strlen(what), sizeof what - strlen(what),
@@ -267,56 +269,57 @@ mpg_status mpg_sync_finish(mpg_sync *s) {
     }
   }
   /* Tied groups: sum the averaged gradients (e.g. first + last stage). */
-  for (int t = 0; t < s->ntied && !s->step_status; t++) {
-    const sbuffer *f = &s->buffers[s->tied[t]];
+  for (int t = 0; t < s->layout.ntied && !s->step.status; t++) {
+    const sbuffer *f = &s->layout.buffers[s->layout.tied_order[t]];
     if (t == 0) {
-      mpg_status st = mpg_ctx_stream_order(s->ctx, s->stream, s->caller);
+      mpg_status st = mpg_ctx_stream_order(s->ctx, s->stream, s->step.caller_stream);
       if (st) {
         step_fail(s, st, "tied sums: ordering the sync's stream after the caller's");
         break;
       }
-      s->ordered = 1;
+      s->step.stream_used = 1;
     }
     mpg_status st = mpg_all_reduce(f->tied, f->data, f->data, f->count, f->dtype,
-                                   MPG_OP_SUM, s->stream, &s->tied_work[t]);
+                                   MPG_OP_SUM, s->stream, &s->step.tied_works[t]);
     if (st) {
       char what[512];
       snprintf(what, sizeof what,
                "tied sum of buffer %d (%s, %zu elements, reduce group \"%s\") over "
                "tied group \"%s\" of %d ranks",
-               s->tied[t], mpg_dtype_name(f->dtype), f->count, mpg_group_name(f->group),
+               s->layout.tied_order[t], mpg_dtype_name(f->dtype), f->count,
+               mpg_group_name(f->group),
                mpg_group_name(f->tied), mpg_group_size(f->tied));
       step_fail(s, st, what);
     }
   }
-  for (int t = 0; t < s->ntied; t++) {
-    if (!s->tied_work[t]) continue;
-    mpg_status st = mpg_work_wait(s->tied_work[t]);
-    s->tied_work[t] = NULL;
-    if (st && !s->step_status) {
-      const sbuffer *f = &s->buffers[s->tied[t]];
+  for (int t = 0; t < s->layout.ntied; t++) {
+    if (!s->step.tied_works[t]) continue;
+    mpg_status st = mpg_work_wait(s->step.tied_works[t]);
+    s->step.tied_works[t] = NULL;
+    if (st && !s->step.status) {
+      const sbuffer *f = &s->layout.buffers[s->layout.tied_order[t]];
       char what[512];
       snprintf(what, sizeof what, "tied sum of buffer %d (%s) over tied group \"%s\"",
-               s->tied[t], mpg_dtype_name(f->dtype), mpg_group_name(f->tied));
+               s->layout.tied_order[t], mpg_dtype_name(f->dtype), mpg_group_name(f->tied));
       step_fail(s, st, what);
     }
   }
   /* The caller's later work (the optimizer) comes after the reduction. */
-  if (s->ordered) {
-    mpg_status st = mpg_ctx_stream_order(s->ctx, s->caller, s->stream);
-    if (st && !s->step_status) step_fail(s, st, "ordering the caller's stream after the sync's");
+  if (s->step.stream_used) {
+    mpg_status st = mpg_ctx_stream_order(s->ctx, s->step.caller_stream, s->stream);
+    if (st && !s->step.status) step_fail(s, st, "ordering the caller's stream after the sync's");
   }
   /* The end of the step: the issue-order check, on every rank whatever
    * its step status (a collective: no rank may skip it). */
   mpg_status ost = mpg__ctx_check_order(s->ctx, "mpg_sync_finish");
-  if (ost && !s->step_status) step_fail_as(s, ost, "issue-order check", 0);
-  s->in_step = 0;
-  if (s->step_status) {
-    s->valid = 0;
-    return mpg__fail(s->step_status, "%s", s->step_msg);
+  if (ost && !s->step.status) step_fail_as(s, ost, "issue-order check", 0);
+  s->step.open = 0;
+  if (s->step.status) {
+    s->step.grads_valid = 0;
+    return mpg__fail(s->step.status, "%s", s->step.msg);
   }
-  s->valid = 1;
-  s->gather_due = s->opts.mode == MPG_SYNC_SHARD; /* the optimizer, then a gather */
+  s->step.grads_valid = 1;
+  s->shard.gather_due = s->opts.mode == MPG_SYNC_SHARD; /* the optimizer, then a gather */
   return MPG_OK;
 }
 
@@ -324,7 +327,7 @@ mpg_status mpg_sync_all(mpg_sync *s, long step, void *stream) {
   mpg_status st = mpg_sync_begin(s, step, 1, stream);
   if (st) return st;
   /* Backward order: the buckets launch one after another as they fill. */
-  for (int id = s->nparams - 1; id >= 0 && !s->step_status; id--) {
+  for (int id = s->layout.nparams - 1; id >= 0 && !s->step.status; id--) {
     st = mpg_sync_mark_ready(s, id);
     if (st) break;
   }
@@ -335,26 +338,26 @@ mpg_status mpg_sync_zero_grads(mpg_sync *s) {
   if (!s) return mpg__fail(MPG_ERR_INVALID, "mpg_sync_zero_grads: sync is NULL");
   if (!s->committed)
     return mpg__fail(MPG_ERR_STATE, "mpg_sync_zero_grads: call mpg_sync_commit first");
-  if (s->in_step && s->next_launch > 0)
+  if (s->step.open && s->step.next_launch > 0)
     return mpg__fail(MPG_ERR_STATE,
                      "mpg_sync_zero_grads: step %ld has %d buckets in flight; zero "
                      "after mpg_sync_finish",
-                     s->step, s->next_launch);
+                     s->step.number, s->step.next_launch);
   /* The optimizer may still be reading the gradients on the caller's
    * stream (the one given to the last begin): the memsets on the sync's
    * stream come after everything queued there so far. */
-  mpg_status ord = mpg_ctx_stream_order(s->ctx, s->stream, s->caller);
+  mpg_status ord = mpg_ctx_stream_order(s->ctx, s->stream, s->step.caller_stream);
   if (ord)
     return mpg__fail_wrap(ord, "mpg_sync_zero_grads: ordering the sync's stream after "
                           "the caller's");
-  for (int b = 0; b < s->nbuffers; b++) {
-    const sbuffer *f = &s->buffers[b];
+  for (int b = 0; b < s->layout.nbuffers; b++) {
+    const sbuffer *f = &s->layout.buffers[b];
     mpg_status st = mpg_ctx_mem_zero(s->ctx, f->data, f->count * mpg_dtype_size(f->dtype),
                                      s->stream);
     if (st)
       return mpg__fail_wrap(st, "mpg_sync_zero_grads: buffer %d (%s, group \"%s\")", b,
                             mpg_dtype_name(f->dtype), mpg_group_name(f->group));
   }
-  s->zero_pending = 1;
+  s->step.zeroed_on_stream = 1;
   return MPG_OK;
 }

@@ -210,7 +210,7 @@ mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
   s->mesh = mpg_ctx_mesh(ctx);
   s->opts = *opts;
   if (s->opts.optimizer_instances == 0) s->opts.optimizer_instances = 1;
-  s->valid = 1;
+  s->step.grads_valid = 1;
   if (opts->default_dims && !(s->default_dims = dup_str(opts->default_dims))) {
     free(s);
     return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_create: out of memory");
@@ -231,9 +231,9 @@ mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
   }
   if (st) {
     free(s->default_dims);
-    free(s->shard_dims);
-    free(s->replicate_dims);
-    free(s->expert_dims);
+    free(s->shard.shard_dims);
+    free(s->shard.replicate_dims);
+    free(s->shard.expert_dims);
     free(s);
     return st;
   }
@@ -251,21 +251,22 @@ mpg_status mpg_sync_destroy(mpg_sync *s) {
   mpg__saved_error why;
   /* Never free memory a collective may still write: release what a step
    * left in flight first (bounded by the context's timeout). */
-  if (s->in_step) mpg__sync_wait_all(s);
+  if (s->step.open) mpg__sync_wait_all(s);
   mpg__sync_gather_drop(s);
   mpg__ctx_sync_count(s->ctx, -1);
-  for (int i = 0; i < s->nbuffers; i++) {
-    if (s->buffers[i].params) {
-      mpg_status st = mpg_ctx_mem_free(s->ctx, s->buffers[i].params);
-      s->buffers[i].params = NULL;
+  for (int i = 0; i < s->layout.nbuffers; i++) {
+    if (s->layout.buffers[i].param_data) {
+      mpg_status st = mpg_ctx_mem_free(s->ctx, s->layout.buffers[i].param_data);
+      s->layout.buffers[i].param_data = NULL;
       if (st && !first) {
         first = mpg__fail_wrap(st, "mpg_sync_destroy: freeing parameter buffer %d", i);
         mpg__error_save(&why);
       }
     }
-    if (!s->buffers[i].data || s->buffers[i].shm) continue; /* shm: freed with the layout */
-    mpg_status st = mpg_ctx_mem_free(s->ctx, s->buffers[i].data);
-    s->buffers[i].data = NULL;
+    if (!s->layout.buffers[i].data || s->layout.buffers[i].shm)
+      continue; /* shm: freed with the layout */
+    mpg_status st = mpg_ctx_mem_free(s->ctx, s->layout.buffers[i].data);
+    s->layout.buffers[i].data = NULL;
     if (st && !first) {
       first = mpg__fail_wrap(st, "mpg_sync_destroy: freeing buffer %d", i);
       mpg__error_save(&why);
@@ -279,16 +280,16 @@ mpg_status mpg_sync_destroy(mpg_sync *s) {
     }
   }
   mpg__sync_free_layout(s);
-  for (int i = 0; i < s->nparams; i++) {
-    free(s->params[i].name);
-    free(s->params[i].dims);
+  for (int i = 0; i < s->layout.nparams; i++) {
+    free(s->layout.params[i].name);
+    free(s->layout.params[i].dims);
   }
-  free(s->params);
-  free(s->hash);
+  free(s->layout.params);
+  free(s->layout.name_index);
   free(s->default_dims);
-  free(s->shard_dims);
-  free(s->replicate_dims);
-  free(s->expert_dims);
+  free(s->shard.shard_dims);
+  free(s->shard.replicate_dims);
+  free(s->shard.expert_dims);
   free(s);
   return first ? mpg__error_restore(first, &why) : MPG_OK;
 }
@@ -300,10 +301,11 @@ mpg_status mpg_sync_destroy(mpg_sync *s) {
 
 /* The id of `name`, or -1; *slot gets where it would go. */
 static int hash_find(const mpg_sync *s, const char *name, int *slot) {
-  unsigned m = (unsigned)s->hash_cap - 1;
+  unsigned m = (unsigned)s->layout.name_index_cap - 1;
   unsigned i = (unsigned)mpg__hash_str(name) & m;
-  while (s->hash[i] >= 0) {
-    if (strcmp(s->params[s->hash[i]].name, name) == 0) return s->hash[i];
+  while (s->layout.name_index[i] >= 0) {
+    if (strcmp(s->layout.params[s->layout.name_index[i]].name, name) == 0)
+      return s->layout.name_index[i];
     i = (i + 1) & m;
   }
   if (slot) *slot = (int)i;
@@ -311,17 +313,17 @@ static int hash_find(const mpg_sync *s, const char *name, int *slot) {
 }
 
 static int hash_grow(mpg_sync *s) {
-  int cap = s->hash_cap ? s->hash_cap * 2 : 64;
+  int cap = s->layout.name_index_cap ? s->layout.name_index_cap * 2 : 64;
   int *h = malloc(sizeof *h * (size_t)cap);
   if (!h) return -1;
   for (int i = 0; i < cap; i++) h[i] = -1;
-  free(s->hash);
-  s->hash = h;
-  s->hash_cap = cap;
-  for (int id = 0; id < s->nparams; id++) {
+  free(s->layout.name_index);
+  s->layout.name_index = h;
+  s->layout.name_index_cap = cap;
+  for (int id = 0; id < s->layout.nparams; id++) {
     int slot = 0;
-    hash_find(s, s->params[id].name, &slot);
-    s->hash[slot] = id;
+    hash_find(s, s->layout.params[id].name, &slot);
+    s->layout.name_index[slot] = id;
   }
   return 0;
 }
@@ -377,10 +379,10 @@ mpg_status mpg_sync_add_param(mpg_sync *s, const char *name, size_t count,
                      "param \"%s\": dtype %s cannot take grad_scale %g (a scaled "
                      "sum needs a floating dtype)",
                      name, mpg_dtype_name(dtype), s->opts.grad_scale);
-  if (s->nparams >= (1 << 28))
+  if (s->layout.nparams >= (1 << 28))
     return mpg__fail(MPG_ERR_RANGE, "param \"%s\": too many parameters (%d)", name,
-                     s->nparams);
-  if (s->hash_cap == 0 || (s->nparams + 1) * 2 > s->hash_cap) {
+                     s->layout.nparams);
+  if (s->layout.name_index_cap == 0 || (s->layout.nparams + 1) * 2 > s->layout.name_index_cap) {
     if (hash_grow(s)) return mpg__fail(MPG_ERR_NOMEM, "param \"%s\": out of memory", name);
   }
   int slot = -1, dup = hash_find(s, name, &slot);
@@ -396,14 +398,14 @@ mpg_status mpg_sync_add_param(mpg_sync *s, const char *name, size_t count,
     mpg_status st = dims_mask(s->mesh, dims, what, &mask);
     if (st) return st;
   }
-  if (s->nparams == s->cap) {
-    int cap = s->cap ? s->cap * 2 : 32;
-    sparam *p = realloc(s->params, sizeof *p * (size_t)cap);
+  if (s->layout.nparams == s->layout.params_cap) {
+    int cap = s->layout.params_cap ? s->layout.params_cap * 2 : 32;
+    sparam *p = realloc(s->layout.params, sizeof *p * (size_t)cap);
     if (!p) return mpg__fail(MPG_ERR_NOMEM, "param \"%s\": out of memory", name);
-    s->params = p;
-    s->cap = cap;
+    s->layout.params = p;
+    s->layout.params_cap = cap;
   }
-  sparam *p = &s->params[s->nparams];
+  sparam *p = &s->layout.params[s->layout.nparams];
   memset(p, 0, sizeof *p);
   p->name = dup_str(name);
   p->dims = dims ? dup_str(dims) : NULL;
@@ -417,8 +419,8 @@ mpg_status mpg_sync_add_param(mpg_sync *s, const char *name, size_t count,
   p->mask = mask;
   p->tied = po.tied_group;
   p->buffer = p->bucket = -1;
-  s->hash[slot] = s->nparams;
-  *param = s->nparams++;
+  s->layout.name_index[slot] = s->layout.nparams;
+  *param = s->layout.nparams++;
   return MPG_OK;
 }
 
@@ -426,16 +428,16 @@ mpg_status mpg_sync_grad(mpg_sync *s, int param, void **grad) {
   if (grad) *grad = NULL;
   if (!s || !grad)
     return mpg__fail(MPG_ERR_INVALID, "mpg_sync_grad: %s is NULL", !s ? "sync" : "grad");
-  if (param < 0 || param >= s->nparams)
+  if (param < 0 || param >= s->layout.nparams)
     return mpg__fail(MPG_ERR_RANGE, "mpg_sync_grad: param %d is outside 0..%d", param,
-                     s->nparams - 1);
+                     s->layout.nparams - 1);
   if (!s->committed)
     return mpg__fail(MPG_ERR_STATE,
                      "mpg_sync_grad \"%s\": call mpg_sync_commit first (the buffers "
                      "are laid out there)",
-                     s->params[param].name);
-  const sparam *p = &s->params[param];
-  *grad = (char *)s->buffers[p->buffer].data + p->offset * mpg_dtype_size(p->dtype);
+                     s->layout.params[param].name);
+  const sparam *p = &s->layout.params[param];
+  *grad = (char *)s->layout.buffers[p->buffer].data + p->offset * mpg_dtype_size(p->dtype);
   return MPG_OK;
 }
 
@@ -444,14 +446,14 @@ mpg_status mpg_sync_param_group(const mpg_sync *s, int param, mpg_group **group)
   if (!s || !group)
     return mpg__fail(MPG_ERR_INVALID, "mpg_sync_param_group: %s is NULL",
                      !s ? "sync" : "group");
-  if (param < 0 || param >= s->nparams)
+  if (param < 0 || param >= s->layout.nparams)
     return mpg__fail(MPG_ERR_RANGE, "mpg_sync_param_group: param %d is outside 0..%d",
-                     param, s->nparams - 1);
+                     param, s->layout.nparams - 1);
   if (!s->committed)
     return mpg__fail(MPG_ERR_STATE,
                      "mpg_sync_param_group \"%s\": call mpg_sync_commit first",
-                     s->params[param].name);
-  *group = s->params[param].group;
+                     s->layout.params[param].name);
+  *group = s->layout.params[param].group;
   return MPG_OK;
 }
 
@@ -461,23 +463,23 @@ mpg_status mpg_sync_get_stats(const mpg_sync *s, mpg_sync_stats *stats) {
                                  "MPG_SYNC_STATS_INIT");
   if (st) return st;
   mpg_sync_stats full = MPG_SYNC_STATS_INIT;
-  full.num_params = s->nparams;
-  full.num_buffers = s->nbuffers;
-  full.num_buckets = s->nbuckets;
-  full.total_bytes = s->total_bytes;
-  full.launched_buckets = s->launched_total;
+  full.num_params = s->layout.nparams;
+  full.num_buffers = s->layout.nbuffers;
+  full.num_buckets = s->layout.nbuckets;
+  full.total_bytes = s->layout.total_bytes;
+  full.launched_buckets = s->step.launched_buckets;
   if (s->opts.mode == MPG_SYNC_SHARD && s->committed) {
-    full.shard_elems = s->shard_elems;
-    full.pad_elems = s->pad_elems;
-    full.shard_size = mpg_group_size(s->shard_group);
+    full.shard_elems = s->shard.state_elems;
+    full.pad_elems = s->shard.pad_elems;
+    full.shard_size = mpg_group_size(s->shard.shard_group);
   }
-  for (int b = 0; b < s->nbuffers; b++)
-    if (s->buffers[b].shm) {
+  for (int b = 0; b < s->layout.nbuffers; b++)
+    if (s->layout.buffers[b].shm) {
       full.shm_buffers++;
-      full.shm_bytes += mpg__shm_mapped_bytes(s->buffers[b].shm);
+      full.shm_bytes += mpg__shm_mapped_bytes(s->layout.buffers[b].shm);
     }
   mpg__abi_out(stats, &full, MPG__ABI_END(mpg_sync_stats));
   return MPG_OK;
 }
 
-int mpg_sync_grads_valid(const mpg_sync *s) { return s ? s->valid : 0; }
+int mpg_sync_grads_valid(const mpg_sync *s) { return s ? s->step.grads_valid : 0; }

@@ -1,5 +1,10 @@
 /* The sync module's internals, shared by sync.c (options, create, params,
- * getters), layout.c (commit) and step.c (begin .. finish).
+ * getters), layout.c (commit), step.c (begin .. finish) and shard.c (shard
+ * mode).  struct mpg_sync keeps its options and identity at the top and
+ * the rest by phase: `layout` (the params, and what mpg_sync_commit lays
+ * out: buffers, buckets, the tied order), `step` (one step's launch and
+ * wait state, its works and status) and `shard` (shard mode's groups,
+ * owned ranges and gather state).
  *
  * Gradient synchronisation over exactly the right groups.
  *
@@ -72,116 +77,139 @@
 #define MIB 1048576.0
 
 typedef struct sparam {
-  char *name;
-  size_t count;
-  mpg_dtype dtype;
-  char *dims;       /* the caller's reduce_dims, NULL: the default */
-  unsigned mask;    /* mesh dims of `dims` */
-  mpg_group *tied;  /* NULL: none */
-  mpg_group *group; /* reduce group (commit) */
-  int buffer;       /* (commit) */
-  int bucket;       /* launch position of its bucket (commit) */
-  size_t offset;    /* first element in its buffer (commit) */
-  size_t state;     /* shard mode, replicated buffers: its optimizer-state
-                       offset (commit) */
-  int ready;        /* marked in this step */
+  char *name;          /* the caller's name, unique in the sync */
+  size_t count;        /* elements */
+  mpg_dtype dtype;     /* of the gradient */
+  char *dims;          /* the caller's reduce_dims, NULL: the default */
+  unsigned mask;       /* mesh dims of `dims` */
+  mpg_group *tied;     /* tied group, NULL: none */
+  mpg_group *group;    /* reduce group (commit) */
+  int buffer;          /* index of its buffer (commit) */
+  int bucket;          /* launch position of its bucket (commit) */
+  size_t offset;       /* first element in its buffer (commit) */
+  size_t state_offset; /* shard mode, replicated buffers: its optimizer-state
+                          offset (commit) */
+  int ready;           /* marked in this step */
 } sparam;
 
 typedef struct sbuffer {
-  mpg_dtype dtype;
-  mpg_group *group;
-  mpg_group *tied;
-  size_t count; /* elements, with padding */
-  void *data;
-  int nparams;
-  int nbuckets;
-  int open;            /* its bucket being filled at commit, -1: none */
-  int sharded;         /* shard mode: reduce-scattered over its domain's
-                          shard group */
-  int domain;          /* sharded: index into mpg_sync.dom */
-  void *params;        /* shard mode: the parameter buffer (same layout) */
-  mpg__shm *shm;       /* data lives in node-local shared memory (the
-                          one-pass path; NULL: mpg_ctx_mem_alloc) */
+  mpg_dtype dtype;  /* of every param in it */
+  mpg_group *group; /* the reduce group of its params */
+  mpg_group *tied;  /* the tied group of its params, NULL: none */
+  size_t count;     /* elements, with padding */
+  void *data;       /* the gradients */
+  int nparams;      /* params laid out in it */
+  int nbuckets;     /* buckets cut from it */
+  int open_bucket;  /* its bucket being filled at commit, -1: none */
+  int sharded;      /* shard mode: reduce-scattered over its domain's
+                       shard group */
+  int domain;       /* sharded: index into mpg_sync.shard.domains */
+  void *param_data; /* shard mode: the parameter buffer (same layout) */
+  mpg__shm *shm;    /* data lives in node-local shared memory (the
+                       one-pass path; NULL: mpg_ctx_mem_alloc) */
 } sbuffer;
 
 typedef struct sbucket {
-  int buffer;
-  size_t offset, count; /* elements of the buffer */
-  int first, last;      /* param ids: first / last in backward order */
-  int nparams;
-  int key;              /* backward position of `last` (launch order) */
-  int pending;          /* params not yet ready in this step */
-  mpg_work *work;       /* in flight */
-  int launched;         /* in this step */
+  int buffer;               /* index of the buffer it is a slice of */
+  size_t offset, count;     /* elements of the buffer */
+  int first_param;          /* param id: first in backward order */
+  int last_param;           /* param id: last in backward order */
+  int nparams;              /* params in it */
+  int launch_key;           /* backward position of `last_param` (launch order) */
+  int pending;              /* params not yet ready in this step */
+  mpg_work *work;           /* its reduction in flight */
+  int launched;             /* in this step */
   /* Shard mode, sharded buffers only: */
-  size_t slice;         /* count / shard group size */
-  size_t state_base;    /* this rank's slice in the optimizer-state arrays */
-  mpg_work *work2;      /* the slice's all-reduce over the replicate group */
-  mpg_work *gather;     /* the params' all-gather in flight */
+  size_t slice;             /* elements of one slice: count / shard group size */
+  size_t state_base;        /* this rank's slice in the optimizer-state arrays */
+  mpg_work *replicate_work; /* the slice's all-reduce over the replicate group */
+  mpg_work *gather_work;    /* the params' all-gather in flight */
 } sbucket;
 
-struct mpg_sync {
-  mpg_ctx *ctx;
-  const mpg_mesh *mesh;
-  mpg_sync_opts opts;
-  char *default_dims;  /* copy of opts.default_dims (or NULL) */
-  char default_desc[320]; /* how the default group was chosen, for messages */
-  mpg_group *default_group;
-  unsigned default_mask; /* 0 when the default has no dims (size-1 group) */
-  void *stream;          /* the sync's own stream (NULL off nccl) */
-  int committed;
+/* A sharded domain: 0, the data-parallel group (the default group's
+ * params); 1 when there are 2, the expert group (expert_shard_dims). */
+struct sdomain {
+  mpg_group *reduce;    /* the params' reduce group: buffers of it shard */
+  mpg_group *shard;     /* reduce-scatter and gather over it */
+  mpg_group *replicate; /* NULL, or the slices' all-reduce (HSDP) */
+};
 
-  /* Shard mode (shard.c): */
+/* What mpg_sync_add_param registers and mpg_sync_commit lays out (sync.c,
+ * layout.c): the params, the buffers and buckets cut from them, and the
+ * tied buffers' order. */
+struct sync_layout {
+  sparam *params;      /* registered params, by id */
+  int nparams;         /* entries of `params` in use */
+  int params_cap;      /* entries of `params` allocated */
+  int *name_index;     /* open addressing over names: param id or -1 */
+  int name_index_cap;  /* slots of `name_index` (a power of 2; 0: none yet) */
+  sbuffer *buffers;    /* (commit) */
+  int nbuffers;        /* entries of `buffers` */
+  sbucket *buckets;    /* in launch order (commit) */
+  int nbuckets;        /* entries of `buckets` */
+  int *tied_order;     /* indices of the buffers with a tied group, in a
+                          rank-independent order: the tied sums' order */
+  int ntied;           /* entries of `tied_order` */
+  size_t total_bytes;  /* gradient (and shard mode's parameter) buffer bytes */
+};
+
+/* One step, mpg_sync_begin .. mpg_sync_finish (step.c), and what outlives
+ * it: the gradients' validity and a context lost in a step. */
+struct sync_step {
+  int open;               /* a step is open (begin called, finish not yet) */
+  long number;            /* the step number given to the last begin */
+  int last_microbatch;    /* this step's begin said is_last_microbatch */
+  void *caller_stream;    /* the stream given to the last begin */
+  int stream_used;        /* the sync's stream has work of this step */
+  int next_launch;        /* first bucket not launched */
+  int first_unfinished;   /* first launched bucket not seen complete */
+  int zeroed_on_stream;   /* zero_grads queued work on the sync's stream
+                             since the last begin */
+  mpg_work **tied_works;  /* the tied sums in flight, by tied_order position */
+  mpg_status status;      /* the step's first failure, MPG_OK: none */
+  char msg[2 * MSG_MAX];  /* the step's first failure's message */
+  int grads_valid;        /* the gradients are synced and usable */
+  mpg_status aborted;     /* the context was aborted (TIMEOUT / ABORTED),
+                             MPG_OK: not */
+  long aborted_step;      /* the step in which it was */
+  char aborted_msg[2 * MSG_MAX]; /* that step's failure message */
+  long launched_buckets;  /* buckets launched over every step (stats) */
+};
+
+/* Shard mode (shard.c): the groups, this rank's owned ranges, and the
+ * parameters' gather. */
+struct sync_shard {
   char *shard_dims, *replicate_dims, *expert_dims; /* copies of the options */
-  mpg_group *shard_group;     /* the data-parallel domain's (dom[0].shard) */
-  mpg_group *replicate_group; /* NULL, or dom[0]'s (HSDP) */
-  /* Sharded domains: 0, the data-parallel group (the default group's
-   * params); 1 when ndom is 2, the expert group (expert_shard_dims). */
-  struct sdomain {
-    mpg_group *reduce;    /* the params' reduce group: buffers of it shard */
-    mpg_group *shard;     /* reduce-scatter and gather over it */
-    mpg_group *replicate; /* NULL, or the slices' all-reduce (HSDP) */
-  } dom[2];
-  int ndom;
+  mpg_group *shard_group;     /* the data-parallel domain's (domains[0].shard) */
+  mpg_group *replicate_group; /* NULL, or domains[0]'s (HSDP) */
+  struct sdomain domains[2];  /* the sharded domains */
+  int ndomains;               /* entries of `domains` in use */
   int any_replicate;          /* some domain has a replicate group */
-  size_t shard_elems, pad_elems;
-  int *forward;               /* sharded buckets in forward order */
-  int nforward;
-  int gathering;              /* a gather is open */
-  int gather_started, gather_waited; /* positions in `forward` */
-  void *gather_caller;        /* the caller's stream of the gather */
+  size_t state_elems;         /* this rank's optimizer-state elements */
+  size_t pad_elems;           /* padding elements of the sharded buffers */
+  int *forward_buckets;       /* the sharded buckets' launch positions, in
+                                 forward order (the gathers' order) */
+  int nforward;               /* entries of `forward_buckets` */
+  int gather_open;            /* a gather is open */
+  int gather_started;         /* gathers started: positions in forward_buckets */
+  int gather_waited;          /* gathers waited for: positions in forward_buckets */
+  void *gather_caller_stream; /* the caller's stream of the gather */
   int gather_due;             /* a step finished since the last gather_begin */
+};
 
-  sparam *params;
-  int nparams, cap;
-  int *hash;             /* open addressing over names: param id or -1 */
-  int hash_cap;
-
-  sbuffer *buffers;
-  int nbuffers;
-  sbucket *buckets;      /* in launch order */
-  int nbuckets;
-  int *tied;             /* buffers with a tied group, in a rank-independent order */
-  mpg_work **tied_work;
-  int ntied;
-  size_t total_bytes;
-  long launched_total;
-
-  /* The step. */
-  int in_step;
-  long step;
-  int last;
-  void *caller;          /* the caller's stream */
-  int ordered;           /* the sync's stream has work of this step */
-  int next_launch;       /* first bucket not launched */
-  int oldest;            /* first launched bucket not seen complete */
-  int zero_pending;      /* zeroed on own stream since the last begin */
-  mpg_status step_status;
-  char step_msg[2 * MSG_MAX];
-  int valid;
-  mpg_status dead;       /* the context was aborted (TIMEOUT / ABORTED) */
-  long dead_step;
-  char dead_msg[2 * MSG_MAX];
+struct mpg_sync {
+  mpg_ctx *ctx;                /* the context it syncs over */
+  const mpg_mesh *mesh;        /* ctx's mesh */
+  mpg_sync_opts opts;          /* the options; their strings point at the copies */
+  char *default_dims;          /* copy of opts.default_dims (or NULL) */
+  char default_desc[320];      /* how the default group was chosen, for messages */
+  mpg_group *default_group;    /* the default reduce group */
+  unsigned default_mask;       /* its mesh dims; 0 when it has none (size-1 group) */
+  void *stream;                /* the sync's own stream (NULL off nccl) */
+  int committed;               /* mpg_sync_commit succeeded */
+  struct sync_layout layout;   /* params, buffers, buckets */
+  struct sync_step step;       /* the step */
+  struct sync_shard shard;     /* shard mode */
 };
 
 /* layout.c: free every buffer, bucket and tied table (after a failed
