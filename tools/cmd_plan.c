@@ -214,8 +214,8 @@ static void print_json(const mpg_mesh *m, int rank, int *buf,
 
 /* The [sync] dims lists of the spec (shard_dims, replicate_dims,
  * expert_shard_dims) name dims or flattened sets of this mesh: a plan that
- * mpg_sync_create would refuse is refused here too (MPG_ERR_NOT_FOUND with
- * the library's "did you mean").  0, or TOOL_EXIT_FAIL after the message. */
+ * mpg_sync_create would refuse is refused here too, with the library's
+ * "did you mean".  0, or TOOL_EXIT_FAIL after the message. */
 static int check_sync_dims(const mpg_mesh *mesh, const mpg_spec *spec, const char *path) {
   const struct {
     const char *key, *value;
@@ -223,16 +223,10 @@ static int check_sync_dims(const mpg_mesh *mesh, const mpg_spec *spec, const cha
                {"replicate_dims", spec->replicate_dims},
                {"expert_shard_dims", spec->expert_shard_dims}};
   for (size_t k = 0; k < sizeof lists / sizeof lists[0]; k++) {
-    char buf[sizeof spec->shard_dims];
-    snprintf(buf, sizeof buf, "%s", lists[k].value);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
-      int set;
-      mpg_status st = mpg_mesh_dimset_find(mesh, tok, &set);
-      if (st)
-        return tool_fail(st, "%s: sync.%s = \"%s\"", path ? path : "--mesh", lists[k].key,
-                         lists[k].value);
-    }
+    char what[320];
+    unsigned mask;
+    snprintf(what, sizeof what, "%s: sync.%s =", path ? path : "--mesh", lists[k].key);
+    if (tool_dims_mask(mesh, lists[k].value, what, &mask) != 0) return TOOL_EXIT_FAIL;
   }
   return 0;
 }
@@ -282,7 +276,7 @@ int cmd_plan(int argc, char **argv) {
   mpg_mesh *mesh = NULL;
   if (st) return tool_fail(st, NULL);
   st = mpg_mesh_create(&spec, world, &mesh);
-  if (st) return tool_mesh_fail(st, world);
+  if (st) return tool_mesh_fail(st, &spec, world);
   if (check_sync_dims(mesh, &spec, args.path)) {
     mpg_mesh_destroy(mesh);
     return TOOL_EXIT_FAIL;

@@ -110,11 +110,6 @@ int sim_mesh_build(const sim_args *a, mpg_spec *spec, mpg_mesh **mesh,
  * error message. */
 int sim_mesh_check(const mpg_mesh *mesh, sim_job *job);
 
-/* sim_mesh.c: mask of the mesh dims named by "a,b" (dims or flattened
- * sets).  Returns 0, or -1 after an error message naming `what`. */
-int sim_dims_mask(const mpg_mesh *mesh, const char *list, const char *what,
-                  unsigned *mask);
-
 /* sim_mesh.c: "dims (N ranks)" of a dims list, into buf. */
 void sim_dims_label(const mpg_mesh *mesh, const char *dims, char *buf, size_t cap);
 

@@ -87,11 +87,11 @@ static int sync_setup(sim_job *job, const sim_args *a, const mpg_spec *spec) {
     }
     /* Together the two must average over every data-parallel rank once. */
     unsigned smask, rmask = 0, data;
-    if (sim_dims_mask(mesh, "dp_cp", "dp_cp", &data) != 0 ||
-        sim_dims_mask(mesh, sopts.shard_dims ? sopts.shard_dims : "dp_cp",
+    if (tool_dims_mask(mesh, "dp_cp", "dp_cp", &data) != 0 ||
+        tool_dims_mask(mesh, sopts.shard_dims ? sopts.shard_dims : "dp_cp",
                       "[sync] shard_dims", &smask) != 0 ||
         (sopts.replicate_dims &&
-         sim_dims_mask(mesh, sopts.replicate_dims, "[sync] replicate_dims", &rmask) != 0))
+         tool_dims_mask(mesh, sopts.replicate_dims, "[sync] replicate_dims", &rmask) != 0))
       return 0;
     if ((smask & rmask) != 0 || (smask | rmask) != data) {
       tool_error("sim: shard_dims \"%s\" and replicate_dims \"%s\" must together "

@@ -152,27 +152,6 @@ static int hsdp_split(mpg_spec *spec, const mpg_mesh *mesh, int R, char *note,
   return 1;
 }
 
-/* Mask of mesh dims named by "a,b" (dims or flattened sets); -1 after an
- * error message naming `what`. */
-int sim_dims_mask(const mpg_mesh *mesh, const char *list, const char *what,
-                  unsigned *mask) {
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", list);
-  *mask = 0;
-  char *save = NULL;
-  for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
-    int set, dims[MPG_MAX_DIMS], n;
-    mpg_status st = mpg_mesh_dimset_find(mesh, tok, &set);
-    if (st == MPG_OK) st = mpg_mesh_dimset_dims(mesh, set, dims, &n);
-    if (st != MPG_OK) {
-      tool_error("%s \"%s\": %s", what, list, mpg_last_error());
-      return -1;
-    }
-    for (int k = 0; k < n; k++) *mask |= 1u << dims[k];
-  }
-  return 0;
-}
-
 /* The ranks of a group over the dims of `mask`. */
 static int mask_size(const mpg_mesh *mesh, unsigned mask) {
   int n = 1;
@@ -226,7 +205,7 @@ int sim_mesh_check(const mpg_mesh *mesh, sim_job *job) {
     data |= 1u << job->dim_dp;
   }
   unsigned dpcp;
-  if (sim_dims_mask(mesh, "dp_cp", "the flattened set", &dpcp) != 0) return 0;
+  if (tool_dims_mask(mesh, "dp_cp", "the flattened set", &dpcp) != 0) return 0;
   if (dpcp != data) {
     tool_error("sim: the flattened set dp_cp must hold exactly the dims %s "
                "(gradients are averaged over it)",
@@ -240,7 +219,7 @@ int sim_mesh_check(const mpg_mesh *mesh, sim_job *job) {
 /* Print "name(size)" of a dims list into buf. */
 void sim_dims_label(const mpg_mesh *mesh, const char *dims, char *buf, size_t cap) {
   unsigned mask = 0;
-  if (sim_dims_mask(mesh, dims, "dims", &mask) != 0) mask = 0;
+  if (tool_dims_mask(mesh, dims, "dims", &mask) != 0) mask = 0;
   snprintf(buf, cap, "%s (%d rank%s)", dims, mask_size(mesh, mask),
            mask_size(mesh, mask) == 1 ? "" : "s");
 }
@@ -268,7 +247,7 @@ int sim_mesh_build(const sim_args *a, mpg_spec *spec, mpg_mesh **mesh_out,
   if (!complete_spec(spec, added, added_cap)) return TOOL_EXIT_FAIL;
   mpg_mesh *mesh = NULL;
   st = mpg_mesh_create(spec, world, &mesh);
-  if (st != MPG_OK) return tool_mesh_fail(st, world);
+  if (st != MPG_OK) return tool_mesh_fail(st, spec, world);
   if (a->hsdp) {
     /* Split dp now that its size is known, and build the mesh again. */
     int ok = hsdp_split(spec, mesh, a->hsdp, note, note_cap);

@@ -15,12 +15,35 @@ void tool_error(const char *fmt, ...) {
   va_end(ap);
 }
 
-int tool_mesh_fail(mpg_status st, int world) {
-  if (world <= 0 && st == MPG_ERR_SPEC && strstr(tool_why(st), "no world size was given")) {
+int tool_mesh_fail(mpg_status st, const mpg_spec *spec, int world) {
+  int inferred = 0;
+  for (int d = 0; d < spec->ndims; d++) inferred |= spec->dims[d].size == -1;
+  if (world <= 0 && inferred && st == MPG_ERR_SPEC) {
     fprintf(stderr, "meshpg: %s; give the world size with --world N\n", tool_why(st));
     return TOOL_EXIT_FAIL;
   }
   return tool_fail(st, NULL);
+}
+
+/* Mask of mesh dims named by "a,b" (dims or flattened sets); -1 after an
+ * error message naming `what`. */
+int tool_dims_mask(const mpg_mesh *mesh, const char *list, const char *what,
+                   unsigned *mask) {
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", list);
+  *mask = 0;
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+    int set, dims[MPG_MAX_DIMS], n;
+    mpg_status st = mpg_mesh_dimset_find(mesh, tok, &set);
+    if (st == MPG_OK) st = mpg_mesh_dimset_dims(mesh, set, dims, &n);
+    if (st != MPG_OK) {
+      tool_error("%s \"%s\": %s", what, list, mpg_last_error());
+      return -1;
+    }
+    for (int k = 0; k < n; k++) *mask |= 1u << dims[k];
+  }
+  return 0;
 }
 
 void tool_usage_hint(const char *usage) {

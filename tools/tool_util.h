@@ -29,9 +29,13 @@ const char *tool_why(mpg_status st);
  * "meshpg: <why>\n" when fmt is NULL, with <why> = tool_why(st).  Returns
  * TOOL_EXIT_FAIL. */
 int tool_fail(mpg_status st, const char *fmt, ...) TOOL_PRINTF(2, 3);
-/* mpg_mesh_create's failure, as tool_fail, with "give it with --world N"
- * added when the spec has a -1 dim and no world size was given. */
-int tool_mesh_fail(mpg_status st, int world);
+/* mpg_mesh_create's failure, as tool_fail, with "give the world size with
+ * --world N" added when the spec has a -1 dim and no world size was given. */
+int tool_mesh_fail(mpg_status st, const mpg_spec *spec, int world);
+/* Mask of the mesh dims named by "a,b" (dims or flattened sets).  Returns
+ * 0, or -1 after an error message naming `what` and the list. */
+int tool_dims_mask(const mpg_mesh *mesh, const char *list, const char *what,
+                   unsigned *mask);
 /* After a usage error's one line: "run 'meshpg plan --help' for the
  * options" (the command taken from the usage text's first line), not the
  * whole help. */
