@@ -135,10 +135,10 @@ int main(int argc, char **argv) {
   mpg_mesh *mesh = NULL;
   CHECK(mpg_mesh_create(&spec, g_world, &mesh));
   mpg_init_opts io = MPG_INIT_OPTS_INIT;
-  io.backend = MPG_BACKEND_MPI;
+  io.backend.name = MPG_BACKEND_MPI;
   io.rank = g_rank;
   io.world_size = g_world;
-  io.timeout_s = 600;
+  io.backend.timeout_s = 600;
   mpg_ctx *ctx = NULL;
   CHECK(mpg_ctx_create(mesh, &io, &ctx));
   mpg_group *world = NULL;

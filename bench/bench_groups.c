@@ -747,7 +747,7 @@ static mpg_status thread_create_main(const mpg_init_opts *opts, void *arg) {
   a.local_rank = opts->local_rank >= 0 ? opts->local_rank : opts->rank;
   a.local_world_size =
       opts->local_world_size > 0 ? opts->local_world_size : opts->world_size;
-  a.timeout_s = opts->timeout_s;
+  a.timeout_s = opts->backend.timeout_s;
   a.device = -1;
   a.master_addr = "";
   a.master_port = -1;
@@ -862,12 +862,12 @@ int main(int argc, char **argv) {
     return prc == 1 ? 0 : 2;
   }
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend = MPG_BACKEND_MPI;
+  opts.backend.name = MPG_BACKEND_MPI;
   opts.rank = rank;
   opts.world_size = size;
   opts.local_rank = rank;
   opts.local_world_size = size;
-  opts.timeout_s = o.timeout_s;
+  opts.backend.timeout_s = o.timeout_s;
   int rc = 0;
 
   if (o.mode == 0) {

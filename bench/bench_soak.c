@@ -94,8 +94,8 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   TRY(mpg_ctx_group(ctx, "tp", &tp));
   TRY(mpg_ctx_group(ctx, "world", &world));
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.bucket_mb = 0.05;
-  so.first_bucket_mb = 0.01;
+  so.sync.bucket_mb = 0.05;
+  so.sync.first_bucket_mb = 0.01;
   TRY(mpg_sync_create(ctx, &so, &sync));
   for (int p = 0; p < NPARAMS; p++) {
     char name[16];
@@ -248,8 +248,8 @@ int main(int argc, char **argv) {
     st = mpg_thread_run(s->ranks, 60.0, rank_main, s, NULL);
   } else {
     mpg_init_opts o = MPG_INIT_OPTS_INIT;
-    o.backend = MPG_BACKEND_MPI;
-    o.timeout_s = 60.0;
+    o.backend.name = MPG_BACKEND_MPI;
+    o.backend.timeout_s = 60.0;
     st = rank_main(&o, s);
   }
   if (st != MPG_OK) {

@@ -336,9 +336,9 @@ typedef struct bench {
 static int make_sync(bench *B, int m, double bucket_mb, double first_mb,
                      mpg_op op) {
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.bucket_mb = bucket_mb;
-  so.first_bucket_mb = first_mb;
-  so.op = op;
+  so.sync.bucket_mb = bucket_mb;
+  so.sync.first_bucket_mb = first_mb;
+  so.sync.op = op;
   CHECK(mpg_sync_create(B->ctx, &so, &B->sync[m]));
   for (int p = 0; p < B->np; p++) {
     int id = -1;
@@ -626,10 +626,10 @@ static int bench_main(bench *B) {
   CHECK(mpg_spec_validate(&spec));
   CHECK(mpg_mesh_create(&spec, B->world, &B->mesh));
   mpg_init_opts io = MPG_INIT_OPTS_INIT;
-  io.backend = MPG_BACKEND_MPI;
+  io.backend.name = MPG_BACKEND_MPI;
   io.rank = B->rank;
   io.world_size = B->world;
-  io.timeout_s = 600;
+  io.backend.timeout_s = 600;
   CHECK(mpg_ctx_create(B->mesh, &io, &B->ctx));
   CHECK(mpg_ctx_group(B->ctx, "world", &B->world_group));
 

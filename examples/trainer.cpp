@@ -238,7 +238,7 @@ double local_loss(long step, int mb, int data_pos) {
  * states it for mpg_sync_create: cp with fsdp_owns_dp; else the dims of the
  * flattened set dp_cp; else whichever of dp and cp the mesh has. */
 std::vector<int> data_parallel_dims(const meshpg::Mesh& mesh, const mpg_sync_opts& so) {
-  if (so.fsdp_owns_dp)
+  if (so.sync.fsdp_owns_dp)
     return mesh.has("cp") ? mesh.dimset_dims(mesh.dimset("cp")) : std::vector<int>{};
   if (mesh.has("dp_cp")) return mesh.dimset_dims(mesh.dimset("dp_cp"));
   std::vector<int> dims;
@@ -341,7 +341,7 @@ long count_wrong_grads(meshpg::Sync& sync, const std::vector<Param>& params,
     require(sync.param_group(ids[k]).size() == static_cast<int>(replicas.size()),
             "param " + params[k].name + ": size of its reduce group");
     const double n = static_cast<double>(replicas.size());
-    const double scale = so.grad_scale / (so.op == MPG_OP_AVG ? n : 1.0);
+    const double scale = so.grad_scale / (so.sync.op == MPG_OP_AVG ? n : 1.0);
     const float* g = sync.grad<float>(ids[k]);
     for (std::size_t i = 0; i < params[k].count; i++) {
       double sum = 0;
@@ -475,7 +475,7 @@ int main(int argc, char** argv) {
     meshpg::Spec spec = meshpg::Spec::load_file(opt.spec);
     if (!opt.mesh.empty()) spec.set_mesh(opt.mesh).validate();
     const std::vector<Param> params = load_params(opt.params);
-    const double timeout = opt.timeout > 0 ? opt.timeout : spec->timeout_s;
+    const double timeout = opt.timeout > 0 ? opt.timeout : spec->backend.timeout_s;
 
     // Under mpirun or srun one process runs each rank: the MPI backend.
     const mpg_launch launch = meshpg::launch_from_env();
@@ -493,8 +493,8 @@ int main(int argc, char** argv) {
       }
       meshpg::Mesh mesh(spec, launch.world_size);
       mpg_init_opts init = MPG_INIT_OPTS_INIT;
-      init.backend = MPG_BACKEND_MPI;
-      init.timeout_s = timeout;
+      init.backend.name = MPG_BACKEND_MPI;
+      init.backend.timeout_s = timeout;
       try {
         train(Job{spec, mesh, params, opt}, init);
       } catch (const std::exception& e) {

@@ -131,8 +131,8 @@ static void describe(const mpg_ctx *ctx, const mpg_init_opts *opts, const mpg__s
   describe_flatten(mesh, text[IT_FLATTEN], ITEM_TEXT);
   describe_experts(mesh, text[IT_EXPERTS], ITEM_TEXT);
   snprintf(text[IT_PLACEMENT], ITEM_TEXT, "%s", !opts->placement ? "off"
-           : opts->strict_placement ? "on, strict" : "on");
-  snprintf(text[IT_LAZY], ITEM_TEXT, "%d", opts->lazy_groups ? 1 : 0);
+           : opts->topology.strict ? "on, strict" : "on");
+  snprintf(text[IT_LAZY], ITEM_TEXT, "%d", opts->backend.lazy_groups ? 1 : 0);
   snprintf(text[IT_CHECK_ORDER], ITEM_TEXT, "%d", set->check_order);
   /* Backend variables count on their backend only: elsewhere unread. */
   int mpi = ctx->kind == MPG_BACKEND_MPI, nccl = ctx->kind == MPG_BACKEND_NCCL;

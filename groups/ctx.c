@@ -51,7 +51,7 @@ static mpg_status resolve_launch(const struct mpg__backend_ops *ops,
   a->world_size = o->world_size > 0 ? o->world_size : env->world_size;
   /* A caller's communicator (e.g. half of MPI_COMM_WORLD) is the world:
    * its rank and size replace the launcher's OMPI_COMM_WORLD_* values. */
-  if (o->backend == MPG_BACKEND_MPI && o->mpi_comm && ops->comm_identity) {
+  if (o->backend.name == MPG_BACKEND_MPI && o->mpi_comm && ops->comm_identity) {
     int rank = -1, size = -1;
     if ((st = ops->comm_identity(o->mpi_comm, &rank, &size))) return st;
     if (o->rank < 0) a->rank = rank;
@@ -63,7 +63,7 @@ static mpg_status resolve_launch(const struct mpg__backend_ops *ops,
   a->local_world_size = o->local_world_size > 0 ? o->local_world_size
                       : env->local_world_size > 0 ? env->local_world_size : 1;
   /* An MPI process started without a launcher is a singleton world. */
-  if (o->backend == MPG_BACKEND_MPI && a->rank < 0 && a->world_size < 0 &&
+  if (o->backend.name == MPG_BACKEND_MPI && a->rank < 0 && a->world_size < 0 &&
       !env->source[0]) {
     a->rank = 0;
     a->world_size = 1;
@@ -121,10 +121,10 @@ static mpg_status place(mpg_ctx *ctx, const mpg_init_opts *opts,
   mpg_placement_opts po = MPG_PLACEMENT_OPTS_INIT;
   po.node_of = node_of;
   po.local_rank = local;
-  po.strict = opts->strict_placement;
+  po.topology.strict = opts->topology.strict;
   if ((st = mpg_placement_create(ctx->mesh, &po, &pl))) goto done;
   int misfits = 0;
-  if ((st = mpg_placement_check(pl, opts->strict_placement, &misfits))) goto done;
+  if ((st = mpg_placement_check(pl, opts->topology.strict, &misfits))) goto done;
   int mesh_rank;
   if ((st = mpg_placement_mesh_rank(pl, a->rank, &mesh_rank))) goto done;
   mpg__log(1, "placement: launcher rank %d on node %d -> mesh rank %d (%d nodes, %d misfit groups)",
@@ -172,32 +172,16 @@ static mpg_status bind_rank(mpg_ctx *ctx, const mpg_init_opts *opts,
   if (dev >= 0 && (dev != local || a->local_world_size > mpg_topo_num_gpus(topo)))
     gpu = dev;
   if (ctx->kind == MPG_BACKEND_THREAD)
-    st = mpg_topo_bind_thread(topo, local, a->local_world_size, gpu, opts->bind,
+    st = mpg_topo_bind_thread(topo, local, a->local_world_size, gpu, opts->topology.bind,
                               &ctx->binding);
   else
-    st = mpg_topo_bind(topo, local, a->local_world_size, gpu, opts->bind,
+    st = mpg_topo_bind(topo, local, a->local_world_size, gpu, opts->topology.bind,
                        &ctx->binding);
   (void)mpg_topo_destroy(topo);
   if (!st)
     mpg__log(1, "rank %d: bound to cpus %s (numa %d, gpu %d)", ctx->rank,
              ctx->binding.cpuset, ctx->binding.numa_node, ctx->binding.gpu);
   return st;
-}
-
-mpg_status mpg_init_opts_from_spec(const mpg_spec *spec, mpg_init_opts *opts) {
-  mpg_spec sp = MPG_SPEC_INIT;
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  mpg_status st = mpg__spec_opts_in(spec, &sp, opts, &o, MPG__ABI_END(mpg_init_opts),
-                                   MPG_INIT_OPTS_MAGIC, "mpg_init_opts_from_spec",
-                                   "MPG_INIT_OPTS_INIT");
-  if (st) return st;
-  o.backend = sp.backend;
-  o.timeout_s = sp.timeout_s;
-  o.lazy_groups = sp.lazy_groups;
-  o.bind = sp.bind;
-  o.strict_placement = sp.strict_placement;
-  mpg__abi_out(opts, &o, MPG__ABI_END(mpg_init_opts));
-  return MPG_OK;
 }
 
 /* The thread backend without a thread world: most often a spec without
@@ -209,7 +193,7 @@ static mpg_status no_thread_world(void) {
                      "opts.backend is \"thread\" (the default, also of a spec without "
                      "[backend] name), but %s started this process as rank %d of %d: "
                      "for one process per rank set [backend] name = \"mpi\" (or \"nccl\" "
-                     "on GPUs; opts.backend = MPG_BACKEND_MPI / MPG_BACKEND_NCCL); the "
+                     "on GPUs; opts.backend.name = MPG_BACKEND_MPI / MPG_BACKEND_NCCL); the "
                      "thread backend runs ranks started by mpg_thread_run "
                      "(opts.thread_world is NULL)",
                      by.source, by.rank, by.world_size);
@@ -223,22 +207,22 @@ static mpg_status no_thread_world(void) {
  * from the launcher (a, env). */
 static mpg_status resolve_opts(const mpg_init_opts *opts, const struct mpg__backend_ops **ops,
                                mpg__world_args *a, mpg_launch *env) {
-  *ops = backend_ops(opts->backend);
+  *ops = backend_ops(opts->backend.name);
   if (!*ops)
     return mpg__fail(MPG_ERR_UNSUPPORTED,
                      "backend \"%s\" is not built into this meshpg (configure "
                      "with -D%s=enabled)",
-                     backend_name(opts->backend), backend_name(opts->backend));
-  if (opts->backend == MPG_BACKEND_THREAD && !opts->thread_world) return no_thread_world();
+                     backend_name(opts->backend.name), backend_name(opts->backend.name));
+  if (opts->backend.name == MPG_BACKEND_THREAD && !opts->thread_world) return no_thread_world();
   memset(a, 0, sizeof *a);
-  if (opts->timeout_s > 0 ? !(opts->timeout_s < MPG__TIMEOUT_MAX) : opts->timeout_s != opts->timeout_s)
+  if (opts->backend.timeout_s > 0 ? !(opts->backend.timeout_s < MPG__TIMEOUT_MAX) : opts->backend.timeout_s != opts->backend.timeout_s)
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_ctx_create: opts.timeout_s is %g: expected a number of seconds "
+                     "mpg_ctx_create: opts.backend.timeout_s is %g: expected a number of seconds "
                      "> 0 and < " MPG__TIMEOUT_MAX_TEXT " (or <= 0 for the default, 600 s)",
-                     opts->timeout_s);
+                     opts->backend.timeout_s);
   mpg_status st = resolve_launch(*ops, opts, a, env);
   if (st) return st;
-  a->timeout_s = opts->timeout_s > 0 ? opts->timeout_s : 600.0;
+  a->timeout_s = opts->backend.timeout_s > 0 ? opts->backend.timeout_s : 600.0;
   a->device = opts->device;
   a->nccl_id = opts->nccl_id;
   a->master_addr = env->master_addr;
@@ -261,12 +245,12 @@ static mpg_ctx *ctx_new(const mpg_mesh *mesh, const mpg_init_opts *opts,
   a->settings = &ctx->settings;
   ctx->mesh = mesh;
   ctx->ops = ops;
-  ctx->kind = opts->backend;
+  ctx->kind = opts->backend.name;
   ctx->rank = a->rank;
   ctx->world = a->world_size;
   ctx->local_rank = a->local_rank;
   ctx->timeout_s = a->timeout_s;
-  ctx->lazy = opts->lazy_groups;
+  ctx->lazy = opts->backend.lazy_groups;
   ctx->nsets = mpg_mesh_num_dimsets(mesh);
   ctx->launcher_rank = a->rank;
   ctx->num_nodes = 1;
@@ -294,7 +278,7 @@ static mpg_status join_checks(mpg_ctx *ctx, const mpg_init_opts *opts, mpg__worl
                    : env->source[0]     ? env->source : "from the environment",
                    mpg_mesh_world_size(ctx->mesh));
   if (!st && opts->placement) st = place(ctx, opts, a);
-  if (!st && opts->bind != MPG_BIND_NONE) st = bind_rank(ctx, opts, a);
+  if (!st && opts->topology.bind != MPG_BIND_NONE) st = bind_rank(ctx, opts, a);
   if (!st) st = mpg__order_create(ctx); /* MESHPG_CHECK_ORDER: records from here */
   return st;
 }

@@ -150,7 +150,7 @@ typedef enum mpg_dtype {
 #define MPG_DTYPE_COUNT 6
 
 /* Reductions, for collectives and for gradient sync (spec [sync] op,
- * mpg_sync_opts.op, which take MPG_OP_AVG or MPG_OP_SUM).  MPG_OP_AVG
+ * mpg_sync_settings.op, which take MPG_OP_AVG or MPG_OP_SUM).  MPG_OP_AVG
  * divides the sum by the group size (integer division for integer types).
  * MPG_OP_PREMUL_SUM multiplies each input by a scale before summing; it is
  * only reached through mpg_all_reduce_scaled. */
@@ -228,6 +228,66 @@ typedef struct mpg_flatten {
   mpg_srcpos dim_pos[MPG_MAX_DIMS];
 } mpg_flatten;
 
+/* Settings: what one section of a spec file says, as one plain struct.
+ * Each setting has this one home: the spec holds the struct that its file
+ * fills, and the options of the call that uses it hold the same struct, so
+ * `opts.sync = spec.sync` honours a file (docs/c-api.md, "One home for
+ * each setting").  Plain values (arrays, no pointers); frozen for 1.x. */
+
+#define MPG_DIMS_LEN 128 /* a dim list's buffer ("dp_shard,cp"), with the NUL */
+
+/* [topology]: mpg_spec.topology, mpg_placement_opts.topology and
+ * mpg_init_opts.topology. */
+typedef struct mpg_topology_settings {
+  int nodes;                 /* 0: world size / gpus_per_node */
+  int gpus_per_node;         /* 0: from hwloc on this machine */
+  mpg_bind bind;             /* default MPG_BIND_NONE */
+  mpg_rank_order rank_order; /* default MPG_RANK_ORDER_BLOCK */
+  int strict;                /* 1: an inner (tp/cp) group crossing nodes is
+                                an error, not a warning */
+} mpg_topology_settings;
+#define MPG_TOPOLOGY_SETTINGS_INIT \
+  { 0, 0, MPG_BIND_NONE, MPG_RANK_ORDER_BLOCK, 0 }
+
+/* [sync]: mpg_spec.sync and mpg_sync_opts.sync. */
+typedef struct mpg_sync_settings {
+  int fsdp_owns_dp;              /* 1: the default reduce group is "cp" */
+  mpg_op op;                     /* MPG_OP_AVG (default) or MPG_OP_SUM */
+  double bucket_mb;              /* bucket size in MiB (default 25) */
+  double first_bucket_mb;        /* the first bucket launched (default 1) */
+  mpg_reduce_dtype reduce_dtype; /* default MPG_REDUCE_F32 */
+  mpg_sync_mode mode;            /* default MPG_SYNC_REPLICATE */
+  char shard_dims[MPG_DIMS_LEN]; /* shard: "" = the default reduce group */
+  char replicate_dims[MPG_DIMS_LEN];    /* shard (HSDP): "" = none */
+  int pad_for_nccl;              /* shard: pad to lcm(S, 128, 65536) */
+  char expert_shard_dims[MPG_DIMS_LEN]; /* shard: "" = "edp" with an expert
+                                           grid, "none" = replicated */
+  int optimizer_instances;       /* shard: 0 (the default) means 1 */
+} mpg_sync_settings;
+#define MPG_SYNC_SETTINGS_INIT \
+  { 0, MPG_OP_AVG, 25.0, 1.0, MPG_REDUCE_F32, MPG_SYNC_REPLICATE, "", "", 0, "", 0 }
+
+/* [backend]: mpg_spec.backend and mpg_init_opts.backend. */
+typedef struct mpg_backend_settings {
+  mpg_backend_kind name; /* default MPG_BACKEND_THREAD */
+  double timeout_s;      /* every wait's limit: > 0, below 1e9 (default 600) */
+  int lazy_groups;       /* 1: create a group's communicator on first use,
+                            collective over the world (docs/groups.md) */
+} mpg_backend_settings;
+#define MPG_BACKEND_SETTINGS_INIT { MPG_BACKEND_THREAD, 600.0, 0 }
+
+/* [experts]: the MoE expert grid (mpg_spec.experts, mpg_spec_set_experts). */
+typedef struct mpg_expert_settings {
+  int ep;              /* > 0, or -1 (inferred, then edp = 1); 0 = none */
+  int tp;              /* > 0; 0 = the size of the mesh's "tp" (1 without) */
+  char order[64];      /* Megatron tokens, innermost first; "" = the mesh's */
+  mpg_srcpos pos;      /* where the file said it: the [experts] table, */
+  mpg_srcpos ep_pos;   /* ep, */
+  mpg_srcpos tp_pos;   /* tp */
+  mpg_srcpos order_pos;/* and order (line 0: not from a file) */
+} mpg_expert_settings;
+#define MPG_EXPERT_SETTINGS_INIT { 0, 0, "", {0, 0}, {0, 0}, {0, 0}, {0, 0} }
+
 /* Everything a spec file says; each key's meaning and default is in
  * docs/spec.md.  A plain value type: it holds no pointers, so it may be
  * copied, and needs no destroy call.  A versioned struct (input and output):
@@ -236,59 +296,18 @@ typedef struct mpg_spec {
   size_t size;       /* sizeof(mpg_spec) of the caller's build */
   uint32_t magic;    /* MPG_SPEC_MAGIC */
   uint32_t version;  /* MPG_API_VERSION */
-
-  /* [mesh] */
-  int ndims;
-  mpg_dim dims[MPG_MAX_DIMS]; /* outermost first; the last dim is contiguous */
-  int nflatten;
+  int ndims;                            /* [mesh] dims, */
+  mpg_dim dims[MPG_MAX_DIMS];           /* outermost first: the last dim is
+                                           contiguous */
+  int nflatten;                         /* [mesh] flatten */
   mpg_flatten flatten[MPG_MAX_FLATTEN];
-
-  /* [topology] */
-  int nodes;                 /* 0: unknown (one node, or from the launcher) */
-  int gpus_per_node;         /* 0: from hwloc on this machine */
-  mpg_bind bind;             /* default MPG_BIND_NONE */
-  mpg_rank_order rank_order; /* default MPG_RANK_ORDER_BLOCK */
-  int strict_placement;      /* 1: a group crossing nodes is an error */
-
-  /* [sync] */
-  int fsdp_owns_dp;               /* 1: gradients reduce over cp only */
-  mpg_op op;                      /* MPG_OP_AVG (default) or MPG_OP_SUM */
-  double bucket_mb;               /* default 25 */
-  double first_bucket_mb;         /* default 1 */
-  mpg_reduce_dtype reduce_dtype;  /* default MPG_REDUCE_F32 */
-
-  /* [backend] */
-  mpg_backend_kind backend;  /* default MPG_BACKEND_THREAD */
-  double timeout_s;          /* default 600; > 0 and below 1e9 s */
-  int lazy_groups;           /* 1: create groups on first use */
-
+  mpg_topology_settings topology;       /* [topology] */
+  mpg_sync_settings sync;               /* [sync] */
+  mpg_backend_settings backend;         /* [backend] */
+  mpg_expert_settings experts;          /* [experts] */
   /* The file read (the name given to mpg_spec_load_string, "<string>"
    * without one, "" for the API); prefixes positioned error messages. */
   char source[MPG_PATH_MAX];
-
-  /* [sync], continued */
-  mpg_sync_mode sync_mode;        /* [sync] mode; default MPG_SYNC_REPLICATE */
-  char shard_dims[128];           /* [sync] shard_dims; "" = the default group */
-  char replicate_dims[128];       /* [sync] replicate_dims; "" = none */
-  int pad_for_nccl;               /* [sync] pad_for_nccl; default 0 */
-
-  /* [experts]: the MoE expert grid (mpg_spec_set_experts). */
-  int expert_ep;                  /* [experts] ep: > 0, or -1 (inferred, then
-                                     edp = 1); 0 = no expert grid */
-  int expert_tp;                  /* [experts] tp: > 0; 0 = the size of the
-                                     mesh's "tp" dim (1 without one) */
-  char expert_order[64];          /* [experts] order, Megatron tokens
-                                     innermost first; "" = from the mesh */
-  mpg_srcpos expert_pos;          /* the [experts] table */
-  mpg_srcpos expert_ep_pos;       /* [experts] ep */
-  mpg_srcpos expert_tp_pos;       /* [experts] tp */
-  mpg_srcpos expert_order_pos;    /* [experts] order */
-
-  /* [sync], continued */
-  char expert_shard_dims[128];    /* [sync] expert_shard_dims; "" = the
-                                     default, "none" = replicated */
-  int optimizer_instances;        /* [sync] optimizer_instances; 0 (the
-                                     default) = 1 */
 } mpg_spec;
 
 #define MPG_SPEC_MAGIC 0x6d706773u /* "mpgs" */
@@ -296,10 +315,9 @@ typedef struct mpg_spec {
 #define MPG_SPEC_INIT                                                       \
   { sizeof(mpg_spec), MPG_SPEC_MAGIC, MPG_API_VERSION, 0,                   \
     {{"", 0, {0, 0}, {0, 0}}}, 0,                                           \
-    {{"", 0, {{0}}, {0, 0}, {{0, 0}}}}, 0, 0, MPG_BIND_NONE,                \
-    MPG_RANK_ORDER_BLOCK, 0, 0, MPG_OP_AVG, 25.0, 1.0, MPG_REDUCE_F32,      \
-    MPG_BACKEND_THREAD, 600.0, 0, "", MPG_SYNC_REPLICATE, "", "", 0,        \
-    0, 0, "", {0, 0}, {0, 0}, {0, 0}, {0, 0}, "", 0 }
+    {{"", 0, {{0}}, {0, 0}, {{0, 0}}}}, MPG_TOPOLOGY_SETTINGS_INIT,         \
+    MPG_SYNC_SETTINGS_INIT, MPG_BACKEND_SETTINGS_INIT,                      \
+    MPG_EXPERT_SETTINGS_INIT, "" }
 
 /* Every spec function below takes a spec set up with MPG_SPEC_INIT and
  * returns MPG_ERR_INVALID for a NULL argument or a spec with a wrong magic.
@@ -720,10 +738,9 @@ typedef struct mpg_placement_opts {
   size_t size;       /* sizeof(mpg_placement_opts) of the caller's build */
   uint32_t magic;    /* MPG_PLACEMENT_MAGIC */
   uint32_t version;  /* MPG_API_VERSION */
-  int nodes;         /* 0: world_size / gpus_per_node */
-  int gpus_per_node; /* ranks per node; 0: world_size / nodes (both 0: the
-                        topo's GPU count if it divides the world, else one node) */
-  mpg_rank_order rank_order; /* how the launcher numbered the ranks */
+  mpg_topology_settings topology; /* [topology]: nodes, gpus_per_node (both
+                        0: the topo's GPU count if it divides the world, else
+                        one node), rank_order, strict; bind is not used here */
   const int *node_of;        /* optional, world_size entries: launcher rank ->
                                 node id; replaces nodes, gpus_per_node, rank_order */
   const int *local_rank;     /* optional with node_of: launcher rank -> its
@@ -732,28 +749,18 @@ typedef struct mpg_placement_opts {
                                 order GPUs by NUMA node and PCIe switch */
   const char *inner_dims;    /* dims kept inside a node, innermost first; NULL:
                                 "tp,cp" (those the mesh has); "": none */
-  int strict;                /* 1: an inner group crossing nodes is an error */
 } mpg_placement_opts;
 
 #define MPG_PLACEMENT_MAGIC 0x6d70706cu /* "mppl" */
 #define MPG_PLACEMENT_OPTS_INIT                                              \
-  { sizeof(mpg_placement_opts), MPG_PLACEMENT_MAGIC, MPG_API_VERSION, 0, 0, \
-    MPG_RANK_ORDER_BLOCK, NULL, NULL, NULL, NULL, 0 }
-
-/* Fill *opts (set up with MPG_PLACEMENT_OPTS_INIT) from a spec's
- * [topology] section: nodes, gpus_per_node, rank_order and strict; the
- * other fields get their defaults.
- * Returns MPG_OK; MPG_ERR_INVALID for NULL arguments, or a spec or opts
- * with a wrong magic (not from MPG_SPEC_INIT / MPG_PLACEMENT_OPTS_INIT).
- * Local; any thread. */
-MPG_API mpg_status mpg_placement_opts_from_spec(const mpg_spec *spec,
-                                                mpg_placement_opts *opts);
+  { sizeof(mpg_placement_opts), MPG_PLACEMENT_MAGIC, MPG_API_VERSION,       \
+    MPG_TOPOLOGY_SETTINGS_INIT, NULL, NULL, NULL, NULL }
 
 /* Place the ranks of `mesh` (opts NULL: MPG_PLACEMENT_OPTS_INIT, one node);
  * free *out with mpg_placement_destroy.  It keeps a pointer to mesh (none
  * to opts or its arrays): the mesh must outlive it.  Inner groups that
  * cross nodes are counted as by mpg_placement_check (a warning, or with
- * opts->strict an error).  Returns MPG_OK; MPG_ERR_TOPO when nodes x
+ * opts->topology.strict an error).  Returns MPG_OK; MPG_ERR_TOPO when nodes x
  * gpus_per_node is not the world size, or in strict mode (naming the dim
  * set, a crossing group and its nodes); MPG_ERR_RANGE for a negative count,
  * a node id or local rank out of range or repeated; MPG_ERR_NOT_FOUND for
@@ -848,15 +855,12 @@ struct mpg_init_opts {
   size_t size;
   uint32_t magic;
   uint32_t version;
-  mpg_backend_kind backend;
+  mpg_backend_settings backend;   /* [backend]: name, timeout_s (<= 0: 600),
+                                     lazy_groups */
   int rank;             /* -1: from the environment */
   int world_size;       /* -1: from the environment */
   int local_rank;       /* -1: from the environment (0 if absent) */
   int local_world_size; /* -1: from the environment (1 if absent) */
-  double timeout_s;     /* <= 0: 600 s; else below 1e9 s (NaN and inf are
-                           MPG_ERR_INVALID) */
-  int lazy_groups;      /* 1: create a group's communicator on first use,
-                           which is collective over the world (docs/groups.md) */
   int device;           /* NCCL: CUDA device (this process's ordinal); -1:
                            docs/nccl.md, "Choice of CUDA device" */
   const void *nccl_id;  /* NCCL: a 128-byte ncclUniqueId from the caller */
@@ -865,18 +869,19 @@ struct mpg_init_opts {
   mpg_thread_world *thread_world; /* thread: set by mpg_thread_run */
   int placement;        /* 1: place the ranks across nodes (docs/topology.md)
                            and renumber: the context's rank is the mesh rank */
-  int strict_placement; /* 1: with placement, a tp/cp group crossing nodes
-                           fails mpg_ctx_create (MPG_ERR_TOPO); 0: a warning */
-  mpg_bind bind;        /* bind the process (the calling thread on the
-                           thread backend) near its GPU with hwloc */
+  mpg_topology_settings topology; /* [topology]: bind (bind the process, or
+                           the calling thread on the thread backend, near its
+                           GPU) and, with placement, strict; the node layout
+                           is measured, so nodes, gpus_per_node and
+                           rank_order are not used */
   const char *host_id;  /* this rank's host identity; NULL: the real one
                            (mpg_topo_host_identity); for tests of placement */
 };
 #define MPG_INIT_OPTS_MAGIC 0x6d706769u /* "mpgi" */
 #define MPG_INIT_OPTS_INIT                                                  \
   { sizeof(mpg_init_opts), MPG_INIT_OPTS_MAGIC, MPG_API_VERSION,            \
-    MPG_BACKEND_THREAD, -1, -1, -1, -1, 0.0, 0, -1, NULL, NULL, NULL, 0, 0, \
-    MPG_BIND_NONE, NULL }
+    MPG_BACKEND_SETTINGS_INIT, -1, -1, -1, -1, -1, NULL, NULL, NULL, 0,     \
+    MPG_TOPOLOGY_SETTINGS_INIT, NULL }
 
 /* What the launcher said, read from the environment.  A versioned output
  * struct (MPG_LAUNCH_INIT). */
@@ -913,18 +918,8 @@ typedef struct mpg_group mpg_group;
 /* An asynchronous collective in flight. */
 typedef struct mpg_work mpg_work;
 
-/* Copy what a spec says about joining the world into *opts (set up with
- * MPG_INIT_OPTS_INIT): [backend] name, timeout_s and lazy_groups, and
- * [topology] bind and strict; the other fields are left alone.  Pass the
- * result to mpg_ctx_create so that these keys are honoured.
- * Returns MPG_OK; MPG_ERR_INVALID for NULL arguments, or a spec or opts with
- * a wrong magic (not from MPG_SPEC_INIT / MPG_INIT_OPTS_INIT).  Local; any
- * thread. */
-MPG_API mpg_status mpg_init_opts_from_spec(const mpg_spec *spec,
-                                           mpg_init_opts *opts);
-
 /* Join the world and create this rank's groups, one split of the world per
- * dim set of `mesh` (at first use with opts->lazy_groups).  opts NULL: all
+ * dim set of `mesh` (at first use with opts->backend.lazy_groups).  opts NULL: all
  * from the environment, thread backend.  The world size must equal
  * mpg_mesh_world_size(mesh); the mesh must outlive *out, which the caller
  * frees with mpg_ctx_destroy.  The ranks first check that they built the
@@ -955,7 +950,7 @@ MPG_API mpg_status mpg_ctx_destroy(mpg_ctx *ctx);
  * Local; any thread. */
 MPG_API mpg_status mpg_ctx_status(const mpg_ctx *ctx);
 
-/* Change the context's timeout (opts.timeout_s at create) for every
+/* Change the context's timeout (opts.backend.timeout_s at create) for every
  * operation, split and check that starts from now on, on every group of
  * the context, groups created later included; operations in flight keep
  * their deadline.  Typical use: a generous timeout for start-up, a short
@@ -982,7 +977,7 @@ MPG_API int mpg_ctx_launcher_rank(const mpg_ctx *ctx);
 /* Number of nodes found by placement (1 without opts.placement); 0 for
  * NULL.  Local; any thread. */
 MPG_API int mpg_ctx_num_nodes(const mpg_ctx *ctx);
-/* What opts.bind did into *out (set up with MPG_BINDING_INIT; mode
+/* What opts.topology.bind did into *out (set up with MPG_BINDING_INIT; mode
  * MPG_BIND_NONE and applied 0 when nothing was asked).  Returns MPG_OK;
  * MPG_ERR_INVALID for NULL arguments or a wrong magic.  Local; any
  * thread. */
@@ -1317,42 +1312,17 @@ typedef struct mpg_sync_opts {
   size_t size;
   uint32_t magic;
   uint32_t version;
-  int fsdp_owns_dp;       /* 1: default reduce group is "cp", else "dp_cp" */
-  const char *default_dims; /* NULL: as above; else a dim list, e.g. "dp" */
-  mpg_op op;              /* MPG_OP_AVG (default) or MPG_OP_SUM */
+  mpg_sync_settings sync;   /* [sync]: the spec's, or set here */
+  const char *default_dims; /* NULL: by sync.fsdp_owns_dp; else a dim list,
+                               e.g. "dp" */
   double grad_scale;      /* extra factor on every reduced gradient, e.g.
                              1/microbatches (default 1: plain avg op) */
-  double bucket_mb;       /* bucket size in MiB (default 25) */
-  double first_bucket_mb; /* the first bucket launched (default 1) */
-  mpg_reduce_dtype reduce_dtype; /* default MPG_REDUCE_F32: bf16/f16 reduce
-                                    with f32 accumulation on every backend */
   int register_buffers;   /* nccl: ncclMemAlloc + ncclCommRegister */
-  mpg_sync_mode mode;     /* MPG_SYNC_REPLICATE (default) or MPG_SYNC_SHARD */
-  const char *shard_dims; /* shard: the dims each bucket is reduce-scattered
-                             over; NULL: the default reduce group's */
-  const char *replicate_dims; /* shard: dims the shard is then all-reduced
-                             over (HSDP), e.g. "dp_replicate"; NULL: none */
-  int pad_for_nccl;       /* shard: pad each bucket to lcm(S, 128, 65536)
-                             elements, not lcm(S, 128); S: shard group size */
-  const char *expert_shard_dims; /* shard: the group expert params are sharded
-                             over; NULL: "edp" with an expert grid; "": none */
-  int optimizer_instances; /* shard: Megatron's distributed optimizer
-                             instances; 0 (the default) means 1 */
 } mpg_sync_opts;
 #define MPG_SYNC_OPTS_MAGIC 0x6d706779u /* "mpgy" */
 #define MPG_SYNC_OPTS_INIT                                                  \
-  { sizeof(mpg_sync_opts), MPG_SYNC_OPTS_MAGIC, MPG_API_VERSION, 0, NULL,   \
-    MPG_OP_AVG, 1.0, 25.0, 1.0, MPG_REDUCE_F32, 0, MPG_SYNC_REPLICATE, NULL, \
-    NULL, 0, NULL, 0 }
-
-/* Copy the [sync] section of a spec (fsdp_owns_dp, op, bucket_mb,
- * first_bucket_mb, reduce_dtype, mode, shard_dims, replicate_dims,
- * pad_for_nccl, expert_shard_dims ("none" becomes ""), optimizer_instances)
- * into *opts (set up with MPG_SYNC_OPTS_INIT); its other fields are left
- * alone.  The dims strings point into the spec, which must outlive opts
- * until mpg_sync_create has copied them.  Returns MPG_OK; MPG_ERR_INVALID
- * for NULL arguments or structs not set up properly.  Local; any thread. */
-MPG_API mpg_status mpg_sync_opts_from_spec(const mpg_spec *spec, mpg_sync_opts *opts);
+  { sizeof(mpg_sync_opts), MPG_SYNC_OPTS_MAGIC, MPG_API_VERSION,            \
+    MPG_SYNC_SETTINGS_INIT, NULL, 1.0, 0 }
 
 /* Per-parameter overrides: a versioned input struct (MPG_PARAM_OPTS_INIT). */
 typedef struct mpg_param_opts {
@@ -1370,7 +1340,7 @@ typedef struct mpg_param_opts {
 
 /* Create a gradient synchroniser on a context (opts NULL: the defaults);
  * free *out with mpg_sync_destroy, before the context.  The default reduce
- * group is opts->default_dims if set; else with fsdp_owns_dp "cp" (a
+ * group is opts->default_dims if set; else with sync.fsdp_owns_dp "cp" (a
  * one-rank group, nothing reduced, when the mesh has no cp); else "dp_cp",
  * or without that set the union of whichever of dp and cp the mesh has.
  * Returns MPG_OK; MPG_ERR_INVALID (NULL ctx/out, opts not from

@@ -192,30 +192,29 @@ class Spec {
     return *this;
   }
 
-  /* The [sync] section as sync options (MPG_SYNC_OPTS_INIT, then
-   * mpg_sync_opts_from_spec). */
+  /* Options that hold this spec's sections (docs/c-api.md, "One home for
+   * each setting"): MPG_SYNC_OPTS_INIT with .sync = [sync]. */
   mpg_sync_opts sync_opts() const {
     mpg_sync_opts o = MPG_SYNC_OPTS_INIT;
-    check(mpg_sync_opts_from_spec(&spec_, &o));
+    o.sync = spec_.sync;
     return o;
   }
-  /* [backend] name, timeout_s, lazy_groups and [topology] bind, strict as
-   * init options (MPG_INIT_OPTS_INIT, then mpg_init_opts_from_spec); rank
-   * and world still come from the launcher. */
+  /* MPG_INIT_OPTS_INIT with .backend = [backend] and .topology =
+   * [topology]; rank and world still come from the launcher. */
   mpg_init_opts init_opts() const {
     mpg_init_opts o = MPG_INIT_OPTS_INIT;
-    check(mpg_init_opts_from_spec(&spec_, &o));
+    o.backend = spec_.backend;
+    o.topology = spec_.topology;
     return o;
   }
-  /* The [topology] section as placement options (MPG_PLACEMENT_OPTS_INIT,
-   * then mpg_placement_opts_from_spec). */
+  /* MPG_PLACEMENT_OPTS_INIT with .topology = [topology]. */
   mpg_placement_opts placement_opts() const {
     mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
-    check(mpg_placement_opts_from_spec(&spec_, &o));
+    o.topology = spec_.topology;
     return o;
   }
 
-  /* The C struct, to read or set any field: spec->timeout_s. */
+  /* The C struct, to read or set any field: spec->backend.timeout_s. */
   mpg_spec* operator->() noexcept { return &spec_; }
   const mpg_spec* operator->() const noexcept { return &spec_; }
   /* Pointer to the C struct, for C calls. */

@@ -69,18 +69,6 @@ mpg_status mpg__abi_in(void *full, size_t full_size, const void *caller,
   return MPG_OK;
 }
 
-mpg_status mpg__spec_opts_in(const mpg_spec *spec, mpg_spec *sp, const void *opts,
-                             void *o, size_t o_end, uint32_t magic, const char *fn,
-                             const char *init) {
-  char what[96];
-  snprintf(what, sizeof what, "%s: spec", fn);
-  mpg_status st = mpg__abi_in(sp, MPG__ABI_END(mpg_spec), spec, MPG_SPEC_MAGIC, what,
-                              "MPG_SPEC_INIT");
-  if (st) return st;
-  snprintf(what, sizeof what, "%s: opts", fn);
-  return mpg__abi_in(o, o_end, opts, magic, what, init);
-}
-
 void mpg__abi_out(void *caller, const void *full, size_t full_size) {
   const mpg__abi_head *h = caller;
   size_t n = h->size < full_size ? h->size : full_size;

@@ -55,14 +55,14 @@ typedef struct mpg__abi_head {
  * (mesh/abi.c checks that no field follows). */
 #define MPG__ABI_FIELD_END(type, field) \
   (offsetof(type, field) + sizeof(((type *)0)->field))
-#define MPG__ABI_LAST_mpg_spec optimizer_instances
+#define MPG__ABI_LAST_mpg_spec source
 #define MPG__ABI_LAST_mpg_nic_info cpuset
 #define MPG__ABI_LAST_mpg_gpu_info nvlink_peers
 #define MPG__ABI_LAST_mpg_binding thread
-#define MPG__ABI_LAST_mpg_placement_opts strict
+#define MPG__ABI_LAST_mpg_placement_opts inner_dims
 #define MPG__ABI_LAST_mpg_init_opts host_id
 #define MPG__ABI_LAST_mpg_launch source
-#define MPG__ABI_LAST_mpg_sync_opts optimizer_instances
+#define MPG__ABI_LAST_mpg_sync_opts register_buffers
 #define MPG__ABI_LAST_mpg_param_opts tied_group
 #define MPG__ABI_LAST_mpg_sync_stats shm_bytes
 #define MPG__ABI_LAST_mpg_shard_info shard_offset
@@ -85,13 +85,6 @@ mpg_status mpg__abi_check(const void *caller, uint32_t magic, const char *what,
  * The caller's header is left alone. */
 void mpg__abi_out(void *caller, const void *full, size_t full_size);
 
-/* For the mpg_*_opts_from_spec functions: the caller's spec into *sp and
- * the caller's options into *o (which holds the defaults, data ending at
- * o_end), checking both magics; `fn` names the function in messages. */
-mpg_status mpg__spec_opts_in(const mpg_spec *spec, mpg_spec *sp, const void *opts,
-                             void *o, size_t o_end, uint32_t magic, const char *fn,
-                             const char *init);
-
 /* Clear the thread's last error (successful public calls need not). */
 void mpg__clear_error(void);
 
@@ -103,7 +96,7 @@ int mpg__log_level(void);
 void mpg__log_set_level(int level);
 void mpg__log(int level, const char *fmt, ...) MPG__PRINTF(2, 3);
 
-/* Every timeout (opts.timeout_s, the spec's backend.timeout_s,
+/* Every timeout (opts.backend.timeout_s, the spec's backend.timeout_s,
  * mpg_ctx_set_timeout) is a finite number of seconds below this bound
  * (about 31 years): NaN, inf and 1e300 would make a missing peer hang
  * for ever. */

@@ -146,8 +146,8 @@ static mpg_status expert_sizes(const mpg_mesh *m, const mpg_spec *spec, mpg_srcp
                                int pp, int size_of[MPG__TOK_COUNT]) {
   const char *src = spec->source;
   int world = m->world;
-  int etp = spec->expert_tp ? spec->expert_tp : dim_size(m, "tp", NULL);
-  int ep = spec->expert_ep;
+  int etp = spec->experts.tp ? spec->experts.tp : dim_size(m, "tp", NULL);
+  int ep = spec->experts.ep;
   long long etp_pp = (long long)etp * pp;
   if (ep == -1) {
     if (world % etp_pp != 0)
@@ -164,7 +164,7 @@ static mpg_status expert_sizes(const mpg_mesh *m, const mpg_spec *spec, mpg_srcp
                         "%d x %d x %d = %lld (experts.tp = %d%s, experts.ep = %d); "
                         "choose experts.tp and experts.ep whose product with pp divides %d",
                         world, etp, ep, pp, etp_ep_pp, etp,
-                        spec->expert_tp ? "" : ", the mesh's tp", ep, world);
+                        spec->experts.tp ? "" : ", the mesh's tp", ep, world);
   size_of[MPG__TOK_TP] = etp;
   size_of[MPG__TOK_CP] = 1;
   size_of[MPG__TOK_EP] = ep;
@@ -182,10 +182,10 @@ static mpg_status append_left_out(const mpg_spec *spec, const int named[MPG__TOK
   for (int token = 0; token < MPG__TOK_COUNT; token++) {
     if (token == MPG__TOK_CP || named[token]) continue;
     if (size_of[token] != 1)
-      return mpg__fail_at(MPG_ERR_SPEC, spec->source, spec->expert_order_pos,
+      return mpg__fail_at(MPG_ERR_SPEC, spec->source, spec->experts.order_pos,
                           "experts.order \"%s\": \"%s\" is left out but %s is %d; "
                           "name \"%s\" in the order (only tokens of size 1 may be left out)",
-                          spec->expert_order, mpg__tok_names[token], key_of[token],
+                          spec->experts.order, mpg__tok_names[token], key_of[token],
                           size_of[token], mpg__tok_names[token]);
     tok[(*ntok)++] = token;
   }
@@ -212,9 +212,9 @@ static void fill_expert_grid(mpg_mesh *m, const int *tok, int ntok,
 
 /* Megatron's rule reads the order string: does it end with pp (no order: is pp outermost)? */
 static int order_ends_with_pp(const mpg_mesh *m, const mpg_spec *spec) {
-  if (!spec->expert_order[0]) return strcmp(m->names[0], "pp") == 0;
-  const char *dash = strrchr(spec->expert_order, '-');
-  const char *last_token = dash ? dash + 1 : spec->expert_order;
+  if (!spec->experts.order[0]) return strcmp(m->names[0], "pp") == 0;
+  const char *dash = strrchr(spec->experts.order, '-');
+  const char *last_token = dash ? dash + 1 : spec->experts.order;
   while (*last_token == ' ' || *last_token == '\t') last_token++;
   return strncmp(last_token, "pp", 2) == 0 &&
          strspn(last_token + 2, " \t") == strlen(last_token + 2);
@@ -223,7 +223,7 @@ static int order_ends_with_pp(const mpg_mesh *m, const mpg_spec *spec) {
 /* With pp > 1: the expert grid's pipeline groups equal the mesh's, and Megatron's edp rule. */
 static mpg_status check_expert_pp(const mpg_mesh *m, const mpg_spec *spec, mpg_srcpos at,
                                   const char *order_text, int pp_dim, int edp) {
-  mpg_srcpos order_at = spec->expert_order_pos.line ? spec->expert_order_pos : at;
+  mpg_srcpos order_at = spec->experts.order_pos.line ? spec->experts.order_pos : at;
   char shape[256];
   size_t len = 0;
   for (int d = 0; d < m->ndims && len < sizeof shape; d++)
@@ -277,7 +277,7 @@ static mpg_status build_experts(mpg_mesh *m, const mpg_spec *spec) {
   if (st) return st;
   int pp_dim;
   int pp = dim_size(m, "pp", &pp_dim);
-  mpg_srcpos at = spec->expert_ep_pos.line ? spec->expert_ep_pos : spec->expert_pos;
+  mpg_srcpos at = spec->experts.ep_pos.line ? spec->experts.ep_pos : spec->experts.pos;
   int size_of[MPG__TOK_COUNT];
   if ((st = expert_sizes(m, spec, at, pp, size_of))) return st;
   char order_text[64];
@@ -340,7 +340,7 @@ mpg_status mpg_mesh_create(const mpg_spec *caller, int world_size,
         if (strcmp(m->names[d], spec->flatten[k].dims[i]) == 0) mask |= 1u << d;
     dimset_fill(m, &m->sets[m->nsets++], spec->flatten[k].name, mask);
   }
-  if (spec->expert_ep != 0 && (st = build_experts(m, spec))) {
+  if (spec->experts.ep != 0 && (st = build_experts(m, spec))) {
     free(m);
     return st;
   }

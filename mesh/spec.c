@@ -223,7 +223,7 @@ mpg_status mpg__expert_order(const mpg_spec *spec, int tok[4], int *ntok,
                              int named[MPG__TOK_COUNT]) {
   int n = 0;
   for (int t = 0; t < MPG__TOK_COUNT; t++) named[t] = 0;
-  if (!spec->expert_order[0]) {
+  if (!spec->experts.order[0]) {
     /* The mesh's dims innermost first: tp, dp and pp where they are, ep
      * just inside dp (Megatron's tp-cp-ep-dp-pp); a missing tp goes
      * first, a missing dp (with ep) just inside pp, a missing pp last. */
@@ -262,7 +262,7 @@ mpg_status mpg__expert_order(const mpg_spec *spec, int tok[4], int *ntok,
     *ntok = n;
     return MPG_OK;
   }
-  const char *order = spec->expert_order;
+  const char *order = spec->experts.order;
   const char *p = order;
   char item[64];
   int got, seen[MPG__TOK_COUNT] = {0};
@@ -272,7 +272,7 @@ mpg_status mpg__expert_order(const mpg_spec *spec, int tok[4], int *ntok,
       if (strcmp(item, mpg__tok_names[k]) == 0) t = k;
     if (t < 0) {
       const char *c = got > 0 ? mpg__closest(item, mpg__tok_names, MPG__TOK_COUNT) : NULL;
-      return mpg__fail_at(MPG_ERR_SPEC, spec->source, spec->expert_order_pos,
+      return mpg__fail_at(MPG_ERR_SPEC, spec->source, spec->experts.order_pos,
                           "experts.order \"%s\": unknown token \"%s\"%s%s%s; expected "
                           "Megatron's names tp, cp, ep, dp, pp separated by '-', "
                           "innermost first (tp is the expert tp, dp the expert dp)",
@@ -280,7 +280,7 @@ mpg_status mpg__expert_order(const mpg_spec *spec, int tok[4], int *ntok,
                           c ? "\"?)" : "");
     }
     if (seen[t])
-      return mpg__fail_at(MPG_ERR_SPEC, spec->source, spec->expert_order_pos,
+      return mpg__fail_at(MPG_ERR_SPEC, spec->source, spec->experts.order_pos,
                           "experts.order \"%s\": \"%s\" is named twice", order, item);
     seen[t] = 1;
     named[t] = 1;
@@ -293,41 +293,41 @@ mpg_status mpg__expert_order(const mpg_spec *spec, int tok[4], int *ntok,
 /* The expert keys of a spec (no world size needed). */
 static mpg_status validate_experts(const mpg_spec *spec) {
   const char *src = spec->source;
-  if (!memchr(spec->expert_order, '\0', sizeof spec->expert_order))
+  if (!memchr(spec->experts.order, '\0', sizeof spec->experts.order))
     return mpg__fail(MPG_ERR_SPEC, "experts.order: not a string of at most %zu chars",
-                     sizeof spec->expert_order - 1);
-  if (spec->expert_ep == 0) {
-    if (spec->expert_tp != 0 || spec->expert_order[0])
+                     sizeof spec->experts.order - 1);
+  if (spec->experts.ep == 0) {
+    if (spec->experts.tp != 0 || spec->experts.order[0])
       return mpg__fail_at(MPG_ERR_SPEC, src,
-                          spec->expert_tp ? spec->expert_tp_pos : spec->expert_order_pos,
+                          spec->experts.tp ? spec->experts.tp_pos : spec->experts.order_pos,
                           "experts.%s is set but experts.ep is 0 (no expert grid); "
                           "set experts.ep to a size > 0 or -1",
-                          spec->expert_tp ? "tp" : "order");
+                          spec->experts.tp ? "tp" : "order");
     return MPG_OK;
   }
-  if (spec->expert_ep < -1)
-    return mpg__fail_at(MPG_ERR_SPEC, src, spec->expert_ep_pos,
+  if (spec->experts.ep < -1)
+    return mpg__fail_at(MPG_ERR_SPEC, src, spec->experts.ep_pos,
                         "experts.ep: expected a positive integer or -1 (inferred), "
                         "found %d",
-                        spec->expert_ep);
-  if (spec->expert_tp < 0)
-    return mpg__fail_at(MPG_ERR_SPEC, src, spec->expert_tp_pos,
+                        spec->experts.ep);
+  if (spec->experts.tp < 0)
+    return mpg__fail_at(MPG_ERR_SPEC, src, spec->experts.tp_pos,
                         "experts.tp: expected a positive integer (or 0: the size of "
                         "the mesh's tp dim), found %d",
-                        spec->expert_tp);
+                        spec->experts.tp);
   int tok[4], ntok, named[MPG__TOK_COUNT];
   mpg_status st = mpg__expert_order(spec, tok, &ntok, named);
   if (st) return st;
   char known[512];
   dim_list(spec, known, sizeof known);
   if (spec->ndims > MPG_MAX_DIMS - 3)
-    return mpg__fail_at(MPG_ERR_SPEC, src, spec->expert_pos,
+    return mpg__fail_at(MPG_ERR_SPEC, src, spec->experts.pos,
                         "experts: an expert grid needs a mesh of at most %d dims "
                         "(etp, ep and edp take 3 of the %d), but the mesh has %d (%s); "
                         "merge dims or drop [experts]",
                         MPG_MAX_DIMS - 3, MPG_MAX_DIMS, spec->ndims, known);
   if (spec->ndims + spec->nflatten > MPG_MAX_DIMS + MPG_MAX_FLATTEN - EXPERT_NAMES)
-    return mpg__fail_at(MPG_ERR_SPEC, src, spec->expert_pos,
+    return mpg__fail_at(MPG_ERR_SPEC, src, spec->experts.pos,
                         "experts: an expert grid adds %d dim sets, so the mesh may "
                         "have at most %d dims and flattened sets together, but it "
                         "has %d dims and %d sets; drop flattened sets",
@@ -355,9 +355,9 @@ mpg_status mpg_spec_set_experts(mpg_spec *caller, int tp, int ep, const char *or
   mpg_status st = spec_in(caller, &full, "mpg_spec_set_experts");
   if (st) return st;
   if (!order) order = "";
-  if (strlen(order) >= sizeof full.expert_order)
+  if (strlen(order) >= sizeof full.experts.order)
     return mpg__fail(MPG_ERR_SPEC, "experts.order \"%.40s...\": longer than %zu chars",
-                     order, sizeof full.expert_order - 1);
+                     order, sizeof full.experts.order - 1);
   if (ep == 0 && (tp != 0 || order[0]))
     return mpg__fail(MPG_ERR_SPEC,
                      "mpg_spec_set_experts: ep = 0 removes the expert grid, but tp = %d "
@@ -365,10 +365,10 @@ mpg_status mpg_spec_set_experts(mpg_spec *caller, int tp, int ep, const char *or
                      "an ep > 0 or -1",
                      tp, order);
   mpg_srcpos nopos = {0, 0};
-  full.expert_ep = ep;
-  full.expert_tp = tp;
-  strcpy(full.expert_order, order);
-  full.expert_pos = full.expert_ep_pos = full.expert_tp_pos = full.expert_order_pos = nopos;
+  full.experts.ep = ep;
+  full.experts.tp = tp;
+  strcpy(full.experts.order, order);
+  full.experts.pos = full.experts.ep_pos = full.experts.tp_pos = full.experts.order_pos = nopos;
   /* Only the expert keys are checked here; a mesh set later is checked by
    * mpg_spec_validate. */
   if (ep < -1)
@@ -524,9 +524,9 @@ static mpg_status validate_numbers(const mpg_spec *spec, const mpg_srcpos *opt_p
     double lo, hi;
     int integer;
   } opts[MPG__OPT_FSDP_OWNS_DP] = {
-      {spec->nodes, 0, 1e300, 1},     {spec->gpus_per_node, 0, 1e300, 1},
-      {spec->bucket_mb, 0, 1e300, 0}, {spec->first_bucket_mb, 0, 1e300, 0},
-      {spec->timeout_s, 0, MPG__TIMEOUT_MAX, 0},
+      {spec->topology.nodes, 0, 1e300, 1},     {spec->topology.gpus_per_node, 0, 1e300, 1},
+      {spec->sync.bucket_mb, 0, 1e300, 0}, {spec->sync.first_bucket_mb, 0, 1e300, 0},
+      {spec->backend.timeout_s, 0, MPG__TIMEOUT_MAX, 0},
   };
   for (int i = 0; i < MPG__OPT_FSDP_OWNS_DP; i++) {
     int bad = opts[i].integer ? opts[i].v < opts[i].lo : !(opts[i].v > opts[i].lo);
@@ -545,20 +545,20 @@ static mpg_status validate_numbers(const mpg_spec *spec, const mpg_srcpos *opt_p
 
 /* The enum options: each one of its known values. */
 static mpg_status validate_enums(const mpg_spec *spec) {
-  if (spec->bind < MPG_BIND_NONE || spec->bind > MPG_BIND_CORE)
-    return mpg__fail(MPG_ERR_SPEC, "topology.bind: unknown value %d", (int)spec->bind);
-  if (spec->rank_order < MPG_RANK_ORDER_BLOCK || spec->rank_order > MPG_RANK_ORDER_CYCLIC)
+  if (spec->topology.bind < MPG_BIND_NONE || spec->topology.bind > MPG_BIND_CORE)
+    return mpg__fail(MPG_ERR_SPEC, "topology.bind: unknown value %d", (int)spec->topology.bind);
+  if (spec->topology.rank_order < MPG_RANK_ORDER_BLOCK || spec->topology.rank_order > MPG_RANK_ORDER_CYCLIC)
     return mpg__fail(MPG_ERR_SPEC, "topology.rank_order: unknown value %d",
-                     (int)spec->rank_order);
-  if (spec->op != MPG_OP_AVG && spec->op != MPG_OP_SUM)
-    return mpg__fail(MPG_ERR_SPEC, "sync.op: unknown value %d", (int)spec->op);
-  if (spec->reduce_dtype < MPG_REDUCE_NATIVE || spec->reduce_dtype > MPG_REDUCE_F32)
+                     (int)spec->topology.rank_order);
+  if (spec->sync.op != MPG_OP_AVG && spec->sync.op != MPG_OP_SUM)
+    return mpg__fail(MPG_ERR_SPEC, "sync.op: unknown value %d", (int)spec->sync.op);
+  if (spec->sync.reduce_dtype < MPG_REDUCE_NATIVE || spec->sync.reduce_dtype > MPG_REDUCE_F32)
     return mpg__fail(MPG_ERR_SPEC, "sync.reduce_dtype: unknown value %d",
-                     (int)spec->reduce_dtype);
-  if (spec->backend < MPG_BACKEND_THREAD || spec->backend > MPG_BACKEND_NCCL)
-    return mpg__fail(MPG_ERR_SPEC, "backend.name: unknown value %d", (int)spec->backend);
-  if (spec->sync_mode != MPG_SYNC_REPLICATE && spec->sync_mode != MPG_SYNC_SHARD)
-    return mpg__fail(MPG_ERR_SPEC, "sync.mode: unknown value %d", (int)spec->sync_mode);
+                     (int)spec->sync.reduce_dtype);
+  if (spec->backend.name < MPG_BACKEND_THREAD || spec->backend.name > MPG_BACKEND_NCCL)
+    return mpg__fail(MPG_ERR_SPEC, "backend.name: unknown value %d", (int)spec->backend.name);
+  if (spec->sync.mode != MPG_SYNC_REPLICATE && spec->sync.mode != MPG_SYNC_SHARD)
+    return mpg__fail(MPG_ERR_SPEC, "sync.mode: unknown value %d", (int)spec->sync.mode);
   return MPG_OK;
 }
 
@@ -566,23 +566,23 @@ static mpg_status validate_enums(const mpg_spec *spec) {
 static mpg_status validate_sync_combos(const mpg_spec *spec, const mpg_srcpos *opt_pos,
                                        const char *known) {
   const char *src = spec->source;
-  if (spec->sync_mode == MPG_SYNC_SHARD && spec->fsdp_owns_dp)
+  if (spec->sync.mode == MPG_SYNC_SHARD && spec->sync.fsdp_owns_dp)
     return mpg__fail_at(MPG_ERR_SPEC, src, opt_at(opt_pos, MPG__OPT_SYNC_MODE),
                         "sync.mode: \"shard\" with sync.fsdp_owns_dp = true: the shard "
                         "mode owns dp itself (it reduce-scatters over dp_cp); drop "
                         "fsdp_owns_dp");
-  if (spec->sync_mode != MPG_SYNC_SHARD && (spec->shard_dims[0] || spec->replicate_dims[0]))
+  if (spec->sync.mode != MPG_SYNC_SHARD && (spec->sync.shard_dims[0] || spec->sync.replicate_dims[0]))
     return mpg__fail(MPG_ERR_SPEC, "sync.%s = \"%s\" needs sync.mode = \"shard\"",
-                     spec->shard_dims[0] ? "shard_dims" : "replicate_dims",
-                     spec->shard_dims[0] ? spec->shard_dims : spec->replicate_dims);
-  if (spec->sync_mode != MPG_SYNC_SHARD &&
-      (spec->expert_shard_dims[0] || spec->optimizer_instances > 1))
+                     spec->sync.shard_dims[0] ? "shard_dims" : "replicate_dims",
+                     spec->sync.shard_dims[0] ? spec->sync.shard_dims : spec->sync.replicate_dims);
+  if (spec->sync.mode != MPG_SYNC_SHARD &&
+      (spec->sync.expert_shard_dims[0] || spec->sync.optimizer_instances > 1))
     return mpg__fail(MPG_ERR_SPEC, "sync.%s needs sync.mode = \"shard\"",
-                     spec->expert_shard_dims[0] ? "expert_shard_dims" : "optimizer_instances");
-  if (spec->optimizer_instances < 0)
+                     spec->sync.expert_shard_dims[0] ? "expert_shard_dims" : "optimizer_instances");
+  if (spec->sync.optimizer_instances < 0)
     return mpg__fail(MPG_ERR_SPEC, "sync.optimizer_instances: expected an integer >= 1, "
-                     "found %d", spec->optimizer_instances);
-  if (spec->fsdp_owns_dp && find_dim(spec, "dp") < 0)
+                     "found %d", spec->sync.optimizer_instances);
+  if (spec->sync.fsdp_owns_dp && find_dim(spec, "dp") < 0)
     return mpg__fail_at(MPG_ERR_SPEC, src, opt_at(opt_pos, MPG__OPT_FSDP_OWNS_DP),
                         "sync.fsdp_owns_dp: true needs a \"dp\" dim; the mesh has %s",
                         known);

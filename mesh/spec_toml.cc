@@ -265,21 +265,21 @@ struct reader {
     only_keys(t, "topology",
               {"nodes", "gpus_per_node", "bind", "rank_order", "strict"});
     if (auto v = t.get("nodes")) {
-      spec->nodes = get_int(*v, "topology.nodes", "an integer >= 0");
+      spec->topology.nodes = get_int(*v, "topology.nodes", "an integer >= 0");
       opt_pos[MPG__OPT_NODES] = pos(v->source());
     }
     if (auto v = t.get("gpus_per_node")) {
-      spec->gpus_per_node = get_int(*v, "topology.gpus_per_node", "an integer >= 0");
+      spec->topology.gpus_per_node = get_int(*v, "topology.gpus_per_node", "an integer >= 0");
       opt_pos[MPG__OPT_GPUS_PER_NODE] = pos(v->source());
     }
     if (auto v = t.get("bind"))
-      spec->bind = static_cast<mpg_bind>(
+      spec->topology.bind = static_cast<mpg_bind>(
           get_choice(*v, "topology.bind", {"none", "numa", "core"}));
     if (auto v = t.get("rank_order"))
-      spec->rank_order = static_cast<mpg_rank_order>(
+      spec->topology.rank_order = static_cast<mpg_rank_order>(
           get_choice(*v, "topology.rank_order", {"block", "cyclic"}));
     if (auto v = t.get("strict"))
-      spec->strict_placement = get_bool(*v, "topology.strict");
+      spec->topology.strict = get_bool(*v, "topology.strict");
   }
 
   void read_sync(const toml::node &n) {
@@ -288,43 +288,43 @@ struct reader {
                           "reduce_dtype", "mode", "shard_dims", "replicate_dims",
                           "pad_for_nccl", "expert_shard_dims", "optimizer_instances"});
     if (auto v = t.get("mode")) {
-      spec->sync_mode = static_cast<mpg_sync_mode>(
+      spec->sync.mode = static_cast<mpg_sync_mode>(
           get_choice(*v, "sync.mode", {"replicate", "shard"}));
       opt_pos[MPG__OPT_SYNC_MODE] = pos(v->source());
     }
     if (auto v = t.get("shard_dims"))
-      copy_dims(spec->shard_dims, sizeof spec->shard_dims, *v, "sync.shard_dims");
+      copy_dims(spec->sync.shard_dims, sizeof spec->sync.shard_dims, *v, "sync.shard_dims");
     if (auto v = t.get("replicate_dims"))
-      copy_dims(spec->replicate_dims, sizeof spec->replicate_dims, *v,
+      copy_dims(spec->sync.replicate_dims, sizeof spec->sync.replicate_dims, *v,
                 "sync.replicate_dims");
-    if (auto v = t.get("pad_for_nccl")) spec->pad_for_nccl = get_bool(*v, "sync.pad_for_nccl");
+    if (auto v = t.get("pad_for_nccl")) spec->sync.pad_for_nccl = get_bool(*v, "sync.pad_for_nccl");
     if (auto v = t.get("expert_shard_dims"))
-      copy_dims(spec->expert_shard_dims, sizeof spec->expert_shard_dims, *v,
+      copy_dims(spec->sync.expert_shard_dims, sizeof spec->sync.expert_shard_dims, *v,
                 "sync.expert_shard_dims");
     if (auto v = t.get("optimizer_instances")) {
-      spec->optimizer_instances =
+      spec->sync.optimizer_instances =
           get_int(*v, "sync.optimizer_instances", "an integer >= 1");
-      if (spec->optimizer_instances < 1)
+      if (spec->sync.optimizer_instances < 1)
         fail(v->source(), "sync.optimizer_instances: expected an integer >= 1 (Megatron's "
                           "num_distributed_optimizer_instances), found " +
-                              std::to_string(spec->optimizer_instances));
+                              std::to_string(spec->sync.optimizer_instances));
     }
     if (auto v = t.get("fsdp_owns_dp")) {
-      spec->fsdp_owns_dp = get_bool(*v, "sync.fsdp_owns_dp");
+      spec->sync.fsdp_owns_dp = get_bool(*v, "sync.fsdp_owns_dp");
       opt_pos[MPG__OPT_FSDP_OWNS_DP] = pos(v->source());
     }
     if (auto v = t.get("op"))
-      spec->op = get_choice(*v, "sync.op", {"avg", "sum"}) == 0 ? MPG_OP_AVG : MPG_OP_SUM;
+      spec->sync.op = get_choice(*v, "sync.op", {"avg", "sum"}) == 0 ? MPG_OP_AVG : MPG_OP_SUM;
     if (auto v = t.get("bucket_mb")) {
-      spec->bucket_mb = get_number(*v, "sync.bucket_mb");
+      spec->sync.bucket_mb = get_number(*v, "sync.bucket_mb");
       opt_pos[MPG__OPT_BUCKET_MB] = pos(v->source());
     }
     if (auto v = t.get("first_bucket_mb")) {
-      spec->first_bucket_mb = get_number(*v, "sync.first_bucket_mb");
+      spec->sync.first_bucket_mb = get_number(*v, "sync.first_bucket_mb");
       opt_pos[MPG__OPT_FIRST_BUCKET_MB] = pos(v->source());
     }
     if (auto v = t.get("reduce_dtype"))
-      spec->reduce_dtype = static_cast<mpg_reduce_dtype>(
+      spec->sync.reduce_dtype = static_cast<mpg_reduce_dtype>(
           get_choice(*v, "sync.reduce_dtype", {"native", "f32"}));
   }
 
@@ -332,50 +332,50 @@ struct reader {
     const toml::table &t = section(n, "backend");
     only_keys(t, "backend", {"name", "timeout_s", "lazy_groups"});
     if (auto v = t.get("name"))
-      spec->backend = static_cast<mpg_backend_kind>(
+      spec->backend.name = static_cast<mpg_backend_kind>(
           get_choice(*v, "backend.name", {"thread", "mpi", "nccl"}));
     if (auto v = t.get("timeout_s")) {
-      spec->timeout_s = get_number(*v, "backend.timeout_s");
+      spec->backend.timeout_s = get_number(*v, "backend.timeout_s");
       opt_pos[MPG__OPT_TIMEOUT_S] = pos(v->source());
     }
     if (auto v = t.get("lazy_groups"))
-      spec->lazy_groups = get_bool(*v, "backend.lazy_groups");
+      spec->backend.lazy_groups = get_bool(*v, "backend.lazy_groups");
   }
 
   void read_experts(const toml::node &n) {
     const toml::table &t = section(n, "experts");
     only_keys(t, "experts", {"tp", "ep", "order"});
-    spec->expert_pos = pos(n.source());
-    spec->expert_ep = 1;
+    spec->experts.pos = pos(n.source());
+    spec->experts.ep = 1;
     if (auto v = t.get("ep")) {
-      spec->expert_ep_pos = pos(v->source());
+      spec->experts.ep_pos = pos(v->source());
       if (auto s = v->as_string()) {
         if (s->get() != "auto") expected("experts.ep", *v, "an integer > 0, -1 or \"auto\"");
-        spec->expert_ep = -1;
+        spec->experts.ep = -1;
       } else {
-        spec->expert_ep = get_int(*v, "experts.ep", "an integer > 0, -1 or \"auto\"");
+        spec->experts.ep = get_int(*v, "experts.ep", "an integer > 0, -1 or \"auto\"");
         // 0 would mean "no expert grid": in a file it is just a bad size.
-        if (spec->expert_ep == 0 || spec->expert_ep < -1)
+        if (spec->experts.ep == 0 || spec->experts.ep < -1)
           fail(v->source(), "experts.ep: expected a positive integer or -1 (inferred), "
-                            "found " + std::to_string(spec->expert_ep));
+                            "found " + std::to_string(spec->experts.ep));
       }
     }
     if (auto v = t.get("tp")) {
-      spec->expert_tp_pos = pos(v->source());
-      spec->expert_tp = get_int(*v, "experts.tp", "a positive integer");
-      if (spec->expert_tp <= 0)
+      spec->experts.tp_pos = pos(v->source());
+      spec->experts.tp = get_int(*v, "experts.tp", "a positive integer");
+      if (spec->experts.tp <= 0)
         fail(v->source(), "experts.tp: expected a positive integer (leave it out for "
-                          "the mesh's tp size), found " + std::to_string(spec->expert_tp));
+                          "the mesh's tp size), found " + std::to_string(spec->experts.tp));
     }
     if (auto v = t.get("order")) {
-      spec->expert_order_pos = pos(v->source());
+      spec->experts.order_pos = pos(v->source());
       auto s = v->as_string();
       if (!s) expected("experts.order", *v, "a Megatron order string like \"tp-cp-ep-dp-pp\"");
-      if (s->get().empty() || s->get().size() >= sizeof spec->expert_order)
+      if (s->get().empty() || s->get().size() >= sizeof spec->experts.order)
         fail(v->source(), "experts.order: expected 1 to " +
-                              std::to_string(sizeof spec->expert_order - 1) +
+                              std::to_string(sizeof spec->experts.order - 1) +
                               " chars like \"tp-cp-ep-dp-pp\", found \"" + s->get() + "\"");
-      std::strcpy(spec->expert_order, s->get().c_str());
+      std::strcpy(spec->experts.order, s->get().c_str());
     }
   }
 

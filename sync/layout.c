@@ -136,7 +136,7 @@ static void close_sharded(const mpg_sync *s, sbuffer *buf, sbucket *k) {
 
 /* The byte cap of a buffer's open bucket: its first when it is its only one. */
 static size_t open_bucket_cap(const mpg_sync *s, const sbuffer *buf) {
-  return mib_bytes(buf->nbuckets == 1 ? s->opts.first_bucket_mb : s->opts.bucket_mb);
+  return mib_bytes(buf->nbuckets == 1 ? s->opts.sync.first_bucket_mb : s->opts.sync.bucket_mb);
 }
 
 /* The index of the buffer for a param's (dtype, reduce group, tied group), added if new. */
@@ -155,7 +155,7 @@ static int find_or_add_buffer(mpg_sync *s, const sparam *param) {
     buf->open_bucket = -1;
     /* Integer buffers stay replicated: their average truncates, which
      * a scaled reduce-scatter cannot do. */
-    buf->domain = s->opts.mode == MPG_SYNC_SHARD ? mpg__sync_shard_domain(s, param->group) : -1;
+    buf->domain = s->opts.sync.mode == MPG_SYNC_SHARD ? mpg__sync_shard_domain(s, param->group) : -1;
     buf->sharded = buf->domain >= 0 && !param->tied && param->dtype != MPG_I32 &&
                    param->dtype != MPG_I64;
   }
@@ -488,28 +488,29 @@ enum {
 
 static mpg_status fp_world(mpg_sync *s, int mismatch) {
   static const char *const field[FPW_N] = {
-      "", "mode", "reduce_dtype", "op", "pad_for_nccl", "register_buffers",
-      "optimizer_instances", "expert shard domain (expert_shard_dims)", "grad_scale",
-      "bucket_mb", "first_bucket_mb"};
+      "", "sync.mode", "sync.reduce_dtype", "sync.op", "sync.pad_for_nccl",
+      "register_buffers", "sync.optimizer_instances",
+      "expert shard domain (sync.expert_shard_dims)", "grad_scale", "sync.bucket_mb",
+      "sync.first_bucket_mb"};
   mpg_group *world = NULL;
   mpg_status st = mpg_ctx_group(s->ctx, "world", &world);
   if (st) return mpg__fail_wrap(st, "mpg_sync_commit: layout check");
   int n = mpg_group_size(world);
-  uint64_t mine[FPW_N] = {mismatch != 0, (uint64_t)s->opts.mode,
-                          (uint64_t)s->opts.reduce_dtype, (uint64_t)s->opts.op,
-                          (uint64_t)s->opts.pad_for_nccl,
+  uint64_t mine[FPW_N] = {mismatch != 0, (uint64_t)s->opts.sync.mode,
+                          (uint64_t)s->opts.sync.reduce_dtype, (uint64_t)s->opts.sync.op,
+                          (uint64_t)s->opts.sync.pad_for_nccl,
                           /* NCCL: every rank registers its buffers, or none
                            * (User Buffer Registration); a mix hangs NCCL's
                            * launch (L4). */
                           (uint64_t)(s->opts.register_buffers != 0),
-                          (uint64_t)s->opts.optimizer_instances,
+                          (uint64_t)s->opts.sync.optimizer_instances,
                           (uint64_t)(s->shard.ndomains > 1
                                          ? mpg__hash_str(mpg_group_name(s->shard.domains[1].reduce))
                                          : 0),
                           0, 0, 0};
   memcpy(&mine[FPW_SCALE], &s->opts.grad_scale, sizeof(double));
-  memcpy(&mine[FPW_BUCKET], &s->opts.bucket_mb, sizeof(double));
-  memcpy(&mine[FPW_FIRST], &s->opts.first_bucket_mb, sizeof(double));
+  memcpy(&mine[FPW_BUCKET], &s->opts.sync.bucket_mb, sizeof(double));
+  memcpy(&mine[FPW_FIRST], &s->opts.sync.first_bucket_mb, sizeof(double));
   uint64_t *all = malloc(sizeof *all * FPW_N * (size_t)n);
   if (!all) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
   st = mpg__group_host_all_gather(world, mine, all, FPW_N, MPG_I64);
@@ -669,7 +670,7 @@ mpg_status mpg_sync_commit(mpg_sync *s) {
   if (!st) st = check_layout(s);
   if (!st) st = mpg__ctx_check_order(s->ctx, "mpg_sync_commit"); /* issue order */
   if (!st) st = layout(s);
-  if (!st && s->opts.mode == MPG_SYNC_SHARD) st = mpg__sync_shard_commit(s);
+  if (!st && s->opts.sync.mode == MPG_SYNC_SHARD) st = mpg__sync_shard_commit(s);
   if (st) {
     mpg__sync_free_layout(s);
     s->step.grads_valid = 0; /* no gradients to trust */

@@ -1,4 +1,4 @@
-/* Shard mode (opts.mode = MPG_SYNC_SHARD): a distributed optimizer and
+/* Shard mode (opts.sync.mode = MPG_SYNC_SHARD): a distributed optimizer and
  * HSDP on top of the replicate layout (see include/meshpg.h, "Sharded data
  * parallel", and sync_internal.h).
  *
@@ -47,16 +47,7 @@ static size_t lcm_size(size_t a, size_t b) { return a / gcd_size(a, b) * b; }
 size_t mpg__sync_shard_pad(const mpg_sync *s, int d) {
   size_t S = (size_t)mpg_group_size(s->shard.domains[d].shard);
   size_t pad = lcm_size(S, 128);
-  return s->opts.pad_for_nccl ? lcm_size(pad, 65536) : pad;
-}
-
-static char *dup_or_null(const char *v, int *oom) {
-  if (!v) return NULL;
-  size_t n = strlen(v) + 1;
-  char *d = malloc(n);
-  if (!d) *oom = 1;
-  else memcpy(d, v, n);
-  return d;
+  return s->opts.sync.pad_for_nccl ? lcm_size(pad, 65536) : pad;
 }
 
 int mpg__sync_shard_domain(const mpg_sync *s, const mpg_group *g) {
@@ -69,12 +60,12 @@ int mpg__sync_shard_domain(const mpg_sync *s, const mpg_group *g) {
  * part of `names`' group and its replicate group the inter group. */
 static mpg_status partial_domain(mpg_sync *s, struct sdomain *d, const char *names,
                                  const char *what) {
-  int n = s->opts.optimizer_instances;
+  int n = s->opts.sync.optimizer_instances;
   if (n == 1) return MPG_OK;
   mpg_status st = mpg_ctx_group_partial(s->ctx, names, n, MPG_PARTIAL_INTRA, &d->shard);
   if (!st) st = mpg_ctx_group_partial(s->ctx, names, n, MPG_PARTIAL_INTER, &d->replicate);
   if (st)
-    return mpg__fail_wrap(st, "mpg_sync_create: opts.optimizer_instances = %d over the %s "
+    return mpg__fail_wrap(st, "mpg_sync_create: opts.sync.optimizer_instances = %d over the %s "
                           "group \"%s\"", n, what, names);
   if (mpg_group_size(d->replicate) > 1) s->shard.any_replicate = 1;
   return MPG_OK;
@@ -90,13 +81,13 @@ static mpg_status expert_domain(mpg_sync *s) {
   }
   if (!dims[0]) return MPG_OK; /* "": expert params stay replicated */
   unsigned mask;
-  mpg_status st = mpg__mesh_parse_dims(s->mesh, dims, 0, "mpg_sync_create: opts.expert_shard_dims",
+  mpg_status st = mpg__mesh_parse_dims(s->mesh, dims, 0, "mpg_sync_create: opts.sync.expert_shard_dims",
                                        &mask, NULL, NULL);
   if (st) return st;
   if (mask == s->default_mask)
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_sync_create: opts.expert_shard_dims \"%s\" is the data-parallel "
-                     "group %s itself; name the expert group (\"edp\") or use NULL", dims,
+                     "mpg_sync_create: opts.sync.expert_shard_dims \"%s\" is the data-parallel "
+                     "group %s itself; name the expert group (\"edp\") or \"none\"", dims,
                      s->default_desc);
   char names[MPG_MAX_DIMS * MPG_NAME_MAX];
   mpg__mesh_mask_names(s->mesh, mask, ",", names, sizeof names);
@@ -110,44 +101,38 @@ static mpg_status expert_domain(mpg_sync *s) {
 }
 
 mpg_status mpg__sync_shard_groups(mpg_sync *s) {
-  if (s->opts.fsdp_owns_dp)
+  if (s->opts.sync.fsdp_owns_dp)
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_sync_create: opts.mode = MPG_SYNC_SHARD with fsdp_owns_dp: the "
+                     "mpg_sync_create: opts.sync.mode = MPG_SYNC_SHARD with fsdp_owns_dp: the "
                      "shard mode owns dp itself (it reduce-scatters over dp_cp, or "
                      "shard_dims); leave fsdp_owns_dp at 0");
-  int oom = 0;
-  s->shard.shard_dims = dup_or_null(s->opts.shard_dims, &oom);
-  s->shard.replicate_dims = dup_or_null(s->opts.replicate_dims, &oom);
-  s->shard.expert_dims = dup_or_null(s->opts.expert_shard_dims, &oom);
-  if (oom) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_create: out of memory");
-  s->opts.shard_dims = s->shard.shard_dims;
-  s->opts.replicate_dims = s->shard.replicate_dims;
-  s->opts.expert_shard_dims = s->shard.expert_dims;
-  if (s->opts.optimizer_instances > 1 && s->shard.replicate_dims)
+  const mpg_sync_settings *o = &s->opts.sync; /* the arrays live in s */
+  s->shard.shard_dims = o->shard_dims[0] ? o->shard_dims : NULL;
+  s->shard.replicate_dims = o->replicate_dims[0] ? o->replicate_dims : NULL;
+  s->shard.expert_dims = !o->expert_shard_dims[0]                     ? NULL
+                         : strcmp(o->expert_shard_dims, "none") == 0 ? ""
+                                                                     : o->expert_shard_dims;
+  if (o->optimizer_instances > 1 && s->shard.replicate_dims)
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_sync_create: opts.optimizer_instances = %d and opts.replicate_dims "
-                     "= \"%s\" both say how to replicate the shards; keep one",
-                     s->opts.optimizer_instances, s->shard.replicate_dims);
-  if ((s->shard.shard_dims && !s->shard.shard_dims[0]) ||
-      (s->shard.replicate_dims && !s->shard.replicate_dims[0]))
-    return mpg__fail(MPG_ERR_INVALID, "mpg_sync_create: opts.%s is \"\"; use NULL",
-                     s->shard.shard_dims && !s->shard.shard_dims[0] ? "shard_dims"
-                                                                    : "replicate_dims");
+                     "mpg_sync_create: opts.sync.optimizer_instances = %d and "
+                     "opts.sync.replicate_dims = \"%s\" both say how to replicate the "
+                     "shards; keep one",
+                     o->optimizer_instances, s->shard.replicate_dims);
   unsigned smask = s->default_mask, rmask = 0;
   mpg_status st;
   if (s->shard.shard_dims &&
       (st = mpg__mesh_parse_dims(s->mesh, s->shard.shard_dims, 0,
-                                 "mpg_sync_create: opts.shard_dims", &smask, NULL, NULL)))
+                                 "mpg_sync_create: opts.sync.shard_dims", &smask, NULL, NULL)))
     return st;
   if (s->shard.replicate_dims &&
       (st = mpg__mesh_parse_dims(s->mesh, s->shard.replicate_dims, 0,
-                                 "mpg_sync_create: opts.replicate_dims", &rmask, NULL, NULL)))
+                                 "mpg_sync_create: opts.sync.replicate_dims", &rmask, NULL, NULL)))
     return st;
   if (smask & rmask) {
     char both[MPG_MAX_DIMS * MPG_NAME_MAX];
     mpg__mesh_mask_names(s->mesh, smask & rmask, ",", both, sizeof both);
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_sync_create: opts.shard_dims \"%s\" and opts.replicate_dims "
+                     "mpg_sync_create: opts.sync.shard_dims \"%s\" and opts.sync.replicate_dims "
                      "\"%s\" share the dims %s",
                      s->shard.shard_dims ? s->shard.shard_dims : s->default_desc,
                      s->shard.replicate_dims, both);
@@ -189,7 +174,7 @@ mpg_status mpg__sync_shard_groups(mpg_sync *s) {
     s->shard.shard_group = s->shard.domains[0].shard;
     s->shard.replicate_group = s->shard.domains[0].replicate;
   }
-  if (smask | rmask || s->opts.optimizer_instances > 1)
+  if (smask | rmask || s->opts.sync.optimizer_instances > 1)
     snprintf(s->default_desc, sizeof s->default_desc, "%s (shard %s%s%s)",
              mpg_group_name(s->default_group), mpg_group_name(s->shard.shard_group),
              s->shard.replicate_group ? ", replicate " : "",
@@ -259,7 +244,7 @@ mpg_status mpg__sync_shard_commit(mpg_sync *s) {
 /* f16/bf16 with reduce_dtype f32: reduced with f32 accumulation on every
  * backend (groups_internal.h). */
 static int f32acc(const mpg_sync *s, mpg_dtype dt) {
-  return (dt == MPG_F16 || dt == MPG_BF16) && s->opts.reduce_dtype == MPG_REDUCE_F32;
+  return (dt == MPG_F16 || dt == MPG_BF16) && s->opts.sync.reduce_dtype == MPG_REDUCE_F32;
 }
 
 /* The slice's all-reduce over the replicate group (sum: the reduce-scatter
@@ -287,12 +272,12 @@ mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
   int levels = replicate_of(s, b) != NULL;
   double scale = s->opts.grad_scale;
   /* Averaged over the whole domain (shard x replicate = its reduce group). */
-  if (s->opts.op == MPG_OP_AVG) scale /= mpg_group_size(f->group);
+  if (s->opts.sync.op == MPG_OP_AVG) scale /= mpg_group_size(f->group);
   /* One level, no extra scale: the backend's own average (or sum);
    * otherwise a sum pre-multiplied by 1/(shard x replicate) x grad_scale. */
   mpg_status st;
   mpg_op op = s->opts.grad_scale == 1.0 && !levels
-                  ? (s->opts.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM)
+                  ? (s->opts.sync.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM)
               : scale == 1.0 ? MPG_OP_SUM : MPG_OP_PREMUL_SUM;
   if (f->shm)
     /* The shard group shares a node: each member reduces its own slice of
@@ -358,8 +343,8 @@ static mpg_status no_gather(const mpg_sync *s, const char *fn) {
 
 static mpg_status shard_ready(const mpg_sync *s, const char *fn) {
   if (!s) return mpg__fail(MPG_ERR_INVALID, "%s: sync is NULL", fn);
-  if (s->opts.mode != MPG_SYNC_SHARD)
-    return mpg__fail(MPG_ERR_STATE, "%s: the sync is in replicate mode (opts.mode = "
+  if (s->opts.sync.mode != MPG_SYNC_SHARD)
+    return mpg__fail(MPG_ERR_STATE, "%s: the sync is in replicate mode (opts.sync.mode = "
                      "MPG_SYNC_SHARD, or [sync] mode = \"shard\", makes shards)", fn);
   if (!s->committed) return mpg__fail(MPG_ERR_STATE, "%s: call mpg_sync_commit first", fn);
   return MPG_OK;

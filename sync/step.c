@@ -101,15 +101,15 @@ static mpg_status launch(mpg_sync *s, int k) {
   }
   void *data = (char *)f->data + b->offset * mpg_dtype_size(f->dtype);
   double scale = s->opts.grad_scale;
-  if (s->opts.op == MPG_OP_AVG) scale /= mpg_group_size(f->group);
+  if (s->opts.sync.op == MPG_OP_AVG) scale /= mpg_group_size(f->group);
   mpg_op op = s->opts.grad_scale != 1.0 ? MPG_OP_PREMUL_SUM
-              : s->opts.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM;
+              : s->opts.sync.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM;
   if (f->shm)
     /* Shared memory: this rank's bucket is ready; each member reduces its
      * shard of everyone's (groups/shm/). */
     st = mpg__shm_all_reduce(f->shm, b->offset, b->count, op, scale, &b->work);
   else if ((f->dtype == MPG_F16 || f->dtype == MPG_BF16) &&
-           s->opts.reduce_dtype == MPG_REDUCE_F32)
+           s->opts.sync.reduce_dtype == MPG_REDUCE_F32)
     /* f32 accumulation on every backend (nccl: widened, reduced in f32,
      * narrowed once; groups_internal.h). */
     st = mpg__all_reduce_f32acc(f->group, data, data, b->count, f->dtype, op, scale,
@@ -319,7 +319,7 @@ mpg_status mpg_sync_finish(mpg_sync *s) {
     return mpg__fail(s->step.status, "%s", s->step.msg);
   }
   s->step.grads_valid = 1;
-  s->shard.gather_due = s->opts.mode == MPG_SYNC_SHARD; /* the optimizer, then a gather */
+  s->shard.gather_due = s->opts.sync.mode == MPG_SYNC_SHARD; /* the optimizer, then a gather */
   return MPG_OK;
 }
 

@@ -57,74 +57,52 @@ static mpg_status solo_group(mpg_ctx *ctx, mpg_group **out) {
 /* Options                                                             */
 /* ------------------------------------------------------------------ */
 
-mpg_status mpg_sync_opts_from_spec(const mpg_spec *spec, mpg_sync_opts *opts) {
-  mpg_spec sp = MPG_SPEC_INIT;
-  mpg_sync_opts o = MPG_SYNC_OPTS_INIT;
-  mpg_status st = mpg__spec_opts_in(spec, &sp, opts, &o, MPG__ABI_END(mpg_sync_opts),
-                                   MPG_SYNC_OPTS_MAGIC, "mpg_sync_opts_from_spec",
-                                   "MPG_SYNC_OPTS_INIT");
-  if (st) return st;
-  o.fsdp_owns_dp = sp.fsdp_owns_dp;
-  o.op = sp.op;
-  o.bucket_mb = sp.bucket_mb;
-  o.first_bucket_mb = sp.first_bucket_mb;
-  o.reduce_dtype = sp.reduce_dtype;
-  o.mode = sp.sync_mode;
-  o.pad_for_nccl = sp.pad_for_nccl;
-  /* The strings point into the caller's spec (sp is a local copy). */
-  const mpg_spec *caller = spec;
-  o.shard_dims = sp.shard_dims[0] ? caller->shard_dims : NULL;
-  o.replicate_dims = sp.replicate_dims[0] ? caller->replicate_dims : NULL;
-  o.expert_shard_dims = !sp.expert_shard_dims[0]                     ? NULL
-                        : strcmp(sp.expert_shard_dims, "none") == 0 ? ""
-                                                                     : caller->expert_shard_dims;
-  o.optimizer_instances = sp.optimizer_instances;
-  mpg__abi_out(opts, &o, MPG__ABI_END(mpg_sync_opts));
-  return MPG_OK;
-}
-
 static mpg_status check_opts(const mpg_sync_opts *o) {
-  if (o->op != MPG_OP_AVG && o->op != MPG_OP_SUM)
+  if (o->sync.op != MPG_OP_AVG && o->sync.op != MPG_OP_SUM)
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_sync_create: opts.op is %d, expected MPG_OP_AVG (%d) or "
+                     "mpg_sync_create: opts.sync.op is %d, expected MPG_OP_AVG (%d) or "
                      "MPG_OP_SUM (%d)",
-                     (int)o->op, (int)MPG_OP_AVG, (int)MPG_OP_SUM);
-  if (o->reduce_dtype != MPG_REDUCE_NATIVE && o->reduce_dtype != MPG_REDUCE_F32)
+                     (int)o->sync.op, (int)MPG_OP_AVG, (int)MPG_OP_SUM);
+  if (o->sync.reduce_dtype != MPG_REDUCE_NATIVE && o->sync.reduce_dtype != MPG_REDUCE_F32)
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_sync_create: opts.reduce_dtype is %d, expected "
+                     "mpg_sync_create: opts.sync.reduce_dtype is %d, expected "
                      "MPG_REDUCE_NATIVE (0) or MPG_REDUCE_F32 (1)",
-                     (int)o->reduce_dtype);
-  if (!(o->bucket_mb > 0) || !isfinite(o->bucket_mb))
+                     (int)o->sync.reduce_dtype);
+  if (!(o->sync.bucket_mb > 0) || !isfinite(o->sync.bucket_mb))
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_sync_create: opts.bucket_mb is %g, expected a number > 0",
-                     o->bucket_mb);
-  if (!(o->first_bucket_mb > 0) || !isfinite(o->first_bucket_mb))
+                     "mpg_sync_create: opts.sync.bucket_mb is %g, expected a number > 0",
+                     o->sync.bucket_mb);
+  if (!(o->sync.first_bucket_mb > 0) || !isfinite(o->sync.first_bucket_mb))
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_sync_create: opts.first_bucket_mb is %g, expected a number > 0",
-                     o->first_bucket_mb);
+                     "mpg_sync_create: opts.sync.first_bucket_mb is %g, expected a number > 0",
+                     o->sync.first_bucket_mb);
   if (!isfinite(o->grad_scale))
     return mpg__fail(MPG_ERR_INVALID,
                      "mpg_sync_create: opts.grad_scale is %g, expected a finite number",
                      o->grad_scale);
-  if (o->mode != MPG_SYNC_REPLICATE && o->mode != MPG_SYNC_SHARD)
+  if (o->sync.mode != MPG_SYNC_REPLICATE && o->sync.mode != MPG_SYNC_SHARD)
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_sync_create: opts.mode is %d, expected MPG_SYNC_REPLICATE (0) "
+                     "mpg_sync_create: opts.sync.mode is %d, expected MPG_SYNC_REPLICATE (0) "
                      "or MPG_SYNC_SHARD (1)",
-                     (int)o->mode);
-  if (o->mode != MPG_SYNC_SHARD && (o->shard_dims || o->replicate_dims))
-    return mpg__fail(MPG_ERR_INVALID, "mpg_sync_create: opts.%s = \"%s\" needs opts.mode = "
-                     "MPG_SYNC_SHARD",
-                     o->shard_dims ? "shard_dims" : "replicate_dims",
-                     o->shard_dims ? o->shard_dims : o->replicate_dims);
-  if (o->mode != MPG_SYNC_SHARD && (o->expert_shard_dims || o->optimizer_instances > 1))
-    return mpg__fail(MPG_ERR_INVALID, "mpg_sync_create: opts.%s needs opts.mode = "
-                     "MPG_SYNC_SHARD",
-                     o->expert_shard_dims ? "expert_shard_dims" : "optimizer_instances");
-  if (o->optimizer_instances < 0)
+                     (int)o->sync.mode);
+  const char *dims[] = {o->sync.shard_dims, o->sync.replicate_dims, o->sync.expert_shard_dims};
+  const char *key[] = {"shard_dims", "replicate_dims", "expert_shard_dims"};
+  for (int i = 0; i < 3; i++) {
+    if (!memchr(dims[i], '\0', MPG_DIMS_LEN))
+      return mpg__fail(MPG_ERR_INVALID, "mpg_sync_create: opts.sync.%s is not "
+                       "NUL-terminated within its %d bytes", key[i], MPG_DIMS_LEN);
+    if (o->sync.mode != MPG_SYNC_SHARD && dims[i][0])
+      return mpg__fail(MPG_ERR_INVALID, "mpg_sync_create: opts.sync.%s = \"%s\" needs "
+                       "opts.sync.mode = MPG_SYNC_SHARD", key[i], dims[i]);
+  }
+  if (o->sync.mode != MPG_SYNC_SHARD && o->sync.optimizer_instances > 1)
+    return mpg__fail(MPG_ERR_INVALID, "mpg_sync_create: opts.sync.optimizer_instances "
+                     "needs opts.sync.mode = MPG_SYNC_SHARD");
+  if (o->sync.optimizer_instances < 0)
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_sync_create: opts.optimizer_instances is %d, expected 1 or more "
+                     "mpg_sync_create: opts.sync.optimizer_instances is %d, expected 1 or more "
                      "(0: the default, 1)",
-                     o->optimizer_instances);
+                     o->sync.optimizer_instances);
   if (o->default_dims && !o->default_dims[0])
     return mpg__fail(MPG_ERR_INVALID,
                      "mpg_sync_create: opts.default_dims is \"\"; use NULL for the "
@@ -149,7 +127,7 @@ static mpg_status make_default_group(mpg_sync *s) {
     if (st) return st;
     snprintf(s->default_desc, sizeof s->default_desc, "%s", s->default_dims);
     mpg__mesh_mask_names(mesh, s->default_mask, ",", names, sizeof names);
-  } else if (s->opts.fsdp_owns_dp) {
+  } else if (s->opts.sync.fsdp_owns_dp) {
     if (!has_dimset(mesh, "cp")) {
       snprintf(s->default_desc, sizeof s->default_desc,
                "cp (fsdp_owns_dp; the mesh has no cp: nothing to reduce)");
@@ -209,31 +187,21 @@ mpg_status mpg_sync_create(mpg_ctx *ctx, const mpg_sync_opts *opts,
   s->ctx = ctx;
   s->mesh = mpg_ctx_mesh(ctx);
   s->opts = *opts;
-  if (s->opts.optimizer_instances == 0) s->opts.optimizer_instances = 1;
+  if (s->opts.sync.optimizer_instances == 0) s->opts.sync.optimizer_instances = 1;
   s->step.grads_valid = 1;
   if (opts->default_dims && !(s->default_dims = dup_str(opts->default_dims))) {
     free(s);
     return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_create: out of memory");
   }
   s->opts.default_dims = s->default_dims;
-  s->opts.shard_dims = s->opts.replicate_dims = NULL; /* copied by shard.c */
-  s->opts.expert_shard_dims = NULL;
   st = make_default_group(s);
-  if (!st && opts->mode == MPG_SYNC_SHARD) {
-    s->opts.shard_dims = opts->shard_dims;
-    s->opts.replicate_dims = opts->replicate_dims;
-    s->opts.expert_shard_dims = opts->expert_shard_dims;
-    st = mpg__sync_shard_groups(s);
-  }
+  if (!st && opts->sync.mode == MPG_SYNC_SHARD) st = mpg__sync_shard_groups(s);
   if (!st) {
     st = mpg_ctx_stream_create(ctx, &s->stream);
     if (st) st = mpg__fail_wrap(st, "mpg_sync_create: its stream");
   }
   if (st) {
     free(s->default_dims);
-    free(s->shard.shard_dims);
-    free(s->shard.replicate_dims);
-    free(s->shard.expert_dims);
     free(s);
     return st;
   }
@@ -287,9 +255,6 @@ mpg_status mpg_sync_destroy(mpg_sync *s) {
   free(s->layout.params);
   free(s->layout.name_index);
   free(s->default_dims);
-  free(s->shard.shard_dims);
-  free(s->shard.replicate_dims);
-  free(s->shard.expert_dims);
   free(s);
   return first ? mpg__error_restore(first, &why) : MPG_OK;
 }
@@ -366,12 +331,12 @@ mpg_status mpg_sync_add_param(mpg_sync *s, const char *name, size_t count,
   /* Every backend reduces f16/bf16 in f32 when asked (nccl: step.c's
    * launch uses the groups layer's f32-accumulating calls); the check stays
    * for a backend that could not. */
-  if ((dtype == MPG_F16 || dtype == MPG_BF16) && s->opts.reduce_dtype == MPG_REDUCE_F32 &&
+  if ((dtype == MPG_F16 || dtype == MPG_BF16) && s->opts.sync.reduce_dtype == MPG_REDUCE_F32 &&
       !mpg__ctx_half_reduces_in_f32(s->ctx))
     return mpg__fail(MPG_ERR_UNSUPPORTED,
                      "param \"%s\": reduce_dtype f32 for a %s gradient is not "
                      "implemented on this backend (it would reduce in %s); set "
-                     "[sync] reduce_dtype = \"native\" (opts.reduce_dtype = "
+                     "[sync] reduce_dtype = \"native\" (opts.sync.reduce_dtype = "
                      "MPG_REDUCE_NATIVE) or register the gradient as f32",
                      name, mpg_dtype_name(dtype), mpg_dtype_name(dtype));
   if (s->opts.grad_scale != 1.0 && !dtype_is_float(dtype))
@@ -468,7 +433,7 @@ mpg_status mpg_sync_get_stats(const mpg_sync *s, mpg_sync_stats *stats) {
   full.num_buckets = s->layout.nbuckets;
   full.total_bytes = s->layout.total_bytes;
   full.launched_buckets = s->step.launched_buckets;
-  if (s->opts.mode == MPG_SYNC_SHARD && s->committed) {
+  if (s->opts.sync.mode == MPG_SYNC_SHARD && s->committed) {
     full.shard_elems = s->shard.state_elems;
     full.pad_elems = s->shard.pad_elems;
     full.shard_size = mpg_group_size(s->shard.shard_group);

@@ -179,7 +179,8 @@ struct sync_step {
 /* Shard mode (shard.c): the groups, this rank's owned ranges, and the
  * parameters' gather. */
 struct sync_shard {
-  char *shard_dims, *replicate_dims, *expert_dims; /* copies of the options */
+  /* Into opts.sync; NULL: not set; expert_dims "": "none" (replicated). */
+  const char *shard_dims, *replicate_dims, *expert_dims;
   mpg_group *shard_group;     /* the data-parallel domain's (domains[0].shard) */
   mpg_group *replicate_group; /* NULL, or domains[0]'s (HSDP) */
   struct sdomain domains[2];  /* the sharded domains */

@@ -219,9 +219,9 @@ static void print_json(const mpg_mesh *m, int rank, int *buf,
 static int check_sync_dims(const mpg_mesh *mesh, const mpg_spec *spec, const char *path) {
   const struct {
     const char *key, *value;
-  } lists[] = {{"shard_dims", spec->shard_dims},
-               {"replicate_dims", spec->replicate_dims},
-               {"expert_shard_dims", spec->expert_shard_dims}};
+  } lists[] = {{"shard_dims", spec->sync.shard_dims},
+               {"replicate_dims", spec->sync.replicate_dims},
+               {"expert_shard_dims", spec->sync.expert_shard_dims}};
   for (size_t k = 0; k < sizeof lists / sizeof lists[0]; k++) {
     char what[320];
     unsigned mask;

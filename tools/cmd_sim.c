@@ -41,7 +41,7 @@ int cmd_sim(int argc, char **argv) {
   memset(&ref, 0, sizeof ref);
   if (!sim_job_setup(&job, &args, &spec)) goto out;
   double timeout = args.timeout;
-  if (timeout <= 0) timeout = spec.timeout_s > 0 ? spec.timeout_s : 600.0;
+  if (timeout <= 0) timeout = spec.backend.timeout_s > 0 ? spec.backend.timeout_s : 600.0;
   if (!args.quiet) sim_report_header(&job, &spec, added, split_note, args.tol);
 
   double t0 = now_s();

@@ -91,7 +91,7 @@ int plan_place_build(const plan_place_args *a, const mpg_spec *spec,
   *out = NULL;
   int wanted = a->nodes > 0 || a->gpus_per_node > 0 || a->rank_order >= 0 ||
                a->strict > 0 || a->xml || a->svg || a->svg_groups ||
-               spec->nodes > 0 || spec->gpus_per_node > 0;
+               spec->topology.nodes > 0 || spec->topology.gpus_per_node > 0;
   if (!wanted) return TOOL_EXIT_OK;
   plan_placement *pp = calloc(1, sizeof *pp);
   if (!pp) {
@@ -99,11 +99,11 @@ int plan_place_build(const plan_place_args *a, const mpg_spec *spec,
     return TOOL_EXIT_FAIL;
   }
   mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
-  mpg_placement_opts_from_spec(spec, &o);
-  if (a->nodes > 0) o.nodes = a->nodes;
-  if (a->gpus_per_node > 0) o.gpus_per_node = a->gpus_per_node;
-  if (a->rank_order >= 0) o.rank_order = (mpg_rank_order)a->rank_order;
-  if (a->strict > 0) o.strict = 1;
+  o.topology = spec->topology;
+  if (a->nodes > 0) o.topology.nodes = a->nodes;
+  if (a->gpus_per_node > 0) o.topology.gpus_per_node = a->gpus_per_node;
+  if (a->rank_order >= 0) o.topology.rank_order = (mpg_rank_order)a->rank_order;
+  if (a->strict > 0) o.topology.strict = 1;
   mpg_status st = MPG_OK;
   if (a->xml) st = mpg_topo_load_xml(a->xml, &pp->topo);
   o.topo = pp->topo;
@@ -116,8 +116,8 @@ int plan_place_build(const plan_place_args *a, const mpg_spec *spec,
   }
   pp->nodes = mpg_placement_num_nodes(pp->pl);
   pp->gpn = mpg_mesh_world_size(mesh) / pp->nodes;
-  pp->order = o.rank_order;
-  pp->strict = o.strict;
+  pp->order = o.topology.rank_order;
+  pp->strict = o.topology.strict;
   pp->svg = a->svg;
   pp->svg_set = -1;
   if (a->svg || a->svg_groups) {

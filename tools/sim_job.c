@@ -31,9 +31,9 @@ static int model_setup(sim_job *job, const sim_args *a, const mpg_spec *spec) {
   job->steps = a->steps;
   job->microbatches = a->micro;
   job->quiet = a->quiet;
-  job->lazy_groups = spec->lazy_groups;
-  job->mode = a->fsdp || spec->fsdp_owns_dp                             ? SIM_FSDP
-              : a->shard || a->hsdp || spec->sync_mode == MPG_SYNC_SHARD ? SIM_SHARD
+  job->lazy_groups = spec->backend.lazy_groups;
+  job->mode = a->fsdp || spec->sync.fsdp_owns_dp                             ? SIM_FSDP
+              : a->shard || a->hsdp || spec->sync.mode == MPG_SYNC_SHARD ? SIM_SHARD
                                                                          : SIM_REPLICATE;
   job->fail_rank = a->fail_rank;
   job->fail_step = a->fail_step;
@@ -51,15 +51,10 @@ static int model_setup(sim_job *job, const sim_args *a, const mpg_spec *spec) {
 static int sync_setup(sim_job *job, const sim_args *a, const mpg_spec *spec) {
   const mpg_mesh *mesh = job->mesh;
   mpg_sync_opts sopts = MPG_SYNC_OPTS_INIT;
-  mpg_status st = mpg_sync_opts_from_spec(spec, &sopts);
-  if (st != MPG_OK) {
-    tool_fail(st, NULL);
-    return 0;
-  }
-  sopts.default_dims = NULL;
+  sopts.sync = spec->sync;
   if (a->bucket_mb > 0) {
-    sopts.bucket_mb = a->bucket_mb;
-    if (sopts.first_bucket_mb > a->bucket_mb) sopts.first_bucket_mb = a->bucket_mb;
+    sopts.sync.bucket_mb = a->bucket_mb;
+    if (sopts.sync.first_bucket_mb > a->bucket_mb) sopts.sync.first_bucket_mb = a->bucket_mb;
   }
   job->b2_factor = 1.0;
   if (job->mode == SIM_FSDP) {
@@ -70,49 +65,49 @@ static int sync_setup(sim_job *job, const sim_args *a, const mpg_spec *spec) {
                  "(it has dp_replicate and dp_shard: use --shard or --hsdp)");
       return 0;
     }
-    sopts.fsdp_owns_dp = 1;
-    sopts.mode = MPG_SYNC_REPLICATE;
-    sopts.shard_dims = sopts.replicate_dims = NULL;
+    sopts.sync.fsdp_owns_dp = 1;
+    sopts.sync.mode = MPG_SYNC_REPLICATE;
+    sopts.sync.shard_dims[0] = sopts.sync.replicate_dims[0] = '\0';
     job->shard_opts = sopts;
-    job->shard_opts.fsdp_owns_dp = 0;
-    job->shard_opts.mode = MPG_SYNC_SHARD;
-    job->shard_opts.shard_dims = "dp";
+    job->shard_opts.sync.fsdp_owns_dp = 0;
+    job->shard_opts.sync.mode = MPG_SYNC_SHARD;
+    snprintf(job->shard_opts.sync.shard_dims, sizeof job->shard_opts.sync.shard_dims, "%s", "dp");
     job->b2_dims = "dp,tp";
   } else if (job->mode == SIM_SHARD) {
-    sopts.fsdp_owns_dp = 0;
-    sopts.mode = MPG_SYNC_SHARD;
+    sopts.sync.fsdp_owns_dp = 0;
+    sopts.sync.mode = MPG_SYNC_SHARD;
     if (a->hsdp) {
-      sopts.shard_dims = "dp_shard,cp";
-      sopts.replicate_dims = "dp_replicate";
+      snprintf(sopts.sync.shard_dims, sizeof sopts.sync.shard_dims, "%s", "dp_shard,cp");
+      snprintf(sopts.sync.replicate_dims, sizeof sopts.sync.replicate_dims, "%s", "dp_replicate");
     }
     /* Together the two must average over every data-parallel rank once. */
     unsigned smask, rmask = 0, data;
     if (tool_dims_mask(mesh, "dp_cp", "dp_cp", &data) != 0 ||
-        tool_dims_mask(mesh, sopts.shard_dims ? sopts.shard_dims : "dp_cp",
+        tool_dims_mask(mesh, sopts.sync.shard_dims[0] ? sopts.sync.shard_dims : "dp_cp",
                       "[sync] shard_dims", &smask) != 0 ||
-        (sopts.replicate_dims &&
-         tool_dims_mask(mesh, sopts.replicate_dims, "[sync] replicate_dims", &rmask) != 0))
+        (sopts.sync.replicate_dims[0] &&
+         tool_dims_mask(mesh, sopts.sync.replicate_dims, "[sync] replicate_dims", &rmask) != 0))
       return 0;
     if ((smask & rmask) != 0 || (smask | rmask) != data) {
       tool_error("sim: shard_dims \"%s\" and replicate_dims \"%s\" must together "
                  "name each data dim (those of dp_cp) exactly once, or the gradient "
                  "is not averaged over every data-parallel rank",
-                 sopts.shard_dims ? sopts.shard_dims : "dp_cp",
-                 sopts.replicate_dims ? sopts.replicate_dims : "");
+                 sopts.sync.shard_dims[0] ? sopts.sync.shard_dims : "dp_cp",
+                 sopts.sync.replicate_dims);
       return 0;
     }
     job->b2_dims = "dp_cp,tp";
   } else {
-    sopts.fsdp_owns_dp = 0;
+    sopts.sync.fsdp_owns_dp = 0;
   }
   /* b2 reduced over tp as well (shard modes): its tp copies are equal, so
    * an average leaves them as they are, and a sum needs 1/tp. */
-  if (job->b2_dims && sopts.op == MPG_OP_SUM) job->b2_factor = 1.0 / job->tp;
+  if (job->b2_dims && sopts.sync.op == MPG_OP_SUM) job->b2_factor = 1.0 / job->tp;
   job->sync_opts = sopts;
   /* The divisor the reductions apply, which each rank's gradient carries
    * in advance: every data-parallel rank (dp x cp) once, whatever the
    * mode. */
-  job->grad_factor = sopts.op == MPG_OP_AVG ? (double)job->dp * job->cp : 1.0;
+  job->grad_factor = sopts.sync.op == MPG_OP_AVG ? (double)job->dp * job->cp : 1.0;
   return 1;
 }
 

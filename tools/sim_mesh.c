@@ -233,13 +233,13 @@ int sim_mesh_build(const sim_args *a, mpg_spec *spec, mpg_mesh **mesh_out,
   mpg_status st = tool_spec_load(
       &a->spec, world ? "dp=-1,tp=2,cp=2" : "dp=2,tp=2,cp=2", spec);
   if (st != MPG_OK) return tool_fail(st, NULL);
-  if (spec->fsdp_owns_dp && (a->shard || a->hsdp)) {
+  if (spec->sync.fsdp_owns_dp && (a->shard || a->hsdp)) {
     tool_error("%s: the spec sets [sync] fsdp_owns_dp = true (FSDP owns dp); "
                "the shard mode owns dp itself: drop one of them",
                a->shard ? "--shard" : "--hsdp");
     return TOOL_EXIT_FAIL;
   }
-  if (a->fsdp && spec->sync_mode == MPG_SYNC_SHARD) {
+  if (a->fsdp && spec->sync.mode == MPG_SYNC_SHARD) {
     tool_error("--fsdp: the spec sets [sync] mode = \"shard\"; --fsdp runs its own "
                "pair of syncs: drop one of them");
     return TOOL_EXIT_FAIL;

@@ -301,7 +301,7 @@ mpg_status sim_rank_main(const mpg_init_opts *opts, void *arg) {
   r->res = &job->results[opts->rank];
   r->res->started = 1;
   r->opts = *opts; /* as received from mpg_thread_run ... */
-  r->opts.lazy_groups = job->lazy_groups; /* ... plus the spec's choice */
+  r->opts.backend.lazy_groups = job->lazy_groups; /* ... plus the spec's choice */
   r->rank = opts->rank;
   mpg_status st = sim_rank_setup(r);
   if (st == MPG_OK) st = rank_train(r);

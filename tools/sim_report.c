@@ -20,12 +20,12 @@ void sim_report_header(const sim_job *job, const mpg_spec *spec,
   /* The groups of the shard modes, checked by sim_job_setup. */
   char shard_label[96] = "", rep_label[96] = "";
   if (job->mode == SIM_FSDP) {
-    sim_dims_label(mesh, job->shard_opts.shard_dims, shard_label, sizeof shard_label);
+    sim_dims_label(mesh, job->shard_opts.sync.shard_dims, shard_label, sizeof shard_label);
   } else if (job->mode == SIM_SHARD) {
-    sim_dims_label(mesh, sopts->shard_dims ? sopts->shard_dims : "dp_cp", shard_label,
+    sim_dims_label(mesh, sopts->sync.shard_dims[0] ? sopts->sync.shard_dims : "dp_cp", shard_label,
                    sizeof shard_label);
-    if (sopts->replicate_dims)
-      sim_dims_label(mesh, sopts->replicate_dims, rep_label, sizeof rep_label);
+    if (sopts->sync.replicate_dims[0])
+      sim_dims_label(mesh, sopts->sync.replicate_dims, rep_label, sizeof rep_label);
   }
 
   int nd = mpg_mesh_ndims(mesh);
@@ -41,7 +41,7 @@ void sim_report_header(const sim_job *job, const mpg_spec *spec,
          world_size == 1 ? "" : "s");
   if (added[0]) printf("  added for the model: %s\n", added);
   if (split_note[0]) printf("  %s\n", split_note);
-  if (spec->backend != MPG_BACKEND_THREAD)
+  if (spec->backend.name != MPG_BACKEND_THREAD)
     printf("  (the spec's backend is not used: sim always runs the thread "
            "backend)\n");
   printf("model: MLP %d -> %d (tanh) -> %d; W1, b1 column-parallel and W2 "
@@ -52,7 +52,7 @@ void sim_report_header(const sim_job *job, const mpg_spec *spec,
          "the samples, cp=%d the tokens; %d micro-batch%s\n",
          job->model.batch, job->model.seq, (unsigned long long)seed, job->dp,
          job->cp, micro, micro == 1 ? "" : "es");
-  const char *verb = sopts->op == MPG_OP_AVG ? "averages" : "sums";
+  const char *verb = sopts->sync.op == MPG_OP_AVG ? "averages" : "sums";
   if (job->mode == SIM_FSDP) {
     printf("sync: meshpg %s gradients over cp (%d ranks) (fsdp_owns_dp); a "
            "second sync in shard mode reduce-scatters them over %s: each rank "
@@ -61,7 +61,7 @@ void sim_report_header(const sim_job *job, const mpg_spec *spec,
            verb, job->cp, shard_label);
   } else if (job->mode == SIM_SHARD) {
     printf("sync: shard mode: meshpg reduce-scatters (%s) every bucket over %s",
-           sopts->op == MPG_OP_AVG ? "averaging" : "summing", shard_label);
+           sopts->sync.op == MPG_OP_AVG ? "averaging" : "summing", shard_label);
     if (rep_label[0]) printf(", then all-reduces the owned shard over %s", rep_label);
     printf("; each rank updates the elements it owns, and the params are "
            "gathered before their first use\n");

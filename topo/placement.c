@@ -30,23 +30,6 @@ mpg_status mpg_placement_destroy(mpg_placement *pl) {
   return MPG_OK;
 }
 
-mpg_status mpg_placement_opts_from_spec(const mpg_spec *spec,
-                                        mpg_placement_opts *opts) {
-  /* The other fields are reset to their defaults, not read. */
-  mpg_spec sp = MPG_SPEC_INIT;
-  mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT, ignored = MPG_PLACEMENT_OPTS_INIT;
-  mpg_status st = mpg__spec_opts_in(spec, &sp, opts, &ignored,
-                                   MPG__ABI_END(mpg_placement_opts), MPG_PLACEMENT_MAGIC,
-                                   "mpg_placement_opts_from_spec", "MPG_PLACEMENT_OPTS_INIT");
-  if (st) return st;
-  o.nodes = sp.nodes;
-  o.gpus_per_node = sp.gpus_per_node;
-  o.rank_order = sp.rank_order;
-  o.strict = sp.strict_placement;
-  mpg__abi_out(opts, &o, MPG__ABI_END(mpg_placement_opts));
-  return MPG_OK;
-}
-
 /* Measured node ids remapped to 0..K-1 in ascending id order into node_of; K in *nnodes. */
 static mpg_status dense_node_ids(const int *node_ids, int world, int *node_of, int *nnodes) {
   int max_id = -1;
@@ -121,7 +104,7 @@ static mpg_status layout_measured(const mpg_placement_opts *opts, int world, int
 /* Nodes and GPUs per node: as given, or inferred from the other, the topology or the world. */
 static mpg_status node_shape(const mpg_placement_opts *opts, int world, const mpg_topo *topo,
                              int *nodes_out, int *gpus_out) {
-  int nodes = opts->nodes, gpus = opts->gpus_per_node;
+  int nodes = opts->topology.nodes, gpus = opts->topology.gpus_per_node;
   if (nodes < 0 || gpus < 0)
     return mpg__fail(MPG_ERR_RANGE,
                      "placement: nodes (%d) and gpus_per_node (%d) must be >= 0",
@@ -165,7 +148,7 @@ static mpg_status layout_launcher(const mpg_placement_opts *opts, int world,
   mpg_status st = node_shape(opts, world, topo, &nodes, &gpus);
   if (st) return st;
   for (int r = 0; r < world; r++) {
-    if (opts->rank_order == MPG_RANK_ORDER_CYCLIC) {
+    if (opts->topology.rank_order == MPG_RANK_ORDER_CYCLIC) {
       node_of[r] = r % nodes;
       local_of[r] = r / nodes;
     } else {
@@ -184,9 +167,9 @@ static mpg_status read_opts(const mpg_placement_opts *opts, mpg_placement_opts *
                                 "mpg_placement_create: opts", "MPG_PLACEMENT_OPTS_INIT");
     if (st) return st;
   }
-  if (full->rank_order != MPG_RANK_ORDER_BLOCK && full->rank_order != MPG_RANK_ORDER_CYCLIC)
+  if (full->topology.rank_order != MPG_RANK_ORDER_BLOCK && full->topology.rank_order != MPG_RANK_ORDER_CYCLIC)
     return mpg__fail(MPG_ERR_INVALID, "placement: unknown rank order %d",
-                     (int)full->rank_order);
+                     (int)full->topology.rank_order);
   return MPG_OK;
 }
 
@@ -307,7 +290,7 @@ mpg_status mpg_placement_create(const mpg_mesh *mesh,
   if (!st) {
     mpg__log(1, "placement: %d ranks on %d nodes (up to %d per node)", world,
              pl->nnodes, pl->max_per_node);
-    st = mpg_placement_check(pl, full.strict, NULL);
+    st = mpg_placement_check(pl, full.topology.strict, NULL);
   }
   if (st) {
     mpg_placement_destroy(pl);

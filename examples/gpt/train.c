@@ -240,10 +240,10 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   }
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT; /* default: average over dp_cp */
   if (shard) {
-    so.mode = MPG_SYNC_SHARD;
+    so.sync.mode = MPG_SYNC_SHARD;
     if (h) {
-      so.shard_dims = "dp_shard,cp";
-      so.replicate_dims = "dp_replicate";
+      snprintf(so.sync.shard_dims, sizeof so.sync.shard_dims, "%s", "dp_shard,cp");
+      snprintf(so.sync.replicate_dims, sizeof so.sync.replicate_dims, "%s", "dp_replicate");
     }
   }
   CHECK(mpg_sync_create(ctx, &so, &sync));
@@ -652,14 +652,14 @@ typedef struct nccl_rank_arg {
 static void *nccl_rank_main(void *p) {
   nccl_rank_arg *a = p;
   mpg_init_opts io = MPG_INIT_OPTS_INIT;
-  io.backend = MPG_BACKEND_NCCL;
+  io.backend.name = MPG_BACKEND_NCCL;
   io.rank = a->rank;
   io.world_size = a->world;
   io.local_rank = a->rank;
   io.local_world_size = a->world;
   io.device = a->device;
   io.nccl_id = a->id;
-  io.timeout_s = 120.0;
+  io.backend.timeout_s = 120.0;
   if (gpt_stage_set_device(a->device)) {
     fprintf(stderr, "gpt rank %d: cannot make CUDA device %d current\n", a->rank, a->device);
     a->st = MPG_ERR_BACKEND;
@@ -820,8 +820,8 @@ int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len
       goto done;
     }
     mpg_init_opts io = MPG_INIT_OPTS_INIT;
-    io.backend = MPG_BACKEND_MPI;
-    io.timeout_s = 120.0;
+    io.backend.name = MPG_BACKEND_MPI;
+    io.backend.timeout_s = 120.0;
     res->root = L.rank == 0;
     st = rank_main(&io, &J);
   } else if (o->nccl) {

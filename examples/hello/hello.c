@@ -20,7 +20,7 @@ int main(void) {
   mpg_ctx *ctx = NULL;
   mpg_group *tp = NULL;
   mpg_init_opts opts = MPG_INIT_OPTS_INIT; /* rank, world: from the launcher */
-  opts.backend = MPG_BACKEND_MPI;          /* one process per rank */
+  opts.backend.name = MPG_BACKEND_MPI;     /* one process per rank */
   if (mpg_spec_set_mesh(&spec, "dp=-1,tp=2") != MPG_OK ||
       mpg_mesh_create(&spec, launch.world_size, &mesh) != MPG_OK ||
       mpg_ctx_create(mesh, &opts, &ctx) != MPG_OK ||

@@ -26,12 +26,12 @@ static void *rank_thread(void *p) {
                    "could be started", s->rank);
   } else {
     mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-    opts.backend = MPG_BACKEND_THREAD;
+    opts.backend.name = MPG_BACKEND_THREAD;
     opts.rank = s->rank;
     opts.world_size = w->nranks;
     opts.local_rank = s->rank;
     opts.local_world_size = w->nranks;
-    opts.timeout_s = w->timeout_s;
+    opts.backend.timeout_s = w->timeout_s;
     opts.thread_world = w;
     mpg__clear_error();
     st = w->main(&opts, w->arg);

@@ -74,9 +74,9 @@ Test(abi, spec_is_read_and_written_within_its_size) {
   canary_check(g.canary, "mpg_spec_load_string");
   cr_assert_eq(g.v.ndims, 2);
   cr_assert_eq(g.v.dims[0].size, -1);
-  cr_assert_eq(g.v.bucket_mb, 3.0);
-  cr_assert_eq(g.v.op, MPG_OP_SUM);
-  cr_assert_eq(g.v.timeout_s, 600.0); /* a default */
+  cr_assert_eq(g.v.sync.bucket_mb, 3.0);
+  cr_assert_eq(g.v.sync.op, MPG_OP_SUM);
+  cr_assert_eq(g.v.backend.timeout_s, 600.0); /* a default */
   APPENDED_KEPT(g.v, "mpg_spec_load_string");
   OK(mpg_spec_apply_order(&g.v, "dp-tp"));
   canary_check(g.canary, "mpg_spec_apply_order");
@@ -95,28 +95,51 @@ Test(abi, spec_is_read_and_written_within_its_size) {
   cr_assert(strstr(mpg_last_error(), "bad.toml:2:"), "%s", mpg_last_error());
   canary_check(g.canary, "failed mpg_spec_load_string");
   cr_assert_eq(g.v.ndims, 0);
-  cr_assert_eq(g.v.bucket_mb, 25.0);
+  cr_assert_eq(g.v.sync.bucket_mb, 25.0);
   OK(mpg_spec_init(&g.v));
   canary_check(g.canary, "mpg_spec_init");
 }
 
-Test(abi, options_from_spec_stay_inside) {
-  mpg_spec s = MPG_SPEC_INIT;
-  OK(mpg_spec_load_string(spec_toml, NULL, &s));
+/* Options that hold a spec's section (opts.sync = spec.sync) are read
+ * within the caller's size by the call that takes them. */
+static mpg_status sync_rank(const mpg_init_opts *io, void *arg) {
+  const mpg_spec *s = arg;
+  mpg_mesh *m = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_sync *sync = NULL;
   GUARDED(mpg_sync_opts) so = {MPG_SYNC_OPTS_INIT, {0}};
   canary_set(so.canary);
+  so.v.sync = s->sync;
   so.v.grad_scale = 0.5;
-  OK(mpg_sync_opts_from_spec(&s, &so.v));
-  canary_check(so.canary, "mpg_sync_opts_from_spec");
-  cr_assert_eq(so.v.bucket_mb, 3.0);
-  cr_assert_eq(so.v.op, MPG_OP_SUM);
-  cr_assert_eq(so.v.grad_scale, 0.5, "a field the spec does not set was changed");
-  APPENDED_KEPT(so.v, "mpg_sync_opts_from_spec");
+  mpg_status st = mpg_mesh_create(s, 1, &m);
+  if (!st) st = mpg_ctx_create(m, io, &ctx);
+  if (!st) st = mpg_sync_create(ctx, &so.v, &sync);
+  canary_check(so.canary, "mpg_sync_create");
+  APPENDED_KEPT(so.v, "mpg_sync_create");
+  mpg_sync_destroy(sync);
+  mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(m);
+  return st;
+}
+
+Test(abi, options_holding_spec_sections_stay_inside) {
+  mpg_spec s = MPG_SPEC_INIT;
+  OK(mpg_spec_load_string(spec_toml, NULL, &s));
+  cr_assert_eq(s.sync.bucket_mb, 3.0);
+  cr_assert_eq(s.sync.op, MPG_OP_SUM);
+  OK(mpg_spec_set_mesh(&s, "dp=1"));
+  OK(mpg_thread_run(1, 30.0, sync_rank, &s, NULL));
   GUARDED(mpg_placement_opts) po = {MPG_PLACEMENT_OPTS_INIT, {0}};
   canary_set(po.canary);
-  OK(mpg_placement_opts_from_spec(&s, &po.v));
-  canary_check(po.canary, "mpg_placement_opts_from_spec");
-  APPENDED_KEPT(po.v, "mpg_placement_opts_from_spec");
+  po.v.topology = s.topology;
+  mpg_mesh *m = NULL;
+  OK(mpg_mesh_create(&s, 1, &m));
+  mpg_placement *pl = NULL;
+  OK(mpg_placement_create(m, &po.v, &pl));
+  canary_check(po.canary, "mpg_placement_create");
+  APPENDED_KEPT(po.v, "mpg_placement_create");
+  mpg_placement_destroy(pl);
+  mpg_mesh_destroy(m);
 }
 
 Test(abi, placement_opts_are_read_within_their_size) {
@@ -125,8 +148,8 @@ Test(abi, placement_opts_are_read_within_their_size) {
   mpg_mesh *m = NULL;
   OK(mpg_mesh_create(&s, 0, &m));
   mpg_placement_opts po = MPG_PLACEMENT_OPTS_INIT;
-  po.nodes = 2;
-  po.rank_order = MPG_RANK_ORDER_CYCLIC;
+  po.topology.nodes = 2;
+  po.topology.rank_order = MPG_RANK_ORDER_CYCLIC;
   mpg_placement *pl = NULL;
   OK(mpg_placement_create(m, &po, &pl));
   cr_assert_eq(mpg_placement_num_nodes(pl), 2);
@@ -221,7 +244,7 @@ static mpg_status rank_main(const mpg_init_opts *lib, void *arg) {
   o.backend = lib->backend;
   o.rank = lib->rank;
   o.world_size = lib->world_size;
-  o.timeout_s = lib->timeout_s;
+  o.backend.timeout_s = lib->backend.timeout_s;
   o.thread_world = lib->thread_world;
   mpg_ctx *ctx = NULL;
   mpg_status st = mpg_ctx_create(j->mesh, &o, &ctx);

@@ -78,20 +78,6 @@ static char fails[8][1024];
   } while (0)
 
 
-/* fn(spec, opts) of the *_opts_from_spec family: NULL arguments and
- * structs not set up by MPG_SPEC_INIT / the opts initializer. */
-#define EXPECT_FROM_SPEC(fn, type, INIT, init_name)                               \
-  do {                                                                            \
-    mpg_spec sp_ = MPG_SPEC_INIT, sbad_;                                          \
-    type o_ = INIT, obad_;                                                        \
-    memset(&sbad_, 0, sizeof sbad_);                                              \
-    memset(&obad_, 0, sizeof obad_);                                              \
-    EXPECT(fn(NULL, &o_), MPG_ERR_INVALID, "NULL");                               \
-    EXPECT(fn(&sp_, NULL), MPG_ERR_INVALID, "NULL");                              \
-    EXPECT(fn(&sbad_, &o_), MPG_ERR_INVALID, "MPG_SPEC_INIT");                    \
-    EXPECT(fn(&sp_, &obad_), MPG_ERR_INVALID, init_name);                         \
-  } while (0)
-
 static mpg_mesh *make_mesh(const char *dims) {
   mpg_spec sp = MPG_SPEC_INIT;
   cr_assert_eq(mpg_spec_set_mesh(&sp, dims), MPG_OK, "%s", mpg_last_error());
@@ -414,8 +400,6 @@ Test(api, topo_functions) {
 /* ------------------------------------------------------------------ */
 
 Test(api, placement_functions) {
-  EXPECT_FROM_SPEC(mpg_placement_opts_from_spec, mpg_placement_opts,
-                   MPG_PLACEMENT_OPTS_INIT, "MPG_PLACEMENT_OPTS_INIT");
   mpg_placement_opts po = MPG_PLACEMENT_OPTS_INIT, pbad;
   memset(&pbad, 0, sizeof pbad);
   mpg_mesh *m = make_mesh("dp=2,tp=2");
@@ -424,12 +408,12 @@ Test(api, placement_functions) {
   cr_expect_null(p);
   EXPECT(mpg_placement_create(m, &po, NULL), MPG_ERR_INVALID, "NULL");
   EXPECT(mpg_placement_create(m, &pbad, &p), MPG_ERR_INVALID, "MPG_PLACEMENT_OPTS_INIT");
-  po.nodes = -2;
+  po.topology.nodes = -2;
   EXPECT(mpg_placement_create(m, &po, &p), MPG_ERR_RANGE, "-2");
-  po.nodes = 0;
-  po.gpus_per_node = -1;
+  po.topology.nodes = 0;
+  po.topology.gpus_per_node = -1;
   EXPECT(mpg_placement_create(m, &po, &p), MPG_ERR_RANGE, "-1");
-  po.gpus_per_node = 0;
+  po.topology.gpus_per_node = 0;
   int node_of[4] = {0, 0, -1, 1};
   po.node_of = node_of;
   EXPECT(mpg_placement_create(m, &po, &p), MPG_ERR_RANGE, "-1");
@@ -441,7 +425,7 @@ Test(api, placement_functions) {
   cr_expect_eq(mpg_placement_num_nodes(NULL), 0);
   cr_expect_eq(mpg_placement_dimset_is_inner(NULL, 0), 0);
 
-  po.nodes = 2;
+  po.topology.nodes = 2;
   cr_assert_eq(mpg_placement_create(m, &po, &p), MPG_OK, "%s", mpg_last_error());
   int lr, node, gpu, mr, nn, mis;
   EXPECT(mpg_placement_of(NULL, 0, &lr, &node, &gpu), MPG_ERR_INVALID, "NULL");
@@ -477,8 +461,6 @@ Test(api, launch_and_thread_run) {
   EXPECT(mpg_launch_from_env(NULL), MPG_ERR_INVALID, "NULL");
   EXPECT(mpg_launch_from_env(&lbad), MPG_ERR_INVALID, "MPG_LAUNCH_INIT");
   (void)l;
-  EXPECT_FROM_SPEC(mpg_init_opts_from_spec, mpg_init_opts, MPG_INIT_OPTS_INIT,
-                   "MPG_INIT_OPTS_INIT");
   EXPECT(mpg_thread_run(0, 1.0, noop_rank, NULL, NULL), MPG_ERR_INVALID, "nranks is 0");
   EXPECT(mpg_thread_run(-3, 1.0, noop_rank, NULL, NULL), MPG_ERR_INVALID, "nranks is -3");
   EXPECT(mpg_thread_run(4097, 1.0, noop_rank, NULL, NULL), MPG_ERR_INVALID, "4097");
@@ -502,7 +484,7 @@ Test(api, ctx_create_misuse) {
   mpg_init_opts zero = MPG_INIT_OPTS_INIT;
   zero.size = 0;
   EXPECT(mpg_ctx_create(m, &zero, &c), MPG_ERR_INVALID, "thread_world");
-  io.backend = (mpg_backend_kind)9;
+  io.backend.name = (mpg_backend_kind)9;
   EXPECT(mpg_ctx_create(m, &io, &c), MPG_ERR_UNSUPPORTED, "backend");
   EXPECT(mpg_ctx_destroy(NULL), MPG_OK, "");
   cr_expect_eq(mpg_ctx_status(NULL), MPG_ERR_INVALID);
@@ -759,12 +741,12 @@ static mpg_status sync_rank(const mpg_init_opts *opts, void *arg) {
   R_TRUE(s == NULL);
   R_EXPECT(mpg_sync_create(c, &so, NULL), MPG_ERR_INVALID, "NULL");
   R_EXPECT(mpg_sync_create(c, &sobad, &s), MPG_ERR_INVALID, "MPG_SYNC_OPTS_INIT");
-  so.bucket_mb = -1;
+  so.sync.bucket_mb = -1;
   R_EXPECT(mpg_sync_create(c, &so, &s), MPG_ERR_INVALID, "bucket");
-  so.bucket_mb = 25;
-  so.op = MPG_OP_MAX;
+  so.sync.bucket_mb = 25;
+  so.sync.op = MPG_OP_MAX;
   R_EXPECT(mpg_sync_create(c, &so, &s), MPG_ERR_INVALID, "op");
-  so.op = MPG_OP_AVG;
+  so.sync.op = MPG_OP_AVG;
   so.default_dims = "nope";
   R_EXPECT(mpg_sync_create(c, &so, &s), MPG_ERR_NOT_FOUND, "nope");
   so.default_dims = NULL;
@@ -858,21 +840,21 @@ static mpg_status sync_rank(const mpg_init_opts *opts, void *arg) {
   R_EXPECT(mpg_sync_gather_all(NULL), MPG_ERR_INVALID, "NULL");
   {
     mpg_sync_opts sh = MPG_SYNC_OPTS_INIT;
-    sh.mode = MPG_SYNC_SHARD;
-    sh.fsdp_owns_dp = 1;
+    sh.sync.mode = MPG_SYNC_SHARD;
+    sh.sync.fsdp_owns_dp = 1;
     mpg_sync *bad = NULL;
     R_EXPECT(mpg_sync_create(c, &sh, &bad), MPG_ERR_INVALID, "fsdp_owns_dp");
-    sh.fsdp_owns_dp = 0;
-    sh.mode = (mpg_sync_mode)7;
-    R_EXPECT(mpg_sync_create(c, &sh, &bad), MPG_ERR_INVALID, "opts.mode");
-    sh.mode = MPG_SYNC_REPLICATE;
-    sh.shard_dims = "dp";
+    sh.sync.fsdp_owns_dp = 0;
+    sh.sync.mode = (mpg_sync_mode)7;
+    R_EXPECT(mpg_sync_create(c, &sh, &bad), MPG_ERR_INVALID, "opts.sync.mode");
+    sh.sync.mode = MPG_SYNC_REPLICATE;
+    snprintf(sh.sync.shard_dims, sizeof sh.sync.shard_dims, "%s", "dp");
     R_EXPECT(mpg_sync_create(c, &sh, &bad), MPG_ERR_INVALID, "MPG_SYNC_SHARD");
-    sh.mode = MPG_SYNC_SHARD;
-    sh.replicate_dims = "dp";
+    sh.sync.mode = MPG_SYNC_SHARD;
+    snprintf(sh.sync.replicate_dims, sizeof sh.sync.replicate_dims, "%s", "dp");
     R_EXPECT(mpg_sync_create(c, &sh, &bad), MPG_ERR_INVALID, "share");
-    sh.shard_dims = NULL;
-    sh.replicate_dims = NULL;
+    sh.sync.shard_dims[0] = '\0';
+    sh.sync.replicate_dims[0] = '\0';
     R_EXPECT(mpg_sync_create(c, &sh, &bad), MPG_OK, "");
     int q = -1;
     R_EXPECT(mpg_sync_add_param(bad, "w", 300, MPG_F32, NULL, &q), MPG_OK, "");
@@ -911,7 +893,3 @@ static mpg_status sync_rank(const mpg_init_opts *opts, void *arg) {
 
 Test(api, sync_wrong_order_and_foreign_handles) { run_ranks("dp=2", sync_rank); }
 
-Test(api, sync_opts_from_spec) {
-  EXPECT_FROM_SPEC(mpg_sync_opts_from_spec, mpg_sync_opts, MPG_SYNC_OPTS_INIT,
-                   "MPG_SYNC_OPTS_INIT");
-}

@@ -59,13 +59,13 @@ void owners(const std::string& data) {
   expect_error(MPG_ERR_RANGE, [&] { t.gpu(99); }, "gpu range");
 
   mpg_placement_opts po = MPG_PLACEMENT_OPTS_INIT;
-  po.gpus_per_node = 4;
+  po.topology.gpus_per_node = 4;
   meshpg::Placement p(d, po);
   meshpg::Placement q(d);
   q = std::move(p);
   require(q.num_nodes() == 2 && !p, "placement moves");
-  po.strict = 1;
-  po.gpus_per_node = 1;  // tp and cp would cross nodes
+  po.topology.strict = 1;
+  po.topology.gpus_per_node = 1;  // tp and cp would cross nodes
   expect_error(MPG_ERR_TOPO, [&] { meshpg::Placement bad(d, po); }, "strict placement");
 }
 

@@ -194,8 +194,8 @@ Test(spec, mutators_chain_and_fields_are_reachable) {
   cr_assert_str_eq(s->dims[0].name, "pp");
   cr_assert_str_eq(s->dims[3].name, "tp");
   cr_assert_eq(s->nflatten, 1);
-  s->timeout_s = 5;
-  cr_assert_eq(s.get()->timeout_s, 5.0);
+  s->backend.timeout_s = 5;
+  cr_assert_eq(s.get()->backend.timeout_s, 5.0);
 }
 
 Test(spec, errors_are_exceptions) {
@@ -212,12 +212,12 @@ Test(spec, load_file_and_section_options) {
   meshpg::Spec s = meshpg::Spec::load_file(data_dir() + "/../examples/fsdp.toml");
   cr_assert_eq(s->ndims, 3);
   mpg_sync_opts so = s.sync_opts();
-  cr_assert_eq(so.fsdp_owns_dp, 1);
+  cr_assert_eq(so.sync.fsdp_owns_dp, 1);
   cr_assert_eq(so.magic, MPG_SYNC_OPTS_MAGIC);
   meshpg::Spec l = meshpg::Spec::load_file(data_dir() + "/../examples/llama64.toml");
   mpg_placement_opts po = l.placement_opts();
-  cr_assert_eq(po.nodes, 8);
-  cr_assert_eq(po.gpus_per_node, 8);
+  cr_assert_eq(po.topology.nodes, 8);
+  cr_assert_eq(po.topology.gpus_per_node, 8);
 }
 
 Test(spec, is_a_copyable_value) {
@@ -357,7 +357,7 @@ Test(placement, two_nodes_keep_tp_inside) {
   s.set_mesh("dp=2,tp=8");
   meshpg::Mesh m(s);
   mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
-  o.gpus_per_node = 8;
+  o.topology.gpus_per_node = 8;
   meshpg::Placement p(m, o);
   cr_assert_eq(p.num_nodes(), 2);
   cr_assert_eq(p.check_misfits(), 0);
@@ -384,8 +384,8 @@ Test(placement, strict_misfit_throws) {
   s.set_mesh("dp=1,tp=16");
   meshpg::Mesh m(s);
   mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
-  o.gpus_per_node = 8;
-  o.strict = 1;
+  o.topology.gpus_per_node = 8;
+  o.topology.strict = 1;
   meshpg::Error e = expect_error(MPG_ERR_TOPO, [&] { meshpg::Placement p(m, o); });
   cr_assert(has(e.detail(), "tp"), "%s", e.what());
 }
@@ -1002,7 +1002,7 @@ Test(threads, shard_mode_through_the_cpp_layer, .timeout = 120) {
   meshpg::ThreadRun run = meshpg::run_threads(8, 30, [&](const mpg_init_opts& opts) {
     meshpg::Ctx ctx(mesh, opts);
     mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-    so.mode = MPG_SYNC_SHARD;
+    so.sync.mode = MPG_SYNC_SHARD;
     meshpg::Sync sync(ctx, so);
     const int w = sync.add_param<float>("w", 1000);
     sync.commit();

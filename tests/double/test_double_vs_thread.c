@@ -262,14 +262,14 @@ static void *nccl_rank(void *p) {
   nccl_arg *na = p;
   job *j = na->j;
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
+  o.backend.name = MPG_BACKEND_NCCL;
   o.rank = na->rank;
   o.world_size = j->world;
   o.local_rank = na->rank;
   o.local_world_size = j->world;
   o.device = na->rank;
   o.nccl_id = &j->id;
-  o.timeout_s = 60;
+  o.backend.timeout_s = 60;
   place(j, &o);
   mpg_ctx *ctx = NULL;
   cudaSetDevice(na->rank);

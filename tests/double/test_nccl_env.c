@@ -61,14 +61,14 @@ typedef struct job {
 
 static mpg_ctx *create(job *j) {
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
+  o.backend.name = MPG_BACKEND_NCCL;
   o.rank = j->rank;
   o.world_size = j->world;
   o.local_rank = j->rank;
   o.local_world_size = j->world;
   o.device = j->rank;
   o.nccl_id = j->id;
-  o.timeout_s = 60;
+  o.backend.timeout_s = 60;
   mpg_ctx *ctx = NULL;
   mpg_status st = mpg_ctx_create(j->mesh, &o, &ctx);
   CHECK(j, st == MPG_OK, "rank %d: mpg_ctx_create: %s: %s", j->rank, mpg_status_name(st),

@@ -84,14 +84,14 @@ static void *rank_main(void *p) {
   rank_arg *a = p;
   world *w = a->w;
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
+  o.backend.name = MPG_BACKEND_NCCL;
   o.rank = a->rank;
   o.world_size = 2;
   o.local_rank = a->rank;
   o.local_world_size = 2;
   o.device = a->rank;
   o.nccl_id = &w->id;
-  o.timeout_s = 60;
+  o.backend.timeout_s = 60;
   cudaSetDevice(a->rank);
   mpg_ctx *ctx = NULL;
   w->create[a->rank] = mpg_ctx_create(w->mesh, &o, &ctx);
@@ -242,8 +242,8 @@ Test(abort, watchdog_abort_before_the_wait_fails_it, .timeout = 60) {
  * invalid. */
 static void abort_sync_step(world *w, int rank, mpg_ctx *ctx) {
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.bucket_mb = 0.01;
-  so.first_bucket_mb = 0.001;
+  so.sync.bucket_mb = 0.01;
+  so.sync.first_bucket_mb = 0.001;
   mpg_sync *s = NULL;
   int ids[3];
   mpg_status st = mpg_sync_create(ctx, &so, &s);

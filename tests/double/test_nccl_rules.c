@@ -82,14 +82,14 @@ typedef struct rank {
 
 static int create(rank *r) {
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
+  o.backend.name = MPG_BACKEND_NCCL;
   o.rank = r->rank;
   o.world_size = r->world;
   o.local_rank = r->rank;
   o.local_world_size = r->world;
   o.device = r->rank;
   o.nccl_id = r->id;
-  o.timeout_s = r->timeout_s > 0 ? r->timeout_s : 30;
+  o.backend.timeout_s = r->timeout_s > 0 ? r->timeout_s : 30;
   mpg_status st = mpg_ctx_create(r->mesh, &o, &r->ctx);
   CHECK(r, st == MPG_OK, "rank %d: mpg_ctx_create: %s: %s", r->rank, mpg_status_name(st),
         mpg_last_error());

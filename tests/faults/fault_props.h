@@ -874,7 +874,7 @@ static inline int fp_epoch(fp_rank *R, int start) {
   fp_busy(R, "the set-up (mpg_ctx_create .. mpg_sync_commit)", start);
   mpg_status st = fp_mesh(c, &mesh);
   mpg_init_opts o = R->base;
-  o.timeout_s = FP_SETUP_TIMEOUT_S;
+  o.backend.timeout_s = FP_SETUP_TIMEOUT_S;
 #ifdef FP_ON_DOUBLE
   if (!st) {
     what = "cudaStreamCreate";
@@ -887,15 +887,15 @@ static inline int fp_epoch(fp_rank *R, int start) {
     st = mpg_ctx_create(mesh, &o, &ctx);
   }
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.op = c->op;
+  so.sync.op = c->op;
   so.grad_scale = c->grad_scale;
-  so.reduce_dtype = c->reduce_dtype;
-  so.bucket_mb = c->bucket_mb;
-  so.first_bucket_mb = c->first_bucket_mb;
+  so.sync.reduce_dtype = c->reduce_dtype;
+  so.sync.bucket_mb = c->bucket_mb;
+  so.sync.first_bucket_mb = c->first_bucket_mb;
   if (c->shard) {
-    so.mode = MPG_SYNC_SHARD;
-    so.shard_dims = c->shard_dims;
-    so.replicate_dims = c->replicate_dims;
+    so.sync.mode = MPG_SYNC_SHARD;
+    snprintf(so.sync.shard_dims, sizeof so.sync.shard_dims, "%s", c->shard_dims ? c->shard_dims : "");
+    snprintf(so.sync.replicate_dims, sizeof so.sync.replicate_dims, "%s", c->replicate_dims ? c->replicate_dims : "");
   }
   if (!st) {
     what = "mpg_sync_create";

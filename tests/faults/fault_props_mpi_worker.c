@@ -85,12 +85,12 @@ int main(int argc, char **argv) {
   R->base = (mpg_init_opts)MPG_INIT_OPTS_INIT;
 #ifdef FP_ON_DOUBLE
   /* NCCL: rank and world from the launcher; device = rank (one node). */
-  R->base.backend = MPG_BACKEND_NCCL;
+  R->base.backend.name = MPG_BACKEND_NCCL;
   R->base.device = rank;
   R->host = malloc(FP_MAX_ELEMS * 8);
   if (!R->host) return 1;
 #else
-  R->base.backend = MPG_BACKEND_MPI;
+  R->base.backend.name = MPG_BACKEND_MPI;
 #endif
   fp_monitor mon;
   fp_monitor_start(&mon, &R, 1, FP_HANG_S);

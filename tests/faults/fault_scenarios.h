@@ -151,11 +151,11 @@ static inline mpg_status fault_rank(const mpg_init_opts *opts, const fault_cfg *
     goto done;
   }
   mpg_init_opts o = *opts;
-  o.timeout_s = c->timeout_s;
+  o.backend.timeout_s = c->timeout_s;
   FAULT_CALL("ctx_create", mpg_ctx_create(mesh, &o, &ctx));
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.bucket_mb = 0.001;
-  so.first_bucket_mb = 0.001;
+  so.sync.bucket_mb = 0.001;
+  so.sync.first_bucket_mb = 0.001;
   FAULT_CALL("sync_create", mpg_sync_create(ctx, &so, &s));
   for (int p = 0; p < 6; p++) {
     int q = p;

@@ -38,7 +38,7 @@ int main(int argc, char **argv) {
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   }
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend = MPG_BACKEND_MPI;
+  opts.backend.name = MPG_BACKEND_MPI;
   fault_res *res = malloc(sizeof *res);
   if (!res) return 1;
   fault_rank(&opts, &c, rank, res);

@@ -193,7 +193,7 @@ static void *nccl_rank(void *p) {
   fp_job *j = a->j;
   fp_rank *R = &j->ranks[a->rank];
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
+  o.backend.name = MPG_BACKEND_NCCL;
   o.rank = a->rank;
   o.world_size = j->c.world;
   o.local_rank = a->rank;

@@ -161,7 +161,7 @@ static inline void fuzz_check_spec_mesh(const mpg_spec *spec, unsigned pick) {
      * pipeline groups, edp: docs/pipeline-and-experts.md, "Checked when a
      * mesh is built") may fail here; a product over FUZZ_MAX_WORLD was
      * caught above. */
-    FUZZ_CHECK(spec->expert_ep != 0 && st == MPG_ERR_SPEC && strstr(mpg_last_error(), "expert"));
+    FUZZ_CHECK(spec->experts.ep != 0 && st == MPG_ERR_SPEC && strstr(mpg_last_error(), "expert"));
     return;
   }
   fuzz_check_mesh(spec, m, 16);

@@ -40,8 +40,8 @@ static void one_create(int i, const agree_job *job) {
   mpg_mesh *mesh = NULL;
   mpg_status st = agree_build(job, g_world, &mesh);
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend = MPG_BACKEND_MPI;
-  opts.timeout_s = 60.0; /* far beyond the promise: waiting it out would show */
+  opts.backend.name = MPG_BACKEND_MPI;
+  opts.backend.timeout_s = 60.0; /* far beyond the promise: waiting it out would show */
   mpg_ctx *ctx = NULL;
   MPI_Barrier(MPI_COMM_WORLD);
   double t0 = clock_s();

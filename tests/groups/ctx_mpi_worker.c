@@ -77,14 +77,14 @@ int main(int argc, char **argv) {
   CALL(mpg_spec_set_mesh(&spec, argv[2]));
   CALL(mpg_mesh_create(&spec, world, &mesh));
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend = MPG_BACKEND_MPI;
-  opts.timeout_s = 30;
+  opts.backend.name = MPG_BACKEND_MPI;
+  opts.backend.timeout_s = 30;
   if (place) {
     snprintf(host, sizeof host, "node%d:boot", node);
     opts.host_id = host;
     opts.placement = 1;
   } else {
-    opts.lazy_groups = 1;
+    opts.backend.lazy_groups = 1;
   }
   CALL(mpg_ctx_create(mesh, &opts, &ctx));
   if (place) {

@@ -514,11 +514,11 @@ static mpg_status make_ctx(int world, double timeout_s, int lazy,
       (st = mpg_spec_validate(&spec)) || (st = mpg_mesh_create(&spec, world, mesh)))
     return st;
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend = MPG_BACKEND_MPI;
+  opts.backend.name = MPG_BACKEND_MPI;
   opts.rank = -1;       /* from OMPI_COMM_WORLD_RANK */
   opts.world_size = -1; /* from OMPI_COMM_WORLD_SIZE */
-  opts.timeout_s = timeout_s;
-  opts.lazy_groups = lazy;
+  opts.backend.timeout_s = timeout_s;
+  opts.backend.lazy_groups = lazy;
   return mpg_ctx_create(*mesh, &opts, ctx);
 }
 
@@ -851,8 +851,8 @@ static int run_sub_comm(int world) {
   mpg_mesh *mesh = NULL;
   CHECK(mpg_mesh_create(&spec, 0, &mesh));
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend = MPG_BACKEND_MPI;
-  opts.timeout_s = 60;
+  opts.backend.name = MPG_BACKEND_MPI;
+  opts.backend.timeout_s = 60;
   opts.mpi_comm = &sub;
   mpg_ctx *ctx = NULL;
   CHECK(mpg_ctx_create(mesh, &opts, &ctx));

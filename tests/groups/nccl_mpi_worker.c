@@ -128,9 +128,9 @@ static mpg_status make_ctx_lazy(double timeout_s, int lazy, mpg_mesh **mesh, mpg
   if (!st) st = mpg_mesh_create(&spec, g_world, mesh);
   if (st) return st;
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
-  o.timeout_s = timeout_s;
-  o.lazy_groups = lazy;
+  o.backend.name = MPG_BACKEND_NCCL;
+  o.backend.timeout_s = timeout_s;
+  o.backend.lazy_groups = lazy;
   return mpg_ctx_create(*mesh, &o, ctx); /* rank, device: from the launcher */
 }
 
@@ -211,16 +211,16 @@ static int run_sync_case(mpg_ctx *ctx, const sync_case *sc) {
   void *host = malloc(4099 * 8);
   if (!host) return 1;
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.mode = mode;
-  so.reduce_dtype = sc->rdt;
-  so.fsdp_owns_dp = sc->fsdp_owns_dp;
-  so.shard_dims = sc->shard_dims;
-  so.replicate_dims = sc->replicate_dims;
+  so.sync.mode = mode;
+  so.sync.reduce_dtype = sc->rdt;
+  so.sync.fsdp_owns_dp = sc->fsdp_owns_dp;
+  snprintf(so.sync.shard_dims, sizeof so.sync.shard_dims, "%s", sc->shard_dims ? sc->shard_dims : "");
+  snprintf(so.sync.replicate_dims, sizeof so.sync.replicate_dims, "%s", sc->replicate_dims ? sc->replicate_dims : "");
   so.register_buffers = sc->registered;
   cudaStream_t bwd = NULL;
   if (sc->backward) CUDA_TRY(cudaStreamCreateWithFlags(&bwd, cudaStreamNonBlocking));
-  so.bucket_mb = 0.004; /* several buckets in flight */
-  so.first_bucket_mb = 0.002;
+  so.sync.bucket_mb = 0.004; /* several buckets in flight */
+  so.sync.first_bucket_mb = 0.002;
   TRY(mpg_sync_create(ctx, &so, &s));
   for (int p = 0; p < 3; p++) {
     mpg_param_opts po = MPG_PARAM_OPTS_INIT;
@@ -801,9 +801,9 @@ static int run_gather(int armed) {
   int ids[2] = {-1, -1};
   TRY(make_ctx(120, &mesh, &ctx)); /* start-up; then 3 s for the held gather */
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.mode = MPG_SYNC_SHARD;
-  so.bucket_mb = 0.25;
-  so.first_bucket_mb = 0.25;
+  so.sync.mode = MPG_SYNC_SHARD;
+  so.sync.bucket_mb = 0.25;
+  so.sync.first_bucket_mb = 0.25;
   TRY(mpg_sync_create(ctx, &so, &s));
   TRY(mpg_sync_add_param(s, "p0", 1 << 16, MPG_F32, NULL, &ids[0]));
   TRY(mpg_sync_add_param(s, "p1", 1 << 16, MPG_F32, NULL, &ids[1]));

@@ -107,8 +107,8 @@ static OC_UNUSED mpg_status oc_sync_case(mpg_ctx *ctx, int rank, int extra, char
   mpg_group *pp = NULL;
   float f[4] = {1, 2, 3, 4};
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.bucket_mb = 0.0005; /* about 500 bytes: several buckets */
-  so.first_bucket_mb = 0.0005;
+  so.sync.bucket_mb = 0.0005; /* about 500 bytes: several buckets */
+  so.sync.first_bucket_mb = 0.0005;
   OC_TRY(mpg_ctx_group(ctx, "pp", &pp));
   OC_TRY(mpg_sync_create(ctx, &so, &s));
   for (int p = 0; p < 6; p++) {

@@ -16,8 +16,8 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   setenv("MESHPG_CHECK_ORDER", "1", 1);
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend = MPG_BACKEND_MPI;
-  opts.timeout_s = 60;
+  opts.backend.name = MPG_BACKEND_MPI;
+  opts.backend.timeout_s = 60;
   mpg_launch env = MPG_LAUNCH_INIT;
   if (mpg_launch_from_env(&env) != MPG_OK) {
     printf("FAIL %s rank ?: no MPI launch environment: %s\n", argv[1], mpg_last_error());

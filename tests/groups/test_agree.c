@@ -234,7 +234,7 @@ Test(agree, documented_values_pass) {
 
 static mpg_status timeout_main(const mpg_init_opts *in, void *p) {
   mpg_init_opts opts = *in;
-  opts.timeout_s = *(const double *)p;
+  opts.backend.timeout_s = *(const double *)p;
   return plain_main(&opts, NULL);
 }
 
@@ -242,13 +242,13 @@ Test(agree, endless_timeouts_are_refused) {
   const double bad[] = {NAN, INFINITY, 1e300, 1e9};
   for (int i = 0; i < 4; i++) {
     mpg_status st = mpg_thread_run(2, TIMEOUT_S, timeout_main, (void *)&bad[i], NULL);
-    cr_expect_eq(st, MPG_ERR_INVALID, "opts.timeout_s = %g: %s", bad[i], mpg_last_error());
-    cr_expect(strstr(mpg_last_error(), "opts.timeout_s"), "%s", mpg_last_error());
+    cr_expect_eq(st, MPG_ERR_INVALID, "opts.backend.timeout_s = %g: %s", bad[i], mpg_last_error());
+    cr_expect(strstr(mpg_last_error(), "opts.backend.timeout_s"), "%s", mpg_last_error());
   }
   const double fine[] = {0.0, 5.0};
   for (int i = 0; i < 2; i++)
     cr_expect_eq(mpg_thread_run(2, TIMEOUT_S, timeout_main, (void *)&fine[i], NULL), MPG_OK,
-                 "opts.timeout_s = %g: %s", fine[i], mpg_last_error());
+                 "opts.backend.timeout_s = %g: %s", fine[i], mpg_last_error());
 }
 
 Test(agree, spec_timeout_must_be_finite) {

@@ -28,7 +28,7 @@ static mpg_status rank_main(const mpg_init_opts *in, void *arg) {
   snprintf(host, sizeof host, "node%d:boot-id", node);
   opts.host_id = host;
   opts.placement = 1;
-  opts.strict_placement = j->strict;
+  opts.topology.strict = j->strict;
 
   mpg_spec spec = MPG_SPEC_INIT;
   mpg_spec_init(&spec);
@@ -114,7 +114,7 @@ Test(ctx_placement, one_node_partial_renumbering_splits_on_every_rank) {
 static mpg_status lazy_main(const mpg_init_opts *in, void *arg) {
   (void)arg;
   mpg_init_opts opts = *in;
-  opts.lazy_groups = 1;
+  opts.backend.lazy_groups = 1;
   mpg_spec spec = MPG_SPEC_INIT;
   mpg_spec_init(&spec);
   mpg_status st = mpg_spec_set_mesh(&spec, "dp=2,cp=2,tp=2");

@@ -313,7 +313,7 @@ Test(nccl_nogpu, world_init_reports_missing_device) {
   mpg_mesh *mesh = NULL;
   EXPECT_OK(mpg_mesh_create(&spec, 1, &mesh));
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
+  o.backend.name = MPG_BACKEND_NCCL;
   o.rank = 0;
   o.world_size = 1;
   o.device = 0;
@@ -397,12 +397,12 @@ static world1 public_world1_on(int device) {
   EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=1"));
   EXPECT_OK(mpg_mesh_create(&spec, 1, &w.mesh));
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
+  o.backend.name = MPG_BACKEND_NCCL;
   o.rank = 0;
   o.world_size = 1;
   o.local_rank = 0;
   o.device = device;
-  o.timeout_s = 60;
+  o.backend.timeout_s = 60;
   EXPECT_OK(mpg_ctx_create(w.mesh, &o, &w.ctx));
   cr_assert_eq(mpg_ctx_backend(w.ctx), MPG_BACKEND_NCCL);
   EXPECT_OK(mpg_ctx_group(w.ctx, "dp", &w.dp));
@@ -784,14 +784,14 @@ static double want_gather2(size_t i, void *p) {
 static void *rank_main(void *p) {
   rank_job *j = p;
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
+  o.backend.name = MPG_BACKEND_NCCL;
   o.rank = j->rank;
   o.world_size = 2;
   o.local_rank = j->rank;
   o.local_world_size = 2;
   o.device = j->rank % j->ndev;
   o.nccl_id = j->id;
-  o.timeout_s = 60;
+  o.backend.timeout_s = 60;
   mpg_ctx *ctx = NULL;
   j->create_st = mpg_ctx_create(j->mesh, &o, &ctx);
   if (j->create_st != MPG_OK) {
@@ -959,13 +959,13 @@ typedef struct {
 static void *rdv_main(void *p) {
   rdv_job *j = p;
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
+  o.backend.name = MPG_BACKEND_NCCL;
   o.rank = j->rank;
   o.world_size = 2;
   o.local_rank = j->rank;
   o.local_world_size = 2;
   o.device = j->rank % j->ndev;
-  o.timeout_s = 30;
+  o.backend.timeout_s = 30;
   mpg_ctx *ctx = NULL;
   j->st = mpg_ctx_create(j->mesh, &o, &ctx);
   snprintf(j->msg, sizeof j->msg, "%s", j->st ? mpg_last_error() : "");
@@ -1071,12 +1071,12 @@ Test(nccl_timeout, world_init_peer_never_arrives, .timeout = 120) {
   mpg_mesh *mesh = NULL;
   EXPECT_OK(mpg_mesh_create(&spec, 2, &mesh));
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
+  o.backend.name = MPG_BACKEND_NCCL;
   o.rank = 0;
   o.world_size = 2;
   o.device = 0;
   o.nccl_id = &id;
-  o.timeout_s = 2;
+  o.backend.timeout_s = 2;
   mpg_ctx *ctx = (mpg_ctx *)0x1;
   t0 = mpg__now();
   st = mpg_ctx_create(mesh, &o, &ctx);
@@ -1262,11 +1262,11 @@ Test(nccl_public, setup_collectives_with_placement_and_layout_check) {
   mpg_mesh *mesh = NULL;
   EXPECT_OK(mpg_mesh_create(&spec, 1, &mesh));
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend = MPG_BACKEND_NCCL;
+  opts.backend.name = MPG_BACKEND_NCCL;
   opts.rank = 0;
   opts.world_size = 1;
   opts.device = 0;
-  opts.timeout_s = 60;
+  opts.backend.timeout_s = 60;
   opts.placement = 1;
   opts.host_id = "gpu-host";
   mpg_ctx *ctx = NULL;
@@ -1363,15 +1363,15 @@ static void *reg_race_rank(void *p) {
   reg_race *j = p;
   cudaSetDevice(j->rank);
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend = MPG_BACKEND_NCCL;
+  o.backend.name = MPG_BACKEND_NCCL;
   o.rank = j->rank;
   o.world_size = j->world;
   o.local_rank = j->rank;
   o.local_world_size = j->world;
   o.device = j->rank;
   o.nccl_id = j->id;
-  o.lazy_groups = 1;
-  o.timeout_s = 60;
+  o.backend.lazy_groups = 1;
+  o.backend.timeout_s = 60;
   j->st = mpg_ctx_create(j->mesh, &o, &j->ctx);
   if (j->st) {
     snprintf(j->msg, sizeof j->msg, "ctx_create: %s", mpg_last_error());

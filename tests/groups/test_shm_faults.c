@@ -210,10 +210,10 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   for (int round = 0; round < j->rounds && !st; round++) {
     mpg_sync *s = NULL;
     mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-    so.op = MPG_OP_SUM;
+    so.sync.op = MPG_OP_SUM;
     so.default_dims = "dp";
-    so.bucket_mb = j->bucket_mb;
-    so.first_bucket_mb = j->bucket_mb;
+    so.sync.bucket_mb = j->bucket_mb;
+    so.sync.first_bucket_mb = j->bucket_mb;
     RCALL(mpg_sync_create(ctx, &so, &s));
     for (int p = 0; p < j->nparams; p++) {
       char name[16];

@@ -1083,8 +1083,8 @@ static mpg_status settime_main(const mpg_init_opts *opts, void *arg) {
   settime_arg *sa = arg;
   int r = opts->rank;
   mpg_init_opts o = *opts;
-  o.timeout_s = 120; /* start-up */
-  o.lazy_groups = 1;
+  o.backend.timeout_s = 120; /* start-up */
+  o.backend.lazy_groups = 1;
   mpg_ctx *ctx = NULL;
   RCALL(mpg_ctx_create(sa->mesh, &o, &ctx));
   mpg_group *dp = NULL, *tp = NULL;
@@ -1382,7 +1382,7 @@ static mpg_status lazy_main(const mpg_init_opts *opts, void *arg) {
   const mpg_mesh *mesh = arg;
   tl_rank = opts->rank;
   mpg_init_opts o = *opts;
-  o.lazy_groups = 1;
+  o.backend.lazy_groups = 1;
   mpg_ctx *ctx = NULL;
   RCALL(mpg_ctx_create(mesh, &o, &ctx));
   tl_ctx = ctx;
@@ -1413,7 +1413,7 @@ Test(thread_ctx, lazy_groups) {
 
 static mpg_status ok_main(const mpg_init_opts *opts, void *arg) {
   (void)arg;
-  return opts->backend == MPG_BACKEND_THREAD && opts->thread_world ? MPG_OK : MPG_ERR_STATE;
+  return opts->backend.name == MPG_BACKEND_THREAD && opts->thread_world ? MPG_OK : MPG_ERR_STATE;
 }
 
 Test(thread_run, bad_arguments) {
@@ -1447,12 +1447,12 @@ Test(thread_run, each_rank_gets_its_options) {
     cr_assert_eq(st[r], MPG_OK);
     cr_assert_eq(o->magic, MPG_INIT_OPTS_MAGIC);
     cr_assert_eq(o->size, sizeof(mpg_init_opts));
-    cr_assert_eq(o->backend, MPG_BACKEND_THREAD);
+    cr_assert_eq(o->backend.name, MPG_BACKEND_THREAD);
     cr_assert_eq(o->rank, r);
     cr_assert_eq(o->world_size, 8);
     cr_assert_eq(o->local_rank, r);
     cr_assert_eq(o->local_world_size, 8);
-    cr_assert(o->timeout_s == 2.5);
+    cr_assert(o->backend.timeout_s == 2.5);
     cr_assert_not_null(o->thread_world);
     cr_assert_eq(o->thread_world, oa.seen[0].thread_world);
   }

@@ -141,10 +141,10 @@ Test(experts, toml_section) {
       "order = \"tp-cp-ep-dp-pp\"\n";
   mpg_spec sp = MPG_SPEC_INIT;
   cr_assert_eq(mpg_spec_load_string(toml, "moe.toml", &sp), MPG_OK, "%s", mpg_last_error());
-  cr_expect_eq(sp.expert_ep, 4);
-  cr_expect_eq(sp.expert_tp, 1);
-  cr_expect_str_eq(sp.expert_order, "tp-cp-ep-dp-pp");
-  cr_expect_eq(sp.expert_ep_pos.line, 4);
+  cr_expect_eq(sp.experts.ep, 4);
+  cr_expect_eq(sp.experts.tp, 1);
+  cr_expect_str_eq(sp.experts.order, "tp-cp-ep-dp-pp");
+  cr_expect_eq(sp.experts.ep_pos.line, 4);
   mpg_mesh *m = NULL;
   cr_assert_eq(mpg_mesh_create(&sp, 16, &m), MPG_OK, "%s", mpg_last_error());
   EXPECT_GROUPS(m, "ep", "[0,1,2,3] [4,5,6,7] [8,9,10,11] [12,13,14,15]");
@@ -154,8 +154,8 @@ Test(experts, toml_section) {
   cr_assert_eq(mpg_spec_load_string("[mesh]\ndims = [ { name = \"dp\", size = 2 } ]\n"
                                     "[experts]\n", "e.toml", &sp),
                MPG_OK, "%s", mpg_last_error());
-  cr_expect_eq(sp.expert_ep, 1);
-  cr_expect_eq(sp.expert_tp, 0);
+  cr_expect_eq(sp.experts.ep, 1);
+  cr_expect_eq(sp.experts.tp, 0);
 }
 
 /* Without [experts], a dense dim may be named ep or edp (tests and
@@ -432,7 +432,7 @@ static mpg_status sync_main(const mpg_init_opts *opts, void *arg) {
   mpg_status st = mpg_ctx_create(mesh, opts, &ctx);
   if (st) return st;
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.op = MPG_OP_SUM;
+  so.sync.op = MPG_OP_SUM;
   mpg_sync *sync = NULL;
   mpg_param_opts po = MPG_PARAM_OPTS_INIT;
   po.reduce_dims = "edp";

@@ -254,8 +254,8 @@ static void assert_defaults(const mpg_spec *spec, const char *what) {
                spec->ndims);
   cr_assert_eq(spec->nflatten, 0, "%s: after the error nflatten is %d", what,
                spec->nflatten);
-  cr_assert(spec->bucket_mb == 25.0, "%s: after the error bucket_mb is %g, expected 25",
-            what, spec->bucket_mb);
+  cr_assert(spec->sync.bucket_mb == 25.0, "%s: after the error bucket_mb is %g, expected 25",
+            what, spec->sync.bucket_mb);
   cr_assert_str_eq(spec->source, "", "%s: after the error source is \"%s\"", what,
                    spec->source);
   size_t end = offsetof(mpg_spec, source) + sizeof fresh.source;
@@ -474,23 +474,23 @@ Test(spec_good, full) {
   cr_assert_str_eq(spec.flatten[1].dims[1], "dp");
 
   /* [topology] */
-  cr_assert_eq(spec.nodes, 4);
-  cr_assert_eq(spec.gpus_per_node, 4);
-  cr_assert_eq(spec.bind, MPG_BIND_CORE);
-  cr_assert_eq(spec.rank_order, MPG_RANK_ORDER_CYCLIC);
-  cr_assert_eq(spec.strict_placement, 1);
+  cr_assert_eq(spec.topology.nodes, 4);
+  cr_assert_eq(spec.topology.gpus_per_node, 4);
+  cr_assert_eq(spec.topology.bind, MPG_BIND_CORE);
+  cr_assert_eq(spec.topology.rank_order, MPG_RANK_ORDER_CYCLIC);
+  cr_assert_eq(spec.topology.strict, 1);
 
   /* [sync] */
-  cr_assert_eq(spec.fsdp_owns_dp, 1);
-  cr_assert_eq(spec.op, MPG_OP_SUM);
-  cr_assert(spec.bucket_mb == 50.5, "bucket_mb %g", spec.bucket_mb);
-  cr_assert(spec.first_bucket_mb == 2.5, "first_bucket_mb %g", spec.first_bucket_mb);
-  cr_assert_eq(spec.reduce_dtype, MPG_REDUCE_NATIVE);
+  cr_assert_eq(spec.sync.fsdp_owns_dp, 1);
+  cr_assert_eq(spec.sync.op, MPG_OP_SUM);
+  cr_assert(spec.sync.bucket_mb == 50.5, "bucket_mb %g", spec.sync.bucket_mb);
+  cr_assert(spec.sync.first_bucket_mb == 2.5, "first_bucket_mb %g", spec.sync.first_bucket_mb);
+  cr_assert_eq(spec.sync.reduce_dtype, MPG_REDUCE_NATIVE);
 
   /* [backend] */
-  cr_assert_eq(spec.backend, MPG_BACKEND_NCCL);
-  cr_assert(spec.timeout_s == 30.0, "timeout_s %g", spec.timeout_s);
-  cr_assert_eq(spec.lazy_groups, 1);
+  cr_assert_eq(spec.backend.name, MPG_BACKEND_NCCL);
+  cr_assert(spec.backend.timeout_s == 30.0, "timeout_s %g", spec.backend.timeout_s);
+  cr_assert_eq(spec.backend.lazy_groups, 1);
 
   /* And it builds: 32 ranks give dp = 32 / (2 * 2 * 4) = 2. */
   mpg_mesh *mesh = NULL;
@@ -525,17 +525,17 @@ Test(spec_good, minimal) {
   cr_assert_str_eq(spec.source, path);
 
   /* Everything after the mesh is exactly the default. */
-  cr_assert(memcmp(&spec.nodes, &fresh.nodes,
-                   offsetof(mpg_spec, source) - offsetof(mpg_spec, nodes)) == 0,
+  cr_assert(memcmp(&spec.topology, &fresh.topology,
+                   offsetof(mpg_spec, source) - offsetof(mpg_spec, topology)) == 0,
             "a field outside [mesh] is not its default");
-  cr_assert_eq(spec.bind, MPG_BIND_NONE);
-  cr_assert_eq(spec.rank_order, MPG_RANK_ORDER_BLOCK);
-  cr_assert_eq(spec.op, MPG_OP_AVG);
-  cr_assert(spec.bucket_mb == 25.0);
-  cr_assert(spec.first_bucket_mb == 1.0);
-  cr_assert_eq(spec.reduce_dtype, MPG_REDUCE_F32);
-  cr_assert_eq(spec.backend, MPG_BACKEND_THREAD);
-  cr_assert(spec.timeout_s == 600.0);
+  cr_assert_eq(spec.topology.bind, MPG_BIND_NONE);
+  cr_assert_eq(spec.topology.rank_order, MPG_RANK_ORDER_BLOCK);
+  cr_assert_eq(spec.sync.op, MPG_OP_AVG);
+  cr_assert(spec.sync.bucket_mb == 25.0);
+  cr_assert(spec.sync.first_bucket_mb == 1.0);
+  cr_assert_eq(spec.sync.reduce_dtype, MPG_REDUCE_F32);
+  cr_assert_eq(spec.backend.name, MPG_BACKEND_THREAD);
+  cr_assert(spec.backend.timeout_s == 600.0);
 
   mpg_mesh *mesh = NULL;
   st = mpg_mesh_create(&spec, 16, &mesh);
@@ -578,13 +578,13 @@ Test(spec_good, shard_mode_keys_in_both_forms) {
   snprintf(text, sizeof text, "%s[sync]\nmode = \"shard\"\nshard_dims = [\"dp_shard\", \"cp\"]\n"
            "replicate_dims = [\"dp_replicate\"]\npad_for_nccl = true\n", mesh);
   cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_OK, "%s", mpg_last_error());
-  cr_assert_eq(spec.sync_mode, MPG_SYNC_SHARD);
-  cr_assert_str_eq(spec.shard_dims, "dp_shard,cp");
-  cr_assert_str_eq(spec.replicate_dims, "dp_replicate");
-  cr_assert_eq(spec.pad_for_nccl, 1);
+  cr_assert_eq(spec.sync.mode, MPG_SYNC_SHARD);
+  cr_assert_str_eq(spec.sync.shard_dims, "dp_shard,cp");
+  cr_assert_str_eq(spec.sync.replicate_dims, "dp_replicate");
+  cr_assert_eq(spec.sync.pad_for_nccl, 1);
   snprintf(text, sizeof text, "%s[sync]\nmode = \"shard\"\nshard_dims = \"dp_shard,cp\"\n", mesh);
   cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_OK, "%s", mpg_last_error());
-  cr_assert_str_eq(spec.shard_dims, "dp_shard,cp");
+  cr_assert_str_eq(spec.sync.shard_dims, "dp_shard,cp");
   snprintf(text, sizeof text, "%s[sync]\nmode = \"shard\"\nshard_dims = [\"cp\", 3]\n", mesh);
   cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_ERR_SPEC);
   cr_assert(strstr(mpg_last_error(), "sync.shard_dims[1]"), "%s", mpg_last_error());
@@ -599,18 +599,14 @@ Test(spec_good, shard_mode_keys_in_both_forms) {
   snprintf(text, sizeof text, "%s[sync]\nmode = \"shard\"\nexpert_shard_dims = [\"edp\"]\n"
            "optimizer_instances = 2\n", mesh);
   cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_OK, "%s", mpg_last_error());
-  cr_assert_str_eq(spec.expert_shard_dims, "edp");
-  cr_assert_eq(spec.optimizer_instances, 2);
-  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  cr_assert_eq(mpg_sync_opts_from_spec(&spec, &so), MPG_OK, "%s", mpg_last_error());
-  cr_assert_str_eq(so.expert_shard_dims, "edp");
-  cr_assert_eq(so.optimizer_instances, 2);
+  cr_assert_str_eq(spec.sync.expert_shard_dims, "edp");
+  cr_assert_eq(spec.sync.optimizer_instances, 2);
   snprintf(text, sizeof text, "%s[sync]\nmode = \"shard\"\nexpert_shard_dims = \"none\"\n",
            mesh);
   cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_OK, "%s", mpg_last_error());
-  cr_assert_eq(mpg_sync_opts_from_spec(&spec, &so), MPG_OK, "%s", mpg_last_error());
-  cr_assert_str_eq(so.expert_shard_dims, "");
-  cr_assert_eq(so.optimizer_instances, 0); /* the default: one instance */
+  /* one spelling in C and TOML: "none" (the default is "") */
+  cr_assert_str_eq(spec.sync.expert_shard_dims, "none");
+  cr_assert_eq(spec.sync.optimizer_instances, 0); /* the default: one instance */
   snprintf(text, sizeof text, "%s[sync]\nmode = \"shard\"\noptimizer_instances = 0\n", mesh);
   cr_assert_eq(mpg_spec_load_string(text, NULL, &spec), MPG_ERR_SPEC);
   cr_assert(strstr(mpg_last_error(), ":5:23: sync.optimizer_instances") && strstr(mpg_last_error(), "found 0"), "%s",

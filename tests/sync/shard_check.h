@@ -51,8 +51,8 @@ typedef struct shard_case {
   char name[64];
   char mesh[96];
   char flatten[96];       /* "dp_cp=dp,cp" */
-  char shard_dims[48];    /* "": NULL (the default group, dp_cp) */
-  char replicate_dims[48]; /* "": NULL */
+  char shard_dims[48];    /* "": the default group, dp_cp */
+  char replicate_dims[48]; /* "": none */
   int world;
   int pad_for_nccl;
   double bucket_mb, first_bucket_mb;
@@ -178,13 +178,13 @@ static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case 
   if (c->pad_for_nccl) L = shc_lcm(L, 65536);
 
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.mode = MPG_SYNC_SHARD;
-  so.shard_dims = c->shard_dims[0] ? c->shard_dims : NULL;
-  so.replicate_dims = c->replicate_dims[0] ? c->replicate_dims : NULL;
-  so.pad_for_nccl = c->pad_for_nccl;
-  so.bucket_mb = c->bucket_mb;
-  so.first_bucket_mb = c->first_bucket_mb;
-  so.op = c->op;
+  so.sync.mode = MPG_SYNC_SHARD;
+  snprintf(so.sync.shard_dims, sizeof so.sync.shard_dims, "%s", c->shard_dims);
+  snprintf(so.sync.replicate_dims, sizeof so.sync.replicate_dims, "%s", c->replicate_dims);
+  so.sync.pad_for_nccl = c->pad_for_nccl;
+  so.sync.bucket_mb = c->bucket_mb;
+  so.sync.first_bucket_mb = c->first_bucket_mb;
+  so.sync.op = c->op;
   so.grad_scale = c->grad_scale;
   SC_TRY(mpg_sync_create(ctx, &so, &sync));
   for (int p = 0; p < c->nparams; p++) {

@@ -201,10 +201,10 @@ static void run_values(mpg_ctx *ctx, int shard) {
   void *gv[16];
   mpg_shard_info info[16];
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.bucket_mb = 0.004;
-  so.first_bucket_mb = 0.001;
+  so.sync.bucket_mb = 0.004;
+  so.sync.first_bucket_mb = 0.001;
   so.grad_scale = grad_scale;
-  if (shard) so.mode = MPG_SYNC_SHARD;
+  if (shard) so.sync.mode = MPG_SYNC_SHARD;
   TRY(mpg_sync_create(ctx, &so, &s));
   for (int p = 0; p < np; p++) {
     mpg_param_opts po = MPG_PARAM_OPTS_INIT;
@@ -336,8 +336,8 @@ static void run_hosts(mpg_ctx *ctx, double grad_scale) {
   mpg_sync *s = NULL;
   void *gv[4];
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.bucket_mb = 0.004;
-  so.first_bucket_mb = 0.001;
+  so.sync.bucket_mb = 0.004;
+  so.sync.first_bucket_mb = 0.001;
   so.grad_scale = grad_scale;
   TRY(mpg_sync_create(ctx, &so, &s));
   for (int p = 0; p < np; p++) {
@@ -393,8 +393,8 @@ static mpg_ctx *open_ctx(const char *dims, int dp_cp, int world, const char *hos
   if (dp_cp) TRY(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"));
   TRY(mpg_mesh_create(&spec, world, mesh));
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend = MPG_BACKEND_MPI;
-  opts.timeout_s = 60;
+  opts.backend.name = MPG_BACKEND_MPI;
+  opts.backend.timeout_s = 60;
   opts.host_id = host_id;
   TRY(mpg_ctx_create(*mesh, &opts, &ctx));
 done:

@@ -52,8 +52,8 @@ static int run_scenarios(int argc, char **argv, int rank, int world) {
       continue;
     }
     mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-    opts.backend = MPG_BACKEND_MPI;
-    opts.timeout_s = 60;
+    opts.backend.name = MPG_BACKEND_MPI;
+    opts.backend.timeout_s = 60;
     double t0 = now();
     mpg_status st = sc_run(&opts, sc, out);
     ran++;
@@ -90,8 +90,8 @@ static int run_shard(int rank, int world) {
       shc_random(c, 500u + (unsigned)k, world);
     }
     mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-    opts.backend = MPG_BACKEND_MPI;
-    opts.timeout_s = 60;
+    opts.backend.name = MPG_BACKEND_MPI;
+    opts.backend.timeout_s = 60;
     double t0 = now();
     mpg_status st = shc_run(&opts, c, out);
     ran++;
@@ -145,13 +145,13 @@ static int run_timeout(int rank, int world) {
   sc->flatten = "dp_cp=dp,cp";
   T_TRY(sc_make_mesh(sc, &mesh));
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend = MPG_BACKEND_MPI;
-  opts.timeout_s = timeout;
+  opts.backend.name = MPG_BACKEND_MPI;
+  opts.backend.timeout_s = timeout;
   T_TRY(mpg_ctx_create(mesh, &opts, &ctx));
   rank = mpg_ctx_rank(ctx);
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.bucket_mb = 0.001;
-  so.first_bucket_mb = 0.001;
+  so.sync.bucket_mb = 0.001;
+  so.sync.first_bucket_mb = 0.001;
   T_TRY(mpg_sync_create(ctx, &so, &s));
   for (int p = 0; p < 6; p++) {
     char name[16];

@@ -328,7 +328,7 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
   SC_CHECK(mi && views && ids && order && masks, "out of memory");
   SC_TRY(sc_make_mesh(sc, &mesh));
   mpg_init_opts copts = *opts;
-  if (sc->lazy) copts.lazy_groups = 1;
+  if (sc->lazy) copts.backend.lazy_groups = 1;
   SC_TRY(mpg_ctx_create(mesh, &copts, &ctx));
   rank = mpg_ctx_rank(ctx);
   int npresent = 0;
@@ -365,13 +365,13 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
 #define SC_HERE(pa) (!(pa)->stages || ((pa)->stages >> stage & 1u))
 
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.fsdp_owns_dp = sc->fsdp;
-  so.op = sc->op;
+  so.sync.fsdp_owns_dp = sc->fsdp;
+  so.sync.op = sc->op;
   so.grad_scale = sc->grad_scale;
-  so.bucket_mb = sc->bucket_mb;
-  so.first_bucket_mb = sc->first_bucket_mb;
+  so.sync.bucket_mb = sc->bucket_mb;
+  so.sync.first_bucket_mb = sc->first_bucket_mb;
   so.default_dims = sc->default_dims;
-  so.reduce_dtype = sc->reduce_dtype;
+  so.sync.reduce_dtype = sc->reduce_dtype;
   SC_TRY(mpg_sync_create(ctx, &so, &sync));
 
   for (int p = 0; p < sc->nparams; p++) {

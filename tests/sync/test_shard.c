@@ -212,22 +212,22 @@ static mpg_status api_rank(const mpg_init_opts *opts, void *arg) {
 
   /* Bad options. */
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.mode = MPG_SYNC_SHARD;
-  so.fsdp_owns_dp = 1;
+  so.sync.mode = MPG_SYNC_SHARD;
+  so.sync.fsdp_owns_dp = 1;
   A_EXPECT(mpg_sync_create(ctx, &so, &bad), MPG_ERR_INVALID);
-  so.fsdp_owns_dp = 0;
-  so.shard_dims = "dp,cp";
-  so.replicate_dims = "cp";
+  so.sync.fsdp_owns_dp = 0;
+  snprintf(so.sync.shard_dims, sizeof so.sync.shard_dims, "%s", "dp,cp");
+  snprintf(so.sync.replicate_dims, sizeof so.sync.replicate_dims, "%s", "cp");
   A_EXPECT(mpg_sync_create(ctx, &so, &bad), MPG_ERR_INVALID);
   A_CHECK(strstr(mpg_last_error(), "cp"), "overlap message: %s", mpg_last_error());
-  so.shard_dims = "dq";
-  so.replicate_dims = NULL;
+  snprintf(so.sync.shard_dims, sizeof so.sync.shard_dims, "%s", "dq");
+  so.sync.replicate_dims[0] = '\0';
   A_EXPECT(mpg_sync_create(ctx, &so, &bad), MPG_ERR_NOT_FOUND);
   A_CHECK(strstr(mpg_last_error(), "dq"), "unknown dim message: %s", mpg_last_error());
 
   /* Shard mode: before commit, bad ids and magic, gathers inside a step
    * and twice. */
-  so.shard_dims = NULL;
+  so.sync.shard_dims[0] = '\0';
   A_EXPECT(mpg_sync_create(ctx, &so, &sh), MPG_OK);
   A_EXPECT(mpg_sync_add_param(sh, "w", 300, MPG_F32, NULL, &id), MPG_OK);
   mpg_param_opts po = MPG_PARAM_OPTS_INIT;
@@ -290,9 +290,9 @@ Test(shard_api, error_paths, .timeout = 60) {
   mpg_mesh_destroy(g_api_mesh);
 }
 
-/* [sync] mode, shard_dims, replicate_dims and pad_for_nccl reach the
- * options. */
-Test(shard_api, opts_from_spec, .timeout = 30) {
+/* [sync] mode, shard_dims, replicate_dims and pad_for_nccl are the
+ * options' sync section. */
+Test(shard_api, opts_hold_the_specs_sync, .timeout = 30) {
   mpg_spec spec = MPG_SPEC_INIT;
   mpg_status st = mpg_spec_load_string(
       "[mesh]\n"
@@ -304,18 +304,18 @@ Test(shard_api, opts_from_spec, .timeout = 30) {
       "hsdp.toml", &spec);
   cr_assert_eq(st, MPG_OK, "%s", mpg_last_error());
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  cr_assert_eq(mpg_sync_opts_from_spec(&spec, &so), MPG_OK, "%s", mpg_last_error());
-  cr_assert_eq(so.mode, MPG_SYNC_SHARD);
-  cr_assert_str_eq(so.shard_dims, "dp_shard,cp");
-  cr_assert_str_eq(so.replicate_dims, "dp_replicate");
-  cr_assert_eq(so.pad_for_nccl, 1);
+  so.sync = spec.sync;
+  cr_assert_eq(so.sync.mode, MPG_SYNC_SHARD);
+  cr_assert_str_eq(so.sync.shard_dims, "dp_shard,cp");
+  cr_assert_str_eq(so.sync.replicate_dims, "dp_replicate");
+  cr_assert_eq(so.sync.pad_for_nccl, 1);
   /* the default: replicate, no dims */
   mpg_spec plain = MPG_SPEC_INIT;
   cr_assert_eq(mpg_spec_set_mesh(&plain, "dp=2"), MPG_OK);
   mpg_sync_opts po = MPG_SYNC_OPTS_INIT;
-  cr_assert_eq(mpg_sync_opts_from_spec(&plain, &po), MPG_OK);
-  cr_assert_eq(po.mode, MPG_SYNC_REPLICATE);
-  cr_assert_null(po.shard_dims);
-  cr_assert_null(po.replicate_dims);
-  cr_assert_eq(po.pad_for_nccl, 0);
+  po.sync = plain.sync;
+  cr_assert_eq(po.sync.mode, MPG_SYNC_REPLICATE);
+  cr_assert_str_eq(po.sync.shard_dims, "");
+  cr_assert_str_eq(po.sync.replicate_dims, "");
+  cr_assert_eq(po.sync.pad_for_nccl, 0);
 }

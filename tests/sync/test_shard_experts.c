@@ -33,7 +33,7 @@ typedef struct xcase {
   int pp, dp, cp, tp, etp, ep;
   int instances;
   int dense_first;  /* pipeline stage 0 registers no expert params */
-  int no_expert_shard; /* expert_shard_dims = "": expert params replicated */
+  int no_expert_shard; /* expert_shard_dims = "none": expert params replicated */
   int microbatches;
   double bucket_mb;
   unsigned seed;
@@ -102,10 +102,10 @@ static mpg_status x_rank(const mpg_init_opts *opts, void *arg) {
   SC_TRY(mpg_mesh_group_of(mesh, ppds, rank, NULL, &stage, NULL));
 
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.mode = MPG_SYNC_SHARD;
-  so.optimizer_instances = c->instances;
-  so.expert_shard_dims = c->no_expert_shard ? "" : NULL;
-  so.bucket_mb = so.first_bucket_mb = c->bucket_mb;
+  so.sync.mode = MPG_SYNC_SHARD;
+  so.sync.optimizer_instances = c->instances;
+  snprintf(so.sync.expert_shard_dims, sizeof so.sync.expert_shard_dims, "%s", c->no_expert_shard ? "none" : "");
+  so.sync.bucket_mb = so.sync.first_bucket_mb = c->bucket_mb;
   SC_TRY(mpg_sync_create(ctx, &so, &sync));
   int id_of[10];
   for (int p = 0; p < c->nparams; p++) {
@@ -340,29 +340,29 @@ static mpg_status opts_rank(const mpg_init_opts *opts, void *arg) {
   SC_TRY(mpg_mesh_create(&spec, 0, &mesh));
   SC_TRY(mpg_ctx_create(mesh, opts, &ctx));
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.optimizer_instances = 2;
+  so.sync.optimizer_instances = 2;
   SC_CHECK(mpg_sync_create(ctx, &so, &sync) == MPG_ERR_INVALID &&
-               strstr(mpg_last_error(), "optimizer_instances needs opts.mode"),
+               strstr(mpg_last_error(), "optimizer_instances needs opts.sync.mode"),
            "replicate mode with instances: %s", mpg_last_error());
   so = (mpg_sync_opts)MPG_SYNC_OPTS_INIT;
-  so.mode = MPG_SYNC_SHARD;
-  so.optimizer_instances = -1;
+  so.sync.mode = MPG_SYNC_SHARD;
+  so.sync.optimizer_instances = -1;
   SC_CHECK(mpg_sync_create(ctx, &so, &sync) == MPG_ERR_INVALID &&
                strstr(mpg_last_error(), "optimizer_instances is -1"),
            "instances -1: %s", mpg_last_error());
-  so.optimizer_instances = 3;
+  so.sync.optimizer_instances = 3;
   SC_CHECK(mpg_sync_create(ctx, &so, &sync) == MPG_ERR_RANGE &&
                strstr(mpg_last_error(), "instances 3 does not divide the group size 4"),
            "instances 3: %s", mpg_last_error());
-  so.optimizer_instances = 2;
-  so.expert_shard_dims = "dp";
+  so.sync.optimizer_instances = 2;
+  snprintf(so.sync.expert_shard_dims, sizeof so.sync.expert_shard_dims, "%s", "dp");
   SC_CHECK(mpg_sync_create(ctx, &so, &sync) == MPG_ERR_INVALID &&
                strstr(mpg_last_error(), "expert_shard_dims \"dp\" is the data-parallel"),
            "expert dims = dp: %s", mpg_last_error());
-  so.expert_shard_dims = "xx";
+  snprintf(so.sync.expert_shard_dims, sizeof so.sync.expert_shard_dims, "%s", "xx");
   SC_CHECK(mpg_sync_create(ctx, &so, &sync) == MPG_ERR_NOT_FOUND, "expert dims xx: %s",
            mpg_last_error());
-  so.expert_shard_dims = NULL;
+  so.sync.expert_shard_dims[0] = '\0';
   SC_TRY(mpg_sync_create(ctx, &so, &sync));
   SC_TRY(mpg_sync_commit(sync));
   mpg_sync_stats st = MPG_SYNC_STATS_INIT;

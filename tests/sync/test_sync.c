@@ -300,8 +300,8 @@ static mpg_status order_rank(const mpg_init_opts *opts, void *arg) {
   mpg_sync *s = NULL;
   H_TRY(hand_ctx(h, opts, &mesh, &ctx));
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.bucket_mb = 0.02;
-  so.first_bucket_mb = 0.0025;
+  so.sync.bucket_mb = 0.02;
+  so.sync.first_bucket_mb = 0.0025;
   H_TRY(mpg_sync_create(ctx, &so, &s));
   for (int p = 0; p < 40; p++) {
     char name[16];
@@ -386,11 +386,11 @@ static mpg_status timeout_rank(const mpg_init_opts *opts, void *arg) {
   mpg_ctx *ctx = NULL;
   mpg_sync *s = NULL;
   mpg_init_opts o2 = *opts;
-  o2.lazy_groups = g_timeout_mode == 2;
+  o2.backend.lazy_groups = g_timeout_mode == 2;
   H_TRY(hand_ctx(h, &o2, &mesh, &ctx));
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.bucket_mb = 0.001;
-  so.first_bucket_mb = 0.001;
+  so.sync.bucket_mb = 0.001;
+  so.sync.first_bucket_mb = 0.001;
   H_TRY(mpg_sync_create(ctx, &so, &s));
   for (int p = 0; p < 6; p++) {
     char name[16];
@@ -524,19 +524,19 @@ static mpg_status api_rank(const mpg_init_opts *opts, void *arg) {
   so.magic = 0;
   H_EXPECT(mpg_sync_create(ctx, &so, &s), MPG_ERR_INVALID, "MPG_SYNC_OPTS_INIT");
   so = (mpg_sync_opts)MPG_SYNC_OPTS_INIT;
-  so.bucket_mb = 0;
+  so.sync.bucket_mb = 0;
   H_EXPECT(mpg_sync_create(ctx, &so, &s), MPG_ERR_INVALID, "bucket_mb is 0");
   so = (mpg_sync_opts)MPG_SYNC_OPTS_INIT;
-  so.first_bucket_mb = -1;
+  so.sync.first_bucket_mb = -1;
   H_EXPECT(mpg_sync_create(ctx, &so, &s), MPG_ERR_INVALID, "first_bucket_mb is -1");
   so = (mpg_sync_opts)MPG_SYNC_OPTS_INIT;
   so.grad_scale = NAN;
   H_EXPECT(mpg_sync_create(ctx, &so, &s), MPG_ERR_INVALID, "grad_scale");
   so = (mpg_sync_opts)MPG_SYNC_OPTS_INIT;
-  so.op = (mpg_op)7;
-  H_EXPECT(mpg_sync_create(ctx, &so, &s), MPG_ERR_INVALID, "opts.op is 7");
+  so.sync.op = (mpg_op)7;
+  H_EXPECT(mpg_sync_create(ctx, &so, &s), MPG_ERR_INVALID, "opts.sync.op is 7");
   so = (mpg_sync_opts)MPG_SYNC_OPTS_INIT;
-  so.reduce_dtype = (mpg_reduce_dtype)9;
+  so.sync.reduce_dtype = (mpg_reduce_dtype)9;
   H_EXPECT(mpg_sync_create(ctx, &so, &s), MPG_ERR_INVALID, "reduce_dtype is 9");
   so = (mpg_sync_opts)MPG_SYNC_OPTS_INIT;
   so.default_dims = "";
@@ -561,7 +561,7 @@ static mpg_status api_rank(const mpg_init_opts *opts, void *arg) {
     s = NULL;
   }
 
-  /* opts_from_spec */
+  /* a spec's [sync] is the options' sync section */
   {
     mpg_spec *spec = malloc(sizeof *spec);
     H_CHECK(spec, "out of memory");
@@ -577,18 +577,16 @@ static mpg_status api_rank(const mpg_init_opts *opts, void *arg) {
     }
     mpg_sync_opts fo = MPG_SYNC_OPTS_INIT;
     fo.grad_scale = 0.5;
-    st = mpg_sync_opts_from_spec(spec, &fo);
-    mpg_sync_opts bad = MPG_SYNC_OPTS_INIT;
-    bad.magic = 1;
-    mpg_status st2 = mpg_sync_opts_from_spec(spec, &bad);
-    mpg_status st3 = mpg_sync_opts_from_spec(NULL, &fo);
+    fo.sync = spec->sync;
     free(spec);
-    H_CHECK(st == MPG_OK, "opts_from_spec: %s", mpg_last_error());
-    H_CHECK(fo.fsdp_owns_dp == 1 && fo.op == MPG_OP_SUM && fo.bucket_mb == 4.5 &&
-                fo.first_bucket_mb == 0.5 && fo.reduce_dtype == MPG_REDUCE_NATIVE &&
+    mpg_sync *fs = NULL;
+    st = mpg_sync_create(ctx, &fo, &fs);
+    H_CHECK(st == MPG_OK, "sync from a spec's [sync]: %s", mpg_last_error());
+    H_TRY(mpg_sync_destroy(fs));
+    H_CHECK(fo.sync.fsdp_owns_dp == 1 && fo.sync.op == MPG_OP_SUM && fo.sync.bucket_mb == 4.5 &&
+                fo.sync.first_bucket_mb == 0.5 && fo.sync.reduce_dtype == MPG_REDUCE_NATIVE &&
                 fo.grad_scale == 0.5 && fo.default_dims == NULL,
-            "opts_from_spec copied the wrong values");
-    H_CHECK(st2 == MPG_ERR_INVALID && st3 == MPG_ERR_INVALID, "bad from_spec args accepted");
+            "the spec's [sync] holds the wrong values");
   }
 
   /* add_param */
@@ -790,9 +788,9 @@ static mpg_status differing_opts_rank(const mpg_init_opts *opts, void *arg) {
   int r = mpg_ctx_rank(ctx);
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   if (r == 3) {
-    if (j->field == 0) so.bucket_mb = 4;
-    if (j->field == 1) so.reduce_dtype = MPG_REDUCE_NATIVE;
-    if (j->field == 2) so.mode = MPG_SYNC_SHARD;
+    if (j->field == 0) so.sync.bucket_mb = 4;
+    if (j->field == 1) so.sync.reduce_dtype = MPG_REDUCE_NATIVE;
+    if (j->field == 2) so.sync.mode = MPG_SYNC_SHARD;
     if (j->field == 3) so.register_buffers = 1; /* NCCL: all or none (L4) */
   }
   mpg_sync *s = NULL;
@@ -808,9 +806,9 @@ static mpg_status differing_opts_rank(const mpg_init_opts *opts, void *arg) {
 }
 
 Test(sync_errors, ranks_with_different_options_fail_commit_alike) {
-  const char *names[] = {"opts.bucket_mb is 25 on world rank 0 but 4 on world rank 3",
-                         "opts.reduce_dtype is 1 on world rank 0 but 0 on world rank 3",
-                         "opts.mode is 0 on world rank 0 but 1 on world rank 3",
+  const char *names[] = {"opts.sync.bucket_mb is 25 on world rank 0 but 4 on world rank 3",
+                         "opts.sync.reduce_dtype is 1 on world rank 0 but 0 on world rank 3",
+                         "opts.sync.mode is 0 on world rank 0 but 1 on world rank 3",
                          "opts.register_buffers is 0 on world rank 0 but 1 on world rank 3"};
   for (int f = 0; f < 4; f++) {
     mpg_spec spec = MPG_SPEC_INIT;

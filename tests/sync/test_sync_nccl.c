@@ -33,11 +33,11 @@ static void one_rank(mpg_mesh **mesh, mpg_ctx **ctx) {
   EXPECT_OK(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"));
   EXPECT_OK(mpg_mesh_create(&spec, 1, mesh));
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend = MPG_BACKEND_NCCL;
+  opts.backend.name = MPG_BACKEND_NCCL;
   opts.rank = 0;
   opts.world_size = 1;
   opts.device = 0;
-  opts.timeout_s = 60;
+  opts.backend.timeout_s = 60;
   EXPECT_OK(mpg_ctx_create(*mesh, &opts, ctx));
 }
 
@@ -48,8 +48,8 @@ static void run_sync(int registered, double scale) {
   one_rank(&mesh, &ctx);
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.grad_scale = scale;
-  so.bucket_mb = 0.01;
-  so.first_bucket_mb = 0.001;
+  so.sync.bucket_mb = 0.01;
+  so.sync.first_bucket_mb = 0.001;
   so.register_buffers = registered;
   mpg_sync *sync;
   EXPECT_OK(mpg_sync_create(ctx, &so, &sync));
@@ -142,11 +142,11 @@ Test(sync_nccl, reduce_dtype_f32_of_half_gradients) {
   for (int r = 0; r < 2; r++)
     for (int sc = 0; sc < 2; sc++) {
       mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-      if (r == 0) cr_assert_eq(so.reduce_dtype, MPG_REDUCE_F32); /* the default */
-      so.reduce_dtype = how[r];
+      if (r == 0) cr_assert_eq(so.sync.reduce_dtype, MPG_REDUCE_F32); /* the default */
+      so.sync.reduce_dtype = how[r];
       so.grad_scale = scales[sc];
-      so.bucket_mb = 0.002;
-      so.first_bucket_mb = 0.001;
+      so.sync.bucket_mb = 0.002;
+      so.sync.first_bucket_mb = 0.001;
       mpg_sync *sync;
       EXPECT_OK(mpg_sync_create(ctx, &so, &sync));
       int ids[3];

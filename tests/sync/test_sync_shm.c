@@ -498,15 +498,15 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
   }
 
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.op = c->op;
+  so.sync.op = c->op;
   so.grad_scale = c->grad_scale;
-  so.reduce_dtype = c->reduce_dtype;
-  so.bucket_mb = c->bucket_mb;
-  so.first_bucket_mb = c->first_bucket_mb;
+  so.sync.reduce_dtype = c->reduce_dtype;
+  so.sync.bucket_mb = c->bucket_mb;
+  so.sync.first_bucket_mb = c->first_bucket_mb;
   if (c->shard) {
-    so.mode = MPG_SYNC_SHARD;
-    so.shard_dims = c->shard_dims[0] ? c->shard_dims : NULL;
-    so.replicate_dims = c->replicate_dims[0] ? c->replicate_dims : NULL;
+    so.sync.mode = MPG_SYNC_SHARD;
+    snprintf(so.sync.shard_dims, sizeof so.sync.shard_dims, "%s", c->shard_dims);
+    snprintf(so.sync.replicate_dims, sizeof so.sync.replicate_dims, "%s", c->replicate_dims);
   }
   P_TRY(mpg_sync_create(ctx, &so, &sync));
   for (int p = 0; p < c->nparams; p++) {
@@ -1139,8 +1139,8 @@ static mpg_status stall_rank(const mpg_init_opts *opts, void *arg) {
   if (j->hosts) o.host_id = r < 2 ? "hostA" : "hostB";
   if (!st) where = "ctx_create", st = mpg_ctx_create(mesh, &o, &ctx);
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.bucket_mb = 0.001;
-  so.first_bucket_mb = 0.001;
+  so.sync.bucket_mb = 0.001;
+  so.sync.first_bucket_mb = 0.001;
   if (!st) where = "sync_create", st = mpg_sync_create(ctx, &so, &s);
   for (int p = 0; p < 6 && !st; p++) {
     char name[16];

@@ -66,9 +66,9 @@ static void check_consistent(const mpg_placement *pl, int world, int nodes,
 static mpg_placement *place(const mpg_mesh *m, int nodes, int gpn,
                             mpg_rank_order order) {
   mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
-  o.nodes = nodes;
-  o.gpus_per_node = gpn;
-  o.rank_order = order;
+  o.topology.nodes = nodes;
+  o.topology.gpus_per_node = gpn;
+  o.topology.rank_order = order;
   mpg_placement *pl = NULL;
   cr_assert_eq(mpg_placement_create(m, &o, &pl), MPG_OK, "%s", mpg_last_error());
   return pl;
@@ -244,7 +244,7 @@ Test(placement, tp_by_name_even_when_not_innermost) {
   }
   /* With no inner dims, the plain mesh order: tp groups cross. */
   mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
-  o.nodes = 2;
+  o.topology.nodes = 2;
   o.inner_dims = "";
   mpg_placement *pl = NULL;
   cr_assert_eq(mpg_placement_create(m, &o, &pl), MPG_OK);
@@ -277,9 +277,9 @@ Test(placement, misfit_reported_and_strict_fails) {
   mpg_placement_destroy(pl);
 
   mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
-  o.nodes = 3;
-  o.gpus_per_node = 8;
-  o.strict = 1;
+  o.topology.nodes = 3;
+  o.topology.gpus_per_node = 8;
+  o.topology.strict = 1;
   pl = (mpg_placement *)1;
   cr_assert_eq(mpg_placement_create(m, &o, &pl), MPG_ERR_TOPO);
   cr_assert_null(pl);
@@ -426,23 +426,23 @@ Test(placement, layout_errors) {
   mpg_mesh *m = make_mesh("dp=4,tp=6", NULL, NULL);
   mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
   mpg_placement *pl = NULL;
-  o.nodes = 4;
-  o.gpus_per_node = 8;
+  o.topology.nodes = 4;
+  o.topology.gpus_per_node = 8;
   cr_assert_eq(mpg_placement_create(m, &o, &pl), MPG_ERR_TOPO);
   cr_assert(strstr(mpg_last_error(), "world size 24 does not equal nodes 4 x "
                                      "gpus_per_node 8 = 32"),
             "%s", mpg_last_error());
-  o.nodes = 0;
-  o.gpus_per_node = 5;
+  o.topology.nodes = 0;
+  o.topology.gpus_per_node = 5;
   cr_assert_eq(mpg_placement_create(m, &o, &pl), MPG_ERR_TOPO);
   cr_assert(strstr(mpg_last_error(), "not a multiple of gpus_per_node 5"), "%s",
             mpg_last_error());
-  o.gpus_per_node = 0;
-  o.nodes = 5;
+  o.topology.gpus_per_node = 0;
+  o.topology.nodes = 5;
   cr_assert_eq(mpg_placement_create(m, &o, &pl), MPG_ERR_TOPO);
-  o.nodes = -1;
+  o.topology.nodes = -1;
   cr_assert_eq(mpg_placement_create(m, &o, &pl), MPG_ERR_RANGE);
-  o.nodes = 3; /* 3 x 8 */
+  o.topology.nodes = 3; /* 3 x 8 */
   cr_assert_eq(mpg_placement_create(m, &o, &pl), MPG_OK);
   mpg_placement_destroy(pl);
   mpg_placement_opts junk;
@@ -470,7 +470,7 @@ Test(placement, layout_errors) {
   mpg_mesh_destroy(m);
 }
 
-Test(placement, opts_from_spec) {
+Test(placement, opts_hold_the_specs_topology) {
   mpg_spec spec = MPG_SPEC_INIT;
   mpg_spec_init(&spec);
   cr_assert_eq(mpg_spec_load_string("[mesh]\n"
@@ -484,11 +484,11 @@ Test(placement, opts_from_spec) {
                                     "t.toml", &spec),
                MPG_OK, "%s", mpg_last_error());
   mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
-  cr_assert_eq(mpg_placement_opts_from_spec(&spec, &o), MPG_OK);
-  cr_assert_eq(o.nodes, 2);
-  cr_assert_eq(o.gpus_per_node, 4);
-  cr_assert_eq(o.rank_order, MPG_RANK_ORDER_CYCLIC);
-  cr_assert_eq(o.strict, 1);
+  o.topology = spec.topology;
+  cr_assert_eq(o.topology.nodes, 2);
+  cr_assert_eq(o.topology.gpus_per_node, 4);
+  cr_assert_eq(o.topology.rank_order, MPG_RANK_ORDER_CYCLIC);
+  cr_assert_eq(o.topology.strict, 1);
   cr_assert_eq(o.magic, MPG_PLACEMENT_MAGIC);
   mpg_mesh *m = NULL;
   cr_assert_eq(mpg_mesh_create(&spec, 8, &m), MPG_OK);
@@ -497,7 +497,4 @@ Test(placement, opts_from_spec) {
   check_consistent(pl, 8, 2, 4, MPG_RANK_ORDER_CYCLIC);
   mpg_placement_destroy(pl);
   mpg_mesh_destroy(m);
-  mpg_spec junk = MPG_SPEC_INIT;
-  memset(&junk, 0, sizeof junk);
-  cr_assert_eq(mpg_placement_opts_from_spec(&junk, &o), MPG_ERR_INVALID);
 }
