@@ -203,7 +203,25 @@ struct mpg__backend_ops {
    * mesh.  Local.  Returns 0, or -1 when the backend cannot tell (nothing
    * is checked then).  NULL: not checked (nccl says no member ids). */
   int (*comm_members)(const mpg__comm *comm, const mpg__comm *parent, int *positions);
+  /* 1: the backend's collectives read and write host memory and its
+   * ranks may be threads or processes of one host, so a node's members of
+   * a group may reduce in a segment of shared memory instead
+   * (groups/shm/, for sync's buffers: thread, mpi); 0: never (nccl). */
+  int host_shm;
 };
+
+/* Shared memory behind this table (groups/shm/).  A node's segment is a
+ * communicator of its own, served by a table of its own (static in
+ * shm/engine.c: post, test, wait, req_free; test keeps time), and an
+ * operation on it runs through the generic layer like any collective
+ * (coll.c's mpg__group_run_on: the group claimed, the arguments checked,
+ * the issue order noted, a work handle whose mpg_work_test and
+ * mpg_work_wait go through the table that posted it, a failure through
+ * mpg__group_on_failure).  shm/ decides from `host_shm` whether it may
+ * serve a context, splits the group's communicator only through
+ * mpg__group_split, and reduces only through the one kernel below
+ * (mpg__reduce_sources): it reads no backend kind and keeps no arithmetic
+ * of its own. */
 
 /* The size-1 collective on host memory. */
 mpg_status mpg__local_host(const mpg__coll *coll);
@@ -228,14 +246,55 @@ uint16_t mpg__f32_to_half(mpg_dtype dt, float f); /* round to nearest even */
 /* Widen n f16/bf16 elements to f32, or narrow them back. */
 void mpg__half_widen(mpg_dtype dt, const void *src, float *dst, size_t n);
 void mpg__half_narrow(mpg_dtype dt, const float *src, void *dst, size_t n);
-/* acc[i] = acc[i] (op) x[i] for dtype dt (not half: widen first).
- * op is SUM, MAX or MIN (AVG and PREMUL_SUM reduce as SUM). */
-void mpg__reduce_into(mpg_dtype dt, mpg_op op, void *acc, const void *x,
-                      size_t n);
-/* acc[i] += x[i] (f32), divided by div when div > 0 (a power of two
- * multiplies by its exact inverse: the same quotient), vectorised: the MPI
- * ring's reduce step and the shared-memory kernel's. */
-void mpg__add_f32(float *acc, const float *x, size_t n, int div);
+/* The one reduction kernel (groups/reduce.c).  Every reduction the
+ * library computes on the CPU goes through it: the thread backend's
+ * all-reduce and reduce-scatter (thread/coll.c), the MPI ring's reduce
+ * steps (mpi/ring.c) and the shared-memory reductions (shm/), so that
+ * two paths that reduce the same addends in the same order give the same
+ * bits by construction: there is no second copy of the arithmetic to keep
+ * equal.
+ *
+ * mpg__reduce_step: over n elements of the work dtype wdt (f32, f64, i32,
+ * i64; f16/bf16 are widened to f32 first), acc[i] = x[i] when first, else
+ * acc[i] (op) x[i] (MAX and MIN compare; every other op adds), with x[i]
+ * multiplied by (wdt's) scale first when premul (floats only); then, when
+ * div > 0, acc[i] /= div in the same pass (floats: a power of two
+ * multiplies by its exact inverse, the same quotient; integers truncate
+ * toward zero).  The roundings are those of a scale pass, an add pass and
+ * a divide pass one after the other (no fused multiply-add).  acc may be
+ * x. */
+void mpg__reduce_step(mpg_dtype wdt, mpg_op op, void *acc, const void *x, size_t n,
+                      int first, int premul, double scale, int div);
+
+/* mpg__reduce_sources: elements [lo, hi) of nsrc sources reduced in
+ * source order into ndst destinations (element i of each at src[p] / dst[k]
+ * + i elements of dtype), a block of MPG__REDUCE_BLOCK elements at a time
+ * (every source's block is read before any destination's is written: a
+ * destination may be a source, at the same address), with the next block
+ * of every source prefetched.  f16/bf16 accumulate in f32 and round once,
+ * to nearest even.  PREMUL_SUM multiplies source p by scales[p] (scales
+ * NULL: by scale); AVG divides by divisor, fused into the last source's
+ * step.  Two halves of the same reduction, for a sum formed in two places
+ * (shm/'s hierarchical all-reduce): with ndst 0, the sums (work dtype,
+ * not divided) go to acc[i - lo]; with nsrc 0, they are read from
+ * acc[i - lo], divided and written out.  acc NULL otherwise.  scratch:
+ * MPG__REDUCE_SCRATCH bytes of the caller's, any alignment (the kernel
+ * allocates nothing and keeps no state: any thread may call it). */
+#define MPG__REDUCE_BLOCK 2048 /* elements: 8 KiB of f32 per source */
+#define MPG__REDUCE_SCRATCH (MPG__REDUCE_BLOCK * (sizeof(double) + sizeof(float) + 2))
+typedef struct mpg__reduce_job {
+  mpg_dtype dtype;      /* of the sources and destinations */
+  mpg_op op;            /* SUM, AVG, MAX, MIN, PREMUL_SUM */
+  double scale;         /* PREMUL_SUM, when scales is NULL */
+  const double *scales; /* PREMUL_SUM: one per source, or NULL */
+  int divisor;          /* AVG: the group's size */
+  const void *const *src;
+  int nsrc;
+  void *const *dst;
+  int ndst;
+  void *acc;            /* the sums, when nsrc or ndst is 0 */
+} mpg__reduce_job;
+void mpg__reduce_sources(const mpg__reduce_job *job, size_t lo, size_t hi, void *scratch);
 /* buf[i] *= factor (floats), for pre-multiply. */
 void mpg__scale(mpg_dtype dt, void *buf, size_t n, double factor);
 /* buf[i] /= divisor (floats divide; integers truncate toward zero), for

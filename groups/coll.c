@@ -155,9 +155,9 @@ mpg_status mpg__group_on_failure(mpg_group *g, const char *fn, mpg_status st) {
   return on_failure(g, fn, st);
 }
 
-mpg_status mpg__group_finish(mpg_group *g, mpg__req **reqs, int n, double deadline,
-                             const char *fn, mpg_status failed, int skip) {
-  const struct mpg__backend_ops *ops = g->ctx->ops;
+mpg_status mpg__group_finish(mpg_group *g, const struct mpg__backend_ops *ops,
+                             mpg__req **reqs, int n, double deadline, const char *fn,
+                             mpg_status failed, int skip) {
   mpg_status first = failed;
   mpg__saved_error why;
   if (failed) mpg__error_save(&why);
@@ -213,6 +213,38 @@ static mpg_status prepare(mpg_group *g, const mpg__coll *c, const char *fn) {
   return st ? st : mpg__group_ready(g, fn);
 }
 
+/* Post c through ops on comm (g ready, two or more members) and hand out
+ * its work, or (work NULL) wait for it.  Everything that can fail comes
+ * before anything is posted (the handle too), so that a failure never
+ * leaves an operation half handed out.  A failed post aborts the context
+ * (on_failure); a communicator of another table than the context's
+ * backend (shm's segment) is not among the context's, so it is aborted
+ * first, with the reason, by its own table. */
+static mpg_status post_on(mpg_group *g, const struct mpg__backend_ops *ops, mpg__comm *comm,
+                          const mpg__coll *c, mpg_work **work, const char *fn) {
+  double deadline = mpg__now() + g->ctx->timeout_s;
+  mpg__req *req = NULL;
+  mpg_work *w = NULL;
+  mpg_status st = MPG_OK;
+  if (work && !(w = calloc(1, sizeof *w)))
+    st = mpg__fail(MPG_ERR_NOMEM, "%s: out of memory for the work handle (nothing was "
+                   "posted)", fn);
+  if (!st) st = ops->post(comm, c, &req);
+  if (st) {
+    free(w);
+    if (ops != g->ctx->ops) ops->abort_comm(comm, st);
+    return on_failure(g, fn, st);
+  }
+  if (!w) return mpg__group_finish(g, ops, &req, 1, deadline, fn, MPG_OK, 0);
+  w->group = g;
+  w->ops = ops;
+  w->req = req;
+  w->deadline = deadline;
+  w->status = MPG_OK;
+  *work = w;
+  return MPG_OK;
+}
+
 /* run() with g claimed. */
 static mpg_status run_claimed(mpg_group *g, const mpg__coll *c, mpg_work **work,
                               const char *fn) {
@@ -222,32 +254,21 @@ static mpg_status run_claimed(mpg_group *g, const mpg__coll *c, mpg_work **work,
   mpg__order_note(g, c); /* issue order (order.c): as issued, size-1 groups too */
   if (g->size == 1)
     return ctx->ops->local ? ctx->ops->local(ctx->world_comm, c) : mpg__local_host(c);
+  return post_on(g, ctx->ops, g->comm, c, work, fn);
+}
 
-  double deadline = mpg__now() + ctx->timeout_s;
-  mpg__req *req = NULL;
-  st = ctx->ops->post(g->comm, c, &req);
-  if (st) return on_failure(g, fn, st);
-  if (work) {
-    mpg_work *w = calloc(1, sizeof *w);
-    if (!w) {
-      /* Cannot hand it out: finish it here rather than lose it. */
-      st = ctx->ops->wait(req, deadline);
-      if (st) st = on_failure(g, fn, st);
-      ctx->ops->req_free(req);
-      return st ? st
-                : mpg__fail(MPG_ERR_NOMEM, "mpg_%s: out of memory for the work "
-                            "handle (the operation completed)", mpg__kind_name(c->kind));
-    }
-    w->group = g;
-    w->req = req;
-    w->deadline = deadline;
-    w->status = MPG_OK;
-    *work = w;
-    return MPG_OK;
+mpg_status mpg__group_run_on(mpg_group *g, const struct mpg__backend_ops *ops,
+                             mpg__comm *comm, const mpg__coll *c, mpg_work **work,
+                             const char *fn) {
+  if (work) *work = NULL;
+  mpg_status st = mpg__group_claim(g, fn);
+  if (st) return st;
+  st = prepare(g, c, fn);
+  if (!st) {
+    mpg__order_note(g, c);
+    st = post_on(g, ops, comm, c, work, fn);
   }
-  st = ctx->ops->wait(req, deadline);
-  if (st) st = on_failure(g, fn, st); /* abort before freeing a pending request */
-  ctx->ops->req_free(req);
+  mpg__group_release(g);
   return st;
 }
 
@@ -269,6 +290,23 @@ mpg_status mpg__group_run(mpg_group *g, const mpg__coll *c, mpg_work **work) {
   return run(g, c, work, NULL);
 }
 
+mpg_status mpg__group_split(mpg_group *g, int color, int key, mpg__comm **out) {
+  static const char fn[] = "splitting the group";
+  *out = NULL;
+  mpg_status st = mpg__group_claim(g, fn);
+  if (st) return st;
+  st = mpg__group_ready(g, fn);
+  if (!st) {
+    st = g->ctx->ops->split(g->comm, color, key, out);
+    if (!st && color >= 0 && !*out)
+      st = mpg__fail(MPG_ERR_BACKEND, "%s \"%s\": the split gave rank %d no communicator",
+                     fn, g->name, g->ctx->rank);
+    if (st) st = on_failure(g, fn, st);
+  }
+  mpg__group_release(g);
+  return st;
+}
+
 /* The requests of w: its array (a batch), or its one request. */
 static mpg__req **work_reqs(mpg_work *w, int *n) {
   *n = w->reqs ? w->nreq : 1;
@@ -277,17 +315,11 @@ static mpg__req **work_reqs(mpg_work *w, int *n) {
 
 mpg_status mpg_work_wait(mpg_work *w) {
   if (!w) return MPG_OK;
-  if (w->ext) {
-    mpg_status st = w->status ? w->status : w->ext->wait(w->ext_obj, w->ext_q, w->deadline);
-    if (st && !w->status) st = on_failure(w->group, "mpg_work_wait", st);
-    free(w);
-    return st;
-  }
   int n;
   mpg__req **reqs = work_reqs(w, &n);
   /* A failure seen by mpg_work_test was of reqs[ndone]; the others are
    * still waited for, then everything is freed. */
-  mpg_status st = mpg__group_finish(w->group, reqs, n, w->deadline, "mpg_work_wait",
+  mpg_status st = mpg__group_finish(w->group, w->ops, reqs, n, w->deadline, "mpg_work_wait",
                                     w->status, w->ndone);
   free(w->reqs);
   free(w);
@@ -304,15 +336,7 @@ mpg_status mpg_work_test(mpg_work *w, int *done) {
     *done = 1;
     return w->status;
   }
-  if (w->ext) {
-    mpg_status st = w->ext->test(w->ext_obj, w->ext_q, w->deadline, done);
-    if (st) {
-      *done = 1;
-      w->status = on_failure(w->group, "mpg_work_test", st);
-    }
-    return st ? w->status : MPG_OK;
-  }
-  const struct mpg__backend_ops *ops = w->group->ctx->ops;
+  const struct mpg__backend_ops *ops = w->ops;
   int n;
   mpg__req **reqs = work_reqs(w, &n);
   mpg_status st = MPG_OK;

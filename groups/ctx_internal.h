@@ -72,6 +72,11 @@ struct mpg_ctx {
 
 struct mpg_work {
   mpg_group *group;
+  /* The table that posted the requests, whose test / wait / req_free
+   * complete them: the context's backend, or the shared-memory table of
+   * one of the group's segments (groups/shm/, posted through
+   * mpg__group_run_on): one mechanism for both. */
+  const struct mpg__backend_ops *ops;
   mpg__req *req;      /* the operation, when reqs is NULL */
   mpg__req **reqs;    /* or several (an mpg_p2p_batch posted one by one):
                          nreq requests, this array owned by the work */
@@ -79,18 +84,7 @@ struct mpg_work {
   int ndone;          /* requests mpg_work_test saw finish, in order */
   double deadline;
   mpg_status status; /* a failure seen by mpg_work_test */
-  /* Or an operation run outside the backend (groups/shm/): its test and
-   * wait (a timeout or abort is returned; the caller aborts the context),
-   * through pointers so that this layer does not call up into it. */
-  const struct mpg__work_ext *ext;
-  void *ext_obj;
-  uint32_t ext_q;
 };
-
-typedef struct mpg__work_ext {
-  mpg_status (*test)(void *obj, uint32_t q, double deadline, int *done);
-  mpg_status (*wait)(void *obj, uint32_t q, double deadline);
-} mpg__work_ext;
 
 /* coll.c: before an operation `fn` on g: MPG_ERR_ABORTED when the context
  * was aborted; else g's communicator, created now if lazy (a failure then
@@ -102,7 +96,7 @@ mpg_status mpg__group_ready(mpg_group *g, const char *fn);
  * another call holds it or (nccl) when this thread is not the context's
  * issuing thread (mpg__ctx_check_issuer); released by mpg__group_release
  * when the call returns.  coll.c, p2p.c and alltoall.c claim for their
- * public calls, groups/shm/engine.c for its posts. */
+ * public calls (mpg__group_run_on too). */
 mpg_status mpg__group_claim(mpg_group *g, const char *fn);
 void mpg__group_release(mpg_group *g);
 
@@ -127,13 +121,33 @@ mpg_status mpg__group_on_failure(mpg_group *g, const char *fn, mpg_status st);
  * (coll_f32.c: f32 accumulation of f16/bf16). */
 mpg_status mpg__group_run(mpg_group *g, const mpg__coll *c, mpg_work **work);
 
-/* coll.c: wait for reqs[0..n) until `deadline`, then free them all.  The
+/* coll.c: the same on another communicator of g's members that `ops`
+ * serves (groups/shm/: a node's shared-memory segment, with its table):
+ * claimed for `fn` (its name in every message), the arguments checked,
+ * g ready, the issue order noted, posted with ops->post on comm, and
+ * completed (here without work, or by mpg_work_test / mpg_work_wait
+ * through ops, as for any collective); a failure goes through
+ * mpg__group_on_failure.  g has two or more members. */
+mpg_status mpg__group_run_on(mpg_group *g, const struct mpg__backend_ops *ops,
+                             mpg__comm *comm, const mpg__coll *c, mpg_work **work,
+                             const char *fn);
+
+/* coll.c: split g's communicator (collective over g's members, bounded by
+ * the timeout): color >= 0 joins that colour's communicator, ordered by
+ * key (ties by position in g); color < 0 joins none (*out NULL).  The
+ * communicator belongs to the caller (ctx->ops->destroy), which must make
+ * it on every member at the same point of g's operations.  For groups/shm/
+ * (the members at one local position of every node). */
+mpg_status mpg__group_split(mpg_group *g, int color, int key, mpg__comm **out);
+
+/* coll.c: wait for reqs[0..n) (posted through ops) until `deadline`, then free them all.  The
  * first failure is returned (with its message); a timeout or abort of any
  * aborts the context (mpg__group_on_failure) before a pending request is
  * freed.  `failed` is a failure seen before (by mpg_work_test, of
  * reqs[skip]): it is returned and reqs[skip] is not waited for again. */
-mpg_status mpg__group_finish(mpg_group *g, mpg__req **reqs, int n, double deadline,
-                             const char *fn, mpg_status failed, int skip);
+mpg_status mpg__group_finish(mpg_group *g, const struct mpg__backend_ops *ops,
+                             mpg__req **reqs, int n, double deadline, const char *fn,
+                             mpg_status failed, int skip);
 
 /* p2p.c: post the sends and receives list[0..n) (kinds MPG__SEND and
  * MPG__RECV, already checked; one stream) on g, which is ready

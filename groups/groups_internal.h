@@ -73,7 +73,7 @@ mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where);
 /* Node-local shared memory for a group's in-place reductions
  * (groups/shm/, protocol in shm/shm_internal.h): the one-pass sync of the
  * CPU backends.  mpg__shm_create is collective over the group: when the
- * backend is thread or mpi, dtype is f32, f64, f16 or bf16, the group has
+ * backend's table allows it (host_shm: thread, mpi; backend.h), dtype is f32, f64, f16 or bf16, the group has
  * two or more members, they are on one host (opts.host_id, else
  * mpg_topo_host_identity) or, for a buffer that is only all-reduced
  * (scatter 0), on several hosts with the same number >= 2 on each
@@ -100,8 +100,10 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
  * reduce-scatter of [offset, offset + count x size) (member p gets slice p
  * in place, the others keep their input there).  op: MPG_OP_SUM,
  * MPG_OP_AVG, or MPG_OP_PREMUL_SUM with scale.  Reduced in position order,
- * f16/bf16 in f32 and rounded once: the thread backend's arithmetic, bit
- * for bit.  The caller's elements must be written before the post; the
+ * f16/bf16 in f32 and rounded once, by the library's one reduction kernel
+ * (groups/reduce.c), the thread backend's: equal to it bit for bit by
+ * construction.  The operation runs through the groups layer like any
+ * collective (backend.h, "Shared memory behind this table").  The caller's elements must be written before the post; the
  * buffer's range must not be touched until the work completes
  * (mpg_work_test / mpg_work_wait as for any collective; the timeout and
  * abort are the context's).  Every member posts the same operations in

@@ -84,11 +84,10 @@ static void ring_reduce(mpg__comm *m, struct piece *pc) {
   size_t r0 = chunk_start(pc, p, recv_i), r1 = chunk_start(pc, p, recv_i + 1);
   char *acc = q->wire + (pc->off + r0) * ws;
   const char *x = m->scratch + (size_t)pc->scratch * m->scratch_slot;
-  if (q->work_dtype == MPG_F32 && q->rop != MPG_OP_MAX && q->rop != MPG_OP_MIN)
-    mpg__add_f32((float *)(void *)acc, (const float *)(const void *)x, r1 - r0,
-            s == p - 2 && fold_div(m, q) ? q->piece_div : 0);
-  else
-    mpg__reduce_into(q->work_dtype, q->rop, acc, x, r1 - r0);
+  /* The library's one reduction step (groups/reduce.c); the piece was
+   * pre-multiplied when it was staged, so no scale here. */
+  mpg__reduce_step(q->work_dtype, q->rop, acc, x, r1 - r0, 0, 0, 1.0,
+                   s == p - 2 && fold_div(m, q) ? q->piece_div : 0);
 }
 
 /* Stage piece pc's input and post its first step.  Lock held. */

@@ -583,4 +583,5 @@ const struct mpg__backend_ops mpg__backend_mpi = {
     .set_timeout = comm_set_timeout,
     .comm_shape = comm_shape,
     .comm_members = comm_members,
+    .host_shm = 1,
 };

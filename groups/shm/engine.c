@@ -1,7 +1,7 @@
-/* Posting a shared-memory operation, the worker thread that reduces this
- * member's shards, and waiting for the operations to complete, with the
- * timeout and the abort that every member sees (protocol in
- * shm_internal.h). */
+/* The segment's table (posting a shared-memory operation, testing and
+ * waiting for it, with the timeout and the abort that every member sees),
+ * and the worker thread that reduces this member's shards through the
+ * library's one reduction kernel (protocol in shm_internal.h). */
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -152,6 +152,48 @@ static int gave_up(mpg__shm *s, uint32_t q) {
   return atomic_load(&s->stop) || mpg__shm_aborted(s, NULL);
 }
 
+/* This member's part [*lo, *hi) of an operation's count elements: an
+ * all-reduce splits them into n parts on 64-byte boundaries, so that no
+ * two owners write one cache line; a reduce-scatter's part is its slice. */
+static void shard(const mpg__shm *s, const shm_desc *d, size_t es, size_t *lo, size_t *hi) {
+  if (d->scatter) {
+    *lo = (size_t)s->pos * d->count;
+    *hi = *lo + d->count;
+    return;
+  }
+  size_t align = SHM_LINE / es, c = d->count, n = (size_t)s->n, p = (size_t)s->pos;
+  *lo = c * p / n / align * align;
+  *hi = p + 1 == n ? c : c * (p + 1) / n / align * align;
+}
+
+size_t mpg__shm_max_shard(const mpg__shm *s, size_t elems) {
+  return elems / (size_t)s->n + 2 * SHM_LINE;
+}
+
+/* The worker's reduction of its shard of operation d: the node's regions
+ * in position order, pre-multiplied, averaged by the group's size, f16 /
+ * bf16 in f32 rounded once, written back to every region (all-reduce) or
+ * to this member's (reduce-scatter): the library's one kernel
+ * (mpg__reduce_sources, groups/reduce.c), the thread backend's.  ONE_PASS
+ * on one node; hierarchical: PARTIAL leaves the node's sums (not divided)
+ * in s->stage, FINISH, once the stage was all-reduced across nodes,
+ * divides, rounds and writes them back.  Returns the shard's elements. */
+enum { ONE_PASS, PARTIAL, FINISH };
+static size_t reduce_shard(mpg__shm *s, const shm_desc *d, int part) {
+  mpg_dtype dt = (mpg_dtype)d->dtype;
+  size_t es = mpg__dtype_size(dt), at = (size_t)d->offset * es, lo, hi;
+  shard(s, d, es, &lo, &hi);
+  int first = d->scatter ? s->pos : 0, ndst = d->scatter ? 1 : s->n;
+  for (int p = 0; p < s->n; p++) s->src[p] = s->region[p] + at;
+  for (int k = 0; k < ndst; k++) s->dst[k] = s->region[first + k] + at;
+  mpg__reduce_job job = {dt, (mpg_op)d->op, d->scale, NULL, s->total,
+                         s->src, part == FINISH ? 0 : s->n,
+                         s->dst, part == PARTIAL ? 0 : ndst,
+                         part == ONE_PASS ? NULL : s->stage};
+  mpg__reduce_sources(&job, lo, hi, s->scratch);
+  return hi - lo;
+}
+
 /* The all-reduce (sum) of this member's staged partial sums with the
  * members at its local position on the other nodes, waited for in slices
  * of POLL_S so that a segment or context that gave up, or a destroy,
@@ -209,15 +251,15 @@ void *mpg__shm_worker(void *arg) {
     }
     if (s->inter) {
       /* Hierarchical: the node's partial sums, then across nodes. */
-      size_t m = mpg__shm_partial(s, d);
+      size_t m = reduce_shard(s, d, PARTIAL);
       mpg_status st = m ? across_nodes(s, d, m, deadline, q) : MPG_OK;
       if (st) {
         mpg__shm_abort(s, st, -2, q);
         return NULL;
       }
-      mpg__shm_finish(s, d);
+      reduce_shard(s, d, FINISH);
     } else {
-      mpg__shm_reduce(s, d);
+      reduce_shard(s, d, ONE_PASS);
     }
     atomic_store_explicit(&s->finished[s->pos].v, q + 1, memory_order_release);
     mpg__shm_futex_wake(&s->finished[s->pos].v);
@@ -280,105 +322,131 @@ static mpg_status wait_q(mpg__shm *s, uint32_t q, double deadline, int block, in
   }
 }
 
-static mpg_status test_op(void *obj, uint32_t q, double deadline, int *done) {
-  return wait_q(obj, q, deadline, 0, done);
+/* The table's test and wait: q's completion, by the deadline its post
+ * set (the worker's; this thread allows itself GRACE_S more, so that the
+ * worker, which knows which member never posted, reports first: the
+ * generic layer's deadline, which is a moment earlier, is not used). */
+static mpg_status shm_test(mpg__req *r, int *done) {
+  return wait_q(r->shm, r->q, r->deadline, 0, done);
 }
 
-static mpg_status wait_op(void *obj, uint32_t q, double deadline) {
+static mpg_status shm_wait(mpg__req *r, double deadline) {
+  (void)deadline;
   int done;
-  return wait_q(obj, q, deadline, 1, &done);
+  return wait_q(r->shm, r->q, r->deadline, 1, &done);
 }
 
-static const mpg__work_ext shm_work = {test_op, wait_op};
+static void shm_req_free(mpg__req *r) { free(r); }
 
 /* ------------------------------------------------------------------ */
 /* Posting                                                             */
 /* ------------------------------------------------------------------ */
 
-/* A post that fails once the segment exists (shm_internal.h, "A failed
- * post"): abort the segment with the reason, so that no member pairs a
- * later operation of this one with another of its own, then the groups
- * layer's handling (a timeout or abort aborts the context).  The message
- * of `st` is kept. */
-static mpg_status refuse(mpg__shm *s, const char *fn, mpg_status st) {
-  mpg__saved_error why;
-  mpg__error_save(&why);
-  mpg__shm_abort(s, st, -1, atomic_load_explicit(&s->nposted, memory_order_relaxed));
-  (void)mpg__error_restore(st, &why);
-  return mpg__group_on_failure(s->group, fn, st);
-}
-
-/* post() with the group claimed. */
-static mpg_status post_claimed(mpg__shm *s, int scatter, size_t offset, size_t count,
-                               mpg_op op, double scale, mpg_work **work, const char *fn) {
-  mpg_ctx *ctx = s->group->ctx;
-  size_t span = scatter ? count * (size_t)s->n : count;
-  if (offset > s->region_bytes / mpg__dtype_size(s->dtype) ||
-      span > s->region_bytes / mpg__dtype_size(s->dtype) - offset)
-    return refuse(s, fn, mpg__fail(MPG_ERR_RANGE, "%s: elements %zu..%zu are outside the "
-                                   "%zu-byte buffer", fn, offset, offset + span,
-                                   s->region_bytes));
-  mpg_status st = mpg__group_ready(s->group, fn);
-  if (st) return refuse(s, fn, st);
+/* The table's post: publish operation q, the in-place all-reduce (or
+ * reduce-scatter) of c's elements of every member's region, which the
+ * generic layer checked (mpg__group_run_on; the range in the region was
+ * checked before: post()).  Everything that can fail comes before
+ * anything is written. */
+static mpg_status shm_post(mpg__comm *comm, const mpg__coll *c, mpg__req **out) {
+  mpg__shm *s = comm->shm;
+  int scatter = c->kind == MPG__REDUCE_SCATTER;
   uint32_t q = atomic_load_explicit(&s->nposted, memory_order_relaxed);
-  if (mpg__shm_aborted(s, NULL)) return refuse(s, fn, aborted(s, q));
-  /* Everything that can fail comes before anything is written. */
-  mpg_work *w = calloc(1, sizeof *w);
-  if (!w) return refuse(s, fn, mpg__fail(MPG_ERR_NOMEM, "%s: out of memory", fn));
-  double deadline = mpg__now() + ctx->timeout_s;
+  if (mpg__shm_aborted(s, NULL)) return aborted(s, q);
+  mpg__req *r = malloc(sizeof *r);
+  if (!r) return mpg__fail(MPG_ERR_NOMEM, "shared-memory reduction of group %s: out of "
+                           "memory", s->gname);
+  double deadline = mpg__now() + s->group->ctx->timeout_s;
   uint32_t slot = q & (uint32_t)(s->depth - 1);
   /* The slot held operation q - depth when this member posted depth
    * operations before (counted in 64 bits: q may have wrapped): complete
    * everywhere first. */
   if (s->nposts >= (uint64_t)s->depth) {
-    st = wait_op(s, q - (uint32_t)s->depth, deadline);
+    int done;
+    mpg_status st = wait_q(s, q - (uint32_t)s->depth, deadline, 1, &done);
     if (st) {
-      free(w);
-      return refuse(s, fn, st);
+      free(r);
+      return st;
     }
   }
   shm_desc *d = &s->desc[(size_t)s->pos * (size_t)s->depth + slot];
-  d->offset = offset;
-  d->count = count;
+  d->offset = (uint64_t)((const char *)c->send - s->region[s->pos]) / mpg__dtype_size(s->dtype);
+  d->count = c->count;
   d->dtype = (int32_t)s->dtype;
-  d->op = (int32_t)op;
+  d->op = (int32_t)c->op;
   d->scatter = scatter;
   d->pad = 0;
-  d->scale = op == MPG_OP_PREMUL_SUM ? scale : 1.0;
+  d->scale = c->op == MPG_OP_PREMUL_SUM ? c->scale : 1.0;
   s->deadline[slot] = deadline;
-  mpg__coll c = {scatter ? MPG__REDUCE_SCATTER : MPG__ALL_REDUCE, NULL, NULL, count,
-                 s->dtype, op, scale, 0, 0, NULL, 0};
-  mpg__order_note(s->group, &c);
   atomic_store_explicit(&s->nposted, q + 1, memory_order_relaxed);
   s->nposts++;
   atomic_store_explicit(&s->posted[s->pos].v, q + 1, memory_order_release);
   mpg__shm_futex_wake(&s->posted[s->pos].v);
-  w->group = s->group;
-  w->ext = &shm_work;
-  w->ext_obj = s;
-  w->ext_q = q;
-  w->deadline = deadline;
-  *work = w;
+  r->shm = s;
+  r->q = q;
+  r->deadline = deadline;
+  *out = r;
   return MPG_OK;
 }
 
-/* Claimed like the public calls (coll.c): a second thread's post on this
- * group (through the same sync, or any call on the group) while one runs
- * fails with MPG_ERR_STATE, posting nothing, and, as every failed post,
- * aborts the segment. */
+/* A member gives up on a segment only through its abort word (every
+ * member sees it); the context's abort reaches the worker through
+ * gave_up. */
+static void shm_abort_comm(mpg__comm *comm, mpg_status reason) {
+  mpg__shm *s = comm->shm;
+  mpg__shm_abort(s, reason, -1, atomic_load_explicit(&s->nposted, memory_order_relaxed));
+}
+
+/* The segment's table: what the generic layer calls to post and complete
+ * its operations (backend.h, "Shared memory behind this table"). */
+static const struct mpg__backend_ops shm_ops = {
+    .name = "shm",
+    .post = shm_post,
+    .test = shm_test,
+    .test_keeps_time = 1,
+    .wait = shm_wait,
+    .req_free = shm_req_free,
+    .abort_comm = shm_abort_comm,
+};
+
+/* A post that fails (shm_internal.h, "A failed post") before it published
+ * its operation: abort the segment with the reason, so that no member
+ * pairs a later operation of this one with another of its own.  (The
+ * generic layer already took the groups layer's steps: a timeout or abort
+ * aborts the context.)  The message of `st` is kept. */
+static mpg_status refuse(mpg__shm *s, uint32_t q, mpg_status st) {
+  mpg__saved_error why;
+  mpg__error_save(&why);
+  mpg__shm_abort(s, st, -1, q);
+  return mpg__error_restore(st, &why);
+}
+
+/* An operation on the segment, through the generic layer like any
+ * collective (mpg__group_run_on: claimed, so that a second thread's post
+ * on this group fails with MPG_ERR_STATE, posting nothing). */
 static mpg_status post(mpg__shm *s, int scatter, size_t offset, size_t count, mpg_op op,
                        double scale, mpg_work **work) {
   const char *fn = scatter ? "mpg_reduce_scatter (shared memory)"
                            : "mpg_all_reduce (shared memory)";
-  if (!work) return refuse(s, fn, mpg__fail(MPG_ERR_INVALID, "%s: work is NULL", fn));
-  *work = NULL;
-  mpg_status st = mpg__group_claim(s->group, fn);
-  if (st) return refuse(s, fn, st);
-  st = post_claimed(s, scatter, offset, count, op, scale, work, fn);
-  mpg__group_release(s->group);
+  uint32_t q = atomic_load_explicit(&s->nposted, memory_order_relaxed);
+  if (work) *work = NULL;
+  if (!work) return refuse(s, q, mpg__fail(MPG_ERR_INVALID, "%s: work is NULL", fn));
+  size_t elems = s->region_bytes / mpg__dtype_size(s->dtype);
+  size_t span = scatter ? count * (size_t)s->n : count;
+  if (offset > elems || (scatter && count > elems) || span > elems - offset)
+    return refuse(s, q, mpg__fail(MPG_ERR_RANGE, "%s: elements %zu..%zu are outside the "
+                                  "%zu-byte buffer", fn, offset, offset + span,
+                                  s->region_bytes));
+  char *at = s->region[s->pos] + offset * mpg__dtype_size(s->dtype);
+  /* In place: a reduce-scatter's slice is this member's (its position
+   * in the group is its position on the node: one node). */
+  void *recv = scatter ? at + (size_t)s->pos * count * mpg__dtype_size(s->dtype) : at;
+  mpg__coll c = {scatter ? MPG__REDUCE_SCATTER : MPG__ALL_REDUCE, at, recv, count,
+                 s->dtype, op, scale, 0, 0, NULL, 0};
+  mpg_status st = mpg__group_run_on(s->group, &shm_ops, &s->self, &c, work, fn);
+  if (st && atomic_load_explicit(&s->nposted, memory_order_relaxed) == q)
+    return refuse(s, q, st);
   return st;
 }
-
 mpg_status mpg__shm_all_reduce(mpg__shm *s, size_t offset, size_t count, mpg_op op,
                                double scale, mpg_work **work) {
   return post(s, 0, offset, count, op, scale, work);

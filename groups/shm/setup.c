@@ -244,6 +244,8 @@ static void release(mpg__shm *s) {
   free(s->stage);
   free(s->members);
   free(s->scratch);
+  free(s->src);
+  free(s->dst);
   free(s->region);
   free(s->deadline);
   free(s);
@@ -505,12 +507,15 @@ static mpg__shm *book(mpg_group *group, const char *gname, const shm_place *pl,
     s->region = calloc((size_t)pl->n, sizeof *s->region);
     s->members = calloc((size_t)pl->n, sizeof *s->members);
     s->deadline = calloc((size_t)ring_slots(depth), sizeof *s->deadline);
-    s->scratch = mpg__shm_scratch();
+    s->scratch = aligned_alloc(64, MPG__REDUCE_SCRATCH);
+    s->src = calloc((size_t)pl->n, sizeof *s->src);
+    s->dst = calloc((size_t)pl->n, sizeof *s->dst);
   }
-  *ok = s && s->region && s->members && s->deadline && s->scratch;
+  *ok = s && s->region && s->members && s->deadline && s->scratch && s->src && s->dst;
   if (!*ok) return s; /* what was allocated (or NULL), for release */
   for (int p = 0, k = 0; p < pl->total; p++)
     if (node[p] == pl->mynode) s->members[k++] = p;
+  s->self.shm = s;
   s->group = group;
   s->n = pl->n;
   s->pos = pl->pos;
@@ -651,7 +656,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   char gname[128];
   snprintf(gname, sizeof gname, "\"%s\" index %d", mpg_group_name(group),
            mpg_group_index(group));
-  int cpu = ctx->kind == MPG_BACKEND_THREAD || ctx->kind == MPG_BACKEND_MPI;
+  int cpu = ctx->ops->host_shm; /* the table says (backend.h), not the backend's kind */
   int dt_ok = dtype == MPG_F32 || dtype == MPG_F64 || dtype == MPG_F16 || dtype == MPG_BF16;
   /* Decided from what every member knows alike: no collective then. */
   if (total < 2 || !cpu || !dt_ok || depth < 1 || bytes == 0) return MPG_OK;
@@ -693,7 +698,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   int failed = setup_st ? -1 : first_failed(x.words, total);
   /* Across nodes: the members at this local position on every node. */
   if (!setup_st && failed < 0 && pl.nodes > 1) {
-    setup_st = ctx->ops->split(group->comm, pl.pos, pl.mynode, &s->inter);
+    setup_st = mpg__group_split(group, pl.pos, pl.mynode, &s->inter);
     if (setup_st) setup_st = mpg__fail_wrap(setup_st, "splitting the group by local position");
   }
   if (!setup_st && failed < 0) {

@@ -1,7 +1,14 @@
 /* Node-local shared memory for a group's in-place reductions: the
  * one-pass all-reduce and reduce-scatter that sync/ runs on the CPU
  * backends when the members of a group share a node (docs/sync.md,
- * "Shared memory").  Three files, calls going one way:
+ * "Shared memory").  It sits behind the backend table (backend.h,
+ * "Shared memory behind this table"): the segment is a communicator of
+ * its own table, its operations run through the generic layer
+ * (mpg__group_run_on) and complete through mpg_work like any other, and
+ * its arithmetic is the library's one reduction kernel
+ * (mpg__reduce_sources, groups/reduce.c), the thread backend's and the
+ * MPI ring's, so equal results are equal by construction.  Two files,
+ * calls going one way:
  *  - setup.c: mpg__shm_create / _destroy: who shares a node (one
  *    all-gather of host identity, process id and MESHPG_SHM), the
  *    segment (an anonymous
@@ -12,9 +19,10 @@
  *    reserved, and opened by the other members through
  *    /proc/<creator pid>/fd/<fd>; so no kill at any moment leaves
  *    anything in /dev/shm) and the worker thread;
- *  - engine.c: posting an operation, the worker, waiting, timeouts and
- *    giving up on a dead peer; groups_internal.h has the contract;
- *  - kernel.c: the reduction of one shard.
+ *  - engine.c: the segment's table (posting an operation, testing and
+ *    waiting for it, with the timeouts), the worker that reduces this
+ *    member's shards, and giving up on a dead peer; groups_internal.h
+ *    has the contract.
  *
  * Across nodes (hierarchical, all-reduce only): when the group's members
  * are on several hosts with the same number n >= 2 on each, each node has
@@ -44,7 +52,7 @@
  * q in turn, waits for posted[x] > q of every member x (acquire), checks
  * that x's descriptor equals its own, reduces its shard of operation q
  * from every region (in position order, in f32 for f16/bf16, the average
- * and the pre-multiply fused), writes the result back (every region for
+ * and the pre-multiply fused: mpg__reduce_sources), writes the result back (every region for
  * an all-reduce, its own for a reduce-scatter) and stores finished[p] =
  * q + 1 (release).  Operation q is complete for a member when
  * finished[x] > q for every x: every shard was read and written.  The
@@ -141,7 +149,21 @@ typedef struct shm_desc {
   double scale;
 } shm_desc;
 
+/* The segment as the communicator of shm's table (engine.c), and one
+ * posted operation: its number and the deadline its post set (the
+ * worker's; the waiting thread allows itself GRACE_S more).  Defined here
+ * only: the backends' communicators are opaque to shm/. */
+struct mpg__comm {
+  mpg__shm *shm;
+};
+struct mpg__req {
+  mpg__shm *shm;
+  uint32_t q;
+  double deadline;
+};
+
 struct mpg__shm {
+  mpg__comm self;       /* this segment as a communicator of shm's table */
   mpg_group *group;
   int n, pos;           /* members on this node (the segment's), this one's */
   int total;            /* members of the group (n x nodes) */
@@ -170,7 +192,9 @@ struct mpg__shm {
   pthread_t worker;
   int worker_up;
   atomic_int stop;
-  void *scratch;               /* the worker's blocks (kernel.c) */
+  void *scratch;               /* the kernel's blocks (MPG__REDUCE_SCRATCH) */
+  const void **src;            /* n: the kernel's sources, for one shard */
+  void **dst;                  /* n: and its destinations */
   char gname[128];             /* "dp_cp" index 1: for messages */
 };
 
@@ -201,17 +225,8 @@ extern mpg__shm_seam_set mpg__shm_seams;
 void mpg__shm_futex_wait(_Atomic uint32_t *w, uint32_t val, double timeout_s);
 void mpg__shm_futex_wake(_Atomic uint32_t *w);
 
-/* kernel.c: the worker's scratch (NULL: out of memory) and the reduction
- * of this member's shard of operation d: in one pass on one node; or
- * (hierarchical) _partial sums the node's into s->stage (returns its
- * element count) and _finish, once the
- * stage was all-reduced across nodes, averages, rounds and writes it back. */
-void *mpg__shm_scratch(void);
-void mpg__shm_reduce(mpg__shm *s, const shm_desc *d);
-size_t mpg__shm_partial(mpg__shm *s, const shm_desc *d);
-void mpg__shm_finish(mpg__shm *s, const shm_desc *d);
-/* kernel.c: the largest shard of a buffer of `elems` elements (stage
- * size). */
+/* engine.c: the largest shard of a buffer of `elems` elements (the
+ * stage's size). */
 size_t mpg__shm_max_shard(const mpg__shm *s, size_t elems);
 
 #endif

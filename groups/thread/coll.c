@@ -28,38 +28,26 @@
 /* ------------------------------------------------------------------------ */
 
 /* *out = op over members of their send buffers (total elements each), in
- * position order, in dtype `at` (f32 for halves).  AVG divides at the end.
- * The result lives in the group's scratch space. */
+ * position order, through the library's one reduction kernel
+ * (mpg__reduce_sources, groups/reduce.c: f16/bf16 in f32, rounded once;
+ * AVG divided by n; each member's own scale for PREMUL_SUM).  The result
+ * (dtype dt) lives in the group's scratch space 0; scratch 1 holds the
+ * kernel's blocks and the sources and scales. */
 static mpg_status reduce_all(tgroup *g, top *op, int n, size_t total,
                              mpg_dtype dt, mpg_op rop, void **out_acc) {
-  int half = mpg__dtype_is_half(dt);
-  mpg_dtype at = half ? MPG_F32 : dt;
-  size_t asz = mpg__dtype_size(at);
-  int premul = rop == MPG_OP_PREMUL_SUM;
-  void *acc = mpg__thread_group_scratch(g, 0, total * asz);
-  void *tmp = (half || premul) ? mpg__thread_group_scratch(g, 1, total * asz) : NULL;
-  if (!acc || ((half || premul) && !tmp)) return MPG_ERR_NOMEM;
+  size_t ptrs = sizeof(void *) * (size_t)n, scales = sizeof(double) * (size_t)n;
+  void *out = mpg__thread_group_scratch(g, 0, total * mpg__dtype_size(dt));
+  char *work = mpg__thread_group_scratch(g, 1, MPG__REDUCE_SCRATCH + ptrs + scales);
+  if (!out || !work) return MPG_ERR_NOMEM;
+  const void **src = (const void **)(void *)(work + MPG__REDUCE_SCRATCH);
+  double *scale = (double *)(void *)(work + MPG__REDUCE_SCRATCH + ptrs);
   for (int p = 0; p < n; p++) {
-    const mpg__coll *c = &op->reqs[p]->coll;
-    const void *x = c->send;
-    void *dst = p == 0 ? acc : tmp;
-    if (half) {
-      mpg__half_widen(dt, x, dst, total);
-      x = dst;
-    } else if (premul || p == 0) {
-      memcpy(dst, x, total * asz);
-      x = dst;
-    }
-    if (premul) mpg__scale(at, dst, total, c->scale);
-    if (p > 0) mpg__reduce_into(at, rop, acc, x, total);
+    src[p] = op->reqs[p]->coll.send;
+    scale[p] = op->reqs[p]->coll.scale;
   }
-  if (rop == MPG_OP_AVG) mpg__divide(at, acc, total, n);
-  if (half) {
-    /* One rounding, into tmp (reused as the narrowed result). */
-    mpg__half_narrow(dt, acc, tmp, total);
-    acc = tmp;
-  }
-  *out_acc = acc;
+  mpg__reduce_job job = {dt, rop, 1.0, scale, n, src, n, &out, 1, NULL};
+  mpg__reduce_sources(&job, 0, total, work);
+  *out_acc = out;
   return MPG_OK;
 }
 

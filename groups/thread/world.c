@@ -228,4 +228,5 @@ const struct mpg__backend_ops mpg__backend_thread = {
     .set_timeout = t_set_timeout,
     .comm_shape = t_shape,
     .comm_members = t_members,
+    .host_shm = 1,
 };

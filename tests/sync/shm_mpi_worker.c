@@ -7,7 +7,7 @@
  *                            mode (avg x 0.37, owned slices), some params
  *                            reduced over cp or dp alone; every result
  *                            must equal, bit for bit, the value computed
- *                            here as groups/shm/kernel.c does: the f32 sum
+ *                            here as groups/reduce.c's kernel does: the f32 sum
  *                            in group position order (bf16 widened, each
  *                            addend pre-multiplied first when scaled),
  *                            divided at the end for avg, rounded once to

@@ -400,8 +400,8 @@ static double stored(const pcase *c, int q, int p, int step, size_t i) {
 
 /* The reference all-reduce of element i of param p over members[0..n)
  * (group position order), written to *out in the param's dtype.  As
- * sync/step.c asks for it and groups/thread/coll.c (reduce_all) and
- * groups/shm/kernel.c compute it: with grad_scale != 1 a sum whose every
+ * sync/step.c asks for it and groups/reduce.c's one kernel
+ * (mpg__reduce_sources, for the thread backend and shm/) computes it: with grad_scale != 1 a sum whose every
  * addend is first multiplied by grad_scale (/ n for avg); else the sum,
  * divided by n at the end for avg; f32 accumulation for f32/f16/bf16, f64
  * for f64; one rounding to the dtype at the end.  hier: the sum over each
