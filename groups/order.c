@@ -69,9 +69,7 @@
 #define ORDER_NAME 64    /* bytes of a group's name in a record */
 #define REC_WORDS (3 + ORDER_NAME / 8)
 #define MAX_SLOTS 64     /* distinct group masks followed per context */
-#define MASK_WORDS 4     /* masks < 2^MPG_MAX_DIMS, one bit each */
-
-_Static_assert(MPG_MAX_DIMS <= 8, "the used-mask bitmap holds masks below 256");
+#define MASK_WORDS ((MPG__MASK_SLOTS + 63) / 64) /* one bit per mask slot */
 
 /* Kinds recorded next to mpg__coll_kind that no backend sees: a split,
  * and the all-to-alls (alltoall.c, made of point-to-point traffic but
@@ -104,7 +102,9 @@ struct mpg__order {
   int nslots;
   unsigned slot_mask[MAX_SLOTS];
   uint64_t slot_hash[MAX_SLOTS];
-  uint64_t used[MASK_WORDS]; /* masks of the groups that carried a collective */
+  uint64_t used[MASK_WORDS]; /* slots of the masks of the groups that carried a
+                                collective (mpg__mesh_mask_slot) */
+  const mpg_mesh *mesh;
 };
 
 static const uint64_t SEED = 0x6f726465726d7067ull;   /* "ordermpg" */
@@ -142,6 +142,7 @@ mpg_status mpg__order_create(mpg_ctx *ctx) {
   }
   o->log = log;
   o->cap = ORDER_LOG_MIN;
+  o->mesh = ctx->mesh;
   o->world_mask = (1u << mpg_mesh_ndims(ctx->mesh)) - 1u;
   for (int s = 0; s < ctx->nsets; s++) add_slot(o, mpg__mesh_dimset_mask(ctx->mesh, s));
   add_slot(o, o->world_mask);
@@ -160,7 +161,8 @@ static void record(mpg__order *o, const char *name, unsigned mask, int kind, uin
   for (int k = 0; k < o->nslots; k++)
     o->slot_hash[k] = mpg__hash_mix(o->slot_hash[k],
                                     (mask & o->slot_mask[k]) == o->slot_mask[k] ? full : key);
-  o->used[mask / 64] |= 1ull << (mask % 64);
+  unsigned slot = mpg__mesh_mask_slot(o->mesh, mask);
+  o->used[slot / 64] |= 1ull << (slot % 64);
   if (o->n == o->cap && o->cap < ORDER_LOG && !o->fixed) {
     /* Not wrapped yet: calls 0..cap-1 sit at 0..cap-1 and stay there. */
     entry *log = realloc(o->log, sizeof *log * (size_t)(2 * o->cap));
@@ -345,7 +347,7 @@ static mpg_status compare_groups(mpg_ctx *ctx, const mpg__order *o, const char *
   mine[0] = (uint64_t)o->n;
   mine[1] = (uint64_t)(o->n > o->cap ? o->n - o->cap : 0);
   memcpy(&mine[2], o->used, sizeof o->used);
-  unsigned masks[256];
+  unsigned masks[MPG__MASK_SLOTS], slots[MPG__MASK_SLOTS];
   int nm = 0;
   uint64_t *info = malloc(sizeof *info * IW * (size_t)world);
   uint64_t *hashes = NULL, *minh = NULL;
@@ -354,10 +356,10 @@ static mpg_status compare_groups(mpg_ctx *ctx, const mpg__order *o, const char *
                   : mpg__fail(MPG_ERR_NOMEM, "%s: issue-order check: out of memory", where);
   if (!st) st = gather(ctx, mine, info, IW, where, "gathering the groups used");
   if (st) goto out;
-  for (unsigned m = 0; m < 256; m++) {
+  for (unsigned k = 0; k < MPG__MASK_SLOTS; k++) {
     int any = 0;
-    for (int r = 0; r < world && !any; r++) any = (info[r * IW + 2 + m / 64] >> (m % 64)) & 1;
-    if (any) masks[nm++] = m;
+    for (int r = 0; r < world && !any; r++) any = (info[r * IW + 2 + k / 64] >> (k % 64)) & 1;
+    if (any) slots[nm] = k, masks[nm++] = mpg__mesh_slot_mask(ctx->mesh, k);
   }
   hashes = malloc(sizeof *hashes * (size_t)nm * (size_t)world + 1);
   minh = malloc(sizeof *minh * (size_t)nm + 1);
@@ -376,14 +378,14 @@ static mpg_status compare_groups(mpg_ctx *ctx, const mpg__order *o, const char *
   unsigned fm = 0;
   int *idx_of = first + world, *other = first + 2 * world, *used = first + 3 * world;
   for (int j = 0; j < nm; j++) {
-    unsigned m = masks[j];
+    unsigned m = masks[j], k = slots[j];
     for (int x = 0; x < world; x++) first[x] = other[x] = -1, used[x] = 0;
     for (int r = 0; r < world; r++) {
       int pos, size;
       mpg__mesh_mask_place(ctx->mesh, m, r, &idx_of[r], &pos, &size);
       int x = idx_of[r];
       if (first[x] < 0) first[x] = r;
-      used[x] |= (int)((info[r * IW + 2 + m / 64] >> (m % 64)) & 1);
+      used[x] |= (int)((info[r * IW + 2 + k / 64] >> (k % 64)) & 1);
       if (other[x] < 0 && hashes[(size_t)r * nm + j] != hashes[(size_t)first[x] * nm + j])
         other[x] = r;
     }

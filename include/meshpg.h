@@ -380,8 +380,8 @@ MPG_API mpg_status mpg_spec_set_experts(mpg_spec *spec, int tp, int ep,
  * names ([A-Za-z_][A-Za-z0-9_]*, at most 31 chars, not "world", distinct),
  * sizes (> 0 or one -1), flattened sets (known dims, no repeats, mesh order,
  * no clash with a dim name or another set), the expert grid's keys (order
- * tokens, no clash with the expert names, at most 5 mesh dims) and the
- * other sections' values.
+ * tokens, no clash with the expert names, at most 19 dims and flattened
+ * sets together) and the other sections' values.
  * Returns MPG_OK or MPG_ERR_SPEC; MPG_ERR_INVALID as above.  Local; any
  * thread. */
 MPG_API mpg_status mpg_spec_validate(const mpg_spec *spec);

@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A rank grid: the mesh's dims (grid 0) or the expert grid (grid 1), each
- * dim with its mask bit.  Mask bits 0..ndims-1 are the mesh dims; the
- * expert grid's etp, ep and edp take bits ndims..ndims+2 and its pp the
- * mesh's pp bit (the pipeline groups of both grids are the same).  Masks
- * stay below 2^MPG_MAX_DIMS, which groups/ and sync/ rely on. */
+/* A rank grid over the world: the mesh's dims (grid 0) or the expert grid
+ * (grid 1), each dim with its mask bit (mesh_internal.h).  Mask bits
+ * 0..ndims-1 are the mesh dims; the expert grid's etp, ep and edp have
+ * their own bits (MPG__MASK_ETP..+2, above every mesh dim's) and its pp
+ * the mesh's pp bit (the pipeline groups of both grids are the same). */
 typedef struct grid {
   int n;
   int sizes[MPG_MAX_DIMS];
@@ -47,7 +47,7 @@ struct mpg_mesh {
   unsigned expert_bits;                 /* the bits of etp, ep, edp */
   unsigned pp_bit;                      /* the mesh's pp bit, 0 without pp */
   char enames[4][MPG_NAME_MAX];         /* expert grid dims, outermost first */
-  char bitnames[MPG_MAX_DIMS][MPG_NAME_MAX]; /* the name of each mask bit */
+  char bitnames[MPG__MASK_BITS][MPG_NAME_MAX]; /* the name of each mask bit */
 };
 
 static int mask_grid(const mpg_mesh *m, unsigned mask) {
@@ -259,9 +259,9 @@ static void add_expert_sets(mpg_mesh *m, const unsigned bit_of[MPG__TOK_COUNT]) 
   m->experts = 1;
   m->expert_bits = bit_of[MPG__TOK_TP] | bit_of[MPG__TOK_EP] | bit_of[MPG__TOK_DP];
   m->pp_bit = bit_of[MPG__TOK_PP];
-  strcpy(m->bitnames[m->ndims], "etp");
-  strcpy(m->bitnames[m->ndims + 1], "ep");
-  strcpy(m->bitnames[m->ndims + 2], "edp");
+  strcpy(m->bitnames[MPG__MASK_ETP], "etp");
+  strcpy(m->bitnames[MPG__MASK_ETP + 1], "ep");
+  strcpy(m->bitnames[MPG__MASK_ETP + 2], "edp");
   unsigned etp_bit = bit_of[MPG__TOK_TP], ep_bit = bit_of[MPG__TOK_EP];
   dimset_fill(m, &m->sets[m->nsets++], "etp", etp_bit);
   dimset_fill(m, &m->sets[m->nsets++], "ep", ep_bit);
@@ -283,8 +283,9 @@ static mpg_status build_experts(mpg_mesh *m, const mpg_spec *spec) {
   char order_text[64];
   order_str(tok, ntok, order_text, sizeof order_text);
   if ((st = append_left_out(spec, named, size_of, tok, &ntok))) return st;
-  unsigned bit_of[MPG__TOK_COUNT] = {1u << m->ndims, 0, 1u << (m->ndims + 1),
-                                     1u << (m->ndims + 2), pp_dim >= 0 ? 1u << pp_dim : 0};
+  unsigned bit_of[MPG__TOK_COUNT] = {1u << MPG__MASK_ETP, 0, 1u << (MPG__MASK_ETP + 1),
+                                     1u << (MPG__MASK_ETP + 2),
+                                     pp_dim >= 0 ? 1u << pp_dim : 0};
   fill_expert_grid(m, tok, ntok, size_of, bit_of);
   /* The pipeline groups must be the same in both grids: same pp stride. */
   if (pp > 1 && (st = check_expert_pp(m, spec, at, order_text, pp_dim, size_of[MPG__TOK_DP])))
@@ -428,10 +429,12 @@ mpg_status mpg_mesh_dimset_dims(const mpg_mesh *mesh, int set,
   if (!dims || !ndims)
     return mpg__fail(MPG_ERR_INVALID, "mpg_mesh_dimset_dims: NULL argument");
   const dimset *s = &mesh->sets[set];
-  /* Mask bits: the mesh's dims in mesh order, then etp, ep, edp. */
+  /* Mask bits: the mesh's dims in mesh order, then etp, ep, edp, which
+   * the API numbers ndims + 0, 1, 2. */
   int n = 0;
-  for (int b = 0; b < MPG_MAX_DIMS; b++)
-    if (s->mask & (1u << b)) dims[n++] = b;
+  for (int b = 0; b < MPG__MASK_BITS; b++)
+    if (s->mask & (1u << b))
+      dims[n++] = b < MPG__MASK_ETP ? b : mesh->ndims + (b - MPG__MASK_ETP);
   *ndims = n;
   return MPG_OK;
 }
@@ -604,7 +607,7 @@ mpg_status mpg__mesh_parse_dims(const mpg_mesh *mesh, const char *list,
                        what, list, name, mesh->ndims ? mesh->names[0] : "");
     }
     /* Bits in mesh order (then etp, ep, edp), each once. */
-    for (int b = 0; b < MPG_MAX_DIMS; b++) {
+    for (int b = 0; b < MPG__MASK_BITS; b++) {
       unsigned bit = 1u << b;
       if (!(s->mask & bit) || (*mask & bit)) continue;
       *mask |= bit;
@@ -631,6 +634,18 @@ mpg_status mpg__mesh_parse_dims(const mpg_mesh *mesh, const char *list,
                      "or set names such as \"dp_cp,tp\"",
                      what, list);
   return MPG_OK;
+}
+
+unsigned mpg__mesh_mask_slot(const mpg_mesh *mesh, unsigned mask) {
+  if (!(mask & MPG__MASK_EXPERT)) return mask;
+  unsigned expert = (mask & MPG__MASK_EXPERT) >> MPG__MASK_ETP;
+  return (1u << MPG_MAX_DIMS) + 2u * expert + ((mask & mesh->pp_bit) ? 1u : 0u);
+}
+
+unsigned mpg__mesh_slot_mask(const mpg_mesh *mesh, unsigned slot) {
+  if (slot < (1u << MPG_MAX_DIMS)) return slot;
+  unsigned e = slot - (1u << MPG_MAX_DIMS);
+  return ((e >> 1) << MPG__MASK_ETP) | ((e & 1u) ? mesh->pp_bit : 0u);
 }
 
 unsigned mpg__mesh_dimset_mask(const mpg_mesh *mesh, int set) {
@@ -674,7 +689,7 @@ void mpg__mesh_mask_names(const mpg_mesh *mesh, unsigned mask,
                           const char *sep, char *buf, size_t cap) {
   size_t k = 0;
   buf[0] = '\0';
-  for (int b = 0; b < MPG_MAX_DIMS; b++) {
+  for (int b = 0; b < MPG__MASK_BITS; b++) {
     if (!(mask & (1u << b)) || !mesh->bitnames[b][0]) continue;
     if (k < cap)
       k += (size_t)snprintf(buf + k, cap - k, "%s%s", k ? sep : "", mesh->bitnames[b]);

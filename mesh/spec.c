@@ -318,14 +318,9 @@ static mpg_status validate_experts(const mpg_spec *spec) {
   int tok[4], ntok, named[MPG__TOK_COUNT];
   mpg_status st = mpg__expert_order(spec, tok, &ntok, named);
   if (st) return st;
-  char known[512];
-  dim_list(spec, known, sizeof known);
-  if (spec->ndims > MPG_MAX_DIMS - 3)
-    return mpg__fail_at(MPG_ERR_SPEC, src, spec->experts.pos,
-                        "experts: an expert grid needs a mesh of at most %d dims "
-                        "(etp, ep and edp take 3 of the %d), but the mesh has %d (%s); "
-                        "merge dims or drop [experts]",
-                        MPG_MAX_DIMS - 3, MPG_MAX_DIMS, spec->ndims, known);
+  /* The expert grid is a second grid over the world with its own mask bits
+   * (mesh/mesh_internal.h): any mesh of up to MPG_MAX_DIMS dims may have
+   * one; only the table of dim sets is shared. */
   if (spec->ndims + spec->nflatten > MPG_MAX_DIMS + MPG_MAX_FLATTEN - EXPERT_NAMES)
     return mpg__fail_at(MPG_ERR_SPEC, src, spec->experts.pos,
                         "experts: an expert grid adds %d dim sets, so the mesh may "

@@ -44,18 +44,18 @@ void mpg__sync_free_layout(mpg_sync *s) {
  * default: pipeline stages hold different parameters (a norm reduced over
  * "dp,tp" on one stage only), and creating a group is a split over the
  * whole world, so each rank first learns what any rank needs (one
- * all-reduce of a flag per dim set: 2^MPG_MAX_DIMS int32, whatever the
+ * all-reduce of a flag per mask slot: MPG__MASK_SLOTS int32, whatever the
  * world size) and then every rank creates the same groups in ascending
  * mask order, whatever its own parameters and their registration order. */
 static mpg_status resolve_groups(mpg_sync *s) {
-  enum { NMASK = 1u << MPG_MAX_DIMS };
+  enum { NMASK = MPG__MASK_SLOTS };
   int32_t mine[NMASK], all[NMASK];
   mpg_group *groups[NMASK];
   memset(mine, 0, sizeof mine);
   for (int i = 0; i < s->layout.nparams; i++) {
     const sparam *p = &s->layout.params[i];
     if (!p->dims || (s->default_mask && p->mask == s->default_mask)) continue;
-    mine[p->mask] = 1; /* masks < 2^MPG_MAX_DIMS */
+    mine[mpg__mesh_mask_slot(s->mesh, p->mask)] = 1;
   }
   mpg_group *world = NULL;
   mpg_status st = mpg_ctx_group(s->ctx, "world", &world);
@@ -63,12 +63,13 @@ static mpg_status resolve_groups(mpg_sync *s) {
   if (st)
     return mpg__fail_wrap(st, "mpg_sync_commit: agreeing over the world on the reduce "
                           "groups (does every rank call mpg_sync_commit?)");
-  for (unsigned m = 0; m < NMASK; m++) {
-    groups[m] = NULL;
-    if (!all[m]) continue;
-    char names[MPG_MAX_DIMS * MPG_NAME_MAX];
+  for (unsigned k = 0; k < NMASK; k++) {
+    groups[k] = NULL;
+    if (!all[k]) continue;
+    unsigned m = mpg__mesh_slot_mask(s->mesh, k);
+    char names[MPG__MASK_BITS * MPG_NAME_MAX];
     mpg__mesh_mask_names(s->mesh, m, ",", names, sizeof names);
-    st = mpg_ctx_group_dims(s->ctx, names, &groups[m]);
+    st = mpg_ctx_group_dims(s->ctx, names, &groups[k]);
     if (st) {
       const char *who = "";
       for (int i = 0; i < s->layout.nparams && !who[0]; i++)
@@ -84,7 +85,8 @@ static mpg_status resolve_groups(mpg_sync *s) {
   for (int i = 0; i < s->layout.nparams; i++) {
     sparam *p = &s->layout.params[i];
     p->group = s->default_group;
-    if (p->dims && !(s->default_mask && p->mask == s->default_mask)) p->group = groups[p->mask];
+    if (p->dims && !(s->default_mask && p->mask == s->default_mask))
+      p->group = groups[mpg__mesh_mask_slot(s->mesh, p->mask)];
   }
   return MPG_OK;
 }

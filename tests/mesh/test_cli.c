@@ -94,6 +94,11 @@ Test(cli, plan_experts) {
             "%s", out);
   cr_assert_eq(cli("plan --mesh dp=2 --experts ep=2,xx=1"), 2, "%s", out);
   cr_expect(strstr(out, "--experts: expected ep=N, tp=N or order=ORDER"), "%s", out);
+  /* A mesh of 8 dims (MPG_MAX_DIMS) may have an expert grid. */
+  cr_assert_eq(cli("plan --mesh pp=2,a=1,dp=2,b=1,cp=1,c=1,d=1,tp=2 --experts ep=2,tp=1 "
+                   "--json"), 0, "%s", out);
+  cr_expect(strstr(out, "\"edp\": [[0, 2], [1, 3], [4, 6], [5, 7]]"), "%s", out);
+  cr_expect(strstr(out, "\"etp_ep_pp\": [[0, 1, 4, 5], [2, 3, 6, 7]]"), "%s", out);
 }
 
 /* Issue 30's newcomer slips. */

@@ -209,10 +209,28 @@ Test(experts, spec_errors_name_the_key_and_position) {
              "moe.toml:4:1: experts.epp: unknown key (did you mean \"ep\"?)");
   EXPECT_ERR(load("[mesh]\ndims = [ { name = \"ep\", size = 2 } ]\n[experts]\nep = 2\n", &sp),
              MPG_ERR_SPEC, "moe.toml:2:19: mesh.dims[0].name: \"ep\" is a name of the expert grid");
-  EXPECT_ERR(load("[mesh]\ndims = [ { name = \"a\", size = 1 }, { name = \"b\", size = 1 }, "
-                  "{ name = \"c\", size = 1 }, { name = \"d\", size = 1 }, { name = \"e\", size = 1 }, "
-                  "{ name = \"f\", size = 1 } ]\n[experts]\nep = 1\n", &sp),
-             MPG_ERR_SPEC, "moe.toml:3:1: experts: an expert grid needs a mesh of at most 5 dims");
+  /* The expert grid has its own mask bits: a mesh of MPG_MAX_DIMS (8)
+   * dims may have one (once limited to 5 dims). */
+  cr_assert_eq(load("[mesh]\ndims = [ { name = \"a\", size = 1 }, { name = \"b\", size = 1 }, "
+                    "{ name = \"c\", size = 1 }, { name = \"d\", size = 1 }, { name = \"e\", size = 1 }, "
+                    "{ name = \"f\", size = 1 }, { name = \"g\", size = 1 }, { name = \"h\", size = 1 } ]"
+                    "\n[experts]\nep = 1\n", &sp),
+               MPG_OK, "%s", mpg_last_error());
+  cr_expect_eq(sp.ndims, MPG_MAX_DIMS);
+  /* What is left of the limit: the dim-set table, 5 of whose entries the
+   * expert grid takes (at most 19 dims and flattened sets together). */
+  cr_assert_eq(mpg_spec_set_mesh(&sp, "a=1,b=1,c=1,d=1,e=1,f=1,g=1,h=1"), MPG_OK);
+  const char *const fl[12] = {"a,b", "a,c", "a,d", "a,e", "a,f", "a,g",
+                              "a,h", "b,c", "b,d", "b,e", "b,f", "b,g"};
+  for (int k = 0; k < 12; k++) {
+    char name[8];
+    snprintf(name, sizeof name, "s%d", k);
+    cr_assert_eq(mpg_spec_add_flatten(&sp, name, fl[k]), MPG_OK, "%s", mpg_last_error());
+  }
+  cr_assert_eq(mpg_spec_set_experts(&sp, 1, 1, NULL), MPG_OK, "%s", mpg_last_error());
+  EXPECT_ERR(mpg_spec_validate(&sp), MPG_ERR_SPEC,
+             "experts: an expert grid adds 5 dim sets, so the mesh may have at most 19 "
+             "dims and flattened sets together, but it has 8 dims and 12 sets");
 }
 
 static void create_err(const char *toml, int world, const char *sub) {
