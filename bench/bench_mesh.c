@@ -7,7 +7,7 @@
  * same shape (pp=1, dp=2, cp=2, tp=2) for comparison, and measures:
  *
  *   1. lookups: ns per mpg_mesh_group_of call for every dim set, over all
- *      ranks; ns per mpg_mesh_group_rank call for every dim set, over every
+ *      ranks; ns per mpg_mesh_group_member call for every dim set, over every
  *      (group, position); ns per "full tp group of a rank" (group_of +
  *      group_members of its 8 members).  Goal: <= 1000 ns per lookup.
  *   2. enumeration: ms to list every group of every dim set (pp, dp, cp, tp,
@@ -207,7 +207,7 @@ static double time_group_rank_set(const mpg_mesh *m, int set, int ngroups,
     for (int g = 0; g < ngroups; g++)
       for (int p = 0; p < gsize; p++) {
         int r;
-        mpg_mesh_group_rank(m, set, g, p, &r);
+        mpg_mesh_group_member(m, set, g, p, &r);
         acc += (uint64_t)r;
       }
   double t = now_ns() - t0;
@@ -286,7 +286,7 @@ static void check_mesh(const mpg_mesh *m, mesh_result *res, int *buf,
         seen[r] = 1;
         int gi = -1, pos = -1, gs = -1, back = -1;
         mpg_mesh_group_of(m, s, r, &gi, &pos, &gs);
-        mpg_mesh_group_rank(m, s, g, p, &back);
+        mpg_mesh_group_member(m, s, g, p, &back);
         if (gi != g || pos != p || gs != sr->group_size || back != r) {
           if (res->consistency_ok)
             fprintf(stderr,

@@ -111,7 +111,7 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
     for (int p = NPARAMS - 1; p >= 0; p--) {
       float *g;
       TRY(mpg_sync_grad(sync, ids[p], (void **)&g));
-      for (size_t i = 0; i < counts[p]; i++) g[i] = (float)(mpg_group_rank(dp_cp) + 1);
+      for (size_t i = 0; i < counts[p]; i++) g[i] = (float)(mpg_group_position(dp_cp) + 1);
       TRY(mpg_sync_mark_ready(sync, ids[p]));
     }
     TRY(mpg_sync_finish(sync));

@@ -291,7 +291,7 @@ void require(bool ok, const std::string& what) {
 meshpg::Group optional_group(meshpg::Ctx& ctx, const meshpg::Mesh& mesh, const char* name) {
   return mesh.has(name) ? ctx.group(name) : meshpg::Group();
 }
-int pos_in(const meshpg::Group& g) { return g ? g.rank() : 0; }
+int pos_in(const meshpg::Group& g) { return g ? g.position() : 0; }
 int size_of(const meshpg::Group& g) { return g ? g.size() : 1; }
 
 /* Forward of one micro-batch: the collectives Megatron's layers make over

@@ -39,7 +39,7 @@ typedef struct mpg__coll {
                        all_gather: elements each member sends;
                        reduce_scatter: elements each member receives */
   mpg_dtype dtype;
-  mpg_op op;        /* all_reduce, reduce_scatter; MPG_OP_PREMUL_SUM uses scale */
+  mpg_op op;        /* all_reduce, reduce_scatter; MPG__OP_PREMUL_SUM uses scale */
   double scale;
   int root;         /* broadcast: position of the root */
   int peer;         /* send/recv: position of the peer */
@@ -164,7 +164,7 @@ struct mpg__backend_ops {
   mpg_status (*destroy)(mpg__comm *comm);
   /* Optional (NULL: mpg__local_host).  Run a collective of a size-1 group,
    * which has no communicator: every kind reduces to a copy of send into
-   * recv (times scale for MPG_OP_PREMUL_SUM); barrier does nothing.  The
+   * recv (times scale for MPG__OP_PREMUL_SUM); barrier does nothing.  The
    * nccl backend copies on the caller's stream, on the device of `world`
    * (the context's world communicator). */
   mpg_status (*local)(mpg__comm *world, const mpg__coll *coll);

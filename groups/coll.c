@@ -103,10 +103,10 @@ static mpg_status check_coll(const mpg_group *g, const mpg__coll *c) {
                      c->count);
   if ((st = check_overlap(g, c))) return st;
   if (c->kind == MPG__ALL_REDUCE || c->kind == MPG__REDUCE_SCATTER) {
-    if ((unsigned)c->op > MPG_OP_PREMUL_SUM)
+    if ((unsigned)c->op > MPG__OP_PREMUL_SUM)
       return mpg__fail(MPG_ERR_INVALID, "mpg_%s on \"%s\": unknown op %d", fn,
                        g->name, (int)c->op);
-    if (c->op == MPG_OP_PREMUL_SUM && !mpg__dtype_is_float(c->dtype))
+    if (c->op == MPG__OP_PREMUL_SUM && !mpg__dtype_is_float(c->dtype))
       return mpg__fail(MPG_ERR_INVALID,
                        "mpg_%s on \"%s\": a scaled sum needs a floating dtype, "
                        "found %s",
@@ -370,7 +370,7 @@ mpg_status mpg_work_test(mpg_work *w, int *done) {
 mpg_status mpg_all_reduce(mpg_group *group, const void *send, void *recv,
                           size_t count, mpg_dtype dtype, mpg_op op,
                           void *stream, mpg_work **work) {
-  if (op == MPG_OP_PREMUL_SUM)
+  if (op == MPG__OP_PREMUL_SUM)
     return mpg__fail(MPG_ERR_INVALID,
                      "mpg_all_reduce: use mpg_all_reduce_scaled for a scaled sum");
   mpg__coll c = {MPG__ALL_REDUCE, send, recv, count, dtype, op, 1.0, 0, 0, stream, 0};
@@ -380,7 +380,7 @@ mpg_status mpg_all_reduce(mpg_group *group, const void *send, void *recv,
 mpg_status mpg_all_reduce_scaled(mpg_group *group, const void *send,
                                  void *recv, size_t count, mpg_dtype dtype,
                                  double scale, void *stream, mpg_work **work) {
-  mpg__coll c = {MPG__ALL_REDUCE, send, recv, count, dtype, MPG_OP_PREMUL_SUM,
+  mpg__coll c = {MPG__ALL_REDUCE, send, recv, count, dtype, MPG__OP_PREMUL_SUM,
                  scale, 0, 0, stream, 0};
   return run(group, &c, work, "mpg_all_reduce_scaled");
 }
@@ -402,10 +402,10 @@ mpg_status mpg_all_gather(mpg_group *group, const void *send, void *recv,
 mpg_status mpg_reduce_scatter(mpg_group *group, const void *send, void *recv,
                               size_t count, mpg_dtype dtype, mpg_op op,
                               void *stream, mpg_work **work) {
-  if (op == MPG_OP_PREMUL_SUM)
+  if (op == MPG__OP_PREMUL_SUM)
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_reduce_scatter: MPG_OP_PREMUL_SUM needs a scale; "
-                     "it is only reached through mpg_all_reduce_scaled");
+                     "mpg_reduce_scatter: op %d is not an mpg_op; use "
+                     "mpg_reduce_scatter_scaled for a pre-multiplied sum", (int)op);
   mpg__coll c = {MPG__REDUCE_SCATTER, send, recv, count, dtype, op, 1.0, 0, 0, stream, 0};
   return run(group, &c, work, NULL);
 }
@@ -413,7 +413,7 @@ mpg_status mpg_reduce_scatter(mpg_group *group, const void *send, void *recv,
 mpg_status mpg_reduce_scatter_scaled(mpg_group *group, const void *send, void *recv,
                                      size_t count, mpg_dtype dtype, double scale,
                                      void *stream, mpg_work **work) {
-  mpg__coll c = {MPG__REDUCE_SCATTER, send, recv, count, dtype, MPG_OP_PREMUL_SUM,
+  mpg__coll c = {MPG__REDUCE_SCATTER, send, recv, count, dtype, MPG__OP_PREMUL_SUM,
                  scale, 0, 0, stream, 0};
   return run(group, &c, work, "mpg_reduce_scatter_scaled");
 }

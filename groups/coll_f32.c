@@ -12,7 +12,7 @@ static mpg_status run_f32acc(mpg_group *g, mpg__coll_kind kind, const void *send
                              void *recv, size_t count, mpg_dtype dtype, mpg_op op,
                              double scale, void *stream, mpg_work **work) {
   mpg__coll c = {kind, send, recv, count, dtype, op,
-                 op == MPG_OP_PREMUL_SUM ? scale : 1.0, 0, 0, stream,
+                 op == MPG__OP_PREMUL_SUM ? scale : 1.0, 0, 0, stream,
                  mpg__dtype_is_half(dtype)};
   return mpg__group_run(g, &c, work);
 }

@@ -152,7 +152,7 @@ mpg_status mpg_ctx_group(mpg_ctx *ctx, const char *name, mpg_group **out) {
 }
 
 const char *mpg_group_name(const mpg_group *g) { return g ? g->name : ""; }
-int mpg_group_rank(const mpg_group *g) { return g ? g->position : -1; }
+int mpg_group_position(const mpg_group *g) { return g ? g->position : -1; }
 int mpg_group_size(const mpg_group *g) { return g ? g->size : 0; }
 int mpg_group_index(const mpg_group *g) { return g ? g->index : -1; }
 const mpg_ctx *mpg__group_ctx(const mpg_group *g) { return g ? g->ctx : NULL; }

@@ -20,7 +20,7 @@ int mpg__ctx_half_reduces_in_f32(const mpg_ctx *ctx);
  * conventions, size-1 groups, timeouts and work handles) where f16/bf16
  * data is reduced with f32 accumulation on every backend: the sum (or
  * max, min, average) is formed in f32 and rounded once, to nearest even,
- * into recv.  op may be MPG_OP_PREMUL_SUM: each addend is multiplied by
+ * into recv.  op may be MPG__OP_PREMUL_SUM: each addend is multiplied by
  * (float)scale in f32 first; scale is ignored for the other ops.  On nccl
  * (groups/nccl/widen.c) this widens into an f32 buffer on the stream, runs
  * the collective in ncclFloat32 (twice the bytes on the wire) and narrows
@@ -99,7 +99,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
  * elements [offset, offset + count) of every member's buffer, or the
  * reduce-scatter of [offset, offset + count x size) (member p gets slice p
  * in place, the others keep their input there).  op: MPG_OP_SUM,
- * MPG_OP_AVG, or MPG_OP_PREMUL_SUM with scale.  Reduced in position order,
+ * MPG_OP_AVG, or MPG__OP_PREMUL_SUM with scale.  Reduced in position order,
  * f16/bf16 in f32 and rounded once, by the library's one reduction kernel
  * (groups/reduce.c), the thread backend's: equal to it bit for bit by
  * construction.  The operation runs through the groups layer like any

@@ -252,7 +252,7 @@ static void sum_block(const mpg__reduce_job *j, size_t b, size_t m, void *acc, f
                       int div) {
   size_t es = mpg__dtype_size(j->dtype);
   mpg_dtype wdt = work_dtype(j->dtype);
-  int premul = j->op == MPG_OP_PREMUL_SUM;
+  int premul = j->op == MPG__OP_PREMUL_SUM;
   for (int p = 0; p < j->nsrc; p++) {
     const void *x = (const char *)j->src[p] + b * es;
     if (wdt != j->dtype) {
@@ -376,7 +376,7 @@ mpg_status mpg__local_host(const mpg__coll *coll) {
     case MPG__ALL_GATHER:
     case MPG__REDUCE_SCATTER:
       if (coll->recv != coll->send) memmove(coll->recv, coll->send, bytes);
-      if (coll->kind != MPG__ALL_GATHER && coll->op == MPG_OP_PREMUL_SUM)
+      if (coll->kind != MPG__ALL_GATHER && coll->op == MPG__OP_PREMUL_SUM)
         mpg__scale(coll->dtype, coll->recv, coll->count, coll->scale);
       return MPG_OK;
     case MPG__SEND:

@@ -71,21 +71,21 @@ extern "C" {
 #endif
 
 /* The version of this header.  mpg_version() gives the library's. */
-#define MPG_VERSION_MAJOR 0
-#define MPG_VERSION_MINOR 2
+#define MPG_VERSION_MAJOR 1
+#define MPG_VERSION_MINOR 0
 #define MPG_VERSION_PATCH 0
 /* 0xMMmmpp: compare with mpg_version(). */
 #define MPG_VERSION_HEX \
   ((MPG_VERSION_MAJOR << 16) | (MPG_VERSION_MINOR << 8) | MPG_VERSION_PATCH)
 /* The struct layout version that initializer macros write into `version`;
  * bumped whenever a public struct gains a field. */
-#define MPG_API_VERSION 2
+#define MPG_API_VERSION 3
 
 /* The library's version as 0xMMmmpp (the MPG_VERSION_HEX it was built
  * with), to compare with the header's.  Cannot fail.  Local; any thread. */
 MPG_API unsigned mpg_version(void);
 
-/* The library's version as text, "0.2.0", in static storage.  Cannot fail.
+/* The library's version as text, "1.0.0", in static storage.  Cannot fail.
  * Local; any thread. */
 MPG_API const char *mpg_version_string(void);
 
@@ -151,15 +151,13 @@ typedef enum mpg_dtype {
 
 /* Reductions, for collectives and for gradient sync (spec [sync] op,
  * mpg_sync_settings.op, which take MPG_OP_AVG or MPG_OP_SUM).  MPG_OP_AVG
- * divides the sum by the group size (integer division for integer types).
- * MPG_OP_PREMUL_SUM multiplies each input by a scale before summing; it is
- * only reached through mpg_all_reduce_scaled. */
+ * divides the sum by the group size (integer division for integer types);
+ * mpg_all_reduce_scaled multiplies each input by a scale before summing. */
 typedef enum mpg_op {
   MPG_OP_SUM = 0,
   MPG_OP_AVG = 1,
   MPG_OP_MAX = 2,
-  MPG_OP_MIN = 3,
-  MPG_OP_PREMUL_SUM = 4
+  MPG_OP_MIN = 3
 } mpg_op;
 
 /* ------------------------------------------------------------------------ */
@@ -485,10 +483,10 @@ MPG_API mpg_status mpg_mesh_group_of(const mpg_mesh *mesh, int dimset, int rank,
                                      int *group_index, int *position,
                                      int *group_size);
 
-/* The rank at `position` in group `group_index` of dim set `dimset`.
+/* The world rank at `position` in group `group_index` of dim set `dimset`.
  * Returns MPG_OK; MPG_ERR_RANGE for a bad dim set, group or position;
  * MPG_ERR_INVALID for NULL arguments.  Local; any thread. */
-MPG_API mpg_status mpg_mesh_group_rank(const mpg_mesh *mesh, int dimset,
+MPG_API mpg_status mpg_mesh_group_member(const mpg_mesh *mesh, int dimset,
                                        int group_index, int position, int *rank);
 
 /* All members of group `group_index` of `dimset` in position order into
@@ -1109,12 +1107,12 @@ MPG_API mpg_status mpg_ctx_stream_order(mpg_ctx *ctx, void *waiter, void *waitee
  * NULL.  Local; any thread. */
 MPG_API const char *mpg_group_name(const mpg_group *group);
 /* This rank's position in the group; -1 for NULL.  Local; any thread. */
-MPG_API int mpg_group_rank(const mpg_group *group);  /* position in the group */
+MPG_API int mpg_group_position(const mpg_group *group);
 /* The number of members; 0 for NULL.  Local; any thread. */
 MPG_API int mpg_group_size(const mpg_group *group);
 /* Which group of its dim set this is (as mpg_mesh_group_of numbers them);
  * -1 for NULL.  Local; any thread. */
-MPG_API int mpg_group_index(const mpg_group *group); /* which group of its dim set */
+MPG_API int mpg_group_index(const mpg_group *group);
 /* World rank of the member at `position`.  Returns MPG_OK; MPG_ERR_RANGE
  * for a position outside 0..size-1; MPG_ERR_INVALID for NULL arguments.
  * Local; any thread. */
@@ -1480,7 +1478,7 @@ MPG_API mpg_status mpg_sync_param_group(const mpg_sync *sync, int param,
  * shard group (then, with replicate_dims, the owned slice is all-reduced
  * over the replicate group); the member at position r of the shard group
  * owns slice r of every bucket.  The optimizer updates the owned ranges
- * (mpg_sync_shard) of the parameter views (mpg_sync_param), then the
+ * (mpg_sync_get_shard) of the parameter views (mpg_sync_param), then the
  * updated params are all-gathered bucket by bucket (mpg_sync_gather_*).
  * Layout, padding, the params that stay replicated and the loop step by
  * step: docs/sharding.md. */
@@ -1506,7 +1504,7 @@ typedef struct mpg_shard_info {
  * Valid after commit in shard mode.  Returns MPG_OK; MPG_ERR_STATE before
  * commit or in replicate mode; MPG_ERR_RANGE for a bad id; MPG_ERR_INVALID
  * for NULL or a wrong magic.  Local; context thread. */
-MPG_API mpg_status mpg_sync_shard(const mpg_sync *sync, int param, mpg_shard_info *info);
+MPG_API mpg_status mpg_sync_get_shard(const mpg_sync *sync, int param, mpg_shard_info *info);
 
 /* The parameter view of `param` (count elements of its dtype) into *data, in
  * the parameter buffer, which mirrors the gradient buffer (host memory, or

@@ -370,10 +370,10 @@ class Mesh {
     check(mpg_mesh_group_of(mesh_, dimset, rank, &g.index, &g.position, &g.size));
     return g;
   }
-  /* Rank at `position` of group `group_index` of `dimset`. */
-  int group_rank(int dimset, int group_index, int position) const {
+  /* World rank at `position` of group `group_index` of `dimset`. */
+  int group_member(int dimset, int group_index, int position) const {
     int rank = -1;
-    check(mpg_mesh_group_rank(mesh_, dimset, group_index, position, &rank));
+    check(mpg_mesh_group_member(mesh_, dimset, group_index, position, &rank));
     return rank;
   }
   /* Members of group `group_index` of `dimset`, in position order. */
@@ -473,7 +473,7 @@ class Group {
   /* Dim-set name: "tp", "dp_cp", "world". */
   std::string name() const { return mpg_group_name(group_); }
   /* This rank's position in the group. */
-  int rank() const noexcept { return mpg_group_rank(group_); }
+  int position() const noexcept { return mpg_group_position(group_); }
   /* Number of members. */
   int size() const noexcept { return mpg_group_size(group_); }
   /* Which group of its dim set this is. */
@@ -1155,10 +1155,10 @@ class Sync {
   }
 
   /* Shard mode (opts.mode = MPG_SYNC_SHARD).  This rank's range of `param`
-   * (mpg_sync_shard). */
+   * (mpg_sync_get_shard). */
   mpg_shard_info shard(int param) const {
     mpg_shard_info i = MPG_SHARD_INFO_INIT;
-    check(mpg_sync_shard(sync_, param, &i));
+    check(mpg_sync_get_shard(sync_, param, &i));
     return i;
   }
   /* The parameter view of `param` in the parameter buffer (mpg_sync_param). */
@@ -1389,7 +1389,7 @@ class Placement {
 /* Launch environment and hosts                                              */
 /* ------------------------------------------------------------------------ */
 
-/* The library's version (mpg_version_string), e.g. "0.2.0", and whether it
+/* The library's version (mpg_version_string), e.g. "1.0.0", and whether it
  * has the major.minor of this header (mpg_version() against
  * MPG_VERSION_HEX): before 1.0 a minor release may change the ABI. */
 inline std::string version() { return mpg_version_string(); }

@@ -12,6 +12,12 @@
 extern "C" {
 #endif
 
+/* The pre-multiplied sum (NCCL's ncclRedOpCreatePreMulSum): each input
+ * times a scale, then summed.  Internal: the public calls reach it only
+ * through mpg_all_reduce_scaled and mpg_reduce_scatter_scaled, and reject
+ * it as an mpg_op. */
+#define MPG__OP_PREMUL_SUM ((mpg_op)4)
+
 #if defined(__GNUC__)
 #define MPG__PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else

@@ -516,19 +516,19 @@ static int spread(const grid *g, const int *dims, int n, int index) {
   return r;
 }
 
-mpg_status mpg_mesh_group_rank(const mpg_mesh *mesh, int set, int group_index,
+mpg_status mpg_mesh_group_member(const mpg_mesh *mesh, int set, int group_index,
                                int position, int *rank) {
-  mpg_status st = check_set(mesh, set, "mpg_mesh_group_rank");
+  mpg_status st = check_set(mesh, set, "mpg_mesh_group_member");
   if (st) return st;
-  if (!rank) return mpg__fail(MPG_ERR_INVALID, "mpg_mesh_group_rank: rank is NULL");
+  if (!rank) return mpg__fail(MPG_ERR_INVALID, "mpg_mesh_group_member: rank is NULL");
   const dimset *s = &mesh->sets[set];
   if (group_index < 0 || group_index >= s->num_groups)
     return mpg__fail(MPG_ERR_RANGE,
-                     "mpg_mesh_group_rank: group %d of \"%s\" is outside 0..%d",
+                     "mpg_mesh_group_member: group %d of \"%s\" is outside 0..%d",
                      group_index, s->name, s->num_groups - 1);
   if (position < 0 || position >= s->group_size)
     return mpg__fail(MPG_ERR_RANGE,
-                     "mpg_mesh_group_rank: position %d in \"%s\" is outside 0..%d",
+                     "mpg_mesh_group_member: position %d in \"%s\" is outside 0..%d",
                      position, s->name, s->group_size - 1);
   const grid *g = &mesh->grids[s->grid];
   *rank = spread(g, s->out, s->nout, group_index) + spread(g, s->in, s->nin, position);

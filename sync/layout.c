@@ -422,7 +422,7 @@ static void fp_describe(const fp_unit *u, const uint64_t *rec, long i, int n, ch
  * binary search over the prefix (one all-gather a round) and one gather of
  * the first differing entry, then MPG_ERR_STATE on every member. */
 static mpg_status fp_check(mpg_sync *s, fp_unit *u) {
-  int size = mpg_group_size(u->group), me = mpg_group_rank(u->group);
+  int size = mpg_group_size(u->group), me = mpg_group_position(u->group);
   uint64_t *all = malloc(sizeof *all * (size_t)size * FP_REC);
   if (!all) return mpg__fail(MPG_ERR_NOMEM, "mpg_sync_commit: out of memory");
   uint64_t mine[FP_REC];

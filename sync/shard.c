@@ -254,7 +254,7 @@ static mpg_status replicate_slice(mpg_sync *s, int k) {
   const sbuffer *f = &s->layout.buffers[b->buffer];
   size_t es = mpg_dtype_size(f->dtype);
   mpg_group *rep = replicate_of(s, b);
-  char *slice = (char *)f->data + (b->offset + (size_t)mpg_group_rank(shard_of(s, b)) * b->slice) * es;
+  char *slice = (char *)f->data + (b->offset + (size_t)mpg_group_position(shard_of(s, b)) * b->slice) * es;
   if (f32acc(s, f->dtype))
     return mpg__all_reduce_f32acc(rep, slice, slice, b->slice, f->dtype, MPG_OP_SUM, 1.0,
                                   s->stream, &b->replicate_work);
@@ -268,7 +268,7 @@ mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
   size_t es = mpg_dtype_size(f->dtype);
   mpg_group *shard = shard_of(s, b);
   char *data = (char *)f->data + b->offset * es;
-  char *mine = data + (size_t)mpg_group_rank(shard) * b->slice * es;
+  char *mine = data + (size_t)mpg_group_position(shard) * b->slice * es;
   int levels = replicate_of(s, b) != NULL;
   double scale = s->opts.grad_scale;
   /* Averaged over the whole domain (shard x replicate = its reduce group). */
@@ -278,7 +278,7 @@ mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
   mpg_status st;
   mpg_op op = s->opts.grad_scale == 1.0 && !levels
                   ? (s->opts.sync.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM)
-              : scale == 1.0 ? MPG_OP_SUM : MPG_OP_PREMUL_SUM;
+              : scale == 1.0 ? MPG_OP_SUM : MPG__OP_PREMUL_SUM;
   if (f->shm)
     /* The shard group shares a node: each member reduces its own slice of
      * everyone's bucket (groups/shm/). */
@@ -286,7 +286,7 @@ mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
   else if (f32acc(s, f->dtype))
     st = mpg__reduce_scatter_f32acc(shard, data, mine, b->slice, f->dtype, op, scale,
                                     s->stream, &b->work);
-  else if (op == MPG_OP_PREMUL_SUM)
+  else if (op == MPG__OP_PREMUL_SUM)
     st = mpg_reduce_scatter_scaled(shard, data, mine, b->slice, f->dtype, scale, s->stream,
                                    &b->work);
   else
@@ -350,13 +350,13 @@ static mpg_status shard_ready(const mpg_sync *s, const char *fn) {
   return MPG_OK;
 }
 
-mpg_status mpg_sync_shard(const mpg_sync *s, int param, mpg_shard_info *info) {
-  mpg_status st = shard_ready(s, "mpg_sync_shard");
+mpg_status mpg_sync_get_shard(const mpg_sync *s, int param, mpg_shard_info *info) {
+  mpg_status st = shard_ready(s, "mpg_sync_get_shard");
   if (st) return st;
-  st = mpg__abi_check(info, MPG_SHARD_INFO_MAGIC, "mpg_sync_shard: info", "MPG_SHARD_INFO_INIT");
+  st = mpg__abi_check(info, MPG_SHARD_INFO_MAGIC, "mpg_sync_get_shard: info", "MPG_SHARD_INFO_INIT");
   if (st) return st;
   if (param < 0 || param >= s->layout.nparams)
-    return mpg__fail(MPG_ERR_RANGE, "mpg_sync_shard: param %d is outside 0..%d", param,
+    return mpg__fail(MPG_ERR_RANGE, "mpg_sync_get_shard: param %d is outside 0..%d", param,
                      s->layout.nparams - 1);
   const sparam *p = &s->layout.params[param];
   mpg_shard_info out = MPG_SHARD_INFO_INIT;
@@ -367,7 +367,7 @@ mpg_status mpg_sync_shard(const mpg_sync *s, int param, mpg_shard_info *info) {
     out.shard_offset = p->state_offset;
   } else {
     const sbucket *b = &s->layout.buckets[p->bucket];
-    size_t lo = b->offset + (size_t)mpg_group_rank(shard_of(s, b)) * b->slice;
+    size_t lo = b->offset + (size_t)mpg_group_position(shard_of(s, b)) * b->slice;
     size_t hi = lo + b->slice;
     size_t a = p->offset > lo ? p->offset : lo;
     size_t e = p->offset + p->count < hi ? p->offset + p->count : hi;
@@ -400,7 +400,7 @@ static mpg_status gather_start(mpg_sync *s, int i) {
   size_t es = mpg_dtype_size(f->dtype);
   mpg_group *shard = shard_of(s, b);
   char *all = (char *)f->param_data + b->offset * es;
-  char *mine = all + (size_t)mpg_group_rank(shard) * b->slice * es;
+  char *mine = all + (size_t)mpg_group_position(shard) * b->slice * es;
   mpg_status st = mpg_all_gather(shard, mine, all, b->slice, f->dtype, s->stream, &b->gather_work);
   mpg__sync_abort_after(s, st); /* the peers' gathers go on: never pair with them */
   if (st)

@@ -102,7 +102,7 @@ static mpg_status launch(mpg_sync *s, int k) {
   void *data = (char *)f->data + b->offset * mpg_dtype_size(f->dtype);
   double scale = s->opts.grad_scale;
   if (s->opts.sync.op == MPG_OP_AVG) scale /= mpg_group_size(f->group);
-  mpg_op op = s->opts.grad_scale != 1.0 ? MPG_OP_PREMUL_SUM
+  mpg_op op = s->opts.grad_scale != 1.0 ? MPG__OP_PREMUL_SUM
               : s->opts.sync.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM;
   if (f->shm)
     /* Shared memory: this rank's bucket is ready; each member reduces its
@@ -114,7 +114,7 @@ static mpg_status launch(mpg_sync *s, int k) {
      * narrowed once; groups_internal.h). */
     st = mpg__all_reduce_f32acc(f->group, data, data, b->count, f->dtype, op, scale,
                                 s->stream, &b->work);
-  else if (op != MPG_OP_PREMUL_SUM)
+  else if (op != MPG__OP_PREMUL_SUM)
     st = mpg_all_reduce(f->group, data, data, b->count, f->dtype, op, s->stream, &b->work);
   else
     st = mpg_all_reduce_scaled(f->group, data, data, b->count, f->dtype, scale,

@@ -82,7 +82,7 @@ static mpg_status rank_groups(sim_rank *r) {
     mpg_mesh_group_of(job->mesh, s, r->rank, &gi, &pos, &gsize);
     mpg_mesh_group_members(job->mesh, s, gi, want);
     int n = mpg_group_size(g);
-    int same = n == gsize && mpg_group_rank(g) == pos && mpg_group_index(g) == gi;
+    int same = n == gsize && mpg_group_position(g) == pos && mpg_group_index(g) == gi;
     for (int p = 0; same && p < n; p++)
       same = mpg_group_member(g, p, &mine[p]) == MPG_OK && mine[p] == want[p];
     if (!same) {
@@ -92,7 +92,7 @@ static mpg_status rank_groups(sim_rank *r) {
       st = sim_rank_fail(r, MPG_ERR_STATE,
                          "group %s: the context gives index %d position %d of %d "
                          "%s, the mesh says index %d position %d of %d %s",
-                         name, mpg_group_index(g), mpg_group_rank(g), n, a, gi, pos,
+                         name, mpg_group_index(g), mpg_group_position(g), n, a, gi, pos,
                          gsize, b);
       break;
     }
@@ -122,7 +122,7 @@ static mpg_status rank_register(sim_rank *r, mpg_sync *sync, const char *b2_dims
 }
 
 /* Shard modes: the range of each param this rank updates, and where its
- * optimizer state sits (mpg_sync_shard). */
+ * optimizer state sits (mpg_sync_get_shard). */
 static mpg_status rank_shard_ranges(sim_rank *r) {
   mpg_sync_stats ss = MPG_SYNC_STATS_INIT;
   TRY(mpg_sync_get_stats(r->ssync, &ss), "mpg_sync_get_stats");
@@ -131,13 +131,13 @@ static mpg_status rank_shard_ranges(sim_rank *r) {
   long extra = 0;
   for (int k = 0; k < SIM_NPARAMS; k++) {
     mpg_shard_info info = MPG_SHARD_INFO_INIT;
-    TRY(mpg_sync_shard(r->ssync, r->pid[k], &info), "mpg_sync_shard(%s)",
+    TRY(mpg_sync_get_shard(r->ssync, r->pid[k], &info), "mpg_sync_get_shard(%s)",
         sim_param_names[k]);
     if (info.sharded) {
       if (info.param_offset + info.count > (size_t)r->count[k] ||
           info.shard_offset + info.count > ss.shard_elems)
         return sim_rank_fail(r, MPG_ERR_STATE,
-                             "mpg_sync_shard(%s): [%zu, +%zu) of %ld elements at state "
+                             "mpg_sync_get_shard(%s): [%zu, +%zu) of %ld elements at state "
                              "offset %zu of %zu",
                              sim_param_names[k], info.param_offset, info.count,
                              r->count[k], info.shard_offset, ss.shard_elems);

@@ -235,7 +235,7 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
     CHECK(mpg_ctx_group(ctx, "ep", &g_ep));
     CHECK(mpg_ctx_group(ctx, "etp", &g_etp));
     CHECK(mpg_ctx_group(ctx, "edp", &g_edp));
-    epr = mpg_group_rank(g_ep), etr = mpg_group_rank(g_etp), edr = mpg_group_rank(g_edp);
+    epr = mpg_group_position(g_ep), etr = mpg_group_position(g_etp), edr = mpg_group_position(g_edp);
     EDP = mpg_group_size(g_edp);
   }
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT; /* default: average over dp_cp */
@@ -335,7 +335,7 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
         rs.param[id] = nccl ? calloc(rs.count[id] ? rs.count[id] : 1, sizeof(float)) : v;
         if (!rs.param[id]) { st = MPG_ERR_NOMEM; goto out; }
         mpg_shard_info si = MPG_SHARD_INFO_INIT;
-        CHECK(mpg_sync_shard(sync, rs.param_of[id], &si));
+        CHECK(mpg_sync_get_shard(sync, rs.param_of[id], &si));
         rs.sharded[id] = si.sharded;
         rs.own_off[id] = si.param_offset;
         rs.own_cnt[id] = si.count;

@@ -32,7 +32,7 @@ int main(void) {
   float mine = (float)launch.rank, sum = 0; /* sum the ranks of this tp group */
   mpg_status st = mpg_all_reduce(tp, &mine, &sum, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
   printf("rank %d of %d (%s): tp position %d of %d, sum %g\n", launch.rank,
-         launch.world_size, launch.source, mpg_group_rank(tp), mpg_group_size(tp), sum);
+         launch.world_size, launch.source, mpg_group_position(tp), mpg_group_size(tp), sum);
   mpg_ctx_destroy(ctx);
   mpg_mesh_destroy(mesh);
   return st == MPG_OK ? 0 : 1;

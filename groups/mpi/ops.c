@@ -247,7 +247,7 @@ static void stage_in(mpg__req *q, const mpg__coll *coll, char *stage, int widen,
                      int pipe) {
   size_t n = q->count, es = mpg__dtype_size(q->dtype), ws = widen ? sizeof(float) : es;
   mpg_dtype wdt = widen ? MPG_F32 : q->dtype;
-  int premul = coll->op == MPG_OP_PREMUL_SUM, size = q->size, rank = q->rank;
+  int premul = coll->op == MPG__OP_PREMUL_SUM, size = q->size, rank = q->rank;
   q->work_dtype = wdt;
   q->fin = zc ? FIN_NONE : widen ? FIN_NARROW : FIN_COPY;
   q->dst = coll->recv;

@@ -101,7 +101,7 @@ static mpg_status local_on_device(const mpg__coll *k) {
     case MPG__REDUCE_SCATTER:
       break;
   }
-  int scaled = k->kind != MPG__ALL_GATHER && k->op == MPG_OP_PREMUL_SUM &&
+  int scaled = k->kind != MPG__ALL_GATHER && k->op == MPG__OP_PREMUL_SUM &&
                k->scale != 1.0 && k->count > 0;
   if (!scaled) {
     if (bytes == 0 || k->recv == k->send) return MPG_OK;

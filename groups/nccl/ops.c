@@ -66,14 +66,13 @@ static int map_dtype(mpg_dtype dt, ncclDataType_t *out) {
   return 0;
 }
 
-/* Native ops; MPG_OP_PREMUL_SUM is created per call. */
+/* Native ops; MPG__OP_PREMUL_SUM is created per call. */
 static int map_op(mpg_op op, ncclRedOp_t *out) {
   switch (op) {
     case MPG_OP_SUM: *out = ncclSum; return 1;
     case MPG_OP_AVG: *out = ncclAvg; return 1;
     case MPG_OP_MAX: *out = ncclMax; return 1;
     case MPG_OP_MIN: *out = ncclMin; return 1;
-    case MPG_OP_PREMUL_SUM: return 0;
   }
   return 0;
 }
@@ -236,7 +235,7 @@ static mpg_status plan_post(mpg__comm *c, const mpg__coll *k, int nops, post_pla
   if (!map_dtype(plan->dtype, &plan->dt))
     return mpg__fail(MPG_ERR_INVALID, "%s: unknown dtype %d", what, (int)plan->dtype);
   plan->op = ncclSum;
-  plan->premul = uses_op(k->kind) && k->op == MPG_OP_PREMUL_SUM;
+  plan->premul = uses_op(k->kind) && k->op == MPG__OP_PREMUL_SUM;
   if (uses_op(k->kind) && !plan->premul && !map_op(k->op, &plan->op))
     return mpg__fail(MPG_ERR_INVALID, "%s: unknown op %d", what, (int)k->op);
   if (plan->premul && !make_scalar(plan->dtype, k->scale, &plan->scalar))

@@ -375,7 +375,7 @@ static mpg_status shm_post(mpg__comm *comm, const mpg__coll *c, mpg__req **out) 
   d->op = (int32_t)c->op;
   d->scatter = scatter;
   d->pad = 0;
-  d->scale = c->op == MPG_OP_PREMUL_SUM ? c->scale : 1.0;
+  d->scale = c->op == MPG__OP_PREMUL_SUM ? c->scale : 1.0;
   s->deadline[slot] = deadline;
   atomic_store_explicit(&s->nposted, q + 1, memory_order_relaxed);
   s->nposts++;

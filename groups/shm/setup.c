@@ -652,7 +652,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   *out = NULL;
   *data = NULL;
   mpg_ctx *ctx = group->ctx;
-  int total = mpg_group_size(group), gpos = mpg_group_rank(group);
+  int total = mpg_group_size(group), gpos = mpg_group_position(group);
   char gname[128];
   snprintf(gname, sizeof gname, "\"%s\" index %d", mpg_group_name(group),
            mpg_group_index(group));

@@ -158,7 +158,7 @@ Test(api, every_function_of_the_header_is_exercised) {
 
 Test(api, infallible_functions_give_their_neutral_values) {
   cr_expect_eq(mpg_version(), (unsigned)MPG_VERSION_HEX);
-  cr_expect_str_eq(mpg_version_string(), "0.2.0");
+  cr_expect_str_eq(mpg_version_string(), "1.0.0");
   cr_expect_str_eq(mpg_strerror((mpg_status)-1), "unknown status");
   cr_expect_str_eq(mpg_strerror(MPG_STATUS_COUNT), "unknown status");
   cr_expect_str_eq(mpg_status_name((mpg_status)999), "UNKNOWN");
@@ -282,11 +282,11 @@ Test(api, mesh_functions) {
   EXPECT(mpg_mesh_group_of(m, -1, 0, &gi, &pos, &gs), MPG_ERR_RANGE, "dim set -1");
   EXPECT(mpg_mesh_group_of(m, 0, -1, &gi, &pos, &gs), MPG_ERR_RANGE, "rank -1");
   EXPECT(mpg_mesh_group_of(m, 0, INT_MAX, &gi, &pos, &gs), MPG_ERR_RANGE, "rank 2147483647");
-  EXPECT(mpg_mesh_group_rank(NULL, 0, 0, 0, &rank), MPG_ERR_INVALID, "NULL");
-  EXPECT(mpg_mesh_group_rank(m, 0, 0, 0, NULL), MPG_ERR_INVALID, "NULL");
-  EXPECT(mpg_mesh_group_rank(m, 0, -1, 0, &rank), MPG_ERR_RANGE, "-1");
-  EXPECT(mpg_mesh_group_rank(m, 0, 0, -1, &rank), MPG_ERR_RANGE, "-1");
-  EXPECT(mpg_mesh_group_rank(m, -2, 0, 0, &rank), MPG_ERR_RANGE, "-2");
+  EXPECT(mpg_mesh_group_member(NULL, 0, 0, 0, &rank), MPG_ERR_INVALID, "NULL");
+  EXPECT(mpg_mesh_group_member(m, 0, 0, 0, NULL), MPG_ERR_INVALID, "NULL");
+  EXPECT(mpg_mesh_group_member(m, 0, -1, 0, &rank), MPG_ERR_RANGE, "-1");
+  EXPECT(mpg_mesh_group_member(m, 0, 0, -1, &rank), MPG_ERR_RANGE, "-1");
+  EXPECT(mpg_mesh_group_member(m, -2, 0, 0, &rank), MPG_ERR_RANGE, "-2");
   int ranks[4];
   EXPECT(mpg_mesh_group_members(NULL, 0, 0, ranks), MPG_ERR_INVALID, "NULL");
   EXPECT(mpg_mesh_group_members(m, 0, 0, NULL), MPG_ERR_INVALID, "NULL");
@@ -516,7 +516,7 @@ Test(api, ctx_create_misuse) {
   EXPECT(mpg_ctx_stream_destroy(NULL, NULL), MPG_ERR_INVALID, "ctx is NULL");
   EXPECT(mpg_ctx_stream_order(NULL, NULL, NULL), MPG_ERR_INVALID, "ctx is NULL");
   cr_expect_str_eq(mpg_group_name(NULL), "");
-  cr_expect_eq(mpg_group_rank(NULL), -1);
+  cr_expect_eq(mpg_group_position(NULL), -1);
   cr_expect_eq(mpg_group_size(NULL), 0);
   cr_expect_eq(mpg_group_index(NULL), -1);
   int r;
@@ -610,7 +610,7 @@ static mpg_status ctx_rank(const mpg_init_opts *opts, void *arg) {
            MPG_ERR_INVALID, "unknown dtype -1");
   R_EXPECT(mpg_all_reduce(g, f, f, 4, MPG_F32, (mpg_op)17, NULL, NULL), MPG_ERR_INVALID,
            "unknown op 17");
-  R_EXPECT(mpg_all_reduce(g, f, f, 4, MPG_F32, MPG_OP_PREMUL_SUM, NULL, NULL),
+  R_EXPECT(mpg_all_reduce(g, f, f, 4, MPG_F32, (mpg_op)4 /* internal pre-multiplied sum */, NULL, NULL),
            MPG_ERR_INVALID, "mpg_all_reduce_scaled");
   R_EXPECT(mpg_all_reduce_scaled(g, f, f, 4, MPG_I32, 0.5, NULL, NULL), MPG_ERR_INVALID,
            "floating dtype");
@@ -620,8 +620,8 @@ static mpg_status ctx_rank(const mpg_init_opts *opts, void *arg) {
   R_EXPECT(mpg_broadcast(g, f, 4, MPG_F32, 2, NULL, NULL), MPG_ERR_INVALID, "root 2");
   R_EXPECT(mpg_broadcast(g, NULL, 4, MPG_F32, 0, NULL, NULL), MPG_ERR_INVALID, "NULL");
   R_EXPECT(mpg_all_gather(g, NULL, f, 2, MPG_F32, NULL, NULL), MPG_ERR_INVALID, "NULL");
-  R_EXPECT(mpg_reduce_scatter(g, f, f, 2, MPG_F32, MPG_OP_PREMUL_SUM, NULL, NULL),
-           MPG_ERR_INVALID, "PREMUL_SUM");
+  R_EXPECT(mpg_reduce_scatter(g, f, f, 2, MPG_F32, (mpg_op)4 /* internal pre-multiplied sum */, NULL, NULL),
+           MPG_ERR_INVALID, "mpg_reduce_scatter_scaled");
   /* all_to_all: buffers, dtype, overlap (never in place), own counts;
    * nothing is posted, so nothing needs the peer. */
   float a2s[4] = {0}, a2r[4] = {0};
@@ -830,8 +830,8 @@ static mpg_status sync_rank(const mpg_init_opts *opts, void *arg) {
   mpg_shard_info si = MPG_SHARD_INFO_INIT, sibad;
   memset(&sibad, 0, sizeof sibad);
   void *pv = NULL;
-  R_EXPECT(mpg_sync_shard(NULL, 0, &si), MPG_ERR_INVALID, "NULL");
-  R_EXPECT(mpg_sync_shard(s, 0, &si), MPG_ERR_STATE, "replicate mode");
+  R_EXPECT(mpg_sync_get_shard(NULL, 0, &si), MPG_ERR_INVALID, "NULL");
+  R_EXPECT(mpg_sync_get_shard(s, 0, &si), MPG_ERR_STATE, "replicate mode");
   R_EXPECT(mpg_sync_param(NULL, 0, &pv), MPG_ERR_INVALID, "NULL");
   R_EXPECT(mpg_sync_param(s, 0, &pv), MPG_ERR_STATE, "replicate mode");
   R_EXPECT(mpg_sync_gather_begin(NULL, NULL), MPG_ERR_INVALID, "NULL");
@@ -858,12 +858,12 @@ static mpg_status sync_rank(const mpg_init_opts *opts, void *arg) {
     R_EXPECT(mpg_sync_create(c, &sh, &bad), MPG_OK, "");
     int q = -1;
     R_EXPECT(mpg_sync_add_param(bad, "w", 300, MPG_F32, NULL, &q), MPG_OK, "");
-    R_EXPECT(mpg_sync_shard(bad, 0, &si), MPG_ERR_STATE, "commit");
+    R_EXPECT(mpg_sync_get_shard(bad, 0, &si), MPG_ERR_STATE, "commit");
     R_EXPECT(mpg_sync_commit(bad), MPG_OK, "");
-    R_EXPECT(mpg_sync_shard(bad, 0, &sibad), MPG_ERR_INVALID, "MPG_SHARD_INFO_INIT");
-    R_EXPECT(mpg_sync_shard(bad, 0, NULL), MPG_ERR_INVALID, "NULL");
-    R_EXPECT(mpg_sync_shard(bad, 1, &si), MPG_ERR_RANGE, "param 1");
-    R_EXPECT(mpg_sync_shard(bad, 0, &si), MPG_OK, "");
+    R_EXPECT(mpg_sync_get_shard(bad, 0, &sibad), MPG_ERR_INVALID, "MPG_SHARD_INFO_INIT");
+    R_EXPECT(mpg_sync_get_shard(bad, 0, NULL), MPG_ERR_INVALID, "NULL");
+    R_EXPECT(mpg_sync_get_shard(bad, 1, &si), MPG_ERR_RANGE, "param 1");
+    R_EXPECT(mpg_sync_get_shard(bad, 0, &si), MPG_OK, "");
     R_TRUE(si.sharded == 1 && (si.count == 192 || si.count == 108)); /* 300 of 384 */
     R_EXPECT(mpg_sync_param(bad, 0, NULL), MPG_ERR_INVALID, "NULL");
     R_EXPECT(mpg_sync_param(bad, -1, &pv), MPG_ERR_RANGE, "-1");

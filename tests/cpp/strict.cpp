@@ -126,7 +126,7 @@ void meshpg_strict_tu(meshpg::Group& g, meshpg::Sync& s, meshpg::Ctx& c,
   (void)m.dimset_info(m.dimset("dp"));
   (void)m.group_members(0, 0);
   (void)m.rank_of(m.coord_of(0));
-  (void)m.group_rank(0, 0, 0);
+  (void)m.group_member(0, 0, 0);
   (void)m.group_of(0, 0).position;
 
   (void)t.gpu(0).bus_id;

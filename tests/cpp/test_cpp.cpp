@@ -266,7 +266,7 @@ Test(mesh, coordinates_and_group_of) {
   cr_assert_eq(g.index, 0);
   cr_assert_eq(g.position, 3);
   cr_assert_eq(g.size, 4);
-  cr_assert_eq(m.group_rank(m.dimset("dp_cp"), 1, 2), 6);
+  cr_assert_eq(m.group_member(m.dimset("dp_cp"), 1, 2), 6);
 }
 
 Test(mesh, errors_are_exceptions) {
@@ -417,7 +417,7 @@ static void typed_collectives(meshpg::Ctx& ctx) {
   meshpg::Group g = ctx.group("dp_cp");
   const std::vector<int> mem = g.members();
   const int n = g.size();
-  REQUIRE(n == 4 && mem.size() == 4u && mem[static_cast<size_t>(g.rank())] == rank);
+  REQUIRE(n == 4 && mem.size() == 4u && mem[static_cast<size_t>(g.position())] == rank);
   long msum = 0, mmax = 0, mmin = 1 << 30;
   for (int m : mem) {
     msum += m + 1;
@@ -437,7 +437,7 @@ static void typed_collectives(meshpg::Ctx& ctx) {
     REQUIRE(mx[i] == as<T>(mmax * static_cast<long>(i + 1)));
   }
   REQUIRE(g.all_reduce_value(as<T>(rank + 1), MPG_OP_MIN) == as<T>(mmin));
-  REQUIRE(g.all_reduce_value(as<T>(4 * (g.rank() + 1)), MPG_OP_AVG) == as<T>(10));
+  REQUIRE(g.all_reduce_value(as<T>(4 * (g.position() + 1)), MPG_OP_AVG) == as<T>(10));
   std::vector<T> inplace = v;
   g.all_reduce(inplace.data(), inplace.size(), MPG_OP_SUM);
   REQUIRE(inplace == sum);
@@ -469,13 +469,13 @@ static void typed_collectives(meshpg::Ctx& ctx) {
   g.reduce_scatter(send.data(), recv, 2);
   for (long k = 0; k < 2; k++) {
     long want = 0;
-    for (int m : mem) want += 2 * g.rank() + k + m;
+    for (int m : mem) want += 2 * g.position() + k + m;
     REQUIRE(recv[k] == as<T>(want));
   }
 
   // all_to_all: block j (2 elements) of position i's send is 10 i + j;
   // vector form, then the pointer form through a Work.
-  const long me = g.rank();
+  const long me = g.position();
   std::vector<T> a2s(2 * static_cast<size_t>(n));
   for (size_t j = 0; j < a2s.size(); j++) a2s[j] = as<T>(10 * me + static_cast<long>(j / 2));
   std::vector<T> a2r = g.all_to_all(a2s);
@@ -508,7 +508,7 @@ static void typed_collectives(meshpg::Ctx& ctx) {
 
   // send / recv with the other member of tp.
   meshpg::Group tp = ctx.group("tp");
-  const int peer = 1 - tp.rank();
+  const int peer = 1 - tp.position();
   T out[2] = {as<T>(rank), as<T>(rank + 100)};
   T in[2] = {};
   meshpg::Work r = tp.recv_async(in, 2, peer);
@@ -523,7 +523,7 @@ static void typed_collectives(meshpg::Ctx& ctx) {
   tp.p2p_batch_async({meshpg::Group::recv_op(in3, 2, peer), meshpg::Group::send_op(out, 2, peer)})
       .wait();
   REQUIRE(in3[0] == in2[0] && in3[1] == in2[1]);
-  expect_error(MPG_ERR_INVALID, [&] { tp.p2p_batch({meshpg::Group::send_op(out, 2, tp.rank())}); });
+  expect_error(MPG_ERR_INVALID, [&] { tp.p2p_batch({meshpg::Group::send_op(out, 2, tp.position())}); });
 
   // Asynchronous: test() until done, then wait().
   std::vector<T> res(5);
@@ -612,14 +612,14 @@ Test(threads, group_views_and_ctx_members, .timeout = 120) {
     meshpg::Group big = ctx.group_dims("dp_cp,tp");
     REQUIRE(big.size() == 8);
     meshpg::Group first = ctx.group_select("dp", {0});
-    REQUIRE(static_cast<bool>(first) == (dp.rank() == 0));
+    REQUIRE(static_cast<bool>(first) == (dp.position() == 0));
     if (first) REQUIRE(first.size() == 1 && first.member(0) == ctx.rank());
     meshpg::Group intra = ctx.group_partial("dp_cp,tp", 2);
     meshpg::Group inter = ctx.group_partial("dp_cp,tp", 2, true);
     REQUIRE(intra.size() == 4 && inter.size() == 2);
-    REQUIRE(intra.member(intra.rank()) == ctx.rank() && inter.member(inter.rank()) == ctx.rank());
-    REQUIRE(intra.member(0) == big.member(big.rank() / 4 * 4));
-    REQUIRE(inter.member(1) == big.member(big.rank() % 4 + 4));
+    REQUIRE(intra.member(intra.position()) == ctx.rank() && inter.member(inter.position()) == ctx.rank());
+    REQUIRE(intra.member(0) == big.member(big.position() / 4 * 4));
+    REQUIRE(inter.member(1) == big.member(big.position() % 4 + 4));
     expect_error(MPG_ERR_RANGE, [&] { ctx.group_partial("dp", 3); });
     meshpg::Group none;
     REQUIRE(!none && none.get() == nullptr);
@@ -1011,7 +1011,7 @@ Test(threads, shard_mode_through_the_cpp_layer, .timeout = 120) {
     meshpg::Group dpcp = sync.param_group(w);
     float* g = sync.grad<float>(w);
     float* p = sync.param<float>(w);
-    for (int i = 0; i < 1000; i++) g[i] = static_cast<float>(dpcp.rank());
+    for (int i = 0; i < 1000; i++) g[i] = static_cast<float>(dpcp.position());
     sync.all(0);
     mpg_shard_info mine = sync.shard(w);
     REQUIRE(mine.sharded == 1 && mine.count > 0);

@@ -30,14 +30,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "meshpg.h"
+#include "internal.h" /* MPG__OP_PREMUL_SUM */
 
 #define MAXW 8
 #define N 1031 /* elements per rank */
 
 static const mpg_dtype dts[] = {MPG_F32, MPG_F64, MPG_F16, MPG_BF16};
 static const mpg_op ops[] = {MPG_OP_SUM, MPG_OP_AVG, MPG_OP_MAX, MPG_OP_MIN,
-                             MPG_OP_PREMUL_SUM};
+                             MPG__OP_PREMUL_SUM};
 #define NDT 4
 #define NOP 5
 /* Cases per dtype: 5 ops x {out of place, in place} all_reduce, then
@@ -175,7 +175,7 @@ static mpg_status run_cases(job *j, int backend, int rank, mpg_ctx *ctx) {
         mpg_op op = ops[c % NOP];
         int inplace = c >= NOP;
         void *dst = inplace ? a : b;
-        if (op == MPG_OP_PREMUL_SUM)
+        if (op == MPG__OP_PREMUL_SUM)
           st = mpg_all_reduce_scaled(g, a, dst, N, dt, 1.0 / 3.0, NULL, NULL);
         else
           st = mpg_all_reduce(g, a, dst, N, dt, op, NULL, NULL);
@@ -197,7 +197,7 @@ static mpg_status run_cases(job *j, int backend, int rank, mpg_ctx *ctx) {
         /* Send blocks in reverse peer order, receive blocks with a gap of
          * one element after each. */
         size_t sc[MAXW], sd[MAXW], rc[MAXW], rd[MAXW], so = 0, ro = 0;
-        int me = mpg_group_rank(g);
+        int me = mpg_group_position(g);
         for (int t = w - 1; t >= 0; t--) {
           sc[t] = a2a_count(me, t);
           sd[t] = so;

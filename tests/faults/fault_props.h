@@ -932,7 +932,7 @@ static inline int fp_epoch(fp_rank *R, int start) {
     v->cnt = c->params[p].count;
     if (c->shard && !st) {
       mpg_shard_info info = MPG_SHARD_INFO_INIT;
-      st = mpg_sync_shard(s, p, &info);
+      st = mpg_sync_get_shard(s, p, &info);
       v->off = info.param_offset;
       v->cnt = info.count;
     }

@@ -125,7 +125,7 @@ static inline void fuzz_check_mesh(const mpg_spec *spec, const mpg_mesh *m,
       FUZZ_CHECK(mpg_mesh_group_of(m, s, r, &gi, &pos, &gs) == MPG_OK);
       FUZZ_CHECK(gs == gsize && gi >= 0 && gi < ngroups && pos >= 0 &&
                  pos < gsize);
-      FUZZ_CHECK(mpg_mesh_group_rank(m, s, gi, pos, &rr) == MPG_OK && rr == r);
+      FUZZ_CHECK(mpg_mesh_group_member(m, s, gi, pos, &rr) == MPG_OK && rr == r);
       FUZZ_CHECK(mpg_mesh_group_members(m, s, gi, members) == MPG_OK);
       FUZZ_CHECK(members[pos] == r);
     }

@@ -103,8 +103,8 @@ int main(int argc, char **argv) {
     }
     mpg_group *w = NULL;
     CALL(mpg_ctx_group(ctx, "world", &w));
-    if (mpg_group_rank(w) != mpg_ctx_rank(ctx))
-      FAIL("world position %d, mesh rank %d", mpg_group_rank(w), mpg_ctx_rank(ctx));
+    if (mpg_group_position(w) != mpg_ctx_rank(ctx))
+      FAIL("world position %d, mesh rank %d", mpg_group_position(w), mpg_ctx_rank(ctx));
     /* The mesh ranks are a permutation of the world. */
     int32_t me = mpg_ctx_rank(ctx), all[256];
     CALL(mpg_all_gather(w, &me, all, 1, MPG_I32, NULL, NULL));

@@ -68,7 +68,7 @@
 
 #include <mpi.h>
 
-#include "meshpg.h"
+#include "internal.h" /* MPG__OP_PREMUL_SUM */
 #include "../time_bound.h"
 
 static const char *g_mode = "?";
@@ -176,12 +176,12 @@ static double val(mpg_dtype dt, int r, size_t i) {
 }
 
 static const char *op_name(mpg_op op) {
-  switch (op) {
+  switch ((int)op) {
     case MPG_OP_SUM: return "sum";
     case MPG_OP_AVG: return "avg";
     case MPG_OP_MAX: return "max";
     case MPG_OP_MIN: return "min";
-    case MPG_OP_PREMUL_SUM: return "premul_sum";
+    case MPG__OP_PREMUL_SUM: return "premul_sum";
   }
   return "?";
 }
@@ -194,7 +194,7 @@ static double reduce_ref(mpg_dtype dt, mpg_op op, const int *members, int n,
   int64_t iacc = 0;
   for (int m = 0; m < n; m++) {
     double v = val(dt, members[m], i);
-    if (op == MPG_OP_PREMUL_SUM) v *= scale;
+    if (op == MPG__OP_PREMUL_SUM) v *= scale;
     if (m == 0 && (op == MPG_OP_MAX || op == MPG_OP_MIN)) acc = v;
     else if (op == MPG_OP_MAX) acc = v > acc ? v : acc;
     else if (op == MPG_OP_MIN) acc = v < acc ? v : acc;
@@ -233,14 +233,14 @@ static void check_buf(const grp *G, const char *what, mpg_dtype dt, const void *
 
 static void test_all_reduce(const grp *G) {
   static const mpg_op ops[] = {MPG_OP_SUM, MPG_OP_AVG, MPG_OP_MAX, MPG_OP_MIN,
-                               MPG_OP_PREMUL_SUM};
+                               MPG__OP_PREMUL_SUM};
   unsigned char send[COUNT * 8], recv[COUNT * 8];
   double expect[COUNT];
   for (int d = 0; d < NDTYPES; d++) {
     mpg_dtype dt = all_dtypes[d];
     for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++) {
       mpg_op op = ops[o];
-      if (op == MPG_OP_PREMUL_SUM && !is_float(dt)) continue;
+      if (op == MPG__OP_PREMUL_SUM && !is_float(dt)) continue;
       double scale = 0.25;
       for (size_t i = 0; i < COUNT; i++)
         expect[i] = reduce_ref(dt, op, G->members, G->size, i, scale);
@@ -252,7 +252,7 @@ static void test_all_reduce(const grp *G) {
         char what[96];
         snprintf(what, sizeof what, "all_reduce op %s%s", op_name(op),
                  inplace ? " in place" : "");
-        mpg_status st = op == MPG_OP_PREMUL_SUM
+        mpg_status st = op == MPG__OP_PREMUL_SUM
             ? mpg_all_reduce_scaled(G->g, s, recv, COUNT, dt, scale, NULL, NULL)
             : mpg_all_reduce(G->g, s, recv, COUNT, dt, op, NULL, NULL);
         if (st) {
@@ -442,10 +442,10 @@ static void test_send_recv(const grp *G) {
 static void test_membership(const grp *G, const mpg_mesh *mesh, int s) {
   int index, pos, size;
   CHECK(mpg_mesh_group_of(mesh, s, g_rank, &index, &pos, &size));
-  if (mpg_group_size(G->g) != size || mpg_group_rank(G->g) != pos ||
+  if (mpg_group_size(G->g) != size || mpg_group_position(G->g) != pos ||
       mpg_group_index(G->g) != index)
     FAIL("group %s: size/position/index %d/%d/%d, mesh says %d/%d/%d", G->name,
-         mpg_group_size(G->g), mpg_group_rank(G->g), mpg_group_index(G->g), size,
+         mpg_group_size(G->g), mpg_group_position(G->g), mpg_group_index(G->g), size,
          pos, index);
   for (int p = 0; p < size; p++) {
     int r = -1;
@@ -561,7 +561,7 @@ static int run_collectives(int world) {
     }
     G.name = mpg_group_name(G.g);
     G.size = mpg_group_size(G.g);
-    G.pos = mpg_group_rank(G.g);
+    G.pos = mpg_group_position(G.g);
     CHECK(mpg_mesh_group_members(mesh, s, mpg_group_index(G.g), G.members));
     test_membership(&G, mesh, s);
     test_all_reduce(&G);
@@ -919,7 +919,7 @@ static void p2p_check(const char *what, const int32_t *b, size_t n, int src, int
 /* Every member sends n int32 to the next and to the previous position
  * and receives from both, in one batch whose sends are listed first. */
 static void p2p_ring(mpg_group *g, const int *members, size_t n, int async) {
-  int me = mpg_group_rank(g), size = mpg_group_size(g);
+  int me = mpg_group_position(g), size = mpg_group_size(g);
   int next = (me + 1) % size, prev = (me + size - 1) % size;
   int32_t *tn = malloc(n * 4), *tp = malloc(n * 4), *fp = calloc(n, 4), *fn = calloc(n, 4);
   if (!tn || !tp || !fp || !fn) {
@@ -961,7 +961,7 @@ static void p2p_ring(mpg_group *g, const int *members, size_t n, int async) {
  * then a batch with a bad last operation, refused before its good first
  * send is posted. */
 static void p2p_pair(mpg_group *g, int peer_rank) {
-  int peer = 1 - mpg_group_rank(g);
+  int peer = 1 - mpg_group_position(g);
   int32_t s[3][300], r[3][300];
   const size_t len[3] = {7, 300, 1};
   for (int k = 0; k < 3; k++) p2p_fill(s[k], len[k], g_rank, 10 + k);
@@ -1029,7 +1029,7 @@ static int run_p2p_batch(int world) {
     p2p_ring(wg, wm, (size_t)256 << 10, 1); /* 1 MiB, through a work handle */
     if (mpg_group_size(dp) == 2) {
       p2p_ring(dp, dm, 1000, 0); /* next == previous */
-      p2p_pair(dp, dm[1 - mpg_group_rank(dp)]);
+      p2p_pair(dp, dm[1 - mpg_group_position(dp)]);
     }
     mpg_work *w = NULL;
     CHECK(mpg_p2p_batch(wg, NULL, 0, NULL, &w));
@@ -1111,7 +1111,7 @@ static void a2a_free(mpg_ctx *ctx, int zc, void *p) {
 
 static void a2a_case(mpg_ctx *ctx, mpg_group *g, uint64_t key, mpg_dtype dt, int v,
                      int async, int zc) {
-  int me = mpg_group_rank(g), n = mpg_group_size(g);
+  int me = mpg_group_position(g), n = mpg_group_size(g);
   if (n > A2A_MAXG) {
     FAIL("group \"%s\" has %d members, more than %d", mpg_group_name(g), n, A2A_MAXG);
     return;
@@ -1198,7 +1198,7 @@ static int run_all_to_all(int world) {
   CHECK(mpg_ctx_group(ctx, "world", &wg));
   CHECK(mpg_ctx_check_order(ctx));
   if (wg && world >= 2 && getenv("MESHPG_TEST_A2A_MISMATCH")) {
-    int me = mpg_group_rank(wg), n = mpg_group_size(wg);
+    int me = mpg_group_position(wg), n = mpg_group_size(wg);
     size_t sc[A2A_MAXG], sd[A2A_MAXG], rc[A2A_MAXG], rd[A2A_MAXG];
     int32_t sb[8 * A2A_MAXG] = {0}, rb[8 * A2A_MAXG];
     for (int p = 0; p < n && p < A2A_MAXG; p++) {

@@ -260,7 +260,7 @@ static int run_sync_case(mpg_ctx *ctx, const sync_case *sc) {
       size_t lo = 0, n = ps[p].count;
       if (mode == MPG_SYNC_SHARD) {
         mpg_shard_info si = MPG_SHARD_INFO_INIT;
-        TRY(mpg_sync_shard(s, ps[p].id, &si));
+        TRY(mpg_sync_get_shard(s, ps[p].id, &si));
         lo = si.param_offset;
         n = si.count;
       }
@@ -689,7 +689,7 @@ static int run_alltoall(void) {
   for (int gi = 0; gi < 2; gi++) {
     mpg_group *g = NULL;
     TRY(mpg_ctx_group(ctx, names[gi], &g));
-    int n = mpg_group_size(g), me = mpg_group_rank(g);
+    int n = mpg_group_size(g), me = mpg_group_position(g);
     /* Equal splits: 16 floats to each peer. */
     for (int q = 0; q < n; q++)
       for (int i = 0; i < 16; i++) hs[q * 16 + i] = (float)(me * 4096 + q * 64 + i);

@@ -105,7 +105,7 @@ static size_t layout(uint64_t key, int v, int side, int me, int n, size_t *count
 /* Run case `key` on g (dtype dt, equal or v, blocking or async) and check
  * every byte of recv.  MPG_OK or rank_fail's status. */
 static mpg_status one_case(mpg_group *g, uint64_t key, mpg_dtype dt, int v, int async) {
-  int me = mpg_group_rank(g), n = mpg_group_size(g);
+  int me = mpg_group_position(g), n = mpg_group_size(g);
   size_t es = mpg_dtype_size(dt);
   size_t sc[MAXG], sd[MAXG], rc[MAXG], rd[MAXG];
   size_t sn = layout(key, v, 0, me, n, sc, sd), rn = layout(key, v, 1, me, n, rc, rd);
@@ -234,7 +234,7 @@ static mpg_status args_main(const mpg_init_opts *opts, void *arg) {
   mpg_group *g;
   mpg_status st = rank_open(opts, arg, &ctx, "dp", &g);
   if (st) return st;
-  int me = mpg_group_rank(g), peer = 1 - me;
+  int me = mpg_group_position(g), peer = 1 - me;
   float s[8] = {1, 2, 3, 4, 5, 6, 7, 8}, r[8];
   size_t c2[2] = {2, 2}, d2[2] = {0, 2};
 
@@ -394,7 +394,7 @@ static mpg_status absent_main(const mpg_init_opts *opts, void *arg) {
   int r = opts->rank;
   mpg_status st = rank_open(opts, a->mesh, &ctx, "dp", &g);
   if (st) return st;
-  a->position[r] = mpg_group_rank(g);
+  a->position[r] = mpg_group_position(g);
   if (r != a->skipper) {
     int n = mpg_group_size(g);
     int32_t s[4 * TWORLD], rv[4 * TWORLD];
@@ -489,7 +489,7 @@ static mpg_status order_main(const mpg_init_opts *opts, void *arg) {
   mpg_group *g;
   mpg_status st = rank_open(opts, a->mesh, &ctx, "dp", &g);
   if (st) return st;
-  int me = mpg_group_rank(g);
+  int me = mpg_group_position(g);
   mpg_dtype dt = me == 0 ? MPG_F32 : MPG_I32;
   int32_t s[4] = {1, 2, 3, 4}, r[4];
   size_t c[2] = {2, 2}, d[2] = {0, 2};

@@ -61,7 +61,7 @@ static mpg_status rank_main(const mpg_init_opts *in, void *arg) {
   /* The world group is ordered by mesh rank. */
   mpg_group *w;
   if (!st) st = mpg_ctx_group(ctx, "world", &w);
-  if (!st && mpg_group_rank(w) != mpg_ctx_rank(ctx)) st = MPG_ERR_STATE;
+  if (!st && mpg_group_position(w) != mpg_ctx_rank(ctx)) st = MPG_ERR_STATE;
   mpg_ctx_destroy(ctx);
   mpg_mesh_destroy(mesh);
   return st;

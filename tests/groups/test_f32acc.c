@@ -21,7 +21,7 @@
 
 static const mpg_dtype dtypes[] = {MPG_F16, MPG_BF16, MPG_F32};
 static const mpg_op ops[] = {MPG_OP_SUM, MPG_OP_AVG, MPG_OP_MAX, MPG_OP_MIN,
-                             MPG_OP_PREMUL_SUM};
+                             MPG__OP_PREMUL_SUM};
 static const char *const op_names[] = {"sum", "avg", "max", "min", "premul_sum"};
 #define SCALE 0.3 /* not a power of two: the f32 products round */
 
@@ -50,7 +50,7 @@ static void want_elem(mpg_dtype dt, mpg_op op, int n, size_t i, void *out, size_
   float acc = 0;
   for (int p = 0; p < n; p++) {
     float x = val(p, i);
-    if (op == MPG_OP_PREMUL_SUM) x *= (float)SCALE;
+    if (op == MPG__OP_PREMUL_SUM) x *= (float)SCALE;
     if (p == 0)
       acc = x;
     else if (op == MPG_OP_MAX)
@@ -69,7 +69,7 @@ static void want_elem(mpg_dtype dt, mpg_op op, int n, size_t i, void *out, size_
  * f32acc call and the plain call on the same input. */
 static mpg_status one_case(mpg_group *g, int rs, int inplace, mpg_dtype dt, mpg_op op,
                            size_t count) {
-  int n = mpg_group_size(g), me = mpg_group_rank(g);
+  int n = mpg_group_size(g), me = mpg_group_position(g);
   size_t es = mpg_dtype_size(dt);
   size_t in_elems = rs ? count * (size_t)n : count;
   char *send[2], *recv[2], *want = malloc(count * es + 1);
@@ -90,7 +90,7 @@ static mpg_status one_case(mpg_group *g, int rs, int inplace, mpg_dtype dt, mpg_
     if (v == 0)
       st[v] = rs ? mpg__reduce_scatter_f32acc(g, s, r, count, dt, op, SCALE, NULL, NULL)
                  : mpg__all_reduce_f32acc(g, s, r, count, dt, op, SCALE, NULL, NULL);
-    else if (op == MPG_OP_PREMUL_SUM)
+    else if (op == MPG__OP_PREMUL_SUM)
       st[v] = rs ? mpg_reduce_scatter_scaled(g, s, r, count, dt, SCALE, NULL, NULL)
                  : mpg_all_reduce_scaled(g, s, r, count, dt, SCALE, NULL, NULL);
     else

@@ -25,7 +25,7 @@ typedef struct {
 static int64_t val(int p, int b, size_t i) { return (int64_t)p * 1000003 + b * 1009 + (int64_t)i; }
 
 static mpg_status one_group(mpg_ctx *ctx, mpg_group *g, size_t count) {
-  int n = mpg_group_size(g), me = mpg_group_rank(g);
+  int n = mpg_group_size(g), me = mpg_group_position(g);
   int64_t *buf = malloc(sizeof *buf * count * (size_t)n + 8);
   RCHECK(buf, "out of memory");
   /* all_gather in place: my block already sits in my slot. */

@@ -189,14 +189,14 @@ static double want_reduce(size_t i, void *p) {
     mx = v > mx ? v : mx;
     mn = v < mn ? v : mn;
   }
-  switch (a->op) {
+  switch ((int)a->op) {
     case MPG_OP_SUM: return sum;
     case MPG_OP_MAX: return mx;
     case MPG_OP_MIN: return mn;
     case MPG_OP_AVG:
       if (a->dt == MPG_I32 || a->dt == MPG_I64) return (double)((long)sum / a->nranks);
       return sum / a->nranks;
-    case MPG_OP_PREMUL_SUM: return sum * a->scale;
+    case MPG__OP_PREMUL_SUM: return sum * a->scale;
   }
   return NAN;
 }
@@ -486,7 +486,7 @@ Test(nccl_public, world1_all_reduce_every_dtype_and_op) {
     /* The scaled sum runs the backend's PTX kernel on a size-1 group. */
     void *send = dev_fill(dt, n, 0), *recv = dev_zero(dt, n);
     EXPECT_OK(mpg_all_reduce_scaled(w.dp, send, recv, n, dt, 0.5, NULL, NULL));
-    expect_arg a = {dt, MPG_OP_PREMUL_SUM, 1, 0.5, 0};
+    expect_arg a = {dt, MPG__OP_PREMUL_SUM, 1, 0.5, 0};
     expect_dev("public all_reduce_scaled 0.5", dt, recv, n, want_reduce, &a);
     EXPECT_OK(mpg_all_reduce_scaled(w.dp, send, send, n, dt, 0.5, NULL, NULL));
     expect_dev("public all_reduce_scaled 0.5 in place", dt, send, n, want_reduce, &a);
@@ -558,10 +558,10 @@ Test(nccl_backend, world1_all_reduce_every_dtype_and_op) {
     }
     if (dt == MPG_I32 || dt == MPG_I64) continue;
     void *send = dev_fill(dt, n, 0), *recv = dev_zero(dt, n);
-    mpg__coll k = coll_of(MPG__ALL_REDUCE, send, recv, n, dt, MPG_OP_PREMUL_SUM, NULL);
+    mpg__coll k = coll_of(MPG__ALL_REDUCE, send, recv, n, dt, MPG__OP_PREMUL_SUM, NULL);
     k.scale = 0.25;
     EXPECT_OK(backend_run(c, &k));
-    expect_arg a = {dt, MPG_OP_PREMUL_SUM, 1, 0.25, 0};
+    expect_arg a = {dt, MPG__OP_PREMUL_SUM, 1, 0.25, 0};
     expect_dev("ncclAllReduce premul_sum 0.25", dt, recv, n, want_reduce, &a);
     cudaFree(send);
     cudaFree(recv);
@@ -820,7 +820,7 @@ static void *rank_main(void *p) {
       mpg_work *w = NULL;
       JOB_OK(j, mpg_all_reduce_scaled(dp, buf, buf, n, dt, 0.5, NULL, &w));
       JOB_OK(j, mpg_work_wait(w));
-      expect_arg a = {dt, MPG_OP_PREMUL_SUM, 2, 0.5, 0};
+      expect_arg a = {dt, MPG__OP_PREMUL_SUM, 2, 0.5, 0};
       job_expect(j, "scaled 0.5 (async)", dt, buf, n, want_reduce, &a);
       cudaFree(buf);
     }
@@ -831,7 +831,7 @@ static void *rank_main(void *p) {
   for (int h = 0; h < 2; h++) {
     mpg_dtype dt = h ? MPG_BF16 : MPG_F16;
     for (int q = 0; q < 3; q++) {
-      mpg_op op = q == 0 ? MPG_OP_SUM : q == 1 ? MPG_OP_AVG : MPG_OP_PREMUL_SUM;
+      mpg_op op = q == 0 ? MPG_OP_SUM : q == 1 ? MPG_OP_AVG : MPG__OP_PREMUL_SUM;
       void *send = dev_fill(dt, n, j->rank), *recv = dev_zero(dt, n);
       JOB_OK(j, mpg__all_reduce_f32acc(dp, send, recv, n, dt, op, 0.5, NULL, NULL));
       expect_arg a = {dt, op, 2, 0.5, 0};
@@ -1110,7 +1110,7 @@ Test(nccl_backend, scaled_half_all_reduce_keeps_the_scale_in_f32) {
     cr_assert_eq(cudaMalloc(&send, n * 2), cudaSuccess);
     cr_assert_eq(cudaMalloc(&recv, n * 2), cudaSuccess);
     cr_assert_eq(cudaMemcpy(send, host, n * 2, cudaMemcpyHostToDevice), cudaSuccess);
-    mpg__coll k = coll_of(MPG__ALL_REDUCE, send, recv, n, dt, MPG_OP_PREMUL_SUM, NULL);
+    mpg__coll k = coll_of(MPG__ALL_REDUCE, send, recv, n, dt, MPG__OP_PREMUL_SUM, NULL);
     k.scale = 1e-7;
     EXPECT_OK(backend_run(c, &k));
     cr_assert_eq(cudaMemcpy(back, recv, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -1148,7 +1148,7 @@ Test(nccl_backend, f32_accumulation_of_halves_rounds_once) {
   mpg__comm *c = backend_world1();
   const size_t n = 65536;
   const mpg_op ops[] = {MPG_OP_SUM, MPG_OP_AVG, MPG_OP_MAX, MPG_OP_MIN,
-                        MPG_OP_PREMUL_SUM, MPG_OP_PREMUL_SUM};
+                        MPG__OP_PREMUL_SUM, MPG__OP_PREMUL_SUM};
   const double scales[] = {1, 1, 1, 1, 0.3, 1e-7};
   uint16_t *host = malloc(n * 2), *back = malloc(n * 2);
   cr_assert(host && back);
@@ -1184,7 +1184,7 @@ Test(nccl_backend, f32_accumulation_of_halves_rounds_once) {
               continue;
             }
             float f = mpg__half_to_f32(dt, host[i]);
-            if (ops[o] == MPG_OP_PREMUL_SUM) f *= (float)scales[o];
+            if (ops[o] == MPG__OP_PREMUL_SUM) f *= (float)scales[o];
             uint16_t want = mpg__f32_to_half(dt, f);
             cr_assert_eq(back[i], want,
                          "%s(%s, %s, scale %g)%s: input 0x%04x gave 0x%04x, expected 0x%04x",

@@ -76,7 +76,7 @@ static mpg_status ring_main(const mpg_init_opts *opts, void *arg) {
   mpg_group *g;
   mpg_status st = rank_open(opts, a->mesh, &ctx, a->group, &g);
   if (st) return st;
-  int me = mpg_group_rank(g), size = mpg_group_size(g);
+  int me = mpg_group_position(g), size = mpg_group_size(g);
   int next = (me + 1) % size, prev = (me + size - 1) % size;
   size_t n = a->count;
   int32_t *to_next = malloc(n * 4), *to_prev = malloc(n * 4);
@@ -170,7 +170,7 @@ static mpg_status order_main(const mpg_init_opts *opts, void *arg) {
   mpg_group *g;
   mpg_status st = rank_open(opts, arg, &ctx, "world", &g);
   if (st) return st;
-  int me = mpg_group_rank(g), peer = 1 - me;
+  int me = mpg_group_position(g), peer = 1 - me;
 
   /* Three messages each way to the same peer, sends and receives
    * interleaved in the list, of different lengths: matched in order. */
@@ -273,7 +273,7 @@ static mpg_status mixed_main(const mpg_init_opts *opts, void *arg) {
   mpg_group *g;
   mpg_status st = rank_open(opts, arg, &ctx, "world", &g);
   if (st) return st;
-  int me = mpg_group_rank(g), peer = 1 - me;
+  int me = mpg_group_position(g), peer = 1 - me;
   int32_t x[8], y[8] = {0};
   fill(x, 8, me, 20);
   if (me == 0) {
@@ -309,7 +309,7 @@ static mpg_status chain_main(const mpg_init_opts *opts, void *arg) {
   mpg_group *g;
   mpg_status st = rank_open(opts, arg, &ctx, "pp", &g);
   if (st) return st;
-  int me = mpg_group_rank(g);
+  int me = mpg_group_position(g);
   int32_t buf[16];
   fill(buf, 16, me, 30);
   mpg_p2p_op op = {me == 0 ? MPG_P2P_SEND : MPG_P2P_RECV, 1 - me, buf, 16, MPG_I32};
@@ -346,7 +346,7 @@ static mpg_status absent_main(const mpg_init_opts *opts, void *arg) {
   mpg_group *g;
   mpg_status st = rank_open(opts, a->mesh, &ctx, "pp", &g);
   if (st) return st;
-  if (mpg_group_rank(g) == 0) {
+  if (mpg_group_position(g) == 0) {
     int32_t s[4] = {1, 2, 3, 4}, r[4];
     mpg_p2p_op ops[2] = {{MPG_P2P_SEND, 1, s, 4, MPG_I32}, {MPG_P2P_RECV, 1, r, 4, MPG_I32}};
     double t0 = now_s();
@@ -410,7 +410,7 @@ static mpg_status midway_main(const mpg_init_opts *opts, void *arg) {
   mpg_group *g;
   mpg_status st = rank_open(opts, a->mesh, &ctx, "pp", &g);
   if (st) return st;
-  if (mpg_group_rank(g) == 0) {
+  if (mpg_group_position(g) == 0) {
     int32_t first[2] = {1, 2}, s[2] = {3, 4}, r[2];
     RCALL(mpg_send(g, first, 2, MPG_I32, 1, NULL, NULL)); /* fills the inbox */
     mpg_p2p_op ops[2] = {{MPG_P2P_SEND, 1, s, 2, MPG_I32}, {MPG_P2P_RECV, 1, r, 2, MPG_I32}};

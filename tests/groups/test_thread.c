@@ -508,10 +508,10 @@ static mpg_status load_group(mpg_ctx *ctx, const mpg_mesh *mesh, int dimset, gct
   RCALL(mpg_mesh_group_of(mesh, dimset, rank, &index, &pos, &size));
   RCHECK(strcmp(mpg_group_name(G->g), name) == 0, "group name %s, expected %s",
          mpg_group_name(G->g), name);
-  RCHECK(mpg_group_size(G->g) == size && mpg_group_rank(G->g) == pos &&
+  RCHECK(mpg_group_size(G->g) == size && mpg_group_position(G->g) == pos &&
              mpg_group_index(G->g) == index,
          "group %s: size/position/index %d/%d/%d, mesh says %d/%d/%d", name,
-         mpg_group_size(G->g), mpg_group_rank(G->g), mpg_group_index(G->g), size, pos,
+         mpg_group_size(G->g), mpg_group_position(G->g), mpg_group_index(G->g), size, pos,
          index);
   RCALL(mpg_mesh_group_members(mesh, dimset, index, G->members));
   for (int p = 0; p < size; p++) {
@@ -663,7 +663,7 @@ static mpg_status cross_main(const mpg_init_opts *opts, void *arg) {
     mpg_mesh_dimset_info(mesh, s, &name, NULL, NULL);
     st = mpg_ctx_group(ctx, name, &g[s]);
     in[s] = (int64_t)opts->rank * 1000 + s;
-    bc[s] = mpg_group_rank(g[s]) == 0 ? 777 + s : -1;
+    bc[s] = mpg_group_position(g[s]) == 0 ? 777 + s : -1;
     if (!st) st = mpg_all_reduce(g[s], &in[s], &out[s], 1, MPG_I64, MPG_OP_SUM, NULL, &w[s][0]);
     if (!st) st = mpg_all_gather(g[s], &in[s], gathered[s], 1, MPG_I64, NULL, &w[s][1]);
     if (!st) st = mpg_broadcast(g[s], &bc[s], 1, MPG_I32, 0, NULL, &w[s][2]);
@@ -779,7 +779,7 @@ static mpg_status p2p_main(const mpg_init_opts *opts, void *arg) {
   tl_ctx = ctx;
   mpg_group *g;
   RCALL(mpg_ctx_group(ctx, "world", &g));
-  int me = mpg_group_rank(g);
+  int me = mpg_group_position(g);
   if (me == 0) {
     /* Receives posted before the sends, from two peers, matched in order. */
     int64_t a[3][4];
@@ -1292,10 +1292,10 @@ static mpg_status big_main(const mpg_init_opts *opts, void *arg) {
   RCALL(mpg_all_reduce(tp, &f, &avg, 1, MPG_F32, MPG_OP_AVG, NULL, NULL));
   RCHECK(avg == 1.0f, "tp avg %g", avg);
   int32_t me = opts->rank, first = -1;
-  RCALL(mpg_broadcast(tp, mpg_group_rank(tp) == 0 ? &me : &first, 1, MPG_I32, 0, NULL, NULL));
+  RCALL(mpg_broadcast(tp, mpg_group_position(tp) == 0 ? &me : &first, 1, MPG_I32, 0, NULL, NULL));
   int m0;
   RCALL(mpg_group_member(tp, 0, &m0));
-  RCHECK(mpg_group_rank(tp) == 0 || first == m0, "tp broadcast gave %d, expected %d", first, m0);
+  RCHECK(mpg_group_position(tp) == 0 || first == m0, "tp broadcast gave %d, expected %d", first, m0);
   ba->t_create[opts->rank] = t1 - t0;
   ba->t_reduce[opts->rank] = t2 - t1;
   tl_ctx = NULL;
@@ -1362,7 +1362,7 @@ static mpg_status single_main(const mpg_init_opts *opts, void *arg) {
   RCALL(mpg_ctx_create(mesh, opts, &ctx));
   mpg_group *g;
   RCALL(mpg_ctx_group(ctx, "world", &g));
-  RCHECK(mpg_group_size(g) == 1 && mpg_group_rank(g) == 0, "world of one");
+  RCHECK(mpg_group_size(g) == 1 && mpg_group_position(g) == 0, "world of one");
   double x[3] = {1, 2, 3}, y[3] = {0};
   RCALL(mpg_all_reduce_scaled(g, x, y, 3, MPG_F64, 0.5, NULL, NULL));
   RCHECK(y[0] == 0.5 && y[2] == 1.5, "scaled: %g %g", y[0], y[2]);
@@ -1586,9 +1586,9 @@ static mpg_status partial_main(const mpg_init_opts *opts, void *arg) {
   RCHECK(mpg_group_size(intra) == c && mpg_group_size(inter) == n,
          "sizes %d and %d, expected %d and %d", mpg_group_size(intra),
          mpg_group_size(inter), c, n);
-  RCHECK(mpg_group_rank(intra) == pos % c && mpg_group_rank(inter) == pos / c,
-         "positions %d and %d in %s (position %d, c %d)", mpg_group_rank(intra),
-         mpg_group_rank(inter), pa->set, pos, c);
+  RCHECK(mpg_group_position(intra) == pos % c && mpg_group_position(inter) == pos / c,
+         "positions %d and %d in %s (position %d, c %d)", mpg_group_position(intra),
+         mpg_group_position(inter), pa->set, pos, c);
   long want_intra = 0, want_inter = 0;
   for (int p = 0; p < c; p++) {
     int m;

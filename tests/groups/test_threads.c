@@ -115,7 +115,7 @@ static mpg_status run_two(int rank, mpg_ctx *ctx, mpg_status (*fn)(void *), void
  * still healthy (no MPG_ERR_STATE aborted anything); then destroy it. */
 static mpg_status finish(mpg_ctx *ctx, mpg_group *g) {
   int size = mpg_group_size(g);
-  int64_t x = mpg_group_rank(g) + 1;
+  int64_t x = mpg_group_position(g) + 1;
   RCALL(mpg_all_reduce(g, &x, &x, 1, MPG_I64, MPG_OP_SUM, NULL, NULL));
   RCHECK(x == (int64_t)size * (size + 1) / 2, "final all-reduce gave %lld",
          (long long)x);

@@ -60,7 +60,7 @@ Test(dimlist, mask_arithmetic_matches_the_dimset_api) {
         cr_assert(gi == gi2 && pos == pos2 && size == size2, "trial %d set %d rank %d", trial,
                   s, r);
         int p = (int)rnd((unsigned)size), want;
-        OK(mpg_mesh_group_rank(m, s, gi, p, &want));
+        OK(mpg_mesh_group_member(m, s, gi, p, &want));
         cr_assert_eq(mpg__mesh_mask_member(m, mask, r, p), want);
       }
     }

@@ -297,7 +297,7 @@ static void check_partition(const mpg_mesh *m, int set, int *members, int *seen)
       cr_assert_eq(seen[r]++, 0, "%s: rank %d in two groups", name, r);
       cr_assert_eq(mpg_mesh_group_of(m, set, r, &gi, &pos, &size), MPG_OK);
       cr_assert(gi == g && pos == p && size == gs, "%s: rank %d", name, r);
-      cr_assert_eq(mpg_mesh_group_rank(m, set, g, p, &r2), MPG_OK);
+      cr_assert_eq(mpg_mesh_group_member(m, set, g, p, &r2), MPG_OK);
       cr_assert_eq(r2, r);
     }
     if (g > 0) cr_assert(members[0] > 0); /* groups in the order of their first ranks */

@@ -93,7 +93,7 @@ static void check_set(const mpg_mesh *m, const char *name, int ngroups,
                    "%s: group %d position %d is rank %d, want %d", name, g, p,
                    got[p], want[g * gsize + p]);
       int r = -1;
-      EXPECT_OK(mpg_mesh_group_rank(m, set, g, p, &r));
+      EXPECT_OK(mpg_mesh_group_member(m, set, g, p, &r));
       cr_assert_eq(r, want[g * gsize + p], "%s: group_rank(%d, %d) = %d", name,
                    g, p, r);
     }
@@ -680,14 +680,14 @@ Test(errors, out_of_range) {
   cr_assert_eq(r, -5, "a failed rank_of must not write *rank");
 
   /* dp: 4 groups of 2. */
-  EXPECT_ERR(mpg_mesh_group_rank(m, 0, 4, 0, &r), MPG_ERR_RANGE,
+  EXPECT_ERR(mpg_mesh_group_member(m, 0, 4, 0, &r), MPG_ERR_RANGE,
              "group 4 of \"dp\" is outside 0..3");
-  EXPECT_ERR(mpg_mesh_group_rank(m, 0, -1, 0, &r), MPG_ERR_RANGE, "group -1");
-  EXPECT_ERR(mpg_mesh_group_rank(m, 0, 0, 2, &r), MPG_ERR_RANGE,
+  EXPECT_ERR(mpg_mesh_group_member(m, 0, -1, 0, &r), MPG_ERR_RANGE, "group -1");
+  EXPECT_ERR(mpg_mesh_group_member(m, 0, 0, 2, &r), MPG_ERR_RANGE,
              "position 2 in \"dp\" is outside 0..1");
-  EXPECT_ERR(mpg_mesh_group_rank(m, 0, 0, -1, &r), MPG_ERR_RANGE,
+  EXPECT_ERR(mpg_mesh_group_member(m, 0, 0, -1, &r), MPG_ERR_RANGE,
              "position -1");
-  EXPECT_ERR(mpg_mesh_group_rank(m, 5, 0, 0, &r), MPG_ERR_RANGE,
+  EXPECT_ERR(mpg_mesh_group_member(m, 5, 0, 0, &r), MPG_ERR_RANGE,
              "dim set 5 is outside 0..4");
 
   EXPECT_ERR(mpg_mesh_group_members(m, 3, 2, ranks), MPG_ERR_RANGE,
@@ -751,8 +751,8 @@ Test(errors, null_arguments) {
   EXPECT_ERR(mpg_mesh_rank_of(m, c, NULL), MPG_ERR_INVALID, "NULL");
   EXPECT_ERR(mpg_mesh_group_of(NULL, 0, 0, NULL, NULL, NULL), MPG_ERR_INVALID,
              "NULL");
-  EXPECT_ERR(mpg_mesh_group_rank(NULL, 0, 0, 0, &r), MPG_ERR_INVALID, "NULL");
-  EXPECT_ERR(mpg_mesh_group_rank(m, 0, 0, 0, NULL), MPG_ERR_INVALID, "NULL");
+  EXPECT_ERR(mpg_mesh_group_member(NULL, 0, 0, 0, &r), MPG_ERR_INVALID, "NULL");
+  EXPECT_ERR(mpg_mesh_group_member(m, 0, 0, 0, NULL), MPG_ERR_INVALID, "NULL");
   EXPECT_ERR(mpg_mesh_group_members(NULL, 0, 0, c), MPG_ERR_INVALID, "NULL");
   EXPECT_ERR(mpg_mesh_group_members(m, 0, 0, NULL), MPG_ERR_INVALID, "NULL");
   /* The size getters answer 0 for NULL. */

@@ -270,7 +270,7 @@ static void check_set(const rmesh *rm, const mpg_mesh *m, scratch *s, int set,
     CHECK(s->members[gi * gsize + pos] == r,
           "%s: set %s: rank %d -> (%d, %d) but members say %d", rm->desc,
           name, r, gi, pos, s->members[gi * gsize + pos]);
-    CHECK(mpg_mesh_group_rank(m, set, gi, pos, &back) == MPG_OK && back == r,
+    CHECK(mpg_mesh_group_member(m, set, gi, pos, &back) == MPG_OK && back == r,
           "%s: set %s: group_rank(%d, %d) = %d, want %d", rm->desc, name, gi,
           pos, back, r);
   }

@@ -15,7 +15,7 @@
  *    (bucket_mb tiny) exactly: each bucket is the param rounded up to that
  *    multiple, position r of the shard group owns slice r of it, and
  *    pad_elems is the sum of the round-ups;
- *  - mpg_sync_shard: replicated params whole, sharded ranges inside the
+ *  - mpg_sync_get_shard: replicated params whole, sharded ranges inside the
  *    param, state ranges [shard_offset, +count) disjoint and inside
  *    shard_elems;
  *  - the owned ranges of the members of each shard group (all-gathered over
@@ -214,7 +214,7 @@ static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case 
   for (int p = 0; p < c->nparams; p++) {
     const shc_param *pa = &c->params[p];
     info[p] = (mpg_shard_info)MPG_SHARD_INFO_INIT;
-    SC_TRY(mpg_sync_shard(sync, p, &info[p]));
+    SC_TRY(mpg_sync_get_shard(sync, p, &info[p]));
     SC_TRY(mpg_sync_grad(sync, p, &gv[p]));
     SC_TRY(mpg_sync_param(sync, p, &pv[p]));
     SC_CHECK(gv[p] && pv[p] && gv[p] != pv[p], "param p%d: views %p %p", p, gv[p], pv[p]);

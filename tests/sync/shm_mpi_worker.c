@@ -232,7 +232,7 @@ static void run_values(mpg_ctx *ctx, int shard) {
     TRY(mpg_sync_param_group(s, p, &gs[p]));
     TRY(mpg_sync_grad(s, p, &gv[p]));
     info[p] = (mpg_shard_info)MPG_SHARD_INFO_INIT;
-    if (shard) TRY(mpg_sync_shard(s, p, &info[p]));
+    if (shard) TRY(mpg_sync_get_shard(s, p, &info[p]));
     else info[p].count = ps[p].count;
     int k = 0;
     while (k < nkeys && !(keys[k].dt == ps[p].dtype && keys[k].g == gs[p] &&

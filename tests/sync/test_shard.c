@@ -201,7 +201,7 @@ static mpg_status api_rank(const mpg_init_opts *opts, void *arg) {
   A_EXPECT(mpg_sync_create(ctx, NULL, &rep), MPG_OK);
   A_EXPECT(mpg_sync_add_param(rep, "w", 100, MPG_F32, NULL, &id), MPG_OK);
   A_EXPECT(mpg_sync_commit(rep), MPG_OK);
-  A_EXPECT(mpg_sync_shard(rep, 0, &info), MPG_ERR_STATE);
+  A_EXPECT(mpg_sync_get_shard(rep, 0, &info), MPG_ERR_STATE);
   A_EXPECT(mpg_sync_param(rep, 0, &v), MPG_ERR_STATE);
   A_EXPECT(mpg_sync_gather_begin(rep, NULL), MPG_ERR_STATE);
   mpg_sync_stats st = MPG_SYNC_STATS_INIT;
@@ -233,20 +233,20 @@ static mpg_status api_rank(const mpg_init_opts *opts, void *arg) {
   mpg_param_opts po = MPG_PARAM_OPTS_INIT;
   po.reduce_dims = "dp_cp,tp";
   A_EXPECT(mpg_sync_add_param(sh, "norm", 8, MPG_F32, &po, &id), MPG_OK);
-  A_EXPECT(mpg_sync_shard(sh, 0, &info), MPG_ERR_STATE);
+  A_EXPECT(mpg_sync_get_shard(sh, 0, &info), MPG_ERR_STATE);
   A_EXPECT(mpg_sync_param(sh, 0, &v), MPG_ERR_STATE);
   A_EXPECT(mpg_sync_gather_begin(sh, NULL), MPG_ERR_STATE);
   A_EXPECT(mpg_sync_commit(sh), MPG_OK);
-  A_EXPECT(mpg_sync_shard(sh, 2, &info), MPG_ERR_RANGE);
-  A_EXPECT(mpg_sync_shard(sh, -1, &info), MPG_ERR_RANGE);
-  A_EXPECT(mpg_sync_shard(sh, 0, NULL), MPG_ERR_INVALID);
+  A_EXPECT(mpg_sync_get_shard(sh, 2, &info), MPG_ERR_RANGE);
+  A_EXPECT(mpg_sync_get_shard(sh, -1, &info), MPG_ERR_RANGE);
+  A_EXPECT(mpg_sync_get_shard(sh, 0, NULL), MPG_ERR_INVALID);
   mpg_shard_info badinfo = MPG_SHARD_INFO_INIT;
   badinfo.magic = 0;
-  A_EXPECT(mpg_sync_shard(sh, 0, &badinfo), MPG_ERR_INVALID);
-  A_EXPECT(mpg_sync_shard(NULL, 0, &info), MPG_ERR_INVALID);
+  A_EXPECT(mpg_sync_get_shard(sh, 0, &badinfo), MPG_ERR_INVALID);
+  A_EXPECT(mpg_sync_get_shard(NULL, 0, &info), MPG_ERR_INVALID);
   A_EXPECT(mpg_sync_param(sh, 2, &v), MPG_ERR_RANGE);
   A_EXPECT(mpg_sync_gather_wait(sh, 5), MPG_ERR_RANGE);
-  A_EXPECT(mpg_sync_shard(sh, 1, &info), MPG_OK);
+  A_EXPECT(mpg_sync_get_shard(sh, 1, &info), MPG_OK);
   A_CHECK(info.sharded == 0 && info.count == 8, "norm: sharded %d count %zu", info.sharded,
           info.count);
   A_EXPECT(mpg_sync_get_stats(sh, &st), MPG_OK);

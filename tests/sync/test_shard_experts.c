@@ -124,7 +124,7 @@ static mpg_status x_rank(const mpg_init_opts *opts, void *arg) {
   for (int p = 0; p < c->nparams; p++) {
     info[p] = (mpg_shard_info)MPG_SHARD_INFO_INIT;
     if (id_of[p] < 0) continue;
-    SC_TRY(mpg_sync_shard(sync, id_of[p], &info[p]));
+    SC_TRY(mpg_sync_get_shard(sync, id_of[p], &info[p]));
     SC_TRY(mpg_sync_grad(sync, id_of[p], &gv[p]));
     SC_TRY(mpg_sync_param(sync, id_of[p], &pv[p]));
     /* A norm's "dp_cp,tp" names other dims than the data-parallel group

@@ -543,7 +543,7 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
     P_TRY(mpg_sync_grad(sync, p, &gv[p]));
     info[p] = (mpg_shard_info)MPG_SHARD_INFO_INIT;
     if (c->shard) {
-      P_TRY(mpg_sync_shard(sync, p, &info[p]));
+      P_TRY(mpg_sync_get_shard(sync, p, &info[p]));
       P_TRY(mpg_sync_param(sync, p, &pv[p]));
     } else {
       info[p].count = c->params[p].count;
