@@ -53,7 +53,7 @@ typedef struct mpg__coll {
  * mpg_ctx_create (groups/settings.c, one rule for all: docs/launchers.md)
  * and handed to the backends through mpg__world_args; none of them reads
  * the environment itself.  MESHPG_LOG is also read once per process by
- * mesh/log.c, since it works before any context exists; mpg_ctx_create
+ * mesh/base/log.c, since it works before any context exists; mpg_ctx_create
  * sets the log level from this read.  NCCL_LAUNCH_ORDER_IMPLICIT is
  * NCCL's, read here as NCCL reads it. */
 typedef struct mpg__settings {

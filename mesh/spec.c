@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The caller's spec as one of this library's size (mesh/abi.c's rule). */
+/* The caller's spec as one of this library's size (mesh/base/abi.c's rule). */
 const mpg_spec mpg__spec_defaults = MPG_SPEC_INIT;
 
 static mpg_status spec_in(const mpg_spec *caller, mpg_spec *full, const char *fn) {
@@ -319,7 +319,7 @@ static mpg_status validate_experts(const mpg_spec *spec) {
   mpg_status st = mpg__expert_order(spec, tok, &ntok, named);
   if (st) return st;
   /* The expert grid is a second grid over the world with its own mask bits
-   * (mesh/mesh_internal.h): any mesh of up to MPG_MAX_DIMS dims may have
+   * (mesh/include/mesh_internal.h): any mesh of up to MPG_MAX_DIMS dims may have
    * one; only the table of dim sets is shared. */
   if (spec->ndims + spec->nflatten > MPG_MAX_DIMS + MPG_MAX_FLATTEN - EXPERT_NAMES)
     return mpg__fail_at(MPG_ERR_SPEC, src, spec->experts.pos,

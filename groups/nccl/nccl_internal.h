@@ -56,7 +56,7 @@
  *          cudaStreamWaitEvent, cudaStreamSynchronize (mem.c's zeroing).
  *   MPI (bootstrap 3 only, when built with MPI):  MPI_Initialized,
  *          MPI_Finalized, MPI_Comm_rank, MPI_Comm_size.  MPI itself has
- *          one owner, groups/mpi (groups/mpi/mpi_owner.h): world.c asks
+ *          one owner, groups/mpi (groups/mpi_owner.h): world.c asks
  *          it to initialise MPI if needed (mpg__mpi_acquire; MPI_Finalize
  *          then runs at exit) and to broadcast the id
  *          (mpg__mpi_bcast_bytes: MPI_Ibcast, MPI_Test).

@@ -39,7 +39,7 @@
  * overlap for the memory of each group's own channels.
  *
  * MPI (bootstrap 3) has one owner, groups/mpi: this file goes through
- * groups/mpi/mpi_owner.h and calls MPI only to ask whether it runs and for
+ * groups/mpi_owner.h and calls MPI only to ask whether it runs and for
  * the communicator's rank and size. */
 #include <pthread.h>
 #include <stdio.h>
@@ -54,7 +54,7 @@
 #if MPG_HAVE_MPI
 #include <mpi.h>
 
-#include "mpi/mpi_owner.h"
+#include "mpi_owner.h"
 #endif
 
 _Static_assert(sizeof(ncclUniqueId) == 128,
@@ -89,7 +89,7 @@ static int mpi_launched(const boot_env *e) {
 }
 
 /* Bootstrap 3.  MPI has one owner, groups/mpi (the rule is in
- * groups/mpi/mpi_owner.h): it initialises MPI here if nobody has, and then
+ * groups/mpi_owner.h): it initialises MPI here if nobody has, and then
  * finalises it at exit, never earlier; a broadcast that times out counts
  * as a fault there, and MPI, which may still complete it, writes into
  * memory that groups/mpi keeps on its orphan list. */

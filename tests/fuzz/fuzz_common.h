@@ -12,7 +12,7 @@
 
 #include "meshpg.h"
 
-/* Internal (mesh/error.c): the targets link the static fuzz library, where
+/* Internal (mesh/base/error.c): the targets link the static fuzz library, where
  * mpg__ symbols are visible.  Clearing before a call proves that a failure
  * writes its own message rather than leaving an old one. */
 void mpg__clear_error(void);

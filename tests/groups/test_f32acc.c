@@ -16,7 +16,7 @@
 
 #include "meshpg.h"
 #include "../../groups/backend.h"         /* mpg__f32_to_half */
-#include "../../groups/groups_internal.h" /* the f32acc calls */
+#include "groups_internal.h" /* the f32acc calls */
 #include "../rank_check.h"
 
 static const mpg_dtype dtypes[] = {MPG_F16, MPG_BF16, MPG_F32};

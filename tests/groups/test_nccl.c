@@ -43,7 +43,7 @@
 /* The backend interface, to drive the NCCL backend itself on one rank. */
 #include "../../groups/backend.h"
 #include "../../groups/nccl/nccl_internal.h" /* registrations (reg.c) */
-#include "../../groups/groups_internal.h"     /* the f32acc collectives */
+#include "groups_internal.h"     /* the f32acc collectives */
 
 /* ------------------------------------------------------------------------ */
 /* Helpers                                                                   */

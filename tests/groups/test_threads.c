@@ -37,7 +37,7 @@
 #include <string.h>
 
 #include "meshpg.h"
-#include "../../groups/groups_internal.h" /* f32acc, host all-gather */
+#include "groups_internal.h" /* f32acc, host all-gather */
 #include "../rank_check.h"
 
 #define TIMEOUT_S 60.0 /* the contexts' timeout: far beyond any wait here */

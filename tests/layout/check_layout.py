@@ -4,9 +4,12 @@
 usage: check_layout.py SOURCE_ROOT LIBMESHPG_A TOOLS_OBJECT_DIR
 
 1. Layering: a library file includes headers of its own module or of the
-   modules below it only (mesh -> topo -> groups -> sync; the public
-   header and the generated mpg_config.h are everyone's), and another
-   module's internal header only where DECLARED below says why.
+   modules below it only (base -> mesh -> topo -> groups -> sync; base is
+   mesh/base/; the public header and the generated mpg_config.h are
+   everyone's), and another module's header only where DECLARED below says
+   why and only from that module's exported directory (mesh/base,
+   mesh/include, groups/include: the only ones the build puts on the
+   include path of the modules above, meson.build).
 2. No call cycles: in the library (read from the static archive) and in
    the meshpg program (its objects), the graph "file A uses a symbol that
    file B defines" has no cycle.
@@ -17,7 +20,7 @@ usage: check_layout.py SOURCE_ROOT LIBMESHPG_A TOOLS_OBJECT_DIR
    writes the environment (setenv, unsetenv, putenv, clearenv), ends the
    process (exit, _exit, _Exit, quick_exit, abort) or prints (printf, puts,
    perror, putchar, fprintf, vfprintf, fputs, fwrite) -- except the log
-   (mesh/log.c), which prints only when MESHPG_LOG asks it to.
+   (mesh/base/log.c), which prints only when MESHPG_LOG asks it to.
 Prints every violation and exits 1 if there is any."""
 import collections
 import glob
@@ -26,7 +29,9 @@ import re
 import subprocess
 import sys
 
-MODULES = ["mesh", "topo", "groups", "sync"]  # lowest first
+MODULES = ["mesh/base", "mesh", "topo", "groups", "sync"]  # lowest first
+# Each module's headers that the modules above may include.
+EXPORTED = {"mesh/base": "mesh/base", "mesh": "mesh/include", "groups": "groups/include"}
 MAX_LINES = 800
 
 
@@ -34,29 +39,37 @@ MAX_LINES = 800
 # with its reason.  A new cross-module include fails the check until it is
 # declared here (or, better, the needed call goes through the public API).
 DECLARED = {
-    ("topo", "mesh/internal.h"): "the library's error, ABI, log and hash helpers",
-    ("groups", "mesh/internal.h"): "the library's error, ABI, log and hash helpers",
-    ("topo", "mesh/mesh_internal.h"): "a mesh's dims by bit mask (placement)",
-    ("groups", "mesh/mesh_internal.h"): "a dim set's mask and the expert grid (groups)",
-    ("sync", "mesh/mesh_internal.h"): "a dim set's mask (reduce groups of params)",
-    ("sync", "groups/groups_internal.h"): "the groups layer's calls for the sync "
-                                          "(f32-accumulating collectives, shm segments, "
-                                          "abort after a failed step)",
+    ("mesh", "mesh/base/internal.h"): "the library's error, ABI, log and hash helpers",
+    ("topo", "mesh/base/internal.h"): "the library's error, ABI, log and hash helpers",
+    ("groups", "mesh/base/internal.h"): "the library's error, ABI, log and hash helpers",
+    ("sync", "mesh/base/internal.h"): "the library's error, ABI, log and hash helpers",
+    ("topo", "mesh/include/mesh_internal.h"): "a mesh's dims by bit mask (placement)",
+    ("groups", "mesh/include/mesh_internal.h"): "a dim set's mask and the expert grid (groups)",
+    ("sync", "mesh/include/mesh_internal.h"): "a dim set's mask (reduce groups of params)",
+    ("sync", "groups/include/groups_internal.h"): "the groups layer's calls for the sync "
+                                                  "(f32-accumulating collectives, shm "
+                                                  "segments, abort after a failed step)",
 }
 
 
 def module_of(path, root):
-    rel = os.path.relpath(path, root)
-    top = rel.split(os.sep)[0]
-    return top if top in MODULES else None
+    rel = os.path.relpath(path, root).replace(os.sep, "/")
+    best = None
+    for m in MODULES:
+        if rel.startswith(m + "/") and (best is None or len(m) > len(best)):
+            best = m
+    return best
 
 
 def library_files(root):
+    seen = set()
     for m in MODULES:
         for dirpath, _, files in os.walk(os.path.join(root, m)):
-            for f in files:
-                if f.endswith((".c", ".cc", ".h")):
-                    yield os.path.join(dirpath, f)
+            for f in sorted(files):
+                path = os.path.join(dirpath, f)
+                if f.endswith((".c", ".cc", ".h")) and path not in seen:
+                    seen.add(path)
+                    yield path
 
 
 def check_includes(root, errors):
@@ -85,7 +98,12 @@ def check_includes(root, errors):
                               % (os.path.relpath(path, root), n, mod, inc, owner))
             elif owner != mod:
                 rel = os.path.relpath(cands[0], root)
-                if (mod, rel) not in DECLARED:
+                if os.path.dirname(rel) != EXPORTED.get(owner):
+                    errors.append("%s:%d: %s includes %s, a private header of %s (only %s/ "
+                                  "is on the include path of the modules above)"
+                                  % (os.path.relpath(path, root), n, mod, rel, owner,
+                                     EXPORTED.get(owner, "none of it")))
+                elif (mod, rel) not in DECLARED:
                     errors.append("%s:%d: %s includes %s, an internal header of %s that is "
                                   "not declared in DECLARED (tests/layout/check_layout.py)"
                                   % (os.path.relpath(path, root), n, mod, rel, owner))
@@ -182,7 +200,7 @@ def check_sizes(root, errors):
 HANDS_OFF = {"setenv", "unsetenv", "putenv", "clearenv", "exit", "_exit", "_Exit",
              "quick_exit", "abort", "printf", "puts", "perror", "putchar", "fprintf",
              "vfprintf", "fputs", "fwrite"}
-MAY_PRINT = {"mesh_log.c.o": {"fprintf", "vfprintf", "fputs", "fwrite"}}
+MAY_PRINT = {"mesh_base_log.c.o": {"fprintf", "vfprintf", "fputs", "fwrite"}}
 
 
 def check_hands_off(members, errors):

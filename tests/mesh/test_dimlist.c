@@ -1,5 +1,5 @@
 /* mesh/'s one dim-list parser and its group arithmetic over any set of
- * dims (mesh/mesh_internal.h), which groups/, sync/ and topo/ use:
+ * dims (mesh/include/mesh_internal.h), which groups/, sync/ and topo/ use:
  *  - properties over random meshes: the mask arithmetic agrees with the
  *    public dim-set API and is a bijection rank <-> (index, position);
  *  - the parser's rules, and the same answer from every module that takes

@@ -58,7 +58,7 @@ typedef struct mpg__abi_head {
  * at sizeof, so that a caller's appended field that lands in the tail
  * padding of the library's struct is never read or written.  When a field
  * is appended to a public struct, its line here names the new last field
- * (mesh/abi.c checks that no field follows). */
+ * (mesh/base/abi.c checks that no field follows). */
 #define MPG__ABI_FIELD_END(type, field) \
   (offsetof(type, field) + sizeof(((type *)0)->field))
 #define MPG__ABI_LAST_mpg_spec source
