@@ -221,10 +221,7 @@ int main(int argc, char **argv) {
   uint8_t *data = read_file(data_path, &len);
   if (!data) { fprintf(stderr, "gpt: cannot read %s\n", data_path); return 1; }
   gpt_dims d;
-  if (gpt_parse_mesh(mesh, &d)) {
-    fprintf(stderr, "gpt: bad --mesh \"%s\"\n", mesh);
-    return 2;
-  }
+  if (gpt_parse_mesh(mesh, &d)) { fprintf(stderr, "gpt: bad --mesh \"%s\"\n", mesh); return 2; }
   /* MoE: one load-balancing group per micro-batch of a dp rank; ep 1 and
    * etp tp by default. */
   if (c.moe > 0) {
@@ -239,18 +236,14 @@ int main(int argc, char **argv) {
   } else if (!why && (c.ep > 1 || c.etp > 1)) {
     why = "--ep and --etp need --moe";
   }
-  if (why || len < (size_t)c.seq + 2) {
-    fprintf(stderr, "gpt: %s\n", why ? why : "data too short");
-    return 2;
-  }
+  if (why || len < (size_t)c.seq + 2)
+    return fprintf(stderr, "gpt: %s\n", why ? why : "data too short"), 2;
   /* With --mpi only rank 0 prints (its rank from the launcher). */
   int root = 1;
   if (mpi) {
     mpg_launch L = MPG_LAUNCH_INIT;
-    if (mpg_launch_from_env(&L) != MPG_OK || L.rank < 0) {
-      fprintf(stderr, "gpt: --mpi: no launcher environment\n");
-      return 2;
-    }
+    if (mpg_launch_from_env(&L) != MPG_OK || L.rank < 0)
+      return fprintf(stderr, "gpt: --mpi: no launcher environment\n"), 2;
     root = L.rank == 0;
   }
   double ent = gpt_unigram_entropy(data, len);
@@ -283,29 +276,16 @@ int main(int argc, char **argv) {
   float **g1 = NULL;
   double t0 = now();
   if (!rloss || !raux || !rimb ||
-      gpt_reference_train_moe(&c, data, len, steps, &ref, rloss, raux, rimb, &g1) || !g1) {
-    fprintf(stderr, "gpt: reference failed\n");
-    return 1;
-  }
+      gpt_reference_train_moe(&c, data, len, steps, &ref, rloss, raux, rimb, &g1) || !g1)
+    return fprintf(stderr, "gpt: reference failed\n"), 1;
   double t1 = now();
   gpt_par_result res;
   gpt_par_opts po = {sp, shard, mpi, nccl, 0};
-  if (gpt_parallel_train_opts(&c, data, len, mesh, &po, steps, &ref, g1, &res)) {
-    fprintf(stderr, "gpt: %s\n", res.error);
-    return 1;
-  }
+  if (gpt_parallel_train_opts(&c, data, len, mesh, &po, steps, &ref, g1, &res))
+    return fprintf(stderr, "gpt: %s\n", res.error), 1;
   double t2 = now();
-  if (!res.root) {
-    gpt_par_result_free(&res);
-    for (int id = 0; id < ref.nt; id++) free(g1[id]);
-    free(g1);
-    gpt_model_free(&ref);
-    free(rloss);
-    free(raux);
-    free(rimb);
-    free(data);
-    return 0;
-  }
+  int pass = 1; /* only the root reports (--mpi) */
+  if (!res.root) goto out;
   /* With MoE: the aux loss (part of the loss) and the tokens-per-expert
    * imbalance (max / mean over experts, worst MoE layer) of each step,
    * next to the reference's.  The aux loss is compared on its own too: it
@@ -360,20 +340,17 @@ int main(int argc, char **argv) {
     printf("exposed communication: %.1f %% of a step on the most exposed rank (blocking "
            "collectives, p2p incl. pipeline bubbles, the sync's waits)\n",
            100.0 * res.comm_frac);
-  int pass = max_loss_err <= tol && max_grad_err <= tol && max_param_err <= ptol &&
+  pass = max_loss_err <= tol && max_grad_err <= tol && max_param_err <= ptol &&
              max_aux_err <= tol;
   printf("%s\n", pass ? "PASS" : "FAIL");
   if (svg) {
     write_svg(svg, res.loss, rloss, steps, ent);
     printf("wrote %s\n", svg);
   }
+out:
   gpt_par_result_free(&res);
   for (int id = 0; id < ref.nt; id++) free(g1[id]);
-  free(g1);
+  free(g1), free(rloss), free(raux), free(rimb), free(data);
   gpt_model_free(&ref);
-  free(rloss);
-  free(raux);
-  free(rimb);
-  free(data);
   return pass ? 0 : 1;
 }

@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "meshpg.h"
+#include "../support/mesh_util.h"
 
 /* ------------------------------------------------------------------ */
 /* Checks                                                              */
@@ -78,18 +79,10 @@ static char fails[8][1024];
   } while (0)
 
 
-static mpg_mesh *make_mesh(const char *dims) {
-  mpg_spec sp = MPG_SPEC_INIT;
-  cr_assert_eq(mpg_spec_set_mesh(&sp, dims), MPG_OK, "%s", mpg_last_error());
-  mpg_mesh *m = NULL;
-  cr_assert_eq(mpg_mesh_create(&sp, 0, &m), MPG_OK, "%s", mpg_last_error());
-  return m;
-}
-
 /* Run `fn` (its arg: the mesh) on the ranks of mesh `dims` as threads and
  * assert that every one passed. */
 static void run_ranks(const char *dims, mpg_rank_main fn) {
-  mpg_mesh *m = make_mesh(dims);
+  mpg_mesh *m = make_dims_mesh(dims);
   int n = mpg_mesh_world_size(m);
   memset(fails, 0, sizeof fails);
   mpg_status st[8];
@@ -240,7 +233,7 @@ Test(api, mesh_functions) {
   cr_expect_eq(mpg_mesh_num_dimsets(NULL), 0);
   cr_expect_eq(mpg_mesh_expert_ndims(NULL), 0);
 
-  m = make_mesh("dp=2,tp=2");
+  m = make_dims_mesh("dp=2,tp=2");
   const char *name;
   int size, set, dims[MPG_MAX_DIMS], nd, coord[2] = {0, 0}, rank, gi, pos, gs;
   EXPECT(mpg_mesh_dim(NULL, 0, &name, &size), MPG_ERR_INVALID, "mesh is NULL");
@@ -402,7 +395,7 @@ Test(api, topo_functions) {
 Test(api, placement_functions) {
   mpg_placement_opts po = MPG_PLACEMENT_OPTS_INIT, pbad;
   memset(&pbad, 0, sizeof pbad);
-  mpg_mesh *m = make_mesh("dp=2,tp=2");
+  mpg_mesh *m = make_dims_mesh("dp=2,tp=2");
   mpg_placement *p = (mpg_placement *)1;
   EXPECT(mpg_placement_create(NULL, &po, &p), MPG_ERR_INVALID, "NULL");
   cr_expect_null(p);
@@ -470,7 +463,7 @@ Test(api, launch_and_thread_run) {
 }
 
 Test(api, ctx_create_misuse) {
-  mpg_mesh *m = make_mesh("dp=2");
+  mpg_mesh *m = make_dims_mesh("dp=2");
   mpg_ctx *c = (mpg_ctx *)1;
   mpg_init_opts io = MPG_INIT_OPTS_INIT, ibad;
   memset(&ibad, 0, sizeof ibad);

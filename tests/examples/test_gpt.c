@@ -175,7 +175,7 @@ Test(gpt, detects_difference) {
  * every process running the reference, rank 0 printing the comparison
  * and PASS.  The pipeline's sends are batched with the next receive, so
  * MPI's blocking sends cannot deadlock. */
-#include "../mpirun_util.h"
+#include "../support/mpirun_util.h"
 
 /* mpirun -np NP gpt --mpi ARGS --steps 5: exit 0, NP processes, PASS. */
 static void mpirun_case(int np, const char *args) {

@@ -488,7 +488,7 @@ Test(gpt_moe, refused_configurations) {
 }
 
 /* ---- real processes ------------------------------------------------------- */
-#include "../mpirun_util.h"
+#include "../support/mpirun_util.h"
 
 /* mpirun -np 8 gpt --mpi ARGS --steps 4: exit 0, 8 processes, PASS, the
  * MoE lines. */

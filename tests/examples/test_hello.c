@@ -4,7 +4,7 @@
  * exits with 2. */
 #include <string.h>
 
-#include "../mpirun_util.h"
+#include "../support/mpirun_util.h"
 
 Test(hello, no_launcher_says_how_to_start) {
   char cmd[4096];

@@ -76,7 +76,7 @@
 #include <unistd.h>
 
 #include "meshpg.h"
-#include "../time_bound.h"
+#include "../support/time_bound.h"
 #include "fault_alloc.h"
 
 #ifdef FP_ON_DOUBLE

@@ -38,7 +38,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 
-#include "../mpirun_util.h"
+#include "../support/mpirun_util.h"
 #include "fault_props.h"
 
 #ifdef FP_ON_DOUBLE

@@ -13,8 +13,8 @@
  * subtracted. */
 #include <string.h>
 
-#include "../mpirun_util.h"
-#include "../time_bound.h"
+#include "../support/mpirun_util.h"
+#include "../support/time_bound.h"
 #include "fault_scenarios.h"
 
 #define TIMEOUT_S 1.0
@@ -113,10 +113,10 @@ static thread_job *thread_run(fault_kind kind, int variant) {
   thread_job *job = calloc(1, sizeof *job);
   cr_assert_not_null(job);
   job->cfg = (fault_cfg){kind, variant, MAX_RANKS, TIMEOUT_S, 0};
-  double t0 = now();
+  double t0 = now_s();
   mpg_status st = mpg_thread_run(MAX_RANKS, TIMEOUT_S, thread_main, job, NULL);
   cr_assert_eq(st, MPG_OK, "mpg_thread_run -> %s: %s", mpg_status_name(st), mpg_last_error());
-  cr_log_info("thread %s: all ranks done after %.3f s", fault_names[kind], now() - t0);
+  cr_log_info("thread %s: all ranks done after %.3f s", fault_names[kind], now_s() - t0);
   return job;
 }
 

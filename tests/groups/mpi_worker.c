@@ -69,7 +69,8 @@
 #include <mpi.h>
 
 #include "internal.h" /* MPG__OP_PREMUL_SUM */
-#include "../time_bound.h"
+#include "../support/clock.h"
+#include "../support/time_bound.h"
 
 static const char *g_mode = "?";
 static int g_rank = -1;
@@ -102,11 +103,6 @@ static double test_timeout(void) {
   return t > 0 ? t : 1.0;
 }
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------------ */
 /* Element access (values are chosen to be exact in every dtype)       */
@@ -285,8 +281,8 @@ static void test_async(const grp *G) {
   }
   /* Poll the first with mpg_work_test until done. */
   int done = 0;
-  double t0 = now();
-  while (!done && now() - t0 < 30) {
+  double t0 = now_s();
+  while (!done && now_s() - t0 < 30) {
     mpg_status st = mpg_work_test(w[0], &done);
     if (st) {
       FAIL("group %s: mpg_work_test -> %s: %s", G->name, mpg_status_name(st),
@@ -543,7 +539,7 @@ static int setup(int world, double timeout_s, int lazy, mpg_mesh **mesh,
 static int run_collectives(int world) {
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
-  double t0 = now();
+  double t0 = now_s();
   mpg_status st = MPG_OK;
   if (setup(world, 60, 0, &mesh, &ctx)) return 1;
   if (mpg_ctx_rank(ctx) != g_rank || mpg_ctx_world_size(ctx) != world ||
@@ -573,7 +569,7 @@ static int run_collectives(int world) {
     CHECK(mpg_barrier(G.g, NULL));
   }
   if (world == 8) test_design(ctx, mesh);
-  double t1 = now();
+  double t1 = now_s();
   CHECK(mpg_ctx_destroy(ctx));
   mpg_mesh_destroy(mesh);
   if (failed()) return 1;
@@ -605,9 +601,9 @@ static int run_timeout(int world) {
   for (int i = 0; i < NOB; i++) ob[i] = 1.0f;
   int late = g_rank == world - 1;
   if (!late) {
-    double t0 = now();
+    double t0 = now_s();
     st = mpg_all_reduce(wg, ob, ob, NOB, MPG_F32, MPG_OP_SUM, NULL, NULL);
-    double dt = now() - t0;
+    double dt = now_s() - t0;
     if (st != MPG_ERR_TIMEOUT)
       FAIL("all_reduce without rank %d returned %s, expected ERR_TIMEOUT: %s",
            world - 1, mpg_status_name(st), mpg_last_error());
@@ -617,7 +613,7 @@ static int run_timeout(int world) {
     else
       printf("rank %d: ERR_TIMEOUT after %.3f s: %s\n", g_rank, dt, mpg_last_error());
     /* The context is aborted now: every group refuses work at once. */
-    t0 = now();
+    t0 = now_s();
     st = mpg_all_reduce(dp, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
     if (st != MPG_ERR_ABORTED)
       FAIL("all_reduce on dp after the timeout returned %s, expected ERR_ABORTED",
@@ -626,22 +622,22 @@ static int run_timeout(int world) {
     if (st != MPG_ERR_ABORTED)
       FAIL("barrier on world after the timeout returned %s, expected ERR_ABORTED",
            mpg_status_name(st));
-    if (now() - t0 > tb_bound(0.5, world))
-      FAIL("calls after the abort took %.3f s", now() - t0);
+    if (now_s() - t0 > tb_bound(0.5, world))
+      FAIL("calls after the abort took %.3f s", now_s() - t0);
     CHECK(mpg_ctx_mem_free(ctx, ob)); /* still in use by MPI: deferred */
   } else {
     /* Arrive long after the others gave up, then post the op they waited
      * for.  It may complete (their abandoned requests still progress
      * while they are inside MPI) or time out: both are fine, a hang is
      * not. */
-    double until = now() + timeout + 1.5;
-    while (now() < until) {
+    double until = now_s() + timeout + 1.5;
+    while (now_s() < until) {
       struct timespec ts = {0, 50000000L};
       nanosleep(&ts, NULL);
     }
-    double t0 = now();
+    double t0 = now_s();
     st = mpg_all_reduce(wg, ob, ob, NOB, MPG_F32, MPG_OP_SUM, NULL, NULL);
-    double dt = now() - t0;
+    double dt = now_s() - t0;
     CHECK(mpg_ctx_mem_free(ctx, ob));
     if (st != MPG_OK && st != MPG_ERR_TIMEOUT)
       FAIL("late all_reduce returned %s: %s", mpg_status_name(st), mpg_last_error());
@@ -651,9 +647,9 @@ static int run_timeout(int world) {
       printf("rank %d (late): all_reduce -> %s after %.3f s\n", g_rank,
              mpg_status_name(st), dt);
   }
-  double t0 = now();
+  double t0 = now_s();
   st = mpg_ctx_destroy(ctx);
-  double dt = now() - t0;
+  double dt = now_s() - t0;
   if (st) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
   if (!late && dt > tb_bound(0.5, world))
     FAIL("mpg_ctx_destroy after the abort took %.3f s", dt);
@@ -695,8 +691,8 @@ static int run_progress(int world) {
     for (size_t i = 0; i < N; i++) bufs[b][i] = (float)(g_rank + 1) * (float)(i % 7);
     CHECK(mpg_all_reduce(wg, bufs[b], bufs[b], N, MPG_F32, MPG_OP_AVG, NULL, &w[b]));
   }
-  double until = now() + 2.0;
-  while (now() < until) {
+  double until = now_s() + 2.0;
+  while (now_s() < until) {
     struct timespec ts = {0, 20000000L};
     nanosleep(&ts, NULL);
   }
@@ -758,9 +754,9 @@ static int run_idle_cpu(int world) {
     struct timespec ts = {3, 0};
     nanosleep(&ts, NULL);
   }
-  double t0 = now(), c0 = cpu_seconds();
+  double t0 = now_s(), c0 = cpu_seconds();
   CHECK(mpg_all_reduce(wg, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL));
-  double dt = now() - t0, cpu = cpu_seconds() - c0;
+  double dt = now_s() - t0, cpu = cpu_seconds() - c0;
   if (y != (float)world) FAIL("all_reduce gave %g, expected %d", y, world);
   if (!late && dt < 2.5) FAIL("the wait took only %.2f s: the late rank was not late", dt);
   if (!late && cpu > 1.0)
@@ -798,16 +794,16 @@ static int run_split_timeout(int world) {
   if (setup(world, timeout, 1, &mesh, &ctx)) return 1;
   int late = g_rank == world - 1;
   if (late) {
-    double until = now() + timeout + 1.5;
-    while (now() < until) {
+    double until = now_s() + timeout + 1.5;
+    while (now_s() < until) {
       struct timespec ts = {0, 50000000L};
       nanosleep(&ts, NULL);
     }
   }
   mpg_group *dp = NULL;
-  double t0 = now();
+  double t0 = now_s();
   st = mpg_ctx_group(ctx, "dp", &dp);
-  double dt = now() - t0;
+  double dt = now_s() - t0;
   if (st != MPG_ERR_TIMEOUT)
     FAIL("%screating the dp group returned %s, expected ERR_TIMEOUT: %s",
          late ? "late rank: " : "", mpg_status_name(st), mpg_last_error());
@@ -824,9 +820,9 @@ static int run_split_timeout(int world) {
   if (st != MPG_ERR_ABORTED)
     FAIL("all_reduce on world after the timeout returned %s, expected ERR_ABORTED",
          mpg_status_name(st));
-  t0 = now();
+  t0 = now_s();
   st = mpg_ctx_destroy(ctx);
-  dt = now() - t0;
+  dt = now_s() - t0;
   if (st) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
   if (dt > tb_bound(0.5, world)) FAIL("mpg_ctx_destroy after the abort took %.3f s", dt);
   mpg_mesh_destroy(mesh);
@@ -933,7 +929,7 @@ static void p2p_ring(mpg_group *g, const int *members, size_t n, int async) {
                        {MPG_P2P_SEND, prev, tp, n, MPG_I32},
                        {MPG_P2P_RECV, prev, fp, n, MPG_I32},
                        {MPG_P2P_RECV, next, fn, n, MPG_I32}};
-  double t0 = now();
+  double t0 = now_s();
   if (async) {
     mpg_work *w = NULL;
     CHECK(mpg_p2p_batch(g, ops, 4, NULL, &w));
@@ -943,7 +939,7 @@ static void p2p_ring(mpg_group *g, const int *members, size_t n, int async) {
   } else {
     CHECK(mpg_p2p_batch(g, ops, 4, NULL, NULL));
   }
-  double dt = now() - t0;
+  double dt = now_s() - t0;
   char what[96];
   snprintf(what, sizeof what, "ring on %s (%zu bytes, %s): from the previous",
            mpg_group_name(g), n * 4, async ? "work" : "blocking");
@@ -1259,9 +1255,9 @@ static int run_p2p_timeout(int world) {
     int32_t s[4] = {1, 2, 3, 4}, r[4];
     mpg_p2p_op ops[2] = {{MPG_P2P_SEND, world - 1, s, 4, MPG_I32},
                          {MPG_P2P_RECV, world - 1, r, 4, MPG_I32}};
-    double t0 = now();
+    double t0 = now_s();
     mpg_status st = mpg_p2p_batch(wg, ops, 2, NULL, NULL);
-    double dt = now() - t0;
+    double dt = now_s() - t0;
     if (st != MPG_ERR_TIMEOUT)
       FAIL("a batch with an absent peer returned %s, expected ERR_TIMEOUT: %s",
            mpg_status_name(st), mpg_last_error());
@@ -1279,8 +1275,8 @@ static int run_p2p_timeout(int world) {
     if (st != MPG_ERR_ABORTED)
       FAIL("a batch after the timeout returned %s, expected ERR_ABORTED", mpg_status_name(st));
   } else if (g_rank == world - 1) {
-    double until = now() + timeout + 1.5; /* never posts */
-    while (now() < until) {
+    double until = now_s() + timeout + 1.5; /* never posts */
+    while (now_s() < until) {
       struct timespec ts = {0, 50000000L};
       nanosleep(&ts, NULL);
     }
@@ -1312,15 +1308,15 @@ static int run_a2a_timeout(int world) {
   for (size_t i = 0; i < (size_t)world * N; i++) send[i] = (float)i;
   int late = g_rank == world - 1;
   if (late) {
-    double until = now() + timeout + 1.5; /* the others gave up by then */
-    while (now() < until) {
+    double until = now_s() + timeout + 1.5; /* the others gave up by then */
+    while (now_s() < until) {
       struct timespec ts = {0, 50000000L};
       nanosleep(&ts, NULL);
     }
   }
-  double t0 = now();
+  double t0 = now_s();
   mpg_status st = mpg_all_to_all(wg, send, recv, N, MPG_F32, NULL, NULL);
-  double dt = now() - t0;
+  double dt = now_s() - t0;
   memset(send, 0x77, bytes); /* the caller's memory is free again */
   if (!late) {
     if (st != MPG_ERR_TIMEOUT)

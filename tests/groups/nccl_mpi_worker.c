@@ -71,7 +71,7 @@
 #include <unistd.h>
 
 #include "meshpg.h"
-#include "../time_bound.h"
+#include "../support/time_bound.h"
 #ifdef MPG_ON_DOUBLE
 #include "../double/double.h"
 #endif

@@ -12,8 +12,8 @@
 #include <time.h>
 
 #include "meshpg.h"
-#include "../mpirun_util.h"
-#include "../time_bound.h"
+#include "../support/mpirun_util.h"
+#include "../support/time_bound.h"
 #include "agree_cases.h"
 
 /* Far beyond the promise: a rank that waited it out would show. */

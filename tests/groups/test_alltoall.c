@@ -29,8 +29,8 @@
 #include <string.h>
 
 #include "meshpg.h"
-#include "../rank_check.h"
-#include "../time_bound.h"
+#include "../support/rank_check.h"
+#include "../support/time_bound.h"
 
 /* A call that must fail with `want` and a message holding `text`. */
 #define REXPECT(expr, want, text)                                               \

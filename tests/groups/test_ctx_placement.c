@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "meshpg.h"
-#include "../mpirun_util.h"
+#include "../support/mpirun_util.h"
 
 typedef struct job {
   const char *mesh;

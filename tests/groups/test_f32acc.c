@@ -17,7 +17,7 @@
 #include "meshpg.h"
 #include "../../groups/backend.h"         /* mpg__f32_to_half */
 #include "groups_internal.h" /* the f32acc calls */
-#include "../rank_check.h"
+#include "../support/rank_check.h"
 
 static const mpg_dtype dtypes[] = {MPG_F16, MPG_BF16, MPG_F32};
 static const mpg_op ops[] = {MPG_OP_SUM, MPG_OP_AVG, MPG_OP_MAX, MPG_OP_MIN,

@@ -14,7 +14,7 @@
 
 #include "meshpg.h"
 #include "../../groups/backend.h" /* mpg__f32_to_half */
-#include "../rank_check.h"
+#include "../support/rank_check.h"
 
 typedef struct {
   const char *mesh;

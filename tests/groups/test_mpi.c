@@ -4,7 +4,7 @@
  * meshpg leaks nothing.  MESHPG_MPI_WORKER is set by meson. */
 #include <string.h>
 
-#include "../mpirun_util.h"
+#include "../support/mpirun_util.h"
 
 static const char *worker(void) { return env_program("MESHPG_MPI_WORKER"); }
 
@@ -90,20 +90,20 @@ Test(mpi, window_env_is_validated, .timeout = 120) {
 }
 
 Test(mpi, timeout_aborts_and_exits_cleanly, .timeout = 120) {
-  double t0 = now();
+  double t0 = now_s();
   run_worker(4, "", "", "timeout", 100);
   /* Each waiter checked its own timeout bound; the whole job, start-up
    * included, must not hang either. */
-  cr_assert_lt(now() - t0, 60.0, "the timeout job took %.1f s\n%s", now() - t0, out);
+  cr_assert_lt(now_s() - t0, 60.0, "the timeout job took %.1f s\n%s", now_s() - t0, out);
   cr_assert(strstr(out, "ERR_TIMEOUT after"), "%s", out);
 }
 
 /* The same with the timed-out all-reduce running as ring pieces (8-byte
  * pieces): abandoned point-to-point steps must not hang MPI_Finalize. */
 Test(mpi, timeout_during_a_ring_all_reduce_exits_cleanly, .timeout = 120) {
-  double t0 = now();
+  double t0 = now_s();
   run_worker(4, "-x MESHPG_MPI_PIECE_BYTES=8", "", "timeout", 100);
-  cr_assert_lt(now() - t0, 60.0, "the timeout job took %.1f s\n%s", now() - t0, out);
+  cr_assert_lt(now_s() - t0, 60.0, "the timeout job took %.1f s\n%s", now_s() - t0, out);
   cr_assert(strstr(out, "ERR_TIMEOUT after"), "%s", out);
 }
 
@@ -117,9 +117,9 @@ Test(mpi, p2p_batch_ring_order_and_dtypes, .timeout = 300) {
 /* A batch whose peer never posts: MPG_ERR_TIMEOUT, the context aborted,
  * and everybody exits cleanly. */
 Test(mpi, p2p_batch_absent_peer_times_out, .timeout = 120) {
-  double t0 = now();
+  double t0 = now_s();
   run_worker(2, "", "", "p2p_timeout", 100);
-  cr_assert_lt(now() - t0, 60.0, "the timeout job took %.1f s\n%s", now() - t0, out);
+  cr_assert_lt(now_s() - t0, 60.0, "the timeout job took %.1f s\n%s", now_s() - t0, out);
   cr_assert(strstr(out, "ERR_TIMEOUT after"), "%s", out);
 }
 
@@ -150,9 +150,9 @@ Test(mpi, all_to_all_count_mismatch_fails_the_pair, .timeout = 300) {
 
 /* A member that never arrives: MPG_ERR_TIMEOUT, abort, clean exit. */
 Test(mpi, all_to_all_absent_member_times_out, .timeout = 120) {
-  double t0 = now();
+  double t0 = now_s();
   run_worker(4, "", "", "a2a_timeout", 100);
-  cr_assert_lt(now() - t0, 60.0, "the timeout job took %.1f s\n%s", now() - t0, out);
+  cr_assert_lt(now_s() - t0, 60.0, "the timeout job took %.1f s\n%s", now_s() - t0, out);
   cr_assert(strstr(out, "ERR_TIMEOUT after"), "%s", out);
 }
 

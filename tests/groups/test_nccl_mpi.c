@@ -24,7 +24,7 @@
 
 #include <string.h>
 
-#include "../mpirun_util.h"
+#include "../support/mpirun_util.h"
 
 /* The timeout of the fault jobs: MESHPG_NCCL_MPI_TIMEOUT_S, default 10 s
  * (it also bounds context creation: CUDA's and NCCL's start on a GPU). */

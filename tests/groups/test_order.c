@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../mpirun_util.h"
-#include "../rank_check.h"
+#include "../support/mpirun_util.h"
+#include "../support/rank_check.h"
 #include "order_cases.h"
 
 typedef struct oarg {

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "../../groups/rendezvous.h"
+#include "../support/clock.h"
 #include "meshpg.h"
 
 extern char **environ;
@@ -29,11 +30,6 @@ double mpg__now(void);
 #define MAX_RANKS 12
 #define MAX_BYTES 4096
 
-static void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  while (nanosleep(&ts, &ts) != 0) {
-  }
-}
 
 /* A port for case i of this process, away from the ephemeral range. */
 static int port_for(int i) { return 20000 + (int)((getpid() * 37 + i * 101) % 12000); }

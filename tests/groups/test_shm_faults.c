@@ -45,7 +45,7 @@
 
 #include "meshpg.h"
 #include "shm_internal.h" /* mpg__shm_seams, struct mpg_work */
-#include "../rank_check.h"
+#include "../support/rank_check.h"
 
 #define WORLD 2
 #define MAX_STEPS 8

@@ -38,7 +38,7 @@
 
 #include "meshpg.h"
 #include "groups_internal.h" /* f32acc, host all-gather */
-#include "../rank_check.h"
+#include "../support/rank_check.h"
 
 #define TIMEOUT_S 60.0 /* the contexts' timeout: far beyond any wait here */
 #define HOLD_S 30.0    /* how long a rank waits for the forced overlap */
@@ -59,20 +59,12 @@ static mpg_status expect_busy(mpg_status st, const char *fn, int rank) {
   return MPG_OK;
 }
 
-/* Some rank or thread recorded a failure already. */
-static int failed_already(void) {
-  pthread_mutex_lock(&fail_mu);
-  int failed = fail_msg[0] != '\0';
-  pthread_mutex_unlock(&fail_mu);
-  return failed;
-}
-
 /* Wait (polling) until *flag is set; fail after HOLD_S, or at once when
  * another thread failed (it will not be set then). */
 static mpg_status wait_flag(atomic_int *flag, const char *what) {
   double until = now_s() + HOLD_S;
   while (!atomic_load(flag)) {
-    RCHECK(now_s() < until && !failed_already(), "%s did not happen (within %.0f s)", what,
+    RCHECK(now_s() < until && !rank_failed(), "%s did not happen (within %.0f s)", what,
            HOLD_S);
     sleep_s(0.001);
   }

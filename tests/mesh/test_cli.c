@@ -2,7 +2,7 @@
  * and its exit codes (0 ok, 1 invalid spec, 2 usage). */
 #include <string.h>
 
-#include "../run_util.h"
+#include "../support/run_util.h"
 
 Test(cli, plan_json_matches_the_design_example) {
   cr_assert_eq(cli("plan --mesh dp=2,tp=2,cp=2 --flatten dp_cp=dp,cp --json"), 0, "%s", out);

@@ -28,13 +28,9 @@
 #include <time.h>
 
 #include "shard_check.h"
-#include "../time_bound.h"
+#include "../support/clock.h"
+#include "../support/time_bound.h"
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int run_scenarios(int argc, char **argv, int rank, int world) {
   int failures = 0, ran = 0;
@@ -54,7 +50,7 @@ static int run_scenarios(int argc, char **argv, int rank, int world) {
     mpg_init_opts opts = MPG_INIT_OPTS_INIT;
     opts.backend.name = MPG_BACKEND_MPI;
     opts.backend.timeout_s = 60;
-    double t0 = now();
+    double t0 = now_s();
     mpg_status st = sc_run(&opts, sc, out);
     ran++;
     if (st != MPG_OK) {
@@ -63,7 +59,7 @@ static int run_scenarios(int argc, char **argv, int rank, int world) {
       failures++;
     } else if (rank == 0) {
       printf("scenario %s: %d buckets in %d buffers, %.2f s\n", name, out->nbuckets,
-             out->nbuffers, now() - t0);
+             out->nbuffers, now_s() - t0);
     }
     fflush(stdout);
   }
@@ -92,7 +88,7 @@ static int run_shard(int rank, int world) {
     mpg_init_opts opts = MPG_INIT_OPTS_INIT;
     opts.backend.name = MPG_BACKEND_MPI;
     opts.backend.timeout_s = 60;
-    double t0 = now();
+    double t0 = now_s();
     mpg_status st = shc_run(&opts, c, out);
     ran++;
     if (st != MPG_OK) {
@@ -102,7 +98,7 @@ static int run_shard(int rank, int world) {
       failures++;
     } else if (rank == 0) {
       printf("shard case %s (mesh %s, shard \"%s\", replicate \"%s\"): %d buckets, %.2f s\n",
-             c->name, c->mesh, c->shard_dims, c->replicate_dims, out->nbuckets, now() - t0);
+             c->name, c->mesh, c->shard_dims, c->replicate_dims, out->nbuckets, now_s() - t0);
     }
     fflush(stdout);
   }
@@ -171,9 +167,9 @@ static int run_timeout(int rank, int world) {
     s = NULL;
   } else {
     T_TRY(mpg_sync_mark_ready(s, 0));
-    double t0 = now();
+    double t0 = now_s();
     mpg_status st = mpg_sync_finish(s);
-    double dt = now() - t0;
+    double dt = now_s() - t0;
     if (st != MPG_ERR_TIMEOUT && st != MPG_ERR_ABORTED)
       T_FAIL("finish -> %s, expected a timeout: %s", mpg_status_name(st), mpg_last_error());
     if (!strstr(mpg_last_error(), "sync step 1: bucket"))

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "meshpg.h"
+#include "../support/mesh_util.h"
 
 #if defined(__GNUC__)
 #define SC_UNUSED __attribute__((unused))
@@ -285,30 +286,7 @@ static SC_UNUSED unsigned sc_rand(unsigned *s) {
 
 /* A mesh from the scenario's mesh and flatten strings. */
 static SC_UNUSED mpg_status sc_make_mesh(const scenario *sc, mpg_mesh **mesh) {
-  *mesh = NULL;
-  mpg_spec *spec = malloc(sizeof *spec);
-  if (!spec) return MPG_ERR_NOMEM;
-  *spec = (mpg_spec)MPG_SPEC_INIT;
-  mpg_status st = mpg_spec_init(spec);
-  if (!st) st = mpg_spec_set_mesh(spec, sc->mesh);
-  if (!st && sc->flatten) {
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", sc->flatten);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ";", &save); tok && !st; tok = strtok_r(NULL, ";", &save)) {
-      char *eq = strchr(tok, '=');
-      if (!eq) {
-        st = MPG_ERR_SPEC;
-        break;
-      }
-      *eq = '\0';
-      st = mpg_spec_add_flatten(spec, tok, eq + 1);
-    }
-  }
-  if (!st) st = mpg_spec_validate(spec);
-  if (!st) st = mpg_mesh_create(spec, 0, mesh);
-  free(spec);
-  return st;
+  return mesh_build(sc->mesh, sc->flatten, 0, mesh);
 }
 
 /* Run `sc` as one rank.  opts come from mpg_thread_run or from

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "shard_check.h"
+#include "../support/mesh_util.h"
 
 typedef struct sarg {
   const shard_case *c;
@@ -171,17 +172,8 @@ typedef struct api_arg {
   } while (0)
 
 static mpg_mesh *api_mesh(const char *dims, const char *flatten) {
-  mpg_spec spec = MPG_SPEC_INIT;
   mpg_mesh *m = NULL;
-  if (mpg_spec_set_mesh(&spec, dims) != MPG_OK) return NULL;
-  if (flatten) {
-    char name[32];
-    const char *eq = strchr(flatten, '=');
-    snprintf(name, sizeof name, "%.*s", (int)(eq - flatten), flatten);
-    if (mpg_spec_add_flatten(&spec, name, eq + 1) != MPG_OK) return NULL;
-  }
-  if (mpg_mesh_create(&spec, 0, &m) != MPG_OK) return NULL;
-  return m;
+  return mesh_build(dims, flatten, 0, &m) == MPG_OK ? m : NULL;
 }
 
 static mpg_mesh *g_api_mesh;

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../run_util.h"
+#include "../support/run_util.h"
 
 /* The run passes and says so for all `world` ranks. */
 static void expect_pass(const char *args, int world) {

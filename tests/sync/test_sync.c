@@ -10,7 +10,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../time_bound.h"
+#include "../support/time_bound.h"
+#include "../support/clock.h"
 #include "sync_scenarios.h"
 
 /* ------------------------------------------------------------------ */
@@ -240,16 +241,7 @@ static int has_text(const char *msg, const char *needle) {
     if (!(cond)) H_FAIL(__VA_ARGS__);                                          \
   } while (0)
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
-static void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  nanosleep(&ts, NULL);
-}
 
 static mpg_status hand_ctx(hand *h, const mpg_init_opts *opts, mpg_mesh **mesh,
                            mpg_ctx **ctx) {

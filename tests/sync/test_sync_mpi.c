@@ -5,7 +5,7 @@
  * (under valgrind) checks that the sync module leaks nothing. */
 #include <string.h>
 
-#include "../mpirun_util.h"
+#include "../support/mpirun_util.h"
 
 static const char *worker(void) { return env_program("MESHPG_SYNC_MPI_WORKER"); }
 
@@ -51,9 +51,9 @@ Test(sync_mpi, shard_8_ranks, .timeout = 400) {
 }
 
 Test(sync_mpi, timeout_invalidates_the_step, .timeout = 120) {
-  double t0 = now();
+  double t0 = now_s();
   run_worker(4, "", "timeout", 100);
-  cr_assert_lt(now() - t0, 60.0, "the timeout job took %.1f s\n%s", now() - t0, out);
+  cr_assert_lt(now_s() - t0, 60.0, "the timeout job took %.1f s\n%s", now_s() - t0, out);
   cr_assert(strstr(out, "after"), "%s", out);
 }
 

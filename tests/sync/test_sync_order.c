@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "../groups/order_cases.h"
-#include "../rank_check.h"
+#include "../support/rank_check.h"
 #include "sync_scenarios.h"
 
 typedef struct sarg {

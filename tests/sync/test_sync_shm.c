@@ -49,11 +49,13 @@
 #ifdef SHM_TEST_MPI
 #include <dirent.h>
 
-#include "../mpirun_util.h"
+#include "../support/mpirun_util.h"
 #else
-#include "../time_bound.h"
+#include "../support/time_bound.h"
 #include "shard_check.h"
 #endif
+#include "../support/clock.h"
+#include "../support/mesh_util.h"
 
 #ifndef SHM_TEST_MPI
 
@@ -78,11 +80,6 @@ static double gen(unsigned seed, int rank, int p, int step, int mb, size_t i) {
   return ((double)(h >> 11) * 0x1p-53 - 0.5) * 6.0;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* vsnprintf through a helper (GCC's -Wformat-truncation would flag the
  * intended truncation of long messages). */
@@ -94,18 +91,6 @@ __attribute__((format(printf, 3, 4))) static void put_msg(char *buf, size_t size
   va_end(ap);
 }
 
-/* A mesh from "dp=2,cp=2" and "dp_cp=dp,cp" (flatten may be NULL).  The
- * scenario (large) lives on the heap: rank threads have small stacks. */
-static mpg_status make_mesh(const char *dims, const char *flatten, mpg_mesh **mesh) {
-  *mesh = NULL;
-  scenario *sc = calloc(1, sizeof *sc);
-  if (!sc) return MPG_ERR_NOMEM;
-  sc->mesh = dims;
-  sc->flatten = flatten && flatten[0] ? flatten : NULL;
-  mpg_status st = sc_make_mesh(sc, mesh);
-  free(sc);
-  return st;
-}
 
 /* ------------------------------------------------------------------ */
 /* Cases                                                               */
@@ -470,7 +455,7 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
   int nmembers[PC_MAX_PARAMS], checked[PC_MAX_PARAMS];
   P_CHECK(mi, "out of memory");
 
-  P_TRY(make_mesh(c->mesh, c->flatten, &mesh));
+  P_TRY(mesh_build(c->mesh, c->flatten, 0, &mesh));
   mpg_init_opts copts = *opts;
   copts.host_id = host_of(c, rank);
   P_TRY(mpg_ctx_create(mesh, &copts, &ctx));
@@ -1017,7 +1002,7 @@ static mpg_status env_rank(const mpg_init_opts *opts, void *arg) {
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
   mpg_sync *s = NULL;
-  mpg_status st = make_mesh(j->mesh, j->flatten, &mesh);
+  mpg_status st = mesh_build(j->mesh, j->flatten, 0, &mesh);
   if (!st && (st = mpg_ctx_create(mesh, opts, &ctx))) {
     /* MESHPG_SHM is read, by the rule of every variable, at create. */
     j->commit[r] = st;
@@ -1134,7 +1119,7 @@ static mpg_status stall_rank(const mpg_init_opts *opts, void *arg) {
   const char *where = "mesh";
   j->finish[r] = MPG_ERR_INVALID;
   j->valid[r] = -1;
-  mpg_status st = make_mesh("dp=2,cp=2", "dp_cp=dp,cp", &mesh);
+  mpg_status st = mesh_build("dp=2,cp=2", "dp_cp=dp,cp", 0, &mesh);
   mpg_init_opts o = *opts;
   if (j->hosts) o.host_id = r < 2 ? "hostA" : "hostB";
   if (!st) where = "ctx_create", st = mpg_ctx_create(mesh, &o, &ctx);

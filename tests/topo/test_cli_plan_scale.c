@@ -7,7 +7,7 @@
  * numbering, inner dims innermost) and matched the quadratic version. */
 #include <string.h>
 
-#include "../run_util.h"
+#include "../support/run_util.h"
 
 /* `meshpg plan ARGS`, which must succeed. */
 static void plan(const char *args) {

@@ -4,7 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../run_util.h"
+#include "../support/run_util.h"
 
 /* `meshpg ARGS` (run_util.h's cli()), also checking that `topo` is
  * dispatched at all. */

@@ -1,5 +1,6 @@
 /* Helpers of the Criterion suites that start real mpirun jobs
- * (tests/groups/test_mpi.c, tests/sync/test_sync_mpi.c). */
+ * (tests/groups/test_mpi.c, tests/sync/test_sync_mpi.c and the other
+ * suites with an MPI worker).  Header only: the command prefix. */
 #ifndef MPG_TESTS_MPIRUN_UTIL_H
 #define MPG_TESTS_MPIRUN_UTIL_H
 

@@ -1,4 +1,4 @@
-/* Rank-side failure reporting of the thread-backend suites
+/* Rank-side failure reporting (tests/support/rank_check.c) of the thread-backend suites
  * (tests/groups/test_thread.c, test_p2p.c, test_inplace.c; test_order.c and
  * tests/sync/test_sync_order.c use rank_failures only).
  *
@@ -24,46 +24,25 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "clock.h"
 #include "meshpg.h"
+#include "mesh_util.h"
 
-#if defined(__GNUC__)
-#define RANK_CHECK_UNUSED __attribute__((unused))
-#else
-#define RANK_CHECK_UNUSED
-#endif
-
-static RANK_CHECK_UNUSED pthread_mutex_t fail_mu = PTHREAD_MUTEX_INITIALIZER;
-static RANK_CHECK_UNUSED char fail_msg[2048];
-static RANK_CHECK_UNUSED _Thread_local int tl_rank = -1;
-static RANK_CHECK_UNUSED _Thread_local mpg_ctx *tl_ctx;
+/* The first failure of the run ("" until one), and the rank function's
+ * rank and context (see above). */
+extern char fail_msg[2048];
+extern _Thread_local int tl_rank;
+extern _Thread_local mpg_ctx *tl_ctx;
 
 /* Record the first failure of the run (on rank tl_rank, at file:line) and
  * abort tl_ctx; returns MPG_ERR_STATE for the rank function to return. */
-static inline mpg_status rank_fail(const char *file, int line, const char *fmt, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  pthread_mutex_lock(&fail_mu);
-  if (!fail_msg[0])
-    snprintf(fail_msg, sizeof fail_msg, "rank %d at %s:%d: %s", tl_rank, file, line, buf);
-  pthread_mutex_unlock(&fail_mu);
-  if (tl_ctx) mpg_ctx_abort(tl_ctx); /* peers stop waiting for us */
-  return MPG_ERR_STATE;
-}
+mpg_status rank_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Some rank or thread recorded a failure already (fail_msg is set). */
+int rank_failed(void);
 
 /* In a rank function: fail (and return) unless cond holds. */
-/* A mesh from "dp=2,tp=2" (sizes may be -1), over the world it implies. */
-static inline mpg_mesh *make_dims_mesh(const char *dims) {
-  mpg_spec spec = MPG_SPEC_INIT;
-  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
-  cr_assert_eq(mpg_spec_set_mesh(&spec, dims), MPG_OK, "%s", mpg_last_error());
-  mpg_mesh *m = NULL;
-  cr_assert_eq(mpg_mesh_create(&spec, 0, &m), MPG_OK, "mesh %s: %s", dims, mpg_last_error());
-  return m;
-}
-
 #define RCHECK(cond, ...)                                            \
   do {                                                               \
     if (!(cond)) return rank_fail(__FILE__, __LINE__, __VA_ARGS__);  \
@@ -80,14 +59,8 @@ static inline mpg_mesh *make_dims_mesh(const char *dims) {
 /* The start of a rank function: sets tl_rank, creates the rank's context
  * on `mesh` (*ctx, then tl_ctx) and, when group is not NULL, looks up that
  * group (*g).  MPG_OK, or rank_fail's status for the caller to return. */
-static inline mpg_status rank_open(const mpg_init_opts *opts, const mpg_mesh *mesh,
-                                   mpg_ctx **ctx, const char *group, mpg_group **g) {
-  tl_rank = opts->rank;
-  RCALL(mpg_ctx_create(mesh, opts, ctx));
-  tl_ctx = *ctx;
-  if (group) RCALL(mpg_ctx_group(*ctx, group, g));
-  return MPG_OK;
-}
+mpg_status rank_open(const mpg_init_opts *opts, const mpg_mesh *mesh, mpg_ctx **ctx,
+                     const char *group, mpg_group **g);
 
 /* On the test thread: assert that a thread run succeeded, showing the
  * first rank failure. */
@@ -103,27 +76,7 @@ static inline mpg_status rank_open(const mpg_init_opts *opts, const mpg_mesh *me
  * the size of one), or the member's place in an array of structs
  * ((const char *)arr + offsetof(type, msg), stride sizeof arr[0]).
  * Returns all. */
-static inline const char *rank_failures(char *all, size_t cap, int world, const mpg_status *st,
-                                        const void *msgs, size_t stride) {
-  size_t n = 0;
-  all[0] = '\0';
-  for (int r = 0; r < world; r++)
-    if (st[r] != MPG_OK && n < cap)
-      n += (size_t)snprintf(all + n, cap - n, "\n  rank %d: %s: %s", r, mpg_status_name(st[r]),
-                            (const char *)msgs + (size_t)r * stride);
-  return all;
-}
-
-/* Seconds on the monotonic clock; a sleep of s seconds. */
-static inline double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static inline void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  nanosleep(&ts, NULL);
-}
+const char *rank_failures(char *all, size_t cap, int world, const mpg_status *st,
+                          const void *msgs, size_t stride);
 
 #endif
