@@ -218,7 +218,7 @@ mpg_status mpg__nccl_wait(mpg__req *q, double deadline);
 void mpg__nccl_req_free(mpg__req *q);
 
 /* local.c's f32 scale kernel, loaded on first use (the CUDA/NCCL test
- * double's tests launch it by hand: tests/double/test_cuda_double.c). */
+ * double's tests launch it by hand: tests/double/test_cuda_double_twins.c). */
 cudaError_t mpg__nccl_scale_kernel_f32(cudaKernel_t *out);
 
 /* local.c */
@@ -226,7 +226,7 @@ mpg_status mpg__nccl_local(mpg__comm *world, const mpg__coll *k);
 /* dst[i] = src[i] * scale on stream s (current device), the arithmetic in
  * f32 for f16/bf16 (f64 for f64), rounded once to nearest even; dst may
  * be src.  Floating dtypes only (MPG_ERR_INVALID otherwise).  A size-1
- * group's scaled sum (mpg__nccl_local); tests/double/test_cuda_double.c
+ * group's scaled sum (mpg__nccl_local); tests/double/test_cuda_double_twins.c
  * drives the kernels' twins through it.  (A scaled f16/bf16 sum of a
  * larger group goes through widen.c, not here.) */
 mpg_status mpg__nccl_scale(void *dst, const void *src, size_t count, mpg_dtype dtype,

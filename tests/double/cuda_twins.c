@@ -16,7 +16,7 @@
  * The twins compute what the PTX computes, bit for bit, NaNs included;
  * they were checked against the real kernels on an H100 (CUDA 13), whose
  * outputs for every f16/bf16 pattern and a structured sample of f32/f64
- * patterns are summarised by hashes in tests/double/test_cuda_double.c.
+ * patterns are summarised by hashes in tests/double/test_cuda_double_twins.c.
  * Grid-stride loops cover every i < n whatever the grid, so the twins
  * simply loop over n. */
 #include "double.h"

@@ -1,14 +1,16 @@
 /* The CUDA/NCCL test double: the interface between its two halves.
  *
- *   cuda_double.c  the CUDA runtime functions meshpg calls (simulated
- *                  devices, the device-memory registry, streams as
- *                  executor threads, events, copies, memsets, the PTX
- *                  kernels' CPU twins, device-wide waits).
- *   nccl_double.c  the NCCL functions meshpg calls (communicators across
+ *   cuda_double*.c, cuda_twins.c  the CUDA runtime functions meshpg calls
+ *                  (simulated devices, the device-memory registry, streams
+ *                  as executor threads, events, copies, memsets, the PTX
+ *                  kernels' CPU twins, device-wide waits; cuda_double.c
+ *                  lists the files).
+ *   nccl_double*.c the NCCL functions meshpg calls (communicators across
  *                  the threads of one process and across processes through
  *                  shared memory, collectives as stream work that blocks
  *                  until every rank arrives, splits, groups, abort, async
- *                  errors, registration, fault injection).
+ *                  errors, registration, fault injection; nccl_double.c
+ *                  lists the files).
  *
  * Both are compiled against NVIDIA's own cuda_runtime.h and nccl.h, so every
  * signature, type and enum is theirs.  The double lives under tests/ and is
@@ -127,7 +129,7 @@ void dbl_device_describe(int device, char *buf, size_t len);
 
 /* MESHPG_DOUBLE_OOM_RANK=R with MESHPG_DOUBLE_RANK=R (or NCCL rank R when
  * the process has one communicator world): cudaMallocAsync fails with
- * cudaErrorMemoryAllocation on that rank.  Read by cuda_double.c through
+ * cudaErrorMemoryAllocation on that rank.  Read by cuda_double_mem.c through
  * this hook, which nccl_double.c sets to the process's world rank once it
  * knows it. */
 void dbl_set_world_rank(int rank);

@@ -5,7 +5,7 @@
  *  - an abort never completes an operation "successfully".  ncclCommAbort
  *    cuts the kernels short and the stream goes on, so the event recorded
  *    after the collective fires although no data moved (the double models
- *    it, tests/double/nccl_double.c launch_run).  Rank 1 never posts; rank
+ *    it, tests/double/nccl_double_kernel.c launch_run).  Rank 1 never posts; rank
  *    0's context is aborted by a watchdog thread while rank 0 waits, or
  *    before it waits, or during a sync step before mpg_sync_finish; and a
  *    timeout on group A aborts the context while group B's work, posted

@@ -439,7 +439,7 @@ Test(nccl_rules, all_to_all_count_mismatch_fails_every_member_before_data, .time
 /* 4. The double: two threads launching on one device                        */
 /* ------------------------------------------------------------------------ */
 
-/* The double's knob (nccl_double.c): every launch holds its acquired
+/* The double's knob (nccl_double_launch.c): every launch holds its acquired
  * window this long. */
 void dbl_fault_launch_pause(double seconds);
 

@@ -398,7 +398,7 @@ static int run_fault(enum fault_kind kind, int k) {
   }
 #endif
   if (victim && kind == FAULT_OOM) {
-    /* The test double's injection (tests/double/cuda_double.c, read at
+    /* The test double's injection (tests/double/cuda_double_mem.c, read at
      * every cudaMallocAsync): this rank runs out of device memory now. */
     char r[16];
     snprintf(r, sizeof r, "%d", g_rank);
