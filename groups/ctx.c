@@ -172,10 +172,12 @@ static mpg_status bind_rank(mpg_ctx *ctx, const mpg_init_opts *opts,
   if (dev >= 0 && (dev != local || a->local_world_size > mpg_topo_num_gpus(topo)))
     gpu = dev;
   if (ctx->kind == MPG_BACKEND_THREAD)
-    st = mpg_topo_bind_thread(topo, local, a->local_world_size, gpu, opts->topology.bind,
+    st = mpg_topo_bind(topo, local, a->local_world_size, gpu, opts->topology.bind,
+                              MPG_BIND_APPLY_THREAD,
                               &ctx->binding);
   else
     st = mpg_topo_bind(topo, local, a->local_world_size, gpu, opts->topology.bind,
+                       MPG_BIND_APPLY_PROCESS,
                        &ctx->binding);
   (void)mpg_topo_destroy(topo);
   if (!st)

@@ -636,7 +636,7 @@ MPG_API int mpg_topo_num_nics(const mpg_topo *topo);
  * MPG_ERR_INVALID for NULL arguments or a wrong magic.  Local; any thread. */
 MPG_API mpg_status mpg_topo_get_nic(const mpg_topo *topo, int nic, mpg_nic_info *out);
 
-/* What a binding call chose (and, for mpg_topo_bind*, applied).  A plain
+/* What a binding call chose (and, unless MPG_BIND_APPLY_NONE, applied).  A plain
  * value: it holds no pointers.  A versioned output struct
  * (MPG_BINDING_INIT). */
 typedef struct mpg_binding {
@@ -661,39 +661,28 @@ typedef struct mpg_binding {
   { sizeof(mpg_binding), MPG_BINDING_MAGIC, MPG_API_VERSION, -1, -1, "",    \
     MPG_BIND_NONE, -1, "", 0, 0, 0, 0 }
 
-/* Choose, without binding anything, the GPU and CPUs of local rank
- * `local_rank` of `local_world` ranks on this node (any topology).  gpu >= 0
- * takes that GPU; gpu == -1 gives local rank i GPU i (on a node without
- * GPUs, none: gpu must be -1).  mode: MPG_BIND_NONE no CPUs, MPG_BIND_NUMA
- * the GPU's NUMA node, MPG_BIND_CORE a disjoint block of its cores (the
- * rules: docs/topology.md, "Binding").  *report (from MPG_BINDING_INIT) is
- * filled on success, with applied = 0.  Returns MPG_OK; MPG_ERR_RANGE for a
- * local rank outside 0..local_world-1, local_world < 1 or a GPU outside
- * 0..num_gpus-1; MPG_ERR_TOPO for more local ranks than GPUs (naming both
- * counts) or a NUMA node with fewer PUs than its ranks; MPG_ERR_INVALID for
- * NULL arguments, an unknown mode or a wrong magic; MPG_ERR_NOMEM.  Local;
- * any thread. */
-MPG_API mpg_status mpg_topo_bind_plan(const mpg_topo *topo, int local_rank,
-                                      int local_world, int gpu, mpg_bind mode,
-                                      mpg_binding *report);
+/* What mpg_topo_bind applies its choice to. */
+typedef enum mpg_bind_apply {
+  MPG_BIND_APPLY_NONE = 0,    /* choose only (any topology) */
+  MPG_BIND_APPLY_PROCESS = 1, /* bind the whole calling process */
+  MPG_BIND_APPLY_THREAD = 2   /* bind the calling thread only (ranks that
+                                 are threads of one process) */
+} mpg_bind_apply;
 
-/* As mpg_topo_bind_plan, then bind the whole calling process to the chosen
- * CPUs (MPG_BIND_NONE binds nothing); on success report->applied is 1
- * unless the mode is MPG_BIND_NONE.
- * Returns the errors of mpg_topo_bind_plan, and MPG_ERR_TOPO when the
- * topology is not this machine's (XML or synthetic: binding would do
- * nothing) or when the operating system refuses the binding (the message
- * has the system error).  Local; any thread. */
+/* Choose the GPU and CPUs of local rank `local_rank` of `local_world` ranks
+ * on this node, and bind them as `apply` says.  gpu >= 0 takes that GPU;
+ * -1 gives local rank i GPU i (none on a node without GPUs).  mode:
+ * MPG_BIND_NONE no CPUs, MPG_BIND_NUMA the GPU's NUMA node, MPG_BIND_CORE a
+ * disjoint block of its cores (docs/topology.md, "Binding").  *report (from
+ * MPG_BINDING_INIT) is filled on success; applied = 1 when CPUs were bound.
+ * Returns MPG_OK; MPG_ERR_RANGE (local rank, local_world < 1, GPU); MPG_ERR_TOPO
+ * (more local ranks than GPUs, a NUMA node with fewer PUs than its ranks; to
+ * apply: a topology not this machine's, or the system refuses, with its
+ * error); MPG_ERR_INVALID (NULL, unknown mode or apply, wrong magic);
+ * MPG_ERR_NOMEM.  Local; any thread (a thread binding binds the caller). */
 MPG_API mpg_status mpg_topo_bind(const mpg_topo *topo, int local_rank,
                                  int local_world, int gpu, mpg_bind mode,
-                                 mpg_binding *report);
-
-/* As mpg_topo_bind, binding only the calling thread (for ranks that are
- * threads of one process); report->thread is 1.  Same statuses.  Local; any
- * thread (it binds the caller). */
-MPG_API mpg_status mpg_topo_bind_thread(const mpg_topo *topo, int local_rank,
-                                        int local_world, int gpu, mpg_bind mode,
-                                        mpg_binding *report);
+                                 mpg_bind_apply apply, mpg_binding *report);
 
 /* Which ranks share a node.  Each rank calls mpg_topo_host_identity, the
  * world gathers the strings (the library does this itself where it needs

@@ -1276,25 +1276,12 @@ class Topo {
     check(mpg_topo_get_nic(topo_, nic, &info));
     return info;
   }
-  /* Choose GPU and CPUs of a local rank without binding (mpg_topo_bind_plan). */
-  mpg_binding bind_plan(int local_rank, int local_world, int gpu = -1,
-                        mpg_bind mode = MPG_BIND_NONE) const {
+  /* Choose GPU and CPUs of a local rank and bind them as `apply` says
+   * (mpg_topo_bind). */
+  mpg_binding bind(int local_rank, int local_world, int gpu, mpg_bind mode,
+                   mpg_bind_apply apply) const {
     mpg_binding b = MPG_BINDING_INIT;
-    check(mpg_topo_bind_plan(topo_, local_rank, local_world, gpu, mode, &b));
-    return b;
-  }
-  /* The same, then bind the process (mpg_topo_bind). */
-  mpg_binding bind(int local_rank, int local_world, int gpu = -1,
-                   mpg_bind mode = MPG_BIND_NONE) const {
-    mpg_binding b = MPG_BINDING_INIT;
-    check(mpg_topo_bind(topo_, local_rank, local_world, gpu, mode, &b));
-    return b;
-  }
-  /* The same, binding only the calling thread (mpg_topo_bind_thread). */
-  mpg_binding bind_thread(int local_rank, int local_world, int gpu = -1,
-                          mpg_bind mode = MPG_BIND_NONE) const {
-    mpg_binding b = MPG_BINDING_INIT;
-    check(mpg_topo_bind_thread(topo_, local_rank, local_world, gpu, mode, &b));
+    check(mpg_topo_bind(topo_, local_rank, local_world, gpu, mode, apply, &b));
     return b;
   }
 

@@ -148,7 +148,7 @@ int cmd_topo(int argc, char **argv) {
   /* Check every rank first, so an error comes before any binding line. */
   for (int r = 0; r < lw; r++) {
     mpg_binding b = MPG_BINDING_INIT;
-    st = mpg_topo_bind_plan(t, r, lw, -1, bind, &b);
+    st = mpg_topo_bind(t, r, lw, -1, bind, MPG_BIND_APPLY_NONE, &b);
     if (st != MPG_OK) {
       fflush(stdout);
       tool_fail(st, NULL);
@@ -160,7 +160,7 @@ int cmd_topo(int argc, char **argv) {
          lw == 1 ? "" : "s", ngpus ? ", local rank i takes GPU i" : ", no GPU");
   for (int r = 0; r < lw; r++) {
     mpg_binding b = MPG_BINDING_INIT;
-    mpg_topo_bind_plan(t, r, lw, -1, bind, &b);
+    mpg_topo_bind(t, r, lw, -1, bind, MPG_BIND_APPLY_NONE, &b);
     printf("  local rank %d -> ", r);
     if (b.gpu >= 0) printf("GPU %d (%s)", b.gpu, b.gpu_bus_id);
     else printf("no GPU");

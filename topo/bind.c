@@ -204,7 +204,7 @@ static mpg_status bind_common(const mpg_topo *tp, int local_rank,
       st = mpg__fail(MPG_ERR_TOPO,
                      "bind: topology %s is not this machine's, so binding "
                      "would do nothing; load it with mpg_topo_load_live, or "
-                     "use mpg_topo_bind_plan to only compute the binding",
+                     "use MPG_BIND_APPLY_NONE to only compute the binding",
                      tp->source);
     } else {
       int flags = thread ? HWLOC_CPUBIND_THREAD : HWLOC_CPUBIND_PROCESS;
@@ -233,24 +233,16 @@ static mpg_status bind_common(const mpg_topo *tp, int local_rank,
   return MPG_OK;
 }
 
-mpg_status mpg_topo_bind_plan(const mpg_topo *topo, int local_rank,
-                              int local_world, int gpu, mpg_bind mode,
-                              mpg_binding *report) {
-  return bind_common(topo, local_rank, local_world, gpu, mode, report, 0, 0,
-                     "mpg_topo_bind_plan");
-}
-
 mpg_status mpg_topo_bind(const mpg_topo *topo, int local_rank, int local_world,
-                         int gpu, mpg_bind mode, mpg_binding *report) {
-  return bind_common(topo, local_rank, local_world, gpu, mode, report, 1, 0,
+                         int gpu, mpg_bind mode, mpg_bind_apply apply,
+                         mpg_binding *report) {
+  if (apply != MPG_BIND_APPLY_NONE && apply != MPG_BIND_APPLY_PROCESS &&
+      apply != MPG_BIND_APPLY_THREAD)
+    return mpg__fail(MPG_ERR_INVALID, "mpg_topo_bind: apply is %d, expected "
+                     "MPG_BIND_APPLY_NONE (0), _PROCESS (1) or _THREAD (2)", (int)apply);
+  return bind_common(topo, local_rank, local_world, gpu, mode, report,
+                     apply != MPG_BIND_APPLY_NONE, apply == MPG_BIND_APPLY_THREAD,
                      "mpg_topo_bind");
-}
-
-mpg_status mpg_topo_bind_thread(const mpg_topo *topo, int local_rank,
-                                int local_world, int gpu, mpg_bind mode,
-                                mpg_binding *report) {
-  return bind_common(topo, local_rank, local_world, gpu, mode, report, 1, 1,
-                     "mpg_topo_bind_thread");
 }
 
 /* ------------------------------------------------------------------------ */

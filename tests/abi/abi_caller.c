@@ -186,12 +186,12 @@ Test(abi, topology_reports_stay_inside) {
   cr_assert_str_eq(ni.v.name, "eno1");
   GUARDED(mpg_binding) b = {MPG_BINDING_INIT, {0}};
   canary_set(b.canary);
-  OK(mpg_topo_bind_plan(t, 5, 8, -1, MPG_BIND_NUMA, &b.v));
-  canary_check(b.canary, "mpg_topo_bind_plan");
+  OK(mpg_topo_bind(t, 5, 8, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b.v));
+  canary_check(b.canary, "mpg_topo_bind");
   cr_assert_eq(b.v.gpu, 5);
   cr_assert_eq(b.v.numa_node, 1);
   cr_assert_eq(b.v.applied, 0);
-  APPENDED_KEPT(b.v, "mpg_topo_bind_plan");
+  APPENDED_KEPT(b.v, "mpg_topo_bind");
   OK(mpg_topo_destroy(t));
 }
 
@@ -219,7 +219,7 @@ Test(abi, a_struct_without_its_initializer_is_refused_by_name) {
   OK(mpg_topo_load_synthetic("pack:1 core:2 pu:1", &t));
   mpg_binding b;
   memset(&b, 0, sizeof b);
-  cr_assert_eq(mpg_topo_bind_plan(t, 0, 1, -1, MPG_BIND_NONE, &b), MPG_ERR_INVALID);
+  cr_assert_eq(mpg_topo_bind(t, 0, 1, -1, MPG_BIND_NONE, MPG_BIND_APPLY_NONE, &b), MPG_ERR_INVALID);
   cr_assert(strstr(mpg_last_error(), "MPG_BINDING_INIT"), "%s", mpg_last_error());
   cr_assert_eq(mpg_topo_get_gpu(t, 0, &gi), MPG_ERR_INVALID);
   cr_assert(strstr(mpg_last_error(), "MPG_GPU_INFO_INIT"), "%s", mpg_last_error());

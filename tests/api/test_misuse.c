@@ -352,26 +352,26 @@ Test(api, topo_functions) {
   EXPECT(mpg_topo_get_nic(t, 0, &nbad), MPG_ERR_INVALID, "MPG_NIC_INFO_INIT");
   EXPECT(mpg_topo_get_nic(t, -1, &ni), MPG_ERR_RANGE, "-1");
   EXPECT(mpg_topo_get_nic(t, INT_MAX, &ni), MPG_ERR_RANGE, "2147483647");
-  EXPECT(mpg_topo_bind_plan(NULL, 0, 1, -1, MPG_BIND_NONE, &b), MPG_ERR_INVALID, "NULL");
-  EXPECT(mpg_topo_bind_plan(t, 0, 1, -1, MPG_BIND_NONE, NULL), MPG_ERR_INVALID, "NULL");
-  EXPECT(mpg_topo_bind_plan(t, 0, 1, -1, MPG_BIND_NONE, &bbad), MPG_ERR_INVALID,
+  EXPECT(mpg_topo_bind(NULL, 0, 1, -1, MPG_BIND_NONE, MPG_BIND_APPLY_NONE, &b), MPG_ERR_INVALID, "NULL");
+  EXPECT(mpg_topo_bind(t, 0, 1, -1, MPG_BIND_NONE, MPG_BIND_APPLY_NONE, NULL), MPG_ERR_INVALID, "NULL");
+  EXPECT(mpg_topo_bind(t, 0, 1, -1, MPG_BIND_NONE, MPG_BIND_APPLY_NONE, &bbad), MPG_ERR_INVALID,
          "MPG_BINDING_INIT");
-  EXPECT(mpg_topo_bind_plan(t, 0, 1, -1, (mpg_bind)7, &b), MPG_ERR_INVALID, "7");
-  EXPECT(mpg_topo_bind_plan(t, -1, 1, -1, MPG_BIND_NONE, &b), MPG_ERR_RANGE, "-1");
-  EXPECT(mpg_topo_bind_plan(t, 1, 1, -1, MPG_BIND_NONE, &b), MPG_ERR_RANGE, "1");
-  EXPECT(mpg_topo_bind_plan(t, 0, 0, -1, MPG_BIND_NONE, &b), MPG_ERR_RANGE, "0");
-  EXPECT(mpg_topo_bind_plan(t, 0, -5, -1, MPG_BIND_NONE, &b), MPG_ERR_RANGE, "-5");
-  EXPECT(mpg_topo_bind_plan(t, 0, 1, -2, MPG_BIND_NONE, &b), MPG_ERR_RANGE, "-2");
-  EXPECT(mpg_topo_bind_plan(t, 0, 1, ngpu, MPG_BIND_NONE, &b), MPG_ERR_RANGE, "GPU");
-  EXPECT(mpg_topo_bind_plan(t, 0, ngpu + 1, -1, MPG_BIND_NONE, &b), MPG_ERR_TOPO, "GPU");
-  EXPECT(mpg_topo_bind(NULL, 0, 1, -1, MPG_BIND_NONE, &b), MPG_ERR_INVALID, "NULL");
-  EXPECT(mpg_topo_bind(t, -1, 1, -1, MPG_BIND_NONE, &b), MPG_ERR_RANGE, "-1");
+  EXPECT(mpg_topo_bind(t, 0, 1, -1, (mpg_bind)7, MPG_BIND_APPLY_NONE, &b), MPG_ERR_INVALID, "7");
+  EXPECT(mpg_topo_bind(t, -1, 1, -1, MPG_BIND_NONE, MPG_BIND_APPLY_NONE, &b), MPG_ERR_RANGE, "-1");
+  EXPECT(mpg_topo_bind(t, 1, 1, -1, MPG_BIND_NONE, MPG_BIND_APPLY_NONE, &b), MPG_ERR_RANGE, "1");
+  EXPECT(mpg_topo_bind(t, 0, 0, -1, MPG_BIND_NONE, MPG_BIND_APPLY_NONE, &b), MPG_ERR_RANGE, "0");
+  EXPECT(mpg_topo_bind(t, 0, -5, -1, MPG_BIND_NONE, MPG_BIND_APPLY_NONE, &b), MPG_ERR_RANGE, "-5");
+  EXPECT(mpg_topo_bind(t, 0, 1, -2, MPG_BIND_NONE, MPG_BIND_APPLY_NONE, &b), MPG_ERR_RANGE, "-2");
+  EXPECT(mpg_topo_bind(t, 0, 1, ngpu, MPG_BIND_NONE, MPG_BIND_APPLY_NONE, &b), MPG_ERR_RANGE, "GPU");
+  EXPECT(mpg_topo_bind(t, 0, ngpu + 1, -1, MPG_BIND_NONE, MPG_BIND_APPLY_NONE, &b), MPG_ERR_TOPO, "GPU");
+  EXPECT(mpg_topo_bind(NULL, 0, 1, -1, MPG_BIND_NONE, MPG_BIND_APPLY_PROCESS, &b), MPG_ERR_INVALID, "NULL");
+  EXPECT(mpg_topo_bind(t, -1, 1, -1, MPG_BIND_NONE, MPG_BIND_APPLY_PROCESS, &b), MPG_ERR_RANGE, "-1");
   /* An XML topology is not this machine: binding it is refused. */
-  EXPECT(mpg_topo_bind(t, 0, 1, -1, MPG_BIND_NUMA, &b), MPG_ERR_TOPO, "not this machine");
-  EXPECT(mpg_topo_bind_thread(NULL, 0, 1, -1, MPG_BIND_NONE, &b), MPG_ERR_INVALID, "NULL");
-  EXPECT(mpg_topo_bind_thread(t, 0, 1, -1, MPG_BIND_NUMA, &bbad), MPG_ERR_INVALID,
+  EXPECT(mpg_topo_bind(t, 0, 1, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_PROCESS, &b), MPG_ERR_TOPO, "not this machine");
+  EXPECT(mpg_topo_bind(NULL, 0, 1, -1, MPG_BIND_NONE, MPG_BIND_APPLY_THREAD, &b), MPG_ERR_INVALID, "NULL");
+  EXPECT(mpg_topo_bind(t, 0, 1, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_THREAD, &bbad), MPG_ERR_INVALID,
          "MPG_BINDING_INIT");
-  EXPECT(mpg_topo_bind_thread(t, 0, 1, -1, MPG_BIND_NUMA, &b), MPG_ERR_TOPO,
+  EXPECT(mpg_topo_bind(t, 0, 1, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_THREAD, &b), MPG_ERR_TOPO,
          "not this machine");
   mpg_topo_destroy(t);
 

@@ -131,7 +131,7 @@ void meshpg_strict_tu(meshpg::Group& g, meshpg::Sync& s, meshpg::Ctx& c,
 
   (void)t.gpu(0).bus_id;
   (void)t.nic(0).name;
-  (void)t.bind_plan(0, 1);
+  (void)t.bind(0, 1, -1, MPG_BIND_NONE, MPG_BIND_APPLY_NONE);
   (void)t.source();
 
   (void)p.of(0).node;

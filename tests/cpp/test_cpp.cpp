@@ -329,10 +329,10 @@ Test(topo, synthetic_counts_and_plan) {
   cr_assert_eq(t.num_gpus(), 0);
   cr_assert_not(t.is_this_system());
   cr_assert(has(t.source(), "synthetic"), "%s", t.source().c_str());
-  mpg_binding b = t.bind_plan(1, 2, -1, MPG_BIND_NUMA);
+  mpg_binding b = t.bind(1, 2, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE);
   cr_assert_eq(b.gpu, -1);
   cr_assert_eq(b.numa_node, 1);
-  expect_error(MPG_ERR_TOPO, [&] { t.bind(0, 2, -1, MPG_BIND_NUMA); });
+  expect_error(MPG_ERR_TOPO, [&] { t.bind(0, 2, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_PROCESS); });
 }
 
 Test(topo, xml_fixture_gpus_and_nics) {

@@ -91,7 +91,7 @@ static void check_topo(const mpg_topo *t) {
       for (int lr = 0; lr < worlds[w] && lr < 8; lr++) {
         mpg_binding b = MPG_BINDING_INIT;
         mpg__clear_error();
-        st = mpg_topo_bind_plan(t, lr, worlds[w], -1, (mpg_bind)mode, &b);
+        st = mpg_topo_bind(t, lr, worlds[w], -1, (mpg_bind)mode, MPG_BIND_APPLY_NONE, &b);
         fuzz_check_status(st);
         if (st != MPG_OK) continue;
         FUZZ_CHECK(b.local_rank == lr && b.applied == 0 && (int)b.mode == mode);

@@ -387,7 +387,7 @@ static void expect_bus(const char *visible, int lr, int lw, int count, const cha
   cr_assert_eq(mpg_topo_num_gpus(t), count, "CUDA and topo disagree on the count");
   mpg__device_choice c = ok(-1, lr, lw, count, visible);
   mpg_binding b = MPG_BINDING_INIT;
-  mpg_status st = mpg_topo_bind_plan(t, lr, lw, c.device, MPG_BIND_NUMA, &b);
+  mpg_status st = mpg_topo_bind(t, lr, lw, c.device, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b);
   cr_assert_eq(st, MPG_OK, "%s", mpg_last_error());
   cr_assert_eq(b.gpu, c.device);
   cr_assert_str_eq(b.gpu_bus_id, bus, "CUDA_VISIBLE_DEVICES=%s, local rank %d of %d", visible,
@@ -406,6 +406,6 @@ Test(device, binding_follows_the_chosen_device) {
   /* topo's default (-1) could not place local rank 5 of 8 on one GPU. */
   mpg_topo *t = live("3");
   mpg_binding b = MPG_BINDING_INIT;
-  cr_assert_eq(mpg_topo_bind_plan(t, 5, 8, -1, MPG_BIND_NUMA, &b), MPG_ERR_TOPO);
+  cr_assert_eq(mpg_topo_bind(t, 5, 8, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b), MPG_ERR_TOPO);
   mpg_topo_destroy(t);
 }

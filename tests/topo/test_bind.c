@@ -63,7 +63,7 @@ Test(live, bind_numa_then_read_back) {
   int lw = local_world(t);
   for (int r = 0; r < lw; r++) {
     mpg_binding b = MPG_BINDING_INIT;
-    cr_assert_eq(mpg_topo_bind(t, r, lw, -1, MPG_BIND_NUMA, &b), MPG_OK, "%s",
+    cr_assert_eq(mpg_topo_bind(t, r, lw, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_PROCESS, &b), MPG_OK, "%s",
                  mpg_last_error());
     cr_assert_eq(b.applied, 1);
     cr_assert_eq(b.thread, 0);
@@ -85,7 +85,7 @@ Test(live, bind_core_disjoint_then_read_back) {
   CPU_ZERO(&all);
   for (int r = 0; r < lw; r++) {
     mpg_binding b = MPG_BINDING_INIT;
-    cr_assert_eq(mpg_topo_bind(t, r, lw, -1, MPG_BIND_CORE, &b), MPG_OK, "%s",
+    cr_assert_eq(mpg_topo_bind(t, r, lw, -1, MPG_BIND_CORE, MPG_BIND_APPLY_PROCESS, &b), MPG_OK, "%s",
                  mpg_last_error());
     cr_assert_eq(b.applied, 1);
     cpu_set_t want, got, both;
@@ -110,7 +110,7 @@ typedef struct thread_arg {
 
 static void *bind_in_thread(void *p) {
   thread_arg *a = p;
-  a->st = mpg_topo_bind_thread(a->t, a->lw - 1, a->lw, -1, MPG_BIND_CORE, &a->b);
+  a->st = mpg_topo_bind(a->t, a->lw - 1, a->lw, -1, MPG_BIND_CORE, MPG_BIND_APPLY_THREAD, &a->b);
   CPU_ZERO(&a->got);
   sched_getaffinity(0, sizeof a->got, &a->got);
   return NULL;
@@ -142,7 +142,7 @@ Test(live, bind_none_changes_nothing) {
   cpu_set_t before, after;
   affinity(&before);
   mpg_binding b = MPG_BINDING_INIT;
-  cr_assert_eq(mpg_topo_bind(t, 0, 1, -1, MPG_BIND_NONE, &b), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 0, 1, -1, MPG_BIND_NONE, MPG_BIND_APPLY_PROCESS, &b), MPG_OK);
   cr_assert_eq(b.applied, 0);
   cr_assert_str_eq(b.cpuset, "");
   affinity(&after);
@@ -155,14 +155,14 @@ Test(live, too_many_local_ranks) {
   int g = mpg_topo_num_gpus(t);
   mpg_binding b = MPG_BINDING_INIT;
   if (g > 0) {
-    cr_assert_eq(mpg_topo_bind(t, 0, g + 1, -1, MPG_BIND_NUMA, &b), MPG_ERR_TOPO);
+    cr_assert_eq(mpg_topo_bind(t, 0, g + 1, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_PROCESS, &b), MPG_ERR_TOPO);
     char want[64];
     snprintf(want, sizeof want, "%d local ranks", g + 1);
     cr_assert(strstr(mpg_last_error(), want), "%s", mpg_last_error());
   } else {
     /* More CPU ranks than PUs cannot get disjoint CPUs. */
     int n = mpg_topo_num_pus(t) * 4 + 1;
-    cr_assert_eq(mpg_topo_bind(t, 0, n, -1, MPG_BIND_CORE, &b), MPG_ERR_TOPO);
+    cr_assert_eq(mpg_topo_bind(t, 0, n, -1, MPG_BIND_CORE, MPG_BIND_APPLY_PROCESS, &b), MPG_ERR_TOPO);
     cr_assert(strstr(mpg_last_error(), "ranks share"), "%s", mpg_last_error());
   }
   mpg_topo_destroy(t);

@@ -139,7 +139,7 @@ Test(dgx, bind_numa_each_rank_gets_its_gpus_numa_node) {
   mpg_topo *t = load("dgx-h100.xml");
   for (int r = 0; r < 8; r++) {
     mpg_binding b = MPG_BINDING_INIT;
-    cr_assert_eq(mpg_topo_bind_plan(t, r, 8, -1, MPG_BIND_NUMA, &b), MPG_OK, "%s",
+    cr_assert_eq(mpg_topo_bind(t, r, 8, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b), MPG_OK, "%s",
                  mpg_last_error());
     cr_assert_eq(b.gpu, r);
     cr_assert_eq(b.local_rank, r);
@@ -163,7 +163,7 @@ Test(dgx, bind_core_gives_disjoint_cores_near_the_gpu) {
   unsigned long long seen = 0;
   for (int r = 0; r < 8; r++) {
     mpg_binding b = MPG_BINDING_INIT;
-    cr_assert_eq(mpg_topo_bind_plan(t, r, 8, -1, MPG_BIND_CORE, &b), MPG_OK, "%s",
+    cr_assert_eq(mpg_topo_bind(t, r, 8, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_OK, "%s",
                  mpg_last_error());
     cr_assert_str_eq(b.cpuset, want[r], "rank %d: %s", r, b.cpuset);
     cr_assert_eq(b.num_cores, 2);
@@ -181,15 +181,15 @@ Test(dgx, bind_core_fewer_ranks_get_more_cores) {
   mpg_topo *t = load("dgx-h100.xml");
   /* 2 ranks: GPUs 0 and 1, both on NUMA 0: 4 cores each. */
   mpg_binding a = MPG_BINDING_INIT, b = MPG_BINDING_INIT;
-  cr_assert_eq(mpg_topo_bind_plan(t, 0, 2, -1, MPG_BIND_CORE, &a), MPG_OK);
-  cr_assert_eq(mpg_topo_bind_plan(t, 1, 2, -1, MPG_BIND_CORE, &b), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 0, 2, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &a), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 1, 2, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_OK);
   cr_assert_str_eq(a.cpuset, "0-3,16-19");
   cr_assert_str_eq(b.cpuset, "4-7,20-23");
   /* 3 ranks on NUMA 0 (8 cores): 3 + 3 + 2. */
   int cores[3];
   for (int r = 0; r < 3; r++) {
     mpg_binding x = MPG_BINDING_INIT;
-    cr_assert_eq(mpg_topo_bind_plan(t, r, 3, -1, MPG_BIND_CORE, &x), MPG_OK);
+    cr_assert_eq(mpg_topo_bind(t, r, 3, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &x), MPG_OK);
     cores[r] = x.num_cores;
   }
   cr_assert_eq(cores[0], 3);
@@ -203,18 +203,18 @@ Test(dgx, bind_explicit_gpu) {
   mpg_binding b = MPG_BINDING_INIT;
   /* Local rank 0 of 1 asks for GPU 5: NUMA 1; core mode splits NUMA 1
    * among its 4 GPUs, GPU 5 is the second. */
-  cr_assert_eq(mpg_topo_bind_plan(t, 0, 1, 5, MPG_BIND_NUMA, &b), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 0, 1, 5, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b), MPG_OK);
   cr_assert_eq(b.gpu, 5);
   cr_assert_str_eq(b.gpu_bus_id, "0000:9a:00.0");
   cr_assert_eq(b.numa_node, 1);
   cr_assert_str_eq(b.cpuset, "8-15,24-31");
-  cr_assert_eq(mpg_topo_bind_plan(t, 0, 1, 5, MPG_BIND_CORE, &b), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 0, 1, 5, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_OK);
   cr_assert_str_eq(b.cpuset, "10-11,26-27");
   /* Explicit GPUs allow more ranks than GPUs. */
-  cr_assert_eq(mpg_topo_bind_plan(t, 9, 12, 3, MPG_BIND_NONE, &b), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 9, 12, 3, MPG_BIND_NONE, MPG_BIND_APPLY_NONE, &b), MPG_OK);
   cr_assert_eq(b.gpu, 3);
   cr_assert_str_eq(b.cpuset, "");
-  cr_assert_eq(mpg_topo_bind_plan(t, 0, 1, 8, MPG_BIND_NUMA, &b), MPG_ERR_RANGE);
+  cr_assert_eq(mpg_topo_bind(t, 0, 1, 8, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b), MPG_ERR_RANGE);
   cr_assert(strstr(mpg_last_error(), "GPU 8 is outside 0..7"), "%s", mpg_last_error());
   mpg_topo_destroy(t);
 }
@@ -222,11 +222,11 @@ Test(dgx, bind_explicit_gpu) {
 Test(dgx, binding_an_xml_topology_is_refused) {
   mpg_topo *t = load("dgx-h100.xml");
   mpg_binding b = MPG_BINDING_INIT;
-  cr_assert_eq(mpg_topo_bind(t, 0, 8, -1, MPG_BIND_NUMA, &b), MPG_ERR_TOPO);
+  cr_assert_eq(mpg_topo_bind(t, 0, 8, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_PROCESS, &b), MPG_ERR_TOPO);
   cr_assert(strstr(mpg_last_error(), "not this machine's"), "%s", mpg_last_error());
-  cr_assert_eq(mpg_topo_bind_thread(t, 0, 8, -1, MPG_BIND_CORE, &b), MPG_ERR_TOPO);
+  cr_assert_eq(mpg_topo_bind(t, 0, 8, -1, MPG_BIND_CORE, MPG_BIND_APPLY_THREAD, &b), MPG_ERR_TOPO);
   /* bind = none binds nothing, so it is fine anywhere. */
-  cr_assert_eq(mpg_topo_bind(t, 0, 8, -1, MPG_BIND_NONE, &b), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 0, 8, -1, MPG_BIND_NONE, MPG_BIND_APPLY_PROCESS, &b), MPG_OK);
   cr_assert_eq(b.applied, 0);
   mpg_topo_destroy(t);
 }
@@ -280,10 +280,10 @@ Test(workstation, bind_numa_and_core) {
   static const char *core[4] = {"0-2", "3-5", "6-8", "9-11"};
   for (int r = 0; r < 4; r++) {
     mpg_binding b = MPG_BINDING_INIT;
-    cr_assert_eq(mpg_topo_bind_plan(t, r, 4, -1, MPG_BIND_NUMA, &b), MPG_OK);
+    cr_assert_eq(mpg_topo_bind(t, r, 4, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b), MPG_OK);
     cr_assert_str_eq(b.cpuset, r < 2 ? "0-5" : "6-11");
     cr_assert_eq(b.numa_node, r < 2 ? 0 : 1);
-    cr_assert_eq(mpg_topo_bind_plan(t, r, 4, -1, MPG_BIND_CORE, &b), MPG_OK);
+    cr_assert_eq(mpg_topo_bind(t, r, 4, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_OK);
     cr_assert_str_eq(b.cpuset, core[r]);
     cr_assert_eq(b.num_cores, 3);
     cr_assert_eq(b.num_pus, 3);
@@ -294,11 +294,11 @@ Test(workstation, bind_numa_and_core) {
 Test(workstation, more_local_ranks_than_gpus_names_both_counts) {
   mpg_topo *t = load("workstation-4gpu.xml");
   mpg_binding b = MPG_BINDING_INIT;
-  cr_assert_eq(mpg_topo_bind_plan(t, 0, 5, -1, MPG_BIND_NUMA, &b), MPG_ERR_TOPO);
+  cr_assert_eq(mpg_topo_bind(t, 0, 5, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b), MPG_ERR_TOPO);
   cr_assert(strstr(mpg_last_error(), "5 local ranks"), "%s", mpg_last_error());
   cr_assert(strstr(mpg_last_error(), "has 4 GPUs"), "%s", mpg_last_error());
   /* Also with bind = none: the GPU assignment itself is wrong. */
-  cr_assert_eq(mpg_topo_bind_plan(t, 4, 5, -1, MPG_BIND_NONE, &b), MPG_ERR_TOPO);
+  cr_assert_eq(mpg_topo_bind(t, 4, 5, -1, MPG_BIND_NONE, MPG_BIND_APPLY_NONE, &b), MPG_ERR_TOPO);
   mpg_topo_destroy(t);
 }
 
@@ -317,9 +317,9 @@ Test(interleaved, cuda_order_is_kept_and_numa_read_per_gpu) {
   }
   /* Core mode: GPUs 0 and 2 share NUMA 0 and split it. */
   mpg_binding b = MPG_BINDING_INIT;
-  cr_assert_eq(mpg_topo_bind_plan(t, 2, 4, -1, MPG_BIND_CORE, &b), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 2, 4, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_OK);
   cr_assert_str_eq(b.cpuset, "3-5");
-  cr_assert_eq(mpg_topo_bind_plan(t, 1, 4, -1, MPG_BIND_CORE, &b), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 1, 4, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_OK);
   cr_assert_str_eq(b.cpuset, "6-8");
   mpg_topo_destroy(t);
 }
@@ -366,7 +366,7 @@ Test(cpu_only, cpu_ranks_spread_over_numa_nodes) {
   mpg_topo *t = load("cpu-only.xml");
   mpg_binding b = MPG_BINDING_INIT;
   for (int r = 0; r < 4; r++) {
-    cr_assert_eq(mpg_topo_bind_plan(t, r, 4, -1, MPG_BIND_NUMA, &b), MPG_OK, "%s",
+    cr_assert_eq(mpg_topo_bind(t, r, 4, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b), MPG_OK, "%s",
                  mpg_last_error());
     cr_assert_eq(b.gpu, -1);
     cr_assert_str_eq(b.gpu_bus_id, "");
@@ -375,7 +375,7 @@ Test(cpu_only, cpu_ranks_spread_over_numa_nodes) {
   }
   unsigned long long seen = 0;
   for (int r = 0; r < 8; r++) {
-    cr_assert_eq(mpg_topo_bind_plan(t, r, 8, -1, MPG_BIND_CORE, &b), MPG_OK);
+    cr_assert_eq(mpg_topo_bind(t, r, 8, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_OK);
     cr_assert_eq(b.num_cores, 1);
     cr_assert_eq(b.num_pus, 2);
     cr_assert_eq(seen & mask_of(b.cpuset), 0);
@@ -383,7 +383,7 @@ Test(cpu_only, cpu_ranks_spread_over_numa_nodes) {
   }
   cr_assert_eq(seen, 0xffffull);
   /* No GPU to name. */
-  cr_assert_eq(mpg_topo_bind_plan(t, 0, 1, 0, MPG_BIND_NUMA, &b), MPG_ERR_RANGE);
+  cr_assert_eq(mpg_topo_bind(t, 0, 1, 0, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b), MPG_ERR_RANGE);
   cr_assert(strstr(mpg_last_error(), "has no GPU"), "%s", mpg_last_error());
   mpg_topo_destroy(t);
 }
@@ -392,10 +392,10 @@ Test(cpu_only, core_mode_runs_out_of_pus) {
   mpg_topo *t = load("cpu-only.xml");
   mpg_binding b = MPG_BINDING_INIT;
   /* 16 ranks: one PU each (fewer cores than ranks per NUMA node). */
-  cr_assert_eq(mpg_topo_bind_plan(t, 3, 16, -1, MPG_BIND_CORE, &b), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 3, 16, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_OK);
   cr_assert_eq(b.num_pus, 1);
   /* 18 ranks: 9 on each NUMA node of 8 PUs. */
-  cr_assert_eq(mpg_topo_bind_plan(t, 0, 18, -1, MPG_BIND_CORE, &b), MPG_ERR_TOPO);
+  cr_assert_eq(mpg_topo_bind(t, 0, 18, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_ERR_TOPO);
   cr_assert(strstr(mpg_last_error(), "9 ranks share"), "%s", mpg_last_error());
   cr_assert(strstr(mpg_last_error(), "only 8 PUs"), "%s", mpg_last_error());
   mpg_topo_destroy(t);
@@ -427,7 +427,7 @@ Test(synthetic, core_binding_partitions_every_core) {
   char prev[MPG_CPUSET_STR_MAX] = "";
   for (int r = 0; r < 64; r++) {
     mpg_binding b = MPG_BINDING_INIT;
-    cr_assert_eq(mpg_topo_bind_plan(t, r, 64, -1, MPG_BIND_CORE, &b), MPG_OK, "%s",
+    cr_assert_eq(mpg_topo_bind(t, r, 64, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_OK, "%s",
                  mpg_last_error());
     cr_assert_eq(b.num_cores, 4, "rank %d: %s", r, b.cpuset);
     cr_assert_eq(b.num_pus, 8);
@@ -440,7 +440,7 @@ Test(synthetic, core_binding_partitions_every_core) {
   cr_assert_eq(total_cores, 256);
   /* Rank 9 is the second rank of NUMA node 1 (PUs 64-127): cores 4-7. */
   mpg_binding b = MPG_BINDING_INIT;
-  cr_assert_eq(mpg_topo_bind_plan(t, 9, 64, -1, MPG_BIND_CORE, &b), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 9, 64, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_OK);
   cr_assert_str_eq(b.cpuset, "72-79");
   mpg_topo_destroy(t);
 }
@@ -450,14 +450,14 @@ Test(synthetic, uneven_split_and_no_core_level) {
   cr_assert_eq(mpg_topo_load_synthetic("pack:2 numa:1 core:5 pu:1", &t), MPG_OK);
   /* 2 ranks per NUMA node of 5 cores: 3 + 2. */
   mpg_binding b = MPG_BINDING_INIT;
-  cr_assert_eq(mpg_topo_bind_plan(t, 0, 4, -1, MPG_BIND_CORE, &b), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 0, 4, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_OK);
   cr_assert_str_eq(b.cpuset, "0-2");
-  cr_assert_eq(mpg_topo_bind_plan(t, 1, 4, -1, MPG_BIND_CORE, &b), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 1, 4, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_OK);
   cr_assert_str_eq(b.cpuset, "3-4");
   mpg_topo_destroy(t);
   /* Without a core level, PUs are split. */
   cr_assert_eq(mpg_topo_load_synthetic("pack:1 numa:1 pu:4", &t), MPG_OK);
-  cr_assert_eq(mpg_topo_bind_plan(t, 3, 4, -1, MPG_BIND_CORE, &b), MPG_OK, "%s",
+  cr_assert_eq(mpg_topo_bind(t, 3, 4, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &b), MPG_OK, "%s",
                mpg_last_error());
   cr_assert_str_eq(b.cpuset, "3");
   mpg_topo_destroy(t);
@@ -470,7 +470,7 @@ Test(synthetic, long_cpuset_text_is_marked_truncated) {
   cr_assert_eq(mpg_topo_load_synthetic("pack:2 numa:1 core:256 pu:1(indexes=256*2:1*256)", &t),
                MPG_OK, "%s", mpg_last_error());
   mpg_binding b = MPG_BINDING_INIT;
-  cr_assert_eq(mpg_topo_bind_plan(t, 0, 2, -1, MPG_BIND_NUMA, &b), MPG_OK, "%s",
+  cr_assert_eq(mpg_topo_bind(t, 0, 2, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b), MPG_OK, "%s",
                mpg_last_error());
   cr_assert_eq(b.num_pus, 256);
   cr_assert_eq(strlen(b.cpuset), (size_t)MPG_CPUSET_STR_MAX - 1);
@@ -478,7 +478,7 @@ Test(synthetic, long_cpuset_text_is_marked_truncated) {
   cr_assert_str_eq(b.cpuset + strlen(b.cpuset) - 3, "...");
   /* Core mode on the same machine: 128 cores each, still disjoint. */
   mpg_binding c = MPG_BINDING_INIT;
-  cr_assert_eq(mpg_topo_bind_plan(t, 1, 4, -1, MPG_BIND_CORE, &c), MPG_OK);
+  cr_assert_eq(mpg_topo_bind(t, 1, 4, -1, MPG_BIND_CORE, MPG_BIND_APPLY_NONE, &c), MPG_OK);
   cr_assert_eq(c.num_cores, 128);
   mpg_topo_destroy(t);
 }
@@ -537,12 +537,12 @@ Test(bad_input, null_arguments_and_ranges) {
   cr_assert_eq(mpg_topo_is_this_system(NULL), 0);
   t = load("dgx-h100.xml");
   mpg_binding b = MPG_BINDING_INIT;
-  cr_assert_eq(mpg_topo_bind_plan(t, 8, 8, -1, MPG_BIND_NUMA, &b), MPG_ERR_RANGE);
+  cr_assert_eq(mpg_topo_bind(t, 8, 8, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b), MPG_ERR_RANGE);
   cr_assert(strstr(mpg_last_error(), "local rank 8 is outside 0..7"), "%s",
             mpg_last_error());
-  cr_assert_eq(mpg_topo_bind_plan(t, 0, 0, -1, MPG_BIND_NUMA, &b), MPG_ERR_RANGE);
-  cr_assert_eq(mpg_topo_bind_plan(t, 0, 1, -1, (mpg_bind)7, &b), MPG_ERR_INVALID);
-  cr_assert_eq(mpg_topo_bind_plan(t, 0, 1, -1, MPG_BIND_NUMA, NULL), MPG_ERR_INVALID);
-  cr_assert_eq(mpg_topo_bind_plan(NULL, 0, 1, -1, MPG_BIND_NUMA, &b), MPG_ERR_INVALID);
+  cr_assert_eq(mpg_topo_bind(t, 0, 0, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b), MPG_ERR_RANGE);
+  cr_assert_eq(mpg_topo_bind(t, 0, 1, -1, (mpg_bind)7, MPG_BIND_APPLY_NONE, &b), MPG_ERR_INVALID);
+  cr_assert_eq(mpg_topo_bind(t, 0, 1, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, NULL), MPG_ERR_INVALID);
+  cr_assert_eq(mpg_topo_bind(NULL, 0, 1, -1, MPG_BIND_NUMA, MPG_BIND_APPLY_NONE, &b), MPG_ERR_INVALID);
   mpg_topo_destroy(t);
 }
