@@ -28,7 +28,7 @@
  *   every group made either way, gathered in position order over the new
  *   communicator, equal mpg_mesh_group_members; the number of splits is the
  *   same on every rank; and the public mpg_ctx_create on the same mesh
- *   reports mpg_ctx_setup_collectives == 1 (world join) + ours' splits.
+ *   reports mpg__ctx_setup_collectives == 1 (world join) + ours' splits.
  *   bench_groups create runs the meshes 8: dp=2,cp=2,tp=2; 64: dp=4,cp=2,
  *   tp=8; 256: pp=4,dp=4,cp=2,tp=8; 1024: pp=4,dp=16,cp=2,tp=8 (all with
  *   dp_cp).  bench_groups_mpi create runs one mesh of the MPI world's size:
@@ -77,7 +77,7 @@
  * compare medians, and only within one run.
  */
 #include "backend.h"
-#include "meshpg.h"
+#include "groups_internal.h" /* mpg__ctx_setup_collectives */
 
 #include <errno.h>
 #include <limits.h>
@@ -490,7 +490,7 @@ static mpg_status check_groups(bops *ops, const plan *p, int rank,
 
 typedef struct create_result {
   long ours_coll_min, ours_coll_max, base_coll_min, base_coll_max;
-  long api_setup;       /* mpg_ctx_setup_collectives, max over ranks */
+  long api_setup;       /* mpg__ctx_setup_collectives, max over ranks */
   int ok;               /* every check passed on every rank */
   double ours_ms[MAX_REPEAT], base_ms[MAX_REPEAT];
 } create_result;
@@ -549,7 +549,7 @@ static mpg_status create_body(bops *ops, const mpg__world_args *a,
   long api = -1;
   st = mpg_ctx_create(p->mesh, api_opts, &ctx);
   if (!st) {
-    api = mpg_ctx_setup_collectives(ctx);
+    api = mpg__ctx_setup_collectives(ctx);
     st = mpg_ctx_destroy(ctx);
   }
   if (!st && api != 1 + ours_n) ok = 0;

@@ -12,7 +12,7 @@
  * every rank at once instead of leaving the others waiting for it.
  *
  * The check (collective over the world, host buffers through
- * mpg__ctx_setup_coll, not counted in mpg_ctx_setup_collectives):
+ * mpg__ctx_setup_coll, not counted in mpg__ctx_setup_collectives):
  *  1. one all-reduce (max) of (h_i, ~h_i) for the items' 64-bit hashes:
  *     max(h) == ~max(~h) for every item means every rank has the same;
  *  2. otherwise every rank holds the same maxima, so every rank takes the

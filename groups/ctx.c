@@ -443,7 +443,7 @@ int mpg__ctx_stream_ordered(const mpg_ctx *ctx) {
   return ctx && ctx->kind == MPG_BACKEND_NCCL;
 }
 
-long mpg_ctx_setup_collectives(const mpg_ctx *ctx) {
+long mpg__ctx_setup_collectives(const mpg_ctx *ctx) {
   return ctx ? ctx->setup_collectives : 0;
 }
 

@@ -25,7 +25,7 @@
  *    meet single calls on the other, a pipeline's first stage never
  *    receives), and none of the library's own checks (this checker's
  *    collectives, sync's layout fingerprints); none of it counts in
- *    mpg_ctx_setup_collectives.
+ *    mpg__ctx_setup_collectives.
  *
  * The rule checked: the members of a group that carried a collective (or,
  * for the world, a split) since the last check issued the same sequence of

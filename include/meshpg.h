@@ -979,12 +979,6 @@ MPG_API mpg_backend_kind mpg_ctx_backend(const mpg_ctx *ctx);
  * NULL.  Local; any thread. */
 MPG_API const mpg_mesh *mpg_ctx_mesh(const mpg_ctx *ctx);
 
-/* Number of collective operations this rank has entered to create groups
- * (splits and their set-up), for benchmarks.  The issue-order checker's
- * own collectives (mpg_ctx_check_order) are not counted.  0 for NULL.
- * Local; context thread. */
-MPG_API long mpg_ctx_setup_collectives(const mpg_ctx *ctx);
-
 /* Check that the ranks issued their collectives and group creations in one
  * order since the last check (NCCL needs one order on every device, or may
  * deadlock).  Only while the checker is on (MESHPG_CHECK_ORDER=1; unset: in

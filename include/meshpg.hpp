@@ -955,8 +955,6 @@ class Ctx {
     check(mpg_ctx_get_binding(ctx_, &b));
     return b;
   }
-  /* Collectives entered to create groups so far. */
-  long setup_collectives() const noexcept { return mpg_ctx_setup_collectives(ctx_); }
   /* Check that the ranks issued their collectives in one order since the
    * last check (mpg_ctx_check_order; collective over the world, a no-op
    * with the checker off).  Throws ERR_STATE naming the first difference. */

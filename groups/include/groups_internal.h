@@ -127,6 +127,11 @@ size_t mpg__shm_mapped_bytes(const mpg__shm *shm);
  * completed, or after a failure. */
 mpg_status mpg__shm_destroy(mpg__shm *shm);
 
+/* Number of collective operations this rank has entered to create groups
+ * (splits and their set-up), for tests and benchmarks; the issue-order
+ * checker's own are not counted.  0 for NULL.  Context thread. */
+long mpg__ctx_setup_collectives(const mpg_ctx *ctx);
+
 #ifdef __cplusplus
 }
 #endif

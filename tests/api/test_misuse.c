@@ -491,7 +491,6 @@ Test(api, ctx_create_misuse) {
   cr_expect_eq(mpg_ctx_local_rank(NULL), -1);
   cr_expect_eq(mpg_ctx_backend(NULL), MPG_BACKEND_THREAD);
   cr_expect_null(mpg_ctx_mesh(NULL));
-  cr_expect_eq(mpg_ctx_setup_collectives(NULL), 0);
   mpg_binding b = MPG_BINDING_INIT;
   EXPECT(mpg_ctx_get_binding(NULL, &b), MPG_ERR_INVALID, "NULL");
   mpg_group *g = (mpg_group *)1;

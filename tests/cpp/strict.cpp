@@ -112,7 +112,6 @@ void meshpg_strict_tu(meshpg::Group& g, meshpg::Sync& s, meshpg::Ctx& c,
   (void)c.group_at(0);
   (void)c.group_dims("dp_cp,tp");
   (void)c.binding();
-  (void)c.setup_collectives();
   (void)c.status();
   void* mem = c.mem_alloc(64);
   c.mem_zero(mem, 64);

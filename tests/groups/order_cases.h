@@ -8,7 +8,7 @@
  * first call of the case), and expects its outcome on every rank:
  *
  *   agree       the same collectives of every kind everywhere: the check
- *               passes and adds nothing to mpg_ctx_setup_collectives
+ *               passes and adds nothing to mpg__ctx_setup_collectives
  *   swap        rank 3 issues on "dp" first where the others issue on "tp"
  *               (both asynchronous, so that every backend completes them):
  *               MPG_ERR_STATE everywhere, naming call #1 of ranks 1 and 3
@@ -40,7 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "meshpg.h"
+#include "groups_internal.h" /* mpg__ctx_setup_collectives */
 
 #if defined(__GNUC__)
 #define OC_UNUSED __attribute__((unused))
@@ -173,7 +173,7 @@ static OC_UNUSED mpg_status oc_run(const mpg_init_opts *opts, const char *mode, 
   OC_TRY(mpg_ctx_group(ctx, "pp", &pp));
   OC_TRY(mpg_ctx_group(ctx, "world", &world));
   OC_TRY(mpg_ctx_check_order(ctx)); /* the creation splits agree */
-  long setup = mpg_ctx_setup_collectives(ctx);
+  long setup = mpg__ctx_setup_collectives(ctx);
   float x[4] = {1, 2, 3, 4}, y[4] = {5, 6, 7, 8}, z[16];
   mpg_status st;
   if (strcmp(mode, "agree") == 0) {
@@ -260,13 +260,13 @@ static OC_UNUSED mpg_status oc_run(const mpg_init_opts *opts, const char *mode, 
     rc = oc_sync_case(ctx, rank, strcmp(mode, "sync_extra") == 0, msg, cap);
     if (rc) goto done;
     OC_TRY(mpg_ctx_check_order(ctx));
-    setup = mpg_ctx_setup_collectives(ctx); /* the sync may create groups */
+    setup = mpg__ctx_setup_collectives(ctx); /* the sync may create groups */
   } else {
     OC_CHECK(0, "unknown case \"%s\"", mode);
   }
-  OC_CHECK(mpg_ctx_setup_collectives(ctx) == setup,
+  OC_CHECK(mpg__ctx_setup_collectives(ctx) == setup,
            "setup collectives went from %ld to %ld: the checker's were counted", setup,
-           mpg_ctx_setup_collectives(ctx));
+           mpg__ctx_setup_collectives(ctx));
 done:
   if (ctx) {
     st = mpg_ctx_destroy(ctx);

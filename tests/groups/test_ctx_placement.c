@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "meshpg.h"
+#include "groups_internal.h" /* mpg__ctx_setup_collectives */
 #include "../support/mpirun_util.h"
 
 typedef struct job {
@@ -122,11 +122,11 @@ static mpg_status lazy_main(const mpg_init_opts *in, void *arg) {
   if (!st) st = mpg_mesh_create(&spec, opts.world_size, &mesh);
   mpg_ctx *ctx = NULL;
   if (!st) st = mpg_ctx_create(mesh, &opts, &ctx);
-  long before = ctx ? mpg_ctx_setup_collectives(ctx) : 0;
+  long before = ctx ? mpg__ctx_setup_collectives(ctx) : 0;
   mpg_group *first = NULL;
   if (!st) st = mpg_ctx_group(ctx, in->rank % 2 ? "dp" : "tp", &first);
   /* One agreement and two splits, whatever this rank asked for. */
-  if (!st && mpg_ctx_setup_collectives(ctx) != before + 3) st = MPG_ERR_STATE;
+  if (!st && mpg__ctx_setup_collectives(ctx) != before + 3) st = MPG_ERR_STATE;
   const char *names[] = {"tp", "dp", "cp"};
   for (int i = 0; i < 3 && !st; i++) {
     mpg_group *g = NULL;

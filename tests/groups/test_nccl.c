@@ -1271,7 +1271,7 @@ Test(nccl_public, setup_collectives_with_placement_and_layout_check) {
   opts.host_id = "gpu-host";
   mpg_ctx *ctx = NULL;
   EXPECT_OK(mpg_ctx_create(mesh, &opts, &ctx));
-  cr_assert_geq(mpg_ctx_setup_collectives(ctx), 2);
+  cr_assert_geq(mpg__ctx_setup_collectives(ctx), 2);
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   mpg_sync *sync = NULL;
   EXPECT_OK(mpg_sync_create(ctx, &so, &sync));
