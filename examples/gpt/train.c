@@ -208,7 +208,7 @@ typedef struct trainer {
 /* the model's or a callback's error (reported where it happened) */
 #define PASS(expr) do { mpg_status st_ = (expr); if (st_ != MPG_OK) return st_; } while (0)
 #define MODEL_ERR(t) ((t)->m.comm.err != MPG_OK ? (t)->m.comm.err : (t)->rs.err)
-#define TALLOC(p, n) (((p) = calloc((size_t)(n), sizeof *(p))) != NULL)
+#define TALLOC(p, n) ((int)(((p) = calloc((size_t)(n), sizeof *(p))) != NULL))
 
 static double now_s(void) {
   struct timespec ts;
