@@ -15,7 +15,7 @@ usage: check_layout.py SOURCE_ROOT LIBMESHPG_A TOOLS_OBJECT_DIR
    file B defines" has no cycle.
 3. Size: no library source file, and no source or header of the meshpg
    program (tools/*.c, tools/*.h), is over 800 lines (a larger one mixes
-   jobs and should be split).
+   jobs and should be split), and no file of tests/ over 1,000.
 4. Hands off the process: no object of the library calls a function that
    writes the environment (setenv, unsetenv, putenv, clearenv), ends the
    process (exit, _exit, _Exit, quick_exit, abort) or prints (printf, puts,
@@ -33,6 +33,7 @@ MODULES = ["mesh/base", "mesh", "topo", "groups", "sync"]  # lowest first
 # Each module's headers that the modules above may include.
 EXPORTED = {"mesh/base": "mesh/base", "mesh": "mesh/include", "groups": "groups/include"}
 MAX_LINES = 800
+MAX_TEST_LINES = 1000  # a test source, header or worker
 
 
 # Another module's internal header, by module: the only ones allowed, each
@@ -195,6 +196,14 @@ def check_sizes(root, errors):
         if n > MAX_LINES:
             errors.append("%s: %d lines (over %d: split it by job)"
                           % (os.path.relpath(path, root), n, MAX_LINES))
+    for dirpath, _, files in os.walk(os.path.join(root, "tests")):
+        for f in sorted(files):
+            if f.endswith((".c", ".h", ".cpp", ".hpp")):
+                path = os.path.join(dirpath, f)
+                n = sum(1 for _ in open(path, encoding="utf-8", errors="replace"))
+                if n > MAX_TEST_LINES:
+                    errors.append("%s: %d lines (a test file over %d: split it by topic)"
+                                  % (os.path.relpath(path, root), n, MAX_TEST_LINES))
 
 
 HANDS_OFF = {"setenv", "unsetenv", "putenv", "clearenv", "exit", "_exit", "_Exit",
