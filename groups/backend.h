@@ -180,6 +180,16 @@ struct mpg__backend_ops {
    * and return when the copy is complete (setup collectives stage their
    * host data through it). */
   mpg_status (*mem_copy)(mpg__comm *world, void *dst, const void *src, size_t bytes);
+  /* Optional, for checkpoints (sync/ckpt*.c): pinned host staging
+   * (cudaHostAlloc) and its free, a copy either way between host and
+   * mem_alloc memory queued on `stream` (cudaMemcpyAsync), and a wait for
+   * everything queued on a stream (cudaStreamSynchronize).  NULL: host
+   * memory (malloc), memcpy, nothing to wait for. */
+  mpg_status (*host_alloc)(mpg__comm *world, size_t bytes, void **ptr);
+  mpg_status (*host_free)(mpg__comm *world, void *ptr);
+  mpg_status (*copy_async)(mpg__comm *world, void *dst, const void *src, size_t bytes,
+                           void *stream);
+  mpg_status (*stream_sync)(mpg__comm *world, void *stream);
   mpg_status (*stream_create)(mpg__comm *world, void **stream);
   mpg_status (*stream_destroy)(mpg__comm *world, void *stream);
   mpg_status (*stream_order)(mpg__comm *world, void *waiter, void *waitee);

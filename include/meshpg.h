@@ -1531,6 +1531,191 @@ MPG_API mpg_status mpg_sync_gather_all(mpg_sync *sync);
  * device memory.  Local (not collective); context thread. */
 MPG_API mpg_status mpg_sync_destroy(mpg_sync *sync);
 
+/* ------------------------------------------------------------------------ */
+/* Checkpoints (sync/ckpt*.c)                                                */
+/* ------------------------------------------------------------------------ */
+/* Save a run under one mesh and load it under another (docs/checkpoints.md).
+ * Each rank registers the tensors it holds, each as a piece of a global
+ * tensor: the global shape, the box of it that the local buffer is (whole,
+ * an axis split evenly over a dim set such as "tp", or an explicit box),
+ * and the range of the box this rank keeps (the owned range of a sharded
+ * optimizer's state).  Save stores every global tensor once, as chunks
+ * with their offsets: replicas are deduplicated, one writer per chunk,
+ * spread over the ranks.  Load reads, on each rank, the byte ranges its
+ * registered pieces need from whatever chunks hold them, so any change of
+ * mesh that leaves the global tensors the same (dp, tp, cp, pp, ep sizes;
+ * replicate, shard, HSDP) reshards on load.
+ *
+ * A checkpoint is a directory: one data file per writing rank and a
+ * metadata file written last, after every rank's data is durable; the
+ * directory appears by one atomic rename (an existing checkpoint of the
+ * same name is swapped out atomically), so a crash at any moment leaves
+ * the previous checkpoint whole and the new one whole or absent.  Every
+ * block of every chunk carries a checksum.
+ *
+ * Typical use (every rank):
+ *   mpg_ckpt_create(ctx, &opts, &ck);
+ *   mpg_ckpt_add(ck, "h3.fc.w", MPG_F32, &layout, param_view, NULL);
+ *   mpg_ckpt_add_state(ck, "h3.fc.w.exp_avg", MPG_F32, &layout, sync, p, m);
+ *   mpg_ckpt_add_bytes(ck, "trainer", &trainer_state, sizeof trainer_state);
+ *   mpg_ckpt_save(ck, "run/step-1000", 1000, stream); ... mpg_ckpt_wait(ck);
+ *   mpg_ckpt_load(ck, "run/step-1000", &step, stream);
+ * The registered buffers are the trainer's (not copied at registration):
+ * save reads them, load overwrites them.  On nccl they are device memory
+ * (mpg_ckpt_add_bytes: host memory), copied through pinned host staging on
+ * `stream`; elsewhere host memory. */
+typedef struct mpg_ckpt mpg_ckpt;
+
+#define MPG_CKPT_MAX_NDIM 8 /* most axes of a tensor */
+
+/* What a tensor is, for tools (meshpg ckpt export writes the params). */
+typedef enum mpg_ckpt_kind {
+  MPG_CKPT_PARAM = 0, /* a model parameter */
+  MPG_CKPT_STATE = 1, /* optimizer state (mpg_ckpt_add_state) */
+  MPG_CKPT_BYTES = 2  /* the trainer's own bytes (mpg_ckpt_add_bytes) */
+} mpg_ckpt_kind;
+
+/* How a local buffer sits in its global tensor: a versioned input struct
+ * (MPG_TENSOR_LAYOUT_INIT).  The box is, first match wins:
+ *  - split_dims set: the global shape with axis split_axis cut in S equal
+ *    parts (S: the size of the groups of dim set split_dims, e.g. "tp",
+ *    "etp", "ep"; it must divide shape[split_axis]); this rank holds part
+ *    p, its position in its group (mpg_mesh_group_of);
+ *  - box_shape[0] > 0: the box at box_offset of shape box_shape;
+ *  - else the whole tensor.
+ * The local buffer is the box in row-major order.  range_count > 0: the
+ * buffer holds only elements [range_offset, range_offset + range_count) of
+ * the box, in that order (a sharded optimizer's owned range). */
+typedef struct mpg_tensor_layout {
+  size_t size;
+  uint32_t magic;
+  uint32_t version;
+  int ndim;                                  /* 1 .. MPG_CKPT_MAX_NDIM */
+  size_t shape[MPG_CKPT_MAX_NDIM];           /* the global shape */
+  int split_axis;                            /* with split_dims */
+  const char *split_dims;                    /* NULL: not split */
+  size_t box_offset[MPG_CKPT_MAX_NDIM];      /* explicit box */
+  size_t box_shape[MPG_CKPT_MAX_NDIM];
+  size_t range_offset, range_count;          /* the held range of the box */
+  mpg_ckpt_kind kind;                        /* default MPG_CKPT_PARAM */
+} mpg_tensor_layout;
+#define MPG_TENSOR_LAYOUT_MAGIC 0x6d70676bu /* "mpgk" */
+#define MPG_TENSOR_LAYOUT_INIT                                               \
+  { sizeof(mpg_tensor_layout), MPG_TENSOR_LAYOUT_MAGIC, MPG_API_VERSION, 1, {0}, -1, NULL, \
+    {0}, {0}, 0, 0, MPG_CKPT_PARAM }
+
+/* Options of mpg_ckpt_create: a versioned input struct (MPG_CKPT_OPTS_INIT). */
+typedef struct mpg_ckpt_opts {
+  size_t size;
+  uint32_t magic;
+  uint32_t version;
+  int async;          /* 1: mpg_ckpt_save returns once the data is staged
+                         in host memory; the files are written by a
+                         thread of this rank meanwhile (mpg_ckpt_wait) */
+  double timeout_s;   /* how long a save waits for every rank's files to be
+                         durable, and a rank for the checkpoint to appear
+                         (default 600) */
+  size_t block_bytes; /* checksum block: each block of each chunk has its
+                         own checksum, and load reads whole blocks
+                         (default 1 MiB; a multiple of 4096) */
+} mpg_ckpt_opts;
+#define MPG_CKPT_OPTS_MAGIC 0x6d706763u /* "mpgc" */
+#define MPG_CKPT_OPTS_INIT \
+  { sizeof(mpg_ckpt_opts), MPG_CKPT_OPTS_MAGIC, MPG_API_VERSION, 0, 600.0, (size_t)1 << 20 }
+
+/* Create an empty checkpoint handle on a context (opts NULL: defaults);
+ * free it with mpg_ckpt_destroy, before the context.  Returns MPG_OK;
+ * MPG_ERR_INVALID (NULL ctx/out, opts not from MPG_CKPT_OPTS_INIT,
+ * timeout_s not > 0, block_bytes not a positive multiple of 4096);
+ * MPG_ERR_NOMEM.  Local; context thread. */
+MPG_API mpg_status mpg_ckpt_create(mpg_ctx *ctx, const mpg_ckpt_opts *opts,
+                                   mpg_ckpt **out);
+
+/* Register this rank's piece of global tensor `name` (copied; unique per
+ * rank), of dtype `dtype`, laid out as *layout, at `data` (range_count or
+ * the box's element count elements; the trainer's memory, read at save and
+ * written at load).  *id (may be NULL) receives its index.  Ranks may
+ * register different tensors (pipeline stages, experts); every rank that
+ * registers a name gives the same dtype, kind and global shape.  Returns
+ * MPG_OK; MPG_ERR_INVALID (NULL arguments, a wrong magic, ndim out of
+ * range, a zero extent, a box outside the shape, a range outside the box,
+ * split_axis out of range, a duplicate name, a name over 255 bytes);
+ * MPG_ERR_NOT_FOUND (split_dims names no dim set of the mesh);
+ * MPG_ERR_RANGE (the group size does not divide the axis); MPG_ERR_STATE
+ * while a save is in flight (mpg_ckpt_wait first); MPG_ERR_NOMEM.  Local;
+ * context thread. */
+MPG_API mpg_status mpg_ckpt_add(mpg_ckpt *ck, const char *name, mpg_dtype dtype,
+                                const mpg_tensor_layout *layout, void *data, int *id);
+
+/* Register an optimizer-state array of a sync's parameter `param`: its
+ * global tensor `name` has the parameter's global shape and box (*layout,
+ * whose range fields are ignored), and this rank holds the part it owns:
+ * in shard mode the range mpg_sync_get_shard gives, at state +
+ * info.shard_offset elements (state: this rank's optimizer-state array of
+ * mpg_sync_stats.shard_elems elements), or nothing when it owns none; in
+ * replicate mode the whole box at state.  The kind is MPG_CKPT_STATE.
+ * Returns as mpg_ckpt_add; MPG_ERR_STATE before the sync's commit;
+ * MPG_ERR_RANGE for a bad param; MPG_ERR_INVALID when the sync has
+ * another context or the box's element count is not the param's count.
+ * Local; context thread. */
+MPG_API mpg_status mpg_ckpt_add_state(mpg_ckpt *ck, const char *name, mpg_dtype dtype,
+                                      const mpg_tensor_layout *layout, mpg_sync *sync,
+                                      int param, void *state);
+
+/* Register `len` bytes of the trainer's own (RNG state, data position),
+ * host memory on every backend, as a one-axis tensor of kind
+ * MPG_CKPT_BYTES.  Every rank that registers a name must hold the same
+ * bytes at save (save fails otherwise, naming the two ranks): per-rank
+ * bytes take per-rank names.  Returns as mpg_ckpt_add. */
+MPG_API mpg_status mpg_ckpt_add_bytes(mpg_ckpt *ck, const char *name, void *data,
+                                      size_t len);
+
+/* Save every registered tensor into directory `dir` (created; its parent
+ * must exist), with `step`.  On nccl the copies to host staging are queued
+ * on `stream` (after the work queued there so far: the optimizer step) and
+ * waited for; NULL elsewhere.  With opts.async the call returns after
+ * staging and deduplication, and the files are written in the background:
+ * the registered buffers may change at once; mpg_ckpt_wait ends the save
+ * (a second save, a load or destroy waits for the first).  A save writes
+ * `dir`.partial and renames it to `dir` once complete; an existing `dir`
+ * that is a checkpoint is replaced atomically, any other existing `dir`
+ * (an empty one too) is refused.  Returns MPG_OK (written and published, or with async staged);
+ * MPG_ERR_INVALID (NULL arguments; `dir` exists and is not a checkpoint;
+ * ranks registered one name with different dtypes, kinds or shapes; two
+ * replicas of a chunk hold different values); MPG_ERR_IO (the file system:
+ * the message names the file and errno, e.g. no space left); MPG_ERR_TIMEOUT
+ * (a rank's files were not durable within opts.timeout_s); MPG_ERR_STATE
+ * (nothing registered by any rank); MPG_ERR_NOMEM; the groups layer's
+ * errors.  Every rank returns the same status.  Collective over the world;
+ * context thread. */
+MPG_API mpg_status mpg_ckpt_save(mpg_ckpt *ck, const char *dir, long step, void *stream);
+
+/* Wait for the save in flight (MPG_OK at once when there is none) and
+ * return its result, the same on every rank, as mpg_ckpt_save.
+ * Collective over the world when a save is in flight; context thread. */
+MPG_API mpg_status mpg_ckpt_wait(mpg_ckpt *ck);
+
+/* Load the checkpoint in `dir` into every registered buffer, resharding as
+ * their layouts say, and its step into *step (may be NULL).  Each rank
+ * reads only the blocks holding its pieces and checks their checksums;
+ * nothing is written to any rank's buffers unless every rank read all of
+ * its pieces.  On nccl the copies to device memory are queued on `stream`
+ * and waited for.  Returns MPG_OK; MPG_ERR_NOT_FOUND (`dir` is not a
+ * checkpoint; a registered tensor is not in it, or part of it is not:
+ * named); MPG_ERR_INVALID (a dtype, kind or global shape that differs from
+ * the checkpoint's: both named; corrupted metadata; a checksum mismatch,
+ * naming the tensor, the file and the offset); MPG_ERR_IO (a truncated
+ * file, named with the tensor and offset; other read errors);
+ * MPG_ERR_UNSUPPORTED (a format version newer than this library's);
+ * MPG_ERR_NOMEM; the groups layer's errors.  Every rank returns the same
+ * status.  Collective over the world; context thread. */
+MPG_API mpg_status mpg_ckpt_load(mpg_ckpt *ck, const char *dir, long *step, void *stream);
+
+/* Wait for a save in flight (its result is lost: call mpg_ckpt_wait first
+ * to see it), then free the handle.  NULL is a no-op.  Returns MPG_OK.
+ * Collective over the world when a save is in flight; context thread. */
+MPG_API mpg_status mpg_ckpt_destroy(mpg_ckpt *ck);
+
 #ifdef __cplusplus
 }
 #endif

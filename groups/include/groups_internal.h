@@ -127,6 +127,21 @@ size_t mpg__shm_mapped_bytes(const mpg__shm *shm);
  * completed, or after a failure. */
 mpg_status mpg__shm_destroy(mpg__shm *shm);
 
+/* Host staging for checkpoints (groups/staging.c).  device_buffers: 1
+ * when the context's buffers are device memory (nccl), so that save and
+ * load stage them.  host_alloc: pinned host memory on nccl, page-aligned
+ * malloc elsewhere; host_free frees it (NULL: nothing).  copy: `bytes`
+ * between host and the context's memory, either way, queued on `stream`
+ * on nccl (complete only after stream_sync), a memcpy elsewhere.
+ * stream_sync: wait for everything queued on `stream` (nothing off nccl).
+ * Local; errors MPG_ERR_NOMEM, MPG_ERR_BACKEND. */
+int mpg__ctx_device_buffers(const mpg_ctx *ctx);
+mpg_status mpg__ctx_host_alloc(mpg_ctx *ctx, size_t bytes, void **ptr);
+mpg_status mpg__ctx_host_free(mpg_ctx *ctx, void *ptr);
+mpg_status mpg__ctx_copy(mpg_ctx *ctx, void *dst, const void *src, size_t bytes,
+                         void *stream);
+mpg_status mpg__ctx_stream_sync(mpg_ctx *ctx, void *stream);
+
 /* Number of collective operations this rank has entered to create groups
  * (splits and their set-up), for tests and benchmarks; the issue-order
  * checker's own are not counted.  0 for NULL.  Context thread. */

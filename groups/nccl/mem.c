@@ -143,3 +143,56 @@ mpg_status mpg__nccl_stream_order(mpg__comm *c, void *waiter, void *waitee) {
                           : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "stream_order",
                                                 "cudaStreamWaitEvent", e);
 }
+
+/* Checkpoint staging.  Pinned memory, so that cudaMemcpyAsync is truly
+ * asynchronous with respect to the host ([API-SYNC], "Memcpy"); the copies
+ * go on the caller's stream, after the work queued there (the optimizer
+ * step), and the caller waits with mpg__nccl_stream_sync. */
+mpg_status mpg__nccl_host_alloc(mpg__comm *c, size_t bytes, void **ptr) {
+  int old;
+  *ptr = NULL;
+  cudaError_t e = mpg__nccl_dev_enter(c->device, &old);
+  if (e == cudaSuccess) {
+    e = cudaHostAlloc(ptr, bytes ? bytes : 1, cudaHostAllocPortable);
+    mpg__nccl_dev_leave(c->device, old);
+  }
+  if (e == cudaErrorMemoryAllocation)
+    return mpg__fail(MPG_ERR_NOMEM, "host_alloc: cudaHostAlloc of %zu bytes: out of memory",
+                     bytes);
+  return e == cudaSuccess ? MPG_OK
+                          : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "host_alloc", "cudaHostAlloc", e);
+}
+
+mpg_status mpg__nccl_host_free(mpg__comm *c, void *ptr) {
+  (void)c;
+  if (!ptr) return MPG_OK;
+  cudaError_t e = cudaFreeHost(ptr);
+  return e == cudaSuccess ? MPG_OK
+                          : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "host_free", "cudaFreeHost", e);
+}
+
+mpg_status mpg__nccl_copy_async(mpg__comm *c, void *dst, const void *src, size_t bytes,
+                                void *stream) {
+  if (!bytes) return MPG_OK;
+  int old;
+  cudaError_t e = mpg__nccl_dev_enter(c->device, &old);
+  if (e == cudaSuccess) {
+    e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream);
+    mpg__nccl_dev_leave(c->device, old);
+  }
+  return e == cudaSuccess
+             ? MPG_OK
+             : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "copy_async", "cudaMemcpyAsync", e);
+}
+
+mpg_status mpg__nccl_stream_sync(mpg__comm *c, void *stream) {
+  int old;
+  cudaError_t e = mpg__nccl_dev_enter(c->device, &old);
+  if (e == cudaSuccess) {
+    e = cudaStreamSynchronize((cudaStream_t)stream);
+    mpg__nccl_dev_leave(c->device, old);
+  }
+  return e == cudaSuccess ? MPG_OK
+                          : mpg__nccl_fail_cuda(MPG_ERR_BACKEND, "stream_sync",
+                                                "cudaStreamSynchronize", e);
+}

@@ -276,6 +276,13 @@ mpg_status mpg__nccl_mem_alloc(mpg__comm *c, size_t bytes, int registered,
 mpg_status mpg__nccl_mem_free(mpg__comm *c, void *ptr);
 mpg_status mpg__nccl_mem_zero(mpg__comm *c, void *ptr, size_t bytes, void *stream);
 mpg_status mpg__nccl_mem_copy(mpg__comm *c, void *dst, const void *src, size_t bytes);
+/* Checkpoint staging (backend.h): cudaHostAlloc / cudaFreeHost,
+ * cudaMemcpyAsync (cudaMemcpyDefault) on a stream, cudaStreamSynchronize. */
+mpg_status mpg__nccl_host_alloc(mpg__comm *c, size_t bytes, void **ptr);
+mpg_status mpg__nccl_host_free(mpg__comm *c, void *ptr);
+mpg_status mpg__nccl_copy_async(mpg__comm *c, void *dst, const void *src, size_t bytes,
+                                void *stream);
+mpg_status mpg__nccl_stream_sync(mpg__comm *c, void *stream);
 mpg_status mpg__nccl_stream_create(mpg__comm *c, void **stream);
 mpg_status mpg__nccl_stream_destroy(mpg__comm *c, void *stream);
 mpg_status mpg__nccl_stream_order(mpg__comm *c, void *waiter, void *waitee);

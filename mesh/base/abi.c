@@ -24,6 +24,8 @@ LAST_FIELD_CHECK(mpg_sync_opts);
 LAST_FIELD_CHECK(mpg_param_opts);
 LAST_FIELD_CHECK(mpg_sync_stats);
 LAST_FIELD_CHECK(mpg_shard_info);
+LAST_FIELD_CHECK(mpg_tensor_layout);
+LAST_FIELD_CHECK(mpg_ckpt_opts);
 
 unsigned mpg_version(void) { return MPG_VERSION_HEX; }
 

@@ -72,6 +72,8 @@ typedef struct mpg__abi_head {
 #define MPG__ABI_LAST_mpg_param_opts tied_group
 #define MPG__ABI_LAST_mpg_sync_stats shm_bytes
 #define MPG__ABI_LAST_mpg_shard_info shard_offset
+#define MPG__ABI_LAST_mpg_tensor_layout kind
+#define MPG__ABI_LAST_mpg_ckpt_opts block_bytes
 #define MPG__ABI_END(type) MPG__ABI_FIELD_END(type, MPG__ABI_LAST_##type)
 
 /* Import a caller's input struct: `full` (the library's own struct, whose

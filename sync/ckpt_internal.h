@@ -1,0 +1,99 @@
+/* Checkpoints (meshpg.h, "Checkpoints"; docs/checkpoints.md): what
+ * sync/ckpt.c (registration, agreement), sync/ckpt_save.c (stage,
+ * deduplicate, write, publish) and sync/ckpt_load.c (plan, read, verify)
+ * share.  The format itself is sync/ckpt_format.h.
+ *
+ * A save, on every rank:
+ *  1. stage: each registered piece is copied to host staging (always on
+ *     nccl and with async; a synchronous save on host memory reads the
+ *     trainer's buffers in place) and hashed block by block;
+ *  2. exchange: one all-gather over the world of every rank's chunk
+ *     descriptors (name, dtype, kind, shape, box, range, block hashes) and
+ *     its status so far; rank 0 has made `dir`.partial before it;
+ *  3. plan: every rank computes the same plan from the same descriptors:
+ *     identical chunks (same tensor, box and range) are one chunk, written
+ *     by the holder with the fewest bytes assigned so far (largest chunks
+ *     first), replicas must hash alike, one name has one dtype, kind and
+ *     shape;
+ *  4. write (the rank's thread with async): its chunks into
+ *     dir.partial/data-R.bin, fsync, then a marker file .done-R (or .fail-R
+ *     with the message); rank 0 waits for every marker, writes meta.mpgc
+ *     (fsync), renames dir.partial to dir (or swaps it with an existing
+ *     checkpoint, RENAME_EXCHANGE, and removes the old one); the other
+ *     ranks wait for dir/meta.mpgc with this save's id, or rank 0's .abort;
+ *  5. wait: join the thread; every rank agrees on the first failure. */
+#ifndef MPG_SYNC_CKPT_INTERNAL_H
+#define MPG_SYNC_CKPT_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt_format.h"
+#include "internal.h"
+
+#define MPG__CKPT_MSG 512 /* a rank's error message in the agreement */
+
+typedef struct mpg__ckpt_entry {
+  char *name;
+  int dtype, kind, ndim;
+  uint64_t shape[MPG_CKPT_MAX_NDIM], box_off[MPG_CKPT_MAX_NDIM],
+      box_shape[MPG_CKPT_MAX_NDIM];
+  uint64_t range_off, range_count; /* always set (count: the box's elements
+                                      when the whole box is held) */
+  void *data;                      /* the trainer's memory */
+  int host;                        /* host memory even on nccl (bytes) */
+} mpg__ckpt_entry;
+
+typedef struct mpg__ckpt_save mpg__ckpt_save; /* a save in flight */
+
+struct mpg_ckpt {
+  mpg_ctx *ctx;
+  mpg_ckpt_opts opts;
+  mpg__ckpt_entry *e;
+  int n, cap;
+  char sync_note[64]; /* " sync=shard" etc. for the mesh text */
+  mpg__ckpt_save *save;
+};
+
+/* Element size of an entry, in bytes. */
+static inline size_t mpg__ckpt_esz(const mpg__ckpt_entry *e) {
+  return mpg__ckpt_dtype_size(e->dtype);
+}
+
+/* The agreement of every rank on the first failure (ckpt.c): `st` and the
+ * thread's message (when st != MPG_OK) go in; out comes, on every rank,
+ * the status of the lowest failing rank with its message recorded as this
+ * thread's error ("world rank 3: ..."), or MPG_OK.  A failure of the
+ * agreement itself is returned as is.  Collective over the world. */
+mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, const char *what);
+
+/* The mesh text of the checkpoint ("pp=2,dp=2,tp=2 world=8 sync=shard"). */
+void mpg__ckpt_mesh_text(const mpg_ckpt *ck, char *buf, size_t cap);
+
+/* Save: start (stage, exchange, plan, launch the write) and finish (join,
+ * agree); ckpt_save.c. */
+mpg_status mpg__ckpt_save_start(mpg_ckpt *ck, const char *dir, long step, void *stream);
+mpg_status mpg__ckpt_save_finish(mpg_ckpt *ck);
+
+/* Load; ckpt_load.c. */
+mpg_status mpg__ckpt_load(mpg_ckpt *ck, const char *dir, long *step, void *stream);
+
+/* Files (ckpt_files.c).  write_all / read_all: the whole range or an
+ * MPG_ERR_IO naming `path`, the offset and errno (a short read is
+ * "truncated").  fsync_dir: fsync of a directory.  remove_tree: remove the
+ * regular files of a directory and the directory (missing: MPG_OK).
+ * is_checkpoint: 1 when dir/meta.mpgc exists. */
+mpg_status mpg__ckpt_write_all(int fd, const void *buf, size_t n, uint64_t off,
+                               const char *path);
+mpg_status mpg__ckpt_read_all(int fd, void *buf, size_t n, uint64_t off, const char *path);
+mpg_status mpg__ckpt_fsync_dir(const char *dir);
+mpg_status mpg__ckpt_remove_tree(const char *dir);
+int mpg__ckpt_is_checkpoint(const char *dir);
+/* Write a small file whole (create, write, fsync, close). */
+mpg_status mpg__ckpt_write_file(const char *path, const void *buf, size_t n);
+/* Sleep for `ms` milliseconds (a fraction allowed). */
+void mpg__ckpt_sleep_ms(double ms);
+double mpg__ckpt_now(void);
+
+#endif
