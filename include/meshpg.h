@@ -72,7 +72,7 @@ extern "C" {
 
 /* The version of this header.  mpg_version() gives the library's. */
 #define MPG_VERSION_MAJOR 1
-#define MPG_VERSION_MINOR 0
+#define MPG_VERSION_MINOR 1
 #define MPG_VERSION_PATCH 0
 /* 0xMMmmpp: compare with mpg_version(). */
 #define MPG_VERSION_HEX \

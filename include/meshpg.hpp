@@ -1374,7 +1374,7 @@ class Placement {
 /* Launch environment and hosts                                              */
 /* ------------------------------------------------------------------------ */
 
-/* The library's version (mpg_version_string), e.g. "1.0.0", and whether it
+/* The library's version (mpg_version_string), e.g. "1.1.0", and whether it
  * has the major.minor of this header (mpg_version() against
  * MPG_VERSION_HEX): before 1.0 a minor release may change the ABI. */
 inline std::string version() { return mpg_version_string(); }

@@ -151,7 +151,7 @@ Test(api, every_function_of_the_header_is_exercised) {
 
 Test(api, infallible_functions_give_their_neutral_values) {
   cr_expect_eq(mpg_version(), (unsigned)MPG_VERSION_HEX);
-  cr_expect_str_eq(mpg_version_string(), "1.0.0");
+  cr_expect_str_eq(mpg_version_string(), "1.1.0");
   cr_expect_str_eq(mpg_strerror((mpg_status)-1), "unknown status");
   cr_expect_str_eq(mpg_strerror(MPG_STATUS_COUNT), "unknown status");
   cr_expect_str_eq(mpg_status_name((mpg_status)999), "UNKNOWN");
@@ -885,3 +885,69 @@ static mpg_status sync_rank(const mpg_init_opts *opts, void *arg) {
 
 Test(api, sync_wrong_order_and_foreign_handles) { run_ranks("dp=2", sync_rank); }
 
+
+/* ------------------------------------------------------------------ */
+/* Checkpoints: arguments, layouts, state before commit, a missing dir */
+/* ------------------------------------------------------------------ */
+
+static mpg_status ckpt_rank(const mpg_init_opts *opts, void *arg) {
+  mpg_mesh *m = arg;
+  int rank = opts->rank;
+  mpg_ctx *c = NULL;
+  R_EXPECT(mpg_ctx_create(m, opts, &c), MPG_OK, "");
+  mpg_ckpt *ck = (mpg_ckpt *)1;
+  mpg_ckpt_opts co = MPG_CKPT_OPTS_INIT, cobad;
+  memset(&cobad, 0, sizeof cobad);
+  R_EXPECT(mpg_ckpt_create(NULL, &co, &ck), MPG_ERR_INVALID, "NULL");
+  R_TRUE(ck == NULL);
+  R_EXPECT(mpg_ckpt_create(c, &cobad, &ck), MPG_ERR_INVALID, "MPG_CKPT_OPTS_INIT");
+  co.block_bytes = 1000;
+  R_EXPECT(mpg_ckpt_create(c, &co, &ck), MPG_ERR_INVALID, "block_bytes");
+  co.block_bytes = 4096;
+  co.timeout_s = 0;
+  R_EXPECT(mpg_ckpt_create(c, &co, &ck), MPG_ERR_INVALID, "timeout_s");
+  co.timeout_s = 30;
+  R_EXPECT(mpg_ckpt_create(c, &co, &ck), MPG_OK, "");
+  float w[8] = {0};
+  mpg_tensor_layout l = MPG_TENSOR_LAYOUT_INIT, lbad;
+  memset(&lbad, 0, sizeof lbad);
+  l.ndim = 2, l.shape[0] = 4, l.shape[1] = 4;
+  R_EXPECT(mpg_ckpt_add(NULL, "w", MPG_F32, &l, w, NULL), MPG_ERR_INVALID, "NULL");
+  R_EXPECT(mpg_ckpt_add(ck, "w", MPG_F32, &lbad, w, NULL), MPG_ERR_INVALID, "LAYOUT_INIT");
+  l.split_dims = "nope", l.split_axis = 0;
+  R_EXPECT(mpg_ckpt_add(ck, "w", MPG_F32, &l, w, NULL), MPG_ERR_NOT_FOUND, "nope");
+  l.split_dims = "dp", l.split_axis = 2;
+  R_EXPECT(mpg_ckpt_add(ck, "w", MPG_F32, &l, w, NULL), MPG_ERR_INVALID, "split_axis");
+  l.split_axis = 0, l.shape[0] = 3;
+  R_EXPECT(mpg_ckpt_add(ck, "w", MPG_F32, &l, w, NULL), MPG_ERR_RANGE, "divisible");
+  l.shape[0] = 4, l.range_offset = 6, l.range_count = 4;
+  R_EXPECT(mpg_ckpt_add(ck, "w", MPG_F32, &l, w, NULL), MPG_ERR_INVALID, "range");
+  l.range_offset = 0, l.range_count = 0;
+  int id = -5;
+  R_EXPECT(mpg_ckpt_add(ck, "w", MPG_F32, &l, w, &id), MPG_OK, "");
+  R_TRUE(id == 0);
+  R_EXPECT(mpg_ckpt_add(ck, "w", MPG_F32, &l, w, &id), MPG_ERR_INVALID, "already");
+  R_EXPECT(mpg_ckpt_add_bytes(ck, "b", NULL, 4), MPG_ERR_INVALID, "NULL");
+  R_EXPECT(mpg_ckpt_add_bytes(ck, "b", w, 4), MPG_OK, "");
+  mpg_sync *s = NULL;
+  R_EXPECT(mpg_sync_create(c, NULL, &s), MPG_OK, "");
+  int p = -1;
+  R_EXPECT(mpg_sync_add_param(s, "w", 8, MPG_F32, NULL, &p), MPG_OK, "");
+  R_EXPECT(mpg_ckpt_add_state(ck, "w.m", MPG_F32, &l, s, p, w), MPG_ERR_STATE, "commit");
+  R_EXPECT(mpg_sync_commit(s), MPG_OK, "");
+  R_EXPECT(mpg_ckpt_add_state(ck, "w.m", MPG_F32, &l, s, 7, w), MPG_ERR_RANGE, "param 7");
+  R_EXPECT(mpg_ckpt_add_state(NULL, "w.m", MPG_F32, &l, s, p, w), MPG_ERR_INVALID, "NULL");
+  R_EXPECT(mpg_ckpt_save(ck, NULL, 1, NULL), MPG_ERR_INVALID, "NULL");
+  R_EXPECT(mpg_ckpt_save(ck, "/nonexistent-mpg/x/ck", 1, NULL), MPG_ERR_IO, "mkdir");
+  R_EXPECT(mpg_ckpt_load(ck, "/nonexistent-mpg/ck", NULL, NULL), MPG_ERR_NOT_FOUND,
+           "not a checkpoint");
+  R_EXPECT(mpg_ckpt_wait(NULL), MPG_ERR_INVALID, "NULL");
+  R_EXPECT(mpg_ckpt_wait(ck), MPG_OK, "");
+  R_EXPECT(mpg_ckpt_destroy(NULL), MPG_OK, "");
+  R_EXPECT(mpg_ckpt_destroy(ck), MPG_OK, "");
+  R_EXPECT(mpg_sync_destroy(s), MPG_OK, "");
+  R_EXPECT(mpg_ctx_destroy(c), MPG_OK, "");
+  return MPG_OK;
+}
+
+Test(api, ckpt_arguments_and_state) { run_ranks("dp=2", ckpt_rank); }
