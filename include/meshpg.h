@@ -1632,18 +1632,15 @@ MPG_API mpg_status mpg_ckpt_create(mpg_ctx *ctx, const mpg_ckpt_opts *opts,
                                    mpg_ckpt **out);
 
 /* Register this rank's piece of global tensor `name` (copied; unique per
- * rank), of dtype `dtype`, laid out as *layout, at `data` (range_count or
- * the box's element count elements; the trainer's memory, read at save and
- * written at load).  *id (may be NULL) receives its index.  Ranks may
- * register different tensors (pipeline stages, experts); every rank that
- * registers a name gives the same dtype, kind and global shape.  Returns
- * MPG_OK; MPG_ERR_INVALID (NULL arguments, a wrong magic, ndim out of
- * range, a zero extent, a box outside the shape, a range outside the box,
- * split_axis out of range, a duplicate name, a name over 255 bytes);
- * MPG_ERR_NOT_FOUND (split_dims names no dim set of the mesh);
+ * rank) of `dtype`, laid out as *layout, at `data` (the trainer's memory,
+ * read at save, written at load).  *id (may be NULL) receives its index.
+ * Ranks may register different tensors; those that share a name give the
+ * same dtype, kind and global shape (docs/checkpoints.md).  Returns MPG_OK;
+ * MPG_ERR_INVALID (NULL, a wrong magic, ndim, a zero extent, a box outside
+ * the shape or range outside the box, split_axis, a duplicate name, a name
+ * over 255 bytes); MPG_ERR_NOT_FOUND (split_dims names no dim set);
  * MPG_ERR_RANGE (the group size does not divide the axis); MPG_ERR_STATE
- * while a save is in flight (mpg_ckpt_wait first); MPG_ERR_NOMEM.  Local;
- * context thread. */
+ * while a save is in flight; MPG_ERR_NOMEM.  Local; context thread. */
 MPG_API mpg_status mpg_ckpt_add(mpg_ckpt *ck, const char *name, mpg_dtype dtype,
                                 const mpg_tensor_layout *layout, void *data, int *id);
 
@@ -1670,24 +1667,18 @@ MPG_API mpg_status mpg_ckpt_add_state(mpg_ckpt *ck, const char *name, mpg_dtype 
 MPG_API mpg_status mpg_ckpt_add_bytes(mpg_ckpt *ck, const char *name, void *data,
                                       size_t len);
 
-/* Save every registered tensor into directory `dir` (created; its parent
- * must exist), with `step`.  On nccl the copies to host staging are queued
- * on `stream` (after the work queued there so far: the optimizer step) and
- * waited for; NULL elsewhere.  With opts.async the call returns after
- * staging and deduplication, and the files are written in the background:
- * the registered buffers may change at once; mpg_ckpt_wait ends the save
- * (a second save, a load or destroy waits for the first).  A save writes
- * `dir`.partial and renames it to `dir` once complete; an existing `dir`
- * that is a checkpoint is replaced atomically, any other existing `dir`
- * (an empty one too) is refused.  Returns MPG_OK (written and published, or with async staged);
- * MPG_ERR_INVALID (NULL arguments; `dir` exists and is not a checkpoint;
- * ranks registered one name with different dtypes, kinds or shapes; two
- * replicas of a chunk hold different values); MPG_ERR_IO (the file system:
- * the message names the file and errno, e.g. no space left); MPG_ERR_TIMEOUT
- * (a rank's files were not durable within opts.timeout_s); MPG_ERR_STATE
- * (nothing registered by any rank); MPG_ERR_NOMEM; the groups layer's
- * errors.  Every rank returns the same status.  Collective over the world;
- * context thread. */
+/* Save every registered tensor into directory `dir` (its parent must
+ * exist) with `step`: written as `dir`.partial, published by a rename; an
+ * existing checkpoint `dir` is swapped out atomically, any other existing
+ * `dir` is refused.  On nccl the copies to host staging are queued on
+ * `stream` (after the optimizer step); NULL elsewhere.  With opts.async it
+ * returns once staged and the files are written in the background (end it
+ * with mpg_ckpt_wait; a second save, a load or destroy waits for it).
+ * Returns, the same on every rank, MPG_OK; MPG_ERR_INVALID (NULL, `dir`
+ * not a checkpoint, ranks that disagree on a name's dtype, kind or shape,
+ * replicas with different values); MPG_ERR_IO (naming the file and errno);
+ * MPG_ERR_TIMEOUT (a rank's files not durable within opts.timeout_s);
+ * MPG_ERR_STATE (nothing registered); MPG_ERR_NOMEM.  Collective (world). */
 MPG_API mpg_status mpg_ckpt_save(mpg_ckpt *ck, const char *dir, long step, void *stream);
 
 /* Wait for the save in flight (MPG_OK at once when there is none) and
@@ -1695,20 +1686,17 @@ MPG_API mpg_status mpg_ckpt_save(mpg_ckpt *ck, const char *dir, long step, void 
  * Collective over the world when a save is in flight; context thread. */
 MPG_API mpg_status mpg_ckpt_wait(mpg_ckpt *ck);
 
-/* Load the checkpoint in `dir` into every registered buffer, resharding as
+/* Load the checkpoint in `dir` into every registered buffer, resharded as
  * their layouts say, and its step into *step (may be NULL).  Each rank
- * reads only the blocks holding its pieces and checks their checksums;
- * nothing is written to any rank's buffers unless every rank read all of
- * its pieces.  On nccl the copies to device memory are queued on `stream`
- * and waited for.  Returns MPG_OK; MPG_ERR_NOT_FOUND (`dir` is not a
- * checkpoint; a registered tensor is not in it, or part of it is not:
- * named); MPG_ERR_INVALID (a dtype, kind or global shape that differs from
- * the checkpoint's: both named; corrupted metadata; a checksum mismatch,
- * naming the tensor, the file and the offset); MPG_ERR_IO (a truncated
- * file, named with the tensor and offset; other read errors);
- * MPG_ERR_UNSUPPORTED (a format version newer than this library's);
- * MPG_ERR_NOMEM; the groups layer's errors.  Every rank returns the same
- * status.  Collective over the world; context thread. */
+ * reads the checksummed blocks holding its pieces; no buffer changes
+ * unless every rank read all of its pieces.  On nccl the copies to device
+ * memory go on `stream` and are waited for.  Returns, the same on every
+ * rank, MPG_OK; MPG_ERR_NOT_FOUND (not a checkpoint; a tensor or part of
+ * one missing: named); MPG_ERR_INVALID (a dtype, kind or shape unlike the
+ * checkpoint's; corrupt metadata; a checksum mismatch naming the tensor,
+ * file and offset); MPG_ERR_IO (a truncated file; read errors);
+ * MPG_ERR_UNSUPPORTED (a newer format version); MPG_ERR_NOMEM.
+ * Collective over the world; context thread. */
 MPG_API mpg_status mpg_ckpt_load(mpg_ckpt *ck, const char *dir, long *step, void *stream);
 
 /* Wait for a save in flight (its result is lost: call mpg_ckpt_wait first

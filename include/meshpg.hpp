@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -1176,6 +1177,95 @@ class Sync {
 
  private:
   mpg_sync* sync_ = nullptr;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Checkpoints                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* A layout (MPG_TENSOR_LAYOUT_INIT) of a global tensor of `shape`, whole;
+ * set split_dims / split_axis, the box or the range on the result. */
+inline mpg_tensor_layout tensor_layout(std::initializer_list<std::size_t> shape,
+                                       const char* split_dims = nullptr, int split_axis = -1) {
+  mpg_tensor_layout l = MPG_TENSOR_LAYOUT_INIT;
+  l.ndim = 0;
+  for (std::size_t v : shape)
+    if (l.ndim < MPG_CKPT_MAX_NDIM) l.shape[l.ndim++] = v;
+  l.split_dims = split_dims;
+  l.split_axis = split_axis;
+  return l;
+}
+
+/* Owner of an mpg_ckpt (a checkpoint handle: mpg_ckpt_create).  Move-only;
+ * its Ctx must outlive it; context thread. */
+class Checkpoint {
+ public:
+  /* An empty owner. */
+  Checkpoint() noexcept = default;
+  /* Create a handle (mpg_ckpt_create; opts nullptr: the defaults).
+   * Throws ERR_INVALID. */
+  explicit Checkpoint(Ctx& ctx, const mpg_ckpt_opts* opts = nullptr) {
+    check(mpg_ckpt_create(ctx.get(), opts, &ck_));
+  }
+  /* Frees it (mpg_ckpt_destroy: waits for a save in flight, whose result
+   * is then lost; call wait() first to see it). */
+  ~Checkpoint() { (void)mpg_ckpt_destroy(ck_); }
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
+  /* Moves leave `other` empty. */
+  Checkpoint(Checkpoint&& other) noexcept : ck_(std::exchange(other.ck_, nullptr)) {}
+  /* Frees the handle held so far, then takes `other`'s. */
+  Checkpoint& operator=(Checkpoint&& other) noexcept {
+    if (this != &other) {
+      (void)mpg_ckpt_destroy(ck_);
+      ck_ = std::exchange(other.ck_, nullptr);
+    }
+    return *this;
+  }
+  /* The C handle (still owned). */
+  mpg_ckpt* get() const noexcept { return ck_; }
+  /* True when it holds a handle. */
+  explicit operator bool() const noexcept { return ck_ != nullptr; }
+
+  /* Register this rank's piece of a global tensor (mpg_ckpt_add); returns
+   * its index. */
+  int add(const std::string& name, mpg_dtype dtype, const mpg_tensor_layout& layout,
+          void* data) {
+    int id = -1;
+    check(mpg_ckpt_add(ck_, name.c_str(), dtype, &layout, data, &id));
+    return id;
+  }
+  /* The same with the dtype of T. */
+  template <class T, detail::if_dtype<T> = 0>
+  int add(const std::string& name, const mpg_tensor_layout& layout, T* data) {
+    return add(name, dtype_v<T>, layout, data);
+  }
+  /* An optimizer-state array of a sync's param (mpg_ckpt_add_state). */
+  void add_state(const std::string& name, mpg_dtype dtype, const mpg_tensor_layout& layout,
+                 Sync& sync, int param, void* state) {
+    check(mpg_ckpt_add_state(ck_, name.c_str(), dtype, &layout, sync.get(), param, state));
+  }
+  /* The trainer's own bytes (mpg_ckpt_add_bytes). */
+  void add_bytes(const std::string& name, void* data, std::size_t len) {
+    check(mpg_ckpt_add_bytes(ck_, name.c_str(), data, len));
+  }
+  /* Save (mpg_ckpt_save); collective over the world. */
+  void save(const std::string& dir, long step, void* stream = nullptr) {
+    check(mpg_ckpt_save(ck_, dir.c_str(), step, stream));
+  }
+  /* End the save in flight (mpg_ckpt_wait); collective. */
+  void wait() { check(mpg_ckpt_wait(ck_)); }
+  /* Load and return the saved step (mpg_ckpt_load); collective. */
+  long load(const std::string& dir, void* stream = nullptr) {
+    long step = 0;
+    check(mpg_ckpt_load(ck_, dir.c_str(), &step, stream));
+    return step;
+  }
+  /* Free it now and report the status the destructor would ignore. */
+  void close() { check(mpg_ckpt_destroy(std::exchange(ck_, nullptr))); }
+
+ private:
+  mpg_ckpt* ck_ = nullptr;
 };
 
 /* ------------------------------------------------------------------------ */

@@ -64,9 +64,11 @@ static inline size_t mpg__ckpt_esz(const mpg__ckpt_entry *e) {
 /* The agreement of every rank on the first failure (ckpt.c): `st` and the
  * thread's message (when st != MPG_OK) go in; out comes, on every rank,
  * the status of the lowest failing rank with its message recorded as this
- * thread's error ("world rank 3: ..."), or MPG_OK.  A failure of the
+ * thread's error ("world rank 3: ..."), or MPG_OK.  relayed: st only
+ * repeats another rank's failure (read from its marker file), which then
+ * comes after every rank's own failure.  A failure of the
  * agreement itself is returned as is.  Collective over the world. */
-mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, const char *what);
+mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, int relayed, const char *what);
 
 /* The mesh text of the checkpoint ("pp=2,dp=2,tp=2 world=8 sync=shard"). */
 void mpg__ckpt_mesh_text(const mpg_ckpt *ck, char *buf, size_t cap);

@@ -212,7 +212,7 @@ mpg_status mpg__ckpt_load(mpg_ckpt *ck, const char *dir, long *step, void *strea
     st = read_segs(&ld);
   }
   long saved_step = st ? 0 : (long)ld.m.step;
-  st = mpg__ckpt_agree(ck, st, "mpg_ckpt_load");
+  st = mpg__ckpt_agree(ck, st, 0, "mpg_ckpt_load");
   int device = mpg__ctx_device_buffers(ck->ctx);
   at = 0;
   for (int i = 0; i < ck->n && !st; i++) {

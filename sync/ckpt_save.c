@@ -168,18 +168,6 @@ static uint64_t make_save_id(void) {
   return mpg__xxh64(&v, sizeof v, (uint64_t)(uintptr_t)&v) | 1;
 }
 
-void mpg__ckpt_save_free(mpg_ckpt *ck, mpg__ckpt_save *sv) {
-  if (!sv) return;
-  for (int i = 0; i < ck->n && sv->pieces; i++) free(sv->pieces[i].hashes);
-  free(sv->pieces);
-  if (sv->staging) (void)mpg__ctx_host_free(ck->ctx, sv->staging);
-  free(sv->all);
-  free(sv->recs);
-  free(sv->writes);
-  free(sv->meta);
-  free(sv);
-}
-
 mpg_status mpg__ckpt_save_start(mpg_ckpt *ck, const char *dir, long step, void *stream) {
   mpg__ckpt_save *sv = calloc(1, sizeof *sv);
   if (!sv || !(sv->pieces = calloc((size_t)ck->n + 1, sizeof *sv->pieces))) {

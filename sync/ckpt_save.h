@@ -60,6 +60,7 @@ struct mpg__ckpt_save {
   pthread_t thread;
   int threaded;
   mpg_status result; /* of the write (and, on rank 0, the publish) */
+  int relayed;       /* result repeats another rank's failure */
   char msg[MPG__CKPT_MSG];
 };
 

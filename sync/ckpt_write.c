@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "ckpt_save.h"
+#include "groups_internal.h"
 
 static void marker_path(const mpg__ckpt_save *sv, const char *kind, int r, char *buf,
                         size_t cap) {
@@ -64,7 +65,9 @@ static mpg_status wait_markers(mpg__ckpt_save *sv, double deadline) {
     marker_path(sv, "fail", r, path, sizeof path);
     if (exists(path)) {
       read_text(path, msg, sizeof msg);
-      return mpg__fail(MPG_ERR_IO, "world rank %d: %s", r, msg);
+      sv->relayed = 1;
+      return mpg__fail(MPG_ERR_IO, "world rank %d: %s", r,
+                       msg[0] ? msg : "its files failed (its message could not be written)");
     }
     if (mpg__ckpt_now() > deadline)
       return mpg__fail(MPG_ERR_TIMEOUT,
@@ -141,7 +144,8 @@ static mpg_status wait_publish(mpg__ckpt_save *sv, double deadline) {
     if (published_id(sv) == sv->save_id) return MPG_OK;
     if (exists(path)) {
       read_text(path, msg, sizeof msg);
-      return mpg__fail(MPG_ERR_IO, "%s", msg);
+      sv->relayed = 1;
+      return mpg__fail(MPG_ERR_IO, "%s", msg[0] ? msg : "world rank 0 gave up this save");
     }
     if (mpg__ckpt_now() > deadline)
       return mpg__fail(MPG_ERR_TIMEOUT, "%s did not appear within %g s (timeout_s)", sv->dir,
@@ -165,9 +169,9 @@ static void *write_main(void *arg) {
     if (!st) st = wait_markers(sv, deadline);
     if (!st) st = publish(sv);
     if (st) {
+      if (!sv->msg[0]) snprintf(sv->msg, sizeof sv->msg, "%s", mpg_last_error());
       snprintf(path, sizeof path, "%s/.abort", sv->partial);
-      const char *m = mpg_last_error();
-      (void)mpg__ckpt_write_file(path, m, strlen(m));
+      (void)mpg__ckpt_write_file(path, sv->msg, strlen(sv->msg));
     }
   } else { /* also after a failure: rank 0 aborts, then every rank agrees */
     mpg_status ws = wait_publish(sv, deadline);
@@ -176,6 +180,18 @@ static void *write_main(void *arg) {
   sv->result = st;
   if (st && !sv->msg[0]) snprintf(sv->msg, sizeof sv->msg, "%s", mpg_last_error());
   return NULL;
+}
+
+void mpg__ckpt_save_free(mpg_ckpt *ck, mpg__ckpt_save *sv) {
+  if (!sv) return;
+  for (int i = 0; i < ck->n && sv->pieces; i++) free(sv->pieces[i].hashes);
+  free(sv->pieces);
+  if (sv->staging) (void)mpg__ctx_host_free(ck->ctx, sv->staging);
+  free(sv->all);
+  free(sv->recs);
+  free(sv->writes);
+  free(sv->meta);
+  free(sv);
 }
 
 mpg_status mpg__ckpt_write_start(mpg_ckpt *ck, mpg__ckpt_save *sv) {
@@ -192,7 +208,7 @@ mpg_status mpg__ckpt_save_finish(mpg_ckpt *ck) {
   if (sv->threaded) pthread_join(sv->thread, NULL);
   mpg_status st = sv->result;
   if (st) (void)mpg__fail(st, "%s", sv->msg);
-  st = mpg__ckpt_agree(ck, st, "mpg_ckpt_save");
+  st = mpg__ckpt_agree(ck, st, sv->relayed, "mpg_ckpt_save");
   if (st) {
     mpg__saved_error keep;
     mpg__error_save(&keep);

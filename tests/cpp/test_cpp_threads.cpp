@@ -458,3 +458,50 @@ Test(threads, shard_mode_through_the_cpp_layer, .timeout = 120) {
   });
   EXPECT_RUN_OK(run);
 }
+
+/* Checkpoints through the C++ layer: save an 8-rank shard run (params
+ * split over tp, the moment in the owned ranges), load it into a
+ * replicate-mode run of the same mesh, every element back. */
+Test(threads, checkpoint_through_the_cpp_layer, .timeout = 120) {
+  meshpg::Spec spec = seed_spec();
+  meshpg::Mesh mesh(spec);
+  char dir[] = "/tmp/mpg-cpp-ckpt-XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  const std::string ck_dir = std::string(dir) + "/ck";
+  for (int mode = 0; mode < 2; mode++) {
+    meshpg::ThreadRun run = meshpg::run_threads(8, 30, [&](const mpg_init_opts& opts) {
+      meshpg::Ctx ctx(mesh, opts);
+      mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+      so.sync.mode = mode == 0 ? MPG_SYNC_SHARD : MPG_SYNC_REPLICATE;
+      meshpg::Sync sync(ctx, so);
+      const int tp = ctx.group("tp").size(), tpos = ctx.group("tp").position();
+      const std::size_t cols = 16 / static_cast<std::size_t>(tp);
+      const int w = sync.add_param<float>("w", 8 * cols);
+      sync.commit();
+      std::vector<float> p(8 * cols), m(mode == 0 ? sync.stats().shard_elems : 8 * cols);
+      auto value = [&](std::size_t local) {  // a pure function of the global index
+        std::size_t r = local / cols, c = local % cols + static_cast<std::size_t>(tpos) * cols;
+        return static_cast<float>(r * 16 + c);
+      };
+      meshpg::Checkpoint ck(ctx);
+      mpg_tensor_layout l = meshpg::tensor_layout({8, 16}, "tp", 1);
+      ck.add<float>("w", l, p.data());
+      if (mode == 0) {
+        ck.add_state("w.m", MPG_F32, l, sync, w, m.data());
+        mpg_shard_info own = sync.shard(w);
+        for (std::size_t i = 0; i < 8 * cols; i++) p[i] = value(i);
+        for (std::size_t i = 0; i < own.count; i++)
+          m[own.shard_offset + i] = -value(own.param_offset + i);
+        ck.save(ck_dir, 7);
+      } else {
+        l.kind = MPG_CKPT_STATE;
+        ck.add<float>("w.m", l, m.data());
+        REQUIRE(ck.load(ck_dir) == 7);
+        for (std::size_t i = 0; i < 8 * cols; i++) REQUIRE(p[i] == value(i) && m[i] == -value(i));
+        expect_error(MPG_ERR_NOT_FOUND, [&] { ck.load(ck_dir + "-missing"); });
+      }
+    });
+    EXPECT_RUN_OK(run);
+  }
+  cr_assert_eq(system((std::string("rm -rf ") + dir).c_str()), 0);
+}

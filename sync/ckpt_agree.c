@@ -1,0 +1,59 @@
+/* Checkpoints: what save and load share with no call back into the
+ * handle's functions (ckpt_internal.h): the agreement of every rank on a
+ * result, and the mesh text of the metadata. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ckpt_internal.h"
+#include "groups_internal.h"
+
+mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, int relayed, const char *what) {
+  mpg_group *world = NULL;
+  mpg_status cs = mpg_ctx_group(ck->ctx, "world", &world);
+  if (cs) return mpg__fail_wrap(cs, "%s: the world group", what);
+  int rank = mpg_ctx_rank(ck->ctx), nw = mpg_group_size(world);
+  /* A failure of its own ranks before one relayed from another rank. */
+  int64_t mine = st ? (relayed ? nw : 0) + rank : 2 * (int64_t)nw, first = 2 * (int64_t)nw;
+  cs = mpg__group_host_all_reduce(world, &mine, &first, 1, MPG_I64, MPG_OP_MIN);
+  if (cs) return mpg__fail_wrap(cs, "%s: agreeing on the result", what);
+  if (first == 2 * (int64_t)nw) return MPG_OK;
+  first %= nw;
+  /* The first failing rank's status and message, summed from zeros. */
+  enum { W = 1 + MPG__CKPT_MSG / 8 };
+  int64_t msg[W], all[W];
+  memset(msg, 0, sizeof msg);
+  if (first == rank) {
+    msg[0] = (int64_t)st;
+    snprintf((char *)&msg[1], MPG__CKPT_MSG, "%s", mpg_last_error());
+  }
+  cs = mpg__group_host_all_reduce(world, msg, all, W, MPG_I64, MPG_OP_SUM);
+  if (cs) return mpg__fail_wrap(cs, "%s: sharing the error of world rank %lld", what,
+                                (long long)first);
+  char text[MPG__CKPT_MSG];
+  memcpy(text, &all[1], sizeof text);
+  text[sizeof text - 1] = 0;
+  mpg_status out = (mpg_status)all[0];
+  if (out <= MPG_OK || out >= MPG_STATUS_COUNT) out = MPG_ERR_STATE;
+  if (first == rank) return mpg__fail(out, "%s", text);
+  return mpg__fail(out, "world rank %lld failed: %s", (long long)first, text);
+}
+
+void mpg__ckpt_mesh_text(const mpg_ckpt *ck, char *buf, size_t cap) {
+  const mpg_mesh *mesh = mpg_ctx_mesh(ck->ctx);
+  size_t len = 0;
+  buf[0] = 0;
+  for (int d = 0; d < mpg_mesh_ndims(mesh) && len < cap; d++) {
+    const char *name = "";
+    int size = 0;
+    (void)mpg_mesh_dim(mesh, d, &name, &size);
+    len += (size_t)snprintf(buf + len, cap - len, "%s%s=%d", d ? "," : "", name, size);
+  }
+  for (int d = 0; d < mpg_mesh_expert_ndims(mesh) && len < cap; d++) {
+    const char *name = "";
+    int size = 0;
+    (void)mpg_mesh_expert_dim(mesh, d, &name, &size);
+    len += (size_t)snprintf(buf + len, cap - len, "%s%s=%d", d ? "," : " experts:", name, size);
+  }
+  if (len < cap)
+    snprintf(buf + len, cap - len, " world=%d%s", mpg_ctx_world_size(ck->ctx), ck->sync_note);
+}
