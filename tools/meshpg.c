@@ -11,6 +11,7 @@ static const char usage[] =
     "  plan   show the dims, ranks and groups of a mesh spec\n"
     "  topo   show this machine's (or a fixture's) GPUs, NUMA nodes, NICs and bindings\n"
     "  sim    train a small 3D-parallel model on simulated ranks and check it\n"
+    "  ckpt   show a checkpoint directory, or export it to safetensors\n"
     "\n"
     "Run 'meshpg <command> --help' for the options of one command.\n";
 
@@ -23,6 +24,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 1, argv + 1);
   if (strcmp(cmd, "topo") == 0) return cmd_topo(argc - 1, argv + 1);
   if (strcmp(cmd, "sim") == 0) return cmd_sim(argc - 1, argv + 1);
+  if (strcmp(cmd, "ckpt") == 0) return cmd_ckpt(argc - 1, argv + 1);
   if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
       strcmp(cmd, "help") == 0) {
     fputs(usage, stdout);
