@@ -96,6 +96,17 @@ static uint64_t le_get(const unsigned char *p, int k) {
   return v;
 }
 
+/* The hot loop's loads: one unaligned 8-byte load (memcpy), swapped on a
+ * big-endian host, instead of le_get's byte loop (5x slower here). */
+static inline uint64_t le64(const unsigned char *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap64(v);
+#endif
+  return v;
+}
+
 static uint64_t xxh_round(uint64_t acc, uint64_t input) {
   acc += input * P2;
   acc = rotl64(acc, 31);
@@ -117,10 +128,10 @@ uint64_t mpg__xxh64(const void *data, size_t n, uint64_t seed) {
     uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
     const unsigned char *limit = end - 32;
     do {
-      v1 = xxh_round(v1, le_get(p, 8));
-      v2 = xxh_round(v2, le_get(p + 8, 8));
-      v3 = xxh_round(v3, le_get(p + 16, 8));
-      v4 = xxh_round(v4, le_get(p + 24, 8));
+      v1 = xxh_round(v1, le64(p));
+      v2 = xxh_round(v2, le64(p + 8));
+      v3 = xxh_round(v3, le64(p + 16));
+      v4 = xxh_round(v4, le64(p + 24));
       p += 32;
     } while (p <= limit);
     h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
@@ -132,7 +143,7 @@ uint64_t mpg__xxh64(const void *data, size_t n, uint64_t seed) {
     h = seed + P5;
   }
   h += (uint64_t)n;
-  for (; end - p >= 8; p += 8) h = rotl64(h ^ xxh_round(0, le_get(p, 8)), 27) * P1 + P4;
+  for (; end - p >= 8; p += 8) h = rotl64(h ^ xxh_round(0, le64(p)), 27) * P1 + P4;
   if (end - p >= 4) {
     h = rotl64(h ^ (le_get(p, 4) * P1), 23) * P2 + P3;
     p += 4;
