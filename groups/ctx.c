@@ -371,6 +371,7 @@ mpg_status mpg_ctx_destroy(mpg_ctx *ctx) {
                      ctx->syncs == 1 ? "s" : "");
   mpg_status first = MPG_OK;
   mpg__saved_error why;
+  mpg__ctx_staging_release(ctx);
   mpg__order_destroy(ctx); /* frees the record; no check (see order.c) */
   for (int s = 0; s < ctx->nsets; s++) {
     mpg_group *g = &ctx->groups[s];

@@ -68,7 +68,12 @@ struct mpg_ctx {
   mpg_group *extra; /* groups made by mpg_ctx_group_dims / _select */
   struct mpg__order *order; /* order.c: the issue-order record, NULL when off */
   mpg__settings settings;   /* the MESHPG_* variables, read once at create */
+  struct mpg__staging *staging; /* staging.c: pinned host blocks, kept until
+                                   mpg_ctx_destroy (nccl) */
 };
+
+/* staging.c: free the context's pinned host blocks (mpg_ctx_destroy). */
+void mpg__ctx_staging_release(mpg_ctx *ctx);
 
 struct mpg_work {
   mpg_group *group;

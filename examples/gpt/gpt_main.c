@@ -8,6 +8,7 @@
  *       [--microbatches M] [--lr LR] [--seed S] [--data FILE] [--svg FILE]
  *       [--tol X] [--ptol X] [--every K] [--tensors]
  *       [--moe E [--topk K] [--ep N] [--etp N] [--dense-layers D] [--aux-coef A]]
+ *       [--save DIR --save-at K [--async-save]] [--resume DIR]
  *
  * --every K prints every K-th step of the loss table (and the last; default
  * 1 up to 30 steps, else about 20 rows); --tensors adds the per-tensor
@@ -47,6 +48,18 @@
  * comparison covers the router and each rank's expert shards ("h1.router.w",
  * "h1.e3.fc.w" in --tensors):
  *   gpt --mesh dp=4,tp=2 --sp --moe 8 --ep 4 --etp 1 --tensors
+ *
+ * Checkpoints (ckpt.h): --save DIR --save-at K saves, after the K-th step's
+ * optimizer update, every rank's parameters (global names and shapes, the
+ * tp / etp split as a box of the global tensor), AdamW's moments and the
+ * trainer's step into DIR through mpg_ckpt (--async-save: written in the
+ * background while training goes on).  --resume DIR loads such a
+ * checkpoint, saved under any mesh, into this run's mesh and trains from
+ * its step up to --steps; the comparison then covers the steps after the
+ * checkpoint and the final parameters, against the reference trained from
+ * step 0 without a stop:
+ *   gpt --mesh tp=2,cp=2,dp=2 --sp --shard --steps 10 --save ck --save-at 10
+ *   gpt --mesh dp=8 --shard --steps 20 --resume ck
  *
  * Tolerances: the parallel run computes the same f32 arithmetic as the
  * reference but sums in another order (tp partial sums added by an
@@ -100,7 +113,8 @@ static uint8_t *read_file(const char *path, size_t *len) {
   return buf;
 }
 
-static void write_svg(const char *path, const double *a, const double *b, int n,
+/* The loss curves of steps first .. first + n - 1 (1-based). */
+static void write_svg(const char *path, const double *a, const double *b, int n, int first,
                       double base) {
   FILE *f = fopen(path, "w");
   if (!f) { fprintf(stderr, "gpt: cannot write %s\n", path); return; }
@@ -126,8 +140,8 @@ static void write_svg(const char *path, const double *a, const double *b, int n,
     fprintf(f, "<text x=\"%g\" y=\"%g\" font-size=\"11\" text-anchor=\"end\">%.2f</text>\n",
             L - 4, Y(v) + 4, v);
   }
-  fprintf(f, "<text x=\"%g\" y=\"%g\" font-size=\"12\" text-anchor=\"middle\">step (1..%d)"
-             "</text>\n", (L + W - Rm) / 2, H - 15, n);
+  fprintf(f, "<text x=\"%g\" y=\"%g\" font-size=\"12\" text-anchor=\"middle\">step (%d..%d)"
+             "</text>\n", (L + W - Rm) / 2, H - 15, first, first + n - 1);
   fprintf(f, "<text x=\"%g\" y=\"18\" font-size=\"13\">loss: parallel (blue), reference "
              "(red, dashed), unigram entropy (grey)</text>\n", L);
   fprintf(f, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"grey\" "
@@ -160,12 +174,17 @@ static void usage(void) {
           "           [--svg FILE] [--tol X] [--ptol X] [--every K] [--tensors]\n"
           "           [--moe E [--topk K] [--ep N] [--etp N] [--dense-layers D]\n"
           "            [--aux-coef A]]\n"
+          "           [--save DIR --save-at K [--async-save]] [--resume DIR]\n"
           "  --moe   E experts per MoE layer (0: dense, the default); --topk experts\n"
           "          per token (2); --ep expert parallel size (1, E %% ep == 0);\n"
           "          --etp expert tensor parallel size (tp); --dense-layers D: the\n"
           "          first D layers keep a dense MLP (0); --aux-coef load-balancing\n"
           "          loss coefficient (0.01).  tp > 1 needs --sp; with --shard the\n"
           "          expert params shard over edp (a dp mesh, not dp_replicate)\n"
+          "  --save  DIR: save a checkpoint there after step K (--save-at, 1 .. steps);\n"
+          "          --async-save: written in the background while training goes on\n"
+          "  --resume DIR: load a checkpoint (saved under any mesh) and train from its\n"
+          "          step to --steps; compared with the reference after that step\n"
           "  --mpi   one rank per process of an mpirun job (MPI backend)\n"
           "  --nccl  thread ranks on the NCCL backend, one CUDA device each\n"
           "          (device = rank %% device count); the math stays on the host and\n"
@@ -175,182 +194,248 @@ static void usage(void) {
           "          machine --nccl needs as many GPUs as the mesh has ranks\n");
 }
 
-int main(int argc, char **argv) {
-  gpt_config c = {.n_layer = 2, .d_model = 32, .n_head = 4, .seq = 32, .batch = 8,
-                  .micro = 2, .lr = 3e-3f, .seed = 1, .moe = 0, .topk = 2, .dense_layers = 0,
-                  .aux_coef = 0.01f, .ep = 0, .etp = 0};
-  const char *mesh = "pp=2,dp=2,tp=2", *data_path = GPT_DEFAULT_DATA, *svg = NULL;
-  int sp = 0, shard = 0, mpi = 0, nccl = 0, steps = 20, every = 0, tensors = 0;
-  double tol = 1e-4, ptol = 1e-3;
+/* The command line. */
+typedef struct args {
+  gpt_config c;
+  const char *mesh, *data_path, *svg;
+  int sp, shard, mpi, nccl, steps, every, tensors;
+  gpt_ckpt_opts ck;
+  double tol, ptol;
+} args;
+
+/* Parse argv into *A: -1 to go on, else the exit status (0: --help). */
+static int parse_args(int argc, char **argv, args *A) {
+  gpt_config *c = &A->c;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--sp")) { sp = 1; continue; }
-    if (!strcmp(a, "--shard")) { shard = 1; continue; }
-    if (!strcmp(a, "--mpi") || !strcmp(a, "--launcher")) { mpi = 1; continue; }
-    if (!strcmp(a, "--nccl")) { nccl = 1; continue; }
-    if (!strcmp(a, "--tensors")) { tensors = 1; continue; }
+    if (!strcmp(a, "--sp")) { A->sp = 1; continue; }
+    if (!strcmp(a, "--shard")) { A->shard = 1; continue; }
+    if (!strcmp(a, "--mpi") || !strcmp(a, "--launcher")) { A->mpi = 1; continue; }
+    if (!strcmp(a, "--nccl")) { A->nccl = 1; continue; }
+    if (!strcmp(a, "--tensors")) { A->tensors = 1; continue; }
+    if (!strcmp(a, "--async-save")) { A->ck.async_save = 1; continue; }
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
     if (!v) { usage(); return 2; }
     i++;
-    if (!strcmp(a, "--mesh")) mesh = v;
-    else if (!strcmp(a, "--steps")) steps = atoi(v);
-    else if (!strcmp(a, "--layers")) c.n_layer = atoi(v);
-    else if (!strcmp(a, "--dmodel")) c.d_model = atoi(v);
-    else if (!strcmp(a, "--heads")) c.n_head = atoi(v);
-    else if (!strcmp(a, "--seq")) c.seq = atoi(v);
-    else if (!strcmp(a, "--batch")) c.batch = atoi(v);
-    else if (!strcmp(a, "--microbatches")) c.micro = atoi(v);
-    else if (!strcmp(a, "--lr")) c.lr = (float)atof(v);
-    else if (!strcmp(a, "--seed")) c.seed = strtoull(v, NULL, 0);
-    else if (!strcmp(a, "--data")) data_path = v;
-    else if (!strcmp(a, "--svg")) svg = v;
-    else if (!strcmp(a, "--tol")) tol = atof(v);
-    else if (!strcmp(a, "--ptol")) ptol = atof(v);
-    else if (!strcmp(a, "--every")) every = atoi(v);
-    else if (!strcmp(a, "--moe")) c.moe = atoi(v);
-    else if (!strcmp(a, "--topk")) c.topk = atoi(v);
-    else if (!strcmp(a, "--ep")) c.ep = atoi(v);
-    else if (!strcmp(a, "--etp")) c.etp = atoi(v);
-    else if (!strcmp(a, "--dense-layers")) c.dense_layers = atoi(v);
-    else if (!strcmp(a, "--aux-coef")) c.aux_coef = (float)atof(v);
+    if (!strcmp(a, "--mesh")) A->mesh = v;
+    else if (!strcmp(a, "--steps")) A->steps = atoi(v);
+    else if (!strcmp(a, "--layers")) c->n_layer = atoi(v);
+    else if (!strcmp(a, "--dmodel")) c->d_model = atoi(v);
+    else if (!strcmp(a, "--heads")) c->n_head = atoi(v);
+    else if (!strcmp(a, "--seq")) c->seq = atoi(v);
+    else if (!strcmp(a, "--batch")) c->batch = atoi(v);
+    else if (!strcmp(a, "--microbatches")) c->micro = atoi(v);
+    else if (!strcmp(a, "--lr")) c->lr = (float)atof(v);
+    else if (!strcmp(a, "--seed")) c->seed = strtoull(v, NULL, 0);
+    else if (!strcmp(a, "--data")) A->data_path = v;
+    else if (!strcmp(a, "--svg")) A->svg = v;
+    else if (!strcmp(a, "--tol")) A->tol = atof(v);
+    else if (!strcmp(a, "--ptol")) A->ptol = atof(v);
+    else if (!strcmp(a, "--every")) A->every = atoi(v);
+    else if (!strcmp(a, "--moe")) c->moe = atoi(v);
+    else if (!strcmp(a, "--topk")) c->topk = atoi(v);
+    else if (!strcmp(a, "--ep")) c->ep = atoi(v);
+    else if (!strcmp(a, "--etp")) c->etp = atoi(v);
+    else if (!strcmp(a, "--dense-layers")) c->dense_layers = atoi(v);
+    else if (!strcmp(a, "--aux-coef")) c->aux_coef = (float)atof(v);
+    else if (!strcmp(a, "--save")) A->ck.save_dir = v;
+    else if (!strcmp(a, "--save-at")) A->ck.save_at = atoi(v);
+    else if (!strcmp(a, "--resume")) A->ck.resume_dir = v;
     else { usage(); return 2; }
   }
-  if (steps < 1 || every < 0 || (mpi && nccl)) { usage(); return 2; }
-  if (every == 0) every = steps <= 30 ? 1 : (steps + 19) / 20;
-  size_t len = 0;
-  uint8_t *data = read_file(data_path, &len);
-  if (!data) { fprintf(stderr, "gpt: cannot read %s\n", data_path); return 1; }
-  gpt_dims d;
-  if (gpt_parse_mesh(mesh, &d)) { fprintf(stderr, "gpt: bad --mesh \"%s\"\n", mesh); return 2; }
-  /* MoE: one load-balancing group per micro-batch of a dp rank; ep 1 and
-   * etp tp by default. */
-  if (c.moe > 0) {
-    c.aux_seqs = d.dp * c.micro > 0 ? c.batch / (d.dp * c.micro) : 0;
-    if (c.ep < 1) c.ep = 1;
-    if (c.etp < 1) c.etp = d.tp;
+  if (A->steps < 1 || A->every < 0 || (A->mpi && A->nccl)) { usage(); return 2; }
+  char why[320];
+  if (gpt_ckpt_check_opts(&A->ck, A->steps, why, sizeof why))
+    return fprintf(stderr, "gpt: %s\n", why), 2;
+  if (A->every == 0) A->every = A->steps <= 30 ? 1 : (A->steps + 19) / 20;
+  return -1;
+}
+
+/* The config on the mesh (MoE: one load-balancing group per micro-batch
+ * of a dp rank; ep 1 and etp tp by default); NULL if fine, else why not. */
+static const char *check_config(gpt_config *c, const gpt_dims *d, int sp, size_t len) {
+  if (c->moe > 0) {
+    c->aux_seqs = d->dp * c->micro > 0 ? c->batch / (d->dp * c->micro) : 0;
+    if (c->ep < 1) c->ep = 1;
+    if (c->etp < 1) c->etp = d->tp;
   }
-  const char *why = gpt_config_check(&c, d.tp, d.pp, d.dp, d.cp, sp);
-  if (!why && c.moe > 0) {
-    why = gpt_moe_check(&c, d.tp, d.pp, d.dp, d.cp, sp, c.ep, c.etp);
-    if (!why && d.hsdp) why = "--moe needs a \"dp\" dim (not dp_replicate / dp_shard)";
-  } else if (!why && (c.ep > 1 || c.etp > 1)) {
+  const char *why = gpt_config_check(c, d->tp, d->pp, d->dp, d->cp, sp);
+  if (!why && c->moe > 0) {
+    why = gpt_moe_check(c, d->tp, d->pp, d->dp, d->cp, sp, c->ep, c->etp);
+    if (!why && d->hsdp) why = "--moe needs a \"dp\" dim (not dp_replicate / dp_shard)";
+  } else if (!why && (c->ep > 1 || c->etp > 1)) {
     why = "--ep and --etp need --moe";
   }
-  if (why || len < (size_t)c.seq + 2)
-    return fprintf(stderr, "gpt: %s\n", why ? why : "data too short"), 2;
-  /* With --mpi only rank 0 prints (its rank from the launcher). */
-  int root = 1;
-  if (mpi) {
-    mpg_launch L = MPG_LAUNCH_INIT;
-    if (mpg_launch_from_env(&L) != MPG_OK || L.rank < 0)
-      return fprintf(stderr, "gpt: --mpi: no launcher environment\n"), 2;
-    root = L.rank == 0;
-  }
-  double ent = gpt_unigram_entropy(data, len);
-  if (root) {
-    printf("data %s: %zu bytes, unigram entropy %.4f nats (uniform: %.4f)\n", data_path, len,
-           ent, log(256.0));
-    printf("model: layers %d, dmodel %d, heads %d, seq %d; batch %d, microbatches %d, lr %g, "
-           "seed %llu\n", c.n_layer, c.d_model, c.n_head, c.seq, c.batch, c.micro,
-           (double)c.lr, (unsigned long long)c.seed);
-    if (d.hsdp)
-      printf("mesh pp=%d,dp_replicate=%d,dp_shard=%d,cp=%d,tp=%d", d.pp, d.dp_rep, d.dp_shard,
-             d.cp, d.tp);
-    else
-      printf("mesh pp=%d,dp=%d,cp=%d,tp=%d", d.pp, d.dp, d.cp, d.tp);
-    printf("%s%s (%d %s)\n", sp ? " + sp" : "", shard ? " + shard" : "",
-           d.pp * d.dp * d.cp * d.tp,
-           mpi ? "MPI processes" : nccl ? "thread ranks on NCCL" : "thread ranks");
-    if (c.moe > 0)
-      printf("moe: %d experts, top-%d, layers %d..%d (%d dense first), aux coef %g over "
-             "groups of %d sequences; expert grid ep=%d, etp=%d, edp=%d\n",
-             c.moe, c.topk, c.dense_layers, c.n_layer - 1, c.dense_layers, (double)c.aux_coef,
-             c.aux_seqs, c.ep, c.etp, d.pp * d.dp * d.cp * d.tp / (d.pp * c.ep * c.etp));
-    fflush(stdout);
-  }
+  return why ? why : len < (size_t)c->seq + 2 ? "data too short" : NULL;
+}
 
-  gpt_model ref;
-  double *rloss = calloc((size_t)steps, sizeof(double));
-  double *raux = calloc((size_t)steps, sizeof(double));
-  double *rimb = calloc((size_t)steps, sizeof(double));
-  float **g1 = NULL;
-  double t0 = now();
-  if (!rloss || !raux || !rimb ||
-      gpt_reference_train_moe(&c, data, len, steps, &ref, rloss, raux, rimb, &g1) || !g1)
-    return fprintf(stderr, "gpt: reference failed\n"), 1;
-  double t1 = now();
-  gpt_par_result res;
-  gpt_par_opts po = {sp, shard, mpi, nccl, 0};
-  if (gpt_parallel_train_opts(&c, data, len, mesh, &po, steps, &ref, g1, &res))
-    return fprintf(stderr, "gpt: %s\n", res.error), 1;
-  double t2 = now();
-  int pass = 1; /* only the root reports (--mpi) */
-  if (!res.root) goto out;
-  /* With MoE: the aux loss (part of the loss) and the tokens-per-expert
-   * imbalance (max / mean over experts, worst MoE layer) of each step,
-   * next to the reference's.  The aux loss is compared on its own too: it
-   * is a small part of the loss. */
-  const int moe = c.moe > 0;
+static void print_setup(const args *A, const gpt_dims *d, size_t len, double ent) {
+  const gpt_config *c = &A->c;
+  printf("data %s: %zu bytes, unigram entropy %.4f nats (uniform: %.4f)\n", A->data_path, len,
+         ent, log(256.0));
+  printf("model: layers %d, dmodel %d, heads %d, seq %d; batch %d, microbatches %d, lr %g, "
+         "seed %llu\n", c->n_layer, c->d_model, c->n_head, c->seq, c->batch, c->micro,
+         (double)c->lr, (unsigned long long)c->seed);
+  if (d->hsdp)
+    printf("mesh pp=%d,dp_replicate=%d,dp_shard=%d,cp=%d,tp=%d", d->pp, d->dp_rep, d->dp_shard,
+           d->cp, d->tp);
+  else
+    printf("mesh pp=%d,dp=%d,cp=%d,tp=%d", d->pp, d->dp, d->cp, d->tp);
+  printf("%s%s (%d %s)\n", A->sp ? " + sp" : "", A->shard ? " + shard" : "",
+         d->pp * d->dp * d->cp * d->tp,
+         A->mpi ? "MPI processes" : A->nccl ? "thread ranks on NCCL" : "thread ranks");
+  if (c->moe > 0)
+    printf("moe: %d experts, top-%d, layers %d..%d (%d dense first), aux coef %g over "
+           "groups of %d sequences; expert grid ep=%d, etp=%d, edp=%d\n",
+           c->moe, c->topk, c->dense_layers, c->n_layer - 1, c->dense_layers,
+           (double)c->aux_coef, c->aux_seqs, c->ep, c->etp,
+           d->pp * d->dp * d->cp * d->tp / (d->pp * c->ep * c->etp));
+  fflush(stdout);
+}
+
+/* The reference's run: its final model, per-step losses and step 1's
+ * gradients. */
+typedef struct refrun {
+  gpt_model model;
+  double *loss, *aux, *imb;
+  float **g1;
+  double secs;
+} refrun;
+
+/* The loss table from the first step this run trained (with MoE the aux
+ * loss, part of the loss, compared on its own too, and the
+ * tokens-per-expert imbalance, max / mean over experts in the worst MoE
+ * layer); the largest errors of loss and aux into err[0], err[1]. */
+static void loss_table(const args *A, const gpt_par_result *res, const refrun *R,
+                       double err[2]) {
+  const int moe = A->c.moe > 0, start = res->start, steps = A->steps;
   if (moe)
     printf("\n%6s %12s %12s %10s %12s %12s %10s %8s %8s\n", "step", "loss", "ref loss",
            "rel err", "aux", "ref aux", "rel err", "imbal", "ref");
   else
     printf("\n%6s %12s %12s %12s\n", "step", "loss", "ref loss", "rel err");
-  double max_loss_err = 0.0, max_aux_err = 0.0;
-  for (int s = 0; s < steps; s++) {
-    double e = fabs(res.loss[s] - rloss[s]) / fabs(rloss[s]);
-    double ea = moe && raux[s] != 0 ? fabs(res.aux[s] - raux[s]) / fabs(raux[s]) : 0.0;
-    if (moe && raux[s] == 0) ea = fabs(res.aux[s]);
-    max_loss_err = fmax(max_loss_err, e);
-    max_aux_err = fmax(max_aux_err, ea);
-    if (s == 0 || (s + 1) % every == 0 || s == steps - 1) {
+  err[0] = err[1] = 0.0;
+  for (int s = start; s < steps; s++) {
+    double e = fabs(res->loss[s] - R->loss[s]) / fabs(R->loss[s]);
+    double ea = moe && R->aux[s] != 0 ? fabs(res->aux[s] - R->aux[s]) / fabs(R->aux[s]) : 0.0;
+    if (moe && R->aux[s] == 0) ea = fabs(res->aux[s]);
+    err[0] = fmax(err[0], e);
+    err[1] = fmax(err[1], ea);
+    if (s == start || (s + 1) % A->every == 0 || s == steps - 1) {
       if (moe)
         printf("%6d %12.6f %12.6f %10.3e %12.6f %12.6f %10.3e %8.3f %8.3f\n", s + 1,
-               res.loss[s], rloss[s], e, res.aux[s], raux[s], ea, res.imbalance[s], rimb[s]);
+               res->loss[s], R->loss[s], e, res->aux[s], R->aux[s], ea, res->imbalance[s],
+               R->imb[s]);
       else
-        printf("%6d %12.6f %12.6f %12.3e\n", s + 1, res.loss[s], rloss[s], e);
+        printf("%6d %12.6f %12.6f %12.3e\n", s + 1, res->loss[s], R->loss[s], e);
     }
   }
-  if (tensors)
+}
+
+/* The comparison, on the root; returns 1 on PASS. */
+static int report(const args *A, const gpt_par_result *res, const refrun *R, double ent,
+                  double par_s) {
+  const gpt_config *c = &A->c;
+  const int start = res->start, steps = A->steps;
+  if (A->ck.save_dir)
+    printf("\nsaved checkpoint %s after step %d%s\n", A->ck.save_dir, A->ck.save_at,
+           A->ck.async_save ? " (async: written while training went on)" : "");
+  if (A->ck.resume_dir)
+    printf("\nresumed from checkpoint %s at step %d: steps %d..%d and the final parameters "
+           "against the reference trained from step 0\n", A->ck.resume_dir, start, start + 1,
+           steps);
+  double err[2];
+  loss_table(A, res, R, err);
+  if (A->tensors)
     printf("\nrelative error ||a - ref|| / ||ref|| per tensor shard (max over ranks)\n"
-           "  %-14s %10s  %12s  %12s\n", "tensor", "elements", "grad step 1",
-           "param final");
+           "  %-14s %10s  %12s  %12s\n", "tensor", "elements", "grad step 1", "param final");
   double max_param_err = 0.0, max_grad_err = 0.0;
-  for (int id = 0; id < res.nt; id++) {
+  for (int id = 0; id < res->nt; id++) {
     char name[48];
-    if (!ref.p[id]) continue; /* the dense MLP ids of an MoE layer: no such tensor */
-    gpt_tensor_name_cfg(&c, id, name, sizeof name);
-    if (tensors)
-      printf("  %-14s %10zu  %12.3e  %12.3e\n", name, gpt_tensor_count(&c, id, 1),
-             res.grad_err[id], res.param_err[id]);
-    max_param_err = fmax(max_param_err, res.param_err[id]);
-    max_grad_err = fmax(max_grad_err, res.grad_err[id]);
+    if (!R->model.p[id]) continue; /* the dense MLP ids of an MoE layer: no such tensor */
+    gpt_tensor_name_cfg(c, id, name, sizeof name);
+    if (A->tensors)
+      printf("  %-14s %10zu  %12.3e  %12.3e\n", name, gpt_tensor_count(c, id, 1),
+             res->grad_err[id], res->param_err[id]);
+    max_param_err = fmax(max_param_err, res->param_err[id]);
+    max_grad_err = fmax(max_grad_err, res->grad_err[id]);
   }
-  if (tensors) printf("(param final: qkv.b without its key part, see train.h)\n");
-  printf("\nmax rel err: loss %.3e, grad (step 1) %.3e (tolerance %.1e); param %.3e "
-         "(tolerance %.1e)\n", max_loss_err, max_grad_err, tol, max_param_err, ptol);
-  if (moe)
+  if (A->tensors) printf("(param final: qkv.b without its key part, see train.h)\n");
+  char gerr[32] = "n/a (resumed)"; /* step 1's gradients: not in a resumed run */
+  if (start == 0) snprintf(gerr, sizeof gerr, "%.3e", max_grad_err);
+  printf("\nmax rel err: loss %.3e, grad (step 1) %s (tolerance %.1e); param %.3e "
+         "(tolerance %.1e)\n", err[0], gerr, A->tol, max_param_err, A->ptol);
+  if (c->moe > 0)
     printf("moe: aux loss max rel err %.3e (tolerance %.1e); last step aux %.6f, tokens per "
-           "expert max/mean %.3f (reference %.3f)\n", max_aux_err, tol, res.aux[steps - 1],
-           res.imbalance[steps - 1], rimb[steps - 1]);
+           "expert max/mean %.3f (reference %.3f)\n", err[1], A->tol, res->aux[steps - 1],
+           res->imbalance[steps - 1], R->imb[steps - 1]);
   printf("final loss %.4f vs unigram entropy %.4f; reference %.2f s, parallel %.2f s "
          "(%.1f ms per step after the first)\n",
-         res.loss[steps - 1], ent, t1 - t0, t2 - t1, 1e3 * res.step_s);
-  if (res.comm_frac >= 0)
+         res->loss[steps - 1], ent, R->secs, par_s, 1e3 * res->step_s);
+  if (res->comm_frac >= 0)
     printf("exposed communication: %.1f %% of a step on the most exposed rank (blocking "
            "collectives, p2p incl. pipeline bubbles, the sync's waits)\n",
-           100.0 * res.comm_frac);
-  pass = max_loss_err <= tol && max_grad_err <= tol && max_param_err <= ptol &&
-             max_aux_err <= tol;
+           100.0 * res->comm_frac);
+  const int pass = err[0] <= A->tol && max_grad_err <= A->tol && max_param_err <= A->ptol &&
+                   err[1] <= A->tol;
   printf("%s\n", pass ? "PASS" : "FAIL");
-  if (svg) {
-    write_svg(svg, res.loss, rloss, steps, ent);
-    printf("wrote %s\n", svg);
+  if (A->svg) {
+    write_svg(A->svg, res->loss + start, R->loss + start, steps - start, start + 1, ent);
+    printf("wrote %s\n", A->svg);
   }
+  return pass;
+}
+
+int main(int argc, char **argv) {
+  args A = {.c = {.n_layer = 2, .d_model = 32, .n_head = 4, .seq = 32, .batch = 8, .micro = 2,
+                  .lr = 3e-3f, .seed = 1, .moe = 0, .topk = 2, .dense_layers = 0,
+                  .aux_coef = 0.01f, .ep = 0, .etp = 0},
+            .mesh = "pp=2,dp=2,tp=2", .data_path = GPT_DEFAULT_DATA, .steps = 20,
+            .tol = 1e-4, .ptol = 1e-3};
+  int rc = parse_args(argc, argv, &A);
+  if (rc >= 0) return rc;
+  gpt_dims d;
+  if (gpt_parse_mesh(A.mesh, &d)) return fprintf(stderr, "gpt: bad --mesh \"%s\"\n", A.mesh), 2;
+  size_t len = 0;
+  uint8_t *data = read_file(A.data_path, &len);
+  if (!data) return fprintf(stderr, "gpt: cannot read %s\n", A.data_path), 1;
+  const char *why = check_config(&A.c, &d, A.sp, len);
+  int root = 1; /* with --mpi only rank 0 prints (its rank from the launcher) */
+  if (!why && A.mpi) {
+    mpg_launch L = MPG_LAUNCH_INIT;
+    if (mpg_launch_from_env(&L) != MPG_OK || L.rank < 0) why = "--mpi: no launcher environment";
+    root = L.rank == 0;
+  }
+  if (why) return free(data), fprintf(stderr, "gpt: %s\n", why), 2;
+  const double ent = gpt_unigram_entropy(data, len);
+  if (root) print_setup(&A, &d, len, ent);
+
+  refrun R = {.loss = calloc((size_t)A.steps, sizeof(double)),
+              .aux = calloc((size_t)A.steps, sizeof(double)),
+              .imb = calloc((size_t)A.steps, sizeof(double))};
+  gpt_par_result res;
+  memset(&res, 0, sizeof res);
+  int pass = 0;
+  double t0 = now();
+  if (!R.loss || !R.aux || !R.imb ||
+      gpt_reference_train_moe(&A.c, data, len, A.steps, &R.model, R.loss, R.aux, R.imb,
+                              &R.g1) || !R.g1) {
+    fprintf(stderr, "gpt: reference failed\n");
+    goto out;
+  }
+  R.secs = now() - t0, t0 = now();
+  gpt_par_opts po = {A.sp, A.shard, A.mpi, A.nccl, 0};
+  if (gpt_parallel_train_ckpt(&A.c, data, len, A.mesh, &po, &A.ck, A.steps, &R.model, R.g1,
+                              &res)) {
+    fprintf(stderr, "gpt: %s\n", res.error);
+    goto out;
+  }
+  /* only the root reports (--mpi) */
+  pass = res.root ? report(&A, &res, &R, ent, now() - t0) : 1;
 out:
   gpt_par_result_free(&res);
-  for (int id = 0; id < ref.nt; id++) free(g1[id]);
-  free(g1), free(rloss), free(raux), free(rimb), free(data);
-  gpt_model_free(&ref);
+  for (int id = 0; R.g1 && id < R.model.nt; id++) free(R.g1[id]);
+  free(R.g1), free(R.loss), free(R.aux), free(R.imb), free(data);
+  gpt_model_free(&R.model);
   return pass ? 0 : 1;
 }

@@ -30,10 +30,15 @@
  *    etp, ep, NULL)); MoE layers dispatch tokens over "ep" and split each
  *    expert over "etp"; expert gradients are averaged over "edp" with the
  *    pre-multiplier derived at their registration below.
+ *  - checkpoints (ckpt.c, --save / --resume): after the model is built
+ *    every rank registers its tensors with an mpg_ckpt; a resume loads
+ *    them (resharded to this mesh) before the first step, a save follows
+ *    the optimizer step it names.  The structs below are in trainer.h,
+ *    shared with ckpt.c; gpt_parse_mesh and the shard comparison are in
+ *    train_util.c.
  */
-#include "train.h"
+#include "trainer.h"
 #include "moe.h"
-#include "stage.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -42,99 +47,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-int gpt_parse_mesh(const char *s, gpt_dims *d) {
-  memset(d, 0, sizeof *d);
-  d->pp = d->dp = d->cp = d->tp = d->dp_rep = d->dp_shard = 1;
-  int has_dp = 0;
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", s);
-  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-       tok = strtok_r(NULL, ",", &save)) {
-    char name[32];
-    int v;
-    if (sscanf(tok, " %31[a-z_] = %d", name, &v) != 2 || v < 1) return -1;
-    if (!strcmp(name, "pp")) d->pp = v;
-    else if (!strcmp(name, "dp")) d->dp = v, has_dp = 1;
-    else if (!strcmp(name, "cp")) d->cp = v;
-    else if (!strcmp(name, "tp")) d->tp = v;
-    else if (!strcmp(name, "dp_replicate")) d->dp_rep = v, d->hsdp = 1;
-    else if (!strcmp(name, "dp_shard")) d->dp_shard = v, d->hsdp = 1;
-    else return -1;
-  }
-  if (d->hsdp) {
-    if (has_dp) return -1; /* dp or dp_replicate x dp_shard, not both */
-    d->dp = d->dp_rep * d->dp_shard;
-  }
-  return 0;
-}
-
-double gpt_shard_error_at(const gpt_config *c, int id, int parts, int r, const float *a,
-                          size_t off, size_t n, const float *ref_full, int skip_key_bias) {
-  const size_t C = (size_t)c->d_model;
-  const int kb = skip_key_bias && id < gpt_moe_base(c) && gpt_tensor_layer(id) >= 0 &&
-                 gpt_tensor_kind(id) == L_QKVB;
-  double e2 = 0.0, r2 = 0.0;
-  if (n == 0) return -1.0;
-  for (size_t i = off; i < off + n; i++) {
-    size_t f = gpt_shard_to_full(c, id, parts, r, i);
-    if (kb && f >= C && f < 2 * C) continue;
-    double ref = ref_full[f], d = (double)a[i] - ref;
-    e2 += d * d;
-    r2 += ref * ref;
-  }
-  return r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
-}
-
-double gpt_shard_error(const gpt_config *c, int id, int parts, int r, const float *a,
-                       size_t n, const float *ref_full, int skip_key_bias) {
-  return gpt_shard_error_at(c, id, parts, r, a, 0, n, ref_full, skip_key_bias);
-}
-
-/* The group size a tensor of split kind `split` (gpt_tensor_split) is cut
- * over, and this rank's shard index in it. */
-static int split_parts(int split, int tp, int etp) {
-  return split == GPT_SPLIT_TP ? tp : split == GPT_SPLIT_ETP ? etp : 1;
-}
-static int split_rank(int split, int tp_rank, int etp_rank) {
-  return split == GPT_SPLIT_TP ? tp_rank : split == GPT_SPLIT_ETP ? etp_rank : 0;
-}
-
-typedef struct job {
-  gpt_config cfg;
-  const uint8_t *data;
-  size_t len;
-  mpg_mesh *mesh;
-  gpt_dims d;
-  gpt_par_opts o;
-  int steps;
-  const gpt_model *ref;
-  float *const *ref_grads1;
-  gpt_par_result *res;
-} job;
-
-typedef struct rank_state {
-  mpg_sync *sync;
-  int *param_of;    /* tensor id -> sync param id */
-  float *premul;    /* multiplier of the summed gradient before its
-                       reduction (1: none): tp for a partial sum over tp
-                       (sp), the expert scale for expert tensors */
-  /* grad / param: the host arrays the model computes with.  dgrad / dparam:
-   * the sync's views (mpg_sync_grad, mpg_sync_param).  On thread and MPI
-   * they are the same memory; on NCCL the views are device memory, and
-   * the host arrays are staged in and out around the sync (stage.h). */
-  float **grad, **param;
-  float **dgrad, **dparam;
-  int *up;   /* gradient staged into its view in this step's last micro-batch */
-  int *down; /* gathered parameter staged out of its view in this step */
-  gpt_stage *stage;
-  size_t *count;
-  /* shard mode: this rank's range of each tensor */
-  int *sharded;
-  size_t *own_off, *own_cnt, *own_state;
-  int shard, last_mb, T;
-  mpg_status err;
-} rank_state;
 
 static void on_ready(void *arg, int id) {
   rank_state *rs = arg;
@@ -174,41 +86,6 @@ static void on_use(void *arg, int id) {
   }
   if (st != MPG_OK && rs->err == MPG_OK) rs->err = st;
 }
-
-/* One rank's trainer: the parts of rank_main (setup, the step's pipeline,
- * norm and optimizer, the results, teardown) share it. */
-typedef struct trainer {
-  job *J;
-  const gpt_config *c;
-  mpg_ctx *ctx;
-  gpt_model m;
-  rank_state rs;
-  gpt_stage stage;
-  mpg_group *g_tp, *g_cp, *g_pp, *g_world, *tied, *g_ep, *g_etp, *g_edp;
-  /* the mesh's sizes; coordinates: pp, dp (or dp_replicate, dp_shard), cp, tp */
-  int rank, nccl, P, D, K, T, sp, h, ps, dr, rep, cr, tr;
-  int moe, EP, ETP, epr, etr, edr, EDP; /* the expert grid */
-  int nt, lo, hi, first, last, nmoe, nred, M, nb, per_dp, npend;
-  mpg_p2p_op pend; /* a send waiting to be batched with the next receive */
-  size_t hsz;
-  float scale;
-  uint8_t *seqs;
-  float *buf_in, *buf_out, *st_m, *st_v;
-  double *errs, *red, t_first, comm_first;
-} trainer;
-
-#define CHECK(expr)                                                                         \
-  do {                                                                                      \
-    mpg_status st_ = (expr);                                                                \
-    if (st_ != MPG_OK) {                                                                    \
-      fprintf(stderr, "gpt rank %d: %s failed: %s\n", t->rank, #expr, mpg_last_error());   \
-      return st_;                                                                           \
-    }                                                                                       \
-  } while (0)
-/* the model's or a callback's error (reported where it happened) */
-#define PASS(expr) do { mpg_status st_ = (expr); if (st_ != MPG_OK) return st_; } while (0)
-#define MODEL_ERR(t) ((t)->m.comm.err != MPG_OK ? (t)->m.comm.err : (t)->rs.err)
-#define TALLOC(p, n) ((int)(((p) = calloc((size_t)(n), sizeof *(p))) != NULL))
 
 static double now_s(void) {
   struct timespec ts;
@@ -581,7 +458,7 @@ static mpg_status optimizer_step(trainer *t) {
 static mpg_status train_step(trainer *t, int step) {
   const gpt_config *c = t->c;
   rank_state *rs = &t->rs;
-  if (step == 1) t->t_first = now_s(), t->comm_first = t->stage.comm_s;
+  if (step == t->start + 1) t->t_first = now_s(), t->comm_first = t->stage.comm_s;
   double loss = 0.0;
   gpt_model_zero_stats(&t->m);
   PASS(pipeline(t, step, &loss));
@@ -616,9 +493,10 @@ static mpg_status finish(trainer *t) {
   const int nt = t->nt;
   rank_state *rs = &t->rs;
   gpt_model *m = &t->m;
-  if (t->rank == 0 && J->steps > 1) J->res->step_s = (now_s() - t->t_first) / (J->steps - 1);
+  const int n = J->steps - t->start; /* the steps this run trained */
+  if (t->rank == 0 && n > 1) J->res->step_s = (now_s() - t->t_first) / (n - 1);
   /* This rank's exposed communication over the steps after the first. */
-  if (J->steps > 1) t->errs[2 * nt] = (t->stage.comm_s - t->comm_first) / (now_s() - t->t_first);
+  if (n > 1) t->errs[2 * nt] = (t->stage.comm_s - t->comm_first) / (now_s() - t->t_first);
   if (rs->shard) {
     CHECK(mpg_sync_gather_all(rs->sync));
     for (int id = 0; id < nt; id++)
@@ -655,6 +533,7 @@ static mpg_status finish(trainer *t) {
 
 static void teardown(trainer *t, mpg_status st) {
   rank_state *rs = &t->rs;
+  gpt_ckpt_free(t);
   gpt_model_free(&t->m);
   if (t->nccl)
     for (int id = 0; rs->grad && rs->param && id < gpt_num_tensors(t->c); id++) {
@@ -686,7 +565,12 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   if (st == MPG_OK) st = register_params(t);
   if (st == MPG_OK) st = bind_views(t);
   if (st == MPG_OK) st = init_model(t);
-  for (int step = 0; st == MPG_OK && step < t->J->steps; step++) st = train_step(t, step);
+  if (st == MPG_OK) st = gpt_ckpt_begin(t); /* --save, --resume (ckpt.c) */
+  for (int step = t->start; st == MPG_OK && step < t->J->steps; step++) {
+    st = train_step(t, step);
+    if (st == MPG_OK) st = gpt_ckpt_step_done(t, step + 1);
+  }
+  if (st == MPG_OK) st = gpt_ckpt_end(t);
   if (st == MPG_OK) st = finish(t);
   teardown(t, st);
   return st;
@@ -776,10 +660,18 @@ int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len
                             const char *mesh_str, const gpt_par_opts *o, int steps,
                             const gpt_model *ref, float *const *ref_grads1,
                             gpt_par_result *res) {
+  return gpt_parallel_train_ckpt(c, data, len, mesh_str, o, NULL, steps, ref, ref_grads1, res);
+}
+
+int gpt_parallel_train_ckpt(const gpt_config *c, const uint8_t *data, size_t len,
+                            const char *mesh_str, const gpt_par_opts *o,
+                            const gpt_ckpt_opts *ck, int steps, const gpt_model *ref,
+                            float *const *ref_grads1, gpt_par_result *res) {
   memset(res, 0, sizeof *res);
   job J;
   memset(&J, 0, sizeof J);
   J.cfg = *c, J.data = data, J.len = len, J.o = *o, J.steps = steps;
+  if (ck) J.ck = *ck;
   J.ref = ref, J.ref_grads1 = ref_grads1, J.res = res;
   res->root = 1;
   if (gpt_parse_mesh(mesh_str, &J.d))
@@ -787,6 +679,7 @@ int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len
                 "dp_replicate=2,dp_shard=2,tp=2)", mesh_str);
   if (o->nccl && o->mpi) return fail(res, "--nccl runs thread ranks: not with --mpi");
   if (J.d.hsdp && !o->shard) return fail(res, "dp_replicate / dp_shard need --shard");
+  if (gpt_ckpt_check_opts(&J.ck, steps, res->error, sizeof res->error)) return -1;
   /* MoE: ep defaults to 1, etp to tp (resolved in the job's copy). */
   if (J.cfg.ep < 1) J.cfg.ep = 1;
   if (J.cfg.etp < 1) J.cfg.etp = c->moe > 0 ? J.d.tp : 1;
@@ -859,7 +752,8 @@ int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len
     st = mpg_thread_run(world, 120.0, rank_main, &J, NULL);
   }
   if (st != MPG_OK) {
-    snprintf(res->error, sizeof res->error, "parallel run failed: %s", mpg_last_error());
+    if (J.ck_error[0]) snprintf(res->error, sizeof res->error, "%s", J.ck_error);
+    else snprintf(res->error, sizeof res->error, "parallel run failed: %s", mpg_last_error());
     goto done;
   }
   rc = 0;

@@ -12,6 +12,9 @@ typedef struct gpt_par_result {
   double *param_err; /* [nt] after the last step, max over ranks (-1: none) */
   double *grad_err;  /* [nt] after step 0's sync (-1: none) */
   int pp, dp, cp, tp;
+  int start;         /* the first step this run trained: 0, or with a
+                        resume the checkpoint's step (loss[0 .. start) and
+                        grad_err are then not computed) */
   int root;          /* 1 on the process that holds the results (rank 0 with
                         --mpi; always 1 on thread ranks) */
   double step_s;     /* mean wall time of a step after the first (rank 0) */
@@ -64,6 +67,23 @@ typedef struct gpt_par_opts {
    * this struct with positional initializers, so it keeps its fields.) */
 } gpt_par_opts;
 
+/* Checkpoints of a run (ckpt.h), for gpt_parallel_train_ckpt; a zeroed
+ * struct: none.  save_dir: after save_at steps are done (1 .. steps),
+ * every rank saves its parameters, AdamW moments and the trainer's state
+ * there (mpg_ckpt_save); async_save: in the background
+ * (mpg_ckpt_opts.async), waited for before the run ends.  resume_dir:
+ * load a checkpoint saved under any mesh before the first step and train
+ * from its step up to `steps` (res->start). */
+typedef struct gpt_ckpt_opts {
+  const char *save_dir;
+  int save_at, async_save;
+  const char *resume_dir;
+} gpt_ckpt_opts;
+
+/* NULL when *o is usable for a run of `steps` steps (and a --resume
+ * directory exists), else why not, in buf. */
+const char *gpt_ckpt_check_opts(const gpt_ckpt_opts *o, int steps, char *buf, size_t n);
+
 /* Train `steps` steps on a mesh.  ref / ref_grads1 (may be NULL): the
  * reference's final model and step-0 gradients to compare against.
  * Returns 0, or -1 with res->error set.  With opts->mpi, collective over
@@ -72,6 +92,11 @@ int gpt_parallel_train_opts(const gpt_config *c, const uint8_t *data, size_t len
                             const char *mesh, const gpt_par_opts *opts, int steps,
                             const gpt_model *ref, float *const *ref_grads1,
                             gpt_par_result *res);
+/* The same with checkpoints (ck may be NULL: none). */
+int gpt_parallel_train_ckpt(const gpt_config *c, const uint8_t *data, size_t len,
+                            const char *mesh, const gpt_par_opts *opts,
+                            const gpt_ckpt_opts *ck, int steps, const gpt_model *ref,
+                            float *const *ref_grads1, gpt_par_result *res);
 /* The same on thread ranks, replicate mode. */
 int gpt_parallel_train(const gpt_config *c, const uint8_t *data, size_t len,
                        const char *mesh, int sp, int steps, const gpt_model *ref,

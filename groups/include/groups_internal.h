@@ -130,7 +130,8 @@ mpg_status mpg__shm_destroy(mpg__shm *shm);
 /* Host staging for checkpoints (groups/staging.c).  device_buffers: 1
  * when the context's buffers are device memory (nccl), so that save and
  * load stage them.  host_alloc: pinned host memory on nccl, page-aligned
- * malloc elsewhere; host_free frees it (NULL: nothing).  copy: `bytes`
+ * malloc elsewhere; host_free frees it (NULL: nothing; on nccl the block is
+ * kept for reuse until mpg_ctx_destroy, see staging.c).  copy: `bytes`
  * between host and the context's memory, either way, queued on `stream`
  * on nccl (complete only after stream_sync), a memcpy elsewhere.
  * stream_sync: wait for everything queued on `stream` (nothing off nccl).
