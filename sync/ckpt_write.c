@@ -174,8 +174,10 @@ static void *write_main(void *arg) {
       (void)mpg__ckpt_write_file(path, sv->msg, strlen(sv->msg));
     }
   } else { /* also after a failure: rank 0 aborts, then every rank agrees */
+    int own = st != MPG_OK;
     mpg_status ws = wait_publish(sv, deadline);
     if (!st) st = ws;
+    if (own) sv->relayed = 0; /* its own failure, not the one relayed */
   }
   sv->result = st;
   if (st && !sv->msg[0]) snprintf(sv->msg, sizeof sv->msg, "%s", mpg_last_error());
