@@ -53,6 +53,9 @@ struct mpg_ckpt {
   mpg__ckpt_entry *e;
   int n, cap;
   char sync_note[64]; /* " sync=shard" etc. for the mesh text */
+  void *stage;        /* host staging kept between saves and loads (a
+                         second save does not page-fault it again) */
+  size_t stage_bytes;
   mpg__ckpt_save *save;
 };
 
@@ -72,6 +75,10 @@ mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, int relayed, const char 
 
 /* The mesh text of the checkpoint ("pp=2,dp=2,tp=2 world=8 sync=shard"). */
 void mpg__ckpt_mesh_text(const mpg_ckpt *ck, char *buf, size_t cap);
+
+/* The handle's host staging of at least `bytes` (kept; grown by a new
+ * allocation when too small).  ckpt.c. */
+mpg_status mpg__ckpt_stage(mpg_ckpt *ck, size_t bytes, void **out);
 
 /* Save: start (stage, exchange, plan, launch the write) and finish (join,
  * agree); ckpt_save.c. */

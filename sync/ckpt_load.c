@@ -197,7 +197,7 @@ mpg_status mpg__ckpt_load(mpg_ckpt *ck, const char *dir, long *step, void *strea
   for (int i = 0; i < ck->n; i++) total += (size_t)(ck->e[i].range_count * mpg__ckpt_esz(&ck->e[i]));
   unsigned char *stage = NULL;
   mpg_status st = mpg__ckpt_meta_read(dir, &ld.m);
-  if (!st) st = mpg__ctx_host_alloc(ck->ctx, total, (void **)&stage);
+  if (!st) st = mpg__ckpt_stage(ck, total, (void **)&stage);
   size_t at = 0;
   for (int i = 0; i < ck->n && !st; i++) {
     const mpg__ckpt_entry *e = &ck->e[i];
@@ -232,7 +232,6 @@ mpg_status mpg__ckpt_load(mpg_ckpt *ck, const char *dir, long *step, void *strea
   free(ld.segs);
   free(ld.block);
   mpg__ckpt_meta_free(&ld.m);
-  if (stage) (void)mpg__ctx_host_free(ck->ctx, stage);
   st = mpg__error_restore(st, &keep);
   return st ? mpg__fail_wrap(st, "mpg_ckpt_load(\"%s\")", dir) : MPG_OK;
 }

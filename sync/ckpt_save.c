@@ -23,8 +23,8 @@ static mpg_status stage(mpg_ckpt *ck, mpg__ckpt_save *sv, void *stream) {
   }
   mpg_status st = MPG_OK;
   if (total) {
-    st = mpg__ctx_host_alloc(ck->ctx, total, &sv->staging);
-    if (st) return mpg__fail_wrap(st, "staging %zu bytes", total);
+    st = mpg__ckpt_stage(ck, total, &sv->staging);
+    if (st) return st;
   }
   size_t at = 0;
   for (int i = 0; i < ck->n && !st; i++) {
@@ -187,7 +187,9 @@ mpg_status mpg__ckpt_save_start(mpg_ckpt *ck, const char *dir, long step, void *
     sv->dir[strlen(sv->dir) - 1] = 0;
   snprintf(sv->partial, sizeof sv->partial, "%s.partial", sv->dir);
   if (sv->rank == 0) sv->save_id = make_save_id();
+  double t0 = mpg__ckpt_now();
   if (!st) st = stage(ck, sv, stream);
+  double t1 = mpg__ckpt_now();
   if (!st && sv->rank == 0) st = prepare_dir(sv);
   int64_t *mine = NULL;
   size_t n = 0;
@@ -205,6 +207,8 @@ mpg_status mpg__ckpt_save_start(mpg_ckpt *ck, const char *dir, long step, void *
     mpg__ckpt_save_free(ck, sv);
     return mpg__fail_wrap(mpg__error_restore(st, &keep), "mpg_ckpt_save(\"%s\")", dir);
   }
+  mpg__log(2, "ckpt save %s rank %d: staged and hashed in %.1f ms, agreed on the plan in "
+           "%.1f ms", sv->dir, sv->rank, 1e3 * (t1 - t0), 1e3 * (mpg__ckpt_now() - t1));
   ck->save = sv;
   return mpg__ckpt_write_start(ck, sv);
 }

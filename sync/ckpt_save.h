@@ -46,7 +46,7 @@ struct mpg__ckpt_save {
   uint64_t save_id;
   int rank, world;
   double timeout;
-  void *staging;
+  void *staging; /* the handle's (ck->stage), or NULL */
   mpg__ckpt_piece *pieces;
   int64_t *all;  /* world x stride gathered words */
   size_t stride;

@@ -157,9 +157,10 @@ static mpg_status wait_publish(mpg__ckpt_save *sv, double deadline) {
 
 static void *write_main(void *arg) {
   mpg__ckpt_save *sv = arg;
-  double deadline = mpg__ckpt_now() + sv->timeout;
+  double t0 = mpg__ckpt_now(), deadline = t0 + sv->timeout;
   char path[4200];
   mpg_status st = write_data(sv);
+  double t1 = mpg__ckpt_now();
   if (st) snprintf(sv->msg, sizeof sv->msg, "%s", mpg_last_error());
   marker_path(sv, st ? "fail" : "done", sv->rank, path, sizeof path);
   const char *text = st ? sv->msg : "";
@@ -179,6 +180,9 @@ static void *write_main(void *arg) {
     if (!st) st = ws;
     if (own) sv->relayed = 0; /* its own failure, not the one relayed */
   }
+  mpg__log(2, "ckpt save %s rank %d: wrote %llu bytes in %.1f ms, then %.1f ms until %s",
+           sv->dir, sv->rank, (unsigned long long)sv->file_bytes, 1e3 * (t1 - t0),
+           1e3 * (mpg__ckpt_now() - t1), sv->rank ? "published" : "publishing");
   sv->result = st;
   if (st && !sv->msg[0]) snprintf(sv->msg, sizeof sv->msg, "%s", mpg_last_error());
   return NULL;
@@ -188,7 +192,6 @@ void mpg__ckpt_save_free(mpg_ckpt *ck, mpg__ckpt_save *sv) {
   if (!sv) return;
   for (int i = 0; i < ck->n && sv->pieces; i++) free(sv->pieces[i].hashes);
   free(sv->pieces);
-  if (sv->staging) (void)mpg__ctx_host_free(ck->ctx, sv->staging);
   free(sv->all);
   free(sv->recs);
   free(sv->writes);
