@@ -28,12 +28,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ckpt.h"
 #include "moe.h"
 #include "train.h"
 #include "gpt_data.h"
+#include "../support/clock.h"
 #include "../support/run_util.h"
 
 #ifdef GPT_CKPT_ON_DOUBLE
@@ -292,6 +296,64 @@ Test(gpt_ckpt, dp3_uneven_shard_to_dp2_shard, .timeout = 300) {
   gpt_config c = base_cfg;
   c.d_model = 20, c.batch = 6, c.micro = 1;
   pair(&c, &(side){"dp=3", 0, 1, 0, 0, 0}, &(side){"dp=2", 0, 1, 0, 0, 0});
+}
+
+/* A saving job SIGKILLed at random moments while it writes a new
+ * checkpoint over the old one (saved at step 5) in the same directory:
+ * the directory then resumes, from step 5 or step 10, and PASSes against
+ * the uninterrupted reference.  (tests/ckpt/test_ckpt_kill checks the
+ * same on the library's own data, 20 moments.) */
+static double timed_child(const gpt_config *c, const side *s, const gpt_ckpt_opts *o,
+                          double kill_after) {
+  fflush(NULL);
+  double t0 = now_s();
+  pid_t pid = fork();
+  cr_assert_neq(pid, -1);
+  if (pid == 0) {
+    gpt_par_result r;
+    train_side(c, s, o, o->save_at, NULL, 0, &r);
+    _exit(0);
+  }
+  if (kill_after >= 0) {
+    usleep((useconds_t)(kill_after * 1e6));
+    kill(pid, SIGKILL);
+  }
+  int status = 0;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  if (kill_after < 0) cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  return now_s() - t0;
+}
+
+Test(gpt_ckpt, sigkill_during_save_resumes_the_old_or_the_new, .timeout = 300) {
+  gpt_config c = base_cfg;
+  const side s = {"dp=2,tp=2", 1, 1, 0, 0, 0};
+  reference ref;
+  ref_train(&c, &ref);
+  char dir[256], ck[300];
+  temp_dir(dir, sizeof dir, ck, sizeof ck);
+  const gpt_ckpt_opts first = {ck, 5, 0, NULL}, second = {ck, SAVE_AT, 0, NULL},
+                      resume = {NULL, 0, 0, ck};
+  const double T = timed_child(&c, &s, &second, -1); /* one whole run, saving at 10 */
+  const int trials = getenv("MESHPG_SANITIZER") ? 1 : 6;
+  int from5 = 0, from10 = 0;
+  for (int t = 0; t < trials; t++) {
+    rm_tree(dir);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    (void)timed_child(&c, &s, &first, -1);
+    /* from well before the save to just after it: both outcomes occur */
+    (void)timed_child(&c, &s, &second, T * (0.75 + 0.3 * t / (double)trials));
+    gpt_par_result r;
+    train_side(&c, &s, &resume, STEPS, &ref, 0, &r);
+    cr_assert(r.start == 5 || r.start == SAVE_AT, "trial %d: resumed at step %d", t, r.start);
+    from5 += r.start == 5, from10 += r.start == SAVE_AT;
+    (void)loss_err("killed save", &r, &ref, r.start, STEPS);
+    (void)param_err("killed save", &c, &r, &ref);
+    gpt_par_result_free(&r);
+  }
+  cr_log_info("%d kills: resumed %d times from the old checkpoint, %d from the new", trials,
+              from5, from10);
+  gpt_model_free(&ref.model);
+  rm_tree(dir);
 }
 
 /* --async-save: the save is written while steps 11..20 train on; resumed
