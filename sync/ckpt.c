@@ -282,18 +282,3 @@ mpg_status mpg_ckpt_destroy(mpg_ckpt *ck) {
   free(ck);
   return MPG_OK;
 }
-
-mpg_status mpg__ckpt_stage(mpg_ckpt *ck, size_t bytes, void **out) {
-  if (ck->stage && ck->stage_bytes >= bytes) {
-    *out = ck->stage;
-    return MPG_OK;
-  }
-  if (ck->stage) (void)mpg__ctx_host_free(ck->ctx, ck->stage);
-  ck->stage = NULL;
-  ck->stage_bytes = 0;
-  mpg_status st = mpg__ctx_host_alloc(ck->ctx, bytes, &ck->stage);
-  if (st) return mpg__fail_wrap(st, "host staging of %zu bytes", bytes);
-  ck->stage_bytes = bytes;
-  *out = ck->stage;
-  return MPG_OK;
-}

@@ -77,7 +77,7 @@ mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, int relayed, const char 
 void mpg__ckpt_mesh_text(const mpg_ckpt *ck, char *buf, size_t cap);
 
 /* The handle's host staging of at least `bytes` (kept; grown by a new
- * allocation when too small).  ckpt.c. */
+ * allocation when too small).  ckpt_common.c. */
 mpg_status mpg__ckpt_stage(mpg_ckpt *ck, size_t bytes, void **out);
 
 /* Save: start (stage, exchange, plan, launch the write) and finish (join,

@@ -1,6 +1,6 @@
 /* Checkpoints: what save and load share with no call back into the
  * handle's functions (ckpt_internal.h): the agreement of every rank on a
- * result, and the mesh text of the metadata. */
+ * result, the mesh text of the metadata, and the handle's host staging. */
 #include <stdio.h>
 #include <string.h>
 
@@ -56,4 +56,19 @@ void mpg__ckpt_mesh_text(const mpg_ckpt *ck, char *buf, size_t cap) {
   }
   if (len < cap)
     snprintf(buf + len, cap - len, " world=%d%s", mpg_ctx_world_size(ck->ctx), ck->sync_note);
+}
+
+mpg_status mpg__ckpt_stage(mpg_ckpt *ck, size_t bytes, void **out) {
+  if (ck->stage && ck->stage_bytes >= bytes) {
+    *out = ck->stage;
+    return MPG_OK;
+  }
+  if (ck->stage) (void)mpg__ctx_host_free(ck->ctx, ck->stage);
+  ck->stage = NULL;
+  ck->stage_bytes = 0;
+  mpg_status st = mpg__ctx_host_alloc(ck->ctx, bytes, &ck->stage);
+  if (st) return mpg__fail_wrap(st, "host staging of %zu bytes", bytes);
+  ck->stage_bytes = bytes;
+  *out = ck->stage;
+  return MPG_OK;
 }
