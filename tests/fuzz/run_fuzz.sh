@@ -4,7 +4,7 @@
 # The corpus is a temporary copy of SEED_DIR (hand-written seeds and the
 # regression inputs of earlier crashes) and the SEED_FILEs, so the source
 # tree is never written.  Every seed is replayed first, then the target is
-# fuzzed for MESHPG_FUZZ_SECONDS (default 30; 0: replay only) seconds with
+# fuzzed for MESHPG_FUZZ_SECONDS (default 20; 0: replay only) seconds with
 # one worker.
 # Bounds: -rss_limit_mb (MESHPG_FUZZ_RSS_MB, default 2048), -timeout per
 # input (10 s), and timeout(1) around the whole run.  On a crash, leak or
@@ -20,7 +20,7 @@ fi
 target=$1
 seeds=$2
 shift 2
-secs=${MESHPG_FUZZ_SECONDS:-30}
+secs=${MESHPG_FUZZ_SECONDS:-20}
 rss=${MESHPG_FUZZ_RSS_MB:-2048}
 case "$secs" in ''|*[!0-9]*) echo "run_fuzz.sh: MESHPG_FUZZ_SECONDS=\"$secs\": expected seconds" >&2; exit 2 ;; esac
 
