@@ -22,6 +22,9 @@
  *     lowest world rank); every rank fails with the same message:
  *       mesh: world rank 0 has "tp=2,dp=2", world ranks 1-3 have "dp=2,tp=2"
  *     MPG_ERR_ENV for item "environment", MPG_ERR_STATE for the others.
+ * The all-reduce carries one more word, each rank's random job id, whose
+ * maximum becomes the context's (ctx->job, in the flight recorder's
+ * dumps, groups/trace_dump.c).
  * World ranks here are the launcher's: placement has not renumbered yet. */
 #include <stdarg.h>
 #include <stdint.h>
@@ -273,14 +276,18 @@ mpg_status mpg__ctx_agree(mpg_ctx *ctx, const mpg_init_opts *opts, const mpg__se
   if (!text)
     return mpg__fail(MPG_ERR_NOMEM, "mpg_ctx_create: rank %d: out of memory", ctx->rank);
   describe(ctx, opts, set, text);
-  uint64_t mine[2 * NITEMS], max[2 * NITEMS];
+  /* The last word is not compared: its maximum over the ranks, random on
+   * each, names this job in the flight recorder's dumps (ctx->job). */
+  uint64_t mine[2 * NITEMS + 1], max[2 * NITEMS + 1];
   for (int i = 0; i < NITEMS; i++) {
     mine[i] = mpg__hash_str(text[i]);
     mine[NITEMS + i] = ~mine[i];
   }
-  mpg__coll c = {MPG__ALL_REDUCE, mine, max, 2 * NITEMS, MPG_I64, MPG_OP_MAX, 1.0, 0, 0,
+  mine[2 * NITEMS] = ctx->job;
+  mpg__coll c = {MPG__ALL_REDUCE, mine, max, 2 * NITEMS + 1, MPG_I64, MPG_OP_MAX, 1.0, 0, 0,
                  NULL, 0};
   mpg_status st = coll(ctx, &c, "comparing fingerprints");
+  if (!st) ctx->job = max[2 * NITEMS];
   int it = -1;
   for (int i = 0; !st && i < NITEMS && it < 0; i++)
     if (max[i] != ~max[NITEMS + i]) it = i;

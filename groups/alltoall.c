@@ -483,7 +483,17 @@ static mpg_status run_a2a(mpg_group *g, const a2a *a, mpg_work **work) {
   mpg_status st = mpg__group_claim(g, a->fn);
   if (st) return st;
   st = check(g, a);
-  if (!st) st = run_claimed(g, a, work);
+  if (!st) {
+    /* The flight recorder: one operation; the v form's count is what this
+     * member sends in all. */
+    size_t count = a->v ? 0 : a->count;
+    for (int p = 0; a->v && p < g->size; p++) count += a->scounts[p];
+    mpg__trace_mark mark = mpg__trace_begin(
+        g, a->v ? TRACE_ALL_TO_ALL_V : TRACE_ALL_TO_ALL, a->dtype, count, -1);
+    st = run_claimed(g, a, work);
+    if (!st && work && *work) mpg__trace_posted(&mark);
+    mpg__trace_hand(&mark, st, work);
+  }
   mpg__group_release(g);
   return st;
 }

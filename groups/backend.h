@@ -71,6 +71,8 @@ typedef struct mpg__settings {
   /* NCCL's own NCCL_LAUNCH_ORDER_IMPLICIT, read as NCCL reads it (an
    * integer, not 0: on; anything else: off) and never validated here. */
   int nccl_launch_order_implicit;
+  long trace_entries;       /* MESHPG_TRACE_ENTRIES: -1 unset (2048), 0 off */
+  char trace_dir[1024];     /* MESHPG_TRACE_DIR: "" unset */
   /* The first variable that broke the rule: MPG_OK, or MPG_ERR_ENV with
    * `error` the message (its field keeps the default). */
   mpg_status status;
@@ -152,6 +154,11 @@ struct mpg__backend_ops {
    * operation (groups/nccl/ops.c), so its wait may run past `deadline`. */
   mpg_status (*wait)(mpg__req *req, double deadline);
   void (*req_free)(mpg__req *req);
+  /* Optional (NULL: not known).  When the operation of a finished request
+   * was seen to start and end on the device, in mpg__now() seconds (0:
+   * not seen), for the flight recorder (nccl: its start and end events,
+   * groups/nccl/ops.c). */
+  void (*req_times)(const mpg__req *req, double *start, double *end);
   /* Wake every waiter of this communicator and fail later calls with
    * MPG_ERR_ABORTED (or MPG_ERR_TIMEOUT if reason says so).  Never blocks. */
   void (*abort_comm)(mpg__comm *comm, mpg_status reason);

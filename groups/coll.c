@@ -145,8 +145,9 @@ static mpg_status on_failure(mpg_group *g, const char *fn, mpg_status st) {
     mpg__error_save(&why);
     mpg__ctx_abort_all(g->ctx, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
     (void)mpg__error_restore(st, &why);
-    return mpg__fail_wrap(st, "%s on group \"%s\" (index %d, position %d of %d, world rank %d)",
-                          fn, g->name, g->index, g->position, g->size, g->ctx->rank);
+    st = mpg__fail_wrap(st, "%s on group \"%s\" (index %d, position %d of %d, world rank %d)",
+                        fn, g->name, g->index, g->position, g->size, g->ctx->rank);
+    mpg__trace_fault(g->ctx, st); /* the flight recorder's dump, once */
   }
   return st;
 }
@@ -155,31 +156,51 @@ mpg_status mpg__group_on_failure(mpg_group *g, const char *fn, mpg_status st) {
   return on_failure(g, fn, st);
 }
 
+/* The earliest start and latest end the backend saw on the device for
+ * req, folded into *t0 and *t1 (nccl; 0 when not known). */
+static void device_times(const struct mpg__backend_ops *ops, const mpg__req *req,
+                         double *t0, double *t1) {
+  if (!ops->req_times) return;
+  double a = 0, b = 0;
+  ops->req_times(req, &a, &b);
+  if (a > 0 && (!(*t0 > 0) || a < *t0)) *t0 = a;
+  if (b > *t1) *t1 = b;
+}
+
 mpg_status mpg__group_finish(mpg_group *g, const struct mpg__backend_ops *ops,
                              mpg__req **reqs, int n, double deadline, const char *fn,
                              mpg_status failed, int skip) {
   mpg_status first = failed;
   mpg__saved_error why;
   if (failed) mpg__error_save(&why);
+  double t0 = 0, t1 = 0; /* the device's times for the flight recorder */
   for (int i = 0; i < n; i++) {
     if (failed && i == skip) continue;
     mpg_status st = ops->wait(reqs[i], deadline);
-    if (!st) continue;
+    if (!st) {
+      device_times(ops, reqs[i], &t0, &t1);
+      continue;
+    }
     st = on_failure(g, fn, st); /* abort before freeing a pending request */
+    mpg__trace_fault(g->ctx, st); /* also a mismatch the members found */
     if (!first) {
       first = st;
       mpg__error_save(&why);
     }
   }
   for (int i = 0; i < n; i++) ops->req_free(reqs[i]);
+  mpg__trace_device_times(t0, t1);
   return first ? mpg__error_restore(first, &why) : MPG_OK;
 }
 
 mpg_status mpg__group_ready(mpg_group *g, const char *fn) {
   int reason = atomic_load(&g->ctx->aborted);
-  if (reason)
-    return mpg__fail(MPG_ERR_ABORTED, "%s on \"%s\": the context was aborted (%s)", fn,
-                     g->name, mpg_status_name((mpg_status)reason));
+  if (reason) {
+    mpg_status st = mpg__fail(MPG_ERR_ABORTED, "%s on \"%s\": the context was aborted (%s)",
+                              fn, g->name, mpg_status_name((mpg_status)reason));
+    mpg__trace_fault(g->ctx, st); /* a rank that comes back after the others failed */
+    return st;
+  }
   mpg_status st = mpg__group_create(g->ctx, g);
   return st ? on_failure(g, fn, st) : MPG_OK;
 }
@@ -207,12 +228,6 @@ void mpg__group_release(mpg_group *g) {
   atomic_store_explicit(&g->busy, 0, memory_order_release);
 }
 
-/* Before any operation on g: the arguments, then mpg__group_ready. */
-static mpg_status prepare(mpg_group *g, const mpg__coll *c, const char *fn) {
-  mpg_status st = check_coll(g, c);
-  return st ? st : mpg__group_ready(g, fn);
-}
-
 /* Post c through ops on comm (g ready, two or more members) and hand out
  * its work, or (work NULL) wait for it.  Everything that can fail comes
  * before anything is posted (the handle too), so that a failure never
@@ -221,7 +236,8 @@ static mpg_status prepare(mpg_group *g, const mpg__coll *c, const char *fn) {
  * backend (shm's segment) is not among the context's, so it is aborted
  * first, with the reason, by its own table. */
 static mpg_status post_on(mpg_group *g, const struct mpg__backend_ops *ops, mpg__comm *comm,
-                          const mpg__coll *c, mpg_work **work, const char *fn) {
+                          const mpg__coll *c, mpg_work **work, const char *fn,
+                          const mpg__trace_mark *mark) {
   double deadline = mpg__now() + g->ctx->timeout_s;
   mpg__req *req = NULL;
   mpg_work *w = NULL;
@@ -235,6 +251,7 @@ static mpg_status post_on(mpg_group *g, const struct mpg__backend_ops *ops, mpg_
     if (ops != g->ctx->ops) ops->abort_comm(comm, st);
     return on_failure(g, fn, st);
   }
+  mpg__trace_posted(mark);
   if (!w) return mpg__group_finish(g, ops, &req, 1, deadline, fn, MPG_OK, 0);
   w->group = g;
   w->ops = ops;
@@ -245,16 +262,30 @@ static mpg_status post_on(mpg_group *g, const struct mpg__backend_ops *ops, mpg_
   return MPG_OK;
 }
 
+/* The flight recorder's record of c on g (trace.c), issued now. */
+static mpg__trace_mark trace_begin(mpg_group *g, const mpg__coll *c) {
+  int peer = c->kind == MPG__BROADCAST ? c->root
+             : c->kind == MPG__SEND || c->kind == MPG__RECV ? c->peer : -1;
+  return mpg__trace_begin(g, (int)c->kind, c->dtype, c->count, peer);
+}
+
 /* run() with g claimed. */
 static mpg_status run_claimed(mpg_group *g, const mpg__coll *c, mpg_work **work,
                               const char *fn) {
   mpg_ctx *ctx = g->ctx;
-  mpg_status st = prepare(g, c, fn);
+  mpg_status st = check_coll(g, c);
   if (st) return st;
-  mpg__order_note(g, c); /* issue order (order.c): as issued, size-1 groups too */
-  if (g->size == 1)
-    return ctx->ops->local ? ctx->ops->local(ctx->world_comm, c) : mpg__local_host(c);
-  return post_on(g, ctx->ops, g->comm, c, work, fn);
+  mpg__trace_mark mark = trace_begin(g, c); /* before a wait for an abort or a split */
+  st = mpg__group_ready(g, fn);
+  if (!st) {
+    mpg__order_note(g, c); /* issue order (order.c): as issued, size-1 groups too */
+    if (g->size == 1)
+      st = ctx->ops->local ? ctx->ops->local(ctx->world_comm, c) : mpg__local_host(c);
+    else
+      st = post_on(g, ctx->ops, g->comm, c, work, fn, &mark);
+  }
+  mpg__trace_hand(&mark, st, work);
+  return st;
 }
 
 mpg_status mpg__group_run_on(mpg_group *g, const struct mpg__backend_ops *ops,
@@ -263,10 +294,15 @@ mpg_status mpg__group_run_on(mpg_group *g, const struct mpg__backend_ops *ops,
   if (work) *work = NULL;
   mpg_status st = mpg__group_claim(g, fn);
   if (st) return st;
-  st = prepare(g, c, fn);
+  st = check_coll(g, c);
   if (!st) {
-    mpg__order_note(g, c);
-    st = post_on(g, ops, comm, c, work, fn);
+    mpg__trace_mark mark = trace_begin(g, c);
+    st = mpg__group_ready(g, fn);
+    if (!st) {
+      mpg__order_note(g, c);
+      st = post_on(g, ops, comm, c, work, fn, &mark);
+    }
+    mpg__trace_hand(&mark, st, work);
   }
   mpg__group_release(g);
   return st;
@@ -321,6 +357,7 @@ mpg_status mpg_work_wait(mpg_work *w) {
    * still waited for, then everything is freed. */
   mpg_status st = mpg__group_finish(w->group, w->ops, reqs, n, w->deadline, "mpg_work_wait",
                                     w->status, w->ndone);
+  mpg__trace_end(&w->trace, st);
   free(w->reqs);
   free(w);
   return st;
@@ -353,15 +390,26 @@ mpg_status mpg_work_test(mpg_work *w, int *done) {
   if (st) {
     *done = 1;
     w->status = on_failure(w->group, "mpg_work_test", st);
+    mpg__trace_end(&w->trace, w->status);
     return w->status;
+  }
+  if (*done && w->trace.t) { /* ended now: its device times, then the record */
+    double t0 = 0, t1 = 0;
+    for (int i = 0; i < n; i++) device_times(ops, reqs[i], &t0, &t1);
+    mpg__trace_device_times(t0, t1);
+    mpg__trace_end(&w->trace, MPG_OK);
   }
   if (!*done && !ops->test_keeps_time && mpg__now() > w->deadline) {
     /* Past the deadline: the backend's wait returns at once, with what it
      * knows of the members that never arrived. */
     while (w->ndone < n && !(st = ops->wait(reqs[w->ndone], w->deadline))) w->ndone++;
     *done = 1;
-    if (!st) return MPG_OK; /* it finished just now */
+    if (!st) { /* it finished just now */
+      mpg__trace_end(&w->trace, MPG_OK);
+      return MPG_OK;
+    }
     w->status = on_failure(w->group, "mpg_work_test", st);
+    mpg__trace_end(&w->trace, w->status);
     return w->status;
   }
   return MPG_OK;
@@ -438,14 +486,19 @@ mpg_status mpg_recv(mpg_group *group, void *buf, size_t count,
 /* A collective on host memory through the context's setup path (c->kind:
  * all-gather or all-reduce); a one-rank group copies. */
 static mpg_status host_coll_claimed(mpg_group *g, mpg__coll *c, const char *what) {
-  mpg_status st = prepare(g, c, what);
+  mpg_status st = check_coll(g, c);
   if (st) return st;
-  if (g->size == 1) {
+  mpg__trace_mark mark = trace_begin(g, c);
+  st = mpg__group_ready(g, what);
+  if (!st && g->size == 1) {
     if (c->count) memmove(c->recv, c->send, c->count * mpg__dtype_size(c->dtype));
-    return MPG_OK;
+  } else if (!st) {
+    mpg__trace_posted(&mark);
+    st = mpg__ctx_setup_coll(g->ctx, g->comm, g->size, c);
+    if (st) st = on_failure(g, what, st);
   }
-  st = mpg__ctx_setup_coll(g->ctx, g->comm, g->size, c);
-  return st ? on_failure(g, what, st) : MPG_OK;
+  mpg__trace_end(&mark, st);
+  return st;
 }
 
 static mpg_status host_coll(mpg_group *g, mpg__coll *c, const char *what) {

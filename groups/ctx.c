@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "ctx_internal.h"
 #include "mpg_config.h"
@@ -261,6 +263,11 @@ static mpg_ctx *ctx_new(const mpg_mesh *mesh, const mpg_init_opts *opts,
   ctx->binding = unbound;
   ctx->binding.local_rank = a->local_rank;
   ctx->setup_collectives = 1;
+  /* Random per rank until agree.c makes it the ranks' maximum. */
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ctx->job = mpg__hash_mix(mpg__hash_mix((uint64_t)ts.tv_nsec, (uint64_t)ts.tv_sec),
+                           ((uint64_t)getpid() << 20) ^ (uint64_t)a->rank);
   return ctx;
 }
 
@@ -322,12 +329,17 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
   if (st) return st;
   mpg_ctx *ctx = ctx_new(mesh, opts, ops, &a);
   if (!ctx) return mpg__fail(MPG_ERR_NOMEM, "mpg_ctx_create: out of memory");
+  if ((st = mpg__trace_create(ctx, opts))) {
+    free(ctx);
+    return st;
+  }
   st = ops->world_init(&a, &ctx->world_comm);
   if (st) {
     /* A bad variable may be why (a port): say so first. */
     if (ctx->settings.status)
       st = mpg__fail_wrap(st, "mpg_ctx_create (rank %d): %s; joining the world then failed",
                           a.rank, ctx->settings.error);
+    mpg__trace_destroy(ctx);
     free(ctx);
     return st;
   }
@@ -373,6 +385,7 @@ mpg_status mpg_ctx_destroy(mpg_ctx *ctx) {
   mpg__saved_error why;
   mpg__ctx_staging_release(ctx);
   mpg__order_destroy(ctx); /* frees the record; no check (see order.c) */
+  mpg__trace_destroy(ctx);
   for (int s = 0; s < ctx->nsets; s++) {
     mpg_group *g = &ctx->groups[s];
     if (g->comm && g->comm != ctx->world_comm) destroy_comm(ctx, g->comm, &first, &why);

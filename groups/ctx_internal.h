@@ -37,6 +37,11 @@ struct mpg_group {
   mpg__comm *comm;  /* NULL for size-1 groups; the world comm for "world" */
   char extra_name[128];
   struct mpg_group *next; /* extra groups of the context */
+  int trace_id;     /* trace.c: 1 + its number in the flight recorder's
+                       groups table, 0 until its first operation */
+  _Atomic uint64_t trace_seq;  /* trace.c: collectives recorded on it */
+  _Atomic uint64_t *trace_p2p; /* trace.c: sends to / receives from each
+                                  position (2 x size), from its first op */
   atomic_int busy;  /* 1 while a call issues on the group (coll.c's
                        mpg__group_claim): a second thread's call fails
                        with MPG_ERR_STATE instead of running beside it.
@@ -70,10 +75,59 @@ struct mpg_ctx {
   mpg__settings settings;   /* the MESHPG_* variables, read once at create */
   struct mpg__staging *staging; /* staging.c: pinned host blocks, kept until
                                    mpg_ctx_destroy (nccl) */
+  struct mpg__trace *trace; /* trace.c: the flight recorder, NULL when off */
+  uint64_t job;             /* random, then equal on every rank (agree.c) */
 };
+
+/* The world rank at `position` (0 .. size-1) of g: mpg_group_member's
+ * answer, inline so that trace.c need not call group.c. */
+static inline int mpg__group_world_rank(const mpg_group *g, int position) {
+  int base = g->nselect ? g->select[position]
+             : g->pstride ? g->pbase + position * g->pstride
+                          : position;
+  return mpg__mesh_mask_member(g->ctx->mesh, g->mask, g->ctx->rank, base);
+}
 
 /* staging.c: free the context's pinned host blocks (mpg_ctx_destroy). */
 void mpg__ctx_staging_release(mpg_ctx *ctx);
+
+/* The flight recorder (trace.c, trace_dump.c; docs/trace.md).  A mark
+ * names the slots of one call's operations (n of them from seq; t NULL:
+ * not recorded).  _create: ctx->trace from opts.trace_entries / _dir and
+ * MESHPG_TRACE_ENTRIES / _DIR (NULL when recording is off); _destroy
+ * frees it.  _begin records one operation of g (kind: an mpg__coll_kind or
+ * TRACE_ALL_TO_ALL[_V]; peer: the position of the peer or the broadcast's
+ * root, else -1) as issued now, with the sync step and this thread's
+ * bucket tag; groups of one member are not recorded.  _begin_batch: the
+ * sends and receives list[0..n).  _posted: the operations were handed to
+ * the transport (their start off nccl).  _end: they ended with st (the
+ * device times of mpg__trace_device_times, else now).  _hand: _end,
+ * unless st is MPG_OK and *work was handed out (work may be NULL): then
+ * the work carries the mark and mpg_work_test / _wait end it.
+ * _device_times: the backend's times (mpg__now() seconds) at which the
+ * GPU was seen to start and end the operations finished last on this
+ * thread, for the next _end.  _fault: after a failure st of the context
+ * (a timeout, an abort, a desync), write the automatic dump once when a
+ * trace directory is set; keeps mpg_last_error().  Lock-free but for the
+ * first operation of a group. */
+typedef struct mpg__trace mpg__trace;
+/* Kinds beyond mpg__coll_kind (the all-to-alls of alltoall.c). */
+enum { TRACE_ALL_TO_ALL = 16, TRACE_ALL_TO_ALL_V = 17 };
+typedef struct mpg__trace_mark {
+  mpg__trace *t;
+  uint64_t seq;
+  int n;
+} mpg__trace_mark;
+mpg_status mpg__trace_create(mpg_ctx *ctx, const mpg_init_opts *opts);
+void mpg__trace_destroy(mpg_ctx *ctx);
+mpg__trace_mark mpg__trace_begin(mpg_group *g, int kind, mpg_dtype dtype, size_t count,
+                                 int peer);
+mpg__trace_mark mpg__trace_begin_batch(mpg_group *g, const mpg__coll *list, int n);
+void mpg__trace_posted(const mpg__trace_mark *m);
+void mpg__trace_end(mpg__trace_mark *m, mpg_status st);
+void mpg__trace_hand(mpg__trace_mark *m, mpg_status st, mpg_work **work);
+void mpg__trace_device_times(double start, double end);
+void mpg__trace_fault(mpg_ctx *ctx, mpg_status st);
 
 struct mpg_work {
   mpg_group *group;
@@ -89,6 +143,8 @@ struct mpg_work {
   int ndone;          /* requests mpg_work_test saw finish, in order */
   double deadline;
   mpg_status status; /* a failure seen by mpg_work_test */
+  mpg__trace_mark trace; /* the operations' flight-recorder slots, ended
+                            when the work completes */
 };
 
 /* coll.c: before an operation `fn` on g: MPG_ERR_ABORTED when the context

@@ -162,10 +162,7 @@ mpg_status mpg_group_member(const mpg_group *g, int position, int *rank) {
   if (position < 0 || position >= g->size)
     return mpg__fail(MPG_ERR_RANGE, "mpg_group_member: position %d in \"%s\" is outside 0..%d",
                      position, g->name, g->size - 1);
-  int base = g->nselect ? g->select[position]
-             : g->pstride ? g->pbase + position * g->pstride
-                          : position;
-  *rank = mpg__mesh_mask_member(g->ctx->mesh, g->mask, g->ctx->rank, base);
+  *rank = mpg__group_world_rank(g, position);
   return MPG_OK;
 }
 

@@ -422,6 +422,7 @@ mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where) {
       mpg__log(2, "rank %d: issue order checked at %s (%ld calls)", ctx->rank, where, o->n);
   }
   restart(o);
+  if (st) mpg__trace_fault(ctx, st); /* a desync: the flight recorder's dump */
   return st;
 }
 

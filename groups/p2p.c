@@ -116,14 +116,17 @@ static mpg_status p2p_batch(mpg_group *g, const mpg_p2p_op *ops, int n, void *st
   for (int i = 0; i < n; i++)
     if ((st = check_op(g, &ops[i], i))) return st;
   if (n == 0) return MPG_OK;
-  if ((st = mpg__group_ready(g, FN))) return st;
   /* A size-1 group has no peer: check_op refused every operation. */
   mpg__coll *list = malloc((size_t)n * sizeof *list);
   if (!list)
     return mpg__fail(MPG_ERR_NOMEM, FN " on \"%s\": out of memory for %d operations",
                      g->name, n);
   to_list(ops, n, stream, list);
-  st = mpg__group_post_p2p(g, list, n, FN, work);
+  mpg__trace_mark mark = mpg__trace_begin_batch(g, list, n); /* the flight recorder */
+  st = mpg__group_ready(g, FN);
+  if (!st) st = mpg__group_post_p2p(g, list, n, FN, work);
+  if (!st && work && *work) mpg__trace_posted(&mark);
+  mpg__trace_hand(&mark, st, work);
   free(list);
   return st;
 }

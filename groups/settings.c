@@ -108,6 +108,15 @@ void mpg__settings_read(mpg__settings *s) {
                                       "a whole number of bytes from 8 to 2^40", 0);
   s->nccl_port = (int)number(s, "MESHPG_NCCL_PORT", 1, 65535, "a TCP port from 1 to 65535", 0);
   s->nccl_split_share = zero_one(s, "MESHPG_NCCL_SPLIT_SHARE", 0);
+  /* The flight recorder (groups/trace.c): 0 turns recording off. */
+  s->trace_entries = (long)number(s, "MESHPG_TRACE_ENTRIES", 0, 1ull << 24,
+                                  "a whole number of operations from 0 (off) to 16777216",
+                                  (unsigned long long)-1);
+  const char *trace_dir = value_of(s, "MESHPG_TRACE_DIR", "a directory");
+  if (trace_dir && strlen(trace_dir) >= sizeof s->trace_dir)
+    bad(s, "MESHPG_TRACE_DIR", trace_dir, "a directory name shorter than 1024 bytes");
+  else if (trace_dir)
+    snprintf(s->trace_dir, sizeof s->trace_dir, "%s", trace_dir);
   /* As NCCL reads it (v2.28.9 src/misc/param.cc:92-96): strtoll(value,
    * NULL, 0), the default 0 on a range error.  (NCCL also reads it from
    * /etc/nccl.conf, which meshpg does not: set it in the environment.) */

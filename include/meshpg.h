@@ -72,14 +72,14 @@ extern "C" {
 
 /* The version of this header.  mpg_version() gives the library's. */
 #define MPG_VERSION_MAJOR 1
-#define MPG_VERSION_MINOR 1
+#define MPG_VERSION_MINOR 2
 #define MPG_VERSION_PATCH 0
 /* 0xMMmmpp: compare with mpg_version(). */
 #define MPG_VERSION_HEX \
   ((MPG_VERSION_MAJOR << 16) | (MPG_VERSION_MINOR << 8) | MPG_VERSION_PATCH)
 /* The struct layout version that initializer macros write into `version`;
  * bumped whenever a public struct gains a field. */
-#define MPG_API_VERSION 3
+#define MPG_API_VERSION 4
 
 /* The library's version as 0xMMmmpp (the MPG_VERSION_HEX it was built
  * with), to compare with the header's.  Cannot fail.  Local; any thread. */
@@ -863,12 +863,17 @@ struct mpg_init_opts {
                            rank_order are not used */
   const char *host_id;  /* this rank's host identity; NULL: the real one
                            (mpg_topo_host_identity); for tests of placement */
+  /* 1.2: the flight recorder (docs/trace.md). */
+  const char *trace_dir; /* where a fault dumps the ring; NULL:
+                            MESHPG_TRACE_DIR; "": no automatic dumps */
+  int trace_entries;     /* operations kept; 0: MESHPG_TRACE_ENTRIES, else
+                            2048; < 0: recording off */
 };
 #define MPG_INIT_OPTS_MAGIC 0x6d706769u /* "mpgi" */
 #define MPG_INIT_OPTS_INIT                                                  \
   { sizeof(mpg_init_opts), MPG_INIT_OPTS_MAGIC, MPG_API_VERSION,            \
     MPG_BACKEND_SETTINGS_INIT, -1, -1, -1, -1, -1, NULL, NULL, NULL, 0,     \
-    MPG_TOPOLOGY_SETTINGS_INIT, NULL }
+    MPG_TOPOLOGY_SETTINGS_INIT, NULL, NULL, 0 }
 
 /* What the launcher said, read from the environment.  A versioned output
  * struct (MPG_LAUNCH_INIT). */
@@ -954,6 +959,15 @@ MPG_API mpg_status mpg_ctx_set_timeout(mpg_ctx *ctx, double timeout_s);
  * of its own: docs/nccl.md, rule 5).  The context must still be destroyed.
  * Returns MPG_OK; MPG_ERR_INVALID for NULL.  Local; any thread. */
 MPG_API mpg_status mpg_ctx_abort(mpg_ctx *ctx);
+
+/* Write the flight recorder's ring, this rank's last operations, to
+ * dir/rank-R.trace (R: mpg_ctx_rank), replacing it; dir NULL: the
+ * context's trace directory.  A fault (timeout, abort, desync) writes it
+ * once by itself when a directory is set; `meshpg trace DIR` reads them
+ * (docs/trace.md).  Returns MPG_OK; MPG_ERR_INVALID for a NULL ctx, or no
+ * dir and no directory set; MPG_ERR_STATE when recording is off;
+ * MPG_ERR_IO naming the file.  Local; any thread. */
+MPG_API mpg_status mpg_ctx_trace_dump(mpg_ctx *ctx, const char *dir);
 
 /* This rank in the mesh (0..world-1): the launcher's rank unless
  * opts.placement renumbered it; -1 for NULL.  Local; any thread. */

@@ -695,3 +695,21 @@ void mpg__mesh_mask_names(const mpg_mesh *mesh, unsigned mask,
       k += (size_t)snprintf(buf + k, cap - k, "%s%s", k ? sep : "", mesh->bitnames[b]);
   }
 }
+
+void mpg__mesh_text(const mpg_mesh *mesh, char *buf, size_t cap) {
+  size_t len = 0;
+  if (!cap) return;
+  buf[0] = 0;
+  for (int d = 0; d < mpg_mesh_ndims(mesh) && len < cap; d++) {
+    const char *name = "";
+    int size = 0;
+    (void)mpg_mesh_dim(mesh, d, &name, &size);
+    len += (size_t)snprintf(buf + len, cap - len, "%s%s=%d", d ? "," : "", name, size);
+  }
+  for (int d = 0; d < mpg_mesh_expert_ndims(mesh) && len < cap; d++) {
+    const char *name = "";
+    int size = 0;
+    (void)mpg_mesh_expert_dim(mesh, d, &name, &size);
+    len += (size_t)snprintf(buf + len, cap - len, "%s%s=%d", d ? "," : " experts:", name, size);
+  }
+}

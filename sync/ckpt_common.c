@@ -6,6 +6,7 @@
 
 #include "ckpt_internal.h"
 #include "groups_internal.h"
+#include "mesh_internal.h"
 
 mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, int relayed, const char *what) {
   mpg_group *world = NULL;
@@ -39,21 +40,8 @@ mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, int relayed, const char 
 }
 
 void mpg__ckpt_mesh_text(const mpg_ckpt *ck, char *buf, size_t cap) {
-  const mpg_mesh *mesh = mpg_ctx_mesh(ck->ctx);
-  size_t len = 0;
-  buf[0] = 0;
-  for (int d = 0; d < mpg_mesh_ndims(mesh) && len < cap; d++) {
-    const char *name = "";
-    int size = 0;
-    (void)mpg_mesh_dim(mesh, d, &name, &size);
-    len += (size_t)snprintf(buf + len, cap - len, "%s%s=%d", d ? "," : "", name, size);
-  }
-  for (int d = 0; d < mpg_mesh_expert_ndims(mesh) && len < cap; d++) {
-    const char *name = "";
-    int size = 0;
-    (void)mpg_mesh_expert_dim(mesh, d, &name, &size);
-    len += (size_t)snprintf(buf + len, cap - len, "%s%s=%d", d ? "," : " experts:", name, size);
-  }
+  mpg__mesh_text(mpg_ctx_mesh(ck->ctx), buf, cap);
+  size_t len = strlen(buf);
   if (len < cap)
     snprintf(buf + len, cap - len, " world=%d%s", mpg_ctx_world_size(ck->ctx), ck->sync_note);
 }

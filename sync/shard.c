@@ -306,7 +306,9 @@ mpg_status mpg__sync_shard_finish(mpg_sync *s, int *failed_bucket) {
     if (!s->layout.buffers[b->buffer].sharded || !b->launched || b->replicate_work || first ||
         !replicate_of(s, b))
       continue;
+    mpg__sync_trace_tag(s, k);
     mpg_status st = replicate_slice(s, k);
+    mpg__trace_tag(-1, 0, 0);
     if (st) {
       first = st;
       *failed_bucket = k;
@@ -401,7 +403,9 @@ static mpg_status gather_start(mpg_sync *s, int i) {
   mpg_group *shard = shard_of(s, b);
   char *all = (char *)f->param_data + b->offset * es;
   char *mine = all + (size_t)mpg_group_position(shard) * b->slice * es;
+  mpg__sync_trace_tag(s, s->shard.forward_buckets[i]);
   mpg_status st = mpg_all_gather(shard, mine, all, b->slice, f->dtype, s->stream, &b->gather_work);
+  mpg__trace_tag(-1, 0, 0);
   mpg__sync_abort_after(s, st); /* the peers' gathers go on: never pair with them */
   if (st)
     return mpg__fail_wrap(st, "sync gather: bucket %d (%s, %zu elements over \"%s\")",

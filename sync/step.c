@@ -72,7 +72,7 @@ static void describe_bucket(const mpg_sync *s, int k, char *buf, size_t n) {
            s->layout.params[b->last_param].name, b->count);
 }
 
-static mpg_status launch(mpg_sync *s, int k) {
+static mpg_status launch_bucket(mpg_sync *s, int k) {
   sbucket *b = &s->layout.buckets[k];
   const sbuffer *f = &s->layout.buffers[b->buffer];
   char what[512];
@@ -132,6 +132,15 @@ static mpg_status launch(mpg_sync *s, int k) {
 
 /* Launch every bucket, in order, from the next one while all its params
  * are ready (all of them with `force`). */
+/* launch_bucket, its operations tagged with bucket k in the flight
+ * recorder. */
+static mpg_status launch(mpg_sync *s, int k) {
+  mpg__sync_trace_tag(s, k);
+  mpg_status st = launch_bucket(s, k);
+  mpg__trace_tag(-1, 0, 0);
+  return st;
+}
+
 static mpg_status launch_ready(mpg_sync *s, int force) {
   while (!s->step.status && s->step.next_launch < s->layout.nbuckets &&
          (force || s->layout.buckets[s->step.next_launch].pending == 0)) {
@@ -189,6 +198,7 @@ mpg_status mpg_sync_begin(mpg_sync *s, long step, int is_last_microbatch,
   }
   s->step.open = 1;
   s->step.number = step;
+  mpg__trace_step(s->ctx, step); /* recorded with every later operation */
   s->step.last_microbatch = is_last_microbatch != 0;
   s->step.caller_stream = stream;
   s->step.stream_used = 0;

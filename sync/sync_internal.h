@@ -124,6 +124,8 @@ typedef struct sbucket {
   size_t state_base;        /* this rank's slice in the optimizer-state arrays */
   mpg_work *replicate_work; /* the slice's all-reduce over the replicate group */
   mpg_work *gather_work;    /* the params' all-gather in flight */
+  int trace_first, trace_last; /* its first and last params' names in the
+                                  flight recorder (mpg__sync_trace_tag) */
 } sbucket;
 
 /* A sharded domain: 0, the data-parallel group (the default group's
@@ -256,5 +258,18 @@ mpg_status mpg__sync_shard_launch(mpg_sync *s, int k);
  * for them all.  Returns the first failure (the step is failed by the
  * caller). */
 mpg_status mpg__sync_shard_finish(mpg_sync *s, int *failed_bucket);
+
+/* The flight recorder (groups/trace.c): the operations this thread issues
+ * until mpg__trace_tag(-1, 0, 0) reduce or gather bucket k, named by its
+ * first and last params (interned once per bucket).  Inline: step.c and
+ * shard.c both tag. */
+static inline void mpg__sync_trace_tag(mpg_sync *s, int k) {
+  sbucket *b = &s->layout.buckets[k];
+  if (!b->trace_first) {
+    b->trace_first = mpg__trace_intern(s->ctx, s->layout.params[b->first_param].name);
+    b->trace_last = mpg__trace_intern(s->ctx, s->layout.params[b->last_param].name);
+  }
+  mpg__trace_tag(k, b->trace_first, b->trace_last);
+}
 
 #endif

@@ -143,6 +143,17 @@ mpg_status mpg__ctx_copy(mpg_ctx *ctx, void *dst, const void *src, size_t bytes,
                          void *stream);
 mpg_status mpg__ctx_stream_sync(mpg_ctx *ctx, void *stream);
 
+/* The flight recorder's view of the sync (groups/trace.c; docs/trace.md):
+ * _step: the step in progress (mpg_sync_begin), recorded with every later
+ * operation of the context.  _intern: a parameter's name as a number for
+ * _tag (0 for none or when recording is off; a mutex, once per name).
+ * _tag: the operations this thread issues from now on reduce or gather
+ * sync bucket `bucket`, whose first and last parameters are the interned
+ * names first and last; bucket -1 ends the tag.  Lock-free. */
+void mpg__trace_step(mpg_ctx *ctx, long step);
+int mpg__trace_intern(mpg_ctx *ctx, const char *name);
+void mpg__trace_tag(int bucket, int first, int last);
+
 /* Number of collective operations this rank has entered to create groups
  * (splits and their set-up), for tests and benchmarks; the issue-order
  * checker's own are not counted.  0 for NULL.  Context thread. */

@@ -502,6 +502,7 @@ const struct mpg__backend_ops mpg__backend_nccl = {
     .test_keeps_time = 1,
     .wait = mpg__nccl_wait,
     .req_free = mpg__nccl_req_free,
+    .req_times = mpg__nccl_req_times,
     .abort_comm = nccl_abort,
     .abort_comms = nccl_abort_comms,
     .destroy = nccl_destroy,

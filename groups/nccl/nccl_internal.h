@@ -114,6 +114,7 @@ struct mpg__req {
   double posted;         /* mpg__now() when the post began */
   double started;        /* when start was first seen complete; 0 until then
                             (ops.c: the timeout counts from here) */
+  double ended;          /* when event was first seen complete; 0 until then */
   double timeout_s;      /* the communicator's timeout at the post: test's
                             own clock (mpg_work_test never calls wait on
                             this backend; see backend.h test_keeps_time) */
@@ -216,6 +217,7 @@ mpg_status mpg__nccl_post_batch(mpg__comm *c, const mpg__coll *list, int n,
 mpg_status mpg__nccl_test(mpg__req *q, int *done);
 mpg_status mpg__nccl_wait(mpg__req *q, double deadline);
 void mpg__nccl_req_free(mpg__req *q);
+void mpg__nccl_req_times(const mpg__req *q, double *start, double *end);
 
 /* local.c's f32 scale kernel, loaded on first use (the CUDA/NCCL test
  * double's tests launch it by hand: tests/double/test_cuda_double_twins.c). */

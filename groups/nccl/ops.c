@@ -561,6 +561,7 @@ static mpg_status test_once(mpg__req *q, int *done) {
     if (ce == cudaSuccess) {
       q->done = 1;
       q->status = MPG_OK;
+      q->ended = mpg__now(); /* for the flight recorder (req_times) */
       *done = 1;
     }
     return MPG_OK;
@@ -631,4 +632,11 @@ void mpg__nccl_req_free(mpg__req *q) {
   (void)cudaEventDestroy(q->event);
   mpg__nccl_comm_unref(q->comm);
   free(q);
+}
+
+/* backend.h req_times: when the start and end events were first seen
+ * complete (the flight recorder's device-side times). */
+void mpg__nccl_req_times(const mpg__req *q, double *start, double *end) {
+  *start = q->started;
+  *end = q->ended;
 }

@@ -66,7 +66,7 @@ typedef struct mpg__abi_head {
 #define MPG__ABI_LAST_mpg_gpu_info nvlink_peers
 #define MPG__ABI_LAST_mpg_binding thread
 #define MPG__ABI_LAST_mpg_placement_opts inner_dims
-#define MPG__ABI_LAST_mpg_init_opts host_id
+#define MPG__ABI_LAST_mpg_init_opts trace_entries
 #define MPG__ABI_LAST_mpg_launch source
 #define MPG__ABI_LAST_mpg_sync_opts register_buffers
 #define MPG__ABI_LAST_mpg_param_opts tied_group

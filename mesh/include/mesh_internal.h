@@ -62,6 +62,11 @@ mpg_status mpg__mesh_parse_dims(const mpg_mesh *mesh, const char *list,
                                 int flags, const char *what, unsigned *mask,
                                 int *dims, int *ndims);
 
+/* The mesh as text into buf (cap bytes, truncated, NUL-terminated):
+ * "pp=2,dp=2,tp=2", then " experts:ep=2,etp=1" with an expert grid.  For
+ * messages, the checkpoint metadata and the flight recorder's dumps. */
+void mpg__mesh_text(const mpg_mesh *mesh, char *buf, size_t cap);
+
 /* The mask of dim set `dimset` (0 for a bad id). */
 unsigned mpg__mesh_dimset_mask(const mpg_mesh *mesh, int dimset);
 

@@ -75,10 +75,12 @@ Test(exports, only_the_declared_api_each_with_its_version) {
   declared(decl);
   cr_assert_gt(decl->n, 100, "only %d MPG_API declarations found", decl->n);
   /* Each symbol under the node of the release that brought it:
-   * MESHPG_1.0 for the 1.0 API, MESHPG_1.1 for the checkpoints. */
-  char v10[32], v11[32];
+   * MESHPG_1.0 for the 1.0 API, MESHPG_1.1 for the checkpoints, MESHPG_1.2
+   * for the flight recorder. */
+  char v10[32], v11[32], v12[32];
   snprintf(v10, sizeof v10, "@@MESHPG_%d.0", MPG_VERSION_MAJOR);
   snprintf(v11, sizeof v11, "@@MESHPG_%d.1", MPG_VERSION_MAJOR);
+  snprintf(v12, sizeof v12, "@@MESHPG_%d.2", MPG_VERSION_MAJOR);
   names *bare = calloc(1, sizeof *bare);
   for (int i = 0; i < syms->n; i++) {
     const char *s = syms->name[i];
@@ -87,7 +89,9 @@ Test(exports, only_the_declared_api_each_with_its_version) {
     cr_assert(strncmp(s, "mpg_", 4) == 0 && strncmp(s, "mpg__", 5) != 0,
               "exported symbol %s is not public API", s);
     const char *at = strstr(s, "@@");
-    const char *version = strncmp(s, "mpg_ckpt_", 9) == 0 ? v11 : v10;
+    const char *version = strncmp(s, "mpg_ckpt_", 9) == 0          ? v11
+                          : strncmp(s, "mpg_ctx_trace_dump@", 19) == 0 ? v12
+                                                                       : v10;
     cr_assert(at && strcmp(at, version) == 0, "%s: expected version %s", s, version + 2);
     char name[64];
     snprintf(name, sizeof name, "%.*s", (int)(at - s), s);

@@ -1,0 +1,210 @@
+/* The flight recorder's dump (issue 32): the ring of groups/trace.c as the
+ * text of docs/trace.md, "The dump format (version 1)", written to
+ * DIR/.rank-R.trace.tmp and renamed to DIR/rank-R.trace, so that a reader
+ * never sees half a file.  Called on a fault (mpg__trace_fault) and by
+ * mpg_ctx_trace_dump; it reads the ring while other threads may still
+ * write it (see trace.c). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "trace_internal.h"
+
+#define RLX memory_order_relaxed
+
+/* The dump's text, built in memory (the library writes no FILE stream):
+ * `bad` once an allocation failed. */
+typedef struct text {
+  char *p;
+  size_t len, cap;
+  int bad;
+} text;
+
+static void tput(text *f, const char *fmt, ...) MPG__PRINTF(2, 3);
+static void tput(text *f, const char *fmt, ...) {
+  if (f->bad) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(f->p + f->len, f->cap - f->len, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      f->bad = 1;
+      return;
+    }
+    if ((size_t)n < f->cap - f->len) {
+      f->len += (size_t)n;
+      return;
+    }
+    size_t cap = f->cap ? 2 * f->cap : 65536;
+    while (cap < f->len + (size_t)n + 1) cap *= 2;
+    char *q = realloc(f->p, cap);
+    if (!q) {
+      f->bad = 1;
+      return;
+    }
+    f->p = q;
+    f->cap = cap;
+  }
+}
+
+/* s percent-encoded (docs/trace.md): "-" for an empty string. */
+static void put_str(text *f, const char *s) {
+  if (!s || !s[0]) {
+    tput(f, " -");
+    return;
+  }
+  tput(f, " ");
+  if (!strcmp(s, "-")) {
+    tput(f, "%%2D");
+    return;
+  }
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+    if (*p <= 0x20 || *p == '%' || *p >= 0x7f)
+      tput(f, "%%%02X", *p);
+    else
+      tput(f, "%c", *p);
+}
+
+static const char *kind_name(int kind) {
+  if (kind == TRACE_ALL_TO_ALL) return "all_to_all";
+  if (kind == TRACE_ALL_TO_ALL_V) return "all_to_all_v";
+  return mpg__kind_name((mpg__coll_kind)kind);
+}
+
+static void put_status(text *f, int st) {
+  if (st == TRACE_PENDING)
+    tput(f, " pending");
+  else if (st == MPG_OK)
+    tput(f, " ok");
+  else
+    tput(f, " MPG_%s", mpg_status_name((mpg_status)st));
+}
+
+/* The interned name `id` (0: none), read under the lock. */
+static const char *name_of(const mpg__trace *t, int id) {
+  return id > 0 && (size_t)id <= t->names_len ? t->names + id - 1 : "";
+}
+
+static void put_groups(text *f, mpg__trace *t, int ngroups) {
+  for (int i = 0; i < ngroups; i++) {
+    const mpg_group *g = t->groups[i];
+    tput(f, "group %d", i);
+    put_str(f, g->name);
+    tput(f, " %d %d %d ", g->index, g->position, g->size);
+    for (int p = 0; p < g->size; p++)
+      tput(f, "%s%d", p ? "," : "", mpg__group_world_rank(g, p));
+    tput(f, "\n");
+  }
+}
+
+/* One slot as an op line if it held operation `seq` throughout; 1 if
+ * written. */
+static int put_op(text *f, mpg__trace *t, uint64_t seq, int ngroups) {
+  const trace_slot *s = &t->ring[seq & t->mask];
+  if (atomic_load_explicit(&s->stamp, memory_order_acquire) != seq + 1) return 0;
+  uint64_t gseq = atomic_load_explicit(&s->gseq, RLX);
+  uint64_t count = atomic_load_explicit(&s->count, RLX);
+  int64_t issue = atomic_load_explicit(&s->issue_ns, RLX);
+  int64_t start = atomic_load_explicit(&s->start_ns, RLX);
+  int64_t end = atomic_load_explicit(&s->end_ns, RLX);
+  int64_t step = atomic_load_explicit(&s->step, RLX);
+  int group = atomic_load_explicit(&s->group, RLX);
+  int kind = atomic_load_explicit(&s->kind, RLX);
+  int dtype = atomic_load_explicit(&s->dtype, RLX);
+  int peer = atomic_load_explicit(&s->peer, RLX);
+  int bucket = atomic_load_explicit(&s->bucket, RLX);
+  int first = atomic_load_explicit(&s->first, RLX);
+  int last = atomic_load_explicit(&s->last, RLX);
+  int status = atomic_load_explicit(&s->status, RLX);
+  atomic_thread_fence(memory_order_acquire);
+  if (atomic_load_explicit(&s->stamp, RLX) != seq + 1) return 0; /* overwritten meanwhile */
+  if (group < 0 || group >= ngroups) return 0; /* registered after the groups were listed */
+  if (status != TRACE_PENDING && !end) status = TRACE_PENDING; /* ending meanwhile */
+  tput(f, "op %llu %d %llu %s %s %llu %d %lld %d %lld %lld %lld", (unsigned long long)seq,
+          group, (unsigned long long)gseq, kind_name(kind),
+          dtype < 0 ? "-" : mpg_dtype_name((mpg_dtype)dtype), (unsigned long long)count, peer,
+          (long long)step, bucket, (long long)issue, (long long)start,
+          status == TRACE_PENDING ? 0LL : (long long)end);
+  put_status(f, status);
+  put_str(f, name_of(t, first));
+  put_str(f, name_of(t, last));
+  tput(f, "\n");
+  return 1;
+}
+
+static void put_header(text *f, mpg_ctx *ctx, const char *reason, const char *message) {
+  mpg__trace *t = ctx->trace;
+  char host[256] = "";
+  if (gethostname(host, sizeof host - 1)) snprintf(host, sizeof host, "?");
+  char mesh[512];
+  mpg__mesh_text(ctx->mesh, mesh, sizeof mesh);
+  tput(f, "meshpg-trace 1\nrank %d %d\nprocess", ctx->rank, ctx->world);
+  put_str(f, host);
+  tput(f, " %ld\nbackend %s\nmesh", (long)getpid(), ctx->ops->name);
+  put_str(f, mesh);
+  tput(f, "\njob %016llx\nclock %lld\nreason %s", (unsigned long long)ctx->job,
+          (long long)mpg__trace_now_ns(), reason);
+  put_str(f, message);
+  tput(f, "\nring %ld %llu\n", t->capacity,
+          (unsigned long long)atomic_load_explicit(&t->head, RLX));
+}
+
+static mpg_status io_fail(const char *what, const char *path, int err) {
+  return mpg__fail(MPG_ERR_IO, "flight recorder: %s %s: %s", what, path, strerror(err));
+}
+
+mpg_status mpg__trace_write(mpg_ctx *ctx, const char *dir, const char *reason,
+                            const char *message) {
+  mpg__trace *t = ctx->trace;
+  char path[1200], tmp[1200];
+  snprintf(path, sizeof path, "%s/rank-%d.trace", dir, ctx->rank);
+  snprintf(tmp, sizeof tmp, "%s/.rank-%d.trace.tmp", dir, ctx->rank);
+  if (mkdir(dir, 0777) && errno != EEXIST) return io_fail("cannot make the directory", dir, errno);
+  text buf = {NULL, 0, 0, 0}, *f = &buf;
+  pthread_mutex_lock(&t->lock); /* groups and names stay put */
+  int ngroups = atomic_load(&t->ngroups);
+  put_header(f, ctx, reason, message);
+  put_groups(f, t, ngroups);
+  uint64_t head = atomic_load_explicit(&t->head, memory_order_acquire);
+  uint64_t from = head > (uint64_t)t->capacity ? head - (uint64_t)t->capacity : 0;
+  long nops = 0;
+  for (uint64_t seq = from; seq < head; seq++) nops += put_op(f, t, seq, ngroups);
+  pthread_mutex_unlock(&t->lock);
+  tput(f, "end %ld\n", nops);
+  if (buf.bad) {
+    free(buf.p);
+    return mpg__fail(MPG_ERR_NOMEM, "flight recorder: out of memory for the dump of %s", path);
+  }
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    free(buf.p);
+    return io_fail("cannot write", tmp, errno);
+  }
+  int err = 0;
+  for (size_t off = 0; off < buf.len && !err;) {
+    ssize_t n = write(fd, buf.p + off, buf.len - off);
+    if (n > 0)
+      off += (size_t)n;
+    else if (n < 0 && errno != EINTR)
+      err = errno;
+  }
+  free(buf.p);
+  if (!err && fsync(fd)) err = errno;
+  if (close(fd) && !err) err = errno;
+  if (err) {
+    (void)unlink(tmp);
+    return io_fail("cannot write", tmp, err);
+  }
+  if (rename(tmp, path)) {
+    err = errno;
+    (void)unlink(tmp);
+    return io_fail("cannot rename to", path, err);
+  }
+  return MPG_OK;
+}
