@@ -28,6 +28,9 @@
  *      meshpg's MPI backend posts; Open MPI runs those with libnbc).
  *   s  profile: a with op sum (no average division pass).
  *   1  profile: a with one bucket (bucket_mb = first_bucket_mb = 1e6).
+ *   u  the flight recorder's cost (issue 32): a on a second context made
+ *      with opts.trace_entries = -1 (recording off), interleaved with a,
+ *      whose context records (the default).
  *   o  overlap: a simulated backward.  T_comm = median of a (measured in
  *      this run first, or --t-comm).  The backward's compute takes T_comm
  *      and is spread over the params in proportion to their bytes, in
@@ -78,7 +81,7 @@
  *   ITER <mode> step=.. timed=0|1 time_s=.. faults=.. part1_s=.. part2_s=..
  *
  * Usage: mpirun -np N bench_sync_mpi PARAMS [--iters N] [--warmup N]
- *          [--modes a,b,c,r,i,o,p,g,n] [--t-comm SECONDS] [--bucket-mb X]
+ *          [--modes a,b,c,r,i,s,1,u,o,p,g,n] [--t-comm SECONDS] [--bucket-mb X]
  *          [--first-bucket-mb X] [--trace]
  * Exit status 0; 1 when a meshpg or MPI call or a result check fails;
  * 2 on a usage error.
@@ -181,8 +184,9 @@ static stats summarize(const double *v, int n) {
 /* Options                                                             */
 /* ------------------------------------------------------------------ */
 
-enum { M_A, M_B, M_C, M_R, M_I, M_S, M_1, M_O, M_P, M_G, M_N, M_COUNT };
-static const char mode_chars[M_COUNT] = {'a', 'b', 'c', 'r', 'i', 's', '1', 'o', 'p', 'g', 'n'};
+enum { M_A, M_B, M_C, M_R, M_I, M_S, M_1, M_U, M_O, M_P, M_G, M_N, M_COUNT };
+static const char mode_chars[M_COUNT] = {'a', 'b', 'c', 'r', 'i', 's', '1', 'u',
+                                         'o', 'p', 'g', 'n'};
 static const char *const mode_desc[M_COUNT] = {
     "meshpg sync (begin + mark_ready x N in backward order + finish)",
     "flat mpg_all_reduce avg, world, one contiguous buffer",
@@ -191,6 +195,7 @@ static const char *const mode_desc[M_COUNT] = {
     "raw MPI_Iallreduce + MPI_Wait + divide loop",
     "meshpg sync, op sum (no divide pass)",
     "meshpg sync, one bucket",
+    "meshpg sync as a, flight recorder off (its own context, trace_entries -1)",
     "overlap: compute spread over backward, mark_ready as grads finish",
     "overlap as o, compute polls MPI progress every 100 us",
     "overlap as o, compute on a device: the host thread sleeps (GPU-like)",
@@ -208,7 +213,7 @@ typedef struct options {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mpirun -np N bench_sync_mpi PARAMS [--iters N] [--warmup N]\n"
-          "         [--modes a,b,c,r,i,s,1,o,p,g,n] [--t-comm SECONDS]\n"
+          "         [--modes a,b,c,r,i,s,1,u,o,p,g,n] [--t-comm SECONDS]\n"
           "         [--bucket-mb X] [--first-bucket-mb X] [--trace]\n"
           "  PARAMS          `name elements shape` lines (# comments)\n"
           "  --iters N       timed iterations per mode (default 20)\n"
@@ -324,6 +329,7 @@ typedef struct bench {
   double bytes;       /* parameters' bytes */
   mpg_mesh *mesh;
   mpg_ctx *ctx;
+  mpg_ctx *ctx_off;  /* u: a second context with the flight recorder off */
   mpg_group *world_group;
   mpg_sync *sync[M_COUNT]; /* a (also o, n, b, c, r, i), s, 1 */
   float **view[M_COUNT];   /* per param, for each sync */
@@ -339,7 +345,7 @@ static int make_sync(bench *B, int m, double bucket_mb, double first_mb,
   so.sync.bucket_mb = bucket_mb;
   so.sync.first_bucket_mb = first_mb;
   so.sync.op = op;
-  CHECK(mpg_sync_create(B->ctx, &so, &B->sync[m]));
+  CHECK(mpg_sync_create(m == M_U ? B->ctx_off : B->ctx, &so, &B->sync[m]));
   for (int p = 0; p < B->np; p++) {
     int id = -1;
     CHECK(mpg_sync_add_param(B->sync[m], B->params[p].name, B->params[p].count,
@@ -417,6 +423,7 @@ static int run_once(bench *B, int m, long step, double *dt, extra *x) {
     case M_A:
     case M_S:
     case M_1:
+    case M_U:
       if (sync_step(B->sync[m], B->np, step)) return 1;
       break;
     case M_B:
@@ -559,7 +566,7 @@ static int iteration(bench *B, int m, long step, int timed, series *s) {
 /* Checked first iteration: every rank writes rank + 1 everywhere. */
 static int checked_iteration(bench *B, int m, long step, series *s) {
   const float w = (float)B->world;
-  float **views = (m == M_S || m == M_1) ? B->view[m] : B->view[M_A];
+  float **views = (m == M_S || m == M_1 || m == M_U) ? B->view[m] : B->view[M_A];
   fill(B, views, (float)(B->rank + 1));
   if (iteration(B, m, step, 0, s)) return 1;
   float want = m == M_S ? w * (w + 1) / 2 : (w + 1) / 2;
@@ -577,7 +584,7 @@ static void print_result(const bench *B, int m, const series *s, double t_comm) 
   printf("RESULT %c median_s=%.6f min_s=%.6f max_s=%.6f n=%d bytes=%.0f gbps=%.4f faults=%.0f",
          mode_chars[m], t.median, t.min, t.max, t.n, B->bytes, B->bytes / t.median / 1e9,
          fl.median);
-  if (m == M_A || m == M_S || m == M_1) {
+  if (m == M_A || m == M_S || m == M_1 || m == M_U) {
     mpg_sync_stats st = MPG_SYNC_STATS_INIT;
     if (mpg_sync_get_stats(B->sync[m], &st) == MPG_OK)
       printf(" buckets=%d sync_bytes=%zu shm_buffers=%d", st.num_buckets, st.total_bytes,
@@ -638,6 +645,13 @@ static int bench_main(bench *B) {
   if (o->modes[M_S] && make_sync(B, M_S, o->bucket_mb, o->first_bucket_mb, MPG_OP_SUM))
     return 1;
   if (o->modes[M_1] && make_sync(B, M_1, 1e6, 1e6, MPG_OP_AVG)) return 1;
+  if (o->modes[M_U]) {
+    /* The flight recorder's cost (issue 32): the same sync on a context
+     * that records nothing, interleaved with a. */
+    io.trace_entries = -1;
+    CHECK(mpg_ctx_create(B->mesh, &io, &B->ctx_off));
+    if (make_sync(B, M_U, o->bucket_mb, o->first_bucket_mb, MPG_OP_AVG)) return 1;
+  }
   mpg_sync_stats st = MPG_SYNC_STATS_INIT;
   CHECK(mpg_sync_get_stats(B->sync[M_A], &st));
   if (st.num_buffers != 1) {
@@ -682,11 +696,11 @@ static int bench_main(bench *B) {
 
   /* Phase 1: a b c r i s 1. */
   int phase1[M_COUNT] = {0};
-  for (int m = M_A; m <= M_1; m++) phase1[m] = o->modes[m];
+  for (int m = M_A; m <= M_U; m++) phase1[m] = o->modes[m];
   rc = run_phase(B, phase1, &step, ser);
   double t_comm = o->t_comm;
   if (!rc && B->rank == 0)
-    for (int m = M_A; m <= M_1; m++)
+    for (int m = M_A; m <= M_U; m++)
       if (phase1[m]) print_result(B, m, &ser[m], 0);
   if (!rc && o->modes[M_A] && !(t_comm > 0)) t_comm = summarize(ser[M_A].t, ser[M_A].n).median;
 
@@ -756,6 +770,7 @@ int main(int argc, char **argv) {
   }
   free(B.budget);
   free(B.params);
+  mpg_ctx_destroy(B.ctx_off);
   mpg_ctx_destroy(B.ctx);
   mpg_mesh_destroy(B.mesh);
   MPI_Finalize();

@@ -947,6 +947,9 @@ class Ctx {
   /* Abort every communicator (mpg_ctx_abort): safe from another thread,
    * never blocks.  The context must still be destroyed. */
   void abort() noexcept { (void)mpg_ctx_abort(ctx_); }
+  /* Write the flight recorder's ring to dir/rank-R.trace
+   * (mpg_ctx_trace_dump; nullptr: the context's trace directory). */
+  void trace_dump(const char* dir = nullptr) { check(mpg_ctx_trace_dump(ctx_, dir)); }
   /* The timeout of every operation that starts from now on
    * (mpg_ctx_set_timeout): e.g. long for start-up, short for the steps. */
   void set_timeout(double seconds) { check(mpg_ctx_set_timeout(ctx_, seconds)); }
