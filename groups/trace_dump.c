@@ -28,6 +28,10 @@ typedef struct text {
 static void tput(text *f, const char *fmt, ...) MPG__PRINTF(2, 3);
 static void tput(text *f, const char *fmt, ...) {
   if (f->bad) return;
+  if (!f->p && !(f->p = malloc(f->cap = 65536))) {
+    f->bad = 1;
+    return;
+  }
   for (;;) {
     va_list ap;
     va_start(ap, fmt);
@@ -41,7 +45,7 @@ static void tput(text *f, const char *fmt, ...) {
       f->len += (size_t)n;
       return;
     }
-    size_t cap = f->cap ? 2 * f->cap : 65536;
+    size_t cap = 2 * f->cap;
     while (cap < f->len + (size_t)n + 1) cap *= 2;
     char *q = realloc(f->p, cap);
     if (!q) {

@@ -12,6 +12,8 @@ int cmd_sim(int argc, char **argv);
 int cmd_topo(int argc, char **argv);
 /* meshpg ckpt info | export (tools/cmd_ckpt.c). */
 int cmd_ckpt(int argc, char **argv);
+/* meshpg trace DIR: the flight recorder's dumps merged (tools/cmd_trace.c). */
+int cmd_trace(int argc, char **argv);
 
 /* The spec options shared by plan and sim: SPEC.toml, --mesh, --flatten,
  * --order, --world, --experts (tools/spec_args.c). */

@@ -12,6 +12,7 @@ static const char usage[] =
     "  topo   show this machine's (or a fixture's) GPUs, NUMA nodes, NICs and bindings\n"
     "  sim    train a small 3D-parallel model on simulated ranks and check it\n"
     "  ckpt   show a checkpoint directory, or export it to safetensors\n"
+    "  trace  merge the flight recorder's dumps: who is stuck where, and a timeline\n"
     "\n"
     "Run 'meshpg <command> --help' for the options of one command.\n";
 
@@ -25,6 +26,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "topo") == 0) return cmd_topo(argc - 1, argv + 1);
   if (strcmp(cmd, "sim") == 0) return cmd_sim(argc - 1, argv + 1);
   if (strcmp(cmd, "ckpt") == 0) return cmd_ckpt(argc - 1, argv + 1);
+  if (strcmp(cmd, "trace") == 0) return cmd_trace(argc - 1, argv + 1);
   if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
       strcmp(cmd, "help") == 0) {
     fputs(usage, stdout);

@@ -8,7 +8,7 @@
  *       [--microbatches M] [--lr LR] [--seed S] [--data FILE] [--svg FILE]
  *       [--tol X] [--ptol X] [--every K] [--tensors]
  *       [--moe E [--topk K] [--ep N] [--etp N] [--dense-layers D] [--aux-coef A]]
- *       [--save DIR --save-at K [--async-save]] [--resume DIR]
+ *       [--save DIR --save-at K [--async-save]] [--resume DIR] [--trace DIR]
  *
  * --every K prints every K-th step of the loss table (and the last; default
  * 1 up to 30 steps, else about 20 rows); --tensors adds the per-tensor
@@ -61,6 +61,13 @@
  *   gpt --mesh tp=2,cp=2,dp=2 --sp --shard --steps 10 --save ck --save-at 10
  *   gpt --mesh dp=8 --shard --steps 20 --resume ck
  *
+ * Flight recorder (docs/trace.md): --trace DIR makes DIR (one level) and
+ * sets it as every context's trace directory with a ring of
+ * GPT_TRACE_ENTRIES operations, so that a fault dumps there; after a
+ * healthy run every rank writes DIR/rank-R.trace and the root draws them
+ * (tools/trace_draw.c): DIR/trace.svg, one row per rank, and DIR/trace.json
+ * for Perfetto or chrome://tracing.
+ *
  * Tolerances: the parallel run computes the same f32 arithmetic as the
  * reference but sums in another order (tp partial sums added by an
  * all-reduce, dp gradients averaged, micro-batches accumulated, the grad
@@ -81,6 +88,11 @@
  */
 #include "moe.h"
 #include "train.h"
+#include "trace_draw.h"
+#include "trace_read.h"
+
+#include <errno.h>
+#include <sys/stat.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -175,6 +187,7 @@ static void usage(void) {
           "           [--moe E [--topk K] [--ep N] [--etp N] [--dense-layers D]\n"
           "            [--aux-coef A]]\n"
           "           [--save DIR --save-at K [--async-save]] [--resume DIR]\n"
+          "           [--trace DIR]\n"
           "  --moe   E experts per MoE layer (0: dense, the default); --topk experts\n"
           "          per token (2); --ep expert parallel size (1, E %% ep == 0);\n"
           "          --etp expert tensor parallel size (tp); --dense-layers D: the\n"
@@ -185,6 +198,9 @@ static void usage(void) {
           "          --async-save: written in the background while training goes on\n"
           "  --resume DIR: load a checkpoint (saved under any mesh) and train from its\n"
           "          step to --steps; compared with the reference after that step\n"
+          "  --trace DIR: the flight recorder's directory (a fault dumps there); after\n"
+          "          the run every rank writes DIR/rank-R.trace and DIR/trace.svg and\n"
+          "          DIR/trace.json draw them\n"
           "  --mpi   one rank per process of an mpirun job (MPI backend)\n"
           "  --nccl  thread ranks on the NCCL backend, one CUDA device each\n"
           "          (device = rank %% device count); the math stays on the host and\n"
@@ -197,7 +213,7 @@ static void usage(void) {
 /* The command line. */
 typedef struct args {
   gpt_config c;
-  const char *mesh, *data_path, *svg;
+  const char *mesh, *data_path, *svg, *trace;
   int sp, shard, mpi, nccl, steps, every, tensors;
   gpt_ckpt_opts ck;
   double tol, ptol;
@@ -241,6 +257,7 @@ static int parse_args(int argc, char **argv, args *A) {
     else if (!strcmp(a, "--save")) A->ck.save_dir = v;
     else if (!strcmp(a, "--save-at")) A->ck.save_at = atoi(v);
     else if (!strcmp(a, "--resume")) A->ck.resume_dir = v;
+    else if (!strcmp(a, "--trace")) A->trace = v;
     else { usage(); return 2; }
   }
   if (A->steps < 1 || A->every < 0 || (A->mpi && A->nccl)) { usage(); return 2; }
@@ -248,7 +265,42 @@ static int parse_args(int argc, char **argv, args *A) {
   if (gpt_ckpt_check_opts(&A->ck, A->steps, why, sizeof why))
     return fprintf(stderr, "gpt: %s\n", why), 2;
   if (A->every == 0) A->every = A->steps <= 30 ? 1 : (A->steps + 19) / 20;
+  if (A->trace && (!A->trace[0] || (mkdir(A->trace, 0777) && errno != EEXIST)))
+    return fprintf(stderr, "gpt: --trace %s: %s\n", A->trace,
+                   A->trace[0] ? strerror(errno) : "empty directory name"), 2;
   return -1;
+}
+
+/* --trace: DIR/trace.svg and DIR/trace.json from this run's dumps (those
+ * of rank 0's job: an earlier run's files in DIR are left out).  0 or -1. */
+static int write_trace(const char *dir) {
+  tr_rank *rs = NULL;
+  int n = 0, k = 0, rc = -1;
+  char err[600], svg[4096], js[4096];
+  if (tr_read_dir(dir, &rs, &n, err, sizeof err)) goto out;
+  if (rs[0].rank != 0) {
+    snprintf(err, sizeof err, "%s: no dump of rank 0", dir);
+    goto out;
+  }
+  for (int i = 0; i < n; i++) /* keep this run's */
+    if (!strcmp(rs[i].job, rs[0].job) && rs[i].world == rs[0].world) {
+      if (k != i) {
+        tr_rank tmp = rs[k];
+        rs[k] = rs[i], rs[i] = tmp;
+      }
+      k++;
+    }
+  snprintf(svg, sizeof svg, "%s/trace.svg", dir);
+  snprintf(js, sizeof js, "%s/trace.json", dir);
+  if (tr_write_svg(rs, k, rs[0].world, svg, err, sizeof err) ||
+      tr_write_chrome(rs, k, rs[0].world, js, err, sizeof err))
+    goto out;
+  printf("wrote %s (%d of %d ranks) and %s\n", svg, k, rs[0].world, js);
+  rc = 0;
+out:
+  if (rc) fprintf(stderr, "gpt: --trace: %s\n", err);
+  tr_ranks_free(rs, n);
+  return rc;
 }
 
 /* The config on the mesh (MoE: one load-balancing group per micro-batch
@@ -425,6 +477,7 @@ int main(int argc, char **argv) {
   }
   R.secs = now() - t0, t0 = now();
   gpt_par_opts po = {A.sp, A.shard, A.mpi, A.nccl, 0};
+  gpt_set_trace(A.trace);
   if (gpt_parallel_train_ckpt(&A.c, data, len, A.mesh, &po, &A.ck, A.steps, &R.model, R.g1,
                               &res)) {
     fprintf(stderr, "gpt: %s\n", res.error);
@@ -432,6 +485,7 @@ int main(int argc, char **argv) {
   }
   /* only the root reports (--mpi) */
   pass = res.root ? report(&A, &res, &R, ent, now() - t0) : 1;
+  if (res.root && A.trace && write_trace(A.trace)) pass = 0;
 out:
   gpt_par_result_free(&res);
   for (int id = 0; R.g1 && id < R.model.nt; id++) free(R.g1[id]);

@@ -551,12 +551,32 @@ static void teardown(trainer *t, mpg_status st) {
   mpg_ctx_destroy(t->ctx);
 }
 
+static const char *trace_dir; /* gpt_set_trace */
+
+void gpt_set_trace(const char *dir) { trace_dir = dir; }
+
+/* --trace, after a healthy run: this rank's ring to DIR/rank-R.trace, then
+ * a barrier, so that every dump is there when the run returns. */
+static mpg_status trace_dump(trainer *t) {
+  mpg_status st = mpg_ctx_trace_dump(t->ctx, trace_dir);
+  if (st != MPG_OK) {
+    fprintf(stderr, "gpt rank %d: --trace: %s\n", t->rank, mpg_last_error());
+    return st;
+  }
+  return mpg_barrier(t->g_world, NULL);
+}
+
 static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   trainer self;
   memset(&self, 0, sizeof self);
   trainer *t = &self;
   t->J = arg, t->c = &t->J->cfg;
-  mpg_status st = mpg_ctx_create(t->J->mesh, opts, &t->ctx);
+  mpg_init_opts io = *opts;
+  if (trace_dir) {
+    io.trace_dir = trace_dir;
+    io.trace_entries = GPT_TRACE_ENTRIES;
+  }
+  mpg_status st = mpg_ctx_create(t->J->mesh, &io, &t->ctx);
   if (st != MPG_OK) return st;
   t->rank = mpg_ctx_rank(t->ctx);
   t->nccl = mpg_ctx_backend(t->ctx) == MPG_BACKEND_NCCL;
@@ -572,6 +592,7 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
   }
   if (st == MPG_OK) st = gpt_ckpt_end(t);
   if (st == MPG_OK) st = finish(t);
+  if (st == MPG_OK && trace_dir) st = trace_dump(t);
   teardown(t, st);
   return st;
 }

@@ -67,6 +67,17 @@ typedef struct gpt_par_opts {
    * this struct with positional initializers, so it keeps its fields.) */
 } gpt_par_opts;
 
+/* The flight recorder (--trace, docs/trace.md) for the runs of this
+ * process that start after the call: dir becomes every context's trace
+ * directory (mpg_init_opts.trace_dir: a fault dumps there) with a ring of
+ * GPT_TRACE_ENTRIES operations, and after a healthy run every rank writes
+ * dir/rank-R.trace (mpg_ctx_trace_dump) and waits for the others at a
+ * barrier.  NULL (the default): the library's defaults (MESHPG_TRACE_DIR),
+ * no dump at the end.  dir must outlive the runs.  (Not a gpt_par_opts
+ * field: callers build that struct with positional initializers.) */
+void gpt_set_trace(const char *dir);
+#define GPT_TRACE_ENTRIES 65536
+
 /* Checkpoints of a run (ckpt.h), for gpt_parallel_train_ckpt; a zeroed
  * struct: none.  save_dir: after save_at steps are done (1 .. steps),
  * every rank saves its parameters, AdamW moments and the trainer's state

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Parse what tools/trace_draw.c wrote and print a summary the C tests
+assert on (tests/trace/draw/test_trace_draw.c, tests/examples/test_gpt_trace.c).
+
+  check_draw.py svg FILE     the SVG as XML: one <g class="rank ..."> per
+                             world rank (data-rank 0..W-1, each once)
+  check_draw.py chrome FILE  the Chrome trace as JSON: events well formed,
+                             complete events nested per (pid, tid)
+
+Prints key=value lines; exits 1 (with the reason) when the file does not
+parse or breaks a rule above."""
+import json
+import sys
+import xml.etree.ElementTree as ET
+
+NS = "{http://www.w3.org/2000/svg}"
+
+
+def fail(msg):
+    print("FAIL " + msg)
+    sys.exit(1)
+
+
+def classes(el):
+    return (el.get("class") or "").split()
+
+
+def svg(path):
+    root = ET.parse(path).getroot()
+    if root.tag != NS + "svg":
+        fail("root is %s, not svg" % root.tag)
+    rows, nodump, ops, bad, groups, op_groups = [], [], 0, 0, [], set()
+    for g in root.iter(NS + "g"):
+        c = classes(g)
+        if "rank" in c:
+            r = int(g.get("data-rank"))
+            if g.get("id") != "rank-%d" % r:
+                fail("row %d has id %s" % (r, g.get("id")))
+            rows.append(r)
+            texts = [t.text or "" for t in g.iter(NS + "text")]
+            if "rank %d" % r not in texts:
+                fail("row %d is not labelled" % r)
+            if "nodump" in c:
+                if "no dump" not in texts:
+                    fail("row %d without a dump does not say so" % r)
+                nodump.append(r)
+            for rect in g.iter(NS + "rect"):
+                rc = classes(rect)
+                for a in ("x", "width"):
+                    if float(rect.get(a)) < 0:
+                        fail("row %d: negative %s" % (r, a))
+                if "op" in rc:
+                    ops += 1
+                    bad += "bad" in rc
+                    title = rect.find(NS + "title")
+                    if title is None or not title.text.startswith("rank %d: " % r):
+                        fail("row %d: an op without its tooltip" % r)
+                    # "rank R: KIND #GSEQ on NAME[INDEX]"
+                    on = title.text.split("\n")[0].split(" on ", 1)[1]
+                    op_groups.add(on.rsplit("[", 1)[0])
+        if "legend" in c:
+            groups = [t.text for t in g.iter(NS + "text")][:-2]
+    if sorted(rows) != list(range(len(rows))):
+        fail("rows %s are not 0..W-1 once each" % rows)
+    failure = sum(1 for g in root.iter(NS + "g") if "failure" in classes(g))
+    print("rows=%d" % len(rows))
+    print("nodump=%s" % ",".join(map(str, nodump)))
+    print("ops=%d" % ops)
+    print("bad=%d" % bad)
+    print("failure=%d" % failure)
+    print("groups=%s" % ",".join(groups))
+    print("op_groups=%s" % ",".join(sorted(op_groups)))
+
+
+def chrome(path):
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    ev = doc["traceEvents"]
+    pids, names, spans, cats, instants, xs = set(), {}, {}, set(), 0, 0
+    for e in ev:
+        ph = e["ph"]
+        if not isinstance(e["pid"], int):
+            fail("pid %r" % e["pid"])
+        pids.add(e["pid"])
+        if ph == "M":
+            if e["name"] == "process_name":
+                names[e["pid"]] = e["args"]["name"]
+        elif ph == "X":
+            xs += 1
+            if e["ts"] < 0 or e["dur"] < 0:
+                fail("negative ts or dur: %r" % e)
+            if not isinstance(e["tid"], int):
+                fail("tid %r" % e["tid"])
+            spans.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["dur"]))
+            if e["cat"] != "wait":
+                cats.add(e["cat"])
+                for k in ("kind", "group", "gseq", "count", "bucket", "status"):
+                    if k not in e["args"]:
+                        fail("event without args.%s" % k)
+        elif ph == "i":
+            instants += 1
+        else:
+            fail("unexpected phase %r" % ph)
+    for key, sp in spans.items():
+        sp.sort()
+        for (a, da), (b, db) in zip(sp, sp[1:]):
+            if b < a + da - 1e-3 and b + db > a + da + 1e-3:
+                fail("slices overlap without nesting on %s" % (key,))
+    for p in pids:
+        if not names.get(p, "").startswith("rank %d" % p):
+            fail("pid %d is named %r" % (p, names.get(p)))
+    print("pids=%s" % ",".join(map(str, sorted(pids))))
+    print("complete=%d" % xs)
+    print("instants=%d" % instants)
+    print("cats=%s" % ",".join(sorted(cats)))
+
+
+if __name__ == "__main__":
+    try:
+        {"svg": svg, "chrome": chrome}[sys.argv[1]](sys.argv[2])
+    except (ET.ParseError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        fail("%s: %s: %s" % (sys.argv[2], type(e).__name__, e))

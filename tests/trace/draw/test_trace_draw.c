@@ -1,0 +1,287 @@
+/* The SVG and Chrome trace writers (tools/trace_draw.c) on synthetic dumps
+ * read back by tools/trace_read.c.  Every output is parsed by
+ * check_draw.py (XML / JSON, one row or process per world rank, slices
+ * nested per Chrome thread) and its summary asserted here: rows and pids,
+ * ranks without a dump, operations per group, the failure marker, the
+ * escaping of names that are not XML or UTF-8 clean. */
+#define _XOPEN_SOURCE 700
+#include <criterion/criterion.h>
+
+#include <ftw.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "trace_draw.h"
+#include "trace_read.h"
+#include "../../support/run_util.h"
+
+enum { WORLD = 4, STEPS = 3, OPS_PER_STEP = 4 };
+#define T0 INT64_C(1700000000000000000)
+#define MS INT64_C(1000000)
+
+typedef struct gen {
+  int fail_rank;      /* its last op fails with MPG_ERR_TIMEOUT; the others pend; -1 */
+  const char *tpname; /* the tp group's encoded name */
+} gen;
+
+/* Rank r of dp=2,tp=2 (tp innermost) with a world group: per step a tp
+ * all-reduce, two overlapping dp bucket all-reduces, a world barrier. */
+static char *gen_dump(int r, const gen *g) {
+  size_t cap = 1 << 16, n = 0;
+  char *s = malloc(cap);
+  cr_assert_not_null(s);
+  int64_t t = T0 + r * 1000, end = T0 + STEPS * 10 * MS + 5 * MS;
+  int failing = g->fail_rank >= 0;
+  n += (size_t)snprintf(s + n, cap - n,
+                        "meshpg-trace 1\nrank %d %d\nprocess host%d %d\nbackend thread\n"
+                        "mesh dp=2,tp=2\njob 00000000000000aa\nclock %" PRId64 "\nreason %s\n"
+                        "ring 2048 %d\n",
+                        r, WORLD, r, 100 + r, end,
+                        failing ? "MPG_ERR_TIMEOUT timed%20out" : "request -",
+                        STEPS * OPS_PER_STEP);
+  n += (size_t)snprintf(s + n, cap - n, "group 0 %s %d %d 2 %d,%d\n", g->tpname, r / 2, r % 2,
+                        r & ~1, r | 1);
+  n += (size_t)snprintf(s + n, cap - n, "group 1 dp %d %d 2 %d,%d\n", r % 2, r / 2, r % 2,
+                        r % 2 + 2);
+  n += (size_t)snprintf(s + n, cap - n, "group 2 world 0 %d 4 0,1,2,3\n", r);
+  int seq = 0;
+  for (int st = 0; st < STEPS; st++) {
+    int64_t b = t + st * 10 * MS;
+    int last = st == STEPS - 1;
+    const char *bar = !last || !failing ? "ok" : r == g->fail_rank ? "MPG_ERR_TIMEOUT" : "pending";
+    int64_t bar_end = !last || !failing ? b + 8 * MS + MS / 2 : r == g->fail_rank ? b + 9 * MS : 0;
+    n += (size_t)snprintf(
+        s + n, cap - n,
+        "op %d 0 %d all_reduce f32 4096 -1 %d -1 %" PRId64 " %" PRId64 " %" PRId64 " ok - -\n"
+        "op %d 1 %d all_reduce f32 1000 -1 %d 0 %" PRId64 " %" PRId64 " %" PRId64
+        " ok l1.w l1.b\n"
+        "op %d 1 %d all_reduce f32 2000 -1 %d 1 %" PRId64 " %" PRId64 " %" PRId64
+        " ok l0.w l0.b\n"
+        "op %d 2 %d barrier - 0 -1 %d -1 %" PRId64 " %" PRId64 " %" PRId64 " %s - -\n",
+        seq, st + 1, st, b, b + MS / 10, b + MS, seq + 1, 2 * st + 1, st, b + 2 * MS,
+        b + 5 * MS / 2, b + 6 * MS, seq + 2, 2 * st + 2, st, b + 3 * MS, b + 3 * MS + MS / 5,
+        b + 7 * MS, seq + 3, st + 1, st, b + 8 * MS, b + 8 * MS, bar_end, bar);
+    seq += OPS_PER_STEP;
+  }
+  n += (size_t)snprintf(s + n, cap - n, "end %d\n", seq);
+  return s;
+}
+
+/* Dumps of the ranks in have[0..k). */
+static tr_rank *make_ranks(const int *have, int k, const gen *g) {
+  tr_rank *rs = calloc((size_t)k, sizeof *rs);
+  cr_assert_not_null(rs);
+  for (int i = 0; i < k; i++) {
+    char *s = gen_dump(have[i], g), err[512] = "";
+    cr_assert_eq(tr_parse(s, strlen(s), &rs[i], err, sizeof err), 0, "rank %d: %s\n%s",
+                 have[i], err, s);
+    free(s);
+  }
+  return rs;
+}
+
+static char dir[256];
+
+static void setup(void) {
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/trace_draw.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  cr_assert_not_null(mkdtemp(dir));
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f) {
+  (void)sb, (void)flag, (void)f;
+  return remove(p);
+}
+
+static void teardown(void) { nftw(dir, rm_one, 8, FTW_DEPTH | FTW_PHYS); }
+
+/* check_draw.py MODE FILE: asserts it passed; its summary is in out. */
+static void check(const char *mode, const char *path) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "'%s' '%s' %s '%s'", env_program("MESHPG_PYTHON"),
+           env_program("MESHPG_CHECK_DRAW"), mode, path);
+  int rc = run(cmd, NULL);
+  cr_assert_eq(rc, 0, "check_draw.py %s %s failed:\n%s", mode, path, out);
+}
+
+/* The value of "key=value" in out ("" when absent). */
+static const char *kv(const char *key) {
+  static char val[1024];
+  char pat[64];
+  snprintf(pat, sizeof pat, "%s=", key);
+  size_t pl = strlen(pat);
+  for (const char *l = out; *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : l + strlen(l)) {
+    if (!strncmp(l, pat, pl)) {
+      size_t n = strcspn(l + pl, "\n");
+      snprintf(val, sizeof val, "%.*s", (int)(n < sizeof val ? n : sizeof val - 1), l + pl);
+      return val;
+    }
+  }
+  val[0] = '\0';
+  return val;
+}
+
+static long kv_long(const char *key) {
+  const char *v = kv(key);
+  cr_assert(v[0], "no %s in:\n%s", key, out);
+  return strtol(v, NULL, 10);
+}
+
+/* Both files of the ranks, checked; returns nothing, leaves dir/t.svg and
+ * dir/t.json. */
+static void write_both(const tr_rank *rs, int n, int world) {
+  char svg[300], js[300], err[512] = "";
+  snprintf(svg, sizeof svg, "%s/t.svg", dir);
+  snprintf(js, sizeof js, "%s/t.json", dir);
+  cr_assert_eq(tr_write_svg(rs, n, world, svg, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(tr_write_chrome(rs, n, world, js, err, sizeof err), 0, "%s", err);
+}
+
+static char *slurp(const char *name) {
+  char p[300];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  FILE *f = fopen(p, "rb");
+  cr_assert_not_null(f, "%s", p);
+  static char buf[1 << 20];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
+
+TestSuite(trace_draw, .init = setup, .fini = teardown);
+
+Test(trace_draw, healthy_run_with_a_rank_missing) {
+  gen g = {.fail_rank = -1, .tpname = "tp"};
+  int have[] = {3, 0, 1}; /* any order: the writers place rows by rank */
+  tr_rank *rs = make_ranks(have, 3, &g);
+  write_both(rs, 3, WORLD);
+  char p[300];
+  snprintf(p, sizeof p, "%s/t.svg", dir);
+  check("svg", p);
+  cr_expect_eq(kv_long("rows"), WORLD);
+  cr_expect_str_eq(kv("nodump"), "2");
+  cr_expect_eq(kv_long("ops"), 3 * STEPS * OPS_PER_STEP);
+  cr_expect_eq(kv_long("bad"), 0);
+  cr_expect_eq(kv_long("failure"), 0);
+  cr_expect_str_eq(kv("groups"), "dp,tp,world");
+  cr_expect_str_eq(kv("op_groups"), "dp,tp,world");
+  char *svg = slurp("t.svg");
+  cr_expect(strstr(svg, "bucket 1") && strstr(svg, "params l0.w .. l0.b"), "tooltips");
+  cr_expect(strstr(svg, " ms</text>"), "a time axis in ms");
+  snprintf(p, sizeof p, "%s/t.json", dir);
+  check("chrome", p);
+  cr_expect_str_eq(kv("pids"), "0,1,2,3");
+  /* Each op, plus a wait slice for the three that started after issue. */
+  cr_expect_eq(kv_long("complete"), 3 * STEPS * (OPS_PER_STEP + 3));
+  cr_expect_eq(kv_long("instants"), 0);
+  cr_expect_str_eq(kv("cats"), "dp,tp,world");
+  char *js = slurp("t.json");
+  cr_expect(strstr(js, "\"name\":\"rank 0\"") && strstr(js, "\"name\":\"rank 2 (no dump)\""));
+  /* The two overlapping dp buckets went to two threads. */
+  cr_expect(strstr(js, "\"name\":\"dp (2)\""), "no second dp lane");
+  tr_ranks_free(rs, 3);
+}
+
+Test(trace_draw, world_from_the_dumps) {
+  gen g = {.fail_rank = -1, .tpname = "tp"};
+  int have[] = {0, 1};
+  tr_rank *rs = make_ranks(have, 2, &g);
+  write_both(rs, 2, 0);
+  char p[300];
+  snprintf(p, sizeof p, "%s/t.svg", dir);
+  check("svg", p);
+  cr_expect_eq(kv_long("rows"), WORLD);
+  cr_expect_str_eq(kv("nodump"), "2,3");
+  snprintf(p, sizeof p, "%s/t.json", dir);
+  check("chrome", p);
+  cr_expect_str_eq(kv("pids"), "0,1,2,3");
+  tr_ranks_free(rs, 2);
+}
+
+Test(trace_draw, hang_is_marked) {
+  gen g = {.fail_rank = 2, .tpname = "tp"};
+  int have[] = {0, 1, 2, 3};
+  tr_rank *rs = make_ranks(have, 4, &g);
+  write_both(rs, 4, WORLD);
+  char p[300];
+  snprintf(p, sizeof p, "%s/t.svg", dir);
+  check("svg", p);
+  cr_expect_eq(kv_long("rows"), WORLD);
+  cr_expect_str_eq(kv("nodump"), "");
+  cr_expect_eq(kv_long("bad"), WORLD, "the failed op and the three pending ones");
+  cr_expect_eq(kv_long("failure"), 1);
+  char *svg = slurp("t.svg");
+  cr_expect(strstr(svg, "first failure: MPG_ERR_TIMEOUT on rank 2, barrier #3 on world[0]"),
+            "no failure label");
+  snprintf(p, sizeof p, "%s/t.json", dir);
+  check("chrome", p);
+  cr_expect_eq(kv_long("instants"), 1);
+  char *js = slurp("t.json");
+  cr_expect(strstr(js, "\"failure: MPG_ERR_TIMEOUT on rank 2, barrier #3 on world[0]\""));
+  cr_expect(strstr(js, "\"status\":\"pending\""));
+  tr_ranks_free(rs, 4);
+}
+
+Test(trace_draw, error_dump_without_failed_op_marks_the_dump) {
+  gen g = {.fail_rank = -1, .tpname = "tp"};
+  int have[] = {1};
+  tr_rank *rs = make_ranks(have, 1, &g);
+  strcpy(rs[0].reason, "MPG_ERR_ABORTED");
+  write_both(rs, 1, WORLD);
+  char p[300];
+  snprintf(p, sizeof p, "%s/t.svg", dir);
+  check("svg", p);
+  cr_expect_eq(kv_long("failure"), 1);
+  cr_expect(strstr(slurp("t.svg"), "first error dump (rank 1)"));
+  tr_ranks_free(rs, 1);
+}
+
+Test(trace_draw, names_are_escaped) {
+  /* < & > " ' need no percent-encoding; %FF is not UTF-8, %01 not XML. */
+  gen g = {.fail_rank = -1, .tpname = "t<&>\"'%FF%01%C3%A9p"};
+  int have[] = {0, 1, 2, 3};
+  tr_rank *rs = make_ranks(have, 4, &g);
+  cr_assert_str_eq(rs[0].groups[0].name, "t<&>\"'\xff\x01\xc3\xa9p");
+  write_both(rs, 4, WORLD);
+  char p[300];
+  snprintf(p, sizeof p, "%s/t.svg", dir);
+  check("svg", p);
+  cr_expect_eq(kv_long("rows"), WORLD);
+  cr_expect(strstr(kv("groups"), "t<&>\"'\xef\xbf\xbd\xef\xbf\xbd\xc3\xa9p"), "legend: %s",
+            kv("groups"));
+  snprintf(p, sizeof p, "%s/t.json", dir);
+  check("chrome", p);
+  cr_expect(strstr(kv("cats"), "t<&>\"'\xef\xbf\xbd\x01\xc3\xa9p"), "cats: %s", kv("cats"));
+  tr_ranks_free(rs, 4);
+}
+
+Test(trace_draw, no_dumps_and_bad_paths) {
+  char p[300], err[512] = "";
+  snprintf(p, sizeof p, "%s/empty.svg", dir);
+  cr_assert_eq(tr_write_svg(NULL, 0, 2, p, err, sizeof err), 0, "%s", err);
+  check("svg", p);
+  cr_expect_eq(kv_long("rows"), 2);
+  cr_expect_str_eq(kv("nodump"), "0,1");
+  snprintf(p, sizeof p, "%s/empty.json", dir);
+  cr_assert_eq(tr_write_chrome(NULL, 0, 2, p, err, sizeof err), 0, "%s", err);
+  check("chrome", p);
+  cr_expect_str_eq(kv("pids"), "0,1");
+  snprintf(p, sizeof p, "%s/no/such/dir/t.svg", dir);
+  cr_expect_eq(tr_write_svg(NULL, 0, 2, p, err, sizeof err), -1);
+  cr_expect(strstr(err, p) && strstr(err, "No such file"), "%s", err);
+  cr_expect_eq(tr_write_chrome(NULL, 0, 2, p, err, sizeof err), -1);
+  cr_expect(strstr(err, p), "%s", err);
+  /* Two dumps of one rank cannot be drawn. */
+  gen g = {.fail_rank = -1, .tpname = "tp"};
+  int have[] = {1, 1};
+  tr_rank *rs = make_ranks(have, 2, &g);
+  snprintf(p, sizeof p, "%s/dup.svg", dir);
+  cr_expect_eq(tr_write_svg(rs, 2, WORLD, p, err, sizeof err), -1);
+  cr_expect(strstr(err, "two dumps of rank 1"), "%s", err);
+  tr_ranks_free(rs, 2);
+}

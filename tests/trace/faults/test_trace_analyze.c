@@ -1,0 +1,244 @@
+/* The analyzer of `meshpg trace` (tools/trace_analyze.h) on dumps of a
+ * simulated job (trace_sim.h): one rank hangs, skips or swaps an
+ * operation, or is killed; the `culprit:` lines must name exactly that
+ * rank, never a rank that only waited for it, on groups of two members
+ * (every group here), also when the rings overflowed; a healthy job names
+ * nobody.  And the `meshpg trace` command on such a directory (text, JSON,
+ * exit codes). */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../../tools/trace_analyze.h"
+#include "trace_sim.h"
+
+static const char *const fault_names[] = {"none", "hang", "skip", "swap", "kill"};
+
+/* Run the job and analyze its dumps into *rep. */
+static void analyze(sim_job *j, ta_report *rep) {
+  char err[512];
+  if (!j->timeout_s) j->timeout_s = 1.0;
+  if (!j->hang_s) j->hang_s = 1.6;
+  if (!j->steps) j->steps = 4;
+  cr_assert_eq(sim_run(j, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(ta_analyze(j->ranks, j->nranks, SIM_WORLD, rep, err, sizeof err), 0, "%s", err);
+}
+
+/* The culprits, one per line, for messages. */
+static void culprits_text(const ta_report *r, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (int k = 0; k < r->nculprits && n < cap; k++)
+    n += (size_t)snprintf(buf + n, cap - n, "\n  %s", r->culprits[k].text);
+  if (!r->nculprits) snprintf(buf, cap, " none");
+}
+
+/* Exactly one culprit, `rank`, its text holding `must`. */
+static void expect_only(const ta_report *r, int rank, const char *must) {
+  char got[8192];
+  culprits_text(r, got, sizeof got);
+  cr_expect_eq(r->nculprits, 1, "want only world rank %d; culprits:%s", rank, got);
+  if (r->nculprits < 1) return;
+  cr_expect_eq(r->culprits[0].rank, rank, "want world rank %d; culprits:%s", rank, got);
+  char head[64];
+  snprintf(head, sizeof head, "culprit: world rank %d: ", rank);
+  cr_expect(!strncmp(r->culprits[0].text, head, strlen(head)), "culprits:%s", got);
+  if (must) cr_expect(strstr(r->culprits[0].text, must), "want \"%s\"; culprits:%s", must, got);
+}
+
+static void one(sim_fault f, int victim, int step, int op, const char *must) {
+  sim_job j = {0};
+  j.fault = f;
+  j.victim = victim;
+  j.step = step;
+  j.op = op;
+  ta_report rep;
+  analyze(&j, &rep);
+  expect_only(&rep, victim, must);
+  ta_report_free(&rep);
+  sim_free(&j);
+}
+
+Test(trace_analyze, hang_before_a_tp_all_reduce) {
+  one(SIM_HANG, 1, 2, 2, "issued all_reduce #6 on tp[0] 0.");
+}
+
+Test(trace_analyze, hang_before_a_pipeline_send) { one(SIM_HANG, 2, 1, 1, "never issued all_reduce #3 on dp[0]"); }
+Test(trace_analyze, hang_before_a_sync_bucket) { one(SIM_HANG, 5, 1, 4, "never issued send #3 to rank 1 on pp[1]"); }
+Test(trace_analyze, hang_before_an_all_to_all) { one(SIM_HANG, 7, 3, 5, "all_to_all #8 on dp[3]"); }
+
+Test(trace_analyze, skip_with_another_signature) {
+  one(SIM_SKIP, 3, 1, 2, "skipped all_reduce #4 on tp[1]");
+}
+
+Test(trace_analyze, skip_with_the_same_signature) {
+  sim_job j = {0};
+  j.fault = SIM_SKIP;
+  j.victim = 3;
+  j.step = 1;
+  j.op = 2;
+  j.same_counts = 1;
+  ta_report rep;
+  analyze(&j, &rep);
+  expect_only(&rep, 3, "skipped all_reduce #4 on tp[1] in step 1");
+  ta_report_free(&rep);
+  sim_free(&j);
+}
+
+Test(trace_analyze, swap_across_groups) { one(SIM_SWAP, 1, 1, 2, "swapped two operations of step 1"); }
+Test(trace_analyze, swap_on_one_group) { one(SIM_SWAP, 5, 2, 1, "all_reduce (f32 x 300) as #5 on tp[2]"); }
+
+Test(trace_analyze, killed_rank_left_no_dump) {
+  sim_job j = {0};
+  j.fault = SIM_KILL;
+  j.victim = 6;
+  j.step = 1;
+  j.op = 2;
+  ta_report rep;
+  analyze(&j, &rep);
+  expect_only(&rep, 6, "left no dump");
+  cr_expect_eq(rep.nmissing, 1);
+  cr_expect_eq(rep.nmissing ? rep.missing[0].rank : -1, 6);
+  cr_expect_eq(rep.ndumps, 7);
+  ta_report_free(&rep);
+  sim_free(&j);
+}
+
+Test(trace_analyze, ring_overflow_compares_what_all_hold) {
+  sim_job j = {0};
+  j.fault = SIM_HANG;
+  j.victim = 4;
+  j.step = 7;
+  j.op = 1;
+  j.steps = 9;
+  j.capacity = 8;
+  ta_report rep;
+  analyze(&j, &rep);
+  for (int i = 0; i < j.nranks; i++)
+    cr_expect_gt(j.ranks[i].total, (uint64_t)j.ranks[i].nops, "rank %d's ring did not overflow",
+                 j.ranks[i].rank);
+  expect_only(&rep, 4, "never issued send #8 to rank 0 on pp[0]");
+  ta_report_free(&rep);
+  sim_free(&j);
+}
+
+Test(trace_analyze, healthy_job_names_nobody) {
+  sim_job j = {0};
+  ta_report rep;
+  analyze(&j, &rep);
+  cr_expect_eq(rep.fault, 0);
+  cr_expect_eq(rep.nculprits, 0);
+  cr_expect_eq(rep.nmismatches, 0);
+  cr_expect_eq(rep.nvictims, 0);
+  cr_expect_eq(rep.ndumps, 8);
+  ta_report_free(&rep);
+  sim_free(&j);
+}
+
+Test(trace_analyze, victims_are_blocked_not_named) {
+  sim_job j = {0};
+  j.fault = SIM_HANG;
+  j.victim = 0;
+  j.step = 2;
+  j.op = 0;
+  ta_report rep;
+  analyze(&j, &rep);
+  expect_only(&rep, 0, "issued all_reduce #5 on tp[0] 0.6 s after the others had failed");
+  cr_expect_geq(rep.nvictims, 3, "only %d ranks blocked", rep.nvictims);
+  cr_expect_gt(rep.nmismatches, 0);
+  ta_report_free(&rep);
+  sim_free(&j);
+}
+
+/* Every fault at every step and operation of a 4-step job. */
+Test(trace_analyze, every_fault_everywhere, .timeout = 300) {
+  int runs = 0, hits = 0;
+  for (int f = SIM_HANG; f <= SIM_KILL; f++)
+    for (int victim = 0; victim < SIM_WORLD; victim++)
+      for (int op = 0; op < 6; op++) {
+        if (f == SIM_SWAP && op == 5) continue;
+        for (int same = 0; same < (f == SIM_SKIP ? 2 : 1); same++) {
+          sim_job j = {0};
+          j.fault = (sim_fault)f;
+          j.victim = victim;
+          j.step = 1 + (victim + op) % 2;
+          j.op = op;
+          j.same_counts = same;
+          ta_report rep;
+          analyze(&j, &rep);
+          runs++;
+          int ok = rep.nculprits == 1 && rep.culprits[0].rank == victim;
+          hits += ok;
+          if (!ok) {
+            char got[8192];
+            culprits_text(&rep, got, sizeof got);
+            fprintf(stderr, "MISS %s rank %d step %d op %d%s: culprits:%s\n", fault_names[f],
+                    victim, j.step, op, same ? " (same counts)" : "", got);
+          }
+          ta_report_free(&rep);
+          sim_free(&j);
+        }
+      }
+  fprintf(stderr, "every_fault_everywhere: %d of %d exact\n", hits, runs);
+  cr_expect_eq(hits, runs, "%d of %d runs named exactly the faulty rank", hits, runs);
+}
+
+/* ------------------------------------------------------------------ */
+/* meshpg trace                                                        */
+/* ------------------------------------------------------------------ */
+
+static int run_cli(const char *args, char *out, size_t cap) {
+  const char *cli = getenv("MESHPG_CLI");
+  cr_assert_not_null(cli, "MESHPG_CLI is not set");
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "'%s' trace %s 2>&1", cli, args);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(trace_cli, report_json_and_exit_codes) {
+  char dir[] = "/tmp/meshpg-trace-cli-XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  sim_job j = {0};
+  j.fault = SIM_HANG;
+  j.victim = 2;
+  j.step = 1;
+  j.op = 4;
+  ta_report rep;
+  analyze(&j, &rep);
+  ta_report_free(&rep);
+  cr_assert_eq(sim_write(&j, dir), 0);
+  sim_free(&j);
+  static char out[1 << 20];
+  cr_expect_eq(run_cli(dir, out, sizeof out), 0, "%s", out);
+  cr_expect(strstr(out, "\nculprit: world rank 2: "), "%s", out);
+  cr_expect(strstr(out, "first failure: world rank 0: all_reduce #3 on dp[0] failed with "
+                        "MPG_ERR_TIMEOUT"), "%s", out);
+  cr_expect(strstr(out, "\n  dp[0] #3:\n    all_reduce (f32 x 200, bucket 0 (p0..p3)) issued by world "
+                        "rank 0 (MPG_ERR_TIMEOUT after 1.0 s)\n    issued late by world rank 2"),
+            "%s", out);
+  cr_expect_null(strstr(out, "culprit: world rank 0"), "%s", out);
+  char args[256];
+  snprintf(args, sizeof args, "%s --json", dir);
+  cr_expect_eq(run_cli(args, out, sizeof out), 0, "%s", out);
+  cr_expect(strstr(out, "\"culprits\": [\n    {\"rank\": 2, \"text\": \"culprit: world rank 2: "),
+            "%s", out);
+  cr_expect(strstr(out, "\"fault\": {\"found\": true, \"rank\": 0, \"status\": \"MPG_ERR_TIMEOUT\""),
+            "%s", out);
+  cr_expect(strstr(out, "\"mismatches\": [") && strstr(out, "\"groups\": ["), "%s", out);
+  cr_expect_eq(run_cli("", out, sizeof out), 2, "%s", out);
+  cr_expect_eq(run_cli("--bogus x", out, sizeof out), 2, "%s", out);
+  cr_expect_eq(run_cli("/nonexistent-meshpg-trace-dir", out, sizeof out), 1, "%s", out);
+  snprintf(args, sizeof args, "%s --svg", dir);
+  cr_expect_eq(run_cli(args, out, sizeof out), 2, "%s", out);
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  cr_expect_eq(system(cmd), 0);
+}

@@ -1,0 +1,273 @@
+/* The simulated job of trace_sim.h. */
+#include "trace_sim.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MS 1000000LL
+#define T0 1700000000000000000LL
+
+typedef struct rec {
+  int g;           /* 0 tp, 1 dp, 2 pp */
+  sim_op op;
+  long step;
+  uint64_t gseq;
+  int peer;        /* world */
+  int64_t issue, end;
+  const char *status;
+} rec;
+
+typedef struct srank {
+  sim_op prog[SIM_MAXOPS];
+  long pstep[SIM_MAXOPS];
+  int nprog, pc, active, pending, dumped, hung;
+  int64_t ready, dump_ns;
+  const char *reason;
+  rec recs[SIM_MAXOPS];
+  int nrecs;
+  uint64_t cseq[3], pseq[3][2][2]; /* per group; p2p per peer position and direction */
+} srank;
+
+static const char *const gnames[3] = {"tp", "dp", "pp"};
+
+/* Members of group g of rank r (2 each) and its index. */
+static void members(int g, int r, int m[2], int *index) {
+  int pp = r / 4, dp = (r / 2) % 2, tp = r % 2;
+  if (g == 0) {
+    m[0] = r / 2 * 2;
+    m[1] = m[0] + 1;
+    *index = r / 2;
+  } else if (g == 1) {
+    m[0] = pp * 4 + tp;
+    m[1] = m[0] + 2;
+    *index = pp * 2 + tp;
+  } else {
+    m[0] = dp * 2 + tp;
+    m[1] = m[0] + 4;
+    *index = dp * 2 + tp;
+  }
+}
+
+static int gidx(const char *name) { return !strcmp(name, "tp") ? 0 : !strcmp(name, "dp") ? 1 : 2; }
+static int pos_of(int g, int r) {
+  int m[2], ix;
+  members(g, r, m, &ix);
+  return m[1] == r;
+}
+
+static void program(const sim_job *j, int r, srank *s) {
+  int tp2 = j->same_counts ? 100 : 300;
+  sim_op st0[6] = {{"tp", "all_reduce", 100, -1, -1}, {"pp", "send", 50, -1, 1},
+                   {"tp", "all_reduce", tp2, -1, -1}, {"pp", "recv", 50, -1, 1},
+                   {"dp", "all_reduce", 200, 0, -1},  {"dp", "all_to_all", 64, -1, -1}};
+  sim_op st1[6] = {{"pp", "recv", 50, -1, 0},       {"tp", "all_reduce", 100, -1, -1},
+                   {"tp", "all_reduce", tp2, -1, -1}, {"pp", "send", 50, -1, 0},
+                   {"dp", "all_reduce", 200, 0, -1},  {"dp", "all_to_all", 64, -1, -1}};
+  const sim_op *p = r < 4 ? st0 : st1;
+  s->nprog = 0;
+  for (int step = 0; step < j->steps; step++)
+    for (int o = 0; o < 6; o++) {
+      int victim = r == j->victim && step == j->step;
+      if (victim && j->fault == SIM_SKIP && o == j->op) continue;
+      int oo = o;
+      if (victim && j->fault == SIM_SWAP && (o == j->op || o == j->op + 1))
+        oo = o == j->op ? o + 1 : o - 1;
+      s->prog[s->nprog] = p[oo];
+      s->pstep[s->nprog++] = step;
+    }
+}
+
+static void stop(srank *s, int64_t t, const char *reason) {
+  s->active = 0;
+  s->dumped = 1;
+  s->dump_ns = t;
+  s->reason = reason;
+}
+
+static rec *find(srank *s, int g, const char *kind, int peer, uint64_t k) {
+  for (int i = 0; i < s->nrecs; i++) {
+    rec *c = &s->recs[i];
+    if (c->g != g || c->gseq != k) continue;
+    int p2p = !strcmp(c->op.kind, "send") || !strcmp(c->op.kind, "recv");
+    if (kind ? p2p && !strcmp(c->op.kind, kind) && c->peer == peer : !p2p) return c;
+  }
+  return NULL;
+}
+
+static void dump_text(const sim_job *j, int r, srank *s, char *buf, size_t cap) {
+  long capy = j->capacity > 0 ? j->capacity : 4096;
+  int first = s->nrecs > capy ? s->nrecs - (int)capy : 0;
+  size_t n = 0;
+#define OUT(...) n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__)
+  OUT("meshpg-trace 1\nrank %d %d\nprocess host %d\nbackend thread\nmesh pp=2,dp=2,tp=2\n"
+      "job 00000000000000aa\nclock %lld\nreason %s %s\nring %ld %d\n", r, SIM_WORLD, 100 + r,
+      (long long)s->dump_ns, s->reason, strcmp(s->reason, "request") ? "failed" : "-", capy,
+      s->nrecs);
+  for (int g = 0; g < 3; g++) {
+    int m[2], ix;
+    members(g, r, m, &ix);
+    OUT("group %d %s %d %d 2 %d,%d\n", g, gnames[g], ix, pos_of(g, r), m[0], m[1]);
+  }
+  for (int i = first; i < s->nrecs; i++) {
+    rec *c = &s->recs[i];
+    OUT("op %d %d %llu %s f32 %d %d %ld %d %lld %lld %lld %s %s %s\n", i, c->g,
+        (unsigned long long)c->gseq, c->op.kind, c->op.count, c->peer, c->step, c->op.bucket,
+        (long long)c->issue, (long long)c->issue, (long long)c->end, c->status,
+        c->op.bucket >= 0 ? "p0" : "-", c->op.bucket >= 0 ? "p3" : "-");
+  }
+  OUT("end %d\n", s->nrecs - first);
+#undef OUT
+}
+
+static srank *S; /* the ranks of the job being run */
+
+int sim_run(sim_job *j, char *err, size_t errlen) {
+  S = calloc(SIM_WORLD, sizeof(srank));
+  if (!S) return -1;
+  int64_t T = (int64_t)(j->timeout_s * 1e9), t;
+  for (int r = 0; r < SIM_WORLD; r++) {
+    program(j, r, &S[r]);
+    S[r].active = 1;
+    S[r].ready = T0;
+  }
+  for (t = T0; t < T0 + 120000 * MS; t += MS) {
+    int any = 0;
+    for (int r = 0; r < SIM_WORLD; r++) {
+      srank *s = &S[r];
+      if (!s->active) continue;
+      any = 1;
+      if (s->pending || t < s->ready) continue;
+      if (s->pc == s->nprog) {
+        stop(s, t, "request");
+        continue;
+      }
+      int at_fault = r == j->victim && s->pstep[s->pc] == j->step &&
+                     s->pc % 6 == j->op && s->pc / 6 == j->step;
+      if (at_fault && j->fault == SIM_HANG && !s->hung) {
+        s->hung = 1;
+        s->ready = t + (int64_t)(j->hang_s * 1e9);
+        continue;
+      }
+      if (at_fault && j->fault == SIM_KILL) {
+        s->active = 0;
+        continue;
+      }
+      rec *c = &s->recs[s->nrecs++];
+      c->op = s->prog[s->pc];
+      c->step = s->pstep[s->pc++];
+      c->g = gidx(c->op.group);
+      c->issue = t;
+      c->status = "pending";
+      c->peer = -1;
+      int m[2], ix;
+      members(c->g, r, m, &ix);
+      if (c->op.peerpos >= 0) {
+        int dir = !strcmp(c->op.kind, "recv");
+        c->peer = m[c->op.peerpos];
+        c->gseq = ++s->pseq[c->g][c->op.peerpos][dir];
+      } else {
+        c->gseq = ++s->cseq[c->g];
+      }
+      if (!strcmp(c->op.kind, "send")) {
+        c->end = t;
+        c->status = "ok";
+        s->ready = t + MS;
+      } else {
+        s->pending = 1;
+      }
+    }
+    /* Completions. */
+    for (int r = 0; r < SIM_WORLD; r++) {
+      srank *s = &S[r];
+      if (!s->active || !s->pending) continue;
+      rec *c = &s->recs[s->nrecs - 1];
+      int m[2], ix;
+      members(c->g, r, m, &ix);
+      if (!strcmp(c->op.kind, "recv")) {
+        rec *snd = find(&S[c->peer], c->g, "send", r, c->gseq);
+        if (snd) {
+          c->end = t;
+          c->status = "ok";
+          s->pending = 0;
+          s->ready = t + MS;
+        }
+        continue;
+      }
+      int other = m[0] == r ? m[1] : m[0];
+      rec *o = find(&S[other], c->g, NULL, -1, c->gseq);
+      if (!o || !S[other].active || !S[other].pending || o != &S[other].recs[S[other].nrecs - 1])
+        continue;
+      int same = !strcmp(o->op.kind, c->op.kind) && o->op.count == c->op.count &&
+                 o->op.bucket == c->op.bucket;
+      rec *both[2] = {c, o};
+      srank *sr[2] = {s, &S[other]};
+      for (int k = 0; k < 2; k++) {
+        both[k]->end = t;
+        both[k]->status = same ? "ok" : "MPG_ERR_STATE";
+        sr[k]->pending = 0;
+        sr[k]->ready = t + MS;
+        if (!same) stop(sr[k], t, "MPG_ERR_STATE");
+      }
+    }
+    /* Timeouts. */
+    for (int r = 0; r < SIM_WORLD; r++) {
+      srank *s = &S[r];
+      if (!s->active || !s->pending) continue;
+      rec *c = &s->recs[s->nrecs - 1];
+      if (t - c->issue < T) continue;
+      c->end = t;
+      c->status = "MPG_ERR_TIMEOUT";
+      s->pending = 0;
+      stop(s, t, "MPG_ERR_TIMEOUT");
+    }
+    if (!any) break;
+  }
+  if (t >= T0 + 120000 * MS) {
+    snprintf(err, errlen, "the simulation did not end");
+    return -1;
+  }
+  j->nranks = 0;
+  size_t cap = 1 << 20;
+  char *buf = malloc(cap);
+  if (!buf) return -1;
+  for (int r = 0; r < SIM_WORLD; r++) {
+    if (!S[r].dumped) continue;
+    dump_text(j, r, &S[r], buf, cap);
+    j->text[j->nranks] = strdup(buf);
+    if (tr_parse(buf, strlen(buf), &j->ranks[j->nranks], err, errlen)) {
+      tr_rank_free(&j->ranks[j->nranks]);
+      free(buf);
+      return -1;
+    }
+    j->nranks++;
+  }
+  free(buf);
+  free(S);
+  S = NULL;
+  return 0;
+}
+
+int sim_write(sim_job *j, const char *dir) {
+  for (int i = 0; i < j->nranks; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank-%d.trace", dir, j->ranks[i].rank);
+    FILE *f = fopen(path, "w");
+    if (!f || !j->text[i]) {
+      if (f) fclose(f);
+      return -1;
+    }
+    fputs(j->text[i], f);
+    if (fclose(f)) return -1;
+  }
+  return 0;
+}
+
+void sim_free(sim_job *j) {
+  for (int i = 0; i < j->nranks; i++) {
+    tr_rank_free(&j->ranks[i]);
+    free(j->text[i]);
+    j->text[i] = NULL;
+  }
+  j->nranks = 0;
+}

@@ -1,0 +1,50 @@
+/* A simulated job for the analyzer's tests (test_trace_analyze.c): 8 ranks
+ * of mesh pp=2,dp=2,tp=2 (rank = pp * 4 + dp * 2 + tp) run a small
+ * training program step by step, on a simulated clock, with one fault:
+ * a hang (a sleep before an operation), a skipped operation, two
+ * operations swapped, or a killed rank.  Collectives complete when every
+ * member has issued them (a different signature fails them all with
+ * MPG_ERR_STATE), a send completes at once, a receive when its send was
+ * issued, and an operation pending for the timeout fails its rank with
+ * MPG_ERR_TIMEOUT; a rank that fails writes its dump, a rank that ends its
+ * program writes one on request, a killed rank none.  The dumps are
+ * written in the format of docs/trace.md and read back with tr_parse. */
+#ifndef TESTS_TRACE_SIM_H
+#define TESTS_TRACE_SIM_H
+
+#include <stdint.h>
+
+#include "../../../tools/trace_read.h"
+
+#define SIM_WORLD 8
+#define SIM_MAXOPS 512
+
+typedef struct sim_op {
+  const char *group; /* "tp", "dp", "pp" */
+  const char *kind;  /* all_reduce, all_to_all, send, recv */
+  int count, bucket, peerpos;
+} sim_op;
+
+typedef enum sim_fault { SIM_NONE, SIM_HANG, SIM_SKIP, SIM_SWAP, SIM_KILL } sim_fault;
+
+typedef struct sim_job {
+  int steps;
+  sim_fault fault;
+  int victim, step, op;  /* the fault: rank, step, op index in the step */
+  double timeout_s, hang_s;
+  int same_counts;       /* tp all-reduces of one count (skip: a shift) */
+  long capacity;         /* ring size (0: 4096) */
+  /* out */
+  tr_rank ranks[SIM_WORLD];
+  char *text[SIM_WORLD]; /* each dump's text */
+  int nranks;
+} sim_job;
+
+/* Run the job; fills ranks[0..nranks) (free with sim_free).  0, or -1 with
+ * a message in err. */
+int sim_run(sim_job *j, char *err, size_t errlen);
+void sim_free(sim_job *j);
+/* Write the dumps into dir as rank-R.trace.  0 or -1. */
+int sim_write(sim_job *j, const char *dir);
+
+#endif

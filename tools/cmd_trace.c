@@ -1,0 +1,190 @@
+/* meshpg trace: merge the flight recorder's dumps of a directory
+ * (docs/trace.md) into "who is stuck where": the first failure, per group
+ * instance the first number where its members disagree, the ranks without
+ * a dump and one `culprit:` line per suspect (tools/trace_analyze.h), as
+ * text or JSON; and draw them (tools/trace_draw.h). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd.h"
+#include "trace_analyze.h"
+#include "trace_draw.h"
+#include "trace_read.h"
+
+static const char trace_usage[] =
+    "usage: meshpg trace DIR [--json] [--svg FILE] [--chrome FILE]\n"
+    "\n"
+    "Merge the flight recorder's dumps DIR/rank-R.trace (written on a timeout,\n"
+    "an abort or a desync, or by mpg_ctx_trace_dump) and say who is stuck\n"
+    "where: the first failure, per group the first operation its members\n"
+    "disagree on, the ranks that left no dump, and one line per suspect\n"
+    "starting with 'culprit:' and naming its world rank.\n"
+    "\n"
+    "  --json         print the report as one JSON document instead of text\n"
+    "  --svg FILE     also draw the timeline (one row per rank) as SVG\n"
+    "  --chrome FILE  also write a Chrome trace (Perfetto, chrome://tracing)\n";
+
+static void json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+    if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+    else if (*p == '\n') fputs("\\n", f);
+    else if (*p < 0x20 || *p >= 0x7f) fprintf(f, "\\u%04x", *p);
+    else fputc(*p, f);
+  }
+  fputc('"', f);
+}
+
+static void json_items(FILE *f, const char *key, const ta_item *v, int n) {
+  fprintf(f, ",\n  ");
+  json_str(f, key);
+  fprintf(f, ": [");
+  for (int k = 0; k < n; k++) {
+    fprintf(f, "%s\n    {\"rank\": %d, \"text\": ", k ? "," : "", v[k].rank);
+    json_str(f, v[k].text);
+    fputc('}', f);
+  }
+  fprintf(f, "%s]", n ? "\n  " : "");
+}
+
+static void print_json(FILE *f, const char *dir, const ta_report *r) {
+  fprintf(f, "{\n  \"dir\": ");
+  json_str(f, dir);
+  fprintf(f, ",\n  \"world\": %d,\n  \"dumps\": %d,\n  \"backend\": ", r->world, r->ndumps);
+  json_str(f, r->backend);
+  fprintf(f, ",\n  \"mesh\": ");
+  json_str(f, r->mesh);
+  fprintf(f, ",\n  \"job\": ");
+  json_str(f, r->job);
+  fprintf(f, ",\n  \"fault\": {\"found\": %s, \"rank\": %d, \"status\": ",
+          r->fault ? "true" : "false", r->fault_rank);
+  json_str(f, r->fault_status);
+  fprintf(f, ", \"time_ns\": %" PRId64 ", \"text\": ", r->fault_ns);
+  json_str(f, r->fault_text);
+  fprintf(f, "},\n  \"groups\": [");
+  for (int k = 0; k < r->ngroups; k++) {
+    const ta_group *g = &r->groups[k];
+    fprintf(f, "%s\n    {\"name\": ", k ? "," : "");
+    json_str(f, g->name);
+    fprintf(f, ", \"index\": %d, \"size\": %d, \"ranks\": [", g->index, g->size);
+    for (int q = 0; q < g->size; q++) fprintf(f, "%s%d", q ? ", " : "", g->ranks[q]);
+    fprintf(f, "], \"first\": %" PRIu64 ", \"last\": %" PRIu64 ", \"disagree\": %s}", g->first,
+            g->last, g->disagree ? "true" : "false");
+  }
+  fprintf(f, "%s],\n  \"mismatches\": [", r->ngroups ? "\n  " : "");
+  for (int k = 0; k < r->nmismatches; k++) {
+    const ta_mismatch *m = &r->mismatches[k];
+    fprintf(f, "%s\n    {\"group\": ", k ? "," : "");
+    json_str(f, m->group);
+    fprintf(f, ", \"name\": ");
+    json_str(f, m->name);
+    fprintf(f, ", \"index\": %d, \"p2p\": %s, \"from\": %d, \"to\": %d, \"seq\": %" PRIu64
+            ", \"text\": ", m->index, m->p2p ? "true" : "false", m->from, m->to, m->gseq);
+    json_str(f, m->text);
+    fputc('}', f);
+  }
+  fprintf(f, "%s]", r->nmismatches ? "\n  " : "");
+  json_items(f, "missing", r->missing, r->nmissing);
+  fprintf(f, ",\n  \"victims\": %d", r->nvictims);
+  json_items(f, "culprits", r->culprits, r->nculprits);
+  fprintf(f, "\n}\n");
+}
+
+static void print_text(FILE *f, const char *dir, const ta_report *r) {
+  fprintf(f, "%s: %d of %d ranks left a dump (backend %s, mesh %s, job %s)\n", dir, r->ndumps,
+          r->world, r->backend, r->mesh, r->job);
+  fprintf(f, "first failure: %s\n", r->fault_text);
+  fprintf(f, "\ngroups:\n");
+  for (int k = 0; k < r->ngroups; k++) {
+    const ta_group *g = &r->groups[k];
+    fprintf(f, "  %s[%d] (world ranks", g->name, g->index);
+    for (int q = 0; q < g->size; q++) fprintf(f, "%s%d", q ? "," : " ", g->ranks[q]);
+    if (g->last)
+      fprintf(f, "): collectives #%" PRIu64 "..#%" PRIu64 "%s\n", g->first, g->last,
+              g->disagree ? ", disagree" : ", agree");
+    else
+      fprintf(f, "): no collective%s\n", g->disagree ? "; point to point disagrees" : "");
+  }
+  if (r->nmismatches) fprintf(f, "\nfirst disagreements:\n");
+  for (int k = 0; k < r->nmismatches; k++) {
+    fputs("  ", f);
+    for (const char *p = r->mismatches[k].text; *p; p++) {
+      fputc(*p, f);
+      if (*p == '\n') fputs("  ", f);
+    }
+    fputc('\n', f);
+  }
+  if (r->nmissing) fprintf(f, "\nranks without a dump:\n");
+  for (int k = 0; k < r->nmissing; k++) fprintf(f, "  %s\n", r->missing[k].text);
+  fprintf(f, "\n%d rank%s blocked at the failure, waiting for others\n", r->nvictims,
+          r->nvictims == 1 ? "" : "s");
+  for (int k = 0; k < r->nculprits; k++) fprintf(f, "%s\n", r->culprits[k].text);
+  if (!r->nculprits) fprintf(f, "no culprit found\n");
+}
+
+int cmd_trace(int argc, char **argv) {
+  const char *dir = NULL, *svg = NULL, *chrome = NULL;
+  int json = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      fputs(trace_usage, stdout);
+      return TOOL_EXIT_OK;
+    } else if (!strcmp(a, "--json")) {
+      json = 1;
+    } else if (!strcmp(a, "--svg") || !strcmp(a, "--chrome")) {
+      if (i + 1 >= argc) {
+        tool_error("trace: %s needs a file name", a);
+        tool_usage_hint(trace_usage);
+        return TOOL_EXIT_USAGE;
+      }
+      if (!strcmp(a, "--svg")) svg = argv[++i];
+      else chrome = argv[++i];
+    } else if (a[0] == '-' && a[1]) {
+      tool_error("trace: unknown option \"%s\"", a);
+      tool_usage_hint(trace_usage);
+      return TOOL_EXIT_USAGE;
+    } else if (dir) {
+      tool_error("trace: one directory only (\"%s\" and \"%s\")", dir, a);
+      tool_usage_hint(trace_usage);
+      return TOOL_EXIT_USAGE;
+    } else {
+      dir = a;
+    }
+  }
+  if (!dir) {
+    tool_error("trace: give the directory of the dumps");
+    tool_usage_hint(trace_usage);
+    return TOOL_EXIT_USAGE;
+  }
+  char err[1024];
+  tr_rank *ranks = NULL;
+  int n = 0;
+  if (tr_read_dir(dir, &ranks, &n, err, sizeof err)) {
+    tool_error("trace: %s", err);
+    return TOOL_EXIT_FAIL;
+  }
+  ta_report rep;
+  int rc = TOOL_EXIT_OK;
+  if (ta_analyze(ranks, n, 0, &rep, err, sizeof err)) {
+    tool_error("trace: %s: %s", dir, err);
+    rc = TOOL_EXIT_FAIL;
+  } else {
+    if (json) print_json(stdout, dir, &rep);
+    else print_text(stdout, dir, &rep);
+    if (svg && tr_write_svg(ranks, n, rep.world, svg, err, sizeof err)) {
+      tool_error("trace: --svg %s: %s", svg, err);
+      rc = TOOL_EXIT_FAIL;
+    }
+    if (chrome && tr_write_chrome(ranks, n, rep.world, chrome, err, sizeof err)) {
+      tool_error("trace: --chrome %s: %s", chrome, err);
+      rc = TOOL_EXIT_FAIL;
+    }
+  }
+  fflush(stdout);
+  ta_report_free(&rep);
+  tr_ranks_free(ranks, n);
+  return rc;
+}

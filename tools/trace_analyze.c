@@ -1,0 +1,512 @@
+/* Merging the flight recorder's dumps (trace_analyze.h; docs/trace.md,
+ * "Reading a dump: meshpg trace").
+ *
+ * The fault time T is the earliest failure: the earliest end of an
+ * operation that failed (timeout, abort, desync, backend), else the
+ * earliest dump written for a fault; with dumps on request only, the last
+ * dump.  An operation "issued" means issued at or before T; one issued
+ * after T is "late".  Three kinds of verdict:
+ *  1. signatures: at the first collective number where the members of a
+ *     group instance issued different operations (kind, dtype, count,
+ *     root, bucket), the members against the majority (of the group when
+ *     it has three or more issuers, else of every instance of the same dim
+ *     set at that number); the same for a send and its receive;
+ *  2. order: ranks that run one program (the same positions in the
+ *     groups that carry point-to-point traffic) issue, in each sync step,
+ *     the same list of operations; the first position where one rank
+ *     differs from a strict majority of them, while a member of one of its
+ *     groups agrees with it, names that rank (a skipped or swapped
+ *     operation, also one whose signature equals its neighbour's);
+ *  3. the wait-for graph at T: a rank pending at T in an operation waits
+ *     for the members that had not issued its match (or have no dump).
+ *     From every wait of at least half the failed operation's age (and
+ *     0.1 s), follow blocked ranks to the ranks that were not blocked:
+ *     those are the roots (computing, sleeping, or gone). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trace_analyze_internal.h"
+
+
+static ta_mismatch *add_mismatch(an *a, int g, int p2p, int from, int to, uint64_t k) {
+  ta_report *o = a->out;
+  ta_mismatch *p = realloc(o->mismatches, sizeof(ta_mismatch) * (size_t)(o->nmismatches + 1));
+  if (!p) {
+    a->oom = 1;
+    return NULL;
+  }
+  o->mismatches = p;
+  ta_mismatch *m = &p[o->nmismatches++];
+  memset(m, 0, sizeof *m);
+  const ta_group *G = &a->gi[g];
+  snprintf(m->group, sizeof m->group, "%s[%d]", G->name, G->index);
+  snprintf(m->name, sizeof m->name, "%s", G->name);
+  m->index = G->index;
+  m->p2p = p2p;
+  m->from = from;
+  m->to = to;
+  m->gseq = k;
+  a->gi[g].disagree = 1;
+  return m;
+}
+
+/* ------------------------------------------------------------------ */
+/* 1. Signatures: the first collective number where members disagree   */
+/* ------------------------------------------------------------------ */
+
+/* How an issued op ended, seen from its rank's dump. */
+static void issuer_state(const an *a, int i, const tr_op *o, sb *b) {
+  if (o->end_ns == 0) sb_add(b, "pending %.1f s at its dump", secs(a->R[i].dump_ns - o->issue_ns));
+  else if (!strcmp(o->status, "ok")) sb_add(b, "ok");
+  else sb_add(b, "%s after %.1f s", o->status, secs(o->end_ns - o->issue_ns));
+}
+
+/* A member that had not issued: its last op and how it stood at its dump. */
+static void absent_state(an *a, int i, sb *b) {
+  const tr_rank *r = &a->R[i];
+  int last = -1;
+  for (int j = 0; j < r->nops; j++)
+    if (issued(a, &r->ops[j])) last = j;
+  if (last < 0) {
+    sb_add(b, "no operation before the failure");
+    return;
+  }
+  char nm[TR_NAME * 2], st[64];
+  op_name(a, i, &r->ops[last], nm, sizeof nm);
+  op_state(&r->ops[last], r->dump_ns, st, sizeof st);
+  const tr_op *o = &r->ops[last];
+  sb_add(b, "last op %s, %s %s", nm, st, o->end_ns == 0 || o->end_ns > r->dump_ns ? "at its dump" : "its dump");
+}
+
+/* The majority signature at number k of instance g among `cls` (ops of
+ * the issuers, as (rank index, op index)), voting across the instances of
+ * the dim set when the group has fewer than three issuers.  Returns the
+ * winning class's index into cls, or -1. */
+static int sig_winner(an *a, int g, uint64_t k, const int *ci, const int *cj, int n) {
+  int *votes = calloc((size_t)n, sizeof(int));
+  if (!votes) {
+    a->oom = 1;
+    return -1;
+  }
+  for (int x = 0; x < n; x++)
+    for (int y = 0; y < n; y++)
+      if (same_sig(&a->R[ci[x]].ops[cj[x]], &a->R[ci[y]].ops[cj[y]])) votes[y]++;
+  if (n < 3)
+    for (int g2 = 0; g2 < a->ngi; g2++) {
+      if (g2 == g || strcmp(a->gi[g2].name, a->gi[g].name)) continue;
+      for (int q = 0; q < a->gi[g2].size; q++) {
+        int m = a->gi[g2].ranks[q], mi = m >= 0 && m < a->world ? a->at[m] : -1, unk;
+        int j = mi >= 0 ? coll_at(a, mi, g2, k, &unk) : -1;
+        if (j < 0 || !issued(a, &a->R[mi].ops[j])) continue;
+        for (int y = 0; y < n; y++)
+          if (same_sig(&a->R[mi].ops[j], &a->R[ci[y]].ops[cj[y]])) votes[y]++;
+      }
+    }
+  int best = -1, total = 0;
+  for (int y = 0; y < n; y++) {
+    total = votes[y] > total ? votes[y] : total;
+    if (best < 0 || votes[y] > votes[best]) best = y;
+  }
+  for (int y = 0; y < n && best >= 0; y++)
+    if (votes[y] == votes[best] && !same_sig(&a->R[ci[y]].ops[cj[y]], &a->R[ci[best]].ops[cj[best]]))
+      best = -1; /* a tie */
+  if (best >= 0 && votes[best] < 2) best = -1;
+  free(votes);
+  return best;
+}
+
+static void sig_culprit(an *a, int g, uint64_t k, int xi, const tr_op *x, int wi, const tr_op *w) {
+  const ta_group *G = &a->gi[g];
+  char dx[TR_NAME * 3], dw[TR_NAME * 3];
+  op_detail(x, dx, sizeof dx);
+  op_detail(w, dw, sizeof dw);
+  int unk;
+  int xn = coll_at(a, xi, g, k + 1, &unk), wn = coll_at(a, wi, g, k + 1, &unk);
+  const tr_op *x1 = xn >= 0 ? &a->R[xi].ops[xn] : NULL, *w1 = wn >= 0 ? &a->R[wi].ops[wn] : NULL;
+  /* The next number's op: from the reference rank, else from another
+   * instance of the dim set that agrees at k. */
+  for (int g2 = 0; g2 < a->ngi && !w1; g2++) {
+    if (g2 == g || strcmp(a->gi[g2].name, G->name)) continue;
+    for (int q = 0; q < a->gi[g2].size && !w1; q++) {
+      int mi = rank_index(a, a->gi[g2].ranks[q]);
+      int j0 = mi >= 0 ? coll_at(a, mi, g2, k, &unk) : -1;
+      int j1 = mi >= 0 ? coll_at(a, mi, g2, k + 1, &unk) : -1;
+      if (j0 >= 0 && j1 >= 0 && same_sig(&a->R[mi].ops[j0], w)) w1 = &a->R[mi].ops[j1];
+    }
+  }
+  sb b = {0};
+  sb_add(&b, "culprit: world rank %d: ", a->R[xi].rank);
+  if (w1 && same_sig(x, w1) && x1 && same_sig(x1, w))
+    sb_add(&b, "swapped %s #%llu and %s #%llu on %s[%d]: ", w->kind, (unsigned long long)k,
+           w1->kind, (unsigned long long)k + 1, G->name, G->index);
+  else if (w1 && same_sig(x, w1))
+    sb_add(&b, "skipped %s #%llu on %s[%d]: ", w->kind, (unsigned long long)k, G->name,
+           G->index);
+  sb_add(&b, "issued %s (%s) as #%llu on %s[%d] where world rank %d issued %s (%s)", x->kind, dx,
+         (unsigned long long)k, G->name, G->index, a->R[wi].rank, w->kind, dw);
+  add_culprit(a, a->R[xi].rank, &b);
+}
+
+static void check_group(an *a, int g) {
+  ta_group *G = &a->gi[g];
+  uint64_t lo = 1, hi = 0;
+  int nodump = 0;
+  for (int q = 0; q < G->size; q++) {
+    int m = G->ranks[q], mi = m >= 0 && m < a->world ? a->at[m] : -1;
+    if (mi < 0) {
+      nodump++;
+      continue;
+    }
+    cell *c = cellof(a, mi, g);
+    if (c->ncoll == 0) continue;
+    uint64_t first = a->R[mi].ops[c->coll[0]].gseq, last = a->R[mi].ops[c->coll[c->ncoll - 1]].gseq;
+    if (lost(a, mi) && first > lo) lo = first;
+    if (last > hi) hi = last;
+  }
+  if (hi < lo) return;
+  G->first = lo;
+  G->last = hi;
+  int *ci = malloc(sizeof(int) * (size_t)G->size * 4), *cj = ci + G->size;
+  int *absent = cj + G->size, *late = absent + G->size;
+  if (!ci) {
+    a->oom = 1;
+    return;
+  }
+  for (uint64_t k = lo; k <= hi; k++) {
+    int nis = 0, nabs = 0, nlate = 0, diff = 0, bad = 0, unk;
+    for (int q = 0; q < G->size; q++) {
+      int m = G->ranks[q], mi = m >= 0 && m < a->world ? a->at[m] : -1;
+      if (mi < 0) continue;
+      int j = coll_at(a, mi, g, k, &unk);
+      if (j < 0) {
+        if (!unk) absent[nabs++] = mi;
+        continue;
+      }
+      const tr_op *o = &a->R[mi].ops[j];
+      if (!issued(a, o)) {
+        late[nlate++] = mi;
+        continue;
+      }
+      if (nis && !same_sig(o, &a->R[ci[0]].ops[cj[0]])) diff = 1;
+      if (strcmp(o->status, "ok")) bad = 1;
+      ci[nis] = mi;
+      cj[nis++] = j;
+    }
+    if (!diff && !(nis && (nabs || nlate)) && !(nlate && nabs) && !(nodump && bad)) continue;
+    ta_mismatch *mm = add_mismatch(a, g, 0, -1, -1, k);
+    if (!mm) break;
+    sb b = {0};
+    sb_add(&b, "%s[%d] #%llu:", G->name, G->index, (unsigned long long)k);
+    char done[64] = {0};
+    for (int x = 0; x < nis && x < 64; x++) {
+      if (done[x]) continue;
+      const tr_op *o = &a->R[ci[x]].ops[cj[x]];
+      char d[TR_NAME * 3];
+      op_detail(o, d, sizeof d);
+      sb_add(&b, "\n  %s (%s) issued by", o->kind, d);
+      for (int y = x; y < nis && y < 64; y++) {
+        const tr_op *p = &a->R[ci[y]].ops[cj[y]];
+        if (done[y] || !same_sig(o, p)) continue;
+        done[y] = 1;
+        sb_add(&b, "%s world rank %d (", y > x ? "," : "", a->R[ci[y]].rank);
+        issuer_state(a, ci[y], p, &b);
+        sb_add(&b, ")");
+      }
+    }
+    for (int x = 0; x < nlate; x++) {
+      int j = coll_at(a, late[x], g, k, &unk);
+      sb_add(&b, "\n  issued late by world rank %d: %.1f s after the first failure; ",
+             a->R[late[x]].rank, secs(a->R[late[x]].ops[j].issue_ns - a->tf));
+      absent_state(a, late[x], &b);
+    }
+    for (int x = 0; x < nabs; x++) {
+      sb_add(&b, "\n  never issued by world rank %d: ", a->R[absent[x]].rank);
+      absent_state(a, absent[x], &b);
+    }
+    for (int q = 0; q < G->size; q++)
+      if (G->ranks[q] >= 0 && G->ranks[q] < a->world && a->at[G->ranks[q]] < 0)
+        sb_add(&b, "\n  no dump from world rank %d", G->ranks[q]);
+    mm->text = sb_take(&b);
+    if (!mm->text) a->oom = 1;
+    if (diff) {
+      int w = sig_winner(a, g, k, ci, cj, nis);
+      for (int x = 0; x < nis && w >= 0; x++)
+        if (!same_sig(&a->R[ci[x]].ops[cj[x]], &a->R[ci[w]].ops[cj[w]]))
+          sig_culprit(a, g, k, ci[x], &a->R[ci[x]].ops[cj[x]], ci[w], &a->R[ci[w]].ops[cj[w]]);
+    }
+    break;
+  }
+  free(ci);
+}
+
+/* The same for each direction between two members: send #k and its
+ * receive. */
+static void check_pair(an *a, int g, int si, int ri) {
+  const ta_group *G = &a->gi[g];
+  int s = a->R[si].rank, r = a->R[ri].rank;
+  uint64_t hi = 0;
+  cell *cs = cellof(a, si, g), *cr = cellof(a, ri, g);
+  for (int j = 0; j < cs->np2p; j++) {
+    const tr_op *o = &a->R[si].ops[cs->p2p[j]];
+    if (!strcmp(o->kind, "send") && o->peer == r && o->gseq > hi) hi = o->gseq;
+  }
+  for (int j = 0; j < cr->np2p; j++) {
+    const tr_op *o = &a->R[ri].ops[cr->p2p[j]];
+    if (!strcmp(o->kind, "recv") && o->peer == s && o->gseq > hi) hi = o->gseq;
+  }
+  for (uint64_t k = 1; k <= hi; k++) {
+    int us = 0, ur = 0;
+    int js = p2p_at(a, si, g, "send", r, k, &us), jr = p2p_at(a, ri, g, "recv", s, k, &ur);
+    if (us || ur) continue;
+    const tr_op *os = js >= 0 ? &a->R[si].ops[js] : NULL, *orr = jr >= 0 ? &a->R[ri].ops[jr] : NULL;
+    int is = os && issued(a, os), ir = orr && issued(a, orr);
+    int diff = is && ir && (os->count != orr->count || strcmp(os->dtype, orr->dtype));
+    if (!diff && is == ir) continue;
+    ta_mismatch *mm = add_mismatch(a, g, 1, s, r, k);
+    if (!mm) return;
+    sb b = {0};
+    sb_add(&b, "%s[%d] send #%llu from world rank %d to world rank %d:", G->name, G->index,
+           (unsigned long long)k, s, r);
+    const tr_op *ops[2] = {os, orr};
+    int idx[2] = {si, ri};
+    for (int x = 0; x < 2; x++) {
+      const char *what = x ? "receive" : "send";
+      if (ops[x] && issued(a, ops[x])) {
+        sb_add(&b, "\n  %s (%s x %llu) issued by world rank %d (", what, ops[x]->dtype,
+               (unsigned long long)ops[x]->count, a->R[idx[x]].rank);
+        issuer_state(a, idx[x], ops[x], &b);
+        sb_add(&b, ")");
+      } else if (ops[x]) {
+        sb_add(&b, "\n  %s issued late by world rank %d: %.1f s after the first failure", what,
+               a->R[idx[x]].rank, secs(ops[x]->issue_ns - a->tf));
+      } else {
+        sb_add(&b, "\n  %s never issued by world rank %d: ", what, a->R[idx[x]].rank);
+        absent_state(a, idx[x], &b);
+      }
+    }
+    mm->text = sb_take(&b);
+    if (!mm->text) a->oom = 1;
+    if (!diff) return;
+    /* Which side is odd: the count the other instances use at #k between
+     * the same positions. */
+    int ps = -1, pr = -1;
+    for (int q = 0; q < G->size; q++) {
+      if (G->ranks[q] == s) ps = q;
+      if (G->ranks[q] == r) pr = q;
+    }
+    uint64_t cnt[2] = {os->count, orr->count};
+    int votes[2] = {1, 1};
+    for (int g2 = 0; g2 < a->ngi; g2++) {
+      const ta_group *H = &a->gi[g2];
+      if (g2 == g || strcmp(H->name, G->name) || H->size != G->size) continue;
+      int hs = H->ranks[ps], hr = H->ranks[pr];
+      int hsi = hs >= 0 && hs < a->world ? a->at[hs] : -1, hri = hr >= 0 && hr < a->world ? a->at[hr] : -1;
+      int j1 = hsi >= 0 ? p2p_at(a, hsi, g2, "send", hr, k, &us) : -1;
+      int j2 = hri >= 0 ? p2p_at(a, hri, g2, "recv", hs, k, &ur) : -1;
+      for (int x = 0; x < 2; x++) {
+        if (j1 >= 0 && a->R[hsi].ops[j1].count == cnt[x]) votes[x]++;
+        if (j2 >= 0 && a->R[hri].ops[j2].count == cnt[x]) votes[x]++;
+      }
+    }
+    if (votes[0] == votes[1]) return;
+    int odd = votes[0] < votes[1] ? 0 : 1;
+    sb c = {0};
+    sb_add(&c, "culprit: world rank %d: issued %s #%llu %s rank %d on %s[%d] with %s x %llu "
+           "where the other instances of %s use %s x %llu", a->R[idx[odd]].rank,
+           odd ? "recv" : "send", (unsigned long long)k, odd ? "from" : "to", odd ? s : r,
+           G->name, G->index, ops[odd]->dtype, (unsigned long long)cnt[odd], G->name,
+           ops[odd]->dtype, (unsigned long long)cnt[1 - odd]);
+    add_culprit(a, a->R[idx[odd]].rank, &c);
+    return;
+  }
+}
+
+static void check_p2p(an *a, int g) {
+  const ta_group *G = &a->gi[g];
+  for (int x = 0; x < G->size && !a->oom; x++)
+    for (int y = 0; y < G->size && !a->oom; y++) {
+      int s = G->ranks[x], r = G->ranks[y];
+      if (x == y || s < 0 || r < 0 || s >= a->world || r >= a->world) continue;
+      if (a->at[s] < 0 || a->at[r] < 0) continue;
+      if (!cellof(a, a->at[s], g)->np2p && !cellof(a, a->at[r], g)->np2p) continue;
+      check_pair(a, g, a->at[s], a->at[r]);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Set-up                                                              */
+/* ------------------------------------------------------------------ */
+
+static int find_inst(an *a, const tr_group *g) {
+  for (int k = 0; k < a->ngi; k++)
+    if (a->gi[k].index == g->index && !strcmp(a->gi[k].name, g->name)) return k;
+  ta_group *p = realloc(a->gi, sizeof(ta_group) * (size_t)(a->ngi + 1));
+  if (!p) return -1;
+  a->gi = p;
+  ta_group *G = &p[a->ngi];
+  memset(G, 0, sizeof *G);
+  snprintf(G->name, sizeof G->name, "%s", g->name);
+  G->index = g->index;
+  G->size = g->size;
+  G->ranks = malloc(sizeof(int) * (size_t)(g->size > 0 ? g->size : 1));
+  if (!G->ranks) return -1;
+  memcpy(G->ranks, g->ranks, sizeof(int) * (size_t)g->size);
+  return a->ngi++;
+}
+
+static int setup(an *a, char *err, size_t errlen) {
+  const tr_rank *R = a->R;
+  a->at = malloc(sizeof(int) * (size_t)a->world);
+  a->gmap = calloc((size_t)a->n, sizeof(int *));
+  if (!a->at || !a->gmap) goto oom;
+  for (int w = 0; w < a->world; w++) a->at[w] = -1;
+  for (int i = 0; i < a->n; i++) {
+    if (R[i].rank < 0 || R[i].rank >= a->world) {
+      snprintf(err, errlen, "the dump of rank %d is outside the world of %d ranks", R[i].rank,
+               a->world);
+      return -1;
+    }
+    if (strcmp(R[i].job, R[0].job)) {
+      snprintf(err, errlen, "the dumps of rank %d (job %s) and rank %d (job %s) are of "
+               "different jobs", R[0].rank, R[0].job, R[i].rank, R[i].job);
+      return -1;
+    }
+    a->at[R[i].rank] = i;
+    a->gmap[i] = malloc(sizeof(int) * (size_t)(R[i].ngroups > 0 ? R[i].ngroups : 1));
+    if (!a->gmap[i]) goto oom;
+    for (int g = 0; g < R[i].ngroups; g++)
+      if ((a->gmap[i][g] = find_inst(a, &R[i].groups[g])) < 0) goto oom;
+  }
+  a->cells = calloc((size_t)a->n * (size_t)(a->ngi > 0 ? a->ngi : 1), sizeof(cell));
+  if (!a->cells) goto oom;
+  for (int i = 0; i < a->n; i++)
+    for (int j = 0; j < R[i].nops; j++) {
+      const tr_op *o = &R[i].ops[j];
+      cell *c = cellof(a, i, inst_of(a, i, o));
+      if (is_p2p(o) ? push(&c->p2p, &c->np2p, j) : push(&c->coll, &c->ncoll, j)) goto oom;
+    }
+  /* The fault time. */
+  ta_report *out = a->out;
+  int64_t tf = INT64_MAX, fail_issue = 0;
+  for (int i = 0; i < a->n; i++) {
+    for (int j = 0; j < R[i].nops; j++) {
+      const tr_op *o = &R[i].ops[j];
+      if (!is_failure(o->status) || o->end_ns <= 0 || o->end_ns >= tf) continue;
+      tf = o->end_ns;
+      fail_issue = o->issue_ns;
+      out->fault_rank = R[i].rank;
+      snprintf(out->fault_status, sizeof out->fault_status, "%s", o->status);
+      char nm[TR_NAME * 2];
+      op_name(a, i, o, nm, sizeof nm);
+      free(out->fault_text);
+      sb b = {0};
+      sb_add(&b, "world rank %d: %s failed with %s after %.1f s", R[i].rank, nm, o->status,
+             secs(o->end_ns - o->issue_ns));
+      out->fault_text = sb_take(&b);
+    }
+  }
+  for (int i = 0; i < a->n; i++) {
+    if (!strcmp(R[i].reason, "request") || R[i].dump_ns >= tf) continue;
+    tf = R[i].dump_ns;
+    fail_issue = tf;
+    out->fault_rank = R[i].rank;
+    snprintf(out->fault_status, sizeof out->fault_status, "%s", R[i].reason);
+    free(out->fault_text);
+    sb b = {0};
+    sb_add(&b, "world rank %d: %s: %s", R[i].rank, R[i].reason, R[i].message);
+    out->fault_text = sb_take(&b);
+  }
+  out->fault = tf != INT64_MAX;
+  if (!out->fault) {
+    tf = 0;
+    for (int i = 0; i < a->n; i++)
+      if (R[i].dump_ns > tf) tf = R[i].dump_ns;
+    free(out->fault_text);
+    out->fault_text = strdup("no failure: every dump was written on request");
+  }
+  a->tf = out->fault_ns = tf;
+  a->long_ns = (tf - fail_issue) / 2;
+  if (a->long_ns < 100000000) a->long_ns = 100000000;
+  if (!out->fault_text) goto oom;
+  return 0;
+oom:
+  snprintf(err, errlen, "out of memory");
+  return -1;
+}
+
+void ta_report_free(ta_report *r) {
+  if (!r) return;
+  for (int k = 0; k < r->ngroups; k++) free(r->groups[k].ranks);
+  free(r->groups);
+  for (int k = 0; k < r->nmismatches; k++) free(r->mismatches[k].text);
+  free(r->mismatches);
+  for (int k = 0; k < r->nmissing; k++) free(r->missing[k].text);
+  free(r->missing);
+  for (int k = 0; k < r->nculprits; k++) free(r->culprits[k].text);
+  free(r->culprits);
+  free(r->fault_text);
+  memset(r, 0, sizeof *r);
+}
+
+int ta_analyze(const tr_rank *ranks, int n, int world, ta_report *out, char *err,
+               size_t errlen) {
+  memset(out, 0, sizeof *out);
+  out->fault_rank = -1;
+  if (n < 1 || !ranks) {
+    snprintf(err, errlen, "no dump to analyze");
+    return -1;
+  }
+  if (world < 1) world = ranks[0].world;
+  for (int i = 0; i < n; i++)
+    if (ranks[i].world > world) world = ranks[i].world;
+  an a = {0};
+  a.R = ranks;
+  a.n = n;
+  a.world = world;
+  a.out = out;
+  out->world = world;
+  out->ndumps = n;
+  snprintf(out->backend, sizeof out->backend, "%s", ranks[0].backend);
+  snprintf(out->mesh, sizeof out->mesh, "%s", ranks[0].mesh);
+  snprintf(out->job, sizeof out->job, "%s", ranks[0].job);
+  int rc = setup(&a, err, errlen);
+  if (!rc) {
+    for (int g = 0; g < a.ngi && !a.oom; g++) check_group(&a, g);
+    for (int g = 0; g < a.ngi && !a.oom; g++) check_p2p(&a, g);
+    if (!a.oom) ta__check_order(&a);
+    if (!a.oom) ta__check_waits(&a);
+    for (int w = 0; w < world && !a.oom; w++) {
+      if (a.at[w] >= 0) continue;
+      sb b = {0};
+      sb_add(&b, "world rank %d: no dump (killed, or hung and never wrote one)", w);
+      add_item(&a, &out->missing, &out->nmissing, w, &b);
+    }
+    /* Nothing else explains the failure: the ranks without a dump. */
+    for (int k = 0; k < out->nmissing && out->nculprits == 0 && !a.oom; k++) {
+      sb b = {0};
+      sb_add(&b, "culprit: world rank %d: left no dump (killed, or hung and never wrote one)",
+             out->missing[k].rank);
+      add_culprit(&a, out->missing[k].rank, &b);
+    }
+    if (a.oom) {
+      snprintf(err, errlen, "out of memory");
+      rc = -1;
+    }
+  }
+  out->groups = a.gi;
+  out->ngroups = a.ngi;
+  a.gi = NULL;
+  if (a.cells)
+    for (int k = 0; k < n * a.ngi; k++) {
+      free(a.cells[k].coll);
+      free(a.cells[k].p2p);
+    }
+  free(a.cells);
+  if (a.gmap)
+    for (int i = 0; i < n; i++) free(a.gmap[i]);
+  free(a.gmap);
+  free(a.at);
+  return rc;
+}

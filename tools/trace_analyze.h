@@ -1,0 +1,77 @@
+/* Merging the flight recorder's dumps into "who is stuck where" (docs/trace.md,
+ * "Reading a dump: meshpg trace"): for `meshpg trace` (tools/cmd_trace.c)
+ * and the fault-injection tests (tests/trace/faults/).
+ *
+ * Input: the ranks' dumps as tr_read_dir gives them and the world size (a
+ * rank without a dump was killed or hung and left none).  Output: the
+ * earliest failure, per group instance (NAME[INDEX]) the first sequence
+ * number where its members disagree, the ranks without a dump, and one
+ * verdict per suspect, each naming a world rank: a member that issued
+ * another operation than its peers (or than the other instances of its
+ * dim set), a rank whose order of operations in a step differs from the
+ * ranks that run the same program, and the roots of the wait-for graph at
+ * the earliest failure (a rank that the blocked ranks wait for, directly
+ * or through other blocked ranks, and that was not blocked itself). */
+#ifndef TOOLS_TRACE_ANALYZE_H
+#define TOOLS_TRACE_ANALYZE_H
+
+#include <stdint.h>
+
+#include "trace_read.h"
+
+/* A rank and a sentence about it (text: malloc'ed, one line). */
+typedef struct ta_item {
+  int rank; /* world rank */
+  char *text;
+} ta_item;
+
+/* One group instance as the dumps describe it. */
+typedef struct ta_group {
+  char name[TR_NAME];
+  int index, size;
+  int *ranks;          /* size world ranks, position order */
+  uint64_t first, last; /* the collective numbers compared (0, 0: none) */
+  int disagree;        /* 1: a ta_mismatch names it */
+} ta_group;
+
+/* The first disagreement on a group instance (its collectives), or on one
+ * direction between two members (send #k of A to B and B's receive #k). */
+typedef struct ta_mismatch {
+  char group[TR_NAME + 16]; /* "dp_cp[3]" */
+  char name[TR_NAME];
+  int index;
+  int p2p;         /* 0: a collective; 1: send #gseq from rank `from` to `to` */
+  int from, to;    /* world ranks (p2p), else -1 */
+  uint64_t gseq;
+  char *text;      /* lines, '\n'-separated, no trailing newline */
+} ta_mismatch;
+
+typedef struct ta_report {
+  int world, ndumps;
+  char backend[16], mesh[256], job[17];
+  int fault;             /* 1: a failure was found (else: dumps on request) */
+  int fault_rank;        /* world rank of the earliest failure, -1 */
+  char fault_status[32]; /* its status name */
+  int64_t fault_ns;      /* its time (ns since the epoch; the last dump's
+                            time when there was none) */
+  char *fault_text;      /* one line */
+  ta_group *groups;
+  int ngroups;
+  ta_mismatch *mismatches;
+  int nmismatches;
+  ta_item *missing;      /* ranks without a dump */
+  int nmissing;
+  ta_item *culprits;     /* text starts "culprit: world rank R: " */
+  int nculprits;
+  int nvictims;          /* ranks blocked at the failure, waiting on others */
+} ta_report;
+
+/* Analyze ranks[0..n) (sorted by rank, as tr_read_dir) of a world of
+ * `world` ranks (world < 1: the dumps' WORLD).  Fills *out (free it with
+ * ta_report_free, also after a failure).  Returns 0, or -1 with a message
+ * in err (no dump, dumps of different jobs or worlds, out of memory). */
+int ta_analyze(const tr_rank *ranks, int n, int world, ta_report *out, char *err,
+               size_t errlen);
+void ta_report_free(ta_report *r);
+
+#endif

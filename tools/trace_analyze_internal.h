@@ -1,0 +1,96 @@
+/* What trace_analyze.c (set-up, signatures) and trace_analyze_order.c
+ * (order within a step, the wait-for graph) share: the merged view of the
+ * dumps.  Internal to the analyzer. */
+#ifndef TOOLS_TRACE_ANALYZE_INTERNAL_H
+#define TOOLS_TRACE_ANALYZE_INTERNAL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "trace_analyze.h"
+
+/* A growable string (oom: an allocation failed; sb_take returns NULL). */
+typedef struct sb {
+  char *s;
+  size_t n, cap;
+  int oom;
+} sb;
+
+__attribute__((format(printf, 2, 3))) void ta__sb_add(sb *b, const char *fmt, ...);
+char *ta__sb_take(sb *b);
+#define sb_add ta__sb_add
+#define sb_take ta__sb_take
+
+/* One rank's operations on one group instance (indices into its ops). */
+typedef struct cell {
+  int *coll, ncoll;
+  int *p2p, np2p;
+} cell;
+
+typedef struct an {
+  const tr_rank *R;
+  int n, world;
+  int *at;           /* world rank -> index into R, -1: no dump */
+  ta_group *gi;
+  int ngi;
+  int **gmap;        /* gmap[i][gid]: the instance of rank i's group gid */
+  cell *cells;       /* [i * ngi + g] */
+  int64_t tf, long_ns; /* the fault time; the least age of a wait followed */
+  int oom;
+  ta_report *out;
+} an;
+
+static inline int is_p2p(const tr_op *o) {
+  return !strcmp(o->kind, "send") || !strcmp(o->kind, "recv");
+}
+/* The ring lost operations (overwritten or torn): the oldest are unknown. */
+static inline int lost(const an *a, int i) { return a->R[i].total > (uint64_t)a->R[i].nops; }
+static inline int issued(const an *a, const tr_op *o) { return o->issue_ns <= a->tf; }
+static inline int pending_at(const an *a, const tr_op *o) {
+  return issued(a, o) && (o->end_ns == 0 || o->end_ns >= a->tf);
+}
+static inline cell *cellof(an *a, int i, int g) { return &a->cells[i * a->ngi + g]; }
+static inline int inst_of(const an *a, int i, const tr_op *o) { return a->gmap[i][o->group]; }
+static inline double secs(int64_t ns) { return (double)ns * 1e-9; }
+static inline int rank_index(const an *a, int w) { return w >= 0 && w < a->world ? a->at[w] : -1; }
+
+/* Two issues of one collective: kind, dtype, count (not all_to_all_v's),
+ * root and bucket. */
+static inline int same_sig(const tr_op *x, const tr_op *y) {
+  if (strcmp(x->kind, y->kind) || strcmp(x->dtype, y->dtype) || x->bucket != y->bucket) return 0;
+  if (strcmp(x->kind, "all_to_all_v") && x->count != y->count) return 0;
+  if (!strcmp(x->kind, "broadcast") && x->peer != y->peer) return 0;
+  return 1;
+}
+
+/* trace_analyze_util.c */
+int ta__coll_at(an *a, int i, int g, uint64_t k, int *unknown);
+int ta__p2p_at(an *a, int i, int g, const char *kind, int peer, uint64_t k, int *unknown);
+void ta__op_name(const an *a, int i, const tr_op *o, char *buf, size_t cap);
+void ta__op_detail(const tr_op *o, char *buf, size_t cap);
+void ta__op_state(const tr_op *o, int64_t t, char *buf, size_t cap);
+int ta__unmet(an *a, int i, const tr_op *o, int *w);
+int ta__blocked(an *a, int i, int *w);
+void ta__last_op(an *a, int i, sb *b);
+void ta__add_culprit(an *a, int rank, sb *b);
+int ta__is_failure(const char *status);
+int ta__push(int **v, int *n, int x);
+void ta__add_item(an *a, ta_item **v, int *n, int rank, sb *b);
+#define is_failure ta__is_failure
+#define push ta__push
+#define add_item ta__add_item
+#define coll_at ta__coll_at
+#define p2p_at ta__p2p_at
+#define op_name ta__op_name
+#define op_detail ta__op_detail
+#define op_state ta__op_state
+#define unmet ta__unmet
+#define blocked ta__blocked
+#define last_op ta__last_op
+#define add_culprit ta__add_culprit
+
+/* trace_analyze_order.c */
+void ta__check_order(an *a);
+void ta__check_waits(an *a);
+
+#endif

@@ -1,0 +1,223 @@
+/* The analyzer's shared helpers (trace_analyze_internal.h): strings, the
+ * lookups of operations by number, the states of ranks at the fault time,
+ * and the report's lists; trace_analyze.c (signatures, the driver) and
+ * trace_analyze_order.c (order, the wait-for graph) both call them. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trace_analyze_internal.h"
+
+/* ------------------------------------------------------------------ */
+/* Strings                                                             */
+/* ------------------------------------------------------------------ */
+
+void ta__sb_add(sb *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int k = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (k < 0 || b->oom) return;
+  if (b->n + (size_t)k + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + (size_t)k + 1) cap *= 2;
+    char *p = realloc(b->s, cap);
+    if (!p) {
+      b->oom = 1;
+      return;
+    }
+    b->s = p;
+    b->cap = cap;
+  }
+  va_start(ap, fmt);
+  vsnprintf(b->s + b->n, b->cap - b->n, fmt, ap);
+  va_end(ap);
+  b->n += (size_t)k;
+}
+
+char *ta__sb_take(sb *b) {
+  if (b->oom || !b->s) {
+    free(b->s);
+    return b->oom ? NULL : strdup("");
+  }
+  return b->s;
+}
+
+static const char *const failing[] = {"MPG_ERR_TIMEOUT", "MPG_ERR_ABORTED", "MPG_ERR_STATE",
+                                      "MPG_ERR_BACKEND", NULL};
+
+int is_failure(const char *status) {
+  for (int i = 0; failing[i]; i++)
+    if (!strcmp(status, failing[i])) return 1;
+  return 0;
+}
+
+int push(int **v, int *n, int x) {
+  if ((*n & (*n - 1)) == 0) {
+    int *p = realloc(*v, sizeof(int) * (size_t)(*n ? 2 * *n : 1));
+    if (!p) return -1;
+    *v = p;
+  }
+  (*v)[(*n)++] = x;
+  return 0;
+}
+
+/* The op of rank i with collective number k on instance g, or -1 (then
+ * *unknown: the ring no longer holds it, so nothing is known). */
+int coll_at(an *a, int i, int g, uint64_t k, int *unknown) {
+  cell *c = cellof(a, i, g);
+  *unknown = 0;
+  int lo = 0, hi = c->ncoll - 1;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    uint64_t s = a->R[i].ops[c->coll[mid]].gseq;
+    if (s == k) return c->coll[mid];
+    if (s < k) lo = mid + 1;
+    else hi = mid - 1;
+  }
+  *unknown = lost(a, i) && (c->ncoll == 0 || k < a->R[i].ops[c->coll[0]].gseq);
+  return -1;
+}
+
+/* Rank i's `kind` #k with world rank `peer` on instance g, or -1. */
+int p2p_at(an *a, int i, int g, const char *kind, int peer, uint64_t k, int *unknown) {
+  cell *c = cellof(a, i, g);
+  uint64_t least = 0;
+  for (int j = 0; j < c->np2p; j++) {
+    const tr_op *o = &a->R[i].ops[c->p2p[j]];
+    if (strcmp(o->kind, kind) || o->peer != peer) continue;
+    if (o->gseq == k) return c->p2p[j];
+    if (!least || o->gseq < least) least = o->gseq;
+  }
+  *unknown = lost(a, i) && (!least || k < least);
+  return -1;
+}
+
+/* "all_reduce #812 on dp_cp[3]", "send #3 to rank 4 on pp[0]". */
+void op_name(const an *a, int i, const tr_op *o, char *buf, size_t cap) {
+  const ta_group *G = &a->gi[inst_of(a, i, o)];
+  if (is_p2p(o))
+    snprintf(buf, cap, "%s #%llu %s rank %d on %s[%d]", o->kind, (unsigned long long)o->gseq,
+             !strcmp(o->kind, "send") ? "to" : "from", o->peer, G->name, G->index);
+  else
+    snprintf(buf, cap, "%s #%llu on %s[%d]", o->kind, (unsigned long long)o->gseq, G->name,
+             G->index);
+}
+
+/* "f32 x 1024, bucket 2 (p3..p7)". */
+void op_detail(const tr_op *o, char *buf, size_t cap) {
+  int n = snprintf(buf, cap, "%s x %llu", o->dtype[0] ? o->dtype : "-",
+                   (unsigned long long)o->count);
+  if (!strcmp(o->kind, "broadcast") && n > 0 && (size_t)n < cap)
+    n += snprintf(buf + n, cap - (size_t)n, ", root rank %d", o->peer);
+  if (o->bucket >= 0 && n > 0 && (size_t)n < cap)
+    snprintf(buf + n, cap - (size_t)n, ", bucket %d (%s..%s)", o->bucket,
+             o->first[0] ? o->first : "-", o->last[0] ? o->last : "-");
+}
+
+/* How op o stood at time t: "pending 2.0 s", "ended ok 0.3 s before". */
+void op_state(const tr_op *o, int64_t t, char *buf, size_t cap) {
+  if (o->end_ns == 0 || o->end_ns > t)
+    snprintf(buf, cap, "pending %.1f s", secs(t - o->issue_ns));
+  else
+    snprintf(buf, cap, "ended %s %.1f s before", o->status, secs(t - o->end_ns));
+}
+
+/* The members op o of rank i waits for at T: no dump, not issued, or
+ * issued another operation.  Returns how many (world ranks in w). */
+int unmet(an *a, int i, const tr_op *o, int *w) {
+  int g = inst_of(a, i, o), nw = 0, unk = 0, me = a->R[i].rank;
+  const ta_group *G = &a->gi[g];
+  if (is_p2p(o)) {
+    int m = o->peer;
+    if (m < 0 || m >= a->world || m == me) return 0;
+    int mi = a->at[m];
+    if (mi < 0) {
+      w[nw++] = m;
+      return nw;
+    }
+    int j = p2p_at(a, mi, g, !strcmp(o->kind, "send") ? "recv" : "send", me, o->gseq, &unk);
+    const tr_op *p = j >= 0 ? &a->R[mi].ops[j] : NULL;
+    if (p ? !issued(a, p) || p->count != o->count || strcmp(p->dtype, o->dtype) : !unk)
+      w[nw++] = m;
+    return nw;
+  }
+  for (int q = 0; q < G->size; q++) {
+    int m = G->ranks[q];
+    if (m == me || m < 0 || m >= a->world) continue;
+    int mi = a->at[m];
+    if (mi < 0) {
+      w[nw++] = m;
+      continue;
+    }
+    int j = coll_at(a, mi, g, o->gseq, &unk);
+    const tr_op *p = j >= 0 ? &a->R[mi].ops[j] : NULL;
+    if (p ? !issued(a, p) || !same_sig(o, p) : !unk) w[nw++] = m;
+  }
+  return nw;
+}
+
+/* Rank i was blocked at T: its last issued operation was still pending
+ * and one of its pending operations waited for another rank. */
+int blocked(an *a, int i, int *w) {
+  const tr_rank *r = &a->R[i];
+  int last = -1;
+  for (int j = 0; j < r->nops; j++)
+    if (issued(a, &r->ops[j])) last = j;
+  if (last < 0 || !pending_at(a, &r->ops[last])) return 0;
+  for (int j = 0; j <= last; j++)
+    if (pending_at(a, &r->ops[j]) && unmet(a, i, &r->ops[j], w) > 0) return 1;
+  return 0;
+}
+
+/* The last operation rank i issued by T, described ("; last op ..."). */
+void last_op(an *a, int i, sb *b) {
+  const tr_rank *r = &a->R[i];
+  int last = -1;
+  for (int j = 0; j < r->nops; j++)
+    if (issued(a, &r->ops[j])) last = j;
+  if (last < 0) {
+    sb_add(b, "; no operation recorded before the failure");
+    return;
+  }
+  char nm[TR_NAME * 2], st[64];
+  op_name(a, i, &r->ops[last], nm, sizeof nm);
+  op_state(&r->ops[last], a->tf, st, sizeof st);
+  sb_add(b, "; last op %s, %s%s", nm, st,
+         r->ops[last].end_ns == 0 || r->ops[last].end_ns > a->tf ? "" : " the failure");
+}
+
+/* ------------------------------------------------------------------ */
+/* The report's lists                                                  */
+/* ------------------------------------------------------------------ */
+
+static int has_culprit(const ta_report *o, int rank) {
+  for (int k = 0; k < o->nculprits; k++)
+    if (o->culprits[k].rank == rank) return 1;
+  return 0;
+}
+
+void add_item(an *a, ta_item **v, int *n, int rank, sb *b) {
+  char *t = sb_take(b);
+  memset(b, 0, sizeof *b);
+  ta_item *p = t ? realloc(*v, sizeof(ta_item) * (size_t)(*n + 1)) : NULL;
+  if (!p) {
+    free(t);
+    a->oom = 1;
+    return;
+  }
+  *v = p;
+  p[*n].rank = rank;
+  p[*n].text = t;
+  (*n)++;
+}
+
+void add_culprit(an *a, int rank, sb *b) {
+  if (has_culprit(a->out, rank)) {
+    free(b->s);
+    memset(b, 0, sizeof *b);
+    return;
+  }
+  add_item(a, &a->out->culprits, &a->out->nculprits, rank, b);
+}
