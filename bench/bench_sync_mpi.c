@@ -28,9 +28,12 @@
  *      meshpg's MPI backend posts; Open MPI runs those with libnbc).
  *   s  profile: a with op sum (no average division pass).
  *   1  profile: a with one bucket (bucket_mb = first_bucket_mb = 1e6).
- *   u  the flight recorder's cost (issue 32): a on a second context made
- *      with opts.trace_entries = -1 (recording off), interleaved with a,
- *      whose context records (the default).
+ *   u  the flight recorder's cost (issue 32): a on a second context that
+ *      records the opposite of a's context: off (opts.trace_entries = -1)
+ *      while a's records (the default), on (2048) when
+ *      MESHPG_TRACE_ENTRIES=0 turns a's off.  Interleaved with a; run it
+ *      both ways, since two contexts differ by a few % even when neither
+ *      records.
  *   o  overlap: a simulated backward.  T_comm = median of a (measured in
  *      this run first, or --t-comm).  The backward's compute takes T_comm
  *      and is spread over the params in proportion to their bytes, in
@@ -60,7 +63,8 @@
  * Timing: every iteration starts after MPI_Barrier(MPI_COMM_WORLD); each
  * rank times its own operation with clock_gettime(CLOCK_MONOTONIC) and the
  * iteration's time is the maximum over ranks.  Modes of one phase run
- * interleaved (iteration k of a, b, c, r, ... then iteration k + 1), so a
+ * interleaved (iteration k of a, b, c, r, ... then iteration k + 1 in the
+ * reverse order, so that no mode always follows the same one), so a
  * noisy neighbour hits every mode alike: phase 1 is a b c r i s 1, phase 2
  * (after T_comm is known) is o p n.  --warmup untimed iterations precede the
  * timed ones; the first warm-up iteration of a, b, c, r, i, s, 1 checks the
@@ -195,7 +199,7 @@ static const char *const mode_desc[M_COUNT] = {
     "raw MPI_Iallreduce + MPI_Wait + divide loop",
     "meshpg sync, op sum (no divide pass)",
     "meshpg sync, one bucket",
-    "meshpg sync as a, flight recorder off (its own context, trace_entries -1)",
+    "meshpg sync as a on a second context, flight recorder the opposite of a's",
     "overlap: compute spread over backward, mark_ready as grads finish",
     "overlap as o, compute polls MPI progress every 100 us",
     "overlap as o, compute on a device: the host thread sleeps (GPU-like)",
@@ -617,9 +621,14 @@ static int run_phase(bench *B, const int *which, long *step, series *ser) {
   const options *o = &B->opt;
   for (int m = 0; m < M_COUNT; m++)
     if (which[m] && checked_iteration(B, m, (*step)++, &ser[m])) return 1;
+  /* The order of the modes flips every iteration, so that no mode always
+   * runs right after another (a mode's successor can find the caches and
+   * the shared-memory pages warm: 3 % between two identical syncs here). */
   for (int it = 1; it < o->warmup + o->iters; it++)
-    for (int m = 0; m < M_COUNT; m++)
+    for (int k = 0; k < M_COUNT; k++) {
+      int m = it % 2 ? M_COUNT - 1 - k : k;
       if (which[m] && iteration(B, m, (*step)++, it >= o->warmup, &ser[m])) return 1;
+    }
   return 0;
 }
 
@@ -646,9 +655,12 @@ static int bench_main(bench *B) {
     return 1;
   if (o->modes[M_1] && make_sync(B, M_1, 1e6, 1e6, MPG_OP_AVG)) return 1;
   if (o->modes[M_U]) {
-    /* The flight recorder's cost (issue 32): the same sync on a context
-     * that records nothing, interleaved with a. */
-    io.trace_entries = -1;
+    /* The flight recorder's cost (issue 32): the same sync on a second
+     * context that records the opposite of a's (a records unless
+     * MESHPG_TRACE_ENTRIES=0), interleaved with a.  Run it both ways:
+     * the two contexts differ by a few % even when neither records. */
+    const char *e = getenv("MESHPG_TRACE_ENTRIES");
+    io.trace_entries = e && !strcmp(e, "0") ? 2048 : -1;
     CHECK(mpg_ctx_create(B->mesh, &io, &B->ctx_off));
     if (make_sync(B, M_U, o->bucket_mb, o->first_bucket_mb, MPG_OP_AVG)) return 1;
   }
