@@ -151,7 +151,7 @@ Test(api, every_function_of_the_header_is_exercised) {
 
 Test(api, infallible_functions_give_their_neutral_values) {
   cr_expect_eq(mpg_version(), (unsigned)MPG_VERSION_HEX);
-  cr_expect_str_eq(mpg_version_string(), "1.1.0");
+  cr_expect_str_eq(mpg_version_string(), "1.2.0");
   cr_expect_str_eq(mpg_strerror((mpg_status)-1), "unknown status");
   cr_expect_str_eq(mpg_strerror(MPG_STATUS_COUNT), "unknown status");
   cr_expect_str_eq(mpg_status_name((mpg_status)999), "UNKNOWN");
@@ -482,6 +482,7 @@ Test(api, ctx_create_misuse) {
   EXPECT(mpg_ctx_destroy(NULL), MPG_OK, "");
   cr_expect_eq(mpg_ctx_status(NULL), MPG_ERR_INVALID);
   EXPECT(mpg_ctx_abort(NULL), MPG_ERR_INVALID, "NULL");
+  EXPECT(mpg_ctx_trace_dump(NULL, "/tmp"), MPG_ERR_INVALID, "NULL");
   EXPECT(mpg_ctx_set_timeout(NULL, 1), MPG_ERR_INVALID, "NULL");
   EXPECT(mpg_ctx_check_order(NULL), MPG_ERR_INVALID, "NULL");
   cr_expect_eq(mpg_ctx_rank(NULL), -1);
@@ -703,6 +704,9 @@ static mpg_status ctx_rank(const mpg_init_opts *opts, void *arg) {
   R_EXPECT(mpg_ctx_set_timeout(c, NAN), MPG_ERR_INVALID, "timeout_s");
   R_EXPECT(mpg_ctx_set_timeout(c, 1e300), MPG_ERR_INVALID, "1e9");
   R_EXPECT(mpg_ctx_set_timeout(c, 30), MPG_OK, "");
+  /* No directory given and none set: refused, nothing written. */
+  R_EXPECT(mpg_ctx_trace_dump(c, NULL), MPG_ERR_INVALID, "no trace directory");
+  R_EXPECT(mpg_ctx_trace_dump(c, "/proc/no-such-dir/x"), MPG_ERR_IO, "/proc/no-such-dir/x");
   /* After an abort every collective says so, and the context reports it. */
   R_EXPECT(mpg_barrier(g, NULL), MPG_OK, "");
   R_EXPECT(mpg_ctx_abort(c), MPG_OK, "");
