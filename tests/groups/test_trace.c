@@ -8,6 +8,7 @@
  * with the reader of `meshpg trace` (tools/trace_read.c). */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -338,13 +339,13 @@ Test(trace, sync_buckets_carry_their_step_and_params, .fini = cleanup) {
 
 typedef struct dumper {
   mpg_ctx *ctx;
-  volatile int stop;
+  atomic_int stop;
   int dumps;
 } dumper;
 
 static void *dump_loop(void *arg) {
   dumper *d = arg;
-  while (!d->stop)
+  while (!atomic_load(&d->stop))
     if (mpg_ctx_trace_dump(d->ctx, dir) == MPG_OK) d->dumps++;
   return NULL;
 }
@@ -364,7 +365,7 @@ static mpg_status busy(const mpg_init_opts *o, void *arg) {
   float x[4] = {0};
   for (int i = 0; i < 3000 && !st; i++) st = mpg_all_reduce(dp, x, x, 4, MPG_F32, MPG_OP_SUM, NULL, NULL);
   if (dumping) {
-    __atomic_store_n(&d.stop, 1, __ATOMIC_SEQ_CST);
+    atomic_store(&d.stop, 1);
     pthread_join(th, NULL);
   }
   RCALL(st);
