@@ -142,7 +142,8 @@ static int put_op(text *f, mpg__trace *t, uint64_t seq, int ngroups) {
   return 1;
 }
 
-static void put_header(text *f, mpg_ctx *ctx, const char *reason, const char *message) {
+static void put_header(text *f, mpg_ctx *ctx, const char *reason, const char *message,
+                       uint64_t head) {
   mpg__trace *t = ctx->trace;
   char host[256] = "";
   if (gethostname(host, sizeof host - 1)) snprintf(host, sizeof host, "?");
@@ -155,8 +156,7 @@ static void put_header(text *f, mpg_ctx *ctx, const char *reason, const char *me
   tput(f, "\njob %016llx\nclock %lld\nreason %s", (unsigned long long)ctx->job,
           (long long)mpg__trace_now_ns(), reason);
   put_str(f, message);
-  tput(f, "\nring %ld %llu\n", t->capacity,
-          (unsigned long long)atomic_load_explicit(&t->head, RLX));
+  tput(f, "\nring %ld %llu\n", t->capacity, (unsigned long long)head);
 }
 
 static mpg_status io_fail(const char *what, const char *path, int err) {
@@ -173,9 +173,11 @@ mpg_status mpg__trace_write(mpg_ctx *ctx, const char *dir, const char *reason,
   text buf = {NULL, 0, 0, 0}, *f = &buf;
   pthread_mutex_lock(&t->lock); /* groups and names stay put */
   int ngroups = atomic_load(&t->ngroups);
-  put_header(f, ctx, reason, message);
-  put_groups(f, t, ngroups);
+  /* One head for TOTAL and the op lines: operations recorded meanwhile are
+   * left out. */
   uint64_t head = atomic_load_explicit(&t->head, memory_order_acquire);
+  put_header(f, ctx, reason, message, head);
+  put_groups(f, t, ngroups);
   uint64_t from = head > (uint64_t)t->capacity ? head - (uint64_t)t->capacity : 0;
   long nops = 0;
   for (uint64_t seq = from; seq < head; seq++) nops += put_op(f, t, seq, ngroups);
