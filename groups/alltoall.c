@@ -490,6 +490,7 @@ static mpg_status run_a2a(mpg_group *g, const a2a *a, mpg_work **work) {
     for (int p = 0; a->v && p < g->size; p++) count += a->scounts[p];
     mpg__trace_mark mark = mpg__trace_begin(
         g, a->v ? TRACE_ALL_TO_ALL_V : TRACE_ALL_TO_ALL, a->dtype, count, -1);
+    if (!work) mpg__trace_posted(&mark); /* blocking: it starts now */
     st = run_claimed(g, a, work);
     if (!st && work && *work) mpg__trace_posted(&mark);
     mpg__trace_hand(&mark, st, work);

@@ -219,7 +219,19 @@ void mpg__order_note_split(mpg_group *g) {
 
 static mpg_status run_check_coll(mpg_ctx *ctx, mpg__coll *c, const char *where,
                                  const char *what) {
+  /* Recorded by the flight recorder on the "world" group (every rank
+   * checks at the same points), so that a rank waiting in a check is not
+   * taken for one that computes. */
+  mpg_group *world = NULL;
+  for (int s = 0; s < ctx->nsets && !world; s++)
+    if (!strcmp(ctx->groups[s].name, "world")) world = &ctx->groups[s];
+  mpg__trace_mark mark = {NULL, 0, 0};
+  if (world)
+    mark = mpg__trace_begin(world, (int)c->kind, c->dtype, c->count,
+                            c->kind == MPG__BROADCAST ? c->root : -1);
+  mpg__trace_posted(&mark);
   mpg_status st = mpg__ctx_setup_coll(ctx, ctx->world_comm, ctx->world, c);
+  mpg__trace_end(&mark, st);
   if (st)
     return mpg__fail_wrap(st, "%s: issue-order check (rank %d of %d), %s", where, ctx->rank,
                           ctx->world, what);

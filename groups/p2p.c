@@ -124,6 +124,7 @@ static mpg_status p2p_batch(mpg_group *g, const mpg_p2p_op *ops, int n, void *st
   to_list(ops, n, stream, list);
   mpg__trace_mark mark = mpg__trace_begin_batch(g, list, n); /* the flight recorder */
   st = mpg__group_ready(g, FN);
+  if (!st && !work) mpg__trace_posted(&mark); /* blocking: it starts now */
   if (!st) st = mpg__group_post_p2p(g, list, n, FN, work);
   if (!st && work && *work) mpg__trace_posted(&mark);
   mpg__trace_hand(&mark, st, work);

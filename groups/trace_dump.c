@@ -16,6 +16,7 @@
 #include "trace_internal.h"
 
 #define RLX memory_order_relaxed
+#define ACQ memory_order_acquire
 
 /* The dump's text, built in memory (the library writes no FILE stream):
  * `bad` once an allocation failed. */
@@ -112,21 +113,22 @@ static void put_groups(text *f, mpg__trace *t, int ngroups) {
 static int put_op(text *f, mpg__trace *t, uint64_t seq, int ngroups) {
   const trace_slot *s = &t->ring[seq & t->mask];
   if (atomic_load_explicit(&s->stamp, memory_order_acquire) != seq + 1) return 0;
-  uint64_t gseq = atomic_load_explicit(&s->gseq, RLX);
-  uint64_t count = atomic_load_explicit(&s->count, RLX);
-  int64_t issue = atomic_load_explicit(&s->issue_ns, RLX);
-  int64_t start = atomic_load_explicit(&s->start_ns, RLX);
-  int64_t end = atomic_load_explicit(&s->end_ns, RLX);
-  int64_t step = atomic_load_explicit(&s->step, RLX);
-  int group = atomic_load_explicit(&s->group, RLX);
-  int kind = atomic_load_explicit(&s->kind, RLX);
-  int dtype = atomic_load_explicit(&s->dtype, RLX);
-  int peer = atomic_load_explicit(&s->peer, RLX);
-  int bucket = atomic_load_explicit(&s->bucket, RLX);
-  int first = atomic_load_explicit(&s->first, RLX);
-  int last = atomic_load_explicit(&s->last, RLX);
-  int status = atomic_load_explicit(&s->status, RLX);
-  atomic_thread_fence(memory_order_acquire);
+  /* Acquire loads (plain loads on x86-64): the stamp's second load below
+   * cannot move before them. */
+  uint64_t gseq = atomic_load_explicit(&s->gseq, ACQ);
+  uint64_t count = atomic_load_explicit(&s->count, ACQ);
+  int64_t issue = atomic_load_explicit(&s->issue_ns, ACQ);
+  int64_t start = atomic_load_explicit(&s->start_ns, ACQ);
+  int64_t end = atomic_load_explicit(&s->end_ns, ACQ);
+  int64_t step = atomic_load_explicit(&s->step, ACQ);
+  int group = atomic_load_explicit(&s->group, ACQ);
+  int kind = atomic_load_explicit(&s->kind, ACQ);
+  int dtype = atomic_load_explicit(&s->dtype, ACQ);
+  int peer = atomic_load_explicit(&s->peer, ACQ);
+  int bucket = atomic_load_explicit(&s->bucket, ACQ);
+  int first = atomic_load_explicit(&s->first, ACQ);
+  int last = atomic_load_explicit(&s->last, ACQ);
+  int status = atomic_load_explicit(&s->status, ACQ);
   if (atomic_load_explicit(&s->stamp, RLX) != seq + 1) return 0; /* overwritten meanwhile */
   if (group < 0 || group >= ngroups) return 0; /* registered after the groups were listed */
   if (status != TRACE_PENDING && !end) status = TRACE_PENDING; /* ending meanwhile */

@@ -19,11 +19,12 @@
 
 #define TRACE_PENDING (-1) /* status of an operation not yet ended */
 
-/* One operation.  Every field is an atomic written with relaxed order, so
- * that a dump on another thread reads a torn slot as a race-free torn
- * slot: `stamp` (SEQ + 1 once the issue fields are written, 0 while they
- * are being written) tells the reader, read before and after, whether
- * the slot held one operation throughout. */
+/* One operation.  Every field is an atomic (release stores, acquire
+ * loads: plain moves on x86-64), so that a dump on another thread reads a
+ * slot being rewritten without a data race: `stamp` (SEQ + 1 once the
+ * issue fields are written, 0 while they are being written) tells the
+ * reader, read before and after, whether the slot held one operation
+ * throughout. */
 typedef struct trace_slot {
   _Atomic uint64_t stamp;
   _Atomic uint64_t gseq, count;

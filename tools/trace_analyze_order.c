@@ -24,19 +24,44 @@ static void prog_key(an *a, int i, const tr_op *o, char *buf, size_t cap) {
            pos);
 }
 
-/* Rank i's role: its positions in the groups that carry its point-to-point
- * traffic ("pp=0;"); ranks of one role run one program. */
-static void role_of(an *a, int i, char *buf, size_t cap) {
-  buf[0] = '\0';
-  const tr_rank *r = &a->R[i];
-  for (int g = 0; g < r->ngroups; g++) {
-    int used = 0;
-    for (int j = 0; j < r->nops && !used; j++)
-      used = r->ops[j].group == g && is_p2p(&r->ops[j]);
-    if (!used) continue;
-    size_t n = strlen(buf);
-    snprintf(buf + n, cap - n, "%s=%d;", r->groups[g].name, r->groups[g].position);
+/* Every rank's role (role[i], rank index i): its positions in the groups
+ * whose dim sets carry point-to-point traffic in any dump ("pp=0;"), as
+ * any dump shows them, so that a rank blocked before its first send still
+ * has the role of its stage; ranks of one role run one program.  0, or -1
+ * when out of memory. */
+static int roles(an *a, char (*role)[512]) {
+  char *mark = calloc((size_t)a->ngi + 1, 1);
+  int *names = malloc(sizeof(int) * ((size_t)a->ngi + 1)), nn = 0;
+  if (!mark || !names) {
+    free(mark);
+    free(names);
+    return -1;
   }
+  for (int i = 0; i < a->n; i++) {
+    role[i][0] = '\0';
+    for (int j = 0; j < a->R[i].nops; j++)
+      if (is_p2p(&a->R[i].ops[j])) mark[inst_of(a, i, &a->R[i].ops[j])] = 1;
+  }
+  /* The dim sets' names (few), in one order for every rank. */
+  for (int g = 0; g < a->ngi; g++) {
+    int known = 0;
+    for (int k = 0; k < nn && !known; k++) known = !strcmp(a->gi[names[k]].name, a->gi[g].name);
+    if (mark[g] && !known) names[nn++] = g;
+  }
+  for (int k = 0; k < nn; k++)
+    for (int g = 0; g < a->ngi; g++) {
+      const ta_group *G = &a->gi[g];
+      if (strcmp(G->name, a->gi[names[k]].name)) continue;
+      for (int q = 0; q < G->size; q++) {
+        int i = rank_index(a, G->ranks[q]);
+        if (i < 0) continue;
+        size_t n = strlen(role[i]);
+        snprintf(role[i] + n, sizeof role[i] - n, "%s=%d;", G->name, q);
+      }
+    }
+  free(mark);
+  free(names);
+  return 0;
 }
 
 static int shares_group(an *a, int w1, int w2) {
@@ -214,9 +239,8 @@ void ta__check_order(an *a) {
   char *flagged = calloc((size_t)n, 1);
   long *steps = NULL;
   size_t nsteps = 0, cap = 0;
-  if (!role || !mem || !done || !flagged) goto oom;
+  if (!role || !mem || !done || !flagged || roles(a, role)) goto oom;
   for (int i = 0; i < n; i++) {
-    role_of(a, i, role[i], sizeof role[i]);
     for (int j = 0; j < a->R[i].nops; j++) {
       long s = a->R[i].ops[j].step;
       if (nsteps && steps[nsteps - 1] == s) continue;

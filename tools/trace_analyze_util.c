@@ -124,52 +124,70 @@ void op_state(const tr_op *o, int64_t t, char *buf, size_t cap) {
     snprintf(buf, cap, "ended %s %.1f s before", o->status, secs(t - o->end_ns));
 }
 
-/* The members op o of rank i waits for at T: no dump, not issued, or
- * issued another operation.  Returns how many (world ranks in w). */
-int unmet(an *a, int i, const tr_op *o, int *w) {
+static int blocked_at(an *a, int i, int *w, int deep);
+
+/* Member mi issued p, the match of a waiting operation, but p had not
+ * completed by T while mi was itself blocked, waiting for others: on nccl
+ * a device runs its operations in issue order, so a send queued behind a
+ * stuck all-reduce is stuck too, and the waiter waits for mi. */
+static int stuck(an *a, int mi, const tr_op *p) {
+  return pending_at(a, p) && blocked_at(a, mi, NULL, 0);
+}
+
+/* unmet (below); w NULL: only whether any (the first); deep: also the
+ * members stuck behind their own earlier waits. */
+static int unmet_at(an *a, int i, const tr_op *o, int *w, int deep) {
   int g = inst_of(a, i, o), nw = 0, unk = 0, me = a->R[i].rank;
   const ta_group *G = &a->gi[g];
   if (is_p2p(o)) {
     int m = o->peer;
     if (m < 0 || m >= a->world || m == me) return 0;
-    int mi = a->at[m];
-    if (mi < 0) {
-      w[nw++] = m;
-      return nw;
+    int mi = a->at[m], miss = mi < 0;
+    if (!miss) {
+      int j = p2p_at(a, mi, g, !strcmp(o->kind, "send") ? "recv" : "send", me, o->gseq, &unk);
+      const tr_op *p = j >= 0 ? &a->R[mi].ops[j] : NULL;
+      miss = p ? !issued(a, p) || p->count != o->count || strcmp(p->dtype, o->dtype) ||
+                     (deep && stuck(a, mi, p))
+               : !unk;
     }
-    int j = p2p_at(a, mi, g, !strcmp(o->kind, "send") ? "recv" : "send", me, o->gseq, &unk);
-    const tr_op *p = j >= 0 ? &a->R[mi].ops[j] : NULL;
-    if (p ? !issued(a, p) || p->count != o->count || strcmp(p->dtype, o->dtype) : !unk)
-      w[nw++] = m;
-    return nw;
+    if (miss && w) w[nw] = m;
+    return nw + miss;
   }
   for (int q = 0; q < G->size; q++) {
     int m = G->ranks[q];
     if (m == me || m < 0 || m >= a->world) continue;
-    int mi = a->at[m];
-    if (mi < 0) {
-      w[nw++] = m;
-      continue;
+    int mi = a->at[m], miss = mi < 0;
+    if (!miss) {
+      int j = coll_at(a, mi, g, o->gseq, &unk);
+      const tr_op *p = j >= 0 ? &a->R[mi].ops[j] : NULL;
+      miss = p ? !issued(a, p) || !same_sig(o, p) || (deep && stuck(a, mi, p)) : !unk;
     }
-    int j = coll_at(a, mi, g, o->gseq, &unk);
-    const tr_op *p = j >= 0 ? &a->R[mi].ops[j] : NULL;
-    if (p ? !issued(a, p) || !same_sig(o, p) : !unk) w[nw++] = m;
+    if (!miss) continue;
+    if (!w) return 1;
+    w[nw++] = m;
   }
   return nw;
 }
 
+/* The members op o of rank i waits for at T: no dump, not issued, issued
+ * another operation, or issued it but were blocked themselves (stuck).
+ * Returns how many (world ranks in w). */
+int unmet(an *a, int i, const tr_op *o, int *w) { return unmet_at(a, i, o, w, 1); }
+
 /* Rank i was blocked at T: its last issued operation was still pending
  * and one of its pending operations waited for another rank. */
-int blocked(an *a, int i, int *w) {
+static int blocked_at(an *a, int i, int *w, int deep) {
   const tr_rank *r = &a->R[i];
   int last = -1;
   for (int j = 0; j < r->nops; j++)
     if (issued(a, &r->ops[j])) last = j;
   if (last < 0 || !pending_at(a, &r->ops[last])) return 0;
   for (int j = 0; j <= last; j++)
-    if (pending_at(a, &r->ops[j]) && unmet(a, i, &r->ops[j], w) > 0) return 1;
+    if (pending_at(a, &r->ops[j]) && unmet_at(a, i, &r->ops[j], w, deep) > 0) return 1;
   return 0;
 }
+
+int blocked(an *a, int i, int *w) { return blocked_at(a, i, w, 1); }
 
 /* The last operation rank i issued by T, described ("; last op ..."). */
 void last_op(an *a, int i, sb *b) {

@@ -1,0 +1,63 @@
+/* One MPI process of the flight recorder's fault injections
+ * (fault_trace.h), started by test_trace_faults.c under `mpirun -np 8`:
+ *
+ *   trace_fault_worker SEED FIRST COUNT BASE
+ *
+ * runs cases FIRST .. FIRST + COUNT - 1 of the mpi backend one after
+ * another, each with a fresh mesh, context and sync (MESHPG_SHM as the
+ * case says) dumping into BASE/case-K, the ranks meeting in an
+ * MPI_Barrier between cases.  After each case every rank prints
+ *
+ *   TF case K rank R STATUS STEP SLOT INJECTED REQUESTED WHAT|MESSAGE
+ *
+ * (STATUS: the first error's mpg_status number, 0 when every call was
+ * OK); the test judges the dumps. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "fault_trace.h"
+
+int main(int argc, char **argv) {
+  if (argc < 5) {
+    printf("FAIL usage: trace_fault_worker SEED FIRST COUNT BASE\n");
+    return 2;
+  }
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  unsigned seed = (unsigned)strtoul(argv[1], NULL, 10);
+  int first = atoi(argv[2]), count = atoi(argv[3]);
+  const char *base = argv[4];
+  int provided = 0, rank = 0, world = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != TF_WORLD || provided < MPI_THREAD_MULTIPLE) {
+    printf("FAIL world %d (want %d), thread level %d\n", world, TF_WORLD, provided);
+    MPI_Finalize();
+    return 1;
+  }
+  for (int k = first; k < first + count; k++) {
+    tf_case c;
+    tf_case_make(seed, TF_MPI, k, base, &c);
+    /* Read at mpg_ctx_create; the last case's context is gone. */
+    setenv("MESHPG_SHM", c.shm ? "1" : "0", 1);
+    if (rank == 0) mkdir(c.dir, 0700);
+    MPI_Barrier(MPI_COMM_WORLD);
+    mpg_init_opts o = MPG_INIT_OPTS_INIT;
+    o.backend.name = MPG_BACKEND_MPI;
+    o.rank = rank;
+    o.world_size = world;
+    tf_outcome res;
+    tf_rank_run(&c, &o, &res);
+    for (char *p = res.message; *p; p++)
+      if (*p == '\n') *p = ' ';
+    printf("TF case %d rank %d %d %d %d %d %d %s|%s\n", k, rank, (int)res.status, res.step,
+           res.slot, res.injected, res.requested, res.what, res.message);
+    fflush(stdout);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  MPI_Finalize();
+  return 0;
+}
