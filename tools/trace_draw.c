@@ -292,41 +292,50 @@ static void svg_tooltip(FILE *f, const view *v, const tr_rank *r, const tr_op *o
   fputs("</title>", f);
 }
 
-int tr_write_svg(const tr_rank *ranks, int n, int world, const char *path, char *err,
-                 size_t errlen) {
+/* A writer's body: the picture of v (ranks[0..n)) into f; 0, or -1 with
+ * err (f and v are closed and freed by write_out). */
+typedef int (*draw_body)(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
+                         size_t errlen);
+
+/* The view of the dumps, path opened, body run, everything released. */
+static int write_out(const tr_rank *ranks, int n, int world, const char *path, char *err,
+                     size_t errlen, draw_body body) {
   view v;
-  if (view_make(&v, ranks, n, world, err, errlen)) {
-    view_free(&v);
-    return -1;
+  FILE *f = NULL;
+  int rc = view_make(&v, ranks, n, world, err, errlen);
+  if (!rc && !(f = open_out(path, err, errlen))) rc = -1;
+  if (!rc && body(f, &v, ranks, n, err, errlen)) {
+    fclose(f);
+    f = NULL;
+    rc = -1;
   }
-  FILE *f = open_out(path, err, errlen);
-  if (!f) {
-    view_free(&v);
-    return -1;
-  }
+  view_free(&v);
+  return rc ? rc : close_out(f, path, err, errlen);
+}
+
+static int svg_body(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
+                    size_t errlen) {
   /* Row tops: a row is its rank's lanes high (a rank without a dump: one). */
-  int *row_y = malloc(sizeof(int) * ((size_t)v.world + 1));
-  int *row_i = malloc(sizeof(int) * ((size_t)v.world + 1));
+  int *row_y = malloc(sizeof(int) * ((size_t)v->world + 1));
+  int *row_i = malloc(sizeof(int) * ((size_t)v->world + 1));
   if (!row_y || !row_i) {
     free(row_y);
     free(row_i);
-    fclose(f);
-    view_free(&v);
     snprintf(err, errlen, "out of memory");
     return -1;
   }
-  for (int w = 0; w < v.world; w++) row_i[w] = -1;
+  for (int w = 0; w < v->world; w++) row_i[w] = -1;
   for (int i = 0; i < n; i++) row_i[ranks[i].rank] = i;
   int y = TOP;
-  for (int w = 0; w < v.world; w++) {
+  for (int w = 0; w < v->world; w++) {
     row_y[w] = y;
-    y += (row_i[w] >= 0 ? v.lanes[row_i[w]] : 1) * LANE_H + 2 * ROW_PAD;
+    y += (row_i[w] >= 0 ? v->lanes[row_i[w]] : 1) * LANE_H + 2 * ROW_PAD;
   }
-  row_y[v.world] = y;
-  int axis_y = y, legend_y = y + 34, legend_rows = (v.nnames + 2 + 5) / 6;
+  row_y[v->world] = y;
+  int axis_y = y, legend_y = y + 34, legend_rows = (v->nnames + 2 + 5) / 6;
   int width = LEFT + PLOT_W + RIGHT, height = legend_y + legend_rows * 18 + 10;
-  double span = ms_of(&v, v.t1), scale = PLOT_W / span;
-#define X(t) (LEFT + ms_of(&v, (t)) * scale)
+  double span = ms_of(v, v->t1), scale = PLOT_W / span;
+#define X(t) (LEFT + ms_of(v, (t)) * scale)
 
   fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
              "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
@@ -337,7 +346,7 @@ int tr_write_svg(const tr_rank *ranks, int n, int world, const char *path, char 
   fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", width, height);
   fprintf(f, "<text class=\"heading\" x=\"%d\" y=\"18\" font-size=\"13\">meshpg trace: world %d, "
              "%d dumps",
-          LEFT, v.world, n);
+          LEFT, v->world, n);
   if (any) {
     fputs(", mesh ", f);
     put_xml(f, any->mesh);
@@ -362,7 +371,7 @@ int tr_write_svg(const tr_rank *ranks, int n, int world, const char *path, char 
   fprintf(f, "<text x=\"%d\" y=\"%d\">time since the first operation</text>\n</g>\n",
           LEFT + PLOT_W / 2, axis_y + 28);
 
-  for (int w = 0; w < v.world; w++) {
+  for (int w = 0; w < v->world; w++) {
     int i = row_i[w], h = row_y[w + 1] - row_y[w];
     fprintf(f, "<g class=\"rank%s\" id=\"rank-%d\" data-rank=\"%d\">\n", i < 0 ? " nodump" : "", w,
             w);
@@ -378,7 +387,7 @@ int tr_write_svg(const tr_rank *ranks, int n, int world, const char *path, char 
     const tr_rank *r = &ranks[i];
     for (int k = 0; k < r->nops; k++) {
       const tr_op *o = &r->ops[k];
-      const op_at *p = &v.at[i][k];
+      const op_at *p = &v->at[i][k];
       if (!p->a) continue; /* never issued: no time to draw it at */
       const char *col = palette[p->name % NPALETTE];
       double ly = row_y[w] + ROW_PAD + p->lane * LANE_H + 1;
@@ -392,22 +401,22 @@ int tr_write_svg(const tr_rank *ranks, int n, int world, const char *path, char 
                  "fill=\"%s\"%s>",
               red ? " bad" : "", X(p->s), ly, wd < 0.5 ? 0.5 : wd, LANE_H - 2, col,
               red ? " stroke=\"#d00\" stroke-width=\"1.5\"" : "");
-      svg_tooltip(f, &v, r, o, p);
+      svg_tooltip(f, v, r, o, p);
       fputs("</rect>\n", f);
     }
     fputs("</g>\n", f);
   }
 
-  if (v.fail_ns) {
-    double x = X(v.fail_ns);
+  if (v->fail_ns) {
+    double x = X(v->fail_ns);
     fprintf(f, "<g class=\"failure\">\n<line x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\" "
                "stroke=\"#d00\" stroke-width=\"2\" stroke-dasharray=\"5,3\"/>\n",
             x, TOP - 8, x, axis_y);
     fprintf(f, "<text x=\"%.2f\" y=\"%d\" fill=\"#d00\" text-anchor=\"%s\">", x, TOP - 10,
             x > LEFT + PLOT_W / 2 ? "end" : "start");
-    if (v.fail_i >= 0) {
-      const tr_rank *r = &ranks[v.fail_i];
-      const tr_op *o = &r->ops[v.fail_op];
+    if (v->fail_i >= 0) {
+      const tr_rank *r = &ranks[v->fail_i];
+      const tr_op *o = &r->ops[v->fail_op];
       char lab[TR_NAME + 64];
       op_label(r, o, lab, sizeof lab);
       fputs("first failure: ", f);
@@ -415,22 +424,22 @@ int tr_write_svg(const tr_rank *ranks, int n, int world, const char *path, char 
       fprintf(f, " on rank %d, ", r->rank);
       put_xml(f, lab);
     } else {
-      fprintf(f, "first error dump (rank %d)", v.fail_rank);
+      fprintf(f, "first error dump (rank %d)", v->fail_rank);
     }
-    fprintf(f, " at %.3f ms</text>\n</g>\n", ms_of(&v, v.fail_ns));
+    fprintf(f, " at %.3f ms</text>\n</g>\n", ms_of(v, v->fail_ns));
   }
 
   /* The legend: one swatch per group name, then the wait and the outline. */
   fputs("<g class=\"legend\">\n", f);
-  for (int k = 0; k < v.nnames + 2; k++) {
+  for (int k = 0; k < v->nnames + 2; k++) {
     int lx = LEFT + (k % 6) * 180, ly = legend_y + (k / 6) * 18;
-    if (k < v.nnames) {
+    if (k < v->nnames) {
       fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"10\" fill=\"%s\"/>"
                  "<text x=\"%d\" y=\"%d\">",
               lx, ly, palette[k % NPALETTE], lx + 18, ly + 9);
-      put_xml(f, v.names[k]);
+      put_xml(f, v->names[k]);
       fputs("</text>\n", f);
-    } else if (k == v.nnames) {
+    } else if (k == v->nnames) {
       fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"10\" fill=\"#888\" "
                  "fill-opacity=\"0.3\"/><text x=\"%d\" y=\"%d\">issued, not started</text>\n",
               lx, ly, lx + 18, ly + 9);
@@ -444,8 +453,12 @@ int tr_write_svg(const tr_rank *ranks, int n, int world, const char *path, char 
 #undef X
   free(row_y);
   free(row_i);
-  view_free(&v);
-  return close_out(f, path, err, errlen);
+  return 0;
+}
+
+int tr_write_svg(const tr_rank *ranks, int n, int world, const char *path, char *err,
+                 size_t errlen) {
+  return write_out(ranks, n, world, path, err, errlen, svg_body);
 }
 
 /* ---- Chrome trace event format ---- */
@@ -473,38 +486,26 @@ static void json_args(FILE *f, const view *v, const tr_rank *r, const tr_op *o) 
 /* Microseconds since the origin. */
 static double us_of(const view *v, int64_t t) { return (double)(t - v->t0) / 1e3; }
 
-int tr_write_chrome(const tr_rank *ranks, int n, int world, const char *path, char *err,
-                    size_t errlen) {
-  view v;
-  if (view_make(&v, ranks, n, world, err, errlen)) {
-    view_free(&v);
-    return -1;
-  }
-  FILE *f = open_out(path, err, errlen);
-  if (!f) {
-    view_free(&v);
-    return -1;
-  }
+static int chrome_body(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
+                       size_t errlen) {
   /* Lanes per rank and group name: thread id name * MAX_LANES + lane + 1. */
-  size_t nl = (size_t)(v.nnames ? v.nnames : 1);
+  size_t nl = (size_t)(v->nnames ? v->nnames : 1);
   int64_t *ends = calloc(nl * MAX_LANES, sizeof(int64_t));
   int *used = calloc(nl, sizeof(int));
   if (!ends || !used) {
     free(ends);
     free(used);
-    fclose(f);
-    view_free(&v);
     snprintf(err, errlen, "out of memory");
     return -1;
   }
   fputs("{\"traceEvents\":[\n", f);
   int first = 1;
 #define SEP() (first ? (void)(first = 0) : (void)fputs(",\n", f))
-  for (int w = 0; w < v.world; w++) {
+  for (int w = 0; w < v->world; w++) {
     SEP();
     fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
                "\"args\":{\"name\":\"rank %d%s\"}},\n",
-            w, w, v.by_rank[w] ? "" : " (no dump)");
+            w, w, v->by_rank[w] ? "" : " (no dump)");
     fprintf(f, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
                "\"args\":{\"sort_index\":%d}}",
             w, w);
@@ -514,7 +515,7 @@ int tr_write_chrome(const tr_rank *ranks, int n, int world, const char *path, ch
     memset(used, 0, nl * sizeof(int));
     for (int k = 0; k < r->nops; k++) {
       const tr_op *o = &r->ops[k];
-      op_at *p = &v.at[i][k];
+      op_at *p = &v->at[i][k];
       if (!p->a) continue;
       int *u = &used[p->name];
       int before = *u;
@@ -526,8 +527,8 @@ int tr_write_chrome(const tr_rank *ranks, int n, int world, const char *path, ch
                    "{\"name\":",
                 r->rank, tid);
         char tn[TR_NAME + 16];
-        if (lane) snprintf(tn, sizeof tn, "%s (%d)", v.names[p->name], lane + 1);
-        else snprintf(tn, sizeof tn, "%s", v.names[p->name]);
+        if (lane) snprintf(tn, sizeof tn, "%s (%d)", v->names[p->name], lane + 1);
+        else snprintf(tn, sizeof tn, "%s", v->names[p->name]);
         put_json(f, tn);
         fprintf(f, "}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
                    "\"args\":{\"sort_index\":%d}}",
@@ -543,45 +544,49 @@ int tr_write_chrome(const tr_rank *ranks, int n, int world, const char *path, ch
         put_json(f, wl);
         fprintf(f, ",\"cat\":\"wait\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d,"
                    "\"args\":",
-                us_of(&v, p->a), (double)(p->s - p->a) / 1e3, r->rank, tid);
-        json_args(f, &v, r, o);
+                us_of(v, p->a), (double)(p->s - p->a) / 1e3, r->rank, tid);
+        json_args(f, v, r, o);
         fputc('}', f);
       }
       SEP();
       fputs("{\"name\":", f);
       put_json(f, lab);
       fputs(",\"cat\":", f);
-      put_json(f, v.names[p->name]);
+      put_json(f, v->names[p->name]);
       fprintf(f, ",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d,\"args\":",
-              us_of(&v, p->s), (double)(p->b - p->s) / 1e3, r->rank, tid);
-      json_args(f, &v, r, o);
+              us_of(v, p->s), (double)(p->b - p->s) / 1e3, r->rank, tid);
+      json_args(f, v, r, o);
       if (failed(o) || !strcmp(o->status, "pending")) fputs(",\"cname\":\"terrible\"", f);
       fputc('}', f);
     }
   }
-  if (v.fail_ns) {
+  if (v->fail_ns) {
     SEP();
-    const tr_rank *r = v.fail_i >= 0 ? &ranks[v.fail_i] : NULL;
+    const tr_rank *r = v->fail_i >= 0 ? &ranks[v->fail_i] : NULL;
     fputs("{\"name\":", f);
     if (r) {
       char lab[TR_NAME + 96];
-      op_label(r, &r->ops[v.fail_op], lab, sizeof lab);
+      op_label(r, &r->ops[v->fail_op], lab, sizeof lab);
       char fl[TR_NAME + 160];
-      snprintf(fl, sizeof fl, "failure: %s on rank %d, %s", r->ops[v.fail_op].status, r->rank,
+      snprintf(fl, sizeof fl, "failure: %s on rank %d, %s", r->ops[v->fail_op].status, r->rank,
                lab);
       put_json(f, fl);
     } else {
-      fprintf(f, "\"failure: first error dump (rank %d)\"", v.fail_rank);
+      fprintf(f, "\"failure: first error dump (rank %d)\"", v->fail_rank);
     }
     fprintf(f, ",\"cat\":\"failure\",\"ph\":\"i\",\"s\":\"g\",\"ts\":%.3f,\"pid\":%d,\"tid\":0}",
-            us_of(&v, v.fail_ns), v.fail_rank);
+            us_of(v, v->fail_ns), v->fail_rank);
   }
 #undef SEP
   fprintf(f, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"tool\":\"meshpg trace\","
              "\"world\":%d,\"dumps\":%d,\"origin_ns\":%" PRId64 "}}\n",
-          v.world, n, v.t0);
+          v->world, n, v->t0);
   free(ends);
   free(used);
-  view_free(&v);
-  return close_out(f, path, err, errlen);
+  return 0;
+}
+
+int tr_write_chrome(const tr_rank *ranks, int n, int world, const char *path, char *err,
+                    size_t errlen) {
+  return write_out(ranks, n, world, path, err, errlen, chrome_body);
 }

@@ -86,27 +86,8 @@ static tr_rank *make_ranks(const int *have, int k, const gen *g) {
 
 static char dir[256];
 
-static void setup(void) {
-  const char *tmp = getenv("TMPDIR");
-  snprintf(dir, sizeof dir, "%s/trace_draw.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  cr_assert_not_null(mkdtemp(dir));
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f) {
-  (void)sb, (void)flag, (void)f;
-  return remove(p);
-}
-
-static void teardown(void) { nftw(dir, rm_one, 8, FTW_DEPTH | FTW_PHYS); }
-
-/* check_draw.py MODE FILE: asserts it passed; its summary is in out. */
-static void check(const char *mode, const char *path) {
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd, "'%s' '%s' %s '%s'", env_program("MESHPG_PYTHON"),
-           env_program("MESHPG_CHECK_DRAW"), mode, path);
-  int rc = run(cmd, NULL);
-  cr_assert_eq(rc, 0, "check_draw.py %s %s failed:\n%s", mode, path, out);
-}
+#define DRAW_TMP_NAME "trace_draw"
+#include "draw_check.h"
 
 /* The value of "key=value" in out ("" when absent). */
 static const char *kv(const char *key) {
