@@ -764,6 +764,8 @@ int gpt_parallel_train_ckpt(const gpt_config *c, const uint8_t *data, size_t len
     mpg_init_opts io = MPG_INIT_OPTS_INIT;
     io.backend.name = MPG_BACKEND_MPI;
     io.backend.timeout_s = 120.0;
+    /* Across hosts, tp and cp stay inside one (a no-op on one host). */
+    io.placement = 1;
     res->root = L.rank == 0;
     st = rank_main(&io, &J);
   } else if (o->nccl) {
