@@ -117,13 +117,16 @@ do_sweep() {
 }
 
 # Start one holder: unshare's child is the init of the new namespaces; it
-# runs SETUP (as /bin/sh -c), then sleeps.  Writes its pid to DIR/NAME.pid.
+# runs SETUP (by bash), then waits forever as a bash, which reaps the
+# processes orphaned in its pid namespace (a launcher's ranks after it was
+# killed), as an init must.  Writes its pid to DIR/NAME.pid.
 start_holder() {
   local dir=$1 name=$2 tag=$3 setup=$4 nsflags=$5 pid child
   # shellcheck disable=SC2086
   setsid unshare $nsflags -- /bin/bash -c "$setup
 echo ready >\"$dir/$name.ready\"
-exec -a $tag-$name sleep 2147483647" </dev/null >"$dir/$name.log" 2>&1 &
+exec -a $tag-$name /bin/bash -c 'while :; do sleep 3600 & wait \$!; done'" \
+    </dev/null >"$dir/$name.log" 2>&1 &
   pid=$!
   echo "$pid" >"$dir/$name.holder"
   for _ in $(seq 1 500); do

@@ -453,38 +453,39 @@ static void mode_sync(const char *dims, const char *host_id) {
 }
 
 static void mode_steps(const char *dims, int steps, double timeout_s) {
-  mpg_mesh *mesh;
+  mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = open_ctx(dims, NULL, timeout_s, &mesh);
   mpg_sync *s = NULL;
   if (!ctx) return;
+  const int me = mpg_ctx_rank(ctx);
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.sync.bucket_mb = 1;
+  double t0 = now_ms();
   mpg_status st = mpg_sync_create(ctx, &so, &s);
-  int id;
+  int id, k = -1;
   if (!st) st = mpg_sync_add_param(s, "w", (size_t)1 << 20, MPG_F32, NULL, &id);
   if (!st) st = mpg_sync_commit(s);
-  const int me = mpg_ctx_rank(ctx);
-  for (int k = 0; k < steps && !st; k++) {
+  for (k = 0; k < steps && !st; k++) {
     void *g;
     printf("STEP %d rank %d\n", k, me);
     fflush(stdout);
-    double t0 = now_ms();
+    t0 = now_ms();
     st = mpg_sync_grad(s, 0, &g);
     if (!st) {
       for (size_t i = 0; i < (size_t)1 << 20; i++) ((float *)g)[i] = (float)(me + k);
       st = mpg_sync_all(s, k, NULL);
     }
-    if (st) {
-      printf("END rank %d status %s ms %.0f: %s\n", me, mpg_status_name(st), now_ms() - t0,
-             mpg_last_error());
-      fflush(stdout);
-    }
-    usleep(100000);
+    if (!st) usleep(100000);
   }
-  if (!st) printf("END rank %d status OK ms 0: all %d steps\n", me, steps);
-  if (s) mpg_sync_destroy(s);
+  if (st)
+    printf("END rank %d host %s status %s ms %.0f step %d: %s\n", me, g_host[me],
+           mpg_status_name(st), now_ms() - t0, k - 1, mpg_last_error());
+  else
+    printf("END rank %d host %s status OK ms 0 step %d: all steps\n", me, g_host[me], steps);
+  fflush(stdout);
+  mpg_status sst = s ? mpg_sync_destroy(s) : MPG_OK;
   mpg_status dst = mpg_ctx_destroy(ctx);
-  printf("DESTROYED rank %d status %s\n", me, mpg_status_name(dst));
+  printf("DESTROYED rank %d status %s %s\n", me, mpg_status_name(sst), mpg_status_name(dst));
   fflush(stdout);
   mpg_mesh_destroy(mesh);
 }

@@ -161,3 +161,175 @@ Test(cluster, gpt_two_hosts) {
   cr_assert_eq(rc, 0, "%s\nexit code %d after %.1f s:\n%s", args, rc, secs, out);
   cr_assert(strstr(out, "\nPASS\n"), "no PASS line:\n%s", out);
 }
+
+/* ------------------------------------------------------------------ */
+/* Faults                                                              */
+/* ------------------------------------------------------------------ */
+
+/* The fault jobs' collective timeout (seconds). */
+#define FAULT_TIMEOUT_S 2.0
+
+/* A job started in the background, its output in DIR/job.out. */
+static pid_t job_start(const char *cmd) {
+  char full[4096];
+  snprintf(full, sizeof full, "exec > '%s/job.out' 2>&1; %s", dir, cmd);
+  pid_t pid = fork();
+  cr_assert_neq(pid, -1);
+  if (pid == 0) {
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", full, (char *)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+/* Read DIR/job.out into out. */
+static void job_output(void) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/job.out", dir);
+  FILE *f = fopen(path, "r");
+  size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
+  out[n] = '\0';
+  if (f) fclose(f);
+}
+
+/* Wait until `n` lines start with `prefix` (output in out); 0 after `secs`. */
+static int job_wait_lines(const char *prefix, int n, double secs) {
+  double t0 = now_s();
+  for (;;) {
+    job_output();
+    if (count_lines(prefix) >= n) return 1;
+    if (now_s() - t0 > secs) return 0;
+    sleep_s(0.05);
+  }
+}
+
+/* Wait for the job to exit (killing its process group after `secs`);
+ * returns its exit code (-1: killed), output in out, *took its seconds. */
+static int job_end(pid_t pid, double secs, double *took) {
+  double t0 = now_s();
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) == 0) {
+    if (now_s() - t0 > secs) {
+      kill(-pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      st = -1;
+      break;
+    }
+    sleep_s(0.05);
+  }
+  if (took) *took = now_s() - t0;
+  job_output();
+  return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* `cluster.sh VERB DIR ARGS` (kill-host, link, exec ...). */
+static void cluster_do(const char *verb, const char *args) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "bash '%s' %s '%s' %s 2>&1", sh, verb, dir, args);
+  cr_assert_eq(system(cmd), 0, "%s failed", cmd);
+}
+
+/* The worker's steps job over 2 hosts of 2 ranks, in the background. */
+static pid_t steps_job(int steps) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "exec timeout -k 5 120 bash '%s' mpirun '%s' " MPIRUN_ARGS
+           " --host host1:2,host2:2 -np 4 '%s' steps dp=4 %d %g", sh, dir,
+           env_program("MESHPG_CLUSTER_WORKER"), steps, FAULT_TIMEOUT_S);
+  return job_start(cmd);
+}
+
+/* Rank r's END line: its status name into st, the failing call's ms. */
+static int end_of(int r, char *st, size_t cap, double *ms, const char **msg) {
+  char key[64];
+  snprintf(key, sizeof key, "END rank %d host ", r);
+  const char *p = strstr(out, key);
+  if (!p) return 0;
+  const char *s = strstr(p, " status ");
+  char name[32] = "";
+  if (!s || sscanf(s, " status %31s ms %lf", name, ms) != 2) return 0;
+  snprintf(st, cap, "%s", name);
+  if (msg) *msg = p;
+  return 1;
+}
+
+/* Every listed rank ended with TIMEOUT, ABORTED (or ENV with env) within
+ * the timeout + 1 s of its failing call, and destroyed cleanly. */
+static void assert_survivors(const int *ranks, int n, int env) {
+  double bound = tb_bound(FAULT_TIMEOUT_S + 1.0, 4) * 1e3;
+  for (int k = 0; k < n; k++) {
+    char st[32], key[64];
+    double ms;
+    cr_assert(end_of(ranks[k], st, sizeof st, &ms, NULL), "rank %d did not end:\n%s", ranks[k],
+              out);
+    cr_assert(!strcmp(st, "ERR_TIMEOUT") || !strcmp(st, "ERR_ABORTED") ||
+                  (env && !strcmp(st, "ERR_ENV")),
+              "rank %d ended with %s:\n%s", ranks[k], st, out);
+    cr_assert_leq(ms, bound, "rank %d's failing call took %.0f ms, above %.0f:\n%s", ranks[k], ms,
+                  bound, out);
+    snprintf(key, sizeof key, "DESTROYED rank %d status OK OK", ranks[k]);
+    cr_assert(strstr(out, key), "rank %d did not destroy cleanly:\n%s", ranks[k], out);
+  }
+}
+
+/* A host whose /dev/shm is too small for its segment (16 MiB, less than
+ * the segment and the slack kept for Open MPI's own): every rank's commit
+ * fails with MPG_ERR_ENV naming /dev/shm, at once, and nothing is left in
+ * any /dev/shm. */
+Test(cluster, fault_small_dev_shm) {
+  cluster_up(2, "--shm 256,16");
+  pid_t pid = steps_job(5);
+  int rc = job_end(pid, 120, NULL);
+  const int all[] = {0, 1, 2, 3};
+  assert_survivors(all, 4, 1);
+  cr_assert(strstr(out, "status ERR_ENV") && strstr(out, "/dev/shm has"), "exit %d:\n%s", rc, out);
+  cr_assert_eq(count_lines("STEP "), 0, "%s", out);
+  assert_shm_empty("host1");
+  assert_shm_empty("host2");
+}
+
+/* host2's link goes down in the middle of the steps: every rank, on
+ * both sides of the partition, returns TIMEOUT or ABORTED within the
+ * timeout + 1 s and destroys cleanly; once the link is up again their
+ * output reaches mpirun.  Nothing is left in /dev/shm. */
+Test(cluster, fault_link_down) {
+  cluster_up(2, NULL);
+  pid_t pid = steps_job(200);
+  cr_assert(job_wait_lines("STEP 3 ", 4, 60), "the job did not reach step 3:\n%s", out);
+  cluster_do("link", "host2 down");
+  sleep_s(FAULT_TIMEOUT_S + 2.0);
+  cluster_do("link", "host2 up");
+  job_wait_lines("DESTROYED ", 4, 30);
+  job_end(pid, 60, NULL);
+  const int all[] = {0, 1, 2, 3};
+  assert_survivors(all, 4, 0);
+  assert_shm_empty("host1");
+  assert_shm_empty("host2");
+}
+
+/* Under mpirun, a lost peer ends the job by Open MPI's decision
+ * (docs/failures.md, "Lost hosts"): its TCP transport aborts the
+ * survivors, and mpirun ends the job, with the processes of one host
+ * SIGKILLed (their orted alive) and with the whole host lost.  Nothing of
+ * the job is left on host1, nor in its /dev/shm. */
+static void mpirun_lost(const char *verb, const char *args) {
+  cluster_up(2, NULL);
+  pid_t pid = steps_job(200);
+  cr_assert(job_wait_lines("STEP 3 ", 4, 60), "the job did not reach step 3:\n%s", out);
+  cluster_do(verb, args);
+  double took;
+  /* Open MPI's own time: about 1 s here when alone, up to a minute on a
+   * loaded machine (its daemon's TCP connection to the lost host). */
+  int rc = job_end(pid, 150, &took);
+  cr_assert(rc != 0 && rc != -1, "mpirun: exit %d after %.1f s:\n%s", rc, took, out);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "bash '%s' exec '%s' host1 pgrep -f cluster_worker", sh, dir);
+  cr_assert_neq(run(cmd, NULL), 0, "cluster_worker processes left on host1:\n%s", out);
+  assert_shm_empty("host1");
+}
+
+Test(cluster, mpirun_ends_the_job_on_killed_ranks) {
+  mpirun_lost("exec", "host2 pkill -KILL -f cluster_worker");
+}
+
+Test(cluster, mpirun_ends_the_job_on_a_lost_host) { mpirun_lost("kill-host", "host2"); }
