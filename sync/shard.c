@@ -280,8 +280,10 @@ mpg_status mpg__sync_shard_launch(mpg_sync *s, int k) {
                   ? (s->opts.sync.op == MPG_OP_AVG ? MPG_OP_AVG : MPG_OP_SUM)
               : scale == 1.0 ? MPG_OP_SUM : MPG__OP_PREMUL_SUM;
   if (f->shm)
-    /* The shard group shares a node: each member reduces its own slice of
-     * everyone's bucket (groups/shm/). */
+    /* The shard group shares a node, or has the same number >= 2 on each
+     * of several: each member reduces its own slice (the one of its
+     * position in the shard group, as below) of everyone's bucket,
+     * hierarchically across nodes (groups/shm/). */
     st = mpg__shm_reduce_scatter(f->shm, b->offset, b->slice, op, scale, &b->work);
   else if (f32acc(s, f->dtype))
     st = mpg__reduce_scatter_f32acc(shard, data, mine, b->slice, f->dtype, op, scale,

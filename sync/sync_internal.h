@@ -17,10 +17,12 @@
  *  - One buffer per (dtype, reduce group, tied group), allocated with
  *    mpg_ctx_mem_alloc (host or device memory: the groups layer decides),
  *    or, on the CPU backends when every member of the group it reduces
- *    over (the shard group for a sharded buffer) is on one node, in a
- *    segment the members share (mpg__shm_create, groups/shm/): its
- *    buckets are then reduced in one pass, each member summing its shard
- *    of every member's bucket in place.  Those creations are collective
+ *    over (the shard group for a sharded buffer) is on one node, or the
+ *    same number >= 2 on each of several (hierarchical), in a segment per
+ *    node the members share (mpg__shm_create, groups/shm/): its buckets
+ *    are then reduced in one pass, each member summing its shard (its
+ *    slice, for a sharded buffer) of every member's bucket in place, then
+ *    across nodes.  Those creations are collective
  *    over each group; they run in a rank-independent order (by group
  *    name, dtype and tied group name).
  *    Parameters are laid out in reverse registration order (backward

@@ -75,9 +75,10 @@ mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where);
  * CPU backends.  mpg__shm_create is collective over the group: when the
  * backend's table allows it (host_shm: thread, mpi; backend.h), dtype is f32, f64, f16 or bf16, the group has
  * two or more members, they are on one host (opts.host_id, else
- * mpg_topo_host_identity) or, for a buffer that is only all-reduced
- * (scatter 0), on several hosts with the same number >= 2 on each
- * (hierarchical: shm_internal.h), and MESHPG_SHM is not 0 on any of
+ * mpg_topo_host_identity) or on several hosts with the same number >= 2
+ * on each (hierarchical: shm_internal.h; scatter 1, a sharded buffer's
+ * segment, reduce-scatters across hosts, 0 all-reduces), and MESHPG_SHM
+ * is not 0 on any of
  * them, it makes one segment per host holding every local member's
  * `bytes`-byte buffer (threads of one process: an anonymous mapping;
  * processes: a file that never has a name, in /dev/shm or a memfd),
@@ -97,8 +98,8 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
                            int scatter, mpg__shm **out, void **data);
 /* Post, as the n-th operation of this member, the in-place all-reduce of
  * elements [offset, offset + count) of every member's buffer, or the
- * reduce-scatter of [offset, offset + count x size) (member p gets slice p
- * in place, the others keep their input there).  op: MPG_OP_SUM,
+ * reduce-scatter of [offset, offset + count x size) (the member at group
+ * position p gets slice p in place, the others keep their input there).  op: MPG_OP_SUM,
  * MPG_OP_AVG, or MPG__OP_PREMUL_SUM with scale.  Reduced in position order,
  * f16/bf16 in f32 and rounded once, by the library's one reduction kernel
  * (groups/reduce.c), the thread backend's: equal to it bit for bit by

@@ -109,10 +109,11 @@ static mpg_status aborted(const mpg__shm *s, uint32_t q) {
   if (st == MPG_ERR_INVALID && peer >= 0)
     return mpg__fail(st, "%s: %s and %s posted different operations #%u (offset, count, "
                      "dtype or op differ)", head, a, b, aq);
-  if (peer == -2)
+  if (peer == -2) /* this member's own worker says why: the backend's words */
     return mpg__fail(st == MPG_ERR_TIMEOUT && mine ? st : MPG_ERR_ABORTED,
-                     "%s: the all-reduce across nodes of %s failed (%s) in operation #%u",
-                     head, a, mpg_status_name(st), aq);
+                     "%s: the %s across nodes of %s failed (%s) in operation #%u%s%s", head,
+                     s->scatter ? "reduce-scatter" : "all-reduce", a, mpg_status_name(st),
+                     aq, mine && s->inter_err[0] ? ": " : "", mine ? s->inter_err : "");
   if (st == MPG_ERR_TIMEOUT && mine)
     return mpg__fail(st, "%s timed out after %.3g s: missing %s, which did not post "
                      "operation #%u", head, s->group->ctx->timeout_s,
@@ -154,10 +155,11 @@ static int gave_up(mpg__shm *s, uint32_t q) {
 
 /* This member's part [*lo, *hi) of an operation's count elements: an
  * all-reduce splits them into n parts on 64-byte boundaries, so that no
- * two owners write one cache line; a reduce-scatter's part is its slice. */
+ * two owners write one cache line; a reduce-scatter's part is its slice,
+ * the one of its position in the group. */
 static void shard(const mpg__shm *s, const shm_desc *d, size_t es, size_t *lo, size_t *hi) {
   if (d->scatter) {
-    *lo = (size_t)s->pos * d->count;
+    *lo = (size_t)s->members[s->pos] * d->count;
     *hi = *lo + d->count;
     return;
   }
@@ -176,8 +178,8 @@ size_t mpg__shm_max_shard(const mpg__shm *s, size_t elems) {
  * to this member's (reduce-scatter): the library's one kernel
  * (mpg__reduce_sources, groups/reduce.c), the thread backend's.  ONE_PASS
  * on one node; hierarchical: PARTIAL leaves the node's sums (not divided)
- * in s->stage, FINISH, once the stage was all-reduced across nodes,
- * divides, rounds and writes them back.  Returns the shard's elements. */
+ * in s->stage, FINISH, once the stage was reduced across nodes, divides,
+ * rounds and writes them back.  Returns the shard's elements. */
 enum { ONE_PASS, PARTIAL, FINISH };
 static size_t reduce_shard(mpg__shm *s, const shm_desc *d, int part) {
   mpg_dtype dt = (mpg_dtype)d->dtype;
@@ -194,14 +196,49 @@ static size_t reduce_shard(mpg__shm *s, const shm_desc *d, int part) {
   return hi - lo;
 }
 
-/* The all-reduce (sum) of this member's staged partial sums with the
- * members at its local position on the other nodes, waited for in slices
- * of POLL_S so that a segment or context that gave up, or a destroy,
- * ends it at once, not at the deadline. */
+/* The staging array's element size: f64 for f64, else f32. */
+static size_t stage_size(const shm_desc *d) { return d->dtype == MPG_F64 ? 8 : 4; }
+
+/* A hierarchical reduce-scatter's steps (the all-reduce's are
+ * reduce_shard's PARTIAL and FINISH).  PARTIAL: block h of s->stage = the
+ * node's sums (position order, pre-multiplied, not divided) of the slice
+ * of the member at this local position on node h, for every node.
+ * FINISH: block s->node, reduced across nodes, divided, rounded once and
+ * written to this member's own slice of its own region.  Returns the
+ * elements of one block (the slice). */
+static size_t scatter_blocks(mpg__shm *s, const shm_desc *d, int part) {
+  mpg_dtype dt = (mpg_dtype)d->dtype;
+  size_t es = mpg__dtype_size(dt), ws = stage_size(d), m = (size_t)d->count;
+  mpg__reduce_job job = {dt, (mpg_op)d->op, d->scale, NULL, s->total, s->src, 0, s->dst, 0,
+                         NULL};
+  if (part == FINISH) {
+    s->dst[0] = s->region[s->pos] + ((size_t)d->offset + (size_t)s->members[s->pos] * m) * es;
+    job.ndst = 1;
+    job.acc = (char *)s->stage + (size_t)s->node * m * ws;
+    mpg__reduce_sources(&job, 0, m, s->scratch);
+    return m;
+  }
+  job.nsrc = s->n;
+  for (int h = 0; h < s->nodes; h++) {
+    size_t from = ((size_t)d->offset + (size_t)s->across[h] * m) * es;
+    for (int p = 0; p < s->n; p++) s->src[p] = s->region[p] + from;
+    job.acc = (char *)s->stage + (size_t)h * m * ws;
+    mpg__reduce_sources(&job, 0, m, s->scratch);
+  }
+  return m;
+}
+
+/* The sum of this member's staged partial sums with the members at its
+ * local position on the other nodes (an all-reduce of the shard's m
+ * elements, or a reduce-scatter of the nodes' blocks of m elements that
+ * leaves block s->node in place), waited for in slices of POLL_S so that
+ * a segment or context that gave up, or a destroy, ends it at once, not
+ * at the deadline. */
 static mpg_status across_nodes(mpg__shm *s, const shm_desc *d, size_t m, double deadline,
                                uint32_t q) {
   const struct mpg__backend_ops *ops = s->group->ctx->ops;
-  mpg__coll c = {MPG__ALL_REDUCE, s->stage, s->stage, m,
+  void *recv = d->scatter ? (char *)s->stage + (size_t)s->node * m * stage_size(d) : s->stage;
+  mpg__coll c = {d->scatter ? MPG__REDUCE_SCATTER : MPG__ALL_REDUCE, s->stage, recv, m,
                  d->dtype == MPG_F64 ? MPG_F64 : MPG_F32, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
   mpg__req *r = NULL;
   mpg_status st = ops->post(s->inter, &c, &r);
@@ -214,6 +251,20 @@ static mpg_status across_nodes(mpg__shm *s, const shm_desc *d, size_t m, double 
   if (st && r) ops->abort_comm(s->inter, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
   if (r) ops->req_free(r);
   return st;
+}
+
+/* Keep the backend's message of a failed step across nodes, with the
+ * world ranks of its communicator's positions (its message numbers them
+ * by position among the nodes). */
+static void inter_error(mpg__shm *s) {
+  size_t cap = sizeof s->inter_err;
+  int n = snprintf(s->inter_err, cap, "%s (across nodes, position", mpg_last_error());
+  for (int h = 0; h < s->nodes && n > 0 && (size_t)n < cap; h++) {
+    int rank = -1;
+    mpg_group_member(s->group, s->across[h], &rank);
+    n += snprintf(s->inter_err + n, cap - (size_t)n, "%s %d is rank %d", h ? "," : "", h, rank);
+  }
+  if (n > 0 && (size_t)n < cap) snprintf(s->inter_err + n, cap - (size_t)n, ")");
 }
 
 void *mpg__shm_worker(void *arg) {
@@ -251,13 +302,15 @@ void *mpg__shm_worker(void *arg) {
     }
     if (s->inter) {
       /* Hierarchical: the node's partial sums, then across nodes. */
-      size_t m = reduce_shard(s, d, PARTIAL);
+      size_t m = d->scatter ? scatter_blocks(s, d, PARTIAL) : reduce_shard(s, d, PARTIAL);
       mpg_status st = m ? across_nodes(s, d, m, deadline, q) : MPG_OK;
       if (st) {
+        inter_error(s);
         mpg__shm_abort(s, st, -2, q);
         return NULL;
       }
-      reduce_shard(s, d, FINISH);
+      if (d->scatter) scatter_blocks(s, d, FINISH);
+      else reduce_shard(s, d, FINISH);
     } else {
       reduce_shard(s, d, ONE_PASS);
     }
@@ -431,15 +484,16 @@ static mpg_status post(mpg__shm *s, int scatter, size_t offset, size_t count, mp
   if (work) *work = NULL;
   if (!work) return refuse(s, q, mpg__fail(MPG_ERR_INVALID, "%s: work is NULL", fn));
   size_t elems = s->region_bytes / mpg__dtype_size(s->dtype);
-  size_t span = scatter ? count * (size_t)s->n : count;
+  size_t span = scatter ? count * (size_t)s->total : count;
   if (offset > elems || (scatter && count > elems) || span > elems - offset)
     return refuse(s, q, mpg__fail(MPG_ERR_RANGE, "%s: elements %zu..%zu are outside the "
                                   "%zu-byte buffer", fn, offset, offset + span,
                                   s->region_bytes));
   char *at = s->region[s->pos] + offset * mpg__dtype_size(s->dtype);
-  /* In place: a reduce-scatter's slice is this member's (its position
-   * in the group is its position on the node: one node). */
-  void *recv = scatter ? at + (size_t)s->pos * count * mpg__dtype_size(s->dtype) : at;
+  /* In place: a reduce-scatter's slice is the one of this member's
+   * position in the group (its position on the node only on one node). */
+  void *recv = scatter ? at + (size_t)s->members[s->pos] * count * mpg__dtype_size(s->dtype)
+                       : at;
   mpg__coll c = {scatter ? MPG__REDUCE_SCATTER : MPG__ALL_REDUCE, at, recv, count,
                  s->dtype, op, scale, 0, 0, NULL, 0};
   mpg_status st = mpg__group_run_on(s->group, &shm_ops, &s->self, &c, work, fn);

@@ -242,6 +242,7 @@ static void release(mpg__shm *s) {
   }
   if (s->inter) ops->destroy(s->inter);
   free(s->stage);
+  free(s->across);
   free(s->members);
   free(s->scratch);
   free(s->src);
@@ -316,12 +317,12 @@ static mpg_status describe_failure(mpg_group *group, const char *gname, int n, s
   switch (step) {
   case F_SPACE:
     return mpg__fail(MPG_ERR_ENV,
-                     "shared memory for group %s: its segment needs %llu bytes (%d ranks x "
-                     "%zu bytes of gradients, plus control), plus %llu bytes of slack for the "
-                     "MPI transport's own shared memory (max(64 MiB, 1/%d of the segment)), "
-                     "but " SHM_DIR " has %llu bytes free; make " SHM_DIR " larger (docker "
-                     "run --shm-size=...) or set MESHPG_SHM=0",
-                     gname, need, n, bytes, slack, SLACK_DIV, free_b);
+                     "shared memory for group %s: the segment of rank %d's host needs %llu "
+                     "bytes (%d ranks x %zu bytes of gradients, plus control), plus %llu bytes "
+                     "of slack for the MPI transport's own shared memory (max(64 MiB, 1/%d of "
+                     "the segment)), but " SHM_DIR " there has %llu bytes free; make " SHM_DIR
+                     " larger (docker run --shm-size=...) or set MESHPG_SHM=0",
+                     gname, crank, need, n, bytes, slack, SLACK_DIV, free_b);
   case F_TMPFILE:
   case F_MEMFD:
   case F_TRUNCATE:
@@ -465,15 +466,14 @@ static void locate(const int32_t *words, int total, int gpos, int *node, shm_pla
 }
 
 /* 1 (logged with why) when the group keeps to the backend's collectives, alike on every member. */
-static int declined(mpg_group *group, const char *gname, const shm_place *pl, int depth,
-                    int scatter) {
+static int declined(mpg_group *group, const char *gname, const shm_place *pl, int depth) {
   const mpg_ctx *ctx = group->ctx;
   const char *reason = NULL;
   if (pl->off >= 0) reason = "MESHPG_SHM=0";
-  else if (pl->nodes > 1 && !pl->per) reason = "its nodes hold different numbers of its members";
-  else if (pl->nodes > 1 && pl->per < 2) reason = "it has one member per node";
-  else if (pl->nodes > 1 && scatter)
-    reason = "a sharded buffer across nodes is not reduced hierarchically";
+  else if (pl->nodes > 1 && !pl->per)
+    reason = "its nodes hold different numbers of its members: not reduced hierarchically";
+  else if (pl->nodes > 1 && pl->per < 2)
+    reason = "it has one member per node: not reduced hierarchically";
   /* The bounds of the abort word's fields and of the ring
    * (shm_internal.h), decided alike on every member: n is the same on
    * each (one node, or the same number on each node), depth too. */
@@ -510,11 +510,20 @@ static mpg__shm *book(mpg_group *group, const char *gname, const shm_place *pl,
     s->scratch = aligned_alloc(64, MPG__REDUCE_SCRATCH);
     s->src = calloc((size_t)pl->n, sizeof *s->src);
     s->dst = calloc((size_t)pl->n, sizeof *s->dst);
+    s->across = calloc((size_t)pl->nodes, sizeof *s->across);
   }
-  *ok = s && s->region && s->members && s->deadline && s->scratch && s->src && s->dst;
+  *ok = s && s->region && s->members && s->deadline && s->scratch && s->src && s->dst &&
+        s->across;
   if (!*ok) return s; /* what was allocated (or NULL), for release */
   for (int p = 0, k = 0; p < pl->total; p++)
     if (node[p] == pl->mynode) s->members[k++] = p;
+  /* The member at this local position on each node (nodes are numbered
+   * in the order of their first position, as the split below orders them). */
+  for (int h = 0; h < pl->nodes; h++)
+    for (int p = 0, k = 0; p < pl->total; p++)
+      if (node[p] == h && k++ == pl->pos) s->across[h] = p;
+  s->nodes = pl->nodes;
+  s->node = pl->mynode;
   s->self.shm = s;
   s->group = group;
   s->n = pl->n;
@@ -603,7 +612,7 @@ static const char *segment_kind(const mpg__shm *s, const int32_t *acct) {
 }
 
 /* Start this member's worker thread on the shared segment and hand out its region. */
-static mpg_status start_worker(mpg__shm *s, const char *gname, const char *what, int nodes,
+static mpg_status start_worker(mpg__shm *s, const char *gname, const char *what,
                                mpg__shm **out, void **data) {
   const mpg_ctx *ctx = s->group->ctx;
   /* This member's first operation: its posted word, as the creator set
@@ -617,9 +626,10 @@ static mpg_status start_worker(mpg__shm *s, const char *gname, const char *what,
                      "worker thread", gname);
   }
   s->worker_up = 1;
-  mpg__log(2, "rank %d: group %s shares %zu bytes of %s (%d members on this node%s)",
+  mpg__log(2, "rank %d: group %s shares %zu bytes of %s (%d members on this node%s%s)",
            ctx->rank, gname, s->map_bytes, what, s->n,
-           nodes > 1 ? ", hierarchical across nodes" : "");
+           s->nodes > 1 ? ", hierarchical across nodes: " : "",
+           s->nodes <= 1 ? "" : s->scatter ? "reduce-scatter" : "all-reduce");
   *out = s;
   *data = s->region[s->pos];
   return MPG_OK;
@@ -676,13 +686,14 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
     exchange_free(&x);
     return fail_env(group, pl.bad, gpos);
   }
-  if (declined(group, gname, &pl, depth, scatter)) {
+  if (declined(group, gname, &pl, depth)) {
     exchange_free(&x);
     return MPG_OK;
   }
   /* This node's members share a segment. */
   int ok = 0;
   mpg__shm *s = book(group, gname, &pl, x.node, bytes, dtype, depth, &ok);
+  if (s) s->scatter = scatter;
   int32_t acct[B_WORDS] = {0}; /* this member's account (a creator's is read) */
   if (!ok) acct[B_STATUS] = MPG_ERR_NOMEM, acct[B_STEP] = F_BOOK;
   int sfd = -1; /* the creator's descriptor of its segment */
@@ -704,7 +715,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   if (!setup_st && failed < 0) {
     const char *what = segment_kind(s, creator_acct);
     exchange_free(&x);
-    return start_worker(s, gname, what, pl.nodes, out, data);
+    return start_worker(s, gname, what, out, data);
   }
   /* Failed, everyone alike (or the exchange itself failed). */
   discard(s, pl.pos);

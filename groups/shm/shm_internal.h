@@ -24,18 +24,31 @@
  *    member's shards, and giving up on a dead peer; groups_internal.h
  *    has the contract.
  *
- * Across nodes (hierarchical, all-reduce only): when the group's members
- * are on several hosts with the same number n >= 2 on each, each node has
- * its own segment, and the worker of local position r, after summing shard
- * r of its node's buffers into a staging array (f32 for f16/bf16, the
- * pre-multiply applied; no average yet), all-reduces that array (sum) over
- * a communicator split from the group's: the members at local position r
- * of every node, ordered by node.  Then it divides by the group's size for
- * an average, rounds once and writes the shard back to every local
- * buffer: Horovod's hierarchical all-reduce, with the intra-node steps in
- * shared memory.  The order is then: position order inside a node, the
- * backend's order across nodes.
- *
+ * Across nodes (hierarchical): when the group's members are on several
+ * hosts with the same number n >= 2 on each, each node has its own
+ * segment, and the worker of local position r reduces over a
+ * communicator split from the group's (`inter`: the members at local
+ * position r of every node, ordered by node, so its rank is the node's
+ * number).  All-reduce: it sums shard r of its node's buffers into a
+ * staging array (f32 for f16/bf16, the pre-multiply applied; no average
+ * yet), all-reduces that array (sum) over inter, then divides by the
+ * group's size for an average, rounds once and writes the shard back to
+ * every local buffer: Horovod's hierarchical all-reduce, with the
+ * intra-node steps in shared memory.  Reduce-scatter (a sharded buffer):
+ * for each node h in turn it sums, over its node's buffers, the slice
+ * owned by the member at local position r of node h (across[h]) into
+ * block h of the staging array, reduce-scatters the array (sum) over
+ * inter, which leaves block `node` (its own slice's sums over every node)
+ * in place, then divides, rounds once and writes that into its own slice
+ * of its own buffer only.  Either way the order of every element is
+ * position order inside a node, then the backend's order across nodes,
+ * with the same arithmetic, so a slice reduce-scattered this way has the
+ * bits the hierarchical all-reduce gives it wherever the backend adds the
+ * nodes' sums in one order for both (two nodes: always; the thread
+ * backend: position order, any number).  A reduce-scatter moves
+ * (nodes - 1) / nodes of one slice per member across, less than the
+ * all-reduce of the whole array.
+
  * The segment.  A control area (struct shm_ctl, then one cache line per
  * member for `posted` and one for `finished`, then each member's ring of
  * `depth` operation descriptors), then one region per member: member p's
@@ -109,7 +122,7 @@
 /* The abort word: 0 while healthy, else, packed in one 64-bit atomic,
  * bits 0-6 the mpg_status that ended it (never 0), bits 7-18 the position
  * that gave up, bits 19-31 the member it waited for plus 2 (so -1: none,
- * -2: its all-reduce between hosts), bits 32-63 the operation. */
+ * -2: its reduction between hosts), bits 32-63 the operation. */
 #define SHM_ABORT_STATUS_BITS 7
 #define SHM_ABORT_BY_BITS 12
 #define SHM_ABORT_PEER_BITS 13
@@ -169,10 +182,18 @@ struct mpg__shm {
   int total;            /* members of the group (n x nodes) */
   int *members;         /* n: the group position of each local member */
   /* Hierarchical (the group spans nodes, n members on each): this
-   * member's all-reduce of its node's partial sums with the members at
-   * the same local position on the other nodes, run by the worker. */
+   * member's all-reduce (or reduce-scatter) of its node's partial sums
+   * with the members at the same local position on the other nodes, run
+   * by the worker over inter, whose rank is this node's number. */
   mpg__comm *inter;
-  void *stage;          /* the shard's partial sums (f32, or f64) */
+  int nodes, node;      /* the group's nodes (1: one), this member's */
+  int scatter;          /* made for a sharded buffer (its reductions
+                           across nodes are reduce-scatters; messages) */
+  int *across;          /* nodes: the group position of the member at
+                           this local position on each node (inter's
+                           members in rank order) */
+  void *stage;          /* the partial sums (f32, or f64): the shard's
+                           (all-reduce), or one slice per node (scatter) */
   size_t stage_elems;
   int anon;             /* one mapping shared by the threads of a process */
   char *base;           /* the mapping */
@@ -196,6 +217,10 @@ struct mpg__shm {
   const void **src;            /* n: the kernel's sources, for one shard */
   void **dst;                  /* n: and its destinations */
   char gname[128];             /* "dp_cp" index 1: for messages */
+  char inter_err[512];         /* why this member's step across nodes
+                                  failed (the backend's message, naming the
+                                  missing member); written by the worker
+                                  before it publishes the abort */
 };
 
 /* engine.c: the worker thread's body. */
@@ -226,7 +251,8 @@ void mpg__shm_futex_wait(_Atomic uint32_t *w, uint32_t val, double timeout_s);
 void mpg__shm_futex_wake(_Atomic uint32_t *w);
 
 /* engine.c: the largest shard of a buffer of `elems` elements (the
- * stage's size). */
+ * stage's size; it also holds a reduce-scatter's one slice per node,
+ * nodes x elems / (n x nodes) elements at most). */
 size_t mpg__shm_max_shard(const mpg__shm *s, size_t elems);
 
 #endif

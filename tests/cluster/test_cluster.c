@@ -230,12 +230,16 @@ static void cluster_do(const char *verb, const char *args) {
   cr_assert_eq(system(cmd), 0, "%s failed", cmd);
 }
 
-/* The worker's steps job over 2 hosts of 2 ranks, in the background. */
-static pid_t steps_job(int steps) {
+/* The worker's steps job over 2 hosts of 2 ranks, in the background;
+ * `recovery`: mpirun --enable-recovery, so that a rank that exits after a
+ * fault (without MPI_Finalize: its world may be cut) does not make mpirun
+ * kill the others before they report. */
+static pid_t steps_job(int steps, int recovery) {
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "exec timeout -k 5 120 bash '%s' mpirun '%s' " MPIRUN_ARGS
-           " --host host1:2,host2:2 -np 4 '%s' steps dp=4 %d %g", sh, dir,
-           env_program("MESHPG_CLUSTER_WORKER"), steps, FAULT_TIMEOUT_S);
+           "%s --host host1:2,host2:2 -np 4 '%s' steps dp=4 %d %g", sh, dir,
+           recovery ? " --enable-recovery" : "", env_program("MESHPG_CLUSTER_WORKER"), steps,
+           FAULT_TIMEOUT_S);
   return job_start(cmd);
 }
 
@@ -278,11 +282,14 @@ static void assert_survivors(const int *ranks, int n, int env) {
  * any /dev/shm. */
 Test(cluster, fault_small_dev_shm) {
   cluster_up(2, "--shm 256,16");
-  pid_t pid = steps_job(5);
+  pid_t pid = steps_job(5, 0);
   int rc = job_end(pid, 120, NULL);
   const int all[] = {0, 1, 2, 3};
   assert_survivors(all, 4, 1);
-  cr_assert(strstr(out, "status ERR_ENV") && strstr(out, "/dev/shm has"), "exit %d:\n%s", rc, out);
+  /* host2's first rank (2) makes host2's segment: the message names it */
+  cr_assert(strstr(out, "the segment of rank 2's host needs") &&
+                strstr(out, "/dev/shm there has"),
+            "exit %d:\n%s", rc, out);
   cr_assert_eq(count_lines("STEP "), 0, "%s", out);
   assert_shm_empty("host1");
   assert_shm_empty("host2");
@@ -294,7 +301,7 @@ Test(cluster, fault_small_dev_shm) {
  * output reaches mpirun.  Nothing is left in /dev/shm. */
 Test(cluster, fault_link_down) {
   cluster_up(2, NULL);
-  pid_t pid = steps_job(200);
+  pid_t pid = steps_job(200, 1);
   cr_assert(job_wait_lines("STEP 3 ", 4, 60), "the job did not reach step 3:\n%s", out);
   cluster_do("link", "host2 down");
   sleep_s(FAULT_TIMEOUT_S + 2.0);
@@ -303,6 +310,24 @@ Test(cluster, fault_link_down) {
   job_end(pid, 60, NULL);
   const int all[] = {0, 1, 2, 3};
   assert_survivors(all, 4, 0);
+  /* The ranks that timed out name the rank across the cut they waited
+   * for: "position P (left neighbour) never sent it" and "P is rank R". */
+  for (int r = 0; r < 4; r++) {
+    char st[32], key[32];
+    double ms;
+    const char *msg;
+    cr_assert(end_of(r, st, sizeof st, &ms, &msg));
+    if (strcmp(st, "ERR_TIMEOUT")) continue;
+    const char *eol = strchr(msg, '\n'), *nv = strstr(msg, "(left neighbour) never sent it");
+    cr_assert(nv && (!eol || nv < eol), "rank %d names no missing peer:\n%s", r, out);
+    int pos = -1, rank = -1;
+    cr_assert_eq(sscanf(nv - 3, "%*[^0-9]%d", &pos), 1);
+    snprintf(key, sizeof key, " %d is rank ", pos);
+    const char *k = strstr(nv, key);
+    cr_assert(k && (!eol || k < eol) && sscanf(k + strlen(key), "%d", &rank) == 1,
+              "rank %d: no rank for position %d:\n%s", r, pos, out);
+    cr_assert((r < 2) != (rank < 2), "rank %d names rank %d, on its own side:\n%s", r, rank, out);
+  }
   assert_shm_empty("host1");
   assert_shm_empty("host2");
 }
@@ -314,7 +339,7 @@ Test(cluster, fault_link_down) {
  * the job is left on host1, nor in its /dev/shm. */
 static void mpirun_lost(const char *verb, const char *args) {
   cluster_up(2, NULL);
-  pid_t pid = steps_job(200);
+  pid_t pid = steps_job(200, 0);
   cr_assert(job_wait_lines("STEP 3 ", 4, 60), "the job did not reach step 3:\n%s", out);
   cluster_do(verb, args);
   double took;

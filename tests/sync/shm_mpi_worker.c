@@ -26,7 +26,11 @@
  *                            in f32 (each host's members in position
  *                            order, then the two hosts' sums), divided at
  *                            the end for avg, rounded once for bf16: not
- *                            the flat order ((x0 + x1) + x2) + x3.
+ *                            the flat order ((x0 + x1) + x2) + x3.  Then
+ *                            the same in shard mode: the buffers reduce-
+ *                            scattered hierarchically too (shm_buffers
+ *                            2), every owned element that sum and the
+ *                            bits replicate mode gave it.
  *   shm_mpi_worker overflow  (np 2) one f32 param of free/4/2 + 2^20
  *                            elements, free being /dev/shm's free bytes
  *                            (rank 0's statvfs, broadcast): commit must fail
@@ -329,16 +333,25 @@ static uint32_t expect_hier_bits(mpg_dtype dt, int p, int step, size_t i, int pr
   return u;
 }
 
-static void run_hosts(mpg_ctx *ctx, double grad_scale) {
+/* Replicate mode's results of run_hosts (the element bits), kept for the
+ * shard-mode run of the same data: [grad_scale 1 or 0.37][step][param]. */
+#define HOSTS_MAX 3001
+static uint32_t g_replicated[2][2][4][HOSTS_MAX];
+
+static void run_hosts(mpg_ctx *ctx, double grad_scale, int shard) {
   const vparam ps[] = {{"f0", 3001, MPG_F32, NULL}, {"b0", 1501, MPG_BF16, NULL},
                        {"f1", 129, MPG_F32, NULL},  {"b1", 7, MPG_BF16, NULL}};
   const int np = (int)(sizeof ps / sizeof ps[0]);
+  const char *mode = shard ? "hosts shard" : "hosts";
+  int which = grad_scale != 1.0;
   mpg_sync *s = NULL;
   void *gv[4];
+  mpg_shard_info info[4];
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.sync.bucket_mb = 0.004;
   so.sync.first_bucket_mb = 0.001;
   so.grad_scale = grad_scale;
+  if (shard) so.sync.mode = MPG_SYNC_SHARD;
   TRY(mpg_sync_create(ctx, &so, &s));
   for (int p = 0; p < np; p++) {
     int id;
@@ -347,12 +360,19 @@ static void run_hosts(mpg_ctx *ctx, double grad_scale) {
   TRY(mpg_sync_commit(s));
   mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
   TRY(mpg_sync_get_stats(s, &stats));
+  /* both buffers (f32, bf16) hierarchical: shard mode's reduce-scatter too */
   if (stats.shm_buffers != 2)
-    fail("hosts: shm_buffers %d of %d buffers, expected 2 (hierarchical)", stats.shm_buffers,
-         stats.num_buffers);
-  for (int p = 0; p < np; p++) TRY(mpg_sync_grad(s, p, &gv[p]));
-  long bad = 0;
+    fail("%s: shm_buffers %d of %d buffers, expected 2 (hierarchical)", mode,
+         stats.shm_buffers, stats.num_buffers);
+  for (int p = 0; p < np; p++) {
+    TRY(mpg_sync_grad(s, p, &gv[p]));
+    info[p] = (mpg_shard_info)MPG_SHARD_INFO_INIT;
+    if (shard) TRY(mpg_sync_get_shard(s, p, &info[p]));
+    else info[p].count = ps[p].count;
+  }
+  long bad = 0, owned = 0;
   for (int step = 0; step < 2; step++) {
+    if (step && shard) TRY(mpg_sync_zero_grads(s));
     for (int p = 0; p < np; p++)
       for (size_t i = 0; i < ps[p].count; i++) {
         float x = gen(g_rank, p, step, i);
@@ -362,17 +382,29 @@ static void run_hosts(mpg_ctx *ctx, double grad_scale) {
     TRY(mpg_sync_all(s, step, NULL));
     int premul = grad_scale != 1.0;
     for (int p = 0; p < np; p++)
-      for (size_t i = 0; i < ps[p].count; i++) {
+      for (size_t i = info[p].param_offset; i < info[p].param_offset + info[p].count; i++) {
         uint32_t want = expect_hier_bits(ps[p].dtype, p, step, i, premul, grad_scale / 4, !premul);
         uint32_t got = 0;
         if (ps[p].dtype == MPG_BF16) got = ((uint16_t *)gv[p])[i];
         else memcpy(&got, (float *)gv[p] + i, 4);
         if (got != want && bad++ < 5)
-          fail("hosts (grad_scale %g) step %d: %s element %zu: got 0x%x, expected 0x%x",
+          fail("%s (grad_scale %g) step %d: %s element %zu: got 0x%x, expected 0x%x", mode,
                grad_scale, step, ps[p].name, i, got, want);
+        /* shard mode: the owned slice is replicate mode's all-reduce of it */
+        if (!shard) g_replicated[which][step][p][i] = got;
+        else if (got != g_replicated[which][step][p][i] && bad++ < 5)
+          fail("%s (grad_scale %g) step %d: %s element %zu: got 0x%x, replicate mode's "
+               "hierarchical all-reduce 0x%x", mode, grad_scale, step, ps[p].name, i, got,
+               g_replicated[which][step][p][i]);
+        owned++;
       }
+    if (shard) {
+      TRY(mpg_sync_gather_begin(s, NULL));
+      TRY(mpg_sync_gather_all(s));
+    }
   }
-  if (bad) fail("hosts: %ld elements differ from (x0 + x1) + (x2 + x3)", bad);
+  if (shard && owned == 0) fail("%s: this rank owns no element", mode);
+  if (bad) fail("%s: %ld elements differ from (x0 + x1) + (x2 + x3)", mode, bad);
 done:
   if (s) {
     mpg_status st = mpg_sync_destroy(s);
@@ -417,9 +449,12 @@ static void mode_hosts(int world) {
   mpg_mesh *mesh;
   mpg_ctx *ctx = open_ctx("dp=4", 0, world, g_rank < 2 ? "hostA" : "hostB", &mesh);
   if (ctx) {
-    run_hosts(ctx, 1.0);
-    run_hosts(ctx, 0.37);
-    if (g_rank == 0) printf("checked the hierarchical shm buffers\n");
+    run_hosts(ctx, 1.0, 0);
+    run_hosts(ctx, 0.37, 0);
+    run_hosts(ctx, 1.0, 1);
+    run_hosts(ctx, 0.37, 1);
+    if (g_rank == 0 && !failures)
+      printf("checked the hierarchical shm buffers, replicate and shard mode\n");
   }
   close_ctx(ctx, mesh);
 }

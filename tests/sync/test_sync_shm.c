@@ -3,9 +3,9 @@
  * members on one host lives in node-local shared memory, and each bucket
  * is reduced in one pass by every member's worker thread.  Its arithmetic
  * must equal the thread backend's ordinary path (groups/thread/coll.c,
- * reduce_all) bit for bit, which is what MESHPG_SHM=0 gives.  (An
- * all-reduced buffer whose group has the same number >= 2 of members on
- * each of several hosts is reduced hierarchically: per host in shared
+ * reduce_all) bit for bit, which is what MESHPG_SHM=0 gives.  (A buffer,
+ * all-reduced or sharded, whose group has the same number >= 2 of members
+ * on each of several hosts is reduced hierarchically: per host in shared
  * memory, then across hosts; its order is node by node.)
  *
  * Built twice (tests/sync/meson.build):
@@ -19,14 +19,18 @@
  *                   mpg_sync_stats.shm_buffers counts exactly the buffers
  *                   whose group has >= 2 members on this host (0 off);
  *      shm_hosts    the same with ranks on two "hosts" (init opts
- *                   host_id): a group spanning both is shared only when
- *                   all-reduced with the same number >= 2 on each host
- *                   (hierarchical: its own summation order, checked
- *                   against its reference), else reduced by the backend;
+ *                   host_id): a group spanning both is shared only with
+ *                   the same number >= 2 on each host (hierarchical: its
+ *                   own summation order, checked against its reference;
+ *                   a sharded buffer's owned slices also against replicate
+ *                   mode's hierarchical all-reduce of the same data, and
+ *                   HSDP's against the two-level oracle), else (3 + 1, one
+ *                   per host) reduced by the backend, as MESHPG_SHM=0;
  *      shm_env      MESHPG_SHM=2 fails every member's commit with
  *                   MPG_ERR_ENV naming MESHPG_SHM;
  *      shm_faults   a rank that stalls past the timeout in the middle of a
- *                   step: the others fail in time, grads invalid, clean
+ *                   step (one host; two hosts, replicate and shard mode):
+ *                   the others fail in time, grads invalid, clean
  *                   destroys;
  *      shm_segment  an anonymous mapping the kernel refuses (4 TiB per
  *                   rank): commit fails naming it, its size and the errno.
@@ -153,9 +157,9 @@ Test(shm_props, fixed_cases_bit_identical_to_no_shm, .timeout = 120) {
  * "nodeB" for the second).  A group spanning both is not reduced in one
  * segment: an all-reduced buffer whose group has the same number >= 2 of
  * members on each host is reduced hierarchically (one segment per host,
- * then across hosts: groups/shm/shm_internal.h), any other buffer (one
- * member per host, uneven hosts, a sharded buffer) through the backend's
- * collectives.  shm_buffers counts exactly the buffers on one host plus
+ * then across hosts: groups/shm/shm_internal.h), all-reduced or sharded
+ * (reduce-scattered), any other buffer (one member per host, uneven
+ * hosts) through the backend's collectives.  shm_buffers counts exactly the buffers on one host plus
  * the hierarchical ones; every result equals MESHPG_SHM=0's bit for bit,
  * except the hierarchical ones, whose order differs: those equal their
  * own reference (node sums in position order, then across nodes). */
@@ -201,8 +205,9 @@ Test(shm_hosts, groups_spanning_two_hosts, .timeout = 240) {
   before = t;
   run_pair(c, &t);
   expect_kinds(&t, &before, 2, 0, 1, c->name);
-  /* Shard mode, the shard group across the hosts: not shared; a
-   * replicated param over dp_cp,tp (4 per host) hierarchical. */
+  /* Shard mode, the shard group across the hosts (2 on each): its
+   * reduce-scatter hierarchical too; a replicated param over dp_cp,tp (4
+   * per host) hierarchical. */
   pc_init(c, "shard_across", "dp=2,cp=2,tp=2", "dp_cp=dp,cp", 8);
   c->hosts = 2;
   c->shard = 1;
@@ -212,7 +217,7 @@ Test(shm_hosts, groups_spanning_two_hosts, .timeout = 240) {
   pc_add(c, 17, MPG_F32, "tp", 0);
   before = t;
   run_pair(c, &t);
-  expect_kinds(&t, &before, 1, 1, 1, c->name);
+  expect_kinds(&t, &before, 1, 2, 0, c->name);
   /* Hosts interleaved in the group's positions (even and odd ranks: the
    * tp coordinate): dp_cp,tp hierarchical with 4 per host, alternating;
    * dp_cp on one host; tp one per host. */
@@ -236,6 +241,99 @@ Test(shm_hosts, groups_spanning_two_hosts, .timeout = 240) {
   cr_assert_gt(t.hier, 6, "only %d hierarchical buffers", t.hier);
   cr_assert_gt(t.spanning, 6, "only %d unshared buffers across hosts", t.spanning);
   cr_log_info("%d cases, %ld elements checked against the reference", t.cases, t.exact);
+  free(c);
+}
+
+/* Shard mode across two hosts: the sharded buffers (every dtype, many
+ * buckets, avg, avg x 0.37, sum) are reduce-scattered hierarchically
+ * (stats.shm_buffers counts them), their owned slices bit for bit the
+ * two-host oracle ((host A's members in position order) + (host B's), f32
+ * or f64, divided once, rounded once) and replicate mode's hierarchical
+ * all-reduce of the same data (run_pair); HSDP with its shard group
+ * across the hosts, hosts by halves and interleaved, against the
+ * two-level oracle; and a shard group 3 + 1 that keeps to the backend,
+ * equal to MESHPG_SHM=0. */
+Test(shm_hosts, shard_mode_across_two_hosts, .timeout = 240) {
+  pcase *c = malloc(sizeof *c);
+  pc_tally t = {0}, before;
+  cr_assert_not_null(c);
+  for (int k = 0; k < 3; k++) {
+    /* dp_cp = dp,cp: 2 per host; dp alone: one per host */
+    pc_init(c, k == 0 ? "shard_2hosts_avg" : k == 1 ? "shard_2hosts_scaled" : "shard_2hosts_sum",
+            "dp=2,cp=2,tp=2", "dp_cp=dp,cp", 8);
+    c->hosts = 2;
+    c->shard = 1;
+    c->seed = 40 + (unsigned)k;
+    c->op = k == 2 ? MPG_OP_SUM : MPG_OP_AVG;
+    c->grad_scale = k == 1 ? 0.37 : 1.0;
+    c->reduce_dtype = k == 2 ? MPG_REDUCE_NATIVE : MPG_REDUCE_F32;
+    pc_add(c, 4099, MPG_F32, NULL, 0);
+    pc_add(c, 3001, MPG_BF16, NULL, 0);
+    pc_add(c, 2047, MPG_F16, NULL, 0);
+    pc_add(c, 1023, MPG_F64, NULL, 0);
+    pc_add(c, 3, MPG_F32, NULL, 0);
+    pc_add(c, 64, MPG_F16, "dp", 0); /* replicated, one per host */
+    before = t;
+    run_pair(c, &t);
+    expect_kinds(&t, &before, 0, 4, 1, c->name);
+  }
+  /* Four per host (world 16), one param per bucket */
+  pc_init(c, "shard_4per_host", "dp=4,cp=4", "dp_cp=dp,cp", 16);
+  c->hosts = 2;
+  c->shard = 1;
+  c->seed = 44;
+  c->bucket_mb = c->first_bucket_mb = 1e-6;
+  pc_add(c, 1001, MPG_BF16, NULL, 0);
+  pc_add(c, 515, MPG_F32, NULL, 0);
+  pc_add(c, 1, MPG_F16, NULL, 0);
+  before = t;
+  run_pair(c, &t);
+  expect_kinds(&t, &before, 0, 3, 0, c->name);
+  /* HSDP: shard dp_shard,cp across the hosts (2 on each), replicate
+   * dp_replicate inside a host; avg x 0.37 */
+  pc_init(c, "hsdp_shard_across", "dp_shard=2,dp_replicate=2,cp=2",
+          "dp_cp=dp_shard,dp_replicate,cp", 8);
+  c->hosts = 2;
+  c->shard = 1;
+  c->seed = 45;
+  snprintf(c->shard_dims, sizeof c->shard_dims, "dp_shard,cp");
+  snprintf(c->replicate_dims, sizeof c->replicate_dims, "dp_replicate");
+  c->grad_scale = 0.37;
+  pc_add(c, 2500, MPG_F32, NULL, 0);
+  pc_add(c, 1701, MPG_BF16, NULL, 0);
+  pc_add(c, 301, MPG_F16, NULL, 0);
+  pc_add(c, 129, MPG_F64, NULL, 0);
+  before = t;
+  run_pair(c, &t);
+  expect_kinds(&t, &before, 0, 4, 0, c->name);
+  /* HSDP, hosts interleaved (even and odd ranks: cp): the shard group
+   * dp_shard,cp has its hosts alternating in position order; avg */
+  pc_init(c, "hsdp_interleaved", "dp_replicate=2,dp_shard=2,cp=2",
+          "dp_cp=dp_replicate,dp_shard,cp", 8);
+  c->hosts = 3;
+  c->shard = 1;
+  c->seed = 46;
+  snprintf(c->shard_dims, sizeof c->shard_dims, "dp_shard,cp");
+  snprintf(c->replicate_dims, sizeof c->replicate_dims, "dp_replicate");
+  pc_add(c, 2000, MPG_BF16, NULL, 0);
+  pc_add(c, 999, MPG_F32, NULL, 0);
+  pc_add(c, 77, MPG_F64, NULL, 0);
+  before = t;
+  run_pair(c, &t);
+  expect_kinds(&t, &before, 0, 3, 0, c->name);
+  /* Uneven hosts, 3 + 1: the shard group keeps to the backend's
+   * reduce-scatter (not shared), equal to MESHPG_SHM=0 bit for bit. */
+  pc_init(c, "shard_3plus1", "dp=4", "dp_cp=dp", 4);
+  c->hosts = 4;
+  c->shard = 1;
+  c->seed = 47;
+  c->grad_scale = 0.37;
+  pc_add(c, 1500, MPG_F32, NULL, 0);
+  pc_add(c, 777, MPG_BF16, NULL, 0);
+  before = t;
+  run_pair(c, &t);
+  expect_kinds(&t, &before, 0, 0, 2, c->name);
+  cr_log_info("%d cases, %ld elements checked against the references", t.cases, t.exact);
   free(c);
 }
 
@@ -358,7 +456,8 @@ Test(shm_env, bad_value_fails_every_create_with_env, .timeout = 60) {
 #define STALL_RANKS 4
 
 typedef struct stall_job {
-  int hosts; /* 1: ranks 0-1 on "hostA", 2-3 on "hostB" (the hierarchical form) */
+  int hosts; /* 1: ranks 0-1 on "hostA", 2-3 on "hostB" (the hierarchical form);
+                2: the same in shard mode (the hierarchical reduce-scatter) */
   mpg_status finish[STALL_RANKS], sync_destroy[STALL_RANKS], ctx_destroy[STALL_RANKS];
   int valid[STALL_RANKS], shm_buffers[STALL_RANKS];
   double secs[STALL_RANKS];
@@ -382,6 +481,7 @@ static mpg_status stall_rank(const mpg_init_opts *opts, void *arg) {
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.sync.bucket_mb = 0.001;
   so.sync.first_bucket_mb = 0.001;
+  if (j->hosts == 2) so.sync.mode = MPG_SYNC_SHARD;
   if (!st) where = "sync_create", st = mpg_sync_create(ctx, &so, &s);
   for (int p = 0; p < 6 && !st; p++) {
     char name[16];
@@ -461,6 +561,10 @@ Test(shm_faults, stalled_rank_fails_the_others_in_time, .timeout = 60) { stalled
  * in the segment, the other host's ranks in their all-reduce between
  * hosts, all within the timeout + 1 s. */
 Test(shm_faults, stalled_rank_across_hosts, .timeout = 60) { stalled_rank(1); }
+
+/* The same in shard mode: the sharded buffers' hierarchical reduce-scatter
+ * (its step across hosts is a reduce-scatter) fails alike. */
+Test(shm_faults, stalled_rank_across_hosts_shard_mode, .timeout = 60) { stalled_rank(2); }
 
 /* ------------------------------------------------------------------ */
 /* A segment that cannot be made (thread backend)                      */
@@ -585,11 +689,14 @@ Test(shm_mpi, values_2_ranks, .timeout = 240) { values(2); }
 Test(shm_mpi, values_4_ranks, .timeout = 240) { values(4); }
 
 /* Two "hosts" (mpg_init_opts.host_id) of two processes: the hierarchical
- * form, results bit for bit (x0 + x1) + (x2 + x3), nothing left behind. */
+ * form, results bit for bit (x0 + x1) + (x2 + x3), in replicate mode and
+ * in shard mode (the owned slices also equal to replicate mode's),
+ * nothing left behind. */
 Test(shm_mpi, two_hosts_hierarchical_4_ranks, .timeout = 240) {
   int before = shm_files(0);
   run_worker(4, "hosts", 200);
-  cr_assert(strstr(out, "checked the hierarchical shm buffers"), "%s", out);
+  cr_assert(strstr(out, "checked the hierarchical shm buffers, replicate and shard mode"), "%s",
+            out);
   expect_nothing_left(4, before);
 }
 

@@ -67,7 +67,9 @@ typedef struct pc_res {
   int local, hier;  /* of them: on one host; across hosts (hierarchical) */
   int spanning;     /* buffers of 2+ members across hosts not on it */
   int exact;        /* elements checked against the reference */
-  unsigned char hier_param[PC_MAX_PARAMS]; /* all-reduced hierarchically */
+  unsigned char hier_param[PC_MAX_PARAMS]; /* reduced hierarchically */
+  unsigned char sharded_param[PC_MAX_PARAMS]; /* in a sharded buffer */
+  int nmem[PC_MAX_PARAMS], mem[PC_MAX_PARAMS][PC_MAX_RANKS]; /* its group's ranks */
   size_t shm_bytes;
   char msg[1536];
 } pc_res;
@@ -78,9 +80,12 @@ typedef struct pc_run {
   pc_res res[PC_MAX_RANKS];
 } pc_run;
 
+/* hosts 2: halves; 3: parity; 4: uneven, 3 + 1 (rank % 4 == 3 on the
+ * second host). */
 static int host_index(const pcase *c, int rank) {
   if (c->hosts == 2) return rank >= c->world / 2;
   if (c->hosts == 3) return rank % 2;
+  if (c->hosts == 4) return rank % 4 == 3;
   return 0;
 }
 
@@ -307,22 +312,19 @@ static double stored(const pcase *c, int q, int p, int step, size_t i) {
   return sc_get(&cell, dt, 0);
 }
 
-/* The reference all-reduce of element i of param p over members[0..n)
- * (group position order), written to *out in the param's dtype.  As
- * sync/step.c asks for it and groups/reduce.c's one kernel
- * (mpg__reduce_sources, for the thread backend and shm/) computes it: with grad_scale != 1 a sum whose every
- * addend is first multiplied by grad_scale (/ n for avg); else the sum,
- * divided by n at the end for avg; f32 accumulation for f32/f16/bf16, f64
- * for f64; one rounding to the dtype at the end.  hier: the sum over each
- * node's members (position order) first, then those partial sums in node
- * order (nodes numbered by their first member), the hierarchical order of
- * groups/shm/shm_internal.h. */
-static void reduce_ref(const pcase *c, int p, int step, size_t i, const int *members,
-                       const int *node, int n, int hier, void *out) {
+/* The reference reduction of element i of param p over members[0..n)
+ * (group position order), written to *out in the param's dtype, as
+ * groups/reduce.c's one kernel (mpg__reduce_sources, for the thread
+ * backend and shm/) computes it: every addend first multiplied by scale
+ * when premul, the sum divided by div at the end when div > 0; f32
+ * accumulation for f32/f16/bf16, f64 for f64; one rounding to the dtype at
+ * the end.  hier: the sum over each node's members (position order)
+ * first, then those partial sums in node order (nodes numbered by their
+ * first member), the hierarchical order of groups/shm/shm_internal.h. */
+static void level_ref(const pcase *c, int p, int step, size_t i, const int *members,
+                      const int *node, int n, int hier, int premul, double scale, int div,
+                      void *out) {
   mpg_dtype dt = c->params[p].dtype;
-  double scale = c->grad_scale;
-  if (c->op == MPG_OP_AVG) scale /= n;
-  int premul = c->grad_scale != 1.0, avg = !premul && c->op == MPG_OP_AVG;
   int nodes = hier ? 2 : 1;
   if (dt == MPG_F64) {
     double tot = 0;
@@ -338,7 +340,7 @@ static void reduce_ref(const pcase *c, int p, int step, size_t i, const int *mem
       }
       tot = nd == 0 ? acc : tot + acc;
     }
-    if (avg) tot = tot / (double)n;
+    if (div > 0) tot = tot / (double)div;
     sc_set(out, dt, 0, tot);
   } else {
     float tot = 0, f = (float)scale;
@@ -354,9 +356,65 @@ static void reduce_ref(const pcase *c, int p, int step, size_t i, const int *mem
       }
       tot = nd == 0 ? acc : tot + acc;
     }
-    if (avg) tot = tot / (float)n;
+    if (div > 0) tot = tot / (float)div;
     sc_set(out, dt, 0, (double)tot);
   }
+}
+
+/* The all-reduce as sync/step.c asks for it: with grad_scale != 1 a sum
+ * whose every addend is first multiplied by grad_scale (/ n for avg);
+ * else the sum, divided by n at the end for avg. */
+static void reduce_ref(const pcase *c, int p, int step, size_t i, const int *members,
+                       const int *node, int n, int hier, void *out) {
+  double scale = c->grad_scale;
+  if (c->op == MPG_OP_AVG) scale /= n;
+  int premul = c->grad_scale != 1.0, avg = !premul && c->op == MPG_OP_AVG;
+  level_ref(c, p, step, i, members, node, n, hier, premul, scale, avg ? n : 0, out);
+}
+
+/* The ranks that share rank's coordinates outside mask, in rank order
+ * (the group's position order), and each one's node (0: the first's);
+ * *hier: the same number >= 2 on each of two nodes. */
+static int group_of(const pcase *c, const sc_mesh_info *mi, int rank, unsigned mask, int *mem,
+                    int *node, int *hier) {
+  int n = 0, count[2] = {0, 0};
+  for (int q = 0; q < mi->world; q++)
+    if (sc_same_outside(mi, rank, q, mask)) mem[n++] = q;
+  for (int k = 0; k < n; k++) count[node[k] = !same_host(c, mem[0], mem[k])]++;
+  *hier = count[1] && count[0] == count[1] && count[0] >= 2;
+  return n;
+}
+
+/* The oracle of element i of a sharded param p that `rank` owns, as
+ * sync/shard.c asks for it: the reduce-scatter over the shard group (one
+ * level: as the all-reduce; with a replicate group: a sum, each addend
+ * times grad_scale (/ shard x replicate for avg) unless that is 1),
+ * hierarchical when the shared path is on and the shard group has the
+ * same number >= 2 on each host, rounded to the dtype; then, with a
+ * replicate group, the sum of the replicate members' rounded slices in
+ * position order (f32, f64 for f64), rounded once. */
+static void shard_ref(const pcase *c, const sc_mesh_info *mi, int shm, unsigned smask,
+                      unsigned rmask, int rank, int p, int step, size_t i, void *out) {
+  mpg_dtype dt = c->params[p].dtype;
+  int levels = c->replicate_dims[0] != 0;
+  int rep[PC_MAX_RANKS], rnode[PC_MAX_RANKS], mem[PC_MAX_RANKS], node[PC_MAX_RANKS], hier;
+  int nrep = levels ? group_of(c, mi, rank, rmask, rep, rnode, &hier) : 1;
+  if (!levels) rep[0] = rank;
+  int domain = group_of(c, mi, rank, smask | rmask, mem, node, &hier);
+  double scale = c->op == MPG_OP_AVG ? c->grad_scale / domain : c->grad_scale;
+  double tot = 0;
+  for (int j = 0; j < nrep; j++) {
+    int n = group_of(c, mi, rep[j], smask, mem, node, &hier);
+    uint64_t v = 0;
+    if (levels)
+      level_ref(c, p, step, i, mem, node, n, shm && hier, scale != 1.0, scale, 0, &v);
+    else
+      reduce_ref(c, p, step, i, mem, node, n, shm && hier, &v);
+    volatile double x = sc_get(&v, dt, 0);
+    if (dt == MPG_F64) tot = j ? tot + x : x;
+    else tot = (double)(j ? (float)tot + (float)x : (float)x);
+  }
+  sc_set(out, dt, 0, tot);
 }
 
 static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
@@ -436,10 +494,13 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
    * sharded, else over the reduce group.  Shared when that group has 2+
    * members on one host, or (all-reduced buffers only) the same number
    * >= 2 on each of several hosts: hierarchical. */
-  unsigned smask = 0;
+  unsigned smask = 0, rmask = 0;
   if (c->shard)
     P_CHECK(shc_mask(mesh, c->shard_dims[0] ? c->shard_dims : "dp_cp", &smask) == 0,
             "bad shard dims %s", c->shard_dims);
+  if (c->shard && c->replicate_dims[0])
+    P_CHECK(shc_mask(mesh, c->replicate_dims, &rmask) == 0, "bad replicate dims %s",
+            c->replicate_dims);
   struct {
     mpg_dtype dt;
     mpg_group *g, *tied;
@@ -474,10 +535,17 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
       node[p][k] = same_host(c, mem[0], mem[k]) ? 0 : 1;
       count[node[p][k]]++;
     }
-    int shared = n >= 2 && (!count[1] || (!sharded && count[0] == count[1] && count[0] >= 2));
+    /* Shared: on one host, or the same number >= 2 on each (all-reduced
+     * or reduce-scattered hierarchically); uneven hosts or one member per
+     * host: the backend's collectives. */
+    int shared = n >= 2 && (!count[1] || (count[0] == count[1] && count[0] >= 2));
     o->hier_param[p] = (unsigned char)(shared && count[1]);
-    /* Exactly checked: all-reduced, untied (the reference has no tied sum). */
-    checked[p] = !sharded && !tied_of[p];
+    o->sharded_param[p] = (unsigned char)sharded;
+    o->nmem[p] = n;
+    memcpy(o->mem[p], mem, sizeof(int) * (size_t)n);
+    /* Exactly checked: all-reduced and untied (the reference has no tied
+     * sum), or sharded (shard_ref). */
+    checked[p] = sharded || !tied_of[p];
     int k = 0;
     while (k < nkeys && !(keys[k].dt == c->params[p].dtype && keys[k].g == g &&
                           keys[k].tied == tied_of[p] && keys[k].sharded == sharded))
@@ -553,14 +621,18 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
       mpg_dtype dt = c->params[p].dtype;
       size_t es = mpg_dtype_size(dt);
       int hier = t->shm && o->hier_param[p];
-      for (size_t i = 0; i < c->params[p].count; i++) {
+      for (size_t i = info[p].param_offset; i < info[p].param_offset + info[p].count; i++) {
         uint64_t want = 0;
-        reduce_ref(c, p, step, i, members[p], node[p], nmembers[p], hier, &want);
+        if (o->sharded_param[p])
+          shard_ref(c, mi, t->shm, smask, rmask, rank, p, step, i, &want);
+        else
+          reduce_ref(c, p, step, i, members[p], node[p], nmembers[p], hier, &want);
         const char *got = (const char *)gv[p] + i * es;
         P_CHECK(memcmp(got, &want, es) == 0,
-                "rank %d: MESHPG_SHM=%d: step %d: param p%d (%zu x %s, group of %d%s) element "
-                "%zu: %.17g, the %s-order reference %.17g",
-                rank, t->shm, step, p, c->params[p].count, mpg_dtype_name(dt), nmembers[p],
+                "rank %d: MESHPG_SHM=%d: step %d: param p%d (%zu x %s, %sgroup of %d%s) "
+                "element %zu: %.17g, the %s-order reference %.17g",
+                rank, t->shm, step, p, c->params[p].count, mpg_dtype_name(dt),
+                o->sharded_param[p] ? "sharded, shard " : "", nmembers[p],
                 o->hier_param[p] ? " across 2 hosts" : "", i, sc_get(got, dt, 0),
                 hier ? "node-then-position" : "position", sc_get(&want, dt, 0));
         o->exact++;
@@ -673,8 +745,67 @@ static int first_difference(const pcase *c, const pc_res *a, const pc_res *b, ch
   return 0;
 }
 
+/* Shard mode, one level, its shard group across hosts (hierarchical): each
+ * rank's owned slice of every such param equals, byte for byte, the same
+ * elements after replicate mode's hierarchical all-reduce of the same
+ * data over the same group (run here, shared path on).  Returns the
+ * elements compared. */
+static long against_replicate_mode(const pcase *c, const pc_run *on) {
+  int any = 0;
+  for (int r = 0; r < c->world; r++)
+    for (int p = 0; p < c->nparams; p++)
+      any |= on->res[r].sharded_param[p] && on->res[r].hier_param[p];
+  if (!c->shard || c->replicate_dims[0] || !any) return 0;
+  pcase *rc = malloc(sizeof *rc);
+  cr_assert_not_null(rc);
+  *rc = *c;
+  rc->shard = 0;
+  pc_run *rep = run_once(rc, 1, NULL);
+  char what[2048];
+  describe(c, what, sizeof what);
+  long compared = 0;
+  for (int r = 0; r < c->world; r++) {
+    const pc_res *a = &on->res[r], *b = &rep->res[r];
+    for (int k = 0; k < a->nsegs; k++) {
+      const pc_seg *sa = &a->segs[k];
+      int p = sa->param;
+      if (sa->is_param || !a->sharded_param[p] || !a->hier_param[p]) continue;
+      /* the same group in both modes (shard_dims may name a smaller one) */
+      if (a->nmem[p] != b->nmem[p] ||
+          memcmp(a->mem[p], b->mem[p], sizeof(int) * (size_t)a->nmem[p]) != 0)
+        continue;
+      cr_assert(b->hier_param[p], "%s\nrank %d: param p%d is hierarchical in shard mode, not "
+                "in replicate mode", what, r, p);
+      const pc_seg *sb = NULL;
+      for (int j = 0; j < b->nsegs && !sb; j++)
+        if (!b->segs[j].is_param && b->segs[j].step == sa->step && b->segs[j].param == p)
+          sb = &b->segs[j];
+      cr_assert_not_null(sb, "%s\nrank %d: no replicate-mode result of p%d", what, r, p);
+      mpg_dtype dt = c->params[p].dtype;
+      size_t es = mpg_dtype_size(dt);
+      for (size_t e = 0; e * es < sa->bytes; e++) {
+        const unsigned char *x = a->blob + sa->at + e * es;
+        const unsigned char *y = b->blob + sb->at + (sa->first + e) * es;
+        cr_assert(memcmp(x, y, es) == 0,
+                  "%s\nrank %d: step %d: param p%d (%s) element %zu: shard mode's hierarchical "
+                  "reduce-scatter %.17g, replicate mode's hierarchical all-reduce %.17g",
+                  what, r, sa->step, p, mpg_dtype_name(dt), sa->first + e, sc_get(x, dt, 0),
+                  sc_get(y, dt, 0));
+        compared++;
+      }
+    }
+  }
+  if (!c->shard_dims[0])
+    cr_assert_gt(compared, 0, "%s\nno owned slice was compared with replicate mode", what);
+  cr_log_info("%s: %ld owned elements equal replicate mode's hierarchical all-reduce", what,
+              compared);
+  free_run(rep);
+  free(rc);
+  return compared;
+}
+
 /* Run case c with the shared path on, then off; every rank's results must
- * be equal byte for byte. */
+ * be equal byte for byte (the hierarchical ones: see first_difference). */
 void run_pair(const pcase *c, pc_tally *tally) {
   /* On: MESHPG_SHM unset (the default) or "1". */
   pc_run *on = run_once(c, 1, c->seed % 2 ? "1" : NULL);
@@ -708,6 +839,7 @@ void run_pair(const pcase *c, pc_tally *tally) {
   tally->hier += hier;
   tally->spanning += span;
   tally->local_and_spanning += local && (span || hier);
+  tally->exact += against_replicate_mode(c, on);
   cr_log_info("%s: equal; rank 0: %d of %d buffers shared (%d hierarchical)", what,
               on->res[0].shm_buffers, on->res[0].num_buffers, on->res[0].hier);
   free_run(on);
