@@ -183,14 +183,27 @@ static pid_t job_start(const char *cmd) {
   return pid;
 }
 
-/* Read DIR/job.out into out. */
+/* Append file `path` to out at *n. */
+static void append_file(const char *path, size_t *n) {
+  FILE *f = fopen(path, "r");
+  if (f) {
+    *n += fread(out + *n, 1, sizeof out - 1 - *n, f);
+    fclose(f);
+  }
+  out[*n] = '\0';
+}
+
+/* Read DIR/job.out, then the ranks' logs of a torchrun-style launch
+ * (DIR/out/rank-R.log), into out. */
 static void job_output(void) {
   char path[512];
+  size_t n = 0;
   snprintf(path, sizeof path, "%s/job.out", dir);
-  FILE *f = fopen(path, "r");
-  size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
-  out[n] = '\0';
-  if (f) fclose(f);
+  append_file(path, &n);
+  for (int r = 0; r < 16; r++) {
+    snprintf(path, sizeof path, "%s/out/rank-%d.log", dir, r);
+    append_file(path, &n);
+  }
 }
 
 /* Wait until `n` lines start with `prefix` (output in out); 0 after `secs`. */
@@ -257,8 +270,10 @@ static int end_of(int r, char *st, size_t cap, double *ms, const char **msg) {
   return 1;
 }
 
-/* Every listed rank ended with TIMEOUT, ABORTED (or ENV with env) within
- * the timeout + 1 s of its failing call, and destroyed cleanly. */
+/* Every listed rank ended with TIMEOUT, ABORTED (or ENV with env, or
+ * BACKEND: NCCL's asynchronous error for a peer that is gone) within the
+ * timeout + 1 s of its failing call, and destroyed cleanly. */
+enum { OK_ENV = 1, OK_BACKEND = 2 };
 static void assert_survivors(const int *ranks, int n, int env) {
   double bound = tb_bound(FAULT_TIMEOUT_S + 1.0, 4) * 1e3;
   for (int k = 0; k < n; k++) {
@@ -267,7 +282,8 @@ static void assert_survivors(const int *ranks, int n, int env) {
     cr_assert(end_of(ranks[k], st, sizeof st, &ms, NULL), "rank %d did not end:\n%s", ranks[k],
               out);
     cr_assert(!strcmp(st, "ERR_TIMEOUT") || !strcmp(st, "ERR_ABORTED") ||
-                  (env && !strcmp(st, "ERR_ENV")),
+                  ((env & OK_ENV) && !strcmp(st, "ERR_ENV")) ||
+                  ((env & OK_BACKEND) && !strcmp(st, "ERR_BACKEND")),
               "rank %d ended with %s:\n%s", ranks[k], st, out);
     cr_assert_leq(ms, bound, "rank %d's failing call took %.0f ms, above %.0f:\n%s", ranks[k], ms,
                   bound, out);
@@ -285,7 +301,7 @@ Test(cluster, fault_small_dev_shm) {
   pid_t pid = steps_job(5, 0);
   int rc = job_end(pid, 120, NULL);
   const int all[] = {0, 1, 2, 3};
-  assert_survivors(all, 4, 1);
+  assert_survivors(all, 4, OK_ENV);
   /* host2's first rank (2) makes host2's segment: the message names it */
   cr_assert(strstr(out, "the segment of rank 2's host needs") &&
                 strstr(out, "/dev/shm there has"),
@@ -358,3 +374,75 @@ Test(cluster, mpirun_ends_the_job_on_killed_ranks) {
 }
 
 Test(cluster, mpirun_ends_the_job_on_a_lost_host) { mpirun_lost("kill-host", "host2"); }
+
+/* ------------------------------------------------------------------ */
+/* The torchrun-style launch: no mpirun, the nccl backend on the double */
+/* ------------------------------------------------------------------ */
+
+/* cluster.sh launch: 2 ranks a host of cluster_nccl_worker ARGS, in the
+ * background (the ranks' output in DIR/out/rank-R.log). */
+static pid_t launch_job(const char *args) {
+  const char *w = getenv("MESHPG_CLUSTER_NCCL_WORKER");
+  if (!w || !*w) cr_skip_test("built without NCCL (the CUDA/NCCL test double): skipped");
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "exec timeout -k 5 120 bash '%s' launch '%s' 2 29500 '%s' %s", sh,
+           dir, w, args);
+  return job_start(cmd);
+}
+
+/* Two hosts of two ranks, each host's launcher starting its ranks with
+ * torchrun's variables: replicate and shard on dp=2,cp=2 give the exact
+ * averages; the double joins the hosts through its socket transport. */
+Test(cluster, torchrun_style_sync) {
+  cluster_up(2, NULL);
+  pid_t pid = launch_job("sync dp=2,cp=2");
+  int rc = job_end(pid, 120, NULL);
+  cr_assert_eq(rc, 0, "launch: exit %d:\n%s", rc, out);
+  cr_assert_eq(count_lines("OK sync rank "), 4, "%s", out);
+  cr_assert_eq(count_lines("FAIL"), 0, "%s", out);
+  assert_shm_empty("host1");
+  assert_shm_empty("host2");
+}
+
+/* A fault in the middle of a torchrun-style job's steps: the survivors
+ * return within the timeout + 1 s, destroy cleanly, and nothing is left in
+ * their host's /dev/shm; with a peer gone (not a partition), their
+ * message names host2's ranks. */
+static void torchrun_fault(const char *verb, const char *args, int partition) {
+  cluster_up(2, NULL);
+  pid_t pid = launch_job("steps dp=2,cp=2 200 2");
+  cr_assert(job_wait_lines("STEP 3 ", 4, 60), "the job did not reach step 3:\n%s", out);
+  cluster_do(verb, args);
+  if (partition) {
+    sleep_s(FAULT_TIMEOUT_S + 2.0);
+    cluster_do("link", "host2 up");
+  }
+  job_wait_lines("DESTROYED ", partition ? 4 : 2, 30);
+  job_end(pid, 60, NULL);
+  const int all[] = {0, 1, 2, 3};
+  assert_survivors(all, partition ? 4 : 2, OK_BACKEND);
+  if (!partition)
+    for (int r = 0; r < 2; r++) {
+      char st[32];
+      double ms;
+      const char *msg;
+      cr_assert(end_of(r, st, sizeof st, &ms, &msg));
+      const char *eol = strchr(msg, '\n'), *k = strstr(msg, "rank 2 (");
+      if (!k || (eol && k > eol)) k = strstr(msg, "rank 3 (");
+      cr_assert(k && (!eol || k < eol), "rank %d does not name host2's ranks:\n%s", r, out);
+    }
+  assert_shm_empty("host1");
+  if (partition) assert_shm_empty("host2");
+}
+
+/* host2's ranks SIGKILLed, its launcher alive (it reports them dead). */
+Test(cluster, torchrun_style_killed_ranks) {
+  torchrun_fault("exec", "host2 pkill -KILL -f cluster_nccl_worker", 0);
+}
+
+/* host2 lost whole: its launcher, ranks, network and /dev/shm at once. */
+Test(cluster, torchrun_style_lost_host) { torchrun_fault("kill-host", "host2", 0); }
+
+/* host2's link down mid-step, up again after the timeout: every rank on
+ * both sides times out (NCCL cannot say who is missing) and destroys. */
+Test(cluster, torchrun_style_link_down) { torchrun_fault("link", "host2 down", 1); }
