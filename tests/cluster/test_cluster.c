@@ -110,7 +110,15 @@ Test(cluster, placement_block_and_cyclic) {
             out);
 }
 
-/* Four hosts of two ranks: tp and cp inside a host, dp across. */
+/* Two hosts of four ranks, numbered cyclically: tp and cp both inside a
+ * host, dp across. */
+Test(cluster, placement_tp_cp_cyclic) {
+  cluster_up(2, NULL);
+  worker_ok("host1:4,host2:4", 8, "--map-by node", "place", "tp=2,cp=2,dp=2");
+  cr_assert(strstr(out, "nodes 2"), "%s", out);
+}
+
+/* Four hosts of two ranks: tp inside a host, dp across. */
 Test(cluster, placement_four_hosts) {
   cluster_up(4, NULL);
   worker_ok("host1:2,host2:2,host3:2,host4:2", 8, "--map-by node", "place", "tp=2,dp=4");
