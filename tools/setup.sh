@@ -36,6 +36,9 @@ esac
 # scdoc: builds the man pages (man/); man-db: tests/install renders them.
 packages=(gcc g++ meson ninja-build pkg-config libtomlplusplus-dev libhwloc-dev
           libcriterion-dev libopenmpi-dev openmpi-bin valgrind cmake scdoc man-db)
+# iproute2 (ip) and procps (pkill, pgrep): the cluster suite's hosts
+# (tests/cluster/cluster.sh: namespaces, veth links on a bridge).
+if [ "$mode" = test ]; then packages+=(iproute2 procps); fi
 # PyTorch (gloo) for the DDP column of the sync benchmark only.
 if [ "$mode" = bench ]; then packages+=(python3-torch); fi
 # clang and its runtimes (ASan, UBSan, TSan, libFuzzer) for the sanitizer
