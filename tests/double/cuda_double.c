@@ -260,11 +260,24 @@ void dbl_device_busid(int device, char *buf, size_t len) {
   snprintf(buf, len, "0000:%02x:00.0", 0x10 + phys);
 }
 
+/* NCCL's getHostHash (misc/utils.cc:69-113): a hash of NCCL_HOSTID when
+ * set, else of the hostname followed by the kernel's boot id, so that two
+ * containers or network namespaces with their own hostnames are two hosts. */
 uint64_t dbl_host_hash(void) {
-  char name[256] = "";
+  char name[512] = "";
   const char *id = getenv("NCCL_HOSTID");
-  if (id && *id) snprintf(name, sizeof name, "%s", id);
-  else if (gethostname(name, sizeof name - 1) != 0) snprintf(name, sizeof name, "unknown");
+  if (id && *id) {
+    snprintf(name, sizeof name, "%s", id);
+  } else {
+    if (gethostname(name, 255) != 0) snprintf(name, sizeof name, "unknown");
+    name[255] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+      size_t len = strlen(name);
+      if (fscanf(f, "%200s", name + len) != 1) name[len] = '\0';
+      fclose(f);
+    }
+  }
   uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
   for (const unsigned char *p = (const unsigned char *)name; *p; p++)
     h = (h ^ *p) * 0x100000001b3ull;

@@ -58,10 +58,18 @@ int dbl_device_count(void);
 
 /* The device's PCI bus id string, "0000:XX:00.0", XX = 0x10 + device (the
  * same in every process, as on one real node), and the host hash that NCCL
- * would compare: hostname, or NCCL_HOSTID when set.  Two ranks of one
+ * would compare: hostname and boot id, or NCCL_HOSTID when set.  Ranks of
+ * one communicator with different host hashes are connected over sockets
+ * (nccl_double_net.c), as NCCL's NET transport.  Two ranks of one
  * communicator with the same host hash and bus id are one GPU. */
 void dbl_device_busid(int device, char *buf, size_t len);
 uint64_t dbl_host_hash(void);
+
+/* How a joined communicator moves data: "shm" (every rank on one host: the
+ * shared segment), "net" (host hashes differ: sockets, nccl_double_net.c),
+ * "none" (not joined, or destroyed). */
+struct ncclComm;
+const char *dbl_nccl_transport(struct ncclComm *comm);
 
 /* ------------------------------------------------------------------ */
 /* Device memory                                                      */

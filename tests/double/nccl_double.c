@@ -74,6 +74,11 @@
  *      (dbl_set_world_rank) for its cudaMallocAsync OOM fault.
  *   NCCL_COMM_ID             as in NCCL: ncclGetUniqueId returns the same
  *                            id in every process (bootstrap.cc:414-431).
+ *   NCCL_HOSTID              as in NCCL: the host hash (else hostname and
+ *                            boot id); ranks of different hosts talk over
+ *                            sockets (nccl_double_net.c).
+ *   NCCL_SOCKET_IFNAME       as in NCCL: the interface the bootstrap root
+ *                            and every rank listen on.
  *   NCCL_DEBUG=WARN|INFO     print each WARN on stderr, as NCCL does.
  *   NCCL_LAUNCH_ORDER_IMPLICIT, NCCL_LAUNCH_RACE_FATAL  as in NCCL: two
  *                            threads launching on one device at once fail
@@ -129,6 +134,9 @@
  *   nccl_double_reduce.c   environment, WARN, data types, the reductions'
  *                          arithmetic, futex wake words;
  *   nccl_double_segment.c  a communicator's shared-memory segment;
+ *   nccl_double_net.c      the socket transport between hosts (NCCL's
+ *                          NET): the bootstrap root, connections, and the
+ *                          replicas of the segment they keep in step;
  *   nccl_double_comm.c     communicators' lifetime and async errors, fault
  *                          injection, groups, and the init and split jobs;
  *   nccl_double_kernel.c   the kernels: collectives, sends and receives,
@@ -208,6 +216,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *out) {
   memcpy(out->internal + 16, nonce, sizeof nonce);
   memcpy(out->internal + 32, &pid, sizeof pid);
   memcpy(out->internal + 40, &cnt, sizeof cnt);
+  net_id_fill(out); /* the bootstrap root (nccl_double_net.c) */
   return ncclSuccess;
 }
 
@@ -289,6 +298,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *newcomm, int nranks, ncclUniqueI
     ret = group_mode(blocking);
     if (ret == ncclSuccess) {
       struct job *j = job_new(JOB_INIT, c);
+      memcpy(j->id, commId.internal, sizeof j->id);
       if (commId.internal[8] == 'E')
         snprintf(j->env_id, sizeof j->env_id, "%s", commId.internal + 16);
       job_queue(j);

@@ -78,8 +78,14 @@ static void seg_leave(struct ncclComm *c, int how) {
     struct shm_rank *me = seg_rank(h, c->rank);
     int32_t st = atomic_load(&me->state);
     if (st == RS_JOINED || st == RS_CLAIMED) atomic_store(&me->state, how);
+    net_pub(h, PUB_A32, -1, &me->state, 4);
   }
   ww_bump(&h->wake, 1);
+  if (h->net) { /* a socket communicator's replica */
+    net_leave(h);
+    munmap(h, h->bytes);
+    return;
+  }
   if (atomic_load(&h->status) != SEG_COMPLETE) {
     int gone = 1;
     for (int i = 0; i < h->nranks && gone; i++) {
@@ -433,6 +439,9 @@ static ncclResult_t do_split(struct job *j, char *msg, size_t msglen) {
   atomic_store(&me->split_color[b], j->color);
   atomic_store(&me->split_key[b], j->key);
   atomic_store_explicit(&me->split_seq, j->split_seq, memory_order_release);
+  net_pub(h, PUB_A32, -1, &me->split_color[b], 4);
+  net_pub(h, PUB_A32, -1, &me->split_key[b], 4);
+  net_pub(h, PUB_A64, -1, &me->split_seq, 8);
   ww_bump(&h->wake, 1);
   double since = dbl_now(), last_check = 0;
   for (;;) {
@@ -452,7 +461,7 @@ static ncclResult_t do_split(struct job *j, char *msg, size_t msglen) {
       last_check = now;
       for (int i = 0; i < n; i++) {
         struct shm_rank *q = seg_rank(h, i);
-        if (atomic_load(&q->split_seq) < j->split_seq && pid_dead(q->pid)) {
+        if (atomic_load(&q->split_seq) < j->split_seq && rank_dead(h, i)) {
           snprintf(msg, msglen,
                    "socketProgress: Connection closed by remote peer (meshpg double: rank %d, "
                    "pid %d, of communicator %s exited before ncclCommSplit #%" PRIu64 ")",
@@ -501,12 +510,32 @@ static ncclResult_t do_split(struct job *j, char *msg, size_t msglen) {
   }
   for (int i = 0; i < nm; i++)
     if (members[i] == p->rank) myrank = i;
-  free(members);
-  free(keys);
   struct ncclComm *c = j->child;
   c->nranks = nm;
   c->rank = myrank;
   child_name(h->nonce, j->split_seq, j->color, c->name, sizeof c->name);
+  int one_host = 1;
+  for (int i = 0; h->net && i < nm; i++)
+    one_host &= net_peer_of(h, members[i]).host_hash == c->host_hash;
+  if (h->net && !one_host) {
+    /* A socket parent: the child connects its members over sockets too,
+     * with a key every member derives alike (the parent's, the split's
+     * number and the colour). */
+    struct net_peer *peers = calloc((size_t)nm, sizeof *peers);
+    if (!peers) dbl_fatal("nccl double: out of memory");
+    for (int i = 0; i < nm; i++) peers[i] = net_peer_of(h, members[i]);
+    uint64_t key = net_key_of(h);
+    key = fnv1a(key, &j->split_seq, sizeof j->split_seq);
+    key = fnv1a(key, &j->color, sizeof j->color);
+    free(members);
+    free(keys);
+    return net_join(c, peers, key, fnv1a(key, "nonce", 5), &p->sh->abort, msg, msglen);
+  }
+  free(members);
+  free(keys);
+  /* Members on one host (a shared segment, or one host of a socket
+   * parent: the intra-node rule, transport/shm.cc:86-87): the segment,
+   * named alike by every member from the parent's nonce. */
   return do_join(c, &p->sh->abort, msg, msglen);
 }
 
@@ -533,13 +562,35 @@ static void env_id_check(const struct job *j, const char *when) {
             now ? now : "", now ? "\"" : "");
 }
 
+/* An init: the bootstrap exchange with the id's root (every rank's host
+ * hash and address, bootstrap.cc:282-360), then the shared segment when
+ * every host hash is equal (the SHM/P2P rule, transport/shm.cc:86-87), else
+ * sockets (NET, transport/net.cc:154-161).  An id without a root (made
+ * from NCCL_COMM_ID) and a communicator of one rank use the segment. */
+static ncclResult_t init_join(struct job *j, char *msg, size_t msglen) {
+  struct ncclComm *c = j->comm;
+  struct net_peer *peers = NULL;
+  uint64_t key = 0, nonce = 0;
+  if (c->nranks > 1) {
+    ncclResult_t r = net_bootstrap(c, j->id, &peers, &key, &nonce, msg, msglen);
+    if (r != ncclSuccess) return r;
+  }
+  int one_host = 1;
+  for (int i = 0; peers && i < c->nranks; i++) one_host &= peers[i].host_hash == c->host_hash;
+  if (one_host) {
+    free(peers);
+    return do_join(c, NULL, msg, msglen);
+  }
+  return net_join(c, peers, key, nonce, NULL, msg, msglen);
+}
+
 void *job_main(void *arg) {
   struct job *j = arg;
   char msg[1024] = "";
   ncclResult_t r;
   if (j->kind == JOB_INIT) {
     env_id_check(j, "as NCCL's init thread starts");
-    r = do_join(j->comm, NULL, msg, sizeof msg);
+    r = init_join(j, msg, sizeof msg);
     env_id_check(j, "as NCCL's init thread ends");
     set_async(j->comm, r, msg);
     dbl_log("nccl double: init of rank %d/%d on %s: %s", j->comm->rank, j->comm->nranks,

@@ -112,6 +112,9 @@ struct shm_hdr {
   struct wakeword wake;
   _Atomic int32_t joined, status, unlinked, pad_;
   char name[48];
+  /* NULL in a shared segment; in a socket communicator's private replica
+   * (nccl_double_net.c), its connections. */
+  void *net;
 };
 
 /* Message header in a ring (32 bytes: messages are padded to 32). */
@@ -241,6 +244,7 @@ struct job {
   _Atomic int joined;
   ncclResult_t result;
   char env_id[128];        /* INIT: the NCCL_COMM_ID text its id came from, or "" */
+  char id[NCCL_UNIQUE_ID_BYTES]; /* INIT: the unique id (its bootstrap root) */
   struct job *next;        /* in the group */
 };
 
@@ -282,6 +286,19 @@ struct dsc {
   int func, dtype, op, root, reg;
 };
 
+/* A rank as the bootstrap root hands it out (nccl_double_net.c). */
+struct net_peer {
+  uint64_t host_hash;
+  int64_t busid;
+  int32_t pid, device, world_rank;
+  uint32_t ip;   /* its listener, IPv4, network order */
+  uint16_t port; /* network order */
+  uint16_t pad_[3];
+};
+
+/* What a rank's write to its own part of a replica is sent as. */
+enum { PUB_COPY = 1, PUB_A64, PUB_A32, PUB_BYE };
+
 /* ------------------------------------------------------------------ */
 /* Shared between the files of this half (hidden: not exported)     */
 /* ------------------------------------------------------------------ */
@@ -312,6 +329,24 @@ const char *func_name(int f);
 void seg_unlink_once(struct shm_hdr *h);
 int pid_dead(int32_t pid);
 struct shm_hdr *seg_open(const char *name, int n, volatile _Atomic int *abort_flag);
+struct shm_hdr *seg_private(const char *name, int n);
+
+/* nccl_double_net.c */
+void net_id_fill(ncclUniqueId *id);
+int net_id_root(const char *id, uint32_t *ip, uint16_t *port);
+ncclResult_t net_bootstrap(struct ncclComm *c, const char *id, struct net_peer **peers,
+                           uint64_t *key, uint64_t *nonce, char *msg, size_t msglen);
+ncclResult_t net_join(struct ncclComm *c, struct net_peer *peers, uint64_t key,
+                      uint64_t nonce, volatile _Atomic int *parent_abort, char *msg,
+                      size_t msglen);
+void net_pub(struct shm_hdr *h, int kind, int dest, const volatile void *p, size_t n);
+void net_pub_ring(struct shm_hdr *h, int dest, const char *ring, uint64_t R, uint64_t at,
+                  uint64_t n);
+int rank_dead(struct shm_hdr *h, int r);
+int net_peer_left(struct shm_hdr *h, int r);
+struct net_peer net_peer_of(struct shm_hdr *h, int i);
+uint64_t net_key_of(struct shm_hdr *h);
+void net_leave(struct shm_hdr *h);
 
 /* nccl_double_comm.c */
 extern _Thread_local int tl_world_rank;

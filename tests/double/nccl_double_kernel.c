@@ -9,6 +9,17 @@
 /* ------------------------------------------------------------------ */
 
 static uint64_t posv(uint64_t seq, uint64_t w) { return (seq << 32) | w; }
+
+/* Socket communicators (nccl_double_net.c): a rank's writes to its part of
+ * the segment go to its peers' replicas, data before the word that
+ * publishes it, in program order.  No-ops on a shared segment. */
+static void pub_desc(struct shm_hdr *h, struct shm_desc *d) {
+  net_pub(h, PUB_A64, -1, &d->seq, 3 * sizeof(uint64_t));
+  net_pub(h, PUB_A32, -1, &d->func, 6 * sizeof(int32_t));
+}
+static void pub64(struct shm_hdr *h, int dest, _Atomic uint64_t *w) {
+  net_pub(h, PUB_A64, dest, w, sizeof *w);
+}
 static uint64_t round32(uint64_t x) { return (x + 31) & ~(uint64_t)31; }
 
 void desc_store(struct shm_desc *d, const struct task *t, uint64_t scalar) {
@@ -152,6 +163,22 @@ static void coll_write(struct launch *L, struct ktask *k) {
   }
 }
 
+/* A socket communicator: the chunk coll_write staged, to the peers that
+ * read it (reduce-scatter: each its own block). */
+static void coll_pub(struct launch *L, struct ktask *k) {
+  struct ncclComm *c = L->comm;
+  struct shm_hdr *h = c->shm;
+  size_t es = dt_size(k->t.dtype), off = (size_t)k->chunk * k->ch;
+  size_t len = k->t.count - off < k->ch ? k->t.count - off : k->ch;
+  char *slot = seg_slot(h, c->rank, (int)(k->chunk & 1));
+  if (k->t.func == F_RS) {
+    for (int d = 0; d < c->nranks; d++)
+      if (d != c->rank) net_pub(h, PUB_COPY, d, slot + (size_t)d * len * es, len * es);
+  } else if (k->t.func != F_BC || c->rank == k->t.root) {
+    net_pub(h, PUB_COPY, -1, slot, len * es);
+  }
+}
+
 /* Every rank wrote chunk k->chunk: combine into this rank's result. */
 static void coll_read(struct launch *L, struct ktask *k) {
   struct ncclComm *c = L->comm;
@@ -188,6 +215,10 @@ static int coll_step(struct launch *L, struct ktask *k) {
     case CS_ARRIVE:
       desc_store(&me->desc[seq & 1], &k->t, my_scalar(L, k));
       atomic_store_explicit(&me->pos, posv(seq, 0), memory_order_release);
+      if (h->net) {
+        pub_desc(h, &me->desc[seq & 1]);
+        pub64(h, -1, &me->pos);
+      }
       ww_bump(&h->wake, 1);
       k->st = CS_MATCH;
       return 1;
@@ -201,6 +232,10 @@ static int coll_step(struct launch *L, struct ktask *k) {
     case CS_WRITE:
       coll_write(L, k);
       atomic_store_explicit(&me->pos, posv(seq, k->chunk + 1), memory_order_release);
+      if (h->net) {
+        coll_pub(L, k);
+        pub64(h, -1, &me->pos);
+      }
       ww_bump(&h->wake, 1);
       k->st = CS_READ;
       return 1;
@@ -237,6 +272,7 @@ static int p2p_step(struct launch *L, struct ktask *k) {
   switch (k->st) {
     case PS_START:
       atomic_fetch_add(send ? &ch->sends_started : &ch->recvs_started, 1);
+      if (h->net) pub64(h, k->t.root, send ? &ch->sends_started : &ch->recvs_started);
       k->bytes = (uint64_t)k->t.count * dt_size(k->t.dtype);
       k->total = round32(k->bytes);
       k->done = 0;
@@ -251,6 +287,10 @@ static int p2p_step(struct launch *L, struct ktask *k) {
         struct msg_hdr m = {MSG_MAGIC, k->t.seq, k->bytes, k->t.dtype, k->t.reg};
         ring_put(ring, R, head, (const char *)&m, sizeof m);
         atomic_store_explicit(&ch->head, head + sizeof m, memory_order_release);
+        if (h->net) {
+          net_pub_ring(h, k->t.root, ring, R, head, sizeof m);
+          pub64(h, k->t.root, &ch->head);
+        }
       } else {
         uint64_t tail = atomic_load_explicit(&ch->tail, memory_order_relaxed);
         uint64_t head = atomic_load_explicit(&ch->head, memory_order_acquire);
@@ -279,6 +319,7 @@ static int p2p_step(struct launch *L, struct ktask *k) {
                     c->name, k->t.root, m.seq, c->rank, m.reg ? "a registered" : "an unregistered",
                     c->rank, k->t.reg ? "a registered" : "an unregistered");
         atomic_store_explicit(&ch->tail, tail + sizeof m, memory_order_release);
+        if (h->net) pub64(h, k->t.root, &ch->tail);
       }
       ww_bump(&h->wake, 1);
       k->st = PS_DATA;
@@ -307,9 +348,14 @@ static int p2p_step(struct launch *L, struct ktask *k) {
       if (send) {
         if (data) ring_put(ring, R, head, (const char *)k->t.send + k->done, data);
         atomic_store_explicit(&ch->head, head + n, memory_order_release);
+        if (h->net) {
+          net_pub_ring(h, k->t.root, ring, R, head, data);
+          pub64(h, k->t.root, &ch->head);
+        }
       } else {
         if (data) ring_get(ring, R, tail, (char *)k->t.recv + k->done, data);
         atomic_store_explicit(&ch->tail, tail + n, memory_order_release);
+        if (h->net) pub64(h, k->t.root, &ch->tail);
       }
       k->done += n;
       ww_bump(&h->wake, 1);
@@ -356,7 +402,9 @@ static void peer_text(struct sbuf *s, struct ncclComm *c, int p) {
          " (collectives issued: %" PRIu64 ")\n",
          p, (int)q->pid, (int)q->device, (int)q->world_rank,
          st == RS_LEFT ? " [destroyed this communicator]" : st == RS_ABORTED ? " [aborted it]" : "",
-         pid_dead(q->pid) ? " [process exited]" : "", pos >> 32, pos & 0xffffffffu,
+         rank_dead(h, p) ? (h->net ? " [its connection closed: process exited or network "
+                                     "error]" : " [process exited]")
+         : net_peer_left(h, p) ? " [closed its connections]" : "", pos >> 32, pos & 0xffffffffu,
          (uint64_t)atomic_load(&q->launches), issued, is.seq,
          (uint64_t)atomic_load(&q->colls_issued));
   if (q->pid == getpid() && q->device != c->device) {
@@ -432,7 +480,7 @@ static void check_dead_peers(struct launch *L) {
   size_t len = 0;
   for (int p = 0; p < c->nranks && len < sizeof who - 64; p++) {
     struct shm_rank *q = seg_rank(h, p);
-    if (q->pid == getpid() || !pid_dead(q->pid)) continue;
+    if ((!h->net && q->pid == getpid()) || !rank_dead(h, p)) continue;
     len += (size_t)snprintf(who + len, sizeof who - len, "%srank %d (pid %d, CUDA device %d)",
                             len ? ", " : "", p, (int)q->pid, (int)q->device);
   }
@@ -519,6 +567,7 @@ void launch_run(void *arg) {
 
   if (!aborted) {
     atomic_fetch_add(&seg_rank(h, c->rank)->launches, 1);
+    if (h->net) pub64(h, -1, &seg_rank(h, c->rank)->launches);
     since = dbl_now();
     double last_dead = since;
     for (;;) {

@@ -191,6 +191,11 @@ static ncclResult_t launch_plan_on_device(struct plan *p) {
   last.seq = L->k[p->n - 1].t.seq;
   desc_store(&me->issued, &last, 0);
   atomic_store(&me->colls_issued, c->colls_issued);
+  if (c->shm->net) { /* to the peers' replicas (nccl_double_net.c) */
+    net_pub(c->shm, PUB_A64, -1, &me->issued.seq, 3 * sizeof(uint64_t));
+    net_pub(c->shm, PUB_A32, -1, &me->issued.func, 6 * sizeof(int32_t));
+    net_pub(c->shm, PUB_A64, -1, &me->colls_issued, sizeof(uint64_t));
+  }
   atomic_fetch_add(&c->own_issued, 1);
   atomic_store(&L->ticket, atomic_fetch_add(&c->sh->tickets, 1) + 1);
   for (int i = 1; i < ns && e == cudaSuccess; i++) {

@@ -182,3 +182,24 @@ struct shm_hdr *seg_open(const char *name, int n, volatile _Atomic int *abort_fl
     return h;
   }
 }
+
+/* A socket communicator's replica of the segment (nccl_double_net.c):
+ * the same layout in private memory, never named in /dev/shm. */
+struct shm_hdr *seg_private(const char *name, int n) {
+  struct layout l;
+  seg_layout(n, &l);
+  void *p = mmap(NULL, l.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  struct shm_hdr *h = p;
+  h->nranks = n;
+  h->version = 1;
+  h->bytes = l.bytes;
+  h->bank = l.bank;
+  h->ring = l.ring;
+  h->off_ranks = l.off_ranks;
+  h->off_slots = l.off_slots;
+  h->off_chans = l.off_chans;
+  snprintf(h->name, sizeof h->name, "%s", name);
+  atomic_store_explicit(&h->magic, SHM_MAGIC, memory_order_release);
+  return h;
+}
