@@ -75,6 +75,10 @@ static double now_ms(void) {
   return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
+/* The status and time of the last failed mpg_ctx_create (for END lines). */
+static mpg_status g_create_st;
+static double g_create_ms;
+
 static mpg_ctx *open_ctx(const char *dims, mpg_mesh **mesh) {
   mpg_ctx *ctx = NULL;
   mpg_spec spec = MPG_SPEC_INIT;
@@ -88,7 +92,12 @@ static mpg_ctx *open_ctx(const char *dims, mpg_mesh **mesh) {
   o.backend.name = MPG_BACKEND_NCCL;
   o.backend.timeout_s = 120; /* start-up; the steps set their own */
   o.placement = 1;
-  TRY(mpg_ctx_create(*mesh, &o, &ctx)); /* rank, device: from the launcher */
+  double t0 = now_ms();
+  /* rank, device: from the launcher */
+  if ((g_create_st = mpg_ctx_create(*mesh, &o, &ctx)) != MPG_OK) {
+    g_create_ms = now_ms() - t0;
+    fail("mpg_ctx_create -> %s: %s", mpg_status_name(g_create_st), mpg_last_error());
+  }
 done:
   return ctx;
 }
@@ -192,7 +201,14 @@ static void mode_steps(const char *dims, int steps, double timeout_s) {
   mpg_mesh *mesh;
   mpg_ctx *ctx = open_ctx(dims, &mesh);
   mpg_sync *s = NULL;
-  if (!ctx) return;
+  if (!ctx) {
+    if (g_create_st)
+      printf("END rank %d host %s status %s ms %.0f step -1: %s\n", g_rank, g_hostname,
+             mpg_status_name(g_create_st), g_create_ms, "mpg_ctx_create failed");
+    printf("DESTROYED rank %d status OK OK\n", g_rank); /* nothing to destroy */
+    mpg_mesh_destroy(mesh);
+    return;
+  }
   const int me = mpg_ctx_rank(ctx);
   const size_t count = (size_t)1 << 20;
   float *host = malloc(count * 4);

@@ -443,6 +443,22 @@ static void torchrun_fault(const char *verb, const char *args, int partition) {
   if (partition) assert_shm_empty("host2");
 }
 
+/* host2's /dev/shm too small (1 MiB) for the double's segment of its own
+ * ranks' communicator: host2's ranks fail mpg_ctx_create with NCCL's system
+ * error, and host1's, which got further, fail at once with the closed
+ * connections of host2's ranks, naming them; every rank ends cleanly. */
+Test(cluster, torchrun_style_small_dev_shm) {
+  cluster_up(2, "--shm 256,1");
+  pid_t pid = launch_job("steps dp=2,cp=2 5 2");
+  job_end(pid, 120, NULL);
+  const int all[] = {0, 1, 2, 3};
+  assert_survivors(all, 4, OK_ENV | OK_BACKEND);
+  cr_assert(strstr(out, "No space left on device (is /dev/shm full?)"), "%s", out);
+  cr_assert(strstr(out, "Connection closed by remote peer (meshpg double: rank "), "%s", out);
+  assert_shm_empty("host1");
+  assert_shm_empty("host2");
+}
+
 /* host2's ranks SIGKILLed, its launcher alive (it reports them dead). */
 Test(cluster, torchrun_style_killed_ranks) {
   torchrun_fault("exec", "host2 pkill -KILL -f cluster_nccl_worker", 0);

@@ -469,18 +469,35 @@ static void report_hang(struct launch *L, double waited) {
   dbl_fatal("%s", s.b);
 }
 
+/* The position the first unfinished collective of this launch waits for
+ * every rank to reach (0: none). */
+static uint64_t coll_want(const struct launch *L) {
+  for (int i = 0; i < L->n; i++) {
+    const struct ktask *k = &L->k[i];
+    if (!is_coll(k->t.func) || k->st == CS_DONE) continue;
+    return k->st <= CS_MATCH ? posv(k->t.seq, 0) : posv(k->t.seq, k->chunk + 1);
+  }
+  return 0;
+}
+
 /* A peer process we wait for has exited: the kernel keeps waiting (as an
  * NCCL kernel does) but the communicator reports ncclRemoteError, the code
- * of a closed connection (misc/socket.cc:71-73), until someone aborts. */
+ * of a closed connection (misc/socket.cc:71-73), until someone aborts.
+ * Over sockets a peer that closed its connections cleanly (it destroyed or
+ * aborted the communicator) before reaching the collective this kernel
+ * waits in counts too: NCCL's transports have no goodbye, and its proxy
+ * sees the same closed connection (socket.cc:71-73). */
 static void check_dead_peers(struct launch *L) {
   struct ncclComm *c = L->comm;
   struct shm_hdr *h = c->shm;
   if (L->dead_reported) return;
   char who[512] = "";
   size_t len = 0;
+  uint64_t want = h->net ? coll_want(L) : 0;
   for (int p = 0; p < c->nranks && len < sizeof who - 64; p++) {
     struct shm_rank *q = seg_rank(h, p);
-    if ((!h->net && q->pid == getpid()) || !rank_dead(h, p)) continue;
+    int left = want && net_peer_left(h, p) && atomic_load(&q->pos) < want;
+    if ((!h->net && q->pid == getpid()) || !(rank_dead(h, p) || left)) continue;
     len += (size_t)snprintf(who + len, sizeof who - len, "%srank %d (pid %d, CUDA device %d)",
                             len ? ", " : "", p, (int)q->pid, (int)q->device);
   }
@@ -488,7 +505,7 @@ static void check_dead_peers(struct launch *L) {
   char msg[1024];
   snprintf(msg, sizeof msg,
            "socketProgress: Connection closed by remote peer (meshpg double: %s of communicator "
-           "%s exited while rank %d's kernel \"%s\" waited for it; the kernel waits until "
+           "%s exited or left it while rank %d's kernel \"%s\" waited for it; the kernel waits until "
            "ncclCommAbort)",
            who, c->name, c->rank, L->what);
   set_async(c, ncclRemoteError, msg);
