@@ -331,7 +331,9 @@ Test(cluster, fault_link_down) {
   sleep_s(FAULT_TIMEOUT_S + 2.0);
   cluster_do("link", "host2 up");
   job_wait_lines("DESTROYED ", 4, 30);
-  job_end(pid, 60, NULL);
+  /* Not judged: whether mpirun (--enable-recovery) ends a job whose ranks
+   * exited without MPI_Finalize; it is killed after 5 s. */
+  job_end(pid, 5, NULL);
   const int all[] = {0, 1, 2, 3};
   assert_survivors(all, 4, 0);
   /* The ranks that timed out name the rank across the cut they waited
@@ -358,22 +360,27 @@ Test(cluster, fault_link_down) {
 
 /* Under mpirun, a lost peer ends the job by Open MPI's decision
  * (docs/failures.md, "Lost hosts"): its TCP transport aborts the
- * survivors, and mpirun ends the job, with the processes of one host
- * SIGKILLed (their orted alive) and with the whole host lost.  Nothing of
- * the job is left on host1, nor in its /dev/shm. */
+ * survivors, with the processes of one host SIGKILLed (their orted alive)
+ * and with the whole host lost.  Judged: no rank of the job is left on
+ * host1 within the bound below, nor anything in its /dev/shm.  Not judged:
+ * when mpirun itself exits (after a lost host it sometimes waits about a
+ * minute, "ORTE was unable to reliably start one or more daemons"); it is
+ * killed after 10 s more. */
 static void mpirun_lost(const char *verb, const char *args) {
   cluster_up(2, NULL);
   pid_t pid = steps_job(200, 0);
   cr_assert(job_wait_lines("STEP 3 ", 4, 60), "the job did not reach step 3:\n%s", out);
   cluster_do(verb, args);
-  double took;
-  /* Open MPI's own time: about 1 s here when alone, up to a minute on a
-   * loaded machine (its daemon's TCP connection to the lost host). */
-  int rc = job_end(pid, 150, &took);
-  cr_assert(rc != 0 && rc != -1, "mpirun: exit %d after %.1f s:\n%s", rc, took, out);
+  double t0 = now_s(), bound = tb_bound(FAULT_TIMEOUT_S + 1.0, 4) + 5.0;
   char cmd[1024];
   snprintf(cmd, sizeof cmd, "bash '%s' exec '%s' host1 pgrep -f cluster_worker", sh, dir);
-  cr_assert_neq(run(cmd, NULL), 0, "cluster_worker processes left on host1:\n%s", out);
+  int left;
+  while ((left = run(cmd, NULL) == 0) && now_s() - t0 < bound) sleep_s(0.1);
+  double took = now_s() - t0;
+  int rc = job_end(pid, 10, NULL);
+  cr_assert(!left, "cluster_worker processes still on host1 %.1f s after the fault (mpirun exit "
+            "%d):\n%s", took, rc, out);
+  cr_assert(rc != 0, "mpirun: exit 0 after a lost peer:\n%s", out);
   assert_shm_empty("host1");
 }
 

@@ -45,6 +45,16 @@ void seg_unlink_once(struct shm_hdr *h) {
   }
 }
 
+/* Is the segment of inode `ino` no longer under `name`? */
+static int seg_unlinked(const char *name, ino_t ino) {
+  int fd = shm_open(name, O_RDONLY, 0);
+  if (fd < 0) return errno == ENOENT;
+  struct stat st;
+  int gone = fstat(fd, &st) == 0 && st.st_ino != ino;
+  close(fd);
+  return gone;
+}
+
 /* Has process pid exited?  A zombie counts: its parent (a launcher, a
  * test) may not have reaped it yet, but it will never run again. */
 int pid_dead(int32_t pid) {
@@ -145,6 +155,7 @@ struct shm_hdr *seg_open(const char *name, int n, volatile _Atomic int *abort_fl
                   name, (long long)st.st_size, n, l.bytes);
       }
       if (dbl_now() - t0 > 10) break; /* its creator died before sizing it */
+      if (seg_unlinked(name, st.st_ino)) break; /* it gave up (ftruncate failed) */
       sleep_us(200);
     }
     if (!ok) {
@@ -159,10 +170,19 @@ struct shm_hdr *seg_open(const char *name, int n, volatile _Atomic int *abort_fl
       return NULL;
     }
     struct shm_hdr *h = p;
-    while (atomic_load_explicit(&h->magic, memory_order_acquire) != SHM_MAGIC) {
+    for (int spins = 0; atomic_load_explicit(&h->magic, memory_order_acquire) != SHM_MAGIC;
+         spins++) {
       if (dbl_now() - t0 > 10) {
         munmap(p, l.bytes);
         warn("meshpg double: segment %s never got initialised (its creator died?)", name);
+        return NULL;
+      }
+      /* A creator that could not reserve or map it unlinks it before
+       * initialising it: its name is gone (or names another segment). */
+      if (spins % 64 == 63 && seg_unlinked(name, st.st_ino)) {
+        munmap(p, l.bytes);
+        warn("meshpg double: the creator of segment %s gave up before initialising it (is "
+             "/dev/shm full on this host?)", name);
         return NULL;
       }
       sleep_us(100);
