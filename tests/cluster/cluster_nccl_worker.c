@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "meshpg.h"
+#include "../support/values.h"
 
 static const char *g_mode = "?";
 static int g_rank = -1;
@@ -102,20 +103,6 @@ done:
   return ctx;
 }
 
-static uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-static float bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 /* Rank r's element i of param p: a small integer, exact in bf16. */
 static float gen(int r, int p, size_t i) { return (float)((r * 7 + p * 3 + (int)(i % 13)) % 32); }
 
@@ -147,7 +134,7 @@ static void run_sync(mpg_ctx *ctx, int shard) {
     void *g;
     size_t es = ps[p].dt == MPG_BF16 ? 2 : 4;
     for (size_t i = 0; i < ps[p].count; i++) {
-      if (ps[p].dt == MPG_BF16) ((uint16_t *)host)[i] = f32_to_bf16(gen(me, p, i));
+      if (ps[p].dt == MPG_BF16) ((uint16_t *)host)[i] = tv_f32_to_bf16(gen(me, p, i));
       else ((float *)host)[i] = gen(me, p, i);
     }
     TRY(mpg_sync_grad(s, p, &g));
@@ -172,8 +159,8 @@ static void run_sync(mpg_ctx *ctx, int shard) {
       float sum = 0;
       for (int k = 0; k < n; k++) sum += gen(m[k], p, i);
       float want = sum / (float)n, got;
-      got = ps[p].dt == MPG_BF16 ? bf16_to_f32(((uint16_t *)host)[i]) : ((float *)host)[i];
-      if (ps[p].dt == MPG_BF16) want = bf16_to_f32(f32_to_bf16(want));
+      got = ps[p].dt == MPG_BF16 ? tv_bf16_to_f32(((uint16_t *)host)[i]) : ((float *)host)[i];
+      if (ps[p].dt == MPG_BF16) want = tv_bf16_to_f32(tv_f32_to_bf16(want));
       if (got != want && bad++ < 5)
         fail("%s: param %s element %zu: got %g, expected %g (group of %d)", mname, ps[p].name,
              i, (double)got, (double)want, n);

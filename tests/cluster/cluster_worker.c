@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include "meshpg.h"
+#include "../support/values.h"
 
 enum { MAXR = 64, HOSTLEN = 64 };
 
@@ -91,38 +92,18 @@ static double now_ms(void) {
 /* Values                                                              */
 /* ------------------------------------------------------------------ */
 
-static uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 /* Rank r's gradient element i of param p at step s: in [-3, 3), a full
  * f32 mantissa. */
 static float gen(int r, int p, int s, size_t i) {
-  uint64_t h = mix64(mix64(mix64(0xc1u + (uint64_t)r) ^ ((uint64_t)p << 32 | (uint64_t)s)) ^
-                     (uint64_t)i);
+  uint64_t h = tv_mix64(tv_mix64(tv_mix64(0xc1u + (uint64_t)r) ^
+                                 ((uint64_t)p << 32 | (uint64_t)s)) ^
+                        (uint64_t)i);
   return (float)(((double)(h >> 11) * 0x1p-53 - 0.5) * 6.0);
-}
-
-static float bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
 }
 
 static float input(mpg_dtype dt, int r, int p, int s, size_t i) {
   float x = gen(r, p, s, i);
-  return dt == MPG_BF16 ? bf16_to_f32(f32_to_bf16(x)) : x;
+  return dt == MPG_BF16 ? tv_bf16_to_f32(tv_f32_to_bf16(x)) : x;
 }
 
 /* How a group is reduced, by the rules of sync.md ("Shared memory"). */
@@ -176,7 +157,7 @@ static float group_sum(mpg_dtype dt, const int *m, int n, int path, int p, int s
 }
 
 static uint32_t to_bits(mpg_dtype dt, float acc) {
-  if (dt == MPG_BF16) return f32_to_bf16(acc);
+  if (dt == MPG_BF16) return tv_f32_to_bf16(acc);
   uint32_t u;
   memcpy(&u, &acc, 4);
   return u;
@@ -285,7 +266,7 @@ static void run_mode(mpg_ctx *ctx, int mode, int shm_on, run *out, const run *re
   for (int p = 0; p < np; p++)
     for (size_t i = 0; i < ps[p]->count; i++) {
       float x = gen(me, (int)(ps[p] - PS), step, i);
-      if (ps[p]->dtype == MPG_BF16) ((uint16_t *)gv[p])[i] = f32_to_bf16(x);
+      if (ps[p]->dtype == MPG_BF16) ((uint16_t *)gv[p])[i] = tv_f32_to_bf16(x);
       else ((float *)gv[p])[i] = x;
     }
   TRY(mpg_sync_all(s, step, NULL));
@@ -320,7 +301,7 @@ static void run_mode(mpg_ctx *ctx, int mode, int shm_on, run *out, const run *re
         float part = group_sum(dt, lv1[j], n1[j], path1[j], pid, step, i, premul, f, &known);
         /* HSDP: the shard group's result is rounded to the buffer's dtype
          * before the replicate group's all-reduce adds it. */
-        if (mode == 2 && dt == MPG_BF16) part = bf16_to_f32(f32_to_bf16(part));
+        if (mode == 2 && dt == MPG_BF16) part = tv_bf16_to_f32(tv_f32_to_bf16(part));
         acc = j == 0 ? part : acc + part;
       }
       if (avg) acc = acc / (float)n;

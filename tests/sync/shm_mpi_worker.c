@@ -84,6 +84,7 @@
 #include <unistd.h>
 
 #include "meshpg.h"
+#include "../support/values.h"
 
 #define TMPFS_MAGIC_ 0x01021994
 
@@ -116,40 +117,19 @@ __attribute__((format(printf, 1, 2))) static void fail(const char *fmt, ...) {
 /* Values                                                              */
 /* ------------------------------------------------------------------ */
 
-static uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 /* Rank r's gradient element i of param p at step s: a non-integer in
  * [-3, 3) with a full f32 mantissa. */
 static float gen(int r, int p, int s, size_t i) {
-  uint64_t h = mix64(mix64(mix64(0x5eedull + (uint64_t)r) ^ ((uint64_t)p << 32 | (uint64_t)s)) ^
-                     (uint64_t)i);
+  uint64_t h = tv_mix64(tv_mix64(tv_mix64(0x5eedull + (uint64_t)r) ^
+                                 ((uint64_t)p << 32 | (uint64_t)s)) ^
+                        (uint64_t)i);
   return (float)(((double)(h >> 11) * 0x1p-53 - 0.5) * 6.0);
-}
-
-static float bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-/* Round to nearest, ties to even (the library's rule); no NaNs here. */
-static uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
 }
 
 /* What rank r writes: f32 as generated, bf16 rounded from it. */
 static float input(mpg_dtype dt, int r, int p, int s, size_t i) {
   float x = gen(r, p, s, i);
-  return dt == MPG_BF16 ? bf16_to_f32(f32_to_bf16(x)) : x;
+  return dt == MPG_BF16 ? tv_bf16_to_f32(tv_f32_to_bf16(x)) : x;
 }
 
 typedef struct vparam {
@@ -173,7 +153,7 @@ static uint32_t expect_bits(mpg_dtype dt, const int *members, int n, int p, int 
     acc = k == 0 ? x : acc + x;
   }
   if (avg) acc = acc / (float)n;
-  if (dt == MPG_BF16) return f32_to_bf16(acc);
+  if (dt == MPG_BF16) return tv_f32_to_bf16(acc);
   uint32_t u;
   memcpy(&u, &acc, 4);
   return u;
@@ -264,7 +244,7 @@ static void run_values(mpg_ctx *ctx, int shard) {
     for (int p = 0; p < np; p++)
       for (size_t i = 0; i < ps[p].count; i++) {
         float x = gen(g_rank, p, step, i);
-        if (ps[p].dtype == MPG_BF16) ((uint16_t *)gv[p])[i] = f32_to_bf16(x);
+        if (ps[p].dtype == MPG_BF16) ((uint16_t *)gv[p])[i] = tv_f32_to_bf16(x);
         else ((float *)gv[p])[i] = x;
       }
     TRY(mpg_sync_all(s, step, NULL));
@@ -282,14 +262,14 @@ static void run_values(mpg_ctx *ctx, int shard) {
         float got;
         if (ps[p].dtype == MPG_BF16) {
           got_bits = ((uint16_t *)gv[p])[i];
-          got = bf16_to_f32((uint16_t)got_bits);
+          got = tv_bf16_to_f32((uint16_t)got_bits);
         } else {
           memcpy(&got_bits, (float *)gv[p] + i, 4);
           got = ((float *)gv[p])[i];
         }
         if (got_bits != want_bits && bad++ < 5) {
           float w;
-          if (ps[p].dtype == MPG_BF16) w = bf16_to_f32((uint16_t)want_bits);
+          if (ps[p].dtype == MPG_BF16) w = tv_bf16_to_f32((uint16_t)want_bits);
           else memcpy(&w, &want_bits, 4);
           fail("%s step %d: param %s (%zu x %s, group of %d) element %zu: got %.9g (0x%x), "
                "expected %.9g (0x%x)",
@@ -327,7 +307,7 @@ static uint32_t expect_hier_bits(mpg_dtype dt, int p, int step, size_t i, int pr
   }
   float acc = host[0] + host[1];
   if (avg) acc = acc / 4.0f;
-  if (dt == MPG_BF16) return f32_to_bf16(acc);
+  if (dt == MPG_BF16) return tv_f32_to_bf16(acc);
   uint32_t u;
   memcpy(&u, &acc, 4);
   return u;
@@ -376,7 +356,7 @@ static void run_hosts(mpg_ctx *ctx, double grad_scale, int shard) {
     for (int p = 0; p < np; p++)
       for (size_t i = 0; i < ps[p].count; i++) {
         float x = gen(g_rank, p, step, i);
-        if (ps[p].dtype == MPG_BF16) ((uint16_t *)gv[p])[i] = f32_to_bf16(x);
+        if (ps[p].dtype == MPG_BF16) ((uint16_t *)gv[p])[i] = tv_f32_to_bf16(x);
         else ((float *)gv[p])[i] = x;
       }
     TRY(mpg_sync_all(s, step, NULL));
