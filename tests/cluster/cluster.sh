@@ -163,6 +163,9 @@ do_up() {
   id=$(printf '%s%04x' "$(date +%s | tail -c 5)" $((RANDOM & 0xffff)))
   id=${id: -6}
   echo "$id" >"$dir/cluster.id"
+  # Whatever fails (or kills us) from here on, what was made goes.
+  trap 'do_down "$dir"' EXIT
+  trap 'exit 130' INT TERM HUP
   # The cluster outlives this command (up, then exec ..., then down): it
   # belongs to the caller, MESHPG_CLUSTER_OWNER (a pid) or our parent.
   printf '%s\n%s\n' "${MESHPG_CLUSTER_OWNER:-$PPID}" "$dir" >"$REG/$id"
@@ -211,6 +214,7 @@ do_up() {
     done
     [ "$ok" = 1 ] || die "up: host1 cannot reach host$i"
   done
+  trap - EXIT INT TERM HUP
 }
 
 # Open MPI calls its rsh agent as: AGENT [-x] HOST CMD...; like ssh, the
