@@ -1,8 +1,9 @@
 /*
  * bench_util.h - what the sync benchmarks share (bench_sync_mpi,
- * bench_raw_mpi, bench_floor): the reader of a parameter list and the
- * timing helpers, so that the three programs read the same list the same
- * way and time it with the same clock.
+ * bench_raw_mpi, bench_floor; bench_alltoall_mpi uses the clock and the
+ * comparison): the reader of a parameter list and the timing helpers, so
+ * that the programs read the same list the same way and time it with the
+ * same clock.  The copy loops of the floors are in bench_copy.h.
  *
  * Header-only C11; every function is `static inline`, so a program that
  * uses only some of them compiles cleanly under -Wall -Wextra -Werror.

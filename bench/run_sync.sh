@@ -22,33 +22,44 @@
 #      thread sleeps (g), and no overlap (n), with T_comm = median of (a)
 #      from this same run;
 #   2. bench_floor PARAMS --threads <np> (M), the physical floor, one
-#      process, not under mpirun: np threads, each memcpy'ing its own
-#      S-byte buffer into another S-byte buffer of its own, all at once (S:
-#      the f32 bytes of PARAMS, the bytes (a) syncs); buffers allocated once
+#      process, not under mpirun: np threads, each copying its own S-byte
+#      buffer into another S-byte buffer of its own, all at once (S: the
+#      f32 bytes of PARAMS, the bytes (a) syncs); buffers allocated once
 #      and written before timing (no page faults), threads not pinned (the
 #      ranks are not either); an iteration runs from the common start (a
-#      barrier) to the end of the last thread;
+#      barrier) to the end of the last thread; every iteration tries each
+#      copy loop (memcpy, a vector loop, rep movsb, non-temporal stores);
+#      the floor is the fastest the machine did the copy: the best
+#      iteration of the fastest loop, over all the rounds (issue 34);
 #   3. bench_raw_mpi PARAMS, a process of its own (issue 13): (R) raw
 #      MPI_Allreduce in place on one buffer allocated once, + divide; (L)
 #      the naive per-tensor loop on raw MPI;
 #   4. bench/gloo_flat.py (F): torch.distributed.all_reduce (gloo) on one
 #      flat tensor, + divide;  5. bench/ddp_bench.py (d): DDP sync time;
-#      both under /usr/bin/python3 (Debian python3-torch).
+#      both under /usr/bin/python3 (Debian python3-torch).  Without
+#      PyTorch (PYTHON cannot find the torch module) one line says so and
+#      how to get it, (F) and (d) are skipped as with SKIP_GLOO=1
+#      SKIP_DDP=1, and everything else runs; what needs them prints
+#      "n/a (no torch)".
 # Every program gets ITERS timed iterations after WARMUP warm-up ones.
 # Per np it prints every RESULT line and one table: per mode the median
 # over the rounds of each round's median, with the spread (lowest..highest
 # round median), faults per step, GB/s (bytes S over the time; for (M) per
-# thread); the best reference (the fastest of R, L, c and F) and the goals
+# thread, and its best, the floor, in the extra column); the best reference (the fastest of R, L, c and F) and the goals
 # as ratios, each with PASS or MISS:
 #   (a)/best time       (a) <= 1.00 x the best reference;
-#   (a)/floor = X.XX goal <= 1.00   (a) within the floor (M) of that np;
+#   (a)/floor = X.XX goal <= 1.00   (a) (its median) within the floor (M)
+#                       of that np (its best); a ratio below 0.90 adds a
+#                       WARNING line: (a) beat the physical floor, so the
+#                       floor is wrong;
 #   (d)/(a) time        >= 3 at np >= 4 (so at np 4 and 8), >= 2 below;
 #   exposed, overlap, device compute (g) <= floor + 5 points, where this
 #                       floor is the exposure's: the share of the bytes in
 #                       the last-ready tensor (not the copy floor (M)).
 # Then a summary, one row per np: np, (a) ms, floor ms, (a)/floor, (d)/(a)
 # and its goal, exposed (g) and its goal; and, when np 2 and np 8 both ran,
-# "(a)/floor at np 8 vs np 2" (goal: no worse at np 8 than at np 2).
+# "(a)/floor at np 8 vs np 2" (goal: no worse at np 8 than at np 2); a
+# WARNING line for every np whose (a)/floor is below 0.90.
 #
 # Environment: NPS (the np values to run, space- or comma-separated;
 # default "2 4 8" when nproc >= 8, "2 4" when nproc >= 4, else "2"), NP
@@ -112,6 +123,28 @@ ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-3}
 MODES=${MODES:-a,b,c,o,g,n}
 PYTHON=${PYTHON:-/usr/bin/python3}
+if ! "$PYTHON" -c 'import sys' >/dev/null 2>&1; then
+  echo "run_sync.sh: PYTHON=$PYTHON does not run (the tables need a python3)" >&2
+  exit 2
+fi
+# Without PyTorch, skip its references (F) and (d): found once, here.
+no_torch=0
+if [[ ${SKIP_GLOO:-0} != 1 || ${SKIP_DDP:-0} != 1 ]] &&
+  ! "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' \
+    >/dev/null 2>&1; then
+  no_torch=1
+  SKIP_GLOO=1
+  SKIP_DDP=1
+fi
+# Why (F) and (d) are missing, for the tables: "-" when they run.
+why_f=-
+why_d=-
+if ((no_torch)); then
+  why_f="no torch" why_d="no torch"
+else
+  [[ ${SKIP_GLOO:-0} = 1 ]] && why_f="SKIP_GLOO=1"
+  [[ ${SKIP_DDP:-0} = 1 ]] && why_d="SKIP_DDP=1"
+fi
 MASTER_PORT=${MASTER_PORT:-$((29500 + $$ % 1000))}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # shellcheck disable=SC2206
@@ -124,6 +157,10 @@ trap 'rm -rf "$out"' EXIT
 echo "# run_sync.sh: $(date -u +%FT%TZ) on $(hostname): $cores cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# $(mpirun --version 2>/dev/null | head -1); np ${nps[*]} on $cores cores"
 echo "# params: $params; per np $ROUNDS rounds of $ITERS timed iterations after $WARMUP warm-up"
+if ((no_torch)); then
+  echo "run_sync.sh: PyTorch is not installed (no torch module for $PYTHON): the torch" \
+    "references (F) and (d) are skipped; apt-get install python3-torch to get them"
+fi
 
 # run NAME OUTFILE COMMAND...: run it, show its output, fail loudly.
 run() {
@@ -139,8 +176,10 @@ run() {
 }
 
 # The tables (python3 of the system: only the standard library).
-#   table NP CORES PARAMS ROUNDS DIR SUMMARY: one np's table and goals from
-#     DIR/<program>.<round>.txt; appends its summary row (JSON) to SUMMARY;
+#   table NP CORES PARAMS ROUNDS DIR SUMMARY WHY_F WHY_D: one np's table and
+#     goals from DIR/<program>.<round>.txt; appends its summary row (JSON) to
+#     SUMMARY; WHY_F, WHY_D: why (F), (d) did not run ("no torch",
+#     "SKIP_DDP=1", ...), "-" when they ran;
 #   summary CORES PARAMS ROUNDS SUMMARY: the summary, one row per np.
 read -r -d '' tables <<'PY'
 import json
@@ -157,12 +196,24 @@ def ms(x):
     return x * 1e3
 
 
+# A ratio to the floor below this: the measured thing beat the physical
+# floor, so the floor is wrong.
+FLOOR_WARN = 0.90
+
+
+def floor_warning(what, r):
+    return ("WARNING: %s = %.2f < %.2f: %s beat the physical floor (M), so the floor is "
+            "wrong (too slow): check bench_floor's copy loops (--loops) and its best against "
+            "a plain memcpy of the same bytes" % (what, r, FLOOR_WARN, what.split("/")[0]))
+
+
 def ddp_goal(np_):
     """(d)/(a) must reach 3 from np 4 on (np 4 and 8), 2 below."""
     return 3.0 if np_ >= 4 else 2.0
 
 
-def table(np_, cores, params, rounds, out, summary):
+def table(np_, cores, params, rounds, out, summary, why_f, why_d):
+    why = {"F": None if why_f == "-" else why_f, "d": None if why_d == "-" else why_d}
     runs = []  # per round: {mode: {key: value}}
     for r in range(1, rounds + 1):
         R = {}
@@ -201,7 +252,7 @@ def table(np_, cores, params, rounds, out, summary):
         ("L", "ref: naive per-tensor loop on raw MPI_Allreduce, own process"),
         ("F", "ref: gloo flat all_reduce through torch, one tensor, + divide"),
         ("d", "ref: PyTorch DDP gloo, bucket_cap_mb=25: backward - no_sync"),
-        ("M", "floor: np threads each memcpy S bytes of their own, at once"),
+        ("M", "floor: np threads each copy S bytes of their own, at once"),
         ("r", "raw MPI_Allreduce in the C benchmark's process + divide"),
         ("i", "raw MPI_Iallreduce + MPI_Wait in that process + divide"),
         ("s", "profile: mpg_sync with op sum (no divide pass)"),
@@ -217,6 +268,8 @@ def table(np_, cores, params, rounds, out, summary):
     for m, desc in rows:
         t = g(m)
         if t is None:
+            if why.get(m):
+                print("(%s) %-64s%10s  (%s)" % (m, desc, "n/a", why[m]))
             continue
         lo, hi = spread(m)
         ex = []
@@ -227,10 +280,11 @@ def table(np_, cores, params, rounds, out, summary):
             ex.append("backward %.1f - no_sync %.1f ms" % (ms(g(m, "ddp_backward_s")),
                                                           ms(g(m, "nosync_backward_s"))))
         if m == "M":
-            ex.append("GB/s per thread; own copy of the slowest..fastest thread "
-                      "%.2f..%.2f GB/s, %.2f GB/s in all"
-                      % (g(m, "thread_gbps_min"), g(m, "thread_gbps_max"),
-                         g(m, "gbps_total")))
+            fb, floop = floor_best(runs)
+            ex.append("GB/s per thread; floor = best %.2f ms (%s, %.2f GB/s per thread); "
+                      "own copy of the slowest..fastest thread %.2f..%.2f GB/s, %.2f GB/s "
+                      "in all" % (ms(fb), floop, by / fb / 1e9, g(m, "thread_gbps_min"),
+                                  g(m, "thread_gbps_max"), g(m, "gbps_total")))
         fl = g(m, "faults")
         print("(%s) %-64s%10.2f %6.1f..%-7.1f%8.3f%9s  %s"
               % (m, desc, ms(t), ms(lo), ms(hi), by / t / 1e9,
@@ -248,7 +302,8 @@ def table(np_, cores, params, rounds, out, summary):
                  g(m, "faults"), ms(g(m, "t_comm_s")), g(m, "exposed_pct"), lo, hi))
     print()
 
-    a, d, fm = g("a"), g("d"), g("M")
+    a, d = g("a"), g("d")
+    fm, floop = floor_best(runs)
     row = {"np": np_, "a": a, "floor": fm, "a_floor": None, "d_a": None,
            "d_goal": ddp_goal(np_), "g": None, "g_goal": None}
     refs = [(g(m), m) for m in ("R", "L", "c", "F") if g(m) is not None]
@@ -256,13 +311,19 @@ def table(np_, cores, params, rounds, out, summary):
         best, bm = min(refs)
         print("best reference: (%s) %.2f ms" % (bm, ms(best)))
         r = a / best
+        per = ["%s %.3f" % (m, a / t) for t, m in refs]
+        if why["F"] and g("F") is None:
+            per.append("F n/a (%s)" % why["F"])
         print("(a)/best time       = %7.3f    goal <= 1.00   %s   (per reference: %s)"
-              % (r, verdict(r <= 1.0), ", ".join("%s %.3f" % (m, a / t) for t, m in refs)))
+              % (r, verdict(r <= 1.0), ", ".join(per)))
     if a and fm:
-        print("floor (M): %d threads x %.2f MB memcpy at once, %.2f ms, %.2f GB/s per thread"
-              % (np_, by / 1e6, ms(fm), by / fm / 1e9))
+        print("floor (M): %d threads x %.2f MB copied at once, the best of %d rounds: %.2f ms "
+              "with %s, %.2f GB/s per thread (median of the rounds' medians %.2f ms)"
+              % (np_, by / 1e6, rounds, ms(fm), floop, by / fm / 1e9, ms(g("M"))))
         r = row["a_floor"] = a / fm
         print("(a)/floor = %.2f goal <= 1.00   %s" % (r, verdict(r <= 1.0)))
+        if r < FLOOR_WARN:
+            print(floor_warning("(a)/floor", r))
         shm = g("a", "shm_buffers")
         if shm is not None:
             print("(a) path: %s" % ("node-local shared memory (one pass)" if shm > 0 else
@@ -271,6 +332,9 @@ def table(np_, cores, params, rounds, out, summary):
         r = row["d_a"] = d / a
         need = ddp_goal(np_)
         print("(d)/(a) time        = %7.3f    goal >= %-5g  %s" % (r, need, verdict(r >= need)))
+    elif a and why["d"]:
+        row["d_why"] = why["d"]
+        print("(d)/(a) time        =     n/a    goal >= %-5g  (%s)" % (ddp_goal(np_), why["d"]))
     if a and g("b"):
         print("(a)/(b) bandwidth   = %7.3f    (against our own flat all-reduce)" % (g("b") / a))
     for m, what in (("g", "overlap, device compute (g)"), ("o", "overlap, busy CPU (o)")):
@@ -310,18 +374,38 @@ def summary(cores, params, rounds, path):
                  num(r["floor"] and ms(r["floor"]), "%.2f"),
                  "%.2f %s" % (af, verdict(af <= 1.0)) if af is not None else "n/a",
                  "%.2f >= %g %s" % (da, r["d_goal"], verdict(da >= r["d_goal"]))
-                 if da is not None else "n/a (>= %g)" % r["d_goal"],
+                 if da is not None else "n/a (%s)" % r.get("d_why", ">= %g" % r["d_goal"]),
                  num(e, "%.1f %%"),
                  "<= %.1f %% %s" % (eg, verdict(e <= eg)) if e is not None else "n/a"))
+    for r in rows:
+        if r["a_floor"] is not None and r["a_floor"] < FLOOR_WARN:
+            print("np %d: %s" % (r["np"], floor_warning("(a)/floor", r["a_floor"])))
     by = {r["np"]: r["a_floor"] for r in rows}
     if by.get(2) is not None and by.get(8) is not None:
         print("(a)/floor at np 8 vs np 2 = %.2f vs %.2f   goal: no worse at np 8   %s"
               % (by[8], by[2], verdict(by[8] <= by[2])))
 
 
+def floor_best(runs):
+    """The floor: the best (M) of all the rounds (floor_s, or min_s from an
+    older bench_floor), and the copy loop that gave it."""
+    best, loop = None, "memcpy"
+    for R in runs:
+        M = R.get("M")
+        if not M:
+            continue
+        try:
+            t = float(M.get("floor_s", M.get("min_s")))
+        except (TypeError, ValueError):
+            continue
+        if best is None or t < best:
+            best, loop = t, M.get("loop", "memcpy")
+    return best, loop
+
+
 if sys.argv[1] == "table":
-    np_, cores, params, rounds, out, path = sys.argv[2:8]
-    table(int(np_), int(cores), params, int(rounds), out, path)
+    np_, cores, params, rounds, out, path, why_f, why_d = sys.argv[2:10]
+    table(int(np_), int(cores), params, int(rounds), out, path, why_f, why_d)
 else:
     cores, params, rounds, path = sys.argv[2:6]
     summary(int(cores), params, int(rounds), path)
@@ -352,7 +436,7 @@ for np in "${nps[@]}"; do
     fi
   done
   echo "# np $np done: load $(cut -d' ' -f1-3 /proc/loadavg)"
-  "$PYTHON" -c "$tables" table "$np" "$cores" "$params" "$ROUNDS" "$dir" "$out/summary.jsonl" ||
-    exit 1
+  "$PYTHON" -c "$tables" table "$np" "$cores" "$params" "$ROUNDS" "$dir" "$out/summary.jsonl" \
+    "$why_f" "$why_d" || exit 1
 done
 "$PYTHON" -c "$tables" summary "$cores" "$params" "$ROUNDS" "$out/summary.jsonl" || exit 1
