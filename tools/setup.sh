@@ -163,7 +163,9 @@ case "$mode" in
       # 3. TSan: the thread backend, the sync suites, the C++ tests, the GPT
       # example on thread ranks, the fault suite's thread ranks, and
       # the NCCL backend on the CUDA/NCCL test double with thread ranks
-      # (host code against the double's stream executors).  Open MPI is not
+      # (host code against the double's stream executors), and the cluster
+      # suite's torchrun-style jobs (processes on the double's socket
+      # transport; its mpirun jobs skip there).  Open MPI is not
       # TSan-instrumented and would report its own progress engine, so this
       # build has no MPI backend: test_mpi, test_sync_mpi, the NCCL mpirun
       # worlds and the trainer's mpirun runs do not exist there (the two
@@ -172,7 +174,8 @@ case "$mode" in
       echo "== TSan build: -Dmpi=disabled: the MPI tests are skipped here (Open MPI is not TSan-instrumented)"
       if setup_san "$build-tsan" thread -Dmpi=disabled; then
         run_suite "$build-tsan" "TSan build" --timeout-multiplier 3 \
-          --suite groups --suite sync --suite cpp --suite examples --suite faults
+          --suite groups --suite sync --suite cpp --suite examples --suite faults \
+          --suite cluster
       fi
     else
       echo "== MESHPG_SANITIZE=0: the ASan+UBSan and TSan builds are skipped"

@@ -33,6 +33,13 @@ static void cluster_down(void) {
   dir[0] = '\0';
 }
 
+/* The MPI worker, or skip the test in a build without MPI. */
+static const char *mpi_worker(void) {
+  const char *w = getenv("MESHPG_CLUSTER_WORKER");
+  if (!w || !*w) cr_skip_test("built without MPI (no mpirun jobs): skipped");
+  return w;
+}
+
 /* Make N hosts (up's extra options in opts), or skip without root. */
 static void cluster_up(int n, const char *opts) {
   sh = env_program("MESHPG_CLUSTER_SH");
@@ -84,7 +91,7 @@ static void worker_ok(const char *hosts, int np, const char *extra, const char *
                       const char *mesh) {
   char args[2048], ok[64];
   snprintf(args, sizeof args, "--host %s -np %d %s '%s' %s %s", hosts, np, extra ? extra : "",
-           env_program("MESHPG_CLUSTER_WORKER"), mode, mesh);
+           mpi_worker(), mode, mesh);
   double secs;
   int rc = cluster_mpirun(args, &secs);
   cr_assert_eq(rc, 0, "%s\nexit code %d after %.1f s:\n%s", args, rc, secs, out);
@@ -100,6 +107,7 @@ TestSuite(cluster, .fini = fini, .timeout = 300);
  * launcher's block numbering (--map-by slot: ranks 0,1 on host1) and its
  * cyclic one (--map-by node: 0,2 on host1). */
 Test(cluster, placement_block_and_cyclic) {
+  mpi_worker();
   cluster_up(2, NULL);
   worker_ok("host1:2,host2:2", 4, "--map-by slot", "place", "tp=2,dp=2");
   cr_assert_eq(count_lines("PLACE rank "), 4, "%s", out);
@@ -113,6 +121,7 @@ Test(cluster, placement_block_and_cyclic) {
 /* Two hosts of four ranks, numbered cyclically: tp and cp both inside a
  * host, dp across. */
 Test(cluster, placement_tp_cp_cyclic) {
+  mpi_worker();
   cluster_up(2, NULL);
   worker_ok("host1:4,host2:4", 8, "--map-by node", "place", "tp=2,cp=2,dp=2");
   cr_assert(strstr(out, "nodes 2"), "%s", out);
@@ -120,6 +129,7 @@ Test(cluster, placement_tp_cp_cyclic) {
 
 /* Four hosts of two ranks: tp inside a host, dp across. */
 Test(cluster, placement_four_hosts) {
+  mpi_worker();
   cluster_up(4, NULL);
   worker_ok("host1:2,host2:2,host3:2,host4:2", 8, "--map-by node", "place", "tp=2,dp=4");
   cr_assert(strstr(out, "nodes 4"), "%s", out);
@@ -128,6 +138,7 @@ Test(cluster, placement_four_hosts) {
 /* The sync in every mode on two hosts of two ranks: dp_cp hierarchical
  * (a segment per host), shard and HSDP too, bit for bit as documented. */
 Test(cluster, sync_two_hosts) {
+  mpi_worker();
   cluster_up(2, NULL);
   worker_ok("host1:2,host2:2", 4, "-x MESHPG_SHM=1", "sync", "dp=2,cp=2");
   /* all but bdp (over dp: one member a host) in shared memory */
@@ -141,6 +152,7 @@ Test(cluster, sync_two_hosts) {
 /* Uneven hosts (3 + 1): a group across them falls back to the backend's
  * collectives, equal to MESHPG_SHM=0 bit for bit. */
 Test(cluster, sync_uneven_hosts) {
+  mpi_worker();
   cluster_up(2, NULL);
   worker_ok("host1:3,host2:1", 4, "-x MESHPG_SHM=1", "sync", "dp=4");
   cr_assert(strstr(out, "equal to the MESHPG_SHM=0 run's"), "%s", out);
@@ -151,6 +163,7 @@ Test(cluster, sync_uneven_hosts) {
  * cannot open the creator's segment, the path turns off with a log line,
  * and the results equal MESHPG_SHM=0's. */
 Test(cluster, one_host_id_two_dev_shm) {
+  mpi_worker();
   cluster_up(2, NULL);
   worker_ok("host1:2,host2:2", 4, "-x MESHPG_LOG=info", "samehost", "dp=4");
   cr_assert(strstr(out, "shared memory off for group \"dp\" index 0 (rank "), "%s", out);
@@ -160,6 +173,7 @@ Test(cluster, one_host_id_two_dev_shm) {
 
 /* examples/gpt under mpirun across two hosts equals one process. */
 Test(cluster, gpt_two_hosts) {
+  mpi_worker();
   cluster_up(2, NULL);
   char args[2048];
   snprintf(args, sizeof args, "--host host1:4,host2:4 -np 8 '%s' --mpi --mesh tp=2,cp=2,dp=2 "
@@ -259,7 +273,7 @@ static pid_t steps_job(int steps, int recovery) {
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "exec timeout -k 5 120 bash '%s' mpirun '%s' " MPIRUN_ARGS
            "%s --host host1:2,host2:2 -np 4 '%s' steps dp=4 %d %g", sh, dir,
-           recovery ? " --enable-recovery" : "", env_program("MESHPG_CLUSTER_WORKER"), steps,
+           recovery ? " --enable-recovery" : "", mpi_worker(), steps,
            FAULT_TIMEOUT_S);
   return job_start(cmd);
 }
@@ -305,6 +319,7 @@ static void assert_survivors(const int *ranks, int n, int env) {
  * fails with MPG_ERR_ENV naming /dev/shm, at once, and nothing is left in
  * any /dev/shm. */
 Test(cluster, fault_small_dev_shm) {
+  mpi_worker();
   cluster_up(2, "--shm 256,16");
   pid_t pid = steps_job(5, 0);
   int rc = job_end(pid, 120, NULL);
@@ -324,6 +339,7 @@ Test(cluster, fault_small_dev_shm) {
  * timeout + 1 s and destroys cleanly; once the link is up again their
  * output reaches mpirun.  Nothing is left in /dev/shm. */
 Test(cluster, fault_link_down) {
+  mpi_worker();
   cluster_up(2, NULL);
   pid_t pid = steps_job(200, 1);
   cr_assert(job_wait_lines("STEP 3 ", 4, 60), "the job did not reach step 3:\n%s", out);
@@ -367,6 +383,7 @@ Test(cluster, fault_link_down) {
  * minute, "ORTE was unable to reliably start one or more daemons"); it is
  * killed after 10 s more. */
 static void mpirun_lost(const char *verb, const char *args) {
+  mpi_worker();
   cluster_up(2, NULL);
   pid_t pid = steps_job(200, 0);
   cr_assert(job_wait_lines("STEP 3 ", 4, 60), "the job did not reach step 3:\n%s", out);
@@ -396,9 +413,14 @@ Test(cluster, mpirun_ends_the_job_on_a_lost_host) { mpirun_lost("kill-host", "ho
 
 /* cluster.sh launch: 2 ranks a host of cluster_nccl_worker ARGS, in the
  * background (the ranks' output in DIR/out/rank-R.log). */
-static pid_t launch_job(const char *args) {
+static const char *nccl_worker(void) {
   const char *w = getenv("MESHPG_CLUSTER_NCCL_WORKER");
   if (!w || !*w) cr_skip_test("built without NCCL (the CUDA/NCCL test double): skipped");
+  return w;
+}
+
+static pid_t launch_job(const char *args) {
+  const char *w = nccl_worker();
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "exec timeout -k 5 120 bash '%s' launch '%s' 2 29500 '%s' %s", sh,
            dir, w, args);
@@ -409,6 +431,7 @@ static pid_t launch_job(const char *args) {
  * torchrun's variables: replicate and shard on dp=2,cp=2 give the exact
  * averages; the double joins the hosts through its socket transport. */
 Test(cluster, torchrun_style_sync) {
+  nccl_worker();
   cluster_up(2, NULL);
   pid_t pid = launch_job("sync dp=2,cp=2");
   int rc = job_end(pid, 120, NULL);
@@ -424,6 +447,7 @@ Test(cluster, torchrun_style_sync) {
  * their host's /dev/shm; with a peer gone (not a partition), their
  * message names host2's ranks. */
 static void torchrun_fault(const char *verb, const char *args, int partition) {
+  nccl_worker();
   cluster_up(2, NULL);
   pid_t pid = launch_job("steps dp=2,cp=2 200 2");
   cr_assert(job_wait_lines("STEP 3 ", 4, 60), "the job did not reach step 3:\n%s", out);
@@ -455,6 +479,7 @@ static void torchrun_fault(const char *verb, const char *args, int partition) {
  * error, and host1's, which got further, fail at once with the closed
  * connections of host2's ranks, naming them; every rank ends cleanly. */
 Test(cluster, torchrun_style_small_dev_shm) {
+  nccl_worker();
   cluster_up(2, "--shm 256,1");
   pid_t pid = launch_job("steps dp=2,cp=2 5 2");
   job_end(pid, 120, NULL);
