@@ -347,9 +347,11 @@ static mpg_status describe_failure(mpg_group *group, const char *gname, int n, s
                                             : "; or set MESHPG_SHM=0");
   }
   case F_OPEN:
-    if (err == ENOENT) {
+    if (err == ENOENT || err == ENXIO || err == ENODEV || err == EISDIR) {
       /* The creator's pid is not this member's (another pid namespace:
-       * containers that report one host).  Not shared, then, on any. */
+       * containers that report one host): no such process or descriptor,
+       * or another process's socket, device or directory there.  Not
+       * shared, then, on any. */
       mpg__log(1, "rank %d: shared memory off for group %s (rank %d cannot open %s, the "
                "segment of rank %d: another pid namespace?): it syncs through the %s "
                "backend's collectives", ctx->rank, gname, frank, proc, crank, ctx->ops->name);
