@@ -45,6 +45,20 @@ void seg_unlink_once(struct shm_hdr *h) {
   }
 }
 
+/* The header fields of a new segment of n ranks laid out as l (the magic
+ * is stored last, by the caller). */
+static void seg_head(struct shm_hdr *h, const struct layout *l, int n, const char *name) {
+  h->nranks = n;
+  h->version = 1;
+  h->bytes = l->bytes;
+  h->bank = l->bank;
+  h->ring = l->ring;
+  h->off_ranks = l->off_ranks;
+  h->off_slots = l->off_slots;
+  h->off_chans = l->off_chans;
+  snprintf(h->name, sizeof h->name, "%s", name);
+}
+
 /* Is the segment of inode `ino` no longer under `name`? */
 static int seg_unlinked(const char *name, ino_t ino) {
   int fd = shm_open(name, O_RDONLY, 0);
@@ -113,15 +127,7 @@ struct shm_hdr *seg_open(const char *name, int n, volatile _Atomic int *abort_fl
         return NULL;
       }
       struct shm_hdr *h = p;
-      h->nranks = n;
-      h->version = 1;
-      h->bytes = l.bytes;
-      h->bank = l.bank;
-      h->ring = l.ring;
-      h->off_ranks = l.off_ranks;
-      h->off_slots = l.off_slots;
-      h->off_chans = l.off_chans;
-      snprintf(h->name, sizeof h->name, "%s", name);
+      seg_head(h, &l, n, name);
       if (getrandom(&h->nonce, sizeof h->nonce, 0) != (ssize_t)sizeof h->nonce)
         h->nonce = fnv1a(FNV_START, name, strlen(name)) ^ (uint64_t)getpid() ^
                    (uint64_t)(dbl_now() * 1e9);
@@ -211,15 +217,7 @@ struct shm_hdr *seg_private(const char *name, int n) {
   void *p = mmap(NULL, l.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return NULL;
   struct shm_hdr *h = p;
-  h->nranks = n;
-  h->version = 1;
-  h->bytes = l.bytes;
-  h->bank = l.bank;
-  h->ring = l.ring;
-  h->off_ranks = l.off_ranks;
-  h->off_slots = l.off_slots;
-  h->off_chans = l.off_chans;
-  snprintf(h->name, sizeof h->name, "%s", name);
+  seg_head(h, &l, n, name);
   atomic_store_explicit(&h->magic, SHM_MAGIC, memory_order_release);
   return h;
 }

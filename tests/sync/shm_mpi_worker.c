@@ -85,33 +85,10 @@
 
 #include "meshpg.h"
 #include "../support/values.h"
+#include "../support/worker_report.h"
 
 #define TMPFS_MAGIC_ 0x01021994
 
-static const char *g_mode = "?";
-static int g_rank = -1;
-static int failures;
-
-__attribute__((format(printf, 1, 2))) static void fail(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("FAIL %s rank %d: ", g_mode, g_rank);
-  vprintf(fmt, ap);
-  printf("\n");
-  fflush(stdout);
-  va_end(ap);
-  failures++;
-}
-
-#define TRY(call)                                                                        \
-  do {                                                                                   \
-    mpg_status st_ = (call);                                                             \
-    if (st_ != MPG_OK) {                                                                 \
-      fail("line %d: %s -> %s: %s", __LINE__, #call, mpg_status_name(st_),              \
-           mpg_last_error());                                                            \
-      goto done;                                                                         \
-    }                                                                                    \
-  } while (0)
 
 /* ------------------------------------------------------------------ */
 /* Values                                                              */
