@@ -51,9 +51,14 @@
 #include "bench_util.h"
 #include "meshpg.h"
 
-enum { M_OURS, M_OURS_V, M_MPI, M_MPI_V, M_COUNT };
+enum { M_OURS, M_OURS_V, M_OURS_MALLOC, M_MPI, M_MPI_V, M_COUNT };
 static const char *const method_name[M_COUNT] = {"mpg_all_to_all", "mpg_all_to_all_v",
-                                                 "MPI_Alltoall", "MPI_Alltoallv"};
+                                                 "mpg_a2a(malloc)", "MPI_Alltoall",
+                                                 "MPI_Alltoallv"};
+/* mpg_all_to_all and _v run on buffers from mpg_ctx_mem_alloc (on mpi a
+ * memfd the node's other ranks map: one copy per block); mpg_a2a(malloc)
+ * on malloc'ed ones, as the MPI references. */
+static int from_mem_alloc(int m) { return m == M_OURS || m == M_OURS_V; }
 
 static int g_rank, g_world;
 
@@ -92,6 +97,7 @@ static void run_once(int m, mpg_group *world, method_bufs *b, size_t per, const 
                      const size_t *dsp, const int *icnt, const int *idsp) {
   switch (m) {
     case M_OURS:
+    case M_OURS_MALLOC:
       CHECK(mpg_all_to_all(world, b->send, b->recv, per, MPG_F32, NULL, NULL));
       break;
     case M_OURS_V:
@@ -168,8 +174,14 @@ int main(int argc, char **argv) {
   if (per_max == 0) per_max = 1;
   method_bufs bufs[M_COUNT];
   for (int m = 0; m < M_COUNT; m++) {
-    bufs[m].send = malloc(per_max * (size_t)g_world * sizeof(float));
-    bufs[m].recv = malloc(per_max * (size_t)g_world * sizeof(float));
+    size_t nb = per_max * (size_t)g_world * sizeof(float);
+    if (from_mem_alloc(m)) {
+      CHECK(mpg_ctx_mem_alloc(ctx, nb, 0, (void **)&bufs[m].send));
+      CHECK(mpg_ctx_mem_alloc(ctx, nb, 0, (void **)&bufs[m].recv));
+    } else {
+      bufs[m].send = malloc(nb);
+      bufs[m].recv = malloc(nb);
+    }
     if (!bufs[m].send || !bufs[m].recv) {
       fprintf(stderr, "bench_alltoall_mpi: out of memory\n");
       MPI_Abort(MPI_COMM_WORLD, 1);
@@ -292,8 +304,13 @@ int main(int argc, char **argv) {
     if (bytes >= max_bytes) break;
   }
   for (int m = 0; m < M_COUNT; m++) {
-    free(bufs[m].send);
-    free(bufs[m].recv);
+    if (from_mem_alloc(m)) {
+      CHECK(mpg_ctx_mem_free(ctx, bufs[m].send));
+      CHECK(mpg_ctx_mem_free(ctx, bufs[m].recv));
+    } else {
+      free(bufs[m].send);
+      free(bufs[m].recv);
+    }
   }
   free(cnt);
   free(dsp);

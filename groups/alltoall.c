@@ -38,22 +38,12 @@
 
 #include "ctx_internal.h"
 
-/* One call, equal (v == 0: count) or per peer (v == 1: the arrays). */
-typedef struct a2a {
-  const char *fn;
-  int v;
-  const void *send;
-  void *recv;
-  const size_t *scounts, *sdispls, *rcounts, *rdispls;
-  size_t count;
-  mpg_dtype dtype;
-  void *stream;
-} a2a;
+typedef mpg__a2a_call a2a; /* ctx_internal.h */
 
-static size_t scount(const a2a *a, int p) { return a->v ? a->scounts[p] : a->count; }
-static size_t sdispl(const a2a *a, int p) { return a->v ? a->sdispls[p] : (size_t)p * a->count; }
-static size_t rcount(const a2a *a, int p) { return a->v ? a->rcounts[p] : a->count; }
-static size_t rdispl(const a2a *a, int p) { return a->v ? a->rdispls[p] : (size_t)p * a->count; }
+static size_t scount(const a2a *a, int p) { return mpg__a2a_scount(a, p); }
+static size_t sdispl(const a2a *a, int p) { return mpg__a2a_sdispl(a, p); }
+static size_t rcount(const a2a *a, int p) { return mpg__a2a_rcount(a, p); }
+static size_t rdispl(const a2a *a, int p) { return mpg__a2a_rdispl(a, p); }
 
 /* The extent of one side, in elements: [*lo, *hi) spans every block with
  * elements (*lo == *hi == 0 when none has).  Blocks are checked first:
@@ -449,6 +439,29 @@ static mpg_status run_native(mpg_group *g, const a2a *a, mpg_work **work, int *t
   return native_work(g, a, req, deadline, work);
 }
 
+/* The group's first all-to-all on a CPU backend (g claimed): its
+ * shared-memory channel (mpg__a2a_shm_prepare), made through host
+ * all-gathers that claim the group themselves.  A round of the counts
+ * with every peer first (exchange_counts, point to point), so that a
+ * member that never arrives is named by the timeout (an MPI all-gather
+ * cannot say who is missing).  Returns with g claimed again (*claimed
+ * 1), unless another thread took it meanwhile (MPG_ERR_STATE). */
+static mpg_status first_call(mpg_group *g, const a2a *a, int *claimed) {
+  mpg_status st = mpg__group_ready(g, a->fn);
+  uint64_t *mine = st ? NULL : calloc(4 * (size_t)g->size, sizeof *mine);
+  if (!st && !mine)
+    st = mpg__group_on_failure(g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of "
+                               "memory for the counts", a->fn, g->name));
+  if (!st) st = exchange_counts(g, a, mine, mine + 2 * g->size);
+  free(mine);
+  if (st) return st;
+  mpg__group_release(g);
+  st = mpg__a2a_shm_prepare(g, a->fn);
+  mpg_status claim = mpg__group_claim(g, a->fn);
+  *claimed = claim == MPG_OK;
+  return st ? st : claim;
+}
+
 /* run_a2a with g claimed and the arguments checked. */
 static mpg_status run_claimed(mpg_group *g, const a2a *a, mpg_work **work) {
   mpg_status st;
@@ -460,6 +473,12 @@ static mpg_status run_claimed(mpg_group *g, const a2a *a, mpg_work **work) {
   st = copy_self(g, a);
   if (g->size == 1) return st; /* as coll.c's run(): the local result as it is */
   if (st) return mpg__group_on_failure(g, a->fn, st);
+
+  if (g->a2a) {
+    int taken = 0;
+    st = mpg__a2a_shm_run(g, a, work, &taken);
+    if (taken || st) return st;
+  }
 
   if (g->ctx->ops->post_alltoallv) {
     int taken = 0;
@@ -483,6 +502,11 @@ static mpg_status run_a2a(mpg_group *g, const a2a *a, mpg_work **work) {
   mpg_status st = mpg__group_claim(g, a->fn);
   if (st) return st;
   st = check(g, a);
+  if (!st && !g->a2a && !g->a2a_off && g->size > 1 && g->ctx->ops->host_shm) {
+    int claimed = 1;
+    st = first_call(g, a, &claimed);
+    if (!claimed) return st;
+  }
   if (!st) {
     /* The flight recorder: one operation; the v form's count is what this
      * member sends in all. */

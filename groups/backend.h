@@ -187,6 +187,12 @@ struct mpg__backend_ops {
    * and return when the copy is complete (setup collectives stage their
    * host data through it). */
   mpg_status (*mem_copy)(mpg__comm *world, void *dst, const void *src, size_t bytes);
+  /* Optional (mpi): when [ptr, ptr + bytes) lies in one region from
+   * mem_alloc that the node's other processes may map (a memfd of this
+   * process, open at *fd, of *len bytes, *id its inode), 1 with *offset
+   * the place of ptr in it; else 0.  Local; any thread. */
+  int (*mem_share)(const void *ptr, size_t bytes, int *fd, uint64_t *offset, uint64_t *len,
+                   uint64_t *id);
   /* Optional, for checkpoints (sync/ckpt*.c): pinned host staging
    * (cudaHostAlloc) and its free, a copy either way between host and
    * mem_alloc memory queued on `stream` (cudaMemcpyAsync), and a wait for

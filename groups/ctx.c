@@ -388,11 +388,13 @@ mpg_status mpg_ctx_destroy(mpg_ctx *ctx) {
   mpg__trace_destroy(ctx);
   for (int s = 0; s < ctx->nsets; s++) {
     mpg_group *g = &ctx->groups[s];
+    mpg__a2a_shm_destroy(g->a2a);
     if (g->comm && g->comm != ctx->world_comm) destroy_comm(ctx, g->comm, &first, &why);
   }
   while (ctx->extra) {
     mpg_group *g = ctx->extra;
     ctx->extra = g->next;
+    mpg__a2a_shm_destroy(g->a2a);
     if (g->comm) destroy_comm(ctx, g->comm, &first, &why);
     free(g);
   }

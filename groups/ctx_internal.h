@@ -42,6 +42,9 @@ struct mpg_group {
   _Atomic uint64_t trace_seq;  /* trace.c: collectives recorded on it */
   _Atomic uint64_t *trace_p2p; /* trace.c: sends to / receives from each
                                   position (2 x size), from its first op */
+  struct mpg__a2a *a2a; /* shm/a2a.c: its all-to-alls' shared-memory
+                           channel, made at the first one */
+  int a2a_off;      /* 1: its all-to-alls go through the backend */
   atomic_int busy;  /* 1 while a call issues on the group (coll.c's
                        mpg__group_claim): a second thread's call fails
                        with MPG_ERR_STATE instead of running beside it.
@@ -192,6 +195,54 @@ mpg_status mpg__group_run(mpg_group *g, const mpg__coll *c, mpg_work **work);
 mpg_status mpg__group_run_on(mpg_group *g, const struct mpg__backend_ops *ops,
                              mpg__comm *comm, const mpg__coll *c, mpg_work **work,
                              const char *fn);
+
+/* One all-to-all call (alltoall.c): equal blocks (v == 0: count each,
+ * displacements j x count) or per peer (v == 1: the four arrays, in
+ * elements). */
+typedef struct mpg__a2a_call {
+  const char *fn;
+  int v;
+  const void *send;
+  void *recv;
+  const size_t *scounts, *sdispls, *rcounts, *rdispls;
+  size_t count;
+  mpg_dtype dtype;
+  void *stream;
+} mpg__a2a_call;
+static inline size_t mpg__a2a_scount(const mpg__a2a_call *a, int p) {
+  return a->v ? a->scounts[p] : a->count;
+}
+static inline size_t mpg__a2a_sdispl(const mpg__a2a_call *a, int p) {
+  return a->v ? a->sdispls[p] : (size_t)p * a->count;
+}
+static inline size_t mpg__a2a_rcount(const mpg__a2a_call *a, int p) {
+  return a->v ? a->rcounts[p] : a->count;
+}
+static inline size_t mpg__a2a_rdispl(const mpg__a2a_call *a, int p) {
+  return a->v ? a->rdispls[p] : (size_t)p * a->count;
+}
+
+/* shm/a2a.c: run the checked call a (this member's own block already
+ * copied) on g, ready, two or more members, through the group's
+ * shared-memory channel (made collectively at the group's first
+ * all-to-all: one host, a CPU backend, MESHPG_SHM not 0, and for
+ * processes cross memory attach allowed; see a2a.c): one copy per block,
+ * the counts through the segment.  *taken 0 when the group's all-to-alls
+ * go through the backend (decided alike on every member).  With work, an
+ * asynchronous handle; failures as the collectives' (a pair whose counts
+ * disagree: MPG_ERR_INVALID on both, the other blocks received). */
+typedef struct mpg__a2a mpg__a2a;
+/* Decide, at the group's first all-to-all (fn), whether it gets a
+ * channel, and make it: collective over the group (host all-gathers, so
+ * g must not be claimed).  Nothing when decided before, for one member,
+ * or off the CPU backends.  Errors: the creation's, alike on every member
+ * (MPG_ERR_ENV from the segment turns the channel off instead, with a log
+ * line). */
+mpg_status mpg__a2a_shm_prepare(mpg_group *g, const char *fn);
+mpg_status mpg__a2a_shm_run(mpg_group *g, const mpg__a2a_call *a, mpg_work **work,
+                            int *taken);
+/* Free a channel (NULL: nothing).  Local; mpg_ctx_destroy. */
+void mpg__a2a_shm_destroy(mpg__a2a *ch);
 
 /* coll.c: split g's communicator (collective over g's members, bounded by
  * the timeout): color >= 0 joins that colour's communicator, ordered by

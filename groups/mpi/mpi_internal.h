@@ -84,6 +84,9 @@ struct piece {
 struct region {
   char *base;
   size_t len;
+  int fd;              /* a memfd the node's other processes may map
+                          (groups/shm/a2a.c), or -1: posix_memalign */
+  uint64_t ino;        /* its inode, told apart from a later memfd */
   int busy;            /* requests using it */
   int freed;           /* mem_free was called while busy */
   struct region *next;
@@ -248,6 +251,9 @@ void mpg__mpi_region_unref(struct region *r);
 mpg_status mpg__mpi_mem_alloc(mpg__comm *world, size_t bytes, int registered,
                               void **ptr);
 mpg_status mpg__mpi_mem_free(mpg__comm *world, void *ptr);
+/* mem_share (backend.h): a region of mem_alloc in a memfd. */
+int mpg__mpi_mem_share(const void *ptr, size_t bytes, int *fd, uint64_t *offset,
+                       uint64_t *len, uint64_t *id);
 
 /* ring.c */
 /* Would an all-reduce of n elements of es bytes run as ring pieces, and

@@ -19,6 +19,9 @@
  * timeout safety comes from ownership instead (see struct region). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "mpi_internal.h"
 
@@ -82,13 +85,52 @@ static void region_drop(struct region *r) {
       *pp = r->next;
       break;
     }
-  free(r->base);
+  if (r->fd >= 0) {
+    munmap(r->base, r->len);
+    close(r->fd);
+  } else {
+    free(r->base);
+  }
   free(r);
 }
 
 /* A request stops using its region.  Lock held. */
 void mpg__mpi_region_unref(struct region *r) {
   if (--r->busy == 0 && r->freed) region_drop(r);
+}
+
+/* A memfd of len bytes mapped shared into r (fd, base, ino): 1, or 0
+ * (nothing left open). */
+static int shared_region(struct region *r, size_t len) {
+  int fd = memfd_create("meshpg-mem", MFD_CLOEXEC);
+  if (fd < 0) return 0;
+  struct stat st;
+  void *p = MAP_FAILED;
+  if (ftruncate(fd, (off_t)len) == 0 && fstat(fd, &st) == 0)
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return 0;
+  }
+  r->fd = fd;
+  r->ino = (uint64_t)st.st_ino;
+  r->base = p;
+  return 1;
+}
+
+int mpg__mpi_mem_share(const void *ptr, size_t bytes, int *fd, uint64_t *offset,
+                       uint64_t *len, uint64_t *id) {
+  lock_g();
+  const struct region *r = mpg__mpi_region_find(ptr, bytes);
+  int ok = r && r->fd >= 0 && !r->freed;
+  if (ok) {
+    *fd = r->fd;
+    *offset = (uint64_t)((const char *)ptr - r->base);
+    *len = r->len;
+    *id = r->ino;
+  }
+  unlock_g();
+  return ok;
 }
 
 mpg_status mpg__mpi_mem_alloc(mpg__comm *world, size_t bytes, int registered,
@@ -99,12 +141,22 @@ mpg_status mpg__mpi_mem_alloc(mpg__comm *world, size_t bytes, int registered,
   struct region *r = calloc(1, sizeof *r);
   void *p = NULL;
   size_t len = bytes ? bytes : 1;
-  if (!r || posix_memalign(&p, 4096, len) != 0) {
+  if (!r)
+    return mpg__fail(MPG_ERR_NOMEM, "mpg_ctx_mem_alloc: out of memory for %zu bytes", bytes);
+  r->fd = -1;
+  /* Shared memory where the kernel gives it (zeroed): the node's other
+   * processes map it to read an all-to-all's blocks in place
+   * (groups/shm/a2a.c); else private memory, which they read with
+   * process_vm_readv. */
+  if (shared_region(r, len)) {
+    p = r->base;
+  } else if (posix_memalign(&p, 4096, len) != 0) {
     free(r);
     return mpg__fail(MPG_ERR_NOMEM,
                      "mpg_ctx_mem_alloc: out of memory for %zu bytes", bytes);
+  } else {
+    memset(p, 0, len);
   }
-  memset(p, 0, len);
   r->base = p;
   r->len = len;
   lock_g();

@@ -579,6 +579,7 @@ const struct mpg__backend_ops mpg__backend_mpi = {
     .destroy = comm_destroy,
     .mem_alloc = mpg__mpi_mem_alloc,
     .mem_free = mpg__mpi_mem_free,
+    .mem_share = mpg__mpi_mem_share,
     .comm_identity = comm_identity,
     .set_timeout = comm_set_timeout,
     .comm_shape = comm_shape,

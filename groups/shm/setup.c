@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "shm_internal.h"
+#include "channel.h"
 
 #define SHM_DIR "/dev/shm"
 /* The free space a segment leaves in /dev/shm for the MPI transport's own
@@ -468,10 +469,12 @@ static void locate(const int32_t *words, int total, int gpos, int *node, shm_pla
 }
 
 /* 1 (logged with why) when the group keeps to the backend's collectives, alike on every member. */
-static int declined(mpg_group *group, const char *gname, const shm_place *pl, int depth) {
+static int declined(mpg_group *group, const char *gname, const shm_place *pl, int depth,
+                    int channel) {
   const mpg_ctx *ctx = group->ctx;
   const char *reason = NULL;
   if (pl->off >= 0) reason = "MESHPG_SHM=0";
+  else if (channel && pl->nodes > 1) reason = "its members are on several hosts";
   else if (pl->nodes > 1 && !pl->per)
     reason = "its nodes hold different numbers of its members: not reduced hierarchically";
   else if (pl->nodes > 1 && pl->per < 2)
@@ -496,8 +499,9 @@ static int declined(mpg_group *group, const char *gname, const shm_place *pl, in
   if (pl->off >= 0 && !mpg_group_member(group, pl->off, &rank))
     snprintf(at, sizeof at, " at rank %d", rank);
   mpg__log(pl->off >= 0 || big ? 1 : 2,
-           "rank %d: shared memory off for group %s (%s%s): it syncs through the %s "
-           "backend's collectives", ctx->rank, gname, reason, at, ctx->ops->name);
+           "rank %d: shared memory off for group %s (%s%s): %s through the %s "
+           "backend's collectives", ctx->rank, gname, reason, at,
+           channel ? "its all-to-alls go" : "it syncs", ctx->ops->name);
   return 1;
 }
 
@@ -615,8 +619,17 @@ static const char *segment_kind(const mpg__shm *s, const int32_t *acct) {
 
 /* Start this member's worker thread on the shared segment and hand out its region. */
 static mpg_status start_worker(mpg__shm *s, const char *gname, const char *what,
-                               mpg__shm **out, void **data) {
+                               int channel, mpg__shm **out, void **data) {
   const mpg_ctx *ctx = s->group->ctx;
+  if (channel) {
+    /* No ring and no worker: the caller runs its own protocol over the
+     * members' regions (mpg__shm_channel_create). */
+    mpg__log(2, "rank %d: group %s shares %zu bytes of %s for its all-to-alls (%d members)",
+             ctx->rank, gname, s->map_bytes, what, s->n);
+    *out = s;
+    *data = s->region[s->pos];
+    return MPG_OK;
+  }
   /* This member's first operation: its posted word, as the creator set
    * it before the second exchange (only this member writes it). */
   atomic_store_explicit(&s->nposted, atomic_load(&s->posted[s->pos].v), memory_order_relaxed);
@@ -659,8 +672,9 @@ static mpg_status explain_failure(mpg_group *group, const char *gname, shm_excha
                           creator_acct);
 }
 
-mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int depth,
-                           int scatter, mpg__shm **out, void **data) {
+/* mpg__shm_create, or with channel 1 mpg__shm_channel_create. */
+static mpg_status create(mpg_group *group, size_t bytes, mpg_dtype dtype, int depth,
+                         int scatter, int channel, mpg__shm **out, void **data) {
   *out = NULL;
   *data = NULL;
   mpg_ctx *ctx = group->ctx;
@@ -688,7 +702,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
     exchange_free(&x);
     return fail_env(group, pl.bad, gpos);
   }
-  if (declined(group, gname, &pl, depth)) {
+  if (declined(group, gname, &pl, depth, channel)) {
     exchange_free(&x);
     return MPG_OK;
   }
@@ -717,7 +731,7 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   if (!setup_st && failed < 0) {
     const char *what = segment_kind(s, creator_acct);
     exchange_free(&x);
-    return start_worker(s, gname, what, out, data);
+    return start_worker(s, gname, what, channel, out, data);
   }
   /* Failed, everyone alike (or the exchange itself failed). */
   discard(s, pl.pos);
@@ -729,3 +743,17 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
    * its node's creator's account. */
   return explain_failure(group, gname, &x, pl.n, bytes, failed);
 }
+
+mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int depth,
+                           int scatter, mpg__shm **out, void **data) {
+  return create(group, bytes, dtype, depth, scatter, 0, out, data);
+}
+
+mpg_status mpg__shm_channel_create(mpg_group *group, size_t bytes, mpg__shm **out) {
+  void *data;
+  return create(group, bytes, MPG_F64, 1, 0, 1, out, &data);
+}
+
+char *mpg__shm_channel_area(const mpg__shm *s, int pos) { return s->region[pos]; }
+
+int mpg__shm_channel_threads(const mpg__shm *s) { return s->anon; }

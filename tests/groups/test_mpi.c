@@ -156,6 +156,22 @@ Test(mpi, all_to_all_absent_member_times_out, .timeout = 120) {
   cr_assert(strstr(out, "ERR_TIMEOUT after"), "%s", out);
 }
 
+/* The same after a first all-to-all, through the group's shared-memory
+ * channel (one host): every waiter names the missing member. */
+Test(mpi, all_to_all_absent_member_times_out_in_shared_memory, .timeout = 120) {
+  double t0 = now_s();
+  run_worker(4, "-x MESHPG_TEST_A2A_WARM=1", "", "a2a_timeout", 100);
+  cr_assert_lt(now_s() - t0, 60.0, "the timeout job took %.1f s\n%s", now_s() - t0, out);
+  cr_assert(strstr(out, "ERR_TIMEOUT after") && strstr(out, "missing position 3 (rank 3)"),
+            "%s", out);
+}
+
+/* MESHPG_SHM=0: the backend's all-to-all (counts exchanged, one
+ * MPI_Ialltoallv), the same values. */
+Test(mpi, all_to_all_4_ranks_without_shared_memory, .timeout = 300) {
+  run_worker(4, "-x MESHPG_SHM=0", "", "all_to_all", 280);
+}
+
 /* The split's two-phase rendezvous: a rank that arrives after its peers
  * gave up times out too, rather than hanging in MPI_Comm_split. */
 Test(mpi, split_timeout_never_hangs, .timeout = 120) {

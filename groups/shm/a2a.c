@@ -1,0 +1,450 @@
+/* mpg_all_to_all(v) through a node's shared memory (groups/alltoall.c
+ * calls mpg__a2a_shm_run first on the CPU backends): one copy of every
+ * block, straight from its sender's send buffer into its receiver's recv
+ * buffer, with the counts in the segment instead of a round of messages.
+ *
+ * The channel.  The first all-to-all on a group makes it, collectively
+ * (every member reaches that call): a segment with one region per member
+ * (mpg__shm_channel_create, setup.c's creation: one host, MESHPG_SHM not
+ * 0, a CPU backend), then, for separate processes, a check that each
+ * member may read every other's memory with process_vm_readv (Linux's
+ * cross memory attach: the same user, and ptrace's rules; Yama's
+ * ptrace_scope 1 allows it only to a process's ancestors, so unrelated
+ * ranks of an unprivileged job fail it).  The outcome is all-gathered, so
+ * that every member decides alike: the channel, or the backend's path
+ * for the group's all-to-alls from then on (one log line says why).
+ *
+ * A member's region: its `posted` and `finished` words, each on its own
+ * cache line, then its descriptor of the operation it posted: its
+ * process id, the address of its send buffer, the dtype, and for every
+ * member j (elements) what it sends j, from where, and what it expects
+ * from j.  Member 0's region also holds the channel's abort word.
+ *
+ * Operation q (the members number their all-to-alls on the group alike,
+ * from 0).  Post: once operation q - 1 is complete everywhere (every
+ * finished word > q - 1; the member's own reads of q - 1 are progressed
+ * meanwhile, so that two operations in flight never wait on each other),
+ * the member writes its descriptor and stores posted = q + 1 (release).
+ * Progress: for each peer i in the staggered order of alltoall.c (i = me
+ * - k), once posted[i] > q (acquire), it checks the pair's counts both
+ * ways (what i sends it against its recv_counts[i], what i expects
+ * against its send_counts[i]) and copies i's block out of i's send buffer
+ * into its recv buffer: memcpy for threads of one process,
+ * process_vm_readv for processes.  When it has read every peer it stores
+ * finished = q + 1.  Complete: every finished word > q, so that no member
+ * changes its send buffer, or its descriptor, while a peer still reads
+ * them.  A pair whose counts disagree is not copied; both of its members
+ * fail with MPG_ERR_INVALID once the operation is complete, naming the
+ * pair, and every other block is received (the mpi backend's outcome,
+ * alltoall.c's run_native).  Members that posted different dtypes fail
+ * alike with MPG_ERR_INVALID.
+ *
+ * Nothing blocks a post but operation q - 1 (depth 1); an asynchronous
+ * call returns at once and its reads happen in mpg_work_test /
+ * mpg_work_wait (or the next post).  Every wait is a futex wait of at
+ * most 100 ms after a short spin, with a look at the abort word, the
+ * context's abort flag and the deadline (the post's time plus the
+ * context's timeout): a member that never posts is named by every member
+ * that waited for it (MPG_ERR_TIMEOUT), and the first to give up stores
+ * the reason in the abort word, so that the others return
+ * MPG_ERR_ABORTED naming it within the timeout plus a fraction of a
+ * second. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ctx_internal.h"
+#include "channel.h"
+
+#include "a2a_internal.h"
+
+/* One posted operation (a work's request; a2a.c's own). */
+struct mpg__req {
+  mpg__a2a *ch;
+  uint32_t q;
+  int done;           /* complete, with status and msg */
+  mpg_status status;
+  char msg[512];
+};
+
+static int after(uint32_t a, uint32_t b) { return (int32_t)(a - b) > 0; }
+
+/* ------------------------------------------------------------------ */
+/* The abort word (packed as the reductions' segment packs its own)    */
+/* ------------------------------------------------------------------ */
+
+static _Atomic uint64_t *abort_word(const mpg__a2a *ch) { return &ch->area[0]->abort; }
+
+static void give_up(mpg__a2a *ch, mpg_status why, int peer, uint32_t q) {
+  uint64_t none = 0, w = (uint64_t)(uint32_t)(why ? why : MPG_ERR_ABORTED) |
+                         (uint64_t)(uint32_t)ch->me << 8 |
+                         (uint64_t)(uint32_t)(peer + 1) << 20 | (uint64_t)q << 32;
+  if (!atomic_compare_exchange_strong(abort_word(ch), &none, w)) return;
+  for (int p = 0; p < ch->n; p++) {
+    mpg__shm_futex_wake(&ch->area[p]->posted);
+    mpg__shm_futex_wake(&ch->area[p]->finished);
+  }
+}
+
+static void who(const mpg__a2a *ch, int p, char *buf, size_t cap) {
+  int rank = -1;
+  mpg_group_member(ch->g, p, &rank);
+  snprintf(buf, cap, "position %d (rank %d)", p, rank);
+}
+
+/* The error of an aborted channel, on every member: the member that gave
+ * up gets its own reason, the others MPG_ERR_ABORTED naming it. */
+static mpg_status aborted(const mpg__a2a *ch, uint32_t q) {
+  uint64_t w = atomic_load(abort_word(ch));
+  mpg_status st = (mpg_status)(w & 0xff);
+  int by = (int)(w >> 8 & 0xfff), peer = (int)(w >> 20 & 0xfff) - 1;
+  uint32_t aq = (uint32_t)(w >> 32);
+  char a[64], b[64] = "a member", head[200];
+  who(ch, by, a, sizeof a);
+  if (peer >= 0) who(ch, peer, b, sizeof b);
+  snprintf(head, sizeof head, "shared-memory all-to-all #%u of group \"%s\" index %d (%d "
+           "ranks on this node)", q, ch->g->name, ch->g->index, ch->n);
+  /* Every member waits for every other: a timeout is every member's (as
+   * each one's receive from the missing member times out on the
+   * backends), told by the first to see it. */
+  if (st == MPG_ERR_TIMEOUT)
+    return mpg__fail(st, "%s timed out after %.3g s: missing %s, which did not post "
+                     "all-to-all #%u or read its blocks (seen first by %s)", head,
+                     ch->g->ctx->timeout_s, b, aq, by == ch->me ? "this member" : a);
+  if (by == ch->me)
+    return mpg__fail(st ? st : MPG_ERR_ABORTED, "%s: this member (%s) gave up in #%u (%s)",
+                     head, a, aq, mpg_status_name(st));
+  return mpg__fail(MPG_ERR_ABORTED, "%s: aborted by %s (%s) in all-to-all #%u", head, a,
+                   mpg_status_name(st), aq);
+}
+
+/* MPG_OK, or the channel's (or the context's) abort as an error. */
+static mpg_status healthy(mpg__a2a *ch, uint32_t q) {
+  int reason = atomic_load(&ch->g->ctx->aborted);
+  if (reason) give_up(ch, (mpg_status)reason, -1, q);
+  return atomic_load(abort_word(ch)) ? aborted(ch, q) : MPG_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Reading the peers' blocks                                           */
+/* ------------------------------------------------------------------ */
+
+/* Copy `bytes` at address `from` of peer p's send blocks (its process) to
+ * `to`: straight for threads of this process, else out of its memfd
+ * mapped here. */
+static mpg_status copy_from(mpg__a2a *ch, int p, uint64_t from, char *to, size_t bytes) {
+  if (ch->threads) {
+    mpg__shm_copy(to, (const void *)(uintptr_t)from, bytes, ch->stream);
+    return MPG_OK;
+  }
+  const a2a_head *h = ch->area[p];
+  const char *region = mpg__a2a_map_peer(ch, p, h->fd, h->id, h->len);
+  if (!region) {
+    char b[64];
+    who(ch, p, b, sizeof b);
+    return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all #%u of group \"%s\": "
+                     "mapping %s's blocks (/proc/%d/fd/%d, %llu bytes) failed: %s", ch->q,
+                     ch->g->name, b, (int)h->pid, (int)h->fd, (unsigned long long)h->len,
+                     strerror(errno));
+  }
+  mpg__shm_copy(to, region + (h->offset + (from - h->base)), bytes, /* wraps to its place */
+                ch->stream);
+  return MPG_OK;
+}
+
+/* Peer p posted: check the pair (in bytes: as the backends, a block moves
+ * whatever the dtypes, when the sizes agree) and copy its block.  A
+ * mismatch is kept for complete(): on mpi both members of the pair fail
+ * (each checks both ways), on thread only the receiver (its receive's
+ * rule, thread/p2p.c). */
+static mpg_status read_peer(mpg__a2a *ch, int p) {
+  const a2a_head *h = ch->area[p];
+  const uint64_t *e = ENTRY(h, ch->me), *m = ch->mine + 3 * (size_t)p;
+  uint64_t pes = mpg__dtype_size((mpg_dtype)h->dtype), es = ch->es;
+  uint64_t sends = e[0], from = e[1], expects = e[2];
+  int in = sends * pes != m[2] * es, out = ch->both_ways && expects * pes != m[0] * es;
+  if (in || out) {
+    if (ch->nbad++ == 0)
+      snprintf(ch->mismatch, sizeof ch->mismatch, "position %d sends %llu elements of %s "
+               "where this member (position %d) expects %llu of %s (recv_counts[%d]), and "
+               "expects %llu where it sends %llu (send_counts[%d])%s%llu bytes expected, "
+               "got a message of %llu bytes", p, (unsigned long long)sends,
+               mpg_dtype_name((mpg_dtype)h->dtype), ch->me, (unsigned long long)m[2],
+               mpg_dtype_name(ch->dtype), p, (unsigned long long)expects,
+               (unsigned long long)m[0], p, in ? ": " : " (its own block: ",
+               (unsigned long long)(in ? m[2] * es : expects * pes),
+               (unsigned long long)(in ? sends * pes : m[0] * es));
+    if (in) return MPG_OK;
+  }
+  if (!sends) return MPG_OK;
+  return copy_from(ch, p, h->base + from * pes, ch->recv + ch->rdispl[p] * es,
+                   (size_t)(sends * pes));
+}
+
+/* Read every peer that posted (block: wait for each, until the
+ * deadline); store finished once all were read. */
+static mpg_status progress(mpg__a2a *ch, int block) {
+  uint32_t q = ch->q;
+  for (int k = 1; k < ch->n && ch->nread < ch->n - 1; k++) {
+    int p = (ch->me - k + ch->n) % ch->n;
+    if (ch->read[p]) continue;
+    _Atomic uint32_t *w = &ch->area[p]->posted;
+    for (;;) {
+      uint32_t v = atomic_load_explicit(w, memory_order_acquire);
+      if (after(v, q)) break;
+      mpg_status st = healthy(ch, q);
+      if (st) return st;
+      if (!block) break;
+      double left = ch->deadline - mpg__now();
+      if (left <= 0) {
+        give_up(ch, MPG_ERR_TIMEOUT, p, q);
+        return aborted(ch, q);
+      }
+      mpg__shm_futex_wait(w, v, left < POLL_S ? left : POLL_S);
+    }
+    if (!after(atomic_load_explicit(w, memory_order_acquire), q)) continue;
+    mpg_status st = read_peer(ch, p);
+    if (st) {
+      if (!atomic_load(abort_word(ch))) {
+        mpg__saved_error why;
+        mpg__error_save(&why);
+        give_up(ch, st, -1, q);
+        (void)mpg__error_restore(st, &why);
+      }
+      return st;
+    }
+    ch->read[p] = 1;
+    ch->nread++;
+  }
+  if (ch->nread == ch->n - 1 &&
+      !after(atomic_load_explicit(&ch->area[ch->me]->finished, memory_order_relaxed), q)) {
+    atomic_store_explicit(&ch->area[ch->me]->finished, q + 1, memory_order_release);
+    mpg__shm_futex_wake(&ch->area[ch->me]->finished);
+  }
+  return MPG_OK;
+}
+
+/* Complete operation q (block, or one look): this member's reads, then
+ * every member's.  *done 1 with its outcome (the pair mismatch). */
+static mpg_status complete(mpg__a2a *ch, int block, int *done) {
+  *done = 0;
+  mpg_status st = progress(ch, block);
+  if (st) return st;
+  if (ch->nread < ch->n - 1) return MPG_OK; /* not blocking: later */
+  for (int p = 0; p < ch->n; p++) {
+    _Atomic uint32_t *w = &ch->area[p]->finished;
+    for (;;) {
+      uint32_t v = atomic_load_explicit(w, memory_order_acquire);
+      if (after(v, ch->q)) break;
+      if ((st = healthy(ch, ch->q))) return st;
+      if (!block) return MPG_OK;
+      double left = ch->deadline + GRACE_S - mpg__now();
+      if (left <= 0) {
+        give_up(ch, MPG_ERR_TIMEOUT, p, ch->q);
+        return aborted(ch, ch->q);
+      }
+      mpg__shm_futex_wait(w, v, left < POLL_S ? left : POLL_S);
+    }
+  }
+  *done = 1;
+  ch->busy = 0;
+  if (ch->nbad)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "%s on \"%s\": the counts of %d pair%s of members do not match "
+                     "(recv_counts[i] on member j must equal send_counts[j] on member i): "
+                     "%s; the other blocks were received", ch->fn, ch->g->name, ch->nbad,
+                     ch->nbad == 1 ? "" : "s", ch->mismatch);
+  return MPG_OK;
+}
+
+/* Complete the operation in flight for its request (if it has one): its
+ * outcome and message are kept there for its work. */
+static mpg_status finish_in_flight(mpg__a2a *ch, int block, int *done) {
+  mpg_status st = complete(ch, block, done);
+  if (st && !*done) ch->busy = 0; /* failed: the channel is aborted or will be */
+  if ((*done || st) && ch->req) {
+    ch->req->done = 1;
+    ch->req->status = st;
+    snprintf(ch->req->msg, sizeof ch->req->msg, "%s", st ? mpg_last_error() : "");
+    ch->req = NULL;
+    *done = 1;
+  }
+  return st;
+}
+
+/* ------------------------------------------------------------------ */
+/* The work's table                                                    */
+/* ------------------------------------------------------------------ */
+
+static mpg_status req_outcome(const mpg__req *r) {
+  return r->status ? mpg__fail(r->status, "%s", r->msg) : MPG_OK;
+}
+
+static mpg_status a2a_test(mpg__req *r, int *done) {
+  if (r->done) {
+    *done = 1;
+    return req_outcome(r);
+  }
+  mpg_status st = finish_in_flight(r->ch, 0, done);
+  return r->done ? req_outcome(r) : st;
+}
+
+static mpg_status a2a_wait(mpg__req *r, double deadline) {
+  (void)deadline; /* the post's, with the grace (as shm's table) */
+  int done;
+  if (!r->done) (void)finish_in_flight(r->ch, 1, &done);
+  return req_outcome(r);
+}
+
+static void a2a_req_free(mpg__req *r) {
+  if (r->ch->req == r) r->ch->req = NULL;
+  free(r);
+}
+
+static void a2a_abort_comm(mpg__comm *comm, mpg_status reason) {
+  (void)comm;
+  (void)reason; /* the context's abort reaches the channel through healthy() */
+}
+
+static const struct mpg__backend_ops a2a_ops = {
+    .name = "shm all-to-all",
+    .test = a2a_test,
+    .test_keeps_time = 1,
+    .wait = a2a_wait,
+    .req_free = a2a_req_free,
+    .abort_comm = a2a_abort_comm,
+};
+
+/* ------------------------------------------------------------------ */
+/* Posting                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Processes: where the peers find this member's blocks (h).  In place
+ * when they lie in one region of mpg_ctx_mem_alloc that the peers may map
+ * (the backend's mem_share: mpi's memfds); else copied into the outbox,
+ * each block on a 64-byte boundary, with the entries' displacements
+ * rewritten to the outbox's (in elements, base 0). */
+static mpg_status place_blocks(mpg__a2a *ch, const mpg__a2a_call *a, a2a_head *h) {
+  const struct mpg__backend_ops *ops = ch->g->ctx->ops;
+  size_t es = mpg__dtype_size(a->dtype), lo = SIZE_MAX, hi = 0, need = 0, line = LINE / es;
+  for (int j = 0; j < ch->n; j++) {
+    size_t c = mpg__a2a_scount(a, j), d = mpg__a2a_sdispl(a, j);
+    if (j == ch->me || !c) continue;
+    if (d < lo) lo = d;
+    if (d + c > hi) hi = d + c;
+    need += (c + line - 1) / line * line;
+  }
+  int fd = -1;
+  uint64_t off = 0, len = 0, id = 0;
+  if (hi && ops->mem_share &&
+      ops->mem_share((const char *)a->send + lo * es, (hi - lo) * es, &fd, &off, &len, &id)) {
+    h->fd = (uint64_t)fd;
+    h->id = id;
+    h->len = len;
+    h->offset = off - lo * es; /* where send itself lies in the region (may wrap) */
+    return MPG_OK;
+  }
+  mpg_status st = mpg__a2a_box_reserve(ch, need * es);
+  if (st) return st;
+  size_t at = 0; /* elements */
+  for (int j = 0; j < ch->n; j++) {
+    size_t c = mpg__a2a_scount(a, j);
+    if (j == ch->me || !c) continue;
+    mpg__shm_copy(ch->box + at * es, (const char *)a->send + mpg__a2a_sdispl(a, j) * es,
+                  c * es, need * es >= ch->stream_min);
+    ENTRY(h, j)[1] = at;
+    at += (c + line - 1) / line * line;
+  }
+  h->base = 0;
+  h->fd = h->box_fd;
+  h->id = h->box_id;
+  h->len = ch->box_len;
+  h->offset = 0;
+  return MPG_OK;
+}
+
+/* Publish this member's descriptor of the call as operation ch->next,
+ * once the one before is complete everywhere. */
+static mpg_status post(mpg__a2a *ch, const mpg__a2a_call *a) {
+  if (ch->busy) {
+    /* The one before: complete (its outcome goes to its own work; a
+     * pair's mismatch there is not this operation's). */
+    int done = 0;
+    mpg_status st = finish_in_flight(ch, 1, &done);
+    if (st && (st != MPG_ERR_INVALID || atomic_load(abort_word(ch)))) return st;
+  }
+  uint32_t q = ch->next;
+  mpg_status st = healthy(ch, q);
+  if (st) return st;
+  a2a_head *h = ch->area[ch->me];
+  size_t es = mpg__dtype_size(a->dtype);
+  h->base = (uint64_t)(uintptr_t)a->send;
+  h->dtype = (int32_t)a->dtype;
+  for (int j = 0; j < ch->n; j++) {
+    uint64_t *e = ENTRY(h, j), *m = ch->mine + 3 * (size_t)j;
+    m[0] = e[0] = mpg__a2a_scount(a, j);
+    m[1] = e[1] = mpg__a2a_sdispl(a, j);
+    m[2] = e[2] = mpg__a2a_rcount(a, j);
+    ch->rdispl[j] = mpg__a2a_rdispl(a, j);
+    ch->read[j] = 0;
+  }
+  size_t in = 0; /* what this member receives */
+  for (int j = 0; j < ch->n; j++) in += j == ch->me ? 0 : ch->mine[3 * (size_t)j + 2];
+  ch->stream = in * es >= ch->stream_min;
+  if (!ch->threads && (st = place_blocks(ch, a, h))) {
+    /* Not posted, while the peers may have posted theirs: they fail at once. */
+    mpg__saved_error why;
+    mpg__error_save(&why);
+    give_up(ch, st, -1, q);
+    return mpg__error_restore(st, &why);
+  }
+  ch->q = q;
+  ch->fn = a->fn;
+  ch->deadline = mpg__now() + ch->g->ctx->timeout_s;
+  ch->recv = a->recv;
+  ch->es = es;
+  ch->dtype = a->dtype;
+  ch->nread = ch->nbad = 0;
+  ch->busy = 1;
+  ch->next = q + 1;
+  atomic_store_explicit(&h->posted, q + 1, memory_order_release);
+  mpg__shm_futex_wake(&h->posted);
+  return MPG_OK;
+}
+
+mpg_status mpg__a2a_shm_run(mpg_group *g, const mpg__a2a_call *a, mpg_work **work,
+                            int *taken) {
+  *taken = 0;
+  if (!g->a2a) return MPG_OK;
+  *taken = 1;
+  mpg__a2a *ch = g->a2a;
+  mpg__req *r = calloc(1, sizeof *r);
+  mpg_work *w = work && r ? calloc(1, sizeof *w) : NULL;
+  mpg_status st = MPG_OK;
+  if (!r || (work && !w)) {
+    free(r);
+    st = mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for the work handle (nothing "
+                   "was posted)", a->fn, g->name);
+    give_up(ch, st, -1, ch->next); /* the peers posted theirs: they fail at once */
+    return mpg__group_on_failure(g, a->fn, st);
+  }
+  if ((st = post(ch, a))) {
+    free(r);
+    free(w);
+    return mpg__group_on_failure(g, a->fn, st);
+  }
+  r->ch = ch;
+  r->q = ch->q;
+  ch->req = r;
+  if (!w) return mpg__group_finish(g, &a2a_ops, &r, 1, ch->deadline, a->fn, MPG_OK, 0);
+  w->group = g;
+  w->ops = &a2a_ops;
+  w->req = r;
+  w->deadline = ch->deadline;
+  w->status = MPG_OK;
+  *work = w;
+  return MPG_OK;
+}
