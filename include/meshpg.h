@@ -1067,10 +1067,12 @@ MPG_API mpg_status mpg_ctx_group_partial(mpg_ctx *ctx, const char *dims, int ins
 /* Allocate `bytes` of zeroed memory where the backend's collectives want it
  * (host memory on thread and mpi; device memory on nccl: cudaMalloc, or
  * ncclMemAlloc registered with every communicator when registered = 1);
- * free it with mpg_ctx_mem_free.  On mpi an in-place all_reduce on it runs
- * without staging copies, and after a failed or timed-out operation it
- * holds unspecified values (docs/groups.md, "The mpi backend in more
- * detail").  Returns MPG_OK; MPG_ERR_INVALID for NULL arguments;
+ * free it with mpg_ctx_mem_free.  On mpi it is shared memory (a memfd,
+ * page aligned) that the other ranks of the host may map: an all-to-all
+ * whose send blocks lie in it is copied once, by the receivers (docs/groups.md,
+ * "All-to-all"); an in-place all_reduce on it runs without staging copies,
+ * and after a failed or timed-out operation it holds unspecified values
+ * (docs/groups.md, "The mpi backend in more detail").  Returns MPG_OK; MPG_ERR_INVALID for NULL arguments;
  * MPG_ERR_NOMEM; MPG_ERR_BACKEND (nccl).  Local; any thread. */
 MPG_API mpg_status mpg_ctx_mem_alloc(mpg_ctx *ctx, size_t bytes, int registered,
                                      void **ptr);
@@ -1450,7 +1452,8 @@ typedef struct mpg_sync_stats {
   int shard_size;        /* shard mode (else 0): members of the shard group */
   int shm_buffers;       /* buffers reduced in node-local shared memory
                             (docs/sync.md, "Shared memory") */
-  size_t shm_bytes;      /* the bytes this rank maps for them */
+  size_t shm_bytes;      /* the bytes this rank maps for them (with, in
+                            shard mode, their params' segments) */
 } mpg_sync_stats;
 #define MPG_SYNC_STATS_MAGIC 0x6d706774u /* "mpgt" */
 #define MPG_SYNC_STATS_INIT \

@@ -1,22 +1,30 @@
 /* mpg_all_to_all(v) through a node's shared memory (groups/alltoall.c
- * calls mpg__a2a_shm_run first on the CPU backends): one copy of every
- * block, straight from its sender's send buffer into its receiver's recv
- * buffer, with the counts in the segment instead of a round of messages.
+ * runs it on the CPU backends when every member of the group is on one
+ * host): the counts travel in a segment instead of a round of messages,
+ * and every block is copied once by its receiver, or twice when its
+ * sender's buffer cannot be mapped by the receiver.
  *
- * The channel.  The first all-to-all on a group makes it, collectively
- * (every member reaches that call): a segment with one region per member
- * (mpg__shm_channel_create, setup.c's creation: one host, MESHPG_SHM not
- * 0, a CPU backend), then, for separate processes, a check that each
- * member may read every other's memory with process_vm_readv (Linux's
- * cross memory attach: the same user, and ptrace's rules; Yama's
- * ptrace_scope 1 allows it only to a process's ancestors, so unrelated
- * ranks of an unprivileged job fail it).  The outcome is all-gathered, so
- * that every member decides alike: the channel, or the backend's path
- * for the group's all-to-alls from then on (one log line says why).
+ * The channel (a2a_chan.c).  The group's first all-to-all makes it,
+ * collectively (every member reaches that call, after a round of the
+ * counts point to point that names a member that never arrives): a
+ * segment with one region per member (mpg__shm_channel_create: one host,
+ * MESHPG_SHM not 0, a CPU backend) and, for processes, each member's
+ * outbox (a memfd) that every other member checks it can map through
+ * /proc/<pid>/fd/<fd>.  Every member decides alike: the channel, or the
+ * backend's path for the group's all-to-alls from then on (a log line
+ * says why).
+ *
+ * Where a block is read from.  Threads of one process: the sender's send
+ * buffer itself.  Processes: the sender's send buffer when its blocks lie
+ * in one region of mpg_ctx_mem_alloc (on mpi a memfd: backend.h's
+ * mem_share), mapped by the receiver through /proc (once per region);
+ * else the sender's outbox, into which it copied its blocks when it
+ * posted (grown to fit, never shrunk).  Copies of more than the cache
+ * holds go past it (mpg__shm_copy).
  *
  * A member's region: its `posted` and `finished` words, each on its own
  * cache line, then its descriptor of the operation it posted: its
- * process id, the address of its send buffer, the dtype, and for every
+ * process id, where its blocks are (above), the dtype, and for every
  * member j (elements) what it sends j, from where, and what it expects
  * from j.  Member 0's region also holds the channel's abort word.
  *
@@ -24,31 +32,32 @@
  * from 0).  Post: once operation q - 1 is complete everywhere (every
  * finished word > q - 1; the member's own reads of q - 1 are progressed
  * meanwhile, so that two operations in flight never wait on each other),
- * the member writes its descriptor and stores posted = q + 1 (release).
- * Progress: for each peer i in the staggered order of alltoall.c (i = me
- * - k), once posted[i] > q (acquire), it checks the pair's counts both
- * ways (what i sends it against its recv_counts[i], what i expects
- * against its send_counts[i]) and copies i's block out of i's send buffer
- * into its recv buffer: memcpy for threads of one process,
- * process_vm_readv for processes.  When it has read every peer it stores
- * finished = q + 1.  Complete: every finished word > q, so that no member
- * changes its send buffer, or its descriptor, while a peer still reads
- * them.  A pair whose counts disagree is not copied; both of its members
- * fail with MPG_ERR_INVALID once the operation is complete, naming the
- * pair, and every other block is received (the mpi backend's outcome,
- * alltoall.c's run_native).  Members that posted different dtypes fail
- * alike with MPG_ERR_INVALID.
+ * the member writes its descriptor (and its outbox) and stores posted =
+ * q + 1 (release).  Progress: for each peer i in the staggered order of
+ * alltoall.c (i = me - k), once posted[i] > q (acquire), it checks the
+ * pair's sizes in bytes (as the backends: equal sizes move whatever the
+ * dtypes) and copies i's block into its recv buffer.  When it has read
+ * every peer it stores finished = q + 1.  Complete: every finished word >
+ * q, so that no member changes its send buffer, outbox or descriptor
+ * while a peer still reads them.  A pair whose sizes disagree is not
+ * copied and fails with MPG_ERR_INVALID once the operation is complete,
+ * naming the pair, every other block received: on mpi both members of
+ * the pair (its backend's outcome, alltoall.c's run_native), on thread
+ * the receiver only (its receive's rule).
  *
  * Nothing blocks a post but operation q - 1 (depth 1); an asynchronous
  * call returns at once and its reads happen in mpg_work_test /
  * mpg_work_wait (or the next post).  Every wait is a futex wait of at
  * most 100 ms after a short spin, with a look at the abort word, the
  * context's abort flag and the deadline (the post's time plus the
- * context's timeout): a member that never posts is named by every member
- * that waited for it (MPG_ERR_TIMEOUT), and the first to give up stores
- * the reason in the abort word, so that the others return
- * MPG_ERR_ABORTED naming it within the timeout plus a fraction of a
- * second. */
+ * context's timeout).  The first member to give up stores the reason in
+ * the abort word and wakes every futex: a member that never posts (or
+ * never reads) makes every member return MPG_ERR_TIMEOUT naming it
+ * within the timeout plus a fraction of a second; any other failure
+ * (out of memory for the outbox, a peer's memory that cannot be mapped,
+ * the context aborted) makes the others return MPG_ERR_ABORTED naming
+ * the member and its reason.  A failed post never leaves its operation
+ * half published: it aborts the channel first. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
