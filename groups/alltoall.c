@@ -470,15 +470,16 @@ static mpg_status run_claimed(mpg_group *g, const a2a *a, mpg_work **work) {
   if (g->size > 1 && g->ctx->order && g->ctx->kind == MPG_BACKEND_NCCL &&
       (st = check_counts(g, a)))
     return st;
-  st = copy_self(g, a);
-  if (g->size == 1) return st; /* as coll.c's run(): the local result as it is */
-  if (st) return mpg__group_on_failure(g, a->fn, st);
-
-  if (g->a2a) {
+  if (g->a2a && g->size > 1) {
+    /* The channel copies this member's own block itself, once its
+     * descriptor is out (the peers read meanwhile). */
     int taken = 0;
     st = mpg__a2a_shm_run(g, a, work, &taken);
     if (taken || st) return st;
   }
+  st = copy_self(g, a);
+  if (g->size == 1) return st; /* as coll.c's run(): the local result as it is */
+  if (st) return mpg__group_on_failure(g, a->fn, st);
 
   if (g->ctx->ops->post_alltoallv) {
     int taken = 0;

@@ -222,8 +222,8 @@ static inline size_t mpg__a2a_rdispl(const mpg__a2a_call *a, int p) {
   return a->v ? a->rdispls[p] : (size_t)p * a->count;
 }
 
-/* shm/a2a.c: run the checked call a (this member's own block already
- * copied) on g, ready, two or more members, through the group's
+/* shm/a2a.c: run the checked call a (this member's own block too) on g,
+ * ready, two or more members, through the group's
  * shared-memory channel (made collectively at the group's first
  * all-to-all: one host, a CPU backend, MESHPG_SHM not 0, and for
  * processes cross memory attach allowed; see a2a.c): one copy per block,

@@ -421,6 +421,12 @@ static mpg_status post(mpg__a2a *ch, const mpg__a2a_call *a) {
   ch->next = q + 1;
   atomic_store_explicit(&h->posted, q + 1, memory_order_release);
   mpg__shm_futex_wake(&h->posted);
+  /* This member's own block, while the peers read theirs. */
+  size_t own = mpg__a2a_scount(a, ch->me);
+  if (own)
+    mpg__shm_copy((char *)a->recv + mpg__a2a_rdispl(a, ch->me) * es,
+                  (const char *)a->send + mpg__a2a_sdispl(a, ch->me) * es, own * es,
+                  ch->stream);
   return MPG_OK;
 }
 
