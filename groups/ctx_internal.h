@@ -42,8 +42,10 @@ struct mpg_group {
   _Atomic uint64_t trace_seq;  /* trace.c: collectives recorded on it */
   _Atomic uint64_t *trace_p2p; /* trace.c: sends to / receives from each
                                   position (2 x size), from its first op */
-  struct mpg__a2a *a2a; /* shm/a2a.c: its all-to-alls' shared-memory
-                           channel, made at the first one */
+  _Atomic(struct mpg__a2a *) a2a; /* shm/a2a.c: its all-to-alls'
+                           shared-memory channel, made at the first one
+                           (atomic: mpg__ctx_abort_all reads it from any
+                           thread) */
   int a2a_off;      /* 1: its all-to-alls go through the backend */
   atomic_int busy;  /* 1 while a call issues on the group (coll.c's
                        mpg__group_claim): a second thread's call fails
@@ -243,6 +245,10 @@ mpg_status mpg__a2a_shm_run(mpg_group *g, const mpg__a2a_call *a, mpg_work **wor
                             int *taken);
 /* Free a channel (NULL: nothing).  Local; mpg_ctx_destroy. */
 void mpg__a2a_shm_destroy(mpg__a2a *ch);
+/* Give up on a channel (NULL: nothing) with `reason`: every member's
+ * operation in it fails at once (the others with MPG_ERR_ABORTED naming
+ * this member).  mpg__ctx_abort_all; any thread. */
+void mpg__a2a_shm_abort(mpg__a2a *ch, mpg_status reason);
 
 /* coll.c: split g's communicator (collective over g's members, bounded by
  * the timeout): color >= 0 joins that colour's communicator, ordered by

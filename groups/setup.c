@@ -15,6 +15,8 @@ void mpg__ctx_abort_all(mpg_ctx *ctx, mpg_status reason) {
   int cap = ctx->nsets + 2, n = 0;
   for (mpg_group *g = ctx->extra; g; g = g->next) cap++;
   mpg__comm *stack[64], **comms = cap <= 64 ? stack : malloc(sizeof *comms * (size_t)cap);
+  for (int s = 0; s < ctx->nsets; s++) mpg__a2a_shm_abort(ctx->groups[s].a2a, reason);
+  for (mpg_group *g = ctx->extra; g; g = g->next) mpg__a2a_shm_abort(g->a2a, reason);
   for (int s = 0; s < ctx->nsets; s++) {
     mpg_group *g = &ctx->groups[s];
     if (g->comm && g->comm != ctx->world_comm) {

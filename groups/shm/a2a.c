@@ -385,7 +385,7 @@ static mpg_status post(mpg__a2a *ch, const mpg__a2a_call *a) {
     mpg_status st = finish_in_flight(ch, 1, &done);
     if (st && (st != MPG_ERR_INVALID || atomic_load(abort_word(ch)))) return st;
   }
-  uint32_t q = ch->next;
+  uint32_t q = atomic_load_explicit(&ch->next, memory_order_relaxed);
   mpg_status st = healthy(ch, q);
   if (st) return st;
   a2a_head *h = ch->area[ch->me];
@@ -418,7 +418,7 @@ static mpg_status post(mpg__a2a *ch, const mpg__a2a_call *a) {
   ch->dtype = a->dtype;
   ch->nread = ch->nbad = 0;
   ch->busy = 1;
-  ch->next = q + 1;
+  atomic_store_explicit(&ch->next, q + 1, memory_order_relaxed);
   atomic_store_explicit(&h->posted, q + 1, memory_order_release);
   mpg__shm_futex_wake(&h->posted);
   /* This member's own block, while the peers read theirs. */
@@ -428,6 +428,10 @@ static mpg_status post(mpg__a2a *ch, const mpg__a2a_call *a) {
                   (const char *)a->send + mpg__a2a_sdispl(a, ch->me) * es, own * es,
                   ch->stream);
   return MPG_OK;
+}
+
+void mpg__a2a_shm_abort(mpg__a2a *ch, mpg_status reason) {
+  if (ch) give_up(ch, reason, -1, atomic_load_explicit(&ch->next, memory_order_relaxed));
 }
 
 mpg_status mpg__a2a_shm_run(mpg_group *g, const mpg__a2a_call *a, mpg_work **work,
@@ -443,7 +447,8 @@ mpg_status mpg__a2a_shm_run(mpg_group *g, const mpg__a2a_call *a, mpg_work **wor
     free(r);
     st = mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for the work handle (nothing "
                    "was posted)", a->fn, g->name);
-    give_up(ch, st, -1, ch->next); /* the peers posted theirs: they fail at once */
+    /* The peers posted theirs: they fail at once. */
+    give_up(ch, st, -1, atomic_load_explicit(&ch->next, memory_order_relaxed));
     return mpg__group_on_failure(g, a->fn, st);
   }
   if ((st = post(ch, a))) {

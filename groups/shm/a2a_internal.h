@@ -52,7 +52,9 @@ struct mpg__a2a {
   int both_ways;      /* a mismatch fails both members of the pair (mpi),
                          else only the receiver (thread) */
   a2a_head **area;
-  uint32_t next;      /* the number of this member's next operation */
+  _Atomic uint32_t next; /* the number of this member's next operation
+                            (atomic, relaxed, only for mpg__a2a_shm_abort
+                            from another thread) */
   /* The operation in flight (busy), at most one. */
   int busy;
   uint32_t q;

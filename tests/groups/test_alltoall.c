@@ -14,7 +14,13 @@
  *  - a member that never calls it: the others get MPG_ERR_TIMEOUT naming
  *    it, within tests/time_bound.h's bounds, blocking and async;
  *  - the issue-order checker: members that issue an all-to-all of another
- *    dtype are caught, the call named as all_to_all(...) / all_to_all_v(...).
+ *    dtype are caught, the call named as all_to_all(...) / all_to_all_v(...);
+ *  - the groups' shared-memory channel (groups/shm/a2a.c; the threads of
+ *    one process always share a host): the property test above runs
+ *    through it, and again with MESHPG_SHM=0 through the backend's point to
+ *    point, against the same bytes; three all-to-alls in flight on one
+ *    group, waited for last first; a member's mpg_ctx_abort reaching the
+ *    peers that wait for it in the channel at once.
  * The same exchange runs on MPI processes in mpi_worker.c (mode
  * all_to_all) and on NCCL over the test double in
  * tests/double/test_double_vs_thread.c.
@@ -223,6 +229,136 @@ Test(all_to_all, random_meshes_groups_counts_dtypes, .timeout = 300) {
                 dims, world, a.cases, mpg_mesh_num_dimsets(mesh), now_s() - t0);
     mpg_mesh_destroy(mesh);
   }
+}
+
+/* MESHPG_SHM=0: the thread backend's own point to point instead of the
+ * groups' shared-memory channels (groups/shm/a2a.c), checked against the
+ * same bytes: the two paths agree byte for byte. */
+Test(all_to_all, random_meshes_without_shared_memory, .timeout = 300) {
+  setenv("MESHPG_CHECK_ORDER", "1", 1);
+  setenv("MESHPG_SHM", "0", 1);
+  for (int r = 0; r < 4; r++) {
+    uint64_t seed = mix(0xa2a0000u + (uint64_t)r);
+    int world = r == 0 ? 2 : 2 + (int)(seed % 7);
+    int dp = pick_divisor(world, seed >> 16), tp = world / dp;
+    char dims[64];
+    snprintf(dims, sizeof dims, "pp=1,dp=%d,tp=%d", dp, tp);
+    mpg_mesh *mesh = make_dims_mesh(dims);
+    prop_arg a = {mesh, seed, 2 * MPG_DTYPE_COUNT};
+    fail_msg[0] = '\0';
+    EXPECT_RUN_OK(mpg_thread_run(world, 30.0, prop_main, &a, NULL));
+    mpg_mesh_destroy(mesh);
+  }
+  unsetenv("MESHPG_SHM");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Several in flight; an abort reaches the channel                           */
+/* ------------------------------------------------------------------------ */
+
+#define INFLIGHT 3
+#define PER 300 /* elements per block: 4 members x 300 x 4 bytes */
+
+/* Three all-to-alls through work handles on one group before any is
+ * waited for, then waited for last first: each post completes the one
+ * before it as far as this member's part goes (the channel holds one in
+ * flight), and every block arrives. */
+static mpg_status inflight_main(const mpg_init_opts *opts, void *arg) {
+  mpg_ctx *ctx = NULL;
+  mpg_group *g;
+  mpg_status st = rank_open(opts, arg, &ctx, "dp", &g);
+  if (st) return st;
+  int me = mpg_group_position(g), n = mpg_group_size(g);
+  float *send[INFLIGHT], *recv[INFLIGHT];
+  mpg_work *w[INFLIGHT];
+  for (int i = 0; i < INFLIGHT; i++) {
+    send[i] = malloc(sizeof(float) * PER * (size_t)n);
+    recv[i] = calloc((size_t)PER * (size_t)n, sizeof(float));
+    RCHECK(send[i] && recv[i], "out of memory");
+    for (int j = 0; j < n; j++)
+      for (int k = 0; k < PER; k++)
+        send[i][j * PER + k] = (float)(i * 100000 + me * 1000 + j * 100 + k % 97);
+  }
+  RCALL(mpg_all_to_all(g, send[0], recv[0], PER, MPG_F32, NULL, NULL)); /* the channel */
+  for (int i = 0; i < INFLIGHT; i++)
+    RCALL(mpg_all_to_all(g, send[i], recv[i], PER, MPG_F32, NULL, &w[i]));
+  for (int i = INFLIGHT - 1; i >= 0; i--) RCALL(mpg_work_wait(w[i]));
+  for (int i = 0; i < INFLIGHT; i++) {
+    for (int s = 0; s < n; s++)
+      for (int k = 0; k < PER; k++) {
+        float want = (float)(i * 100000 + s * 1000 + me * 100 + k % 97);
+        RCHECK(recv[i][s * PER + k] == want, "all-to-all %d: element %d from position %d is "
+               "%g, expected %g", i, k, s, recv[i][s * PER + k], want);
+      }
+    free(send[i]);
+    free(recv[i]);
+  }
+  RCALL(mpg_ctx_check_order(ctx));
+  tl_ctx = NULL;
+  RCALL(mpg_ctx_destroy(ctx));
+  return MPG_OK;
+}
+
+Test(all_to_all, three_in_flight_waited_last_first) {
+  setenv("MESHPG_CHECK_ORDER", "1", 1);
+  mpg_mesh *mesh = make_dims_mesh("dp=4");
+  fail_msg[0] = '\0';
+  EXPECT_RUN_OK(mpg_thread_run(4, 20.0, inflight_main, mesh, NULL));
+  mpg_mesh_destroy(mesh);
+}
+
+typedef struct abort_arg {
+  const mpg_mesh *mesh;
+  mpg_status got[4];
+  double elapsed[4];
+  char msg[4][1024];
+} abort_arg;
+
+/* After one all-to-all, rank 0 aborts its context (a watchdog would)
+ * instead of issuing the second; the others, waiting for it in the
+ * channel, return MPG_ERR_ABORTED at once naming it, long before the
+ * timeout. */
+static mpg_status abort_main(const mpg_init_opts *opts, void *arg) {
+  abort_arg *a = arg;
+  mpg_ctx *ctx = NULL;
+  mpg_group *g;
+  mpg_status st = rank_open(opts, a->mesh, &ctx, "dp", &g);
+  if (st) return st;
+  int32_t s[16], r[16];
+  for (int i = 0; i < 16; i++) s[i] = i;
+  RCALL(mpg_all_to_all(g, s, r, 4, MPG_I32, NULL, NULL));
+  int me = opts->rank;
+  double t0 = now_s();
+  if (me == 0) {
+    sleep_s(0.3); /* the others wait in the channel by then */
+    a->got[0] = mpg_ctx_abort(ctx);
+  } else {
+    a->got[me] = mpg_all_to_all(g, s, r, 4, MPG_I32, NULL, NULL);
+    snprintf(a->msg[me], sizeof a->msg[me], "%s", mpg_last_error());
+  }
+  a->elapsed[me] = now_s() - t0;
+  tl_ctx = NULL;
+  (void)mpg_ctx_destroy(ctx);
+  return MPG_OK;
+}
+
+Test(all_to_all, an_abort_reaches_the_peers_in_the_channel, .timeout = 60) {
+  setenv("MESHPG_CHECK_ORDER", "0", 1); /* rank 0 skips a call, by design */
+  abort_arg *a = calloc(1, sizeof *a);
+  a->mesh = make_dims_mesh("dp=4");
+  fail_msg[0] = '\0';
+  EXPECT_RUN_OK(mpg_thread_run(4, 20.0, abort_main, a, NULL));
+  cr_assert_eq(a->got[0], MPG_OK, "mpg_ctx_abort: %s", mpg_status_name(a->got[0]));
+  for (int r = 1; r < 4; r++) {
+    cr_assert_eq(a->got[r], MPG_ERR_ABORTED, "rank %d got %s: %s", r,
+                 mpg_status_name(a->got[r]), a->msg[r]);
+    cr_assert(strstr(a->msg[r], "aborted by position 0 (rank 0)"), "rank %d: %s", r,
+              a->msg[r]);
+    cr_assert(a->elapsed[r] < tb_bound(2.0, 4), "rank %d waited %.3f s (timeout 20 s)", r,
+              a->elapsed[r]);
+  }
+  mpg_mesh_destroy((mpg_mesh *)a->mesh);
+  free(a);
 }
 
 /* ------------------------------------------------------------------------ */
