@@ -63,6 +63,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "ctx_internal.h"
@@ -189,8 +190,29 @@ static mpg_status read_peer(mpg__a2a *ch, int p) {
     if (in) return MPG_OK;
   }
   if (!sends) return MPG_OK;
-  return copy_from(ch, p, h->base + from * pes, ch->recv + ch->rdispl[p] * es,
-                   (size_t)(sends * pes));
+  if (!ch->threads)
+    return copy_from(ch, p, h->base + from * pes, ch->recv + ch->rdispl[p] * es,
+                     (size_t)(sends * pes));
+  /* Threads read the sender's own buffer, which it may free as soon as it
+   * gave up (a timeout elsewhere): counted first, then the abort word
+   * looked at (sequentially consistent both), so that either the copy
+   * sees the abort or the sender sees the copy (drain). */
+  _Atomic uint32_t *readers = &ch->area[p]->readers;
+  atomic_fetch_add(readers, 1);
+  mpg_status st = atomic_load(abort_word(ch)) ? aborted(ch, ch->q)
+                  : copy_from(ch, p, h->base + from * pes, ch->recv + ch->rdispl[p] * es,
+                              (size_t)(sends * pes));
+  atomic_fetch_sub(readers, 1);
+  return st;
+}
+
+/* A member whose operation failed (the channel is aborted) returns only
+ * once no peer copies out of its send buffer any more (threads): a copy
+ * under way when the abort came finishes within a memcpy. */
+static void drain(mpg__a2a *ch) {
+  if (!ch->threads) return;
+  _Atomic uint32_t *readers = &ch->area[ch->me]->readers;
+  while (atomic_load(readers)) sched_yield();
 }
 
 /* Read every peer that posted (block: wait for each, until the
@@ -273,7 +295,16 @@ static mpg_status complete(mpg__a2a *ch, int block, int *done) {
  * outcome and message are kept there for its work. */
 static mpg_status finish_in_flight(mpg__a2a *ch, int block, int *done) {
   mpg_status st = complete(ch, block, done);
-  if (st && !*done) ch->busy = 0; /* failed: the channel is aborted or will be */
+  if (st && !*done) {
+    ch->busy = 0; /* failed: the channel is aborted or will be */
+    if (!atomic_load(abort_word(ch))) {
+      mpg__saved_error why;
+      mpg__error_save(&why);
+      give_up(ch, st, -1, ch->q);
+      (void)mpg__error_restore(st, &why);
+    }
+    drain(ch);
+  }
   if ((*done || st) && ch->req) {
     ch->req->done = 1;
     ch->req->status = st;

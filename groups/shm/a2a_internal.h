@@ -21,6 +21,8 @@ typedef struct a2a_head {
   _Alignas(LINE) _Atomic uint32_t posted;
   _Alignas(LINE) _Atomic uint32_t finished;
   _Alignas(LINE) _Atomic uint64_t abort; /* member 0's: the channel's */
+  _Alignas(LINE) _Atomic uint32_t readers; /* threads: peers copying out of
+                                              this member's send buffer now */
   _Alignas(LINE) uint64_t pid, base;
   /* Processes: where the blocks are for the other processes to map (a
    * memfd of this process at /proc/<pid>/fd/<fd>, of len bytes, its
