@@ -503,24 +503,26 @@ static mpg_status run_a2a(mpg_group *g, const a2a *a, mpg_work **work) {
   mpg_status st = mpg__group_claim(g, a->fn);
   if (st) return st;
   st = check(g, a);
-  if (!st && !g->a2a && !g->a2a_off && g->size > 1 && g->ctx->ops->host_shm) {
-    int claimed = 1;
-    st = first_call(g, a, &claimed);
-    if (!claimed) return st;
-  }
+  int claimed = 1;
   if (!st) {
-    /* The flight recorder: one operation; the v form's count is what this
-     * member sends in all. */
+    /* The flight recorder: one operation, its first call's channel
+     * included (a member stuck there shows this all-to-all pending); the
+     * v form's count is what this member sends in all. */
     size_t count = a->v ? 0 : a->count;
     for (int p = 0; a->v && p < g->size; p++) count += a->scounts[p];
     mpg__trace_mark mark = mpg__trace_begin(
         g, a->v ? TRACE_ALL_TO_ALL_V : TRACE_ALL_TO_ALL, a->dtype, count, -1);
     if (!work) mpg__trace_posted(&mark); /* blocking: it starts now */
-    st = run_claimed(g, a, work);
+    if (!g->a2a && !g->a2a_off && g->size > 1 && g->ctx->ops->host_shm) {
+      mpg__trace_mute(1);
+      st = first_call(g, a, &claimed);
+      mpg__trace_mute(-1);
+    }
+    if (!st) st = run_claimed(g, a, work);
     if (!st && work && *work) mpg__trace_posted(&mark);
     mpg__trace_hand(&mark, st, work);
   }
-  mpg__group_release(g);
+  if (claimed) mpg__group_release(g);
   return st;
 }
 

@@ -46,6 +46,10 @@ struct mpg_group {
                            shared-memory channel, made at the first one
                            (atomic: mpg__ctx_abort_all reads it from any
                            thread) */
+  void (*a2a_abort)(struct mpg__a2a *ch, mpg_status reason);
+                    /* mpg__a2a_shm_abort, set before a2a: setup.c's abort
+                       calls it through this pointer (no link from the
+                       abort to shm/, which calls setup.c) */
   int a2a_off;      /* 1: its all-to-alls go through the backend */
   atomic_int busy;  /* 1 while a call issues on the group (coll.c's
                        mpg__group_claim): a second thread's call fails
@@ -128,6 +132,10 @@ void mpg__trace_destroy(mpg_ctx *ctx);
 mpg__trace_mark mpg__trace_begin(mpg_group *g, int kind, mpg_dtype dtype, size_t count,
                                  int peer);
 mpg__trace_mark mpg__trace_begin_batch(mpg_group *g, const mpg__coll *list, int n);
+/* Operations this thread begins while muted (mpg__trace_mute(1) ..
+ * mpg__trace_mute(-1)) are not recorded: the steps inside one recorded
+ * operation (an all-to-all's first call, which makes its channel). */
+void mpg__trace_mute(int delta);
 void mpg__trace_posted(const mpg__trace_mark *m);
 void mpg__trace_end(mpg__trace_mark *m, mpg_status st);
 void mpg__trace_hand(mpg__trace_mark *m, mpg_status st, mpg_work **work);
@@ -247,7 +255,7 @@ mpg_status mpg__a2a_shm_run(mpg_group *g, const mpg__a2a_call *a, mpg_work **wor
 void mpg__a2a_shm_destroy(mpg__a2a *ch);
 /* Give up on a channel (NULL: nothing) with `reason`: every member's
  * operation in it fails at once (the others with MPG_ERR_ABORTED naming
- * this member).  mpg__ctx_abort_all; any thread. */
+ * this member).  mpg__ctx_abort_all, through g->a2a_abort; any thread. */
 void mpg__a2a_shm_abort(mpg__a2a *ch, mpg_status reason);
 
 /* coll.c: split g's communicator (collective over g's members, bounded by

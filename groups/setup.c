@@ -8,6 +8,12 @@
 
 #include "ctx_internal.h"
 
+/* Give up g's all-to-all channel, if it has one (ctx_internal.h). */
+static void abort_channel(mpg_group *g, mpg_status reason) {
+  struct mpg__a2a *ch = g->a2a; /* then a2a_abort, set before it */
+  if (ch) g->a2a_abort(ch, reason);
+}
+
 void mpg__ctx_abort_all(mpg_ctx *ctx, mpg_status reason) {
   int healthy = MPG_OK;
   if (!atomic_compare_exchange_strong(&ctx->aborted, &healthy, (int)reason)) return;
@@ -15,8 +21,9 @@ void mpg__ctx_abort_all(mpg_ctx *ctx, mpg_status reason) {
   int cap = ctx->nsets + 2, n = 0;
   for (mpg_group *g = ctx->extra; g; g = g->next) cap++;
   mpg__comm *stack[64], **comms = cap <= 64 ? stack : malloc(sizeof *comms * (size_t)cap);
-  for (int s = 0; s < ctx->nsets; s++) mpg__a2a_shm_abort(ctx->groups[s].a2a, reason);
-  for (mpg_group *g = ctx->extra; g; g = g->next) mpg__a2a_shm_abort(g->a2a, reason);
+  /* The groups' all-to-all channels first (peers may wait in them). */
+  for (int s = 0; s < ctx->nsets; s++) abort_channel(&ctx->groups[s], reason);
+  for (mpg_group *g = ctx->extra; g; g = g->next) abort_channel(g, reason);
   for (int s = 0; s < ctx->nsets; s++) {
     mpg_group *g = &ctx->groups[s];
     if (g->comm && g->comm != ctx->world_comm) {

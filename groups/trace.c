@@ -141,11 +141,15 @@ static uint64_t p2p_seq(mpg_group *g, int kind, int peer) {
   return atomic_fetch_add_explicit(c, 1, RLX) + 1;
 }
 
+static _Thread_local int muted; /* mpg__trace_mute */
+
+void mpg__trace_mute(int delta) { muted += delta; }
+
 mpg__trace_mark mpg__trace_begin(mpg_group *g, int kind, mpg_dtype dtype, size_t count,
                                  int peer) {
   mpg__trace_mark m = {NULL, 0, 0};
   mpg__trace *t = g->ctx->trace;
-  if (!t || g->size < 2) return m;
+  if (!t || g->size < 2 || muted) return m;
   int gid = group_id(t, g);
   if (gid < 0) return m;
   uint64_t gseq = kind == MPG__SEND || kind == MPG__RECV
@@ -164,7 +168,7 @@ mpg__trace_mark mpg__trace_begin(mpg_group *g, int kind, mpg_dtype dtype, size_t
 mpg__trace_mark mpg__trace_begin_batch(mpg_group *g, const mpg__coll *list, int n) {
   mpg__trace_mark m = {NULL, 0, 0};
   mpg__trace *t = g->ctx->trace;
-  if (!t || g->size < 2 || n < 1) return m;
+  if (!t || g->size < 2 || n < 1 || muted) return m;
   int gid = group_id(t, g);
   if (gid < 0) return m;
   m.seq = atomic_fetch_add_explicit(&t->head, (uint64_t)n, RLX);

@@ -206,14 +206,3 @@ mpg_status mpg__a2a_channel_make(mpg_group *g, mpg__a2a **out) {
   *out = ch;
   return MPG_OK;
 }
-
-mpg_status mpg__a2a_shm_prepare(mpg_group *g, const char *fn) {
-  if (g->a2a || g->a2a_off || g->size < 2 || !g->ctx->ops->host_shm) return MPG_OK;
-  mpg__a2a *ch = NULL;
-  mpg_status st = mpg__a2a_channel_make(g, &ch);
-  if (st) return mpg__fail_wrap(st, "%s on \"%s\": making its shared-memory channel", fn,
-                                g->name);
-  if (ch) g->a2a = ch; /* whole before it is seen (mpg__ctx_abort_all) */
-  else g->a2a_off = 1;
-  return MPG_OK;
-}

@@ -94,11 +94,8 @@ Test(trace, every_kind_of_operation_recorded_with_its_numbers, .fini = cleanup) 
     cr_assert_str_eq(t.backend, "thread");
     cr_assert_str_eq(t.mesh, "dp=2,tp=2");
     cr_assert_str_eq(t.reason, "request");
-    /* 14: the first all-to-all on tp makes its shared-memory channel
-     * first, four host all-gathers on tp (groups/shm/a2a.c), recorded
-     * like any collective so that a hang there shows. */
-    cr_assert_eq(t.nops, 14, "rank %d: %d ops", r, t.nops);
-    cr_assert_eq(t.total, 14);
+    cr_assert_eq(t.nops, 10, "rank %d: %d ops", r, t.nops);
+    cr_assert_eq(t.total, 10);
     static const char *const kinds[] = {"all_reduce", "all_reduce", "all_reduce", "broadcast",
                                         "all_gather"};
     int dp_pos = r / 2, tp_index = r / 2, dp_index = r % 2;
@@ -111,15 +108,14 @@ Test(trace, every_kind_of_operation_recorded_with_its_numbers, .fini = cleanup) 
       cr_assert_eq(op->step, -1);
       cr_assert_eq(op->bucket, -1);
       const char *want = i < 5 ? kinds[i] : i < 7 ? (dp_pos == 0 ? "send" : "recv")
-                         : i < 11 ? "all_gather" : i == 11 ? "all_to_all"
-                         : NULL; /* the batch: either order */
+                         : i == 7 ? "all_to_all" : NULL; /* the batch: either order */
       if (want) cr_assert_str_eq(op->kind, want, "rank %d op %d", r, i);
-      if (i < 3 || (i >= 7 && i <= 11)) {
+      if (i < 3 || i == 7) {
         cr_assert_str_eq(g->name, "tp");
         cr_assert_eq(g->index, tp_index);
         cr_assert_eq(g->ranks[0], 2 * tp_index);
         cr_assert_eq(g->ranks[1], 2 * tp_index + 1);
-        cr_assert_eq(op->gseq, (uint64_t)(i < 3 ? i + 1 : i - 3));
+        cr_assert_eq(op->gseq, (uint64_t)(i < 3 ? i + 1 : 4));
       } else {
         cr_assert_str_eq(g->name, "dp");
         cr_assert_eq(g->index, dp_index);
@@ -137,10 +133,10 @@ Test(trace, every_kind_of_operation_recorded_with_its_numbers, .fini = cleanup) 
         cr_assert_str_eq(op->dtype, "f32");
         cr_assert_eq(op->count, 4);
       }
-      if (i >= 12) {
+      if (i >= 8) {
         int send = !strcmp(op->kind, "send");
         cr_assert(send || !strcmp(op->kind, "recv"), "rank %d op %d: %s", r, i, op->kind);
-        cr_assert_neq(send, !strcmp(t.ops[i == 12 ? 13 : 12].kind, "send"), "one of each");
+        cr_assert_neq(send, !strcmp(t.ops[i == 8 ? 9 : 8].kind, "send"), "one of each");
         cr_assert_eq(op->gseq, (uint64_t)(send == (dp_pos == 0) ? 3 : 1),
                      "the batch's %s, numbered per peer", op->kind);
       }
