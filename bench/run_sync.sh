@@ -41,6 +41,15 @@
 #      how to get it, (F) and (d) are skipped as with SKIP_GLOO=1
 #      SKIP_DDP=1, and everything else runs; what needs them prints
 #      "n/a (no torch)".
+# After each np's rounds, once (issue 34): bench_sync_gather PARAMS (G),
+# shard mode's parameter gather in shared memory against the backend's
+# gather (MESHPG_SHM=0), MPI_Allgather and its floor (np ranks each
+# copying (np - 1) / np of the bytes at once), with --repeat ROUNDS; its
+# rows, then one line "gather (G): shm /floor = X.XX" (goal <= 1.30 at np
+# 2, with PASS or MISS) and its ratio to the best MPI.  GATHER_METHODS
+# (default shm,backend,mpi,floor) is passed as its --methods (leave out
+# backend for gpt-medium: each method's buffers are the params' bytes per
+# rank); SKIP_GATHER=1 leaves it out.
 # Every program gets ITERS timed iterations after WARMUP warm-up ones.
 # Per np it prints every RESULT line and one table: per mode the median
 # over the rounds of each round's median, with the spread (lowest..highest
@@ -67,7 +76,8 @@
 # both), ROUNDS (3), ITERS (20), WARMUP (3), MODES (a,b,c,o,g,n; add
 # r,i,p,s,1 for more profile rows), MASTER_PORT (29500 + pid % 1000),
 # PYTHON (/usr/bin/python3), SKIP_DDP=1 to leave out (d), SKIP_GLOO=1 to
-# leave out (F), SKIP_RAW=1 to leave out (R) and (L), DDP_TIMEOUT (1800 s,
+# leave out (F), SKIP_RAW=1 to leave out (R) and (L), SKIP_GATHER=1 to leave
+# out (G), GATHER_METHODS (above), DDP_TIMEOUT (1800 s,
 # a guard against a hung torch teardown), MPIRUN_EXTRA (more mpirun
 # arguments).  The floor (M) always runs.
 # Exit status: 0 when every program ran (a missed goal is reported as MISS,
@@ -150,6 +160,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # shellcheck disable=SC2206
 extra=(${MPIRUN_EXTRA:-})
 raw="$build/bench/bench_raw_mpi"
+gather="$build/bench/bench_sync_gather"
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/run_sync.XXXXXX")
 trap 'rm -rf "$out"' EXIT
@@ -438,5 +449,18 @@ for np in "${nps[@]}"; do
   echo "# np $np done: load $(cut -d' ' -f1-3 /proc/loadavg)"
   "$PYTHON" -c "$tables" table "$np" "$cores" "$params" "$ROUNDS" "$dir" "$out/summary.jsonl" \
     "$why_f" "$why_d" || exit 1
+  if [[ ${SKIP_GATHER:-0} != 1 && -x $gather ]]; then
+    echo
+    run bench_sync_gather "$dir/g.txt" "${mpirun_cmd[@]}" "$gather" "$params" \
+      --repeat "$ROUNDS" --iters "$ITERS" --warmup "$WARMUP" \
+      --methods "${GATHER_METHODS:-shm,backend,mpi,floor}"
+    awk -v np="$np" '$1 == "RESULT" && $2 == "G" && $3 == "method=shm" {
+        for (i = 3; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+        r = v["ratio_floor"] + 0
+        goal = np == 2 ? sprintf("goal <= 1.30 at np 2   %s", r <= 1.3 ? "PASS" : "MISS") : \
+          "(the goal is at np 2)"
+        printf "gather (G): shm /floor = %.2f   %s;   vs best MPI %.2fx\n", r, goal, v["vs_mpi"]
+      }' "$dir/g.txt"
+  fi
 done
 "$PYTHON" -c "$tables" summary "$cores" "$params" "$ROUNDS" "$out/summary.jsonl" || exit 1

@@ -16,9 +16,13 @@ static size_t mib_bytes(double mb) {
 
 void mpg__sync_free_layout(mpg_sync *s) {
   for (int i = 0; i < s->layout.nbuffers; i++) {
-    if (s->layout.buffers[i].shm) mpg__shm_destroy(s->layout.buffers[i].shm); /* owns data */
-    else if (s->layout.buffers[i].data) mpg_ctx_mem_free(s->ctx, s->layout.buffers[i].data);
-    if (s->layout.buffers[i].param_data) mpg_ctx_mem_free(s->ctx, s->layout.buffers[i].param_data);
+    sbuffer *f = &s->layout.buffers[i];
+    if (f->shm) mpg__shm_destroy(f->shm); /* owns data */
+    else if (f->data) mpg_ctx_mem_free(s->ctx, f->data);
+    if (f->param_shm) mpg__shm_destroy(f->param_shm); /* owns param_data */
+    else if (f->param_data) mpg_ctx_mem_free(s->ctx, f->param_data);
+    f->shm = f->param_shm = NULL;
+    f->data = f->param_data = NULL;
   }
   free(s->layout.buffers);
   free(s->shard.forward_buckets);
@@ -293,13 +297,31 @@ static mpg_status alloc_buffers(mpg_sync *s) {
     mpg_group *shared_over = buf->sharded ? s->shard.domains[buf->domain].shard : buf->group;
     st = mpg__shm_create(shared_over, bytes, buf->dtype, buf->nbuckets, buf->sharded,
                          &buf->shm, &buf->data);
+    /* Its parameters (shard mode) in a second segment over the same group,
+     * on one host (across hosts they are gathered by the backend), decided
+     * alike on every member from the first's outcome; depth: every bucket
+     * in flight at once (mpg_sync_gather_all) without waiting for a slot. */
+    const char *what = "buffer";
+    if (!st && buf->shm && buf->sharded && mpg__shm_hosts(buf->shm) == 1 &&
+        (st = mpg__shm_create(shared_over, bytes, buf->dtype, buf->nbuckets, 1,
+                              &buf->param_shm, &buf->param_data))) {
+      if (st == MPG_ERR_ENV) {
+        /* No room for it in /dev/shm (alike on every member): the
+         * parameters gather through the backend, as before. */
+        mpg__log(1, "mpg_sync_commit: buffer %d's parameters are gathered by the backend: "
+                 "%s", buf_index, mpg_last_error());
+        st = MPG_OK;
+      } else {
+        what = "the parameters' shared memory of buffer";
+      }
+    }
     if (!st && !buf->shm)
       st = mpg_ctx_mem_alloc(s->ctx, bytes, s->opts.register_buffers, &buf->data);
     if (st)
       st = mpg__fail_wrap(st,
-                          "mpg_sync_commit: buffer %d (%s, group \"%s\"%s%s, %d params, "
+                          "mpg_sync_commit: %s %d (%s, group \"%s\"%s%s, %d params, "
                           "%zu bytes)",
-                          buf_index, mpg_dtype_name(buf->dtype), mpg_group_name(buf->group),
+                          what, buf_index, mpg_dtype_name(buf->dtype), mpg_group_name(buf->group),
                           buf->tied ? ", tied " : "",
                           buf->tied ? mpg_group_name(buf->tied) : "", buf->nparams, bytes);
     else

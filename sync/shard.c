@@ -26,7 +26,9 @@
  *    id order, make up this rank's optimizer-state space (shard_elems).
  *  - Gather: the parameter buffers mirror the gradient buffers; buckets are
  *    all-gathered in place over the shard group in forward order (the
- *    reverse of launch order), one ahead of the trainer's first use. */
+ *    reverse of launch order), one ahead of the trainer's first use; in
+ *    the buffer's second shared-memory segment when its gradients' is on
+ *    one host (layout.c), else by the backend. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,10 +226,15 @@ mpg_status mpg__sync_shard_commit(mpg_sync *s) {
   for (int id = 0; id < s->layout.nparams; id++)
     if (s->layout.buffers[s->layout.params[id].buffer].sharded)
       s->shard.pad_elems -= s->layout.params[id].count;
-  /* The parameter buffers, zeroed like the gradients. */
+  /* The parameter buffers, zeroed like the gradients (in shared memory
+   * already: made with the gradients' segment, layout.c). */
   for (int b = 0; b < s->layout.nbuffers; b++) {
     sbuffer *f = &s->layout.buffers[b];
     size_t bytes = f->count * mpg_dtype_size(f->dtype);
+    if (f->param_shm) {
+      s->layout.total_bytes += bytes;
+      continue;
+    }
     mpg_status st = mpg_ctx_mem_alloc(s->ctx, bytes, s->opts.register_buffers, &f->param_data);
     if (st)
       return mpg__fail_wrap(st, "mpg_sync_commit: parameter buffer %d (%s, %zu bytes)", b,
@@ -406,7 +413,13 @@ static mpg_status gather_start(mpg_sync *s, int i) {
   char *all = (char *)f->param_data + b->offset * es;
   char *mine = all + (size_t)mpg_group_position(shard) * b->slice * es;
   mpg__sync_trace_tag(s, s->shard.forward_buckets[i]);
-  mpg_status st = mpg_all_gather(shard, mine, all, b->slice, f->dtype, s->stream, &b->gather_work);
+  mpg_status st;
+  if (f->param_shm)
+    /* One host: each member copies the others' slices of the bucket from
+     * their buffers into its own, in one pass (groups/shm/). */
+    st = mpg__shm_all_gather(f->param_shm, b->offset, b->slice, &b->gather_work);
+  else
+    st = mpg_all_gather(shard, mine, all, b->slice, f->dtype, s->stream, &b->gather_work);
   mpg__trace_tag(-1, 0, 0);
   mpg__sync_abort_after(s, st); /* the peers' gathers go on: never pair with them */
   if (st)
@@ -418,23 +431,28 @@ static mpg_status gather_start(mpg_sync *s, int i) {
 }
 
 /* Wait for forward positions up to `upto` (exclusive), starting any not
- * started yet. */
+ * started yet.  The first failure's message is the one kept (the later
+ * waits, which fail too once the context is aborted, write their own). */
 static mpg_status gather_upto(mpg_sync *s, int upto) {
   mpg_status first = MPG_OK;
+  mpg__saved_error why;
   while (s->shard.gather_waited < upto) {
     int i = s->shard.gather_waited;
-    if (s->shard.gather_started <= i && !first) first = gather_start(s, i);
+    if (s->shard.gather_started <= i && !first && (first = gather_start(s, i)))
+      mpg__error_save(&why);
     sbucket *b = &s->layout.buckets[s->shard.forward_buckets[i]];
     if (b->gather_work) {
       mpg_status st = mpg_work_wait(b->gather_work);
       b->gather_work = NULL;
-      if (st && !first)
+      if (st && !first) {
         first = mpg__fail_wrap(st, "sync gather: waiting for bucket %d",
                                s->shard.forward_buckets[i]);
+        mpg__error_save(&why);
+      }
     }
     s->shard.gather_waited++;
   }
-  return first;
+  return first ? mpg__error_restore(first, &why) : MPG_OK;
 }
 
 /* The caller's stream reads the gathered params after the sync's. */
@@ -502,8 +520,10 @@ mpg_status mpg_sync_gather_all(mpg_sync *s) {
   if (st) return st;
   if (!s->shard.gather_open) return no_gather(s, "mpg_sync_gather_all");
   for (int i = s->shard.gather_started; i < s->shard.nforward && !st; i++) st = gather_start(s, i);
+  mpg__saved_error why;
+  if (st) mpg__error_save(&why);
   mpg_status w = gather_upto(s, s->shard.nforward);
-  if (!st) st = w;
+  st = st ? mpg__error_restore(st, &why) : w; /* the first failure's message */
   return gather_end_wait(s, st);
 }
 

@@ -223,7 +223,8 @@ mpg_status mpg_sync_destroy(mpg_sync *s) {
   mpg__sync_gather_drop(s);
   mpg__ctx_sync_count(s->ctx, -1);
   for (int i = 0; i < s->layout.nbuffers; i++) {
-    if (s->layout.buffers[i].param_data) {
+    if (s->layout.buffers[i].param_data && !s->layout.buffers[i].param_shm) {
+      /* (param_shm: freed with the layout) */
       mpg_status st = mpg_ctx_mem_free(s->ctx, s->layout.buffers[i].param_data);
       s->layout.buffers[i].param_data = NULL;
       if (st && !first) {
@@ -440,8 +441,12 @@ mpg_status mpg_sync_get_stats(const mpg_sync *s, mpg_sync_stats *stats) {
   }
   for (int b = 0; b < s->layout.nbuffers; b++)
     if (s->layout.buffers[b].shm) {
+      /* A buffer counts once; its bytes are both segments' (gradients,
+       * and in shard mode on one host its parameters'). */
       full.shm_buffers++;
       full.shm_bytes += mpg__shm_mapped_bytes(s->layout.buffers[b].shm);
+      if (s->layout.buffers[b].param_shm)
+        full.shm_bytes += mpg__shm_mapped_bytes(s->layout.buffers[b].param_shm);
     }
   mpg__abi_out(stats, &full, MPG__ABI_END(mpg_sync_stats));
   return MPG_OK;

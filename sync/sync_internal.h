@@ -22,7 +22,10 @@
  *    node the members share (mpg__shm_create, groups/shm/): its buckets
  *    are then reduced in one pass, each member summing its shard (its
  *    slice, for a sharded buffer) of every member's bucket in place, then
- *    across nodes.  Those creations are collective
+ *    across nodes.  A sharded buffer's segment on one host gets a second
+ *    one, created right after it, for its parameters, whose buckets are
+ *    then all-gathered in one pass there (shard.c).  Those creations are
+ *    collective
  *    over each group; they run in a rank-independent order (by group
  *    name, dtype and tied group name).
  *    Parameters are laid out in reverse registration order (backward
@@ -109,6 +112,11 @@ typedef struct sbuffer {
   void *param_data; /* shard mode: the parameter buffer (same layout) */
   mpg__shm *shm;    /* data lives in node-local shared memory (the
                        one-pass path; NULL: mpg_ctx_mem_alloc) */
+  mpg__shm *param_shm; /* shard mode, shm on one host: param_data lives in
+                          a second segment over the same shard group, and
+                          its buckets are gathered there (NULL: in
+                          mpg_ctx_mem_alloc's memory, gathered by the
+                          backend) */
 } sbuffer;
 
 typedef struct sbucket {

@@ -122,6 +122,22 @@ mpg_status mpg__shm_all_reduce(mpg__shm *shm, size_t offset, size_t count, mpg_o
                                double scale, mpg_work **work);
 mpg_status mpg__shm_reduce_scatter(mpg__shm *shm, size_t offset, size_t count, mpg_op op,
                                    double scale, mpg_work **work);
+/* Post, like the two above (same numbering, checks, claim, timeouts,
+ * failures and abort), the in-place all-gather of elements [offset,
+ * offset + count x size) of every member's buffer: the member at group
+ * position p supplies slice p (count elements at offset + p x count) in its
+ * own buffer, and once the work completes every member's buffer holds
+ * every slice, bit for bit what the backend's mpg_all_gather gives.  Each
+ * member's worker copies the others' slices into its own buffer (one
+ * pass); complete when every member's worker finished, so a member may
+ * rewrite its slice only after its work completed.  One host only: on a
+ * segment across hosts (mpg__shm_hosts > 1) the post fails with
+ * MPG_ERR_INVALID (and aborts the segment, as any failed post).  A member
+ * that posts another kind of operation as its n-th fails every member's
+ * n-th with MPG_ERR_INVALID. */
+mpg_status mpg__shm_all_gather(mpg__shm *shm, size_t offset, size_t count, mpg_work **work);
+/* The hosts the segment spans (1: one; more: hierarchical); 0 for NULL. */
+int mpg__shm_hosts(const mpg__shm *shm);
 /* The bytes of its mapping (every member's buffer and the control area). */
 size_t mpg__shm_mapped_bytes(const mpg__shm *shm);
 /* Stop the worker and unmap (NULL: nothing).  Local; after the works

@@ -1,7 +1,8 @@
 /* The segment's table (posting a shared-memory operation, testing and
  * waiting for it, with the timeout and the abort that every member sees),
  * and the worker thread that reduces this member's shards through the
- * library's one reduction kernel (protocol in shm_internal.h). */
+ * library's one reduction kernel, or copies its peers' slices of an
+ * all-gather (protocol in shm_internal.h). */
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -13,6 +14,10 @@
 #include <unistd.h>
 
 #include "shm_internal.h"
+
+#if defined(__x86_64__)
+#include <emmintrin.h> /* SSE2: the gather's non-temporal stores */
+#endif
 
 #define POLL_S 0.1   /* longest futex sleep between looks at the abort word */
 #define GRACE_S 0.25 /* the main thread's extra time over the worker's */
@@ -79,6 +84,17 @@ void mpg__shm_abort(mpg__shm *s, mpg_status why, int peer, uint32_t q) {
   }
 }
 
+/* What operation q of this member is, for messages: "reduction" or
+ * "all-gather", from its descriptor while its slot still holds it, else
+ * from the kind of this member's latest post. */
+static const char *op_noun(const mpg__shm *s, uint32_t q) {
+  uint32_t next = atomic_load_explicit(&s->nposted, memory_order_relaxed);
+  int kind = atomic_load_explicit(&s->posting, memory_order_relaxed);
+  if (after(next, q) && next - q <= (uint32_t)s->depth)
+    kind = s->desc[(size_t)s->pos * (size_t)s->depth + (q & (uint32_t)(s->depth - 1))].kind;
+  return kind == SHM_ALL_GATHER ? "all-gather" : "reduction";
+}
+
 /* The member at position p, for messages: "position 2 (rank 5)". */
 static void who(const mpg__shm *s, int p, char *buf, size_t n) {
   int rank = -1, gp = p >= 0 && p < s->n ? s->members[p] : -1;
@@ -104,11 +120,11 @@ static mpg_status aborted(const mpg__shm *s, uint32_t q) {
   char a[64], b[64], head[256];
   who(s, by, a, sizeof a);
   if (peer >= 0) who(s, peer, b, sizeof b);
-  snprintf(head, sizeof head, "shared-memory reduction #%u of group %s (%d ranks on this node)",
-           q, s->gname, s->n);
+  snprintf(head, sizeof head, "shared-memory %s #%u of group %s (%d ranks on this node)",
+           op_noun(s, q), q, s->gname, s->n);
   if (st == MPG_ERR_INVALID && peer >= 0)
-    return mpg__fail(st, "%s: %s and %s posted different operations #%u (offset, count, "
-                     "dtype or op differ)", head, a, b, aq);
+    return mpg__fail(st, "%s: %s and %s posted different operations #%u (kind, offset, "
+                     "count, dtype or op differ)", head, a, b, aq);
   if (peer == -2) /* this member's own worker says why: the backend's words */
     return mpg__fail(st == MPG_ERR_TIMEOUT && mine ? st : MPG_ERR_ABORTED,
                      "%s: the %s across nodes of %s failed (%s) in operation #%u%s%s", head,
@@ -134,7 +150,7 @@ static mpg_status aborted(const mpg__shm *s, uint32_t q) {
 
 static int same_desc(const shm_desc *a, const shm_desc *b) {
   return a->offset == b->offset && a->count == b->count && a->dtype == b->dtype &&
-         a->op == b->op && a->scatter == b->scatter && a->scale == b->scale;
+         a->op == b->op && a->kind == b->kind && a->scale == b->scale;
 }
 
 
@@ -158,7 +174,7 @@ static int gave_up(mpg__shm *s, uint32_t q) {
  * two owners write one cache line; a reduce-scatter's part is its slice,
  * the one of its position in the group. */
 static void shard(const mpg__shm *s, const shm_desc *d, size_t es, size_t *lo, size_t *hi) {
-  if (d->scatter) {
+  if (d->kind == SHM_REDUCE_SCATTER) {
     *lo = (size_t)s->members[s->pos] * d->count;
     *hi = *lo + d->count;
     return;
@@ -185,7 +201,8 @@ static size_t reduce_shard(mpg__shm *s, const shm_desc *d, int part) {
   mpg_dtype dt = (mpg_dtype)d->dtype;
   size_t es = mpg__dtype_size(dt), at = (size_t)d->offset * es, lo, hi;
   shard(s, d, es, &lo, &hi);
-  int first = d->scatter ? s->pos : 0, ndst = d->scatter ? 1 : s->n;
+  int scatter = d->kind == SHM_REDUCE_SCATTER;
+  int first = scatter ? s->pos : 0, ndst = scatter ? 1 : s->n;
   for (int p = 0; p < s->n; p++) s->src[p] = s->region[p] + at;
   for (int k = 0; k < ndst; k++) s->dst[k] = s->region[first + k] + at;
   mpg__reduce_job job = {dt, (mpg_op)d->op, d->scale, NULL, s->total,
@@ -228,6 +245,55 @@ static size_t scatter_blocks(mpg__shm *s, const shm_desc *d, int part) {
   return m;
 }
 
+/* A slice's copy.  From STREAM_MIN bytes on (x86-64) with non-temporal
+ * stores: a gathered bucket is far larger than the caches, and stores
+ * that skip them (no read for ownership of the target lines) took about
+ * 0.6 of memcpy's time in bench_sync_gather (bench/README.md,
+ * "bench_sync_gather");
+ * the sfence orders them before the worker's release of `finished`, which
+ * plain stores need not.  Smaller slices stay in the caches (memcpy), for
+ * the forward pass that reads them next. */
+#define STREAM_MIN ((size_t)1 << 20)
+static void copy_slice(char *dst, const char *src, size_t n) {
+#if defined(__x86_64__)
+  if (n >= STREAM_MIN) {
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15, i = head;
+    memcpy(dst, src, head);
+    for (; i + 64 <= n; i += 64) {
+      __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(src + i));
+      __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(src + i + 16));
+      __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(src + i + 32));
+      __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(src + i + 48));
+      _mm_stream_si128((__m128i *)(void *)(dst + i), a);
+      _mm_stream_si128((__m128i *)(void *)(dst + i + 16), b);
+      _mm_stream_si128((__m128i *)(void *)(dst + i + 32), c);
+      _mm_stream_si128((__m128i *)(void *)(dst + i + 48), e);
+    }
+    _mm_sfence();
+    memcpy(dst + i, src + i, n - i);
+    return;
+  }
+#endif
+  memcpy(dst, src, n);
+}
+
+/* An all-gather's work for this member: every other local member's slice
+ * (count elements at offset + its group position x count), pulled from
+ * that member's region into the same place of this member's; this
+ * member's own slice is in place.  The peers in turn from the next
+ * position on, so that the members do not all read one region at once.
+ * (Pulling, so that each member writes only its own region; pushing each
+ * member's slice into the peers' regions measured the same,
+ * bench/README.md.) */
+static void gather_slices(mpg__shm *s, const shm_desc *d) {
+  size_t es = mpg__dtype_size((mpg_dtype)d->dtype), bytes = (size_t)d->count * es;
+  for (int k = 1; k < s->n; k++) {
+    int p = (s->pos + k) % s->n;
+    size_t at = ((size_t)d->offset + (size_t)s->members[p] * (size_t)d->count) * es;
+    copy_slice(s->region[s->pos] + at, s->region[p] + at, bytes);
+  }
+}
+
 /* The sum of this member's staged partial sums with the members at its
  * local position on the other nodes (an all-reduce of the shard's m
  * elements, or a reduce-scatter of the nodes' blocks of m elements that
@@ -237,8 +303,9 @@ static size_t scatter_blocks(mpg__shm *s, const shm_desc *d, int part) {
 static mpg_status across_nodes(mpg__shm *s, const shm_desc *d, size_t m, double deadline,
                                uint32_t q) {
   const struct mpg__backend_ops *ops = s->group->ctx->ops;
-  void *recv = d->scatter ? (char *)s->stage + (size_t)s->node * m * stage_size(d) : s->stage;
-  mpg__coll c = {d->scatter ? MPG__REDUCE_SCATTER : MPG__ALL_REDUCE, s->stage, recv, m,
+  int scatter = d->kind == SHM_REDUCE_SCATTER;
+  void *recv = scatter ? (char *)s->stage + (size_t)s->node * m * stage_size(d) : s->stage;
+  mpg__coll c = {scatter ? MPG__REDUCE_SCATTER : MPG__ALL_REDUCE, s->stage, recv, m,
                  d->dtype == MPG_F64 ? MPG_F64 : MPG_F32, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
   mpg__req *r = NULL;
   mpg_status st = ops->post(s->inter, &c, &r);
@@ -300,16 +367,19 @@ void *mpg__shm_worker(void *arg) {
         return NULL;
       }
     }
-    if (s->inter) {
+    if (d->kind == SHM_ALL_GATHER) {
+      gather_slices(s, d); /* one host only (post() refuses it across hosts) */
+    } else if (s->inter) {
       /* Hierarchical: the node's partial sums, then across nodes. */
-      size_t m = d->scatter ? scatter_blocks(s, d, PARTIAL) : reduce_shard(s, d, PARTIAL);
+      int scatter = d->kind == SHM_REDUCE_SCATTER;
+      size_t m = scatter ? scatter_blocks(s, d, PARTIAL) : reduce_shard(s, d, PARTIAL);
       mpg_status st = m ? across_nodes(s, d, m, deadline, q) : MPG_OK;
       if (st) {
         inter_error(s);
         mpg__shm_abort(s, st, -2, q);
         return NULL;
       }
-      if (d->scatter) scatter_blocks(s, d, FINISH);
+      if (scatter) scatter_blocks(s, d, FINISH);
       else reduce_shard(s, d, FINISH);
     } else {
       reduce_shard(s, d, ONE_PASS);
@@ -364,9 +434,9 @@ static mpg_status wait_q(mpg__shm *s, uint32_t q, double deadline, int block, in
         char b[64];
         who(s, p, b, sizeof b);
         return mpg__fail(MPG_ERR_TIMEOUT,
-                         "shared-memory reduction #%u of group %s (%d ranks on this "
-                         "node) timed out after %.3g s: missing %s, which did not finish "
-                         "its shard", q, s->gname, s->n, ctx->timeout_s, b);
+                         "shared-memory %s #%u of group %s (%d ranks on this node) timed "
+                         "out after %.3g s: missing %s, which did not finish its shard",
+                         op_noun(s, q), q, s->gname, s->n, ctx->timeout_s, b);
       }
       return aborted(s, q);
     }
@@ -396,13 +466,13 @@ static void shm_req_free(mpg__req *r) { free(r); }
 /* ------------------------------------------------------------------ */
 
 /* The table's post: publish operation q, the in-place all-reduce (or
- * reduce-scatter) of c's elements of every member's region, which the
- * generic layer checked (mpg__group_run_on; the range in the region was
- * checked before: post()).  Everything that can fail comes before
- * anything is written. */
+ * reduce-scatter, or all-gather) of c's elements of every member's
+ * region, which the generic layer checked (mpg__group_run_on; the range in
+ * the region was checked before: post()).  Everything that can fail comes
+ * before anything is written. */
 static mpg_status shm_post(mpg__comm *comm, const mpg__coll *c, mpg__req **out) {
   mpg__shm *s = comm->shm;
-  int scatter = c->kind == MPG__REDUCE_SCATTER;
+  int gather = c->kind == MPG__ALL_GATHER;
   uint32_t q = atomic_load_explicit(&s->nposted, memory_order_relaxed);
   if (mpg__shm_aborted(s, NULL)) return aborted(s, q);
   mpg__req *r = malloc(sizeof *r);
@@ -422,13 +492,16 @@ static mpg_status shm_post(mpg__comm *comm, const mpg__coll *c, mpg__req **out) 
     }
   }
   shm_desc *d = &s->desc[(size_t)s->pos * (size_t)s->depth + slot];
-  d->offset = (uint64_t)((const char *)c->send - s->region[s->pos]) / mpg__dtype_size(s->dtype);
+  /* In place: the whole range starts at send (all-gather: at recv). */
+  const char *at = gather ? (const char *)c->recv : (const char *)c->send;
+  d->offset = (uint64_t)(at - s->region[s->pos]) / mpg__dtype_size(s->dtype);
   d->count = c->count;
   d->dtype = (int32_t)s->dtype;
-  d->op = (int32_t)c->op;
-  d->scatter = scatter;
+  d->op = gather ? 0 : (int32_t)c->op;
+  d->kind = gather ? SHM_ALL_GATHER
+            : c->kind == MPG__REDUCE_SCATTER ? SHM_REDUCE_SCATTER : SHM_ALL_REDUCE;
   d->pad = 0;
-  d->scale = c->op == MPG__OP_PREMUL_SUM ? c->scale : 1.0;
+  d->scale = !gather && c->op == MPG__OP_PREMUL_SUM ? c->scale : 1.0;
   s->deadline[slot] = deadline;
   atomic_store_explicit(&s->nposted, q + 1, memory_order_relaxed);
   s->nposts++;
@@ -473,29 +546,41 @@ static mpg_status refuse(mpg__shm *s, uint32_t q, mpg_status st) {
   return mpg__error_restore(st, &why);
 }
 
-/* An operation on the segment, through the generic layer like any
- * collective (mpg__group_run_on: claimed, so that a second thread's post
- * on this group fails with MPG_ERR_STATE, posting nothing). */
-static mpg_status post(mpg__shm *s, int scatter, size_t offset, size_t count, mpg_op op,
+/* An operation of kind `kind` (SHM_*) on the segment, through the
+ * generic layer like any collective (mpg__group_run_on: claimed, so that
+ * a second thread's post on this group fails with MPG_ERR_STATE, posting
+ * nothing). */
+static mpg_status post(mpg__shm *s, int kind, size_t offset, size_t count, mpg_op op,
                        double scale, mpg_work **work) {
-  const char *fn = scatter ? "mpg_reduce_scatter (shared memory)"
-                           : "mpg_all_reduce (shared memory)";
+  const char *fn = kind == SHM_REDUCE_SCATTER ? "mpg_reduce_scatter (shared memory)"
+                   : kind == SHM_ALL_GATHER   ? "mpg_all_gather (shared memory)"
+                                              : "mpg_all_reduce (shared memory)";
+  int sliced = kind != SHM_ALL_REDUCE; /* count is per member */
   uint32_t q = atomic_load_explicit(&s->nposted, memory_order_relaxed);
+  atomic_store_explicit(&s->posting, kind, memory_order_relaxed);
   if (work) *work = NULL;
   if (!work) return refuse(s, q, mpg__fail(MPG_ERR_INVALID, "%s: work is NULL", fn));
+  if (kind == SHM_ALL_GATHER && s->nodes > 1)
+    return refuse(s, q, mpg__fail(MPG_ERR_INVALID, "%s on group %s: the segment spans %d "
+                                  "hosts; the all-gather in shared memory runs on one host "
+                                  "only (gather through the backend)", fn, s->gname,
+                                  s->nodes));
   size_t elems = s->region_bytes / mpg__dtype_size(s->dtype);
-  size_t span = scatter ? count * (size_t)s->total : count;
-  if (offset > elems || (scatter && count > elems) || span > elems - offset)
+  size_t span = sliced ? count * (size_t)s->total : count;
+  if (offset > elems || (sliced && count > elems) || span > elems - offset)
     return refuse(s, q, mpg__fail(MPG_ERR_RANGE, "%s: elements %zu..%zu are outside the "
                                   "%zu-byte buffer", fn, offset, offset + span,
                                   s->region_bytes));
   char *at = s->region[s->pos] + offset * mpg__dtype_size(s->dtype);
-  /* In place: a reduce-scatter's slice is the one of this member's
-   * position in the group (its position on the node only on one node). */
-  void *recv = scatter ? at + (size_t)s->members[s->pos] * count * mpg__dtype_size(s->dtype)
-                       : at;
-  mpg__coll c = {scatter ? MPG__REDUCE_SCATTER : MPG__ALL_REDUCE, at, recv, count,
-                 s->dtype, op, scale, 0, 0, NULL, 0};
+  /* In place: a reduce-scatter's slice (recv), or an all-gather's (send),
+   * is the one of this member's position in the group (its position on
+   * the node only on one node). */
+  char *mine = at + (size_t)s->members[s->pos] * count * mpg__dtype_size(s->dtype);
+  mpg__coll c = {kind == SHM_REDUCE_SCATTER ? MPG__REDUCE_SCATTER
+                 : kind == SHM_ALL_GATHER   ? MPG__ALL_GATHER
+                                            : MPG__ALL_REDUCE,
+                 kind == SHM_ALL_GATHER ? mine : at, kind == SHM_REDUCE_SCATTER ? mine : at,
+                 count, s->dtype, kind == SHM_ALL_GATHER ? MPG_OP_SUM : op, scale, 0, 0, NULL, 0};
   mpg_status st = mpg__group_run_on(s->group, &shm_ops, &s->self, &c, work, fn);
   if (st && atomic_load_explicit(&s->nposted, memory_order_relaxed) == q)
     return refuse(s, q, st);
@@ -503,10 +588,16 @@ static mpg_status post(mpg__shm *s, int scatter, size_t offset, size_t count, mp
 }
 mpg_status mpg__shm_all_reduce(mpg__shm *s, size_t offset, size_t count, mpg_op op,
                                double scale, mpg_work **work) {
-  return post(s, 0, offset, count, op, scale, work);
+  return post(s, SHM_ALL_REDUCE, offset, count, op, scale, work);
 }
 
 mpg_status mpg__shm_reduce_scatter(mpg__shm *s, size_t offset, size_t count, mpg_op op,
                                    double scale, mpg_work **work) {
-  return post(s, 1, offset, count, op, scale, work);
+  return post(s, SHM_REDUCE_SCATTER, offset, count, op, scale, work);
 }
+
+mpg_status mpg__shm_all_gather(mpg__shm *s, size_t offset, size_t count, mpg_work **work) {
+  return post(s, SHM_ALL_GATHER, offset, count, MPG_OP_SUM, 1.0, work);
+}
+
+int mpg__shm_hosts(const mpg__shm *s) { return s ? s->nodes : 0; }

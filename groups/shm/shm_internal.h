@@ -1,7 +1,8 @@
 /* Node-local shared memory for a group's in-place reductions: the
  * one-pass all-reduce and reduce-scatter that sync/ runs on the CPU
  * backends when the members of a group share a node (docs/sync.md,
- * "Shared memory").  It sits behind the backend table (backend.h,
+ * "Shared memory"), and the one-pass all-gather of a sharded buffer's
+ * parameters (one host only).  It sits behind the backend table (backend.h,
  * "Shared memory behind this table"): the segment is a communicator of
  * its own table, its operations run through the generic layer
  * (mpg__group_run_on) and complete through mpg_work like any other, and
@@ -48,7 +49,22 @@
  * backend: position order, any number).  A reduce-scatter moves
  * (nodes - 1) / nodes of one slice per member across, less than the
  * all-reduce of the whole array.
-
+ *
+ * The all-gather (a sharded buffer's parameters, sync/shard.c) is the
+ * same protocol with other work: the member at group position p owns
+ * slice p of the operation's elements in its own region, and each
+ * member's worker, once every local member posted it, pulls every other
+ * local member's slice from that member's region into the same place of
+ * its own: one read and one write of each slice per reader, each worker
+ * writing only its own region (pushing each slice into the peers' regions
+ * instead measured the same; large slices with non-temporal stores:
+ * engine.c; bench/README.md, "bench_sync_gather").  Complete, as every
+ * operation, when every member's worker finished, so that no member
+ * rewrites its slice while a peer still reads it.  Copies only: the bits
+ * equal the backend's all-gather's.  On one host only: a segment across
+ * hosts refuses it (MPG_ERR_INVALID), and sync/ gathers such a buffer
+ * through the backend's mpg_all_gather.
+ *
  * The segment.  A control area (struct shm_ctl, then one cache line per
  * member for `posted` and one for `finished`, then each member's ring of
  * `depth` operation descriptors), then one region per member: member p's
@@ -63,7 +79,8 @@
  * into slot q & (depth - 1) of its ring, then stores posted[p] = q + 1
  * (release) and wakes the futex on that word.  Member p's worker thread, for each
  * q in turn, waits for posted[x] > q of every member x (acquire), checks
- * that x's descriptor equals its own, reduces its shard of operation q
+ * that x's descriptor equals its own (kind included), reduces (or, for an
+ * all-gather, copies: above) its shard of operation q
  * from every region (in position order, in f32 for f16/bf16, the average
  * and the pre-multiply fused: mpg__reduce_sources), writes the result back (every region for
  * an all-reduce, its own for a reduce-scatter) and stores finished[p] =
@@ -155,10 +172,14 @@ typedef struct shm_word {
   char pad[SHM_LINE - sizeof(uint32_t)];
 } shm_word;
 
-/* One operation as a member posted it (compared between members). */
+/* The kinds of operation (shm_desc.kind). */
+enum { SHM_ALL_REDUCE = 0, SHM_REDUCE_SCATTER = 1, SHM_ALL_GATHER = 2 };
+
+/* One operation as a member posted it (compared between members, the kind
+ * too: a gather paired with a reduction is MPG_ERR_INVALID). */
 typedef struct shm_desc {
-  uint64_t offset, count; /* elements; reduce-scatter: count per member */
-  int32_t dtype, op, scatter, pad;
+  uint64_t offset, count; /* elements; reduce-scatter, all-gather: per member */
+  int32_t dtype, op, kind, pad; /* op 0 and scale 1 for an all-gather */
   double scale;
 } shm_desc;
 
@@ -209,6 +230,9 @@ struct mpg__shm {
                                   only so that a refused second thread may
                                   name it in its abort */
   uint64_t nposts;             /* operations this member posted (no wrap) */
+  atomic_int posting;          /* the kind (SHM_*) of this member's latest
+                                  post, made or refused: for messages
+                                  (relaxed: a refused second thread too) */
   double *deadline;            /* depth: the worker's deadline of each */
   pthread_t worker;
   int worker_up;

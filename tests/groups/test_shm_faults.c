@@ -31,6 +31,24 @@
  *    (MPG_ERR_ABORTED naming rank 0's reason), instead of the ranks
  *    going on with one operation apart.
  *
+ * And the all-gather (issue 34, mpg__shm_all_gather) on the engine itself,
+ * segments made with mpg__shm_create on the thread backend:
+ *
+ *  - gather_values: every dtype, slices below and above the size that
+ *    switches to non-temporal stores, three gathers in flight at once, a
+ *    counter start just before the 32-bit wrap: every member's range
+ *    equals, byte for byte, the backend's mpg_all_gather of the same
+ *    slices, and the elements around the range are untouched;
+ *  - gather_mismatch: member 0 posts an all-gather where member 1 posts a
+ *    reduce-scatter of the same range: MPG_ERR_INVALID on both, naming the
+ *    two members and the different operations;
+ *  - gather_missing_member: of three members, the last never posts: the
+ *    other two fail within the timeout + 1 s (tests/time_bound.h) with
+ *    MPG_ERR_TIMEOUT or MPG_ERR_ABORTED naming it by position and rank;
+ *  - gather_across_hosts: a segment over two "hosts" (host_id, 2 + 2
+ *    members: hierarchical) refuses the all-gather with MPG_ERR_INVALID on
+ *    every member (the sync gathers such buffers through the backend).
+ *
  * Links the static library (the seams, and struct mpg_work's size for the
  * wrapped calloc). */
 #include <criterion/criterion.h>
@@ -46,6 +64,7 @@
 #include "meshpg.h"
 #include "shm_internal.h" /* mpg__shm_seams, struct mpg_work */
 #include "../support/rank_check.h"
+#include "../support/time_bound.h"
 
 #define WORLD 2
 #define MAX_STEPS 8
@@ -392,5 +411,205 @@ Test(shm_faults, claim, .timeout = 120) {
   cr_expect_eq(j->rec[1][1].st, MPG_ERR_ABORTED, "rank 1 step 1: %s: %s",
                mpg_status_name(j->rec[1][1].st), j->rec[1][1].msg);
   cr_expect(strstr(j->rec[1][1].msg, "ERR_STATE"), "rank 1 step 1: %s", j->rec[1][1].msg);
+  free(j);
+}
+
+/* ------------------------------------------------------------------ */
+/* The all-gather (issue 34)                                            */
+/* ------------------------------------------------------------------ */
+
+#define AG_MAX 4
+#define AG_TIMEOUT_S 1.0
+
+enum { AG_VALUES, AG_MISMATCH, AG_MISSING, AG_HOSTS };
+
+typedef struct ag_job {
+  int kind, world;
+  mpg_status st[AG_MAX];
+  char msg[AG_MAX][768];
+  double secs[AG_MAX];
+  long checked[AG_MAX];
+  int hosts[AG_MAX];   /* mpg__shm_hosts of the member's segment */
+  atomic_int done;     /* members that finished their operations */
+} ag_job;
+
+/* Member p's element i of gather k: distinct bytes for every (k, p, i), so
+ * that a slice copied to the wrong place or not at all shows. */
+static void ag_fill(unsigned char *at, size_t bytes, int k, int p) {
+  for (size_t b = 0; b < bytes; b++) at[b] = (unsigned char)(b * 7 + (size_t)p * 61 + (size_t)k * 17 + 1);
+}
+
+/* The gathers of AG_VALUES: (dtype, count per member, offset in elements). */
+typedef struct ag_op {
+  mpg_dtype dt;
+  size_t count, offset;
+} ag_op;
+
+/* One dtype's segment: three gathers in flight, then checked against the
+ * backend's mpg_all_gather of the same slices. */
+static mpg_status ag_values(ag_job *j, mpg_group *dp, int r, mpg_dtype dt, const ag_op *ops,
+                            int nops) {
+  size_t es = mpg_dtype_size(dt), elems = 0;
+  for (int k = 0; k < nops; k++) {
+    size_t end = ops[k].offset + ops[k].count * (size_t)j->world;
+    if (end > elems) elems = end;
+  }
+  elems += 64; /* a guard after the last range */
+  mpg__shm *shm = NULL;
+  void *data = NULL;
+  RCALL(mpg__shm_create(dp, elems * es, dt, 4, 1, &shm, &data));
+  RCHECK(shm && data, "no segment for %s", mpg_dtype_name(dt));
+  j->hosts[r] = mpg__shm_hosts(shm);
+  unsigned char *mine = data, *ref = malloc(elems * es);
+  RCHECK(ref, "out of memory");
+  memset(mine, 0xA5, elems * es); /* the guard, and the slices to be gathered */
+  mpg_work *w[8] = {0};
+  for (int k = 0; k < nops; k++) {
+    size_t bytes = ops[k].count * es, at = (ops[k].offset + (size_t)r * ops[k].count) * es;
+    ag_fill(mine + at, bytes, k, r);
+  }
+  for (int k = 0; k < nops; k++) RCALL(mpg__shm_all_gather(shm, ops[k].offset, ops[k].count, &w[k]));
+  for (int k = 0; k < nops; k++) RCALL(mpg_work_wait(w[k]));
+  /* The reference: the backend's gather of the same slices. */
+  memset(ref, 0xA5, elems * es);
+  for (int k = 0; k < nops; k++) {
+    size_t bytes = ops[k].count * es, at = ops[k].offset * es;
+    ag_fill(ref + at + (size_t)r * bytes, bytes, k, r);
+    RCALL(mpg_all_gather(dp, ref + at + (size_t)r * bytes, ref + at, ops[k].count, dt, NULL,
+                         NULL));
+  }
+  for (size_t b = 0; b < elems * es; b++)
+    RCHECK(mine[b] == ref[b], "%s: byte %zu of the segment: 0x%02x, the backend's gather "
+           "0x%02x", mpg_dtype_name(dt), b, mine[b], ref[b]);
+  j->checked[r] += (long)(elems * es);
+  free(ref);
+  return mpg__shm_destroy(shm);
+}
+
+static mpg_status ag_rank(const mpg_init_opts *opts, void *arg) {
+  ag_job *j = arg;
+  int r = opts->rank;
+  char dims[32];
+  snprintf(dims, sizeof dims, "dp=%d", j->world);
+  mpg_mesh *mesh = make_dims_mesh(dims);
+  mpg_init_opts o = *opts;
+  if (j->kind == AG_HOSTS) o.host_id = r < j->world / 2 ? "hostA" : "hostB";
+  mpg_ctx *ctx = NULL;
+  mpg_group *dp = NULL;
+  mpg_status st = rank_open(&o, mesh, &ctx, "dp", &dp);
+  if (st) return st;
+  if (j->kind == AG_VALUES) {
+    /* f32 slices of 2^18 + 3 elements: above the non-temporal size. */
+    static const ag_op big[] = {{MPG_F32, 17, 5}, {MPG_F32, 262147, 100}, {MPG_F32, 1, 0}};
+    for (int d = 0; d < 4 && !st; d++) {
+      static const mpg_dtype dts[] = {MPG_F32, MPG_BF16, MPG_F16, MPG_F64};
+      /* disjoint ranges (for up to 4 members): in flight at once */
+      ag_op ops[3] = {{dts[d], 1000, 0}, {dts[d], 77, 4001}, {dts[d], 3, 4400}};
+      st = ag_values(j, dp, r, dts[d], d ? ops : big, 3);
+    }
+  } else {
+    mpg__shm *shm = NULL;
+    void *data = NULL;
+    RCALL(mpg__shm_create(dp, 4096 * 4 * (size_t)j->world, MPG_F32, 4, 1, &shm, &data));
+    RCHECK(shm, "no segment");
+    j->hosts[r] = mpg__shm_hosts(shm);
+    mpg_work *w = NULL;
+    double t0 = now_s();
+    if (j->kind == AG_MISSING && r == j->world - 1) {
+      /* Never posts: waits until the others are done, then leaves. */
+      double until = now_s() + CAP_S;
+      while (atomic_load(&j->done) < j->world - 1 && now_s() < until) sleep_s(0.002);
+      j->st[r] = MPG_OK;
+    } else {
+      j->st[r] = j->kind == AG_MISMATCH && r == 1
+                     ? mpg__shm_reduce_scatter(shm, 0, 4096, MPG_OP_SUM, 1.0, &w)
+                     : mpg__shm_all_gather(shm, 0, 4096, &w);
+      if (!j->st[r]) j->st[r] = mpg_work_wait(w);
+      snprintf(j->msg[r], sizeof j->msg[r], "%s", j->st[r] ? mpg_last_error() : "");
+    }
+    j->secs[r] = now_s() - t0;
+    atomic_fetch_add(&j->done, 1);
+    st = mpg__shm_destroy(shm);
+  }
+  tl_ctx = NULL;
+  mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  return st;
+}
+
+static ag_job *ag_run(int kind, int world) {
+  ag_job *j = calloc(1, sizeof *j);
+  cr_assert_not_null(j);
+  j->kind = kind;
+  j->world = world;
+  setenv("MESHPG_SHM", "1", 1);
+  setenv("MESHPG_CHECK_ORDER", "0", 1);
+  fail_msg[0] = '\0';
+  mpg_status rc = mpg_thread_run(world, AG_TIMEOUT_S, ag_rank, j, NULL);
+  EXPECT_RUN_OK(rc);
+  for (int r = 0; r < world; r++)
+    cr_log_info("member %d: %s after %.3f s: %s", r, mpg_status_name(j->st[r]), j->secs[r],
+                j->msg[r]);
+  return j;
+}
+
+Test(shm_gather, gather_values, .timeout = 120) {
+  ag_job *j = ag_run(AG_VALUES, 3);
+  mpg__shm_seams.first_q = UINT32_MAX - 1; /* each segment's third gather is #0 */
+  ag_job *w = ag_run(AG_VALUES, 2);
+  mpg__shm_seams.first_q = 0;
+  for (int r = 0; r < 3; r++) {
+    cr_assert_eq(j->hosts[r], 1, "member %d: its segment spans %d hosts", r, j->hosts[r]);
+    cr_assert_gt(j->checked[r], 3 * 262147 * 4, "member %d checked %ld bytes", r,
+                 j->checked[r]);
+  }
+  for (int r = 0; r < 2; r++)
+    cr_assert_gt(w->checked[r], 0, "member %d (counters at the wrap) checked nothing", r);
+  free(j);
+  free(w);
+}
+
+Test(shm_gather, gather_mismatch, .timeout = 120) {
+  ag_job *j = ag_run(AG_MISMATCH, 2);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(j->st[r], MPG_ERR_INVALID, "member %d: %s: %s", r, mpg_status_name(j->st[r]),
+                 j->msg[r]);
+    cr_expect(strstr(j->msg[r], "posted different operations") &&
+                  strstr(j->msg[r], "position 0 (rank 0)") &&
+                  strstr(j->msg[r], "position 1 (rank 1)"),
+              "member %d does not name both members and the mismatch: %s", r, j->msg[r]);
+  }
+  cr_expect(strstr(j->msg[0], "shared-memory all-gather"), "member 0: %s", j->msg[0]);
+  cr_expect(strstr(j->msg[1], "shared-memory reduction"), "member 1: %s", j->msg[1]);
+  free(j);
+}
+
+Test(shm_gather, gather_missing_member, .timeout = 120) {
+  ag_job *j = ag_run(AG_MISSING, 3);
+  double bound = tb_bound(AG_TIMEOUT_S + 1.0, 3);
+  for (int r = 0; r < 2; r++) {
+    cr_expect(j->st[r] == MPG_ERR_TIMEOUT || j->st[r] == MPG_ERR_ABORTED,
+              "member %d: %s: %s", r, mpg_status_name(j->st[r]), j->msg[r]);
+    cr_expect(strstr(j->msg[r], "missing position 2 (rank 2)"),
+              "member %d does not name the missing member: %s", r, j->msg[r]);
+    cr_expect(strstr(j->msg[r], "shared-memory all-gather"), "member %d: %s", r, j->msg[r]);
+    cr_expect_leq(j->secs[r], bound, "member %d failed after %.3f s, bound %.3f s", r,
+                  j->secs[r], bound);
+    cr_expect_geq(j->secs[r], AG_TIMEOUT_S * 0.9, "member %d failed after %.3f s, before the "
+                  "%.1f s timeout", r, j->secs[r], AG_TIMEOUT_S);
+  }
+  cr_expect(j->st[0] == MPG_ERR_TIMEOUT || j->st[1] == MPG_ERR_TIMEOUT,
+            "no member reported the timeout itself: %s | %s", j->msg[0], j->msg[1]);
+  free(j);
+}
+
+Test(shm_gather, gather_across_hosts, .timeout = 120) {
+  ag_job *j = ag_run(AG_HOSTS, 4);
+  for (int r = 0; r < 4; r++) {
+    cr_expect_eq(j->hosts[r], 2, "member %d: its segment spans %d hosts", r, j->hosts[r]);
+    cr_expect_eq(j->st[r], MPG_ERR_INVALID, "member %d: %s: %s", r, mpg_status_name(j->st[r]),
+                 j->msg[r]);
+    cr_expect(strstr(j->msg[r], "one host only"), "member %d: %s", r, j->msg[r]);
+  }
   free(j);
 }

@@ -31,6 +31,20 @@
  *                            scattered hierarchically too (shm_buffers
  *                            2), every owned element that sum and the
  *                            bits replicate mode gave it.
+ *   shm_mpi_worker gather    (np 2 or 4, issue 34) six rounds of random
+ *                            shard-mode cases (mesh dp=2,cp=np/2, shard
+ *                            dims dp_cp, dp or cp, 2 to 6 params of every
+ *                            dtype and random sizes, one with slices above
+ *                            1 MiB, random bucket sizes): the same sync on
+ *                            a context with the shared path and on one made
+ *                            with MESHPG_SHM=0; each rank writes its owned
+ *                            elements (a value of the param, element and
+ *                            step only) and gathers; every rank's params
+ *                            then equal that value everywhere and the other
+ *                            context's params byte for byte; the first
+ *                            sync has every buffer in shared memory, its
+ *                            params in a second segment (stats.shm_bytes
+ *                            >= shard size x total_bytes), the second none.
  *   shm_mpi_worker overflow  (np 2) one f32 param of free/4/2 + 2^20
  *                            elements, free being /dev/shm's free bytes
  *                            (rank 0's statvfs, broadcast): commit must fail
@@ -434,6 +448,137 @@ static void mode_values(int world) {
 }
 
 /* ------------------------------------------------------------------ */
+/* The parameter gather (issue 34)                                     */
+/* ------------------------------------------------------------------ */
+
+#define GATHER_ROUNDS 6
+#define GATHER_MAX_PARAMS 6
+
+/* The value every rank's element i of param p holds after the gather of
+ * step `step` (its owner wrote it): finite, any bits. */
+static void gather_value(mpg_dtype dt, int p, int step, size_t i, void *out) {
+  float x = gen(1000 + p, p, step, i);
+  uint64_t h = tv_mix64(((uint64_t)p << 40) ^ ((uint64_t)step << 32) ^ (uint64_t)i);
+  if (dt == MPG_F32) memcpy(out, &x, 4);
+  else if (dt == MPG_BF16) *(uint16_t *)out = tv_f32_to_bf16(x);
+  else if (dt == MPG_F16) *(uint16_t *)out = (uint16_t)((h & 0x8000u) | (h >> 16) % 0x7c00u);
+  else {
+    double d = (double)x * (1.0 + (double)(h % 1000) * 1e-12);
+    memcpy(out, &d, 8);
+  }
+}
+
+/* A shard-mode sync of ps on ctx; NULL after a failure (reported). */
+static mpg_sync *gather_sync(mpg_ctx *ctx, const vparam *ps, int np, double bucket_mb,
+                             const char *shard_dims) {
+  mpg_sync *s = NULL;
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  so.sync.mode = MPG_SYNC_SHARD;
+  so.sync.bucket_mb = so.sync.first_bucket_mb = bucket_mb;
+  snprintf(so.sync.shard_dims, sizeof so.sync.shard_dims, "%s", shard_dims);
+  TRY(mpg_sync_create(ctx, &so, &s));
+  for (int p = 0; p < np; p++) {
+    int id;
+    TRY(mpg_sync_add_param(s, ps[p].name, ps[p].count, ps[p].dtype, NULL, &id));
+  }
+  TRY(mpg_sync_commit(s));
+  return s;
+done:
+  mpg_sync_destroy(s);
+  return NULL;
+}
+
+/* Write the owned elements of step `step`, then gather. */
+static int gather_step(mpg_sync *s, const vparam *ps, int np, int step) {
+  for (int p = 0; p < np; p++) {
+    mpg_shard_info info = MPG_SHARD_INFO_INIT;
+    void *v = NULL;
+    TRY(mpg_sync_get_shard(s, p, &info));
+    TRY(mpg_sync_param(s, p, &v));
+    size_t es = mpg_dtype_size(ps[p].dtype);
+    for (size_t i = info.param_offset; i < info.param_offset + info.count; i++)
+      gather_value(ps[p].dtype, p, step, i, (char *)v + i * es);
+  }
+  TRY(mpg_sync_gather_begin(s, NULL));
+  TRY(mpg_sync_gather_all(s));
+  return 0;
+done:
+  return 1;
+}
+
+static void gather_round(int world, int round) {
+  static const mpg_dtype dts[] = {MPG_F32, MPG_BF16, MPG_F16, MPG_F64};
+  static const char *const names[] = {"p0", "p1", "p2", "p3", "p4", "p5"};
+  static const double buckets[] = {0.004, 0.3, 25.0};
+  uint64_t h = tv_mix64(0x9a7e5ull + (uint64_t)round); /* alike on every rank */
+  const char *shard_dims = round % 3 == 0 ? "" : round % 3 == 1 || world < 4 ? "dp" : "cp";
+  vparam ps[GATHER_MAX_PARAMS];
+  int np = 2 + (int)(h % 5);
+  for (int p = 0; p < np; p++) {
+    h = tv_mix64(h);
+    ps[p] = (vparam){names[p], 1 + (size_t)(h >> 8) % 200000, dts[h % 4], NULL};
+  }
+  if (round % 2) ps[0] = (vparam){names[0], 700001, MPG_F32, NULL}; /* slices >= 1 MiB */
+  double bucket_mb = buckets[(h >> 40) % 3];
+  char dims[32];
+  snprintf(dims, sizeof dims, "dp=2,cp=%d", world / 2);
+  mpg_mesh *mesh_on = NULL, *mesh_off = NULL;
+  mpg_ctx *on = open_ctx(dims, 1, world, NULL, &mesh_on);
+  setenv("MESHPG_SHM", "0", 1); /* read by mpg_ctx_create */
+  mpg_ctx *off = open_ctx(dims, 1, world, NULL, &mesh_off);
+  setenv("MESHPG_SHM", "1", 1);
+  mpg_sync *s_on = on ? gather_sync(on, ps, np, bucket_mb, shard_dims) : NULL;
+  mpg_sync *s_off = off ? gather_sync(off, ps, np, bucket_mb, shard_dims) : NULL;
+  long bad = 0, diff = 0;
+  if (!s_on || !s_off) goto done;
+  mpg_sync_stats a = MPG_SYNC_STATS_INIT, b = MPG_SYNC_STATS_INIT;
+  TRY(mpg_sync_get_stats(s_on, &a));
+  TRY(mpg_sync_get_stats(s_off, &b));
+  if (a.shm_buffers != a.num_buffers || a.shard_size < 2 ||
+      a.shm_bytes < (size_t)a.shard_size * a.total_bytes || b.shm_buffers || b.shm_bytes)
+    fail("gather round %d: shm_buffers %d of %d, shm_bytes %zu, shard size %d, total_bytes "
+         "%zu; MESHPG_SHM=0: shm_buffers %d, shm_bytes %zu", round, a.shm_buffers,
+         a.num_buffers, a.shm_bytes, a.shard_size, a.total_bytes, b.shm_buffers, b.shm_bytes);
+  for (int step = 0; step < 2; step++) {
+    if (gather_step(s_on, ps, np, step) || gather_step(s_off, ps, np, step)) goto done;
+    for (int p = 0; p < np; p++) {
+      void *x = NULL, *y = NULL;
+      TRY(mpg_sync_param(s_on, p, &x));
+      TRY(mpg_sync_param(s_off, p, &y));
+      size_t es = mpg_dtype_size(ps[p].dtype);
+      for (size_t i = 0; i < ps[p].count; i++) {
+        uint64_t want = 0;
+        gather_value(ps[p].dtype, p, step, i, &want);
+        if (memcmp((char *)x + i * es, &want, es) != 0 && bad++ < 3)
+          fail("gather round %d step %d: %s (%zu x %s, shard dims \"%s\", bucket %g MiB) "
+               "element %zu differs from its owner's value", round, step, ps[p].name,
+               ps[p].count, mpg_dtype_name(ps[p].dtype), shard_dims, bucket_mb, i);
+      }
+      if (memcmp(x, y, ps[p].count * es) != 0 && diff++ < 3)
+        fail("gather round %d step %d: %s differs between the shared path and "
+             "MESHPG_SHM=0", round, step, ps[p].name);
+    }
+  }
+  if (g_rank == 0 && !bad && !diff)
+    printf("gather round %d: %d params, shard size %d, %d buckets, %zu shm bytes: equal\n",
+           round, np, a.shard_size, a.num_buckets, a.shm_bytes);
+done:
+  if (s_on && mpg_sync_destroy(s_on)) fail("mpg_sync_destroy (shared path) failed");
+  if (s_off && mpg_sync_destroy(s_off)) fail("mpg_sync_destroy (MESHPG_SHM=0) failed");
+  close_ctx(on, mesh_on);
+  close_ctx(off, mesh_off);
+}
+
+static void mode_gather(int world) {
+  if (world != 2 && world != 4) {
+    fail("gather needs 2 or 4 ranks, not %d", world);
+    return;
+  }
+  for (int round = 0; round < GATHER_ROUNDS && !failures; round++) gather_round(world, round);
+  if (g_rank == 0 && !failures) printf("checked the shared-memory gather\n");
+}
+
+/* ------------------------------------------------------------------ */
 /* A segment larger than /dev/shm                                      */
 /* ------------------------------------------------------------------ */
 
@@ -659,7 +804,8 @@ done:
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    printf("usage: shm_mpi_worker values | hosts | overflow | killed KILL|TERM | existing\n");
+    printf("usage: shm_mpi_worker values | hosts | gather | overflow | killed KILL|TERM | "
+           "existing\n");
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -671,6 +817,7 @@ int main(int argc, char **argv) {
   printf("pid of rank %d: %ld\n", g_rank, (long)getpid());
   if (strcmp(g_mode, "values") == 0) mode_values(world);
   else if (strcmp(g_mode, "hosts") == 0) mode_hosts(world);
+  else if (strcmp(g_mode, "gather") == 0) mode_gather(world);
   else if (strcmp(g_mode, "overflow") == 0) mode_overflow(world);
   else if (strcmp(g_mode, "killed") == 0) mode_killed(world, argc > 2 ? argv[2] : NULL);
   else if (strcmp(g_mode, "existing") == 0) mode_existing(world);

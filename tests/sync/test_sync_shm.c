@@ -18,6 +18,9 @@
  *                   reference computed here (position-order sum); and
  *                   mpg_sync_stats.shm_buffers counts exactly the buffers
  *                   whose group has >= 2 members on this host (0 off);
+ *                   shard mode on one host gathers the params in a second
+ *                   segment (shm_bytes counts both), bit for bit the
+ *                   backend's gather (shard_gather_in_shared_memory);
  *      shm_hosts    the same with ranks on two "hosts" (init opts
  *                   host_id): a group spanning both is shared only with
  *                   the same number >= 2 on each host (hierarchical: its
@@ -31,13 +34,16 @@
  *      shm_faults   a rank that stalls past the timeout in the middle of a
  *                   step (one host; two hosts, replicate and shard mode):
  *                   the others fail in time, grads invalid, clean
- *                   destroys;
+ *                   destroys; a rank that never posts its gather (shard
+ *                   mode, params in shared memory): the others fail in
+ *                   time naming it;
  *      shm_segment  an anonymous mapping the kernel refuses (4 TiB per
  *                   rank): commit fails naming it, its size and the errno.
  *  - test_sync_shm_mpi (SHM_TEST_MPI, only with MPI): real `mpirun -np 2 /
  *    -np 4` processes of shm_mpi_worker: results equal to the position-order
  *    f32 sum computed in the worker, two hosts (host_id) in the hierarchical
- *    form and its order, nothing left in /dev/shm, a segment larger than
+ *    form and its order, shard mode's gather in shared memory equal to the
+ *    MPI backend's (random cases), nothing left in /dev/shm, a segment larger than
  *    /dev/shm's free space, or without the slack for Open MPI's own shared
  *    memory, fails commit with MPG_ERR_ENV; the creator killed in the
  *    middle of commit leaves nothing in /dev/shm; names an earlier job left
@@ -146,6 +152,46 @@ Test(shm_props, fixed_cases_bit_identical_to_no_shm, .timeout = 120) {
   run_pair(c, &t);
   cr_assert_eq(t.with_shm, t.cases, "%d of %d fixed cases used the shared path", t.with_shm,
                t.cases);
+  free(c);
+}
+
+/* Shard mode on one host (issue 34): the params live in a second segment
+ * (stats.shm_bytes counts both, checked in prop_rank) and each bucket is
+ * gathered there in one pass; every rank's gathered params equal
+ * MESHPG_SHM=0's (the backend's mpg_all_gather) bit for bit, every dtype,
+ * many buckets, 4 ranks and a shard group of 3 inside 6 ranks, avg and
+ * avg x 0.37, slices above the size that switches the copy to
+ * non-temporal stores (1 MiB). */
+Test(shm_props, shard_gather_in_shared_memory, .timeout = 120) {
+  pcase *c = malloc(sizeof *c);
+  pc_tally t = {0};
+  cr_assert_not_null(c);
+  pc_init(c, "gather_dp4", "dp=4", "dp_cp=dp", 4);
+  c->shard = 1;
+  c->param_shm = 1;
+  c->bucket_mb = c->first_bucket_mb = 0.3;
+  pc_add(c, 70001, MPG_F32, NULL, 0);
+  pc_add(c, 50003, MPG_BF16, NULL, 0);
+  pc_add(c, 40000, MPG_F16, NULL, 0);
+  pc_add(c, 30001, MPG_F64, NULL, 0);
+  pc_add(c, 5, MPG_F32, NULL, 0);
+  pc_add(c, 90017, MPG_BF16, NULL, 0);
+  c->seed = 21;
+  run_pair(c, &t);
+  pc_init(c, "gather_shard3", "dp=3,cp=2", "dp_cp=dp,cp", 6);
+  c->shard = 1;
+  c->param_shm = 1;
+  snprintf(c->shard_dims, sizeof c->shard_dims, "dp");
+  c->grad_scale = 0.37;
+  c->bucket_mb = 4.0;
+  c->first_bucket_mb = 0.05;
+  pc_add(c, 900001, MPG_F32, NULL, 0); /* a 1.2 MB slice per rank */
+  pc_add(c, 20001, MPG_F64, NULL, 0);
+  pc_add(c, 333, MPG_BF16, NULL, 0);
+  c->seed = 22;
+  run_pair(c, &t);
+  cr_assert_eq(t.with_shm, 2, "%d of 2 cases used the shared path", t.with_shm);
+  cr_assert_eq(t.local, 4 + 3, "%d buffers on one host, expected 7", t.local);
   free(c);
 }
 
@@ -566,6 +612,107 @@ Test(shm_faults, stalled_rank_across_hosts, .timeout = 60) { stalled_rank(1); }
  * (its step across hosts is a reduce-scatter) fails alike. */
 Test(shm_faults, stalled_rank_across_hosts_shard_mode, .timeout = 60) { stalled_rank(2); }
 
+/* A rank that never posts its gather (issue 34): shard mode, one host, the
+ * params in shared memory; after a good step and gather, rank 3 stalls
+ * past the timeout before mpg_sync_gather_begin.  The others' gathers fail
+ * within the timeout + 1 s, naming it by position and rank; rank 3's late
+ * gather fails too; every sync and context destroys cleanly. */
+typedef struct gstall_job {
+  mpg_status gather[STALL_RANKS], late[STALL_RANKS], sync_destroy[STALL_RANKS],
+      ctx_destroy[STALL_RANKS];
+  double secs[STALL_RANKS];
+  size_t shm_bytes[STALL_RANKS], total_bytes[STALL_RANKS];
+  char msg[STALL_RANKS][1024], err[STALL_RANKS][512];
+} gstall_job;
+
+static mpg_status gstall_rank(const mpg_init_opts *opts, void *arg) {
+  gstall_job *j = arg;
+  int r = opts->rank;
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_sync *s = NULL;
+  const char *where = "mesh";
+  j->gather[r] = j->late[r] = MPG_ERR_INVALID;
+  mpg_status st = mesh_build("dp=2,cp=2", "dp_cp=dp,cp", 0, &mesh);
+  if (!st) where = "ctx_create", st = mpg_ctx_create(mesh, opts, &ctx);
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  so.sync.mode = MPG_SYNC_SHARD;
+  so.sync.bucket_mb = so.sync.first_bucket_mb = 0.002;
+  if (!st) where = "sync_create", st = mpg_sync_create(ctx, &so, &s);
+  for (int p = 0; p < 4 && !st; p++) {
+    char name[16];
+    int id;
+    snprintf(name, sizeof name, "w%d", p);
+    where = "add_param";
+    st = mpg_sync_add_param(s, name, 900, p % 2 ? MPG_BF16 : MPG_F32, NULL, &id);
+  }
+  if (!st) where = "commit", st = mpg_sync_commit(s);
+  mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
+  if (!st) where = "get_stats", st = mpg_sync_get_stats(s, &stats);
+  j->shm_bytes[r] = stats.shm_bytes;
+  j->total_bytes[r] = stats.total_bytes;
+  if (!st) where = "step 0", st = mpg_sync_all(s, 0, NULL);
+  if (!st) where = "gather 0", st = mpg_sync_gather_begin(s, NULL);
+  if (!st) st = mpg_sync_gather_all(s);
+  if (!st) where = "step 1", st = mpg_sync_all(s, 1, NULL);
+  if (st) {
+    put_msg(j->err[r], sizeof j->err[r], "%s: %s: %s", where, mpg_status_name(st),
+            mpg_last_error());
+  } else if (r == STALL_RANKS - 1) {
+    struct timespec ts = {(time_t)(STALL_TIMEOUT_S + 1), 500000000L};
+    nanosleep(&ts, NULL);
+    j->late[r] = mpg_sync_gather_begin(s, NULL);
+    if (!j->late[r]) j->late[r] = mpg_sync_gather_all(s);
+    put_msg(j->msg[r], sizeof j->msg[r], "%s", mpg_last_error());
+  } else {
+    double t0 = now_s();
+    j->gather[r] = mpg_sync_gather_begin(s, NULL);
+    if (!j->gather[r]) j->gather[r] = mpg_sync_gather_all(s);
+    j->secs[r] = now_s() - t0;
+    put_msg(j->msg[r], sizeof j->msg[r], "%s", mpg_last_error());
+  }
+  j->sync_destroy[r] = mpg_sync_destroy(s);
+  j->ctx_destroy[r] = mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  return MPG_OK;
+}
+
+Test(shm_faults, stalled_gather_names_the_missing_rank, .timeout = 60) {
+  gstall_job *j = calloc(1, sizeof *j);
+  cr_assert_not_null(j);
+  setenv("MESHPG_SHM", "1", 1);
+  mpg_status rc = mpg_thread_run(STALL_RANKS, STALL_TIMEOUT_S, gstall_rank, j, NULL);
+  cr_assert_eq(rc, MPG_OK, "%s", mpg_last_error());
+  double bound = tb_bound(STALL_TIMEOUT_S + 1.0, STALL_RANKS);
+  for (int r = 0; r < STALL_RANKS; r++) {
+    cr_log_info("rank %d: gather -> %s after %.3f s (bound %.3f s), late -> %s: %s", r,
+                mpg_status_name(j->gather[r]), j->secs[r], bound, mpg_status_name(j->late[r]),
+                j->msg[r]);
+    cr_assert_eq(j->err[r][0], '\0', "rank %d: %s", r, j->err[r]);
+    cr_assert_geq(j->shm_bytes[r], (size_t)STALL_RANKS * j->total_bytes[r],
+                  "rank %d: shm_bytes %zu, total_bytes %zu: the params are not in shared "
+                  "memory", r, j->shm_bytes[r], j->total_bytes[r]);
+    cr_expect_eq(j->sync_destroy[r], MPG_OK, "rank %d: mpg_sync_destroy -> %s", r,
+                 mpg_status_name(j->sync_destroy[r]));
+    cr_expect_eq(j->ctx_destroy[r], MPG_OK, "rank %d: mpg_ctx_destroy -> %s", r,
+                 mpg_status_name(j->ctx_destroy[r]));
+    if (r == STALL_RANKS - 1) {
+      cr_expect_neq(j->late[r], MPG_OK, "rank %d: the late gather succeeded", r);
+      continue;
+    }
+    cr_expect(j->gather[r] == MPG_ERR_TIMEOUT || j->gather[r] == MPG_ERR_ABORTED,
+              "rank %d: gather -> %s, expected a timeout or abort: %s", r,
+              mpg_status_name(j->gather[r]), j->msg[r]);
+    cr_expect_leq(j->secs[r], bound, "rank %d: the gather failed after %.3f s, bound %.3f s",
+                  r, j->secs[r], bound);
+    cr_expect(strstr(j->msg[r], "sync gather") && strstr(j->msg[r], "shared-memory all-gather"),
+              "rank %d did not fail in the shared-memory gather: %s", r, j->msg[r]);
+    cr_expect(strstr(j->msg[r], "missing position 3 (rank 3)"),
+              "rank %d does not name the missing rank: %s", r, j->msg[r]);
+  }
+  free(j);
+}
+
 /* ------------------------------------------------------------------ */
 /* A segment that cannot be made (thread backend)                      */
 /* ------------------------------------------------------------------ */
@@ -687,6 +834,20 @@ static void values(int np) {
  * that the worker computes itself; replicate and shard mode. */
 Test(shm_mpi, values_2_ranks, .timeout = 240) { values(2); }
 Test(shm_mpi, values_4_ranks, .timeout = 240) { values(4); }
+
+/* Shard mode's parameter gather in shared memory (issue 34): six random
+ * cases per job, every rank's gathered params equal to every owner's
+ * values and, byte for byte, to a context's with MESHPG_SHM=0 (the MPI
+ * backend's all-gather); both segments counted in shm_bytes; nothing
+ * left in /dev/shm. */
+static void gather(int np) {
+  int before = shm_files(0);
+  run_worker(np, "gather", 200);
+  cr_assert(strstr(out, "checked the shared-memory gather"), "%s", out);
+  expect_nothing_left(np, before);
+}
+Test(shm_mpi, gather_2_ranks, .timeout = 240) { gather(2); }
+Test(shm_mpi, gather_4_ranks, .timeout = 240) { gather(4); }
 
 /* Two "hosts" (mpg_init_opts.host_id) of two processes: the hierarchical
  * form, results bit for bit (x0 + x1) + (x2 + x3), in replicate mode and

@@ -36,6 +36,10 @@ typedef struct pcase {
   unsigned seed;
   int nparams;
   pc_param params[PC_MAX_PARAMS];
+  int param_shm;           /* shard mode, every buffer sharded over one shard
+                              group on one host: its params must live in a
+                              second segment (stats.shm_bytes >= shard size x
+                              total_bytes with the shared path on) */
 } pcase;
 
 /* Buffers of each kind over the cases run_pair ran. */

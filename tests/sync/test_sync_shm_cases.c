@@ -576,6 +576,12 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
             rank, stats.shm_buffers, o->want_shm, nkeys, o->local, o->hier, o->spanning);
     P_CHECK((stats.shm_bytes > 0) == (o->want_shm > 0), "rank %d: shm_bytes %zu with %d shm "
             "buffers", rank, stats.shm_bytes, stats.shm_buffers);
+    /* Each segment maps every member's copy of its buffer: both (the
+     * gradients' and the params') at least shard size x total_bytes
+     * (which counts both buffers). */
+    P_CHECK(!c->param_shm || stats.shm_bytes >= (size_t)stats.shard_size * stats.total_bytes,
+            "rank %d: shm_bytes %zu < shard size %d x total_bytes %zu: the params are not "
+            "in shared memory", rank, stats.shm_bytes, stats.shard_size, stats.total_bytes);
   } else {
     P_CHECK(stats.shm_buffers == 0 && stats.shm_bytes == 0,
             "rank %d: MESHPG_SHM=0: shm_buffers %d, shm_bytes %zu, expected 0", rank,
