@@ -2,13 +2,17 @@
  * bench_alltoall_mpi - all-to-all bus bandwidth: meshpg's mpg_all_to_all
  * and mpg_all_to_all_v on the MPI backend against raw MPI_Alltoall and
  * MPI_Alltoallv on the same bytes, side by side in one run (issue 21).
+ * meshpg's two run on buffers from mpg_ctx_mem_alloc (on one host its
+ * channel then copies each block once, issue 34); "all_to_all/malloc" is
+ * mpg_all_to_all on malloc'ed buffers, as the MPI references use.
+ * MESHPG_SHM=0 in the environment measures the backend's path.
  *
  *   mpirun -np P bench_alltoall_mpi [--min-bytes B] [--max-bytes B]
  *                                   [--repeat N] [--iters N] [--warmup N]
  *                                   [--loops NAME,...|all]
  *
  * Per size S (bytes each rank sends in all, S / P to every member, f32;
- * from --min-bytes by x4 up to --max-bytes): the four methods run in turn,
+ * from --min-bytes by x4 up to --max-bytes): the five methods run in turn,
  * each on its own buffers, allocated and touched once before any timing
  * (the references run at their best: no page faults, warm buffers).  Each
  * timed block is `iters` back-to-back calls (256 MiB / S, clamped to
@@ -53,10 +57,10 @@
 
 enum { M_OURS, M_OURS_V, M_OURS_MALLOC, M_MPI, M_MPI_V, M_COUNT };
 static const char *const method_name[M_COUNT] = {"mpg_all_to_all", "mpg_all_to_all_v",
-                                                 "mpg_a2a(malloc)", "MPI_Alltoall",
+                                                 "all_to_all/malloc", "MPI_Alltoall",
                                                  "MPI_Alltoallv"};
 /* mpg_all_to_all and _v run on buffers from mpg_ctx_mem_alloc (on mpi a
- * memfd the node's other ranks map: one copy per block); mpg_a2a(malloc)
+ * memfd the node's other ranks map: one copy per block); all_to_all/malloc
  * on malloc'ed ones, as the MPI references. */
 static int from_mem_alloc(int m) { return m == M_OURS || m == M_OURS_V; }
 
