@@ -431,8 +431,8 @@ static mpg_status post(mpg__a2a *ch, const mpg__a2a_call *a) {
     ch->rdispl[j] = mpg__a2a_rdispl(a, j);
     ch->read[j] = 0;
   }
-  size_t in = 0; /* what this member receives */
-  for (int j = 0; j < ch->n; j++) in += j == ch->me ? 0 : ch->mine[3 * (size_t)j + 2];
+  size_t in = 0; /* what this member writes: its blocks received, its own */
+  for (int j = 0; j < ch->n; j++) in += ch->mine[3 * (size_t)j + 2];
   ch->stream = in * es >= ch->stream_min;
   if (!ch->threads && (st = place_blocks(ch, a, h))) {
     /* Not posted, while the peers may have posted theirs: they fail at once. */

@@ -48,8 +48,9 @@ struct mpg__a2a {
   mpg__shm *seg;
   int n, me, threads;
   size_t stream_min;  /* a member writing this many bytes in one call
-                         (its blocks, its outbox) streams them past the
-                         cache (mpg__shm_copy) */
+                         (its recv blocks, its outbox) streams them past
+                         the cache (mpg__shm_copy): the last-level cache
+                         over 2 x n */
   int stream;         /* the call in flight does */
   int both_ways;      /* a mismatch fails both members of the pair (mpi),
                          else only the receiver (thread) */
