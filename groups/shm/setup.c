@@ -354,7 +354,7 @@ static mpg_status describe_failure(mpg_group *group, const char *gname, int n, s
        * or another process's socket, device or directory there.  Not
        * shared, then, on any. */
       mpg__log(1, "rank %d: shared memory off for group %s (rank %d cannot open %s, the "
-               "segment of rank %d: another pid namespace?): it syncs through the %s "
+               "segment of rank %d: another pid namespace?): it keeps to the %s "
                "backend's collectives", ctx->rank, gname, frank, proc, crank, ctx->ops->name);
       return MPG_OK;
     }
@@ -364,7 +364,7 @@ static mpg_status describe_failure(mpg_group *group, const char *gname, int n, s
                      gname, frank, proc, crank, what, e);
   case F_NOT_IT:
     mpg__log(1, "rank %d: shared memory off for group %s (%s is not the segment of rank %d "
-             "for rank %d: another pid namespace?): it syncs through the %s backend's "
+             "for rank %d: another pid namespace?): it keeps to the %s backend's "
              "collectives", ctx->rank, gname, proc, crank, frank, ctx->ops->name);
     return MPG_OK;
   case F_NOPROC:

@@ -30,6 +30,17 @@
  *                                path must turn itself off (no buffer in
  *                                shared memory) and the results equal
  *                                MESHPG_SHM=0's
+ *   cluster_worker a2a MESH      random mpg_all_to_all_v (and equal
+ *                                mpg_all_to_all) calls on every group of the
+ *                                mesh and the world, blocking and async, on
+ *                                malloc'ed and mpg_ctx_mem_alloc buffers,
+ *                                every byte of every block and gap checked:
+ *                                a group on one host through its
+ *                                shared-memory channel, one across hosts
+ *                                through the backend's MPI_Ialltoallv
+ *   cluster_worker a2a-samehost MESH  the same, every rank claiming one
+ *                                host id while on two hosts: the channel
+ *                                of a group across them turns itself off
  *   cluster_worker steps MESH N T  N replicate steps of a 4 MiB f32 param over
  *                                the world with timeout T s, each printing
  *                                "STEP s rank R"; the test kills or cuts
@@ -411,6 +422,85 @@ static void mode_sync(const char *dims, const char *host_id) {
     for (int p = 0; p < NP; p++) free(a.bits[m][p]), free(b.bits[m][p]);
 }
 
+/* One all-to-all of case `key` on g: position s sends position t
+ * tv_mix64-drawn counts (0..40, a quarter of them 0) of dtype dt, blocks
+ * in order with a gap of one element; every byte received and every gap
+ * checked.  mem: the buffers from mpg_ctx_mem_alloc. */
+static void a2a_case(mpg_ctx *ctx, mpg_group *g, uint64_t key, int v, int async, int mem) {
+  enum { MAXG = 16 };
+  int me = mpg_group_position(g), n = mpg_group_size(g);
+  mpg_dtype dt = (mpg_dtype)(key % MPG_DTYPE_COUNT);
+  size_t es = mpg_dtype_size(dt), sc[MAXG], sd[MAXG], rc[MAXG], rd[MAXG], sn = 0, rn = 0;
+  if (n > MAXG) return;
+  for (int p = 0; p < n; p++) {
+    uint64_t hs = tv_mix64(key ^ (uint64_t)(me * 64 + p)), hr = tv_mix64(key ^ (uint64_t)(p * 64 + me));
+    sc[p] = v ? (hs % 4 ? hs % 41 : 0) : key % 23;
+    rc[p] = v ? (hr % 4 ? hr % 41 : 0) : key % 23;
+    sd[p] = v ? sn + 1 : (size_t)p * sc[0];
+    rd[p] = v ? rn + 1 : (size_t)p * rc[0];
+    sn = sd[p] + sc[p];
+    rn = rd[p] + rc[p];
+  }
+  unsigned char *send = NULL, *recv = NULL;
+  if (mem) {
+    TRY(mpg_ctx_mem_alloc(ctx, sn * es + 1, 0, (void **)&send));
+    TRY(mpg_ctx_mem_alloc(ctx, rn * es + 1, 0, (void **)&recv));
+  } else if (!(send = malloc(sn * es + 1)) || !(recv = malloc(rn * es + 1))) {
+    fail("out of memory");
+    goto done;
+  }
+  memset(recv, 0xa5, rn * es + 1);
+  for (int t = 0; t < n; t++)
+    for (size_t b = 0; b < sc[t] * es; b++)
+      send[sd[t] * es + b] = (unsigned char)tv_mix64(key + (uint64_t)(me * 64 + t) * 4096 + b);
+  mpg_work *w = NULL;
+  TRY(v ? mpg_all_to_all_v(g, send, sc, sd, recv, rc, rd, dt, NULL, async ? &w : NULL)
+        : mpg_all_to_all(g, send, recv, sc[0], dt, NULL, async ? &w : NULL));
+  if (async) TRY(mpg_work_wait(w));
+  for (int s = 0; s < n; s++)
+    for (size_t b = 0; b < rc[s] * es; b++) {
+      unsigned char want = (unsigned char)tv_mix64(key + (uint64_t)(s * 64 + me) * 4096 + b);
+      if (recv[rd[s] * es + b] != want) {
+        fail("all-to-all on \"%s\" (case %llx): byte %zu from position %d is 0x%02x, "
+             "expected 0x%02x", mpg_group_name(g), (unsigned long long)key, b, s,
+             recv[rd[s] * es + b], want);
+        goto done;
+      }
+    }
+  for (int s = 0; s < n && v; s++)
+    if (recv[rd[s] * es - 1] != 0xa5) fail("all-to-all on \"%s\": a gap was written",
+                                            mpg_group_name(g));
+done:
+  if (mem) {
+    if (send) mpg_ctx_mem_free(ctx, send);
+    if (recv) mpg_ctx_mem_free(ctx, recv);
+  } else {
+    free(send);
+    free(recv);
+  }
+}
+
+static void mode_a2a(const char *dims, const char *host_id) {
+  mpg_mesh *mesh;
+  mpg_ctx *ctx = open_ctx(dims, host_id, 60, &mesh);
+  if (!ctx) return;
+  int nsets = mpg_mesh_num_dimsets(mesh), cases = 0;
+  for (int d = 0; d < nsets && !failures; d++) {
+    mpg_group *g = NULL;
+    if (mpg_ctx_group_at(ctx, d, &g)) {
+      fail("mpg_ctx_group_at(%d): %s", d, mpg_last_error());
+      break;
+    }
+    for (int c = 0; c < 12 && !failures; c++, cases++)
+      /* the same key on every member of the group */
+      a2a_case(ctx, g, tv_mix64((uint64_t)d << 32 | (uint64_t)mpg_group_index(g) << 16 |
+                                (uint64_t)c),
+               c % 3 != 2, c % 2, c / 2 % 2);
+  }
+  if (g_rank == 0 && !failures) printf("A2A %d cases per rank\n", cases);
+  close_ctx(ctx, mesh);
+}
+
 static mpg_status mode_steps(const char *dims, int steps, double timeout_s) {
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = open_ctx(dims, NULL, timeout_s, &mesh);
@@ -452,7 +542,8 @@ static mpg_status mode_steps(const char *dims, int steps, double timeout_s) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    printf("usage: cluster_worker place|sync|samehost MESH | steps MESH N TIMEOUT_S\n");
+    printf("usage: cluster_worker place|sync|samehost|a2a|a2a-samehost MESH | "
+           "steps MESH N TIMEOUT_S\n");
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -468,6 +559,8 @@ int main(int argc, char **argv) {
   else if (strcmp(g_mode, "place") == 0) mode_place(argv[2]);
   else if (strcmp(g_mode, "sync") == 0) mode_sync(argv[2], NULL);
   else if (strcmp(g_mode, "samehost") == 0) mode_sync(argv[2], "one-host");
+  else if (strcmp(g_mode, "a2a") == 0) mode_a2a(argv[2], NULL);
+  else if (strcmp(g_mode, "a2a-samehost") == 0) mode_a2a(argv[2], "one-host");
   else if (strcmp(g_mode, "steps") == 0 && argc > 4) {
     mpg_status st = mode_steps(argv[2], atoi(argv[3]), atof(argv[4]));
     if (st != MPG_OK && st != MPG_ERR_ENV) {

@@ -149,6 +149,21 @@ Test(cluster, sync_two_hosts) {
   assert_shm_empty("host2");
 }
 
+/* All-to-alls on 2 hosts x 2: tp inside a host (its shared-memory
+ * channel), dp and the world across (the backend's MPI_Ialltoallv), on
+ * malloc'ed and mpg_ctx_mem_alloc buffers; then every rank claiming one
+ * host id, so that a channel across the two /dev/shm turns itself off:
+ * every byte right both times, both /dev/shm empty. */
+Test(cluster, all_to_all_inside_and_across_hosts) {
+  mpi_worker();
+  cluster_up(2, NULL);
+  worker_ok("host1:2,host2:2", 4, "--map-by slot", "a2a", "tp=2,dp=2");
+  cr_assert(strstr(out, "A2A 36 cases per rank"), "%s", out);
+  worker_ok("host1:2,host2:2", 4, "--map-by slot", "a2a-samehost", "tp=2,dp=2");
+  assert_shm_empty("host1");
+  assert_shm_empty("host2");
+}
+
 /* Uneven hosts (3 + 1): a group across them falls back to the backend's
  * collectives, equal to MESHPG_SHM=0 bit for bit. */
 Test(cluster, sync_uneven_hosts) {
