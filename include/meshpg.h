@@ -1067,9 +1067,10 @@ MPG_API mpg_status mpg_ctx_group_partial(mpg_ctx *ctx, const char *dims, int ins
 /* Allocate `bytes` of zeroed memory where the backend's collectives want it
  * (host memory on thread and mpi; device memory on nccl: cudaMalloc, or
  * ncclMemAlloc registered with every communicator when registered = 1);
- * free it with mpg_ctx_mem_free.  On mpi it is shared memory (a memfd,
- * page aligned) that the other ranks of the host may map: an all-to-all
- * whose send blocks lie in it is copied once, by the receivers (docs/groups.md,
+ * free it with mpg_ctx_mem_free.  On mpi, from 64 KiB (and while fewer
+ * than 256 such buffers are live), it is shared memory (a memfd, page
+ * aligned) that the other ranks of the host may map: an all-to-all whose
+ * send blocks lie in it is copied once, by the receivers (docs/groups.md,
  * "All-to-all"); an in-place all_reduce on it runs without staging copies,
  * and after a failed or timed-out operation it holds unspecified values
  * (docs/groups.md, "The mpi backend in more detail").  Returns MPG_OK; MPG_ERR_INVALID for NULL arguments;

@@ -26,6 +26,11 @@
 #include "mpi_internal.h"
 
 static struct region *g_regions; /* mem_alloc'ed memory; guarded by the lock */
+/* Regions in memfds: from SHARE_MIN bytes, at most SHARE_MAX at once (each
+ * holds a descriptor open; small buffers cost little to copy twice). */
+#define SHARE_MIN ((size_t)64 << 10)
+#define SHARE_MAX 256
+static int g_shared; /* regions in memfds now; guarded by the lock */
 
 /* Staging memory, recycled per communicator.  Lock held. */
 void *mpg__mpi_stage_take(mpg__comm *m, size_t bytes, size_t *cap) {
@@ -88,6 +93,7 @@ static void region_drop(struct region *r) {
   if (r->fd >= 0) {
     munmap(r->base, r->len);
     close(r->fd);
+    g_shared--;
   } else {
     free(r->base);
   }
@@ -102,14 +108,27 @@ void mpg__mpi_region_unref(struct region *r) {
 /* A memfd of len bytes mapped shared into r (fd, base, ino): 1, or 0
  * (nothing left open). */
 static int shared_region(struct region *r, size_t len) {
+  lock_g();
+  int room = len >= SHARE_MIN && g_shared < SHARE_MAX;
+  if (room) g_shared++;
+  unlock_g();
+  if (!room) return 0;
   int fd = memfd_create("meshpg-mem", MFD_CLOEXEC);
-  if (fd < 0) return 0;
+  if (fd < 0) {
+    lock_g();
+    g_shared--;
+    unlock_g();
+    return 0;
+  }
   struct stat st;
   void *p = MAP_FAILED;
   if (ftruncate(fd, (off_t)len) == 0 && fstat(fd, &st) == 0)
     p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     close(fd);
+    lock_g();
+    g_shared--;
+    unlock_g();
     return 0;
   }
   r->fd = fd;

@@ -185,10 +185,12 @@ static uint64_t a2a_h(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
 
 /* Case `key`: the elements position s sends to position t (0 for about a
  * quarter of the pairs; one count for every pair in the equal form). */
+static size_t g_a2a_scale = 1; /* counts x this: large blocks */
+
 static size_t a2a_count(uint64_t key, int v, int s, int t) {
-  if (!v) return (size_t)(a2a_mix(key) % 40);
+  if (!v) return (size_t)(a2a_mix(key) % 40) * g_a2a_scale;
   uint64_t h = a2a_h(key, 1, (uint64_t)s, (uint64_t)t);
-  return h % 4 == 0 ? 0 : (size_t)(h >> 8) % (A2A_MAXC + 1);
+  return (h % 4 == 0 ? 0 : (size_t)(h >> 8) % (A2A_MAXC + 1)) * g_a2a_scale;
 }
 
 static unsigned char a2a_byte(uint64_t key, int s, int t, size_t k, size_t b) {
@@ -311,6 +313,15 @@ int run_all_to_all(int world) {
       a2a_case(ctx, g, key, dt, v, async, c < 18 ? 0 : 1 + (c - 18) % 3);
       cases++;
     }
+    /* Large blocks (x 3000: hundreds of KiB a member) on mpg_ctx_mem_alloc
+     * memory, which on mpi is then a memfd the peers map (groups/shm/a2a.c
+     * reads the blocks in place): both sides, send only, then malloc'ed
+     * (through the sender's outbox). */
+    g_a2a_scale = 3000;
+    for (int c = 0; c < 3; c++, cases++)
+      a2a_case(ctx, g, a2a_h(0xb16, (uint64_t)s, (uint64_t)mpg_group_index(g), (uint64_t)c),
+               (mpg_dtype)((c + s) % MPG_DTYPE_COUNT), 1, c == 1, c == 0 ? 1 : c == 1 ? 2 : 0);
+    g_a2a_scale = 1;
   }
   /* Counts that differ between two members (mpi: a block longer than its
    * receive is MPG_ERR_BACKEND on the receiving member once MPI_COMM_WORLD
