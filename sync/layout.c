@@ -297,12 +297,13 @@ static mpg_status alloc_buffers(mpg_sync *s) {
     mpg_group *shared_over = buf->sharded ? s->shard.domains[buf->domain].shard : buf->group;
     st = mpg__shm_create(shared_over, bytes, buf->dtype, buf->nbuckets, buf->sharded,
                          &buf->shm, &buf->data);
-    /* Its parameters (shard mode) in a second segment over the same group,
-     * on one host (across hosts they are gathered by the backend), decided
+    /* Its parameters (shard mode) in a second segment over the same group
+     * (one host, or hierarchical across hosts like the first: its gather
+     * crosses hosts by the backend's all-gather, groups/shm/), decided
      * alike on every member from the first's outcome; depth: every bucket
      * in flight at once (mpg_sync_gather_all) without waiting for a slot. */
     const char *what = "buffer";
-    if (!st && buf->shm && buf->sharded && mpg__shm_hosts(buf->shm) == 1 &&
+    if (!st && buf->shm && buf->sharded && mpg__shm_hosts(buf->shm) >= 1 &&
         (st = mpg__shm_create(shared_over, bytes, buf->dtype, buf->nbuckets, 1,
                               &buf->param_shm, &buf->param_data))) {
       if (st == MPG_ERR_ENV) {

@@ -27,8 +27,9 @@
  *  - Gather: the parameter buffers mirror the gradient buffers; buckets are
  *    all-gathered in place over the shard group in forward order (the
  *    reverse of launch order), one ahead of the trainer's first use; in
- *    the buffer's second shared-memory segment when its gradients' is on
- *    one host (layout.c), else by the backend. */
+ *    the buffer's second shared-memory segment when its gradients are in
+ *    shared memory (layout.c; across hosts hierarchically), else by the
+ *    backend. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,8 +416,9 @@ static mpg_status gather_start(mpg_sync *s, int i) {
   mpg__sync_trace_tag(s, s->shard.forward_buckets[i]);
   mpg_status st;
   if (f->param_shm)
-    /* One host: each member copies the others' slices of the bucket from
-     * their buffers into its own, in one pass (groups/shm/). */
+    /* In shared memory: on one host each member copies the others'
+     * slices of the bucket from their buffers into its own, in one pass;
+     * across hosts after an all-gather between them (groups/shm/). */
     st = mpg__shm_all_gather(f->param_shm, b->offset, b->slice, &b->gather_work);
   else
     st = mpg_all_gather(shard, mine, all, b->slice, f->dtype, s->stream, &b->gather_work);

@@ -442,7 +442,7 @@ mpg_status mpg_sync_get_stats(const mpg_sync *s, mpg_sync_stats *stats) {
   for (int b = 0; b < s->layout.nbuffers; b++)
     if (s->layout.buffers[b].shm) {
       /* A buffer counts once; its bytes are both segments' (gradients,
-       * and in shard mode on one host its parameters'). */
+       * and in shard mode its parameters'). */
       full.shm_buffers++;
       full.shm_bytes += mpg__shm_mapped_bytes(s->layout.buffers[b].shm);
       if (s->layout.buffers[b].param_shm)

@@ -112,7 +112,8 @@ typedef struct sbuffer {
   void *param_data; /* shard mode: the parameter buffer (same layout) */
   mpg__shm *shm;    /* data lives in node-local shared memory (the
                        one-pass path; NULL: mpg_ctx_mem_alloc) */
-  mpg__shm *param_shm; /* shard mode, shm on one host: param_data lives in
+  mpg__shm *param_shm; /* shard mode, shm (one host, or hierarchical
+                          across hosts): param_data lives in
                           a second segment over the same shard group, and
                           its buckets are gathered there (NULL: in
                           mpg_ctx_mem_alloc's memory, gathered by the

@@ -130,13 +130,17 @@ mpg_status mpg__shm_reduce_scatter(mpg__shm *shm, size_t offset, size_t count, m
  * every slice, bit for bit what the backend's mpg_all_gather gives.  Each
  * member's worker copies the others' slices into its own buffer (one
  * pass); complete when every member's worker finished, so a member may
- * rewrite its slice only after its work completed.  One host only: on a
- * segment across hosts (mpg__shm_hosts > 1) the post fails with
- * MPG_ERR_INVALID (and aborts the segment, as any failed post).  A member
- * that posts another kind of operation as its n-th fails every member's
- * n-th with MPG_ERR_INVALID. */
+ * rewrite its slice only after its work completed.  On a segment across
+ * hosts (mpg__shm_hosts > 1, hierarchical) the worker at local position r
+ * all-gathers the slices of the members at local position r of every host
+ * through the backend and copies them into every local member's buffer
+ * (shm_internal.h); a failure of that step fails every member's work.  A
+ * member that posts another kind of operation as its n-th fails every
+ * member's n-th with MPG_ERR_INVALID. */
 mpg_status mpg__shm_all_gather(mpg__shm *shm, size_t offset, size_t count, mpg_work **work);
-/* The hosts the segment spans (1: one; more: hierarchical); 0 for NULL. */
+/* The hosts the segment spans (1: one; more: hierarchical: its
+ * all-reduce, reduce-scatter and all-gather cross hosts through the
+ * backend); 0 for NULL. */
 int mpg__shm_hosts(const mpg__shm *shm);
 /* The bytes of its mapping (every member's buffer and the control area). */
 size_t mpg__shm_mapped_bytes(const mpg__shm *shm);

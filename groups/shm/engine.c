@@ -87,12 +87,15 @@ void mpg__shm_abort(mpg__shm *s, mpg_status why, int peer, uint32_t q) {
 /* What operation q of this member is, for messages: "reduction" or
  * "all-gather", from its descriptor while its slot still holds it, else
  * from the kind of this member's latest post. */
-static const char *op_noun(const mpg__shm *s, uint32_t q) {
+static int op_kind(const mpg__shm *s, uint32_t q) {
   uint32_t next = atomic_load_explicit(&s->nposted, memory_order_relaxed);
   int kind = atomic_load_explicit(&s->posting, memory_order_relaxed);
   if (after(next, q) && next - q <= (uint32_t)s->depth)
     kind = s->desc[(size_t)s->pos * (size_t)s->depth + (q & (uint32_t)(s->depth - 1))].kind;
-  return kind == SHM_ALL_GATHER ? "all-gather" : "reduction";
+  return kind;
+}
+static const char *op_noun(const mpg__shm *s, uint32_t q) {
+  return op_kind(s, q) == SHM_ALL_GATHER ? "all-gather" : "reduction";
 }
 
 /* The member at position p, for messages: "position 2 (rank 5)". */
@@ -128,7 +131,10 @@ static mpg_status aborted(const mpg__shm *s, uint32_t q) {
   if (peer == -2) /* this member's own worker says why: the backend's words */
     return mpg__fail(st == MPG_ERR_TIMEOUT && mine ? st : MPG_ERR_ABORTED,
                      "%s: the %s across nodes of %s failed (%s) in operation #%u%s%s", head,
-                     s->scatter ? "reduce-scatter" : "all-reduce", a, mpg_status_name(st),
+                     op_kind(s, aq) == SHM_ALL_GATHER ? "all-gather"
+                     : s->scatter                     ? "reduce-scatter"
+                                                      : "all-reduce",
+                     a, mpg_status_name(st),
                      aq, mine && s->inter_err[0] ? ": " : "", mine ? s->inter_err : "");
   if (st == MPG_ERR_TIMEOUT && mine)
     return mpg__fail(st, "%s timed out after %.3g s: missing %s, which did not post "
@@ -294,21 +300,14 @@ static void gather_slices(mpg__shm *s, const shm_desc *d) {
   }
 }
 
-/* The sum of this member's staged partial sums with the members at its
- * local position on the other nodes (an all-reduce of the shard's m
- * elements, or a reduce-scatter of the nodes' blocks of m elements that
- * leaves block s->node in place), waited for in slices of POLL_S so that
- * a segment or context that gave up, or a destroy, ends it at once, not
- * at the deadline. */
-static mpg_status across_nodes(mpg__shm *s, const shm_desc *d, size_t m, double deadline,
-                               uint32_t q) {
+/* One collective of this member over inter (its members at this local
+ * position on every node), waited for in slices of POLL_S so that a
+ * segment or context that gave up, or a destroy, ends it at once, not at
+ * the deadline. */
+static mpg_status inter_run(mpg__shm *s, const mpg__coll *c, double deadline, uint32_t q) {
   const struct mpg__backend_ops *ops = s->group->ctx->ops;
-  int scatter = d->kind == SHM_REDUCE_SCATTER;
-  void *recv = scatter ? (char *)s->stage + (size_t)s->node * m * stage_size(d) : s->stage;
-  mpg__coll c = {scatter ? MPG__REDUCE_SCATTER : MPG__ALL_REDUCE, s->stage, recv, m,
-                 d->dtype == MPG_F64 ? MPG_F64 : MPG_F32, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
   mpg__req *r = NULL;
-  mpg_status st = ops->post(s->inter, &c, &r);
+  mpg_status st = ops->post(s->inter, c, &r);
   while (!st) {
     double now = mpg__now(), until = now + POLL_S < deadline ? now + POLL_S : deadline;
     st = ops->wait(r, until);
@@ -318,6 +317,60 @@ static mpg_status across_nodes(mpg__shm *s, const shm_desc *d, size_t m, double 
   if (st && r) ops->abort_comm(s->inter, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
   if (r) ops->req_free(r);
   return st;
+}
+
+/* The sum of this member's staged partial sums with the members at its
+ * local position on the other nodes: an all-reduce of the shard's m
+ * elements, or a reduce-scatter of the nodes' blocks of m elements that
+ * leaves block s->node in place. */
+static mpg_status across_nodes(mpg__shm *s, const shm_desc *d, size_t m, double deadline,
+                               uint32_t q) {
+  int scatter = d->kind == SHM_REDUCE_SCATTER;
+  void *recv = scatter ? (char *)s->stage + (size_t)s->node * m * stage_size(d) : s->stage;
+  mpg__coll c = {scatter ? MPG__REDUCE_SCATTER : MPG__ALL_REDUCE, s->stage, recv, m,
+                 d->dtype == MPG_F64 ? MPG_F64 : MPG_F32, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
+  return inter_run(s, &c, deadline, q);
+}
+
+/* A hierarchical all-gather's work for this member (local position r):
+ * the backend's all-gather over inter of the slices of the members at
+ * local position r of every node (this member's own slice, in its
+ * region, sent), received in s->stage (block h: node h's, the slice of
+ * group position across[h]), then pushed from there into every local
+ * member's region at their places (this member's own slice excepted in
+ * its own region, where it is).  Every slice of the group has one member
+ * at its local position on this node, so once every local worker finished
+ * every local region holds every slice.  Each worker writes the slices of
+ * its own local position only (across[]), in every region; no other worker
+ * reads or writes those bytes in operation q, so there is no second
+ * barrier: completion (finished, every member) is the only one.  In
+ * chunks of what the stage holds (the same on every node: the segment's
+ * size, n and dtype are), each chunk one all-gather across nodes.  Copies
+ * only: the bits are the backend's. */
+static mpg_status gather_across(mpg__shm *s, const shm_desc *d, double deadline, uint32_t q) {
+  size_t es = mpg__dtype_size((mpg_dtype)d->dtype), m = (size_t)d->count;
+  size_t nodes = (size_t)s->nodes, off = (size_t)d->offset;
+  size_t cap = s->stage_elems * stage_size(d) / es / nodes; /* elements of a chunk per node */
+  if (m && !cap)
+    return mpg__fail(MPG_ERR_RANGE, "the stage (%zu bytes) holds no element of %zu nodes",
+                     s->stage_elems * stage_size(d), nodes);
+  char *mine = s->region[s->pos] + (off + (size_t)s->members[s->pos] * m) * es;
+  for (size_t c0 = 0; c0 < m; c0 += cap) {
+    size_t c = m - c0 < cap ? m - c0 : cap, bytes = c * es;
+    mpg__coll coll = {MPG__ALL_GATHER, mine + c0 * es, s->stage, c, (mpg_dtype)d->dtype,
+                      MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
+    mpg_status st = inter_run(s, &coll, deadline, q);
+    if (st) return st;
+    for (int k = 0; k < s->n; k++) {
+      int x = (s->pos + k) % s->n; /* its own region first, then the next positions' */
+      for (size_t h = 0; h < nodes; h++) {
+        if (x == s->pos && (int)h == s->node) continue;
+        size_t at = (off + (size_t)s->across[h] * m + c0) * es;
+        copy_slice(s->region[x] + at, (const char *)s->stage + h * bytes, bytes);
+      }
+    }
+  }
+  return MPG_OK;
 }
 
 /* Keep the backend's message of a failed step across nodes, with the
@@ -367,8 +420,15 @@ void *mpg__shm_worker(void *arg) {
         return NULL;
       }
     }
-    if (d->kind == SHM_ALL_GATHER) {
-      gather_slices(s, d); /* one host only (post() refuses it across hosts) */
+    if (d->kind == SHM_ALL_GATHER && !s->inter) {
+      gather_slices(s, d);
+    } else if (d->kind == SHM_ALL_GATHER) {
+      mpg_status st = gather_across(s, d, deadline, q);
+      if (st) {
+        inter_error(s);
+        mpg__shm_abort(s, st, -2, q);
+        return NULL;
+      }
     } else if (s->inter) {
       /* Hierarchical: the node's partial sums, then across nodes. */
       int scatter = d->kind == SHM_REDUCE_SCATTER;
@@ -560,11 +620,6 @@ static mpg_status post(mpg__shm *s, int kind, size_t offset, size_t count, mpg_o
   atomic_store_explicit(&s->posting, kind, memory_order_relaxed);
   if (work) *work = NULL;
   if (!work) return refuse(s, q, mpg__fail(MPG_ERR_INVALID, "%s: work is NULL", fn));
-  if (kind == SHM_ALL_GATHER && s->nodes > 1)
-    return refuse(s, q, mpg__fail(MPG_ERR_INVALID, "%s on group %s: the segment spans %d "
-                                  "hosts; the all-gather in shared memory runs on one host "
-                                  "only (gather through the backend)", fn, s->gname,
-                                  s->nodes));
   size_t elems = s->region_bytes / mpg__dtype_size(s->dtype);
   size_t span = sliced ? count * (size_t)s->total : count;
   if (offset > elems || (sliced && count > elems) || span > elems - offset)

@@ -644,7 +644,7 @@ static mpg_status start_worker(mpg__shm *s, const char *gname, const char *what,
   mpg__log(2, "rank %d: group %s shares %zu bytes of %s (%d members on this node%s%s)",
            ctx->rank, gname, s->map_bytes, what, s->n,
            s->nodes > 1 ? ", hierarchical across nodes: " : "",
-           s->nodes <= 1 ? "" : s->scatter ? "reduce-scatter" : "all-reduce");
+           s->nodes <= 1 ? "" : s->scatter ? "reduce-scatter, all-gather" : "all-reduce");
   *out = s;
   *data = s->region[s->pos];
   return MPG_OK;

@@ -2,7 +2,7 @@
  * one-pass all-reduce and reduce-scatter that sync/ runs on the CPU
  * backends when the members of a group share a node (docs/sync.md,
  * "Shared memory"), and the one-pass all-gather of a sharded buffer's
- * parameters (one host only).  It sits behind the backend table (backend.h,
+ * parameters (hierarchical across hosts too).  It sits behind the backend table (backend.h,
  * "Shared memory behind this table"): the segment is a communicator of
  * its own table, its operations run through the generic layer
  * (mpg__group_run_on) and complete through mpg_work like any other, and
@@ -61,9 +61,20 @@
  * engine.c; bench/README.md, "bench_sync_gather").  Complete, as every
  * operation, when every member's worker finished, so that no member
  * rewrites its slice while a peer still reads it.  Copies only: the bits
- * equal the backend's all-gather's.  On one host only: a segment across
- * hosts refuses it (MPG_ERR_INVALID), and sync/ gathers such a buffer
- * through the backend's mpg_all_gather.
+ * equal the backend's all-gather's.  Hierarchical (across nodes): the
+ * worker of local position r, once every local member posted it,
+ * all-gathers over inter the slices of the members at local position r
+ * of every node (across[h]: its own slice sent from its region) into
+ * s->stage (block h: node h's), in chunks of what the stage holds (the
+ * same on every node), and copies each block h into every local region at
+ * slice across[h] (its own slice in its own region excepted: in place).
+ * Every slice of the group belongs to one local position, so once every
+ * local worker finished, every local region holds every slice; each
+ * worker writes only its own local position's slices (in every region)
+ * and reads only its own slice from its region, so no two workers touch
+ * one byte in an operation and no barrier but completion is needed (no
+ * second phase).  A failure of the step across nodes is reported as the
+ * reductions' (peer -2, inter_err: "the all-gather across nodes").
  *
  * The segment.  A control area (struct shm_ctl, then one cache line per
  * member for `posted` and one for `finished`, then each member's ring of
@@ -214,7 +225,8 @@ struct mpg__shm {
                            this local position on each node (inter's
                            members in rank order) */
   void *stage;          /* the partial sums (f32, or f64): the shard's
-                           (all-reduce), or one slice per node (scatter) */
+                           (all-reduce), or one slice per node (scatter);
+                           an all-gather's chunk of each node's slice */
   size_t stage_elems;
   int anon;             /* one mapping shared by the threads of a process */
   char *base;           /* the mapping */

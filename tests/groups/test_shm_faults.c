@@ -45,9 +45,18 @@
  *  - gather_missing_member: of three members, the last never posts: the
  *    other two fail within the timeout + 1 s (tests/time_bound.h) with
  *    MPG_ERR_TIMEOUT or MPG_ERR_ABORTED naming it by position and rank;
- *  - gather_across_hosts: a segment over two "hosts" (host_id, 2 + 2
- *    members: hierarchical) refuses the all-gather with MPG_ERR_INVALID on
- *    every member (the sync gathers such buffers through the backend).
+ *  - gather_across_hosts: the hierarchical all-gather (simulated hosts,
+ *    init opts host_id): 2 hosts x 2 members (by halves, and interleaved
+ *    with the counters at the wrap) and 3 hosts x 2 (interleaved), every
+ *    dtype, three gathers in flight, byte for byte the backend's
+ *    mpg_all_gather, the elements around the range untouched;
+ *  - gather_across_hosts_chunked: slices larger than the stage (a small
+ *    segment gathered over its region's slack), so that the step across
+ *    hosts runs in several chunks: still the backend's bytes;
+ *  - gather_across_hosts_missing_member: 2 hosts x 2, the last member
+ *    never posts: its host partner times out naming it by position and
+ *    rank, the other host's members fail in their all-gather across hosts
+ *    (MPG_ERR_TIMEOUT or MPG_ERR_ABORTED), all within the timeout + 1 s.
  *
  * Links the static library (the seams, and struct mpg_work's size for the
  * wrapped calloc). */
@@ -418,13 +427,15 @@ Test(shm_faults, claim, .timeout = 120) {
 /* The all-gather (issue 34)                                            */
 /* ------------------------------------------------------------------ */
 
-#define AG_MAX 4
+#define AG_MAX 6
 #define AG_TIMEOUT_S 1.0
 
-enum { AG_VALUES, AG_MISMATCH, AG_MISSING, AG_HOSTS };
+enum { AG_VALUES, AG_MISMATCH, AG_MISSING, AG_CHUNKED };
 
 typedef struct ag_job {
   int kind, world;
+  int nhosts;          /* simulated hosts (host_id): 0 or 1, one */
+  int interleave;      /* rank r on host r % nhosts, else by blocks */
   mpg_status st[AG_MAX];
   char msg[AG_MAX][768];
   double secs[AG_MAX];
@@ -448,16 +459,18 @@ typedef struct ag_op {
 /* One dtype's segment: three gathers in flight, then checked against the
  * backend's mpg_all_gather of the same slices. */
 static mpg_status ag_values(ag_job *j, mpg_group *dp, int r, mpg_dtype dt, const ag_op *ops,
-                            int nops) {
+                            int nops, size_t create_elems) {
   size_t es = mpg_dtype_size(dt), elems = 0;
   for (int k = 0; k < nops; k++) {
     size_t end = ops[k].offset + ops[k].count * (size_t)j->world;
     if (end > elems) elems = end;
   }
-  elems += 64; /* a guard after the last range */
+  elems += create_elems ? 16 : 64; /* a guard after the last range */
+  /* create_elems: a smaller segment, gathered over its region's slack
+   * (a whole page and more), so that a slice outgrows the stage */
   mpg__shm *shm = NULL;
   void *data = NULL;
-  RCALL(mpg__shm_create(dp, elems * es, dt, 4, 1, &shm, &data));
+  RCALL(mpg__shm_create(dp, (create_elems ? create_elems : elems) * es, dt, 4, 1, &shm, &data));
   RCHECK(shm && data, "no segment for %s", mpg_dtype_name(dt));
   j->hosts[r] = mpg__shm_hosts(shm);
   unsigned char *mine = data, *ref = malloc(elems * es);
@@ -493,20 +506,31 @@ static mpg_status ag_rank(const mpg_init_opts *opts, void *arg) {
   snprintf(dims, sizeof dims, "dp=%d", j->world);
   mpg_mesh *mesh = make_dims_mesh(dims);
   mpg_init_opts o = *opts;
-  if (j->kind == AG_HOSTS) o.host_id = r < j->world / 2 ? "hostA" : "hostB";
+  static const char *const host_names[] = {"hostA", "hostB", "hostC"};
+  if (j->nhosts > 1)
+    o.host_id = host_names[j->interleave ? r % j->nhosts : r / (j->world / j->nhosts)];
   mpg_ctx *ctx = NULL;
   mpg_group *dp = NULL;
   mpg_status st = rank_open(&o, mesh, &ctx, "dp", &dp);
   if (st) return st;
   if (j->kind == AG_VALUES) {
     /* f32 slices of 2^18 + 3 elements: above the non-temporal size. */
-    static const ag_op big[] = {{MPG_F32, 17, 5}, {MPG_F32, 262147, 100}, {MPG_F32, 1, 0}};
+    static const ag_op big[] = {{MPG_F32, 17, 6}, {MPG_F32, 262147, 120}, {MPG_F32, 1, 0}};
     for (int d = 0; d < 4 && !st; d++) {
       static const mpg_dtype dts[] = {MPG_F32, MPG_BF16, MPG_F16, MPG_F64};
-      /* disjoint ranges (for up to 4 members): in flight at once */
-      ag_op ops[3] = {{dts[d], 1000, 0}, {dts[d], 77, 4001}, {dts[d], 3, 4400}};
-      st = ag_values(j, dp, r, dts[d], d ? ops : big, 3);
+      /* disjoint ranges (for up to 6 members): in flight at once */
+      ag_op ops[3] = {{dts[d], 1000, 0}, {dts[d], 77, 6001}, {dts[d], 3, 6500}};
+      st = ag_values(j, dp, r, dts[d], d ? ops : big, 3, 0);
     }
+  } else if (j->kind == AG_CHUNKED) {
+    /* 64-element segments (a region of 4096 + 320 bytes): the stage holds
+     * 160 f32 (f16: 320 f16), i.e. 80 or 53 elements of each of 2 or 3
+     * nodes (f16: 192 or 128), so these slices go across in 2 to 3
+     * chunks, a second gather in flight. */
+    ag_op f32[2] = {{MPG_F32, 150, 0}, {MPG_F32, 3, 905}};
+    ag_op f16[2] = {{MPG_F16, 300, 0}, {MPG_F16, 5, 1850}};
+    st = ag_values(j, dp, r, MPG_F32, f32, 2, 64);
+    if (!st) st = ag_values(j, dp, r, MPG_F16, f16, 2, 64);
   } else {
     mpg__shm *shm = NULL;
     void *data = NULL;
@@ -537,11 +561,13 @@ static mpg_status ag_rank(const mpg_init_opts *opts, void *arg) {
   return st;
 }
 
-static ag_job *ag_run(int kind, int world) {
+static ag_job *ag_run_on(int kind, int world, int nhosts, int interleave) {
   ag_job *j = calloc(1, sizeof *j);
   cr_assert_not_null(j);
   j->kind = kind;
   j->world = world;
+  j->nhosts = nhosts;
+  j->interleave = interleave;
   setenv("MESHPG_SHM", "1", 1);
   setenv("MESHPG_CHECK_ORDER", "0", 1);
   fail_msg[0] = '\0';
@@ -552,6 +578,8 @@ static ag_job *ag_run(int kind, int world) {
                 j->msg[r]);
   return j;
 }
+
+static ag_job *ag_run(int kind, int world) { return ag_run_on(kind, world, 1, 0); }
 
 Test(shm_gather, gather_values, .timeout = 120) {
   ag_job *j = ag_run(AG_VALUES, 3);
@@ -603,13 +631,67 @@ Test(shm_gather, gather_missing_member, .timeout = 120) {
   free(j);
 }
 
-Test(shm_gather, gather_across_hosts, .timeout = 120) {
-  ag_job *j = ag_run(AG_HOSTS, 4);
-  for (int r = 0; r < 4; r++) {
-    cr_expect_eq(j->hosts[r], 2, "member %d: its segment spans %d hosts", r, j->hosts[r]);
-    cr_expect_eq(j->st[r], MPG_ERR_INVALID, "member %d: %s: %s", r, mpg_status_name(j->st[r]),
-                 j->msg[r]);
-    cr_expect(strstr(j->msg[r], "one host only"), "member %d: %s", r, j->msg[r]);
+/* Every member's segment spans nhosts hosts and every byte checked. */
+static void ag_check_hosts(const ag_job *j, int nhosts, const char *what) {
+  for (int r = 0; r < j->world; r++) {
+    cr_assert_eq(j->hosts[r], nhosts, "%s, member %d: its segment spans %d hosts", what, r,
+                 j->hosts[r]);
+    cr_assert_gt(j->checked[r], 0, "%s, member %d checked nothing", what, r);
   }
+}
+
+Test(shm_gather, gather_across_hosts, .timeout = 120) {
+  ag_job *j = ag_run_on(AG_VALUES, 4, 2, 0);
+  ag_check_hosts(j, 2, "2 hosts x 2");
+  for (int r = 0; r < 4; r++)
+    cr_assert_gt(j->checked[r], 3 * 262147 * 4, "member %d checked %ld bytes", r,
+                 j->checked[r]);
+  free(j);
+  mpg__shm_seams.first_q = UINT32_MAX - 1; /* each segment's third gather is #0 */
+  j = ag_run_on(AG_VALUES, 4, 2, 1);
+  mpg__shm_seams.first_q = 0;
+  ag_check_hosts(j, 2, "2 hosts x 2 interleaved, counters at the wrap");
+  free(j);
+  j = ag_run_on(AG_VALUES, 6, 3, 1);
+  ag_check_hosts(j, 3, "3 hosts x 2 interleaved");
+  free(j);
+  j = ag_run_on(AG_VALUES, 6, 3, 0);
+  ag_check_hosts(j, 3, "3 hosts x 2");
+  free(j);
+}
+
+Test(shm_gather, gather_across_hosts_chunked, .timeout = 120) {
+  ag_job *j = ag_run_on(AG_CHUNKED, 4, 2, 0);
+  ag_check_hosts(j, 2, "2 hosts x 2");
+  free(j);
+  j = ag_run_on(AG_CHUNKED, 6, 3, 1);
+  ag_check_hosts(j, 3, "3 hosts x 2 interleaved");
+  free(j);
+}
+
+/* Hosts by halves: members 0, 1 on hostA, 2, 3 on hostB; member 3 never
+ * posts.  Member 2 (its host partner) names it; members 0 and 1 only see
+ * their all-gather across hosts fail (their partners on hostB never reach
+ * it): the backend's timeout, naming the ranks across hosts. */
+Test(shm_gather, gather_across_hosts_missing_member, .timeout = 120) {
+  ag_job *j = ag_run_on(AG_MISSING, 4, 2, 0);
+  double bound = tb_bound(AG_TIMEOUT_S + 1.0, 4);
+  for (int r = 0; r < 3; r++) {
+    cr_expect_eq(j->hosts[r], 2, "member %d: its segment spans %d hosts", r, j->hosts[r]);
+    cr_expect(j->st[r] == MPG_ERR_TIMEOUT || j->st[r] == MPG_ERR_ABORTED,
+              "member %d: %s: %s", r, mpg_status_name(j->st[r]), j->msg[r]);
+    cr_expect(strstr(j->msg[r], "shared-memory all-gather"), "member %d: %s", r, j->msg[r]);
+    cr_expect_leq(j->secs[r], bound, "member %d failed after %.3f s, bound %.3f s", r,
+                  j->secs[r], bound);
+    cr_expect_geq(j->secs[r], AG_TIMEOUT_S * 0.9, "member %d failed after %.3f s, before the "
+                  "%.1f s timeout", r, j->secs[r], AG_TIMEOUT_S);
+  }
+  cr_expect_eq(j->st[2], MPG_ERR_TIMEOUT, "member 2: %s: %s", mpg_status_name(j->st[2]),
+               j->msg[2]);
+  cr_expect(strstr(j->msg[2], "missing position 3 (rank 3)"),
+            "member 2 does not name the missing member: %s", j->msg[2]);
+  for (int r = 0; r < 2; r++)
+    cr_expect(strstr(j->msg[r], "all-gather across nodes"),
+              "member %d does not name the step across hosts: %s", r, j->msg[r]);
   free(j);
 }

@@ -29,6 +29,11 @@
  *                   mode's hierarchical all-reduce of the same data, and
  *                   HSDP's against the two-level oracle), else (3 + 1, one
  *                   per host) reduced by the backend, as MESHPG_SHM=0;
+ *                   shard mode across hosts gathers the params in a
+ *                   second, hierarchical segment, bit for bit
+ *                   MESHPG_SHM=0's (shard_gather_across_hosts; every
+ *                   sharded hierarchical case compares its gathered
+ *                   params, set apart from the sums);
  *      shm_env      MESHPG_SHM=2 fails every member's commit with
  *                   MPG_ERR_ENV naming MESHPG_SHM;
  *      shm_faults   a rank that stalls past the timeout in the middle of a
@@ -380,6 +385,50 @@ Test(shm_hosts, shard_mode_across_two_hosts, .timeout = 240) {
   run_pair(c, &t);
   expect_kinds(&t, &before, 0, 0, 2, c->name);
   cr_log_info("%d cases, %ld elements checked against the references", t.cases, t.exact);
+  free(c);
+}
+
+/* Shard mode's gather across hosts in shared memory: a shard group of
+ * 2 + 2 (hosts by halves) and 3 + 3 (interleaved: even and odd ranks)
+ * keeps its params in a second, hierarchical segment (stats.shm_bytes
+ * counts it), and every rank's gathered params equal MESHPG_SHM=0's (the
+ * backend's mpg_all_gather) bit for bit (first_difference: the owned
+ * parts set independently of the hierarchical sums), every dtype, many
+ * buckets, slices above the size that switches the copy to non-temporal
+ * stores (1 MiB). */
+Test(shm_hosts, shard_gather_across_hosts, .timeout = 240) {
+  pcase *c = malloc(sizeof *c);
+  pc_tally t = {0}, before;
+  cr_assert_not_null(c);
+  pc_init(c, "gather_2x2", "dp=4", "dp_cp=dp", 4);
+  c->hosts = 2;
+  c->shard = 1;
+  c->param_shm = 1;
+  c->bucket_mb = c->first_bucket_mb = 0.3;
+  pc_add(c, 70001, MPG_F32, NULL, 0);
+  pc_add(c, 50003, MPG_BF16, NULL, 0);
+  pc_add(c, 40000, MPG_F16, NULL, 0);
+  pc_add(c, 30001, MPG_F64, NULL, 0);
+  pc_add(c, 5, MPG_F32, NULL, 0);
+  c->seed = 51;
+  before = t;
+  run_pair(c, &t);
+  expect_kinds(&t, &before, 0, 4, 0, c->name);
+  pc_init(c, "gather_2x3_interleaved", "dp=6", "dp_cp=dp", 6);
+  c->hosts = 3;
+  c->shard = 1;
+  c->param_shm = 1;
+  c->grad_scale = 0.37;
+  c->bucket_mb = 8.0;
+  c->first_bucket_mb = 0.05;
+  pc_add(c, 1800001, MPG_F32, NULL, 0); /* a 1.2 MB slice per rank */
+  pc_add(c, 20001, MPG_F64, NULL, 0);
+  pc_add(c, 333, MPG_BF16, NULL, 0);
+  c->seed = 52;
+  before = t;
+  run_pair(c, &t);
+  expect_kinds(&t, &before, 0, 3, 0, c->name);
+  cr_assert_eq(t.with_shm, 2, "%d of 2 cases used the shared path", t.with_shm);
   free(c);
 }
 

@@ -576,12 +576,14 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
             rank, stats.shm_buffers, o->want_shm, nkeys, o->local, o->hier, o->spanning);
     P_CHECK((stats.shm_bytes > 0) == (o->want_shm > 0), "rank %d: shm_bytes %zu with %d shm "
             "buffers", rank, stats.shm_bytes, stats.shm_buffers);
-    /* Each segment maps every member's copy of its buffer: both (the
-     * gradients' and the params') at least shard size x total_bytes
-     * (which counts both buffers). */
-    P_CHECK(!c->param_shm || stats.shm_bytes >= (size_t)stats.shard_size * stats.total_bytes,
-            "rank %d: shm_bytes %zu < shard size %d x total_bytes %zu: the params are not "
-            "in shared memory", rank, stats.shm_bytes, stats.shard_size, stats.total_bytes);
+    /* Each segment maps every local member's copy of its buffer: both
+     * (the gradients' and the params') at least the shard group's members
+     * on this host x total_bytes (which counts both buffers); across two
+     * hosts (hierarchical) half of the shard group is on this host. */
+    size_t per_host = (size_t)stats.shard_size / (c->hosts >= 2 ? 2 : 1);
+    P_CHECK(!c->param_shm || stats.shm_bytes >= per_host * stats.total_bytes,
+            "rank %d: shm_bytes %zu < %zu members on this host x total_bytes %zu: the params "
+            "are not in shared memory", rank, stats.shm_bytes, per_host, stats.total_bytes);
   } else {
     P_CHECK(stats.shm_buffers == 0 && stats.shm_bytes == 0,
             "rank %d: MESHPG_SHM=0: shm_buffers %d, shm_bytes %zu, expected 0", rank,
@@ -654,10 +656,23 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
     }
     if (c->shard) {
       /* An "optimizer": param = -grad on the owned part, then the gather
-       * (every rank's params then hold every member's reduced slices). */
+       * (every rank's params then hold every member's reduced slices).  A
+       * sharded buffer reduced hierarchically has other sums with the
+       * shared path on than off (the node-then-position order): its owned
+       * part is set from (param, element, step) instead, the same in both
+       * runs, so that its gather across hosts is compared with
+       * MESHPG_SHM=0's bit for bit (first_difference). */
       for (int p = 0; p < c->nparams; p++) {
         size_t es = mpg_dtype_size(c->params[p].dtype);
         unsigned char *dst = (unsigned char *)pv[p] + info[p].param_offset * es;
+        if (o->sharded_param[p] && o->hier_param[p]) {
+          for (size_t b = 0; b < info[p].count * es; b++) {
+            uint32_t g = (uint32_t)(info[p].param_offset * es + b);
+            dst[b] = (unsigned char)((g * 2654435761u + (uint32_t)p * 97u +
+                                      (uint32_t)step * 31u) >> 13);
+          }
+          continue;
+        }
         memcpy(dst, (char *)gv[p] + info[p].param_offset * es, info[p].count * es);
         for (size_t i = 0; i < info[p].count; i++) dst[i * es + es - 1] ^= 0x80u;
       }
@@ -728,13 +743,16 @@ static void free_run(pc_run *t) {
 }
 
 /* The first differing element of two runs' results of one rank, described;
- * 0 when equal.  Params all-reduced hierarchically across hosts are left
- * out (another summation order: checked against their own reference). */
+ * 0 when equal.  Params reduced hierarchically across hosts are left out
+ * (another summation order: checked against their own reference), except
+ * the gathered params of a sharded one (set independently of the sums:
+ * the hierarchical gather's bytes against the backend's). */
 static int first_difference(const pcase *c, const pc_res *a, const pc_res *b, char *buf,
                             size_t cap) {
   for (int k = 0; k < a->nsegs; k++) {
     const pc_seg *s = &a->segs[k];
-    if (a->hier_param[s->param] || !s->bytes) continue;
+    if (!s->bytes) continue;
+    if (a->hier_param[s->param] && !(s->is_param && a->sharded_param[s->param])) continue;
     if (memcmp(a->blob + s->at, b->blob + s->at, s->bytes) == 0) continue;
     mpg_dtype dt = c->params[s->param].dtype;
     size_t es = mpg_dtype_size(dt);
