@@ -14,10 +14,7 @@
 #include <unistd.h>
 
 #include "shm_internal.h"
-
-#if defined(__x86_64__)
-#include <emmintrin.h> /* SSE2: the gather's non-temporal stores */
-#endif
+#include "channel.h" /* mpg__shm_copy */
 
 #define POLL_S 0.1   /* longest futex sleep between looks at the abort word */
 #define GRACE_S 0.25 /* the main thread's extra time over the worker's */
@@ -256,31 +253,12 @@ static size_t scatter_blocks(mpg__shm *s, const shm_desc *d, int part) {
  * that skip them (no read for ownership of the target lines) took about
  * 0.6 of memcpy's time in bench_sync_gather (bench/README.md,
  * "bench_sync_gather");
- * the sfence orders them before the worker's release of `finished`, which
- * plain stores need not.  Smaller slices stay in the caches (memcpy), for
+ * mpg__shm_copy's sfence orders them before the worker's release of
+ * `finished`.  Smaller slices stay in the caches (memcpy), for
  * the forward pass that reads them next. */
 #define STREAM_MIN ((size_t)1 << 20)
 static void copy_slice(char *dst, const char *src, size_t n) {
-#if defined(__x86_64__)
-  if (n >= STREAM_MIN) {
-    size_t head = (16 - ((uintptr_t)dst & 15)) & 15, i = head;
-    memcpy(dst, src, head);
-    for (; i + 64 <= n; i += 64) {
-      __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(src + i));
-      __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(src + i + 16));
-      __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(src + i + 32));
-      __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(src + i + 48));
-      _mm_stream_si128((__m128i *)(void *)(dst + i), a);
-      _mm_stream_si128((__m128i *)(void *)(dst + i + 16), b);
-      _mm_stream_si128((__m128i *)(void *)(dst + i + 32), c);
-      _mm_stream_si128((__m128i *)(void *)(dst + i + 48), e);
-    }
-    _mm_sfence();
-    memcpy(dst + i, src + i, n - i);
-    return;
-  }
-#endif
-  memcpy(dst, src, n);
+  mpg__shm_copy(dst, src, n, n >= STREAM_MIN); /* copy.c: the all-to-all's loop */
 }
 
 /* An all-gather's work for this member: every other local member's slice
