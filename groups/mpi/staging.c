@@ -17,6 +17,7 @@
  * exception is memory this backend hands out itself (mem_alloc, i.e.
  * mpg_ctx_mem_alloc): an in-place all-reduce on it is zero-copy, and its
  * timeout safety comes from ownership instead (see struct region). */
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -91,6 +92,11 @@ static void region_drop(struct region *r) {
       break;
     }
   if (r->fd >= 0) {
+    /* The node's other processes may keep this memfd mapped (the
+     * all-to-all channel's peers cache their mappings, groups/shm/a2a.c):
+     * its pages are given back now, whatever they map (a peer that still
+     * reads it after an operation was given up reads zeros, and fails). */
+    (void)fallocate(r->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)r->len);
     munmap(r->base, r->len);
     close(r->fd);
     g_shared--;
@@ -113,7 +119,7 @@ static int shared_region(struct region *r, size_t len) {
   if (room) g_shared++;
   unlock_g();
   if (!room) return 0;
-  int fd = memfd_create("meshpg-mem", MFD_CLOEXEC);
+  int fd = memfd_create("meshpg-mem", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
     lock_g();
     g_shared--;
@@ -122,7 +128,10 @@ static int shared_region(struct region *r, size_t len) {
   }
   struct stat st;
   void *p = MAP_FAILED;
-  if (ftruncate(fd, (off_t)len) == 0 && fstat(fd, &st) == 0)
+  /* Sealed against shrinking: a process that maps it never reads past
+   * its end (the peers check the seal). */
+  if (ftruncate(fd, (off_t)len) == 0 && fstat(fd, &st) == 0 &&
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
     p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     close(fd);

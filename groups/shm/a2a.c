@@ -87,12 +87,21 @@ static int after(uint32_t a, uint32_t b) { return (int32_t)(a - b) > 0; }
 /* ------------------------------------------------------------------ */
 
 static _Atomic uint64_t *abort_word(const mpg__a2a *ch) { return &ch->area[0]->abort; }
+static _Atomic uint64_t *done_word(const mpg__a2a *ch) { return &ch->area[0]->done; }
 
+/* The channel failed (a member gave up): the verdict word's FAILED bit. */
+static int failed(const mpg__a2a *ch) { return (atomic_load(done_word(ch)) & FAILED) != 0; }
+
+/* Give up (the channel, for good): FAILED in the verdict word first (which
+ * freezes its count: an operation not complete by then never will be, on
+ * any member), then the reason, then every futex woken.  Only the first
+ * member to fail writes the reason. */
 static void give_up(mpg__a2a *ch, mpg_status why, int peer, uint32_t q) {
-  uint64_t none = 0, w = (uint64_t)(uint32_t)(why ? why : MPG_ERR_ABORTED) |
-                         (uint64_t)(uint32_t)ch->me << 8 |
-                         (uint64_t)(uint32_t)(peer + 1) << 20 | (uint64_t)q << 32;
-  if (!atomic_compare_exchange_strong(abort_word(ch), &none, w)) return;
+  uint64_t w = (uint64_t)(uint32_t)(why ? why : MPG_ERR_ABORTED) |
+               (uint64_t)(uint32_t)ch->me << 8 |
+               (uint64_t)(uint32_t)(peer + 1) << 20 | (uint64_t)q << 32;
+  if (atomic_fetch_or(done_word(ch), FAILED) & FAILED) return;
+  atomic_store(abort_word(ch), w);
   for (int p = 0; p < ch->n; p++) {
     mpg__shm_futex_wake(&ch->area[p]->posted);
     mpg__shm_futex_wake(&ch->area[p]->finished);
@@ -101,6 +110,10 @@ static void give_up(mpg__a2a *ch, mpg_status why, int peer, uint32_t q) {
 
 static void who(const mpg__a2a *ch, int p, char *buf, size_t cap) {
   int rank = -1;
+  if (p < 0 || p >= ch->n) { /* a word from the segment: never trusted */
+    snprintf(buf, cap, "an unknown member (position %d)", p);
+    return;
+  }
   mpg_group_member(ch->g, p, &rank);
   snprintf(buf, cap, "position %d (rank %d)", p, rank);
 }
@@ -108,7 +121,12 @@ static void who(const mpg__a2a *ch, int p, char *buf, size_t cap) {
 /* The error of an aborted channel, on every member: the member that gave
  * up gets its own reason, the others MPG_ERR_ABORTED naming it. */
 static mpg_status aborted(const mpg__a2a *ch, uint32_t q) {
+  /* The reason follows FAILED at once (the winner's next store). */
   uint64_t w = atomic_load(abort_word(ch));
+  for (int i = 0; !w && i < 1000000; i++) {
+    sched_yield();
+    w = atomic_load(abort_word(ch));
+  }
   mpg_status st = (mpg_status)(w & 0xff);
   int by = (int)(w >> 8 & 0xfff), peer = (int)(w >> 20 & 0xfff) - 1;
   uint32_t aq = (uint32_t)(w >> 32);
@@ -135,7 +153,28 @@ static mpg_status aborted(const mpg__a2a *ch, uint32_t q) {
 static mpg_status healthy(mpg__a2a *ch, uint32_t q) {
   int reason = atomic_load(&ch->g->ctx->aborted);
   if (reason) give_up(ch, (mpg_status)reason, -1, q);
-  return atomic_load(abort_word(ch)) ? aborted(ch, q) : MPG_OK;
+  return failed(ch) ? aborted(ch, q) : MPG_OK;
+}
+
+/* This member's reads of the operation in flight are over: it adds its 1
+ * to the verdict word, unless a member gave up before (then what it read
+ * may have changed under it: the sender may reuse its buffer once it gave
+ * up).  The fence orders the copies before the look at FAILED, so that a
+ * copy that saw a giver-up's later write sees FAILED too. */
+static mpg_status count_in(mpg__a2a *ch) {
+  atomic_thread_fence(memory_order_seq_cst);
+  uint64_t v = atomic_load(done_word(ch));
+  do {
+    if (v & FAILED) return aborted(ch, ch->q);
+  } while (!atomic_compare_exchange_weak(done_word(ch), &v, v + 1));
+  ch->counted = 1;
+  return MPG_OK;
+}
+
+/* The operation in flight is complete: every member counted in (the count
+ * is frozen once FAILED, so every member decides alike). */
+static int all_in(const mpg__a2a *ch) {
+  return (atomic_load(done_word(ch)) & ~FAILED) >= ch->target;
 }
 
 /* ------------------------------------------------------------------ */
@@ -150,18 +189,39 @@ static mpg_status copy_from(mpg__a2a *ch, int p, uint64_t from, char *to, size_t
     mpg__shm_copy(to, (const void *)(uintptr_t)from, bytes, ch->stream);
     return MPG_OK;
   }
-  const a2a_head *h = ch->area[p];
-  const char *region = mpg__a2a_map_peer(ch, p, h->fd, h->id, h->len);
+  /* Every word of p's descriptor is read once, then checked: p's process
+   * writes them, and a corrupt one must never make this member read
+   * outside what it mapped. */
+  const volatile a2a_head *h = ch->area[p];
+  uint64_t pid = h->pid, fd = h->fd, id = h->id, len = h->len, offset = h->offset,
+           base = h->base;
+  char b[64];
+  if (len == 0 || len > (uint64_t)SIZE_MAX / 2 || fd > INT32_MAX || pid == 0 ||
+      pid > INT32_MAX) {
+    who(ch, p, b, sizeof b);
+    return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all #%u of group \"%s\": %s's "
+                     "descriptor is corrupt: its region (pid %llu, fd %llu) of %llu bytes",
+                     ch->q, ch->g->name, b, (unsigned long long)pid, (unsigned long long)fd,
+                     (unsigned long long)len);
+  }
+  size_t mapped = 0;
+  const char *region = mpg__a2a_map_peer(ch, p, (int)pid, fd, id, len, &mapped);
   if (!region) {
-    char b[64];
     who(ch, p, b, sizeof b);
     return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all #%u of group \"%s\": "
                      "mapping %s's blocks (/proc/%d/fd/%d, %llu bytes) failed: %s", ch->q,
-                     ch->g->name, b, (int)h->pid, (int)h->fd, (unsigned long long)h->len,
+                     ch->g->name, b, (int)pid, (int)fd, (unsigned long long)len,
                      strerror(errno));
   }
-  mpg__shm_copy(to, region + (h->offset + (from - h->base)), bytes, /* wraps to its place */
-                ch->stream);
+  uint64_t at = offset + (from - base); /* wraps to its place */
+  if (at > mapped || bytes > mapped - at) {
+    who(ch, p, b, sizeof b);
+    return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all #%u of group \"%s\": %s's "
+                     "descriptor is corrupt: its block for this member (position %d), %zu "
+                     "bytes at offset %llu, lies outside its region of %zu bytes", ch->q,
+                     ch->g->name, b, ch->me, bytes, (unsigned long long)at, mapped);
+  }
+  mpg__shm_copy(to, region + at, bytes, ch->stream);
   return MPG_OK;
 }
 
@@ -172,9 +232,20 @@ static mpg_status copy_from(mpg__a2a *ch, int p, uint64_t from, char *to, size_t
  * rule, thread/p2p.c). */
 static mpg_status read_peer(mpg__a2a *ch, int p) {
   const a2a_head *h = ch->area[p];
-  const uint64_t *e = ENTRY(h, ch->me), *m = ch->mine + 3 * (size_t)p;
-  uint64_t pes = mpg__dtype_size((mpg_dtype)h->dtype), es = ch->es;
+  const volatile uint64_t *e = ENTRY(h, ch->me);
+  const uint64_t *m = ch->mine + 3 * (size_t)p;
+  int32_t dtype = ((const volatile a2a_head *)h)->dtype;
+  uint64_t pes = mpg__dtype_size((mpg_dtype)dtype), es = ch->es;
   uint64_t sends = e[0], from = e[1], expects = e[2];
+  if (!pes || sends > UINT64_MAX / 8 || from > UINT64_MAX / 8 || expects > UINT64_MAX / 8) {
+    char b[64];
+    who(ch, p, b, sizeof b);
+    return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all #%u of group \"%s\": %s's "
+                     "descriptor is corrupt: dtype %d, %llu elements for this member "
+                     "(position %d) at %llu, %llu expected from it", ch->q, ch->g->name, b,
+                     (int)dtype, (unsigned long long)sends, ch->me,
+                     (unsigned long long)from, (unsigned long long)expects);
+  }
   int in = sends * pes != m[2] * es, out = ch->both_ways && expects * pes != m[0] * es;
   if (in || out) {
     if (ch->nbad++ == 0)
@@ -182,7 +253,7 @@ static mpg_status read_peer(mpg__a2a *ch, int p) {
                "where this member (position %d) expects %llu of %s (recv_counts[%d]), and "
                "expects %llu where it sends %llu (send_counts[%d])%s%llu bytes expected, "
                "got a message of %llu bytes", p, (unsigned long long)sends,
-               mpg_dtype_name((mpg_dtype)h->dtype), ch->me, (unsigned long long)m[2],
+               mpg_dtype_name((mpg_dtype)dtype), ch->me, (unsigned long long)m[2],
                mpg_dtype_name(ch->dtype), p, (unsigned long long)expects,
                (unsigned long long)m[0], p, in ? ": " : " (its own block: ",
                (unsigned long long)(in ? m[2] * es : expects * pes),
@@ -199,7 +270,7 @@ static mpg_status read_peer(mpg__a2a *ch, int p) {
    * sees the abort or the sender sees the copy (drain). */
   _Atomic uint32_t *readers = &ch->area[p]->readers;
   atomic_fetch_add(readers, 1);
-  mpg_status st = atomic_load(abort_word(ch)) ? aborted(ch, ch->q)
+  mpg_status st = failed(ch) ? aborted(ch, ch->q)
                   : copy_from(ch, p, h->base + from * pes, ch->recv + ch->rdispl[p] * es,
                               (size_t)(sends * pes));
   atomic_fetch_sub(readers, 1);
@@ -237,9 +308,10 @@ static mpg_status progress(mpg__a2a *ch, int block) {
       mpg__shm_futex_wait(w, v, left < POLL_S ? left : POLL_S);
     }
     if (!after(atomic_load_explicit(w, memory_order_acquire), q)) continue;
-    mpg_status st = read_peer(ch, p);
+    mpg_status st = healthy(ch, q); /* no copy for a failed operation */
+    if (!st) st = read_peer(ch, p);
     if (st) {
-      if (!atomic_load(abort_word(ch))) {
+      if (!failed(ch)) {
         mpg__saved_error why;
         mpg__error_save(&why);
         give_up(ch, st, -1, q);
@@ -250,8 +322,9 @@ static mpg_status progress(mpg__a2a *ch, int block) {
     ch->read[p] = 1;
     ch->nread++;
   }
-  if (ch->nread == ch->n - 1 &&
-      !after(atomic_load_explicit(&ch->area[ch->me]->finished, memory_order_relaxed), q)) {
+  if (ch->nread == ch->n - 1 && !ch->counted) {
+    mpg_status st = count_in(ch);
+    if (st) return st;
     atomic_store_explicit(&ch->area[ch->me]->finished, q + 1, memory_order_release);
     mpg__shm_futex_wake(&ch->area[ch->me]->finished);
   }
@@ -259,26 +332,39 @@ static mpg_status progress(mpg__a2a *ch, int block) {
 }
 
 /* Complete operation q (block, or one look): this member's reads, then
- * every member's.  *done 1 with its outcome (the pair mismatch). */
+ * every member's: the verdict word's count reaching the operation's
+ * target, the one outcome every member sees (OK everywhere, or, once a
+ * member gave up before every member counted in, an error everywhere).
+ * *done 1 with its outcome (the pair mismatch). */
 static mpg_status complete(mpg__a2a *ch, int block, int *done) {
   *done = 0;
   mpg_status st = progress(ch, block);
   if (st) return st;
-  if (ch->nread < ch->n - 1) return MPG_OK; /* not blocking: later */
-  for (int p = 0; p < ch->n; p++) {
-    _Atomic uint32_t *w = &ch->area[p]->finished;
-    for (;;) {
-      uint32_t v = atomic_load_explicit(w, memory_order_acquire);
-      if (after(v, ch->q)) break;
-      if ((st = healthy(ch, ch->q))) return st;
-      if (!block) return MPG_OK;
-      double left = ch->deadline + GRACE_S - mpg__now();
-      if (left <= 0) {
-        give_up(ch, MPG_ERR_TIMEOUT, p, ch->q);
-        return aborted(ch, ch->q);
-      }
-      mpg__shm_futex_wait(w, v, left < POLL_S ? left : POLL_S);
+  if (!ch->counted) return MPG_OK; /* not blocking: later */
+  while (!all_in(ch)) {
+    if (failed(ch)) return aborted(ch, ch->q);
+    int reason = atomic_load(&ch->g->ctx->aborted);
+    if (reason) {
+      give_up(ch, (mpg_status)reason, -1, ch->q);
+      continue; /* decided by the word */
     }
+    if (!block) return MPG_OK;
+    int p = 0; /* a member not finished yet: its finished word is waited on */
+    uint32_t v = 0;
+    for (; p < ch->n; p++) {
+      v = atomic_load_explicit(&ch->area[p]->finished, memory_order_acquire);
+      if (!after(v, ch->q)) break;
+    }
+    if (p == ch->n) { /* all finished: the last count lands at once */
+      sched_yield();
+      continue;
+    }
+    double left = ch->deadline + GRACE_S - mpg__now();
+    if (left <= 0) {
+      give_up(ch, MPG_ERR_TIMEOUT, p, ch->q);
+      continue; /* complete after all if p counted in meanwhile */
+    }
+    mpg__shm_futex_wait(&ch->area[p]->finished, v, left < POLL_S ? left : POLL_S);
   }
   *done = 1;
   ch->busy = 0;
@@ -297,13 +383,14 @@ static mpg_status finish_in_flight(mpg__a2a *ch, int block, int *done) {
   mpg_status st = complete(ch, block, done);
   if (st && !*done) {
     ch->busy = 0; /* failed: the channel is aborted or will be */
-    if (!atomic_load(abort_word(ch))) {
+    if (!failed(ch)) {
       mpg__saved_error why;
       mpg__error_save(&why);
       give_up(ch, st, -1, ch->q);
       (void)mpg__error_restore(st, &why);
     }
     drain(ch);
+    mpg__a2a_unmap_peers(ch); /* nothing more is read here */
   }
   if ((*done || st) && ch->req) {
     ch->req->done = 1;
@@ -414,7 +501,7 @@ static mpg_status post(mpg__a2a *ch, const mpg__a2a_call *a) {
      * pair's mismatch there is not this operation's). */
     int done = 0;
     mpg_status st = finish_in_flight(ch, 1, &done);
-    if (st && (st != MPG_ERR_INVALID || atomic_load(abort_word(ch)))) return st;
+    if (st && (st != MPG_ERR_INVALID || failed(ch))) return st;
   }
   uint32_t q = atomic_load_explicit(&ch->next, memory_order_relaxed);
   mpg_status st = healthy(ch, q);
@@ -448,6 +535,9 @@ static mpg_status post(mpg__a2a *ch, const mpg__a2a_call *a) {
   ch->es = es;
   ch->dtype = a->dtype;
   ch->nread = ch->nbad = 0;
+  ch->counted = 0;
+  ch->target = (ch->ops + 1) * (uint64_t)ch->n;
+  ch->ops++;
   ch->busy = 1;
   atomic_store_explicit(&ch->next, q + 1, memory_order_relaxed);
   atomic_store_explicit(&h->posted, q + 1, memory_order_release);

@@ -24,10 +24,17 @@
 
 #define BOX_MIN ((size_t)1 << 20) /* an outbox's first size (no memory until touched) */
 
+void mpg__a2a_unmap_peers(mpg__a2a *ch) {
+  for (size_t i = 0; ch->maps && i < (size_t)ch->n * MAPS; i++)
+    if (ch->maps[i].base) {
+      munmap((void *)ch->maps[i].base, (size_t)ch->maps[i].len);
+      ch->maps[i] = (a2a_map){0, 0, NULL};
+    }
+}
+
 void mpg__a2a_shm_destroy(mpg__a2a *ch) {
   if (!ch) return;
-  for (size_t i = 0; ch->maps && i < (size_t)ch->n * MAPS; i++)
-    if (ch->maps[i].base) munmap((void *)ch->maps[i].base, (size_t)ch->maps[i].len);
+  mpg__a2a_unmap_peers(ch);
   if (ch->box) munmap(ch->box, ch->box_len);
   if (ch->box_fd >= 0) close(ch->box_fd);
   free(ch->maps);
@@ -40,21 +47,33 @@ void mpg__a2a_shm_destroy(mpg__a2a *ch) {
   free(ch);
 }
 
-const char *mpg__a2a_map_peer(mpg__a2a *ch, int p, uint64_t fd, uint64_t id, uint64_t len) {
+const char *mpg__a2a_map_peer(mpg__a2a *ch, int p, int pid, uint64_t fd, uint64_t id,
+                              uint64_t len, size_t *mapped) {
   a2a_map *m = ch->maps + (size_t)p * MAPS, *slot = NULL;
   for (int i = 0; i < MAPS; i++)
     if (m[i].base && m[i].id == id) {
-      if (m[i].len >= len) return m[i].base;
+      if (m[i].len >= len) {
+        *mapped = (size_t)m[i].len;
+        return m[i].base;
+      }
       slot = &m[i]; /* it grew: mapped again in its slot */
     }
+  if (len == 0 || len > SIZE_MAX / 2 || fd > INT32_MAX) {
+    errno = EINVAL; /* a corrupt descriptor */
+    return NULL;
+  }
   char path[64];
-  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)ch->area[p]->pid, (int)fd);
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, (int)fd);
   int f = open(path, O_RDONLY | O_CLOEXEC);
   if (f < 0) return NULL;
   struct stat st;
   void *base = MAP_FAILED;
+  /* The file must hold what is mapped, and never shrink under the mapping
+   * (a read past its end would be a SIGBUS): its creator sealed it so. */
+  int seals = fcntl(f, F_GET_SEALS);
   if (fstat(f, &st) != 0) base = MAP_FAILED;
   else if ((uint64_t)st.st_ino != id || (uint64_t)st.st_size < len) errno = ESTALE;
+  else if (seals < 0 || !(seals & F_SEAL_SHRINK)) errno = EPERM;
   else base = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, f, 0);
   int e = errno;
   close(f);
@@ -63,6 +82,7 @@ const char *mpg__a2a_map_peer(mpg__a2a *ch, int p, uint64_t fd, uint64_t id, uin
   if (!slot) slot = m + ch->nmaps[p]++ % MAPS;
   if (slot->base) munmap((void *)slot->base, (size_t)slot->len);
   *slot = (a2a_map){id, len, base};
+  *mapped = (size_t)len;
   return base;
 }
 
@@ -85,9 +105,10 @@ mpg_status mpg__a2a_box_reserve(mpg__a2a *ch, size_t bytes) {
 
 /* This member's outbox: a memfd of BOX_MIN bytes, mapped; 0 or errno. */
 static int box_make(mpg__a2a *ch) {
-  ch->box_fd = memfd_create("meshpg-a2a", MFD_CLOEXEC);
+  ch->box_fd = memfd_create("meshpg-a2a", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (ch->box_fd < 0) return errno;
   struct stat st;
+  if (fcntl(ch->box_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0) return errno;
   if (fstat(ch->box_fd, &st)) return errno;
   ch->box_id = (uint64_t)st.st_ino;
   a2a_head *h = ch->area[ch->me];
@@ -108,7 +129,8 @@ static mpg_status check_boxes(mpg__a2a *ch, int *ok) {
   for (int p = 0; !st && p < ch->n && !mine; p++) {
     if (p == ch->me || all[p]) continue; /* its own failure is its own to tell */
     const a2a_head *h = ch->area[p];
-    if (!mpg__a2a_map_peer(ch, p, h->box_fd, h->box_id, h->box_len))
+    size_t mapped;
+    if (!mpg__a2a_map_peer(ch, p, (int)h->pid, h->box_fd, h->box_id, h->box_len, &mapped))
       mine = errno ? errno : EINVAL, bad = p;
   }
   int32_t word = mine ? (int32_t)((uint32_t)mine << 12 | (uint32_t)bad) : 0;

@@ -20,7 +20,13 @@
 typedef struct a2a_head {
   _Alignas(LINE) _Atomic uint32_t posted;
   _Alignas(LINE) _Atomic uint32_t finished;
-  _Alignas(LINE) _Atomic uint64_t abort; /* member 0's: the channel's */
+  _Alignas(LINE) _Atomic uint64_t abort; /* member 0's: the channel's abort
+                                           reason (who, why, which #) */
+  _Alignas(LINE) _Atomic uint64_t done;  /* member 0's: the verdict word: the
+                                            members' reads finished on this
+                                            channel so far (each member adds
+                                            1 per operation), FAILED once any
+                                            member gave up (then frozen) */
   _Alignas(LINE) _Atomic uint32_t readers; /* threads: peers copying out of
                                               this member's send buffer now */
   _Alignas(LINE) uint64_t pid, base;
@@ -41,6 +47,7 @@ typedef struct a2a_map {
   const char *base;
 } a2a_map;
 #define MAPS 8 /* per peer; the oldest is unmapped for a new one */
+#define FAILED ((uint64_t)1 << 63) /* in the verdict word */
 #define ENTRY(h, j) ((uint64_t *)((char *)(h) + sizeof(a2a_head)) + 3 * (size_t)(j))
 
 struct mpg__a2a {
@@ -55,6 +62,10 @@ struct mpg__a2a {
   int both_ways;      /* a mismatch fails both members of the pair (mpi),
                          else only the receiver (thread) */
   a2a_head **area;
+  uint64_t ops;       /* operations posted on this channel (64 bits) */
+  uint64_t target;    /* the verdict word's count at which the operation
+                         in flight is complete: (its number + 1) x n */
+  int counted;        /* this member added its 1 for it */
   _Atomic uint32_t next; /* the number of this member's next operation
                             (atomic, relaxed, only for mpg__a2a_shm_abort
                             from another thread) */
@@ -84,9 +95,14 @@ struct mpg__a2a {
 /* a2a_chan.c: the group's channel, made collectively at its first
  * all-to-all (*out NULL: its all-to-alls go through the backend). */
 mpg_status mpg__a2a_channel_make(mpg_group *g, mpg__a2a **out);
-/* a2a_chan.c: peer p's memfd (fd in its process, inode id, len bytes)
- * mapped here read only; NULL with errno when it cannot be. */
-const char *mpg__a2a_map_peer(mpg__a2a *ch, int p, uint64_t fd, uint64_t id, uint64_t len);
+/* a2a_chan.c: peer p's memfd (fd in its process pid, inode id, len
+ * bytes, sealed against shrinking) mapped here read only, *mapped its
+ * length (at least len); NULL with errno when it cannot be. */
+const char *mpg__a2a_map_peer(mpg__a2a *ch, int p, int pid, uint64_t fd, uint64_t id,
+                              uint64_t len, size_t *mapped);
+/* a2a_chan.c: every peer's memory mapped here unmapped (after a failed
+ * operation: nothing more is read from it). */
+void mpg__a2a_unmap_peers(mpg__a2a *ch);
 /* a2a_chan.c: grow this member's outbox to at least `bytes` (its memfd
  * and mapping); MPG_ERR_NOMEM with the message when it cannot. */
 mpg_status mpg__a2a_box_reserve(mpg__a2a *ch, size_t bytes);
