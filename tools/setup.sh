@@ -34,8 +34,9 @@ esac
 # Debian packages the build and the test suite need.
 # cmake: tests/install builds a CMake consumer of the installed package.
 # scdoc: builds the man pages (man/); man-db: tests/install renders them.
+# libssl-dev: OpenSSL's libcrypto (HMAC-SHA256) for the rendezvous' job key.
 packages=(gcc g++ meson ninja-build pkg-config libtomlplusplus-dev libhwloc-dev
-          libcriterion-dev libopenmpi-dev openmpi-bin valgrind cmake scdoc man-db)
+          libssl-dev libcriterion-dev libopenmpi-dev openmpi-bin valgrind cmake scdoc man-db)
 # iproute2 (ip) and procps (pkill, pgrep): the cluster suite's hosts
 # (tests/cluster/cluster.sh: namespaces, veth links on a bridge).
 if [ "$mode" = test ]; then packages+=(iproute2 procps); fi
