@@ -18,6 +18,7 @@
 #include <criterion/criterion.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -281,8 +282,9 @@ static int contains(const unsigned char *hay, size_t nh, const void *needle, siz
 }
 
 /* Ranks of another job in a forked process with its own MESHPG_JOB_KEY:
- * ranks[0..count) of a world of `size`, rank 0's bytes filled from seed.
- * Forked before the test starts a thread. */
+ * ranks[0..count) of a world of `size`, rank 0's bytes filled from seed,
+ * rank 0 (if among them) starting after delay0_s.  Forked before the test
+ * starts a thread. */
 typedef struct {
   pid_t pid;
   int fd; /* the results: per rank, its status and its n bytes */
@@ -290,7 +292,7 @@ typedef struct {
 } other_job;
 
 static other_job spawn_job(const char *key, int port, int size, const int *ranks, int count,
-                           unsigned seed, double delay_s, double timeout_s) {
+                           unsigned seed, double delay0_s, double timeout_s) {
   int p[2];
   cr_assert_eq(pipe(p), 0);
   other_job o = {fork(), p[0], count};
@@ -301,8 +303,10 @@ static other_job spawn_job(const char *key, int port, int size, const int *ranks
     static job jobs[MAX_RANKS];
     for (int i = 0; i < count; i++) {
       jobs[i] = make_job("127.0.0.1", port, ranks[i], size, N_ID, timeout_s);
-      jobs[i].delay_s = delay_s;
-      if (ranks[i] == 0) fill_random(jobs[i].buf, N_ID, seed);
+      if (ranks[i] == 0) {
+        jobs[i].delay_s = delay0_s;
+        fill_random(jobs[i].buf, N_ID, seed);
+      }
     }
     pthread_t t[MAX_RANKS];
     for (int i = 0; i < count; i++) pthread_create(&t[i], NULL, run_job, &jobs[i]);
@@ -433,9 +437,11 @@ Test(rendezvous_auth, stranger_claiming_all_ranks, .timeout = 60) {
 }
 
 /* Item 18: two jobs of 3 ranks on one MASTER_ADDR:port, with their own
- * keys: each rank gets its own job's bytes and both jobs form (the second
- * rank 0 binds once the first has served its job).  On 91403d6 job B's
- * ranks got job A's id with MPG_OK. */
+ * keys.  Job A's rank 0 holds the port while job B's ranks 1 and 2 ask
+ * (B's rank 0 starts 0.3 s later, A's ranks 1 and 2 0.5 s later): each
+ * rank gets its own job's bytes and both jobs form (B's rank 0 binds once
+ * A's has served its job).  On 91403d6 job B's ranks got job A's id with
+ * MPG_OK, and A's ranks timed out. */
 Test(rendezvous_auth, two_jobs_one_port, .timeout = 60) {
   int port = port_for(62);
   unsigned char id_a[N_ID], id_b[N_ID];
@@ -444,9 +450,9 @@ Test(rendezvous_auth, two_jobs_one_port, .timeout = 60) {
   setenv("MESHPG_JOB_KEY", KEY_A, 1);
   int ranks[3] = {0, 1, 2}, b_st[3];
   unsigned char b_buf[3][N_ID];
-  other_job o = spawn_job(KEY_B, port, 3, ranks, 3, 2, 0, 20);
+  other_job o = spawn_job(KEY_B, port, 3, ranks, 3, 2, 0.3, 20);
   job jobs[3];
-  run_real_job(jobs, port, 3, 0, 20, id_a);
+  run_real_job(jobs, port, 3, 0.5, 20, id_a);
   run_jobs(jobs, 3);
   reap_job(&o, b_st, b_buf);
   assert_real_job_formed(jobs, 3, id_a);
@@ -596,9 +602,14 @@ Test(rendezvous_auth, slowloris_hundred_silent_connections, .timeout = 120) {
   run_real_job(jobs, port, 3, 0, 30, id);
   pthread_t t0;
   cr_assert_eq(pthread_create(&t0, NULL, run_job, &jobs[0]), 0);
-  for (int i = 0; i < 100; i++) {
-    silent[i] = tcp_connect(port);
-    cr_assert_geq(silent[i], 0, "silent connection %d", i);
+  silent[0] = tcp_connect(port); /* rank 0 listens */
+  cr_assert_geq(silent[0], 0);
+  struct sockaddr_in a = ipv4_at(port, 0);
+  for (int i = 1; i < 100; i++) { /* connected by the time rank 0 accepts them */
+    silent[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    cr_assert_geq(silent[i], 0);
+    int rc = connect(silent[i], (struct sockaddr *)&a, sizeof a);
+    cr_assert(rc == 0 || errno == EINPROGRESS, "silent connection %d: %s", i, strerror(errno));
   }
   double took[2];
   pthread_t t[2];
