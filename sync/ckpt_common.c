@@ -13,11 +13,14 @@ mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, int relayed, const char 
   mpg_status cs = mpg_ctx_group(ck->ctx, "world", &world);
   if (cs) return mpg__fail_wrap(cs, "%s: the world group", what);
   int rank = mpg_ctx_rank(ck->ctx), nw = mpg_group_size(world);
-  /* A failure of its own ranks before one relayed from another rank. */
-  int64_t mine = st ? (relayed ? nw : 0) + rank : 2 * (int64_t)nw, first = 2 * (int64_t)nw;
+  /* A failure of its own ranks before one relayed from another rank;
+   * "did not learn the outcome" (relayed 2) only when nothing else failed,
+   * and then it is no failure. */
+  int64_t none = 3 * (int64_t)nw;
+  int64_t mine = st ? (int64_t)(relayed > 2 ? 2 : relayed) * nw + rank : none, first = none;
   cs = mpg__group_host_all_reduce(world, &mine, &first, 1, MPG_I64, MPG_OP_MIN);
   if (cs) return mpg__fail_wrap(cs, "%s: agreeing on the result", what);
-  if (first == 2 * (int64_t)nw) return MPG_OK;
+  if (first >= 2 * (int64_t)nw) return MPG_OK;
   first %= nw;
   /* The first failing rank's status and message, summed from zeros. */
   enum { W = 1 + MPG__CKPT_MSG / 8 };

@@ -9,19 +9,24 @@
  *     trainer's buffers in place) and hashed block by block;
  *  2. exchange: one all-gather over the world of every rank's chunk
  *     descriptors (name, dtype, kind, shape, box, range, block hashes) and
- *     its status so far; rank 0 has made `dir`.partial before it;
+ *     its status so far; rank 0 has taken dir.lock, checked dir and made
+ *     `dir`.partial before it;
  *  3. plan: every rank computes the same plan from the same descriptors:
  *     identical chunks (same tensor, box and range) are one chunk, written
  *     by the holder with the fewest bytes assigned so far (largest chunks
  *     first), replicas must hash alike, one name has one dtype, kind and
  *     shape;
  *  4. write (the rank's thread with async): its chunks into
- *     dir.partial/data-R.bin, fsync, then a marker file .done-R (or .fail-R
- *     with the message); rank 0 waits for every marker, writes meta.mpgc
- *     (fsync), renames dir.partial to dir (or swaps it with an existing
- *     checkpoint, RENAME_EXCHANGE, and removes the old one); the other
- *     ranks wait for dir/meta.mpgc with this save's id, or rank 0's .abort;
- *  5. wait: join the thread; every rank agrees on the first failure. */
+ *     dir.partial/data-R.bin, fsync, then its state on the board in
+ *     dir.lock ('D', or 'F' with the message; ckpt_save.h); rank 0 waits
+ *     for every state, writes meta.mpgc (fsync), renames dir.partial to
+ *     dir (or swaps it with an existing checkpoint, RENAME_EXCHANGE, and
+ *     removes the old one) and writes its verdict ('P' or 'A'); the other
+ *     ranks wait for the verdict; a failure stops every rank's writing;
+ *  5. wait: join the thread; every rank agrees on the first failure.
+ * Rank 0 holds the flock of dir.lock from step 2 to the end of step 5, and
+ * the ranks agree on the plan (rank 0's metadata included) and on the
+ * overlaps of the boxes before any rank writes. */
 #ifndef MPG_SYNC_CKPT_INTERNAL_H
 #define MPG_SYNC_CKPT_INTERNAL_H
 
@@ -57,6 +62,7 @@ struct mpg_ckpt {
                          second save does not page-fault it again) */
   size_t stage_bytes;
   mpg__ckpt_save *save;
+  struct mpg__ckpt_names *names; /* ckpt.c: the registered names' hash set */
 };
 
 /* Element size of an entry, in bytes. */
@@ -68,9 +74,11 @@ static inline size_t mpg__ckpt_esz(const mpg__ckpt_entry *e) {
  * thread's message (when st != MPG_OK) go in; out comes, on every rank,
  * the status of the lowest failing rank with its message recorded as this
  * thread's error ("world rank 3: ..."), or MPG_OK.  relayed: st only
- * repeats another rank's failure (read from its marker file), which then
- * comes after every rank's own failure.  A failure of the
- * agreement itself is returned as is.  Collective over the world. */
+ * repeats another rank's failure (read from the save's board), which then
+ * comes after every rank's own failure; relayed 2: this rank does not know
+ * the outcome (it gave up waiting for rank 0's verdict), which is no
+ * failure when no rank failed otherwise.  A failure of the agreement
+ * itself is returned as is.  Collective over the world. */
 mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, int relayed, const char *what);
 
 /* The mesh text of the checkpoint ("pp=2,dp=2,tp=2 world=8 sync=shard"). */

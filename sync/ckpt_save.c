@@ -1,5 +1,6 @@
 /* Checkpoint save (ckpt_internal.h, steps 1-3): stage and hash this
- * rank's pieces, exchange the descriptors, plan who writes what.  The
+ * rank's pieces, take the lock and make dir.partial (rank 0, ckpt_lock.c),
+ * exchange the descriptors, plan who writes what, agree on it.  The
  * writing and publishing (steps 4-5) are ckpt_write.c. */
 #include <errno.h>
 #include <stdio.h>
@@ -57,26 +58,6 @@ static mpg_status stage(mpg_ckpt *ck, mpg__ckpt_save *sv, void *stream) {
   return MPG_OK;
 }
 
-/* Rank 0 before the exchange: refuse a `dir` that exists and is not a
- * checkpoint (even an empty one: the caller may have made it for
- * something else), and make a fresh dir.partial. */
-static mpg_status prepare_dir(mpg__ckpt_save *sv) {
-  struct stat sb;
-  if (stat(sv->dir, &sb) == 0) {
-    if (!S_ISDIR(sb.st_mode))
-      return mpg__fail(MPG_ERR_INVALID, "%s exists and is not a directory", sv->dir);
-    if (!mpg__ckpt_is_checkpoint(sv->dir))
-      return mpg__fail(MPG_ERR_INVALID,
-                       "%s exists and is not a checkpoint (no %s): refusing to replace it",
-                       sv->dir, MPG__CKPT_META);
-  }
-  mpg_status st = mpg__ckpt_remove_tree(sv->partial);
-  if (st) return mpg__fail_wrap(st, "removing the remains of an earlier save");
-  if (mkdir(sv->partial, 0755))
-    return mpg__fail(MPG_ERR_IO, "%s: mkdir: %s", sv->partial, strerror(errno));
-  return MPG_OK;
-}
-
 /* The descriptor words of this rank (ckpt_save.h, "Descriptors"). */
 static mpg_status encode_desc(const mpg_ckpt *ck, const mpg__ckpt_save *sv, mpg_status st,
                               int64_t **out, size_t *nwords) {
@@ -88,7 +69,8 @@ static mpg_status encode_desc(const mpg_ckpt *ck, const mpg__ckpt_save *sv, mpg_
   w[0] = st;
   w[1] = (int64_t)sv->save_id;
   w[2] = st ? 0 : ck->n;
-  if (st) snprintf((char *)&w[3], MPG__CKPT_MSG, "%s", mpg_last_error());
+  w[3] = (int64_t)sv->partial_ino;
+  if (st) snprintf((char *)&w[MPG__DESC_MSG], MPG__CKPT_MSG, "%s", mpg_last_error());
   size_t at = MPG__DESC_HEAD;
   for (int i = 0; i < ck->n && !st; i++) {
     const mpg__ckpt_entry *e = &ck->e[i];
@@ -150,7 +132,7 @@ static mpg_status gathered_failure(const mpg__ckpt_save *sv) {
     const int64_t *w = sv->all + (size_t)r * sv->stride;
     if (w[0]) {
       char msg[MPG__CKPT_MSG];
-      memcpy(msg, &w[3], sizeof msg);
+      memcpy(msg, &w[MPG__DESC_MSG], sizeof msg);
       msg[sizeof msg - 1] = 0;
       mpg_status st = (mpg_status)w[0];
       if (st <= MPG_OK || st >= MPG_STATUS_COUNT) st = MPG_ERR_STATE;
@@ -179,6 +161,7 @@ mpg_status mpg__ckpt_save_start(mpg_ckpt *ck, const char *dir, long step, void *
   sv->world = mpg_ctx_world_size(ck->ctx);
   sv->step = step;
   sv->timeout = ck->opts.timeout_s;
+  sv->parent_fd = sv->lock_fd = sv->partial_fd = sv->board_fd = -1;
   mpg_status st = MPG_OK;
   if (strlen(dir) + 16 > sizeof sv->dir)
     st = mpg__fail(MPG_ERR_INVALID, "mpg_ckpt_save: dir is %zu bytes long", strlen(dir));
@@ -186,24 +169,42 @@ mpg_status mpg__ckpt_save_start(mpg_ckpt *ck, const char *dir, long step, void *
   while (strlen(sv->dir) > 1 && sv->dir[strlen(sv->dir) - 1] == '/')
     sv->dir[strlen(sv->dir) - 1] = 0;
   snprintf(sv->partial, sizeof sv->partial, "%s.partial", sv->dir);
+  snprintf(sv->lock, sizeof sv->lock, "%s.lock", sv->dir);
   if (sv->rank == 0) sv->save_id = make_save_id();
   double t0 = mpg__ckpt_now();
   if (!st) st = stage(ck, sv, stream);
   double t1 = mpg__ckpt_now();
-  if (!st && sv->rank == 0) st = prepare_dir(sv);
+  if (!st && sv->rank == 0) st = mpg__ckpt_lock(sv);
   int64_t *mine = NULL;
   size_t n = 0;
   mpg_status est = encode_desc(ck, sv, st, &mine, &n);
   if (est) st = est; /* out of memory: no descriptor to send */
   if (!est) st = exchange(ck, sv, mine, n);
   free(mine);
-  if (!st) st = gathered_failure(sv);
-  if (!st) sv->save_id = (uint64_t)sv->all[1]; /* rank 0's */
-  if (!st) st = mpg__ckpt_plan(ck, sv);
+  if (!est && !st) {
+    /* The same on every rank from here: a failure in a descriptor, or an
+     * agreement on every rank's plan (rank 0's metadata included) and
+     * opening of the board, so that no rank writes or waits unless every
+     * rank can. */
+    st = gathered_failure(sv);
+    if (!st) {
+      sv->save_id = (uint64_t)sv->all[1]; /* rank 0's */
+      sv->partial_ino = (uint64_t)sv->all[3];
+      st = mpg__ckpt_plan(ck, sv);
+      if (!st && mpg__ckpt_fault) st = mpg__ckpt_fault(sv->rank, "plan");
+      if (!st) st = mpg__ckpt_board_open(sv);
+      st = mpg__ckpt_agree(ck, st, 0, "mpg_ckpt_save");
+      if (!st) st = mpg__ckpt_check_overlaps(ck, sv);
+    }
+  }
   if (st) {
     mpg__saved_error keep;
     mpg__error_save(&keep);
-    if (sv->rank == 0) (void)mpg__ckpt_remove_tree(sv->partial);
+    if (sv->rank == 0 && sv->partial_fd >= 0) {
+      char pname[4200];
+      snprintf(pname, sizeof pname, "%s.partial", sv->base);
+      (void)mpg__ckpt_remove_ours(sv->parent_fd, pname, sv->partial);
+    }
     mpg__ckpt_save_free(ck, sv);
     return mpg__fail_wrap(mpg__error_restore(st, &keep), "mpg_ckpt_save(\"%s\")", dir);
   }

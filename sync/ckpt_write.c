@@ -1,9 +1,13 @@
 /* Checkpoint save, steps 4-5 (ckpt_internal.h): each rank writes its file
- * and a marker; rank 0 waits for every marker, writes the metadata and
- * publishes the directory by one rename; the others wait for that
- * publication.  No communication: a save in the background never touches
- * the context (its thread uses the file system only), and every rank
- * agrees on the result in mpg__ckpt_save_finish. */
+ * and its state on the board (dir.lock, ckpt_lock.c); rank 0 waits for
+ * every state, writes the metadata, publishes the directory by one rename
+ * and writes its verdict; the others wait for the verdict.  A failure on
+ * any rank ends every rank's writing at once.  No communication: a save in
+ * the background never touches the context (its thread uses the file
+ * system only), and every rank agrees on the result in
+ * mpg__ckpt_save_finish.  Only rank 0 decides the outcome: a save is
+ * published exactly when it returns MPG_OK (or the MPG_ERR_IO that says
+ * "is published"). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -15,174 +19,188 @@
 #include "ckpt_save.h"
 #include "groups_internal.h"
 
-static void marker_path(const mpg__ckpt_save *sv, const char *kind, int r, char *buf,
-                        size_t cap) {
-  snprintf(buf, cap, "%s/.%s-%05d", sv->partial, kind, r);
+/* Every rank polls the board at most this often while it writes, and
+ * naps at most this long while it waits. */
+#define POLL_S 0.05
+#define NAP_MAX_MS 10.0
+
+/* While writing: another rank's failure ends this rank's writing at once
+ * (rank 0 reads every state, the others rank 0's verdict). */
+static mpg_status others_failed(mpg__ckpt_save *sv, unsigned char *states) {
+  char verdict = 0, msg[MPG__CKPT_MSG];
+  if (sv->rank) {
+    mpg_status st = mpg__ckpt_board_read(sv, NULL, &verdict);
+    if (st) return st;
+    if (verdict != 'A') return MPG_OK;
+    sv->relayed = 1;
+    st = mpg__ckpt_board_slot(sv, 0, msg, sizeof msg);
+    return mpg__fail(st, "%s", msg);
+  }
+  mpg_status st = mpg__ckpt_board_read(sv, states, NULL);
+  for (int r = 0; r < sv->world && !st; r++)
+    if (states[r] == 'F') {
+      sv->relayed = 1;
+      st = mpg__ckpt_board_slot(sv, r, msg, sizeof msg);
+      return mpg__fail(st, "world rank %d: %s", r, msg);
+    }
+  return st;
 }
 
-/* This rank's data file (when it writes a chunk), made durable. */
-static mpg_status write_data(mpg__ckpt_save *sv) {
+/* This rank's data file (when it writes a chunk), made durable; written in
+ * pieces of at most 8 MiB, between which another rank's failure stops it. */
+static mpg_status write_data(mpg__ckpt_save *sv, unsigned char *states) {
   if (!sv->nwrites) return MPG_OK;
   char path[4200];
   mpg__ckpt_data_path(sv->partial, (uint32_t)sv->rank, path, sizeof path);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = openat(sv->partial_fd, strrchr(path, '/') + 1,
+                  O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return mpg__fail(MPG_ERR_IO, "%s: create: %s", path, strerror(errno));
   mpg_status st = MPG_OK;
-  for (int i = 0; i < sv->nwrites && !st; i++)
-    st = mpg__ckpt_write_all(fd, sv->writes[i].bytes, (size_t)sv->writes[i].nbytes,
-                             sv->writes[i].off, path);
+  double last = mpg__ckpt_now();
+  const uint64_t piece = (uint64_t)8 << 20;
+  for (int i = 0; i < sv->nwrites && !st; i++) {
+    const mpg__ckpt_write *w = &sv->writes[i];
+    for (uint64_t at = 0; at < w->nbytes && !st; at += piece) {
+      uint64_t n = w->nbytes - at < piece ? w->nbytes - at : piece;
+      st = mpg__ckpt_write_all(fd, w->bytes + at, (size_t)n, w->off + at, path);
+      if (!st && mpg__ckpt_now() - last > POLL_S) {
+        st = others_failed(sv, states);
+        last = mpg__ckpt_now();
+      }
+    }
+  }
   if (!st && fsync(fd)) st = mpg__fail(MPG_ERR_IO, "%s: fsync: %s", path, strerror(errno));
   if (close(fd) && !st) st = mpg__fail(MPG_ERR_IO, "%s: close: %s", path, strerror(errno));
   return st;
 }
 
-static int exists(const char *path) {
-  struct stat sb;
-  return stat(path, &sb) == 0;
-}
-
-/* Read a marker's message (best effort). */
-static void read_text(const char *path, char *buf, size_t cap) {
-  buf[0] = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  ssize_t n = read(fd, buf, cap - 1);
-  buf[n > 0 ? n : 0] = 0;
-  close(fd);
-}
-
-/* Rank 0: wait until every rank's .done marker is there; a .fail marker
- * or the timeout ends the wait with that rank's error. */
-static mpg_status wait_markers(mpg__ckpt_save *sv, double deadline) {
-  char path[4200], msg[MPG__CKPT_MSG];
+/* Rank 0: wait until every rank's state is 'D'; an 'F' or the timeout ends
+ * the wait with that rank's error. */
+static mpg_status wait_markers(mpg__ckpt_save *sv, unsigned char *states, double deadline) {
   double nap = 0.1;
-  for (int r = 0; r < sv->world;) {
-    marker_path(sv, "done", r, path, sizeof path);
-    if (exists(path)) {
-      r++;
-      continue;
-    }
-    marker_path(sv, "fail", r, path, sizeof path);
-    if (exists(path)) {
-      read_text(path, msg, sizeof msg);
-      sv->relayed = 1;
-      return mpg__fail(MPG_ERR_IO, "world rank %d: %s", r,
-                       msg[0] ? msg : "its files failed (its message could not be written)");
-    }
+  for (;;) {
+    mpg_status st = others_failed(sv, states);
+    if (st) return st;
+    int r = 0;
+    while (r < sv->world && states[r] == 'D') r++;
+    if (r == sv->world) return MPG_OK;
     if (mpg__ckpt_now() > deadline)
       return mpg__fail(MPG_ERR_TIMEOUT,
                        "world rank %d's files were not durable within %g s (timeout_s); the "
                        "checkpoint was not published",
                        r, sv->timeout);
     mpg__ckpt_sleep_ms(nap);
-    nap = nap < 5 ? 2 * nap : 5;
+    nap = nap < NAP_MAX_MS / 2 ? 2 * nap : NAP_MAX_MS;
   }
-  return MPG_OK;
-}
-
-static void parent_of(const char *dir, char *buf, size_t cap) {
-  snprintf(buf, cap, "%s", dir);
-  char *slash = strrchr(buf, '/');
-  if (!slash) snprintf(buf, cap, ".");
-  else if (slash == buf) buf[1] = 0;
-  else *slash = 0;
 }
 
 /* Rank 0: the metadata into dir.partial, then dir.partial becomes dir:
- * a rename, or an atomic swap with the checkpoint already there. */
+ * a rename, or an atomic swap with the checkpoint already there.  From
+ * the rename on, the save is published (sv->published): what fails after
+ * it (the parent's fsync) says so. */
 static mpg_status publish(mpg__ckpt_save *sv) {
-  char tmp[4200], meta[4200], parent[4096];
-  snprintf(tmp, sizeof tmp, "%s/%s.tmp", sv->partial, MPG__CKPT_META);
-  snprintf(meta, sizeof meta, "%s/%s", sv->partial, MPG__CKPT_META);
-  mpg_status st = mpg__ckpt_write_file(tmp, sv->meta, sv->meta_len);
-  if (!st && rename(tmp, meta))
-    st = mpg__fail(MPG_ERR_IO, "%s: rename: %s", tmp, strerror(errno));
-  for (int r = 0; r < sv->world && !st; r++) {
-    marker_path(sv, "done", r, tmp, sizeof tmp);
-    (void)unlink(tmp);
-  }
-  if (!st) st = mpg__ckpt_fsync_dir(sv->partial);
+  char shown[4200], pname[4200];
+  snprintf(shown, sizeof shown, "%s/%s.tmp", sv->partial, MPG__CKPT_META);
+  snprintf(pname, sizeof pname, "%s.partial", sv->base);
+  int fd = openat(sv->partial_fd, MPG__CKPT_META ".tmp",
+                  O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  mpg_status st = fd < 0 ? mpg__fail(MPG_ERR_IO, "%s: create: %s", shown, strerror(errno))
+                         : mpg__ckpt_write_all(fd, sv->meta, sv->meta_len, 0, shown);
+  if (!st && fsync(fd)) st = mpg__fail(MPG_ERR_IO, "%s: fsync: %s", shown, strerror(errno));
+  if (fd >= 0 && close(fd) && !st)
+    st = mpg__fail(MPG_ERR_IO, "%s: close: %s", shown, strerror(errno));
+  if (!st && renameat(sv->partial_fd, MPG__CKPT_META ".tmp", sv->partial_fd, MPG__CKPT_META))
+    st = mpg__fail(MPG_ERR_IO, "%s: rename: %s", shown, strerror(errno));
+  if (!st && fsync(sv->partial_fd) && errno != EINVAL && errno != EROFS)
+    st = mpg__fail(MPG_ERR_IO, "%s: fsync: %s", sv->partial, strerror(errno));
   if (st) return st;
-  int swapped = 0;
-  if (rename(sv->partial, sv->dir)) {
-    if ((errno != ENOTEMPTY && errno != EEXIST) || !mpg__ckpt_is_checkpoint(sv->dir))
-      return mpg__fail(MPG_ERR_IO, "publishing %s as %s: rename: %s", sv->partial, sv->dir,
-                       strerror(errno));
-    if (renameat2(AT_FDCWD, sv->partial, AT_FDCWD, sv->dir, RENAME_EXCHANGE))
+  int p = sv->parent_fd;
+  if (sv->had_old) {
+    if (renameat2(p, pname, p, sv->base, RENAME_EXCHANGE))
       return mpg__fail(MPG_ERR_IO, "publishing %s over the checkpoint %s: renameat2: %s",
                        sv->partial, sv->dir, strerror(errno));
-    swapped = 1;
+  } else if (renameat2(p, pname, p, sv->base, RENAME_NOREPLACE)) {
+    /* Without RENAME_NOREPLACE (some network file systems), a rename: it
+     * fails on a directory that appeared meanwhile unless it is empty. */
+    if ((errno != EINVAL && errno != ENOSYS) || renameat(p, pname, p, sv->base))
+      return mpg__fail(MPG_ERR_IO, "publishing %s as %s: rename: %s", sv->partial, sv->dir,
+                       strerror(errno));
   }
-  parent_of(sv->dir, parent, sizeof parent);
-  st = mpg__ckpt_fsync_dir(parent);
-  if (swapped) (void)mpg__ckpt_remove_tree(sv->partial); /* the old checkpoint */
+  sv->published = 1;
+  if (fsync(p) && errno != EINVAL && errno != EROFS)
+    st = mpg__fail(MPG_ERR_IO,
+                   "%s is published (the new checkpoint is in place) but the fsync of its "
+                   "parent directory failed: %s; it may not survive a crash of the machine",
+                   sv->dir, strerror(errno));
+  if (sv->had_old) { /* the old checkpoint, now at dir.partial */
+    mpg__saved_error keep;
+    mpg__error_save(&keep);
+    mpg_status rs = mpg__ckpt_remove_ours(p, pname, sv->partial);
+    if (rs) mpg__log(1, "ckpt save %s: the old checkpoint was left at %s: %s", sv->dir,
+                     sv->partial, mpg_last_error());
+    (void)mpg__error_restore(st, &keep);
+  }
   return st;
 }
 
-/* The save id in dir/meta.mpgc's header, 0 when unreadable. */
-static uint64_t published_id(const mpg__ckpt_save *sv) {
-  char path[4200];
-  unsigned char h[32];
-  snprintf(path, sizeof path, "%s/%s", sv->dir, MPG__CKPT_META);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  ssize_t n = pread(fd, h, sizeof h, 0);
-  close(fd);
-  if (n != (ssize_t)sizeof h) return 0;
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = v << 8 | h[24 + i];
-  return v;
-}
-
-/* Ranks other than 0: wait for the publication of this save, or rank 0's
- * .abort, or the timeout. */
-static mpg_status wait_publish(mpg__ckpt_save *sv, double deadline) {
-  char path[4200], msg[MPG__CKPT_MSG];
-  snprintf(path, sizeof path, "%s/.abort", sv->partial);
+/* Ranks other than 0: wait for rank 0's verdict, or the timeout (which
+ * leaves the outcome to rank 0: relayed 2). */
+static mpg_status wait_verdict(mpg__ckpt_save *sv, double deadline) {
   double nap = 0.1;
+  char verdict = 0, msg[MPG__CKPT_MSG];
   for (;;) {
-    if (published_id(sv) == sv->save_id) return MPG_OK;
-    if (exists(path)) {
-      read_text(path, msg, sizeof msg);
+    mpg_status st = mpg__ckpt_board_read(sv, NULL, &verdict);
+    if (st) return st;
+    if (verdict == 'P') return MPG_OK;
+    if (verdict == 'A') {
       sv->relayed = 1;
-      return mpg__fail(MPG_ERR_IO, "%s", msg[0] ? msg : "world rank 0 gave up this save");
+      st = mpg__ckpt_board_slot(sv, 0, msg, sizeof msg);
+      return mpg__fail(st, "%s", msg);
     }
-    if (mpg__ckpt_now() > deadline)
-      return mpg__fail(MPG_ERR_TIMEOUT, "%s did not appear within %g s (timeout_s)", sv->dir,
+    if (mpg__ckpt_now() > deadline) {
+      sv->relayed = 2;
+      return mpg__fail(MPG_ERR_TIMEOUT,
+                       "world rank 0 did not publish %s within %g s (timeout_s)", sv->dir,
                        sv->timeout);
+    }
     mpg__ckpt_sleep_ms(nap);
-    nap = nap < 5 ? 2 * nap : 5;
+    nap = nap < NAP_MAX_MS / 2 ? 2 * nap : NAP_MAX_MS;
   }
 }
 
 static void *write_main(void *arg) {
   mpg__ckpt_save *sv = arg;
   double t0 = mpg__ckpt_now(), deadline = t0 + sv->timeout;
-  char path[4200];
-  mpg_status st = write_data(sv);
+  unsigned char *states = malloc((size_t)sv->world + 1);
+  mpg_status st = states ? write_data(sv, states)
+                         : mpg__fail(MPG_ERR_NOMEM, "checkpoint save: out of memory");
   double t1 = mpg__ckpt_now();
+  int own = st && !sv->relayed;
   if (st) snprintf(sv->msg, sizeof sv->msg, "%s", mpg_last_error());
-  marker_path(sv, st ? "fail" : "done", sv->rank, path, sizeof path);
-  const char *text = st ? sv->msg : "";
-  mpg_status ms = mpg__ckpt_write_file(path, text, strlen(text));
-  if (!st) st = ms;
-  if (sv->rank == 0) {
-    if (!st) st = wait_markers(sv, deadline);
-    if (!st) st = publish(sv);
-    if (st) {
-      if (!sv->msg[0]) snprintf(sv->msg, sizeof sv->msg, "%s", mpg_last_error());
-      snprintf(path, sizeof path, "%s/.abort", sv->partial);
-      (void)mpg__ckpt_write_file(path, sv->msg, strlen(sv->msg));
+  if (!st || (own && sv->rank)) { /* rank 0's failure is its verdict */
+    mpg_status ms = mpg__ckpt_board_set(sv, st ? 'F' : 'D', st, sv->msg);
+    if (!st && ms) {
+      st = ms;
+      own = 1;
+      snprintf(sv->msg, sizeof sv->msg, "%s", mpg_last_error());
     }
-  } else { /* also after a failure: rank 0 aborts, then every rank agrees */
-    int own = st != MPG_OK;
-    mpg_status ws = wait_publish(sv, deadline);
+  }
+  if (sv->rank == 0) {
+    if (!st) st = wait_markers(sv, states, deadline);
+    if (!st) st = publish(sv);
+    if (st && !sv->msg[0]) snprintf(sv->msg, sizeof sv->msg, "%s", mpg_last_error());
+    /* The verdict: every other rank waits for it. */
+    mpg_status vs = mpg__ckpt_board_set(sv, sv->published ? 'P' : 'A', st, sv->msg);
+    if (vs && !st) st = vs;
+  } else if (!sv->relayed) { /* also after its own failure: rank 0 aborts */
+    mpg_status ws = wait_verdict(sv, deadline);
     if (!st) st = ws;
     if (own) sv->relayed = 0; /* its own failure, not the one relayed */
   }
+  free(states);
   mpg__log(2, "ckpt save %s rank %d: wrote %llu bytes in %.1f ms, then %.1f ms until %s",
            sv->dir, sv->rank, (unsigned long long)sv->file_bytes, 1e3 * (t1 - t0),
-           1e3 * (mpg__ckpt_now() - t1), sv->rank ? "published" : "publishing");
+           1e3 * (mpg__ckpt_now() - t1), sv->published || sv->rank ? "the verdict" : "publishing");
   sv->result = st;
   if (st && !sv->msg[0]) snprintf(sv->msg, sizeof sv->msg, "%s", mpg_last_error());
   return NULL;
@@ -196,6 +214,10 @@ void mpg__ckpt_save_free(mpg_ckpt *ck, mpg__ckpt_save *sv) {
   free(sv->recs);
   free(sv->writes);
   free(sv->meta);
+  mpg__ckpt_unlock(sv);
+  if (sv->partial_fd >= 0) close(sv->partial_fd);
+  if (sv->board_fd >= 0) close(sv->board_fd);
+  if (sv->parent_fd >= 0) close(sv->parent_fd);
   free(sv);
 }
 
@@ -213,11 +235,18 @@ mpg_status mpg__ckpt_save_finish(mpg_ckpt *ck) {
   if (sv->threaded) pthread_join(sv->thread, NULL);
   mpg_status st = sv->result;
   if (st) (void)mpg__fail(st, "%s", sv->msg);
+  /* A rank that gave up waiting for the verdict (relayed 2) does not know
+   * the outcome: it counts only when no rank failed otherwise, i.e. when
+   * rank 0 published; then the save is MPG_OK on every rank. */
   st = mpg__ckpt_agree(ck, st, sv->relayed, "mpg_ckpt_save");
   if (st) {
     mpg__saved_error keep;
     mpg__error_save(&keep);
-    if (sv->rank == 0) (void)mpg__ckpt_remove_tree(sv->partial);
+    if (sv->rank == 0 && !sv->published) {
+      char pname[4200];
+      snprintf(pname, sizeof pname, "%s.partial", sv->base);
+      (void)mpg__ckpt_remove_ours(sv->parent_fd, pname, sv->partial);
+    }
     st = mpg__fail_wrap(mpg__error_restore(st, &keep), "mpg_ckpt_save(\"%s\")", sv->dir);
   }
   ck->save = NULL;

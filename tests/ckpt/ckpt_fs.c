@@ -9,7 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../../sync/ckpt_format.h"
@@ -267,4 +270,35 @@ int ckf_chunk_of(const char *dir, const char *name, char *path, size_t cap, uint
   }
   mpg__ckpt_meta_free(&md);
   return rc;
+}
+
+int ckf_in_private_tmpfs(const char *mnt, const char *opts,
+                         int (*fn)(const char *mnt, char *msg, size_t cap), char *msg,
+                         size_t cap) {
+  int fds[2];
+  if (pipe(fds) != 0) return snprintf(msg, cap, "pipe: %s", strerror(errno)), -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    static char text[4096];
+    close(fds[0]);
+    int rc = 77;
+    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mount("tmpfs", mnt, "tmpfs", 0, opts) != 0)
+      snprintf(text, sizeof text, "mount tmpfs (%s) on %.3000s: %s", opts, mnt, strerror(errno));
+    else
+      rc = fn(mnt, text, sizeof text);
+    if (write(fds[1], text, strlen(text)) < 0) rc = 3;
+    _exit(rc);
+  }
+  close(fds[1]);
+  if (pid < 0) {
+    close(fds[0]);
+    return snprintf(msg, cap, "fork: %s", strerror(errno)), -1;
+  }
+  ssize_t n = read(fds[0], msg, cap - 1);
+  msg[n > 0 ? n : 0] = '\0';
+  close(fds[0]);
+  int st;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

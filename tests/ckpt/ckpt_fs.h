@@ -53,4 +53,13 @@ int ckf_patch_version(const char *dir, uint32_t version);
 int ckf_chunk_of(const char *dir, const char *name, char *path, size_t cap, uint64_t *off,
                  uint64_t *bytes);
 
+/* Run fn(mnt, msg, cap) in a child process, in a private mount namespace
+ * with a fresh tmpfs of mount options `opts` ("size=1m", "nr_inodes=4")
+ * on mnt (root only), and bring its message back into msg.  The child's
+ * exit status (fn's return value; 77: no private tmpfs could be mounted),
+ * or -1 when it died. */
+int ckf_in_private_tmpfs(const char *mnt, const char *opts,
+                         int (*fn)(const char *mnt, char *msg, size_t cap), char *msg,
+                         size_t cap);
+
 #endif
