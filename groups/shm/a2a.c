@@ -26,7 +26,8 @@
  * cache line, then its descriptor of the operation it posted: its
  * process id, where its blocks are (above), the dtype, and for every
  * member j (elements) what it sends j, from where, and what it expects
- * from j.  Member 0's region also holds the channel's abort word.
+ * from j.  Member 0's region also holds the channel's verdict word and
+ * abort word (below).
  *
  * Operation q (the members number their all-to-alls on the group alike,
  * from 0).  Post: once operation q - 1 is complete everywhere (every
@@ -37,9 +38,10 @@
  * alltoall.c (i = me - k), once posted[i] > q (acquire), it checks the
  * pair's sizes in bytes (as the backends: equal sizes move whatever the
  * dtypes) and copies i's block into its recv buffer.  When it has read
- * every peer it stores finished = q + 1.  Complete: every finished word >
- * q, so that no member changes its send buffer, outbox or descriptor
- * while a peer still reads them.  A pair whose sizes disagree is not
+ * every peer it counts itself in (the verdict word, below) and stores
+ * finished = q + 1 (what the others' futexes wait on).  Complete: every
+ * member counted in, so that no member changes its send buffer, outbox or
+ * descriptor while a peer still reads them.  A pair whose sizes disagree is not
  * copied and fails with MPG_ERR_INVALID once the operation is complete,
  * naming the pair, every other block received: on mpi both members of
  * the pair (its backend's outcome, alltoall.c's run_native), on thread
@@ -57,7 +59,28 @@
  * (out of memory for the outbox, a peer's memory that cannot be mapped,
  * the context aborted) makes the others return MPG_ERR_ABORTED naming
  * the member and its reason.  A failed post never leaves its operation
- * half published: it aborts the channel first. */
+ * half published: it aborts the channel first.
+ *
+ * One outcome for all (issue 45).  The verdict word counts the members'
+ * "read everything" (1 per member and operation, 64 bits, never wrapping:
+ * operation number k (from 0) is complete once it reaches (k + 1) x n) and
+ * has a FAILED bit.  A member counts itself in with a compare-and-swap
+ * that fails when FAILED is set; giving up sets FAILED first (a
+ * fetch-or: the count freezes), then writes the reason into the abort
+ * word, wakes every futex and only then returns (and may reuse its
+ * buffers).  So an operation is complete on every member or on none, and
+ * a member that copied after a peer gave up (slow, stopped: its copies
+ * may hold the peer's new data) finds FAILED when it counts in and fails
+ * (a sequentially consistent fence orders its copies before that look).
+ * Threads also keep the readers count: a thread member that fails
+ * returns only once no peer copies out of its buffer (which it may free).
+ *
+ * Peers' words are not trusted (processes: another program could write the
+ * segment): every word of a descriptor is read once, then checked (the
+ * dtype, counts that cannot overflow, the region within the memfd's size,
+ * each block within what is mapped), the memfds are sealed against
+ * shrinking (a2a_chan.c checks the seal), and a corrupt descriptor fails
+ * the reader naming its member, never a read outside the mapping. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -171,10 +194,14 @@ static mpg_status count_in(mpg__a2a *ch) {
   return MPG_OK;
 }
 
-/* The operation in flight is complete: every member counted in (the count
- * is frozen once FAILED, so every member decides alike). */
-static int all_in(const mpg__a2a *ch) {
-  return (atomic_load(done_word(ch)) & ~FAILED) >= ch->target;
+/* The verdict on the operation in flight, from one look at the word: 1
+ * complete (every member counted in), -1 failed (a member gave up first:
+ * the count is frozen short of the target), 0 not yet.  Every member
+ * decides alike, whenever it looks. */
+static int verdict(const mpg__a2a *ch) {
+  uint64_t v = atomic_load(done_word(ch));
+  if ((v & ~FAILED) >= ch->target) return 1;
+  return v & FAILED ? -1 : 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -341,8 +368,8 @@ static mpg_status complete(mpg__a2a *ch, int block, int *done) {
   mpg_status st = progress(ch, block);
   if (st) return st;
   if (!ch->counted) return MPG_OK; /* not blocking: later */
-  while (!all_in(ch)) {
-    if (failed(ch)) return aborted(ch, ch->q);
+  for (int v; (v = verdict(ch)) != 1;) {
+    if (v < 0) return aborted(ch, ch->q);
     int reason = atomic_load(&ch->g->ctx->aborted);
     if (reason) {
       give_up(ch, (mpg_status)reason, -1, ch->q);

@@ -5,7 +5,9 @@
  * Making it (collective over the group; every member reaches it in the
  * same call): the segment (mpg__shm_channel_create: one host, a CPU
  * backend, MESHPG_SHM not 0), then for separate processes each member's
- * outbox (a memfd it keeps open), and a check that every member can map
+ * outbox (a memfd it keeps open, sealed against shrinking as mpi's
+ * mem_alloc memfds are: a peer maps only a sealed memfd, so that its
+ * mapping never outlives the file's end), and a check that every member can map
  * every other's outbox through /proc/<pid>/fd/<fd> (the segment's own
  * check covers its creator only).  Two host all-gathers carry the
  * outcome (every outbox written; every member's result), so that all
