@@ -7,10 +7,16 @@
 # Each rank's stdout and stderr go to DIR/out/rank-R.log.  It waits for all
 # of them and exits with the highest exit status (128+N for a signal N), as
 # torchrun's agent reports a failed worker; SIGTERM is passed on to the ranks.
+# Like torchrun with --rdzv-id, it exports TORCHELASTIC_RUN_ID, one per
+# launch (the cluster and the port) unless the caller set it: the job id
+# from which the ranks derive the rendezvous' job key (docs/launchers.md,
+# "The rendezvous and its job key"); a MESHPG_JOB_KEY in the environment
+# passes through and wins.
 #   cluster_launch.sh DIR HOST START K WORLD MASTER_ADDR MASTER_PORT CMD...
 set -uo pipefail
 dir=$1 host=$2 start=$3 k=$4 world=$5 maddr=$6 mport=$7
 shift 7
+export TORCHELASTIC_RUN_ID=${TORCHELASTIC_RUN_ID:-meshpg-cluster-$(basename "$dir")-$mport}
 echo $$ >"$dir/$host.launcher"
 pids=()
 trap 'kill -TERM "${pids[@]}" 2>/dev/null' TERM INT
