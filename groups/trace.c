@@ -62,6 +62,7 @@ mpg_status mpg__trace_create(mpg_ctx *ctx, const mpg_init_opts *opts) {
   atomic_init(&t->step, -1);
   snprintf(t->dir, sizeof t->dir, "%s", dir);
   pthread_mutex_init(&t->lock, NULL);
+  pthread_mutex_init(&t->dump_lock, NULL);
   ctx->trace = t;
   return MPG_OK;
 }
@@ -76,6 +77,7 @@ void mpg__trace_destroy(mpg_ctx *ctx) {
     t->groups[i]->trace_id = 0;
   }
   pthread_mutex_destroy(&t->lock);
+  pthread_mutex_destroy(&t->dump_lock);
   free(t->names);
   free(t->ring);
   free(t);

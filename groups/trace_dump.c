@@ -1,9 +1,13 @@
 /* The flight recorder's dump (issue 32): the ring of groups/trace.c as the
- * text of docs/trace.md, "The dump format (version 1)", written to
- * DIR/.rank-R.trace.tmp and renamed to DIR/rank-R.trace, so that a reader
- * never sees half a file.  Called on a fault (mpg__trace_fault) and by
- * mpg_ctx_trace_dump; it reads the ring while other threads may still
- * write it (see trace.c). */
+ * text of docs/trace.md, "The dump format (version 1)", written to a
+ * temporary file DIR/.rank-R.trace.PID.N.XXXXXXXX of a name no other writer
+ * uses (created with O_EXCL | O_NOFOLLOW: a file or symlink planted there
+ * is never opened) and renamed to DIR/rank-R.trace, so that a reader never
+ * sees half a file.  Called on a fault (mpg__trace_fault) and by
+ * mpg_ctx_trace_dump, possibly from two threads at once: the dumps of one
+ * context are serialized (dump_lock), the strings cut at the limits the
+ * reader shares (trace_format.h; issue 45, items 12 and 13).  It reads the
+ * ring while other threads may still write it (see trace.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -58,23 +62,32 @@ static void tput(text *f, const char *fmt, ...) {
   }
 }
 
-/* s percent-encoded (docs/trace.md): "-" for an empty string. */
-static void put_str(text *f, const char *s) {
-  if (!s || !s[0]) {
+/* s percent-encoded (docs/trace.md): "-" for an empty string; at most
+ * `max` bytes of it (trace_format.h), cut before a UTF-8 continuation byte
+ * so that a character is not split. */
+static void put_str_max(text *f, const char *s, size_t max) {
+  size_t n = s ? strnlen(s, max + 1) : 0;
+  if (n > max) {
+    n = max;
+    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
+  }
+  if (n == 0) {
     tput(f, " -");
     return;
   }
   tput(f, " ");
-  if (!strcmp(s, "-")) {
+  if (n == 1 && s[0] == '-') {
     tput(f, "%%2D");
     return;
   }
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+  for (const unsigned char *p = (const unsigned char *)s; p < (const unsigned char *)s + n; p++)
     if (*p <= 0x20 || *p == '%' || *p >= 0x7f)
       tput(f, "%%%02X", *p);
     else
       tput(f, "%c", *p);
 }
+
+static void put_str(text *f, const char *s) { put_str_max(f, s, MPG__TRACE_NAME_MAX); }
 
 static const char *kind_name(int kind) {
   if (kind == TRACE_ALL_TO_ALL) return "all_to_all";
@@ -149,15 +162,15 @@ static void put_header(text *f, mpg_ctx *ctx, const char *reason, const char *me
   mpg__trace *t = ctx->trace;
   char host[256] = "";
   if (gethostname(host, sizeof host - 1)) snprintf(host, sizeof host, "?");
-  char mesh[512];
+  char mesh[MPG__TRACE_MESH_MAX + 2]; /* one byte more: a longer text is cut at a character */
   mpg__mesh_text(ctx->mesh, mesh, sizeof mesh);
   tput(f, "meshpg-trace 1\nrank %d %d\nprocess", ctx->rank, ctx->world);
   put_str(f, host);
   tput(f, " %ld\nbackend %s\nmesh", (long)getpid(), ctx->ops->name);
-  put_str(f, mesh);
+  put_str_max(f, mesh, MPG__TRACE_MESH_MAX);
   tput(f, "\njob %016llx\nclock %lld\nreason %s", (unsigned long long)ctx->job,
           (long long)mpg__trace_now_ns(), reason);
-  put_str(f, message);
+  put_str_max(f, message, MPG__TRACE_MESSAGE_MAX);
   tput(f, "\nring %ld %llu\n", t->capacity, (unsigned long long)head);
 }
 
@@ -165,12 +178,36 @@ static mpg_status io_fail(const char *what, const char *path, int err) {
   return mpg__fail(MPG_ERR_IO, "flight recorder: %s %s: %s", what, path, strerror(err));
 }
 
-mpg_status mpg__trace_write(mpg_ctx *ctx, const char *dir, const char *reason,
-                            const char *message) {
+/* A new temporary file dir/.rank-R.trace.PID.N.XXXXXXXX of a name no one
+ * else uses: O_CREAT | O_EXCL (a file or a symlink already there is an
+ * EEXIST, never opened nor followed) and O_NOFOLLOW, a fresh name per try.
+ * The fd, or -1 with errno. */
+static int open_temp(const char *dir, int rank, char *tmp, size_t cap) {
+  static _Atomic unsigned long counter;
+  for (int tries = 0; tries < 64; tries++) {
+    unsigned long n = atomic_fetch_add(&counter, 1);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    /* Not a secret: O_EXCL is what makes the name ours; the varying part
+     * only makes a collision (a planted file, a racing writer) unlikely. */
+    uint64_t mix = mpg__hash_mix(mpg__hash_mix((uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec),
+                                 (uint64_t)tries ^ (uint64_t)(uintptr_t)tmp);
+    snprintf(tmp, cap, "%s/.rank-%d.trace.%ld.%lu.%08lx", dir, rank, (long)getpid(), n,
+             (unsigned long)(mix & 0xffffffffu));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  errno = EEXIST;
+  return -1;
+}
+
+static _Thread_local int in_dump; /* this thread is inside mpg__trace_write */
+
+static mpg_status write_locked(mpg_ctx *ctx, const char *dir, const char *reason,
+                               const char *message) {
   mpg__trace *t = ctx->trace;
-  char path[1200], tmp[1200];
+  char path[MPG__TRACE_DIR_MAX + 64], tmp[MPG__TRACE_DIR_MAX + 128];
   snprintf(path, sizeof path, "%s/rank-%d.trace", dir, ctx->rank);
-  snprintf(tmp, sizeof tmp, "%s/.rank-%d.trace.tmp", dir, ctx->rank);
   if (mkdir(dir, 0777) && errno != EEXIST) return io_fail("cannot make the directory", dir, errno);
   text buf = {NULL, 0, 0, 0}, *f = &buf;
   pthread_mutex_lock(&t->lock); /* groups and names stay put */
@@ -189,10 +226,11 @@ mpg_status mpg__trace_write(mpg_ctx *ctx, const char *dir, const char *reason,
     free(buf.p);
     return mpg__fail(MPG_ERR_NOMEM, "flight recorder: out of memory for the dump of %s", path);
   }
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  int fd = open_temp(dir, ctx->rank, tmp, sizeof tmp);
   if (fd < 0) {
+    int err = errno;
     free(buf.p);
-    return io_fail("cannot write", tmp, errno);
+    return io_fail("cannot create a temporary file in", dir, err);
   }
   int err = 0;
   for (size_t off = 0; off < buf.len && !err;) {
@@ -209,10 +247,37 @@ mpg_status mpg__trace_write(mpg_ctx *ctx, const char *dir, const char *reason,
     (void)unlink(tmp);
     return io_fail("cannot write", tmp, err);
   }
+  /* rename() replaces the name `path` itself (a symlink there included),
+   * never what a symlink points to. */
   if (rename(tmp, path)) {
     err = errno;
     (void)unlink(tmp);
     return io_fail("cannot rename to", path, err);
   }
   return MPG_OK;
+}
+
+mpg_status mpg__trace_write(mpg_ctx *ctx, const char *dir, const char *reason,
+                            const char *message) {
+  mpg__trace *t = ctx->trace;
+  size_t dlen = strlen(dir);
+  if (dlen > MPG__TRACE_DIR_MAX)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "flight recorder (rank %d): the trace directory \"%.64s...\" is %zu bytes "
+                     "long, the limit is %d bytes", ctx->rank, dir, dlen, MPG__TRACE_DIR_MAX);
+  if (ctx->world > MPG__TRACE_MAX_WORLD)
+    return mpg__fail(MPG_ERR_RANGE, "flight recorder (rank %d): a world of %d ranks is more "
+                     "than a dump may describe (%d)", ctx->rank, ctx->world,
+                     MPG__TRACE_MAX_WORLD);
+  /* A dump triggered from inside a dump (a failure path reached while
+   * writing) would wait for itself: refused instead. */
+  if (in_dump)
+    return mpg__fail(MPG_ERR_STATE, "flight recorder (rank %d): a dump was requested while "
+                     "this thread writes one", ctx->rank);
+  in_dump = 1;
+  pthread_mutex_lock(&t->dump_lock);
+  mpg_status st = write_locked(ctx, dir, reason, message);
+  pthread_mutex_unlock(&t->dump_lock);
+  in_dump = 0;
+  return st;
 }

@@ -12,10 +12,11 @@
 #include <time.h>
 
 #include "ctx_internal.h"
+#include "trace_format.h"
 
 #define TRACE_DEFAULT_ENTRIES 2048
-#define TRACE_MAX_ENTRIES (1L << 24)
-#define TRACE_MAX_GROUPS 4096
+#define TRACE_MAX_ENTRIES MPG__TRACE_MAX_ENTRIES
+#define TRACE_MAX_GROUPS MPG__TRACE_MAX_GROUPS
 
 #define TRACE_PENDING (-1) /* status of an operation not yet ended */
 
@@ -39,9 +40,11 @@ struct mpg__trace {
   _Atomic uint64_t head;    /* operations recorded: the next SEQ */
   _Atomic int64_t step;     /* mpg__trace_step: the sync step, -1 before */
   _Atomic int dumped;       /* the automatic dump was written */
-  char dir[1024];           /* automatic dumps: "" none */
+  char dir[MPG__TRACE_DIR_MAX + 1]; /* automatic dumps: "" none */
   uint64_t job;             /* equal on every rank (agree.c) */
   pthread_mutex_t lock;     /* groups and names (not the hot path) */
+  pthread_mutex_t dump_lock; /* one dump of this context at a time (taken
+                                before `lock`, never while holding it) */
   mpg_group *groups[TRACE_MAX_GROUPS];
   _Atomic int ngroups;
   char *names;              /* interned names, NUL-separated; id = offset + 1 */
@@ -49,8 +52,12 @@ struct mpg__trace {
 };
 
 /* trace_dump.c: write the ring to dir/rank-R.trace (through a temporary
- * file and a rename), with `reason` (a status name or "request") and
- * `message`.  MPG_OK or MPG_ERR_IO naming the file and errno. */
+ * file of a unique name, created with O_EXCL | O_NOFOLLOW, and a rename),
+ * with `reason` (a status name or "request") and `message`.  Dumps of one
+ * context are serialized (dump_lock).  MPG_OK; MPG_ERR_INVALID for a
+ * directory longer than MPG__TRACE_DIR_MAX bytes; MPG_ERR_STATE when
+ * called from inside a dump of the same thread; MPG_ERR_IO naming the file
+ * and errno. */
 mpg_status mpg__trace_write(mpg_ctx *ctx, const char *dir, const char *reason,
                             const char *message);
 

@@ -49,9 +49,27 @@ static void json_items(FILE *f, const char *key, const ta_item *v, int n) {
   fprintf(f, "%s]", n ? "\n  " : "");
 }
 
-static void print_json(FILE *f, const char *dir, const ta_report *r) {
+/* The lines of `ignored` (tr_read_dir_newest) as a JSON array of strings. */
+static void json_lines(FILE *f, const char *ignored) {
+  fprintf(f, "[");
+  int k = 0;
+  for (const char *p = ignored; p && *p; k++) {
+    const char *nl = strchr(p, '\n');
+    size_t n = nl ? (size_t)(nl - p) : strlen(p);
+    char *line = strndup(p, n);
+    fprintf(f, "%s\n    ", k ? "," : "");
+    json_str(f, line ? line : "");
+    free(line);
+    p += n + (nl != NULL);
+  }
+  fprintf(f, "%s]", k ? "\n  " : "");
+}
+
+static void print_json(FILE *f, const char *dir, const ta_report *r, const char *ignored) {
   fprintf(f, "{\n  \"dir\": ");
   json_str(f, dir);
+  fprintf(f, ",\n  \"ignored\": ");
+  json_lines(f, ignored);
   fprintf(f, ",\n  \"world\": %d,\n  \"dumps\": %d,\n  \"backend\": ", r->world, r->ndumps);
   json_str(f, r->backend);
   fprintf(f, ",\n  \"mesh\": ");
@@ -92,9 +110,17 @@ static void print_json(FILE *f, const char *dir, const ta_report *r) {
   fprintf(f, "\n}\n");
 }
 
-static void print_text(FILE *f, const char *dir, const ta_report *r) {
+static void print_text(FILE *f, const char *dir, const ta_report *r, const char *ignored) {
   fprintf(f, "%s: %d of %d ranks left a dump (backend %s, mesh %s, job %s)\n", dir, r->ndumps,
           r->world, r->backend, r->mesh, r->job);
+  if (ignored) {
+    fprintf(f, "ignored, the dumps of an older job in the same directory:\n  ");
+    for (const char *p = ignored; *p; p++) {
+      fputc(*p, f);
+      if (*p == '\n') fputs("  ", f);
+    }
+    fputc('\n', f);
+  }
   fprintf(f, "first failure: %s\n", r->fault_text);
   fprintf(f, "\ngroups:\n");
   for (int k = 0; k < r->ngroups; k++) {
@@ -162,7 +188,8 @@ int cmd_trace(int argc, char **argv) {
   char err[1024];
   tr_rank *ranks = NULL;
   int n = 0;
-  if (tr_read_dir(dir, &ranks, &n, err, sizeof err)) {
+  char *ignored = NULL;
+  if (tr_read_dir_newest(dir, &ranks, &n, &ignored, err, sizeof err)) {
     tool_error("trace: %s", err);
     return TOOL_EXIT_FAIL;
   }
@@ -172,8 +199,8 @@ int cmd_trace(int argc, char **argv) {
     tool_error("trace: %s: %s", dir, err);
     rc = TOOL_EXIT_FAIL;
   } else {
-    if (json) print_json(stdout, dir, &rep);
-    else print_text(stdout, dir, &rep);
+    if (json) print_json(stdout, dir, &rep, ignored);
+    else print_text(stdout, dir, &rep, ignored);
     if (svg && tr_write_svg(ranks, n, rep.world, svg, err, sizeof err)) {
       tool_error("trace: --svg %s: %s", svg, err);
       rc = TOOL_EXIT_FAIL;
@@ -186,5 +213,6 @@ int cmd_trace(int argc, char **argv) {
   fflush(stdout);
   ta_report_free(&rep);
   tr_ranks_free(ranks, n);
+  free(ignored);
   return rc;
 }

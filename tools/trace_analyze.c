@@ -149,6 +149,35 @@ static void sig_culprit(an *a, int g, uint64_t k, int xi, const tr_op *x, int wi
   add_culprit(a, a->R[xi].rank, &b);
 }
 
+static int cmp_u64(const void *x, const void *y) {
+  uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+  return (a > b) - (a < b);
+}
+
+/* Append v to *ks (growing it); -1 when out of memory. */
+static int push_u64(uint64_t **ks, size_t *n, uint64_t v) {
+  if ((*n & (*n - 1)) == 0) {
+    uint64_t *p = realloc(*ks, sizeof(uint64_t) * (*n ? 2 * *n : 1));
+    if (!p) return -1;
+    *ks = p;
+  }
+  (*ks)[(*n)++] = v;
+  return 0;
+}
+
+/* ks[0..n) sorted, each value once; the new count.  The numbers compared
+ * are the ones some ring holds, not every integer up to the largest: a
+ * number no member holds has nothing to compare, and a hostile GSEQ of
+ * 10^18 must not be counted up to (issue 45, item 14). */
+static size_t sort_unique(uint64_t *ks, size_t n) {
+  if (n == 0) return 0;
+  qsort(ks, n, sizeof *ks, cmp_u64);
+  size_t m = 1;
+  for (size_t i = 1; i < n; i++)
+    if (ks[i] != ks[m - 1]) ks[m++] = ks[i];
+  return m;
+}
+
 static void check_group(an *a, int g) {
   ta_group *G = &a->gi[g];
   uint64_t lo = 1, hi = 0;
@@ -168,13 +197,28 @@ static void check_group(an *a, int g) {
   if (hi < lo) return;
   G->first = lo;
   G->last = hi;
+  uint64_t *ks = NULL;
+  size_t nk = 0;
+  for (int q = 0; q < G->size && !a->oom; q++) {
+    int m = G->ranks[q], mi = m >= 0 && m < a->world ? a->at[m] : -1;
+    if (mi < 0) continue;
+    const cell *c = cellof(a, mi, g);
+    for (int j = 0; j < c->ncoll && !a->oom; j++) {
+      uint64_t s = a->R[mi].ops[c->coll[j]].gseq;
+      if (s >= lo && s <= hi && push_u64(&ks, &nk, s)) a->oom = 1;
+    }
+  }
+  nk = sort_unique(ks, nk);
   int *ci = malloc(sizeof(int) * (size_t)G->size * 4), *cj = ci + G->size;
   int *absent = cj + G->size, *late = absent + G->size;
-  if (!ci) {
+  if (!ci || a->oom) {
+    free(ci);
+    free(ks);
     a->oom = 1;
     return;
   }
-  for (uint64_t k = lo; k <= hi; k++) {
+  for (size_t kx = 0; kx < nk; kx++) {
+    uint64_t k = ks[kx];
     int nis = 0, nabs = 0, nlate = 0, diff = 0, bad = 0, unk;
     for (int q = 0; q < G->size; q++) {
       int m = G->ranks[q], mi = m >= 0 && m < a->world ? a->at[m] : -1;
@@ -239,88 +283,98 @@ static void check_group(an *a, int g) {
     break;
   }
   free(ci);
+  free(ks);
 }
 
 /* The same for each direction between two members: send #k and its
  * receive. */
-static void check_pair(an *a, int g, int si, int ri) {
+/* Send #k from si to ri on instance g against its receive: 0 when they
+ * agree (go on), 1 when a mismatch was recorded (stop). */
+static int pair_at(an *a, int g, int si, int ri, uint64_t k) {
   const ta_group *G = &a->gi[g];
   int s = a->R[si].rank, r = a->R[ri].rank;
-  uint64_t hi = 0;
-  cell *cs = cellof(a, si, g), *cr = cellof(a, ri, g);
-  for (int j = 0; j < cs->np2p; j++) {
-    const tr_op *o = &a->R[si].ops[cs->p2p[j]];
-    if (!strcmp(o->kind, "send") && o->peer == r && o->gseq > hi) hi = o->gseq;
+  int us = 0, ur = 0;
+  int js = p2p_at(a, si, g, "send", r, k, &us), jr = p2p_at(a, ri, g, "recv", s, k, &ur);
+  if (us || ur) return 0;
+  const tr_op *os = js >= 0 ? &a->R[si].ops[js] : NULL, *orr = jr >= 0 ? &a->R[ri].ops[jr] : NULL;
+  int is = os && issued(a, os), ir = orr && issued(a, orr);
+  int diff = is && ir && (os->count != orr->count || strcmp(os->dtype, orr->dtype));
+  if (!diff && is == ir) return 0;
+  ta_mismatch *mm = add_mismatch(a, g, 1, s, r, k);
+  if (!mm) return 1;
+  sb b = {0};
+  sb_add(&b, "%s[%d] send #%llu from world rank %d to world rank %d:", G->name, G->index,
+         (unsigned long long)k, s, r);
+  const tr_op *ops[2] = {os, orr};
+  int idx[2] = {si, ri};
+  for (int x = 0; x < 2; x++) {
+    const char *what = x ? "receive" : "send";
+    if (ops[x] && issued(a, ops[x])) {
+      sb_add(&b, "\n  %s (%s x %llu) issued by world rank %d (", what, ops[x]->dtype,
+             (unsigned long long)ops[x]->count, a->R[idx[x]].rank);
+      issuer_state(a, idx[x], ops[x], &b);
+      sb_add(&b, ")");
+    } else if (ops[x]) {
+      sb_add(&b, "\n  %s issued late by world rank %d: %.1f s after the first failure", what,
+             a->R[idx[x]].rank, secs(ops[x]->issue_ns - a->tf));
+    } else {
+      sb_add(&b, "\n  %s never issued by world rank %d: ", what, a->R[idx[x]].rank);
+      absent_state(a, idx[x], &b);
+    }
   }
-  for (int j = 0; j < cr->np2p; j++) {
-    const tr_op *o = &a->R[ri].ops[cr->p2p[j]];
-    if (!strcmp(o->kind, "recv") && o->peer == s && o->gseq > hi) hi = o->gseq;
+  mm->text = sb_take(&b);
+  if (!mm->text) a->oom = 1;
+  if (!diff) return 1;
+  /* Which side is odd: the count the other instances use at #k between
+   * the same positions. */
+  int ps = -1, pr = -1;
+  for (int q = 0; q < G->size; q++) {
+    if (G->ranks[q] == s) ps = q;
+    if (G->ranks[q] == r) pr = q;
   }
-  for (uint64_t k = 1; k <= hi; k++) {
-    int us = 0, ur = 0;
-    int js = p2p_at(a, si, g, "send", r, k, &us), jr = p2p_at(a, ri, g, "recv", s, k, &ur);
-    if (us || ur) continue;
-    const tr_op *os = js >= 0 ? &a->R[si].ops[js] : NULL, *orr = jr >= 0 ? &a->R[ri].ops[jr] : NULL;
-    int is = os && issued(a, os), ir = orr && issued(a, orr);
-    int diff = is && ir && (os->count != orr->count || strcmp(os->dtype, orr->dtype));
-    if (!diff && is == ir) continue;
-    ta_mismatch *mm = add_mismatch(a, g, 1, s, r, k);
-    if (!mm) return;
-    sb b = {0};
-    sb_add(&b, "%s[%d] send #%llu from world rank %d to world rank %d:", G->name, G->index,
-           (unsigned long long)k, s, r);
-    const tr_op *ops[2] = {os, orr};
-    int idx[2] = {si, ri};
+  uint64_t cnt[2] = {os->count, orr->count};
+  int votes[2] = {1, 1};
+  for (int g2 = 0; g2 < a->ngi; g2++) {
+    const ta_group *H = &a->gi[g2];
+    if (g2 == g || strcmp(H->name, G->name) || H->size != G->size) continue;
+    int hs = H->ranks[ps], hr = H->ranks[pr];
+    int hsi = hs >= 0 && hs < a->world ? a->at[hs] : -1, hri = hr >= 0 && hr < a->world ? a->at[hr] : -1;
+    int j1 = hsi >= 0 ? p2p_at(a, hsi, g2, "send", hr, k, &us) : -1;
+    int j2 = hri >= 0 ? p2p_at(a, hri, g2, "recv", hs, k, &ur) : -1;
     for (int x = 0; x < 2; x++) {
-      const char *what = x ? "receive" : "send";
-      if (ops[x] && issued(a, ops[x])) {
-        sb_add(&b, "\n  %s (%s x %llu) issued by world rank %d (", what, ops[x]->dtype,
-               (unsigned long long)ops[x]->count, a->R[idx[x]].rank);
-        issuer_state(a, idx[x], ops[x], &b);
-        sb_add(&b, ")");
-      } else if (ops[x]) {
-        sb_add(&b, "\n  %s issued late by world rank %d: %.1f s after the first failure", what,
-               a->R[idx[x]].rank, secs(ops[x]->issue_ns - a->tf));
-      } else {
-        sb_add(&b, "\n  %s never issued by world rank %d: ", what, a->R[idx[x]].rank);
-        absent_state(a, idx[x], &b);
-      }
+      if (j1 >= 0 && a->R[hsi].ops[j1].count == cnt[x]) votes[x]++;
+      if (j2 >= 0 && a->R[hri].ops[j2].count == cnt[x]) votes[x]++;
     }
-    mm->text = sb_take(&b);
-    if (!mm->text) a->oom = 1;
-    if (!diff) return;
-    /* Which side is odd: the count the other instances use at #k between
-     * the same positions. */
-    int ps = -1, pr = -1;
-    for (int q = 0; q < G->size; q++) {
-      if (G->ranks[q] == s) ps = q;
-      if (G->ranks[q] == r) pr = q;
-    }
-    uint64_t cnt[2] = {os->count, orr->count};
-    int votes[2] = {1, 1};
-    for (int g2 = 0; g2 < a->ngi; g2++) {
-      const ta_group *H = &a->gi[g2];
-      if (g2 == g || strcmp(H->name, G->name) || H->size != G->size) continue;
-      int hs = H->ranks[ps], hr = H->ranks[pr];
-      int hsi = hs >= 0 && hs < a->world ? a->at[hs] : -1, hri = hr >= 0 && hr < a->world ? a->at[hr] : -1;
-      int j1 = hsi >= 0 ? p2p_at(a, hsi, g2, "send", hr, k, &us) : -1;
-      int j2 = hri >= 0 ? p2p_at(a, hri, g2, "recv", hs, k, &ur) : -1;
-      for (int x = 0; x < 2; x++) {
-        if (j1 >= 0 && a->R[hsi].ops[j1].count == cnt[x]) votes[x]++;
-        if (j2 >= 0 && a->R[hri].ops[j2].count == cnt[x]) votes[x]++;
-      }
-    }
-    if (votes[0] == votes[1]) return;
-    int odd = votes[0] < votes[1] ? 0 : 1;
-    sb c = {0};
-    sb_add(&c, "culprit: world rank %d: issued %s #%llu %s rank %d on %s[%d] with %s x %llu "
-           "where the other instances of %s use %s x %llu", a->R[idx[odd]].rank,
-           odd ? "recv" : "send", (unsigned long long)k, odd ? "from" : "to", odd ? s : r,
-           G->name, G->index, ops[odd]->dtype, (unsigned long long)cnt[odd], G->name,
-           ops[odd]->dtype, (unsigned long long)cnt[1 - odd]);
-    add_culprit(a, a->R[idx[odd]].rank, &c);
-    return;
   }
+  if (votes[0] == votes[1]) return 1;
+  int odd = votes[0] < votes[1] ? 0 : 1;
+  sb c = {0};
+  sb_add(&c, "culprit: world rank %d: issued %s #%llu %s rank %d on %s[%d] with %s x %llu "
+         "where the other instances of %s use %s x %llu", a->R[idx[odd]].rank,
+         odd ? "recv" : "send", (unsigned long long)k, odd ? "from" : "to", odd ? s : r,
+         G->name, G->index, ops[odd]->dtype, (unsigned long long)cnt[odd], G->name,
+         ops[odd]->dtype, (unsigned long long)cnt[1 - odd]);
+  add_culprit(a, a->R[idx[odd]].rank, &c);
+  return 1;
+}
+
+static void check_pair(an *a, int g, int si, int ri) {
+  int s = a->R[si].rank, r = a->R[ri].rank;
+  cell *cs = cellof(a, si, g), *cr = cellof(a, ri, g);
+  uint64_t *ks = NULL;
+  size_t nk = 0;
+  for (int j = 0; j < cs->np2p && !a->oom; j++) {
+    const tr_op *o = &a->R[si].ops[cs->p2p[j]];
+    if (!strcmp(o->kind, "send") && o->peer == r && push_u64(&ks, &nk, o->gseq)) a->oom = 1;
+  }
+  for (int j = 0; j < cr->np2p && !a->oom; j++) {
+    const tr_op *o = &a->R[ri].ops[cr->p2p[j]];
+    if (!strcmp(o->kind, "recv") && o->peer == s && push_u64(&ks, &nk, o->gseq)) a->oom = 1;
+  }
+  nk = a->oom ? 0 : sort_unique(ks, nk);
+  for (size_t kx = 0; kx < nk && !a->oom; kx++)
+    if (ks[kx] >= 1 && pair_at(a, g, si, ri, ks[kx])) break;
+  free(ks);
 }
 
 static void check_p2p(an *a, int g) {
@@ -477,11 +531,20 @@ int ta_analyze(const tr_rank *ranks, int n, int world, ta_report *out, char *err
     for (int g = 0; g < a.ngi && !a.oom; g++) check_p2p(&a, g);
     if (!a.oom) ta__check_order(&a);
     if (!a.oom) ta__check_waits(&a);
+    /* One item per run of consecutive ranks without a dump: the report
+     * grows with the dumps, not with WORLD (issue 45, item 14). */
     for (int w = 0; w < world && !a.oom; w++) {
       if (a.at[w] >= 0) continue;
+      int e = w;
+      while (e + 1 < world && a.at[e + 1] < 0) e++;
       sb b = {0};
-      sb_add(&b, "world rank %d: no dump (killed, or hung and never wrote one)", w);
+      if (e == w)
+        sb_add(&b, "world rank %d: no dump (killed, or hung and never wrote one)", w);
+      else
+        sb_add(&b, "world ranks %d to %d (%d ranks): no dump (killed, or hung and never wrote "
+               "one)", w, e, e - w + 1);
       add_item(&a, &out->missing, &out->nmissing, w, &b);
+      w = e;
     }
     /* Nothing else explains the failure: the ranks without a dump. */
     for (int k = 0; k < out->nmissing && out->nculprits == 0 && !a.oom; k++) {

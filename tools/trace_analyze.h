@@ -48,7 +48,7 @@ typedef struct ta_mismatch {
 
 typedef struct ta_report {
   int world, ndumps;
-  char backend[16], mesh[256], job[17];
+  char backend[MPG__TRACE_BACKEND_MAX + 1], mesh[TR_MESH], job[17];
   int fault;             /* 1: a failure was found (else: dumps on request) */
   int fault_rank;        /* world rank of the earliest failure, -1 */
   char fault_status[32]; /* its status name */
@@ -59,7 +59,8 @@ typedef struct ta_report {
   int ngroups;
   ta_mismatch *mismatches;
   int nmismatches;
-  ta_item *missing;      /* ranks without a dump */
+  ta_item *missing;      /* ranks without a dump: one item per run of
+                            consecutive ranks (rank: its first) */
   int nmissing;
   ta_item *culprits;     /* text starts "culprit: world rank R: " */
   int nculprits;

@@ -8,11 +8,14 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define MAX_FIELDS 17 /* an op line: the keyword and 16 fields */
 
@@ -221,6 +224,8 @@ static int get_ranks(pstate *ps, tok t, tr_group *g, int world, int self) {
 static int parse_group(pstate *ps, const tok *f, tr_rank *r) {
   int64_t v;
   if (get_int(ps, f[1], "GID", r->ngroups, r->ngroups, &v)) return -1;
+  if (r->ngroups >= MPG__TRACE_MAX_GROUPS)
+    return fail(ps, "more than %d group lines", MPG__TRACE_MAX_GROUPS);
   if (r->ngroups % 16 == 0) {
     tr_group *g = realloc(r->groups, sizeof(tr_group) * (size_t)(r->ngroups + 16));
     if (!g) return fail(ps, "out of memory");
@@ -302,10 +307,10 @@ static int parse_header(pstate *ps, int h, const tok *f, tr_rank *r) {
   switch (h) {
   case 0:
     if (get_int(ps, f[1], "version", 1, INT32_MAX, &v)) return -1;
-    if (v > 1) return bad(ps, "version", f[1], "is newer than this reader's (1)");
+    if (v > MPG__TRACE_VERSION) return bad(ps, "version", f[1], "is newer than this reader's (1)");
     return 0;
   case 1:
-    if (get_int(ps, f[2], "WORLD", 1, INT32_MAX, &v)) return -1;
+    if (get_int(ps, f[2], "WORLD", 1, MPG__TRACE_MAX_WORLD, &v)) return -1;
     r->world = (int)v;
     if (get_int(ps, f[1], "R", 0, r->world - 1, &v)) return -1;
     r->rank = (int)v;
@@ -333,11 +338,11 @@ static int parse_header(pstate *ps, int h, const tok *f, tr_rank *r) {
     return get_int(ps, f[1], "DUMP_NS", 0, INT64_MAX, &r->dump_ns);
   case 7:
     if (get_status(ps, f[1], "STATUS", r->reason, sizeof r->reason, 1)) return -1;
-    r->message = malloc(f[2].n + 1);
+    r->message = malloc(MPG__TRACE_MESSAGE_MAX + 1);
     if (!r->message) return fail(ps, "out of memory");
-    return get_str(ps, f[2], "MESSAGE", r->message, f[2].n + 1, 0);
+    return get_str(ps, f[2], "MESSAGE", r->message, MPG__TRACE_MESSAGE_MAX + 1, 0);
   default:
-    if (get_int(ps, f[1], "CAPACITY", 0, INT32_MAX, &v)) return -1;
+    if (get_int(ps, f[1], "CAPACITY", 0, MPG__TRACE_MAX_ENTRIES, &v)) return -1;
     r->capacity = (long)v;
     return get_u64(ps, f[2], "TOTAL", &r->total);
   }
@@ -438,30 +443,53 @@ void tr_rank_free(tr_rank *r) {
 
 int tr_read_file(const char *path, tr_rank *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
-  FILE *fp = fopen(path, "rb");
-  if (!fp) {
-    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+  /* O_NOFOLLOW: a symlink (to /dev/zero, to another file) is refused;
+   * O_NONBLOCK: opening a FIFO does not wait for a writer.  fstat then
+   * refuses anything but a regular file, before a byte is read. */
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    snprintf(err, errlen, "%s: %s", path,
+             e == ELOOP ? "is a symbolic link, not a regular file (refused)" : strerror(e));
     return -1;
   }
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap);
-  while (buf) {
-    n += fread(buf + n, 1, cap - n, fp);
-    if (n < cap) break;
-    char *b = realloc(buf, cap * 2);
-    if (!b) {
-      free(buf);
-      buf = NULL;
+  struct stat st;
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+    int e = errno;
+    close(fd);
+    snprintf(err, errlen, "%s: %s", path,
+             S_ISFIFO(st.st_mode) ? "is a FIFO, not a regular file (refused)"
+             : S_ISDIR(st.st_mode) ? "is a directory, not a regular file (refused)"
+             : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)
+                 ? "is a device, not a regular file (refused)"
+                 : e ? strerror(e) : "is not a regular file (refused)");
+    return -1;
+  }
+  /* The size it has now bounds what is read (a file that grows meanwhile
+   * is read as it was, and found truncated). */
+  size_t cap = (size_t)st.st_size, n = 0;
+  if ((off_t)cap != st.st_size) {
+    close(fd);
+    snprintf(err, errlen, "%s: too large (%lld bytes)", path, (long long)st.st_size);
+    return -1;
+  }
+  char *buf = malloc(cap ? cap : 1);
+  int rerr = 0;
+  while (buf && n < cap) {
+    ssize_t k = read(fd, buf + n, cap - n);
+    if (k > 0)
+      n += (size_t)k;
+    else if (k == 0)
+      break;
+    else if (errno != EINTR) {
+      rerr = errno;
       break;
     }
-    buf = b;
-    cap *= 2;
   }
-  int rerr = ferror(fp);
-  fclose(fp);
+  close(fd);
   if (!buf || rerr) {
+    snprintf(err, errlen, "%s: %s", path, buf ? strerror(rerr) : "out of memory");
     free(buf);
-    snprintf(err, errlen, "%s: %s", path, buf ? "read error" : "out of memory");
     return -1;
   }
   char msg[512];
@@ -494,9 +522,82 @@ static int cmp_rank(const void *a, const void *b) {
   return (x->rank > y->rank) - (x->rank < y->rank);
 }
 
-int tr_read_dir(const char *dir, tr_rank **ranks, int *n, char *err, size_t errlen) {
+typedef struct job_of {
+  const char *job;
+  int i;
+} job_of;
+
+static int cmp_job(const void *a, const void *b) {
+  return strcmp(((const job_of *)a)->job, ((const job_of *)b)->job);
+}
+
+/* Keep only the dumps of the newest job in rs[0..*cnt): the job whose
+ * latest DUMP_NS is the latest.  The others are freed (their names moved
+ * after the kept ones) and listed in *ignored (when not NULL).  0, or -1
+ * when out of memory. */
+static int keep_newest(tr_rank *rs, int *cnt, char **names, char **ignored) {
+  int n = *cnt;
+  job_of *idx = malloc(sizeof(job_of) * (size_t)n);
+  if (!idx) return -1;
+  for (int i = 0; i < n; i++) idx[i] = (job_of){rs[i].job, i};
+  qsort(idx, (size_t)n, sizeof(job_of), cmp_job);
+  int best = 0;
+  int64_t best_ns = -1;
+  for (int a = 0; a < n;) {
+    int b = a;
+    int64_t latest = -1;
+    while (b < n && !strcmp(idx[b].job, idx[a].job)) {
+      if (rs[idx[b].i].dump_ns > latest) latest = rs[idx[b].i].dump_ns;
+      b++;
+    }
+    if (latest > best_ns) best_ns = latest, best = idx[a].i;
+    a = b;
+  }
+  free(idx);
+  char job[sizeof rs[0].job];
+  memcpy(job, rs[best].job, sizeof job);
+  size_t cap = 0, len = 0;
+  char *text = NULL;
+  int kept = 0, rc = 0;
+  for (int i = 0; i < n; i++) {
+    if (!strcmp(rs[i].job, job)) {
+      if (kept != i) {
+        rs[kept] = rs[i];
+        char *t = names[kept];
+        names[kept] = names[i];
+        names[i] = t;
+      }
+      kept++;
+      continue;
+    }
+    if (ignored && !rc) {
+      const char *base = strrchr(names[i], '/');
+      base = base ? base + 1 : names[i];
+      size_t need = strlen(base) + 128;
+      if (len + need > cap) {
+        char *t = realloc(text, cap = 2 * (len + need));
+        if (!t) rc = -1;
+        else text = t;
+      }
+      if (!rc)
+        len += (size_t)snprintf(text + len, cap - len, "%s%s: job %s, dumped %.1f s before the "
+                                "last dump of job %s", len ? "\n" : "", base, rs[i].job,
+                                (double)(best_ns - rs[i].dump_ns) / 1e9, job);
+    }
+    tr_rank_free(&rs[i]);
+  }
+  *cnt = kept;
+  if (!ignored) free(text);
+  else if (rc) free(text);
+  else *ignored = text;
+  return rc;
+}
+
+int tr_read_dir_newest(const char *dir, tr_rank **ranks, int *n, char **ignored, char *err,
+                       size_t errlen) {
   *ranks = NULL;
   *n = 0;
+  if (ignored) *ignored = NULL;
   DIR *d = opendir(dir);
   if (!d) {
     snprintf(err, errlen, "%s: %s", dir, strerror(errno));
@@ -548,18 +649,31 @@ int tr_read_dir(const char *dir, tr_rank **ranks, int *n, char *err, size_t errl
     if (rc) break;
   }
   closedir(d);
-  for (int i = 0; i < cnt; i++) free(names[i]);
-  free(names);
   if (!rc && cnt == 0) {
     snprintf(err, errlen, "%s: no rank-R.trace file", dir);
     rc = -1;
   }
+  int nnames = cnt;
+  if (!rc && keep_newest(rs, &cnt, names, ignored)) {
+    snprintf(err, errlen, "%s: out of memory", dir);
+    rc = -1;
+  }
+  for (int i = 0; i < nnames; i++) free(names[i]);
+  free(names);
   if (rc) {
     tr_ranks_free(rs, cnt);
+    if (ignored) {
+      free(*ignored);
+      *ignored = NULL;
+    }
     return -1;
   }
   qsort(rs, (size_t)cnt, sizeof(tr_rank), cmp_rank);
   *ranks = rs;
   *n = cnt;
   return 0;
+}
+
+int tr_read_dir(const char *dir, tr_rank **ranks, int *n, char *err, size_t errlen) {
+  return tr_read_dir_newest(dir, ranks, n, NULL, err, errlen);
 }

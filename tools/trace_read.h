@@ -8,7 +8,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TR_NAME 128 /* bytes of a decoded name field, NUL included */
+/* The limits the library's writer shares (groups/trace_format.h). */
+#include "../groups/trace_format.h"
+
+#define TR_NAME (MPG__TRACE_NAME_MAX + 1) /* bytes of a decoded name field, NUL included */
+#define TR_MESH (MPG__TRACE_MESH_MAX + 1)
+#define TR_STATUS (MPG__TRACE_STATUS_MAX + 1)
 
 typedef struct tr_group {
   char name[TR_NAME];
@@ -27,7 +32,7 @@ typedef struct tr_op {
   long step;
   int bucket;
   int64_t issue_ns, start_ns, end_ns;
-  char status[32]; /* "ok", "pending" or a status name */
+  char status[TR_STATUS]; /* "ok", "pending" or a status name */
   char first[TR_NAME], last[TR_NAME]; /* "" for "-" */
 } tr_op;
 
@@ -35,11 +40,11 @@ typedef struct tr_rank {
   int rank, world;
   char host[TR_NAME];
   long pid;
-  char backend[16];
-  char mesh[256];
+  char backend[MPG__TRACE_BACKEND_MAX + 1];
+  char mesh[TR_MESH];
   char job[17];
   int64_t dump_ns;
-  char reason[32];   /* a status name or "request" */
+  char reason[TR_STATUS]; /* a status name or "request" */
   char *message;     /* decoded, "" for "-" */
   long capacity;
   uint64_t total;
@@ -53,15 +58,23 @@ typedef struct tr_rank {
  * tr_rank_free, also after a failure).  Returns 0, or -1 with a message in
  * err naming the line number, the field and the value. */
 int tr_parse(const char *buf, size_t len, tr_rank *out, char *err, size_t errlen);
-/* The same for a file. */
+/* The same for a file: a regular file only (a symlink, a FIFO, a device or
+ * a directory is refused without being read), read to the size it had
+ * when opened. */
 int tr_read_file(const char *path, tr_rank *out, char *err, size_t errlen);
 void tr_rank_free(tr_rank *r);
 
 /* Every rank-R.trace of dir: ranks[0..*n) sorted by rank (a file that
  * fails to parse is an error naming it; so are a file whose rank is not
- * its name's R, two files of one rank, and none at all).  Returns 0 or -1
- * with err (then *ranks NULL, *n 0). */
+ * its name's R, two files of one rank, and none at all).  When the files
+ * are of several jobs (a directory reused by a later run), only the
+ * newest job's are returned: the job whose latest dump (DUMP_NS) is the
+ * latest.  Returns 0 or -1 with err (then *ranks NULL, *n 0). */
 int tr_read_dir(const char *dir, tr_rank **ranks, int *n, char *err, size_t errlen);
+/* The same, and *ignored: NULL, or (malloc'ed) one line per file of an
+ * older job left out, "rank-3.trace: job 00000000000000aa (older)". */
+int tr_read_dir_newest(const char *dir, tr_rank **ranks, int *n, char **ignored, char *err,
+                       size_t errlen);
 void tr_ranks_free(tr_rank *ranks, int n);
 
 #endif

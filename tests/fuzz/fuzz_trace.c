@@ -68,8 +68,11 @@ static void put(char **p, const char *s) {
 
 /* r written out again; the caller frees. */
 static char *encode(const tr_rank *r, size_t *len) {
-  size_t cap = 4096 + strlen(r->message) * 3;
-  for (int g = 0; g < r->ngroups; g++) cap += 512 + 12 * (size_t)r->groups[g].size;
+  /* Every string field at most 3 bytes per byte (%XX); the limits of
+   * groups/trace_format.h bound them. */
+  size_t cap = 1024 + 3 * (strlen(r->message) + strlen(r->mesh) + strlen(r->host) +
+                           strlen(r->backend) + strlen(r->reason));
+  for (int g = 0; g < r->ngroups; g++) cap += 3 * TR_NAME + 64 + 12 * (size_t)r->groups[g].size;
   cap += (size_t)r->nops * (6 * TR_NAME + 400);
   char *s = malloc(cap), *p = s;
   if (!s) abort();

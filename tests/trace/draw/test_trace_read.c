@@ -249,21 +249,22 @@ Test(trace_read, broken_lines_are_named) {
 }
 
 Test(trace_read, long_names_and_small_error_buffers) {
+  /* The limit the writer shares (MPG__TRACE_NAME_MAX, 255 bytes). */
   char name[300], line[400];
-  memset(name, 'a', 127);
-  name[127] = '\0';
+  memset(name, 'a', MPG__TRACE_NAME_MAX);
+  name[MPG__TRACE_NAME_MAX] = '\0';
   snprintf(line, sizeof line, "group 0 %s 1 0 2 1,3", name);
   char *s = dump_with(10, line), err[512] = "";
   tr_rank r;
   cr_assert_eq(parse_str(s, &r, err, sizeof err), 0, "%s", err);
-  cr_expect_eq(strlen(r.groups[0].name), 127);
+  cr_expect_eq(strlen(r.groups[0].name), MPG__TRACE_NAME_MAX);
   tr_rank_free(&r);
   free(s);
-  /* 128 bytes do not fit a name; a message is cut to the buffer given. */
+  /* 256 bytes do not fit a name; a message is cut to the buffer given. */
   snprintf(line, sizeof line, "group 0 %sa 1 0 2 1,3", name);
   s = dump_with(10, line);
   cr_expect_eq(parse_str(s, &r, err, sizeof err), -1);
-  cr_expect(strstr(err, "line 10: group: field NAME") && strstr(err, "...' is longer than 127"),
+  cr_expect(strstr(err, "line 10: group: field NAME") && strstr(err, "...' is longer than 255"),
             "%s", err);
   tr_rank_free(&r);
   char tiny[8];

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../../../tools/trace_analyze.h"
+#include "../trace_test_util.h"
 #include "trace_sim.h"
 
 static const char *const fault_names[] = {"none", "hang", "skip", "swap", "kill"};
@@ -191,16 +192,7 @@ Test(trace_analyze, every_fault_everywhere, .timeout = 300) {
 /* ------------------------------------------------------------------ */
 
 static int run_cli(const char *args, char *out, size_t cap) {
-  const char *cli = getenv("MESHPG_CLI");
-  cr_assert_not_null(cli, "MESHPG_CLI is not set");
-  char cmd[8192];
-  snprintf(cmd, sizeof cmd, "'%s' trace %s 2>&1", cli, args);
-  FILE *p = popen(cmd, "r");
-  cr_assert_not_null(p);
-  size_t n = fread(out, 1, cap - 1, p);
-  out[n] = '\0';
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return tt_run_cli(args, out, cap, NULL);
 }
 
 Test(trace_cli, report_json_and_exit_codes) {
