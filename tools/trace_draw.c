@@ -313,6 +313,20 @@ static int write_out(const tr_rank *ranks, int n, int world, const char *path, c
   return rc ? rc : close_out(f, path, err, errlen);
 }
 
+/* A run of more than RUN_ROWS consecutive ranks without a dump is drawn as
+ * one row ("ranks A to B"), so that the drawing grows with the dumps, not
+ * with WORLD (issue 45, item 14). */
+#define RUN_ROWS 16
+
+/* The last rank of the run of ranks without a dump that starts at w (w
+ * itself when w has a dump or the run is short). */
+static int run_end(const view *v, int w) {
+  if (v->by_rank[w]) return w;
+  int e = w;
+  while (e + 1 < v->world && !v->by_rank[e + 1]) e++;
+  return e - w + 1 > RUN_ROWS ? e : w;
+}
+
 static int svg_body(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
                     size_t errlen) {
   /* Row tops: a row is its rank's lanes high (a rank without a dump: one). */
@@ -328,6 +342,7 @@ static int svg_body(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
   for (int i = 0; i < n; i++) row_i[ranks[i].rank] = i;
   int y = TOP;
   for (int w = 0; w < v->world; w++) {
+    for (int e = run_end(v, w); w < e; w++) row_y[w] = y; /* a collapsed run: one row */
     row_y[w] = y;
     y += (row_i[w] >= 0 ? v->lanes[row_i[w]] : 1) * LANE_H + 2 * ROW_PAD;
   }
@@ -372,16 +387,22 @@ static int svg_body(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
           LEFT + PLOT_W / 2, axis_y + 28);
 
   for (int w = 0; w < v->world; w++) {
-    int i = row_i[w], h = row_y[w + 1] - row_y[w];
-    fprintf(f, "<g class=\"rank%s\" id=\"rank-%d\" data-rank=\"%d\">\n", i < 0 ? " nodump" : "", w,
+    int i = row_i[w], e = run_end(v, w), h = row_y[e + 1] - row_y[w];
+    fprintf(f, "<g class=\"rank%s\" id=\"rank-%d\" data-rank=\"%d\"", i < 0 ? " nodump" : "", w,
             w);
+    if (e > w) fprintf(f, " data-last=\"%d\"", e);
+    fputs(">\n", f);
     if (w % 2 == 0)
       fprintf(f, "<rect x=\"0\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#f4f4f4\"/>\n",
               row_y[w], width, h);
-    fprintf(f, "<text x=\"8\" y=\"%d\">rank %d</text>\n", row_y[w] + ROW_PAD + 11, w);
+    if (e > w)
+      fprintf(f, "<text x=\"8\" y=\"%d\">ranks %d to %d</text>\n", row_y[w] + ROW_PAD + 11, w, e);
+    else
+      fprintf(f, "<text x=\"8\" y=\"%d\">rank %d</text>\n", row_y[w] + ROW_PAD + 11, w);
     if (i < 0) {
       fprintf(f, "<text class=\"nodump\" x=\"%d\" y=\"%d\" fill=\"#b00\">no dump</text>\n</g>\n",
               LEFT + 4, row_y[w] + ROW_PAD + 11);
+      w = e;
       continue;
     }
     const tr_rank *r = &ranks[i];
@@ -503,12 +524,19 @@ static int chrome_body(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
 #define SEP() (first ? (void)(first = 0) : (void)fputs(",\n", f))
   for (int w = 0; w < v->world; w++) {
     SEP();
-    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
-               "\"args\":{\"name\":\"rank %d%s\"}},\n",
-            w, w, v->by_rank[w] ? "" : " (no dump)");
+    int e = run_end(v, w);
+    if (e > w) /* a long run without dumps: one process */
+      fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
+                 "\"args\":{\"name\":\"ranks %d to %d (no dump)\"}},\n",
+              w, w, e);
+    else
+      fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
+                 "\"args\":{\"name\":\"rank %d%s\"}},\n",
+              w, w, v->by_rank[w] ? "" : " (no dump)");
     fprintf(f, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
                "\"args\":{\"sort_index\":%d}}",
             w, w);
+    w = e;
   }
   for (int i = 0; i < n; i++) {
     const tr_rank *r = &ranks[i];

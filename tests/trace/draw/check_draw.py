@@ -34,16 +34,20 @@ def svg(path):
         c = classes(g)
         if "rank" in c:
             r = int(g.get("data-rank"))
+            last = int(g.get("data-last", r))  # a collapsed run of ranks without a dump
             if g.get("id") != "rank-%d" % r:
                 fail("row %d has id %s" % (r, g.get("id")))
-            rows.append(r)
+            rows.extend(range(r, last + 1))
             texts = [t.text or "" for t in g.iter(NS + "text")]
-            if "rank %d" % r not in texts:
+            label = "rank %d" % r if last == r else "ranks %d to %d" % (r, last)
+            if label not in texts:
                 fail("row %d is not labelled" % r)
+            if last != r and "nodump" not in c:
+                fail("rows %d to %d collapsed, but not without a dump" % (r, last))
             if "nodump" in c:
                 if "no dump" not in texts:
                     fail("row %d without a dump does not say so" % r)
-                nodump.append(r)
+                nodump.extend(range(r, last + 1))
             for rect in g.iter(NS + "rect"):
                 rc = classes(rect)
                 for a in ("x", "width"):
@@ -107,7 +111,8 @@ def chrome(path):
             if b < a + da - 1e-3 and b + db > a + da + 1e-3:
                 fail("slices overlap without nesting on %s" % (key,))
     for p in pids:
-        if not names.get(p, "").startswith("rank %d" % p):
+        nm = names.get(p, "")
+        if not (nm.startswith("rank %d" % p) or nm.startswith("ranks %d to " % p)):
             fail("pid %d is named %r" % (p, names.get(p)))
     print("pids=%s" % ",".join(map(str, sorted(pids))))
     print("complete=%d" % xs)

@@ -184,6 +184,29 @@ Test(trace_draw, world_from_the_dumps) {
   tr_ranks_free(rs, 2);
 }
 
+/* A world far larger than its dumps (issue 45, item 14): a long run of
+ * ranks without a dump is one row and one process, so that the drawing
+ * grows with the dumps, not with WORLD; a short run keeps a row a rank. */
+Test(trace_draw, long_run_without_dumps_is_one_row) {
+  gen g = {.fail_rank = -1, .tpname = "tp"};
+  int have[] = {0, 1};
+  tr_rank *rs = make_ranks(have, 2, &g);
+  write_both(rs, 2, 40);
+  char p[300];
+  snprintf(p, sizeof p, "%s/t.svg", dir);
+  check("svg", p);
+  cr_expect_eq(kv_long("rows"), 40);
+  char *svg = slurp("t.svg");
+  cr_expect(strstr(svg, ">ranks 2 to 39</text>") && strstr(svg, "data-last=\"39\""));
+  cr_expect_eq(strstr(svg, "id=\"rank-3\""), NULL, "rank 3 is in the run's row");
+  snprintf(p, sizeof p, "%s/t.json", dir);
+  check("chrome", p);
+  cr_expect_str_eq(kv("pids"), "0,1,2");
+  char *js = slurp("t.json");
+  cr_expect(strstr(js, "\"name\":\"ranks 2 to 39 (no dump)\""));
+  tr_ranks_free(rs, 2);
+}
+
 Test(trace_draw, hang_is_marked) {
   gen g = {.fail_rank = 2, .tpname = "tp"};
   int have[] = {0, 1, 2, 3};

@@ -169,12 +169,20 @@ Test(trace_hostile, hostile_dump_files, .fini = cleanup, .timeout = 60) {
             rep.nmissing ? rep.missing[0].text : "");
   ta_report_free(&rep);
   static char out[1 << 16];
-  snprintf(text, sizeof text, "'%s'", dir);
+  snprintf(text, sizeof text, "'%s' --svg '%s/t.svg' --chrome '%s/t.json'", dir, dir, dir);
   int code = run_cli(text, out, sizeof out, &secs);
   cr_expect_eq(code, 0, "%s", out);
   cr_expect_lt(secs, bound_s() + 0.5, "meshpg trace, WORLD %d: %.3f s", MPG__TRACE_MAX_WORLD,
                secs);
   cr_expect_lt(strlen(out), 4096, "a report of %zu bytes", strlen(out));
+  const char *drawn[] = {"t.svg", "t.json"};
+  for (int k = 0; k < 2; k++) { /* the drawings too: a row per run of ranks without a dump */
+    struct stat st;
+    char file[400];
+    snprintf(file, sizeof file, "%s/%s", dir, drawn[k]);
+    cr_assert_eq(stat(file, &st), 0, "%s", file);
+    cr_expect_lt(st.st_size, 65536, "%s: %lld bytes", file, (long long)st.st_size);
+  }
 
   /* The CLI on the FIFO: an error naming it, exit 1, in time. */
   fresh_dir("clififo");
