@@ -69,20 +69,39 @@ static mpg_status entry_layout(const mpg_ckpt *ck, const mpg_tensor_layout *l, c
     return mpg__fail(MPG_ERR_INVALID, "%s: layout.kind is %d", what, (int)l->kind);
   e->ndim = l->ndim;
   e->kind = (int)l->kind;
+  /* Every product the format and the staging rely on, checked here: the
+   * tensor's bytes fit 64 bits (so do a box's and a range's). */
+  uint64_t esz = mpg__ckpt_dtype_size(e->dtype), bytes = esz ? esz : 1;
+  int boxed = 0;
   for (int k = 0; k < l->ndim; k++) {
     if (!l->shape[k])
       return mpg__fail(MPG_ERR_INVALID, "%s: layout.shape[%d] is 0", what, k);
+    if (bytes > UINT64_MAX / l->shape[k])
+      return mpg__fail(MPG_ERR_INVALID,
+                       "%s: layout.shape[%d] = %zu: the tensor's %s overflows 64 bits",
+                       what, k, l->shape[k], esz ? "size in bytes" : "element count");
+    bytes *= l->shape[k];
     e->shape[k] = l->shape[k];
     e->box_off[k] = 0;
     e->box_shape[k] = l->shape[k];
+    boxed |= l->box_shape[k] != 0 || l->box_offset[k] != 0;
   }
   if (l->split_dims) {
     mpg_status st = split_box(ck, l, what, e);
     if (st) return st;
-  } else if (l->box_shape[0]) {
+  } else if (boxed) {
+    /* One rule for zero extents: a box is given when any of its fields is
+     * set, and then it has a positive extent on every axis; all of them 0
+     * (MPG_TENSOR_LAYOUT_INIT) is the whole tensor.  An empty piece is not
+     * registered at all. */
     for (int k = 0; k < l->ndim; k++) {
-      if (!l->box_shape[k] || l->box_offset[k] > l->shape[k] ||
-          l->box_shape[k] > l->shape[k] - l->box_offset[k])
+      if (!l->box_shape[k])
+        return mpg__fail(MPG_ERR_INVALID,
+                         "%s: layout.box_shape[%d] is 0: a box has a positive extent on every "
+                         "axis (leave every box_offset and box_shape 0 for the whole tensor; "
+                         "register nothing for an empty piece)",
+                         what, k);
+      if (l->box_offset[k] > l->shape[k] || l->box_shape[k] > l->shape[k] - l->box_offset[k])
         return mpg__fail(MPG_ERR_INVALID,
                          "%s: layout box on axis %d (offset %zu, extent %zu) is outside the "
                          "shape %zu",
@@ -92,6 +111,11 @@ static mpg_status entry_layout(const mpg_ckpt *ck, const mpg_tensor_layout *l, c
     }
   }
   uint64_t n = mpg__ckpt_box_elems(e->box_shape, e->ndim);
+  if (!l->range_count && l->range_offset)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "%s: layout.range_offset is %zu but range_count is 0 (0 and 0: the whole "
+                     "box)",
+                     what, l->range_offset);
   if (l->range_count) {
     if (l->range_offset > n || l->range_count > n - l->range_offset)
       return mpg__fail(MPG_ERR_INVALID,
@@ -107,18 +131,81 @@ static mpg_status entry_layout(const mpg_ckpt *ck, const mpg_tensor_layout *l, c
   return MPG_OK;
 }
 
+/* The registered names' hash set: open addressing, slot = entry index + 1
+ * (0: empty), at most half full. */
+struct mpg__ckpt_names {
+  int *slot;
+  size_t mask;
+};
+
+static size_t name_hash(const char *name) {
+  return (size_t)mpg__xxh64(name, strlen(name), 0);
+}
+
+/* The entry index of `name`, or -1. */
+static int names_find(const mpg_ckpt *ck, const char *name) {
+  const struct mpg__ckpt_names *h = ck->names;
+  if (!h) return -1;
+  for (size_t i = name_hash(name) & h->mask;; i = (i + 1) & h->mask) {
+    int v = h->slot[i];
+    if (!v) return -1;
+    if (strcmp(ck->e[v - 1].name, name) == 0) return v - 1;
+  }
+}
+
+/* Insert entry `id` (its name not in the set), growing the table. */
+static mpg_status names_insert(mpg_ckpt *ck, int id) {
+  struct mpg__ckpt_names *h = ck->names;
+  if (!h) {
+    if (!(h = calloc(1, sizeof *h))) return mpg__fail(MPG_ERR_NOMEM, "mpg_ckpt_add: out of memory");
+    ck->names = h;
+  }
+  if (!h->slot || (size_t)(id + 1) * 2 > h->mask + 1) {
+    size_t cap = h->slot ? 2 * (h->mask + 1) : 64;
+    int *ns = calloc(cap, sizeof *ns);
+    if (!ns) return mpg__fail(MPG_ERR_NOMEM, "mpg_ckpt_add: out of memory");
+    for (int j = 0; j < id; j++) {
+      size_t i = name_hash(ck->e[j].name) & (cap - 1);
+      while (ns[i]) i = (i + 1) & (cap - 1);
+      ns[i] = j + 1;
+    }
+    free(h->slot);
+    h->slot = ns;
+    h->mask = cap - 1;
+  }
+  size_t i = name_hash(ck->e[id].name) & h->mask;
+  while (h->slot[i]) i = (i + 1) & h->mask;
+  h->slot[i] = id + 1;
+  return MPG_OK;
+}
+
+/* A name shown in a message: at most 40 bytes, bytes outside printable
+ * ASCII as \xNN. */
+static void name_shown(const char *name, char *buf, size_t cap) {
+  size_t n = 0;
+  for (const unsigned char *p = (const unsigned char *)name; *p && n + 5 < cap && n < 40; p++)
+    n += (size_t)snprintf(buf + n, cap - n, *p < 0x20 || *p >= 0x7F || *p == '\\' ? "\\x%02x"
+                                                                                  : "%c", *p);
+  buf[n < cap ? n : cap - 1] = '\0';
+}
+
 static mpg_status check_add(mpg_ckpt *ck, const char *name, const char *what) {
   if (!ck || !name) return mpg__fail(MPG_ERR_INVALID, "%s: NULL argument", what);
   if (ck->save)
     return mpg__fail(MPG_ERR_STATE, "%s: a save is in flight (call mpg_ckpt_wait first)", what);
   size_t len = strlen(name);
+  char shown[200];
+  name_shown(name, shown, sizeof shown);
   if (!len || len > MPG__CKPT_NAME_MAX)
-    return mpg__fail(MPG_ERR_INVALID, "%s: name \"%.40s\" has %zu bytes; expected 1..%d", what,
-                     name, len, MPG__CKPT_NAME_MAX);
-  for (int i = 0; i < ck->n; i++)
-    if (strcmp(ck->e[i].name, name) == 0)
-      return mpg__fail(MPG_ERR_INVALID, "%s: \"%s\" is registered already (as #%d)", what, name,
-                       i);
+    return mpg__fail(MPG_ERR_INVALID, "%s: name \"%s\" has %zu bytes; expected 1..%d", what,
+                     shown, len, MPG__CKPT_NAME_MAX);
+  const char *rule = mpg__ckpt_name_rule(name);
+  if (rule)
+    return mpg__fail(MPG_ERR_INVALID, "%s: name \"%s\" is refused: %s", what, shown, rule);
+  int i = names_find(ck, name);
+  if (i >= 0)
+    return mpg__fail(MPG_ERR_INVALID, "%s: \"%s\" is registered already (as #%d)", what, name,
+                     i);
   return MPG_OK;
 }
 
@@ -134,6 +221,11 @@ static mpg_status push(mpg_ckpt *ck, const char *name, mpg__ckpt_entry *e, int *
   e->name = strdup(name);
   if (!e->name) return mpg__fail(MPG_ERR_NOMEM, "mpg_ckpt_add: out of memory");
   ck->e[ck->n] = *e;
+  mpg_status st = names_insert(ck, ck->n);
+  if (st) {
+    free(e->name);
+    return st;
+  }
   if (id) *id = ck->n;
   ck->n++;
   return MPG_OK;
@@ -279,6 +371,8 @@ mpg_status mpg_ckpt_destroy(mpg_ckpt *ck) {
   for (int i = 0; i < ck->n; i++) free(ck->e[i].name);
   if (ck->stage) (void)mpg__ctx_host_free(ck->ctx, ck->stage);
   free(ck->e);
+  if (ck->names) free(ck->names->slot);
+  free(ck->names);
   free(ck);
   return MPG_OK;
 }

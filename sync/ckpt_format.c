@@ -197,18 +197,18 @@ static mpg_status get(rd *r, int k, uint64_t *v, const char *field) {
     if (st_ != MPG_OK) return st_;                   \
   } while (0)
 
-/* Magic, version, flags, length and trailer: what must hold before any
- * other field is trusted. */
-static mpg_status dec_envelope(const unsigned char *buf, size_t len, const char *path,
-                               mpg__ckpt_meta *m) {
-  if (len < 8 || memcmp(buf, MPG__CKPT_MAGIC, 8) != 0)
+/* Magic, version, flags and length of a file of `size` bytes whose first
+ * `have` bytes are b (have >= min(size, HEADER_BYTES)). */
+static mpg_status dec_prefix(const unsigned char *b, size_t have, uint64_t size,
+                             const char *path, uint32_t *version_out) {
+  if (have < 8 || memcmp(b, MPG__CKPT_MAGIC, 8) != 0)
     return mpg__fail(MPG_ERR_INVALID,
                      "%s: not a meshpg checkpoint metadata file (%s at byte offset 0)", path,
-                     len < 8 ? "shorter than the 8-byte magic" : "no \"MPGCKPT\\n\" magic");
-  if (len < 12)
+                     have < 8 ? "shorter than the 8-byte magic" : "no \"MPGCKPT\\n\" magic");
+  if (have < 12)
     return mpg__fail(MPG_ERR_INVALID, "%s: truncated: %zu bytes, the version field ends at 12",
-                     path, len);
-  uint64_t version = le_get(buf + 8, 4);
+                     path, have);
+  uint64_t version = le_get(b + 8, 4);
   if (version > MPG__CKPT_VERSION)
     return mpg__fail(MPG_ERR_UNSUPPORTED,
                      "%s: format version %llu is newer than this library's (%u) (byte offset 8)",
@@ -216,19 +216,29 @@ static mpg_status dec_envelope(const unsigned char *buf, size_t len, const char 
   if (version == 0)
     return mpg__fail(MPG_ERR_INVALID, "%s: format version 0 is not a version (byte offset 8)",
                      path);
-  m->version = (uint32_t)version;
-  if (len < HEADER_BYTES + TRAILER_BYTES)
+  *version_out = (uint32_t)version;
+  if (size < HEADER_BYTES + TRAILER_BYTES)
     return mpg__fail(MPG_ERR_INVALID,
-                     "%s: truncated: %zu bytes, shorter than the %d-byte header and trailer",
-                     path, len, HEADER_BYTES + TRAILER_BYTES);
-  uint64_t flags = le_get(buf + 12, 4), length = le_get(buf + 16, 8);
+                     "%s: truncated: %llu bytes, shorter than the %d-byte header and trailer",
+                     path, (unsigned long long)size, HEADER_BYTES + TRAILER_BYTES);
+  uint64_t flags = le_get(b + 12, 4), length = le_get(b + 16, 8);
   if (flags != 0)
     return mpg__fail(MPG_ERR_INVALID, "%s: flags 0x%llx, not 0 (byte offset 12)", path,
                      (unsigned long long)flags);
-  if (length != (uint64_t)len)
+  if (length != size)
     return mpg__fail(MPG_ERR_INVALID,
-                     "%s: length field %llu (byte offset 16) but the file has %zu bytes%s", path,
-                     (unsigned long long)length, len, length > len ? " (truncated)" : "");
+                     "%s: length field %llu (byte offset 16) but the file has %llu bytes%s",
+                     path, (unsigned long long)length, (unsigned long long)size,
+                     length > size ? " (truncated)" : "");
+  return MPG_OK;
+}
+
+/* Magic, version, flags, length and trailer: what must hold before any
+ * other field is trusted. */
+static mpg_status dec_envelope(const unsigned char *buf, size_t len, const char *path,
+                               mpg__ckpt_meta *m) {
+  mpg_status st = dec_prefix(buf, len, len, path, &m->version);
+  if (st != MPG_OK) return st;
   uint64_t want = le_get(buf + len - TRAILER_BYTES, 8);
   uint64_t got = mpg__xxh64(buf, len - TRAILER_BYTES, 0);
   if (want != got)
@@ -260,6 +270,21 @@ static size_t utf8_bad(const unsigned char *s, size_t n) {
     i += k + 1;
   }
   return 0;
+}
+
+const char *mpg__ckpt_name_rule(const char *name) {
+  const unsigned char *s = (const unsigned char *)name;
+  size_t n = strlen(name);
+  if (utf8_bad(s, n)) return "a name is UTF-8 (this one holds an invalid byte sequence)";
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < 0x20 || s[i] == 0x7F)
+      return "a name holds no control character (U+0000..U+001F, U+007F)";
+    if (s[i] == 0xC2 && i + 1 < n && s[i + 1] >= 0x80 && s[i + 1] <= 0x9F)
+      return "a name holds no control character (U+0080..U+009F)";
+  }
+  if (strcmp(name, "__metadata__") == 0)
+    return "\"__metadata__\" is reserved (the key of a safetensors header's metadata)";
+  return NULL;
 }
 
 /* The header's fields after the envelope, the mesh text, and the bound of
@@ -677,48 +702,49 @@ mpg_status mpg__ckpt_meta_encode(const mpg__ckpt_meta *m, unsigned char **out, s
 /* Reading dir/meta.mpgc                                                */
 /* ------------------------------------------------------------------ */
 
+mpg_status mpg__ckpt_meta_precheck(const unsigned char *hdr, uint64_t size, const char *path) {
+  if (!path) path = "<checkpoint metadata>";
+  size_t have = size < HEADER_BYTES ? (size_t)size : HEADER_BYTES;
+  uint32_t version = 0;
+  mpg_status st = dec_prefix(hdr, have, size, path, &version);
+  if (st != MPG_OK) return st;
+  /* The most bytes the counts allow: every name 255 bytes, every shape of
+   * MPG_CKPT_MAX_NDIM axes. */
+  uint64_t nfiles = le_get(hdr + 44, 4), ntensors = le_get(hdr + 48, 4);
+  uint64_t nchunks = le_get(hdr + 52, 4), nhashes = le_get(hdr + 56, 8);
+  uint64_t meshlen = le_get(hdr + 72, 4);
+  uint64_t most = HEADER_BYTES + TRAILER_BYTES + meshlen + nfiles * FILE_BYTES +
+                  ntensors * (2 + MPG__CKPT_NAME_MAX + 3 + 8 * MPG_CKPT_MAX_NDIM + 8) +
+                  nchunks * (8 + 16 * MPG_CKPT_MAX_NDIM + 32); /* < 2^45 */
+  if (nhashes <= (UINT64_MAX - most) / 8 && size > most + nhashes * 8)
+    return mpg__fail(MPG_ERR_INVALID,
+                     "%s: %llu bytes, more than the header's counts allow (%llu files, %llu "
+                     "tensors, %llu chunks, %llu hashes: at most %llu bytes)",
+                     path, (unsigned long long)size, (unsigned long long)nfiles,
+                     (unsigned long long)ntensors, (unsigned long long)nchunks,
+                     (unsigned long long)nhashes, (unsigned long long)(most + nhashes * 8));
+  return MPG_OK;
+}
+
 mpg_status mpg__ckpt_meta_read(const char *dir, mpg__ckpt_meta *m) {
   if (!m) return mpg__fail(MPG_ERR_INVALID, "mpg__ckpt_meta_read: NULL meta");
   memset(m, 0, sizeof *m);
   if (!dir) return mpg__fail(MPG_ERR_INVALID, "mpg__ckpt_meta_read: NULL directory");
-  char path[4096];
-  if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, MPG__CKPT_META) >= sizeof path)
-    return mpg__fail(MPG_ERR_INVALID, "checkpoint directory name too long (%zu bytes)",
-                     strlen(dir));
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    if (e == ENOENT || e == ENOTDIR)
-      return mpg__fail(MPG_ERR_NOT_FOUND, "%s is not a checkpoint: no %s", dir, MPG__CKPT_META);
-    return mpg__fail(MPG_ERR_IO, "cannot open %s: %s", path, strerror(e));
+  mpg__ckpt_reader r;
+  mpg_status st = mpg__ckpt_reader_open(&r, dir);
+  /* A save replaced dir while it was opened (its old meta.mpgc removed):
+   * read the new one. */
+  for (int tries = 1; st && tries < MPG__CKPT_READ_TRIES && mpg__ckpt_reader_moved(&r);
+       tries++) {
+    mpg__ckpt_reader_close(&r);
+    st = mpg__ckpt_reader_open(&r, dir);
   }
-  struct stat sb;
-  int fst = fstat(fd, &sb), e = errno;
-  if (fst != 0 || !S_ISREG(sb.st_mode)) {
-    close(fd);
-    return mpg__fail(MPG_ERR_IO, "cannot read %s: %s", path,
-                     fst != 0 ? strerror(e) : "not a regular file");
+  if (st == MPG_OK) {
+    *m = r.m;
+    memset(&r.m, 0, sizeof r.m);
   }
-  size_t len = (size_t)sb.st_size, got = 0;
-  unsigned char *buf = malloc(len ? len : 1);
-  if (!buf) {
-    close(fd);
-    return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory (%zu bytes)", path, len);
-  }
-  while (got < len) {
-    ssize_t k = read(fd, buf + got, len - got);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) {
-      int e = errno;
-      close(fd);
-      free(buf);
-      return mpg__fail(MPG_ERR_IO, "cannot read %s: %s at byte offset %zu of %zu", path,
-                       k < 0 ? strerror(e) : "unexpected end of file", got, len);
-    }
-    got += (size_t)k;
-  }
-  close(fd);
-  mpg_status st = mpg__ckpt_meta_decode(buf, len, path, m);
-  free(buf);
-  return st;
+  mpg__saved_error keep;
+  mpg__error_save(&keep);
+  mpg__ckpt_reader_close(&r);
+  return mpg__error_restore(st, &keep);
 }

@@ -124,10 +124,81 @@ mpg_status mpg__ckpt_meta_encode(const mpg__ckpt_meta *m, unsigned char **out, s
 mpg_status mpg__ckpt_meta_decode(const unsigned char *buf, size_t len, const char *path,
                                  mpg__ckpt_meta *m);
 
-/* Read and decode dir/meta.mpgc.  MPG_ERR_NOT_FOUND when dir or the file
- * does not exist ("run/x is not a checkpoint: no meta.mpgc"); MPG_ERR_IO
- * for read errors; the decoder's errors. */
+/* Read and decode dir/meta.mpgc (through mpg__ckpt_reader_open: only a
+ * regular file, the header checked before the body is read).
+ * MPG_ERR_NOT_FOUND when dir or the file does not exist ("run/x is not a
+ * checkpoint: no meta.mpgc"); MPG_ERR_IO for read errors and files that
+ * are not regular; the decoder's errors. */
 mpg_status mpg__ckpt_meta_read(const char *dir, mpg__ckpt_meta *m);
+
+/* The first MPG__CKPT_HEADER_BYTES of a metadata file of `size` bytes,
+ * checked before its body is read: the magic, the version, the flags, the
+ * length field (== size) and that size is no more than the header's counts
+ * allow.  hdr holds min(size, MPG__CKPT_HEADER_BYTES) bytes.  Returns
+ * MPG_OK or the decoder's errors (MPG_ERR_INVALID, MPG_ERR_UNSUPPORTED). */
+#define MPG__CKPT_HEADER_BYTES 76
+mpg_status mpg__ckpt_meta_precheck(const unsigned char *hdr, uint64_t size, const char *path);
+
+/* Reading a checkpoint directory (ckpt_open.c) as one snapshot: the
+ * directory is opened once and meta.mpgc and every data file are opened
+ * relative to that handle, as regular files only (O_NONBLOCK | O_NOFOLLOW,
+ * then fstat: a FIFO, a device or a symbolic link is refused before any
+ * read).  A save publishes a checkpoint by renaming a complete directory
+ * over `dir` and only then removes the old one; a reader that finds a file
+ * missing while `dir` names another directory than its handle was looking
+ * at the old checkpoint being removed (mpg__ckpt_reader_moved), and starts
+ * again on the new one. */
+typedef struct mpg__ckpt_reader {
+  const char *dir;   /* as given (messages) */
+  int dfd;           /* the directory, -1 when closed */
+  uint64_t dev, ino; /* its identity */
+  mpg__ckpt_meta m;
+  int *fds; /* per file of m, -1 until opened */
+} mpg__ckpt_reader;
+
+/* Open dir and read its metadata into r->m; *r is zeroed first and must be
+ * closed (mpg__ckpt_reader_close) also after a failure.  Errors as
+ * mpg__ckpt_meta_read. */
+mpg_status mpg__ckpt_reader_open(mpg__ckpt_reader *r, const char *dir);
+
+/* Data file `file` (an index into r->m.files), opened once relative to the
+ * directory handle: a regular file of at least the metadata's size.
+ * MPG_ERR_NOT_FOUND when missing; MPG_ERR_IO naming the path otherwise. */
+mpg_status mpg__ckpt_reader_file(mpg__ckpt_reader *r, uint32_t file, int *fd);
+
+/* Open every data file of r->m at once, when there are at most `most`:
+ * the snapshot of the directory is then taken before any planning.  Best
+ * effort: a file that cannot be opened is left for mpg__ckpt_reader_file
+ * to report, if it is needed at all. */
+void mpg__ckpt_reader_open_all(mpg__ckpt_reader *r, uint32_t most);
+#define MPG__CKPT_EAGER_FILES 256
+
+/* 1 when `dir` no longer names the directory r opened (a save published a
+ * new checkpoint since), else 0. */
+int mpg__ckpt_reader_moved(const mpg__ckpt_reader *r);
+
+/* Close every descriptor and free the metadata; a closed reader (or one
+ * whose open failed): nothing. */
+void mpg__ckpt_reader_close(mpg__ckpt_reader *r);
+
+/* How many times a reader starts again because a save replaced the
+ * checkpoint under it before it gives up (MPG_ERR_IO). */
+#define MPG__CKPT_READ_TRIES 16
+
+/* Open `name` in directory dfd (AT_FDCWD: the working directory) for
+ * reading, only when it is a regular file: O_NONBLOCK | O_NOFOLLOW (no
+ * hang on a FIFO, no symbolic link followed), fstat, then blocking reads.
+ * `shown` names it in messages.  *size: its size.  MPG_ERR_NOT_FOUND when
+ * missing; MPG_ERR_IO otherwise ("run/x/meta.mpgc is not a regular file
+ * (a FIFO)"). */
+mpg_status mpg__ckpt_open_regular(int dfd, const char *name, const char *shown, int *fd,
+                                  uint64_t *size);
+
+/* Checks of a name for mpg_ckpt_add: printable UTF-8 (no control
+ * character, C0, DEL or C1, no invalid or overlong sequence) and not
+ * reserved ("__metadata__", the safetensors header's key).  NULL when
+ * fine, else the rule broken (static text). */
+const char *mpg__ckpt_name_rule(const char *name);
 
 /* Free what decode or the caller allocated (names, mesh, arrays) and zero
  * *m; NULL or zeroed: nothing. */

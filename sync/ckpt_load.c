@@ -22,10 +22,12 @@ typedef struct seg { /* bytes of one chunk into the staging */
 
 typedef struct loader {
   const char *dir;
-  mpg__ckpt_meta m;
+  mpg__ckpt_reader r; /* the directory, its metadata and data files */
+  mpg__ckpt_meta m;   /* r.m */
   seg *segs;
   size_t nsegs, cap;
-  int *fds; /* per file, -1 until opened */
+  uint64_t *iv, *out; /* a row's uncovered intervals, and the next ones */
+  size_t ivcap;
   unsigned char *block;  /* the cached block */
   int64_t cached_chunk;  /* -1: none */
   uint64_t cached_block;
@@ -56,33 +58,46 @@ typedef struct row { /* one row (last axis) of a piece to cover */
   uint64_t g[MPG_CKPT_MAX_NDIM]; /* global coordinates of its start */
   uint64_t len;
   unsigned char *dst;
-  uint64_t iv[2 * 64]; /* uncovered intervals of the last axis */
-  int niv;
+  size_t niv; /* uncovered intervals of the last axis: ld->iv[0 .. 2 niv) */
 } row;
 
+/* Room for n intervals in ld->iv and ld->out. */
+static mpg_status iv_room(loader *ld, size_t n) {
+  if (n <= ld->ivcap) return MPG_OK;
+  size_t cap = ld->ivcap ? 2 * ld->ivcap : 64;
+  while (cap < n) cap *= 2;
+  uint64_t *a = realloc(ld->iv, 2 * cap * sizeof *a);
+  if (a) ld->iv = a;
+  uint64_t *b = a ? realloc(ld->out, 2 * cap * sizeof *b) : NULL;
+  if (b) ld->out = b;
+  if (!a || !b) return mpg__fail(MPG_ERR_NOMEM, "checkpoint load plan: out of memory");
+  ld->ivcap = cap;
+  return MPG_OK;
+}
+
 /* Remove [p, q) from the row's uncovered intervals, emitting a segment for
- * each part that was uncovered (chunk element j_p at global p). */
+ * each part that was uncovered (chunk element j_p at global p).  The
+ * chunks may come in any order: each one splits an interval in at most
+ * two, so the intervals grow by at most one per chunk. */
 static mpg_status cover(loader *ld, row *w, uint32_t c, uint64_t p, uint64_t q, uint64_t src_p,
                         size_t esz) {
-  uint64_t out[2 * 64];
-  int n = 0;
-  mpg_status st = MPG_OK;
-  for (int i = 0; i < w->niv && !st; i++) {
-    uint64_t s = w->iv[2 * i], t = w->iv[2 * i + 1];
+  mpg_status st = iv_room(ld, w->niv + 1);
+  if (st) return st;
+  size_t n = 0;
+  uint64_t *iv = ld->iv, *out = ld->out;
+  for (size_t i = 0; i < w->niv && !st; i++) {
+    uint64_t s = iv[2 * i], t = iv[2 * i + 1];
     uint64_t x = s > p ? s : p, y = t < q ? t : q;
     if (x >= y) {
-      if (n + 1 > 64) return mpg__fail(MPG_ERR_INVALID, "%s: tensor \"%s\": over 64 "
-                                       "overlapping chunks in one row", ld->dir, ld->tensor);
       out[2 * n] = s, out[2 * n + 1] = t, n++;
       continue;
     }
     st = push_seg(ld, c, src_p + (x - p) * esz, (y - x) * esz, w->dst + (x - w->g[0]) * esz);
-    if (n + 2 > 64) return mpg__fail(MPG_ERR_INVALID, "%s: tensor \"%s\": over 64 "
-                                     "overlapping chunks in one row", ld->dir, ld->tensor);
     if (s < x) out[2 * n] = s, out[2 * n + 1] = x, n++;
     if (y < t) out[2 * n] = y, out[2 * n + 1] = t, n++;
   }
-  memcpy(w->iv, out, sizeof(uint64_t) * 2 * (size_t)n);
+  ld->iv = out;
+  ld->out = iv;
   w->niv = n;
   return st;
 }
@@ -93,7 +108,9 @@ static mpg_status plan_row(loader *ld, const mpg__ckpt_tensor *t, row *w, const 
   int nd = t->ndim, L = nd - 1;
   size_t esz = mpg__ckpt_dtype_size(t->dtype);
   uint64_t a = gc[L];
-  w->iv[0] = a, w->iv[1] = a + w->len, w->niv = 1;
+  mpg_status st0 = iv_room(ld, 1);
+  if (st0) return st0;
+  ld->iv[0] = a, ld->iv[1] = a + w->len, w->niv = 1;
   for (uint32_t ci = t->first_chunk; ci < t->first_chunk + t->nchunks && w->niv; ci++) {
     const mpg__ckpt_chunk *c = &ld->m.chunks[ci];
     int in = 1;
@@ -120,7 +137,7 @@ static mpg_status plan_row(loader *ld, const mpg__ckpt_tensor *t, row *w, const 
   size_t len = 0;
   for (int k = 0; k < nd && len < sizeof at; k++)
     len += (size_t)snprintf(at + len, sizeof at - len, "%s%llu", k ? ", " : "",
-                            (unsigned long long)(k == L ? w->iv[0] : gc[k]));
+                            (unsigned long long)(k == L ? ld->iv[0] : gc[k]));
   return mpg__fail(MPG_ERR_NOT_FOUND,
                    "%s: tensor \"%s\": element [%s] is in no chunk of the checkpoint", ld->dir,
                    t->name, at);
@@ -188,33 +205,92 @@ static int seg_cmp(const void *pa, const void *pb) {
 
 static mpg_status read_segs(loader *ld);
 
+/* The bytes of the registered pieces (the staging), each checked. */
+static mpg_status stage_bytes(const mpg_ckpt *ck, size_t *total) {
+  *total = 0;
+  for (int i = 0; i < ck->n; i++) {
+    const mpg__ckpt_entry *e = &ck->e[i];
+    size_t esz = mpg__ckpt_esz(e);
+    if (e->range_count > SIZE_MAX / esz || e->range_count * esz > SIZE_MAX - *total)
+      return mpg__fail(MPG_ERR_NOMEM, "the registered pieces' bytes overflow the address space "
+                       "at \"%s\"", e->name);
+    *total += (size_t)(e->range_count * esz);
+  }
+  return MPG_OK;
+}
+
+static void loader_free(loader *ld) {
+  ld->r.m = ld->m;
+  mpg__ckpt_reader_close(&ld->r);
+  memset(&ld->m, 0, sizeof ld->m);
+  free(ld->segs);
+  free(ld->block);
+  free(ld->iv);
+  free(ld->out);
+  ld->segs = NULL;
+  ld->block = NULL;
+  ld->iv = ld->out = NULL;
+  ld->nsegs = ld->cap = ld->ivcap = 0;
+  ld->cached_chunk = -1;
+}
+
+/* One try: open the directory (and its data files when there are few),
+ * plan every piece, open every data file the plan needs, then read and
+ * check the blocks into the staging. */
+static mpg_status load_once(mpg_ckpt *ck, loader *ld, unsigned char *stage) {
+  mpg_status st = mpg__ckpt_reader_open(&ld->r, ld->dir);
+  if (!st) mpg__ckpt_reader_open_all(&ld->r, MPG__CKPT_EAGER_FILES);
+  ld->m = ld->r.m;
+  size_t at = 0;
+  for (int i = 0; i < ck->n && !st; i++) {
+    const mpg__ckpt_entry *e = &ck->e[i];
+    int ti;
+    st = check_tensor(ld, e, &ti);
+    if (!st) ld->tensor = e->name;
+    if (!st) st = plan_entry(ld, &ld->m.tensors[ti], e, stage + at);
+    at += (size_t)(e->range_count * mpg__ckpt_esz(e));
+  }
+  if (st) return st;
+  qsort(ld->segs, ld->nsegs, sizeof *ld->segs, seg_cmp);
+  /* Every file before the first read: the snapshot of this directory. */
+  for (size_t i = 0; i < ld->nsegs && !st; i++) {
+    const mpg__ckpt_chunk *c = &ld->m.chunks[ld->segs[i].chunk];
+    int fd;
+    st = mpg__ckpt_reader_file(&ld->r, c->file, &fd);
+    if (st) st = mpg__fail_wrap(st, "tensor \"%s\"", ld->m.tensors[c->tensor].name);
+  }
+  return st ? st : read_segs(ld);
+}
+
 mpg_status mpg__ckpt_load(mpg_ckpt *ck, const char *dir, long *step, void *stream) {
   loader ld;
   memset(&ld, 0, sizeof ld);
   ld.dir = dir;
   ld.cached_chunk = -1;
+  ld.r.dfd = -1;
   size_t total = 0;
-  for (int i = 0; i < ck->n; i++) total += (size_t)(ck->e[i].range_count * mpg__ckpt_esz(&ck->e[i]));
   unsigned char *stage = NULL;
-  mpg_status st = mpg__ckpt_meta_read(dir, &ld.m);
+  mpg_status st = stage_bytes(ck, &total);
   if (!st) st = mpg__ckpt_stage(ck, total, (void **)&stage);
-  size_t at = 0;
-  for (int i = 0; i < ck->n && !st; i++) {
-    const mpg__ckpt_entry *e = &ck->e[i];
-    int ti;
-    st = check_tensor(&ld, e, &ti);
-    if (!st) ld.tensor = e->name;
-    if (!st) st = plan_entry(&ld, &ld.m.tensors[ti], e, stage + at);
-    at += (size_t)(e->range_count * mpg__ckpt_esz(e));
-  }
-  if (!st) {
-    qsort(ld.segs, ld.nsegs, sizeof *ld.segs, seg_cmp);
-    st = read_segs(&ld);
+  /* A save that publishes a new checkpoint as dir while this rank reads
+   * the old one: read the new one, from the start. */
+  for (int tries = 1; st == MPG_OK; tries++) {
+    mpg_status got = load_once(ck, &ld, stage);
+    if (!got || !mpg__ckpt_reader_moved(&ld.r)) {
+      st = got;
+      break;
+    }
+    if (tries == MPG__CKPT_READ_TRIES) {
+      st = mpg__fail_wrap(got, "%s was replaced by another save %d times while it was read",
+                          dir, tries);
+      break;
+    }
+    loader_free(&ld);
   }
   long saved_step = st ? 0 : (long)ld.m.step;
   st = mpg__ckpt_agree(ck, st, 0, "mpg_ckpt_load");
   int device = mpg__ctx_device_buffers(ck->ctx);
-  at = 0;
+  size_t at = 0;
   for (int i = 0; i < ck->n && !st; i++) {
     const mpg__ckpt_entry *e = &ck->e[i];
     size_t n = (size_t)(e->range_count * mpg__ckpt_esz(e));
@@ -226,39 +302,9 @@ mpg_status mpg__ckpt_load(mpg_ckpt *ck, const char *dir, long *step, void *strea
   if (!st && step) *step = saved_step;
   mpg__saved_error keep;
   mpg__error_save(&keep);
-  for (uint32_t f = 0; ld.fds && f < ld.m.nfiles; f++)
-    if (ld.fds[f] >= 0) close(ld.fds[f]);
-  free(ld.fds);
-  free(ld.segs);
-  free(ld.block);
-  mpg__ckpt_meta_free(&ld.m);
+  loader_free(&ld);
   st = mpg__error_restore(st, &keep);
   return st ? mpg__fail_wrap(st, "mpg_ckpt_load(\"%s\")", dir) : MPG_OK;
-}
-
-/* The file of chunk c, opened once; its size must be the metadata's. */
-static mpg_status file_fd(loader *ld, const mpg__ckpt_chunk *c, int *fd, char *path,
-                          size_t cap) {
-  const mpg__ckpt_file *f = &ld->m.files[c->file];
-  mpg__ckpt_data_path(ld->dir, f->rank, path, cap);
-  if (!ld->fds) {
-    ld->fds = malloc(((size_t)ld->m.nfiles + 1) * sizeof *ld->fds);
-    if (!ld->fds) return mpg__fail(MPG_ERR_NOMEM, "checkpoint load: out of memory");
-    for (uint32_t i = 0; i < ld->m.nfiles; i++) ld->fds[i] = -1;
-  }
-  if (ld->fds[c->file] < 0) {
-    int d = open(path, O_RDONLY | O_CLOEXEC);
-    if (d < 0) return mpg__fail(MPG_ERR_IO, "%s: open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(d, &sb) == 0 && (uint64_t)sb.st_size < f->bytes) {
-      close(d);
-      return mpg__fail(MPG_ERR_IO, "%s: truncated: %llu bytes, the metadata says %llu", path,
-                       (unsigned long long)sb.st_size, (unsigned long long)f->bytes);
-    }
-    ld->fds[c->file] = d;
-  }
-  *fd = ld->fds[c->file];
-  return MPG_OK;
 }
 
 /* Read block b of chunk ci into buf and check its checksum. */
@@ -270,8 +316,9 @@ static mpg_status read_block(loader *ld, uint32_t ci, uint64_t b, unsigned char 
   uint64_t off = b * bb;
   *len = nbytes - off < bb ? nbytes - off : bb;
   char path[4200];
+  mpg__ckpt_data_path(ld->dir, ld->m.files[c->file].rank, path, sizeof path);
   int fd = -1;
-  mpg_status st = file_fd(ld, c, &fd, path, sizeof path);
+  mpg_status st = mpg__ckpt_reader_file(&ld->r, c->file, &fd);
   if (!st) st = mpg__ckpt_read_all(fd, buf, (size_t)*len, c->file_off + off, path);
   if (st) return mpg__fail_wrap(st, "tensor \"%s\"", t->name);
   uint64_t want = ld->m.hashes[c->first_hash + b], got = mpg__xxh64(buf, (size_t)*len, 0);

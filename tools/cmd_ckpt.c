@@ -5,10 +5,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../sync/ckpt_format.h"
@@ -36,14 +38,24 @@ static const char *kind_name(int kind) {
   return kind >= 0 && kind <= MPG_CKPT_BYTES ? kind_names[kind] : "?";
 }
 
-/* "meshpg ckpt: <message>" on stderr; returns TOOL_EXIT_FAIL. */
+/* While an export may start again (a save replaced the checkpoint under
+ * it), its failure message is kept here rather than printed. */
+static int g_defer;
+static char g_msg[2048];
+
+/* "meshpg ckpt: <message>" on stderr (or kept in g_msg while g_defer);
+ * returns TOOL_EXIT_FAIL. */
 static int ck_fail(const char *fmt, ...) TOOL_PRINTF(1, 2);
 static int ck_fail(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fputs("meshpg ckpt: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  if (g_defer) {
+    vsnprintf(g_msg, sizeof g_msg, fmt, ap);
+  } else {
+    fputs("meshpg ckpt: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+  }
   va_end(ap);
   return TOOL_EXIT_FAIL;
 }
@@ -103,14 +115,25 @@ static void sb_add(sbuf *b, const char *fmt, ...) {
   }
 }
 
-/* A JSON string: quotes, backslashes and control bytes escaped; other
- * bytes as they are (names and the mesh text are UTF-8). */
+/* A JSON string: quotes, backslashes and control bytes escaped; UTF-8
+ * as it is (names and the mesh text are UTF-8: the decoder checks); a byte
+ * that is not UTF-8 (only in DIR as given) as \u00NN, so that the output
+ * is always valid JSON. */
 static void sb_json_string(sbuf *b, const char *s) {
   sb_add(b, "\"");
   for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') sb_add(b, "\\%c", *p);
-    else if (*p < 0x20) sb_add(b, "\\u%04x", *p);
-    else sb_add(b, "%c", *p);
+    unsigned c = *p;
+    size_t k = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2
+             : (c & 0xF8) == 0xF0 ? 3 : 9;
+    int ok = k < 9 && (k != 1 || c >= 0xC2);
+    for (size_t j = 1; ok && j <= k; j++) ok = (p[j] & 0xC0) == 0x80;
+    if (c == '"' || c == '\\') sb_add(b, "\\%c", c);
+    else if (c < 0x20 || !ok) sb_add(b, "\\u%04x", c);
+    else if (k == 0) sb_add(b, "%c", c);
+    else {
+      sb_add(b, "%.*s", (int)(k + 1), (const char *)p);
+      p += k;
+    }
   }
   sb_add(b, "\"");
 }
@@ -119,36 +142,111 @@ static void sb_json_string(sbuf *b, const char *s) {
 /* info                                                                 */
 /* ------------------------------------------------------------------ */
 
-static void info_totals(const mpg__ckpt_meta *m, uint64_t *bytes, uint64_t *file_bytes,
+/* A 128-bit sum (hi, lo): no total wraps. */
+typedef struct sum128 {
+  uint64_t hi, lo;
+} sum128;
+
+static void sum_add(sum128 *s, uint64_t v) {
+  s->lo += v;
+  s->hi += s->lo < v;
+}
+
+/* The sum in decimal into buf (at least 40 bytes). */
+static const char *sum_text(sum128 s, char *buf, size_t cap) {
+  char d[48];
+  int n = 0;
+  do { /* divide (hi, lo) by 10, 32 bits at a time */
+    uint64_t parts[4] = {s.hi >> 32, s.hi & 0xFFFFFFFFu, s.lo >> 32, s.lo & 0xFFFFFFFFu}, r = 0;
+    for (int i = 0; i < 4; i++) {
+      uint64_t cur = (r << 32) | parts[i];
+      parts[i] = cur / 10;
+      r = cur % 10;
+    }
+    s.hi = parts[0] << 32 | parts[1];
+    s.lo = parts[2] << 32 | parts[3];
+    d[n++] = (char)('0' + r);
+  } while (s.hi || s.lo);
+  size_t k = 0;
+  while (n > 0 && k + 1 < cap) buf[k++] = d[--n];
+  buf[k] = '\0';
+  return buf;
+}
+
+static void info_totals(const mpg__ckpt_meta *m, sum128 *bytes, sum128 *file_bytes,
                         uint32_t count[3]) {
-  *bytes = *file_bytes = 0;
+  *bytes = *file_bytes = (sum128){0, 0};
   count[0] = count[1] = count[2] = 0;
   for (uint32_t i = 0; i < m->ntensors; i++) {
-    *bytes += tensor_bytes(&m->tensors[i]);
+    sum_add(bytes, tensor_bytes(&m->tensors[i]));
     if (m->tensors[i].kind >= 0 && m->tensors[i].kind <= MPG_CKPT_BYTES)
       count[m->tensors[i].kind]++;
   }
-  for (uint32_t f = 0; f < m->nfiles; f++) *file_bytes += m->files[f].bytes;
+  for (uint32_t f = 0; f < m->nfiles; f++) sum_add(file_bytes, m->files[f].bytes);
+}
+
+/* A name or the mesh text for the terminal: printable UTF-8 as it is;
+ * control characters (C0, DEL, C1), backslashes and bytes that are not
+ * UTF-8 escaped (\n, \t, \\, \xNN, \u0085), so that no escape sequence
+ * reaches the terminal and no newline makes a row.  Into buf; returns its
+ * length in columns (one per code point). */
+static int text_escape(const char *s, char *buf, size_t cap) {
+  const unsigned char *p = (const unsigned char *)s;
+  size_t n = 0;
+  int cols = 0;
+  buf[0] = '\0';
+  while (*p && n + 8 < cap) {
+    unsigned c = *p;
+    size_t k = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2
+             : (c & 0xF8) == 0xF0 ? 3 : 9;
+    int ok = k < 9 && (k != 1 || c >= 0xC2);
+    for (size_t j = 1; ok && j <= k; j++) ok = (p[j] & 0xC0) == 0x80;
+    if (c == '\\') {
+      n += (size_t)snprintf(buf + n, cap - n, "\\\\");
+      cols += 2;
+    } else if (c == '\n' || c == '\t') {
+      n += (size_t)snprintf(buf + n, cap - n, "\\%c", c == '\n' ? 'n' : 't');
+      cols += 2;
+    } else if (c < 0x20 || c == 0x7F || !ok) {
+      n += (size_t)snprintf(buf + n, cap - n, "\\x%02x", c);
+      cols += 4;
+      k = 0;
+    } else if (c == 0xC2 && p[1] < 0xA0) { /* C1 control */
+      n += (size_t)snprintf(buf + n, cap - n, "\\u%04x", (unsigned)p[1]);
+      cols += 6;
+    } else {
+      memcpy(buf + n, p, k + 1);
+      n += k + 1;
+      buf[n] = '\0';
+      cols++;
+    }
+    p += k + 1;
+  }
+  if (*p && n + 4 < cap) n += (size_t)snprintf(buf + n, cap - n, "...");
+  return cols;
 }
 
 static void info_text(const char *dir, const mpg__ckpt_meta *m) {
-  uint64_t bytes, file_bytes;
+  sum128 bytes, file_bytes;
   uint32_t count[3];
+  char num[48], num2[48], esc[2048];
   info_totals(m, &bytes, &file_bytes, count);
-  printf("checkpoint  %s\n", dir);
-  printf("mesh        %s\n", m->mesh);
+  text_escape(dir, esc, sizeof esc);
+  printf("checkpoint  %s\n", esc);
+  text_escape(m->mesh, esc, sizeof esc);
+  printf("mesh        %s\n", esc);
   printf("step        %" PRId64 "\n", m->step);
   printf("world size  %" PRIu32 "\n", m->world);
   printf("format      version %" PRIu32 ", checksum blocks of %" PRIu64 " bytes, save id "
          "%016" PRIx64 "\n", m->version, m->block_bytes, m->save_id);
-  printf("files       %" PRIu32 ", %" PRIu64 " bytes\n", m->nfiles, file_bytes);
+  printf("files       %" PRIu32 ", %s bytes\n", m->nfiles, sum_text(file_bytes, num, sizeof num));
   for (uint32_t f = 0; f < m->nfiles; f++)
     printf("  data-%05" PRIu32 ".bin  %" PRIu64 " bytes\n", m->files[f].rank,
            m->files[f].bytes);
   int wn = 4, ws = 5, wb = 5; /* widths of name, shape, bytes */
   char shape[MPG_CKPT_MAX_NDIM * 24 + 4];
   for (uint32_t i = 0; i < m->ntensors; i++) {
-    int n = (int)strlen(m->tensors[i].name);
+    int n = text_escape(m->tensors[i].name, esc, sizeof esc);
     shape_text(m->tensors[i].shape, m->tensors[i].ndim, shape, sizeof shape);
     if (n > wn) wn = n;
     if ((int)strlen(shape) > ws) ws = (int)strlen(shape);
@@ -161,19 +259,22 @@ static void info_text(const char *dir, const mpg__ckpt_meta *m) {
            "chunks", wb, "bytes");
   for (uint32_t i = 0; i < m->ntensors; i++) {
     const mpg__ckpt_tensor *t = &m->tensors[i];
+    int cols = text_escape(t->name, esc, sizeof esc);
     shape_text(t->shape, t->ndim, shape, sizeof shape);
-    printf("  %-*s  %-5s  %-5s  %-*s  %6" PRIu32 "  %*" PRIu64 "\n", wn, t->name,
+    printf("  %s%*s  %-5s  %-5s  %-*s  %6" PRIu32 "  %*" PRIu64 "\n", esc, wn - cols, "",
            mpg__ckpt_dtype_name(t->dtype), kind_name(t->kind), ws, shape, t->nchunks, wb,
            tensor_bytes(t));
   }
   printf("total       %" PRIu32 " tensors (%" PRIu32 " param, %" PRIu32 " state, %" PRIu32
-         " bytes), %" PRIu32 " chunks, %" PRIu64 " bytes\n",
-         m->ntensors, count[0], count[1], count[2], m->nchunks, bytes);
+         " bytes), %" PRIu32 " chunks, %s bytes\n",
+         m->ntensors, count[0], count[1], count[2], m->nchunks,
+         sum_text(bytes, num2, sizeof num2));
 }
 
 static int info_json(const char *dir, const mpg__ckpt_meta *m) {
-  uint64_t bytes, file_bytes;
+  sum128 bytes, file_bytes;
   uint32_t count[3];
+  char num[48], num2[48];
   info_totals(m, &bytes, &file_bytes, count);
   sbuf b = {0};
   sb_add(&b, "{\"dir\": ");
@@ -199,9 +300,10 @@ static int info_json(const char *dir, const mpg__ckpt_meta *m) {
            tensor_bytes(t));
   }
   sb_add(&b, "], \"total\": {\"tensors\": %" PRIu32 ", \"chunks\": %" PRIu32
-         ", \"bytes\": %" PRIu64 ", \"file_bytes\": %" PRIu64 ", \"kinds\": {\"param\": %"
+         ", \"bytes\": %s, \"file_bytes\": %s, \"kinds\": {\"param\": %"
          PRIu32 ", \"state\": %" PRIu32 ", \"bytes\": %" PRIu32 "}}}\n",
-         m->ntensors, m->nchunks, bytes, file_bytes, count[0], count[1], count[2]);
+         m->ntensors, m->nchunks, sum_text(bytes, num, sizeof num),
+         sum_text(file_bytes, num2, sizeof num2), count[0], count[1], count[2]);
   int rc = TOOL_EXIT_OK;
   if (b.nomem) rc = ck_fail("out of memory");
   else fputs(b.s, stdout);
@@ -215,6 +317,7 @@ static int info_json(const char *dir, const mpg__ckpt_meta *m) {
 
 typedef struct assembly {
   const char *dir;
+  mpg__ckpt_reader *r; /* the directory's snapshot: its data files */
   const mpg__ckpt_meta *m;
   const mpg__ckpt_tensor *t;
   size_t esize;
@@ -284,8 +387,9 @@ static int read_chunk(assembly *a, uint32_t ci, unsigned char *block) {
   const mpg__ckpt_chunk *c = &m->chunks[ci];
   char path[4096];
   mpg__ckpt_data_path(a->dir, m->files[c->file].rank, path, sizeof path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ck_fail("tensor %s: cannot open %s: %s", a->t->name, path, strerror(errno));
+  int fd;
+  mpg_status st = mpg__ckpt_reader_file(a->r, c->file, &fd); /* kept open by the reader */
+  if (st != MPG_OK) return ck_fail("tensor %s: %s", a->t->name, tool_why(st));
   uint64_t bytes = c->range_count * a->esize, nb = mpg__ckpt_nblocks(bytes, m->block_bytes);
   for (uint64_t b = 0; b < nb; b++) {
     uint64_t at = b * m->block_bytes, off = c->file_off + at;
@@ -293,7 +397,6 @@ static int read_chunk(assembly *a, uint32_t ci, unsigned char *block) {
     long long r = read_at(fd, block, n, off);
     if (r != 0) {
       int e = errno;
-      close(fd);
       if (r < 0)
         return ck_fail("tensor %s: cannot read %s at byte offset %" PRIu64 ": %s", a->t->name,
                        path, off, strerror(e));
@@ -303,7 +406,6 @@ static int read_chunk(assembly *a, uint32_t ci, unsigned char *block) {
     }
     uint64_t want = m->hashes[c->first_hash + b], got = mpg__xxh64(block, n, 0);
     if (want != got) {
-      close(fd);
       return ck_fail("tensor %s: checksum mismatch in %s at byte offset %" PRIu64
                      " (block %" PRIu64 " of chunk %" PRIu32 ", %zu bytes): stored %016" PRIx64
                      ", read %016" PRIx64,
@@ -311,7 +413,6 @@ static int read_chunk(assembly *a, uint32_t ci, unsigned char *block) {
     }
     scatter(a, c, at, block, n);
   }
-  close(fd);
   mark(a, c);
   return TOOL_EXIT_OK;
 }
@@ -399,8 +500,9 @@ static int st_write(FILE *f, const char *file, const void *p, size_t n) {
   return TOOL_EXIT_OK;
 }
 
-static int export_tensors(const char *dir, const mpg__ckpt_meta *m, int all, FILE *f,
+static int export_tensors(const char *dir, mpg__ckpt_reader *r, int all, FILE *f,
                           const char *file, uint32_t *count, uint64_t *bytes) {
+  const mpg__ckpt_meta *m = &r->m;
   sbuf hdr = {0};
   int rc = st_header(m, all, &hdr);
   unsigned char len8[8];
@@ -410,7 +512,7 @@ static int export_tensors(const char *dir, const mpg__ckpt_meta *m, int all, FIL
   free(hdr.s);
   for (uint32_t i = 0; rc == TOOL_EXIT_OK && i < m->ntensors; i++) {
     if (!selected(&m->tensors[i], all)) continue;
-    assembly a = {dir, m, NULL, 0, {0}, NULL, NULL};
+    assembly a = {dir, r, m, NULL, 0, {0}, NULL, NULL};
     rc = assemble(&a, i);
     if (rc == TOOL_EXIT_OK) rc = st_write(f, file, a.data, (size_t)tensor_bytes(a.t));
     free(a.data);
@@ -420,25 +522,182 @@ static int export_tensors(const char *dir, const mpg__ckpt_meta *m, int all, FIL
   return rc;
 }
 
-static int export_file(const char *dir, const mpg__ckpt_meta *m, const char *file, int all) {
-  uint32_t want = 0;
-  for (uint32_t i = 0; i < m->ntensors; i++) want += (uint32_t)selected(&m->tensors[i], all);
-  if (want == 0)
-    return ck_fail("%s holds no %s to export%s", dir, all ? "tensor" : "param",
-                   all ? "" : " (--all exports every tensor)");
-  FILE *f = fopen(file, "wb");
-  if (!f) return ck_fail("cannot create %s: %s", file, strerror(errno));
+/* The directory part of `file` ("." when none) into buf. */
+static void parent_of(const char *file, char *buf, size_t cap) {
+  const char *slash = strrchr(file, '/');
+  if (!slash) snprintf(buf, cap, ".");
+  else if (slash == file) snprintf(buf, cap, "/");
+  else snprintf(buf, cap, "%.*s", (int)(slash - file), file);
+}
+
+/* Where FILE may be written: not a symbolic link, not something other
+ * than a regular file, and not inside the checkpoint directory (its folder
+ * is not DIR nor under it). */
+static int export_target_ok(const char *dir, const char *file, const char *parent) {
+  struct stat sb;
+  if (lstat(file, &sb) == 0) {
+    if (S_ISLNK(sb.st_mode))
+      return ck_fail("%s is a symbolic link: export does not write through one (give the "
+                     "path of the file itself)", file);
+    if (!S_ISREG(sb.st_mode))
+      return ck_fail("%s exists and is not a regular file", file);
+  } else if (errno != ENOENT) {
+    return ck_fail("%s: %s", file, strerror(errno));
+  }
+  char rdir[PATH_MAX], rpar[PATH_MAX];
+  if (!realpath(parent, rpar)) return ck_fail("%s: %s", parent, strerror(errno));
+  if (!realpath(dir, rdir)) return TOOL_EXIT_OK; /* no checkpoint: the reader says so */
+  size_t n = strlen(rdir);
+  struct stat sd, sp;
+  int same = stat(rdir, &sd) == 0 && stat(rpar, &sp) == 0 && sd.st_dev == sp.st_dev &&
+             sd.st_ino == sp.st_ino;
+  if (same || (strncmp(rpar, rdir, n) == 0 && (rpar[n] == '/' || rpar[n] == '\0' ||
+                                                 strcmp(rdir, "/") == 0)))
+    return ck_fail("%s is inside the checkpoint %s: export writes no file there (give a "
+                   "path outside it)", file, dir);
+  return TOOL_EXIT_OK;
+}
+
+/* 1 when s is UTF-8 (no invalid, overlong or surrogate sequence). */
+static int utf8_only(const char *s) {
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    unsigned c = *p;
+    size_t k = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2
+             : (c & 0xF8) == 0xF0 ? 3 : 9;
+    if (k == 9 || (k == 1 && c < 0xC2) || (k == 3 && c > 0xF4)) return 0;
+    uint32_t cp = k == 0 ? c : c & (0x3Fu >> k);
+    for (size_t j = 1; j <= k; j++) {
+      if ((p[j] & 0xC0) != 0x80) return 0;
+      cp = (cp << 6) | (p[j] & 0x3Fu);
+    }
+    if ((k == 2 && cp < 0x800) || (k == 3 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+      return 0;
+    p += k + 1;
+  }
+  return 1;
+}
+
+/* Every selected name can be a key of the safetensors header: UTF-8
+ * (checkpoints written before mpg_ckpt_add refused other names may hold
+ * one). */
+static int names_carried(const mpg__ckpt_meta *m, int all) {
+  for (uint32_t i = 0; i < m->ntensors; i++) {
+    const mpg__ckpt_tensor *t = &m->tensors[i];
+    if (!selected(t, all)) continue;
+    sbuf b = {0};
+    sb_json_string(&b, t->name);
+    int changed = b.nomem || b.len < 2 || !utf8_only(t->name);
+    free(b.s);
+    if (changed) {
+      char esc[1200];
+      text_escape(t->name, esc, sizeof esc);
+      return ck_fail("tensor %s: a safetensors header cannot carry its name (it is not UTF-8)",
+                     esc);
+    }
+  }
+  return TOOL_EXIT_OK;
+}
+
+/* Make tmp (a fresh file beside `file`) and write the export into it,
+ * starting again when a save replaces the checkpoint while it is read.
+ * Returns the exit code; the message is printed. */
+static int export_into(const char *dir, const char *file, const char *tmp, int fd, int all,
+                       uint32_t *count, uint64_t *bytes, int64_t *step) {
+  FILE *f = fdopen(fd, "wb");
+  if (!f) {
+    close(fd);
+    return ck_fail("cannot write %s: %s", tmp, strerror(errno));
+  }
+  int rc = TOOL_EXIT_FAIL;
+  for (int tries = 1;; tries++) {
+    mpg__ckpt_reader r;
+    g_defer = 1;
+    mpg_status st = mpg__ckpt_reader_open(&r, dir);
+    if (st == MPG_OK) mpg__ckpt_reader_open_all(&r, MPG__CKPT_EAGER_FILES);
+    *count = 0;
+    *bytes = 0;
+    if (st != MPG_OK) rc = ck_fail("%s", tool_why(st));
+    if (st == MPG_OK) {
+      uint32_t want = 0;
+      for (uint32_t i = 0; i < r.m.ntensors; i++) want += (uint32_t)selected(&r.m.tensors[i], all);
+      int meta = mpg__ckpt_meta_find(&r.m, "__metadata__");
+      if (want == 0)
+        rc = ck_fail("%s holds no %s to export%s", dir, all ? "tensor" : "param",
+                     all ? "" : " (--all exports every tensor)");
+      else if (meta >= 0 && selected(&r.m.tensors[meta], all))
+        rc = ck_fail("%s holds a tensor named \"__metadata__\": a safetensors file cannot "
+                     "carry it (the name is its header's metadata key)", dir);
+      else if ((rc = names_carried(&r.m, all)) != TOOL_EXIT_OK)
+        ;
+      else
+        rc = export_tensors(dir, &r, all, f, tmp, count, bytes);
+      *step = r.m.step;
+    }
+    int moved = rc != TOOL_EXIT_OK && mpg__ckpt_reader_moved(&r);
+    mpg__ckpt_reader_close(&r);
+    g_defer = 0;
+    if (rc == TOOL_EXIT_OK || !moved || tries == MPG__CKPT_READ_TRIES) {
+      if (rc != TOOL_EXIT_OK)
+        ck_fail("%s%s", g_msg, moved ? " (the checkpoint was replaced by a save at every try)"
+                                    : "");
+      break;
+    }
+    /* Start again on the new checkpoint, from an empty file. */
+    if (fflush(f) != 0 || ftruncate(fd, 0) != 0 || fseek(f, 0, SEEK_SET) != 0) {
+      rc = ck_fail("cannot write %s: %s", tmp, strerror(errno));
+      break;
+    }
+  }
+  if (rc == TOOL_EXIT_OK && (fflush(f) != 0 || fsync(fd) != 0))
+    rc = ck_fail("cannot write %s: %s", tmp, strerror(errno));
+  if (fclose(f) != 0 && rc == TOOL_EXIT_OK)
+    rc = ck_fail("cannot write %s: %s", tmp, strerror(errno));
+  (void)file;
+  return rc;
+}
+
+/* Export into FILE: complete or absent.  The data goes to a fresh file
+ * beside it (.NAME.XXXXXX, never through a symbolic link), fsync'ed, then
+ * renamed over FILE, and the folder fsync'ed; an existing FILE stays as it
+ * was until then, and a failed export removes only its own file. */
+static int export_file(const char *dir, const char *file, int all) {
+  char parent[PATH_MAX], tmp[PATH_MAX + 32];
+  if (strlen(file) >= PATH_MAX - 16) return ck_fail("%s: the path is too long", file);
+  const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+  if (!*base) return ck_fail("%s names a folder: give the file to write", file);
+  parent_of(file, parent, sizeof parent);
+  int rc = export_target_ok(dir, file, parent);
+  if (rc != TOOL_EXIT_OK) return rc;
+  snprintf(tmp, sizeof tmp, "%s/.%s.XXXXXX", parent, base);
+  int fd = mkostemp(tmp, O_CLOEXEC);
+  if (fd < 0) return ck_fail("cannot create a file beside %s: %s", file, strerror(errno));
+  mode_t mask = umask(0);
+  umask(mask);
+  if (fchmod(fd, 0666 & ~mask) != 0) {
+    int e = errno;
+    close(fd);
+    unlink(tmp);
+    return ck_fail("cannot create %s: fchmod: %s", tmp, strerror(e));
+  }
   uint32_t count = 0;
   uint64_t bytes = 0;
-  int rc = export_tensors(dir, m, all, f, file, &count, &bytes);
-  if (fclose(f) != 0 && rc == TOOL_EXIT_OK)
-    rc = ck_fail("cannot write %s: %s", file, strerror(errno));
+  int64_t step = 0;
+  rc = export_into(dir, file, tmp, fd, all, &count, &bytes, &step);
+  if (rc == TOOL_EXIT_OK && rename(tmp, file) != 0)
+    rc = ck_fail("cannot rename %s to %s: %s", tmp, file, strerror(errno));
   if (rc != TOOL_EXIT_OK) {
-    remove(file); /* no partial file */
+    unlink(tmp); /* only this export's file */
     return rc;
   }
+  int dfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    if (fsync(dfd) != 0) rc = ck_fail("%s: fsync: %s", parent, strerror(errno));
+    close(dfd);
+  }
+  if (rc != TOOL_EXIT_OK) return rc;
   printf("wrote %s: %" PRIu32 " tensor%s, %" PRIu64 " bytes of data (step %" PRId64 ")\n",
-         file, count, count == 1 ? "" : "s", bytes, m->step);
+         file, count, count == 1 ? "" : "s", bytes, step);
   return TOOL_EXIT_OK;
 }
 
@@ -489,14 +748,14 @@ int cmd_ckpt(int argc, char **argv) {
   }
   if (!dir) return usage_error("give the checkpoint directory%s", "");
   if (!info && !file) return usage_error("export needs --safetensors FILE%s", "");
+  if (!info) return export_file(dir, file, all);
   mpg__ckpt_meta m;
   mpg_status st = mpg__ckpt_meta_read(dir, &m);
   if (st != MPG_OK) {
     mpg__ckpt_meta_free(&m);
     return ck_fail("%s", tool_why(st));
   }
-  int rc = info ? (json ? info_json(dir, &m) : (info_text(dir, &m), TOOL_EXIT_OK))
-                : export_file(dir, &m, file, all);
+  int rc = json ? info_json(dir, &m) : (info_text(dir, &m), TOOL_EXIT_OK);
   mpg__ckpt_meta_free(&m);
   return rc;
 }
