@@ -141,15 +141,21 @@ typedef void (*pair_fill)(const a2a *a, void *arg, int from, int to, mpg__coll *
 static mpg_status post_staggered(mpg_group *g, const a2a *a, pair_fill fill, void *arg,
                                  mpg_work **work) {
   int size = g->size, me = g->position, n = 2 * (size - 1);
+  /* A member that posts nothing (out of memory) while its peers posted
+   * theirs aborts the context, as coll.c's collectives do: else its next
+   * all-to-all would pair with their pending one (wrong blocks, MPG_OK;
+   * issue 45, found by the fault property's all-to-all). */
   mpg__coll *list = malloc((size_t)n * sizeof *list);
   if (!list)
-    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for %d operations", a->fn,
-                     g->name, n);
+    return mpg__group_on_failure(g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of "
+                                 "memory for %d operations", a->fn, g->name, n));
   for (int k = 1; k < size; k++)
     fill(a, arg, (me - k + size) % size, (me + k) % size, &list[k - 1],
          &list[size - 1 + k - 1]);
   mpg_status st = mpg__group_post_p2p(g, list, n, a->fn, work);
   free(list);
+  if (st && st != MPG_ERR_INVALID && !atomic_load(&g->ctx->aborted))
+    st = mpg__group_on_failure(g, a->fn, st); /* its own failures abort already */
   return st;
 }
 
@@ -383,8 +389,8 @@ static mpg_status run_native(mpg_group *g, const a2a *a, mpg_work **work, int *t
   if (!arrays || !mine) {
     free(arrays);
     free(mine);
-    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for the counts of %d "
-                     "members", a->fn, g->name, size);
+    return mpg__group_on_failure(g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of "
+                                 "memory for the counts of %d members", a->fn, g->name, size));
   }
   double deadline = mpg__now() + ctx->timeout_s;
   mpg_status st = exchange_counts(g, a, mine, theirs);
