@@ -24,7 +24,9 @@
  * winner; FP_SHM_SEAMS builds).  Gradients are small integers (|g| <= 6
  * per micro-batch), so every sum over <= 4 members, times 1/2 or 1/4 or
  * divided by 2 or 4, is exact in every dtype and in every summation order:
- * the reference is exact and compared with ==.
+ * the reference is exact and compared with ==.  Half the thread and mpi
+ * cases also run an all-to-all in every step, in flight across finish
+ * (fp_case.a2a): its MPG_OK must hold every block exactly (issue 45).
  *
  * The steps: every rank runs the same steps 0 .. steps-1 (some with two
  * micro-batches: the first accumulates, nothing launched), writes each
@@ -158,6 +160,14 @@ typedef struct fp_case {
   /* shard mode: NULL, or HSDP: reduce-scatter over shard_dims, then the
    * slice all-reduced over replicate_dims ("cp" and "dp" in either role) */
   const char *shard_dims, *replicate_dims;
+  /* thread and mpi (issue 45, item 15): every step also runs an all-to-all
+   * on the world group (through its shared-memory channel unless
+   * MESHPG_SHM=0), from mpg_ctx_mem_alloc buffers, posted asynchronously
+   * right before the moment `before finish` and waited after the moment
+   * `after finish`, so that every fault of those moments (and an abort in
+   * finish) strikes it in flight; a member whose wait fails reuses its
+   * send buffer at once.  Its MPG_OK must hold every block exactly. */
+  int a2a;
 } fp_case;
 
 const char *fp_name(const fp_case *c);
@@ -196,7 +206,7 @@ double fp_get(const void *buf, mpg_dtype dt, size_t i);
   X(steps) X(ok_valid) X(ok_invalid) X(errors) X(violations) X(elems) X(epochs)         \
   X(setup_errors) X(mark_err_finish_ok) X(slow) X(begin_errors) X(abort_in_marks)       \
   X(abort_in_finish) X(abort_after_finish) X(alloc_in_mark) X(alloc_in_finish)          \
-  X(alloc_unfired) X(abort_nomem) X(max_step_ms) X(max_setup_ms)
+  X(alloc_unfired) X(abort_nomem) X(max_step_ms) X(max_setup_ms) X(a2a_ok) X(a2a_err)
 #define FP_PER_KIND(X) X(planned) X(injected) X(rank_steps) X(err) X(ok) X(next_err)
 
 typedef struct fp_tally {

@@ -139,6 +139,8 @@ void fp_case_make(unsigned seed, int backend, int procs, int steps, int kill,
     c->shard_dims = cp_first ? "cp" : "dp";
     c->replicate_dims = cp_first ? "dp" : "cp";
   }
+  /* Drawn last: the cases' other draws are those from before issue 45. */
+  c->a2a = backend != FP_NCCL && fp_below(&r, 2) == 0;
 }
 
 #ifdef FP_SHM_SEAMS
@@ -187,6 +189,8 @@ void fp_describe(const fp_case *c, char *buf, size_t cap) {
                           c->shard_dims, c->replicate_dims);
   if (c->slow_abort && n < cap)
     n += (size_t)snprintf(buf + n, cap - n, ", shm abort winner sleeps 0..3 ms");
+  if (c->a2a && n < cap)
+    n += (size_t)snprintf(buf + n, cap - n, ", an all-to-all across each finish");
   n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, ", params");
   for (int p = 0; p < c->nparams && n < cap; p++)
     n += (size_t)snprintf(buf + n, cap - n, " p%d:%zux%s%s%s", p, c->params[p].count,

@@ -214,6 +214,65 @@ int fp_inject(fp_rank *R, const fp_plan *P, int step, mpg_ctx *ctx,
   }
 }
 
+/* The all-to-all of fp_case.a2a: FP_A2A_COUNT i32 a block (on mpi its
+ * mem_alloc buffers are memfds, read in place by the peers). */
+#define FP_A2A_COUNT 8192
+
+static int32_t fp_a2a_val(const fp_case *c, int step, int from, int to, size_t k) {
+  uint64_t h = fp_mix(((uint64_t)c->seed << 40) ^ ((uint64_t)(unsigned)step << 16) ^
+                      ((uint64_t)(unsigned)from << 8) ^ (uint64_t)(unsigned)to);
+  return (int32_t)(uint32_t)(h + k);
+}
+
+/* Post this step's all-to-all (*aw NULL when it failed: counted). */
+static void fp_a2a_post(fp_rank *R, mpg_group *g, int32_t *send, int32_t *recv, int step,
+                        mpg_work **aw) {
+  const fp_case *c = R->c;
+  for (int j = 0; j < c->world; j++)
+    for (size_t k = 0; k < FP_A2A_COUNT; k++)
+      send[(size_t)j * FP_A2A_COUNT + k] = fp_a2a_val(c, step, R->rank, j, k);
+  memset(recv, 0xff, sizeof *recv * FP_A2A_COUNT * (size_t)c->world);
+  *aw = NULL;
+  mpg_status st = mpg_all_to_all(g, send, recv, FP_A2A_COUNT, MPG_I32, NULL, aw);
+  if (st) {
+    *aw = NULL;
+    R->t.a2a_err++;
+    if (R->verbose)
+      fp_note(R, "A2A seed %u step %d rank %d: posting: %s", c->seed, step, R->rank,
+              mpg_last_error());
+  }
+}
+
+/* Wait for it: MPG_OK must hold every block exactly; on an error the send
+ * buffer is this member's again at once, and is reused. */
+static void fp_a2a_wait(fp_rank *R, mpg_work **aw, int32_t *send, const int32_t *recv,
+                        int step, const fp_plan *P) {
+  const fp_case *c = R->c;
+  mpg_status st = mpg_work_wait(*aw);
+  *aw = NULL;
+  if (st) {
+    R->t.a2a_err++;
+    if (R->verbose)
+      fp_note(R, "A2A seed %u step %d rank %d: waiting: %s", c->seed, step, R->rank,
+              mpg_last_error());
+    for (size_t i = 0; i < FP_A2A_COUNT * (size_t)c->world; i++) send[i] = ~send[i];
+    return;
+  }
+  R->t.a2a_ok++;
+  for (int j = 0; j < c->world; j++)
+    for (size_t k = 0; k < FP_A2A_COUNT; k++) {
+      int32_t got = recv[(size_t)j * FP_A2A_COUNT + k], want = fp_a2a_val(c, step, j, R->rank, k);
+      if (got == want) continue;
+      R->t.violations++;
+      fp_note(R, "VIOLATION seed %u %s step %d rank %d: the all-to-all on the world group "
+              "returned MPG_OK, but element %zu of the block from rank %d is %d, not %d; "
+              "the step's fault: %s on rank %d at moment %d of %d", c->seed, fp_name(c),
+              step, R->rank, k, j, (int)got, (int)want, fp_kind_names[P->kind], P->victim,
+              P->moment, c->nparams);
+      return;
+    }
+}
+
 /* One epoch of rank R: a fresh context from `start` until the steps end,
  * its context dies, or another rank's did.  Returns 1 when the rank left
  * (FP_KILL on thread / nccl). */
@@ -226,6 +285,8 @@ int fp_epoch(fp_rank *R, int start) {
   fp_view views[FP_MAX_PARAMS];
   int order[FP_MAX_PARAMS];
   fp_stream stream = 0;
+  mpg_group *ag = NULL; /* fp_case.a2a: the world group */
+  int32_t *asend = NULL, *arecv = NULL;
   double t0 = fp_now();
   const char *what = "mesh";
   fp_busy(R, "the set-up (mpg_ctx_create .. mpg_sync_commit)", start);
@@ -295,6 +356,13 @@ int fp_epoch(fp_rank *R, int start) {
     }
     v->scale = c->op == MPG_OP_AVG ? c->grad_scale / v->n : c->grad_scale;
   }
+  if (c->a2a && !st) {
+    size_t bytes = sizeof(int32_t) * FP_A2A_COUNT * (size_t)c->world;
+    what = "the all-to-all's group and buffers";
+    st = mpg_ctx_group(ctx, "world", &ag);
+    if (!st) st = mpg_ctx_mem_alloc(ctx, bytes, 0, (void **)&asend);
+    if (!st) st = mpg_ctx_mem_alloc(ctx, bytes, 0, (void **)&arecv);
+  }
   if (!st) {
     what = "mpg_ctx_set_timeout";
     st = mpg_ctx_set_timeout(ctx, c->timeout_s);
@@ -340,6 +408,7 @@ int fp_epoch(fp_rank *R, int start) {
     if (P.kind) R->t.rank_steps[P.kind]++;
     if (victim) R->t.planned[P.kind]++;
     fp_watchdog wd = {NULL, 0, 0, 0, 0};
+    mpg_work *aw = NULL; /* fp_case.a2a: in flight across finish */
     pthread_t dog;
     int dog_up = 0;
     double slept = 0, ts = fp_now(), tf0 = 0, tf1 = 0;
@@ -372,6 +441,7 @@ int fp_epoch(fp_rank *R, int start) {
     }
     began = 1;
     for (int k = 0; k <= n; k++) {
+      if (k == n && ag) fp_a2a_post(R, ag, asend, arecv, step, &aw);
       if (victim && P.moment == k &&
           fp_inject(R, &P, step, ctx, &wd, &dog, &dog_up, &slept)) {
         left = 1;
@@ -401,6 +471,7 @@ int fp_epoch(fp_rank *R, int start) {
        * flight) and the context; this rank sits the epoch out. */
       if (dog_up) pthread_join(dog, NULL);
       fa_disarm();
+      if (aw) (void)mpg_work_wait(aw); /* released before the context goes */
       fp_note(R, "LEFT seed %u %s rank %d at step %d, moment %d of %d", c->seed,
               fp_name(c), rank, step, P.moment, n);
       break;
@@ -420,6 +491,7 @@ int fp_epoch(fp_rank *R, int start) {
     if (victim && P.moment == n + 1 && fp_inject(R, &P, step, ctx, &wd, &dog, &dog_up, &slept))
       left = 1;
   judged:
+    if (aw) fp_a2a_wait(R, &aw, asend, arecv, step, &P);
     if (dog_up) {
       pthread_join(dog, NULL);
       R->t.abort_nomem += wd.nomem_fired;
@@ -482,6 +554,10 @@ done:
   fa_disarm();
   fp_busy(R, "the teardown (mpg_sync_destroy, mpg_ctx_destroy)", -1);
   t0 = fp_now();
+  if (ctx) {
+    (void)mpg_ctx_mem_free(ctx, asend);
+    (void)mpg_ctx_mem_free(ctx, arecv);
+  }
   mpg_status sd = mpg_sync_destroy(s), cd = mpg_ctx_destroy(ctx);
   double dt = fp_now() - t0;
   if (sd || cd)
