@@ -1599,8 +1599,9 @@ typedef enum mpg_ckpt_kind {
  *    parts (S: the size of the groups of dim set split_dims, e.g. "tp",
  *    "etp", "ep"; it must divide shape[split_axis]); this rank holds part
  *    p, its position in its group (mpg_mesh_group_of);
- *  - box_shape[0] > 0: the box at box_offset of shape box_shape;
- *  - else the whole tensor.
+ *  - any box_offset or box_shape field non-zero: the box at box_offset of
+ *    shape box_shape, whose extent must be > 0 on every axis;
+ *  - else (every box field 0) the whole tensor.
  * The local buffer is the box in row-major order.  range_count > 0: the
  * buffer holds only elements [range_offset, range_offset + range_count) of
  * the box, in that order (a sharded optimizer's owned range). */
@@ -1655,8 +1656,9 @@ MPG_API mpg_status mpg_ckpt_create(mpg_ctx *ctx, const mpg_ckpt_opts *opts,
  * Ranks may register different tensors; those that share a name give the
  * same dtype, kind and global shape (docs/checkpoints.md).  Returns MPG_OK;
  * MPG_ERR_INVALID (NULL, a wrong magic, ndim, a zero extent, a box outside
- * the shape or range outside the box, split_axis, a duplicate name, a name
- * over 255 bytes); MPG_ERR_NOT_FOUND (split_dims names no dim set);
+ * the shape or range outside the box, a size in bytes over 64 bits,
+ * split_axis, a duplicate name, a name over 255 bytes, not printable UTF-8
+ * or "__metadata__"); MPG_ERR_NOT_FOUND (split_dims names no dim set);
  * MPG_ERR_RANGE (the group size does not divide the axis); MPG_ERR_STATE
  * while a save is in flight; MPG_ERR_NOMEM.  Local; context thread. */
 MPG_API mpg_status mpg_ckpt_add(mpg_ckpt *ck, const char *name, mpg_dtype dtype,
