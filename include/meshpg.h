@@ -1694,11 +1694,15 @@ MPG_API mpg_status mpg_ckpt_add_bytes(mpg_ckpt *ck, const char *name, void *data
  * `stream` (after the optimizer step); NULL elsewhere.  With opts.async it
  * returns once staged and the files are written in the background (end it
  * with mpg_ckpt_wait; a second save, a load or destroy waits for it).
- * Returns, the same on every rank, MPG_OK; MPG_ERR_INVALID (NULL, `dir`
- * not a checkpoint, ranks that disagree on a name's dtype, kind or shape,
- * replicas with different values); MPG_ERR_IO (naming the file and errno);
+ * Returns, the same on every rank, MPG_OK (`dir` now holds this save; a
+ * failure leaves the old `dir`, but for an MPG_ERR_IO that says
+ * "published"); MPG_ERR_INVALID (NULL, `dir` not a checkpoint, a symbolic
+ * link or a foreign entry at `dir` or `dir`.partial, ranks that disagree
+ * on a name's dtype, kind or shape, replicas or overlapping pieces with
+ * different values); MPG_ERR_IO (naming the file and errno);
  * MPG_ERR_TIMEOUT (a rank's files not durable within opts.timeout_s);
- * MPG_ERR_STATE (nothing registered); MPG_ERR_NOMEM.  Collective (world). */
+ * MPG_ERR_STATE (nothing registered; another save to `dir` holds
+ * `dir`.lock, named); MPG_ERR_NOMEM.  Collective (world). */
 MPG_API mpg_status mpg_ckpt_save(mpg_ckpt *ck, const char *dir, long step, void *stream);
 
 /* Wait for the save in flight (MPG_OK at once when there is none) and

@@ -1,7 +1,7 @@
 /* File helpers of the checkpoints (ckpt_internal.h): whole reads and
- * writes with errors that name the file, fsync of directories, removal of
- * a checkpoint's directory. */
-#include <dirent.h>
+ * writes with errors that name the file, a nap and a clock.  What a save
+ * does to directories is ckpt_lock.c (relative to a directory it opened,
+ * never through a link). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -48,54 +48,6 @@ mpg_status mpg__ckpt_read_all(int fd, void *buf, size_t n, uint64_t off, const c
     off += (uint64_t)r;
   }
   return MPG_OK;
-}
-
-mpg_status mpg__ckpt_fsync_dir(const char *dir) {
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return mpg__fail(MPG_ERR_IO, "%s: open: %s", dir, strerror(errno));
-  int r = fsync(fd), err = errno;
-  close(fd);
-  /* Some file systems refuse fsync on a directory; nothing to make durable. */
-  if (r && err != EINVAL && err != EROFS)
-    return mpg__fail(MPG_ERR_IO, "%s: fsync: %s", dir, strerror(err));
-  return MPG_OK;
-}
-
-mpg_status mpg__ckpt_remove_tree(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) {
-    if (errno == ENOENT) return MPG_OK;
-    return mpg__fail(MPG_ERR_IO, "%s: opendir: %s", dir, strerror(errno));
-  }
-  struct dirent *de;
-  char path[4096];
-  mpg_status st = MPG_OK;
-  while ((de = readdir(d))) {
-    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-    if (unlink(path) && errno != ENOENT && !st)
-      st = mpg__fail(MPG_ERR_IO, "%s: unlink: %s", path, strerror(errno));
-  }
-  closedir(d);
-  if (!st && rmdir(dir) && errno != ENOENT)
-    st = mpg__fail(MPG_ERR_IO, "%s: rmdir: %s", dir, strerror(errno));
-  return st;
-}
-
-int mpg__ckpt_is_checkpoint(const char *dir) {
-  char path[4096];
-  struct stat sb;
-  snprintf(path, sizeof path, "%s/%s", dir, MPG__CKPT_META);
-  return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-mpg_status mpg__ckpt_write_file(const char *path, const void *buf, size_t n) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return mpg__fail(MPG_ERR_IO, "%s: create: %s", path, strerror(errno));
-  mpg_status st = mpg__ckpt_write_all(fd, buf, n, 0, path);
-  if (!st && fsync(fd)) st = mpg__fail(MPG_ERR_IO, "%s: fsync: %s", path, strerror(errno));
-  if (close(fd) && !st) st = mpg__fail(MPG_ERR_IO, "%s: close: %s", path, strerror(errno));
-  return st;
 }
 
 void mpg__ckpt_sleep_ms(double ms) {

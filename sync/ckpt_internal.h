@@ -98,17 +98,10 @@ mpg_status mpg__ckpt_load(mpg_ckpt *ck, const char *dir, long *step, void *strea
 
 /* Files (ckpt_files.c).  write_all / read_all: the whole range or an
  * MPG_ERR_IO naming `path`, the offset and errno (a short read is
- * "truncated").  fsync_dir: fsync of a directory.  remove_tree: remove the
- * regular files of a directory and the directory (missing: MPG_OK).
- * is_checkpoint: 1 when dir/meta.mpgc exists. */
+ * "truncated"). */
 mpg_status mpg__ckpt_write_all(int fd, const void *buf, size_t n, uint64_t off,
                                const char *path);
 mpg_status mpg__ckpt_read_all(int fd, void *buf, size_t n, uint64_t off, const char *path);
-mpg_status mpg__ckpt_fsync_dir(const char *dir);
-mpg_status mpg__ckpt_remove_tree(const char *dir);
-int mpg__ckpt_is_checkpoint(const char *dir);
-/* Write a small file whole (create, write, fsync, close). */
-mpg_status mpg__ckpt_write_file(const char *path, const void *buf, size_t n);
 /* Sleep for `ms` milliseconds (a fraction allowed). */
 void mpg__ckpt_sleep_ms(double ms);
 double mpg__ckpt_now(void);

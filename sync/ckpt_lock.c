@@ -197,14 +197,19 @@ static mpg_status take_lock(mpg__ckpt_save *sv, const char *name) {
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
       int err = errno;
       unsigned char head[B_HOLDER + B_HOLDER_LEN];
-      memset(head, 0, sizeof head);
-      ssize_t n = pread(fd, head, sizeof head - 1, 0);
+      ssize_t n = 0;
+      /* The holder writes who it is right after it locked: a moment. */
+      for (int t = 0; t < 50 && err == EWOULDBLOCK; t++) {
+        memset(head, 0, sizeof head);
+        n = pread(fd, head, sizeof head - 1, 0);
+        if (n > B_HOLDER && !memcmp(head, board_magic, 8) && head[B_HOLDER]) break;
+        n = 0;
+        mpg__ckpt_sleep_ms(2);
+      }
       close(fd);
       if (err != EWOULDBLOCK)
         return mpg__fail(MPG_ERR_IO, "%s: flock: %s", sv->lock, strerror(err));
-      const char *who = n > B_HOLDER && !memcmp(head, board_magic, 8) && head[B_HOLDER]
-                            ? (const char *)head + B_HOLDER
-                            : "a save that has just started";
+      const char *who = n ? (const char *)head + B_HOLDER : "a save that has just started";
       return mpg__fail(MPG_ERR_STATE,
                        "another job is saving to %s (%s; it holds %s): one save at a time per "
                        "directory",
@@ -212,16 +217,23 @@ static mpg_status take_lock(mpg__ckpt_save *sv, const char *name) {
     }
     if (fstatat(sv->parent_fd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_ino == b.st_ino &&
         a.st_dev == b.st_dev) {
-      char head[8];
-      if (a.st_size > 0 && (pread(fd, head, 8, 0) != 8 || memcmp(head, board_magic, 8))) {
+      char magic[8];
+      if (a.st_size > 0 && (pread(fd, magic, 8, 0) != 8 || memcmp(magic, board_magic, 8))) {
         close(fd);
         return mpg__fail(MPG_ERR_INVALID,
                          "%s exists and is not meshpg's save lock: meshpg did not write it and "
                          "does not overwrite it; refusing to save",
                          sv->lock);
       }
+      /* Who holds it, for a second saver's message, before anything else. */
+      unsigned char head[B_HOLDER + B_HOLDER_LEN];
+      memset(head, 0, sizeof head);
+      memcpy(head, board_magic, 8);
+      put_u64(head + B_ID, sv->save_id);
+      put_u64(head + B_WORLD, (uint64_t)sv->world);
+      holder_text(sv, (char *)head + B_HOLDER, B_HOLDER_LEN);
       sv->lock_fd = fd;
-      return MPG_OK;
+      return mpg__ckpt_write_all(fd, head, sizeof head, 0, sv->lock);
     }
     close(fd); /* removed or replaced by its holder meanwhile: again */
   }

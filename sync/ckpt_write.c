@@ -19,10 +19,22 @@
 #include "ckpt_save.h"
 #include "groups_internal.h"
 
-/* Every rank polls the board at most this often while it writes, and
- * naps at most this long while it waits. */
-#define POLL_S 0.05
-#define NAP_MAX_MS 10.0
+/* Every rank polls the board at most every poll_s() while it writes, and
+ * naps at most nap_max_ms() while it waits: 50 ms and 10 ms up to 64
+ * ranks, longer with more (each poll opens dir.lock: a shared file
+ * system's metadata server sees world / nap opens a second), at most 0.5 s
+ * and 0.2 s. */
+static double world_factor(const mpg__ckpt_save *sv) {
+  return sv->world > 64 ? sv->world / 64.0 : 1.0;
+}
+static double poll_s(const mpg__ckpt_save *sv) {
+  double t = 0.05 * world_factor(sv);
+  return t < 0.5 ? t : 0.5;
+}
+static double nap_max_ms(const mpg__ckpt_save *sv) {
+  double t = 10.0 * world_factor(sv);
+  return t < 200.0 ? t : 200.0;
+}
 
 /* While writing: another rank's failure ends this rank's writing at once
  * (rank 0 reads every state, the others rank 0's verdict). */
@@ -63,7 +75,7 @@ static mpg_status write_data(mpg__ckpt_save *sv, unsigned char *states) {
     for (uint64_t at = 0; at < w->nbytes && !st; at += piece) {
       uint64_t n = w->nbytes - at < piece ? w->nbytes - at : piece;
       st = mpg__ckpt_write_all(fd, w->bytes + at, (size_t)n, w->off + at, path);
-      if (!st && mpg__ckpt_now() - last > POLL_S) {
+      if (!st && mpg__ckpt_now() - last > poll_s(sv)) {
         st = others_failed(sv, states);
         last = mpg__ckpt_now();
       }
@@ -90,7 +102,7 @@ static mpg_status wait_markers(mpg__ckpt_save *sv, unsigned char *states, double
                        "checkpoint was not published",
                        r, sv->timeout);
     mpg__ckpt_sleep_ms(nap);
-    nap = nap < NAP_MAX_MS / 2 ? 2 * nap : NAP_MAX_MS;
+    nap = nap < nap_max_ms(sv) / 2 ? 2 * nap : nap_max_ms(sv);
   }
 }
 
@@ -164,7 +176,7 @@ static mpg_status wait_verdict(mpg__ckpt_save *sv, double deadline) {
                        sv->timeout);
     }
     mpg__ckpt_sleep_ms(nap);
-    nap = nap < NAP_MAX_MS / 2 ? 2 * nap : NAP_MAX_MS;
+    nap = nap < nap_max_ms(sv) / 2 ? 2 * nap : nap_max_ms(sv);
   }
 }
 
