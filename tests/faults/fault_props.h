@@ -25,7 +25,7 @@
  * per micro-batch), so every sum over <= 4 members, times 1/2 or 1/4 or
  * divided by 2 or 4, is exact in every dtype and in every summation order:
  * the reference is exact and compared with ==.  Half the thread and mpi
- * cases also run an all-to-all in every step, in flight across finish
+ * cases also run an all-to-all in every step, in flight across the step
  * (fp_case.a2a): its MPG_OK must hold every block exactly (issue 45).
  *
  * The steps: every rank runs the same steps 0 .. steps-1 (some with two
@@ -163,10 +163,10 @@ typedef struct fp_case {
   /* thread and mpi (issue 45, item 15): every step also runs an all-to-all
    * on the world group (through its shared-memory channel unless
    * MESHPG_SHM=0), from mpg_ctx_mem_alloc buffers, posted asynchronously
-   * right before the moment `before finish` and waited after the moment
-   * `after finish`, so that every fault of those moments (and an abort in
-   * finish) strikes it in flight; a member whose wait fails reuses its
-   * send buffer at once.  Its MPG_OK must hold every block exactly. */
+   * first in the step and waited after the moment `after finish`, so that
+   * every fault of the step strikes it in flight; a member whose wait
+   * fails reuses its send buffer at once.  Its MPG_OK must hold every
+   * block exactly. */
   int a2a;
 } fp_case;
 

@@ -190,7 +190,7 @@ void fp_describe(const fp_case *c, char *buf, size_t cap) {
   if (c->slow_abort && n < cap)
     n += (size_t)snprintf(buf + n, cap - n, ", shm abort winner sleeps 0..3 ms");
   if (c->a2a && n < cap)
-    n += (size_t)snprintf(buf + n, cap - n, ", an all-to-all across each finish");
+    n += (size_t)snprintf(buf + n, cap - n, ", an all-to-all across each step");
   n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, ", params");
   for (int p = 0; p < c->nparams && n < cap; p++)
     n += (size_t)snprintf(buf + n, cap - n, " p%d:%zux%s%s%s", p, c->params[p].count,

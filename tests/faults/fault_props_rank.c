@@ -408,13 +408,16 @@ int fp_epoch(fp_rank *R, int start) {
     if (P.kind) R->t.rank_steps[P.kind]++;
     if (victim) R->t.planned[P.kind]++;
     fp_watchdog wd = {NULL, 0, 0, 0, 0};
-    mpg_work *aw = NULL; /* fp_case.a2a: in flight across finish */
+    mpg_work *aw = NULL; /* fp_case.a2a: in flight across the step */
     pthread_t dog;
     int dog_up = 0;
     double slept = 0, ts = fp_now(), tf0 = 0, tf1 = 0;
     mpg_status fst = MPG_OK; /* the step's result: its first error */
     mpg_status fin = MPG_ERR_STATE; /* what mpg_sync_finish returned */
     int mark_err = 0, alloc_where = 0, valid = 0, began = 0;
+    /* First on every rank (the issue-order check sees it before the
+     * step's buckets, launched in each rank's own order). */
+    if (ag) fp_a2a_post(R, ag, asend, arecv, step, &aw);
     if (P.accum) {
       /* The first micro-batch: accumulated, nothing launched. */
       st = mpg_sync_begin(s, step, 0, stream);
@@ -441,7 +444,6 @@ int fp_epoch(fp_rank *R, int start) {
     }
     began = 1;
     for (int k = 0; k <= n; k++) {
-      if (k == n && ag) fp_a2a_post(R, ag, asend, arecv, step, &aw);
       if (victim && P.moment == k &&
           fp_inject(R, &P, step, ctx, &wd, &dog, &dog_up, &slept)) {
         left = 1;

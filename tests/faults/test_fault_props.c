@@ -118,7 +118,7 @@ static void judge(const char *backend, const fp_totals *T, int custom, long min_
           backend, t->abort_in_marks, t->abort_in_finish, t->abort_after_finish,
           t->abort_nomem, t->alloc_in_mark, t->alloc_in_finish, t->alloc_unfired);
 
-  fprintf(stderr, "fault_props %s: all-to-alls across finish (issue 45): %ld OK, values "
+  fprintf(stderr, "fault_props %s: all-to-alls across the step (issue 45): %ld OK, values "
           "checked, %ld failed\n", backend, t->a2a_ok, t->a2a_err);
 
   /* The property. */
@@ -149,7 +149,7 @@ static void judge(const char *backend, const fp_totals *T, int custom, long min_
   }
   cr_expect_gt(t->abort_in_finish, 0, "%s: no abort landed inside mpg_sync_finish", backend);
   if (strcmp(backend, "nccl"))
-    cr_expect(t->a2a_ok > 0 && t->a2a_err > 0, "%s: the all-to-alls across finish: %ld OK, "
+    cr_expect(t->a2a_ok > 0 && t->a2a_err > 0, "%s: the all-to-alls across the step: %ld OK, "
               "%ld failed (both expected)", backend, t->a2a_ok, t->a2a_err);
   cr_expect_gt(t->alloc_in_mark + t->alloc_in_finish, 0, "%s: no allocation failed", backend);
 }
