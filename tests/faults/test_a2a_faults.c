@@ -19,6 +19,12 @@
  *    partly past it, its block's displacement, its count, its dtype): the reader fails
  *    naming it, never reads outside its mapping (on 91403d6 the offset past
  *    the end crashed the reader with SIGSEGV).
+ *  - failed_post_never_pairs_with_the_next (item 15, thread ranks): a
+ *    member whose k-th allocation inside an all-to-all fails (k = 1..6;
+ *    through the channel and with MESHPG_SHM=0) must not leave its peers'
+ *    all-to-all to pair with its next one: every MPG_OK of that call and
+ *    the next holds the right values (on 91403d6 the backend's point to
+ *    point returned the next call's blocks as MPG_OK).
  * The process tests run a2a_faults_mpi_worker (MESHPG_A2A_FAULTS_WORKER)
  * and skip without MPI. */
 #include <criterion/criterion.h>
@@ -30,6 +36,7 @@
 
 #include "meshpg.h"
 #include "a2a_faults.h"
+#include "fault_alloc.h"
 #include "../support/mesh_util.h"
 #include "../support/mpirun_util.h"
 
@@ -219,4 +226,78 @@ Test(a2a_faults, alltoall_fault_property_threads, .timeout = 120) {
   pthread_barrier_destroy(&a->bar);
   mpg_mesh_destroy(mesh);
   free(a);
+}
+
+/* ------------------------------------------------------------------ */
+/* A failed allocation inside the call (threads)                       */
+/* ------------------------------------------------------------------ */
+
+#define FA_COUNT 64
+
+typedef struct fa_arg {
+  const mpg_mesh *mesh;
+  int k;                /* position 1's k-th allocation in call #1 fails */
+  mpg_status st[2][2];  /* [call][position] */
+  long wrong[2][2];
+  char setup[256];
+} fa_arg;
+
+static int32_t fa_val(int call, int from, int to, int i) {
+  return (int32_t)(call * 1000000 + from * 10000 + to * 100 + i);
+}
+
+static mpg_status fa_main(const mpg_init_opts *opts, void *p) {
+  fa_arg *a = p;
+  mpg_ctx *ctx = NULL;
+  mpg_group *g = NULL;
+  mpg_status st = mpg_ctx_create(a->mesh, opts, &ctx);
+  if (!st) st = mpg_ctx_group(ctx, "dp", &g);
+  int32_t send[2 * FA_COUNT], recv[2 * FA_COUNT];
+  if (!st) st = mpg_all_to_all(g, send, recv, FA_COUNT, MPG_I32, NULL, NULL); /* set up */
+  if (st) {
+    snprintf(a->setup, sizeof a->setup, "%s", mpg_last_error());
+    (void)mpg_ctx_destroy(ctx);
+    return st;
+  }
+  int me = mpg_group_position(g);
+  for (int call = 0; call < 2; call++) {
+    for (int j = 0; j < 2; j++)
+      for (int i = 0; i < FA_COUNT; i++) send[j * FA_COUNT + i] = fa_val(call + 1, me, j, i);
+    memset(recv, 0xff, sizeof recv);
+    if (call == 0 && me == 1) fa_arm(a->k);
+    st = mpg_all_to_all(g, send, recv, FA_COUNT, MPG_I32, NULL, NULL);
+    if (call == 0 && me == 1) fa_disarm();
+    a->st[call][me] = st;
+    long bad = 0;
+    for (int j = 0; !st && j < 2; j++)
+      for (int i = 0; i < FA_COUNT; i++) bad += recv[j * FA_COUNT + i] != fa_val(call + 1, j, me, i);
+    a->wrong[call][me] = bad;
+  }
+  (void)mpg_ctx_destroy(ctx);
+  return MPG_OK;
+}
+
+Test(a2a_faults, failed_post_never_pairs_with_the_next, .timeout = 120) {
+  cr_assert(fa_linked(), "the allocation wrappers are not linked");
+  mpg_mesh *mesh = NULL;
+  cr_assert_eq(mesh_build("dp=2", NULL, 0, &mesh), MPG_OK, "%s", mpg_last_error());
+  int failed = 0;
+  for (int shm = 0; shm < 2; shm++) {
+    setenv("MESHPG_SHM", shm ? "1" : "0", 1);
+    for (int k = 1; k <= 6; k++) {
+      fa_arg a = {mesh, k, {{0}}, {{0}}, ""};
+      mpg_status st = mpg_thread_run(2, 0.3, fa_main, &a, NULL);
+      cr_assert_eq(st, MPG_OK, "MESHPG_SHM=%d k %d: setup: %s", shm, k, a.setup);
+      failed += a.st[0][1] != MPG_OK;
+      for (int call = 0; call < 2; call++)
+        for (int r = 0; r < 2; r++)
+          cr_expect(a.st[call][r] || !a.wrong[call][r],
+                    "MESHPG_SHM=%d, position 1's allocation %d in call #1 failing: call #%d "
+                    "on position %d returned MPG_OK with %ld of %d elements wrong", shm, k,
+                    call + 1, r, a.wrong[call][r], 2 * FA_COUNT);
+    }
+  }
+  unsetenv("MESHPG_SHM");
+  cr_expect_gt(failed, 0, "no armed allocation failed inside the all-to-all");
+  mpg_mesh_destroy(mesh);
 }
