@@ -56,6 +56,12 @@
  * on the file system to measure); the program
  * works in DIR/bench-ckpt-PID (under mpirun: mpirun's PID, the parent of
  * every rank) and removes it at the end.
+ *
+ *   bench_ckpt --add N [--rounds R]
+ *
+ * (issue 45, item 11) times mpg_ckpt_add of N one-element tensors
+ * ("layer.I.w") on one thread rank, best of R rounds, a fresh handle each:
+ *   RESULT add tensors=N add_s=.. per_tensor_us=..
  * Exit status 0; 1 when a meshpg call or a file operation fails; 2 on a
  * usage error.
  */
@@ -83,6 +89,7 @@
 typedef struct opts {
   const char *params, *dir;
   int nps[MAX_NP], nnp, rounds, steps, mpi;
+  long add; /* --add N: time the registration of N tensors instead */
 } opts;
 
 /* One round's figures (max over ranks). */
@@ -547,7 +554,7 @@ static int parse_nps(const char *s, opts *o) {
 }
 
 static int parse(int argc, char **argv, opts *o) {
-  *o = (opts){BENCH_DEFAULT_PARAMS, getenv("MESHPG_BENCH_DIR"), {2, 4}, 2, 3, 10, 0};
+  *o = (opts){BENCH_DEFAULT_PARAMS, getenv("MESHPG_BENCH_DIR"), {2, 4}, 2, 3, 10, 0, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--mpi")) o->mpi = 1;
@@ -555,10 +562,12 @@ static int parse(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--dir") && v) o->dir = argv[++i];
     else if (!strcmp(a, "--rounds") && v) o->rounds = atoi(argv[++i]);
     else if (!strcmp(a, "--steps") && v) o->steps = atoi(argv[++i]);
+    else if (!strcmp(a, "--add") && v) o->add = atol(argv[++i]);
     else if (a[0] != '-') o->params = a;
     else return -1;
   }
   if (!o->dir || !o->dir[0]) o->dir = "/tmp";
+  if (o->add < 0 || o->add > 100000000) return -1;
   return o->rounds >= 1 && o->rounds <= MAX_ROUNDS && o->steps >= 1 && o->steps <= MAX_STEPS
              ? 0 : -1;
 }
@@ -582,6 +591,62 @@ static int prepare(shared *sh, const opts *o, int announce) {
     printf("# bench_ckpt: %s: %d tensors, %zu parameters; checkpoint = parameters + "
            "exp_avg + exp_avg_sq, f32, shard mode over dp: %.1f MB; directory %s\n",
            o->params, sh->nparams, sh->elems, sh->ckpt_bytes / 1e6, sh->work);
+  return 0;
+}
+
+/* --add: one rank registers o->add one-element tensors, R times. */
+typedef struct add_run {
+  const opts *o;
+  double best;
+} add_run;
+
+static mpg_status add_rank(const mpg_init_opts *io, void *arg) {
+  add_run *a = arg;
+  mpg_spec *spec = malloc(sizeof *spec);
+  if (!spec) return MPG_ERR_NOMEM;
+  *spec = (mpg_spec)MPG_SPEC_INIT;
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_status st = mpg_spec_init(spec);
+  if (!st) st = mpg_spec_set_mesh(spec, "dp=1");
+  if (!st) st = mpg_spec_validate(spec);
+  if (!st) st = mpg_mesh_create(spec, 1, &mesh);
+  free(spec);
+  if (!st) st = mpg_ctx_create(mesh, io, &ctx);
+  static float one;
+  mpg_tensor_layout l = MPG_TENSOR_LAYOUT_INIT;
+  l.ndim = 1, l.shape[0] = 1;
+  a->best = 1e30;
+  for (int r = 0; r < a->o->rounds && !st; r++) {
+    mpg_ckpt *ck = NULL;
+    st = mpg_ckpt_create(ctx, NULL, &ck);
+    char name[32];
+    double t0 = now_s();
+    for (long i = 0; i < a->o->add && !st; i++) {
+      snprintf(name, sizeof name, "layer.%ld.w", i);
+      st = mpg_ckpt_add(ck, name, MPG_F32, &l, &one, NULL);
+    }
+    double t = now_s() - t0;
+    if (t < a->best) a->best = t;
+    mpg_ckpt_destroy(ck);
+  }
+  if (ctx) mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  return st;
+}
+
+static int run_add(const opts *o) {
+  add_run a = {o, 0};
+  mpg_status st = mpg_thread_run(1, 600.0, add_rank, &a, NULL);
+  if (st) {
+    fprintf(stderr, "bench_ckpt: --add: %s: %s\n", mpg_status_name(st), mpg_last_error());
+    return 1;
+  }
+  printf("# bench_ckpt --add: mpg_ckpt_add of %ld one-element tensors, best of %d rounds\n",
+         o->add, o->rounds);
+  printf("  %-48s %9.1f ms\n", "add (duplicate check: a hash set)", a.best * 1e3);
+  printf("RESULT add tensors=%ld add_s=%.6f per_tensor_us=%.3f\n", o->add, a.best,
+         o->add ? a.best * 1e6 / (double)o->add : 0.0);
   return 0;
 }
 
@@ -614,9 +679,10 @@ int main(int argc, char **argv) {
   if (parse(argc, argv, &o)) {
     fprintf(stderr, "usage: bench_ckpt [PARAMS] [--np N[,N...]] [--dir DIR] [--rounds R] "
                     "[--steps K]\n       mpirun -np N bench_ckpt [PARAMS] --mpi [--dir DIR] "
-                    "[--rounds R] [--steps K]\n");
+                    "[--rounds R] [--steps K]\n       bench_ckpt --add N [--rounds R]\n");
     return 2;
   }
+  if (o.add) return run_add(&o);
   if (o.mpi) return run_mpi(&o);
   setvbuf(stdout, NULL, _IOLBF, 0);
   shared *all = calloc((size_t)o.nnp, sizeof *all);

@@ -4,13 +4,9 @@
  * checks every count against the bytes left before allocating. */
 #include "ckpt_format.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /* Fixed header: magic 8, version 4, flags 4, length 8, save_id 8, step 8,
  * world 4, nfiles 4, ntensors 4, nchunks 4, nhashes 8, block_bytes 8,
@@ -699,7 +695,7 @@ mpg_status mpg__ckpt_meta_encode(const mpg__ckpt_meta *m, unsigned char **out, s
 }
 
 /* ------------------------------------------------------------------ */
-/* Reading dir/meta.mpgc                                                */
+/* The header of meta.mpgc before its body (ckpt_open.c reads the file)  */
 /* ------------------------------------------------------------------ */
 
 mpg_status mpg__ckpt_meta_precheck(const unsigned char *hdr, uint64_t size, const char *path) {
@@ -724,27 +720,4 @@ mpg_status mpg__ckpt_meta_precheck(const unsigned char *hdr, uint64_t size, cons
                      (unsigned long long)ntensors, (unsigned long long)nchunks,
                      (unsigned long long)nhashes, (unsigned long long)(most + nhashes * 8));
   return MPG_OK;
-}
-
-mpg_status mpg__ckpt_meta_read(const char *dir, mpg__ckpt_meta *m) {
-  if (!m) return mpg__fail(MPG_ERR_INVALID, "mpg__ckpt_meta_read: NULL meta");
-  memset(m, 0, sizeof *m);
-  if (!dir) return mpg__fail(MPG_ERR_INVALID, "mpg__ckpt_meta_read: NULL directory");
-  mpg__ckpt_reader r;
-  mpg_status st = mpg__ckpt_reader_open(&r, dir);
-  /* A save replaced dir while it was opened (its old meta.mpgc removed):
-   * read the new one. */
-  for (int tries = 1; st && tries < MPG__CKPT_READ_TRIES && mpg__ckpt_reader_moved(&r);
-       tries++) {
-    mpg__ckpt_reader_close(&r);
-    st = mpg__ckpt_reader_open(&r, dir);
-  }
-  if (st == MPG_OK) {
-    *m = r.m;
-    memset(&r.m, 0, sizeof r.m);
-  }
-  mpg__saved_error keep;
-  mpg__error_save(&keep);
-  mpg__ckpt_reader_close(&r);
-  return mpg__error_restore(st, &keep);
 }

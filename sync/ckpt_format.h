@@ -124,8 +124,9 @@ mpg_status mpg__ckpt_meta_encode(const mpg__ckpt_meta *m, unsigned char **out, s
 mpg_status mpg__ckpt_meta_decode(const unsigned char *buf, size_t len, const char *path,
                                  mpg__ckpt_meta *m);
 
-/* Read and decode dir/meta.mpgc (through mpg__ckpt_reader_open: only a
- * regular file, the header checked before the body is read).
+/* Read and decode dir/meta.mpgc (ckpt_open.c, through
+ * mpg__ckpt_reader_open: only a regular file, the header checked before
+ * the body is read).
  * MPG_ERR_NOT_FOUND when dir or the file does not exist ("run/x is not a
  * checkpoint: no meta.mpgc"); MPG_ERR_IO for read errors and files that
  * are not regular; the decoder's errors. */

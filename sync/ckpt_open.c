@@ -212,3 +212,26 @@ void mpg__ckpt_reader_close(mpg__ckpt_reader *r) {
   if (r->dfd >= 0) close(r->dfd);
   r->dfd = -1;
 }
+
+mpg_status mpg__ckpt_meta_read(const char *dir, mpg__ckpt_meta *m) {
+  if (!m) return mpg__fail(MPG_ERR_INVALID, "mpg__ckpt_meta_read: NULL meta");
+  memset(m, 0, sizeof *m);
+  if (!dir) return mpg__fail(MPG_ERR_INVALID, "mpg__ckpt_meta_read: NULL directory");
+  mpg__ckpt_reader r;
+  mpg_status st = mpg__ckpt_reader_open(&r, dir);
+  /* A save replaced dir while it was opened (its old meta.mpgc removed):
+   * read the new one. */
+  for (int tries = 1; st && tries < MPG__CKPT_READ_TRIES && mpg__ckpt_reader_moved(&r);
+       tries++) {
+    mpg__ckpt_reader_close(&r);
+    st = mpg__ckpt_reader_open(&r, dir);
+  }
+  if (st == MPG_OK) {
+    *m = r.m;
+    memset(&r.m, 0, sizeof r.m);
+  }
+  mpg__saved_error keep;
+  mpg__error_save(&keep);
+  mpg__ckpt_reader_close(&r);
+  return mpg__error_restore(st, &keep);
+}
