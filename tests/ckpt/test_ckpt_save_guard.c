@@ -60,6 +60,7 @@ typedef struct g_job {
   const char *dir;
   long step;              /* saved; a load's step comes back in got_step */
   double timeout_s;
+  double rank_timeout_s[G_RANKS]; /* > 0: this rank's opts.timeout_s */
   int nt[G_RANKS];        /* per rank: its tensors */
   g_tensor t[G_RANKS][G_MAXT];
   float value[G_RANKS];   /* what a save writes: every element */
@@ -89,7 +90,9 @@ static mpg_status g_rank(const mpg_init_opts *opts, void *arg) {
   ck_mesh_plain(&c->mesh[0], dims, "dp_cp=dp", j->world, 0);
   mpg_ckpt_opts co = MPG_CKPT_OPTS_INIT;
   co.async = j->async;
-  co.timeout_s = j->timeout_s > 0 ? j->timeout_s : 60;
+  co.timeout_s = j->rank_timeout_s[r] > 0 ? j->rank_timeout_s[r]
+                 : j->timeout_s > 0      ? j->timeout_s
+                                         : 60;
   co.block_bytes = 1 << 16;
   mpg_status st = ck_open(s, opts, c, &c->mesh[0], &co);
   for (int k = 0; k < j->nt[r] && !st; k++) {
@@ -585,8 +588,9 @@ Test(ckpt_guard, published_means_ok, .timeout = 120, .fini = root_fini) {
   root_init("published");
   char dir[4200];
   path_in(dir, sizeof dir, "ck");
-  /* Rank 0 writes 48 MB, rank 1 a little; a timeout far shorter than the
-   * writing: rank 1 gives up waiting, rank 0 publishes. */
+  /* Rank 0 writes 48 MB, rank 1 a little and waits for the verdict with a
+   * timeout far shorter than rank 0's writing: rank 1 gives up waiting,
+   * rank 0 publishes. */
   g_job *j = g_new(2, dir, 1);
   j->nt[0] = j->nt[1] = 1;
   box1(&j->t[0][0], "big0", (size_t)12 << 20, 0, (size_t)12 << 20, 0, 0);
@@ -595,27 +599,28 @@ Test(ckpt_guard, published_means_ok, .timeout = 120, .fini = root_fini) {
   expect_all(j, MPG_OK, NULL);
   j->step = 2;
   j->value[0] = j->value[1] = 2;
-  j->timeout_s = 0.005;
+  j->rank_timeout_s[1] = 0.005;
   g_run(j);
   for (int r = 0; r < 2; r++)
     cr_assert_eq(j->st[r], j->st[0], "rank %d: %s, rank 0: %s", r, j->err[r], j->err[0]);
   cr_log_info("rank 0 slow: %s (rank 0 %.3f s, rank 1 %.3f s)", mpg_status_name(j->st[0]),
               j->t1[0] - j->t0[0], j->t1[1] - j->t0[1]);
   cr_assert_eq(j->st[0], MPG_OK, "a published save: %s", j->err[0]);
-  j->timeout_s = 60;
+  j->rank_timeout_s[1] = 0;
   expect_holds(j, 2);
-  /* Now rank 1 writes the 48 MB: rank 0 gives up on it; nothing published. */
+  /* Now rank 1 writes the 48 MB and rank 0 (a short timeout) gives up on
+   * it: nothing published, the old checkpoint stays. */
   box1(&j->t[1][0], "big1", (size_t)12 << 20, 0, (size_t)12 << 20, 0, 0);
   box1(&j->t[0][0], "small0", 1000, 0, 1000, 0, 0);
   g_run(j); /* the checkpoint of these names, step 2 */
   expect_all(j, MPG_OK, NULL);
   j->step = 3;
   j->value[0] = j->value[1] = 3;
-  j->timeout_s = 0.005;
+  j->rank_timeout_s[0] = 0.005;
   g_run(j);
   expect_all(j, MPG_ERR_TIMEOUT, "world rank 1");
   cr_log_info("rank 1 slow: %s", j->err[0]);
-  j->timeout_s = 60;
+  j->rank_timeout_s[0] = 0;
   j->value[0] = j->value[1] = 2;
   expect_holds(j, 2);
   expect_listing(g_root, "ck");
