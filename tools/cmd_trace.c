@@ -126,7 +126,16 @@ static void print_text(FILE *f, const char *dir, const ta_report *r, const char 
   for (int k = 0; k < r->ngroups; k++) {
     const ta_group *g = &r->groups[k];
     fprintf(f, "  %s[%d] (world ranks", g->name, g->index);
-    for (int q = 0; q < g->size; q++) fprintf(f, "%s%d", q ? "," : " ", g->ranks[q]);
+    /* A long list: its head and tail (--json lists every member). */
+    for (int q = 0; q < g->size; q++) {
+      if (g->size > 32 && q == 8) {
+        fprintf(f, ",...");
+        q = g->size - 9;
+        continue;
+      }
+      fprintf(f, "%s%d", q ? "," : " ", g->ranks[q]);
+    }
+    if (g->size > 32) fprintf(f, "; %d ranks", g->size);
     if (g->last)
       fprintf(f, "): collectives #%" PRIu64 "..#%" PRIu64 "%s\n", g->first, g->last,
               g->disagree ? ", disagree" : ", agree");

@@ -269,9 +269,19 @@ static void check_group(an *a, int g) {
       sb_add(&b, "\n  never issued by world rank %d: ", a->R[absent[x]].rank);
       absent_state(a, absent[x], &b);
     }
-    for (int q = 0; q < G->size; q++)
-      if (G->ranks[q] >= 0 && G->ranks[q] < a->world && a->at[G->ranks[q]] < 0)
-        sb_add(&b, "\n  no dump from world rank %d", G->ranks[q]);
+    for (int q = 0; q < G->size; q++) {
+      int m = G->ranks[q], e = q;
+      if (m < 0 || m >= a->world || a->at[m] >= 0) continue;
+      /* A run of members without a dump, of consecutive ranks: one line. */
+      while (e + 1 < G->size && G->ranks[e + 1] == G->ranks[e] + 1 &&
+             G->ranks[e + 1] < a->world && a->at[G->ranks[e + 1]] < 0)
+        e++;
+      if (e == q)
+        sb_add(&b, "\n  no dump from world rank %d", m);
+      else
+        sb_add(&b, "\n  no dump from world ranks %d to %d", m, G->ranks[e]);
+      q = e;
+    }
     mm->text = sb_take(&b);
     if (!mm->text) a->oom = 1;
     if (diff) {
@@ -379,14 +389,25 @@ static void check_pair(an *a, int g, int si, int ri) {
 
 static void check_p2p(an *a, int g) {
   const ta_group *G = &a->gi[g];
-  for (int x = 0; x < G->size && !a->oom; x++)
-    for (int y = 0; y < G->size && !a->oom; y++) {
-      int s = G->ranks[x], r = G->ranks[y];
-      if (x == y || s < 0 || r < 0 || s >= a->world || r >= a->world) continue;
-      if (a->at[s] < 0 || a->at[r] < 0) continue;
-      if (!cellof(a, a->at[s], g)->np2p && !cellof(a, a->at[r], g)->np2p) continue;
-      check_pair(a, g, a->at[s], a->at[r]);
+  /* The pairs of members with a dump only, in position order: a group of
+   * 2^20 members listed in one dump is not 2^40 pairs. */
+  int *has = malloc(sizeof(int) * (size_t)(G->size > 0 ? G->size : 1)), nh = 0;
+  if (!has) {
+    a->oom = 1;
+    return;
+  }
+  for (int x = 0; x < G->size; x++) {
+    int s = G->ranks[x];
+    if (s >= 0 && s < a->world && a->at[s] >= 0) has[nh++] = x;
+  }
+  for (int x = 0; x < nh && !a->oom; x++)
+    for (int y = 0; y < nh && !a->oom; y++) {
+      int si = a->at[G->ranks[has[x]]], ri = a->at[G->ranks[has[y]]];
+      if (x == y) continue;
+      if (!cellof(a, si, g)->np2p && !cellof(a, ri, g)->np2p) continue;
+      check_pair(a, g, si, ri);
     }
+  free(has);
 }
 
 /* ------------------------------------------------------------------ */

@@ -70,6 +70,9 @@ void ta__op_name(const an *a, int i, const tr_op *o, char *buf, size_t cap);
 void ta__op_detail(const tr_op *o, char *buf, size_t cap);
 void ta__op_state(const tr_op *o, int64_t t, char *buf, size_t cap);
 int ta__unmet(an *a, int i, const tr_op *o, int *w);
+/* unmet for a collective, over the members at positions pos[0..npos) of
+ * its group only (ascending: w then lists them in position order). */
+int ta__unmet_among(an *a, int i, const tr_op *o, int *w, const int *pos, int npos);
 int ta__blocked(an *a, int i, int *w);
 void ta__last_op(an *a, int i, sb *b);
 void ta__add_culprit(an *a, int rank, sb *b);

@@ -315,13 +315,79 @@ static void owed(an *a, int wi, const tr_op *o, int m, sb *b) {
   sb_add(b, " (world rank %d waited %.1f s for it)", w, secs(a->tf - o->issue_ns));
 }
 
+/* Per group instance, the positions of the members with a dump
+ * (dumped[g][0..ndumped[g])), and whether its members without one were
+ * listed already (listed[g]). */
+typedef struct members {
+  int **dumped, *ndumped;
+  char *listed;
+  int *merge; /* a world's worth of scratch */
+} members;
+
+static void members_free(an *a, members *M) {
+  if (M->dumped)
+    for (int g = 0; g < a->ngi; g++) free(M->dumped[g]);
+  free(M->dumped);
+  free(M->ndumped);
+  free(M->listed);
+  free(M->merge);
+}
+
+static int members_make(an *a, members *M) {
+  size_t ng = (size_t)(a->ngi > 0 ? a->ngi : 1);
+  M->dumped = calloc(ng, sizeof(int *));
+  M->ndumped = calloc(ng, sizeof(int));
+  M->listed = calloc(ng, 1);
+  M->merge = malloc(sizeof(int) * (size_t)a->world);
+  if (!M->dumped || !M->ndumped || !M->listed || !M->merge) return -1;
+  for (int g = 0; g < a->ngi; g++) {
+    const ta_group *G = &a->gi[g];
+    for (int q = 0; q < G->size; q++) {
+      int m = G->ranks[q];
+      if (m < 0 || m >= a->world || a->at[m] < 0) continue;
+      if (!M->dumped[g] && !(M->dumped[g] = malloc(sizeof(int) * (size_t)G->size))) return -1;
+      M->dumped[g][M->ndumped[g]++] = q;
+    }
+  }
+  return 0;
+}
+
+/* unmet(a, i, o, w), the same list in the same (position) order, at a
+ * cost that grows with the members that left a dump: those are compared
+ * one by one, the members without a dump (each of which o waits for) are
+ * listed the first time an operation of their group instance is seen only,
+ * after which they are in `seen` anyway (a group of 2^20 members of which
+ * one left a dump is not 2^20 steps per pending operation). */
+static int waits_for(an *a, members *M, int i, const tr_op *o, int *w) {
+  if (is_p2p(o)) return unmet(a, i, o, w);
+  int g = inst_of(a, i, o);
+  int nw = ta__unmet_among(a, i, o, w, M->dumped[g], M->ndumped[g]);
+  if (M->listed[g]) return nw;
+  M->listed[g] = 1;
+  const ta_group *G = &a->gi[g];
+  int n = 0, k = 0;
+  for (int q = 0; q < G->size; q++) {
+    int m = G->ranks[q];
+    if (m < 0 || m >= a->world) continue;
+    if (a->at[m] < 0) M->merge[n++] = m;
+    else if (k < nw && w[k] == m) M->merge[n++] = w[k++];
+  }
+  memcpy(w, M->merge, sizeof(int) * (size_t)n);
+  return n;
+}
+
+/* Culprits named for ranks without a dump, one line each; more are summed
+ * up in one line (the list "ranks without a dump" names them all). */
+#define NODUMP_CULPRITS 32
+
 void ta__check_waits(an *a) {
   int W = a->world;
   int *w = malloc(sizeof(int) * (size_t)W), *queue = malloc(sizeof(int) * (size_t)W);
   int *by_i = malloc(sizeof(int) * (size_t)W * 2), *by_j = by_i ? by_i + W : NULL;
   char *seen = calloc((size_t)W, 1);
   int *roots = malloc(sizeof(int) * (size_t)W), nroots = 0;
-  if (!w || !queue || !by_i || !seen || !roots) {
+  members M = {0};
+  if (!w || !queue || !by_i || !seen || !roots || members_make(a, &M)) {
     a->oom = 1;
     goto out;
   }
@@ -331,7 +397,7 @@ void ta__check_waits(an *a) {
     for (int j = 0; j < a->R[i].nops; j++) {
       const tr_op *o = &a->R[i].ops[j];
       if (!pending_at(a, o) || a->tf - o->issue_ns < a->long_ns) continue;
-      int nw = unmet(a, i, o, w);
+      int nw = waits_for(a, &M, i, o, w);
       for (int k = 0; k < nw; k++)
         if (!seen[w[k]]) {
           seen[w[k]] = 1;
@@ -347,7 +413,7 @@ void ta__check_waits(an *a) {
       for (int j = 0; j < a->R[mi].nops; j++) {
         const tr_op *o = &a->R[mi].ops[j];
         if (!pending_at(a, o)) continue;
-        int nw = unmet(a, mi, o, w);
+        int nw = waits_for(a, &M, mi, o, w);
         for (int k = 0; k < nw; k++)
           if (!seen[w[k]]) {
             seen[w[k]] = 1;
@@ -362,10 +428,14 @@ void ta__check_waits(an *a) {
   }
   /* The roots: a rank without a dump always; the others when neither the
    * signatures nor the order named anyone (then they explain the hang). */
-  int before = a->out->nculprits;
-  for (int k = 0; k < nroots; k++) {
+  int before = a->out->nculprits, nodump = 0, more = 0;
+  for (int k = 0; k < nroots && !a->oom; k++) {
     int m = roots[k], mi = rank_index(a, m);
     if (mi >= 0 && before > 0) continue;
+    if (mi < 0 && ++nodump > NODUMP_CULPRITS) {
+      more++;
+      continue;
+    }
     const tr_op *o = &a->R[by_i[m]].ops[by_j[m]];
     sb b = {0};
     sb_add(&b, "culprit: world rank %d: ", m);
@@ -378,7 +448,17 @@ void ta__check_waits(an *a) {
     }
     add_culprit(a, m, &b);
   }
+  if (more) {
+    int first = -1;
+    for (int k = 0, c = 0; k < nroots && first < 0; k++)
+      if (rank_index(a, roots[k]) < 0 && ++c > NODUMP_CULPRITS) first = roots[k];
+    sb b = {0};
+    sb_add(&b, "culprit: world rank %d: and %d more ranks without a dump that blocked ranks "
+           "waited for (see the ranks without a dump)", first, more);
+    add_culprit(a, first, &b);
+  }
 out:
+  members_free(a, &M);
   free(w);
   free(queue);
   free(by_i);

@@ -136,7 +136,8 @@ static int stuck(an *a, int mi, const tr_op *p) {
 
 /* unmet (below); w NULL: only whether any (the first); deep: also the
  * members stuck behind their own earlier waits. */
-static int unmet_at(an *a, int i, const tr_op *o, int *w, int deep) {
+static int unmet_at(an *a, int i, const tr_op *o, int *w, int deep, const int *pos,
+                    int npos) {
   int g = inst_of(a, i, o), nw = 0, unk = 0, me = a->R[i].rank;
   const ta_group *G = &a->gi[g];
   if (is_p2p(o)) {
@@ -153,8 +154,9 @@ static int unmet_at(an *a, int i, const tr_op *o, int *w, int deep) {
     if (miss && w) w[nw] = m;
     return nw + miss;
   }
-  for (int q = 0; q < G->size; q++) {
-    int m = G->ranks[q];
+  int nq = pos ? npos : G->size;
+  for (int x = 0; x < nq; x++) {
+    int m = G->ranks[pos ? pos[x] : x];
     if (m == me || m < 0 || m >= a->world) continue;
     int mi = a->at[m], miss = mi < 0;
     if (!miss) {
@@ -172,7 +174,11 @@ static int unmet_at(an *a, int i, const tr_op *o, int *w, int deep) {
 /* The members op o of rank i waits for at T: no dump, not issued, issued
  * another operation, or issued it but were blocked themselves (stuck).
  * Returns how many (world ranks in w). */
-int unmet(an *a, int i, const tr_op *o, int *w) { return unmet_at(a, i, o, w, 1); }
+int unmet(an *a, int i, const tr_op *o, int *w) { return unmet_at(a, i, o, w, 1, NULL, 0); }
+
+int ta__unmet_among(an *a, int i, const tr_op *o, int *w, const int *pos, int npos) {
+  return unmet_at(a, i, o, w, 1, pos, npos);
+}
 
 /* Rank i was blocked at T: its last issued operation was still pending
  * and one of its pending operations waited for another rank. */
@@ -183,7 +189,7 @@ static int blocked_at(an *a, int i, int *w, int deep) {
     if (issued(a, &r->ops[j])) last = j;
   if (last < 0 || !pending_at(a, &r->ops[last])) return 0;
   for (int j = 0; j <= last; j++)
-    if (pending_at(a, &r->ops[j]) && unmet_at(a, i, &r->ops[j], w, deep) > 0) return 1;
+    if (pending_at(a, &r->ops[j]) && unmet_at(a, i, &r->ops[j], w, deep, NULL, 0) > 0) return 1;
   return 0;
 }
 

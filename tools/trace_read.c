@@ -210,7 +210,7 @@ static int get_ranks(pstate *ps, tok t, tr_group *g, int world, int self) {
   qsort(sorted, (size_t)g->size, sizeof(int), cmp_int);
   int dup = 0;
   for (int k = 1; k < g->size; k++) dup |= sorted[k] == sorted[k - 1];
-  free(sorted);
+  g->sorted = sorted;
   if (dup) return bad(ps, "RANKS", t, "lists a rank twice");
   if (g->ranks[g->position] != self) {
     char why[96];
@@ -273,9 +273,9 @@ static int parse_op(pstate *ps, const tok *f, tr_rank *r, uint64_t *next_seq) {
   o->peer = (int)v;
   if (peered) {
     const tr_group *g = &r->groups[o->group];
-    int member = 0;
-    for (int k = 0; k < g->size; k++) member |= g->ranks[k] == o->peer;
-    if (!member) return bad(ps, "PEER", f[7], "is not a member of the op's group");
+    int peer = o->peer;
+    if (!bsearch(&peer, g->sorted, (size_t)g->size, sizeof(int), cmp_int))
+      return bad(ps, "PEER", f[7], "is not a member of the op's group");
   }
   if (get_int(ps, f[8], "STEP", -1, INT64_MAX, &v)) return -1;
   o->step = (long)v;
@@ -434,7 +434,10 @@ int tr_parse(const char *buf, size_t len, tr_rank *out, char *err, size_t errlen
 
 void tr_rank_free(tr_rank *r) {
   if (!r) return;
-  for (int g = 0; g < r->ngroups; g++) free(r->groups[g].ranks);
+  for (int g = 0; g < r->ngroups; g++) {
+    free(r->groups[g].ranks);
+    free(r->groups[g].sorted);
+  }
   free(r->groups);
   free(r->ops);
   free(r->message);

@@ -19,6 +19,7 @@ typedef struct tr_group {
   char name[TR_NAME];
   int index, position, size;
   int *ranks; /* size world ranks */
+  int *sorted; /* the same, ascending (membership by binary search) */
 } tr_group;
 
 typedef struct tr_op {

@@ -80,6 +80,8 @@ static int read_and_analyze(double *secs, ta_report *rep, char *err, size_t cap)
   if (!rc) rc = ta_analyze(rs, n, 0, rep, err, cap);
   tr_ranks_free(rs, n);
   *secs = now_s() - t0;
+  fprintf(stderr, "hostile: %s: %s in %.3f s\n", strrchr(dir, '-') + 1, rc ? "refused" : "analyzed",
+          *secs);
   return rc;
 }
 
@@ -183,6 +185,35 @@ Test(trace_hostile, hostile_dump_files, .fini = cleanup, .timeout = 60) {
     cr_assert_eq(stat(file, &st), 0, "%s", file);
     cr_expect_lt(st.st_size, 65536, "%s: %lld bytes", file, (long long)st.st_size);
   }
+
+  /* One dump that lists a group of 2^20 members and 1,024 pending
+   * all-reduces on it (a 7 MB file): analyzed in time, the report small
+   * (the members without a dump are runs, the long member list cut). */
+  fresh_dir("biggroup");
+  FILE *bf = fopen(path, "w");
+  cr_assert_not_null(bf);
+  fprintf(bf, "meshpg-trace 1\nrank 0 %d\nprocess host 1\nbackend thread\nmesh dp=2\n"
+              "job 00000000000000aa\nclock 5000000000\nreason MPG_ERR_TIMEOUT -\n"
+              "ring 1024 1024\ngroup 0 dp 0 0 %d 0", MPG__TRACE_MAX_WORLD, MPG__TRACE_MAX_WORLD);
+  for (int q = 1; q < MPG__TRACE_MAX_WORLD; q++) fprintf(bf, ",%d", q);
+  fputc('\n', bf);
+  for (int k = 0; k < 1024; k++)
+    fprintf(bf, "op %d 0 %d all_reduce f32 4 -1 %d -1 4000000000 4000000001 0 pending - -\n",
+            k, k + 1, k / 4);
+  fputs("end 1024\n", bf);
+  fclose(bf);
+  cr_expect_eq(read_and_analyze(&secs, &rep, err, sizeof err), 0, "%s", err);
+  cr_expect_lt(secs, bound_s(), "a group of 2^20 members: %.3f s", secs);
+  cr_expect_eq(rep.nmissing, 1);
+  cr_expect_leq(rep.nculprits, 40, "%d culprits", rep.nculprits);
+  ta_report_free(&rep);
+  snprintf(text, sizeof text, "'%s'", dir);
+  code = run_cli(text, out, sizeof out, &secs);
+  cr_expect_eq(code, 0, "%s", out);
+  cr_expect_lt(strlen(out), 16384, "a report of %zu bytes", strlen(out));
+  cr_expect(strstr(out, "no dump from world ranks 1 to 1048575") &&
+                strstr(out, "and 1048543 more ranks without a dump"),
+            "%.2000s", out);
 
   /* The CLI on the FIFO: an error naming it, exit 1, in time. */
   fresh_dir("clififo");
