@@ -262,6 +262,36 @@ static mpg_status load_once(mpg_ckpt *ck, loader *ld, unsigned char *stage) {
   return st ? st : read_segs(ld);
 }
 
+/* This rank's read of dir into the staging: when a save publishes a new
+ * checkpoint as dir while this rank reads the old one, it reads the new
+ * one, from the start. */
+static mpg_status load_here(mpg_ckpt *ck, loader *ld, unsigned char *stage) {
+  for (int tries = 1;; tries++) {
+    mpg_status got = load_once(ck, ld, stage);
+    if (!got || !mpg__ckpt_reader_moved(&ld->r)) return got;
+    if (tries == MPG__CKPT_READ_TRIES)
+      return mpg__fail_wrap(got, "%s was replaced by another save %d times while it was read",
+                            ld->dir, tries);
+    loader_free(ld);
+  }
+}
+
+/* *same: 1 when every rank that read the metadata (st == MPG_OK) read the
+ * same save id.  Collective over the world: the least and the greatest id
+ * in one all-reduce (ids mapped to int64 in order; a rank that failed
+ * sends the neutral INT64_MAX). */
+static mpg_status same_save(mpg_ckpt *ck, mpg_status st, uint64_t id, int *same) {
+  mpg_group *world = NULL;
+  mpg_status cs = mpg_ctx_group(ck->ctx, "world", &world);
+  if (cs) return mpg__fail_wrap(cs, "mpg_ckpt_load: the world group");
+  int64_t s = (int64_t)(id ^ (UINT64_C(1) << 63));
+  int64_t mine[2] = {st ? INT64_MAX : s, st ? INT64_MAX : ~s}, all[2];
+  cs = mpg__group_host_all_reduce(world, mine, all, 2, MPG_I64, MPG_OP_MIN);
+  if (cs) return mpg__fail_wrap(cs, "mpg_ckpt_load: comparing the saves the ranks read");
+  *same = all[0] == INT64_MAX || all[0] == ~all[1];
+  return MPG_OK;
+}
+
 mpg_status mpg__ckpt_load(mpg_ckpt *ck, const char *dir, long *step, void *stream) {
   loader ld;
   memset(&ld, 0, sizeof ld);
@@ -270,19 +300,22 @@ mpg_status mpg__ckpt_load(mpg_ckpt *ck, const char *dir, long *step, void *strea
   ld.r.dfd = -1;
   size_t total = 0;
   unsigned char *stage = NULL;
-  mpg_status st = stage_bytes(ck, &total);
-  if (!st) st = mpg__ckpt_stage(ck, total, (void **)&stage);
-  /* A save that publishes a new checkpoint as dir while this rank reads
-   * the old one: read the new one, from the start. */
-  for (int tries = 1; st == MPG_OK; tries++) {
-    mpg_status got = load_once(ck, &ld, stage);
-    if (!got || !mpg__ckpt_reader_moved(&ld.r)) {
-      st = got;
+  mpg_status staged = stage_bytes(ck, &total), st = MPG_OK;
+  if (!staged) staged = mpg__ckpt_stage(ck, total, (void **)&stage);
+  for (int round = 1;; round++) {
+    st = staged ? staged : load_here(ck, &ld, stage);
+    /* Every rank must have read the same save: one published between two
+     * ranks' reads makes every rank read again. */
+    int same = 1;
+    mpg_status cs = same_save(ck, st, ld.m.save_id, &same);
+    if (cs) {
+      st = cs;
       break;
     }
-    if (tries == MPG__CKPT_READ_TRIES) {
-      st = mpg__fail_wrap(got, "%s was replaced by another save %d times while it was read",
-                          dir, tries);
+    if (same) break;
+    if (round == 4) {
+      st = mpg__fail(MPG_ERR_IO, "%s: the ranks read different saves of it %d times (another "
+                     "job saves to it while this one loads)", dir, round);
       break;
     }
     loader_free(&ld);

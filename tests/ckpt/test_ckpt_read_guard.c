@@ -42,7 +42,10 @@ typedef struct job {
   body_fn fn;
   void *arg;
   size_t block_bytes; /* 0: the default */
+  int nranks;
 } job;
+
+static _Thread_local int t_rank; /* the rank of this thread's job_main */
 
 static mpg_status job_main(const mpg_init_opts *opts, void *arg) {
   job *j = arg;
@@ -52,7 +55,10 @@ static mpg_status job_main(const mpg_init_opts *opts, void *arg) {
   mpg_ckpt_opts co = MPG_CKPT_OPTS_INIT;
   co.timeout_s = 60;
   if (j->block_bytes) co.block_bytes = j->block_bytes;
-  mpg_status st = mesh_build("dp=1", NULL, 1, &mesh);
+  char dims[32];
+  snprintf(dims, sizeof dims, "dp=%d", j->nranks);
+  t_rank = opts->rank;
+  mpg_status st = mesh_build(dims, NULL, j->nranks, &mesh);
   if (!st) st = mpg_ctx_create(mesh, opts, &ctx);
   if (!st) st = mpg_ckpt_create(ctx, &co, &ck);
   if (!st) st = j->fn(ck, j->arg);
@@ -62,9 +68,13 @@ static mpg_status job_main(const mpg_init_opts *opts, void *arg) {
   return st;
 }
 
+static mpg_status n_ranks(int n, body_fn fn, void *arg, size_t block_bytes) {
+  job j = {fn, arg, block_bytes, n};
+  return mpg_thread_run(n, 120.0, job_main, &j, NULL);
+}
+
 static mpg_status one_rank(body_fn fn, void *arg, size_t block_bytes) {
-  job j = {fn, arg, block_bytes};
-  return mpg_thread_run(1, 120.0, job_main, &j, NULL);
+  return n_ranks(1, fn, arg, block_bytes);
 }
 
 /* A layout of ndim axes (shape given), no box. */
@@ -589,29 +599,48 @@ static int export_whole(const char *file, char *why, size_t cap) {
   return ok;
 }
 
+/* A process that re-saves dir over and over (values = the step) until
+ * *stop is written; returns once its first save is published. */
+static pid_t saver_start(const char *dir, int *stop) {
+  int sp[2], ready[2];
+  signal(SIGPIPE, SIG_IGN);
+  cr_assert_eq(pipe(sp), 0);
+  cr_assert_eq(pipe(ready), 0);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    resave w = {.dir = dir, .a = malloc(RS_N * 4), .b = malloc(RS_N * 4), .stop_fd = sp[0],
+                .ready_fd = ready[1]};
+    mpg_status st = one_rank(saver_body, &w, 0);
+    if (st) fprintf(stderr, "the saver failed: %s\n", mpg_last_error());
+    _exit(st ? 1 : 0);
+  }
+  close(sp[0]);
+  close(ready[1]);
+  char c;
+  cr_assert_eq(read(ready[0], &c, 1), 1, "the saver's first save failed");
+  close(ready[0]);
+  *stop = sp[1];
+  return pid;
+}
+
+/* Stop the saver; 1 when it exited cleanly. */
+static int saver_stop(pid_t pid, int stop) {
+  int status = 0;
+  if (write(stop, "s", 1) != 1) return 0;
+  waitpid(pid, &status, 0);
+  close(stop);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 /* Another process re-saves DIR over and over (values = the step) while
  * this one loads it 30 times and exports it 6 times: each load and export
  * sees one save whole, never a checksum error caused by a publish. */
 Test(ckpt_input, reader_during_a_resave, .init = root_init, .fini = root_fini, .timeout = 180) {
   char dir[4200];
   snprintf(dir, sizeof dir, "%s/live", g_root);
-  int stop[2], ready[2];
-  signal(SIGPIPE, SIG_IGN);
-  cr_assert_eq(pipe(stop), 0);
-  cr_assert_eq(pipe(ready), 0);
-  pid_t pid = fork();
-  cr_assert_geq(pid, 0);
-  if (pid == 0) {
-    resave w = {.dir = dir, .a = malloc(RS_N * 4), .b = malloc(RS_N * 4), .stop_fd = stop[0],
-                .ready_fd = ready[1]};
-    mpg_status st = one_rank(saver_body, &w, 0);
-    if (st) fprintf(stderr, "the saver failed: %s\n", mpg_last_error());
-    _exit(st ? 1 : 0);
-  }
-  close(stop[0]);
-  close(ready[1]);
-  char c;
-  cr_assert_eq(read(ready[0], &c, 1), 1, "the saver's first save failed");
+  int stop;
+  pid_t pid = saver_start(dir, &stop);
   resave r = {.dir = dir, .a = malloc(RS_N * 4), .b = malloc(RS_N * 4), .stop_fd = -1,
               .ready_fd = -1, .loads = 30};
   mpg_status st = one_rank(loader_body, &r, 0);
@@ -628,10 +657,7 @@ Test(ckpt_input, reader_during_a_resave, .init = root_init, .fini = root_fini, .
       bad_exports++;
     }
   }
-  cr_assert_eq(write(stop[1], "s", 1), 1);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the saver failed");
+  cr_expect(saver_stop(pid, stop), "the saver failed");
   cr_expect_eq(st, MPG_OK, "%s", mpg_last_error());
   cr_expect_eq(r.bad, 0, "%d of %d loads failed or mixed two saves; the last: %s", r.bad,
                r.done, r.why);
@@ -639,6 +665,70 @@ Test(ckpt_input, reader_during_a_resave, .init = root_init, .fini = root_fini, .
   cr_expect_eq(bad_exports, 0, "%d of 6 exports failed; the last: %s", bad_exports, why);
   free(r.a);
   free(r.b);
-  close(stop[1]);
-  close(ready[0]);
+}
+
+enum { RS_LOADS = 40 };
+
+typedef struct resave2 {
+  const char *dir;
+  float *a[2], *b[2];
+  long step[2][RS_LOADS];
+  char why[2][512];
+} resave2;
+
+static mpg_status loader2_body(mpg_ckpt *ck, void *arg) {
+  resave2 *r = arg;
+  int me = t_rank;
+  size_t shape[2] = {RS_N / 2, 2};
+  mpg_tensor_layout l = layout_of(2, shape), lb = layout_of(2, shape);
+  l.box_offset[0] = (size_t)me * (RS_N / 4), l.box_shape[0] = RS_N / 4, l.box_shape[1] = 2;
+  mpg_status st = mpg_ckpt_add(ck, "a", MPG_F32, &l, r->a[me], NULL);
+  if (!st) st = mpg_ckpt_add(ck, "b", MPG_F32, &lb, r->b[me], NULL);
+  for (int i = 0; i < RS_LOADS && !st; i++) { /* the same count on both ranks */
+    long step = -1;
+    if (mpg_ckpt_load(ck, r->dir, &step, NULL)) {
+      snprintf(r->why[me], sizeof r->why[me], "load %d: %s", i, mpg_last_error());
+      r->step[me][i] = -1;
+      continue;
+    }
+    r->step[me][i] = step;
+    for (size_t k = 0; k < RS_N; k++)
+      if ((k < RS_N / 2 && r->a[me][k] != (float)step) || r->b[me][k] != (float)step) {
+        snprintf(r->why[me], sizeof r->why[me], "load %d of step %ld: element %zu", i, step, k);
+        r->step[me][i] = -2;
+        break;
+      }
+  }
+  return st;
+}
+
+/* The same with two loading ranks: in every load both ranks read one save
+ * (the ranks compare the save ids they read and read again on a
+ * difference), whole. */
+Test(ckpt_input, reader_during_a_resave_ranks_agree, .init = root_init, .fini = root_fini,
+     .timeout = 180) {
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s/live2", g_root);
+  int stop;
+  pid_t pid = saver_start(dir, &stop);
+  resave2 *r = calloc(1, sizeof *r);
+  r->dir = dir;
+  for (int k = 0; k < 2; k++) r->a[k] = malloc(RS_N / 2 * 4), r->b[k] = malloc(RS_N * 4);
+  mpg_status st = n_ranks(2, loader2_body, r, 0);
+  cr_expect(saver_stop(pid, stop), "the saver failed");
+  cr_expect_eq(st, MPG_OK, "%s", mpg_last_error());
+  int bad = 0, saves = 0;
+  for (int i = 0; i < RS_LOADS; i++) {
+    if (r->step[0][i] >= 0 && r->step[1][i] >= 0 && r->step[0][i] != r->step[1][i])
+      snprintf(r->why[0], sizeof r->why[0], "load %d: rank 0 read step %ld, rank 1 step %ld", i,
+               r->step[0][i], r->step[1][i]);
+    bad += r->step[0][i] < 0 || r->step[0][i] != r->step[1][i];
+    saves += i && r->step[0][i] != r->step[0][i - 1];
+  }
+  cr_expect_eq(bad, 0, "%d of %d loads failed or mixed saves (rank 0: %s; rank 1: %s)", bad,
+               RS_LOADS, r->why[0], r->why[1]);
+  fprintf(stderr, "reader_during_a_resave_ranks_agree: %d loads saw %d publishes\n", RS_LOADS,
+          saves);
+  for (int k = 0; k < 2; k++) free(r->a[k]), free(r->b[k]);
+  free(r);
 }
