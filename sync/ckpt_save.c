@@ -2,11 +2,9 @@
  * rank's pieces, take the lock and make dir.partial (rank 0, ckpt_lock.c),
  * exchange the descriptors, plan who writes what, agree on it.  The
  * writing and publishing (steps 4-5) are ckpt_write.c. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
