@@ -964,9 +964,10 @@ MPG_API mpg_status mpg_ctx_abort(mpg_ctx *ctx);
  * dir/rank-R.trace (R: mpg_ctx_rank), replacing it; dir NULL: the
  * context's trace directory.  A fault (timeout, abort, desync) writes it
  * once by itself when a directory is set; `meshpg trace DIR` reads them
- * (docs/trace.md).  Returns MPG_OK; MPG_ERR_INVALID for a NULL ctx, or no
- * dir and no directory set; MPG_ERR_STATE when recording is off;
- * MPG_ERR_IO naming the file.  Local; any thread. */
+ * (docs/trace.md).  Returns MPG_OK; MPG_ERR_INVALID for a NULL ctx, no
+ * dir and no directory set, or a dir over 1,023 bytes; MPG_ERR_STATE when
+ * recording is off; MPG_ERR_IO naming the file.  Local; any thread, also
+ * beside another dump of the same context (dumps are taken in turn). */
 MPG_API mpg_status mpg_ctx_trace_dump(mpg_ctx *ctx, const char *dir);
 
 /* This rank in the mesh (0..world-1): the launcher's rank unless
