@@ -1688,22 +1688,18 @@ MPG_API mpg_status mpg_ckpt_add_state(mpg_ckpt *ck, const char *name, mpg_dtype 
 MPG_API mpg_status mpg_ckpt_add_bytes(mpg_ckpt *ck, const char *name, void *data,
                                       size_t len);
 
-/* Save every registered tensor into directory `dir` (its parent must
- * exist) with `step`: written as `dir`.partial, published by a rename; an
- * existing checkpoint `dir` is swapped out atomically, any other existing
- * `dir` is refused.  On nccl the copies to host staging are queued on
- * `stream` (after the optimizer step); NULL elsewhere.  With opts.async it
- * returns once staged and the files are written in the background (end it
- * with mpg_ckpt_wait; a second save, a load or destroy waits for it).
- * Returns, the same on every rank, MPG_OK (`dir` now holds this save; a
- * failure leaves the old `dir`, but for an MPG_ERR_IO that says
- * "published"); MPG_ERR_INVALID (NULL, `dir` not a checkpoint, a symbolic
- * link or a foreign entry at `dir` or `dir`.partial, ranks that disagree
- * on a name's dtype, kind or shape, replicas or overlapping pieces with
- * different values); MPG_ERR_IO (naming the file and errno);
- * MPG_ERR_TIMEOUT (a rank's files not durable within opts.timeout_s);
- * MPG_ERR_STATE (nothing registered; another save to `dir` holds
- * `dir`.lock, named); MPG_ERR_NOMEM.  Collective (world). */
+/* Save every registered tensor into `dir` (its parent must exist) at
+ * `step`: written as `dir`.partial, published by one rename over an old
+ * checkpoint (anything else at `dir` is refused).  On nccl the staging
+ * copies are queued on `stream`; NULL elsewhere.  opts.async returns once
+ * staged (end it with mpg_ckpt_wait).  Returns, the same on every rank,
+ * MPG_OK (`dir` holds this save; any failure leaves the old `dir`, but an
+ * MPG_ERR_IO that says "published"); MPG_ERR_INVALID (NULL, a link or a
+ * foreign entry at `dir` or `dir`.partial, ranks that disagree on a name,
+ * replicas or overlapping pieces that differ); MPG_ERR_IO (file, errno);
+ * MPG_ERR_TIMEOUT (not durable within opts.timeout_s); MPG_ERR_STATE
+ * (nothing registered; another save holds `dir`.lock, named);
+ * MPG_ERR_NOMEM.  Collective (world). */
 MPG_API mpg_status mpg_ckpt_save(mpg_ckpt *ck, const char *dir, long step, void *stream);
 
 /* Wait for the save in flight (MPG_OK at once when there is none) and
