@@ -942,7 +942,8 @@ static mpg_status ckpt_rank(const mpg_init_opts *opts, void *arg) {
   R_EXPECT(mpg_ckpt_add_state(ck, "w.m", MPG_F32, &l, s, 7, w), MPG_ERR_RANGE, "param 7");
   R_EXPECT(mpg_ckpt_add_state(NULL, "w.m", MPG_F32, &l, s, p, w), MPG_ERR_INVALID, "NULL");
   R_EXPECT(mpg_ckpt_save(ck, NULL, 1, NULL), MPG_ERR_INVALID, "NULL");
-  R_EXPECT(mpg_ckpt_save(ck, "/nonexistent-mpg/x/ck", 1, NULL), MPG_ERR_IO, "mkdir");
+  R_EXPECT(mpg_ckpt_save(ck, "/nonexistent-mpg/x/ck", 1, NULL), MPG_ERR_IO,
+           "/nonexistent-mpg/x (the parent of /nonexistent-mpg/x/ck): open: No such file");
   R_EXPECT(mpg_ckpt_load(ck, "/nonexistent-mpg/ck", NULL, NULL), MPG_ERR_NOT_FOUND,
            "not a checkpoint");
   R_EXPECT(mpg_ckpt_wait(NULL), MPG_ERR_INVALID, "NULL");
