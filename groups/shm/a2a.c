@@ -182,10 +182,11 @@ static mpg_status healthy(mpg__a2a *ch, uint32_t q) {
 /* This member's reads of the operation in flight are over: it adds its 1
  * to the verdict word, unless a member gave up before (then what it read
  * may have changed under it: the sender may reuse its buffer once it gave
- * up).  The fence orders the copies before the look at FAILED, so that a
- * copy that saw a giver-up's later write sees FAILED too. */
+ * up).  Only a compare-and-swap that saw no FAILED counts in, and its
+ * release half orders the copies before it: a copy that saw a giver-up's
+ * later write means the giver-up's FAILED came first, so the swap fails
+ * and sees it (no fence: gcc's TSan refuses atomic_thread_fence). */
 static mpg_status count_in(mpg__a2a *ch) {
-  atomic_thread_fence(memory_order_seq_cst);
   uint64_t v = atomic_load(done_word(ch));
   do {
     if (v & FAILED) return aborted(ch, ch->q);
