@@ -281,42 +281,77 @@ static int contains(const unsigned char *hay, size_t nh, const void *needle, siz
   return nn <= nh && memmem(hay, nh, needle, nn) != NULL;
 }
 
-/* Ranks of another job in a forked process with its own MESHPG_JOB_KEY:
+/* Ranks of another job in another process with its own MESHPG_JOB_KEY:
  * ranks[0..count) of a world of `size`, rank 0's bytes filled from seed,
- * rank 0 (if among them) starting after delay0_s.  Forked before the test
- * starts a thread. */
+ * rank 0 (if among them) starting after delay0_s.  The process is this
+ * program again (fork, then exec), told what to run by
+ * MESHPG_TEST_RDV_JOB, which other_job_main reads before Criterion's main:
+ * a forked child that starts threads is not supported under TSan. */
 typedef struct {
   pid_t pid;
   int fd; /* the results: per rank, its status and its n bytes */
   int count;
 } other_job;
 
+/* The other job's process: "FD PORT SIZE SEED DELAY0 TIMEOUT COUNT RANK..."
+ * in MESHPG_TEST_RDV_JOB; every rank's status and bytes go to FD. */
+__attribute__((constructor)) static void other_job_main(void) {
+  const char *spec = getenv("MESHPG_TEST_RDV_JOB");
+  if (!spec) return;
+  int fd, port, size, count, used = 0, ranks[MAX_RANKS];
+  unsigned seed;
+  double delay0_s, timeout_s;
+  if (sscanf(spec, "%d %d %d %u %lf %lf %d%n", &fd, &port, &size, &seed, &delay0_s, &timeout_s,
+             &count, &used) != 7 || count < 1 || count > MAX_RANKS)
+    _exit(3);
+  for (int i = 0; i < count; i++) {
+    int k = 0;
+    if (sscanf(spec + used, "%d%n", &ranks[i], &k) != 1) _exit(3);
+    used += k;
+  }
+  static job jobs[MAX_RANKS];
+  for (int i = 0; i < count; i++) {
+    jobs[i] = make_job("127.0.0.1", port, ranks[i], size, N_ID, timeout_s);
+    if (ranks[i] == 0) {
+      jobs[i].delay_s = delay0_s;
+      fill_random(jobs[i].buf, N_ID, seed);
+    }
+  }
+  pthread_t t[MAX_RANKS];
+  for (int i = 0; i < count; i++)
+    if (pthread_create(&t[i], NULL, run_job, &jobs[i])) _exit(4);
+  for (int i = 0; i < count; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < count; i++) {
+    int st = jobs[i].st;
+    if (write(fd, &st, sizeof st) != sizeof st || write(fd, jobs[i].buf, N_ID) != N_ID)
+      _exit(2);
+  }
+  _exit(0);
+}
+
 static other_job spawn_job(const char *key, int port, int size, const int *ranks, int count,
                            unsigned seed, double delay0_s, double timeout_s) {
   int p[2];
   cr_assert_eq(pipe(p), 0);
+  char spec[512];
+  int used = snprintf(spec, sizeof spec, "%d %d %d %u %.17g %.17g %d", p[1], port, size, seed,
+                      delay0_s, timeout_s, count);
+  for (int i = 0; i < count; i++)
+    used += snprintf(spec + used, sizeof spec - (size_t)used, " %d", ranks[i]);
+  cr_assert_lt(used, (int)sizeof spec);
+  char exe[4096];
+  ssize_t ne = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  cr_assert(ne > 0 && ne < (ssize_t)sizeof exe - 1, "readlink /proc/self/exe");
+  exe[ne] = 0;
   other_job o = {fork(), p[0], count};
   cr_assert_neq(o.pid, -1);
   if (o.pid == 0) {
     close(p[0]);
     setenv("MESHPG_JOB_KEY", key, 1);
-    static job jobs[MAX_RANKS];
-    for (int i = 0; i < count; i++) {
-      jobs[i] = make_job("127.0.0.1", port, ranks[i], size, N_ID, timeout_s);
-      if (ranks[i] == 0) {
-        jobs[i].delay_s = delay0_s;
-        fill_random(jobs[i].buf, N_ID, seed);
-      }
-    }
-    pthread_t t[MAX_RANKS];
-    for (int i = 0; i < count; i++) pthread_create(&t[i], NULL, run_job, &jobs[i]);
-    for (int i = 0; i < count; i++) pthread_join(t[i], NULL);
-    for (int i = 0; i < count; i++) {
-      int st = jobs[i].st;
-      if (write(p[1], &st, sizeof st) != sizeof st || write(p[1], jobs[i].buf, N_ID) != N_ID)
-        _exit(2);
-    }
-    _exit(0);
+    setenv("MESHPG_TEST_RDV_JOB", spec, 1);
+    char *argv[] = {exe, NULL};
+    execv(exe, argv);
+    _exit(5);
   }
   close(p[1]);
   return o;
