@@ -139,7 +139,10 @@ Test(thread_scale, world_of_4096_ranks, .timeout = 120) {
   EXPECT_RUN_OK(mpg_thread_run(4096, 60.0, huge_main, mesh, NULL));
   double t = now_s() - t0;
   fprintf(stderr, "thread 4096 ranks: %.2f s\n", t);
-  cr_assert(t < 30.0, "4096 ranks took %.2f s", t);
+  /* 30 s plain (about 10 s measured on CI's loaded 2 cores); a sanitizer
+   * slows each of the 4,096 threads (gcc's TSan measured 31 s). */
+  double bound = 30.0 * tb_sanitizer_factor();
+  cr_assert(t < bound, "4096 ranks took %.2f s (bound %.0f s)", t, bound);
   mpg_mesh_destroy(mesh);
 }
 
