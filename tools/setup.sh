@@ -5,12 +5,15 @@
 #                              the plain build, then (unless MESHPG_SANITIZE=0)
 #                              the whole suite again under ASan+UBSan (clang)
 #                              and the thread-backend, sync and C++ suites
-#                              under TSan (clang); one summary line over all
+#                              under TSan (clang), and a compile (no run)
+#                              under gcc's ASan+UBSan and TSan; one summary
+#                              line over all
 #   bash tools/setup.sh bench  the same, plus python3-torch, then the issue-4
 #                              sync benchmark (bench/run_sync.sh; its own
 #                              environment variables apply)
 # Environment: MESHPG_BUILD_DIR (default: build; the sanitizer builds of
-# `test` go to the same path with -asan and -tsan appended), MESHPG_SKIP_APT=1
+# `test` go to the same path with -asan, -tsan, -gcc-asan and -gcc-tsan
+# appended), MESHPG_SKIP_APT=1
 # to never call apt-get, MESHPG_MESON_ARGS for extra `meson setup` arguments
 # (all builds), MESHPG_SANITIZE=0 to skip the sanitizer builds of `test`
 # (default 1: CI runs them).
@@ -150,6 +153,33 @@ case "$mode" in
       fi
     }
 
+    # gcc_san_compile DIR SANITIZERS REGEX [meson setup args...]: configure
+    # (once) a gcc build with -Db_sanitize=SANITIZERS and -Werror, and
+    # compile (no link) its objects whose path matches REGEX; a failure
+    # counts as one failed test.
+    gcc_san_compile() {
+      local dir=$1 san=$2 filter=$3 objs
+      shift 3
+      echo "== gcc $san compile: $dir (objects matching '$filter', -Werror)"
+      if [ ! -f "$dir/build.ninja" ]; then
+        # shellcheck disable=SC2086
+        if ! CC=gcc CXX=g++ meson setup "$dir" "$root" -Db_sanitize="$san" \
+             -Db_lundef=false -Dwerror=true "$@" ${MESHPG_MESON_ARGS:-} >/dev/null; then
+          echo "setup: meson setup of $dir (gcc, -Db_sanitize=$san) failed"
+          total_fail=$(( total_fail + 1 )); status=1
+          return 1
+        fi
+      fi
+      mapfile -t objs < <(ninja -C "$dir" -t targets all \
+        | sed -n 's/^\([^:]*\.o\): .*/\1/p' | grep -E "$filter")
+      if ! ninja -C "$dir" -j2 "${objs[@]}" >"$dir/compile.log" 2>&1; then
+        grep -B2 -A12 -E 'error|FAILED' "$dir/compile.log" | head -n 80
+        echo "setup: compiling $dir (gcc, -Db_sanitize=$san) failed: $dir/compile.log"
+        total_fail=$(( total_fail + 1 )); status=1
+        return 1
+      fi
+    }
+
     # 1. The plain build: every suite, valgrind included.
     run_suite "$build" "plain build"
 
@@ -178,6 +208,16 @@ case "$mode" in
           --suite groups --suite sync --suite cpp --suite examples --suite faults \
           --suite cluster
       fi
+      # 4. gcc's sanitizers, compile only (issue 51): gcc 12 warns where
+      # clang does not (-Warray-bounds under -fsanitize=address, -Wtsan on
+      # atomic_thread_fence), and users build with Debian's default
+      # compiler.  Every object under gcc with ASan+UBSan, and the library's
+      # objects under gcc with TSan, -Werror, nothing linked or run (the
+      # suites run in the clang builds above; docs/testing.md).  A failure
+      # counts as one failed test.
+      gcc_san_compile "$build-gcc-asan" address,undefined '.' \
+        && gcc_san_compile "$build-gcc-tsan" thread '^libmpg_' -Dmpi=disabled \
+        && echo "== gcc sanitizer compile: ok"
     else
       echo "== MESHPG_SANITIZE=0: the ASan+UBSan and TSan builds are skipped"
     fi
