@@ -71,7 +71,8 @@
  * buffers).  So an operation is complete on every member or on none, and
  * a member that copied after a peer gave up (slow, stopped: its copies
  * may hold the peer's new data) finds FAILED when it counts in and fails
- * (a sequentially consistent fence orders its copies before that look).
+ * (the counting compare-and-swap's release half orders its copies before
+ * it: count_in).
  * Threads also keep the readers count: a thread member that fails
  * returns only once no peer copies out of its buffer (which it may free).
  *

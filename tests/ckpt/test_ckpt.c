@@ -586,13 +586,8 @@ Test(ckpt_bad, replicas_that_differ, .timeout = 120, .fini = root_fini) {
 }
 
 /* ENOSPC: a 1 MiB tmpfs in a private mount namespace (root only). */
+/* In a child with its own 1 MiB tmpfs at mnt (ckf_in_private_tmpfs). */
 static int enospc_child(const char *mnt, char *msg, size_t cap) {
-  if (unshare(CLONE_NEWNS) != 0) return 77;
-  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
-      mount("tmpfs", mnt, "tmpfs", 0, "size=1m") != 0) {
-    snprintf(msg, cap, "mount tmpfs on %.3000s: %s", mnt, strerror(errno));
-    return 77;
-  }
   ck_case *c = calloc(1, sizeof *c);
   plain_case(c, "dp=2,cp=2", "dp_cp=dp,cp", 4, 3, 2000); /* 24 KB: fits */
   char dir[4300];
@@ -631,26 +626,11 @@ Test(ckpt_bad, no_space_left, .timeout = 120, .fini = root_fini) {
   char mnt[4200];
   path_in(mnt, sizeof mnt, "mnt");
   cr_assert_eq(mkdir(mnt, 0755), 0);
-  int fds[2];
-  cr_assert_eq(pipe(fds), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    static char msg[4096];
-    close(fds[0]);
-    int rc = enospc_child(mnt, msg, sizeof msg);
-    if (write(fds[1], msg, strlen(msg)) < 0) rc = 3;
-    _exit(rc);
-  }
-  close(fds[1]);
   static char msg[4096];
-  ssize_t n = read(fds[0], msg, sizeof msg - 1);
-  msg[n > 0 ? n : 0] = '\0';
-  close(fds[0]);
-  int st;
-  waitpid(pid, &st, 0);
-  cr_assert(WIFEXITED(st), "the child died: %s", msg);
-  if (WEXITSTATUS(st) == 77) cr_skip_test("no private tmpfs: %s", msg);
+  int rc = ckf_in_private_tmpfs(mnt, "size=1m", enospc_child, msg, sizeof msg);
+  cr_assert_neq(rc, -1, "the child died: %s", msg);
+  if (rc == 77) cr_skip_test("no private tmpfs: %s", msg);
   cr_log_info("ENOSPC: %s", msg);
-  cr_assert_neq(WEXITSTATUS(st), 2, "ENOSPC left files behind in the tmpfs: %s", msg);
-  cr_assert_eq(WEXITSTATUS(st), 0, "%s", msg);
+  cr_assert_neq(rc, 2, "ENOSPC left files behind in the tmpfs: %s", msg);
+  cr_assert_eq(rc, 0, "%s", msg);
 }
