@@ -550,6 +550,7 @@ int ta_analyze(const tr_rank *ranks, int n, int world, ta_report *out, char *err
   if (!rc) {
     for (int g = 0; g < a.ngi && !a.oom; g++) check_group(&a, g);
     for (int g = 0; g < a.ngi && !a.oom; g++) check_p2p(&a, g);
+    if (!a.oom) ta__check_seq(&a);
     if (!a.oom) ta__check_order(&a);
     if (!a.oom) ta__check_waits(&a);
     /* One item per run of consecutive ranks without a dump: the report

@@ -19,10 +19,30 @@
 
 #include "trace_read.h"
 
-/* A rank and a sentence about it (text: malloc'ed, one line). */
+/* How a culprit is named (ta_item.how). */
+typedef enum ta_how {
+  TA_OTHER = 0,   /* a missing-rank line or anything below */
+  TA_SKIPPED,     /* its list on a group lacks an operation its peers have */
+  TA_DIFFERS,     /* it issued another operation (kind, dtype, count, ...) */
+  TA_SWAPPED,     /* it issued two operations in the other order */
+  TA_LATE,        /* it issued the operation after the others had failed */
+  TA_NODUMP,      /* it left no dump */
+  TA_ROOT         /* the root of the wait-for graph (never issued it) */
+} ta_how;
+
+/* A rank and a sentence about it (text: malloc'ed, one line).  For a
+ * culprit, the operation that names it when there is one (for the
+ * picture: the culprit's row is marked and this operation is drawn where
+ * its peers have it): group "" when none. */
 typedef struct ta_item {
   int rank; /* world rank */
   char *text;
+  ta_how how;
+  char group[TR_NAME + 16]; /* "tp[1]": NAME[INDEX] */
+  uint64_t gseq;            /* its number there, as in the text */
+  char kind[16];            /* the operation its peers issued there */
+  int64_t peers_issue_ns;   /* the earliest issue of it among its peers, 0: unknown */
+  int64_t peers_end_ns;     /* the latest end among them (0: pending or unknown) */
 } ta_item;
 
 /* One group instance as the dumps describe it. */

@@ -92,6 +92,11 @@ void ta__add_item(an *a, ta_item **v, int *n, int rank, sb *b);
 #define last_op ta__last_op
 #define add_culprit ta__add_culprit
 
+/* trace_analyze_seq.c: sequence evidence (issue 46, items 1-2): the
+ * member of a group instance whose list of operations lacks one that its
+ * peers hold, whatever the signatures. */
+void ta__check_seq(an *a);
+
 /* trace_analyze_order.c */
 void ta__check_order(an *a);
 void ta__check_waits(an *a);

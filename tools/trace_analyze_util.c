@@ -232,6 +232,7 @@ void add_item(an *a, ta_item **v, int *n, int rank, sb *b) {
     return;
   }
   *v = p;
+  memset(&p[*n], 0, sizeof p[*n]);
   p[*n].rank = rank;
   p[*n].text = t;
   (*n)++;
