@@ -209,6 +209,27 @@ static inline void unlock_g(void) { pthread_mutex_unlock(&mpg__mpi.lock); }
 /* state.c */
 /* "<call> failed for <what>: <MPI's error string>" as MPG_ERR_BACKEND. */
 mpg_status mpg__mpi_fail(int rc, const char *call, const char *what);
+/* Errors that return.  meshpg sets MPI_ERRORS_RETURN on every communicator
+ * it makes, but Open MPI (4.1) reports some errors on a communicator that
+ * is not meshpg's: a nonblocking collective's error (libnbc: a truncated
+ * all-reduce, say) on MPI_COMM_WORLD when the request completes, a call on
+ * the caller's opts.mpi_comm on that one.  mpg__mpi_ret_begin(&g, c) makes
+ * c's errors return for the calls up to mpg__mpi_ret_end(&g), which puts
+ * c's handler back (nothing is changed when c's errors already return).
+ * Lock held, MPI initialised and not finalised. */
+typedef struct mpg__mpi_ret {
+  MPI_Comm comm;
+  MPI_Errhandler saved;
+  int swapped;
+} mpg__mpi_ret;
+void mpg__mpi_ret_begin(mpg__mpi_ret *g, MPI_Comm c);
+void mpg__mpi_ret_end(mpg__mpi_ret *g);
+/* Test n requests (MPI_REQUEST_NULL counts as done), completing those done
+ * in order up to the first still pending, MPI_COMM_WORLD's errors
+ * returning meanwhile (see mpg__mpi_ret_begin): *flag 1 when all are done.
+ * Returns MPI_SUCCESS, or the first request's error (MPI_ERR_TRUNCATE, not
+ * MPI_ERR_IN_STATUS).  Lock held. */
+int mpg__mpi_test_reqs(int n, MPI_Request *reqs, int *flag);
 /* Drop one reference to m; free the struct at zero.  Lock held. */
 void mpg__mpi_comm_unref(mpg__comm *m);
 /* An abort or a timeout happened: MPI is then finalised only at exit. */

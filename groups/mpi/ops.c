@@ -658,9 +658,8 @@ int mpg__mpi_req_poll(mpg__req *q, int *flag) {
     *flag = 1;
   else if (q->wire) /* pipelined: done when every piece was retired */
     *flag = q->unposted == 0 && q->inflight == 0;
-  else if (q->unposted == 0)
-    rc = q->nreq == 1 ? MPI_Test(q->reqs, flag, MPI_STATUS_IGNORE)
-                      : MPI_Testall(q->nreq, q->reqs, flag, MPI_STATUSES_IGNORE);
+  else if (q->unposted == 0) /* a collective's error reports on MPI_COMM_WORLD */
+    rc = mpg__mpi_test_reqs(q->nreq, q->reqs, flag);
   if ((rc != MPI_SUCCESS || *flag) && !atomic_exchange(&q->mpi_done, 1))
     mpg__mpi_wake_waiters(); /* a waiter in another thread */
   return rc;
@@ -696,8 +695,7 @@ static mpg_status progress(mpg__req *q, int *done) {
   if (rc != MPI_SUCCESS) {
     char what[256];
     req_describe(q, what, sizeof what);
-    q->status =
-        mpg__mpi_fail(rc, q->nreq == 1 ? "MPI_Test" : "MPI_Testall", what);
+    q->status = mpg__mpi_fail(rc, "MPI_Test", what);
     *done = 1;
     return q->status;
   }

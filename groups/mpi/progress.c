@@ -158,7 +158,7 @@ int mpg__mpi_progress_level(void) {
 void mpg__mpi_progress_start(void) {
   if (mpg__mpi.prog_running || g_prog_mode == PROG_OFF) return;
   int provided = MPI_THREAD_SINGLE;
-  MPI_Query_thread(&provided);
+  if (MPI_Query_thread(&provided) != MPI_SUCCESS) provided = MPI_THREAD_SINGLE;
   if (provided < MPI_THREAD_MULTIPLE) {
     mpg__log(1, "mpi: no progress thread: MPI runs at thread level %d, below "
              "MPI_THREAD_MULTIPLE (initialise MPI with MPI_Init_thread("

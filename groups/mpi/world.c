@@ -34,6 +34,25 @@
  * pending on it).  MPI_Init_thread itself cannot be bounded: Open MPI's
  * start-up exchange runs inside it, under the launcher's control.
  *
+ * Errors return.  No MPI error of meshpg's own calls ends the job: every
+ * communicator meshpg makes (the world's duplicate, every split) gets
+ * MPI_ERRORS_RETURN before its first use (comm_wrap), and every call's
+ * result is checked.  Open MPI 4.1 reports some errors elsewhere: a
+ * nonblocking collective's (libnbc's: an all-reduce whose members gave
+ * different counts fails with MPI_ERR_TRUNCATE) on MPI_COMM_WORLD when the
+ * request completes, and a group's on MPI_COMM_WORLD too.  MPI_COMM_WORLD's
+ * handler and the caller's opts.mpi_comm's are the application's (also
+ * when meshpg initialised MPI: the application may call MPI on them
+ * later), so meshpg never changes them for good: it completes a request
+ * only once MPI_Request_get_status says it is done, and around that one
+ * MPI_Test (and around its own calls on those communicators) it sets
+ * MPI_ERRORS_RETURN and puts the handler back (mpg__mpi_ret_begin,
+ * state.c).  The error then comes back as MPG_ERR_BACKEND naming the
+ * operation, its group and MPI's error string; the groups layer aborts the
+ * context.  (An application thread whose own MPI call fails on
+ * MPI_COMM_WORLD in that instant gets the error returned rather than its
+ * handler called.)  MPI_Init_thread's own errors cannot be bounded.
+ *
  * Abort.  The abort op only sets a flag: it never calls MPI (and never
  * MPI_Abort, which would kill the job).  Waiters see the flag within one
  * poll; later posts fail with the reason (ops.c).
@@ -63,8 +82,9 @@ static int g_live_worlds;    /* the progress thread runs while one lives */
 static void finalize_locked(void) {
   if (!g_we_initialized || mpg__mpi.we_finalized) return;
   int fin = 0;
-  MPI_Finalized(&fin);
-  if (!fin) MPI_Finalize();
+  if (MPI_Finalized(&fin) != MPI_SUCCESS) fin = 0;
+  if (!fin && MPI_Finalize() != MPI_SUCCESS)
+    mpg__log(1, "mpi: MPI_Finalize failed");
   mpg__mpi.we_finalized = 1;
   mpg__mpi_free_orphans();
   mpg__log(1, "mpi: MPI finalized");
@@ -88,12 +108,10 @@ static int init_locked(int level, int *provided, int *here) {
   int init = 0;
   *provided = MPI_THREAD_SINGLE;
   *here = 0;
-  MPI_Initialized(&init);
-  if (init) {
-    MPI_Query_thread(provided);
-    return MPI_SUCCESS;
-  }
-  int rc = MPI_Init_thread(NULL, NULL, level, provided);
+  int rc = MPI_Initialized(&init);
+  if (rc != MPI_SUCCESS) return rc;
+  if (init) return MPI_Query_thread(provided);
+  rc = MPI_Init_thread(NULL, NULL, level, provided);
   if (rc != MPI_SUCCESS) return rc;
   g_we_initialized = 1;
   *here = 1;
@@ -114,9 +132,8 @@ static void release_locked(void) {
 
 int mpg__mpi_acquire(int level) {
   lock_g();
-  int fin = 0, provided = 0, here = 0, rc = MPI_ERR_OTHER;
-  MPI_Finalized(&fin);
-  if (!fin) rc = init_locked(level, &provided, &here);
+  int fin = 0, provided = 0, here = 0, rc = MPI_Finalized(&fin);
+  if (rc == MPI_SUCCESS) rc = fin ? MPI_ERR_OTHER : init_locked(level, &provided, &here);
   if (rc == MPI_SUCCESS) g_holds++; /* never released: until exit */
   unlock_g();
   return rc;
@@ -126,13 +143,21 @@ int mpg__mpi_acquire(int level) {
 /* Communicators                                                       */
 /* ------------------------------------------------------------------ */
 
+/* Wrap c, a communicator meshpg made: its errors return (checked here,
+ * so that no error of meshpg's calls on it ends the job).  Lock held. */
 static mpg_status comm_wrap(MPI_Comm c, double timeout_s, int is_world,
                             mpg__comm **out) {
+  int rc = MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  if (rc != MPI_SUCCESS) return mpg__mpi_fail(rc, "MPI_Comm_set_errhandler", "a new group");
   mpg__comm *m = calloc(1, sizeof *m);
   if (!m) return mpg__fail(MPG_ERR_NOMEM, "mpi: out of memory for a communicator");
   m->comm = c;
-  MPI_Comm_rank(c, &m->rank);
-  MPI_Comm_size(c, &m->size);
+  rc = MPI_Comm_rank(c, &m->rank);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(c, &m->size);
+  if (rc != MPI_SUCCESS) {
+    free(m);
+    return mpg__mpi_fail(rc, "MPI_Comm_rank/MPI_Comm_size", "a new group");
+  }
   m->timeout_s = timeout_s;
   m->is_world = is_world;
   atomic_init(&m->aborted, MPG_OK);
@@ -156,7 +181,7 @@ static int poll_request(MPI_Request *r, double deadline, mpg__comm *m,
     }
     int flag = 0;
     lock_g();
-    int rc = MPI_Test(r, &flag, MPI_STATUS_IGNORE);
+    int rc = mpg__mpi_test_reqs(1, r, &flag);
     unlock_g();
     if (rc != MPI_SUCCESS) return rc;
     if (flag) {
@@ -206,7 +231,10 @@ static int rendezvous(MPI_Comm c, mpg__comm *m, double deadline,
   for (int phase = 0; phase < 2; phase++) {
     MPI_Request r = MPI_REQUEST_NULL;
     lock_g();
+    mpg__mpi_ret g; /* c may be the caller's communicator */
+    mpg__mpi_ret_begin(&g, c);
     int rc = MPI_Ibarrier(c, &r);
+    mpg__mpi_ret_end(&g);
     unlock_g();
     if (rc != MPI_SUCCESS) return rc;
     if (phase == 1) deadline = mpg__now() + timeout;
@@ -227,7 +255,10 @@ enum mpg__mpi_bcast_result mpg__mpi_bcast_bytes(MPI_Comm comm, void *buf,
   memcpy(mem, buf, len);
   MPI_Request r = MPI_REQUEST_NULL;
   lock_g();
+  mpg__mpi_ret g; /* the caller's communicator */
+  mpg__mpi_ret_begin(&g, comm);
   int rc = MPI_Ibcast(mem, bytes, MPI_BYTE, 0, comm, &r);
+  mpg__mpi_ret_end(&g);
   unlock_g();
   if (rc != MPI_SUCCESS) {
     free(mem);
@@ -249,8 +280,8 @@ enum mpg__mpi_bcast_result mpg__mpi_bcast_bytes(MPI_Comm comm, void *buf,
 static mpg_status comm_identity(void *mpi_comm, int *rank, int *size) {
   int init = 0, fin = 0;
   lock_g();
-  MPI_Initialized(&init);
-  MPI_Finalized(&fin);
+  if (MPI_Initialized(&init) != MPI_SUCCESS || MPI_Finalized(&fin) != MPI_SUCCESS)
+    init = 0;
   if (!init || fin) {
     unlock_g();
     return mpg__fail(MPG_ERR_STATE,
@@ -265,8 +296,11 @@ static mpg_status comm_identity(void *mpi_comm, int *rank, int *size) {
                      "mpi: opts.mpi_comm points to MPI_COMM_NULL (a process outside "
                      "the split cannot join a world)");
   }
+  mpg__mpi_ret g; /* the caller's: its handler is theirs, errors return here */
+  mpg__mpi_ret_begin(&g, c);
   int rc = MPI_Comm_rank(c, rank);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_size(c, size);
+  mpg__mpi_ret_end(&g);
   unlock_g();
   if (rc != MPI_SUCCESS)
     return mpg__mpi_fail(rc, "MPI_Comm_rank/MPI_Comm_size", "the communicator in opts.mpi_comm");
@@ -299,7 +333,7 @@ static void window_configure(const mpg__world_args *args) {
 /* Initialise MPI for a world, warning of a low thread level; lock held, released on error. */
 static mpg_status world_mpi_init(int *here, double *init_s) {
   int fin = 0;
-  MPI_Finalized(&fin);
+  if (MPI_Finalized(&fin) != MPI_SUCCESS) fin = 0;
   if (fin) {
     unlock_g();
     return mpg__fail(MPG_ERR_STATE,
@@ -343,8 +377,11 @@ static void hooks_configure(const mpg__settings *set) {
 /* Check base's rank and size against what meshpg was told; lock held, released on error. */
 static mpg_status world_identity(const mpg__world_args *args, MPI_Comm base, const char *which,
                                  int *rank, int *size) {
+  mpg__mpi_ret g;
+  mpg__mpi_ret_begin(&g, base);
   int rc = MPI_Comm_rank(base, rank);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_size(base, size);
+  mpg__mpi_ret_end(&g);
   if (rc != MPI_SUCCESS) {
     unlock_g();
     return mpg__mpi_fail(rc, "MPI_Comm_rank/MPI_Comm_size", "the world communicator");
@@ -365,19 +402,23 @@ static mpg_status world_dup(MPI_Comm base, const char *which, double timeout,
                             mpg__comm **world) {
   MPI_Comm comm = MPI_COMM_NULL;
   lock_g();
-  int rc = MPI_Comm_dup(base, &comm);
+  mpg__mpi_ret g;
+  mpg__mpi_ret_begin(&g, base);
+  int rc = MPI_Comm_dup(base, &comm); /* inherits base's handler: comm_wrap sets ours */
+  mpg__mpi_ret_end(&g);
   if (rc != MPI_SUCCESS) {
     unlock_g();
     return mpg__mpi_fail(rc, "MPI_Comm_dup", which);
   }
-  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   mpg_status st = comm_wrap(comm, timeout, 1, world);
   if (st) {
-    MPI_Comm_free(&comm);
+    if (MPI_Comm_free(&comm) != MPI_SUCCESS)
+      mpg__log(1, "mpi: MPI_Comm_free failed for the world's duplicate");
   } else {
     g_live_worlds++;
     g_holds++; /* released by its destroy */
-    MPI_Comm_set_name(comm, "meshpg world");
+    if (MPI_Comm_set_name(comm, "meshpg world") != MPI_SUCCESS)
+      mpg__log(1, "mpi: MPI_Comm_set_name failed for the world");
     mpg__mpi_progress_start();
   }
   unlock_g();
@@ -475,9 +516,9 @@ static mpg_status split(mpg__comm *parent, int color, int key,
              color, key, parent->size, parent->rank);
     st = mpg__mpi_fail(rc, "MPI_Comm_split", what);
   } else if (c != MPI_COMM_NULL) {
-    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     st = comm_wrap(c, parent->timeout_s, 0, out);
-    if (st) MPI_Comm_free(&c);
+    if (st && MPI_Comm_free(&c) != MPI_SUCCESS)
+      mpg__log(1, "mpi: MPI_Comm_free failed for a split");
   }
   unlock_g();
   if (!st && *out)
@@ -506,7 +547,7 @@ static mpg_status comm_destroy(mpg__comm *m) {
   mpg__mpi_live_remove(m);
   mpg__mpi_sweep_orphans();
   int fin = 0;
-  MPI_Finalized(&fin);
+  if (MPI_Finalized(&fin) != MPI_SUCCESS) fin = 1; /* leave the handle alone */
   if (!fin && !atomic_load(&m->aborted) && m->npending == 0 &&
       m->norphans == 0) {
     int rc = MPI_Comm_free(&m->comm);
@@ -556,11 +597,14 @@ static int comm_members(const mpg__comm *m, const mpg__comm *parent, int *pos) {
   for (int i = 0; i < m->size; i++) in[i] = i;
   MPI_Group a = MPI_GROUP_NULL, b = MPI_GROUP_NULL;
   lock_g();
+  mpg__mpi_ret g; /* a group's errors report on MPI_COMM_WORLD */
+  mpg__mpi_ret_begin(&g, MPI_COMM_WORLD);
   int rc = MPI_Comm_group(m->comm, &a);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_group(parent->comm, &b);
   if (rc == MPI_SUCCESS) rc = MPI_Group_translate_ranks(a, m->size, in, b, pos);
-  if (a != MPI_GROUP_NULL) MPI_Group_free(&a);
-  if (b != MPI_GROUP_NULL) MPI_Group_free(&b);
+  if (a != MPI_GROUP_NULL && MPI_Group_free(&a) != MPI_SUCCESS) rc = MPI_ERR_GROUP;
+  if (b != MPI_GROUP_NULL && MPI_Group_free(&b) != MPI_SUCCESS) rc = MPI_ERR_GROUP;
+  mpg__mpi_ret_end(&g);
   unlock_g();
   free(in);
   return rc == MPI_SUCCESS ? 0 : -1;
