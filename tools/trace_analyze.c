@@ -147,6 +147,7 @@ static void sig_culprit(an *a, int g, uint64_t k, int xi, const tr_op *x, int wi
   sb_add(&b, "issued %s (%s) as #%llu on %s[%d] where world rank %d issued %s (%s)", x->kind, dx,
          (unsigned long long)k, G->name, G->index, a->R[wi].rank, w->kind, dw);
   add_culprit(a, a->R[xi].rank, &b);
+  ta__evidence(a, a->R[xi].rank, w1 && same_sig(x, w1) ? (x1 && same_sig(x1, w) ? TA_SWAPPED : TA_SKIPPED) : TA_DIFFERS, g, k, w->kind, -1);
 }
 
 static int cmp_u64(const void *x, const void *y) {
@@ -365,6 +366,7 @@ static int pair_at(an *a, int g, int si, int ri, uint64_t k) {
          G->name, G->index, ops[odd]->dtype, (unsigned long long)cnt[odd], G->name,
          ops[odd]->dtype, (unsigned long long)cnt[1 - odd]);
   add_culprit(a, a->R[idx[odd]].rank, &c);
+  ta__evidence(a, a->R[idx[odd]].rank, TA_DIFFERS, g, k, odd ? "recv" : "send", odd ? s : r);
   return 1;
 }
 
@@ -483,7 +485,7 @@ static int setup(an *a, char *err, size_t errlen) {
     }
   }
   for (int i = 0; i < a->n; i++) {
-    if (!strcmp(R[i].reason, "request") || R[i].dump_ns >= tf) continue;
+    if (!strcmp(R[i].reason, "request") || !strcmp(R[i].reason, "end") || R[i].dump_ns >= tf) continue;
     tf = R[i].dump_ns;
     fail_issue = tf;
     out->fault_rank = R[i].rank;

@@ -96,6 +96,16 @@ void ta__add_item(an *a, ta_item **v, int *n, int rank, sb *b);
  * member of a group instance whose list of operations lacks one that its
  * peers hold, whatever the signatures. */
 void ta__check_seq(an *a);
+/* A culprit's evidence (ta_item: how, group, number, the peers' times),
+ * set on world rank `rank`'s culprit item when no rule set it before:
+ * op #k of `kind` on instance g (peer: for a send or receive, the other
+ * side's world rank; -1 for a collective).  _order: the op like `ref`
+ * (of rank index ri) that rank index xi would have issued before its op
+ * `at`; _wait: the op that rank index wi waited for in o, owed by world
+ * rank m (a root of the wait-for graph). */
+void ta__evidence(an *a, int rank, ta_how how, int g, uint64_t k, const char *kind, int peer);
+void ta__evidence_order(an *a, int xi, const tr_op *ref, int ri, const tr_op *at, ta_how how);
+void ta__evidence_wait(an *a, int m, int wi, const tr_op *o);
 
 /* trace_analyze_order.c */
 void ta__check_order(an *a);

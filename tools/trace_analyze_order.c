@@ -165,6 +165,7 @@ static void order_culprit(an *a, int xi, int yi, long s, int p, const int *win, 
   for (int k = 0; k < nwin && k < 6; k++) sb_add(&b, "%s %d", k ? "," : "", win[k]);
   sb_add(&b, "%s did otherwise)", nwin > 6 ? ", ..." : "");
   add_culprit(a, a->R[xi].rank, &b);
+  ta__evidence_order(a, xi, y0, yi, x0, x1 && y1 && !strcmp(kx0, ky1) && !strcmp(kx1, ky0) ? TA_SWAPPED : y1 && !strcmp(kx0, ky1) ? TA_SKIPPED : TA_DIFFERS);
 }
 
 /* One role's step s: vote position by position. */
@@ -447,6 +448,7 @@ void ta__check_waits(an *a) {
       last_op(a, mi, &b);
     }
     add_culprit(a, m, &b);
+    ta__evidence_wait(a, m, by_i[m], o);
   }
   if (more) {
     int first = -1;

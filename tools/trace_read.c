@@ -157,14 +157,15 @@ static const char *const kinds[] = {"all_reduce", "broadcast", "all_gather", "re
                                     "barrier", "send", "recv", "all_to_all", "all_to_all_v", NULL};
 static const char *const dtypes[] = {"f32", "f64", "f16", "bf16", "i32", "i64", NULL};
 
-/* A status: "ok", "pending", "request" (reason lines only) or MPG_<NAME>. */
+/* A status: "ok", "pending", "request" or "end" (reason lines only) or MPG_<NAME>. */
 static int get_status(pstate *ps, tok t, const char *field, char *out, size_t cap, int request) {
   if (get_str(ps, t, field, out, cap, 1)) return -1;
-  if (request ? !strcmp(out, "request") : (!strcmp(out, "ok") || !strcmp(out, "pending")))
+  if (request ? !strcmp(out, "request") || !strcmp(out, "end")
+              : (!strcmp(out, "ok") || !strcmp(out, "pending")))
     return 0;
   if (strncmp(out, "MPG_", 4) || !out[4]) {
     return bad(ps, field, t,
-               request ? "is not a status name (MPG_...) nor 'request'"
+               request ? "is not a status name (MPG_...) nor 'request' nor 'end'"
                        : "is not 'ok', 'pending' nor a status name (MPG_...)");
   }
   for (const char *c = out + 4; *c; c++)

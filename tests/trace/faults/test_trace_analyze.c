@@ -154,6 +154,23 @@ Test(trace_analyze, victims_are_blocked_not_named) {
   sim_free(&j);
 }
 
+/* Run job j (fault set) and say whether exactly its victim is named; a
+ * miss is printed with `what`. */
+static int exact(sim_job *j, const char *what) {
+  ta_report rep;
+  analyze(j, &rep);
+  int ok = rep.nculprits == 1 && rep.culprits[0].rank == j->victim;
+  if (!ok) {
+    char got[8192];
+    culprits_text(&rep, got, sizeof got);
+    fprintf(stderr, "MISS %s rank %d step %d op %d%s: culprits:%s\n", fault_names[j->fault],
+            j->victim, j->step, j->op, what, got);
+  }
+  ta_report_free(&rep);
+  sim_free(j);
+  return ok;
+}
+
 /* Every fault at every step and operation of a 4-step job. */
 Test(trace_analyze, every_fault_everywhere, .timeout = 300) {
   int runs = 0, hits = 0;
@@ -168,22 +185,123 @@ Test(trace_analyze, every_fault_everywhere, .timeout = 300) {
           j.step = 1 + (victim + op) % 2;
           j.op = op;
           j.same_counts = same;
-          ta_report rep;
-          analyze(&j, &rep);
           runs++;
-          int ok = rep.nculprits == 1 && rep.culprits[0].rank == victim;
-          hits += ok;
-          if (!ok) {
-            char got[8192];
-            culprits_text(&rep, got, sizeof got);
-            fprintf(stderr, "MISS %s rank %d step %d op %d%s: culprits:%s\n", fault_names[f],
-                    victim, j.step, op, same ? " (same counts)" : "", got);
-          }
-          ta_report_free(&rep);
-          sim_free(&j);
+          hits += exact(&j, same ? " (same counts)" : "");
         }
       }
   fprintf(stderr, "every_fault_everywhere: %d of %d exact\n", hits, runs);
+  cr_expect_eq(hits, runs, "%d of %d runs named exactly the faulty rank", hits, runs);
+}
+
+/* ------------------------------------------------------------------ */
+/* Sequence evidence (issue 46, items 1 and 2)                          */
+/* ------------------------------------------------------------------ */
+
+/* A skip of a tp all-reduce of the same count as its neighbour by
+ * `victim` in `step` (op: its index in the step): exactly the victim named, "skipped
+ * all_reduce #k on tp[victim / 2]", and its evidence for the picture.
+ * Returns 1 when so (the misses are printed). */
+static int skip_named(int victim, int step, int op, int check_order, int end_dumps, int *ended) {
+  sim_job j = {0};
+  j.fault = SIM_SKIP;
+  j.victim = victim;
+  j.step = step;
+  j.op = op;
+  j.same_counts = 1;
+  j.check_order = check_order;
+  j.end_dumps = end_dumps;
+  ta_report rep;
+  analyze(&j, &rep);
+  char want[64], got[8192];
+  snprintf(want, sizeof want, " on tp[%d]", victim / 2);
+  int ok = rep.nculprits == 1 && rep.culprits[0].rank == victim;
+  const ta_item *it = ok ? &rep.culprits[0] : NULL;
+  ok = ok && strstr(it->text, "skipped all_reduce #") && strstr(it->text, want) &&
+       !strstr(it->text, "left no dump");
+  ok = ok && it->how == TA_SKIPPED && !strcmp(it->group, want + 4) &&
+       !strcmp(it->kind, "all_reduce") && it->gseq > 0 && it->peers_issue_ns > 0;
+  /* every rank dumped (with the checker all fail; without it the victim
+   * ends its program, unless the pipeline blocks it behind its partner) */
+  int dumps_ok = rep.ndumps == SIM_WORLD;
+  for (int i = 0; i < j.nranks && ended; i++)
+    if (j.ranks[i].rank == victim && !strcmp(j.ranks[i].reason, "end")) (*ended)++;
+  if (!ok || !dumps_ok) {
+    culprits_text(&rep, got, sizeof got);
+    fprintf(stderr, "MISS skip rank %d step %d op %d%s%s (%d dumps): culprits:%s\n", victim, step,
+            op, check_order ? " checker" : "", end_dumps ? " end dumps" : "", rep.ndumps, got);
+  }
+  ta_report_free(&rep);
+  sim_free(&j);
+  return ok && dumps_ok;
+}
+
+/* Item 1: with the issue-order check's world collective at each step's
+ * end, the victim's partner waits in the tp all-reduce the victim lacks
+ * while the victim waits in the check (a cycle, no root of the wait-for
+ * graph); the victim went on to the check, so the sequences name it.
+ * Every victim, every tp all-reduce of two steps. */
+Test(trace_analyze, skipped_collective_same_size_with_checker) {
+  int runs = 0, hits = 0;
+  for (int victim = 0; victim < SIM_WORLD; victim++)
+    for (int step = 1; step <= 2; step++)
+      for (int op = victim < 4 ? 0 : 1; op <= 2; op += victim < 4 ? 2 : 1) {
+        runs++; /* the tp all-reduces: ops 0 and 2 of stage 0, 1 and 2 of stage 1 */
+        hits += skip_named(victim, step, op, 1, 0, NULL);
+      }
+  cr_expect_eq(hits, runs, "%d of %d skips named exactly the victim as having skipped", hits, runs);
+}
+
+/* Item 2: without the checker the victim runs to the end of its program
+ * and dumps with reason "end" (mpg_ctx_destroy with a trace directory):
+ * its list lacks the all-reduce its partner waits in, and the culprit
+ * line names the skip, not a missing dump.  Every victim, every step
+ * (the last one included), both tp all-reduces. */
+Test(trace_analyze, skipped_collective_same_size_end_dumps) {
+  int runs = 0, hits = 0, ended = 0;
+  for (int victim = 0; victim < SIM_WORLD; victim++)
+    for (int step = 1; step <= 3; step++)
+      for (int op = victim < 4 ? 0 : 1; op <= 2; op += victim < 4 ? 2 : 1) {
+        runs++;
+        hits += skip_named(victim, step, op, 0, 1, &ended);
+      }
+  cr_expect_eq(hits, runs, "%d of %d skips named exactly the victim as having skipped", hits, runs);
+  cr_expect_geq(ended, runs / 3, "the victim ended its program in only %d of %d runs", ended, runs);
+}
+
+/* No false positive: a healthy job names nobody with the checker and end
+ * dumps (a dump with reason "end" is no failure), and every other fault
+ * (hang, swap, kill, a skip of another count) still names exactly its
+ * rank with them, never a rank that only waited. */
+Test(trace_analyze, sequence_evidence_names_no_victim) {
+  for (int opt = 0; opt < 4; opt++) {
+    sim_job j = {0};
+    j.check_order = opt & 1;
+    j.end_dumps = opt >> 1;
+    ta_report rep;
+    analyze(&j, &rep);
+    cr_expect_eq(rep.fault, 0, "options %d", opt);
+    cr_expect_eq(rep.nculprits, 0, "options %d: %s", opt,
+                 rep.nculprits ? rep.culprits[0].text : "");
+    cr_expect_eq(rep.ndumps, SIM_WORLD);
+    ta_report_free(&rep);
+    sim_free(&j);
+  }
+  int runs = 0, hits = 0;
+  for (int opt = 1; opt < 4; opt++)
+    for (int f = SIM_HANG; f <= SIM_KILL; f++)
+      for (int victim = 0; victim < SIM_WORLD; victim++)
+        for (int op = 0; op < 6; op++) {
+          if (f == SIM_SWAP && op == 5) continue;
+          sim_job j = {0};
+          j.fault = (sim_fault)f;
+          j.victim = victim;
+          j.step = 1 + (victim + op) % 2;
+          j.op = op;
+          j.check_order = opt & 1;
+          j.end_dumps = opt >> 1;
+          runs++;
+          hits += exact(&j, opt == 1 ? " checker" : opt == 2 ? " end dumps" : " both");
+        }
   cr_expect_eq(hits, runs, "%d of %d runs named exactly the faulty rank", hits, runs);
 }
 

@@ -9,7 +9,7 @@
 #define T0 1700000000000000000LL
 
 typedef struct rec {
-  int g;           /* 0 tp, 1 dp, 2 pp */
+  int g;           /* 0 tp, 1 dp, 2 pp, 3 world */
   sim_op op;
   long step;
   uint64_t gseq;
@@ -26,14 +26,20 @@ typedef struct srank {
   const char *reason;
   rec recs[SIM_MAXOPS];
   int nrecs;
-  uint64_t cseq[3], pseq[3][2][2]; /* per group; p2p per peer position and direction */
+  uint64_t cseq[4], pseq[3][2][2]; /* per group; p2p per peer position and direction */
 } srank;
 
-static const char *const gnames[3] = {"tp", "dp", "pp"};
+static const char *const gnames[4] = {"tp", "dp", "pp", "world"};
 
-/* Members of group g of rank r (2 each) and its index. */
-static void members(int g, int r, int m[2], int *index) {
+/* Members of group g of rank r (2 each, world: SIM_WORLD) and its index;
+ * returns how many. */
+static int members(int g, int r, int m[SIM_WORLD], int *index) {
   int pp = r / 4, dp = (r / 2) % 2, tp = r % 2;
+  if (g == 3) {
+    for (int k = 0; k < SIM_WORLD; k++) m[k] = k;
+    *index = 0;
+    return SIM_WORLD;
+  }
   if (g == 0) {
     m[0] = r / 2 * 2;
     m[1] = m[0] + 1;
@@ -47,14 +53,22 @@ static void members(int g, int r, int m[2], int *index) {
     m[1] = m[0] + 4;
     *index = dp * 2 + tp;
   }
+  return 2;
 }
 
-static int gidx(const char *name) { return !strcmp(name, "tp") ? 0 : !strcmp(name, "dp") ? 1 : 2; }
-static int pos_of(int g, int r) {
-  int m[2], ix;
-  members(g, r, m, &ix);
-  return m[1] == r;
+static int gidx(const char *name) {
+  return !strcmp(name, "tp") ? 0 : !strcmp(name, "dp") ? 1 : !strcmp(name, "pp") ? 2 : 3;
 }
+static int pos_of(int g, int r) {
+  int m[SIM_WORLD], ix, n = members(g, r, m, &ix);
+  for (int k = 0; k < n; k++)
+    if (m[k] == r) return k;
+  return -1;
+}
+
+/* Operations per step: six, and the issue-order check's collective on
+ * world at the end of the step when check_order. */
+static int per_step(const sim_job *j) { return 6 + (j->check_order ? 1 : 0); }
 
 static void program(const sim_job *j, int r, srank *s) {
   int tp2 = j->same_counts ? 100 : 300;
@@ -65,15 +79,16 @@ static void program(const sim_job *j, int r, srank *s) {
                    {"tp", "all_reduce", tp2, -1, -1}, {"pp", "send", 50, -1, 0},
                    {"dp", "all_reduce", 200, 0, -1},  {"dp", "all_to_all", 64, -1, -1}};
   const sim_op *p = r < 4 ? st0 : st1;
+  const sim_op check = {"world", "all_reduce", 4, -1, -1};
   s->nprog = 0;
   for (int step = 0; step < j->steps; step++)
-    for (int o = 0; o < 6; o++) {
+    for (int o = 0; o < per_step(j); o++) {
       int victim = r == j->victim && step == j->step;
       if (victim && j->fault == SIM_SKIP && o == j->op) continue;
       int oo = o;
       if (victim && j->fault == SIM_SWAP && (o == j->op || o == j->op + 1))
         oo = o == j->op ? o + 1 : o - 1;
-      s->prog[s->nprog] = p[oo];
+      s->prog[s->nprog] = oo < 6 ? p[oo] : check;
       s->pstep[s->nprog++] = step;
     }
 }
@@ -102,12 +117,14 @@ static void dump_text(const sim_job *j, int r, srank *s, char *buf, size_t cap) 
 #define OUT(...) n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__)
   OUT("meshpg-trace 1\nrank %d %d\nprocess host %d\nbackend thread\nmesh pp=2,dp=2,tp=2\n"
       "job 00000000000000aa\nclock %lld\nreason %s %s\nring %ld %d\n", r, SIM_WORLD, 100 + r,
-      (long long)s->dump_ns, s->reason, strcmp(s->reason, "request") ? "failed" : "-", capy,
+      (long long)s->dump_ns, s->reason,
+      strcmp(s->reason, "request") && strcmp(s->reason, "end") ? "failed" : "-", capy,
       s->nrecs);
-  for (int g = 0; g < 3; g++) {
-    int m[2], ix;
-    members(g, r, m, &ix);
-    OUT("group %d %s %d %d 2 %d,%d\n", g, gnames[g], ix, pos_of(g, r), m[0], m[1]);
+  for (int g = 0; g < (j->check_order ? 4 : 3); g++) {
+    int m[SIM_WORLD], ix, nm = members(g, r, m, &ix);
+    OUT("group %d %s %d %d %d", g, gnames[g], ix, pos_of(g, r), nm);
+    for (int k = 0; k < nm; k++) OUT("%c%d", k ? ',' : ' ', m[k]);
+    OUT("\n");
   }
   for (int i = first; i < s->nrecs; i++) {
     rec *c = &s->recs[i];
@@ -139,11 +156,11 @@ int sim_run(sim_job *j, char *err, size_t errlen) {
       any = 1;
       if (s->pending || t < s->ready) continue;
       if (s->pc == s->nprog) {
-        stop(s, t, "request");
+        stop(s, t, j->end_dumps ? "end" : "request");
         continue;
       }
       int at_fault = r == j->victim && s->pstep[s->pc] == j->step &&
-                     s->pc % 6 == j->op && s->pc / 6 == j->step;
+                     s->pc % per_step(j) == j->op && s->pc / per_step(j) == j->step;
       if (at_fault && j->fault == SIM_HANG && !s->hung) {
         s->hung = 1;
         s->ready = t + (int64_t)(j->hang_s * 1e9);
@@ -160,7 +177,7 @@ int sim_run(sim_job *j, char *err, size_t errlen) {
       c->issue = t;
       c->status = "pending";
       c->peer = -1;
-      int m[2], ix;
+      int m[SIM_WORLD], ix;
       members(c->g, r, m, &ix);
       if (c->op.peerpos >= 0) {
         int dir = !strcmp(c->op.kind, "recv");
@@ -182,8 +199,7 @@ int sim_run(sim_job *j, char *err, size_t errlen) {
       srank *s = &S[r];
       if (!s->active || !s->pending) continue;
       rec *c = &s->recs[s->nrecs - 1];
-      int m[2], ix;
-      members(c->g, r, m, &ix);
+      int m[SIM_WORLD], ix, nm = members(c->g, r, m, &ix);
       if (!strcmp(c->op.kind, "recv")) {
         rec *snd = find(&S[c->peer], c->g, "send", r, c->gseq);
         if (snd) {
@@ -194,20 +210,26 @@ int sim_run(sim_job *j, char *err, size_t errlen) {
         }
         continue;
       }
-      int other = m[0] == r ? m[1] : m[0];
-      rec *o = find(&S[other], c->g, NULL, -1, c->gseq);
-      if (!o || !S[other].active || !S[other].pending || o != &S[other].recs[S[other].nrecs - 1])
-        continue;
-      int same = !strcmp(o->op.kind, c->op.kind) && o->op.count == c->op.count &&
-                 o->op.bucket == c->op.bucket;
-      rec *both[2] = {c, o};
-      srank *sr[2] = {s, &S[other]};
-      for (int k = 0; k < 2; k++) {
-        both[k]->end = t;
-        both[k]->status = same ? "ok" : "MPG_ERR_STATE";
-        sr[k]->pending = 0;
-        sr[k]->ready = t + MS;
-        if (!same) stop(sr[k], t, "MPG_ERR_STATE");
+      /* Every member pending in its #gseq on the group. */
+      rec *all[SIM_WORLD];
+      int same = 1, here = 1;
+      for (int k = 0; k < nm && here; k++) {
+        srank *q = &S[m[k]];
+        rec *o = find(q, c->g, NULL, -1, c->gseq);
+        here = o && q->active && q->pending && o == &q->recs[q->nrecs - 1];
+        if (!here) break;
+        all[k] = o;
+        same &= !strcmp(o->op.kind, c->op.kind) && o->op.count == c->op.count &&
+                o->op.bucket == c->op.bucket;
+      }
+      if (!here) continue;
+      for (int k = 0; k < nm; k++) {
+        srank *q = &S[m[k]];
+        all[k]->end = t;
+        all[k]->status = same ? "ok" : "MPG_ERR_STATE";
+        q->pending = 0;
+        q->ready = t + MS;
+        if (!same) stop(q, t, "MPG_ERR_STATE");
       }
     }
     /* Timeouts. */

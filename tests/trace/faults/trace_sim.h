@@ -7,7 +7,9 @@
  * MPG_ERR_STATE), a send completes at once, a receive when its send was
  * issued, and an operation pending for the timeout fails its rank with
  * MPG_ERR_TIMEOUT; a rank that fails writes its dump, a rank that ends its
- * program writes one on request, a killed rank none.  The dumps are
+ * program writes one on request (or with reason "end": end_dumps), a
+ * killed rank none.  check_order: each step ends with the issue-order
+ * check's all-reduce on "world" (MESHPG_CHECK_ORDER=1).  The dumps are
  * written in the format of docs/trace.md and read back with tr_parse. */
 #ifndef TESTS_TRACE_SIM_H
 #define TESTS_TRACE_SIM_H
@@ -20,7 +22,7 @@
 #define SIM_MAXOPS 512
 
 typedef struct sim_op {
-  const char *group; /* "tp", "dp", "pp" */
+  const char *group; /* "tp", "dp", "pp", "world" */
   const char *kind;  /* all_reduce, all_to_all, send, recv */
   int count, bucket, peerpos;
 } sim_op;
@@ -34,6 +36,8 @@ typedef struct sim_job {
   double timeout_s, hang_s;
   int same_counts;       /* tp all-reduces of one count (skip: a shift) */
   long capacity;         /* ring size (0: 4096) */
+  int check_order;       /* an issue-order check (all_reduce on world) ends each step */
+  int end_dumps;         /* a rank that ends its program dumps with reason "end" */
   /* out */
   tr_rank ranks[SIM_WORLD];
   char *text[SIM_WORLD]; /* each dump's text */
