@@ -350,6 +350,7 @@ static mpg_status native_work(mpg_group *g, const a2a *a, mpg__req *req, double 
   mpg_work *handle = work ? calloc(1, sizeof *handle) : NULL;
   if (handle) {
     handle->group = g;
+    handle->op.kind = -1; /* messages name the group (and the call) */
     handle->ops = g->ctx->ops;
     handle->req = req;
     handle->deadline = deadline;

@@ -214,6 +214,16 @@ struct mpg__backend_ops {
    * or -1.  nccl: the device world_init chose (groups/device.h), so that
    * binding pins the rank near that GPU. */
   int (*comm_device)(const mpg__comm *comm);
+  /* Optional (NULL: the backend names no group in its messages).  The
+   * mesh's name of the group comm serves ("tp[1]", "world", an extra
+   * group's given name; mpg__group_label), for the backend's messages:
+   * group.c calls it on this member's handle right after making the
+   * communicator, before any operation on it.  Copied (cut to the
+   * backend's room); local.  The generic layer names a failed operation
+   * itself, with the flight recorder's number ("all_reduce #8 on tp[1]",
+   * coll.c's on_failure): a backend's message gives no number or group
+   * name of its own counting or naming (issue 46, item 4). */
+  void (*set_label)(mpg__comm *comm, const char *label);
   /* Set the timeout of the operations (and splits) that start on comm from
    * now on; communicators split from it later inherit it.  Local. */
   void (*set_timeout)(mpg__comm *comm, double timeout_s);

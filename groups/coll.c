@@ -138,18 +138,35 @@ static mpg_status check_coll(const mpg_group *g, const mpg__coll *c) {
  * after an asynchronous error (its communicator cannot be used again).
  * Argument errors (MPG_ERR_INVALID, _RANGE) are caught before anything is
  * posted, the same on every rank that passed the same arguments, and abort
- * nothing; so do refusals that post nothing (MPG_ERR_STATE). */
-static mpg_status on_failure(mpg_group *g, const char *fn, mpg_status st) {
-  if (st != MPG_OK && st != MPG_ERR_INVALID && st != MPG_ERR_RANGE && st != MPG_ERR_STATE) {
+ * nothing; so do refusals that post nothing (MPG_ERR_STATE), though their
+ * message gets the same names.
+ *
+ * Every failure is named here as the flight recorder's report names it
+ * (issue 46, item 4): the operation c with its number on the group (its
+ * GSEQ) and the group's label, "mpg_all_reduce: all_reduce #8 on tp[1]
+ * (position 1 of 2, world rank 3): ..." (c NULL: the call and the group's
+ * label); the backend's text follows. */
+static mpg_status on_failure_op(mpg_group *g, const char *fn, const mpg__op_id *c,
+                                mpg_status st) {
+  if (st == MPG_OK) return st;
+  int aborts = st != MPG_ERR_INVALID && st != MPG_ERR_RANGE && st != MPG_ERR_STATE;
+  if (aborts) {
     mpg__saved_error why;
     mpg__error_save(&why);
     mpg__ctx_abort_all(g->ctx, st == MPG_ERR_TIMEOUT ? st : MPG_ERR_ABORTED);
     (void)mpg__error_restore(st, &why);
-    st = mpg__fail_wrap(st, "%s on group \"%s\" (index %d, position %d of %d, world rank %d)",
-                        fn, g->name, g->index, g->position, g->size, g->ctx->rank);
-    mpg__trace_fault(g->ctx, st); /* the flight recorder's dump, once */
   }
+  char what[256];
+  mpg__group_op_label(g, c, what, sizeof what);
+  st = mpg__fail_wrap(st, "%s%s%s (position %d of %d, world rank %d)", fn,
+                      c && c->kind >= 0 ? ": " : " on ", what, g->position, g->size,
+                      g->ctx->rank);
+  if (aborts) mpg__trace_fault(g->ctx, st); /* the flight recorder's dump, once */
   return st;
+}
+
+static mpg_status on_failure(mpg_group *g, const char *fn, mpg_status st) {
+  return on_failure_op(g, fn, NULL, st);
 }
 
 mpg_status mpg__group_on_failure(mpg_group *g, const char *fn, mpg_status st) {
@@ -167,9 +184,10 @@ static void device_times(const struct mpg__backend_ops *ops, const mpg__req *req
   if (b > *t1) *t1 = b;
 }
 
-mpg_status mpg__group_finish(mpg_group *g, const struct mpg__backend_ops *ops,
-                             mpg__req **reqs, int n, double deadline, const char *fn,
-                             mpg_status failed, int skip) {
+/* mpg__group_finish, naming c (NULL: several operations) in the messages. */
+static mpg_status finish_op(mpg_group *g, const struct mpg__backend_ops *ops, mpg__req **reqs,
+                            int n, double deadline, const char *fn, const mpg__op_id *c,
+                            mpg_status failed, int skip) {
   mpg_status first = failed;
   mpg__saved_error why;
   if (failed) mpg__error_save(&why);
@@ -181,7 +199,7 @@ mpg_status mpg__group_finish(mpg_group *g, const struct mpg__backend_ops *ops,
       device_times(ops, reqs[i], &t0, &t1);
       continue;
     }
-    st = on_failure(g, fn, st); /* abort before freeing a pending request */
+    st = on_failure_op(g, fn, c, st); /* abort before freeing a pending request */
     mpg__trace_fault(g->ctx, st); /* also a mismatch the members found */
     if (!first) {
       first = st;
@@ -193,16 +211,31 @@ mpg_status mpg__group_finish(mpg_group *g, const struct mpg__backend_ops *ops,
   return first ? mpg__error_restore(first, &why) : MPG_OK;
 }
 
-mpg_status mpg__group_ready(mpg_group *g, const char *fn) {
+mpg_status mpg__group_finish(mpg_group *g, const struct mpg__backend_ops *ops,
+                             mpg__req **reqs, int n, double deadline, const char *fn,
+                             mpg_status failed, int skip) {
+  return finish_op(g, ops, reqs, n, deadline, fn, NULL, failed, skip);
+}
+
+mpg_status mpg__group_ready_op(mpg_group *g, const char *fn, const mpg__op_id *c) {
   int reason = atomic_load(&g->ctx->aborted);
   if (reason) {
-    mpg_status st = mpg__fail(MPG_ERR_ABORTED, "%s on \"%s\": the context was aborted (%s)",
-                              fn, g->name, mpg_status_name((mpg_status)reason));
+    char what[256];
+    mpg__group_op_label(g, c, what, sizeof what);
+    mpg_status st = mpg__fail(MPG_ERR_ABORTED, "%s%s%s (position %d of %d, world rank %d): "
+                              "the context was aborted (%s)", fn,
+                              c && c->kind >= 0 ? ": " : " on ", what,
+                              g->position, g->size, g->ctx->rank,
+                              mpg_status_name((mpg_status)reason));
     mpg__trace_fault(g->ctx, st); /* a rank that comes back after the others failed */
     return st;
   }
   mpg_status st = mpg__group_create(g->ctx, g);
-  return st ? on_failure(g, fn, st) : MPG_OK;
+  return st ? on_failure_op(g, fn, c, st) : MPG_OK;
+}
+
+mpg_status mpg__group_ready(mpg_group *g, const char *fn) {
+  return mpg__group_ready_op(g, fn, NULL);
 }
 
 /* mpg__group_claim and mpg__group_release (ctx_internal.h): the group's
@@ -237,7 +270,7 @@ void mpg__group_release(mpg_group *g) {
  * first, with the reason, by its own table. */
 static mpg_status post_on(mpg_group *g, const struct mpg__backend_ops *ops, mpg__comm *comm,
                           const mpg__coll *c, mpg_work **work, const char *fn,
-                          const mpg__trace_mark *mark) {
+                          const mpg__trace_mark *mark, const mpg__op_id *id) {
   double deadline = mpg__now() + g->ctx->timeout_s;
   mpg__req *req = NULL;
   mpg_work *w = NULL;
@@ -249,11 +282,12 @@ static mpg_status post_on(mpg_group *g, const struct mpg__backend_ops *ops, mpg_
   if (st) {
     free(w);
     if (ops != g->ctx->ops) ops->abort_comm(comm, st);
-    return on_failure(g, fn, st);
+    return on_failure_op(g, fn, id, st);
   }
   mpg__trace_posted(mark);
-  if (!w) return mpg__group_finish(g, ops, &req, 1, deadline, fn, MPG_OK, 0);
+  if (!w) return finish_op(g, ops, &req, 1, deadline, fn, id, MPG_OK, 0);
   w->group = g;
+  w->op = *id;
   w->ops = ops;
   w->req = req;
   w->deadline = deadline;
@@ -262,11 +296,16 @@ static mpg_status post_on(mpg_group *g, const struct mpg__backend_ops *ops, mpg_
   return MPG_OK;
 }
 
-/* The flight recorder's record of c on g (trace.c), issued now. */
-static mpg__trace_mark trace_begin(mpg_group *g, const mpg__coll *c) {
-  int peer = c->kind == MPG__BROADCAST ? c->root
-             : c->kind == MPG__SEND || c->kind == MPG__RECV ? c->peer : -1;
-  return mpg__trace_begin(g, (int)c->kind, c->dtype, c->count, peer);
+/* The flight recorder's record of c on g (trace.c), issued now; *id: c as
+ * messages name it, with its number. */
+static mpg__trace_mark trace_begin(mpg_group *g, const mpg__coll *c, mpg__op_id *id) {
+  int p2p = c->kind == MPG__SEND || c->kind == MPG__RECV;
+  int peer = c->kind == MPG__BROADCAST ? c->root : p2p ? c->peer : -1;
+  mpg__trace_mark m = mpg__trace_begin(g, (int)c->kind, c->dtype, c->count, peer);
+  id->kind = (int)c->kind;
+  id->peer = p2p ? c->peer : -1;
+  id->gseq = m.gseq;
+  return m;
 }
 
 /* run() with g claimed. */
@@ -275,14 +314,15 @@ static mpg_status run_claimed(mpg_group *g, const mpg__coll *c, mpg_work **work,
   mpg_ctx *ctx = g->ctx;
   mpg_status st = check_coll(g, c);
   if (st) return st;
-  mpg__trace_mark mark = trace_begin(g, c); /* before a wait for an abort or a split */
-  st = mpg__group_ready(g, fn);
+  mpg__op_id id;
+  mpg__trace_mark mark = trace_begin(g, c, &id); /* before a wait for an abort or a split */
+  st = mpg__group_ready_op(g, fn, &id);
   if (!st) {
     mpg__order_note(g, c); /* issue order (order.c): as issued, size-1 groups too */
     if (g->size == 1)
       st = ctx->ops->local ? ctx->ops->local(ctx->world_comm, c) : mpg__local_host(c);
     else
-      st = post_on(g, ctx->ops, g->comm, c, work, fn, &mark);
+      st = post_on(g, ctx->ops, g->comm, c, work, fn, &mark, &id);
   }
   mpg__trace_hand(&mark, st, work);
   return st;
@@ -296,11 +336,12 @@ mpg_status mpg__group_run_on(mpg_group *g, const struct mpg__backend_ops *ops,
   if (st) return st;
   st = check_coll(g, c);
   if (!st) {
-    mpg__trace_mark mark = trace_begin(g, c);
-    st = mpg__group_ready(g, fn);
+    mpg__op_id id;
+    mpg__trace_mark mark = trace_begin(g, c, &id);
+    st = mpg__group_ready_op(g, fn, &id);
     if (!st) {
       mpg__order_note(g, c);
-      st = post_on(g, ops, comm, c, work, fn, &mark);
+      st = post_on(g, ops, comm, c, work, fn, &mark, &id);
     }
     mpg__trace_hand(&mark, st, work);
   }
@@ -355,8 +396,8 @@ mpg_status mpg_work_wait(mpg_work *w) {
   mpg__req **reqs = work_reqs(w, &n);
   /* A failure seen by mpg_work_test was of reqs[ndone]; the others are
    * still waited for, then everything is freed. */
-  mpg_status st = mpg__group_finish(w->group, w->ops, reqs, n, w->deadline, "mpg_work_wait",
-                                    w->status, w->ndone);
+  mpg_status st = finish_op(w->group, w->ops, reqs, n, w->deadline, "mpg_work_wait",
+                            &w->op, w->status, w->ndone);
   mpg__trace_end(&w->trace, st);
   free(w->reqs);
   free(w);
@@ -389,7 +430,7 @@ mpg_status mpg_work_test(mpg_work *w, int *done) {
   }
   if (st) {
     *done = 1;
-    w->status = on_failure(w->group, "mpg_work_test", st);
+    w->status = on_failure_op(w->group, "mpg_work_test", &w->op, st);
     mpg__trace_end(&w->trace, w->status);
     return w->status;
   }
@@ -408,7 +449,7 @@ mpg_status mpg_work_test(mpg_work *w, int *done) {
       mpg__trace_end(&w->trace, MPG_OK);
       return MPG_OK;
     }
-    w->status = on_failure(w->group, "mpg_work_test", st);
+    w->status = on_failure_op(w->group, "mpg_work_test", &w->op, st);
     mpg__trace_end(&w->trace, w->status);
     return w->status;
   }
@@ -488,14 +529,15 @@ mpg_status mpg_recv(mpg_group *group, void *buf, size_t count,
 static mpg_status host_coll_claimed(mpg_group *g, mpg__coll *c, const char *what) {
   mpg_status st = check_coll(g, c);
   if (st) return st;
-  mpg__trace_mark mark = trace_begin(g, c);
-  st = mpg__group_ready(g, what);
+  mpg__op_id id;
+  mpg__trace_mark mark = trace_begin(g, c, &id);
+  st = mpg__group_ready_op(g, what, &id);
   if (!st && g->size == 1) {
     if (c->count) memmove(c->recv, c->send, c->count * mpg__dtype_size(c->dtype));
   } else if (!st) {
     mpg__trace_posted(&mark);
     st = mpg__ctx_setup_coll(g->ctx, g->comm, g->size, c);
-    if (st) st = on_failure(g, what, st);
+    if (st) st = on_failure_op(g, what, &id, st);
   }
   mpg__trace_end(&mark, st);
   return st;

@@ -39,7 +39,8 @@ struct mpg_group {
   struct mpg_group *next; /* extra groups of the context */
   int trace_id;     /* trace.c: 1 + its number in the flight recorder's
                        groups table, 0 until its first operation */
-  _Atomic uint64_t trace_seq;  /* trace.c: collectives recorded on it */
+  _Atomic uint64_t trace_seq;  /* trace.c: collectives numbered on it (the
+                                  recorder's GSEQ; counted recording or not) */
   _Atomic uint64_t *trace_p2p; /* trace.c: sends to / receives from each
                                   position (2 x size), from its first op */
   _Atomic(struct mpg__a2a *) a2a; /* shm/a2a.c: its all-to-alls'
@@ -107,8 +108,12 @@ void mpg__ctx_staging_release(mpg_ctx *ctx);
  * frees it.  _begin records one operation of g (kind: an mpg__coll_kind or
  * TRACE_ALL_TO_ALL[_V]; peer: the position of the peer or the broadcast's
  * root, else -1) as issued now, with the sync step and this thread's
- * bucket tag; groups of one member are not recorded.  _begin_batch: the
- * sends and receives list[0..n).  _posted: the operations were handed to
+ * bucket tag; groups of one member are not recorded.  Every collective
+ * of a group of two or more members that is not muted is numbered
+ * (mark.gseq), recording or not, with the counter the recorder writes as
+ * GSEQ, so that messages and the report give one number (issue 46, item
+ * 4); sends and receives are numbered per peer while recording.
+ * _begin_batch: the sends and receives list[0..n).  _posted: the operations were handed to
  * the transport (their start off nccl).  _end: they ended with st (the
  * device times of mpg__trace_device_times, else now).  _hand: _end,
  * unless st is MPG_OK and *work was handed out (work may be NULL): then
@@ -120,12 +125,23 @@ void mpg__ctx_staging_release(mpg_ctx *ctx);
  * trace directory is set; keeps mpg_last_error().  Lock-free but for the
  * first operation of a group. */
 typedef struct mpg__trace mpg__trace;
+/* An operation as messages name it (issue 46, item 4): its kind (an
+ * mpg__coll_kind; < 0: none), the peer's position (send, receive; else
+ * -1) and its number on the group (mark.gseq; 0: not numbered). */
+typedef struct mpg__op_id {
+  int kind, peer;
+  uint64_t gseq;
+} mpg__op_id;
 /* Kinds beyond mpg__coll_kind (the all-to-alls of alltoall.c). */
 enum { TRACE_ALL_TO_ALL = 16, TRACE_ALL_TO_ALL_V = 17 };
 typedef struct mpg__trace_mark {
   mpg__trace *t;
   uint64_t seq;
   int n;
+  uint64_t gseq; /* _begin: the operation's number on its group (GSEQ),
+                    recording or not; 0: not numbered (a muted operation, a
+                    group of one member, a send / receive while recording
+                    is off) */
 } mpg__trace_mark;
 mpg_status mpg__trace_create(mpg_ctx *ctx, const mpg_init_opts *opts);
 void mpg__trace_destroy(mpg_ctx *ctx);
@@ -144,6 +160,8 @@ void mpg__trace_fault(mpg_ctx *ctx, mpg_status st);
 
 struct mpg_work {
   mpg_group *group;
+  mpg__op_id op;      /* the operation, for the messages (kind < 0: several,
+                         a batch or an all-to-all) */
   /* The table that posted the requests, whose test / wait / req_free
    * complete them: the context's backend, or the shared-memory table of
    * one of the group's segments (groups/shm/, posted through
@@ -164,6 +182,8 @@ struct mpg_work {
  * was aborted; else g's communicator, created now if lazy (a failure then
  * goes through mpg__group_on_failure). */
 mpg_status mpg__group_ready(mpg_group *g, const char *fn);
+/* The same, naming the operation op in a message. */
+mpg_status mpg__group_ready_op(mpg_group *g, const char *fn, const mpg__op_id *op);
 
 /* coll.c: claim g for the public call `fn` of this thread (one thread
  * uses a group at a time): MPG_OK, or MPG_ERR_STATE, nothing posted, while
@@ -188,6 +208,15 @@ mpg_status mpg__ctx_check_issuer(mpg_ctx *ctx, const char *fn, const char *group
  * could not) and names the group in the message;
  * returns st. */
 mpg_status mpg__group_on_failure(mpg_group *g, const char *fn, mpg_status st);
+
+/* group.c: the names a message gives (issue 46, item 4), those of the
+ * flight recorder's report: g's label, "tp[1]" (a mesh dim set and the
+ * group's index), "world", or an extra group's given name; and an
+ * operation's, "all_reduce #8 on tp[1]", "send #3 to world rank 2 on
+ * pp[0]" (op->gseq 0: no number), op NULL or op->kind < 0: the label.
+ * Formatted only when a message needs them. */
+void mpg__group_label(const mpg_group *g, char *buf, size_t n);
+void mpg__group_op_label(const mpg_group *g, const mpg__op_id *op, char *buf, size_t n);
 
 /* coll.c: run one collective on g as the public calls do (argument
  * checks, size-1 groups, the timeout, abort on failure); with `work`, an

@@ -47,6 +47,36 @@ static mpg_status check_shape(mpg_ctx *ctx, mpg_group *g) {
                    g->name, g->index, ctx->rank, ctx->ops->name, why);
 }
 
+void mpg__group_label(const mpg_group *g, char *buf, size_t n) {
+  if (g->dimset < 0 || strcmp(g->name, "world") == 0)
+    snprintf(buf, n, "%s", g->name);
+  else
+    snprintf(buf, n, "%s[%d]", g->name, g->index);
+}
+
+void mpg__group_op_label(const mpg_group *g, const mpg__op_id *c, char *buf, size_t n) {
+  char label[160];
+  mpg__group_label(g, label, sizeof label);
+  if (!c || c->kind < 0) {
+    snprintf(buf, n, "%s", label);
+    return;
+  }
+  char num[32] = "", peer[48] = "";
+  if (c->gseq) snprintf(num, sizeof num, " #%llu", (unsigned long long)c->gseq);
+  if ((c->kind == MPG__SEND || c->kind == MPG__RECV) && c->peer >= 0 && c->peer < g->size)
+    snprintf(peer, sizeof peer, " %s world rank %d", c->kind == MPG__SEND ? "to" : "from",
+             mpg__group_world_rank(g, c->peer));
+  snprintf(buf, n, "%s%s%s on %s", mpg__kind_name((mpg__coll_kind)c->kind), num, peer, label);
+}
+
+/* Give the backend g's label for its messages (set_label, optional). */
+static void label_comm(mpg_ctx *ctx, mpg_group *g) {
+  if (!g->comm || !ctx->ops->set_label || g->comm == ctx->world_comm) return;
+  char label[160];
+  mpg__group_label(g, label, sizeof label);
+  ctx->ops->set_label(g->comm, label);
+}
+
 /* Make g's communicator: nothing for size 1, the world's for "world",
  * else one split of the world (collective over the world). */
 static mpg_status create_one(mpg_ctx *ctx, mpg_group *g) {
@@ -72,6 +102,7 @@ static mpg_status create_one(mpg_ctx *ctx, mpg_group *g) {
                      g->name, ctx->rank);
     if (!st) st = check_shape(ctx, g);
     if (st) return st;
+    label_comm(ctx, g);
   }
   g->created = 1;
   mpg__log(2, "rank %d: group %s #%d, position %d of %d", ctx->rank, g->name,
@@ -238,6 +269,7 @@ static mpg_status make_extra_part(mpg_ctx *ctx, const char *key, unsigned mask,
     st = ctx->ops->split(ctx->world_comm, member ? g->index : -1, g->position,
                          &g->comm);
     if (!st && member) st = check_shape(ctx, g);
+    if (!st && member) label_comm(ctx, g);
   }
   if (st) {
     free(g);

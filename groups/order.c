@@ -225,7 +225,7 @@ static mpg_status run_check_coll(mpg_ctx *ctx, mpg__coll *c, const char *where,
   mpg_group *world = NULL;
   for (int s = 0; s < ctx->nsets && !world; s++)
     if (!strcmp(ctx->groups[s].name, "world")) world = &ctx->groups[s];
-  mpg__trace_mark mark = {NULL, 0, 0};
+  mpg__trace_mark mark = {NULL, 0, 0, 0};
   if (world)
     mark = mpg__trace_begin(world, (int)c->kind, c->dtype, c->count,
                             c->kind == MPG__BROADCAST ? c->root : -1);

@@ -76,6 +76,7 @@ static mpg_status hand_out(mpg_group *g, mpg__req *one, mpg__req **reqs, int n,
                      "(the %d operations completed)", fn, g->name, n);
   }
   w->group = g;
+  w->op.kind = -1; /* several operations: the messages name the group */
   w->ops = g->ctx->ops;
   w->req = one;
   w->reqs = reqs;

@@ -149,14 +149,18 @@ void mpg__trace_mute(int delta) { muted += delta; }
 
 mpg__trace_mark mpg__trace_begin(mpg_group *g, int kind, mpg_dtype dtype, size_t count,
                                  int peer) {
-  mpg__trace_mark m = {NULL, 0, 0};
+  mpg__trace_mark m = {NULL, 0, 0, 0};
+  if (g->size < 2 || muted) return m;
+  int p2p = kind == MPG__SEND || kind == MPG__RECV;
+  /* Collectives are numbered recording or not: the messages' numbers
+   * (issue 46, item 4) are the dump's GSEQ. */
+  if (!p2p) m.gseq = atomic_fetch_add_explicit(&g->trace_seq, 1, RLX) + 1;
   mpg__trace *t = g->ctx->trace;
-  if (!t || g->size < 2 || muted) return m;
+  if (!t) return m;
   int gid = group_id(t, g);
   if (gid < 0) return m;
-  uint64_t gseq = kind == MPG__SEND || kind == MPG__RECV
-                      ? p2p_seq(g, kind, peer)
-                      : atomic_fetch_add_explicit(&g->trace_seq, 1, RLX) + 1;
+  if (p2p) m.gseq = p2p_seq(g, kind, peer);
+  uint64_t gseq = m.gseq;
   int wpeer = kind == MPG__SEND || kind == MPG__RECV || kind == MPG__BROADCAST
                   ? world_rank(g, peer) : -1;
   m.seq = atomic_fetch_add_explicit(&t->head, 1, RLX);
@@ -168,7 +172,7 @@ mpg__trace_mark mpg__trace_begin(mpg_group *g, int kind, mpg_dtype dtype, size_t
 }
 
 mpg__trace_mark mpg__trace_begin_batch(mpg_group *g, const mpg__coll *list, int n) {
-  mpg__trace_mark m = {NULL, 0, 0};
+  mpg__trace_mark m = {NULL, 0, 0, 0};
   mpg__trace *t = g->ctx->trace;
   if (!t || g->size < 2 || n < 1 || muted) return m;
   int gid = group_id(t, g);

@@ -49,12 +49,12 @@ static void describe(char *buf, size_t n, mpg__coll_kind kind, mpg_dtype dt,
                    mpg__op_name(op), mpg_dtype_name(dt), count);
       break;
     case MPG__BROADCAST:
-      k = snprintf(buf, n, "broadcast (root %d, dtype %s, count %zu)", peer,
+      k = snprintf(buf, n, "broadcast (root position %d, dtype %s, count %zu)", peer,
                    mpg_dtype_name(dt), count);
       break;
     case MPG__SEND:
     case MPG__RECV:
-      k = snprintf(buf, n, "%s (peer %d, dtype %s, count %zu)", mpg__kind_name(kind),
+      k = snprintf(buf, n, "%s (peer position %d, dtype %s, count %zu)", mpg__kind_name(kind),
                    peer, mpg_dtype_name(dt), count);
       break;
     case MPG__ALL_GATHER:
@@ -63,14 +63,15 @@ static void describe(char *buf, size_t n, mpg__coll_kind kind, mpg_dtype dt,
       break;
   }
   if (k < 0 || (size_t)k >= n) return;
-  snprintf(buf + k, n - (size_t)k, " on a group of size %d (rank %d)", size,
+  snprintf(buf + k, n - (size_t)k, " on a group of size %d (this member: position %d)", size,
            rank);
 }
 
 static void a2a_describe(char *buf, size_t n, mpg_dtype dt, size_t out, size_t in,
                          int size, int rank) {
   snprintf(buf, n, "all_to_all (dtype %s, %zu elements to send, %zu to receive) on a "
-           "group of size %d (rank %d)", mpg_dtype_name(dt), out, in, size, rank);
+           "group of size %d (this member: position %d)", mpg_dtype_name(dt), out, in, size,
+           rank);
 }
 
 static void req_describe(const mpg__req *q, char *buf, size_t n) {
@@ -750,9 +751,13 @@ mpg_status mpg__mpi_wait(mpg__req *q, double deadline) {
         snprintf(who, sizeof who, "; position %d never sent its message", q->peer);
       } else if (!q->a2a && q->kind == MPG__SEND && q->peer >= 0) {
         snprintf(who, sizeof who, "; position %d never received this message", q->peer);
+      } else if (q->size == 2) {
+        /* Two members: the missing one is the other. */
+        snprintf(who, sizeof who, "; position %d, the other member, did not arrive",
+                 1 - q->rank);
       } else {
-        snprintf(who, sizeof who, "; MPI does not say which of the %d members did not "
-                 "arrive", q->size);
+        snprintf(who, sizeof who, "; MPI does not say which of the %d other members did "
+                 "not arrive", q->size - 1);
       }
       /* MESHPG_MPI_MAX_COUNT (testing) cuts every MPI call: a large
        * operation then needs count / max_count messages per step and may

@@ -81,28 +81,29 @@ static int uses_op(mpg__coll_kind k) {
   return k == MPG__ALL_REDUCE || k == MPG__REDUCE_SCATTER;
 }
 
-/* "all_reduce(f32, sum, count 1024) on rank 3 of a group of 8" */
+/* "all_reduce(f32, sum, count 1024) at position 3 of a group of 8" (the
+ * generic layer names the operation, its number and group, and world ranks) */
 static void describe(char *buf, size_t n, const mpg__comm *c,
                      mpg__coll_kind kind, mpg_dtype dt, mpg_op op,
                      size_t count) {
   if (kind == MPG__BARRIER)
-    snprintf(buf, n, "nccl barrier on rank %d of a group of %d", c->rank,
+    snprintf(buf, n, "nccl barrier at position %d of a group of %d", c->rank,
              c->size);
   else if (uses_op(kind))
-    snprintf(buf, n, "nccl %s(%s, %s, count %zu) on rank %d of a group of %d",
+    snprintf(buf, n, "nccl %s(%s, %s, count %zu) at position %d of a group of %d",
              mpg__kind_name(kind), mpg_dtype_name(dt), mpg__op_name(op), count, c->rank,
              c->size);
   else
-    snprintf(buf, n, "nccl %s(%s, count %zu) on rank %d of a group of %d",
+    snprintf(buf, n, "nccl %s(%s, count %zu) at position %d of a group of %d",
              mpg__kind_name(kind), mpg_dtype_name(dt), count, c->rank, c->size);
 }
 
-/* "nccl p2p_batch(3 sends/receives) on rank 1 of a group of 4" for a batch
+/* "nccl p2p_batch(3 sends/receives) at position 1 of a group of 4" for a batch
  * of nops operations (nops > 0); else describe's text. */
 static void describe_ops(char *buf, size_t n, const mpg__comm *c, int nops,
                          mpg__coll_kind kind, mpg_dtype dt, mpg_op op, size_t count) {
   if (nops > 0)
-    snprintf(buf, n, "nccl p2p_batch(%d sends/receives) on rank %d of a group of %d",
+    snprintf(buf, n, "nccl p2p_batch(%d sends/receives) at position %d of a group of %d",
              nops, c->rank, c->size);
   else
     describe(buf, n, c, kind, dt, op, count);
@@ -481,6 +482,12 @@ static mpg_status past_clock(const mpg__req *q, double budget) {
   char what[200];
   if (q->started > 0 && now > q->started + budget) {
     req_describe(what, sizeof what, q);
+    if (q->comm && q->comm->size == 2) /* two members: the missing one is the other */
+      return mpg__fail(MPG_ERR_TIMEOUT,
+                       "%s: not complete %.3g s (the timeout) after the GPU reached it, "
+                       "%.3g s after the post (position %d, the other member, did not "
+                       "arrive?  its kernel is still waiting on the stream)",
+                       what, budget, now - q->posted, 1 - q->comm->rank);
     return mpg__fail(MPG_ERR_TIMEOUT,
                      "%s: not complete %.3g s (the timeout) after the GPU reached it, "
                      "%.3g s after the post (a peer did not arrive?  NCCL does not say "

@@ -132,6 +132,12 @@ static void give_up(mpg__a2a *ch, mpg_status why, int peer, uint32_t q) {
   }
 }
 
+/* g's label ("tp[1]") in buf, for a message. */
+static const char *glabel(const mpg__a2a *ch, char *buf, size_t cap) {
+  mpg__group_label(ch->g, buf, cap);
+  return buf;
+}
+
 static void who(const mpg__a2a *ch, int p, char *buf, size_t cap) {
   int rank = -1;
   if (p < 0 || p >= ch->n) { /* a word from the segment: never trusted */
@@ -139,7 +145,7 @@ static void who(const mpg__a2a *ch, int p, char *buf, size_t cap) {
     return;
   }
   mpg_group_member(ch->g, p, &rank);
-  snprintf(buf, cap, "position %d (rank %d)", p, rank);
+  snprintf(buf, cap, "position %d (world rank %d)", p, rank);
 }
 
 /* The error of an aborted channel, on every member: the member that gave
@@ -154,23 +160,32 @@ static mpg_status aborted(const mpg__a2a *ch, uint32_t q) {
   mpg_status st = (mpg_status)(w & 0xff);
   int by = (int)(w >> 8 & 0xfff), peer = (int)(w >> 20 & 0xfff) - 1;
   uint32_t aq = (uint32_t)(w >> 32);
-  char a[64], b[64] = "a member", head[200];
+  char a[64], b[64] = "a member", head[300], label[160], op[64];
   who(ch, by, a, sizeof a);
   if (peer >= 0) who(ch, peer, b, sizeof b);
-  snprintf(head, sizeof head, "shared-memory all-to-all #%u of group \"%s\" index %d (%d "
-           "ranks on this node)", q, ch->g->name, ch->g->index, ch->n);
+  mpg__group_label(ch->g, label, sizeof label);
+  /* The channel's own count is not the flight recorder's number (which
+   * the generic layer gives: issue 46, item 4): only how far apart. */
+  if (aq == q)
+    snprintf(op, sizeof op, "this all-to-all");
+  else
+    snprintf(op, sizeof op, "the all-to-all %u %s this one",
+             (unsigned)((int32_t)(q - aq) > 0 ? q - aq : aq - q),
+             (int32_t)(q - aq) > 0 ? "before" : "after");
+  snprintf(head, sizeof head, "shared-memory all-to-all on %s (%d ranks on this node)", label,
+           ch->n);
   /* Every member waits for every other: a timeout is every member's (as
    * each one's receive from the missing member times out on the
    * backends), told by the first to see it. */
   if (st == MPG_ERR_TIMEOUT)
     return mpg__fail(st, "%s timed out after %.3g s: missing %s, which did not post "
-                     "all-to-all #%u or read its blocks (seen first by %s)", head,
-                     ch->g->ctx->timeout_s, b, aq, by == ch->me ? "this member" : a);
+                     "%s or read its blocks (seen first by %s)", head,
+                     ch->g->ctx->timeout_s, b, op, by == ch->me ? "this member" : a);
   if (by == ch->me)
-    return mpg__fail(st ? st : MPG_ERR_ABORTED, "%s: this member (%s) gave up in #%u (%s)",
-                     head, a, aq, mpg_status_name(st));
-  return mpg__fail(MPG_ERR_ABORTED, "%s: aborted by %s (%s) in all-to-all #%u", head, a,
-                   mpg_status_name(st), aq);
+    return mpg__fail(st ? st : MPG_ERR_ABORTED, "%s: this member (%s) gave up in %s (%s)",
+                     head, a, op, mpg_status_name(st));
+  return mpg__fail(MPG_ERR_ABORTED, "%s: aborted by %s (%s) in %s", head, a,
+                   mpg_status_name(st), op);
 }
 
 /* MPG_OK, or the channel's (or the context's) abort as an error. */
@@ -224,31 +239,31 @@ static mpg_status copy_from(mpg__a2a *ch, int p, uint64_t from, char *to, size_t
   const volatile a2a_head *h = ch->area[p];
   uint64_t pid = h->pid, fd = h->fd, id = h->id, len = h->len, offset = h->offset,
            base = h->base;
-  char b[64];
+  char b[64], lb[160];
   if (len == 0 || len > (uint64_t)SIZE_MAX / 2 || fd > INT32_MAX || pid == 0 ||
       pid > INT32_MAX) {
     who(ch, p, b, sizeof b);
-    return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all #%u of group \"%s\": %s's "
+    return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all on %s: %s's "
                      "descriptor is corrupt: its region (pid %llu, fd %llu) of %llu bytes",
-                     ch->q, ch->g->name, b, (unsigned long long)pid, (unsigned long long)fd,
-                     (unsigned long long)len);
+                     glabel(ch, lb, sizeof lb), b, (unsigned long long)pid,
+                     (unsigned long long)fd, (unsigned long long)len);
   }
   size_t mapped = 0;
   const char *region = mpg__a2a_map_peer(ch, p, (int)pid, fd, id, len, &mapped);
   if (!region) {
     who(ch, p, b, sizeof b);
-    return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all #%u of group \"%s\": "
-                     "mapping %s's blocks (/proc/%d/fd/%d, %llu bytes) failed: %s", ch->q,
-                     ch->g->name, b, (int)pid, (int)fd, (unsigned long long)len,
+    return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all on %s: "
+                     "mapping %s's blocks (/proc/%d/fd/%d, %llu bytes) failed: %s",
+                     glabel(ch, lb, sizeof lb), b, (int)pid, (int)fd, (unsigned long long)len,
                      strerror(errno));
   }
   uint64_t at = offset + (from - base); /* wraps to its place */
   if (at > mapped || bytes > mapped - at) {
     who(ch, p, b, sizeof b);
-    return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all #%u of group \"%s\": %s's "
+    return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all on %s: %s's "
                      "descriptor is corrupt: its block for this member (position %d), %zu "
-                     "bytes at offset %llu, lies outside its region of %zu bytes", ch->q,
-                     ch->g->name, b, ch->me, bytes, (unsigned long long)at, mapped);
+                     "bytes at offset %llu, lies outside its region of %zu bytes",
+                     glabel(ch, lb, sizeof lb), b, ch->me, bytes, (unsigned long long)at, mapped);
   }
   mpg__shm_copy(to, region + at, bytes, ch->stream);
   return MPG_OK;
@@ -267,11 +282,12 @@ static mpg_status read_peer(mpg__a2a *ch, int p) {
   uint64_t pes = mpg__dtype_size((mpg_dtype)dtype), es = ch->es;
   uint64_t sends = e[0], from = e[1], expects = e[2];
   if (!pes || sends > UINT64_MAX / 8 || from > UINT64_MAX / 8 || expects > UINT64_MAX / 8) {
-    char b[64];
+    char b[64], lb[160];
     who(ch, p, b, sizeof b);
-    return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all #%u of group \"%s\": %s's "
+    return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all on %s: %s's "
                      "descriptor is corrupt: dtype %d, %llu elements for this member "
-                     "(position %d) at %llu, %llu expected from it", ch->q, ch->g->name, b,
+                     "(position %d) at %llu, %llu expected from it",
+                     glabel(ch, lb, sizeof lb), b,
                      (int)dtype, (unsigned long long)sends, ch->me,
                      (unsigned long long)from, (unsigned long long)expects);
   }
@@ -397,12 +413,14 @@ static mpg_status complete(mpg__a2a *ch, int block, int *done) {
   }
   *done = 1;
   ch->busy = 0;
-  if (ch->nbad)
+  if (ch->nbad) {
+    char lb[160];
     return mpg__fail(MPG_ERR_INVALID,
-                     "%s on \"%s\": the counts of %d pair%s of members do not match "
+                     "%s on %s: the counts of %d pair%s of members do not match "
                      "(recv_counts[i] on member j must equal send_counts[j] on member i): "
-                     "%s; the other blocks were received", ch->fn, ch->g->name, ch->nbad,
-                     ch->nbad == 1 ? "" : "s", ch->mismatch);
+                     "%s; the other blocks were received", ch->fn, glabel(ch, lb, sizeof lb),
+                     ch->nbad, ch->nbad == 1 ? "" : "s", ch->mismatch);
+  }
   return MPG_OK;
 }
 
@@ -626,6 +644,7 @@ mpg_status mpg__a2a_shm_run(mpg_group *g, const mpg__a2a_call *a, mpg_work **wor
   ch->req = r;
   if (!w) return mpg__group_finish(g, &a2a_ops, &r, 1, ch->deadline, a->fn, MPG_OK, 0);
   w->group = g;
+  w->op.kind = -1; /* messages name the group (and the call) */
   w->ops = &a2a_ops;
   w->req = r;
   w->deadline = ch->deadline;

@@ -95,7 +95,7 @@ static const char *op_noun(const mpg__shm *s, uint32_t q) {
   return op_kind(s, q) == SHM_ALL_GATHER ? "all-gather" : "reduction";
 }
 
-/* The member at position p, for messages: "position 2 (rank 5)". */
+/* The member at position p, for messages: "position 2 (world rank 5)". */
 static void who(const mpg__shm *s, int p, char *buf, size_t n) {
   int rank = -1, gp = p >= 0 && p < s->n ? s->members[p] : -1;
   if (gp < 0) {
@@ -103,7 +103,20 @@ static void who(const mpg__shm *s, int p, char *buf, size_t n) {
     return;
   }
   mpg_group_member(s->group, gp, &rank);
-  snprintf(buf, n, "position %d (rank %d)", gp, rank);
+  snprintf(buf, n, "position %d (world rank %d)", gp, rank);
+}
+
+/* Operation aq of the segment as seen from operation q, for messages:
+ * the segment's own count is not the flight recorder's number, which the
+ * generic layer gives (issue 46, item 4), so only "this operation" or how
+ * far before or after it. */
+static void which_op(uint32_t aq, uint32_t q, char *buf, size_t n) {
+  if (aq == q)
+    snprintf(buf, n, "this operation");
+  else if ((int32_t)(q - aq) > 0)
+    snprintf(buf, n, "the operation %u before this one", (unsigned)(q - aq));
+  else
+    snprintf(buf, n, "the operation %u after this one", (unsigned)(aq - q));
 }
 
 /* The error every member reports once the segment was aborted: never
@@ -117,34 +130,35 @@ static mpg_status aborted(const mpg__shm *s, uint32_t q) {
   mpg_status st = ab.status;
   int by = ab.by, peer = ab.peer, mine = by == s->pos;
   uint32_t aq = ab.q;
-  char a[64], b[64], head[256];
+  char a[64], b[64], head[320], label[160], op[64];
   who(s, by, a, sizeof a);
   if (peer >= 0) who(s, peer, b, sizeof b);
-  snprintf(head, sizeof head, "shared-memory %s #%u of group %s (%d ranks on this node)",
-           op_noun(s, q), q, s->gname, s->n);
+  mpg__group_label(s->group, label, sizeof label);
+  which_op(aq, q, op, sizeof op);
+  snprintf(head, sizeof head, "shared-memory %s on %s (%d ranks on this node)",
+           op_noun(s, q), label, s->n);
   if (st == MPG_ERR_INVALID && peer >= 0)
-    return mpg__fail(st, "%s: %s and %s posted different operations #%u (kind, offset, "
-                     "count, dtype or op differ)", head, a, b, aq);
+    return mpg__fail(st, "%s: %s and %s posted different operations as %s (kind, offset, "
+                     "count, dtype or op differ)", head, a, b, op);
   if (peer == -2) /* this member's own worker says why: the backend's words */
     return mpg__fail(st == MPG_ERR_TIMEOUT && mine ? st : MPG_ERR_ABORTED,
-                     "%s: the %s across nodes of %s failed (%s) in operation #%u%s%s", head,
+                     "%s: the %s across nodes of %s failed (%s) in %s%s%s", head,
                      op_kind(s, aq) == SHM_ALL_GATHER ? "all-gather"
                      : s->scatter                     ? "reduce-scatter"
                                                       : "all-reduce",
                      a, mpg_status_name(st),
-                     aq, mine && s->inter_err[0] ? ": " : "", mine ? s->inter_err : "");
+                     op, mine && s->inter_err[0] ? ": " : "", mine ? s->inter_err : "");
   if (st == MPG_ERR_TIMEOUT && mine)
     return mpg__fail(st, "%s timed out after %.3g s: missing %s, which did not post "
-                     "operation #%u", head, s->group->ctx->timeout_s,
-                     peer >= 0 ? b : "a member", aq);
+                     "%s", head, s->group->ctx->timeout_s, peer >= 0 ? b : "a member", op);
   if (st == MPG_ERR_TIMEOUT)
-    return mpg__fail(MPG_ERR_ABORTED, "%s: aborted by %s, which timed out in operation #%u: "
-                     "missing %s", head, a, aq, peer >= 0 ? b : "a member");
+    return mpg__fail(MPG_ERR_ABORTED, "%s: aborted by %s, which timed out in %s: "
+                     "missing %s", head, a, op, peer >= 0 ? b : "a member");
   if (mine)
-    return mpg__fail(st, "%s: this member (%s) gave up in operation #%u (%s); the segment "
-                     "stays aborted", head, a, aq, mpg_status_name(st));
-  return mpg__fail(MPG_ERR_ABORTED, "%s: aborted by %s (%s) in operation #%u", head, a,
-                   mpg_status_name(st), aq);
+    return mpg__fail(st, "%s: this member (%s) gave up in %s (%s); the segment "
+                     "stays aborted", head, a, op, mpg_status_name(st));
+  return mpg__fail(MPG_ERR_ABORTED, "%s: aborted by %s (%s) in %s", head, a,
+                   mpg_status_name(st), op);
 }
 
 /* ------------------------------------------------------------------ */
@@ -469,12 +483,13 @@ static mpg_status wait_q(mpg__shm *s, uint32_t q, double deadline, int block, in
       shm_abort ab;
       if (mpg__shm_aborted(s, &ab) && ab.status == MPG_ERR_TIMEOUT && ab.by == s->pos &&
           ab.peer == -1) {
-        char b[64];
+        char b[64], label[160];
         who(s, p, b, sizeof b);
+        mpg__group_label(s->group, label, sizeof label);
         return mpg__fail(MPG_ERR_TIMEOUT,
-                         "shared-memory %s #%u of group %s (%d ranks on this node) timed "
+                         "shared-memory %s on %s (%d ranks on this node) timed "
                          "out after %.3g s: missing %s, which did not finish its shard",
-                         op_noun(s, q), q, s->gname, s->n, ctx->timeout_s, b);
+                         op_noun(s, q), label, s->n, ctx->timeout_s, b);
       }
       return aborted(s, q);
     }

@@ -117,16 +117,15 @@ static void complete(tgroup *g, top *op) {
   msg[0] = '\0';
   if (op->abandoned) {
     st = MPG_ERR_ABORTED;
-    snprintf(msg, sizeof msg, "%s #%llu: %d member(s) gave up on it before it completed",
-             what, (unsigned long long)op->seq, op->abandoned);
+    snprintf(msg, sizeof msg, "%s: %d member(s) gave up on it before it completed", what,
+             op->abandoned);
   } else if (op->bad) {
     st = MPG_ERR_INVALID;
     snprintf(msg, sizeof msg, "%s", op->bad_msg);
   } else {
     st = perform(g, op);
     if (st)
-      snprintf(msg, sizeof msg, "%s #%llu: out of memory for its temporaries", what,
-               (unsigned long long)op->seq);
+      snprintf(msg, sizeof msg, "%s: out of memory for its temporaries", what);
   }
   for (int p = 0; p < g->size; p++) {
     mpg__req *r = op->reqs[p];
@@ -170,10 +169,9 @@ static void check_match(tgroup *g, top *op, int pos, int kind, const mpg__coll *
   mpg__thread_describe(b, sizeof b, op->kind, r);
   op->bad = 1;
   snprintf(op->bad_msg, sizeof op->bad_msg,
-           "collective #%llu does not match: position %d (rank %d) called %s "
-           "but position %d (rank %d) called %s",
-           (unsigned long long)op->seq, pos, g->ranks[pos], a, op->ref_pos,
-           g->ranks[op->ref_pos], b);
+           "the members' calls do not match: position %d (world rank %d) called %s "
+           "but position %d (world rank %d) called %s",
+           pos, g->ranks[pos], a, op->ref_pos, g->ranks[op->ref_pos], b);
 }
 
 mpg_status mpg__thread_coll_arrive(mpg__comm *cm, mpg__req *req) {
@@ -205,18 +203,16 @@ mpg_status mpg__thread_coll_arrive(mpg__comm *cm, mpg__req *req) {
     if (st == MPG_ERR_ABORTED) return mpg__thread_fail_aborted(cm, req->kind, &req->coll, am);
     mpg__thread_describe(what, sizeof what, req->kind, &req->coll);
     return mpg__fail(st,
-                     "thread backend: rank %d (position %d of group %s): %s #%llu: "
-                     "%d operations already in flight and no peer caught up "
-                     "within %.3g s",
-                     cm->rank, cm->pos, g->name, what, (unsigned long long)seq,
-                     nops, cm->timeout_s);
+                     "thread backend: %s: %d operations already in flight on %s and no "
+                     "peer caught up within %.3g s",
+                     what, nops, cm->label, cm->timeout_s);
   }
   if (!op) {
     op = calloc(1, sizeof *op + sizeof(mpg__req *) * (size_t)g->size);
     if (!op) {
       pthread_mutex_unlock(&g->mu);
-      return mpg__fail(MPG_ERR_NOMEM, "thread backend: rank %d: out of memory posting %s on group %s",
-                       cm->rank, mpg__thread_kind_name(req->kind), g->name);
+      return mpg__fail(MPG_ERR_NOMEM, "thread backend: world rank %d: out of memory posting "
+                       "%s on %s", cm->rank, mpg__thread_kind_name(req->kind), cm->label);
     }
     op->seq = seq;
     op->kind = req->kind;

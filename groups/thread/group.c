@@ -64,21 +64,21 @@ void mpg__thread_group_unref_unlock(tgroup *g) {
   if (last) mpg__thread_group_free(g);
 }
 
-void mpg__thread_group_abort_locked(tgroup *g, int by_rank, mpg_status reason) {
+void mpg__thread_group_abort_locked(tgroup *g, int by_rank, mpg_status reason,
+                                    const char *label) {
   if (reason == MPG_OK) reason = MPG_ERR_ABORTED;
   if (!g->aborted) {
     g->aborted = reason;
     size_t len = (size_t)snprintf(g->abort_msg, sizeof g->abort_msg,
-                                  "group %s was aborted by rank %d (%s)", g->name, by_rank,
+                                  "%s was aborted by world rank %d (%s)", label, by_rank,
                                   reason == MPG_ERR_TIMEOUT ? "timeout" : "abort");
     /* Who had not arrived at the oldest collective in flight: the desync
      * report every waiter of this group then shares. */
     const top *op = g->ops;
     if (op && op->arrived < g->size && len < sizeof g->abort_msg) {
       len += (size_t)snprintf(g->abort_msg + len, sizeof g->abort_msg - len,
-                              "; collective #%llu (%s) had %d of %d members, missing",
-                              (unsigned long long)op->seq, mpg__thread_kind_name(op->kind),
-                              op->arrived, g->size);
+                              "; its oldest %s in flight had %d of %d members, missing",
+                              mpg__thread_kind_name(op->kind), op->arrived, g->size);
       int shown = 0;
       for (int p = 0; p < g->size && len < sizeof g->abort_msg; p++) {
         if (op->reqs[p]) continue;
@@ -87,7 +87,7 @@ void mpg__thread_group_abort_locked(tgroup *g, int by_rank, mpg_status reason) {
           break;
         }
         len += (size_t)snprintf(g->abort_msg + len, sizeof g->abort_msg - len,
-                                " position %d (rank %d)", p, g->ranks[p]);
+                                " position %d (world rank %d)", p, g->ranks[p]);
       }
     }
     mpg__log(2, "thread: rank %d aborts group %s (%s)", by_rank, g->name,
@@ -120,17 +120,17 @@ void mpg__thread_describe(char *buf, size_t n, int kind, const mpg__coll *c) {
   switch (kind) {
     case MPG__ALL_REDUCE:
     case MPG__REDUCE_SCATTER:
-      snprintf(buf, n, "%s(count %zu, %s, %s)", k, c->count, dt, mpg__op_name(c->op));
+      snprintf(buf, n, "%s (count %zu, %s, %s)", k, c->count, dt, mpg__op_name(c->op));
       break;
     case MPG__BROADCAST:
-      snprintf(buf, n, "%s(count %zu, %s, root %d)", k, c->count, dt, c->root);
+      snprintf(buf, n, "%s (count %zu, %s, root position %d)", k, c->count, dt, c->root);
       break;
     case MPG__ALL_GATHER:
-      snprintf(buf, n, "%s(count %zu, %s)", k, c->count, dt);
+      snprintf(buf, n, "%s (count %zu, %s)", k, c->count, dt);
       break;
     case MPG__SEND:
     case MPG__RECV:
-      snprintf(buf, n, "%s(count %zu, %s, peer %d)", k, c->count, dt, c->peer);
+      snprintf(buf, n, "%s (count %zu, %s, peer position %d)", k, c->count, dt, c->peer);
       break;
     default:
       snprintf(buf, n, "%s", k);
@@ -151,15 +151,14 @@ void mpg__thread_timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double dead
 }
 
 mpg_status mpg__thread_fail_req(const mpg__req *r, mpg_status st, const char *what) {
-  return mpg__fail(st, "thread backend: rank %d (position %d of group %s): %s",
-                   r->rank, r->pos, r->g->name, what);
+  (void)r;
+  return mpg__fail(st, "thread backend: %s", what);
 }
 
 mpg_status mpg__thread_fail_aborted(const mpg__comm *cm, int kind, const mpg__coll *c,
                                     const char *abort_msg) {
   char what[96];
   mpg__thread_describe(what, sizeof what, kind, c);
-  return mpg__fail(MPG_ERR_ABORTED,
-                   "thread backend: rank %d (position %d of group %s): %s: %s",
-                   cm->rank, cm->pos, cm->g->name, what, abort_msg);
+  (void)cm;
+  return mpg__fail(MPG_ERR_ABORTED, "thread backend: %s: %s", what, abort_msg);
 }

@@ -60,8 +60,8 @@ static mpg_status msg_new(const mpg__comm *cm, const mpg__coll *coll, size_t byt
   tmsg *msg = bytes <= SIZE_MAX - sizeof *msg ? malloc(sizeof *msg + bytes) : NULL;
   if (!msg)
     return mpg__fail(MPG_ERR_NOMEM,
-                     "thread backend: rank %d: out of memory for a %zu-byte message "
-                     "on group %s", cm->rank, bytes, cm->g->name);
+                     "thread backend: world rank %d: out of memory for a %zu-byte message "
+                     "on %s", cm->rank, bytes, cm->label);
   msg->next = NULL;
   msg->src = cm->pos;
   msg->count = coll->count;
@@ -110,14 +110,14 @@ static int wait_for_room_locked(const mpg__comm *cm, tinbox *box, size_t bytes,
 /* The error of a send whose peer's inbox stayed full until the timeout. */
 static mpg_status send_timeout(const mpg__comm *cm, const mpg__coll *coll, size_t queued_msgs,
                                size_t queued_bytes) {
+  char what[96];
+  mpg__thread_describe(what, sizeof what, MPG__SEND, coll);
   return mpg__fail(MPG_ERR_TIMEOUT,
-                   "thread backend: rank %d (position %d of group %s): "
-                   "send(count %zu, %s, peer %d): the peer's inbox is full "
+                   "thread backend: %s: the inbox of position %d (world rank %d) is full "
                    "(%zu messages, %zu bytes not received; limits %zu "
                    "messages, %zu bytes) and it received nothing within "
                    "%.3g s",
-                   cm->rank, cm->pos, cm->g->name, coll->count,
-                   mpg_dtype_name(coll->dtype), coll->peer, queued_msgs, queued_bytes,
+                   what, coll->peer, cm->g->ranks[coll->peer], queued_msgs, queued_bytes,
                    cm->inbox_msgs, cm->inbox_bytes, cm->timeout_s);
 }
 
@@ -174,10 +174,8 @@ mpg_status mpg__thread_p2p_post(mpg__comm *cm, mpg__req *req) {
   size_t bytes = coll->count * mpg__dtype_size(coll->dtype);
   if (coll->peer < 0 || coll->peer >= g->size)
     return mpg__fail(MPG_ERR_INVALID,
-                     "thread backend: rank %d (position %d of group %s): %s: peer %d "
-                     "is outside 0..%d",
-                     cm->rank, cm->pos, g->name, mpg__thread_kind_name(req->kind), coll->peer,
-                     g->size - 1);
+                     "thread backend: %s on %s: peer position %d is outside 0..%d",
+                     mpg__thread_kind_name(req->kind), cm->label, coll->peer, g->size - 1);
   /* A send copies before taking the lock (the message is its own). */
   tmsg *msg = NULL;
   if (req->kind == MPG__SEND) {

@@ -12,7 +12,7 @@ void mpg__thread_pending_detail(const mpg__req *r, char *buf, size_t n) {
   char what[96];
   mpg__thread_describe(what, sizeof what, r->kind, &r->coll);
   if (r->kind == MPG__RECV) {
-    snprintf(buf, n, "%s timed out: no message from position %d (rank %d) arrived",
+    snprintf(buf, n, "%s timed out: no message from position %d (world rank %d) arrived",
              what, r->coll.peer, g->ranks[r->coll.peer]);
     return;
   }
@@ -21,8 +21,8 @@ void mpg__thread_pending_detail(const mpg__req *r, char *buf, size_t n) {
     snprintf(buf, n, "%s timed out", what);
     return;
   }
-  size_t len = (size_t)snprintf(buf, n, "%s #%llu timed out: %d of %d members arrived; missing",
-                                what, (unsigned long long)op->seq, op->arrived, g->size);
+  size_t len = (size_t)snprintf(buf, n, "%s timed out: %d of %d members arrived; missing",
+                                what, op->arrived, g->size);
   int shown = 0;
   for (int p = 0; p < g->size && len < n; p++) {
     if (op->reqs[p]) continue;
@@ -30,7 +30,8 @@ void mpg__thread_pending_detail(const mpg__req *r, char *buf, size_t n) {
       snprintf(buf + len, n - len, " ...");
       break;
     }
-    len += (size_t)snprintf(buf + len, n - len, " position %d (rank %d)", p, g->ranks[p]);
+    len += (size_t)snprintf(buf + len, n - len, " position %d (world rank %d)", p,
+                            g->ranks[p]);
     shown++;
   }
 }
@@ -117,7 +118,7 @@ mpg_status mpg__thread_post(mpg__comm *cm, const mpg__coll *coll, mpg__req **out
                      (int)coll->kind);
   mpg__req *req = calloc(1, sizeof *req);
   if (!req)
-    return mpg__fail(MPG_ERR_NOMEM, "thread backend: rank %d: out of memory posting %s",
+    return mpg__fail(MPG_ERR_NOMEM, "thread backend: world rank %d: out of memory posting %s",
                      cm->rank, mpg__thread_kind_name((int)coll->kind));
   req->g = cm->g;
   req->pos = cm->pos;

@@ -74,7 +74,8 @@ typedef struct tgroup {
   int refs;            /* handles + requests (+1 while a world lists it) */
   int size;
   int *ranks;          /* world rank of each position */
-  char name[MPG_THREAD_NAME_LEN]; /* "world", "world/s0c3", ... */
+  char name[MPG_THREAD_NAME_LEN]; /* "world", "world/s0c3", ... (logs only;
+                                     messages give the handle's label) */
   mpg_status aborted;  /* MPG_OK while healthy, else the reason */
   char abort_msg[MPG_THREAD_MSG_LEN]; /* who aborted, and who had not arrived */
   top *ops, *ops_tail; /* collectives in flight, oldest first */
@@ -108,6 +109,8 @@ struct mpg__comm {
   tgroup *g;
   int pos;
   int rank;            /* world rank */
+  char label[MPG_THREAD_NAME_LEN]; /* the mesh's name of the group ("tp[1]",
+                          set_label), for messages; "world" for the world */
   uint64_t seq;        /* next collective of this member */
   double timeout_s;
   size_t inbox_msgs, inbox_bytes; /* MESHPG_THREAD_INBOX_* (p2p.c), from
@@ -162,19 +165,23 @@ tgroup *mpg__thread_group_new(int size, const char *name);
 void mpg__thread_group_free(tgroup *g);
 /* Drop one reference, with g->mu held; unlocks; frees g after the last. */
 void mpg__thread_group_unref_unlock(tgroup *g);
-/* Mark g aborted (once, by `by_rank`) and wake every waiter; g->mu held. */
-void mpg__thread_group_abort_locked(tgroup *g, int by_rank, mpg_status reason);
+/* Mark g aborted (once, by `by_rank`, whose handle calls g `label`) and
+ * wake every waiter; g->mu held. */
+void mpg__thread_group_abort_locked(tgroup *g, int by_rank, mpg_status reason,
+                                    const char *label);
 /* Temporary `which` (0 or 1) of at least `bytes`, owned by the group and
  * reused by later operations (g->mu held).  NULL when out of memory. */
 void *mpg__thread_group_scratch(tgroup *g, int which, size_t bytes);
 
 /* group.c: helpers.  "split" or mpg__kind_name. */
 const char *mpg__thread_kind_name(int kind);
-/* "all_reduce(count 5, f32, sum)" */
+/* "all_reduce (count 5, f32, sum)" (no number: the generic layer numbers
+ * the operations, as the flight recorder does). */
 void mpg__thread_describe(char *buf, size_t n, int kind, const mpg__coll *c);
 /* Wait on cv until signalled or until `deadline` (mpg__now() seconds). */
 void mpg__thread_timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double deadline);
-/* Record "thread backend: rank R (position P of group G): what" for r. */
+/* Record "thread backend: what" for r (the generic layer names the
+ * operation, its group and this member's position and world rank). */
 mpg_status mpg__thread_fail_req(const mpg__req *r, mpg_status st, const char *what);
 /* The failure of a call `kind` (coll) by cm on an aborted group. */
 mpg_status mpg__thread_fail_aborted(const mpg__comm *cm, int kind, const mpg__coll *c,

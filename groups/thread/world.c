@@ -14,20 +14,20 @@ static mpg_status t_world_init(const mpg__world_args *a, mpg__comm **out) {
   mpg_thread_world *w = a->thread_world;
   if (!w)
     return mpg__fail(MPG_ERR_INVALID,
-                     "thread backend: rank %d has no thread world (start the ranks "
+                     "thread backend: world rank %d has no thread world (start the ranks "
                      "with mpg_thread_run)", a->rank);
   if (a->world_size != w->nranks)
     return mpg__fail(MPG_ERR_INVALID,
-                     "thread backend: rank %d: world size %d, but the thread world "
+                     "thread backend: world rank %d: world size %d, but the thread world "
                      "runs %d ranks", a->rank, a->world_size, w->nranks);
   if (a->rank < 0 || a->rank >= w->nranks)
     return mpg__fail(MPG_ERR_INVALID,
-                     "thread backend: rank %d is outside the thread world of %d ranks",
+                     "thread backend: world rank %d is outside the thread world of %d ranks",
                      a->rank, w->nranks);
   double timeout = a->timeout_s > 0 ? a->timeout_s : 600.0;
   double deadline = mpg__now() + timeout;
   mpg__comm *cm = calloc(1, sizeof *cm);
-  if (!cm) return mpg__fail(MPG_ERR_NOMEM, "thread backend: rank %d: out of memory", a->rank);
+  if (!cm) return mpg__fail(MPG_ERR_NOMEM, "thread backend: world rank %d: out of memory", a->rank);
 
   pthread_mutex_lock(&w->mu);
   long gen = w->joins[a->rank];
@@ -40,7 +40,7 @@ static mpg_status t_world_init(const mpg__world_args *a, mpg__comm **out) {
     if (!g) {
       pthread_mutex_unlock(&w->mu);
       free(cm);
-      return mpg__fail(MPG_ERR_NOMEM, "thread backend: rank %d: out of memory for the world",
+      return mpg__fail(MPG_ERR_NOMEM, "thread backend: world rank %d: out of memory for the world",
                        a->rank);
     }
     for (int r = 0; r < w->nranks; r++) g->ranks[r] = r;
@@ -71,11 +71,11 @@ static mpg_status t_world_init(const mpg__world_args *a, mpg__comm **out) {
     snprintf(am, sizeof am, "%s", g->abort_msg);
     /* Fail the other ranks of this generation now rather than at their own
      * deadlines. */
-    if (!g->aborted) mpg__thread_group_abort_locked(g, a->rank, MPG_ERR_TIMEOUT);
+    if (!g->aborted) mpg__thread_group_abort_locked(g, a->rank, MPG_ERR_TIMEOUT, "world");
     mpg__thread_group_unref_unlock(g);
     free(cm);
     if (joined == w->nranks)
-      return mpg__fail(st, "thread backend: rank %d joining the world: %s", a->rank, am);
+      return mpg__fail(st, "thread backend: world rank %d joining the world: %s", a->rank, am);
     /* Name the ranks that never came (the world lock orders before g's). */
     char missing[200] = "";
     size_t len = 0;
@@ -92,14 +92,15 @@ static mpg_status t_world_init(const mpg__world_args *a, mpg__comm **out) {
     }
     pthread_mutex_unlock(&w->mu);
     return mpg__fail(st,
-                     "thread backend: rank %d gave up on the world after %.3g s: %d of "
-                     "%d ranks joined; missing ranks:%s",
+                     "thread backend: world rank %d gave up on the world after %.3g s: %d of "
+                     "%d ranks joined; missing world ranks:%s",
                      a->rank, timeout, joined, w->nranks, shown ? missing : " (late)");
   }
   pthread_mutex_unlock(&g->mu);
   cm->g = g;
   cm->pos = a->rank;
   cm->rank = a->rank;
+  snprintf(cm->label, sizeof cm->label, "world");
   cm->timeout_s = timeout;
   cm->inbox_msgs = a->settings ? a->settings->thread_inbox_msgs : 1024;
   cm->inbox_bytes = a->settings ? a->settings->thread_inbox_bytes : (size_t)256 << 20;
@@ -118,7 +119,7 @@ static mpg_status t_split(mpg__comm *parent, int color, int key, mpg__comm **out
   /* Allocated up front so that nothing can fail once the child exists. */
   mpg__comm *mine = color >= 0 ? calloc(1, sizeof *mine) : NULL;
   if (color >= 0 && !mine)
-    return mpg__fail(MPG_ERR_NOMEM, "thread backend: rank %d: out of memory in split",
+    return mpg__fail(MPG_ERR_NOMEM, "thread backend: world rank %d: out of memory in split",
                      parent->rank);
   mpg__req req;
   memset(&req, 0, sizeof req);
@@ -146,7 +147,7 @@ static mpg_status t_split(mpg__comm *parent, int color, int key, mpg__comm **out
       /* The request lives on this stack: detach it, and fail the split for
        * everyone at once rather than let each peer run into the timeout. */
       mpg__thread_detach_locked(&req);
-      mpg__thread_group_abort_locked(g, parent->rank, MPG_ERR_TIMEOUT);
+      mpg__thread_group_abort_locked(g, parent->rank, MPG_ERR_TIMEOUT, parent->label);
       break;
     }
     mpg__thread_timed_wait(&g->cv, &g->mu, deadline);
@@ -167,6 +168,7 @@ static mpg_status t_split(mpg__comm *parent, int color, int key, mpg__comm **out
   mine->g = req.child;
   mine->pos = req.child_pos;
   mine->rank = parent->rank;
+  snprintf(mine->label, sizeof mine->label, "%s", req.child->name); /* until set_label */
   mine->timeout_s = parent->timeout_s;
   mine->inbox_msgs = parent->inbox_msgs;
   mine->inbox_bytes = parent->inbox_bytes;
@@ -177,7 +179,7 @@ static mpg_status t_split(mpg__comm *parent, int color, int key, mpg__comm **out
 static void t_abort(mpg__comm *cm, mpg_status reason) {
   if (!cm) return;
   pthread_mutex_lock(&cm->g->mu);
-  mpg__thread_group_abort_locked(cm->g, cm->rank, reason);
+  mpg__thread_group_abort_locked(cm->g, cm->rank, reason, cm->label);
   pthread_mutex_unlock(&cm->g->mu);
 }
 
@@ -192,6 +194,9 @@ static mpg_status t_destroy(mpg__comm *cm) {
 
 /* The member's own view: only its rank's thread reads it. */
 static void t_set_timeout(mpg__comm *cm, double timeout_s) { cm->timeout_s = timeout_s; }
+static void t_set_label(mpg__comm *cm, const char *label) {
+  snprintf(cm->label, sizeof cm->label, "%s", label);
+}
 static void t_shape(const mpg__comm *cm, int *pos, int *size) {
   *pos = cm->pos;
   *size = cm->g->size;
@@ -226,6 +231,7 @@ const struct mpg__backend_ops mpg__backend_thread = {
     .destroy = t_destroy,
     .local = NULL,
     .set_timeout = t_set_timeout,
+    .set_label = t_set_label,
     .comm_shape = t_shape,
     .comm_members = t_members,
     .host_shm = 1,

@@ -155,7 +155,7 @@ Test(a2a_faults, peer_written_offset_checked, .timeout = 150) {
         const char *e = strchr(p, '\n');
         char line[700];
         snprintf(line, sizeof line, "%.*s", e ? (int)(e - p) : 600, p);
-        cr_expect(strstr(line, "position 1 (rank 1)") &&
+        cr_expect(strstr(line, "position 1 (world rank 1)") &&
                       (strstr(line, "corrupt") || strstr(line, "mapping")),
                   "%s: the reader's error does not name the member's corrupt "
                   "descriptor: %s", cases[c], line);

@@ -120,17 +120,17 @@ static thread_job *thread_run(fault_kind kind, int variant) {
   return job;
 }
 
-/* The missing member is named: "position P (rank V)" after "missing". */
+/* The missing member is named: "position P (world rank V)" after "missing". */
 static void expect_names_missing(const char *what, const fault_res *r, int victim) {
   char want[64];
-  snprintf(want, sizeof want, "(rank %d)", victim);
+  snprintf(want, sizeof want, "(world rank %d)", victim);
   const char *m = strstr(r->msg, "missing");
   cr_expect(m && strstr(m, want), "%s: rank %d's message does not name rank %d as missing: %s",
             what, r->rank, victim, r->msg);
   cr_expect(strstr(r->msg, "sync step 1: bucket"),
             "%s: rank %d's message does not name the step and bucket: %s", what, r->rank,
             r->msg);
-  cr_expect(strstr(r->msg, "group \"dp_cp\" (index 0"),
+  cr_expect(strstr(r->msg, "on dp_cp[0] (position"),
             "%s: rank %d's message does not name the group and its index: %s", what, r->rank,
             r->msg);
 }
@@ -216,7 +216,7 @@ Test(faults_thread, watchdog_abort_mid_bucket, .timeout = 60) {
    * their messages name rank 0 as the one that aborted. */
   const char *shm = getenv("MESHPG_SHM");
   for (int r = 1; r < MAX_RANKS && !(shm && strcmp(shm, "0") == 0); r++)
-    cr_expect(strstr(job->res[r].msg, "aborted by position 0 (rank 0)"),
+    cr_expect(strstr(job->res[r].msg, "aborted by position 0 (world rank 0)"),
               "thread abort: rank %d did not learn of rank 0's abort through the "
               "segment (%.3f s): %s", r, job->res[r].secs, job->res[r].msg);
   free(job);
@@ -424,7 +424,7 @@ Test(faults_mpi, timeout_names_the_sleeping_rank, .timeout = 150) {
     cr_expect(strstr(res[i].msg, "ring stalls from position 3"),
               "rank %d does not trace the stall to position 3: %s", i, res[i].msg);
     cr_expect(strstr(res[i].msg, "sync step 1: bucket"), "rank %d: %s", i, res[i].msg);
-    cr_expect(strstr(res[i].msg, "group \"dp_cp\" (index 0"), "rank %d: %s", i, res[i].msg);
+    cr_expect(strstr(res[i].msg, "on dp_cp[0] (position"), "rank %d: %s", i, res[i].msg);
   }
   cr_expect(strstr(res[0].msg, "position 3 (left neighbour)"),
             "rank 0 does not name its left neighbour 3: %s", res[0].msg);

@@ -162,7 +162,7 @@ Test(mpi, all_to_all_absent_member_times_out_in_shared_memory, .timeout = 120) {
   double t0 = now_s();
   run_worker(4, "-x MESHPG_TEST_A2A_WARM=1", "", "a2a_timeout", 100);
   cr_assert_lt(now_s() - t0, 60.0, "the timeout job took %.1f s\n%s", now_s() - t0, out);
-  cr_assert(strstr(out, "ERR_TIMEOUT after") && strstr(out, "missing position 3 (rank 3)"),
+  cr_assert(strstr(out, "ERR_TIMEOUT after") && strstr(out, "missing position 3 (world rank 3)"),
             "%s", out);
 }
 

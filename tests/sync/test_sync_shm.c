@@ -756,7 +756,7 @@ Test(shm_faults, stalled_gather_names_the_missing_rank, .timeout = 60) {
                   r, j->secs[r], bound);
     cr_expect(strstr(j->msg[r], "sync gather") && strstr(j->msg[r], "shared-memory all-gather"),
               "rank %d did not fail in the shared-memory gather: %s", r, j->msg[r]);
-    cr_expect(strstr(j->msg[r], "missing position 3 (rank 3)"),
+    cr_expect(strstr(j->msg[r], "missing position 3 (world rank 3)"),
               "rank %d does not name the missing rank: %s", r, j->msg[r]);
   }
   free(j);

@@ -1,0 +1,135 @@
+/* Issue 46, item 4: one numbering and the mesh's names in every message.
+ * A failing operation's message names it as the flight recorder's report
+ * does: "all_reduce #8 on tp[1]" (#8: its GSEQ in the dump, collectives
+ * numbered from 1 per group instance), never the backend's own split name
+ * ("world/s1c1") or counter, and every world rank is labelled as one
+ * ("world rank 3", "position 1 (world rank 3)").  Thread ranks, mesh
+ * dp=2,tp=2 (tp[1] = world ranks 2 and 3): world rank 2 skips its 8th tp
+ * all-reduce (its peer times out), or calls it with twice the count (the
+ * thread backend finds the mismatch). */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "meshpg.h"
+#include "mesh_util.h"
+#include "rank_check.h"
+#include "time_bound.h"
+#include "../trace_test_util.h"
+#include "trace_read.h"
+
+#define NRANKS 4
+#define NOPS 8    /* tp all-reduces each rank issues */
+#define BAD_OP 8  /* the one rank 2 skips or changes (1-based) */
+#define MSG 4096
+
+enum { SKIP, COUNT };
+
+typedef struct job {
+  int mode;
+  char dir[256];
+  mpg_mesh *mesh;
+  mpg_status st[NRANKS];
+  char msg[NRANKS][MSG];
+} job;
+
+static mpg_status rank_main(const mpg_init_opts *in, void *arg) {
+  job *J = arg;
+  mpg_init_opts opts = *in;
+  opts.trace_dir = J->dir;
+  int rank = opts.rank;
+  mpg_ctx *ctx = NULL;
+  mpg_group *tp = NULL, *world = NULL;
+  mpg_status st = mpg_ctx_create(J->mesh, &opts, &ctx);
+  if (!st) st = mpg_ctx_group(ctx, "tp", &tp);
+  if (!st) st = mpg_ctx_group(ctx, "world", &world);
+  float buf[8] = {0};
+  for (int i = 1; !st && i <= NOPS; i++) {
+    size_t count = 4;
+    if (rank == 2 && i == BAD_OP) {
+      if (J->mode == SKIP) continue;
+      count = 8;
+    }
+    st = mpg_all_reduce(tp, buf, buf, count, MPG_F32, MPG_OP_SUM, NULL, NULL);
+  }
+  if (!st) st = mpg_barrier(world, NULL);
+  J->st[rank] = st;
+  snprintf(J->msg[rank], MSG, "%s", st ? mpg_last_error() : "");
+  if (ctx) mpg_ctx_destroy(ctx);
+  return MPG_OK;
+}
+
+/* The GSEQ of the failed all-reduce (status not ok) on tp in rank's dump. */
+static uint64_t failed_gseq(const char *dir, int rank, char *group, size_t cap) {
+  char path[400], err[600];
+  snprintf(path, sizeof path, "%s/rank-%d.trace", dir, rank);
+  tr_rank t;
+  cr_assert_eq(tr_read_file(path, &t, err, sizeof err), 0, "%s", err);
+  uint64_t gseq = 0;
+  for (int i = 0; i < t.nops; i++) {
+    const tr_op *op = &t.ops[i];
+    if (strcmp(op->kind, "all_reduce") || !strcmp(op->status, "ok")) continue;
+    const tr_group *g = &t.groups[op->group];
+    snprintf(group, cap, "%s[%d]", g->name, g->index);
+    gseq = op->gseq;
+    break;
+  }
+  tr_rank_free(&t);
+  return gseq;
+}
+
+static void run_job(job *J, const char *name) {
+  setenv("MESHPG_CHECK_ORDER", "0", 1); /* the backend finds it, not the checker */
+  tt_fresh_dir(J->dir, sizeof J->dir, "trace-msg", name);
+  cr_assert_eq(mesh_build("dp=2,tp=2", NULL, NRANKS, &J->mesh), MPG_OK, "%s",
+               mpg_last_error());
+  double timeout = 0.5 * tb_sanitizer_factor();
+  (void)mpg_thread_run(NRANKS, timeout, rank_main, J, NULL);
+  mpg_mesh_destroy(J->mesh);
+}
+
+/* rank's message names the operation as its dump does, no split name, and
+ * labels world ranks. */
+static void expect_named(const job *J, int rank, mpg_status want) {
+  const char *m = J->msg[rank];
+  cr_expect_eq(J->st[rank], want, "rank %d: %s (%s)", rank, mpg_status_name(J->st[rank]), m);
+  char group[300], label[400];
+  uint64_t gseq = failed_gseq(J->dir, rank, group, sizeof group);
+  cr_expect_eq(gseq, BAD_OP, "rank %d's dump: the failed all-reduce is #%" PRIu64, rank, gseq);
+  snprintf(label, sizeof label, "all_reduce #%" PRIu64 " on %s", gseq, group);
+  cr_expect_str_eq(group, "tp[1]");
+  cr_expect(strstr(m, label) != NULL, "rank %d's message does not name \"%s\": %s", rank,
+            label, m);
+  cr_expect(strstr(m, "/s1c") == NULL && strstr(m, "/s0c") == NULL,
+            "rank %d's message names a split: %s", rank, m);
+  cr_expect(strstr(m, "world rank") != NULL, "rank %d's message labels no world rank: %s",
+            rank, m);
+  cr_expect(strstr(m, "(rank ") == NULL, "rank %d's message has an unlabelled rank: %s",
+            rank, m);
+}
+
+TestSuite(trace_messages, .fini = NULL);
+
+Test(trace_messages, numbers_and_names_match_the_report, .timeout = 120) {
+  job *J = calloc(2, sizeof *J);
+  cr_assert_not_null(J);
+  /* World rank 2 skips its 8th tp all-reduce: world rank 3 times out. */
+  J[0].mode = SKIP;
+  run_job(&J[0], "skip");
+  expect_named(&J[0], 3, MPG_ERR_TIMEOUT);
+  cr_expect(strstr(J[0].msg[3], "position 0 (world rank 2)") != NULL,
+            "the missing member is not named: %s", J[0].msg[3]);
+  /* World rank 2 calls it with count 8: both members see the mismatch. */
+  J[1].mode = COUNT;
+  run_job(&J[1], "count");
+  expect_named(&J[1], 2, MPG_ERR_INVALID);
+  expect_named(&J[1], 3, MPG_ERR_INVALID);
+  for (int k = 0; k < 2; k++)
+    for (int r = 0; r < NRANKS; r++)
+      cr_log_info("%s rank %d: %s: %s", k ? "count" : "skip", r, mpg_status_name(J[k].st[r]),
+                  J[k].msg[r]);
+  free(J);
+  tt_cleanup("trace-msg");
+}
