@@ -30,12 +30,37 @@
 #include "trace_analyze_internal.h"
 
 
+static int cmp_int(const void *x, const void *y) {
+  int a = *(const int *)x, b = *(const int *)y;
+  return (a > b) - (a < b);
+}
+
+static const ta_group *sort_gi; /* cmp_gname's instances */
+
+/* By name, then by instance number. */
+static int cmp_gname(const void *x, const void *y) {
+  int g = *(const int *)x, h = *(const int *)y;
+  int c = strcmp(sort_gi[g].name, sort_gi[h].name);
+  return c ? c : (g > h) - (g < h);
+}
+
+static int cmp_pair(const void *x, const void *y) {
+  const int *a = x, *b = y;
+  if (a[0] != b[0]) return a[0] < b[0] ? -1 : 1;
+  return (a[1] > b[1]) - (a[1] < b[1]);
+}
+
 static ta_mismatch *add_mismatch(an *a, int g, int p2p, int from, int to, uint64_t k) {
   ta_report *o = a->out;
-  ta_mismatch *p = realloc(o->mismatches, sizeof(ta_mismatch) * (size_t)(o->nmismatches + 1));
-  if (!p) {
-    a->oom = 1;
-    return NULL;
+  ta_mismatch *p = o->mismatches;
+  if (o->nmismatches == a->mismatch_cap) {
+    int cap = a->mismatch_cap ? 2 * a->mismatch_cap : 16;
+    p = realloc(o->mismatches, sizeof(ta_mismatch) * (size_t)cap);
+    if (!p) {
+      a->oom = 1;
+      return NULL;
+    }
+    a->mismatch_cap = cap;
   }
   o->mismatches = p;
   ta_mismatch *m = &p[o->nmismatches++];
@@ -182,13 +207,11 @@ static size_t sort_unique(uint64_t *ks, size_t n) {
 static void check_group(an *a, int g) {
   ta_group *G = &a->gi[g];
   uint64_t lo = 1, hi = 0;
-  int nodump = 0;
-  for (int q = 0; q < G->size; q++) {
-    int m = G->ranks[q], mi = m >= 0 && m < a->world ? a->at[m] : -1;
-    if (mi < 0) {
-      nodump++;
-      continue;
-    }
+  /* The members with a dump only (a->dumped: positions, ascending). */
+  const int *dq = a->dumped[g], nd = a->ndumped[g];
+  int nodump = G->size - nd;
+  for (int x = 0; x < nd; x++) {
+    int mi = a->at[G->ranks[dq[x]]];
     cell *c = cellof(a, mi, g);
     if (c->ncoll == 0) continue;
     uint64_t first = a->R[mi].ops[c->coll[0]].gseq, last = a->R[mi].ops[c->coll[c->ncoll - 1]].gseq;
@@ -200,9 +223,8 @@ static void check_group(an *a, int g) {
   G->last = hi;
   uint64_t *ks = NULL;
   size_t nk = 0;
-  for (int q = 0; q < G->size && !a->oom; q++) {
-    int m = G->ranks[q], mi = m >= 0 && m < a->world ? a->at[m] : -1;
-    if (mi < 0) continue;
+  for (int x = 0; x < nd && !a->oom; x++) {
+    int mi = a->at[G->ranks[dq[x]]];
     const cell *c = cellof(a, mi, g);
     for (int j = 0; j < c->ncoll && !a->oom; j++) {
       uint64_t s = a->R[mi].ops[c->coll[j]].gseq;
@@ -221,9 +243,8 @@ static void check_group(an *a, int g) {
   for (size_t kx = 0; kx < nk; kx++) {
     uint64_t k = ks[kx];
     int nis = 0, nabs = 0, nlate = 0, diff = 0, bad = 0, unk;
-    for (int q = 0; q < G->size; q++) {
-      int m = G->ranks[q], mi = m >= 0 && m < a->world ? a->at[m] : -1;
-      if (mi < 0) continue;
+    for (int x = 0; x < nd; x++) {
+      int mi = a->at[G->ranks[dq[x]]];
       int j = coll_at(a, mi, g, k, &unk);
       if (j < 0) {
         if (!unk) absent[nabs++] = mi;
@@ -375,53 +396,105 @@ static void check_pair(an *a, int g, int si, int ri) {
   cell *cs = cellof(a, si, g), *cr = cellof(a, ri, g);
   uint64_t *ks = NULL;
   size_t nk = 0;
-  for (int j = 0; j < cs->np2p && !a->oom; j++) {
-    const tr_op *o = &a->R[si].ops[cs->p2p[j]];
-    if (!strcmp(o->kind, "send") && o->peer == r && push_u64(&ks, &nk, o->gseq)) a->oom = 1;
-  }
-  for (int j = 0; j < cr->np2p && !a->oom; j++) {
-    const tr_op *o = &a->R[ri].ops[cr->p2p[j]];
-    if (!strcmp(o->kind, "recv") && o->peer == s && push_u64(&ks, &nk, o->gseq)) a->oom = 1;
-  }
+  /* the runs of (send, r) and (recv, s) of the sorted cells */
+  int e, j = ta__p2p_run(a, si, g, 1, r, &e);
+  for (; j < e && !a->oom; j++)
+    if (push_u64(&ks, &nk, a->R[si].ops[cs->p2ps[j]].gseq)) a->oom = 1;
+  j = ta__p2p_run(a, ri, g, 0, s, &e);
+  for (; j < e && !a->oom; j++)
+    if (push_u64(&ks, &nk, a->R[ri].ops[cr->p2ps[j]].gseq)) a->oom = 1;
   nk = a->oom ? 0 : sort_unique(ks, nk);
   for (size_t kx = 0; kx < nk && !a->oom; kx++)
     if (ks[kx] >= 1 && pair_at(a, g, si, ri, ks[kx])) break;
   free(ks);
 }
 
+/* The pairs of members with a dump, in position order (sender, then
+ * receiver), that some op on the instance names: a send's (its rank, its
+ * peer), a receive's (its peer, its rank); a pair that no op names has
+ * nothing to compare.  The cost is the ops', not the pairs of members (a
+ * group of 4,096 ranks that all send is not 4,096^2 pairs). */
 static void check_p2p(an *a, int g) {
   const ta_group *G = &a->gi[g];
-  /* The pairs of members with a dump only, in position order: a group of
-   * 2^20 members listed in one dump is not 2^40 pairs. */
-  int *has = malloc(sizeof(int) * (size_t)(G->size > 0 ? G->size : 1)), nh = 0;
-  if (!has) {
-    a->oom = 1;
-    return;
-  }
-  for (int x = 0; x < G->size; x++) {
-    int s = G->ranks[x];
-    if (s >= 0 && s < a->world && a->at[s] >= 0) has[nh++] = x;
-  }
-  for (int x = 0; x < nh && !a->oom; x++)
-    for (int y = 0; y < nh && !a->oom; y++) {
-      int si = a->at[G->ranks[has[x]]], ri = a->at[G->ranks[has[y]]];
-      if (x == y) continue;
-      if (!cellof(a, si, g)->np2p && !cellof(a, ri, g)->np2p) continue;
-      check_pair(a, g, si, ri);
+  int *pr = NULL, np = 0, cap = 0;
+  for (int x = 0; x < a->ndumped[g] && !a->oom; x++) {
+    int q = a->dumped[g][x], mi = a->at[G->ranks[q]];
+    const cell *c = cellof(a, mi, g);
+    for (int j = 0; j < c->np2p; j++) {
+      const tr_op *o = &a->R[mi].ops[c->p2p[j]];
+      int pq = ta__pos_in(a, g, o->peer);
+      if (pq < 0 || pq == q || a->at[o->peer] < 0) continue;
+      if (np == cap) {
+        cap = cap ? 2 * cap : 64;
+        int *t = realloc(pr, sizeof(int) * 2 * (size_t)cap);
+        if (!t) {
+          a->oom = 1;
+          break;
+        }
+        pr = t;
+      }
+      int send = o->kind[0] == 's';
+      pr[2 * np] = send ? q : pq;
+      pr[2 * np + 1] = send ? pq : q;
+      np++;
     }
-  free(has);
+  }
+  if (np) qsort(pr, (size_t)np, 2 * sizeof(int), cmp_pair);
+  for (int x = 0; x < np && !a->oom; x++) {
+    if (x && pr[2 * x] == pr[2 * x - 2] && pr[2 * x + 1] == pr[2 * x - 1]) continue;
+    check_pair(a, g, a->at[G->ranks[pr[2 * x]]], a->at[G->ranks[pr[2 * x + 1]]]);
+  }
+  free(pr);
 }
 
 /* ------------------------------------------------------------------ */
 /* Set-up                                                              */
 /* ------------------------------------------------------------------ */
 
-static int find_inst(an *a, const tr_group *g) {
-  for (int k = 0; k < a->ngi; k++)
-    if (a->gi[k].index == g->index && !strcmp(a->gi[k].name, g->name)) return k;
-  ta_group *p = realloc(a->gi, sizeof(ta_group) * (size_t)(a->ngi + 1));
-  if (!p) return -1;
-  a->gi = p;
+/* The instances by (name, index): an open-addressing hash of instance
+ * numbers, so that 4,096 dumps of 3 groups each are not 4,096 x 3 scans
+ * of every instance (issue 46, item 6). */
+typedef struct inst_table {
+  int *slot; /* nslot (a power of 2), -1: free */
+  size_t nslot;
+  int cap;   /* a->gi's capacity */
+} inst_table;
+
+static size_t inst_hash(const char *name, int index) {
+  uint64_t h = 1469598103934665603ull ^ (uint64_t)(unsigned)index;
+  for (; *name; name++) h = (h ^ (unsigned char)*name) * 1099511628211ull;
+  return (size_t)(h ^ (h >> 29));
+}
+
+static int find_inst(an *a, inst_table *t, const tr_group *g) {
+  if (2 * ((size_t)a->ngi + 1) > t->nslot) {
+    size_t ns = t->nslot ? 2 * t->nslot : 256;
+    int *sl = malloc(sizeof(int) * ns);
+    if (!sl) return -1;
+    for (size_t k = 0; k < ns; k++) sl[k] = -1;
+    for (int k = 0; k < a->ngi; k++) {
+      size_t h = inst_hash(a->gi[k].name, a->gi[k].index) & (ns - 1);
+      while (sl[h] >= 0) h = (h + 1) & (ns - 1);
+      sl[h] = k;
+    }
+    free(t->slot);
+    t->slot = sl;
+    t->nslot = ns;
+  }
+  size_t h = inst_hash(g->name, g->index) & (t->nslot - 1);
+  for (; t->slot[h] >= 0; h = (h + 1) & (t->nslot - 1)) {
+    const ta_group *G = &a->gi[t->slot[h]];
+    if (G->index == g->index && !strcmp(G->name, g->name)) return t->slot[h];
+  }
+  if (a->ngi == t->cap) {
+    int cap = t->cap ? 2 * t->cap : 64;
+    ta_group *p = realloc(a->gi, sizeof(ta_group) * (size_t)cap);
+    if (!p) return -1;
+    a->gi = p;
+    t->cap = cap;
+  }
+  t->slot[h] = a->ngi;
+  ta_group *p = a->gi;
   ta_group *G = &p[a->ngi];
   memset(G, 0, sizeof *G);
   snprintf(G->name, sizeof G->name, "%s", g->name);
@@ -433,8 +506,98 @@ static int find_inst(an *a, const tr_group *g) {
   return a->ngi++;
 }
 
+static const tr_op *sort_ops; /* cmp_p2p's rank's ops (qsort has no argument) */
+
+/* (kind, peer, number, index): ta__p2p_at's order. */
+static int cmp_p2p(const void *x, const void *y) {
+  int i = *(const int *)x, j = *(const int *)y;
+  const tr_op *o = &sort_ops[i], *p = &sort_ops[j];
+  int os = o->kind[0] == 's', ps = p->kind[0] == 's';
+  if (os != ps) return os - ps;
+  if (o->peer != p->peer) return o->peer < p->peer ? -1 : 1;
+  if (o->gseq != p->gseq) return o->gseq < p->gseq ? -1 : 1;
+  return (i > j) - (i < j);
+}
+
+/* The indexes (trace_analyze_internal.h, "What makes the analysis
+ * linear"): each rank's cells on the instances it is on, the members with
+ * a dump and the positions by rank of each instance, the dim sets'
+ * numbers, the per-rank and per-world-rank marks.  0 or -1 (oom). */
+static int index_setup(an *a) {
+  const tr_rank *R = a->R;
+  size_t ng = (size_t)(a->ngi > 0 ? a->ngi : 1), n = (size_t)a->n;
+  a->inst = calloc(n, sizeof(int *));
+  a->ninst = calloc(n, sizeof(int));
+  a->icells = calloc(n, sizeof(cell *));
+  a->last = malloc(sizeof(int) * n);
+  a->blk = malloc(n);
+  a->culprit_at = calloc((size_t)a->world, 1);
+  a->dumped = calloc(ng, sizeof(int *));
+  a->ndumped = calloc(ng, sizeof(int));
+  a->dimset = malloc(sizeof(int) * ng);
+  a->bypos = calloc(ng, sizeof(int *));
+  a->ucache = calloc(2 * ng, sizeof *a->ucache);
+  if (!a->inst || !a->ninst || !a->icells || !a->last || !a->blk || !a->culprit_at ||
+      !a->dumped || !a->ndumped || !a->dimset || !a->bypos || !a->ucache)
+    return -1;
+  memset(a->blk, -1, n);
+  for (int i = 0; i < a->n; i++) {
+    /* The instances of its groups, ascending, each once. */
+    int k = R[i].ngroups, *v = malloc(sizeof(int) * (size_t)(k > 0 ? k : 1));
+    if (!v) return -1;
+    a->inst[i] = v;
+    for (int g = 0; g < k; g++) v[g] = a->gmap[i][g];
+    qsort(v, (size_t)k, sizeof(int), cmp_int);
+    int u = 0;
+    for (int g = 0; g < k; g++)
+      if (!u || v[g] != v[u - 1]) v[u++] = v[g];
+    a->ninst[i] = u;
+    if (!(a->icells[i] = calloc((size_t)(u > 0 ? u : 1), sizeof(cell)))) return -1;
+    for (int j = 0; j < R[i].nops; j++) {
+      const tr_op *o = &R[i].ops[j];
+      cell *c = cellof(a, i, inst_of(a, i, o));
+      if (is_p2p(o) ? push(&c->p2p, &c->np2p, j) : push(&c->coll, &c->ncoll, j)) return -1;
+    }
+    sort_ops = R[i].ops;
+    for (int x = 0; x < u; x++) {
+      cell *c = &a->icells[i][x];
+      if (!c->np2p) continue;
+      if (!(c->p2ps = malloc(sizeof(int) * (size_t)c->np2p))) return -1;
+      memcpy(c->p2ps, c->p2p, sizeof(int) * (size_t)c->np2p);
+      qsort(c->p2ps, (size_t)c->np2p, sizeof(int), cmp_p2p);
+    }
+  }
+  for (int g = 0; g < a->ngi; g++) {
+    const ta_group *G = &a->gi[g];
+    int *bp = malloc(sizeof(int) * 2 * (size_t)(G->size > 0 ? G->size : 1));
+    if (!(a->bypos[g] = bp)) return -1;
+    for (int q = 0; q < G->size; q++) {
+      int m = G->ranks[q];
+      bp[2 * q] = m;
+      bp[2 * q + 1] = q;
+      if (m < 0 || m >= a->world || a->at[m] < 0) continue;
+      if (!a->dumped[g] && !(a->dumped[g] = malloc(sizeof(int) * (size_t)G->size))) return -1;
+      a->dumped[g][a->ndumped[g]++] = q;
+    }
+    qsort(bp, (size_t)G->size, 2 * sizeof(int), cmp_pair);
+  }
+  /* dim sets: the instances sorted by name; the first of each name (the
+   * least instance number) gives its number */
+  int *ord = malloc(sizeof(int) * ng);
+  if (!ord) return -1;
+  for (int g = 0; g < a->ngi; g++) ord[g] = g;
+  sort_gi = a->gi;
+  qsort(ord, (size_t)a->ngi, sizeof(int), cmp_gname);
+  for (int x = 0; x < a->ngi; x++)
+    a->dimset[ord[x]] = x && !strcmp(a->gi[ord[x]].name, a->gi[ord[x - 1]].name)
+                            ? a->dimset[ord[x - 1]] : ord[x];
+  free(ord);
+  return 0;
+}
+
 static int setup(an *a, char *err, size_t errlen) {
   const tr_rank *R = a->R;
+  inst_table it = {0};
   a->at = malloc(sizeof(int) * (size_t)a->world);
   a->gmap = calloc((size_t)a->n, sizeof(int *));
   if (!a->at || !a->gmap) goto oom;
@@ -454,16 +617,11 @@ static int setup(an *a, char *err, size_t errlen) {
     a->gmap[i] = malloc(sizeof(int) * (size_t)(R[i].ngroups > 0 ? R[i].ngroups : 1));
     if (!a->gmap[i]) goto oom;
     for (int g = 0; g < R[i].ngroups; g++)
-      if ((a->gmap[i][g] = find_inst(a, &R[i].groups[g])) < 0) goto oom;
+      if ((a->gmap[i][g] = find_inst(a, &it, &R[i].groups[g])) < 0) goto oom;
   }
-  a->cells = calloc((size_t)a->n * (size_t)(a->ngi > 0 ? a->ngi : 1), sizeof(cell));
-  if (!a->cells) goto oom;
-  for (int i = 0; i < a->n; i++)
-    for (int j = 0; j < R[i].nops; j++) {
-      const tr_op *o = &R[i].ops[j];
-      cell *c = cellof(a, i, inst_of(a, i, o));
-      if (is_p2p(o) ? push(&c->p2p, &c->np2p, j) : push(&c->coll, &c->ncoll, j)) goto oom;
-    }
+  free(it.slot);
+  it.slot = NULL;
+  if (index_setup(a)) goto oom;
   /* The fault time. */
   ta_report *out = a->out;
   int64_t tf = INT64_MAX, fail_issue = 0;
@@ -507,8 +665,14 @@ static int setup(an *a, char *err, size_t errlen) {
   a->long_ns = (tf - fail_issue) / 2;
   if (a->long_ns < 100000000) a->long_ns = 100000000;
   if (!out->fault_text) goto oom;
+  for (int i = 0; i < a->n; i++) {
+    a->last[i] = -1;
+    for (int j = 0; j < R[i].nops; j++)
+      if (issued(a, &R[i].ops[j])) a->last[i] = j;
+  }
   return 0;
 oom:
+  free(it.slot);
   snprintf(err, errlen, "out of memory");
   return -1;
 }
@@ -585,12 +749,30 @@ int ta_analyze(const tr_rank *ranks, int n, int world, ta_report *out, char *err
   out->groups = a.gi;
   out->ngroups = a.ngi;
   a.gi = NULL;
-  if (a.cells)
-    for (int k = 0; k < n * a.ngi; k++) {
-      free(a.cells[k].coll);
-      free(a.cells[k].p2p);
+  for (int i = 0; a.icells && a.ninst && a.inst && i < n; i++) {
+    for (int k = 0; a.icells[i] && k < a.ninst[i]; k++) {
+      free(a.icells[i][k].coll);
+      free(a.icells[i][k].p2p);
+      free(a.icells[i][k].p2ps);
     }
-  free(a.cells);
+    free(a.icells[i]);
+    free(a.inst[i]);
+  }
+  free(a.icells);
+  free(a.inst);
+  free(a.ninst);
+  for (int g = 0; g < a.ngi; g++) {
+    if (a.dumped) free(a.dumped[g]);
+    if (a.bypos) free(a.bypos[g]);
+  }
+  free(a.dumped);
+  free(a.ndumped);
+  free(a.bypos);
+  free(a.dimset);
+  free(a.ucache);
+  free(a.last);
+  free(a.blk);
+  free(a.culprit_at);
   if (a.gmap)
     for (int i = 0; i < n; i++) free(a.gmap[i]);
   free(a.gmap);

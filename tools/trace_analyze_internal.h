@@ -21,10 +21,12 @@ char *ta__sb_take(sb *b);
 #define sb_add ta__sb_add
 #define sb_take ta__sb_take
 
-/* One rank's operations on one group instance (indices into its ops). */
+/* One rank's operations on one group instance (indices into its ops, in
+ * ring order). */
 typedef struct cell {
   int *coll, ncoll;
   int *p2p, np2p;
+  int *p2ps; /* p2p[] sorted by (kind, peer, gseq, index): ta__p2p_at's search */
 } cell;
 
 typedef struct an {
@@ -34,10 +36,29 @@ typedef struct an {
   ta_group *gi;
   int ngi;
   int **gmap;        /* gmap[i][gid]: the instance of rank i's group gid */
-  cell *cells;       /* [i * ngi + g] */
+  cell *cells;       /* unused (NULL): see icells, cellof */
   int64_t tf, long_ns; /* the fault time; the least age of a wait followed */
   int oom;
   ta_report *out;
+  /* What makes the analysis linear in ranks x entries (issue 46, item 6):
+   * per rank i, the instances it has ops or groups on (ascending, each
+   * once: inst[i][0..ninst[i])) and their cells (icells[i][k]); */
+  int **inst, *ninst;
+  cell **icells;
+  cell nocell;        /* an empty cell: a rank on an instance it is not on */
+  int *last;          /* per rank: its last op issued by T, -1 */
+  signed char *blk;   /* per rank: blocked_at(i, NULL, 0) memoized, -1 unknown */
+  unsigned char *culprit_at; /* per world rank: named a culprit already */
+  int mismatch_cap;   /* out->mismatches' capacity */
+  int **dumped, *ndumped; /* per instance: the positions of its members with a dump */
+  int *dimset;        /* per instance: its dim set's number (one per distinct name) */
+  int **bypos;        /* per instance: (rank, position) pairs sorted by rank */
+  /* per instance and depth ([2 * g + deep]): the members that miss the
+   * last collective asked about there (up to 2), for ta__blocked */
+  struct ta_ucache {
+    const tr_op *op;
+    int nmiss, miss[2];
+  } *ucache;
 } an;
 
 static inline int is_p2p(const tr_op *o) {
@@ -49,7 +70,19 @@ static inline int issued(const an *a, const tr_op *o) { return o->issue_ns <= a-
 static inline int pending_at(const an *a, const tr_op *o) {
   return issued(a, o) && (o->end_ns == 0 || o->end_ns >= a->tf);
 }
-static inline cell *cellof(an *a, int i, int g) { return &a->cells[i * a->ngi + g]; }
+/* Rank i's cell on instance g (an empty one when it has nothing there). */
+static inline cell *cellof(an *a, int i, int g) {
+  const int *v = a->inst[i];
+  int lo = 0, hi = a->ninst[i] - 1;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    if (v[mid] == g) return &a->icells[i][mid];
+    if (v[mid] < g) lo = mid + 1;
+    else hi = mid - 1;
+  }
+  a->nocell = (cell){0};
+  return &a->nocell;
+}
 static inline int inst_of(const an *a, int i, const tr_op *o) { return a->gmap[i][o->group]; }
 static inline double secs(int64_t ns) { return (double)ns * 1e-9; }
 static inline int rank_index(const an *a, int w) { return w >= 0 && w < a->world ? a->at[w] : -1; }
@@ -69,6 +102,11 @@ int ta__p2p_at(an *a, int i, int g, const char *kind, int peer, uint64_t k, int 
 void ta__op_name(const an *a, int i, const tr_op *o, char *buf, size_t cap);
 void ta__op_detail(const tr_op *o, char *buf, size_t cap);
 void ta__op_state(const tr_op *o, int64_t t, char *buf, size_t cap);
+/* Rank i's sends (send 1) or receives (0) with world rank peer on
+ * instance g: cellof(a, i, g)->p2ps[start..*end), by number; returns start. */
+int ta__p2p_run(an *a, int i, int g, int send, int peer, int *end);
+/* The position of world rank w in instance g, or -1 (binary search). */
+int ta__pos_in(const an *a, int g, int w);
 int ta__unmet(an *a, int i, const tr_op *o, int *w);
 /* unmet for a collective, over the members at positions pos[0..npos) of
  * its group only (ascending: w then lists them in position order). */

@@ -24,85 +24,166 @@ static void prog_key(an *a, int i, const tr_op *o, char *buf, size_t cap) {
            pos);
 }
 
+/* The order check's indexes: per rank its ops issued by T sorted by
+ * (step, index) (a step's ops are a run: found by binary search, not by a
+ * scan of the ring per step); per world rank the instances whose member
+ * lists hold it (rinst[rstart[w]..rstart[w + 1])); per rank index its place
+ * in the role being checked (mpos) and in the step being voted (spos). */
+typedef struct ord {
+  int **sidx, *nsidx;
+  int *rstart, *rinst;
+  int *mpos, *spos;
+} ord;
+
+static const tr_op *sort_ops; /* cmp_step's rank's ops */
+
+static int cmp_step(const void *x, const void *y) {
+  int i = *(const int *)x, j = *(const int *)y;
+  long s = sort_ops[i].step, t = sort_ops[j].step;
+  if (s != t) return s < t ? -1 : 1;
+  return (i > j) - (i < j);
+}
+
+static void ord_free(an *a, ord *O) {
+  for (int i = 0; O->sidx && i < a->n; i++) free(O->sidx[i]);
+  free(O->sidx);
+  free(O->nsidx);
+  free(O->rstart);
+  free(O->rinst);
+  free(O->mpos);
+  free(O->spos);
+}
+
+static int ord_make(an *a, ord *O) {
+  int n = a->n, W = a->world;
+  O->sidx = calloc((size_t)n, sizeof(int *));
+  O->nsidx = calloc((size_t)n, sizeof(int));
+  O->rstart = calloc((size_t)W + 1, sizeof(int));
+  O->mpos = malloc(sizeof(int) * (size_t)n);
+  O->spos = malloc(sizeof(int) * (size_t)n);
+  if (!O->sidx || !O->nsidx || !O->rstart || !O->mpos || !O->spos) return -1;
+  for (int i = 0; i < n; i++) {
+    const tr_rank *r = &a->R[i];
+    O->mpos[i] = O->spos[i] = -1;
+    if (!(O->sidx[i] = malloc(sizeof(int) * (size_t)(r->nops > 0 ? r->nops : 1)))) return -1;
+    for (int j = 0; j < r->nops; j++)
+      if (issued(a, &r->ops[j])) O->sidx[i][O->nsidx[i]++] = j;
+    sort_ops = r->ops;
+    qsort(O->sidx[i], (size_t)O->nsidx[i], sizeof(int), cmp_step);
+  }
+  size_t tot = 0;
+  for (int g = 0; g < a->ngi; g++)
+    for (int q = 0; q < a->gi[g].size; q++) {
+      int m = a->gi[g].ranks[q];
+      if (m >= 0 && m < W) O->rstart[m + 1]++, tot++;
+    }
+  for (int w = 0; w < W; w++) O->rstart[w + 1] += O->rstart[w];
+  int *fill = malloc(sizeof(int) * (size_t)(W > 0 ? W : 1));
+  O->rinst = malloc(sizeof(int) * (tot > 0 ? tot : 1));
+  if (!fill || !O->rinst) {
+    free(fill);
+    return -1;
+  }
+  memcpy(fill, O->rstart, sizeof(int) * (size_t)W);
+  for (int g = 0; g < a->ngi; g++)
+    for (int q = 0; q < a->gi[g].size; q++) {
+      int m = a->gi[g].ranks[q];
+      if (m >= 0 && m < W) O->rinst[fill[m]++] = g;
+    }
+  free(fill);
+  return 0;
+}
+
 /* Every rank's role (role[i], rank index i): its positions in the groups
  * whose dim sets carry point-to-point traffic in any dump ("pp=0;"), as
  * any dump shows them, so that a rank blocked before its first send still
- * has the role of its stage; ranks of one role run one program.  0, or -1
- * when out of memory. */
+ * has the role of its stage; ranks of one role run one program.  The dim
+ * sets in the order of their first instance, the instances of each in
+ * order.  0, or -1 when out of memory. */
+static int cmp_dimset_g(const void *x, const void *y);
+static const an *sort_an;
+
 static int roles(an *a, char (*role)[512]) {
   char *mark = calloc((size_t)a->ngi + 1, 1);
-  int *names = malloc(sizeof(int) * ((size_t)a->ngi + 1)), nn = 0;
-  if (!mark || !names) {
+  int *gs = malloc(sizeof(int) * ((size_t)a->ngi + 1)), ng = 0;
+  if (!mark || !gs) {
     free(mark);
-    free(names);
+    free(gs);
     return -1;
   }
   for (int i = 0; i < a->n; i++) {
     role[i][0] = '\0';
     for (int j = 0; j < a->R[i].nops; j++)
-      if (is_p2p(&a->R[i].ops[j])) mark[inst_of(a, i, &a->R[i].ops[j])] = 1;
+      if (is_p2p(&a->R[i].ops[j])) mark[a->dimset[inst_of(a, i, &a->R[i].ops[j])]] = 1;
   }
-  /* The dim sets' names (few), in one order for every rank. */
-  for (int g = 0; g < a->ngi; g++) {
-    int known = 0;
-    for (int k = 0; k < nn && !known; k++) known = !strcmp(a->gi[names[k]].name, a->gi[g].name);
-    if (mark[g] && !known) names[nn++] = g;
-  }
-  for (int k = 0; k < nn; k++)
-    for (int g = 0; g < a->ngi; g++) {
-      const ta_group *G = &a->gi[g];
-      if (strcmp(G->name, a->gi[names[k]].name)) continue;
-      for (int q = 0; q < G->size; q++) {
-        int i = rank_index(a, G->ranks[q]);
-        if (i < 0) continue;
-        size_t n = strlen(role[i]);
-        snprintf(role[i] + n, sizeof role[i] - n, "%s=%d;", G->name, q);
-      }
+  /* A dim set's number is its first instance's: (dim set, instance)
+   * order is the order of the names' first instances. */
+  for (int g = 0; g < a->ngi; g++)
+    if (mark[a->dimset[g]]) gs[ng++] = g;
+  sort_an = a;
+  qsort(gs, (size_t)ng, sizeof(int), cmp_dimset_g);
+  for (int k = 0; k < ng; k++) {
+    const ta_group *G = &a->gi[gs[k]];
+    for (int q = 0; q < G->size; q++) {
+      int i = rank_index(a, G->ranks[q]);
+      if (i < 0) continue;
+      size_t n = strlen(role[i]);
+      snprintf(role[i] + n, sizeof role[i] - n, "%s=%d;", G->name, q);
     }
+  }
   free(mark);
-  free(names);
+  free(gs);
   return 0;
 }
 
-static int shares_group(an *a, int w1, int w2) {
-  for (int g = 0; g < a->ngi; g++) {
-    int in1 = 0, in2 = 0;
-    for (int q = 0; q < a->gi[g].size; q++) {
-      in1 |= a->gi[g].ranks[q] == w1;
-      in2 |= a->gi[g].ranks[q] == w2;
-    }
-    if (in1 && in2) return 1;
-  }
-  return 0;
+static int cmp_dimset_g(const void *x, const void *y) {
+  int g = *(const int *)x, h = *(const int *)y;
+  int dg = sort_an->dimset[g], dh = sort_an->dimset[h];
+  if (dg != dh) return dg < dh ? -1 : 1;
+  return (g > h) - (g < h);
 }
 
 /* The ops of rank i in step s issued by T (a step the ring holds whole):
- * *first (index into its ops) and the count. */
-static int step_ops(an *a, int i, long s, int *first) {
+ * *first (its place in O->sidx[i]) and the count. */
+static int step_ops(an *a, ord *O, int i, long s, int *first) {
   const tr_rank *r = &a->R[i];
-  int n = 0;
-  *first = -1;
-  for (int j = 0; j < r->nops; j++) {
-    const tr_op *o = &r->ops[j];
-    if (o->step != s || !issued(a, o)) continue;
-    if (lost(a, i) && o->step == r->ops[0].step) return 0; /* partly overwritten */
-    if (*first < 0) *first = j;
-    n++;
+  const int *v = O->sidx[i];
+  int lo = 0, hi = O->nsidx[i];
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (r->ops[v[mid]].step < s) lo = mid + 1;
+    else hi = mid;
   }
-  return n;
+  int e = lo;
+  while (e < O->nsidx[i] && r->ops[v[e]].step == s) e++;
+  *first = e > lo ? lo : -1;
+  if (e > lo && lost(a, i) && s == r->ops[0].step) return 0; /* partly overwritten */
+  return e - lo;
 }
 
 /* Op p (0-based) of rank i's step from first, or NULL. */
-static const tr_op *nth(an *a, int i, int first, int len, int p) {
-  if (p >= len) return NULL;
-  const tr_rank *r = &a->R[i];
-  int c = 0;
-  for (int j = first; j < r->nops; j++) {
-    const tr_op *o = &r->ops[j];
-    if (o->step != r->ops[first].step || !issued(a, o)) continue;
-    if (c++ == p) return o;
-  }
-  return NULL;
+static const tr_op *nth(an *a, ord *O, int i, int first, int len, int p) {
+  if (p >= len || first < 0) return NULL;
+  return &a->R[i].ops[O->sidx[i][first + p]];
+}
+
+/* An op as its program issues it, for the vote (prog_key's fields, the
+ * dim set for its name): equal keys are equal bytes. */
+typedef struct okey {
+  int dimset, bucket, pos, pad;
+  uint64_t count;
+  char kind[16], dtype[8];
+} okey;
+
+static void fast_key(an *a, int i, const tr_op *o, okey *k) {
+  memset(k, 0, sizeof *k);
+  int g = inst_of(a, i, o);
+  k->dimset = a->dimset[g];
+  k->bucket = o->bucket;
+  k->pos = o->peer >= 0 ? ta__pos_in(a, g, o->peer) : -1;
+  k->count = strcmp(o->kind, "all_to_all_v") ? o->count : 0;
+  memcpy(k->kind, o->kind, strnlen(o->kind, sizeof k->kind - 1));
+  memcpy(k->dtype, o->dtype, strnlen(o->dtype, sizeof k->dtype - 1));
 }
 
 /* The number rank i would have given an operation like `ref` (an op of a
@@ -168,119 +249,183 @@ static void order_culprit(an *a, int xi, int yi, long s, int p, const int *win, 
   ta__evidence_order(a, xi, y0, yi, x0, x1 && y1 && !strcmp(kx0, ky1) && !strcmp(kx1, ky0) ? TA_SWAPPED : y1 && !strcmp(kx0, ky1) ? TA_SKIPPED : TA_DIFFERS);
 }
 
-/* One role's step s: vote position by position. */
-static void vote_step(an *a, const int *mem, int nm, long s, char *flagged) {
-  int *first = malloc(sizeof(int) * (size_t)nm * 3), *len = first + nm, *alive = len + nm;
-  char (*key)[512] = malloc(sizeof *key * (size_t)nm);
-  int *win = malloc(sizeof(int) * (size_t)nm);
+static const okey *sort_keys; /* cmp_key's keys */
+
+static int cmp_key(const void *x, const void *y) {
+  int i = *(const int *)x, j = *(const int *)y;
+  int c = memcmp(&sort_keys[i], &sort_keys[j], sizeof(okey));
+  return c ? c : (i > j) - (i < j);
+}
+
+/* One role's step s: vote position by position.  sub[0..ns): the places
+ * in mem (ascending) of the members with ops in step s; flagged: by place
+ * in mem.  The majority by sorting the keys (not every pair of members). */
+static void vote_step(an *a, ord *O, const int *mem, const int *sub, int ns, long s,
+                      char *flagged) {
+  int *first = malloc(sizeof(int) * (size_t)ns * 4), *len = first + ns, *alive = len + ns;
+  int *srt = alive + ns;
+  okey *key = malloc(sizeof *key * (size_t)ns);
+  int *win = malloc(sizeof(int) * (size_t)ns);
   if (!first || !key || !win) {
     a->oom = 1;
     goto out;
   }
-  for (int x = 0; x < nm; x++) {
-    len[x] = flagged[x] ? 0 : step_ops(a, mem[x], s, &first[x]);
+  for (int x = 0; x < ns; x++) {
+    int i = mem[sub[x]];
+    len[x] = flagged[sub[x]] ? 0 : step_ops(a, O, i, s, &first[x]);
     alive[x] = len[x] > 0;
+    O->spos[i] = x;
   }
   for (int p = 0;; p++) {
     int voters = 0;
-    for (int x = 0; x < nm; x++) {
+    for (int x = 0; x < ns; x++) {
       if (!alive[x] || len[x] <= p) {
         alive[x] = 0;
         continue;
       }
-      prog_key(a, mem[x], nth(a, mem[x], first[x], len[x], p), key[x], sizeof key[x]);
-      voters++;
+      fast_key(a, mem[sub[x]], nth(a, O, mem[sub[x]], first[x], len[x], p), &key[x]);
+      srt[voters++] = x;
     }
     if (voters < 3) break;
+    sort_keys = key;
+    qsort(srt, (size_t)voters, sizeof(int), cmp_key);
     int best = -1, bestn = 0;
-    for (int x = 0; x < nm; x++) {
-      if (!alive[x]) continue;
-      int c = 0;
-      for (int y = 0; y < nm; y++) c += alive[y] && !strcmp(key[x], key[y]);
-      if (c > bestn) {
-        bestn = c;
-        best = x;
-      }
+    for (int u = 0; u < voters;) {
+      int v = u + 1;
+      while (v < voters && !memcmp(&key[srt[v]], &key[srt[u]], sizeof(okey))) v++;
+      if (v - u > bestn) bestn = v - u, best = srt[u];
+      u = v;
     }
+    /* a strict majority is unique: which of equal counts is best does not
+     * matter past this test */
     if (bestn * 2 <= voters || bestn < 2) break;
+    const okey *bk = &key[best];
     int nwin = 0;
-    for (int y = 0; y < nm; y++)
-      if (alive[y] && !strcmp(key[y], key[best])) win[nwin++] = a->R[mem[y]].rank;
-    for (int x = 0; x < nm; x++) {
-      if (!alive[x] || !strcmp(key[x], key[best])) continue;
+    for (int y = 0; y < ns; y++)
+      if (alive[y] && !memcmp(&key[y], bk, sizeof(okey))) win[nwin++] = a->R[mem[sub[y]]].rank;
+    for (int x = 0; x < ns; x++) {
+      if (!alive[x] || !memcmp(&key[x], bk, sizeof(okey))) continue;
       alive[x] = 0;
-      /* A member of one of its groups that follows the majority. */
-      int y = -1;
-      for (int z = 0; z < nm && y < 0; z++)
-        if (alive[z] && !strcmp(key[z], key[best]) &&
-            shares_group(a, a->R[mem[x]].rank, a->R[mem[z]].rank))
-          y = z;
+      /* The first member (in mem's order) of one of its groups that
+       * follows the majority: over the members of its groups. */
+      int w = a->R[mem[sub[x]]].rank, y = -1;
+      for (int h = O->rstart[w]; h < O->rstart[w + 1]; h++) {
+        int g = O->rinst[h];
+        for (int d = 0; d < a->ndumped[g]; d++) {
+          int zi = a->at[a->gi[g].ranks[a->dumped[g][d]]], z = O->spos[zi];
+          if (z < 0 || O->mpos[zi] < 0 || mem[sub[z]] != zi || z == x) continue;
+          if (alive[z] && !memcmp(&key[z], bk, sizeof(okey)) && (y < 0 || z < y)) y = z;
+        }
+      }
       if (y < 0) continue;
-      flagged[x] = 1;
-      order_culprit(a, mem[x], mem[y], s, p, win, nwin, nth(a, mem[x], first[x], len[x], p),
-                    nth(a, mem[x], first[x], len[x], p + 1),
-                    nth(a, mem[y], first[y], len[y], p), nth(a, mem[y], first[y], len[y], p + 1));
+      flagged[sub[x]] = 1;
+      int ix = mem[sub[x]], iy = mem[sub[y]];
+      order_culprit(a, ix, iy, s, p, win, nwin, nth(a, O, ix, first[x], len[x], p),
+                    nth(a, O, ix, first[x], len[x], p + 1), nth(a, O, iy, first[y], len[y], p),
+                    nth(a, O, iy, first[y], len[y], p + 1));
     }
   }
 out:
+  for (int x = 0; x < ns; x++) O->spos[mem[sub[x]]] = -1;
   free(first);
   free(key);
   free(win);
 }
 
-static int cmp_long(const void *x, const void *y) {
-  long a = *(const long *)x, b = *(const long *)y;
-  return a < b ? -1 : a > b;
+static char (*sort_role)[512]; /* cmp_role's roles */
+
+static int cmp_role(const void *x, const void *y) {
+  int i = *(const int *)x, j = *(const int *)y;
+  int c = strcmp(sort_role[i], sort_role[j]);
+  return c ? c : (i > j) - (i < j);
 }
 
-void ta__check_order(an *a) {
-  int n = a->n;
-  char (*role)[512] = malloc(sizeof *role * (size_t)n);
-  int *mem = malloc(sizeof(int) * (size_t)n), *done = calloc((size_t)n, sizeof(int));
-  char *flagged = calloc((size_t)n, 1);
-  long *steps = NULL;
-  size_t nsteps = 0, cap = 0;
-  if (!role || !mem || !done || !flagged || roles(a, role)) goto oom;
-  for (int i = 0; i < n; i++) {
-    for (int j = 0; j < a->R[i].nops; j++) {
-      long s = a->R[i].ops[j].step;
-      if (nsteps && steps[nsteps - 1] == s) continue;
-      if (nsteps == cap) {
-        cap = cap ? 2 * cap : 64;
-        long *p = realloc(steps, sizeof(long) * cap);
-        if (!p) goto oom;
-        steps = p;
+static int cmp_pair2(const void *x, const void *y) {
+  const long *u = x, *v = y;
+  if (u[0] != v[0]) return u[0] < v[0] ? -1 : 1;
+  return (u[1] > v[1]) - (u[1] < v[1]);
+}
+
+/* One role (mem[0..nm), ascending rank indices): its steps in order, each
+ * voted among the members that have ops in it. */
+static void check_role(an *a, ord *O, const int *mem, int nm) {
+  char *fl = calloc((size_t)nm, 1);
+  long *sp = NULL; /* (step, place) pairs */
+  int *sub = malloc(sizeof(int) * (size_t)nm);
+  size_t np = 0, cap = 0;
+  if (!fl || !sub) goto oom;
+  for (int x = 0; x < nm; x++) {
+    int i = mem[x];
+    const tr_op *ops = a->R[i].ops;
+    O->mpos[i] = x;
+    for (int u = 0; u < O->nsidx[i]; u++) {
+      long st = ops[O->sidx[i][u]].step;
+      if (u && ops[O->sidx[i][u - 1]].step == st) continue;
+      if (np == cap) {
+        cap = cap ? 2 * cap : 256;
+        long *t = realloc(sp, sizeof(long) * 2 * cap);
+        if (!t) goto oom;
+        sp = t;
       }
-      steps[nsteps++] = s;
+      sp[2 * np] = st;
+      sp[2 * np + 1] = x;
+      np++;
     }
   }
-  if (nsteps) qsort(steps, nsteps, sizeof(long), cmp_long);
-  for (int i = 0; i < n; i++) {
-    if (done[i]) continue;
-    int nm = 0;
-    for (int k = i; k < n; k++)
-      if (!done[k] && !strcmp(role[k], role[i])) {
-        done[k] = 1;
-        mem[nm++] = k;
-      }
-    if (nm < 3) continue;
-    char *fl = calloc((size_t)nm, 1);
-    if (!fl) goto oom;
-    for (size_t s = 0; s < nsteps && !a->oom; s++) {
-      if (s && steps[s] == steps[s - 1]) continue;
-      vote_step(a, mem, nm, steps[s], fl);
-    }
-    free(fl);
+  if (np) qsort(sp, np, 2 * sizeof(long), cmp_pair2);
+  for (size_t u = 0; u < np && !a->oom;) {
+    size_t v = u;
+    int ns = 0;
+    while (v < np && sp[2 * v] == sp[2 * u]) sub[ns++] = (int)sp[2 * v++ + 1];
+    if (ns >= 3) vote_step(a, O, mem, sub, ns, sp[2 * u], fl);
+    u = v;
   }
   goto out;
 oom:
   a->oom = 1;
 out:
+  for (int x = 0; x < nm; x++) O->mpos[mem[x]] = -1;
+  free(fl);
+  free(sp);
+  free(sub);
+}
+
+void ta__check_order(an *a) {
+  int n = a->n;
+  char (*role)[512] = malloc(sizeof *role * (size_t)n);
+  int *ordr = malloc(sizeof(int) * (size_t)n), *grp = malloc(sizeof(int) * (size_t)n);
+  int *mem = malloc(sizeof(int) * (size_t)n);
+  ord O = {0};
+  if (!role || !ordr || !grp || !mem || ord_make(a, &O) || roles(a, role)) goto oom;
+  /* The ranks of one role: sorted by (role, index); the roles in the
+   * order of their first rank. */
+  for (int i = 0; i < n; i++) ordr[i] = i;
+  sort_role = role;
+  qsort(ordr, (size_t)n, sizeof(int), cmp_role);
+  for (int u = 0; u < n;) {
+    int v = u;
+    while (v < n && !strcmp(role[ordr[v]], role[ordr[u]])) grp[ordr[v++]] = u;
+    u = v;
+  }
+  for (int i = 0; i < n && !a->oom; i++) {
+    int u = grp[i];
+    if (ordr[u] != i) continue; /* not the role's first rank */
+    int nm = 0;
+    while (u + nm < n && grp[ordr[u + nm]] == u) {
+      mem[nm] = ordr[u + nm];
+      nm++;
+    }
+    if (nm >= 3) check_role(a, &O, mem, nm);
+  }
+  goto out;
+oom:
+  a->oom = 1;
+out:
+  ord_free(a, &O);
   free(role);
+  free(ordr);
+  free(grp);
   free(mem);
-  free(done);
-  free(flagged);
-  free(steps);
 }
 
 /* ------------------------------------------------------------------ */
@@ -316,41 +461,32 @@ static void owed(an *a, int wi, const tr_op *o, int m, sb *b) {
   sb_add(b, " (world rank %d waited %.1f s for it)", w, secs(a->tf - o->issue_ns));
 }
 
-/* Per group instance, the positions of the members with a dump
- * (dumped[g][0..ndumped[g])), and whether its members without one were
- * listed already (listed[g]). */
+/* Per group instance, whether its members without a dump were listed
+ * already (listed[g]); the members with one are a->dumped[g].  cache[g]:
+ * the last collective waits_for listed on g (its number, op and rank). */
+typedef struct wcache {
+  const tr_op *op;
+  int rank;
+} wcache;
+
 typedef struct members {
-  int **dumped, *ndumped;
   char *listed;
   int *merge; /* a world's worth of scratch */
+  wcache *cache;
 } members;
 
-static void members_free(an *a, members *M) {
-  if (M->dumped)
-    for (int g = 0; g < a->ngi; g++) free(M->dumped[g]);
-  free(M->dumped);
-  free(M->ndumped);
+static void members_free(members *M) {
   free(M->listed);
   free(M->merge);
+  free(M->cache);
 }
 
 static int members_make(an *a, members *M) {
   size_t ng = (size_t)(a->ngi > 0 ? a->ngi : 1);
-  M->dumped = calloc(ng, sizeof(int *));
-  M->ndumped = calloc(ng, sizeof(int));
   M->listed = calloc(ng, 1);
   M->merge = malloc(sizeof(int) * (size_t)a->world);
-  if (!M->dumped || !M->ndumped || !M->listed || !M->merge) return -1;
-  for (int g = 0; g < a->ngi; g++) {
-    const ta_group *G = &a->gi[g];
-    for (int q = 0; q < G->size; q++) {
-      int m = G->ranks[q];
-      if (m < 0 || m >= a->world || a->at[m] < 0) continue;
-      if (!M->dumped[g] && !(M->dumped[g] = malloc(sizeof(int) * (size_t)G->size))) return -1;
-      M->dumped[g][M->ndumped[g]++] = q;
-    }
-  }
-  return 0;
+  M->cache = calloc(ng, sizeof(wcache));
+  return M->listed && M->merge && M->cache ? 0 : -1;
 }
 
 /* unmet(a, i, o, w), the same list in the same (position) order, at a
@@ -358,11 +494,25 @@ static int members_make(an *a, members *M) {
  * one by one, the members without a dump (each of which o waits for) are
  * listed the first time an operation of their group instance is seen only,
  * after which they are in `seen` anyway (a group of 2^20 members of which
- * one left a dump is not 2^20 steps per pending operation). */
-static int waits_for(an *a, members *M, int i, const tr_op *o, int *w) {
+ * one left a dump is not 2^20 steps per pending operation).
+ *
+ * And not once per waiter: when rank A's collective o_A (number k on g)
+ * was listed last on g and every rank listed then is in `seen`, a waiter B
+ * with the same number and signature waits for the same members (whether
+ * a member issued it, with which signature, stuck or not, does not depend
+ * on the waiter) plus maybe A itself: only A is checked.  So 4,096 ranks
+ * blocked in one all-reduce are 2 x 4,096 member checks, not 4,096^2. */
+static int waits_for(an *a, members *M, const char *seen, int i, const tr_op *o, int *w) {
   if (is_p2p(o)) return unmet(a, i, o, w);
   int g = inst_of(a, i, o);
-  int nw = ta__unmet_among(a, i, o, w, M->dumped[g], M->ndumped[g]);
+  wcache *c = &M->cache[g];
+  if (c->op && c->op->gseq == o->gseq && same_sig(c->op, o)) {
+    int pa = c->rank == a->R[i].rank ? -1 : ta__pos_in(a, g, c->rank);
+    return pa < 0 || seen[c->rank] ? 0 : ta__unmet_among(a, i, o, w, &pa, 1);
+  }
+  c->op = o;
+  c->rank = a->R[i].rank;
+  int nw = ta__unmet_among(a, i, o, w, a->dumped[g], a->ndumped[g]);
   if (M->listed[g]) return nw;
   M->listed[g] = 1;
   const ta_group *G = &a->gi[g];
@@ -394,11 +544,11 @@ void ta__check_waits(an *a) {
   }
   int qn = 0;
   for (int i = 0; i < a->n; i++) {
-    if (blocked(a, i, w)) a->out->nvictims++;
+    if (blocked(a, i, NULL)) a->out->nvictims++;
     for (int j = 0; j < a->R[i].nops; j++) {
       const tr_op *o = &a->R[i].ops[j];
       if (!pending_at(a, o) || a->tf - o->issue_ns < a->long_ns) continue;
-      int nw = waits_for(a, &M, i, o, w);
+      int nw = waits_for(a, &M, seen, i, o, w);
       for (int k = 0; k < nw; k++)
         if (!seen[w[k]]) {
           seen[w[k]] = 1;
@@ -410,11 +560,11 @@ void ta__check_waits(an *a) {
   }
   for (int h = 0; h < qn; h++) {
     int m = queue[h], mi = rank_index(a, m);
-    if (mi >= 0 && blocked(a, mi, w)) {
+    if (mi >= 0 && blocked(a, mi, NULL)) {
       for (int j = 0; j < a->R[mi].nops; j++) {
         const tr_op *o = &a->R[mi].ops[j];
         if (!pending_at(a, o)) continue;
-        int nw = waits_for(a, &M, mi, o, w);
+        int nw = waits_for(a, &M, seen, mi, o, w);
         for (int k = 0; k < nw; k++)
           if (!seen[w[k]]) {
             seen[w[k]] = 1;
@@ -460,7 +610,7 @@ void ta__check_waits(an *a) {
     add_culprit(a, first, &b);
   }
 out:
-  members_free(a, &M);
+  members_free(&M);
   free(w);
   free(queue);
   free(by_i);

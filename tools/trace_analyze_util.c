@@ -80,17 +80,63 @@ int coll_at(an *a, int i, int g, uint64_t k, int *unknown) {
   return -1;
 }
 
-/* Rank i's `kind` #k with world rank `peer` on instance g, or -1. */
+/* The first of c's p2p ops (sorted by (kind, peer, number, index)) not
+ * below (send, peer, k). */
+static int p2p_lower(const cell *c, const tr_op *ops, int send, int peer, uint64_t k) {
+  int lo = 0, hi = c->np2p;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    const tr_op *o = &ops[c->p2ps[mid]];
+    int os = o->kind[0] == 's';
+    if (os != send ? os < send : o->peer != peer ? o->peer < peer : o->gseq < k) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+int ta__p2p_run(an *a, int i, int g, int send, int peer, int *end) {
+  const cell *c = cellof(a, i, g);
+  *end = p2p_lower(c, a->R[i].ops, send, peer, UINT64_MAX);
+  while (*end < c->np2p) { /* gseq UINT64_MAX itself (a hostile number) */
+    const tr_op *o = &a->R[i].ops[c->p2ps[*end]];
+    if ((o->kind[0] == 's') != send || o->peer != peer) break;
+    ++*end;
+  }
+  return p2p_lower(c, a->R[i].ops, send, peer, 0);
+}
+
+/* Rank i's `kind` #k with world rank `peer` on instance g, or -1: a binary
+ * search, which finds the first of equal numbers in ring order, as a scan
+ * would (a cost of the ring's log, not of the pairs the job made). */
 int p2p_at(an *a, int i, int g, const char *kind, int peer, uint64_t k, int *unknown) {
   cell *c = cellof(a, i, g);
+  const tr_op *ops = a->R[i].ops;
+  int send = !strcmp(kind, "send");
+  int x = p2p_lower(c, ops, send, peer, k);
+  if (x < c->np2p) {
+    const tr_op *o = &ops[c->p2ps[x]];
+    if ((o->kind[0] == 's') == send && o->peer == peer && o->gseq == k) return c->p2ps[x];
+  }
+  /* the least number of (kind, peer): the first of its run */
   uint64_t least = 0;
-  for (int j = 0; j < c->np2p; j++) {
-    const tr_op *o = &a->R[i].ops[c->p2p[j]];
-    if (strcmp(o->kind, kind) || o->peer != peer) continue;
-    if (o->gseq == k) return c->p2p[j];
-    if (!least || o->gseq < least) least = o->gseq;
+  int f = p2p_lower(c, ops, send, peer, 0);
+  if (f < c->np2p) {
+    const tr_op *o = &ops[c->p2ps[f]];
+    if ((o->kind[0] == 's') == send && o->peer == peer) least = o->gseq;
   }
   *unknown = lost(a, i) && (!least || k < least);
+  return -1;
+}
+
+int ta__pos_in(const an *a, int g, int w) {
+  const int *v = a->bypos[g];
+  int lo = 0, hi = a->gi[g].size - 1;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    if (v[2 * mid] == w) return v[2 * mid + 1];
+    if (v[2 * mid] < w) lo = mid + 1;
+    else hi = mid - 1;
+  }
   return -1;
 }
 
@@ -131,7 +177,20 @@ static int blocked_at(an *a, int i, int *w, int deep);
  * a device runs its operations in issue order, so a send queued behind a
  * stuck all-reduce is stuck too, and the waiter waits for mi. */
 static int stuck(an *a, int mi, const tr_op *p) {
-  return pending_at(a, p) && blocked_at(a, mi, NULL, 0);
+  if (!pending_at(a, p)) return 0;
+  if (a->blk[mi] < 0) a->blk[mi] = (signed char)blocked_at(a, mi, NULL, 0);
+  return a->blk[mi];
+}
+
+/* Member m (a world rank) of instance g had not issued collective o's
+ * match by T, or issued another one, or (deep) was stuck behind its own
+ * wait. */
+static int coll_misses(an *a, int g, const tr_op *o, int m, int deep) {
+  int mi = a->at[m], unk = 0;
+  if (mi < 0) return 1;
+  int j = coll_at(a, mi, g, o->gseq, &unk);
+  const tr_op *p = j >= 0 ? &a->R[mi].ops[j] : NULL;
+  return p ? !issued(a, p) || !same_sig(o, p) || (deep && stuck(a, mi, p)) : !unk;
 }
 
 /* unmet (below); w NULL: only whether any (the first); deep: also the
@@ -154,17 +213,29 @@ static int unmet_at(an *a, int i, const tr_op *o, int *w, int deep, const int *p
     if (miss && w) w[nw] = m;
     return nw + miss;
   }
+  struct ta_ucache *u = &a->ucache[2 * g + !!deep];
+  if (!w && !pos && u->op && u->op->gseq == o->gseq && same_sig(u->op, o))
+    return u->nmiss > 1 || (u->nmiss == 1 && u->miss[0] != me);
+  if (!w && !pos) {
+    /* Whether any member but me misses it does not depend on me beyond
+     * that: the first two members that miss it, whoever asks (me too),
+     * answer every waiter with this number and signature at once
+     * (4,096 ranks blocked in one all-reduce are not 4,096^2 checks). */
+    u->op = NULL;
+    u->nmiss = 0;
+    for (int q = 0; q < G->size && u->nmiss < 2; q++) {
+      int m = G->ranks[q];
+      if (m < 0 || m >= a->world) continue;
+      if (coll_misses(a, g, o, m, deep)) u->miss[u->nmiss++] = m;
+    }
+    u->op = o;
+    return u->nmiss > 1 || (u->nmiss == 1 && u->miss[0] != me);
+  }
   int nq = pos ? npos : G->size;
   for (int x = 0; x < nq; x++) {
     int m = G->ranks[pos ? pos[x] : x];
     if (m == me || m < 0 || m >= a->world) continue;
-    int mi = a->at[m], miss = mi < 0;
-    if (!miss) {
-      int j = coll_at(a, mi, g, o->gseq, &unk);
-      const tr_op *p = j >= 0 ? &a->R[mi].ops[j] : NULL;
-      miss = p ? !issued(a, p) || !same_sig(o, p) || (deep && stuck(a, mi, p)) : !unk;
-    }
-    if (!miss) continue;
+    if (!coll_misses(a, g, o, m, deep)) continue;
     if (!w) return 1;
     w[nw++] = m;
   }
@@ -184,9 +255,7 @@ int ta__unmet_among(an *a, int i, const tr_op *o, int *w, const int *pos, int np
  * and one of its pending operations waited for another rank. */
 static int blocked_at(an *a, int i, int *w, int deep) {
   const tr_rank *r = &a->R[i];
-  int last = -1;
-  for (int j = 0; j < r->nops; j++)
-    if (issued(a, &r->ops[j])) last = j;
+  int last = a->last[i];
   if (last < 0 || !pending_at(a, &r->ops[last])) return 0;
   for (int j = 0; j <= last; j++)
     if (pending_at(a, &r->ops[j]) && unmet_at(a, i, &r->ops[j], w, deep, NULL, 0) > 0) return 1;
@@ -198,9 +267,7 @@ int blocked(an *a, int i, int *w) { return blocked_at(a, i, w, 1); }
 /* The last operation rank i issued by T, described ("; last op ..."). */
 void last_op(an *a, int i, sb *b) {
   const tr_rank *r = &a->R[i];
-  int last = -1;
-  for (int j = 0; j < r->nops; j++)
-    if (issued(a, &r->ops[j])) last = j;
+  int last = a->last[i];
   if (last < 0) {
     sb_add(b, "; no operation recorded before the failure");
     return;
@@ -216,17 +283,23 @@ void last_op(an *a, int i, sb *b) {
 /* The report's lists                                                  */
 /* ------------------------------------------------------------------ */
 
-static int has_culprit(const ta_report *o, int rank) {
-  for (int k = 0; k < o->nculprits; k++)
-    if (o->culprits[k].rank == rank) return 1;
+/* Whether rank was named already: a mark per world rank (the culprits
+ * are not searched, so naming n of them is not n^2). */
+static int has_culprit(const an *a, int rank) {
+  if (rank >= 0 && rank < a->world) return a->culprit_at[rank];
+  for (int k = 0; k < a->out->nculprits; k++)
+    if (a->out->culprits[k].rank == rank) return 1;
   return 0;
 }
 
 void add_item(an *a, ta_item **v, int *n, int rank, sb *b) {
   char *t = sb_take(b);
   memset(b, 0, sizeof *b);
-  ta_item *p = t ? realloc(*v, sizeof(ta_item) * (size_t)(*n + 1)) : NULL;
-  if (!p) {
+  ta_item *p = *v;
+  /* capacity: the next power of 2 (the lists only grow here) */
+  if (t && (*n & (*n - 1)) == 0)
+    p = realloc(*v, sizeof(ta_item) * (size_t)(*n ? 2 * *n : 1));
+  if (!t || !p) {
     free(t);
     a->oom = 1;
     return;
@@ -239,10 +312,11 @@ void add_item(an *a, ta_item **v, int *n, int rank, sb *b) {
 }
 
 void add_culprit(an *a, int rank, sb *b) {
-  if (has_culprit(a->out, rank)) {
+  if (has_culprit(a, rank)) {
     free(b->s);
     memset(b, 0, sizeof *b);
     return;
   }
   add_item(a, &a->out->culprits, &a->out->nculprits, rank, b);
+  if (rank >= 0 && rank < a->world && !a->oom) a->culprit_at[rank] = 1;
 }

@@ -174,6 +174,76 @@ static int get_status(pstate *ps, tok t, const char *field, char *out, size_t ca
   return 0;
 }
 
+/* The rank's string table: each distinct string once, in blocks that
+ * never move (the ops point into them), found again by an open-addressing
+ * hash (FNV-1a) while the dump is parsed. */
+typedef struct tr_block {
+  struct tr_block *next;
+  size_t used, cap;
+  char data[];
+} tr_block;
+
+struct tr_strings {
+  tr_block *blocks;
+  const char **slot; /* nslot (a power of 2) entries, NULL: free */
+  size_t nslot, n;
+};
+
+static void strings_free(struct tr_strings *t) {
+  if (!t) return;
+  for (tr_block *b = t->blocks, *nx; b; b = nx) {
+    nx = b->next;
+    free(b);
+  }
+  free(t->slot);
+  free(t);
+}
+
+static uint64_t str_hash(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+/* s (NUL-terminated) in r's table: its copy there, "" for "", or NULL when
+ * out of memory. */
+static const char *intern(tr_rank *r, const char *s) {
+  if (!s[0]) return "";
+  struct tr_strings *t = r->strings;
+  if (!t && !(t = r->strings = calloc(1, sizeof *t))) return NULL;
+  if (2 * (t->n + 1) > t->nslot) {
+    size_t ns = t->nslot ? 2 * t->nslot : 64;
+    const char **sl = calloc(ns, sizeof *sl);
+    if (!sl) return NULL;
+    for (size_t k = 0; k < t->nslot; k++) {
+      if (!t->slot[k]) continue;
+      size_t h = (size_t)str_hash(t->slot[k]) & (ns - 1);
+      while (sl[h]) h = (h + 1) & (ns - 1);
+      sl[h] = t->slot[k];
+    }
+    free(t->slot);
+    t->slot = sl;
+    t->nslot = ns;
+  }
+  size_t h = (size_t)str_hash(s) & (t->nslot - 1);
+  for (; t->slot[h]; h = (h + 1) & (t->nslot - 1))
+    if (!strcmp(t->slot[h], s)) return t->slot[h];
+  size_t len = strlen(s) + 1;
+  tr_block *b = t->blocks;
+  if (!b || b->cap - b->used < len) {
+    size_t cap = len > 16384 ? len : 16384;
+    if (!(b = malloc(sizeof *b + cap))) return NULL;
+    b->used = 0;
+    b->cap = cap;
+    b->next = t->blocks;
+    t->blocks = b;
+  }
+  char *c = memcpy(b->data + b->used, s, len);
+  b->used += len;
+  t->n++;
+  return t->slot[h] = c;
+}
+
 static int cmp_int(const void *a, const void *b) {
   int x = *(const int *)a, y = *(const int *)b;
   return (x > y) - (x < y);
@@ -246,8 +316,13 @@ static int parse_group(pstate *ps, const tok *f, tr_rank *r) {
 }
 
 static int parse_op(pstate *ps, const tok *f, tr_rank *r, uint64_t *next_seq) {
-  if (r->nops % 64 == 0) {
-    tr_op *o = realloc(r->ops, sizeof(tr_op) * (size_t)(r->nops + 64));
+  if (r->nops >= 64 && (r->nops & (r->nops - 1)) == 0) {
+    /* doubling (a ring of 2^24 ops is not 2^18 copies of a growing array) */
+    tr_op *o = realloc(r->ops, sizeof(tr_op) * (size_t)r->nops * 2);
+    if (!o) return fail(ps, "out of memory");
+    r->ops = o;
+  } else if (r->nops == 0) {
+    tr_op *o = malloc(sizeof(tr_op) * 64);
     if (!o) return fail(ps, "out of memory");
     r->ops = o;
   }
@@ -285,13 +360,17 @@ static int parse_op(pstate *ps, const tok *f, tr_rank *r, uint64_t *next_seq) {
   if (get_int(ps, f[10], "ISSUE_NS", 0, INT64_MAX, &o->issue_ns)) return -1;
   if (get_int(ps, f[11], "START_NS", 0, INT64_MAX, &o->start_ns)) return -1;
   if (get_int(ps, f[12], "END_NS", 0, INT64_MAX, &o->end_ns)) return -1;
-  if (get_status(ps, f[13], "STATUS", o->status, sizeof o->status, 0)) return -1;
-  if (!strcmp(o->status, "pending") && o->end_ns != 0)
+  char st[TR_STATUS], first[TR_NAME], last[TR_NAME];
+  if (get_status(ps, f[13], "STATUS", st, sizeof st, 0)) return -1;
+  if (!strcmp(st, "pending") && o->end_ns != 0)
     return bad(ps, "END_NS", f[12], "is set on a pending op (must be 0)");
-  if (!strcmp(o->status, "ok") && o->end_ns == 0)
+  if (!strcmp(st, "ok") && o->end_ns == 0)
     return bad(ps, "END_NS", f[12], "is 0 on an op with STATUS ok");
-  if (get_str(ps, f[14], "FIRST", o->first, sizeof o->first, 0)) return -1;
-  if (get_str(ps, f[15], "LAST", o->last, sizeof o->last, 0)) return -1;
+  if (get_str(ps, f[14], "FIRST", first, sizeof first, 0)) return -1;
+  if (get_str(ps, f[15], "LAST", last, sizeof last, 0)) return -1;
+  if (!(o->status = intern(r, st)) || !(o->first = intern(r, first)) ||
+      !(o->last = intern(r, last)))
+    return fail(ps, "out of memory");
   r->nops++;
   if (r->nops > r->capacity) return fail(ps, "more op lines than the ring's CAPACITY %ld", r->capacity);
   return 0;
@@ -442,6 +521,7 @@ void tr_rank_free(tr_rank *r) {
   free(r->groups);
   free(r->ops);
   free(r->message);
+  strings_free(r->strings);
   memset(r, 0, sizeof *r);
 }
 

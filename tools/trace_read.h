@@ -33,8 +33,11 @@ typedef struct tr_op {
   long step;
   int bucket;
   int64_t issue_ns, start_ns, end_ns;
-  char status[TR_STATUS]; /* "ok", "pending" or a status name */
-  char first[TR_NAME], last[TR_NAME]; /* "" for "-" */
+  /* Strings of the rank's table (tr_rank.strings: each distinct value
+   * once, so that a ring of 2^24 ops of one bucket name holds it once),
+   * never NULL. */
+  const char *status; /* "ok", "pending" or a status name */
+  const char *first, *last; /* "" for "-" */
 } tr_op;
 
 typedef struct tr_rank {
@@ -53,6 +56,7 @@ typedef struct tr_rank {
   tr_group *groups;
   int nops;
   tr_op *ops;
+  struct tr_strings *strings; /* what the ops' strings point into (owned) */
 } tr_rank;
 
 /* Parse one dump held in buf[0..len) into *out (zeroed first; free with

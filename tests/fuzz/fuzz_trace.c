@@ -44,8 +44,8 @@ static void check_rules(const tr_rank *r) {
     FUZZ_CHECK(o->step >= -1 && o->bucket >= -1);
     FUZZ_CHECK(o->issue_ns >= 0 && o->start_ns >= 0 && o->end_ns >= 0);
     FUZZ_CHECK(strcmp(o->status, "pending") || o->end_ns == 0);
-    check_str(o->first, sizeof o->first);
-    check_str(o->last, sizeof o->last);
+    FUZZ_CHECK(o->first != NULL && o->last != NULL); /* the rank's string table */
+    FUZZ_CHECK(strlen(o->first) < TR_NAME && strlen(o->last) < TR_NAME);
   }
 }
 
