@@ -1,5 +1,6 @@
-/* Drawing the flight recorder's dumps (tools/trace_draw.h): an SVG
- * timeline and a Chrome trace event file.  Both share one pass over the
+/* Drawing the flight recorder's dumps (tools/trace_draw.h): the view both
+ * writers share (trace_draw_internal.h) and the Chrome trace event file;
+ * the SVG timeline is trace_draw_svg.c's.  Both share one pass over the
  * dumps (struct view): the time origin and end, the group names (one
  * colour, or one Chrome thread family, each), the earliest failure, and
  * per operation its interval and lane (overlapping operations of one rank
@@ -7,36 +8,13 @@
  * Decoded names may hold any byte: the writers escape them for XML and
  * JSON and replace bytes that are not UTF-8 with U+FFFD. */
 #define _POSIX_C_SOURCE 200809L
-#include "trace_draw.h"
+#include "trace_draw_internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define MAX_LANES 8 /* per rank (SVG) or per rank and group name (Chrome) */
-
-typedef struct op_at {
-  int64_t a, s, b; /* issue (or start), start (or issue), end (pending: dump) */
-  int lane;        /* SVG: within its rank; Chrome: within its rank and name */
-  int name;        /* index into view.names */
-} op_at;
-
-typedef struct view {
-  const tr_rank *ranks;
-  int n, world;
-  const tr_rank **by_rank; /* world entries, NULL: no dump */
-  op_at **at;              /* per ranks[i], nops entries */
-  int *lanes;              /* per ranks[i]: SVG lanes used */
-  char (*names)[TR_NAME];
-  int nnames;
-  int64_t t0, t1;
-  int fail_i, fail_op; /* ranks[fail_i].ops[fail_op] failed first; -1: none */
-  int64_t fail_ns;     /* when (0: no failure) */
-  int fail_rank;       /* whose op or dump */
-} view;
 
 static void view_free(view *v) {
   if (v->at)
@@ -45,6 +23,9 @@ static void view_free(view *v) {
   free(v->by_rank);
   free(v->lanes);
   free(v->names);
+  free(v->row_mark);
+  free(v->ev);
+  free(v->extra);
 }
 
 static int name_index(view *v, const char *name) {
@@ -57,7 +38,7 @@ static int cmp_name(const void *a, const void *b) { return strcmp(a, b); }
 
 /* Greedy interval packing: the first lane free at a, else the one that
  * frees first. */
-static int pick_lane(int64_t *ends, int *nl, int64_t a, int64_t b) {
+int td__pick_lane(int64_t *ends, int *nl, int64_t a, int64_t b) {
   int best = 0;
   for (int l = 0; l < *nl; l++) {
     if (ends[l] <= a) {
@@ -71,15 +52,19 @@ static int pick_lane(int64_t *ends, int *nl, int64_t a, int64_t b) {
   return best;
 }
 
-static int failed(const tr_op *o) {
+int td__failed(const tr_op *o) {
   return strcmp(o->status, "ok") != 0 && strcmp(o->status, "pending") != 0;
 }
 
-static int view_make(view *v, const tr_rank *ranks, int n, int world, char *err, size_t errlen) {
+static int view_marks(view *v);
+
+static int view_make(view *v, const tr_rank *ranks, int n, int world, const tr_marks *marks,
+                     char *err, size_t errlen) {
   memset(v, 0, sizeof *v);
   v->ranks = ranks;
   v->n = n;
-  v->fail_i = v->fail_op = -1;
+  v->marks = marks;
+  v->fail_i = v->fail_op = v->fail_dump_i = -1;
   if (n < 0 || (n > 0 && !ranks)) {
     snprintf(err, errlen, "no dumps to draw");
     return -1;
@@ -125,10 +110,10 @@ static int view_make(view *v, const tr_rank *ranks, int n, int world, char *err,
       if (p->s < p->a) p->s = p->a;
       if (p->b < p->s) p->b = p->s;
       p->name = name_index(v, r->groups[o->group].name);
-      p->lane = pick_lane(ends, &nl, p->a, p->b);
+      p->lane = td__pick_lane(ends, &nl, p->a, p->b);
       if (p->a && p->a < t0) t0 = p->a;
       if (p->b > t1) t1 = p->b;
-      if (failed(o) && o->end_ns && (!v->fail_ns || o->end_ns < v->fail_ns)) {
+      if (td__failed(o) && o->end_ns && (!v->fail_ns || o->end_ns < v->fail_ns)) {
         v->fail_ns = o->end_ns;
         v->fail_i = i;
         v->fail_op = k;
@@ -143,7 +128,41 @@ static int view_make(view *v, const tr_rank *ranks, int n, int world, char *err,
         (!v->fail_ns || ranks[i].dump_ns < v->fail_ns)) {
       v->fail_ns = ranks[i].dump_ns;
       v->fail_rank = ranks[i].rank;
+      v->fail_dump_i = i;
     }
+  /* Its label: status, world rank and operation (docs/trace.md). */
+  if (v->fail_i >= 0) {
+    const tr_rank *r = &ranks[v->fail_i];
+    char lab[TR_NAME + 64];
+    td__op_label(r, &r->ops[v->fail_op], lab, sizeof lab);
+    snprintf(v->fail_label, sizeof v->fail_label, "%s on world rank %d, %s",
+             r->ops[v->fail_op].status, r->rank, lab);
+  } else if (v->fail_dump_i >= 0) {
+    /* A dump without a failed operation: its reason, and the operation the
+     * rank was in (its earliest pending one), else its last. */
+    const tr_rank *r = &ranks[v->fail_dump_i];
+    int k = -1;
+    for (int q = 0; q < r->nops && k < 0; q++)
+      if (!strcmp(r->ops[q].status, "pending")) k = q;
+    int pending = k >= 0;
+    if (!pending) k = r->nops - 1;
+    char lab[TR_NAME + 64] = "";
+    if (k >= 0) td__op_label(r, &r->ops[k], lab, sizeof lab);
+    if (k < 0)
+      snprintf(v->fail_label, sizeof v->fail_label, "%s dump of world rank %d, no operation "
+               "recorded", r->reason, r->rank);
+    else if (pending)
+      snprintf(v->fail_label, sizeof v->fail_label, "%s dump of world rank %d, pending %s",
+               r->reason, r->rank, lab);
+    else
+      snprintf(v->fail_label, sizeof v->fail_label, "%s dump of world rank %d, last operation "
+               "%s (%s)", r->reason, r->rank, lab, r->ops[k].status);
+  }
+  if (marks && view_marks(v)) goto nomem;
+  for (int e = 0; e < v->nev; e++) {
+    if (v->ev[e].a && v->ev[e].a < t0) t0 = v->ev[e].a;
+    if (v->ev[e].b > t1) t1 = v->ev[e].b;
+  }
   if (v->fail_ns && v->fail_ns > t1) t1 = v->fail_ns;
   if (v->fail_ns && v->fail_ns < t0) t0 = v->fail_ns;
   if (t0 == INT64_MAX) {
@@ -158,10 +177,109 @@ static int view_make(view *v, const tr_rank *ranks, int n, int world, char *err,
   }
   v->t0 = t0;
   v->t1 = t1;
+  for (int e = 0; e < v->nev; e++)
+    if (!v->ev[e].b) v->ev[e].b = t1; /* the peers' operation was still pending */
   return 0;
 nomem:
   snprintf(err, errlen, "out of memory");
   return -1;
+}
+
+/* The index of the group of r named g ("tp[1]"), -1. */
+static int group_named(const tr_rank *r, const char *g) {
+  char lab[TR_NAME + 16];
+  for (int q = 0; q < r->ngroups; q++) {
+    snprintf(lab, sizeof lab, "%s[%d]", r->groups[q].name, r->groups[q].index);
+    if (!strcmp(lab, g)) return q;
+  }
+  return -1;
+}
+
+/* The operation of r numbered gseq on its group gi, -1. */
+static int op_numbered(const tr_rank *r, int gi, uint64_t gseq) {
+  for (int k = 0; k < r->nops; k++)
+    if (r->ops[k].group == gi && r->ops[k].gseq == gseq) return k;
+  return -1;
+}
+
+/* How a culprit's operation is labelled; NULL: not drawn. */
+static const char *how_word(ta_how how) {
+  switch (how) {
+  case TA_SKIPPED: return "missing";
+  case TA_ROOT: return "never issued";
+  case TA_DIFFERS: return "differs";
+  case TA_SWAPPED: return "swapped";
+  case TA_LATE: return "issued late";
+  default: return NULL;
+  }
+}
+
+/* The rows to mark and the culprits' operations (v->marks). */
+static int view_marks(view *v) {
+  const tr_marks *m = v->marks;
+  v->row_mark = calloc((size_t)v->world, 1);
+  v->extra = calloc((size_t)v->n + 1, sizeof *v->extra);
+  v->ev = calloc((size_t)(m->nculprits > 0 ? m->nculprits : 0) + 1, sizeof *v->ev);
+  if (!v->row_mark || !v->extra || !v->ev) return -1;
+  for (int s = 0; s < m->nslow; s++)
+    if (m->slow[s].rank >= 0 && m->slow[s].rank < v->world)
+      v->row_mark[m->slow[s].rank] = ROW_SLOW;
+  for (int c = 0; c < m->nculprits; c++) {
+    const ta_item *it = &m->culprits[c];
+    if (it->rank < 0 || it->rank >= v->world) continue;
+    v->row_mark[it->rank] = ROW_CULPRIT;
+    const tr_rank *r = v->by_rank[it->rank];
+    const char *word = how_word(it->how);
+    if (!r || !word || !it->group[0]) continue;
+    int gi = group_named(r, it->group);
+    evid *e = &v->ev[v->nev];
+    e->rank = it->rank;
+    e->i = (int)(r - v->ranks);
+    e->text = it->text;
+    int missing = it->how == TA_SKIPPED || it->how == TA_ROOT;
+    e->k = !missing && gi >= 0 ? op_numbered(r, gi, it->gseq) : -1;
+    e->a = it->peers_issue_ns;
+    e->b = it->peers_end_ns;
+    if (!e->a && gi >= 0) { /* from the peers' dumps: at most 64 of them */
+      const tr_group *g = &r->groups[gi];
+      int pending = 0;
+      for (int q = 0, seen = 0; q < g->size && seen < 64; q++) {
+        int w = g->ranks[q];
+        const tr_rank *p = w >= 0 && w < v->world && w != r->rank ? v->by_rank[w] : NULL;
+        int pg = p ? group_named(p, it->group) : -1;
+        int k = pg >= 0 ? op_numbered(p, pg, it->gseq) : -1;
+        if (k < 0) continue;
+        seen++;
+        const tr_op *o = &p->ops[k];
+        int64_t a = o->issue_ns ? o->issue_ns : o->start_ns;
+        if (a && (!e->a || a < e->a)) e->a = a;
+        if (!o->end_ns) pending = 1;
+        else if (o->end_ns > e->b) e->b = o->end_ns;
+      }
+      if (pending) e->b = 0;
+    }
+    if (!e->a && e->k >= 0) { /* no peer holds it: at its own time */
+      const tr_op *o = &r->ops[e->k];
+      e->a = o->issue_ns ? o->issue_ns : o->start_ns;
+      e->b = o->end_ns;
+    }
+    if (!e->a) continue; /* nowhere to draw it */
+    if (e->b && e->b < e->a) e->b = e->a;
+    if (e->k >= 0) {
+      char own[TR_NAME + 64];
+      td__op_label(r, &r->ops[e->k], own, sizeof own);
+      snprintf(e->label, sizeof e->label, "%s: %s (%s x %" PRIu64 ")", word, own,
+               r->ops[e->k].dtype[0] ? r->ops[e->k].dtype : "-", r->ops[e->k].count);
+    } else {
+      snprintf(e->label, sizeof e->label, "%s: %s #%" PRIu64 " on %.*s", word,
+               it->kind[0] ? it->kind : "operation", it->gseq, TR_NAME + 15, it->group);
+    }
+    snprintf(e->peers_op, sizeof e->peers_op, "%s #%" PRIu64 " on %s",
+             it->kind[0] ? it->kind : "operation", it->gseq, it->group);
+    v->extra[e->i] = 1;
+    v->nev++;
+  }
+  return 0;
 }
 
 /* Length of the valid UTF-8 sequence at s (a scalar value, not a
@@ -183,7 +301,7 @@ static int utf8_len(const unsigned char *s) {
 }
 
 /* s escaped for XML text and attributes. */
-static void put_xml(FILE *f, const char *str) {
+void td__put_xml(FILE *f, const char *str) {
   const unsigned char *s = (const unsigned char *)str;
   while (*s) {
     int n = utf8_len(s);
@@ -208,7 +326,7 @@ static void put_xml(FILE *f, const char *str) {
 }
 
 /* s as a JSON string, quotes included. */
-static void put_json(FILE *f, const char *str) {
+void td__put_json(FILE *f, const char *str) {
   const unsigned char *s = (const unsigned char *)str;
   fputc('"', f);
   while (*s) {
@@ -226,10 +344,8 @@ static void put_json(FILE *f, const char *str) {
   fputc('"', f);
 }
 
-static double ms_of(const view *v, int64_t t) { return (double)(t - v->t0) / 1e6; }
-
 /* "all_reduce #3 on dp[1]" */
-static void op_label(const tr_rank *r, const tr_op *o, char *buf, size_t cap) {
+void td__op_label(const tr_rank *r, const tr_op *o, char *buf, size_t cap) {
   const tr_group *g = &r->groups[o->group];
   snprintf(buf, cap, "%s #%" PRIu64 " on %s[%d]", o->kind, o->gseq, g->name, g->index);
 }
@@ -247,62 +363,12 @@ static int close_out(FILE *f, const char *path, char *err, size_t errlen) {
   return bad ? -1 : 0;
 }
 
-/* ---- SVG ---- */
-
-static const char *const palette[] = {"#4e79a7", "#f28e2b", "#76b7b2", "#59a14f", "#edc948",
-                                      "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac", "#8cd17d",
-                                      "#86bcb6", "#d4a6c8", "#499894", "#f1ce63", "#a0cbe8"};
-#define NPALETTE ((int)(sizeof palette / sizeof palette[0]))
-
-enum { LEFT = 96, PLOT_W = 1100, RIGHT = 24, TOP = 46, LANE_H = 14, ROW_PAD = 4 };
-
-/* A step of 1, 2 or 5 times a power of ten giving at most about 10 ticks. */
-static double tick_step(double span_ms) {
-  double raw = span_ms / 10, p = pow(10, floor(log10(raw)));
-  double m = raw / p;
-  return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
-}
-
-static void tick_label(double ms, double step, char *buf, size_t cap) {
-  if (step >= 1000) snprintf(buf, cap, "%g s", ms / 1000);
-  else snprintf(buf, cap, "%.*f ms", step >= 1 ? 0 : step >= 0.1 ? 1 : step >= 0.01 ? 2 : 3, ms);
-}
-
-static void svg_tooltip(FILE *f, const view *v, const tr_rank *r, const tr_op *o, const op_at *p) {
-  char lab[TR_NAME + 64];
-  op_label(r, o, lab, sizeof lab);
-  fputs("<title>", f);
-  fprintf(f, "rank %d: ", r->rank);
-  put_xml(f, lab);
-  fprintf(f, "\n%s x %" PRIu64, o->dtype[0] ? o->dtype : "-", o->count);
-  if (o->peer >= 0) fprintf(f, ", peer %d", o->peer);
-  fprintf(f, ", step %ld, bucket %d", o->step, o->bucket);
-  if (o->first[0] || o->last[0]) {
-    fputs("\nparams ", f);
-    put_xml(f, o->first);
-    fputs(" .. ", f);
-    put_xml(f, o->last);
-  }
-  fprintf(f, "\nissued %.3f ms, started %.3f ms, ", ms_of(v, p->a), ms_of(v, p->s));
-  if (o->end_ns) fprintf(f, "ended %.3f ms", ms_of(v, o->end_ns));
-  else fprintf(f, "not ended at the dump (%.3f ms)", ms_of(v, r->dump_ns));
-  fprintf(f, "\nwait %.3f ms, run %.3f ms, seq %" PRIu64 ", status ", (double)(p->s - p->a) / 1e6,
-          (double)(p->b - p->s) / 1e6, o->seq);
-  put_xml(f, o->status);
-  fputs("</title>", f);
-}
-
-/* A writer's body: the picture of v (ranks[0..n)) into f; 0, or -1 with
- * err (f and v are closed and freed by write_out). */
-typedef int (*draw_body)(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
-                         size_t errlen);
-
 /* The view of the dumps, path opened, body run, everything released. */
-static int write_out(const tr_rank *ranks, int n, int world, const char *path, char *err,
-                     size_t errlen, draw_body body) {
+int td__write_out(const tr_rank *ranks, int n, int world, const tr_marks *marks,
+                     const char *path, char *err, size_t errlen, draw_body body) {
   view v;
   FILE *f = NULL;
-  int rc = view_make(&v, ranks, n, world, err, errlen);
+  int rc = view_make(&v, ranks, n, world, marks, err, errlen);
   if (!rc && !(f = open_out(path, err, errlen))) rc = -1;
   if (!rc && body(f, &v, ranks, n, err, errlen)) {
     fclose(f);
@@ -313,173 +379,13 @@ static int write_out(const tr_rank *ranks, int n, int world, const char *path, c
   return rc ? rc : close_out(f, path, err, errlen);
 }
 
-/* A run of more than RUN_ROWS consecutive ranks without a dump is drawn as
- * one row ("ranks A to B"), so that the drawing grows with the dumps, not
- * with WORLD (issue 45, item 14). */
-#define RUN_ROWS 16
-
 /* The last rank of the run of ranks without a dump that starts at w (w
  * itself when w has a dump or the run is short). */
-static int run_end(const view *v, int w) {
+int td__run_end(const view *v, int w) {
   if (v->by_rank[w]) return w;
   int e = w;
   while (e + 1 < v->world && !v->by_rank[e + 1]) e++;
   return e - w + 1 > RUN_ROWS ? e : w;
-}
-
-static int svg_body(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
-                    size_t errlen) {
-  /* Row tops: a row is its rank's lanes high (a rank without a dump: one). */
-  int *row_y = malloc(sizeof(int) * ((size_t)v->world + 1));
-  int *row_i = malloc(sizeof(int) * ((size_t)v->world + 1));
-  if (!row_y || !row_i) {
-    free(row_y);
-    free(row_i);
-    snprintf(err, errlen, "out of memory");
-    return -1;
-  }
-  for (int w = 0; w < v->world; w++) row_i[w] = -1;
-  for (int i = 0; i < n; i++) row_i[ranks[i].rank] = i;
-  int y = TOP;
-  for (int w = 0; w < v->world; w++) {
-    for (int e = run_end(v, w); w < e; w++) row_y[w] = y; /* a collapsed run: one row */
-    row_y[w] = y;
-    y += (row_i[w] >= 0 ? v->lanes[row_i[w]] : 1) * LANE_H + 2 * ROW_PAD;
-  }
-  row_y[v->world] = y;
-  int axis_y = y, legend_y = y + 34, legend_rows = (v->nnames + 2 + 5) / 6;
-  int width = LEFT + PLOT_W + RIGHT, height = legend_y + legend_rows * 18 + 10;
-  double span = ms_of(v, v->t1), scale = PLOT_W / span;
-#define X(t) (LEFT + ms_of(v, (t)) * scale)
-
-  fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-             "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n",
-          width, height, width, height);
-  const tr_rank *any = n > 0 ? &ranks[0] : NULL;
-  fputs("<title>meshpg flight recorder</title>\n", f);
-  fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", width, height);
-  fprintf(f, "<text class=\"heading\" x=\"%d\" y=\"18\" font-size=\"13\">meshpg trace: world %d, "
-             "%d dumps",
-          LEFT, v->world, n);
-  if (any) {
-    fputs(", mesh ", f);
-    put_xml(f, any->mesh);
-    fputs(", backend ", f);
-    put_xml(f, any->backend);
-  }
-  fprintf(f, ", %.3f ms</text>\n", span);
-
-  /* The time axis: grid lines over the rows, labels below. */
-  double step = tick_step(span);
-  fprintf(f, "<g class=\"axis\" stroke=\"#ddd\">\n");
-  for (int k = 0; k * step <= span * (1 + 1e-9); k++) {
-    double x = LEFT + k * step * scale;
-    fprintf(f, "<line x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\"/>\n", x, TOP - 4, x, axis_y + 4);
-  }
-  fprintf(f, "</g>\n<g class=\"axis-labels\" fill=\"#444\" text-anchor=\"middle\">\n");
-  for (int k = 0; k * step <= span * (1 + 1e-9); k++) {
-    char lab[48];
-    tick_label(k * step, step, lab, sizeof lab);
-    fprintf(f, "<text x=\"%.2f\" y=\"%d\">%s</text>\n", LEFT + k * step * scale, axis_y + 16, lab);
-  }
-  fprintf(f, "<text x=\"%d\" y=\"%d\">time since the first operation</text>\n</g>\n",
-          LEFT + PLOT_W / 2, axis_y + 28);
-
-  for (int w = 0; w < v->world; w++) {
-    int i = row_i[w], e = run_end(v, w), h = row_y[e + 1] - row_y[w];
-    fprintf(f, "<g class=\"rank%s\" id=\"rank-%d\" data-rank=\"%d\"", i < 0 ? " nodump" : "", w,
-            w);
-    if (e > w) fprintf(f, " data-last=\"%d\"", e);
-    fputs(">\n", f);
-    if (w % 2 == 0)
-      fprintf(f, "<rect x=\"0\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#f4f4f4\"/>\n",
-              row_y[w], width, h);
-    if (e > w)
-      fprintf(f, "<text x=\"8\" y=\"%d\">ranks %d to %d</text>\n", row_y[w] + ROW_PAD + 11, w, e);
-    else
-      fprintf(f, "<text x=\"8\" y=\"%d\">rank %d</text>\n", row_y[w] + ROW_PAD + 11, w);
-    if (i < 0) {
-      fprintf(f, "<text class=\"nodump\" x=\"%d\" y=\"%d\" fill=\"#b00\">no dump</text>\n</g>\n",
-              LEFT + 4, row_y[w] + ROW_PAD + 11);
-      w = e;
-      continue;
-    }
-    const tr_rank *r = &ranks[i];
-    for (int k = 0; k < r->nops; k++) {
-      const tr_op *o = &r->ops[k];
-      const op_at *p = &v->at[i][k];
-      if (!p->a) continue; /* never issued: no time to draw it at */
-      const char *col = palette[p->name % NPALETTE];
-      double ly = row_y[w] + ROW_PAD + p->lane * LANE_H + 1;
-      if (p->s > p->a)
-        fprintf(f, "<rect class=\"wait\" x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%d\" "
-                   "fill=\"%s\" fill-opacity=\"0.3\"/>\n",
-                X(p->a), ly, (double)(p->s - p->a) / 1e6 * scale, LANE_H - 2, col);
-      double wd = (double)(p->b - p->s) / 1e6 * scale;
-      int red = failed(o) || !strcmp(o->status, "pending");
-      fprintf(f, "<rect class=\"op%s\" x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%d\" "
-                 "fill=\"%s\"%s>",
-              red ? " bad" : "", X(p->s), ly, wd < 0.5 ? 0.5 : wd, LANE_H - 2, col,
-              red ? " stroke=\"#d00\" stroke-width=\"1.5\"" : "");
-      svg_tooltip(f, v, r, o, p);
-      fputs("</rect>\n", f);
-    }
-    fputs("</g>\n", f);
-  }
-
-  if (v->fail_ns) {
-    double x = X(v->fail_ns);
-    fprintf(f, "<g class=\"failure\">\n<line x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\" "
-               "stroke=\"#d00\" stroke-width=\"2\" stroke-dasharray=\"5,3\"/>\n",
-            x, TOP - 8, x, axis_y);
-    fprintf(f, "<text x=\"%.2f\" y=\"%d\" fill=\"#d00\" text-anchor=\"%s\">", x, TOP - 10,
-            x > LEFT + PLOT_W / 2 ? "end" : "start");
-    if (v->fail_i >= 0) {
-      const tr_rank *r = &ranks[v->fail_i];
-      const tr_op *o = &r->ops[v->fail_op];
-      char lab[TR_NAME + 64];
-      op_label(r, o, lab, sizeof lab);
-      fputs("first failure: ", f);
-      put_xml(f, o->status);
-      fprintf(f, " on rank %d, ", r->rank);
-      put_xml(f, lab);
-    } else {
-      fprintf(f, "first error dump (rank %d)", v->fail_rank);
-    }
-    fprintf(f, " at %.3f ms</text>\n</g>\n", ms_of(v, v->fail_ns));
-  }
-
-  /* The legend: one swatch per group name, then the wait and the outline. */
-  fputs("<g class=\"legend\">\n", f);
-  for (int k = 0; k < v->nnames + 2; k++) {
-    int lx = LEFT + (k % 6) * 180, ly = legend_y + (k / 6) * 18;
-    if (k < v->nnames) {
-      fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"10\" fill=\"%s\"/>"
-                 "<text x=\"%d\" y=\"%d\">",
-              lx, ly, palette[k % NPALETTE], lx + 18, ly + 9);
-      put_xml(f, v->names[k]);
-      fputs("</text>\n", f);
-    } else if (k == v->nnames) {
-      fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"10\" fill=\"#888\" "
-                 "fill-opacity=\"0.3\"/><text x=\"%d\" y=\"%d\">issued, not started</text>\n",
-              lx, ly, lx + 18, ly + 9);
-    } else {
-      fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"10\" fill=\"#888\" stroke=\"#d00\" "
-                 "stroke-width=\"1.5\"/><text x=\"%d\" y=\"%d\">failed or pending</text>\n",
-              lx, ly, lx + 18, ly + 9);
-    }
-  }
-  fputs("</g>\n</svg>\n", f);
-#undef X
-  free(row_y);
-  free(row_i);
-  return 0;
-}
-
-int tr_write_svg(const tr_rank *ranks, int n, int world, const char *path, char *err,
-                 size_t errlen) {
-  return write_out(ranks, n, world, path, err, errlen, svg_body);
 }
 
 /* ---- Chrome trace event format ---- */
@@ -487,21 +393,21 @@ int tr_write_svg(const tr_rank *ranks, int n, int world, const char *path, char 
 static void json_args(FILE *f, const view *v, const tr_rank *r, const tr_op *o) {
   const tr_group *g = &r->groups[o->group];
   fputs("{\"group\":", f);
-  put_json(f, g->name);
+  td__put_json(f, g->name);
   fprintf(f, ",\"index\":%d,\"kind\":", g->index);
-  put_json(f, o->kind);
+  td__put_json(f, o->kind);
   fprintf(f, ",\"gseq\":%" PRIu64 ",\"seq\":%" PRIu64 ",\"dtype\":", o->gseq, o->seq);
-  put_json(f, o->dtype);
+  td__put_json(f, o->dtype);
   fprintf(f, ",\"count\":%" PRIu64 ",\"peer\":%d,\"step\":%ld,\"bucket\":%d,\"first\":", o->count,
           o->peer, o->step, o->bucket);
-  put_json(f, o->first);
+  td__put_json(f, o->first);
   fputs(",\"last\":", f);
-  put_json(f, o->last);
+  td__put_json(f, o->last);
   fputs(",\"status\":", f);
-  put_json(f, o->status);
+  td__put_json(f, o->status);
   fprintf(f, ",\"issue_ms\":%.6f,\"start_ms\":%.6f,\"end_ms\":%.6f}",
-          o->issue_ns ? ms_of(v, o->issue_ns) : -1.0, o->start_ns ? ms_of(v, o->start_ns) : -1.0,
-          o->end_ns ? ms_of(v, o->end_ns) : -1.0);
+          o->issue_ns ? td__ms_of(v, o->issue_ns) : -1.0, o->start_ns ? td__ms_of(v, o->start_ns) : -1.0,
+          o->end_ns ? td__ms_of(v, o->end_ns) : -1.0);
 }
 
 /* Microseconds since the origin. */
@@ -524,15 +430,19 @@ static int chrome_body(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
 #define SEP() (first ? (void)(first = 0) : (void)fputs(",\n", f))
   for (int w = 0; w < v->world; w++) {
     SEP();
-    int e = run_end(v, w);
+    int e = td__run_end(v, w);
     if (e > w) /* a long run without dumps: one process */
       fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
                  "\"args\":{\"name\":\"ranks %d to %d (no dump)\"}},\n",
               w, w, e);
     else
       fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
-                 "\"args\":{\"name\":\"rank %d%s\"}},\n",
-              w, w, v->by_rank[w] ? "" : " (no dump)");
+                 "\"args\":{\"name\":\"rank %d%s%s\"}},\n",
+              w, w, v->by_rank[w] ? "" : " (no dump)",
+              !v->row_mark ? ""
+              : v->row_mark[w] == ROW_CULPRIT ? " (culprit)"
+              : v->row_mark[w] == ROW_SLOW    ? " (straggler)"
+                                              : "");
     fprintf(f, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
                "\"args\":{\"sort_index\":%d}}",
             w, w);
@@ -547,7 +457,7 @@ static int chrome_body(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
       if (!p->a) continue;
       int *u = &used[p->name];
       int before = *u;
-      int lane = pick_lane(ends + (size_t)p->name * MAX_LANES, u, p->a, p->b);
+      int lane = td__pick_lane(ends + (size_t)p->name * MAX_LANES, u, p->a, p->b);
       int tid = p->name * MAX_LANES + lane + 1;
       if (*u > before) {
         SEP();
@@ -557,19 +467,19 @@ static int chrome_body(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
         char tn[TR_NAME + 16];
         if (lane) snprintf(tn, sizeof tn, "%s (%d)", v->names[p->name], lane + 1);
         else snprintf(tn, sizeof tn, "%s", v->names[p->name]);
-        put_json(f, tn);
+        td__put_json(f, tn);
         fprintf(f, "}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
                    "\"args\":{\"sort_index\":%d}}",
                 r->rank, tid, tid);
       }
       char lab[TR_NAME + 64];
-      op_label(r, o, lab, sizeof lab);
+      td__op_label(r, o, lab, sizeof lab);
       if (p->s > p->a) {
         SEP();
         fputs("{\"name\":", f);
         char wl[TR_NAME + 80];
         snprintf(wl, sizeof wl, "wait: %s", lab);
-        put_json(f, wl);
+        td__put_json(f, wl);
         fprintf(f, ",\"cat\":\"wait\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d,"
                    "\"args\":",
                 us_of(v, p->a), (double)(p->s - p->a) / 1e3, r->rank, tid);
@@ -578,32 +488,35 @@ static int chrome_body(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
       }
       SEP();
       fputs("{\"name\":", f);
-      put_json(f, lab);
+      td__put_json(f, lab);
       fputs(",\"cat\":", f);
-      put_json(f, v->names[p->name]);
+      td__put_json(f, v->names[p->name]);
       fprintf(f, ",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d,\"args\":",
               us_of(v, p->s), (double)(p->b - p->s) / 1e3, r->rank, tid);
       json_args(f, v, r, o);
-      if (failed(o) || !strcmp(o->status, "pending")) fputs(",\"cname\":\"terrible\"", f);
+      if (td__failed(o) || !strcmp(o->status, "pending")) fputs(",\"cname\":\"terrible\"", f);
       fputc('}', f);
     }
   }
   if (v->fail_ns) {
     SEP();
-    const tr_rank *r = v->fail_i >= 0 ? &ranks[v->fail_i] : NULL;
     fputs("{\"name\":", f);
-    if (r) {
-      char lab[TR_NAME + 96];
-      op_label(r, &r->ops[v->fail_op], lab, sizeof lab);
-      char fl[TR_NAME + 160];
-      snprintf(fl, sizeof fl, "failure: %s on rank %d, %s", r->ops[v->fail_op].status, r->rank,
-               lab);
-      put_json(f, fl);
-    } else {
-      fprintf(f, "\"failure: first error dump (rank %d)\"", v->fail_rank);
-    }
+    char fl[sizeof v->fail_label + 16];
+    snprintf(fl, sizeof fl, "failure: %s", v->fail_label);
+    td__put_json(f, fl);
     fprintf(f, ",\"cat\":\"failure\",\"ph\":\"i\",\"s\":\"g\",\"ts\":%.3f,\"pid\":%d,\"tid\":0}",
             us_of(v, v->fail_ns), v->fail_rank);
+  }
+  for (int q = 0; q < v->nev; q++) { /* a culprit's missing or differing operation */
+    const evid *ev = &v->ev[q];
+    SEP();
+    fputs("{\"name\":", f);
+    td__put_json(f, ev->label);
+    fprintf(f, ",\"cat\":\"culprit\",\"ph\":\"i\",\"s\":\"p\",\"ts\":%.3f,\"pid\":%d,\"tid\":0,"
+               "\"args\":{\"peers_end_ms\":%.6f,\"text\":",
+            us_of(v, ev->a), ev->rank, td__ms_of(v, ev->b));
+    td__put_json(f, ev->text ? ev->text : "");
+    fputs("}}", f);
   }
 #undef SEP
   fprintf(f, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"tool\":\"meshpg trace\","
@@ -616,5 +529,10 @@ static int chrome_body(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
 
 int tr_write_chrome(const tr_rank *ranks, int n, int world, const char *path, char *err,
                     size_t errlen) {
-  return write_out(ranks, n, world, path, err, errlen, chrome_body);
+  return td__write_out(ranks, n, world, NULL, path, err, errlen, chrome_body);
+}
+
+int tr_write_chrome_marked(const tr_rank *ranks, int n, int world, const tr_marks *marks,
+                           const char *path, char *err, size_t errlen) {
+  return td__write_out(ranks, n, world, marks, path, err, errlen, chrome_body);
 }

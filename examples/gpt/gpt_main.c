@@ -66,7 +66,9 @@
  * GPT_TRACE_ENTRIES operations, so that a fault dumps there; after a
  * healthy run every rank writes DIR/rank-R.trace and the root draws them
  * (tools/trace_draw.c): DIR/trace.svg, one row per rank, and DIR/trace.json
- * for Perfetto or chrome://tracing.
+ * for Perfetto or chrome://tracing, and prints the straggler report's verdict
+ * (tools/trace_stragglers.c: the ranks that issue their collectives last,
+ * marked in the drawing; `meshpg trace --stragglers DIR` gives the table).
  *
  * Tolerances: the parallel run computes the same f32 arithmetic as the
  * reference but sums in another order (tp partial sums added by an
@@ -90,6 +92,7 @@
 #include "train.h"
 #include "trace_draw.h"
 #include "trace_read.h"
+#include "trace_stragglers.h"
 
 #include <errno.h>
 #include <sys/stat.h>
@@ -272,11 +275,14 @@ static int parse_args(int argc, char **argv, args *A) {
 }
 
 /* --trace: DIR/trace.svg and DIR/trace.json from this run's dumps (those
- * of rank 0's job: an earlier run's files in DIR are left out).  0 or -1. */
+ * of rank 0's job: an earlier run's files in DIR are left out), the
+ * stragglers marked, and the straggler verdict printed.  0 or -1. */
 static int write_trace(const char *dir) {
   tr_rank *rs = NULL;
   int n = 0, k = 0, rc = -1;
   char err[600], svg[4096], js[4096];
+  ts_report rep = {0};
+  tr_slow *slow = NULL;
   if (tr_read_dir(dir, &rs, &n, err, sizeof err)) goto out;
   if (rs[0].rank != 0) {
     snprintf(err, sizeof err, "%s: no dump of rank 0", dir);
@@ -290,15 +296,25 @@ static int write_trace(const char *dir) {
       }
       k++;
     }
+  if (ts_analyze(rs, k, &rep, err, sizeof err)) goto out;
+  if (!(slow = calloc((size_t)rep.nstragglers + 1, sizeof *slow))) {
+    snprintf(err, sizeof err, "out of memory");
+    goto out;
+  }
+  for (int i = 0; i < rep.nstragglers; i++) slow[i].rank = rep.stragglers[i];
+  tr_marks marks = {.slow = slow, .nslow = rep.nstragglers};
   snprintf(svg, sizeof svg, "%s/trace.svg", dir);
   snprintf(js, sizeof js, "%s/trace.json", dir);
-  if (tr_write_svg(rs, k, rs[0].world, svg, err, sizeof err) ||
-      tr_write_chrome(rs, k, rs[0].world, js, err, sizeof err))
+  if (tr_write_svg_marked(rs, k, rs[0].world, &marks, svg, err, sizeof err) ||
+      tr_write_chrome_marked(rs, k, rs[0].world, &marks, js, err, sizeof err))
     goto out;
   printf("wrote %s (%d of %d ranks) and %s\n", svg, k, rs[0].world, js);
+  printf("trace: %s\n", rep.verdict);
   rc = 0;
 out:
   if (rc) fprintf(stderr, "gpt: --trace: %s\n", err);
+  free(slow);
+  ts_report_free(&rep);
   tr_ranks_free(rs, n);
   return rc;
 }

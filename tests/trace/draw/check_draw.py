@@ -3,7 +3,11 @@
 assert on (tests/trace/draw/test_trace_draw.c, tests/examples/test_gpt_trace.c).
 
   check_draw.py svg FILE     the SVG as XML: one <g class="rank ..."> per
-                             world rank (data-rank 0..W-1, each once)
+                             world rank (data-rank 0..W-1, each once); the
+                             marked rows (culprits, stragglers), a culprit's
+                             missing or differing operation (its box must
+                             cover the peers' rectangles of that operation),
+                             the failure line's label
   check_draw.py chrome FILE  the Chrome trace as JSON: events well formed,
                              complete events nested per (pid, tid)
 
@@ -30,6 +34,7 @@ def svg(path):
     if root.tag != NS + "svg":
         fail("root is %s, not svg" % root.tag)
     rows, nodump, ops, bad, groups, op_groups = [], [], 0, 0, [], set()
+    culprits, slow, evidence, differs, spans = [], [], [], [], {}
     for g in root.iter(NS + "g"):
         c = classes(g)
         if "rank" in c:
@@ -53,6 +58,17 @@ def svg(path):
                 for a in ("x", "width"):
                     if float(rect.get(a)) < 0:
                         fail("row %d: negative %s" % (r, a))
+                if "culprit-band" in rc:
+                    culprits.append(r)
+                if "straggler-band" in rc:
+                    slow.append(r)
+                if "differs" in rc:
+                    differs.append("%d:%.2f" % (r, float(rect.get("width"))))
+                title = rect.find(NS + "title")
+                if "op" in rc and title is not None:  # where each operation is drawn
+                    x0 = float(rect.get("x"))
+                    key = (r, title.text.split("\n")[0].split(": ", 1)[1])
+                    spans[key] = (x0, x0 + float(rect.get("width")))
                 if "op" in rc:
                     ops += 1
                     bad += "bad" in rc
@@ -62,11 +78,33 @@ def svg(path):
                     # "rank R: KIND #GSEQ on NAME[INDEX]"
                     on = title.text.split("\n")[0].split(" on ", 1)[1]
                     op_groups.add(on.rsplit("[", 1)[0])
+        if "evidence" in c:
+            row = None
+            for rg in root.iter(NS + "g"):
+                if "rank" in classes(rg) and g in list(rg.iter(NS + "g")):
+                    row = int(rg.get("data-rank"))
+            if row is None:
+                fail("a culprit's operation outside a row")
+            box = g.find(NS + "rect")
+            label = g.find(NS + "text").text
+            evidence.append((row, "missing" if "missing" in c else "differs", label,
+                             g.get("data-op"), float(box.get("x")),
+                             float(box.get("x")) + float(box.get("width"))))
         if "legend" in c:
             groups = [t.text for t in g.iter(NS + "text")][:-2]
     if sorted(rows) != list(range(len(rows))):
         fail("rows %s are not 0..W-1 once each" % rows)
     failure = sum(1 for g in root.iter(NS + "g") if "failure" in classes(g))
+    labels = [t.text for g in root.iter(NS + "g") if "failure" in classes(g)
+              for t in g.iter(NS + "text")]
+    # A culprit's box covers the peers' rectangles of the operation (other
+    # rows), from their issue to their end.
+    ev_out = []
+    for row, kind, label, op, x0, x1 in evidence:
+        peers = [v for (rr, lab), v in spans.items() if rr != row and lab == op]
+        covers = bool(peers) and all(x0 <= a + 0.01 and x1 >= b - 0.01 for a, b in peers)
+        ev_out.append("%d:%s:%s:%s" % (row, kind, label, "covers" if covers else
+                                       "nopeers" if not peers else "off"))
     print("rows=%d" % len(rows))
     print("nodump=%s" % ",".join(map(str, nodump)))
     print("ops=%d" % ops)
@@ -74,6 +112,11 @@ def svg(path):
     print("failure=%d" % failure)
     print("groups=%s" % ",".join(groups))
     print("op_groups=%s" % ",".join(sorted(op_groups)))
+    print("culprits=%s" % ",".join(map(str, culprits)))
+    print("stragglers=%s" % ",".join(map(str, slow)))
+    print("evidence=%s" % ";".join(ev_out))
+    print("differs=%s" % ",".join(differs))
+    print("failure_label=%s" % (labels[0] if labels else ""))
 
 
 def chrome(path):

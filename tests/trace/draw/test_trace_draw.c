@@ -26,6 +26,10 @@ enum { WORLD = 4, STEPS = 3, OPS_PER_STEP = 4 };
 typedef struct gen {
   int fail_rank;      /* its last op fails with MPG_ERR_TIMEOUT; the others pend; -1 */
   const char *tpname; /* the tp group's encoded name */
+  int pend;           /* 1 + the rank whose last barrier is still pending at its
+                         dump, written for MPG_ERR_STATE (no op failed); 0: none */
+  int other;          /* 1 + the rank whose tp all-reduce of the last step has twice
+                         the count and failed at once (MPG_ERR_STATE); 0: none */
 } gen;
 
 /* Rank r of dp=2,tp=2 (tp innermost) with a world group: per step a tp
@@ -35,13 +39,15 @@ static char *gen_dump(int r, const gen *g) {
   char *s = malloc(cap);
   cr_assert_not_null(s);
   int64_t t = T0 + r * 1000, end = T0 + STEPS * 10 * MS + 5 * MS;
-  int failing = g->fail_rank >= 0;
+  int failing = g->fail_rank >= 0, pend = g->pend == r + 1, other = g->other == r + 1;
   n += (size_t)snprintf(s + n, cap - n,
                         "meshpg-trace 1\nrank %d %d\nprocess host%d %d\nbackend thread\n"
                         "mesh dp=2,tp=2\njob 00000000000000aa\nclock %" PRId64 "\nreason %s\n"
                         "ring 2048 %d\n",
                         r, WORLD, r, 100 + r, end,
-                        failing ? "MPG_ERR_TIMEOUT timed%20out" : "request -",
+                        failing ? "MPG_ERR_TIMEOUT timed%20out"
+                        : pend || other ? "MPG_ERR_STATE counts%20differ"
+                                        : "request -",
                         STEPS * OPS_PER_STEP);
   n += (size_t)snprintf(s + n, cap - n, "group 0 %s %d %d 2 %d,%d\n", g->tpname, r / 2, r % 2,
                         r & ~1, r | 1);
@@ -54,15 +60,19 @@ static char *gen_dump(int r, const gen *g) {
     int last = st == STEPS - 1;
     const char *bar = !last || !failing ? "ok" : r == g->fail_rank ? "MPG_ERR_TIMEOUT" : "pending";
     int64_t bar_end = !last || !failing ? b + 8 * MS + MS / 2 : r == g->fail_rank ? b + 9 * MS : 0;
+    if (last && pend) bar = "pending", bar_end = 0;
+    int odd = last && other; /* twice the count, failed as it started */
+    int64_t tp_end = odd ? b + MS / 10 : b + MS;
     n += (size_t)snprintf(
         s + n, cap - n,
-        "op %d 0 %d all_reduce f32 4096 -1 %d -1 %" PRId64 " %" PRId64 " %" PRId64 " ok - -\n"
+        "op %d 0 %d all_reduce f32 %d -1 %d -1 %" PRId64 " %" PRId64 " %" PRId64 " %s - -\n"
         "op %d 1 %d all_reduce f32 1000 -1 %d 0 %" PRId64 " %" PRId64 " %" PRId64
         " ok l1.w l1.b\n"
         "op %d 1 %d all_reduce f32 2000 -1 %d 1 %" PRId64 " %" PRId64 " %" PRId64
         " ok l0.w l0.b\n"
         "op %d 2 %d barrier - 0 -1 %d -1 %" PRId64 " %" PRId64 " %" PRId64 " %s - -\n",
-        seq, st + 1, st, b, b + MS / 10, b + MS, seq + 1, 2 * st + 1, st, b + 2 * MS,
+        seq, st + 1, odd ? 8192 : 4096, st, b, b + MS / 10, tp_end, odd ? "MPG_ERR_STATE" : "ok",
+        seq + 1, 2 * st + 1, st, b + 2 * MS,
         b + 5 * MS / 2, b + 6 * MS, seq + 2, 2 * st + 2, st, b + 3 * MS, b + 3 * MS + MS / 5,
         b + 7 * MS, seq + 3, st + 1, st, b + 8 * MS, b + 8 * MS, bar_end, bar);
     seq += OPS_PER_STEP;
@@ -220,13 +230,13 @@ Test(trace_draw, hang_is_marked) {
   cr_expect_eq(kv_long("bad"), WORLD, "the failed op and the three pending ones");
   cr_expect_eq(kv_long("failure"), 1);
   char *svg = slurp("t.svg");
-  cr_expect(strstr(svg, "first failure: MPG_ERR_TIMEOUT on rank 2, barrier #3 on world[0]"),
+  cr_expect(strstr(svg, "first failure: MPG_ERR_TIMEOUT on world rank 2, barrier #3 on world[0]"),
             "no failure label");
   snprintf(p, sizeof p, "%s/t.json", dir);
   check("chrome", p);
   cr_expect_eq(kv_long("instants"), 1);
   char *js = slurp("t.json");
-  cr_expect(strstr(js, "\"failure: MPG_ERR_TIMEOUT on rank 2, barrier #3 on world[0]\""));
+  cr_expect(strstr(js, "\"failure: MPG_ERR_TIMEOUT on world rank 2, barrier #3 on world[0]\""));
   cr_expect(strstr(js, "\"status\":\"pending\""));
   tr_ranks_free(rs, 4);
 }
@@ -241,7 +251,8 @@ Test(trace_draw, error_dump_without_failed_op_marks_the_dump) {
   snprintf(p, sizeof p, "%s/t.svg", dir);
   check("svg", p);
   cr_expect_eq(kv_long("failure"), 1);
-  cr_expect(strstr(slurp("t.svg"), "first error dump (rank 1)"));
+  cr_expect(strstr(slurp("t.svg"), "first failure: MPG_ERR_ABORTED dump of world rank 1, last "
+                                   "operation barrier #3 on world[0] (ok)"));
   tr_ranks_free(rs, 1);
 }
 
@@ -288,4 +299,98 @@ Test(trace_draw, no_dumps_and_bad_paths) {
   cr_expect_eq(tr_write_svg(rs, 2, WORLD, p, err, sizeof err), -1);
   cr_expect(strstr(err, "two dumps of rank 1"), "%s", err);
   tr_ranks_free(rs, 2);
+}
+
+/* Issue 46, item 5: the dashed line's label says what docs/trace.md says:
+ * the status, the world rank and the operation; for a dump written for a
+ * fault without a failed operation (a desync found by the counts), the
+ * dump's reason, the rank and the operation it was in. */
+Test(trace_draw, fault_line_label_names_status_rank_and_operation) {
+  char p[300];
+  snprintf(p, sizeof p, "%s/t.svg", dir);
+  /* A failed operation. */
+  gen g = {.fail_rank = 2, .tpname = "tp"};
+  int have[] = {0, 1, 2, 3};
+  tr_rank *rs = make_ranks(have, 4, &g);
+  write_both(rs, 4, WORLD);
+  check("svg", p);
+  cr_expect(!strncmp(kv("failure_label"), "first failure: MPG_ERR_TIMEOUT on world rank 2, "
+                                          "barrier #3 on world[0] at ", 69),
+            "%s", kv("failure_label"));
+  tr_ranks_free(rs, 4);
+  /* No failed operation: rank 1 dumped for MPG_ERR_STATE in its barrier. */
+  gen h = {.fail_rank = -1, .tpname = "tp", .pend = 1 + 1};
+  rs = make_ranks(have, 4, &h);
+  write_both(rs, 4, WORLD);
+  check("svg", p);
+  cr_expect_eq(kv_long("failure"), 1);
+  const char *want = "first failure: MPG_ERR_STATE dump of world rank 1, pending barrier #3 "
+                     "on world[0] at ";
+  cr_expect(!strncmp(kv("failure_label"), want, strlen(want)), "%s", kv("failure_label"));
+  char *js = slurp("t.json");
+  cr_expect(strstr(js, "\"failure: MPG_ERR_STATE dump of world rank 1, pending barrier #3 on "
+                       "world[0]\""),
+            "the Chrome trace's instant event");
+  tr_ranks_free(rs, 4);
+}
+
+/* Issue 46, item 5: the culprit's row is marked and its missing operation
+ * is drawn on its row where its peers have it (a skip: the analyzer's
+ * item, filled here by hand, names tp[0] #2; the peers' times come from
+ * their dumps), and an operation it issued differently (twice the count,
+ * failed as it started: zero-width) is drawn at least 4 px wide with its
+ * own mark, beside a box at its peers' time. */
+Test(trace_draw, culprit_row_and_missing_operation_are_drawn) {
+  gen g = {.fail_rank = -1, .tpname = "tp", .other = 3 + 1};
+  int have[] = {0, 1, 2, 3};
+  tr_rank *rs = make_ranks(have, 4, &g);
+  ta_item items[2];
+  memset(items, 0, sizeof items);
+  items[0] = (ta_item){.rank = 1,
+                       .text = "culprit: world rank 1: skipped all_reduce #2 on tp[0]",
+                       .how = TA_SKIPPED,
+                       .gseq = 2,
+                       .kind = "all_reduce"};
+  snprintf(items[0].group, sizeof items[0].group, "tp[0]");
+  /* Rank 3's tp #3 against rank 2's: the peers' times given. */
+  const tr_op *peer = NULL;
+  for (int k = 0; k < rs[2].nops; k++)
+    if (rs[2].ops[k].group == 0 && rs[2].ops[k].gseq == 3) peer = &rs[2].ops[k];
+  cr_assert_not_null(peer);
+  items[1] = (ta_item){.rank = 3,
+                       .text = "culprit: world rank 3: all_reduce #3 on tp[1] with another count",
+                       .how = TA_DIFFERS,
+                       .gseq = 3,
+                       .kind = "all_reduce",
+                       .peers_issue_ns = peer->issue_ns,
+                       .peers_end_ns = peer->end_ns};
+  snprintf(items[1].group, sizeof items[1].group, "tp[1]");
+  tr_marks marks = {.culprits = items, .nculprits = 2};
+  char p[300], js[300], err[512] = "";
+  snprintf(p, sizeof p, "%s/t.svg", dir);
+  snprintf(js, sizeof js, "%s/t.json", dir);
+  cr_assert_eq(tr_write_svg_marked(rs, 4, WORLD, &marks, p, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(tr_write_chrome_marked(rs, 4, WORLD, &marks, js, err, sizeof err), 0, "%s", err);
+  check("svg", p);
+  cr_expect_str_eq(kv("culprits"), "1,3");
+  cr_expect_str_eq(kv("evidence"),
+                   "1:missing:missing: all_reduce #2 on tp[0]:covers;"
+                   "3:differs:differs: all_reduce #3 on tp[1] (f32 x 8192):covers");
+  const char *d = kv("differs");
+  cr_expect(!strncmp(d, "3:", 2) && strtod(d + 2, NULL) >= 4.0, "differs=%s", d);
+  char *svg = slurp("t.svg");
+  cr_expect(strstr(svg, "rank 1<tspan class=\"row-tag\" dx=\"4\" font-size=\"9\">culprit</tspan>"),
+            "the culprit's row label");
+  cr_expect(strstr(svg, "culprit: world rank 1: skipped all_reduce #2 on tp[0]</title>"),
+            "the culprit's line as the band's tooltip");
+  check("chrome", js);
+  char *j = slurp("t.json");
+  cr_expect(strstr(j, "\"name\":\"rank 1 (culprit)\"") && strstr(j, "\"name\":\"rank 3 (culprit)\""));
+  cr_expect(strstr(j, "\"name\":\"missing: all_reduce #2 on tp[0]\",\"cat\":\"culprit\""));
+  /* The same dumps without marks: nothing marked, every row as before. */
+  cr_assert_eq(tr_write_svg(rs, 4, WORLD, p, err, sizeof err), 0, "%s", err);
+  check("svg", p);
+  cr_expect_str_eq(kv("culprits"), "");
+  cr_expect_str_eq(kv("evidence"), "");
+  tr_ranks_free(rs, 4);
 }
