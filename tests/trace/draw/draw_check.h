@@ -24,10 +24,7 @@ static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
   return remove(p);
 }
 
-/* MESHPG_DRAW_KEEP=1 keeps the pictures (TMPDIR/DRAW_TMP_NAME.*). */
-static void teardown(void) {
-  if (!getenv("MESHPG_DRAW_KEEP")) nftw(dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
-}
+static void teardown(void) { nftw(dir, rm_one, 8, FTW_DEPTH | FTW_PHYS); }
 
 /* check_draw.py MODE FILE must pass; its summary is in out. */
 static void check(const char *mode, const char *path) {

@@ -88,10 +88,7 @@ static const char *text_of(const ts_report *rep) {
   return buf;
 }
 
-/* MESHPG_TS_KEEP=1 keeps the dumps (/tmp/mpg-test-stragglers-PID-*). */
-static void cleanup(void) {
-  if (!getenv("MESHPG_TS_KEEP")) tt_cleanup("stragglers");
-}
+static void cleanup(void) { tt_cleanup("stragglers"); }
 
 TestSuite(trace_stragglers, .fini = cleanup, .timeout = 120);
 
