@@ -6,7 +6,10 @@
  * ("world rank 3", "position 1 (world rank 3)").  Thread ranks, mesh
  * dp=2,tp=2 (tp[1] = world ranks 2 and 3): world rank 2 skips its 8th tp
  * all-reduce (its peer times out), or calls it with twice the count (the
- * thread backend finds the mismatch). */
+ * thread backend finds the mismatch).  Built again as
+ * test_trace_messages_on_double (TM_ON_DOUBLE): the nccl backend on the
+ * CUDA/NCCL test double, ranks as threads, the skip only (NCCL does not
+ * compare counts). */
 #include <criterion/criterion.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -20,6 +23,12 @@
 #include "../trace_test_util.h"
 #include "trace_read.h"
 
+#ifdef TM_ON_DOUBLE
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <pthread.h>
+#endif
+
 #define NRANKS 4
 #define NOPS 8    /* tp all-reduces each rank issues */
 #define BAD_OP 8  /* the one rank 2 skips or changes (1-based) */
@@ -28,6 +37,9 @@
 enum { SKIP, COUNT };
 
 typedef struct job {
+#ifdef TM_ON_DOUBLE
+  ncclUniqueId id;
+#endif
   int mode;
   char dir[256];
   mpg_mesh *mesh;
@@ -45,21 +57,57 @@ static mpg_status rank_main(const mpg_init_opts *in, void *arg) {
   mpg_status st = mpg_ctx_create(J->mesh, &opts, &ctx);
   if (!st) st = mpg_ctx_group(ctx, "tp", &tp);
   if (!st) st = mpg_ctx_group(ctx, "world", &world);
-  float buf[8] = {0};
+  float host[8] = {0}, *buf = host;
+  void *stream = NULL;
+#ifdef TM_ON_DOUBLE
+  void *dev = NULL;
+  if (!st) st = mpg_ctx_stream_create(ctx, &stream);
+  if (!st) st = mpg_ctx_mem_alloc(ctx, sizeof host, 0, &dev);
+  if (!st) buf = dev;
+#endif
   for (int i = 1; !st && i <= NOPS; i++) {
     size_t count = 4;
     if (rank == 2 && i == BAD_OP) {
       if (J->mode == SKIP) continue;
       count = 8;
     }
-    st = mpg_all_reduce(tp, buf, buf, count, MPG_F32, MPG_OP_SUM, NULL, NULL);
+    st = mpg_all_reduce(tp, buf, buf, count, MPG_F32, MPG_OP_SUM, stream, NULL);
   }
   if (!st) st = mpg_barrier(world, NULL);
   J->st[rank] = st;
   snprintf(J->msg[rank], MSG, "%s", st ? mpg_last_error() : "");
+#ifdef TM_ON_DOUBLE
+  if (ctx) {
+    (void)mpg_ctx_mem_free(ctx, dev);
+    (void)mpg_ctx_stream_destroy(ctx, stream);
+  }
+#endif
   if (ctx) mpg_ctx_destroy(ctx);
   return MPG_OK;
 }
+
+#ifdef TM_ON_DOUBLE
+typedef struct nccl_arg {
+  job *J;
+  int rank;
+} nccl_arg;
+
+static void *nccl_rank(void *p) {
+  nccl_arg *a = p;
+  mpg_init_opts o = MPG_INIT_OPTS_INIT;
+  o.backend.name = MPG_BACKEND_NCCL;
+  o.backend.timeout_s = 0.5 * tb_sanitizer_factor();
+  o.rank = a->rank;
+  o.world_size = NRANKS;
+  o.local_rank = a->rank;
+  o.local_world_size = NRANKS;
+  o.device = a->rank;
+  o.nccl_id = &a->J->id;
+  cudaSetDevice(a->rank);
+  (void)rank_main(&o, a->J);
+  return NULL;
+}
+#endif
 
 /* The GSEQ of the failed all-reduce (status not ok) on tp in rank's dump. */
 static uint64_t failed_gseq(const char *dir, int rank, char *group, size_t cap) {
@@ -86,7 +134,19 @@ static void run_job(job *J, const char *name) {
   cr_assert_eq(mesh_build("dp=2,tp=2", NULL, NRANKS, &J->mesh), MPG_OK, "%s",
                mpg_last_error());
   double timeout = 0.5 * tb_sanitizer_factor();
+#ifndef TM_ON_DOUBLE
   (void)mpg_thread_run(NRANKS, timeout, rank_main, J, NULL);
+#else
+  (void)timeout;
+  cr_assert_eq(ncclGetUniqueId(&J->id), ncclSuccess);
+  pthread_t th[NRANKS];
+  nccl_arg a[NRANKS];
+  for (int r = 0; r < NRANKS; r++) {
+    a[r] = (nccl_arg){J, r};
+    cr_assert_eq(pthread_create(&th[r], NULL, nccl_rank, &a[r]), 0);
+  }
+  for (int r = 0; r < NRANKS; r++) pthread_join(th[r], NULL);
+#endif
   mpg_mesh_destroy(J->mesh);
 }
 
@@ -110,8 +170,27 @@ static void expect_named(const job *J, int rank, mpg_status want) {
             rank, m);
 }
 
-TestSuite(trace_messages, .fini = NULL);
+static void log_job(const job *J, const char *what) {
+  for (int r = 0; r < NRANKS; r++)
+    cr_log_info("%s rank %d: %s: %s", what, r, mpg_status_name(J->st[r]), J->msg[r]);
+}
 
+#ifdef TM_ON_DOUBLE
+/* nccl (the double): world rank 2 skips its 8th tp all-reduce; world rank
+ * 3's times out, named as the report names it. */
+Test(trace_messages_nccl, numbers_and_names_match_the_report, .timeout = 120) {
+  job *J = calloc(1, sizeof *J);
+  cr_assert_not_null(J);
+  J->mode = SKIP;
+  run_job(J, "nccl-skip");
+  log_job(J, "nccl skip");
+  expect_named(J, 3, MPG_ERR_TIMEOUT);
+  cr_expect(strstr(J->msg[3], "position 0, the other member") != NULL,
+            "the missing member of two is not named: %s", J->msg[3]);
+  free(J);
+  tt_cleanup("trace-msg");
+}
+#else
 Test(trace_messages, numbers_and_names_match_the_report, .timeout = 120) {
   job *J = calloc(2, sizeof *J);
   cr_assert_not_null(J);
@@ -126,10 +205,9 @@ Test(trace_messages, numbers_and_names_match_the_report, .timeout = 120) {
   run_job(&J[1], "count");
   expect_named(&J[1], 2, MPG_ERR_INVALID);
   expect_named(&J[1], 3, MPG_ERR_INVALID);
-  for (int k = 0; k < 2; k++)
-    for (int r = 0; r < NRANKS; r++)
-      cr_log_info("%s rank %d: %s: %s", k ? "count" : "skip", r, mpg_status_name(J[k].st[r]),
-                  J[k].msg[r]);
+  log_job(&J[0], "skip");
+  log_job(&J[1], "count");
   free(J);
   tt_cleanup("trace-msg");
 }
+#endif
