@@ -94,14 +94,11 @@ typedef struct nccl_arg {
 
 static void *nccl_rank(void *p) {
   nccl_arg *a = p;
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
+  mpg_init_opts o = MPG_INIT_OPTS_INIT; /* one process: local = world, a device each */
   o.backend.name = MPG_BACKEND_NCCL;
   o.backend.timeout_s = 0.5 * tb_sanitizer_factor();
-  o.rank = a->rank;
-  o.world_size = NRANKS;
-  o.local_rank = a->rank;
-  o.local_world_size = NRANKS;
-  o.device = a->rank;
+  o.rank = o.local_rank = o.device = a->rank;
+  o.world_size = o.local_world_size = NRANKS;
   o.nccl_id = &a->J->id;
   cudaSetDevice(a->rank);
   (void)rank_main(&o, a->J);
