@@ -740,6 +740,7 @@ int ta_analyze(const tr_rank *ranks, int n, int world, ta_report *out, char *err
       sb_add(&b, "culprit: world rank %d: left no dump (killed, or hung and never wrote one)",
              out->missing[k].rank);
       add_culprit(&a, out->missing[k].rank, &b);
+      ta__evidence(&a, out->missing[k].rank, TA_NODUMP, -1, 0, "", -1);
     }
     if (a.oom) {
       snprintf(err, errlen, "out of memory");

@@ -394,8 +394,9 @@ static void peers_times(an *a, int rank, int g, uint64_t k, const char *kind, in
 
 void ta__evidence(an *a, int rank, ta_how how, int g, uint64_t k, const char *kind, int peer) {
   ta_item *it = culprit_item(a, rank);
-  if (!it || it->how != TA_OTHER || g < 0 || g >= a->ngi) return;
+  if (!it || it->how != TA_OTHER) return;
   it->how = how;
+  if (g < 0 || g >= a->ngi) return; /* no operation names it (a rank without a dump) */
   snprintf(it->group, sizeof it->group, "%s[%d]", a->gi[g].name, a->gi[g].index);
   it->gseq = k;
   snprintf(it->kind, sizeof it->kind, "%s", kind);

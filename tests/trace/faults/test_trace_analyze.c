@@ -101,6 +101,9 @@ Test(trace_analyze, killed_rank_left_no_dump) {
   ta_report rep;
   analyze(&j, &rep);
   expect_only(&rep, 6, "left no dump");
+  /* its evidence for the picture: no dump, the operation waited for */
+  cr_expect_eq(rep.nculprits ? rep.culprits[0].how : TA_OTHER, TA_NODUMP);
+  cr_expect(rep.nculprits && rep.culprits[0].group[0] && rep.culprits[0].gseq > 0);
   cr_expect_eq(rep.nmissing, 1);
   cr_expect_eq(rep.nmissing ? rep.missing[0].rank : -1, 6);
   cr_expect_eq(rep.ndumps, 7);
@@ -148,6 +151,14 @@ Test(trace_analyze, victims_are_blocked_not_named) {
   ta_report rep;
   analyze(&j, &rep);
   expect_only(&rep, 0, "issued all_reduce #5 on tp[0] 0.6 s after the others had failed");
+  if (rep.nculprits) {
+    const ta_item *it = &rep.culprits[0];
+    cr_expect_eq(it->how, TA_LATE);
+    cr_expect_str_eq(it->group, "tp[0]");
+    cr_expect_eq(it->gseq, 5);
+    cr_expect_str_eq(it->kind, "all_reduce");
+    cr_expect(it->peers_issue_ns > 0 && it->peers_end_ns > it->peers_issue_ns);
+  }
   cr_expect_geq(rep.nvictims, 3, "only %d ranks blocked", rep.nvictims);
   cr_expect_gt(rep.nmismatches, 0);
   ta_report_free(&rep);
