@@ -385,6 +385,7 @@ mpg_status mpg_ctx_destroy(mpg_ctx *ctx) {
   mpg__saved_error why;
   mpg__ctx_staging_release(ctx);
   mpg__order_destroy(ctx); /* frees the record; no check (see order.c) */
+  mpg__trace_at_end(ctx);  /* reason "end" unless a fault's dump was written */
   mpg__trace_destroy(ctx);
   for (int s = 0; s < ctx->nsets; s++) {
     mpg_group *g = &ctx->groups[s];

@@ -157,6 +157,9 @@ void mpg__trace_end(mpg__trace_mark *m, mpg_status st);
 void mpg__trace_hand(mpg__trace_mark *m, mpg_status st, mpg_work **work);
 void mpg__trace_device_times(double start, double end);
 void mpg__trace_fault(mpg_ctx *ctx, mpg_status st);
+/* At mpg_ctx_destroy: write the dump with reason "end" when a trace
+ * directory is set and no automatic dump was written (a fault's is kept). */
+void mpg__trace_at_end(mpg_ctx *ctx);
 
 struct mpg_work {
   mpg_group *group;

@@ -2,7 +2,8 @@
  * keeps its last N operations, each with its group and its number on the
  * group, what it was, the sync step and bucket it belonged to, and when it
  * was issued, started and ended.  trace_dump.c writes the ring to a file
- * on a fault or on request.
+ * on a fault, on request, and at mpg_ctx_destroy (reason "end") when no
+ * fault's dump was written.
  *
  * The hot path takes no lock: an operation claims its slot with one
  * fetch-add on the head, zeroes its stamp and writes the fields as
@@ -296,6 +297,33 @@ void mpg__trace_fault(mpg_ctx *ctx, mpg_status st) {
              mpg_last_error());
   free(msg);
   (void)mpg__error_restore(st, &why);
+}
+
+/* A rank that ends normally leaves its operations too (issue 46, item 2):
+ * a rank that skipped a collective and ran on to the end is then seen
+ * doing so, not only as a missing file.  The automatic dump of a fault
+ * stays: `dumped` is taken once, by whichever comes first.  So does a dump
+ * on request into the trace directory that holds every operation recorded
+ * (none since: a program that dumps as its last act).  A context aborted
+ * without a dump (none of its calls saw the abort) is written with the
+ * abort's status instead of "end". */
+void mpg__trace_at_end(mpg_ctx *ctx) {
+  mpg__trace *t = ctx ? ctx->trace : NULL;
+  if (!t || !t->dir[0] || atomic_exchange(&t->dumped, 1)) return;
+  if (atomic_load(&t->dir_head) == atomic_load(&t->head) + 1) return;
+  mpg__saved_error why;
+  mpg__error_save(&why);
+  mpg_status aborted = (mpg_status)atomic_load(&ctx->aborted);
+  char reason[48] = "end";
+  if (aborted) snprintf(reason, sizeof reason, "MPG_%s", mpg_status_name(aborted));
+  if (mpg__trace_write(ctx, t->dir, reason, aborted ? "the context was aborted; written at "
+                                                      "mpg_ctx_destroy" : "") == MPG_OK)
+    mpg__log(2, "rank %d: flight recorder written to %s/rank-%d.trace (end)", ctx->rank,
+             t->dir, ctx->rank);
+  else
+    mpg__log(1, "rank %d: the flight recorder could not be written at the end: %s", ctx->rank,
+             mpg_last_error());
+  (void)mpg__error_restore(MPG_OK, &why);
 }
 
 mpg_status mpg_ctx_trace_dump(mpg_ctx *ctx, const char *dir) {

@@ -254,6 +254,7 @@ static mpg_status write_locked(mpg_ctx *ctx, const char *dir, const char *reason
     (void)unlink(tmp);
     return io_fail("cannot rename to", path, err);
   }
+  if (!strcmp(dir, t->dir)) atomic_store(&t->dir_head, head + 1); /* see mpg__trace_at_end */
   return MPG_OK;
 }
 

@@ -40,6 +40,8 @@ struct mpg__trace {
   _Atomic uint64_t head;    /* operations recorded: the next SEQ */
   _Atomic int64_t step;     /* mpg__trace_step: the sync step, -1 before */
   _Atomic int dumped;       /* the automatic dump was written */
+  _Atomic uint64_t dir_head; /* 1 + the head of the last dump written to
+                                `dir` (on request too): 0 none */
   char dir[MPG__TRACE_DIR_MAX + 1]; /* automatic dumps: "" none */
   uint64_t job;             /* equal on every rank (agree.c) */
   pthread_mutex_t lock;     /* groups and names (not the hot path) */

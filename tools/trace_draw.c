@@ -124,7 +124,8 @@ static int view_make(view *v, const tr_rank *ranks, int n, int world, const tr_m
   }
   /* No failed op: a dump written for an error still marks the hang. */
   for (int i = 0; i < n && v->fail_i < 0; i++)
-    if (strcmp(ranks[i].reason, "request") && ranks[i].dump_ns &&
+    if (strcmp(ranks[i].reason, "request") && strcmp(ranks[i].reason, "end") &&
+        ranks[i].dump_ns &&
         (!v->fail_ns || ranks[i].dump_ns < v->fail_ns)) {
       v->fail_ns = ranks[i].dump_ns;
       v->fail_rank = ranks[i].rank;

@@ -406,3 +406,83 @@ Test(trace_dump, writer_and_reader_limits_round_trip, .fini = cleanup, .timeout 
     }
   }
 }
+
+/* ---- issue 46, item 2: a rank that ends normally writes its record ---- */
+
+#define END_RANKS 4
+#define END_OPS 5
+
+/* Each rank: END_OPS all-reduces on dp (rank `skipper` skips the last
+ * one, so that its peer times out), then mpg_ctx_destroy, with a trace
+ * directory set and no dump requested. */
+static mpg_status ops_then_end(const mpg_init_opts *o, void *arg) {
+  int skipper = *(const int *)arg;
+  mpg_init_opts opts = *o;
+  opts.trace_dir = dir;
+  mpg_ctx *ctx;
+  mpg_group *dp;
+  mpg_status st = rank_open(&opts, mesh, &ctx, "dp", &dp);
+  if (st) return st;
+  int me = mpg_ctx_rank(ctx);
+  float x[8] = {0};
+  for (int i = 0; i < END_OPS && !st; i++) {
+    if (me == skipper && i == END_OPS - 1) break;
+    st = mpg_all_reduce(dp, x, x, 8, MPG_F32, MPG_OP_SUM, NULL, NULL);
+  }
+  if (skipper < 0) RCALL(st);
+  tl_ctx = NULL;
+  RCALL(mpg_ctx_destroy(ctx));
+  return MPG_OK;
+}
+
+/* rank-R.trace of dir, parsed (asserts). */
+static void read_rank(int r, tr_rank *t) {
+  char path[400], err[600];
+  snprintf(path, sizeof path, "%s/rank-%d.trace", dir, r);
+  cr_assert_eq(access(path, F_OK), 0, "rank %d left no file at %s", r, path);
+  cr_assert_eq(tr_read_file(path, t, err, sizeof err), 0, "%s", err);
+}
+
+Test(trace_dump, rank_that_ends_normally_writes_its_record, .fini = cleanup, .timeout = 60) {
+  fresh_dir("end");
+  mesh = make_dims_mesh("dp=2,tp=2");
+  int skipper = -1;
+  EXPECT_RUN_OK(mpg_thread_run(END_RANKS, 30.0, ops_then_end, &skipper, NULL));
+  for (int r = 0; r < END_RANKS; r++) {
+    tr_rank t;
+    read_rank(r, &t);
+    cr_expect_str_eq(t.reason, "end", "rank %d", r);
+    cr_expect_str_eq(t.message, "", "rank %d", r);
+    int dp_ops = 0;
+    for (int k = 0; k < t.nops; k++) {
+      const tr_op *op = &t.ops[k];
+      const tr_group *g = &t.groups[op->group];
+      if (strcmp(g->name, "dp") || strcmp(op->kind, "all_reduce")) continue;
+      dp_ops++;
+      cr_expect_str_eq(op->status, "ok", "rank %d: dp all_reduce #%llu", r,
+                       (unsigned long long)op->gseq);
+    }
+    cr_expect_eq(dp_ops, END_OPS, "rank %d recorded %d dp all-reduces", r, dp_ops);
+    tr_rank_free(&t);
+  }
+}
+
+/* A rank that dumped for a fault keeps that dump: destroy does not replace
+ * it with "end". */
+Test(trace_dump, fault_dump_is_kept_at_the_end, .fini = cleanup, .timeout = 60) {
+  fresh_dir("keep");
+  mesh = make_dims_mesh("dp=2");
+  int skipper = 1;
+  mpg_status st[2];
+  mpg_thread_run(2, 0.3, ops_then_end, &skipper, st);
+  tr_rank t;
+  read_rank(0, &t);
+  cr_expect_str_eq(t.reason, "MPG_ERR_TIMEOUT", "rank 0's fault dump was replaced: %s %s",
+                   t.reason, t.message);
+  tr_rank_free(&t);
+  read_rank(1, &t);
+  int dp_ops = 0;
+  for (int k = 0; k < t.nops; k++) dp_ops += !strcmp(t.ops[k].kind, "all_reduce");
+  cr_expect_eq(dp_ops, END_OPS - 1, "rank 1 (the skipper) recorded %d all-reduces", dp_ops);
+  tr_rank_free(&t);
+}
