@@ -239,8 +239,8 @@ static int line_up(pass *p) {
       if (v[j].gseq < gmin) gmin = v[j].gseq;
       if (v[j].gseq > gmax) gmax = v[j].gseq;
     }
-    uint64_t range = gmax - gmin + 1;
-    if (range <= 4 * (uint64_t)m + 64) { /* a counting sort by number */
+    if (gmax - gmin < 4 * (uint64_t)m + 64) { /* a counting sort by number */
+      uint64_t range = gmax - gmin + 1;
       if (range + 1 > cap_cnt) {
         free(cnt);
         cap_cnt = (size_t)range + 1;
@@ -360,8 +360,10 @@ int ts_analyze(const tr_rank *ranks, int n, ts_report *out, char *err, size_t er
     }
     for (int j = 0; j < D->nstats; j++) {
       ts_stat *S = &D->stats[j];
+      /* own >= FACTOR * typical, without the product (a hostile dump's
+       * times may be near INT64_MAX). */
       S->straggler = S->samples >= TS_MIN_SAMPLES && S->own_median >= TS_FLOOR_NS &&
-                     S->own_median >= TS_FACTOR * D->typical;
+                     S->own_median / TS_FACTOR >= D->typical;
     }
     qsort(D->stats, (size_t)D->nstats, sizeof *D->stats, cmp_stat);
   }

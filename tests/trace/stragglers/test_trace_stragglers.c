@@ -8,6 +8,8 @@
  * steps, so a loaded 2-core machine (ranks preempted now and then) or ASan
  * does not change it. */
 #include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,4 +163,70 @@ Test(trace_stragglers, cli_names_the_straggler) {
   /* No dumps: an error, exit 1. */
   snprintf(args, sizeof args, "'%s/none' --stragglers", dir);
   cr_expect_eq(tt_run_cli(args, out, sizeof out, NULL), 1, "%s", out);
+}
+
+/* Synthetic dumps (tools/trace_read.c parses them): 2 ranks of tp=2, rank
+ * 1 issuing each all-reduce 3 ms after rank 0 (computing: its previous
+ * operation ended long before), at numbers far apart (1..5 and around
+ * 10^18: the sort by number cannot count them), one all-reduce that only
+ * rank 0's ring holds (rank 1's ring lost it: not counted) and sends (not
+ * counted).  Rank 1 is named over 9 collectives. */
+static char *synth_dump(int r) {
+  static const uint64_t nums[] = {1, 2, 3, 4, 5, 1000000000000000000ull,
+                                  1000000000000000001ull, 1000000000000000002ull,
+                                  1000000000000000003ull, 1000000000000000004ull};
+  size_t cap = 1 << 14, n = 0;
+  char *s = malloc(cap);
+  cr_assert_not_null(s);
+  int64_t t0 = INT64_C(1700000000000000000), ms = 1000000;
+  n += (size_t)snprintf(s + n, cap - n,
+                        "meshpg-trace 1\nrank %d 2\nprocess h %d\nbackend thread\nmesh tp=2\n"
+                        "job 00000000000000aa\nclock %" PRId64 "\nreason request -\n"
+                        "ring 2048 40\ngroup 0 tp 0 %d 2 0,1\n",
+                        r, 100 + r, t0 + 1000 * ms, r);
+  int seq = 0;
+  for (int k = 0; k < 10; k++) {
+    if (r == 1 && k == 2) continue; /* lost from rank 1's ring */
+    int64_t issue = t0 + k * 50 * ms + (r ? 3 * ms : 0), end = t0 + k * 50 * ms + 4 * ms;
+    n += (size_t)snprintf(s + n, cap - n,
+                          "op %d 0 %" PRIu64 " all_reduce f32 8 -1 -1 -1 %" PRId64 " %" PRId64
+                          " %" PRId64 " ok - -\n",
+                          seq++, nums[k], issue, issue, end);
+    /* a send of rank 1 issued 40 ms late: not a collective */
+    n += (size_t)snprintf(s + n, cap - n,
+                          "op %d 0 %d %s f32 8 %d -1 -1 %" PRId64 " %" PRId64 " %" PRId64
+                          " ok - -\n",
+                          seq++, k + 1, r ? "recv" : "send", 1 - r, end + (r ? 40 : 1) * ms,
+                          end + 41 * ms, end + 42 * ms);
+  }
+  n += (size_t)snprintf(s + n, cap - n, "end %d\n", seq);
+  return s;
+}
+
+Test(trace_stragglers, sparse_numbers_and_lost_operations) {
+  tr_rank rs[2];
+  char err[512];
+  for (int r = 0; r < 2; r++) {
+    char *s = synth_dump(r);
+    cr_assert_eq(tr_parse(s, strlen(s), &rs[r], err, sizeof err), 0, "%s\n%s", err, s);
+    free(s);
+  }
+  ts_report rep;
+  cr_assert_eq(ts_analyze(rs, 2, &rep, err, sizeof err), 0, "%s", err);
+  const char *txt = text_of(&rep);
+  cr_assert_eq(rep.ndimsets, 1, "%s", txt);
+  cr_expect_eq(rep.dimsets[0].collectives, 9, "%s", txt);
+  cr_assert_eq(rep.nstragglers, 1, "%s", txt);
+  cr_expect_eq(rep.stragglers[0], 1, "%s", txt);
+  const ts_stat *st = &rep.dimsets[0].stats[0];
+  cr_expect_eq(st->rank, 1, "%s", txt);
+  cr_expect_eq(st->samples, 9, "%s", txt);
+  cr_expect_eq(st->late_median, 3000000, "%s", txt);
+  cr_expect_eq(st->own_median, 3000000, "%s", txt);
+  ts_report_free(&rep);
+  for (int r = 0; r < 2; r++) tr_rank_free(&rs[r]);
+  /* No dumps: an error. */
+  cr_expect_eq(ts_analyze(NULL, 0, &rep, err, sizeof err), -1);
+  cr_expect(strstr(err, "no dumps"), "%s", err);
+  ts_report_free(&rep);
 }
