@@ -246,6 +246,47 @@ static int skip_named(int victim, int step, int op, int check_order, int end_dum
   return ok && dumps_ok;
 }
 
+/* Issue 46's own job (sim_dp2tp2_skip): 4 ranks of dp=2,tp=2, world rank 2
+ * skips tp all-reduce `skip` of step `step`; exactly world rank 2 named,
+ * "skipped all_reduce #k on tp[1]". */
+static int dp2tp2_named(int step, int skip, int check_order, int tp1_count) {
+  tr_rank R[4];
+  char err[512], got[8192];
+  cr_assert_eq(sim_dp2tp2_skip(3, step, skip, check_order, tp1_count, R, err, sizeof err), 0,
+               "%s", err);
+  ta_report rep;
+  cr_assert_eq(ta_analyze(R, 4, 4, &rep, err, sizeof err), 0, "%s", err);
+  int ok = rep.nculprits == 1 && rep.culprits[0].rank == 2 &&
+           strstr(rep.culprits[0].text, "skipped all_reduce #") &&
+           strstr(rep.culprits[0].text, " on tp[1]") && rep.culprits[0].how == TA_SKIPPED &&
+           !strcmp(rep.culprits[0].group, "tp[1]");
+  /* without the checker rank 2 ran to the end and said so */
+  if (!check_order) ok = ok && !strcmp(R[2].reason, "end");
+  if (!ok) {
+    culprits_text(&rep, got, sizeof got);
+    fprintf(stderr, "MISS dp=2,tp=2 skip %d of step %d%s, tp[1] count %d (rank 2: %s): "
+            "culprits:%s\n", skip, step, check_order ? " checker" : "", tp1_count, R[2].reason,
+            got);
+  }
+  ta_report_free(&rep);
+  for (int r = 0; r < 4; r++) tr_rank_free(&R[r]);
+  return ok;
+}
+
+/* The issue's job: 7 tp all-reduces against 8, every position, every
+ * step, tp[0] with the same count or another (an uneven batch, where the
+ * order of the ranks' steps has no majority to follow). */
+static void every_dp2tp2_skip(int check_order) {
+  int runs = 0, hits = 0;
+  for (int step = 0; step < 3; step++)
+    for (int skip = 0; skip < 8; skip++)
+      for (int cnt = 100; cnt <= 120; cnt += 20) {
+        runs++;
+        hits += dp2tp2_named(step, skip, check_order, cnt);
+      }
+  cr_expect_eq(hits, runs, "dp=2,tp=2: %d of %d skips named world rank 2", hits, runs);
+}
+
 /* Item 1: with the issue-order check's world collective at each step's
  * end, the victim's partner waits in the tp all-reduce the victim lacks
  * while the victim waits in the check (a cycle, no root of the wait-for
@@ -260,6 +301,7 @@ Test(trace_analyze, skipped_collective_same_size_with_checker) {
         hits += skip_named(victim, step, op, 1, 0, NULL);
       }
   cr_expect_eq(hits, runs, "%d of %d skips named exactly the victim as having skipped", hits, runs);
+  every_dp2tp2_skip(1);
 }
 
 /* Item 2: without the checker the victim runs to the end of its program
@@ -277,6 +319,7 @@ Test(trace_analyze, skipped_collective_same_size_end_dumps) {
       }
   cr_expect_eq(hits, runs, "%d of %d skips named exactly the victim as having skipped", hits, runs);
   cr_expect_geq(ended, runs / 3, "the victim ended its program in only %d of %d runs", ended, runs);
+  every_dp2tp2_skip(0);
 }
 
 /* No false positive: a healthy job names nobody with the checker and end

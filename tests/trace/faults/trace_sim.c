@@ -270,6 +270,107 @@ int sim_run(sim_job *j, char *err, size_t errlen) {
   return 0;
 }
 
+/* sim_dp2tp2_skip: one op of the job (g: 0 tp, 1 world). */
+typedef struct op4 {
+  int g;
+  long step;
+  uint64_t gseq;
+  int64_t issue, end;
+  const char *status;
+} op4;
+
+#define OPS4 512
+
+int sim_dp2tp2_skip(int steps, int step, int skip, int check_order, int tp1_count,
+                    tr_rank ranks[4], char *err, size_t errlen) {
+  static op4 ops[4][OPS4];
+  int n[4] = {0}, pc[4] = {0};
+  if (steps * 9 > OPS4) {
+    snprintf(err, errlen, "too many steps");
+    return -1;
+  }
+  for (int r = 0; r < 4; r++) {
+    uint64_t seq[2] = {0, 0};
+    for (int s = 0; s < steps; s++) {
+      for (int k = 0; k < 8; k++)
+        if (!(r == 2 && s == step && k == skip)) ops[r][n[r]++] = (op4){0, s, ++seq[0], 0, 0, NULL};
+      if (check_order) ops[r][n[r]++] = (op4){1, s, ++seq[1], 0, 0, NULL};
+    }
+  }
+  /* Lockstep: each rank issues its next op when its last completed; a
+   * collective completes when every member's current op is it. */
+  int64_t t = T0, ended[4] = {0};
+  int pend[4] = {0};
+  for (int progress = 1; progress; t += MS) {
+    progress = 0;
+    for (int r = 0; r < 4; r++)
+      if (!pend[r] && pc[r] < n[r]) {
+        ops[r][pc[r]].issue = t;
+        pend[r] = 1;
+        progress = 1;
+      } else if (!pend[r] && !ended[r]) {
+        ended[r] = t;
+      }
+    for (int r = 0; r < 4; r++) {
+      if (!pend[r]) continue;
+      op4 *o = &ops[r][pc[r]];
+      int m[4], nm = 0;
+      if (o->g == 1)
+        for (int x = 0; x < 4; x++) m[nm++] = x;
+      else
+        m[nm++] = r / 2 * 2, m[nm++] = r / 2 * 2 + 1;
+      int all = 1;
+      for (int x = 0; x < nm && all; x++) {
+        const op4 *p = &ops[m[x]][pc[m[x]]];
+        all = pend[m[x]] && p->g == o->g && p->gseq == o->gseq;
+      }
+      if (!all) continue;
+      for (int x = 0; x < nm; x++) {
+        ops[m[x]][pc[m[x]]].end = t + MS / 2;
+        ops[m[x]][pc[m[x]]].status = "ok";
+        pend[m[x]] = 0;
+        pc[m[x]]++;
+      }
+      progress = 1;
+    }
+  }
+  for (int r = 0; r < 4; r++) {
+    int64_t dump = ended[r] ? ended[r] : t;
+    const char *reason = "end";
+    if (pend[r]) {
+      op4 *o = &ops[r][pc[r]];
+      o->end = dump = o->issue + 1000 * MS;
+      o->status = reason = "MPG_ERR_TIMEOUT";
+      pc[r]++;
+    }
+    char *buf = malloc(1 << 16);
+    if (!buf) return -1;
+    size_t k = 0, cap = 1 << 16;
+#define OUT4(...) k += (size_t)snprintf(buf + k, k < cap ? cap - k : 0, __VA_ARGS__)
+    OUT4("meshpg-trace 1\nrank %d 4\nprocess host %d\nbackend mpi\nmesh dp=2,tp=2\n"
+         "job 00000000000000bb\nclock %lld\nreason %s %s\nring 4096 %d\n"
+         "group 0 tp %d %d 2 %d,%d\n", r, 100 + r, (long long)dump, reason,
+         strcmp(reason, "end") ? "timed%20out" : "-", pc[r], r / 2, r % 2, r / 2 * 2,
+         r / 2 * 2 + 1);
+    if (check_order) OUT4("group 1 world 0 %d 4 0,1,2,3\n", r);
+    for (int x = 0; x < pc[r]; x++) {
+      const op4 *o = &ops[r][x];
+      OUT4("op %d %d %llu all_reduce f32 %d -1 %ld -1 %lld %lld %lld %s - -\n", x, o->g,
+           (unsigned long long)o->gseq, o->g ? 4 : r < 2 ? 100 : tp1_count, o->step,
+           (long long)o->issue, (long long)o->issue, (long long)o->end, o->status);
+    }
+    OUT4("end %d\n", pc[r]);
+#undef OUT4
+    int rc = k < cap ? tr_parse(buf, k, &ranks[r], err, errlen) : -1;
+    free(buf);
+    if (rc) {
+      for (int x = 0; x <= r; x++) tr_rank_free(&ranks[x]);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 int sim_write(sim_job *j, const char *dir) {
   for (int i = 0; i < j->nranks; i++) {
     char path[4096];

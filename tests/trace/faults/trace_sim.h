@@ -48,6 +48,18 @@ typedef struct sim_job {
  * a message in err. */
 int sim_run(sim_job *j, char *err, size_t errlen);
 void sim_free(sim_job *j);
+/* Issue 46's job, items 1 and 2: 4 ranks of mesh dp=2,tp=2 (rank = dp * 2
+ * + tp), `steps` steps of 8 tp all-reduces (count 100 on tp[0], `tp1_count`
+ * on tp[1]: an uneven batch) each, and with `check_order` the issue-order
+ * check's all-reduce on world at each step's end.  World rank 2 skips its
+ * `skip`-th tp all-reduce (0..7) of step `step`.  Operations complete when
+ * every member issued them; what is left pending fails with
+ * MPG_ERR_TIMEOUT 1 s after its issue and its rank dumps then; a rank
+ * that ends its program dumps with reason "end".  Fills ranks[0..4) (free
+ * each with tr_rank_free).  0, or -1 with a message in err. */
+int sim_dp2tp2_skip(int steps, int step, int skip, int check_order, int tp1_count,
+                    tr_rank ranks[4], char *err, size_t errlen);
+
 /* Write the dumps into dir as rank-R.trace.  0 or -1. */
 int sim_write(sim_job *j, const char *dir);
 
