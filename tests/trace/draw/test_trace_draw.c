@@ -18,6 +18,7 @@
 #include "trace_draw.h"
 #include "trace_read.h"
 #include "../../support/run_util.h"
+#include "../trace_test_util.h"
 
 enum { WORLD = 4, STEPS = 3, OPS_PER_STEP = 4 };
 #define T0 INT64_C(1700000000000000000)
@@ -393,4 +394,31 @@ Test(trace_draw, culprit_row_and_missing_operation_are_drawn) {
   cr_expect_str_eq(kv("culprits"), "");
   cr_expect_str_eq(kv("evidence"), "");
   tr_ranks_free(rs, 4);
+}
+
+/* The same through `meshpg trace --svg` (the analyzer's own culprit, with
+ * its evidence): rank 3's tp all-reduce #3 has twice the count of every
+ * other tp all-reduce #3; its row is marked and the operation drawn. */
+Test(trace_draw, cli_marks_the_analyzers_culprit) {
+  gen g = {.fail_rank = -1, .tpname = "tp", .other = 3 + 1};
+  char p[300], args[700];
+  for (int r = 0; r < WORLD; r++) {
+    snprintf(p, sizeof p, "%s/rank-%d.trace", dir, r);
+    FILE *f = fopen(p, "w");
+    cr_assert_not_null(f, "%s", p);
+    char *s = gen_dump(r, &g);
+    fputs(s, f);
+    free(s);
+    cr_assert_eq(fclose(f), 0);
+  }
+  static char rep[1 << 16];
+  snprintf(args, sizeof args, "'%s' --svg '%s/c.svg'", dir, dir);
+  cr_assert_eq(tt_run_cli(args, rep, sizeof rep, NULL), 0, "%s", rep);
+  cr_expect(strstr(rep, "culprit: world rank 3: "), "%s", rep);
+  snprintf(p, sizeof p, "%s/c.svg", dir);
+  check("svg", p);
+  cr_expect_str_eq(kv("culprits"), "3", "%s", rep);
+  cr_expect_str_eq(kv("evidence"), "3:differs:differs: all_reduce #3 on tp[1] (f32 x 8192):covers",
+                   "%s", rep);
+  cr_expect(!strncmp(kv("differs"), "3:", 2), "differs=%s", kv("differs"));
 }
