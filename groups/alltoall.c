@@ -59,9 +59,9 @@ static mpg_status extent(const mpg_group *g, const a2a *a, int recv_side, size_t
     size_t d = recv_side ? rdispl(a, p) : sdispl(a, p);
     if (n > max || d > max - n)
       return mpg__fail(MPG_ERR_RANGE,
-                       "%s on \"%s\": %s_displs[%d] + %s_counts[%d] = %zu + %zu elements "
+                       "%s on %s: %s_displs[%d] + %s_counts[%d] = %zu + %zu elements "
                        "of %s overflows size_t bytes",
-                       a->fn, g->name, side, p, side, p, d, n, mpg_dtype_name(a->dtype));
+                       a->fn, MPG__GROUP_LABEL(g), side, p, side, p, d, n, mpg_dtype_name(a->dtype));
     if (n == 0) continue;
     *total = n > SIZE_MAX - *total ? SIZE_MAX : *total + n; /* saturating */
     if (!any || d < *lo) *lo = d;
@@ -75,19 +75,19 @@ static mpg_status check(const mpg_group *g, const a2a *a) {
   const char *fn = a->fn;
   if (!g) return mpg__fail(MPG_ERR_INVALID, "%s: group is NULL", fn);
   if ((unsigned)a->dtype >= MPG_DTYPE_COUNT)
-    return mpg__fail(MPG_ERR_INVALID, "%s on \"%s\": unknown dtype %d", fn, g->name,
+    return mpg__fail(MPG_ERR_INVALID, "%s on %s: unknown dtype %d", fn, MPG__GROUP_LABEL(g),
                      (int)a->dtype);
   size_t members = (size_t)(g->size > 0 ? g->size : 1);
   if (a->v) {
     const char *null = !a->scounts ? "send_counts" : !a->sdispls ? "send_displs"
                        : !a->rcounts ? "recv_counts" : !a->rdispls ? "recv_displs" : NULL;
     if (null)
-      return mpg__fail(MPG_ERR_INVALID, "%s on \"%s\": %s is NULL (it needs one entry per "
-                       "member: %zu)", fn, g->name, null, members);
+      return mpg__fail(MPG_ERR_INVALID, "%s on %s: %s is NULL (it needs one entry per "
+                       "member: %zu)", fn, MPG__GROUP_LABEL(g), null, members);
   } else if (a->count > SIZE_MAX / mpg__dtype_size(a->dtype) / members) {
     return mpg__fail(MPG_ERR_RANGE,
-                     "%s on \"%s\": count %zu of %s x %zu member%s overflows size_t bytes",
-                     fn, g->name, a->count, mpg_dtype_name(a->dtype), members,
+                     "%s on %s: count %zu of %s x %zu member%s overflows size_t bytes",
+                     fn, MPG__GROUP_LABEL(g), a->count, mpg_dtype_name(a->dtype), members,
                      members == 1 ? "" : "s");
   }
   size_t slo, shi, stot, rlo, rhi, rtot;
@@ -95,25 +95,25 @@ static mpg_status check(const mpg_group *g, const a2a *a) {
   if (!st) st = extent(g, a, 1, &rlo, &rhi, &rtot);
   if (st) return st;
   if ((stot && !a->send) || (rtot && !a->recv))
-    return mpg__fail(MPG_ERR_INVALID, "%s on \"%s\": %s buffer is NULL for %zu elements", fn,
-                     g->name, stot && !a->send ? "send" : "receive", stot && !a->send ? stot
+    return mpg__fail(MPG_ERR_INVALID, "%s on %s: %s buffer is NULL for %zu elements", fn,
+                     MPG__GROUP_LABEL(g), stot && !a->send ? "send" : "receive", stot && !a->send ? stot
                                                                                   : rtot);
   int me = g->position;
   if (scount(a, me) != rcount(a, me))
     return mpg__fail(MPG_ERR_INVALID,
-                     "%s on \"%s\": this member (position %d) sends itself %zu elements "
+                     "%s on %s: this member (position %d) sends itself %zu elements "
                      "(send_counts[%d]) but expects %zu (recv_counts[%d])",
-                     fn, g->name, me, scount(a, me), me, rcount(a, me), me);
+                     fn, MPG__GROUP_LABEL(g), me, scount(a, me), me, rcount(a, me), me);
   if (stot && rtot) {
     size_t es = mpg__dtype_size(a->dtype);
     uintptr_t s0 = (uintptr_t)a->send + slo * es, s1 = (uintptr_t)a->send + shi * es;
     uintptr_t r0 = (uintptr_t)a->recv + rlo * es, r1 = (uintptr_t)a->recv + rhi * es;
     if (s0 < r1 && r0 < s1)
       return mpg__fail(MPG_ERR_INVALID,
-                       "%s on \"%s\": the send blocks (bytes %zu..%zu of send) overlap the "
+                       "%s on %s: the send blocks (bytes %zu..%zu of send) overlap the "
                        "receive blocks (bytes %zu..%zu of recv, recv = send %+td bytes); an "
                        "all-to-all is never in place: use separate buffers",
-                       fn, g->name, slo * es, shi * es, rlo * es, rhi * es,
+                       fn, MPG__GROUP_LABEL(g), slo * es, shi * es, rlo * es, rhi * es,
                        (ptrdiff_t)((uintptr_t)a->recv - (uintptr_t)a->send));
   }
   return MPG_OK;
@@ -147,8 +147,8 @@ static mpg_status post_staggered(mpg_group *g, const a2a *a, pair_fill fill, voi
    * issue 45, found by the fault property's all-to-all). */
   mpg__coll *list = malloc((size_t)n * sizeof *list);
   if (!list)
-    return mpg__group_on_failure(g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of "
-                                 "memory for %d operations", a->fn, g->name, n));
+    return mpg__group_on_failure(g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on %s: out of "
+                                 "memory for %d operations", a->fn, MPG__GROUP_LABEL(g), n));
   for (int k = 1; k < size; k++)
     fill(a, arg, (me - k + size) % size, (me + k) % size, &list[k - 1],
          &list[size - 1 + k - 1]);
@@ -221,8 +221,8 @@ static mpg_status exchange_counts(mpg_group *g, const a2a *a, uint64_t *mine,
     else if (fst) st = mpg__group_on_failure(g, a->fn, fst);
   }
   if (st)
-    return mpg__fail_wrap(st, "%s on \"%s\" (position %d): exchanging the counts before "
-                          "the data", a->fn, g->name, g->position);
+    return mpg__fail_wrap(st, "%s on %s (position %d): exchanging the counts before "
+                          "the data", a->fn, MPG__GROUP_LABEL(g), g->position);
   return MPG_OK;
 }
 
@@ -243,8 +243,8 @@ static mpg_status check_counts(mpg_group *g, const a2a *a) {
   int size = g->size, me = g->position;
   uint64_t *mine = calloc(4 * (size_t)size + 4 * (size_t)size, sizeof *mine);
   if (!mine)
-    return mpg__group_on_failure(g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of "
-                                 "memory for the counts of %d members", a->fn, g->name,
+    return mpg__group_on_failure(g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on %s: out of "
+                                 "memory for the counts of %d members", a->fn, MPG__GROUP_LABEL(g),
                                  size));
   uint64_t *theirs = mine + 2 * size, *all = mine + 4 * size, v[4] = {0, 0, 0, 0};
   mpg_status st = exchange_counts(g, a, mine, theirs);
@@ -256,8 +256,8 @@ static mpg_status check_counts(mpg_group *g, const a2a *a) {
     mpg__coll c = {MPG__ALL_GATHER, v, all, 4, MPG_I64, MPG_OP_SUM, 1.0, 0, 0, NULL, 0};
     st = mpg__ctx_setup_coll(g->ctx, g->comm, size, &c);
     if (st)
-      st = mpg__fail_wrap(mpg__group_on_failure(g, a->fn, st), "%s on \"%s\" (position "
-                          "%d): agreeing on the counts", a->fn, g->name, me);
+      st = mpg__fail_wrap(mpg__group_on_failure(g, a->fn, st), "%s on %s (position "
+                          "%d): agreeing on the counts", a->fn, MPG__GROUP_LABEL(g), me);
   }
   uint64_t nbad = 0;
   int first = -1;
@@ -268,12 +268,12 @@ static mpg_status check_counts(mpg_group *g, const a2a *a) {
   if (!st && first >= 0) {
     const uint64_t *f = all + 4 * first;
     st = mpg__fail(MPG_ERR_INVALID,
-                   "%s on \"%s\": the counts of %llu pair%s of members do not match "
+                   "%s on %s: the counts of %llu pair%s of members do not match "
                    "(recv_counts[i] on member j must equal send_counts[j] on member i): "
                    "position %d sends %llu elements to position %llu (send_counts[%llu]) "
                    "where position %llu expects %llu (recv_counts[%d]); checked on every "
                    "member because MESHPG_CHECK_ORDER is on; nothing was sent",
-                   a->fn, g->name, (unsigned long long)nbad, nbad == 1 ? "" : "s", first,
+                   a->fn, MPG__GROUP_LABEL(g), (unsigned long long)nbad, nbad == 1 ? "" : "s", first,
                    (unsigned long long)f[2], (unsigned long long)f[1],
                    (unsigned long long)f[1], (unsigned long long)f[1],
                    (unsigned long long)f[3], first);
@@ -316,15 +316,15 @@ static mpg_status native_scratch(const mpg_group *g, const a2a *a, const uint64_
     recv_counts[p] = p == me ? 0 : (size_t)theirs[2 * p];
     recv_displs[p] = scratch_elems;
     if (recv_counts[p] > (SIZE_MAX / 2) / es - scratch_elems)
-      return mpg__fail(MPG_ERR_INVALID, "%s on \"%s\": the counts of two members "
+      return mpg__fail(MPG_ERR_INVALID, "%s on %s: the counts of two members "
                        "do not match (%s), and position %d's are too large to "
-                       "receive", a->fn, g->name, mismatch, p);
+                       "receive", a->fn, MPG__GROUP_LABEL(g), mismatch, p);
     scratch_elems += recv_counts[p];
   }
   char *scratch = malloc(scratch_elems ? scratch_elems * es : 1);
   if (!scratch)
-    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory receiving "
-                     "mismatched counts (%s)", a->fn, g->name, mismatch);
+    return mpg__fail(MPG_ERR_NOMEM, "%s on %s: out of memory receiving "
+                     "mismatched counts (%s)", a->fn, MPG__GROUP_LABEL(g), mismatch);
   *scratch_out = scratch;
   return MPG_OK;
 }
@@ -362,8 +362,8 @@ static mpg_status native_work(mpg_group *g, const a2a *a, mpg__req *req, double 
    * lose it (a failure aborts before the pending request is freed). */
   mpg_status st = mpg__group_finish(g, g->ctx->ops, &req, 1, deadline, a->fn, MPG_OK, 0);
   if (st || !work) return st;
-  return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for the work handle (the "
-                   "operation completed)", a->fn, g->name);
+  return mpg__fail(MPG_ERR_NOMEM, "%s on %s: out of memory for the work handle (the "
+                   "operation completed)", a->fn, MPG__GROUP_LABEL(g));
 }
 
 /* The backend's own all-to-all (post_alltoallv), one request: the four
@@ -390,8 +390,8 @@ static mpg_status run_native(mpg_group *g, const a2a *a, mpg_work **work, int *t
   if (!arrays || !mine) {
     free(arrays);
     free(mine);
-    return mpg__group_on_failure(g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of "
-                                 "memory for the counts of %d members", a->fn, g->name, size));
+    return mpg__group_on_failure(g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on %s: out of "
+                                 "memory for the counts of %d members", a->fn, MPG__GROUP_LABEL(g), size));
   }
   double deadline = mpg__now() + ctx->timeout_s;
   mpg_status st = exchange_counts(g, a, mine, theirs);
@@ -437,10 +437,10 @@ static mpg_status run_native(mpg_group *g, const a2a *a, mpg_work **work, int *t
     free(scratch);
     if (st) return st;
     return mpg__fail(MPG_ERR_INVALID,
-                     "%s on \"%s\": the counts of %zu pair%s of members do not match "
+                     "%s on %s: the counts of %zu pair%s of members do not match "
                      "(recv_counts[i] on member j must equal send_counts[j] on member i): %s; "
                      "the other blocks were received",
-                     a->fn, g->name, nbad, nbad == 1 ? "" : "s", mismatch);
+                     a->fn, MPG__GROUP_LABEL(g), nbad, nbad == 1 ? "" : "s", mismatch);
   }
   free(mine);
   return native_work(g, a, req, deadline, work);
@@ -457,8 +457,8 @@ static mpg_status first_call(mpg_group *g, const a2a *a, int *claimed) {
   mpg_status st = mpg__group_ready(g, a->fn);
   uint64_t *mine = st ? NULL : calloc(4 * (size_t)g->size, sizeof *mine);
   if (!st && !mine)
-    st = mpg__group_on_failure(g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of "
-                               "memory for the counts", a->fn, g->name));
+    st = mpg__group_on_failure(g, a->fn, mpg__fail(MPG_ERR_NOMEM, "%s on %s: out of "
+                               "memory for the counts", a->fn, MPG__GROUP_LABEL(g)));
   if (!st) st = exchange_counts(g, a, mine, mine + 2 * g->size);
   free(mine);
   if (st) return st;
@@ -498,9 +498,9 @@ static mpg_status run_claimed(mpg_group *g, const a2a *a, mpg_work **work) {
   if (st == MPG_ERR_INVALID)
     /* Posted and refused by the backend: the counts of two members
      * disagree (the thread backend's receive names the pair). */
-    return mpg__fail_wrap(st, "%s on \"%s\" (position %d): the counts of two members do "
+    return mpg__fail_wrap(st, "%s on %s (position %d): the counts of two members do "
                           "not match (recv_counts[i] on member j must equal send_counts[j] "
-                          "on member i)", a->fn, g->name, g->position);
+                          "on member i)", a->fn, MPG__GROUP_LABEL(g), g->position);
   return st;
 }
 

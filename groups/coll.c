@@ -56,23 +56,23 @@ static mpg_status check_overlap(const mpg_group *g, const mpg__coll *c) {
     case MPG__ALL_REDUCE:
       if (s == r) return MPG_OK;
       return mpg__fail(MPG_ERR_INVALID,
-                       "mpg_all_reduce on \"%s\": send and recv overlap without being "
+                       "mpg_all_reduce on %s: send and recv overlap without being "
                        "the same buffer (recv = send %+td bytes); in place means send == recv",
-                       g->name, (ptrdiff_t)(r - s));
+                       MPG__GROUP_LABEL(g), (ptrdiff_t)(r - s));
     case MPG__ALL_GATHER:
       if (s == r + slot) return MPG_OK;
       return mpg__fail(MPG_ERR_INVALID,
-                       "mpg_%s on \"%s\": send overlaps recv at byte offset %td, but in "
+                       "mpg_%s on %s: send overlaps recv at byte offset %td, but in "
                        "place means send == recv + position * count (position %d: byte "
                        "offset %zu)",
-                       fn, g->name, (ptrdiff_t)(s - r), g->position, slot);
+                       fn, MPG__GROUP_LABEL(g), (ptrdiff_t)(s - r), g->position, slot);
     default:
       if (r == s + slot) return MPG_OK;
       return mpg__fail(MPG_ERR_INVALID,
-                       "mpg_%s on \"%s\": recv overlaps send at byte offset %td, but in "
+                       "mpg_%s on %s: recv overlaps send at byte offset %td, but in "
                        "place means recv == send + position * count (position %d: byte "
                        "offset %zu)",
-                       fn, g->name, (ptrdiff_t)(r - s), g->position, slot);
+                       fn, MPG__GROUP_LABEL(g), (ptrdiff_t)(r - s), g->position, slot);
   }
 }
 
@@ -82,46 +82,46 @@ static mpg_status check_coll(const mpg_group *g, const mpg__coll *c) {
   if (!g) return mpg__fail(MPG_ERR_INVALID, "mpg_%s: group is NULL", fn);
   if (c->kind == MPG__BARRIER) return MPG_OK;
   if ((unsigned)c->dtype >= MPG_DTYPE_COUNT)
-    return mpg__fail(MPG_ERR_INVALID, "mpg_%s on \"%s\": unknown dtype %d", fn,
-                     g->name, (int)c->dtype);
+    return mpg__fail(MPG_ERR_INVALID, "mpg_%s on %s: unknown dtype %d", fn,
+                     MPG__GROUP_LABEL(g), (int)c->dtype);
   /* count x element size (x group size for the gathered / scattered side)
    * must fit in size_t: refuse before any buffer is touched. */
   size_t members = c->kind == MPG__ALL_GATHER || c->kind == MPG__REDUCE_SCATTER
                        ? (size_t)(g->size > 0 ? g->size : 1) : 1;
   if (c->count > SIZE_MAX / mpg__dtype_size(c->dtype) / members)
     return mpg__fail(MPG_ERR_RANGE,
-                     "mpg_%s on \"%s\": count %zu of %s x %zu member%s overflows "
+                     "mpg_%s on %s: count %zu of %s x %zu member%s overflows "
                      "size_t bytes",
-                     fn, g->name, c->count, mpg_dtype_name(c->dtype), members,
+                     fn, MPG__GROUP_LABEL(g), c->count, mpg_dtype_name(c->dtype), members,
                      members == 1 ? "" : "s");
   int needs_send = c->kind == MPG__ALL_REDUCE || c->kind == MPG__ALL_GATHER ||
                    c->kind == MPG__REDUCE_SCATTER || c->kind == MPG__SEND;
   int needs_recv = c->kind != MPG__SEND;
   if (c->count > 0 && ((needs_send && !c->send) || (needs_recv && !c->recv)))
-    return mpg__fail(MPG_ERR_INVALID, "mpg_%s on \"%s\": %s buffer is NULL for %zu elements",
-                     fn, g->name, needs_send && !c->send ? "send" : "receive",
+    return mpg__fail(MPG_ERR_INVALID, "mpg_%s on %s: %s buffer is NULL for %zu elements",
+                     fn, MPG__GROUP_LABEL(g), needs_send && !c->send ? "send" : "receive",
                      c->count);
   if ((st = check_overlap(g, c))) return st;
   if (c->kind == MPG__ALL_REDUCE || c->kind == MPG__REDUCE_SCATTER) {
     if ((unsigned)c->op > MPG__OP_PREMUL_SUM)
-      return mpg__fail(MPG_ERR_INVALID, "mpg_%s on \"%s\": unknown op %d", fn,
-                       g->name, (int)c->op);
+      return mpg__fail(MPG_ERR_INVALID, "mpg_%s on %s: unknown op %d", fn,
+                       MPG__GROUP_LABEL(g), (int)c->op);
     if (c->op == MPG__OP_PREMUL_SUM && !mpg__dtype_is_float(c->dtype))
       return mpg__fail(MPG_ERR_INVALID,
-                       "mpg_%s on \"%s\": a scaled sum needs a floating dtype, "
+                       "mpg_%s on %s: a scaled sum needs a floating dtype, "
                        "found %s",
-                       fn, g->name, mpg_dtype_name(c->dtype));
+                       fn, MPG__GROUP_LABEL(g), mpg_dtype_name(c->dtype));
   }
   if (c->kind == MPG__BROADCAST && (c->root < 0 || c->root >= g->size))
     return mpg__fail(MPG_ERR_INVALID,
-                     "mpg_broadcast on \"%s\": root %d is outside 0..%d", g->name,
+                     "mpg_broadcast on %s: root %d is outside 0..%d", MPG__GROUP_LABEL(g),
                      c->root, g->size - 1);
   if (c->kind == MPG__SEND || c->kind == MPG__RECV) {
     if (c->peer < 0 || c->peer >= g->size || c->peer == g->position)
       return mpg__fail(MPG_ERR_INVALID,
-                       "mpg_%s on \"%s\": peer %d is not another member "
+                       "mpg_%s on %s: peer %d is not another member "
                        "(positions 0..%d, this rank is %d)",
-                       fn, g->name, c->peer, g->size - 1, g->position);
+                       fn, MPG__GROUP_LABEL(g), c->peer, g->size - 1, g->position);
   }
   return MPG_OK;
 }
@@ -248,11 +248,11 @@ mpg_status mpg__group_claim(mpg_group *g, const char *fn) {
                                               memory_order_relaxed))
     return MPG_OK;
   return mpg__fail(MPG_ERR_STATE,
-                   "%s on group \"%s\" (index %d, position %d of %d, world rank %d): "
+                   "%s on %s (position %d of %d, world rank %d): "
                    "another call on this group has not returned yet; a group must not be "
                    "used from two threads at once (serialise the calls on one group and "
                    "issue them in the same order on every rank); nothing was posted",
-                   fn, g->name, g->index, g->position, g->size, g->ctx->rank);
+                   fn, MPG__GROUP_LABEL(g), g->position, g->size, g->ctx->rank);
 }
 
 /* The release pairs with the next claim's acquire: the next caller, on
@@ -376,8 +376,8 @@ mpg_status mpg__group_split(mpg_group *g, int color, int key, mpg__comm **out) {
   if (!st) {
     st = g->ctx->ops->split(g->comm, color, key, out);
     if (!st && color >= 0 && !*out)
-      st = mpg__fail(MPG_ERR_BACKEND, "%s \"%s\": the split gave rank %d no communicator",
-                     fn, g->name, g->ctx->rank);
+      st = mpg__fail(MPG_ERR_BACKEND, "%s: the split gave world rank %d no communicator",
+                     fn, g->ctx->rank);
     if (st) st = on_failure(g, fn, st);
   }
   mpg__group_release(g);

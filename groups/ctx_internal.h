@@ -220,6 +220,13 @@ mpg_status mpg__group_on_failure(mpg_group *g, const char *fn, mpg_status st);
  * Formatted only when a message needs them. */
 void mpg__group_label(const mpg_group *g, char *buf, size_t n);
 void mpg__group_op_label(const mpg_group *g, const mpg__op_id *op, char *buf, size_t n);
+/* g's label in a buffer that lives to the end of the enclosing block, for
+ * a message's arguments: mpg__fail(..., "%s on %s", fn, MPG__GROUP_LABEL(g)). */
+static inline const char *mpg__group_label_in(const mpg_group *g, char *buf, size_t n) {
+  mpg__group_label(g, buf, n);
+  return buf;
+}
+#define MPG__GROUP_LABEL(g) mpg__group_label_in((g), (char[160]){0}, 160)
 
 /* coll.c: run one collective on g as the public calls do (argument
  * checks, size-1 groups, the timeout, abort on failure); with `work`, an

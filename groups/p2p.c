@@ -20,25 +20,25 @@
 static mpg_status check_op(const mpg_group *g, const mpg_p2p_op *op, int i) {
   if (op->kind != MPG_P2P_SEND && op->kind != MPG_P2P_RECV)
     return mpg__fail(MPG_ERR_INVALID,
-                     FN " on \"%s\": ops[%d].kind is %d, expected MPG_P2P_SEND (0) or "
+                     FN " on %s: ops[%d].kind is %d, expected MPG_P2P_SEND (0) or "
                      "MPG_P2P_RECV (1)",
-                     g->name, i, (int)op->kind);
+                     MPG__GROUP_LABEL(g), i, (int)op->kind);
   const char *dir = op->kind == MPG_P2P_SEND ? "send" : "recv";
   if (op->peer < 0 || op->peer >= g->size || op->peer == g->position)
     return mpg__fail(MPG_ERR_INVALID,
-                     FN " on \"%s\": ops[%d] (%s): peer %d is not another member "
+                     FN " on %s: ops[%d] (%s): peer %d is not another member "
                      "(positions 0..%d, this rank is %d)",
-                     g->name, i, dir, op->peer, g->size - 1, g->position);
+                     MPG__GROUP_LABEL(g), i, dir, op->peer, g->size - 1, g->position);
   if ((unsigned)op->dtype >= MPG_DTYPE_COUNT)
-    return mpg__fail(MPG_ERR_INVALID, FN " on \"%s\": ops[%d] (%s): unknown dtype %d",
-                     g->name, i, dir, (int)op->dtype);
+    return mpg__fail(MPG_ERR_INVALID, FN " on %s: ops[%d] (%s): unknown dtype %d",
+                     MPG__GROUP_LABEL(g), i, dir, (int)op->dtype);
   if (op->count > SIZE_MAX / mpg__dtype_size(op->dtype))
     return mpg__fail(MPG_ERR_RANGE,
-                     FN " on \"%s\": ops[%d] (%s): count %zu of %s overflows size_t bytes",
-                     g->name, i, dir, op->count, mpg_dtype_name(op->dtype));
+                     FN " on %s: ops[%d] (%s): count %zu of %s overflows size_t bytes",
+                     MPG__GROUP_LABEL(g), i, dir, op->count, mpg_dtype_name(op->dtype));
   if (op->count > 0 && !op->buf)
-    return mpg__fail(MPG_ERR_INVALID, FN " on \"%s\": ops[%d] (%s): buf is NULL for %zu "
-                     "elements", g->name, i, dir, op->count);
+    return mpg__fail(MPG_ERR_INVALID, FN " on %s: ops[%d] (%s): buf is NULL for %zu "
+                     "elements", MPG__GROUP_LABEL(g), i, dir, op->count);
   return MPG_OK;
 }
 
@@ -72,8 +72,8 @@ static mpg_status hand_out(mpg_group *g, mpg__req *one, mpg__req **reqs, int n,
     mpg_status st = mpg__group_finish(g, g->ctx->ops, list, n, deadline, fn, MPG_OK, 0);
     free(reqs);
     if (st || !work) return st;
-    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for the work handle "
-                     "(the %d operations completed)", fn, g->name, n);
+    return mpg__fail(MPG_ERR_NOMEM, "%s on %s: out of memory for the work handle "
+                     "(the %d operations completed)", fn, MPG__GROUP_LABEL(g), n);
   }
   w->group = g;
   w->op.kind = -1; /* several operations: the messages name the group */
@@ -108,11 +108,11 @@ static mpg_status post_each(mpg_group *g, const mpg__coll *list, int n, double d
 static mpg_status p2p_batch(mpg_group *g, const mpg_p2p_op *ops, int n, void *stream,
                             mpg_work **work) {
   if (n < 0)
-    return mpg__fail(MPG_ERR_INVALID, FN " on \"%s\": n is %d, expected 0 or more", g->name,
+    return mpg__fail(MPG_ERR_INVALID, FN " on %s: n is %d, expected 0 or more", MPG__GROUP_LABEL(g),
                      n);
   if (n > 0 && !ops)
-    return mpg__fail(MPG_ERR_INVALID, FN " on \"%s\": ops is NULL for n = %d operations",
-                     g->name, n);
+    return mpg__fail(MPG_ERR_INVALID, FN " on %s: ops is NULL for n = %d operations",
+                     MPG__GROUP_LABEL(g), n);
   mpg_status st;
   for (int i = 0; i < n; i++)
     if ((st = check_op(g, &ops[i], i))) return st;
@@ -120,8 +120,8 @@ static mpg_status p2p_batch(mpg_group *g, const mpg_p2p_op *ops, int n, void *st
   /* A size-1 group has no peer: check_op refused every operation. */
   mpg__coll *list = malloc((size_t)n * sizeof *list);
   if (!list)
-    return mpg__fail(MPG_ERR_NOMEM, FN " on \"%s\": out of memory for %d operations",
-                     g->name, n);
+    return mpg__fail(MPG_ERR_NOMEM, FN " on %s: out of memory for %d operations",
+                     MPG__GROUP_LABEL(g), n);
   to_list(ops, n, stream, list);
   mpg__trace_mark mark = mpg__trace_begin_batch(g, list, n); /* the flight recorder */
   st = mpg__group_ready(g, FN);
@@ -149,8 +149,8 @@ mpg_status mpg__group_post_p2p(mpg_group *g, const mpg__coll *list, int n, const
   mpg_ctx *ctx = g->ctx;
   mpg__req **reqs = ctx->ops->post_batch ? NULL : calloc((size_t)n, sizeof *reqs);
   if (!ctx->ops->post_batch && !reqs)
-    return mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for %d operations", fn,
-                     g->name, n);
+    return mpg__fail(MPG_ERR_NOMEM, "%s on %s: out of memory for %d operations", fn,
+                     MPG__GROUP_LABEL(g), n);
   double deadline = mpg__now() + ctx->timeout_s;
   mpg__req *one = NULL;
   mpg_status st = ctx->ops->post_batch ? ctx->ops->post_batch(g->comm, list, n, &one)

@@ -132,12 +132,6 @@ static void give_up(mpg__a2a *ch, mpg_status why, int peer, uint32_t q) {
   }
 }
 
-/* g's label ("tp[1]") in buf, for a message. */
-static const char *glabel(const mpg__a2a *ch, char *buf, size_t cap) {
-  mpg__group_label(ch->g, buf, cap);
-  return buf;
-}
-
 static void who(const mpg__a2a *ch, int p, char *buf, size_t cap) {
   int rank = -1;
   if (p < 0 || p >= ch->n) { /* a word from the segment: never trusted */
@@ -239,13 +233,13 @@ static mpg_status copy_from(mpg__a2a *ch, int p, uint64_t from, char *to, size_t
   const volatile a2a_head *h = ch->area[p];
   uint64_t pid = h->pid, fd = h->fd, id = h->id, len = h->len, offset = h->offset,
            base = h->base;
-  char b[64], lb[160];
+  char b[64];
   if (len == 0 || len > (uint64_t)SIZE_MAX / 2 || fd > INT32_MAX || pid == 0 ||
       pid > INT32_MAX) {
     who(ch, p, b, sizeof b);
     return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all on %s: %s's "
                      "descriptor is corrupt: its region (pid %llu, fd %llu) of %llu bytes",
-                     glabel(ch, lb, sizeof lb), b, (unsigned long long)pid,
+                     MPG__GROUP_LABEL(ch->g), b, (unsigned long long)pid,
                      (unsigned long long)fd, (unsigned long long)len);
   }
   size_t mapped = 0;
@@ -254,7 +248,7 @@ static mpg_status copy_from(mpg__a2a *ch, int p, uint64_t from, char *to, size_t
     who(ch, p, b, sizeof b);
     return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all on %s: "
                      "mapping %s's blocks (/proc/%d/fd/%d, %llu bytes) failed: %s",
-                     glabel(ch, lb, sizeof lb), b, (int)pid, (int)fd, (unsigned long long)len,
+                     MPG__GROUP_LABEL(ch->g), b, (int)pid, (int)fd, (unsigned long long)len,
                      strerror(errno));
   }
   uint64_t at = offset + (from - base); /* wraps to its place */
@@ -263,7 +257,7 @@ static mpg_status copy_from(mpg__a2a *ch, int p, uint64_t from, char *to, size_t
     return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all on %s: %s's "
                      "descriptor is corrupt: its block for this member (position %d), %zu "
                      "bytes at offset %llu, lies outside its region of %zu bytes",
-                     glabel(ch, lb, sizeof lb), b, ch->me, bytes, (unsigned long long)at, mapped);
+                     MPG__GROUP_LABEL(ch->g), b, ch->me, bytes, (unsigned long long)at, mapped);
   }
   mpg__shm_copy(to, region + at, bytes, ch->stream);
   return MPG_OK;
@@ -282,12 +276,12 @@ static mpg_status read_peer(mpg__a2a *ch, int p) {
   uint64_t pes = mpg__dtype_size((mpg_dtype)dtype), es = ch->es;
   uint64_t sends = e[0], from = e[1], expects = e[2];
   if (!pes || sends > UINT64_MAX / 8 || from > UINT64_MAX / 8 || expects > UINT64_MAX / 8) {
-    char b[64], lb[160];
+    char b[64];
     who(ch, p, b, sizeof b);
     return mpg__fail(MPG_ERR_BACKEND, "shared-memory all-to-all on %s: %s's "
                      "descriptor is corrupt: dtype %d, %llu elements for this member "
                      "(position %d) at %llu, %llu expected from it",
-                     glabel(ch, lb, sizeof lb), b,
+                     MPG__GROUP_LABEL(ch->g), b,
                      (int)dtype, (unsigned long long)sends, ch->me,
                      (unsigned long long)from, (unsigned long long)expects);
   }
@@ -414,11 +408,10 @@ static mpg_status complete(mpg__a2a *ch, int block, int *done) {
   *done = 1;
   ch->busy = 0;
   if (ch->nbad) {
-    char lb[160];
     return mpg__fail(MPG_ERR_INVALID,
                      "%s on %s: the counts of %d pair%s of members do not match "
                      "(recv_counts[i] on member j must equal send_counts[j] on member i): "
-                     "%s; the other blocks were received", ch->fn, glabel(ch, lb, sizeof lb),
+                     "%s; the other blocks were received", ch->fn, MPG__GROUP_LABEL(ch->g),
                      ch->nbad, ch->nbad == 1 ? "" : "s", ch->mismatch);
   }
   return MPG_OK;
@@ -602,8 +595,8 @@ mpg_status mpg__a2a_shm_prepare(mpg_group *g, const char *fn) {
   if (g->a2a || g->a2a_off || g->size < 2 || !g->ctx->ops->host_shm) return MPG_OK;
   mpg__a2a *ch = NULL;
   mpg_status st = mpg__a2a_channel_make(g, &ch);
-  if (st) return mpg__fail_wrap(st, "%s on \"%s\": making its shared-memory channel", fn,
-                                g->name);
+  if (st) return mpg__fail_wrap(st, "%s on %s: making its shared-memory channel", fn,
+                                MPG__GROUP_LABEL(g));
   if (ch) {
     g->a2a_abort = mpg__a2a_shm_abort;
     g->a2a = ch; /* whole, and its abort, before it is seen (mpg__ctx_abort_all) */
@@ -628,8 +621,8 @@ mpg_status mpg__a2a_shm_run(mpg_group *g, const mpg__a2a_call *a, mpg_work **wor
   mpg_status st = MPG_OK;
   if (!r || (work && !w)) {
     free(r);
-    st = mpg__fail(MPG_ERR_NOMEM, "%s on \"%s\": out of memory for the work handle (nothing "
-                   "was posted)", a->fn, g->name);
+    st = mpg__fail(MPG_ERR_NOMEM, "%s on %s: out of memory for the work handle (nothing "
+                   "was posted)", a->fn, MPG__GROUP_LABEL(g));
     /* The peers posted theirs: they fail at once. */
     give_up(ch, st, -1, atomic_load_explicit(&ch->next, memory_order_relaxed));
     return mpg__group_on_failure(g, a->fn, st);

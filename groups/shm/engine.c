@@ -374,7 +374,8 @@ static void inter_error(mpg__shm *s) {
   for (int h = 0; h < s->nodes && n > 0 && (size_t)n < cap; h++) {
     int rank = -1;
     mpg_group_member(s->group, s->across[h], &rank);
-    n += snprintf(s->inter_err + n, cap - (size_t)n, "%s %d is rank %d", h ? "," : "", h, rank);
+    n += snprintf(s->inter_err + n, cap - (size_t)n, "%s %d is world rank %d", h ? "," : "", h,
+                  rank);
   }
   if (n > 0 && (size_t)n < cap) snprintf(s->inter_err + n, cap - (size_t)n, ")");
 }

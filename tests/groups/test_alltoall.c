@@ -352,7 +352,7 @@ Test(all_to_all, an_abort_reaches_the_peers_in_the_channel, .timeout = 60) {
   for (int r = 1; r < 4; r++) {
     cr_assert_eq(a->got[r], MPG_ERR_ABORTED, "rank %d got %s: %s", r,
                  mpg_status_name(a->got[r]), a->msg[r]);
-    cr_assert(strstr(a->msg[r], "aborted by position 0 (rank 0)"), "rank %d: %s", r,
+    cr_assert(strstr(a->msg[r], "aborted by position 0 (world rank 0)"), "rank %d: %s", r,
               a->msg[r]);
     cr_assert(a->elapsed[r] < tb_bound(2.0, 4), "rank %d waited %.3f s (timeout 20 s)", r,
               a->elapsed[r]);
@@ -574,9 +574,9 @@ static void run_absent(int async, int v, int skipper, int warm) {
   cr_assert_eq(mpg_mesh_group_of(mesh, dimset, skipper, &index, NULL, &size), MPG_OK);
   mpg_mesh_group_members(mesh, dimset, index, members);
   char peer[32], rank[32], named[64];
-  snprintf(peer, sizeof peer, "peer %d", a->position[skipper]);
+  snprintf(peer, sizeof peer, "peer position %d", a->position[skipper]);
   snprintf(rank, sizeof rank, "rank %d", skipper);
-  snprintf(named, sizeof named, "position %d (rank %d)", a->position[skipper], skipper);
+  snprintf(named, sizeof named, "position %d (world rank %d)", a->position[skipper], skipper);
   int own = 0;
   for (int p = 0; p < size; p++) {
     int r = members[p];
@@ -588,17 +588,17 @@ static void run_absent(int async, int v, int skipper, int warm) {
               "rank %d gave up after %.3f s", r, a->elapsed[r]);
     /* The call (the wait, for a work handle, as for every collective) and
      * group, and the missing member: every waiter's message
-     * names its receive from it ("peer P"); the one that timed out itself
+     * names its receive from it ("peer position P"); the one that timed out itself
      * (the others are woken by its abort) also names its world rank. */
     /* Through shared memory (thread backend: one host), the channel
-     * names the missing member on every waiter, "position P (rank R)";
+     * names the missing member on every waiter, "position P (world rank R)";
      * at the group's first all-to-all the counts go round point to point
      * before the channel is made (groups/alltoall.c, first_call), and
-     * every waiter's receive from it names it ("peer P"), the one that
+     * every waiter's receive from it names it ("peer position P"), the one that
      * timed out itself also its world rank. */
     const char *call = async ? "mpg_work_wait" : v ? "mpg_all_to_all_v" : "mpg_all_to_all";
     cr_assert(strstr(a->msg[r], warm ? call : v ? "mpg_all_to_all_v" : "mpg_all_to_all") &&
-                  strstr(a->msg[r], "\"dp\"") && strstr(a->msg[r], warm ? named : peer),
+                  strstr(a->msg[r], " on dp[") && strstr(a->msg[r], warm ? named : peer),
               "rank %d: message: %s", r, a->msg[r]);
     own += warm ? strstr(a->msg[r], "timed out") && strstr(a->msg[r], named) != NULL
                 : strstr(a->msg[r], "no message from position") && strstr(a->msg[r], rank);

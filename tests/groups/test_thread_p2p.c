@@ -120,8 +120,8 @@ static mpg_status bp_main(const mpg_init_opts *opts, void *arg) {
       if (now_s() - t0 > a->blocked_s) a->blocked_s = now_s() - t0;
       if (!a->receive && k == a->nsend - 1) {
         RCHECK(st == MPG_ERR_TIMEOUT, "send to a full inbox gave %s", mpg_status_name(st));
-        RCHECK(strstr(mpg_last_error(), "inbox is full") &&
-                   strstr(mpg_last_error(), "peer 0") && strstr(mpg_last_error(), "limits"),
+        RCHECK(strstr(mpg_last_error(), "the inbox of position 0 (world rank 0) is full") &&
+                   strstr(mpg_last_error(), "limits"),
                "message: %s", mpg_last_error());
         RCHECK(mpg_ctx_status(ctx) == MPG_ERR_TIMEOUT, "the context was not aborted");
       } else {

@@ -52,7 +52,7 @@ static mpg_status expect_busy(mpg_status st, const char *fn, int rank) {
   RCHECK(st == MPG_ERR_STATE, "%s on a group in use gave %s (\"%s\"), expected "
          "MPG_ERR_STATE", fn, mpg_status_name(st), msg);
   RCHECK(strncmp(msg, fn, strlen(fn)) == 0 && msg[strlen(fn)] == ' ' &&
-         strstr(msg, "on group \"dp\" (index 0,") && strstr(msg, who) &&
+         strstr(msg, "on dp[0] (position ") && strstr(msg, who) &&
          strstr(msg, "must not be used from two threads at once") &&
          strstr(msg, "nothing was posted"),
          "%s: unexpected message \"%s\"", fn, msg);

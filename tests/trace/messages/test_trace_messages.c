@@ -18,6 +18,7 @@
 
 #include "meshpg.h"
 #include "mesh_util.h"
+#include "mpirun_util.h"
 #include "rank_check.h"
 #include "time_bound.h"
 #include "../trace_test_util.h"
@@ -204,6 +205,41 @@ Test(trace_messages, numbers_and_names_match_the_report, .timeout = 120) {
   expect_named(&J[1], 3, MPG_ERR_INVALID);
   log_job(&J[0], "skip");
   log_job(&J[1], "count");
+  free(J);
+  tt_cleanup("trace-msg");
+}
+
+/* The same skip on real MPI processes (mpirun -np 4): world rank 3's
+ * timeout in MPI's own all-reduce names all_reduce #8 on tp[1] and, the
+ * group having two members, the other one as missing. */
+Test(trace_messages_mpi, numbers_and_names_match_the_report, .timeout = 120) {
+  const char *worker = getenv("MESHPG_TMSG_MPI_WORKER");
+  if (!worker) cr_skip_test("built without MPI");
+  job *J = calloc(1, sizeof *J);
+  cr_assert_not_null(J);
+  tt_fresh_dir(J->dir, sizeof J->dir, "trace-msg", "mpi-skip");
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "timeout -k 5 100 " MPIRUN "-np %d '%s' '%s' %g", NRANKS, worker,
+           J->dir, 0.5 * tb_sanitizer_factor());
+  cr_assert_eq(run(cmd, NULL), 0, "%s", out);
+  for (int r = 0; r < NRANKS; r++) {
+    char key[32], name[40];
+    snprintf(key, sizeof key, "TMSG %d ", r);
+    const char *line = strstr(out, key);
+    cr_assert_not_null(line, "no line of rank %d:\n%s", r, out);
+    line += strlen(key);
+    const char *bar = strchr(line, '|'), *eol = strchr(line, '\n');
+    cr_assert(bar && (!eol || bar < eol), "%s", out);
+    snprintf(name, sizeof name, "%.*s", (int)(bar - line) < 39 ? (int)(bar - line) : 39, line);
+    J->st[r] = strcmp(name, "OK") == 0 ? MPG_OK : MPG_ERR_BACKEND;
+    if (!strcmp(name, "ERR_TIMEOUT")) J->st[r] = MPG_ERR_TIMEOUT;
+    snprintf(J->msg[r], MSG, "%.*s", eol ? (int)(eol - bar - 1) : MSG - 1, bar + 1);
+  }
+  log_job(J, "mpi skip");
+  expect_named(J, 3, MPG_ERR_TIMEOUT);
+  cr_expect(strstr(J->msg[3], "did not arrive: position 0, the other member") != NULL,
+            "the missing member of two is not named: %s", J->msg[3]);
+  cr_expect(strstr(J->msg[3], "MPI does not say") == NULL, "%s", J->msg[3]);
   free(J);
   tt_cleanup("trace-msg");
 }

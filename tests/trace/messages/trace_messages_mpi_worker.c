@@ -1,0 +1,46 @@
+/* One MPI process of test_trace_messages.c's MPI case (issue 46, item 4),
+ * under `mpirun -np 4`:  trace_messages_mpi_worker DIR TIMEOUT_S
+ *
+ * dp=2,tp=2 (tp[1] = world ranks 2 and 3); world rank 2 skips the 8th of
+ * its 8 tp all-reduces, then every rank calls a world barrier.  Each rank
+ * prints one line, "TMSG R STATUS|MESSAGE" (OK and nothing when all its
+ * calls succeeded), and exits 0; the dumps go to DIR.  The issue-order
+ * checker is off, so that MPI itself meets the skip. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "meshpg.h"
+#include "mesh_util.h"
+
+int main(int argc, char **argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: trace_messages_mpi_worker DIR TIMEOUT_S\n");
+    return 2;
+  }
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  setenv("MESHPG_CHECK_ORDER", "0", 1);
+  mpg_mesh *mesh = NULL;
+  mpg_ctx *ctx = NULL;
+  mpg_group *tp = NULL, *world = NULL;
+  mpg_init_opts opts = MPG_INIT_OPTS_INIT;
+  opts.backend.name = MPG_BACKEND_MPI;
+  opts.backend.timeout_s = atof(argv[2]);
+  opts.trace_dir = argv[1];
+  mpg_status st = mesh_build("dp=2,tp=2", NULL, 4, &mesh);
+  if (st == MPG_OK) st = mpg_ctx_create(mesh, &opts, &ctx);
+  if (st == MPG_OK) st = mpg_ctx_group(ctx, "tp", &tp);
+  if (st == MPG_OK) st = mpg_ctx_group(ctx, "world", &world);
+  int me = ctx ? mpg_ctx_rank(ctx) : -1;
+  float v[4] = {1, 2, 3, 4};
+  for (int k = 1; k <= 8 && st == MPG_OK; k++)
+    if (!(me == 2 && k == 8)) st = mpg_all_reduce(tp, v, v, 4, MPG_F32, MPG_OP_SUM, NULL, NULL);
+  if (st == MPG_OK) st = mpg_barrier(world, NULL);
+  char text[2048] = "";
+  if (st != MPG_OK) snprintf(text, sizeof text, "%s", mpg_last_error());
+  for (char *c = strchr(text, '\n'); c; c = strchr(c, '\n')) *c = ' ';
+  printf("TMSG %d %s|%s\n", me, st == MPG_OK ? "OK" : mpg_status_name(st), text);
+  if (ctx) (void)mpg_ctx_destroy(ctx);
+  mpg_mesh_destroy(mesh);
+  return 0;
+}
