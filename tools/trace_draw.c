@@ -407,7 +407,8 @@ static void json_args(FILE *f, const view *v, const tr_rank *r, const tr_op *o) 
   fputs(",\"status\":", f);
   td__put_json(f, o->status);
   fprintf(f, ",\"issue_ms\":%.6f,\"start_ms\":%.6f,\"end_ms\":%.6f}",
-          o->issue_ns ? td__ms_of(v, o->issue_ns) : -1.0, o->start_ns ? td__ms_of(v, o->start_ns) : -1.0,
+          o->issue_ns ? td__ms_of(v, o->issue_ns) : -1.0,
+          o->start_ns ? td__ms_of(v, o->start_ns) : -1.0,
           o->end_ns ? td__ms_of(v, o->end_ns) : -1.0);
 }
 

@@ -245,7 +245,8 @@ static int svg_body(FILE *f, view *v, const tr_rank *ranks, int n, char *err,
               x0, ly, wd, LANE_H - 2,
               missing ? "url(#missing-hatch)" : "#f3e0fa", missing ? "#d00" : "#90c");
       td__put_xml(f, ev->label);
-      fprintf(f, "\nwhere its peers have it: %.3f to %.3f ms", td__ms_of(v, ev->a), td__ms_of(v, ev->b));
+      fprintf(f, "\nwhere its peers have it: %.3f to %.3f ms", td__ms_of(v, ev->a),
+              td__ms_of(v, ev->b));
       if (ev->text) {
         fputc('\n', f);
         td__put_xml(f, ev->text);

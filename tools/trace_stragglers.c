@@ -338,11 +338,12 @@ int ts_analyze(const tr_rank *ranks, int n, ts_report *out, char *err, size_t er
     D->instances = p.insts[k->id];
     D->collectives = p.colls[k->id];
     int cnt = 0;
-    for (int i = 0; i < n; i++) cnt += p.start[(size_t)k->id * n + i + 1] > p.start[(size_t)k->id * n + i];
+    const size_t *st = p.start + (size_t)k->id * (size_t)n;
+    for (int i = 0; i < n; i++) cnt += st[i + 1] > st[i];
     D->stats = calloc((size_t)cnt + 1, sizeof *D->stats);
     if (!D->stats) goto nomem;
     for (int i = 0; i < n; i++) {
-      size_t lo = p.start[(size_t)k->id * n + i], hi = p.start[(size_t)k->id * n + i + 1];
+      size_t lo = st[i], hi = st[i + 1];
       if (hi == lo) continue;
       int m = (int)(hi - lo);
       for (int j = 0; j < m; j++) lv[j] = p.s[lo + j].late, ov[j] = p.s[lo + j].own;

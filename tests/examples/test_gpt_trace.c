@@ -59,6 +59,10 @@ Test(gpt_trace, healthy_run_draws_eight_rows, .timeout = 300) {
   cr_expect(strstr(out, "\nPASS\n"), "%s", out);
   snprintf(p, sizeof p, "wrote %s/trace.svg (8 of 8 ranks) and %s/trace.json", tr, tr);
   cr_expect(strstr(out, p), "no '%s' in:\n%s", p, out);
+  /* The straggler report's verdict (tools/trace_stragglers.c, issue 46). */
+  cr_expect(strstr(out, "\ntrace: no straggler: ") ||
+                strstr(out, "\ntrace: stragglers: world rank "),
+            "no straggler verdict in:\n%s", out);
 
   /* The dumps: one per rank, of one job, every operation complete. */
   tr_rank *rs = NULL;

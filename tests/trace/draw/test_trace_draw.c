@@ -386,7 +386,8 @@ Test(trace_draw, culprit_row_and_missing_operation_are_drawn) {
             "the culprit's line as the band's tooltip");
   check("chrome", js);
   char *j = slurp("t.json");
-  cr_expect(strstr(j, "\"name\":\"rank 1 (culprit)\"") && strstr(j, "\"name\":\"rank 3 (culprit)\""));
+  cr_expect(strstr(j, "\"name\":\"rank 1 (culprit)\"") &&
+            strstr(j, "\"name\":\"rank 3 (culprit)\""));
   cr_expect(strstr(j, "\"name\":\"missing: all_reduce #2 on tp[0]\",\"cat\":\"culprit\""));
   /* The same dumps without marks: nothing marked, every row as before. */
   cr_assert_eq(tr_write_svg(rs, 4, WORLD, p, err, sizeof err), 0, "%s", err);

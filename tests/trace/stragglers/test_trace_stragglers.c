@@ -159,7 +159,8 @@ Test(trace_stragglers, cli_names_the_straggler) {
   out[m] = '\0';
   fclose(f);
   snprintf(want, sizeof want, "stragglers: world rank %d", SLOW);
-  cr_expect(strstr(out, want) && strstr(out, "class=\"straggler-band\""), "the SVG marks no straggler");
+  cr_expect(strstr(out, want) && strstr(out, "class=\"straggler-band\""),
+            "the SVG marks no straggler");
   /* No dumps: an error, exit 1. */
   snprintf(args, sizeof args, "'%s/none' --stragglers", dir);
   cr_expect_eq(tt_run_cli(args, out, sizeof out, NULL), 1, "%s", out);
