@@ -225,7 +225,7 @@ static int went_on(an *a, seq *q, int mi, int jm, int g, long s, int c, char *ne
     }
   }
   if (ended(a, mi) && last_issued(a, mi) >= 0) {
-    snprintf(next, cap, "the end of its program (its dump at the end)");
+    snprintf(next, cap, "the end of its program (a dump with reason end)");
     return 1;
   }
   return 0;
