@@ -12,7 +12,10 @@
 #include "../../../tools/trace_analyze.h"
 #include "../../support/time_bound.h"
 
-const char *const tf_kind_names[TF_NKINDS] = {"hang", "skip", "swap"};
+const char *const tf_kind_names[TF_NKINDS] = {"hang", "skip", "swap", "count"};
+const char *const tf_draw_names[TF_NDRAWS] = {"any", "skip with the checker",
+                                              "skip without the checker", "count mismatch",
+                                              "under load"};
 
 const char *tf_backend_name(int backend) {
   static const char *const names[3] = {"thread", "mpi", "nccl"};
@@ -67,12 +70,18 @@ static unsigned below(rng *r, unsigned n) {
 static int allowed(int backend, tf_kind kind, int stage, int k) {
   tf_slot s = tf_slot_of(stage, k);
   if (kind == TF_HANG) return 1;
+  /* A count mismatch: on mpi only.  The nccl double ends the process; on
+   * the thread backend both members fail at once, before any other tp
+   * instance reaches that number, and the analyzer cannot tell which of
+   * the two differs (seed 32: 3 of 13 named nobody). */
+  if (kind == TF_COUNT) return s.op == TO_TP && backend == TF_MPI;
   if (kind == TF_SKIP) {
     /* A bucket cannot be skipped (finish launches what was not marked);
-     * an all-to-all skipped meets another collective on dp: only the
-     * thread backend compares. */
+     * an all-to-all skipped meets another collective on dp: the thread
+     * backend compares, MPI returns its error (issue 46), the nccl double
+     * ends the process. */
     if (s.op == TO_BUCKET) return 0;
-    return s.op != TO_A2A || backend == TF_THREAD;
+    return s.op != TO_A2A || backend != TF_NCCL;
   }
   /* Swap k and k + 1: not two all-reduces of one signature (invisible),
    * nor two buckets (they launch in bucket order whatever the marks). */
@@ -83,32 +92,116 @@ static int allowed(int backend, tf_kind kind, int stage, int k) {
   return 1;
 }
 
-void tf_case_make(unsigned seed, int backend, int index, const char *base, tf_case *c) {
+/* The count of tp all-reduce `which` (A, B, C) on `backend`. */
+static int tp_count_of(int backend, int which) {
+  return which == 2 && backend == TF_THREAD ? 48 : 64;
+}
+
+/* Slot k of `stage` a tp all-reduce whose next tp all-reduce (in this
+ * step or the next) has its count, so that the victim's next one pairs
+ * with the one it skipped: the same-size skip of issue 46, item 1. */
+static int same_size_skip(int backend, int stage, int k) {
+  tf_slot s = tf_slot_of(stage, k);
+  if (s.op != TO_TP) return 0;
+  for (int x = 1; x < TF_SLOTS; x++) {
+    tf_slot n = tf_slot_of(stage, (k + x) % TF_SLOTS);
+    if (n.op == TO_TP) return tp_count_of(backend, n.arg) == tp_count_of(backend, s.arg);
+  }
+  return 0;
+}
+
+void tf_case_make(unsigned seed, int backend, int index, tf_draw draw, const char *base,
+                  tf_case *c) {
   memset(c, 0, sizeof *c);
   rng r = {mix(((uint64_t)seed << 24) ^ ((uint64_t)(unsigned)backend << 20) ^
-               (uint64_t)(unsigned)index ^ 0x32u)};
+               ((uint64_t)(unsigned)draw << 16) ^ (uint64_t)(unsigned)index ^ 0x32u)};
   c->seed = seed;
   c->index = index;
   c->backend = backend;
+  c->draw = draw;
+  c->check = -1;
   c->victim = (int)below(&r, TF_WORLD);
-  c->step = (int)below(&r, TF_STEPS);
+  c->step = 1 + (int)below(&r, TF_STEPS);
   int stage = c->victim / 4;
   for (;;) {
-    c->kind = (tf_kind)below(&r, TF_NKINDS);
     int cand[TF_SLOTS], n = 0;
-    for (int k = 0; k < TF_SLOTS; k++)
-      if (allowed(backend, c->kind, stage, k)) cand[n++] = k;
+    if (draw == TF_DRAW_ANY) {
+      /* Hang, skip or swap, as before issue 46 (the same cases of a seed:
+       * send_queued_behind_a_stuck_bucket is seed 1, case 40); the count
+       * mismatch is drawn below. */
+      c->kind = (tf_kind)below(&r, TF_COUNT);
+      for (int k = 0; k < TF_SLOTS; k++)
+        if (allowed(backend, c->kind, stage, k)) cand[n++] = k;
+    } else if (draw == TF_DRAW_LOAD) {
+      c->kind = index % 2 ? TF_COUNT : TF_HANG;
+      for (int k = 0; k < TF_SLOTS; k++)
+        if (allowed(backend, c->kind, stage, k)) cand[n++] = k;
+    } else {
+      c->kind = draw == TF_DRAW_COUNT ? TF_COUNT : TF_SKIP;
+      for (int k = 0; k < TF_SLOTS; k++)
+        if (c->kind == TF_COUNT ? allowed(backend, TF_COUNT, stage, k)
+                                : same_size_skip(backend, stage, k))
+          cand[n++] = k;
+    }
     if (!n) continue;
     c->slot = cand[below(&r, (unsigned)n)];
     break;
   }
-  c->nodump = c->kind == TF_HANG && below(&r, 3) == 0;
+  /* Every other case of item 2's draw skips the victim's last tp
+   * all-reduce of the last step: nothing it issues after it waits for that
+   * peer, so the victim runs to its end (no error, no dump on request) and
+   * only its end dump has its operations. */
+  if (draw == TF_DRAW_SKIP_NOCHECK && index % 2 == 0) {
+    c->step = TF_STEPS;
+    for (int k = 0; k < TF_SLOTS; k++)
+      if (tf_slot_of(stage, k).op == TO_TP) c->slot = k;
+  }
+  c->nodump = c->kind == TF_HANG && draw == TF_DRAW_ANY && below(&r, 3) == 0;
   c->shm = backend != TF_NCCL && below(&r, 2);
+  /* Issue 46's faults in the random draw: a quarter of the cases on mpi
+   * become a count mismatch of one of the victim's tp all-reduces, and a
+   * quarter of the skips run without the checker, their victim dumping at
+   * its end only (like the draw of item 2). */
+  if (draw == TF_DRAW_ANY && backend == TF_MPI && below(&r, 4) == 0) {
+    int cand[TF_SLOTS], n = 0;
+    for (int k = 0; k < TF_SLOTS; k++)
+      if (allowed(backend, TF_COUNT, stage, k)) cand[n++] = k;
+    c->kind = TF_COUNT;
+    c->slot = cand[below(&r, (unsigned)n)];
+    c->nodump = 0;
+  }
+  int nocheck = draw == TF_DRAW_SKIP_NOCHECK || (draw == TF_DRAW_ANY && c->kind == TF_SKIP &&
+                                                 below(&r, 4) == 0);
+  if (draw == TF_DRAW_SKIP_CHECK) c->check = 1;
+  if (nocheck) {
+    c->check = 0;
+    c->noreq = 1;
+  }
+  /* Item 3's count mismatch goes through MPI itself (its truncation), not
+   * the shared-memory path. */
+  if (draw == TF_DRAW_COUNT) c->shm = 0;
   double f = tb_sanitizer_factor();
   c->timeout_s = 1.0 * f;
   c->hang_s = c->timeout_s + 0.6 * f;
   c->compute_s = tf_env_int("MESHPG_TF_COMPUTE_MS", 0) * 1e-3;
+  if (draw == TF_DRAW_LOAD) c->slow_s = 0.2 * f;
   snprintf(c->dir, sizeof c->dir, "%s/case-%d", base, index);
+}
+
+void tf_case_env(const tf_case *c) {
+  static int saved;
+  static char first[16];
+  static int had_first;
+  if (!saved) {
+    const char *v = getenv("MESHPG_CHECK_ORDER");
+    had_first = v != NULL;
+    snprintf(first, sizeof first, "%s", v ? v : "");
+    saved = 1;
+  }
+  setenv("MESHPG_SHM", c->shm ? "1" : "0", 1);
+  if (c->check >= 0) setenv("MESHPG_CHECK_ORDER", c->check ? "1" : "0", 1);
+  else if (had_first) setenv("MESHPG_CHECK_ORDER", first, 1);
+  else unsetenv("MESHPG_CHECK_ORDER");
 }
 
 void tf_describe(const tf_case *c, char *buf, size_t cap) {
@@ -117,14 +210,17 @@ void tf_describe(const tf_case *c, char *buf, size_t cap) {
   tf_slot_name(stage, c->slot, s0, sizeof s0);
   if (c->kind == TF_SWAP) tf_slot_name(stage, c->slot + 1, s1, sizeof s1);
   snprintf(buf, cap,
-           "%s case %d (seed %u): %s world rank %d (stage %d), step %d, slot %d (%s%s%s)%s; "
-           "MESHPG_SHM=%d, timeout %.1f s",
-           tf_backend_name(c->backend), c->index, c->seed, tf_kind_names[c->kind], c->victim,
+           "%s case %d%s%s (seed %u): %s world rank %d (stage %d), step %d, slot %d (%s%s%s)%s%s; "
+           "MESHPG_SHM=%d, timeout at least %.1f s",
+           tf_backend_name(c->backend), c->index, c->draw ? " of the draw " : "",
+           c->draw ? tf_draw_names[c->draw] : "", c->seed, tf_kind_names[c->kind], c->victim,
            stage, c->step, c->slot, s0, c->kind == TF_SWAP ? " after " : "",
            c->kind == TF_SWAP ? s1 : "",
            c->kind == TF_HANG
                ? (c->nodump ? ", sleeps past the timeout and never dumps" : ", sleeps past the timeout")
-               : "",
+               : c->kind == TF_COUNT ? ", twice its count" : "",
+           c->check == 0 ? ", MESHPG_CHECK_ORDER=0, the victim dumps at its end only"
+           : c->check == 1 ? ", MESHPG_CHECK_ORDER=1" : "",
            c->shm, c->timeout_s);
 }
 
@@ -161,11 +257,23 @@ int tf_judge(const tf_case *c, char *why, size_t cap) {
     ok = rep.nculprits > 0;
     size_t m = (size_t)snprintf(why, cap, "%d dumps; %s", rep.ndumps,
                                 rep.fault ? "a fault" : "no fault (dumps on request)");
+    /* The draws of issue 46 want the evidence too: the skip itself
+     * (sequence evidence, not a missing file or a wait), the differing
+     * operation. */
+    ta_how want = c->draw == TF_DRAW_COUNT ? TA_DIFFERS : TA_SKIPPED;
+    int evidence = c->draw == TF_DRAW_ANY || c->draw == TF_DRAW_LOAD;
     for (int k = 0; k < rep.nculprits; k++) {
       if (rep.culprits[k].rank != c->victim) ok = 0;
+      else if (rep.culprits[k].how == want) evidence = 1;
       if (m < cap) m += (size_t)snprintf(why + m, cap - m, "\n    %s", rep.culprits[k].text);
     }
-    if (!rep.nculprits && m < cap) snprintf(why + m, cap - m, "\n    no culprit");
+    if (!rep.nculprits && m < cap) m += (size_t)snprintf(why + m, cap - m, "\n    no culprit");
+    if (ok && !evidence) {
+      ok = 0;
+      if (m < cap)
+        snprintf(why + m, cap - m, "\n    (no culprit line names world rank %d as having %s)",
+                 c->victim, want == TA_DIFFERS ? "issued a differing operation" : "skipped it");
+    }
   }
   ta_report_free(&rep);
   tr_ranks_free(ranks, n);

@@ -1,8 +1,9 @@
 /* Issue 32's fault injections (fault_trace.h): 50 random faults per
  * backend, each a hang (a sleep past the timeout, sometimes of a rank
- * that never dumps), a skipped or two swapped operations of one rank at a
- * random step and operation (tp all-reduces, pp send and receive, the
- * all-to-all, sync buckets) of a small training loop on 8 ranks of
+ * that never dumps), a skipped or two swapped operations of one rank, or
+ * (mpi) a tp all-reduce of twice its count, at a random step and
+ * operation (tp all-reduces, pp send and receive, the all-to-all, sync
+ * buckets) of a small training loop on 8 ranks of
  * pp=2,dp=2,tp=2; the ranks' dumps are analyzed as `meshpg trace` does
  * (tools/trace_analyze.h) and the culprits must be exactly the faulty
  * rank in at least 49 of 50 cases.  Each case prints one line; a miss
@@ -16,7 +17,10 @@
  *  - test_trace_faults_on_double (TF_ON_DOUBLE): trace_faults_nccl, the
  *    nccl backend on the CUDA/NCCL test double, ranks as threads.
  * Under a sanitizer (MESHPG_SANITIZER) 10 cases per backend, 4 on the
- * double.
+ * double.  Issue 46 adds, per backend, a few drawn cases of each of its
+ * faults with the evidence the analyzer must give (a same-size skip of a
+ * tp all-reduce with and without the issue-order checker, a count
+ * mismatch on mpi) and mpi cases on a loaded machine (item 8).
  *
  * MESHPG_TF_SEED=<n> draws other cases (default 32), MESHPG_TF_CASES=<n>
  * runs n, MESHPG_TF_CASE=<k> only case k; MESHPG_TF_KEEP=1 keeps every
@@ -24,6 +28,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +52,7 @@ static double now_mono(void) {
 /* The cases of one backend: how many, which, and the tallies. */
 typedef struct tf_run {
   int backend;
+  tf_draw draw;
   unsigned seed;
   int first, count;
   char base[256];
@@ -54,17 +60,25 @@ typedef struct tf_run {
   double t0;
 } tf_run;
 
-/* The cases of the environment (one: `index` of `seed` when index >= 0). */
-static void run_init(tf_run *T, int backend, unsigned seed, int index) {
+static int sanitized(void) {
+  const char *san = getenv("MESHPG_SANITIZER");
+  return san && *san && strcmp(san, "none");
+}
+
+/* The cases of the environment (one: `index` of `seed` when index >= 0).
+ * A draw of issue 46 (draw != TF_DRAW_ANY) runs `count` cases of the
+ * environment's seed. */
+static void run_init(tf_run *T, int backend, tf_draw draw, int count, unsigned seed, int index) {
   memset(T, 0, sizeof *T);
   T->backend = backend;
+  T->draw = draw;
   T->seed = tf_env_seed();
-  const char *san = getenv("MESHPG_SANITIZER");
   /* Under a sanitizer 10 cases, 4 on the double (its failed cases wait out
    * the nccl backend's start limit: about 4 s each). */
-  int sanitized = san && *san && strcmp(san, "none");
-  T->count = tf_env_int("MESHPG_TF_CASES", !sanitized ? 50 : backend == TF_NCCL ? 4 : 10);
+  T->count = tf_env_int("MESHPG_TF_CASES", !sanitized() ? 50 : backend == TF_NCCL ? 4 : 10);
+  if (draw != TF_DRAW_ANY) T->count = count;
   int only = tf_env_int("MESHPG_TF_CASE", -1);
+  if (draw != TF_DRAW_ANY) only = -1;
   if (index >= 0) {
     T->seed = seed;
     only = index;
@@ -129,25 +143,28 @@ static void run_finish(tf_run *T) {
   double secs = now_mono() - T->t0;
   int n = T->hits + T->misses;
   fprintf(stderr,
-          "trace_faults %s: %d of %d named exactly the faulty rank (hang %d/%d, skip %d/%d, "
-          "swap %d/%d); %d cases failed (timeout, abort or desync), %d ran silently; "
-          "%.1f s (seed %u)\n",
-          tf_backend_name(T->backend), T->hits, n, T->hit_kind[TF_HANG], T->per_kind[TF_HANG],
+          "trace_faults %s%s%s: %d of %d named exactly the faulty rank (hang %d/%d, skip %d/%d, "
+          "swap %d/%d, count %d/%d); %d cases failed (timeout, abort or desync), %d ran "
+          "silently; %.1f s (seed %u)\n",
+          tf_backend_name(T->backend), T->draw ? ", draw " : "",
+          T->draw ? tf_draw_names[T->draw] : "", T->hits, n, T->hit_kind[TF_HANG], T->per_kind[TF_HANG],
           T->hit_kind[TF_SKIP], T->per_kind[TF_SKIP], T->hit_kind[TF_SWAP],
-          T->per_kind[TF_SWAP], T->failed_cases, T->silent_cases, secs, T->seed);
+          T->per_kind[TF_SWAP], T->hit_kind[TF_COUNT], T->per_kind[TF_COUNT], T->failed_cases,
+          T->silent_cases, secs, T->seed);
   if (!getenv("MESHPG_TF_KEEP")) tf_remove_dir(T->base);
   else fprintf(stderr, "trace_faults %s: the dumps are kept in %s\n",
                tf_backend_name(T->backend), T->base);
   cr_expect_eq(n, T->count, "%s: %d of %d cases were judged", tf_backend_name(T->backend), n,
                T->count);
-  /* At least 49 of 50 (9 of 10). */
+  /* At least 49 of 50 (9 of 10); every case of a draw of issue 46. */
   int need = T->count - (T->count >= 50 ? T->count / 50 : 1);
-  if (T->count < 2) need = T->count;
+  if (T->count < 2 || T->draw != TF_DRAW_ANY) need = T->count;
   cr_expect_geq(T->hits, need, "%s: only %d of %d cases named exactly the faulty rank (see "
                 "the MISS lines)", tf_backend_name(T->backend), T->hits, T->count);
-  /* Every kind of fault was drawn (a full run). */
-  if (T->count >= 50)
+  /* Every kind of fault the backend takes was drawn (a full run). */
+  if (T->count >= 50 && T->draw == TF_DRAW_ANY)
     for (int k = 0; k < TF_NKINDS; k++)
+      if (k != TF_COUNT || T->backend == TF_MPI)
       cr_expect_gt(T->per_kind[k], 0, "%s: no %s was drawn", tf_backend_name(T->backend),
                    tf_kind_names[k]);
 }
@@ -196,17 +213,17 @@ static void *nccl_rank(void *p) {
 }
 #endif
 
-static void run_threads(int backend, unsigned seed, int index) {
+static void run_threads(int backend, tf_draw draw, int count, unsigned seed, int index) {
   tf_run T;
-  run_init(&T, backend, seed, index);
+  run_init(&T, backend, draw, count, seed, index);
   tf_job *j = calloc(1, sizeof *j);
   cr_assert_not_null(j);
   for (int k = T.first; k < T.first + T.count; k++) {
     memset(j, 0, sizeof *j);
-    tf_case_make(T.seed, backend, k, T.base, &j->c);
+    tf_case_make(T.seed, backend, k, draw, T.base, &j->c);
     make_dir(&j->c);
     /* Read at mpg_ctx_create; no rank runs now. */
-    setenv("MESHPG_SHM", j->c.shm ? "1" : "0", 1);
+    tf_case_env(&j->c);
 #ifndef TF_ON_DOUBLE
     mpg_status st = mpg_thread_run(TF_WORLD, TF_SETUP_TIMEOUT_S, thread_rank, j, NULL);
     cr_assert_eq(st, MPG_OK, "mpg_thread_run: %s", mpg_last_error());
@@ -226,9 +243,26 @@ static void run_threads(int backend, unsigned seed, int index) {
   run_finish(&T);
 }
 
+/* Issue 46's faults, each a few cases drawn from MESHPG_TF_SEED (victim,
+ * step, which tp all-reduce): 3 per test, 2 under a sanitizer. */
+static int issue46_cases(void) { return sanitized() ? 2 : 3; }
+
 #ifndef TF_ON_DOUBLE
 Test(trace_faults_thread, culprit_is_the_faulty_rank, .timeout = 900) {
-  run_threads(TF_THREAD, 0, -1);
+  run_threads(TF_THREAD, TF_DRAW_ANY, 0, 0, -1);
+}
+
+/* Issue 46, item 1: one rank skips a tp all-reduce whose successor has its
+ * count, MESHPG_CHECK_ORDER=1; the culprit line names it as having
+ * skipped that operation. */
+Test(trace_faults_thread, skipped_collective_same_size_with_checker, .timeout = 300) {
+  run_threads(TF_THREAD, TF_DRAW_SKIP_CHECK, issue46_cases(), 0, -1);
+}
+
+/* Issue 46, item 2: the same skip with MESHPG_CHECK_ORDER=0; the skipping
+ * rank does not dump on request (its record is its end dump). */
+Test(trace_faults_thread, skipped_collective_same_size_without_checker, .timeout = 300) {
+  run_threads(TF_THREAD, TF_DRAW_SKIP_NOCHECK, issue46_cases(), 0, -1);
 }
 #else
 static void need_devices(void) {
@@ -239,7 +273,18 @@ static void need_devices(void) {
 
 Test(trace_faults_nccl, culprit_is_the_faulty_rank, .timeout = 900) {
   need_devices();
-  run_threads(TF_NCCL, 0, -1);
+  run_threads(TF_NCCL, TF_DRAW_ANY, 0, 0, -1);
+}
+
+/* Issue 46, items 1 and 2 on the nccl backend (the double). */
+Test(trace_faults_nccl, skipped_collective_same_size_with_checker, .timeout = 300) {
+  need_devices();
+  run_threads(TF_NCCL, TF_DRAW_SKIP_CHECK, issue46_cases(), 0, -1);
+}
+
+Test(trace_faults_nccl, skipped_collective_same_size_without_checker, .timeout = 300) {
+  need_devices();
+  run_threads(TF_NCCL, TF_DRAW_SKIP_NOCHECK, issue46_cases(), 0, -1);
 }
 
 /* Found by this test (seed 1, case 40): world rank 4 sleeps before
@@ -250,7 +295,7 @@ Test(trace_faults_nccl, culprit_is_the_faulty_rank, .timeout = 900) {
  * match is pending while it is itself blocked is now waited for. */
 Test(trace_faults_nccl, send_queued_behind_a_stuck_bucket, .timeout = 120) {
   need_devices();
-  run_threads(TF_NCCL, 1, 40);
+  run_threads(TF_NCCL, TF_DRAW_ANY, 0, 1, 40);
 }
 #endif
 
@@ -287,11 +332,11 @@ static void parse_outcomes(int first, int count, tf_outcome (*outs)[TF_WORLD], i
   }
 }
 
-Test(trace_faults_mpi, culprit_is_the_faulty_rank, .timeout = 900) {
+static void run_mpi(tf_draw draw, int count) {
   const char *w = getenv("MESHPG_TF_MPI_WORKER");
   if (!w) cr_skip_test("built without MPI");
   tf_run T;
-  run_init(&T, TF_MPI, 0, -1);
+  run_init(&T, TF_MPI, draw, count, 0, -1);
   tf_outcome(*outs)[TF_WORLD] = calloc((size_t)T.count, sizeof *outs);
   int *seen = calloc((size_t)T.count, sizeof *seen);
   cr_assert(outs && seen);
@@ -302,8 +347,8 @@ Test(trace_faults_mpi, culprit_is_the_faulty_rank, .timeout = 900) {
   while (next < end) {
     int n = end - next, limit = 60 + 30 * n;
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "timeout -k 5 %d " MPIRUN "-np %d '%s' %u %d %d '%s'", limit,
-             TF_WORLD, w, T.seed, next, n, T.base);
+    snprintf(cmd, sizeof cmd, "timeout -k 5 %d " MPIRUN "-np %d '%s' %u %d %d '%s' %d", limit,
+             TF_WORLD, w, T.seed, next, n, T.base, (int)draw);
     double secs = 0;
     int rc = run(cmd, &secs);
     jobs++;
@@ -314,13 +359,13 @@ Test(trace_faults_mpi, culprit_is_the_faulty_rank, .timeout = 900) {
             "complete\n", jobs, next, end - 1, rc, secs, done - next);
     for (int k = next; k < done; k++) {
       tf_case c;
-      tf_case_make(T.seed, TF_MPI, k, T.base, &c);
+      tf_case_make(T.seed, TF_MPI, k, draw, T.base, &c);
       judge_case(&T, &c, outs[k - T.first], NULL);
     }
     if (done < end) {
       /* The job stopped inside case `done`. */
       tf_case c;
-      tf_case_make(T.seed, TF_MPI, done, T.base, &c);
+      tf_case_make(T.seed, TF_MPI, done, draw, T.base, &c);
       char lost[8192];
       snprintf(lost, sizeof lost, "the mpirun job ended (exit %d) inside this case:\n%.6000s",
                rc, out);
@@ -332,5 +377,56 @@ Test(trace_faults_mpi, culprit_is_the_faulty_rank, .timeout = 900) {
   free(outs);
   free(seen);
   run_finish(&T);
+}
+
+Test(trace_faults_mpi, culprit_is_the_faulty_rank, .timeout = 900) {
+  run_mpi(TF_DRAW_ANY, 0);
+}
+
+/* Issue 46, items 1 and 2 on real MPI processes. */
+Test(trace_faults_mpi, skipped_collective_same_size_with_checker, .timeout = 300) {
+  run_mpi(TF_DRAW_SKIP_CHECK, issue46_cases());
+}
+
+Test(trace_faults_mpi, skipped_collective_same_size_without_checker, .timeout = 300) {
+  run_mpi(TF_DRAW_SKIP_NOCHECK, issue46_cases());
+}
+
+/* Issue 46, item 3: one rank calls a tp all-reduce with twice its
+ * partner's count; MPI's error comes back as a status (no rank is killed),
+ * every rank dumps, and the culprit is that rank, for the differing
+ * operation. */
+Test(trace_faults_mpi, count_mismatch_names_the_rank, .timeout = 300) {
+  run_mpi(TF_DRAW_COUNT, issue46_cases());
+}
+
+/* Issue 46, item 8: "MISS mpi case 18/20" on a loaded machine.  The
+ * cause reproduced here: a healthy wait outlasted the fixed 1 s timeout
+ * (stage 0's receive waits for stage 1's whole backward), the first
+ * failure was that timeout, and the analyzer named the slow ranks (rightly,
+ * by their issue times) instead of the fault.  The case's timeout now comes
+ * from the run (at least twice the warm-up step, fault_trace.h) and a
+ * hanging victim resumes only after another rank's failure dump.  Here
+ * stage 1 sleeps 0.2 s before each of 6 operations in the warm-up and the
+ * step after it (stage 0's receive waits about 1.2 s), two threads of this
+ * process spin meanwhile,
+ * and the cases (a hang, a count mismatch) must name exactly their faulty
+ * rank. */
+static atomic_int spin_stop;
+
+static void *spin(void *arg) {
+  (void)arg;
+  volatile unsigned long x = 0;
+  while (!atomic_load_explicit(&spin_stop, memory_order_relaxed)) x++;
+  return NULL;
+}
+
+Test(trace_faults_mpi, culprit_under_load, .timeout = 300) {
+  pthread_t th[2];
+  atomic_store(&spin_stop, 0);
+  for (int i = 0; i < 2; i++) cr_assert_eq(pthread_create(&th[i], NULL, spin, NULL), 0);
+  run_mpi(TF_DRAW_LOAD, 2);
+  atomic_store(&spin_stop, 1);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
 }
 #endif

@@ -1,11 +1,12 @@
 /* One MPI process of the flight recorder's fault injections
  * (fault_trace.h), started by test_trace_faults.c under `mpirun -np 8`:
  *
- *   trace_fault_worker SEED FIRST COUNT BASE
+ *   trace_fault_worker SEED FIRST COUNT BASE [DRAW]
  *
- * runs cases FIRST .. FIRST + COUNT - 1 of the mpi backend one after
- * another, each with a fresh mesh, context and sync (MESHPG_SHM as the
- * case says) dumping into BASE/case-K, the ranks meeting in an
+ * runs cases FIRST .. FIRST + COUNT - 1 of the mpi backend (of draw DRAW,
+ * a tf_draw number, 0 when left out) one after another, each with a fresh
+ * mesh, context and sync (MESHPG_SHM and MESHPG_CHECK_ORDER as the case
+ * says) dumping into BASE/case-K, the ranks meeting in an
  * MPI_Barrier between cases.  After each case every rank prints
  *
  *   TF case K rank R STATUS STEP SLOT INJECTED REQUESTED WHAT|MESSAGE
@@ -22,13 +23,18 @@
 
 int main(int argc, char **argv) {
   if (argc < 5) {
-    printf("FAIL usage: trace_fault_worker SEED FIRST COUNT BASE\n");
+    printf("FAIL usage: trace_fault_worker SEED FIRST COUNT BASE [DRAW]\n");
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
   unsigned seed = (unsigned)strtoul(argv[1], NULL, 10);
   int first = atoi(argv[2]), count = atoi(argv[3]);
   const char *base = argv[4];
+  int draw = argc > 5 ? atoi(argv[5]) : TF_DRAW_ANY;
+  if (draw < 0 || draw >= TF_NDRAWS) {
+    printf("FAIL draw %d (0 to %d)\n", draw, TF_NDRAWS - 1);
+    return 2;
+  }
   int provided = 0, rank = 0, world = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -40,9 +46,9 @@ int main(int argc, char **argv) {
   }
   for (int k = first; k < first + count; k++) {
     tf_case c;
-    tf_case_make(seed, TF_MPI, k, base, &c);
+    tf_case_make(seed, TF_MPI, k, (tf_draw)draw, base, &c);
     /* Read at mpg_ctx_create; the last case's context is gone. */
-    setenv("MESHPG_SHM", c.shm ? "1" : "0", 1);
+    tf_case_env(&c);
     if (rank == 0) mkdir(c.dir, 0700);
     MPI_Barrier(MPI_COMM_WORLD);
     mpg_init_opts o = MPG_INIT_OPTS_INIT;
