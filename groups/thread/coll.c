@@ -169,9 +169,9 @@ static void check_match(tgroup *g, top *op, int pos, int kind, const mpg__coll *
   mpg__thread_describe(b, sizeof b, op->kind, r);
   op->bad = 1;
   snprintf(op->bad_msg, sizeof op->bad_msg,
-           "the members' calls do not match: position %d (world rank %d) called %s "
-           "but position %d (world rank %d) called %s",
-           pos, g->ranks[pos], a, op->ref_pos, g->ranks[op->ref_pos], b);
+           "%s does not match across the members: position %d (world rank %d) called "
+           "%s but position %d (world rank %d) called %s",
+           mpg__thread_kind_name(op->kind), pos, g->ranks[pos], a, op->ref_pos, g->ranks[op->ref_pos], b);
 }
 
 mpg_status mpg__thread_coll_arrive(mpg__comm *cm, mpg__req *req) {
