@@ -12,9 +12,11 @@
  * is named only when it went on past the place of #x:
  *  - its #x is in a later step (it left p's step S with fewer on G), or
  *  - its list ended and then it issued an operation of a later step, or
- *    a collective on another group with a number higher than p had
- *    issued on the group of that name when p issued #x, or it ended its
- *    program (a dump with reason "end");
+ *    more operations of another group name in S than any rank of G's dim
+ *    set issued there before its own next collective on G (the
+ *    issue-order check's all-reduce on world that ends the step, issued
+ *    with 7 tp all-reduces where the program has 8 before it), or it
+ *    ended its program (a dump with reason "end");
  * and when the ranks that run G's program agree that step S holds more
  * than m issued: on every instance of G's dim set (all tp[i] run one
  * program), at least two members other than m issued more than m in S
@@ -24,9 +26,12 @@
  * operation of p reads the same.
  *
  * Cost: per group instance, per member, one pass over its list on the
- * instance and one over its peer's; the counts per (dim set, step) are
- * made once per pair asked (at most SEQ_KEYS) and sorted, so a candidate
- * is answered by binary search: n log n in ranks x ring entries. */
+ * instance and one over its peer's, and for a candidate one pass over its
+ * ring; the counts per (dim set, step) and the places per (dim set, step,
+ * count) are made once each, over every rank's ring, for at most SEQ_KEYS
+ * of each (candidates past those are left to the other rules), and the
+ * counts sorted, so that a candidate is answered by binary search: n log n
+ * in ranks x ring entries. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
