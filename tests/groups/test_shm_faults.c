@@ -603,8 +603,8 @@ Test(shm_gather, gather_mismatch, .timeout = 120) {
     cr_expect_eq(j->st[r], MPG_ERR_INVALID, "member %d: %s: %s", r, mpg_status_name(j->st[r]),
                  j->msg[r]);
     cr_expect(strstr(j->msg[r], "posted different operations") &&
-                  strstr(j->msg[r], "position 0 (rank 0)") &&
-                  strstr(j->msg[r], "position 1 (rank 1)"),
+                  strstr(j->msg[r], "position 0 (world rank 0)") &&
+                  strstr(j->msg[r], "position 1 (world rank 1)"),
               "member %d does not name both members and the mismatch: %s", r, j->msg[r]);
   }
   cr_expect(strstr(j->msg[0], "shared-memory all-gather"), "member 0: %s", j->msg[0]);
@@ -618,7 +618,7 @@ Test(shm_gather, gather_missing_member, .timeout = 120) {
   for (int r = 0; r < 2; r++) {
     cr_expect(j->st[r] == MPG_ERR_TIMEOUT || j->st[r] == MPG_ERR_ABORTED,
               "member %d: %s: %s", r, mpg_status_name(j->st[r]), j->msg[r]);
-    cr_expect(strstr(j->msg[r], "missing position 2 (rank 2)"),
+    cr_expect(strstr(j->msg[r], "missing position 2 (world rank 2)"),
               "member %d does not name the missing member: %s", r, j->msg[r]);
     cr_expect(strstr(j->msg[r], "shared-memory all-gather"), "member %d: %s", r, j->msg[r]);
     cr_expect_leq(j->secs[r], bound, "member %d failed after %.3f s, bound %.3f s", r,
@@ -688,7 +688,7 @@ Test(shm_gather, gather_across_hosts_missing_member, .timeout = 120) {
   }
   cr_expect_eq(j->st[2], MPG_ERR_TIMEOUT, "member 2: %s: %s", mpg_status_name(j->st[2]),
                j->msg[2]);
-  cr_expect(strstr(j->msg[2], "missing position 3 (rank 3)"),
+  cr_expect(strstr(j->msg[2], "missing position 3 (world rank 3)"),
             "member 2 does not name the missing member: %s", j->msg[2]);
   for (int r = 0; r < 2; r++)
     cr_expect(strstr(j->msg[r], "all-gather across nodes"),
