@@ -14,8 +14,11 @@
  * plus the analysis) and the first culprit line.  A case that runs past
  * --limit seconds is reported as such.
  *
+ * --one-group: the hang's ranks are all in one dp group (pp 1, tp 1): the
+ * wait-for graph's worst case (every rank waits in one all-reduce).
+ *
  * Usage: bench_trace_analyze [--ranks 64,256,1024,4096] [--entries 2048]
- *          [--pairs 40000,160000,640000] [--limit SECONDS]
+ *          [--pairs 40000,160000,640000] [--limit SECONDS] [--one-group]
  */
 #include <signal.h>
 #include <stdio.h>
@@ -110,6 +113,7 @@ static void in_child(const char *label, int limit, int (*fn)(void *), void *arg)
 typedef struct hang_arg {
   int n;
   long entries;
+  int one_group; /* every rank in one dp group (pp 1, tp 1) */
 } hang_arg;
 
 static int hang_gen(int r, tg_buf *b, void *arg) { return tg_hang_dump(arg, r, b); }
@@ -117,7 +121,7 @@ static int hang_gen(int r, tg_buf *b, void *arg) { return tg_hang_dump(arg, r, b
 static int hang_main(void *arg) {
   const hang_arg *a = arg;
   int T = a->n >= 256 ? 8 : 4, P = a->n >= 4096 ? 8 : 4;
-  if (a->n % (T * P)) T = 1, P = 1;
+  if (a->one_group || a->n % (T * P)) T = 1, P = 1;
   tg_hang h;
   /* The culprit: a rank in the middle of stage 0. */
   if (tg_hang_plan(&h, P, a->n / (T * P), T, a->entries, (a->n / (T * P) / 2) * T + 1)) return 1;
@@ -148,15 +152,16 @@ static int parse_list(const char *s, long *v) {
 int main(int argc, char **argv) {
   const char *ranks = "64,256,1024,4096", *pairs = "40000,160000,640000";
   long entries = 2048;
-  int limit = 600;
+  int limit = 600, one_group = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--ranks") && i + 1 < argc) ranks = argv[++i];
     else if (!strcmp(argv[i], "--pairs") && i + 1 < argc) pairs = argv[++i];
     else if (!strcmp(argv[i], "--entries") && i + 1 < argc) entries = atol(argv[++i]);
     else if (!strcmp(argv[i], "--limit") && i + 1 < argc) limit = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--one-group")) one_group = 1;
     else {
       fprintf(stderr, "usage: %s [--ranks 64,256,1024,4096] [--entries 2048] "
-              "[--pairs 40000,160000,640000] [--limit SECONDS]\n", argv[0]);
+              "[--pairs 40000,160000,640000] [--limit SECONDS] [--one-group]\n", argv[0]);
       return 2;
     }
   }
@@ -164,8 +169,9 @@ int main(int argc, char **argv) {
   int kr = parse_list(ranks, nr), kp = parse_list(pairs, np);
   char label[64];
   for (int k = 0; k < kr; k++) {
-    hang_arg a = {(int)nr[k], entries};
-    snprintf(label, sizeof label, "hang %d ranks x %ld", a.n, entries);
+    hang_arg a = {(int)nr[k], entries, one_group};
+    snprintf(label, sizeof label, "hang %d ranks x %ld%s", a.n, entries,
+             one_group ? " (1 grp)" : "");
     in_child(label, limit, hang_main, &a);
   }
   for (int k = 0; k < kp; k++) {

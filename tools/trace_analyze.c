@@ -572,17 +572,12 @@ static int index_setup(an *a) {
   }
   for (int g = 0; g < a->ngi; g++) {
     const ta_group *G = &a->gi[g];
-    int *bp = malloc(sizeof(int) * 2 * (size_t)(G->size > 0 ? G->size : 1));
-    if (!(a->bypos[g] = bp)) return -1;
     for (int q = 0; q < G->size; q++) {
       int m = G->ranks[q];
-      bp[2 * q] = m;
-      bp[2 * q + 1] = q;
       if (m < 0 || m >= a->world || a->at[m] < 0) continue;
       if (!a->dumped[g] && !(a->dumped[g] = malloc(sizeof(int) * (size_t)G->size))) return -1;
       a->dumped[g][a->ndumped[g]++] = q;
     }
-    qsort(bp, (size_t)G->size, 2 * sizeof(int), cmp_pair);
   }
   /* dim sets: the instances sorted by name; the first of each name (the
    * least instance number) gives its number */

@@ -52,7 +52,8 @@ typedef struct an {
   int mismatch_cap;   /* out->mismatches' capacity */
   int **dumped, *ndumped; /* per instance: the positions of its members with a dump */
   int *dimset;        /* per instance: its dim set's number (one per distinct name) */
-  int **bypos;        /* per instance: (rank, position) pairs sorted by rank */
+  int **bypos;        /* per instance: (rank, position) pairs sorted by rank
+                         (NULL until ta__pos_in needs them) */
   /* per instance and depth ([2 * g + deep]): the members that miss the
    * last collective asked about there (up to 2), for ta__blocked */
   struct ta_ucache {
@@ -106,7 +107,7 @@ void ta__op_state(const tr_op *o, int64_t t, char *buf, size_t cap);
  * instance g: cellof(a, i, g)->p2ps[start..*end), by number; returns start. */
 int ta__p2p_run(an *a, int i, int g, int send, int peer, int *end);
 /* The position of world rank w in instance g, or -1 (binary search). */
-int ta__pos_in(const an *a, int g, int w);
+int ta__pos_in(an *a, int g, int w);
 int ta__unmet(an *a, int i, const tr_op *o, int *w);
 /* unmet for a collective, over the members at positions pos[0..npos) of
  * its group only (ascending: w then lists them in position order). */

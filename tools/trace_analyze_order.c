@@ -55,13 +55,12 @@ static void ord_free(an *a, ord *O) {
 }
 
 static int ord_make(an *a, ord *O) {
-  int n = a->n, W = a->world;
+  int n = a->n;
   O->sidx = calloc((size_t)n, sizeof(int *));
   O->nsidx = calloc((size_t)n, sizeof(int));
-  O->rstart = calloc((size_t)W + 1, sizeof(int));
   O->mpos = malloc(sizeof(int) * (size_t)n);
   O->spos = malloc(sizeof(int) * (size_t)n);
-  if (!O->sidx || !O->nsidx || !O->rstart || !O->mpos || !O->spos) return -1;
+  if (!O->sidx || !O->nsidx || !O->mpos || !O->spos) return -1;
   for (int i = 0; i < n; i++) {
     const tr_rank *r = &a->R[i];
     O->mpos[i] = O->spos[i] = -1;
@@ -71,6 +70,13 @@ static int ord_make(an *a, ord *O) {
     sort_ops = r->ops;
     qsort(O->sidx[i], (size_t)O->nsidx[i], sizeof(int), cmp_step);
   }
+  return 0;
+}
+
+/* O->rstart, O->rinst, built when a vote first has a dissenter. */
+static int ord_rinst(an *a, ord *O) {
+  int W = a->world;
+  if (!(O->rstart = calloc((size_t)W + 1, sizeof(int)))) return -1;
   size_t tot = 0;
   for (int g = 0; g < a->ngi; g++)
     for (int q = 0; q < a->gi[g].size; q++) {
@@ -306,6 +312,10 @@ static void vote_step(an *a, ord *O, const int *mem, const int *sub, int ns, lon
     for (int x = 0; x < ns; x++) {
       if (!alive[x] || !memcmp(&key[x], bk, sizeof(okey))) continue;
       alive[x] = 0;
+      if (!O->rinst && ord_rinst(a, O)) {
+        a->oom = 1;
+        goto out;
+      }
       /* The first member (in mem's order) of one of its groups that
        * follows the majority: over the members of its groups. */
       int w = a->R[mem[sub[x]]].rank, y = -1;

@@ -128,7 +128,28 @@ int p2p_at(an *a, int i, int g, const char *kind, int peer, uint64_t k, int *unk
   return -1;
 }
 
-int ta__pos_in(const an *a, int g, int w) {
+static int cmp_pair(const void *x, const void *y) {
+  const int *a = x, *b = y;
+  return (a[0] > b[0]) - (a[0] < b[0]);
+}
+
+/* (Built on first use: a group of 2^20 members that only all-reduces is
+ * never sorted.) */
+int ta__pos_in(an *a, int g, int w) {
+  const ta_group *G = &a->gi[g];
+  if (!a->bypos[g]) {
+    int *bp = malloc(sizeof(int) * 2 * (size_t)(G->size > 0 ? G->size : 1));
+    if (!bp) {
+      a->oom = 1;
+      return -1;
+    }
+    for (int q = 0; q < G->size; q++) {
+      bp[2 * q] = G->ranks[q];
+      bp[2 * q + 1] = q;
+    }
+    qsort(bp, (size_t)G->size, 2 * sizeof(int), cmp_pair);
+    a->bypos[g] = bp;
+  }
   const int *v = a->bypos[g];
   int lo = 0, hi = a->gi[g].size - 1;
   while (lo <= hi) {

@@ -23,21 +23,23 @@ typedef struct tr_group {
 } tr_group;
 
 typedef struct tr_op {
+  /* (the 8-byte fields first, then the arrays, then the ints: no padding
+   * between them; 8M ops of 4,096 full rings are held at once) */
   uint64_t seq;
-  int group;     /* index into tr_rank.groups */
   uint64_t gseq;
-  char kind[16];
-  char dtype[8]; /* "" for "-" */
   uint64_t count;
-  int peer;      /* world rank or -1 */
   long step;
-  int bucket;
   int64_t issue_ns, start_ns, end_ns;
   /* Strings of the rank's table (tr_rank.strings: each distinct value
    * once, so that a ring of 2^24 ops of one bucket name holds it once),
    * never NULL. */
   const char *status; /* "ok", "pending" or a status name */
   const char *first, *last; /* "" for "-" */
+  char kind[16];
+  char dtype[8]; /* "" for "-" */
+  int group;     /* index into tr_rank.groups */
+  int peer;      /* world rank or -1 */
+  int bucket;
 } tr_op;
 
 typedef struct tr_rank {
