@@ -694,9 +694,10 @@ int tr_read_dir_newest(const char *dir, tr_rank **ranks, int *n, char **ignored,
   while ((e = readdir(d)) != NULL) {
     long want = dump_rank(e->d_name);
     if (want < 0) continue;
-    if (cnt % 16 == 0) {
-      tr_rank *g = realloc(rs, sizeof(tr_rank) * (size_t)(cnt + 16));
-      char **nm = realloc(names, sizeof(char *) * (size_t)(cnt + 16));
+    if (cnt == 0 || (cnt >= 16 && (cnt & (cnt - 1)) == 0)) { /* 16, then doubling */
+      size_t cap = cnt ? 2 * (size_t)cnt : 16;
+      tr_rank *g = realloc(rs, sizeof(tr_rank) * cap);
+      char **nm = realloc(names, sizeof(char *) * cap);
       if (nm) names = nm;
       if (g) rs = g;
       if (!g || !nm) {
