@@ -753,7 +753,8 @@ mpg_status mpg__mpi_wait(mpg__req *q, double deadline) {
         snprintf(who, sizeof who, "; position %d never received this message", q->peer);
       } else if (q->size == 2) {
         /* Two members: the missing one is the other. */
-        snprintf(who, sizeof who, ": position %d, the other member", 1 - q->rank);
+        snprintf(who, sizeof who, ": position %d, the other member, or it failed or "
+                 "called with other arguments", 1 - q->rank);
       } else {
         snprintf(who, sizeof who, "; MPI does not say which of the %d other members did "
                  "not arrive", q->size - 1);
