@@ -42,14 +42,13 @@
  *            all-to-all);
  *   TF_SWAP  issue slot + 1 before the slot (two operations of different
  *            groups, or the send and receive of stage 0);
- *   TF_COUNT issue the slot's tp all-reduce with twice its count (mpi).
+ *   TF_COUNT issue the slot's tp all-reduce with twice its count (thread,
+ *            mpi).
  * Since issue 46 meshpg's MPI communicators return errors, so on mpi a
  * fault that truncates a message (a count mismatch, a skipped all-to-all
  * meeting an all-reduce on dp) is a status like any other; only the nccl
  * double still ends the process on collectives of different signatures,
- * so nccl draws no count mismatch and no skipped all-to-all; thread draws
- * no count mismatch either (both members fail at once, before another tp
- * instance reaches that number: the analyzer cannot tell which differs).  A skip may
+ * so nccl draws no count mismatch and no skipped all-to-all.  A skip may
  * run without the issue-order checker (`check` 0: MESHPG_CHECK_ORDER=0 for
  * the case, its victim dumps at mpg_ctx_destroy only: `noreq`).
  *
