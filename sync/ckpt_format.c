@@ -30,6 +30,11 @@ const char *mpg__ckpt_dtype_name(int dtype) {
   return dtype >= 0 && dtype < MPG__CKPT_DT_COUNT ? names[dtype] : "?";
 }
 
+const char *mpg__ckpt_kind_name(int kind) {
+  static const char *const names[] = {"param", "state", "bytes"};
+  return kind >= 0 && kind <= MPG_CKPT_BYTES ? names[kind] : "?";
+}
+
 uint64_t mpg__ckpt_nblocks(uint64_t bytes, uint64_t block_bytes) {
   if (block_bytes == 0) return 0;
   return bytes / block_bytes + (bytes % block_bytes != 0);

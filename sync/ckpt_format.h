@@ -65,6 +65,9 @@ size_t mpg__ckpt_dtype_size(int dtype);
 /* "F32", "F64", "F16", "BF16", "I32", "I64", "U8" (safetensors' names);
  * "?" for an unknown one. */
 const char *mpg__ckpt_dtype_name(int dtype);
+/* "param", "state", "bytes" (an mpg_ckpt_kind), as `meshpg ckpt info`
+ * prints it; "?" for an unknown one. */
+const char *mpg__ckpt_kind_name(int kind);
 
 typedef struct mpg__ckpt_file {
   uint32_t rank;  /* the file is data-%05u.bin of this rank */

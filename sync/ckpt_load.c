@@ -182,10 +182,10 @@ static mpg_status check_tensor(const loader *ld, const mpg__ckpt_entry *e, int *
   for (int k = 0; k < e->ndim && same; k++) same = t->shape[k] == e->shape[k];
   if (same) return MPG_OK;
   char a[160], b[160];
-  size_t la = (size_t)snprintf(a, sizeof a, "%s kind %d [", mpg__ckpt_dtype_name(t->dtype),
-                               t->kind);
-  size_t lb = (size_t)snprintf(b, sizeof b, "%s kind %d [", mpg__ckpt_dtype_name(e->dtype),
-                               e->kind);
+  size_t la = (size_t)snprintf(a, sizeof a, "%s %s [", mpg__ckpt_dtype_name(t->dtype),
+                               mpg__ckpt_kind_name(t->kind));
+  size_t lb = (size_t)snprintf(b, sizeof b, "%s %s [", mpg__ckpt_dtype_name(e->dtype),
+                               mpg__ckpt_kind_name(e->kind));
   for (int k = 0; k < t->ndim && la < sizeof a; k++)
     la += (size_t)snprintf(a + la, sizeof a - la, "%s%llu", k ? ", " : "",
                            (unsigned long long)t->shape[k]);

@@ -68,7 +68,7 @@ static void shape_text(const mpg__ckpt_rec *c, char *buf, size_t cap) {
   for (int k = 0; k < c->ndim && len < cap; k++)
     len += (size_t)snprintf(buf + len, cap - len, "%s%llu", k ? ", " : "",
                             (unsigned long long)c->shape[k]);
-  if (len < cap) snprintf(buf + len, cap - len, "] kind %d", c->kind);
+  if (len < cap) snprintf(buf + len, cap - len, "] %s", mpg__ckpt_kind_name(c->kind));
 }
 
 /* Every record of one name agrees with the first; replicas hash alike. */

@@ -32,11 +32,7 @@ static const char ckpt_usage[] =
     "  --safetensors FILE  export: the file to write (required)\n"
     "  --all               export: every tensor, optimizer state and bytes too\n";
 
-static const char *const kind_names[] = {"param", "state", "bytes"};
-
-static const char *kind_name(int kind) {
-  return kind >= 0 && kind <= MPG_CKPT_BYTES ? kind_names[kind] : "?";
-}
+#define kind_name mpg__ckpt_kind_name
 
 /* While an export may start again (a save replaced the checkpoint under
  * it), its failure message is kept here rather than printed. */
