@@ -47,7 +47,14 @@ CHECK is one of
          field of that struct.  A name ending in `_` is a prefix (mpg_spec_
          load_*): some identifier must start with it.  Paragraphs that start
          with "Changes from" (release history) are not checked.  Internal
-         mpg__ names and file names (mpg_config.h) are not identifiers.
+         mpg__ names and file names (mpg_config.h) are not identifiers;
+  counts every count the prose of README.md, docs/*.md and man/* gives in
+         words or digits is the code's: "N versioned structs" and "its
+         initializer macro, N in all" (the MPG_*_MAGIC structs of
+         include/meshpg.h), "covers N of the M" (tests/abi's STRUCTS list
+         against those), "N keys are the fields of `mpg_X_settings`" (the
+         keys the loader accepts in [X]); any other "N structs" or "N keys"
+         is a problem, so that a new count is made checkable here.
 Exit 0 when the check passes, 1 with one line per problem otherwise.
 """
 import glob
@@ -559,6 +566,53 @@ def check_hello(src):
                 '(copy the file into the README)')
 
 
+NUMBER_WORDS = ['zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight',
+                'nine', 'ten', 'eleven', 'twelve', 'thirteen', 'fourteen', 'fifteen',
+                'sixteen', 'seventeen', 'eighteen', 'nineteen', 'twenty']
+NUM = r'(\d+|' + '|'.join(NUMBER_WORDS) + r')'
+
+
+def number(word):
+    w = word.lower()
+    return int(w) if w.isdigit() else NUMBER_WORDS.index(w)
+
+
+def check_counts(src):
+    header = read(os.path.join(src, 'include', 'meshpg.h'))
+    nstructs = len(re.findall(r'#define MPG_\w+_MAGIC 0x', header))
+    abi = read(os.path.join(src, 'tests', 'abi', 'variant_header.py'))
+    m = re.search(r'STRUCTS = \[(.*?)\]', abi, re.S)
+    nabi = len(re.findall(r'\("mpg_\w+", "MPG_\w+_INIT"\)', m.group(1))) if m else -1
+    keys = accepted_keys(src)
+    files = md_files(src) + sorted(glob.glob(os.path.join(src, 'man', '*.scd')))
+    for path in files:
+        rel = os.path.relpath(path, src)
+        text = re.sub(r'\s+', ' ', ' '.join(line for _, line in strip_fences(read(path))))
+        seen = set()
+
+        def expect(m, got, want, what):
+            seen.add(m.start())
+            if got != want:
+                problem(f'{rel}: "{m.group(0)}" says {got}, but {what} is {want}')
+        for m in re.finditer(r'\b' + NUM + r' versioned structs\b', text, re.I):
+            expect(m, number(m.group(1)), nstructs, 'the number of MPG_*_MAGIC structs of '
+                   'include/meshpg.h')
+        for m in re.finditer(r'initializer macro, ' + NUM + r' in all', text, re.I):
+            expect(m, number(m.group(1)), nstructs, 'the number of MPG_*_MAGIC structs of '
+                   'include/meshpg.h')
+        for m in re.finditer(r'covers ' + NUM + r' of the ' + NUM + r'\b', text, re.I):
+            expect(m, number(m.group(1)), nabi, "tests/abi/variant_header.py's STRUCTS")
+            expect(m, number(m.group(2)), nstructs, 'the number of versioned structs')
+        for m in re.finditer(r'\b' + NUM + r' keys are the fields of `mpg_(\w+)_settings`',
+                             text, re.I):
+            expect(m, number(m.group(1)), len(keys.get(m.group(2), ())),
+                   f'the number of keys mesh/spec_toml.cc accepts in [{m.group(2)}]')
+        for m in re.finditer(r'\b' + NUM + r' (?:\w+ )?(structs|keys)\b', text, re.I):
+            if not any(abs(m.start() - k) < 40 for k in seen):
+                problem(f'{rel}: "{m.group(0)}": a count this check cannot verify (say it in '
+                        'one of the forms of check_docs.py "counts", or teach it the new form)')
+
+
 def main():
     if len(sys.argv) < 3:
         print(__doc__, file=sys.stderr)
@@ -583,6 +637,8 @@ def main():
         check_hello(src)
     elif check == 'names':
         check_names(src, sys.argv[3:] or ['cc'])
+    elif check == 'counts':
+        check_counts(src)
     else:
         print(f'unknown check {check}', file=sys.stderr)
         return 2
