@@ -83,9 +83,10 @@ static ta_mismatch *add_mismatch(an *a, int g, int p2p, int from, int to, uint64
 
 /* How an issued op ended, seen from its rank's dump. */
 static void issuer_state(const an *a, int i, const tr_op *o, sb *b) {
-  if (o->end_ns == 0) sb_add(b, "pending %.1f s at its dump", secs(a->R[i].dump_ns - o->issue_ns));
-  else if (!strcmp(o->status, "ok")) sb_add(b, "ok");
-  else sb_add(b, "%s after %.1f s", o->status, secs(o->end_ns - o->issue_ns));
+  if (o->end_ns == 0)
+    ta__sb_add(b, "pending %.1f s at its dump", secs(a->R[i].dump_ns - o->issue_ns));
+  else if (!strcmp(o->status, "ok")) ta__sb_add(b, "ok");
+  else ta__sb_add(b, "%s after %.1f s", o->status, secs(o->end_ns - o->issue_ns));
 }
 
 /* A member that had not issued: its last op and how it stood at its dump. */
@@ -95,14 +96,15 @@ static void absent_state(an *a, int i, sb *b) {
   for (int j = 0; j < r->nops; j++)
     if (issued(a, &r->ops[j])) last = j;
   if (last < 0) {
-    sb_add(b, "no operation before the failure");
+    ta__sb_add(b, "no operation before the failure");
     return;
   }
   char nm[TR_NAME * 2], st[64];
-  op_name(a, i, &r->ops[last], nm, sizeof nm);
-  op_state(&r->ops[last], r->dump_ns, st, sizeof st);
+  ta__op_name(a, i, &r->ops[last], nm, sizeof nm);
+  ta__op_state(&r->ops[last], r->dump_ns, st, sizeof st);
   const tr_op *o = &r->ops[last];
-  sb_add(b, "last op %s, %s %s", nm, st, o->end_ns == 0 || o->end_ns > r->dump_ns ? "at its dump" : "its dump");
+  ta__sb_add(b, "last op %s, %s %s", nm, st,
+             o->end_ns == 0 || o->end_ns > r->dump_ns ? "at its dump" : "its dump");
 }
 
 /* The majority signature at number k of instance g among `cls` (ops of
@@ -123,7 +125,7 @@ static int sig_winner(an *a, int g, uint64_t k, const int *ci, const int *cj, in
       if (g2 == g || strcmp(a->gi[g2].name, a->gi[g].name)) continue;
       for (int q = 0; q < a->gi[g2].size; q++) {
         int m = a->gi[g2].ranks[q], mi = m >= 0 && m < a->world ? a->at[m] : -1, unk;
-        int j = mi >= 0 ? coll_at(a, mi, g2, k, &unk) : -1;
+        int j = mi >= 0 ? ta__coll_at(a, mi, g2, k, &unk) : -1;
         /* Issued after the first failure or not: what another instance
          * issued at #k is what the program issues there (a member of
          * an instance the failure never reached goes on past it). */
@@ -138,7 +140,8 @@ static int sig_winner(an *a, int g, uint64_t k, const int *ci, const int *cj, in
     if (best < 0 || votes[y] > votes[best]) best = y;
   }
   for (int y = 0; y < n && best >= 0; y++)
-    if (votes[y] == votes[best] && !same_sig(&a->R[ci[y]].ops[cj[y]], &a->R[ci[best]].ops[cj[best]]))
+    if (votes[y] == votes[best] &&
+        !same_sig(&a->R[ci[y]].ops[cj[y]], &a->R[ci[best]].ops[cj[best]]))
       best = -1; /* a tie */
   if (best >= 0 && votes[best] < 2) best = -1;
   free(votes);
@@ -148,10 +151,10 @@ static int sig_winner(an *a, int g, uint64_t k, const int *ci, const int *cj, in
 static void sig_culprit(an *a, int g, uint64_t k, int xi, const tr_op *x, int wi, const tr_op *w) {
   const ta_group *G = &a->gi[g];
   char dx[TR_NAME * 3], dw[TR_NAME * 3];
-  op_detail(x, dx, sizeof dx);
-  op_detail(w, dw, sizeof dw);
+  ta__op_detail(x, dx, sizeof dx);
+  ta__op_detail(w, dw, sizeof dw);
   int unk;
-  int xn = coll_at(a, xi, g, k + 1, &unk), wn = coll_at(a, wi, g, k + 1, &unk);
+  int xn = ta__coll_at(a, xi, g, k + 1, &unk), wn = ta__coll_at(a, wi, g, k + 1, &unk);
   const tr_op *x1 = xn >= 0 ? &a->R[xi].ops[xn] : NULL, *w1 = wn >= 0 ? &a->R[wi].ops[wn] : NULL;
   /* The next number's op: from the reference rank, else from another
    * instance of the dim set that agrees at k. */
@@ -159,23 +162,26 @@ static void sig_culprit(an *a, int g, uint64_t k, int xi, const tr_op *x, int wi
     if (g2 == g || strcmp(a->gi[g2].name, G->name)) continue;
     for (int q = 0; q < a->gi[g2].size && !w1; q++) {
       int mi = rank_index(a, a->gi[g2].ranks[q]);
-      int j0 = mi >= 0 ? coll_at(a, mi, g2, k, &unk) : -1;
-      int j1 = mi >= 0 ? coll_at(a, mi, g2, k + 1, &unk) : -1;
+      int j0 = mi >= 0 ? ta__coll_at(a, mi, g2, k, &unk) : -1;
+      int j1 = mi >= 0 ? ta__coll_at(a, mi, g2, k + 1, &unk) : -1;
       if (j0 >= 0 && j1 >= 0 && same_sig(&a->R[mi].ops[j0], w)) w1 = &a->R[mi].ops[j1];
     }
   }
   sb b = {0};
-  sb_add(&b, "culprit: world rank %d: ", a->R[xi].rank);
+  ta__sb_add(&b, "culprit: world rank %d: ", a->R[xi].rank);
   if (w1 && same_sig(x, w1) && x1 && same_sig(x1, w))
-    sb_add(&b, "swapped %s #%llu and %s #%llu on %s[%d]: ", w->kind, (unsigned long long)k,
+    ta__sb_add(&b, "swapped %s #%llu and %s #%llu on %s[%d]: ", w->kind, (unsigned long long)k,
            w1->kind, (unsigned long long)k + 1, G->name, G->index);
   else if (w1 && same_sig(x, w1))
-    sb_add(&b, "skipped %s #%llu on %s[%d]: ", w->kind, (unsigned long long)k, G->name,
+    ta__sb_add(&b, "skipped %s #%llu on %s[%d]: ", w->kind, (unsigned long long)k, G->name,
            G->index);
-  sb_add(&b, "issued %s (%s) as #%llu on %s[%d] where world rank %d issued %s (%s)", x->kind, dx,
-         (unsigned long long)k, G->name, G->index, a->R[wi].rank, w->kind, dw);
-  add_culprit(a, a->R[xi].rank, &b);
-  ta__evidence(a, a->R[xi].rank, w1 && same_sig(x, w1) ? (x1 && same_sig(x1, w) ? TA_SWAPPED : TA_SKIPPED) : TA_DIFFERS, g, k, w->kind, -1);
+  ta__sb_add(&b, "issued %s (%s) as #%llu on %s[%d] where world rank %d issued %s (%s)", x->kind,
+             dx, (unsigned long long)k, G->name, G->index, a->R[wi].rank, w->kind, dw);
+  ta__add_culprit(a, a->R[xi].rank, &b);
+  ta__evidence(
+      a, a->R[xi].rank,
+      w1 && same_sig(x, w1) ? (x1 && same_sig(x1, w) ? TA_SWAPPED : TA_SKIPPED) : TA_DIFFERS, g, k,
+      w->kind, -1);
 }
 
 static int cmp_u64(const void *x, const void *y) {
@@ -248,7 +254,7 @@ static void check_group(an *a, int g) {
     int nis = 0, nabs = 0, nlate = 0, diff = 0, bad = 0, unk;
     for (int x = 0; x < nd; x++) {
       int mi = a->at[G->ranks[dq[x]]];
-      int j = coll_at(a, mi, g, k, &unk);
+      int j = ta__coll_at(a, mi, g, k, &unk);
       if (j < 0) {
         if (!unk) absent[nabs++] = mi;
         continue;
@@ -267,31 +273,31 @@ static void check_group(an *a, int g) {
     ta_mismatch *mm = add_mismatch(a, g, 0, -1, -1, k);
     if (!mm) break;
     sb b = {0};
-    sb_add(&b, "%s[%d] #%llu:", G->name, G->index, (unsigned long long)k);
+    ta__sb_add(&b, "%s[%d] #%llu:", G->name, G->index, (unsigned long long)k);
     char done[64] = {0};
     for (int x = 0; x < nis && x < 64; x++) {
       if (done[x]) continue;
       const tr_op *o = &a->R[ci[x]].ops[cj[x]];
       char d[TR_NAME * 3];
-      op_detail(o, d, sizeof d);
-      sb_add(&b, "\n  %s (%s) issued by", o->kind, d);
+      ta__op_detail(o, d, sizeof d);
+      ta__sb_add(&b, "\n  %s (%s) issued by", o->kind, d);
       for (int y = x; y < nis && y < 64; y++) {
         const tr_op *p = &a->R[ci[y]].ops[cj[y]];
         if (done[y] || !same_sig(o, p)) continue;
         done[y] = 1;
-        sb_add(&b, "%s world rank %d (", y > x ? "," : "", a->R[ci[y]].rank);
+        ta__sb_add(&b, "%s world rank %d (", y > x ? "," : "", a->R[ci[y]].rank);
         issuer_state(a, ci[y], p, &b);
-        sb_add(&b, ")");
+        ta__sb_add(&b, ")");
       }
     }
     for (int x = 0; x < nlate; x++) {
-      int j = coll_at(a, late[x], g, k, &unk);
-      sb_add(&b, "\n  issued late by world rank %d: %.1f s after the first failure; ",
+      int j = ta__coll_at(a, late[x], g, k, &unk);
+      ta__sb_add(&b, "\n  issued late by world rank %d: %.1f s after the first failure; ",
              a->R[late[x]].rank, secs(a->R[late[x]].ops[j].issue_ns - a->tf));
       absent_state(a, late[x], &b);
     }
     for (int x = 0; x < nabs; x++) {
-      sb_add(&b, "\n  never issued by world rank %d: ", a->R[absent[x]].rank);
+      ta__sb_add(&b, "\n  never issued by world rank %d: ", a->R[absent[x]].rank);
       absent_state(a, absent[x], &b);
     }
     for (int q = 0; q < G->size; q++) {
@@ -302,12 +308,12 @@ static void check_group(an *a, int g) {
              G->ranks[e + 1] < a->world && a->at[G->ranks[e + 1]] < 0)
         e++;
       if (e == q)
-        sb_add(&b, "\n  no dump from world rank %d", m);
+        ta__sb_add(&b, "\n  no dump from world rank %d", m);
       else
-        sb_add(&b, "\n  no dump from world ranks %d to %d", m, G->ranks[e]);
+        ta__sb_add(&b, "\n  no dump from world ranks %d to %d", m, G->ranks[e]);
       q = e;
     }
-    mm->text = sb_take(&b);
+    mm->text = ta__sb_take(&b);
     if (!mm->text) a->oom = 1;
     if (diff) {
       int w = sig_winner(a, g, k, ci, cj, nis);
@@ -329,7 +335,7 @@ static int pair_at(an *a, int g, int si, int ri, uint64_t k) {
   const ta_group *G = &a->gi[g];
   int s = a->R[si].rank, r = a->R[ri].rank;
   int us = 0, ur = 0;
-  int js = p2p_at(a, si, g, "send", r, k, &us), jr = p2p_at(a, ri, g, "recv", s, k, &ur);
+  int js = ta__p2p_at(a, si, g, "send", r, k, &us), jr = ta__p2p_at(a, ri, g, "recv", s, k, &ur);
   if (us || ur) return 0;
   const tr_op *os = js >= 0 ? &a->R[si].ops[js] : NULL, *orr = jr >= 0 ? &a->R[ri].ops[jr] : NULL;
   int is = os && issued(a, os), ir = orr && issued(a, orr);
@@ -338,26 +344,26 @@ static int pair_at(an *a, int g, int si, int ri, uint64_t k) {
   ta_mismatch *mm = add_mismatch(a, g, 1, s, r, k);
   if (!mm) return 1;
   sb b = {0};
-  sb_add(&b, "%s[%d] send #%llu from world rank %d to world rank %d:", G->name, G->index,
+  ta__sb_add(&b, "%s[%d] send #%llu from world rank %d to world rank %d:", G->name, G->index,
          (unsigned long long)k, s, r);
   const tr_op *ops[2] = {os, orr};
   int idx[2] = {si, ri};
   for (int x = 0; x < 2; x++) {
     const char *what = x ? "receive" : "send";
     if (ops[x] && issued(a, ops[x])) {
-      sb_add(&b, "\n  %s (%s x %llu) issued by world rank %d (", what, ops[x]->dtype,
+      ta__sb_add(&b, "\n  %s (%s x %llu) issued by world rank %d (", what, ops[x]->dtype,
              (unsigned long long)ops[x]->count, a->R[idx[x]].rank);
       issuer_state(a, idx[x], ops[x], &b);
-      sb_add(&b, ")");
+      ta__sb_add(&b, ")");
     } else if (ops[x]) {
-      sb_add(&b, "\n  %s issued late by world rank %d: %.1f s after the first failure", what,
+      ta__sb_add(&b, "\n  %s issued late by world rank %d: %.1f s after the first failure", what,
              a->R[idx[x]].rank, secs(ops[x]->issue_ns - a->tf));
     } else {
-      sb_add(&b, "\n  %s never issued by world rank %d: ", what, a->R[idx[x]].rank);
+      ta__sb_add(&b, "\n  %s never issued by world rank %d: ", what, a->R[idx[x]].rank);
       absent_state(a, idx[x], &b);
     }
   }
-  mm->text = sb_take(&b);
+  mm->text = ta__sb_take(&b);
   if (!mm->text) a->oom = 1;
   if (!diff) return 1;
   /* Which side is odd: the count the other instances use at #k between
@@ -373,9 +379,10 @@ static int pair_at(an *a, int g, int si, int ri, uint64_t k) {
     const ta_group *H = &a->gi[g2];
     if (g2 == g || strcmp(H->name, G->name) || H->size != G->size) continue;
     int hs = H->ranks[ps], hr = H->ranks[pr];
-    int hsi = hs >= 0 && hs < a->world ? a->at[hs] : -1, hri = hr >= 0 && hr < a->world ? a->at[hr] : -1;
-    int j1 = hsi >= 0 ? p2p_at(a, hsi, g2, "send", hr, k, &us) : -1;
-    int j2 = hri >= 0 ? p2p_at(a, hri, g2, "recv", hs, k, &ur) : -1;
+    int hsi = hs >= 0 && hs < a->world ? a->at[hs] : -1,
+        hri = hr >= 0 && hr < a->world ? a->at[hr] : -1;
+    int j1 = hsi >= 0 ? ta__p2p_at(a, hsi, g2, "send", hr, k, &us) : -1;
+    int j2 = hri >= 0 ? ta__p2p_at(a, hri, g2, "recv", hs, k, &ur) : -1;
     for (int x = 0; x < 2; x++) {
       if (j1 >= 0 && a->R[hsi].ops[j1].count == cnt[x]) votes[x]++;
       if (j2 >= 0 && a->R[hri].ops[j2].count == cnt[x]) votes[x]++;
@@ -384,12 +391,12 @@ static int pair_at(an *a, int g, int si, int ri, uint64_t k) {
   if (votes[0] == votes[1]) return 1;
   int odd = votes[0] < votes[1] ? 0 : 1;
   sb c = {0};
-  sb_add(&c, "culprit: world rank %d: issued %s #%llu %s rank %d on %s[%d] with %s x %llu "
+  ta__sb_add(&c, "culprit: world rank %d: issued %s #%llu %s rank %d on %s[%d] with %s x %llu "
          "where the other instances of %s use %s x %llu", a->R[idx[odd]].rank,
          odd ? "recv" : "send", (unsigned long long)k, odd ? "from" : "to", odd ? s : r,
          G->name, G->index, ops[odd]->dtype, (unsigned long long)cnt[odd], G->name,
          ops[odd]->dtype, (unsigned long long)cnt[1 - odd]);
-  add_culprit(a, a->R[idx[odd]].rank, &c);
+  ta__add_culprit(a, a->R[idx[odd]].rank, &c);
   ta__evidence(a, a->R[idx[odd]].rank, TA_DIFFERS, g, k, odd ? "recv" : "send", odd ? s : r);
   return 1;
 }
@@ -559,7 +566,7 @@ static int index_setup(an *a) {
     for (int j = 0; j < R[i].nops; j++) {
       const tr_op *o = &R[i].ops[j];
       cell *c = cellof(a, i, inst_of(a, i, o));
-      if (is_p2p(o) ? push(&c->p2p, &c->np2p, j) : push(&c->coll, &c->ncoll, j)) return -1;
+      if (is_p2p(o) ? ta__push(&c->p2p, &c->np2p, j) : ta__push(&c->coll, &c->ncoll, j)) return -1;
     }
     sort_ops = R[i].ops;
     for (int x = 0; x < u; x++) {
@@ -626,30 +633,31 @@ static int setup(an *a, char *err, size_t errlen) {
   for (int i = 0; i < a->n; i++) {
     for (int j = 0; j < R[i].nops; j++) {
       const tr_op *o = &R[i].ops[j];
-      if (!is_failure(o->status) || o->end_ns <= 0 || o->end_ns >= tf) continue;
+      if (!ta__is_failure(o->status) || o->end_ns <= 0 || o->end_ns >= tf) continue;
       tf = o->end_ns;
       fail_issue = o->issue_ns;
       out->fault_rank = R[i].rank;
       snprintf(out->fault_status, sizeof out->fault_status, "%s", o->status);
       char nm[TR_NAME * 2];
-      op_name(a, i, o, nm, sizeof nm);
+      ta__op_name(a, i, o, nm, sizeof nm);
       free(out->fault_text);
       sb b = {0};
-      sb_add(&b, "world rank %d: %s failed with %s after %.1f s", R[i].rank, nm, o->status,
+      ta__sb_add(&b, "world rank %d: %s failed with %s after %.1f s", R[i].rank, nm, o->status,
              secs(o->end_ns - o->issue_ns));
-      out->fault_text = sb_take(&b);
+      out->fault_text = ta__sb_take(&b);
     }
   }
   for (int i = 0; i < a->n; i++) {
-    if (!strcmp(R[i].reason, "request") || !strcmp(R[i].reason, "end") || R[i].dump_ns >= tf) continue;
+    if (!strcmp(R[i].reason, "request") || !strcmp(R[i].reason, "end") || R[i].dump_ns >= tf)
+      continue;
     tf = R[i].dump_ns;
     fail_issue = tf;
     out->fault_rank = R[i].rank;
     snprintf(out->fault_status, sizeof out->fault_status, "%s", R[i].reason);
     free(out->fault_text);
     sb b = {0};
-    sb_add(&b, "world rank %d: %s: %s", R[i].rank, R[i].reason, R[i].message);
-    out->fault_text = sb_take(&b);
+    ta__sb_add(&b, "world rank %d: %s: %s", R[i].rank, R[i].reason, R[i].message);
+    out->fault_text = ta__sb_take(&b);
   }
   out->fault = tf != INT64_MAX;
   if (!out->fault) {
@@ -725,19 +733,19 @@ int ta_analyze(const tr_rank *ranks, int n, int world, ta_report *out, char *err
       while (e + 1 < world && a.at[e + 1] < 0) e++;
       sb b = {0};
       if (e == w)
-        sb_add(&b, "world rank %d: no dump (killed, or hung and never wrote one)", w);
+        ta__sb_add(&b, "world rank %d: no dump (killed, or hung and never wrote one)", w);
       else
-        sb_add(&b, "world ranks %d to %d (%d ranks): no dump (killed, or hung and never wrote "
+        ta__sb_add(&b, "world ranks %d to %d (%d ranks): no dump (killed, or hung and never wrote "
                "one)", w, e, e - w + 1);
-      add_item(&a, &out->missing, &out->nmissing, w, &b);
+      ta__add_item(&a, &out->missing, &out->nmissing, w, &b);
       w = e;
     }
     /* Nothing else explains the failure: the ranks without a dump. */
     for (int k = 0; k < out->nmissing && out->nculprits == 0 && !a.oom; k++) {
       sb b = {0};
-      sb_add(&b, "culprit: world rank %d: left no dump (killed, or hung and never wrote one)",
+      ta__sb_add(&b, "culprit: world rank %d: left no dump (killed, or hung and never wrote one)",
              out->missing[k].rank);
-      add_culprit(&a, out->missing[k].rank, &b);
+      ta__add_culprit(&a, out->missing[k].rank, &b);
       ta__evidence(&a, out->missing[k].rank, TA_NODUMP, -1, 0, "", -1);
     }
     if (a.oom) {

@@ -18,8 +18,6 @@ typedef struct sb {
 
 __attribute__((format(printf, 2, 3))) void ta__sb_add(sb *b, const char *fmt, ...);
 char *ta__sb_take(sb *b);
-#define sb_add ta__sb_add
-#define sb_take ta__sb_take
 
 /* One rank's operations on one group instance (indices into its ops, in
  * ring order). */
@@ -118,18 +116,6 @@ void ta__add_culprit(an *a, int rank, sb *b);
 int ta__is_failure(const char *status);
 int ta__push(int **v, int *n, int x);
 void ta__add_item(an *a, ta_item **v, int *n, int rank, sb *b);
-#define is_failure ta__is_failure
-#define push ta__push
-#define add_item ta__add_item
-#define coll_at ta__coll_at
-#define p2p_at ta__p2p_at
-#define op_name ta__op_name
-#define op_detail ta__op_detail
-#define op_state ta__op_state
-#define unmet ta__unmet
-#define blocked ta__blocked
-#define last_op ta__last_op
-#define add_culprit ta__add_culprit
 
 /* trace_analyze_seq.c: sequence evidence (issue 46, items 1-2): the
  * member of a group instance whose list of operations lacks one that its

@@ -234,25 +234,28 @@ static void order_culprit(an *a, int xi, int yi, long s, int p, const int *win, 
   kx1[0] = ky1[0] = '\0';
   if (x1) prog_key(a, xi, x1, kx1, sizeof kx1);
   if (y1) prog_key(a, yi, y1, ky1, sizeof ky1);
-  op_name(a, xi, x0, n0, sizeof n0);
+  ta__op_name(a, xi, x0, n0, sizeof n0);
   sb b = {0};
-  sb_add(&b, "culprit: world rank %d: ", a->R[xi].rank);
+  ta__sb_add(&b, "culprit: world rank %d: ", a->R[xi].rank);
   if (x1 && y1 && !strcmp(kx0, ky1) && !strcmp(kx1, ky0)) {
-    op_name(a, xi, x1, n1, sizeof n1);
-    sb_add(&b, "swapped two operations of step %ld: issued %s before %s", s, n0, n1);
+    ta__op_name(a, xi, x1, n1, sizeof n1);
+    ta__sb_add(&b, "swapped two operations of step %ld: issued %s before %s", s, n0, n1);
   } else if (y1 && !strcmp(kx0, ky1)) {
     expected(a, xi, yi, y0, x0, n1, sizeof n1);
-    sb_add(&b, "skipped %s in step %ld: issued %s next", n1, s, n0);
+    ta__sb_add(&b, "skipped %s in step %ld: issued %s next", n1, s, n0);
   } else {
     expected(a, xi, yi, y0, x0, n1, sizeof n1);
-    sb_add(&b, "issued %s as operation %d of step %ld where the ranks of its program issued "
+    ta__sb_add(&b, "issued %s as operation %d of step %ld where the ranks of its program issued "
            "%s", n0, p + 1, s, n1);
   }
-  sb_add(&b, " (as world rank%s", nwin == 1 ? "" : "s");
-  for (int k = 0; k < nwin && k < 6; k++) sb_add(&b, "%s %d", k ? "," : "", win[k]);
-  sb_add(&b, "%s did otherwise)", nwin > 6 ? ", ..." : "");
-  add_culprit(a, a->R[xi].rank, &b);
-  ta__evidence_order(a, xi, y0, yi, x0, x1 && y1 && !strcmp(kx0, ky1) && !strcmp(kx1, ky0) ? TA_SWAPPED : y1 && !strcmp(kx0, ky1) ? TA_SKIPPED : TA_DIFFERS);
+  ta__sb_add(&b, " (as world rank%s", nwin == 1 ? "" : "s");
+  for (int k = 0; k < nwin && k < 6; k++) ta__sb_add(&b, "%s %d", k ? "," : "", win[k]);
+  ta__sb_add(&b, "%s did otherwise)", nwin > 6 ? ", ..." : "");
+  ta__add_culprit(a, a->R[xi].rank, &b);
+  ta__evidence_order(a, xi, y0, yi, x0,
+                     x1 && y1 && !strcmp(kx0, ky1) && !strcmp(kx1, ky0) ? TA_SWAPPED
+                     : y1 && !strcmp(kx0, ky1)                          ? TA_SKIPPED
+                                                                        : TA_DIFFERS);
 }
 
 static const okey *sort_keys; /* cmp_key's keys */
@@ -451,24 +454,24 @@ static void owed(an *a, int wi, const tr_op *o, int m, sb *b) {
     int send = !strcmp(o->kind, "recv");
     snprintf(what, sizeof what, "%s #%llu %s rank %d on %s[%d]", send ? "send" : "recv",
              (unsigned long long)o->gseq, send ? "to" : "from", w, G->name, G->index);
-    if (mi >= 0) j = p2p_at(a, mi, inst_of(a, wi, o), send ? "send" : "recv", w, o->gseq, &unk);
+    if (mi >= 0) j = ta__p2p_at(a, mi, inst_of(a, wi, o), send ? "send" : "recv", w, o->gseq, &unk);
   } else {
     snprintf(what, sizeof what, "%s #%llu on %s[%d]", o->kind, (unsigned long long)o->gseq,
              G->name, G->index);
-    if (mi >= 0) j = coll_at(a, mi, inst_of(a, wi, o), o->gseq, &unk);
+    if (mi >= 0) j = ta__coll_at(a, mi, inst_of(a, wi, o), o->gseq, &unk);
   }
   const tr_op *p = j >= 0 ? &a->R[mi].ops[j] : NULL;
   if (p && !issued(a, p))
-    sb_add(b, "issued %s %.1f s after the others had failed", what, secs(p->issue_ns - a->tf));
+    ta__sb_add(b, "issued %s %.1f s after the others had failed", what, secs(p->issue_ns - a->tf));
   else if (p) {
     char d1[TR_NAME * 3], d2[TR_NAME * 3];
-    op_detail(p, d1, sizeof d1);
-    op_detail(o, d2, sizeof d2);
-    sb_add(b, "issued %s with %s where world rank %d has %s", what, d1, w, d2);
+    ta__op_detail(p, d1, sizeof d1);
+    ta__op_detail(o, d2, sizeof d2);
+    ta__sb_add(b, "issued %s with %s where world rank %d has %s", what, d1, w, d2);
   } else {
-    sb_add(b, "never issued %s", what);
+    ta__sb_add(b, "never issued %s", what);
   }
-  sb_add(b, " (world rank %d waited %.1f s for it)", w, secs(a->tf - o->issue_ns));
+  ta__sb_add(b, " (world rank %d waited %.1f s for it)", w, secs(a->tf - o->issue_ns));
 }
 
 /* Per group instance, whether its members without a dump were listed
@@ -499,7 +502,7 @@ static int members_make(an *a, members *M) {
   return M->listed && M->merge && M->cache ? 0 : -1;
 }
 
-/* unmet(a, i, o, w), the same list in the same (position) order, at a
+/* ta__unmet(a, i, o, w), the same list in the same (position) order, at a
  * cost that grows with the members that left a dump: those are compared
  * one by one, the members without a dump (each of which o waits for) are
  * listed the first time an operation of their group instance is seen only,
@@ -513,7 +516,7 @@ static int members_make(an *a, members *M) {
  * on the waiter) plus maybe A itself: only A is checked.  So 4,096 ranks
  * blocked in one all-reduce are 2 x 4,096 member checks, not 4,096^2. */
 static int waits_for(an *a, members *M, const char *seen, int i, const tr_op *o, int *w) {
-  if (is_p2p(o)) return unmet(a, i, o, w);
+  if (is_p2p(o)) return ta__unmet(a, i, o, w);
   int g = inst_of(a, i, o);
   wcache *c = &M->cache[g];
   if (c->op && c->op->gseq == o->gseq && same_sig(c->op, o)) {
@@ -554,7 +557,7 @@ void ta__check_waits(an *a) {
   }
   int qn = 0;
   for (int i = 0; i < a->n; i++) {
-    if (blocked(a, i, NULL)) a->out->nvictims++;
+    if (ta__blocked(a, i, NULL)) a->out->nvictims++;
     for (int j = 0; j < a->R[i].nops; j++) {
       const tr_op *o = &a->R[i].ops[j];
       if (!pending_at(a, o) || a->tf - o->issue_ns < a->long_ns) continue;
@@ -570,7 +573,7 @@ void ta__check_waits(an *a) {
   }
   for (int h = 0; h < qn; h++) {
     int m = queue[h], mi = rank_index(a, m);
-    if (mi >= 0 && blocked(a, mi, NULL)) {
+    if (mi >= 0 && ta__blocked(a, mi, NULL)) {
       for (int j = 0; j < a->R[mi].nops; j++) {
         const tr_op *o = &a->R[mi].ops[j];
         if (!pending_at(a, o)) continue;
@@ -599,15 +602,15 @@ void ta__check_waits(an *a) {
     }
     const tr_op *o = &a->R[by_i[m]].ops[by_j[m]];
     sb b = {0};
-    sb_add(&b, "culprit: world rank %d: ", m);
+    ta__sb_add(&b, "culprit: world rank %d: ", m);
     if (mi < 0) {
-      sb_add(&b, "left no dump (killed, or hung and never wrote one); ");
+      ta__sb_add(&b, "left no dump (killed, or hung and never wrote one); ");
       owed(a, by_i[m], o, m, &b);
     } else {
       owed(a, by_i[m], o, m, &b);
-      last_op(a, mi, &b);
+      ta__last_op(a, mi, &b);
     }
-    add_culprit(a, m, &b);
+    ta__add_culprit(a, m, &b);
     ta__evidence_wait(a, m, by_i[m], o);
   }
   if (more) {
@@ -615,9 +618,9 @@ void ta__check_waits(an *a) {
     for (int k = 0, c = 0; k < nroots && first < 0; k++)
       if (rank_index(a, roots[k]) < 0 && ++c > NODUMP_CULPRITS) first = roots[k];
     sb b = {0};
-    sb_add(&b, "culprit: world rank %d: and %d more ranks without a dump that blocked ranks "
+    ta__sb_add(&b, "culprit: world rank %d: and %d more ranks without a dump that blocked ranks "
            "waited for (see the ranks without a dump)", first, more);
-    add_culprit(a, first, &b);
+    ta__add_culprit(a, first, &b);
   }
 out:
   members_free(&M);

@@ -218,14 +218,14 @@ static int went_on(an *a, seq *q, int mi, int jm, int g, long s, int c, char *ne
     const tr_op *o = &m->ops[j];
     if (!issued(a, o)) continue;
     if (j > jm && s >= 0 && o->step > s) {
-      op_name(a, mi, o, next, cap);
+      ta__op_name(a, mi, o, next, cap);
       return 1;
     }
     int h = q->nameid[inst_of(a, mi, o)];
     if (o->step != s || h < 0 || h == gn) continue;
     cnt[h]++;
     if (j > jm && P && P->nref > 0 && cnt[h] > P->max[h]) {
-      op_name(a, mi, o, next, cap);
+      ta__op_name(a, mi, o, next, cap);
       return 1;
     }
   }
@@ -311,9 +311,9 @@ static void name_skip(an *a, seq *q, int g) {
     if (!program_agrees(a, q, g, mi, P->step, &cm, &more)) continue;
     char next[TR_NAME * 3];
     if (shifted) {
-      int unk, j = coll_at(a, mi, g, k, &unk);
+      int unk, j = ta__coll_at(a, mi, g, k, &unk);
       char nm[TR_NAME * 2];
-      op_name(a, mi, &a->R[mi].ops[j], nm, sizeof nm);
+      ta__op_name(a, mi, &a->R[mi].ops[j], nm, sizeof nm);
       snprintf(next, sizeof next, "step %ld (its %s)", a->R[mi].ops[j].step, nm);
     } else if (!went_on(a, q, mi, jm, g, P->step, cm, next, sizeof next)) {
       continue;
@@ -324,7 +324,7 @@ static void name_skip(an *a, seq *q, int g) {
     if (P->step >= 0) snprintf(in, sizeof in, " in step %ld", P->step);
     int before = a->out->nculprits;
     sb b = {0};
-    sb_add(&b, "culprit: world rank %d: skipped %s #%llu on %s[%d]%s: its peer world rank %d "
+    ta__sb_add(&b, "culprit: world rank %d: skipped %s #%llu on %s[%d]%s: its peer world rank %d "
            "issued %d collective%s on %s[%d]%s, it issued %d and went on to %s (%d rank%s of "
            "the %s groups issued more than %d%s, none that finished %s as few)",
            a->R[mi].rank, P->kind, (unsigned long long)k, G->name, G->index, in,
@@ -332,7 +332,7 @@ static void name_skip(an *a, seq *q, int g) {
            more == 1 ? "" : "s",
            G->name, cm, P->step >= 0 ? " in that step" : "",
            P->step >= 0 ? "the step" : "their program");
-    add_culprit(a, a->R[mi].rank, &b);
+    ta__add_culprit(a, a->R[mi].rank, &b);
     if (a->out->nculprits > before)
       ta__evidence(a, a->R[mi].rank, TA_SKIPPED, g, k, P->kind, -1);
   }
@@ -385,8 +385,8 @@ static void peers_times(an *a, int rank, int g, uint64_t k, const char *kind, in
   for (int x = 0; x < G->size; x++) {
     int w = G->ranks[x], i = rank_index(a, w);
     if (i < 0 || w == rank || (peer >= 0 && w != peer)) continue;
-    int j = peer >= 0 ? p2p_at(a, i, g, !strcmp(kind, "send") ? "recv" : "send", rank, k, &unk)
-                      : coll_at(a, i, g, k, &unk);
+    int j = peer >= 0 ? ta__p2p_at(a, i, g, !strcmp(kind, "send") ? "recv" : "send", rank, k, &unk)
+                      : ta__coll_at(a, i, g, k, &unk);
     if (j < 0) continue;
     const tr_op *o = &a->R[i].ops[j];
     if (!first || o->issue_ns < first) first = o->issue_ns;
@@ -437,7 +437,8 @@ void ta__evidence_wait(an *a, int m, int wi, const tr_op *o) {
   const char *kind = p2p ? (!strcmp(o->kind, "recv") ? "send" : "recv") : o->kind;
   ta_how how = mi < 0 ? TA_NODUMP : TA_ROOT;
   if (mi >= 0) {
-    j = p2p ? p2p_at(a, mi, g, kind, a->R[wi].rank, o->gseq, &unk) : coll_at(a, mi, g, o->gseq, &unk);
+    j = p2p ? ta__p2p_at(a, mi, g, kind, a->R[wi].rank, o->gseq, &unk)
+            : ta__coll_at(a, mi, g, o->gseq, &unk);
     if (j >= 0 && !issued(a, &a->R[mi].ops[j])) how = TA_LATE;
     else if (j >= 0) how = TA_DIFFERS;
   }

@@ -47,13 +47,13 @@ char *ta__sb_take(sb *b) {
 static const char *const failing[] = {"MPG_ERR_TIMEOUT", "MPG_ERR_ABORTED", "MPG_ERR_STATE",
                                       "MPG_ERR_BACKEND", NULL};
 
-int is_failure(const char *status) {
+int ta__is_failure(const char *status) {
   for (int i = 0; failing[i]; i++)
     if (!strcmp(status, failing[i])) return 1;
   return 0;
 }
 
-int push(int **v, int *n, int x) {
+int ta__push(int **v, int *n, int x) {
   if ((*n & (*n - 1)) == 0) {
     int *p = realloc(*v, sizeof(int) * (size_t)(*n ? 2 * *n : 1));
     if (!p) return -1;
@@ -65,7 +65,7 @@ int push(int **v, int *n, int x) {
 
 /* The op of rank i with collective number k on instance g, or -1 (then
  * *unknown: the ring no longer holds it, so nothing is known). */
-int coll_at(an *a, int i, int g, uint64_t k, int *unknown) {
+int ta__coll_at(an *a, int i, int g, uint64_t k, int *unknown) {
   cell *c = cellof(a, i, g);
   *unknown = 0;
   int lo = 0, hi = c->ncoll - 1;
@@ -108,7 +108,7 @@ int ta__p2p_run(an *a, int i, int g, int send, int peer, int *end) {
 /* Rank i's `kind` #k with world rank `peer` on instance g, or -1: a binary
  * search, which finds the first of equal numbers in ring order, as a scan
  * would (a cost of the ring's log, not of the pairs the job made). */
-int p2p_at(an *a, int i, int g, const char *kind, int peer, uint64_t k, int *unknown) {
+int ta__p2p_at(an *a, int i, int g, const char *kind, int peer, uint64_t k, int *unknown) {
   cell *c = cellof(a, i, g);
   const tr_op *ops = a->R[i].ops;
   int send = !strcmp(kind, "send");
@@ -162,7 +162,7 @@ int ta__pos_in(an *a, int g, int w) {
 }
 
 /* "all_reduce #812 on dp_cp[3]", "send #3 to rank 4 on pp[0]". */
-void op_name(const an *a, int i, const tr_op *o, char *buf, size_t cap) {
+void ta__op_name(const an *a, int i, const tr_op *o, char *buf, size_t cap) {
   const ta_group *G = &a->gi[inst_of(a, i, o)];
   if (is_p2p(o))
     snprintf(buf, cap, "%s #%llu %s rank %d on %s[%d]", o->kind, (unsigned long long)o->gseq,
@@ -173,7 +173,7 @@ void op_name(const an *a, int i, const tr_op *o, char *buf, size_t cap) {
 }
 
 /* "f32 x 1024, bucket 2 (p3..p7)". */
-void op_detail(const tr_op *o, char *buf, size_t cap) {
+void ta__op_detail(const tr_op *o, char *buf, size_t cap) {
   int n = snprintf(buf, cap, "%s x %llu", o->dtype[0] ? o->dtype : "-",
                    (unsigned long long)o->count);
   if (!strcmp(o->kind, "broadcast") && n > 0 && (size_t)n < cap)
@@ -184,7 +184,7 @@ void op_detail(const tr_op *o, char *buf, size_t cap) {
 }
 
 /* How op o stood at time t: "pending 2.0 s", "ended ok 0.3 s before". */
-void op_state(const tr_op *o, int64_t t, char *buf, size_t cap) {
+void ta__op_state(const tr_op *o, int64_t t, char *buf, size_t cap) {
   if (o->end_ns == 0 || o->end_ns > t)
     snprintf(buf, cap, "pending %.1f s", secs(t - o->issue_ns));
   else
@@ -209,12 +209,12 @@ static int stuck(an *a, int mi, const tr_op *p) {
 static int coll_misses(an *a, int g, const tr_op *o, int m, int deep) {
   int mi = a->at[m], unk = 0;
   if (mi < 0) return 1;
-  int j = coll_at(a, mi, g, o->gseq, &unk);
+  int j = ta__coll_at(a, mi, g, o->gseq, &unk);
   const tr_op *p = j >= 0 ? &a->R[mi].ops[j] : NULL;
   return p ? !issued(a, p) || !same_sig(o, p) || (deep && stuck(a, mi, p)) : !unk;
 }
 
-/* unmet (below); w NULL: only whether any (the first); deep: also the
+/* ta__unmet (below); w NULL: only whether any (the first); deep: also the
  * members stuck behind their own earlier waits. */
 static int unmet_at(an *a, int i, const tr_op *o, int *w, int deep, const int *pos,
                     int npos) {
@@ -225,7 +225,7 @@ static int unmet_at(an *a, int i, const tr_op *o, int *w, int deep, const int *p
     if (m < 0 || m >= a->world || m == me) return 0;
     int mi = a->at[m], miss = mi < 0;
     if (!miss) {
-      int j = p2p_at(a, mi, g, !strcmp(o->kind, "send") ? "recv" : "send", me, o->gseq, &unk);
+      int j = ta__p2p_at(a, mi, g, !strcmp(o->kind, "send") ? "recv" : "send", me, o->gseq, &unk);
       const tr_op *p = j >= 0 ? &a->R[mi].ops[j] : NULL;
       miss = p ? !issued(a, p) || p->count != o->count || strcmp(p->dtype, o->dtype) ||
                      (deep && stuck(a, mi, p))
@@ -266,7 +266,7 @@ static int unmet_at(an *a, int i, const tr_op *o, int *w, int deep, const int *p
 /* The members op o of rank i waits for at T: no dump, not issued, issued
  * another operation, or issued it but were blocked themselves (stuck).
  * Returns how many (world ranks in w). */
-int unmet(an *a, int i, const tr_op *o, int *w) { return unmet_at(a, i, o, w, 1, NULL, 0); }
+int ta__unmet(an *a, int i, const tr_op *o, int *w) { return unmet_at(a, i, o, w, 1, NULL, 0); }
 
 int ta__unmet_among(an *a, int i, const tr_op *o, int *w, const int *pos, int npos) {
   return unmet_at(a, i, o, w, 1, pos, npos);
@@ -283,20 +283,20 @@ static int blocked_at(an *a, int i, int *w, int deep) {
   return 0;
 }
 
-int blocked(an *a, int i, int *w) { return blocked_at(a, i, w, 1); }
+int ta__blocked(an *a, int i, int *w) { return blocked_at(a, i, w, 1); }
 
 /* The last operation rank i issued by T, described ("; last op ..."). */
-void last_op(an *a, int i, sb *b) {
+void ta__last_op(an *a, int i, sb *b) {
   const tr_rank *r = &a->R[i];
   int last = a->last[i];
   if (last < 0) {
-    sb_add(b, "; no operation recorded before the failure");
+    ta__sb_add(b, "; no operation recorded before the failure");
     return;
   }
   char nm[TR_NAME * 2], st[64];
-  op_name(a, i, &r->ops[last], nm, sizeof nm);
-  op_state(&r->ops[last], a->tf, st, sizeof st);
-  sb_add(b, "; last op %s, %s%s", nm, st,
+  ta__op_name(a, i, &r->ops[last], nm, sizeof nm);
+  ta__op_state(&r->ops[last], a->tf, st, sizeof st);
+  ta__sb_add(b, "; last op %s, %s%s", nm, st,
          r->ops[last].end_ns == 0 || r->ops[last].end_ns > a->tf ? "" : " the failure");
 }
 
@@ -313,8 +313,8 @@ static int has_culprit(const an *a, int rank) {
   return 0;
 }
 
-void add_item(an *a, ta_item **v, int *n, int rank, sb *b) {
-  char *t = sb_take(b);
+void ta__add_item(an *a, ta_item **v, int *n, int rank, sb *b) {
+  char *t = ta__sb_take(b);
   memset(b, 0, sizeof *b);
   ta_item *p = *v;
   /* capacity: the next power of 2 (the lists only grow here) */
@@ -332,12 +332,12 @@ void add_item(an *a, ta_item **v, int *n, int rank, sb *b) {
   (*n)++;
 }
 
-void add_culprit(an *a, int rank, sb *b) {
+void ta__add_culprit(an *a, int rank, sb *b) {
   if (has_culprit(a, rank)) {
     free(b->s);
     memset(b, 0, sizeof *b);
     return;
   }
-  add_item(a, &a->out->culprits, &a->out->nculprits, rank, b);
+  ta__add_item(a, &a->out->culprits, &a->out->nculprits, rank, b);
   if (rank >= 0 && rank < a->world && !a->oom) a->culprit_at[rank] = 1;
 }
