@@ -1,6 +1,6 @@
-/* Checkpoints: the handle, registration of the pieces, and the agreement
- * of every rank on a result (ckpt_internal.h).  Save and load proper are
- * ckpt_save.c and ckpt_load.c. */
+/* Checkpoints: the handle and registration of the pieces
+ * (ckpt_internal.h).  Save and load proper are ckpt_save.c and
+ * ckpt_load.c; the agreement of every rank on a result is ckpt_common.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

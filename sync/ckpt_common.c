@@ -1,12 +1,12 @@
-/* Checkpoints: what save and load share with no call back into the
- * handle's functions (ckpt_internal.h): the agreement of every rank on a
- * result, the mesh text of the metadata, and the handle's host staging. */
+/* Checkpoints: what save and load share below the handle's functions
+ * (ckpt.c calls save and load, so these cannot live there: check_layout
+ * refuses the cycle; ckpt_internal.h): the agreement of every rank on a
+ * result, and the handle's host staging. */
 #include <stdio.h>
 #include <string.h>
 
 #include "ckpt_internal.h"
 #include "groups_internal.h"
-#include "mesh_internal.h"
 
 mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, int relayed, const char *what) {
   mpg_group *world = NULL;
@@ -40,13 +40,6 @@ mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, int relayed, const char 
   if (out <= MPG_OK || out >= MPG_STATUS_COUNT) out = MPG_ERR_STATE;
   if (first == rank) return mpg__fail(out, "%s", text);
   return mpg__fail(out, "world rank %lld failed: %s", (long long)first, text);
-}
-
-void mpg__ckpt_mesh_text(const mpg_ckpt *ck, char *buf, size_t cap) {
-  mpg__mesh_text(mpg_ctx_mesh(ck->ctx), buf, cap);
-  size_t len = strlen(buf);
-  if (len < cap)
-    snprintf(buf + len, cap - len, " world=%d%s", mpg_ctx_world_size(ck->ctx), ck->sync_note);
 }
 
 mpg_status mpg__ckpt_stage(mpg_ckpt *ck, size_t bytes, void **out) {

@@ -70,8 +70,8 @@ static inline size_t mpg__ckpt_esz(const mpg__ckpt_entry *e) {
   return mpg__ckpt_dtype_size(e->dtype);
 }
 
-/* The agreement of every rank on the first failure (ckpt.c): `st` and the
- * thread's message (when st != MPG_OK) go in; out comes, on every rank,
+/* The agreement of every rank on the first failure (ckpt_common.c): `st`
+ * and the thread's message (when st != MPG_OK) go in; out comes, on every rank,
  * the status of the lowest failing rank with its message recorded as this
  * thread's error ("world rank 3: ..."), or MPG_OK.  relayed: st only
  * repeats another rank's failure (read from the save's board), which then
@@ -81,7 +81,8 @@ static inline size_t mpg__ckpt_esz(const mpg__ckpt_entry *e) {
  * itself is returned as is.  Collective over the world. */
 mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, int relayed, const char *what);
 
-/* The mesh text of the checkpoint ("pp=2,dp=2,tp=2 world=8 sync=shard"). */
+/* The mesh text of the checkpoint ("pp=2,dp=2,tp=2 world=8 sync=shard");
+ * ckpt_plan.c. */
 void mpg__ckpt_mesh_text(const mpg_ckpt *ck, char *buf, size_t cap);
 
 /* The handle's host staging of at least `bytes` (kept; grown by a new

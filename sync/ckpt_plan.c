@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ckpt_save.h"
+#include "mesh_internal.h"
 
 /* Decode rank r's entries from its words into recs[*n ...]. */
 static mpg_status decode_rank(mpg__ckpt_save *sv, int r, mpg__ckpt_rec *recs, int *n) {
@@ -177,6 +178,13 @@ mpg_status mpg__ckpt_plan(mpg_ckpt *ck, mpg__ckpt_save *sv) {
   }
   free(load);
   return st;
+}
+
+void mpg__ckpt_mesh_text(const mpg_ckpt *ck, char *buf, size_t cap) {
+  mpg__mesh_text(mpg_ctx_mesh(ck->ctx), buf, cap);
+  size_t len = strlen(buf);
+  if (len < cap)
+    snprintf(buf + len, cap - len, " world=%d%s", mpg_ctx_world_size(ck->ctx), ck->sync_note);
 }
 
 /* Rank 0: the metadata of the plan (ckpt_format.h). */
