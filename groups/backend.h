@@ -267,9 +267,6 @@ extern const struct mpg__backend_ops mpg__backend_nccl; /* built with NCCL */
 const char *mpg__kind_name(mpg__coll_kind kind);
 const char *mpg__op_name(mpg_op op);
 
-/* Monotonic clock in seconds. */
-double mpg__now(void);
-
 /* Element helpers shared by the CPU backends (groups/reduce.c). */
 size_t mpg__dtype_size(mpg_dtype dt);
 int mpg__dtype_is_half(mpg_dtype dt); /* f16 or bf16 */

@@ -2,15 +2,8 @@
  * elementwise reduction, scaling and averaging. */
 #include <math.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend.h"
-
-double mpg__now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 const char *mpg__kind_name(mpg__coll_kind kind) {
   static const char *const names[] = {"all_reduce", "broadcast", "all_gather",

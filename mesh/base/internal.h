@@ -24,6 +24,10 @@ extern "C" {
 #define MPG__PRINTF(a, b)
 #endif
 
+/* The monotonic clock (CLOCK_MONOTONIC) in seconds: every timeout,
+ * deadline and duration of the library (base/clock.c). */
+double mpg__now(void);
+
 /* Record the thread's last error message and return `status`. */
 mpg_status mpg__fail(mpg_status status, const char *fmt, ...) MPG__PRINTF(2, 3);
 
