@@ -214,8 +214,8 @@ mpg_status mpg__mpi_fail(int rc, const char *call, const char *what);
  * is not meshpg's: a nonblocking collective's error (libnbc: a truncated
  * all-reduce, say) on MPI_COMM_WORLD when the request completes, a call on
  * the caller's opts.mpi_comm on that one.  mpg__mpi_ret_begin(&g, c) makes
- * c's errors return for the calls up to mpg__mpi_ret_end(&g), which puts
- * c's handler back (nothing is changed when c's errors already return).
+ * c's errors return for the calls up to mpg__mpi_ret_end(&g), which restores
+ * c's handler (nothing is changed when c's errors already return).
  * Lock held, MPI initialised and not finalised. */
 typedef struct mpg__mpi_ret {
   MPI_Comm comm;

@@ -46,7 +46,7 @@
  * later), so meshpg never changes them for good: it completes a request
  * only once MPI_Request_get_status says it is done, and around that one
  * MPI_Test (and around its own calls on those communicators) it sets
- * MPI_ERRORS_RETURN and puts the handler back (mpg__mpi_ret_begin,
+ * MPI_ERRORS_RETURN and restores the handler after (mpg__mpi_ret_begin,
  * state.c).  The error then comes back as MPG_ERR_BACKEND naming the
  * operation, its group and MPI's error string; the groups layer aborts the
  * context.  (An application thread whose own MPI call fails on
