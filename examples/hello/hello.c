@@ -1,6 +1,7 @@
 /* The README's first program: each rank of a dp=-1,tp=2 mesh sums the
  * ranks of its tp group.  Start it with a launcher, one process per rank:
- *   mpirun -np 4 ./hello       (as root: mpirun --allow-run-as-root ...) */
+ *   mpirun --oversubscribe -np 4 ./hello   (as root: add --allow-run-as-root;
+ *   --oversubscribe: more ranks than cores) */
 #include <meshpg.h>
 #include <stdio.h>
 
@@ -11,8 +12,8 @@ int main(void) {
     return 2;
   }
   if (launch.world_size < 1) {
-    fprintf(stderr, "hello: no launcher found: start me with mpirun -np 4 ./hello "
-                    "(or srun)\n");
+    fprintf(stderr, "hello: no launcher found: start me with mpirun --oversubscribe "
+                    "-np 4 ./hello (or srun)\n");
     return 2;
   }
   mpg_spec spec = MPG_SPEC_INIT; /* tp=2 innermost, dp takes the rest */
