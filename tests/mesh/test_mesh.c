@@ -138,6 +138,16 @@ static void check_dims(const mpg_mesh *m, int ndims, const char *const *names,
 
 static const char *const design_flat[] = {"dp_cp=dp,cp", NULL};
 
+/* A table of ranks written in place, for check_set. */
+#define RANKS(...) ((const int[]){__VA_ARGS__})
+
+/* check_set on the DESIGN.md example's mesh. */
+static void design_set(const char *name, int ngroups, int gsize, const int *want) {
+  mpg_mesh *m = mesh_from("dp=2,tp=2,cp=2", 8, design_flat);
+  check_set(m, name, ngroups, gsize, want);
+  mpg_mesh_destroy(m);
+}
+
 Test(mesh, design_example_layout) {
   mpg_mesh *m = mesh_from("dp=2,tp=2,cp=2", 8, design_flat);
   static const char *const names[] = {"dp", "tp", "cp"};
@@ -177,41 +187,11 @@ Test(mesh, design_example_layout) {
   mpg_mesh_destroy(m);
 }
 
-Test(mesh, design_example_dp) {
-  mpg_mesh *m = mesh_from("dp=2,tp=2,cp=2", 8, design_flat);
-  static const int dp[] = {0, 4, 1, 5, 2, 6, 3, 7};
-  check_set(m, "dp", 4, 2, dp);
-  mpg_mesh_destroy(m);
-}
-
-Test(mesh, design_example_tp) {
-  mpg_mesh *m = mesh_from("dp=2,tp=2,cp=2", 8, design_flat);
-  static const int tp[] = {0, 2, 1, 3, 4, 6, 5, 7};
-  check_set(m, "tp", 4, 2, tp);
-  mpg_mesh_destroy(m);
-}
-
-Test(mesh, design_example_cp) {
-  mpg_mesh *m = mesh_from("dp=2,tp=2,cp=2", 8, design_flat);
-  static const int cp[] = {0, 1, 2, 3, 4, 5, 6, 7};
-  check_set(m, "cp", 4, 2, cp);
-  mpg_mesh_destroy(m);
-}
-
-Test(mesh, design_example_dp_cp) {
-  mpg_mesh *m = mesh_from("dp=2,tp=2,cp=2", 8, design_flat);
-  static const int dp_cp[] = {0, 1, 4, 5, 2, 3, 6, 7};
-  check_set(m, "dp_cp", 2, 4, dp_cp);
-  mpg_mesh_destroy(m);
-}
-
-Test(mesh, design_example_world) {
-  mpg_mesh *m = mesh_from("dp=2,tp=2,cp=2", 8, design_flat);
-  static const int world[] = {0, 1, 2, 3, 4, 5, 6, 7};
-  check_set(m, "world", 1, 8, world);
-  mpg_mesh_destroy(m);
-}
-
+Test(mesh, design_example_dp) { design_set("dp", 4, 2, RANKS(0, 4, 1, 5, 2, 6, 3, 7)); }
+Test(mesh, design_example_tp) { design_set("tp", 4, 2, RANKS(0, 2, 1, 3, 4, 6, 5, 7)); }
+Test(mesh, design_example_cp) { design_set("cp", 4, 2, RANKS(0, 1, 2, 3, 4, 5, 6, 7)); }
+Test(mesh, design_example_dp_cp) { design_set("dp_cp", 2, 4, RANKS(0, 1, 4, 5, 2, 3, 6, 7)); }
+Test(mesh, design_example_world) { design_set("world", 1, 8, RANKS(0, 1, 2, 3, 4, 5, 6, 7)); }
 /* ------------------------------------------------------------------------ */
 /* Megatron RankGenerator semantics                                          */
 /* ------------------------------------------------------------------------ */
@@ -246,59 +226,49 @@ static mpg_mesh *megatron_4d(void) {
   return m;
 }
 
-Test(megatron, order_4d_tp) {
+/* The expected groups of megatron_4d's sets, one row a set, each row's
+ * test the Test that checks it:
+ * - tp: contiguous pairs;
+ * - cp: stride 2; groups over (pp, dp, tp) with tp fastest;
+ * - dp: stride 4; groups over (pp, cp, tp);
+ * - pp: stride 8 (world 16 / pp 2);
+ * - tp_cp, get_ranks("tp-cp"): blocks of 4 consecutive ranks;
+ * - dp_cp, get_ranks("dp-cp"): fix pp and tp; row-major over (dp, cp), i.e.
+ *   dp*4 + cp*2: [0,2,4,6] [1,3,5,7] [8,10,12,14] [9,11,13,15];
+ * - mp, get_ranks("tp-pp"): fix dp and cp; row-major over (pp, tp). */
+static const struct megatron_row {
+  const char *test, *set;
+  int ngroups, gsize;
+  int want[16];
+} megatron_rows[] = {
+    {"order_4d_tp", "tp", 8, 2, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}},
+    {"order_4d_cp", "cp", 8, 2, {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15}},
+    {"order_4d_dp", "dp", 8, 2, {0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15}},
+    {"order_4d_pp", "pp", 8, 2, {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15}},
+    {"order_4d_flattened", "tp_cp", 4, 4, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}},
+    {"order_4d_flattened", "dp_cp", 4, 4, {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15}},
+    {"order_4d_flattened", "mp", 4, 4, {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15}},
+};
+
+/* check_set on megatron_4d's mesh for every row of the Test `test`. */
+static void megatron_case(const char *test) {
   mpg_mesh *m = megatron_4d();
-  /* tp: contiguous pairs. */
-  static const int tp[] = {0, 1, 2,  3,  4,  5,  6,  7,
-                           8, 9, 10, 11, 12, 13, 14, 15};
-  check_set(m, "tp", 8, 2, tp);
+  int n = 0;
+  for (size_t i = 0; i < sizeof megatron_rows / sizeof megatron_rows[0]; i++) {
+    const struct megatron_row *r = &megatron_rows[i];
+    if (strcmp(r->test, test) != 0) continue;
+    check_set(m, r->set, r->ngroups, r->gsize, r->want);
+    n++;
+  }
+  cr_assert_gt(n, 0, "no row for %s", test);
   mpg_mesh_destroy(m);
 }
 
-Test(megatron, order_4d_cp) {
-  mpg_mesh *m = megatron_4d();
-  /* cp: stride 2; groups over (pp, dp, tp) with tp fastest. */
-  static const int cp[] = {0, 2, 1, 3, 4,  6,  5,  7,
-                           8, 10, 9, 11, 12, 14, 13, 15};
-  check_set(m, "cp", 8, 2, cp);
-  mpg_mesh_destroy(m);
-}
-
-Test(megatron, order_4d_dp) {
-  mpg_mesh *m = megatron_4d();
-  /* dp: stride 4; groups over (pp, cp, tp). */
-  static const int dp[] = {0, 4, 1, 5, 2,  6,  3,  7,
-                           8, 12, 9, 13, 10, 14, 11, 15};
-  check_set(m, "dp", 8, 2, dp);
-  mpg_mesh_destroy(m);
-}
-
-Test(megatron, order_4d_pp) {
-  mpg_mesh *m = megatron_4d();
-  /* pp: stride 8 (world 16 / pp 2). */
-  static const int pp[] = {0, 8,  1, 9,  2, 10, 3, 11,
-                           4, 12, 5, 13, 6, 14, 7, 15};
-  check_set(m, "pp", 8, 2, pp);
-  mpg_mesh_destroy(m);
-}
-
-Test(megatron, order_4d_flattened) {
-  mpg_mesh *m = megatron_4d();
-  /* get_ranks("tp-cp"): blocks of 4 consecutive ranks. */
-  static const int tp_cp[] = {0, 1, 2,  3,  4,  5,  6,  7,
-                              8, 9, 10, 11, 12, 13, 14, 15};
-  check_set(m, "tp_cp", 4, 4, tp_cp);
-  /* get_ranks("dp-cp"): fix pp and tp; row-major over (dp, cp), i.e.
-   * dp*4 + cp*2: [0,2,4,6] [1,3,5,7] [8,10,12,14] [9,11,13,15]. */
-  static const int dp_cp[] = {0, 2, 4,  6,  1, 3, 5,  7,
-                              8, 10, 12, 14, 9, 11, 13, 15};
-  check_set(m, "dp_cp", 4, 4, dp_cp);
-  /* get_ranks("tp-pp"): fix dp and cp; row-major over (pp, tp). */
-  static const int mp[] = {0, 1, 8,  9,  2, 3, 10, 11,
-                           4, 5, 12, 13, 6, 7, 14, 15};
-  check_set(m, "mp", 4, 4, mp);
-  mpg_mesh_destroy(m);
-}
+Test(megatron, order_4d_tp) { megatron_case("order_4d_tp"); }
+Test(megatron, order_4d_cp) { megatron_case("order_4d_cp"); }
+Test(megatron, order_4d_dp) { megatron_case("order_4d_dp"); }
+Test(megatron, order_4d_pp) { megatron_case("order_4d_pp"); }
+Test(megatron, order_4d_flattened) { megatron_case("order_4d_flattened"); }
 
 /* The example in Megatron's initialize_model_parallel docstring: 16 GPUs,
  * tp=2, pp=4, dp=2: tensor groups [g0,g1] [g2,g3] ..., pipeline groups
@@ -577,11 +547,17 @@ Test(errors, too_many_dims) {
   create_fails(&spec, 0, MPG_ERR_SPEC, "found 0");
 }
 
+/* The mesh dp=2,tp=2,cp=2 with the flatten item `item` fails to be created,
+ * with `sub` in the message; *spec is left as it was read. */
+static void flatten_fails(mpg_spec *spec, const char *item, const char *sub) {
+  const char *const fl[] = {item, NULL};
+  spec_from(spec, "dp=2,tp=2,cp=2", fl);
+  create_fails(spec, 8, MPG_ERR_SPEC, sub);
+}
+
 Test(errors, flatten_unknown_dim) {
-  static const char *const fl[] = {"x=dp,cpp", NULL};
   mpg_spec spec = MPG_SPEC_INIT;
-  spec_from(&spec, "dp=2,tp=2,cp=2", fl);
-  create_fails(&spec, 8, MPG_ERR_SPEC, "unknown dim \"cpp\"");
+  flatten_fails(&spec, "x=dp,cpp", "unknown dim \"cpp\"");
   cr_assert(strstr(mpg_last_error(), "did you mean \"cp\"") != NULL, "%s",
             mpg_last_error());
   cr_assert(strstr(mpg_last_error(), "dp, tp, cp") != NULL, "%s",
@@ -590,33 +566,23 @@ Test(errors, flatten_unknown_dim) {
 }
 
 Test(errors, flatten_repeats_dim) {
-  static const char *const fl[] = {"x=dp,dp", NULL};
   mpg_spec spec = MPG_SPEC_INIT;
-  spec_from(&spec, "dp=2,tp=2,cp=2", fl);
-  create_fails(&spec, 8, MPG_ERR_SPEC, "\"dp\" is listed twice");
+  flatten_fails(&spec, "x=dp,dp", "\"dp\" is listed twice");
 }
 
 Test(errors, flatten_out_of_mesh_order) {
-  static const char *const fl[] = {"cp_dp=cp,dp", NULL};
   mpg_spec spec = MPG_SPEC_INIT;
-  spec_from(&spec, "dp=2,tp=2,cp=2", fl);
-  create_fails(&spec, 8, MPG_ERR_SPEC, "mesh order");
+  flatten_fails(&spec, "cp_dp=cp,dp", "mesh order");
   cr_assert(strstr(mpg_last_error(), "\"dp\" comes after \"cp\"") != NULL,
             "%s", mpg_last_error());
 }
 
 Test(errors, flatten_name_clash) {
-  static const char *const fl[] = {"tp=dp,cp", NULL};
   mpg_spec spec = MPG_SPEC_INIT;
-  spec_from(&spec, "dp=2,tp=2,cp=2", fl);
-  create_fails(&spec, 8, MPG_ERR_SPEC, "clashes with a mesh dim");
-  static const char *const fl2[] = {"world=dp,cp", NULL};
-  spec_from(&spec, "dp=2,tp=2,cp=2", fl2);
-  create_fails(&spec, 8, MPG_ERR_SPEC, "reserved group \"world\"");
+  flatten_fails(&spec, "tp=dp,cp", "clashes with a mesh dim");
+  flatten_fails(&spec, "world=dp,cp", "reserved group \"world\"");
   /* A bad set name. */
-  static const char *const fl3[] = {"9x=dp,cp", NULL};
-  spec_from(&spec, "dp=2,tp=2,cp=2", fl3);
-  create_fails(&spec, 8, MPG_ERR_SPEC, "\"9x\"");
+  flatten_fails(&spec, "9x=dp,cp", "\"9x\"");
   /* The same name twice replaces, it does not add. */
   static const char *const fl4[] = {"x=dp", "x=dp,cp", NULL};
   spec_from(&spec, "dp=2,tp=2,cp=2", fl4);
