@@ -293,13 +293,19 @@ Test(expert_grid, six_to_eight_dims_match_megatron) {
 
 /* The public numbering of an expert set's dims is unchanged: etp, ep, edp
  * are mpg_mesh_ndims + 0, 1, 2, also with 8 mesh dims. */
-Test(expert_grid, eight_dims_build_and_number_expert_dims) {
+/* An 8-dim mesh of `dims` with dp_cp = dp,cp and experts etp = 1, ep = 2. */
+static mpg_mesh *eight_dim_mesh(const char *dims) {
   mpg_spec sp = MPG_SPEC_INIT;
-  OK(mpg_spec_set_mesh(&sp, "pp=2,a=1,dp=2,b=1,cp=1,c=1,d=1,tp=2"));
+  OK(mpg_spec_set_mesh(&sp, dims));
   OK(mpg_spec_add_flatten(&sp, "dp_cp", "dp,cp"));
   OK(mpg_spec_set_experts(&sp, 1, 2, NULL));
   mpg_mesh *m = NULL;
   OK(mpg_mesh_create(&sp, 0, &m));
+  return m;
+}
+
+Test(expert_grid, eight_dims_build_and_number_expert_dims) {
+  mpg_mesh *m = eight_dim_mesh("pp=2,a=1,dp=2,b=1,cp=1,c=1,d=1,tp=2");
   cr_assert_eq(mpg_mesh_ndims(m), MPG_MAX_DIMS);
   cr_assert_eq(mpg_mesh_expert_ndims(m), 4);
   int set, dims[MPG_MAX_DIMS], n;
@@ -387,12 +393,7 @@ static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
 }
 
 Test(expert_grid, groups_and_sync_on_an_eight_dim_mesh) {
-  mpg_spec sp = MPG_SPEC_INIT;
-  OK(mpg_spec_set_mesh(&sp, "pp=2,a=1,dp=2,b=1,cp=2,c=1,d=1,tp=2"));
-  OK(mpg_spec_add_flatten(&sp, "dp_cp", "dp,cp"));
-  OK(mpg_spec_set_experts(&sp, 1, 2, NULL));
-  mpg_mesh *m = NULL;
-  OK(mpg_mesh_create(&sp, 0, &m));
+  mpg_mesh *m = eight_dim_mesh("pp=2,a=1,dp=2,b=1,cp=2,c=1,d=1,tp=2");
   mpg_status st = mpg_thread_run(16, 60.0, rank_main, m, NULL);
   cr_expect_eq(st, MPG_OK, "%s: %s", mpg_status_name(st), mpg_last_error());
   mpg_mesh_destroy(m);

@@ -15,6 +15,7 @@
 #include "meshpg.h"
 
 #include "expect_err.h"
+#include "rank_check.h"
 
 static mpg_mesh *make(const char *dims, const char *order, int etp, int ep,
                       const char *eorder, int world) {
@@ -53,6 +54,50 @@ static void groups_str(const mpg_mesh *m, const char *name, char *buf, size_t ca
 /* Hand-checked grids                                                        */
 /* ------------------------------------------------------------------------ */
 
+/* The hand-checked groups, one row a dim set: the Test that checks it, the
+ * set, and every group of it as groups_str writes them.  In
+ * megatron_default_order_16_ranks the dense dims tp and pp are untouched;
+ * in ep_inside_tp etp_ep is row-major over the grid, outermost first: etp
+ * then ep. */
+static const struct groups_row {
+  const char *test, *set, *groups;
+} groups_rows[] = {
+    {"megatron_default_order_16_ranks", "ep", "[0,1] [2,3] [4,5] [6,7] [8,9] [10,11] [12,13] [14,15]"},
+    {"megatron_default_order_16_ranks", "etp", "[0] [1] [2] [3] [4] [5] [6] [7] [8] [9] [10] [11] [12] [13] [14] [15]"},
+    {"megatron_default_order_16_ranks", "edp", "[0,2,4,6] [1,3,5,7] [8,10,12,14] [9,11,13,15]"},
+    {"megatron_default_order_16_ranks", "etp_ep", "[0,1] [2,3] [4,5] [6,7] [8,9] [10,11] [12,13] [14,15]"},
+    {"megatron_default_order_16_ranks", "etp_ep_pp", "[0,1,8,9] [2,3,10,11] [4,5,12,13] [6,7,14,15]"},
+    {"megatron_default_order_16_ranks", "tp", "[0,1] [2,3] [4,5] [6,7] [8,9] [10,11] [12,13] [14,15]"},
+    {"megatron_default_order_16_ranks", "pp", "[0,8] [1,9] [2,10] [3,11] [4,12] [5,13] [6,14] [7,15]"},
+    {"etp_and_ep_fill_the_stage", "etp", "[0,1] [2,3] [4,5] [6,7] [8,9] [10,11] [12,13] [14,15]"},
+    {"etp_and_ep_fill_the_stage", "ep", "[0,2,4,6] [1,3,5,7] [8,10,12,14] [9,11,13,15]"},
+    {"etp_and_ep_fill_the_stage", "etp_ep", "[0,1,2,3,4,5,6,7] [8,9,10,11,12,13,14,15]"},
+    {"etp_and_ep_fill_the_stage", "edp", "[0] [1] [2] [3] [4] [5] [6] [7] [8] [9] [10] [11] [12] [13] [14] [15]"},
+    {"etp_and_ep_fill_the_stage", "etp_ep_pp", "[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]"},
+    {"ep_inside_tp", "ep", "[0,1] [2,3] [4,5] [6,7]"},
+    {"ep_inside_tp", "etp", "[0,2] [1,3] [4,6] [5,7]"},
+    {"ep_inside_tp", "etp_ep", "[0,1,2,3] [4,5,6,7]"},
+    {"ep_inside_tp", "edp", "[0,4] [1,5] [2,6] [3,7]"},
+    {"toml_section", "ep", "[0,1,2,3] [4,5,6,7] [8,9,10,11] [12,13,14,15]"},
+    {"toml_section", "edp", "[0,4] [1,5] [2,6] [3,7] [8,12] [9,13] [10,14] [11,15]"},
+    {"dense_dims_named_ep_and_edp_keep_working", "ep", "[0,2] [1,3] [4,6] [5,7]"},
+    {"dense_dims_named_ep_and_edp_keep_working", "edp", "[0,4] [1,5] [2,6] [3,7]"},
+    {"pp_not_last_is_fine_when_edp_equals_dp", "ep", "[0,1] [2,3] [4,5] [6,7] [8,9] [10,11] [12,13] [14,15]"},
+    {"pp_not_last_is_fine_when_edp_equals_dp", "edp", "[0,4,8,12] [1,5,9,13] [2,6,10,14] [3,7,11,15]"},
+};
+
+/* EXPECT_GROUPS for every row of the Test `test`, in table order. */
+static void expect_rows(const mpg_mesh *m, const char *test) {
+  int n = 0;
+  for (size_t i = 0; i < sizeof groups_rows / sizeof groups_rows[0]; i++) {
+    if (strcmp(groups_rows[i].test, test) != 0) continue;
+    EXPECT_GROUPS(m, groups_rows[i].set, groups_rows[i].groups);
+    n++;
+  }
+  cr_assert_gt(n, 0, "no row for %s", test);
+}
+#define expect_rows(m, test) expect_rows(m, test)
+
 /* Megatron tp=2 cp=2 dp=2 pp=2, etp=1 ep=2, order tp-cp-ep-dp-pp: the
  * expert grid is pp=2 x edp=4 x ep=2 x etp=1. */
 Test(experts, megatron_default_order_16_ranks) {
@@ -67,14 +112,7 @@ Test(experts, megatron_default_order_16_ranks) {
     cr_expect_str_eq(name, want_names[d]);
     cr_expect_eq(size, want_sizes[d], "%s", want_names[d]);
   }
-  EXPECT_GROUPS(m, "ep", "[0,1] [2,3] [4,5] [6,7] [8,9] [10,11] [12,13] [14,15]");
-  EXPECT_GROUPS(m, "etp", "[0] [1] [2] [3] [4] [5] [6] [7] [8] [9] [10] [11] [12] [13] [14] [15]");
-  EXPECT_GROUPS(m, "edp", "[0,2,4,6] [1,3,5,7] [8,10,12,14] [9,11,13,15]");
-  EXPECT_GROUPS(m, "etp_ep", "[0,1] [2,3] [4,5] [6,7] [8,9] [10,11] [12,13] [14,15]");
-  EXPECT_GROUPS(m, "etp_ep_pp", "[0,1,8,9] [2,3,10,11] [4,5,12,13] [6,7,14,15]");
-  /* The dense dims are untouched. */
-  EXPECT_GROUPS(m, "tp", "[0,1] [2,3] [4,5] [6,7] [8,9] [10,11] [12,13] [14,15]");
-  EXPECT_GROUPS(m, "pp", "[0,8] [1,9] [2,10] [3,11] [4,12] [5,13] [6,14] [7,15]");
+  expect_rows(m, "megatron_default_order_16_ranks");
   /* world stays the last dim set. */
   const char *last;
   mpg_mesh_dimset_info(m, mpg_mesh_num_dimsets(m) - 1, &last, NULL, NULL);
@@ -87,11 +125,7 @@ Test(experts, megatron_default_order_16_ranks) {
  * tp-ep-dp-pp: etp stride 1, ep stride 2, pp stride 8. */
 Test(experts, etp_and_ep_fill_the_stage) {
   mpg_mesh *m = make("pp=2,dp=4,tp=2", NULL, 2, 4, "tp-ep-dp-pp", 0);
-  EXPECT_GROUPS(m, "etp", "[0,1] [2,3] [4,5] [6,7] [8,9] [10,11] [12,13] [14,15]");
-  EXPECT_GROUPS(m, "ep", "[0,2,4,6] [1,3,5,7] [8,10,12,14] [9,11,13,15]");
-  EXPECT_GROUPS(m, "etp_ep", "[0,1,2,3,4,5,6,7] [8,9,10,11,12,13,14,15]");
-  EXPECT_GROUPS(m, "edp", "[0] [1] [2] [3] [4] [5] [6] [7] [8] [9] [10] [11] [12] [13] [14] [15]");
-  EXPECT_GROUPS(m, "etp_ep_pp", "[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]");
+  expect_rows(m, "etp_and_ep_fill_the_stage");
   mpg_mesh_destroy(m);
 }
 
@@ -99,11 +133,7 @@ Test(experts, etp_and_ep_fill_the_stage) {
  * ep=2, edp=2: ep stride 1, etp stride 2, edp stride 4. */
 Test(experts, ep_inside_tp) {
   mpg_mesh *m = make("dp=4,tp=2", NULL, 2, 2, "ep-tp-dp-pp", 0);
-  EXPECT_GROUPS(m, "ep", "[0,1] [2,3] [4,5] [6,7]");
-  EXPECT_GROUPS(m, "etp", "[0,2] [1,3] [4,6] [5,7]");
-  /* etp_ep is row-major over the grid, outermost first: etp then ep. */
-  EXPECT_GROUPS(m, "etp_ep", "[0,1,2,3] [4,5,6,7]");
-  EXPECT_GROUPS(m, "edp", "[0,4] [1,5] [2,6] [3,7]");
+  expect_rows(m, "ep_inside_tp");
   mpg_mesh_destroy(m);
 }
 
@@ -147,8 +177,7 @@ Test(experts, toml_section) {
   cr_expect_eq(sp.experts.ep_pos.line, 4);
   mpg_mesh *m = NULL;
   cr_assert_eq(mpg_mesh_create(&sp, 16, &m), MPG_OK, "%s", mpg_last_error());
-  EXPECT_GROUPS(m, "ep", "[0,1,2,3] [4,5,6,7] [8,9,10,11] [12,13,14,15]");
-  EXPECT_GROUPS(m, "edp", "[0,4] [1,5] [2,6] [3,7] [8,12] [9,13] [10,14] [11,15]");
+  expect_rows(m, "toml_section");
   mpg_mesh_destroy(m);
   /* An empty [experts] is ep = 1, etp = the mesh's tp. */
   cr_assert_eq(mpg_spec_load_string("[mesh]\ndims = [ { name = \"dp\", size = 2 } ]\n"
@@ -167,8 +196,7 @@ Test(experts, dense_dims_named_ep_and_edp_keep_working) {
   cr_assert_eq(mpg_mesh_create(&sp, 0, &m), MPG_OK, "%s", mpg_last_error());
   cr_expect_eq(mpg_mesh_expert_ndims(m), 0);
   cr_expect_eq(mpg_mesh_num_dimsets(m), 4);
-  EXPECT_GROUPS(m, "ep", "[0,2] [1,3] [4,6] [5,7]");
-  EXPECT_GROUPS(m, "edp", "[0,4] [1,5] [2,6] [3,7]");
+  expect_rows(m, "dense_dims_named_ep_and_edp_keep_working");
   mpg_mesh_destroy(m);
   /* ep = 0 removes an expert grid again. */
   /* With an expert grid, the dense names clash. */
@@ -193,22 +221,23 @@ static mpg_status load(const char *toml, mpg_spec *sp) {
 
 #define MESH3 "[mesh]\ndims = [ { name = \"pp\", size = 2 }, { name = \"dp\", size = 2 }, { name = \"tp\", size = 2 } ]\n"
 
+/* Specs that fail to load (MPG_ERR_SPEC), with a piece of the message. */
+static const struct bad_spec {
+  const char *toml, *err;
+} bad_specs[] = {
+    {MESH3 "[experts]\nep = 0\n", "moe.toml:4:6: experts.ep: expected a positive integer or -1"},
+    {MESH3 "[experts]\ntp = -2\n", "moe.toml:4:6: experts.tp: expected a positive integer"},
+    {MESH3 "[experts]\nep = 2.5\n", "moe.toml:4:6: experts.ep: expected an integer > 0, -1 or \"auto\", found float 2.5"},
+    {MESH3 "[experts]\norder = \"tp-ep-xp-pp\"\n", "moe.toml:4:9: experts.order \"tp-ep-xp-pp\": unknown token \"xp\""},
+    {MESH3 "[experts]\norder = \"tp-ep-ep-pp\"\n", "\"ep\" is named twice"},
+    {MESH3 "[experts]\nepp = 2\n", "moe.toml:4:1: experts.epp: unknown key (did you mean \"ep\"?)"},
+    {"[mesh]\ndims = [ { name = \"ep\", size = 2 } ]\n[experts]\nep = 2\n", "moe.toml:2:19: mesh.dims[0].name: \"ep\" is a name of the expert grid"},
+};
+
 Test(experts, spec_errors_name_the_key_and_position) {
   mpg_spec sp = MPG_SPEC_INIT;
-  EXPECT_ERR(load(MESH3 "[experts]\nep = 0\n", &sp), MPG_ERR_SPEC,
-             "moe.toml:4:6: experts.ep: expected a positive integer or -1");
-  EXPECT_ERR(load(MESH3 "[experts]\ntp = -2\n", &sp), MPG_ERR_SPEC,
-             "moe.toml:4:6: experts.tp: expected a positive integer");
-  EXPECT_ERR(load(MESH3 "[experts]\nep = 2.5\n", &sp), MPG_ERR_SPEC,
-             "moe.toml:4:6: experts.ep: expected an integer > 0, -1 or \"auto\", found float 2.5");
-  EXPECT_ERR(load(MESH3 "[experts]\norder = \"tp-ep-xp-pp\"\n", &sp), MPG_ERR_SPEC,
-             "moe.toml:4:9: experts.order \"tp-ep-xp-pp\": unknown token \"xp\"");
-  EXPECT_ERR(load(MESH3 "[experts]\norder = \"tp-ep-ep-pp\"\n", &sp), MPG_ERR_SPEC,
-             "\"ep\" is named twice");
-  EXPECT_ERR(load(MESH3 "[experts]\nepp = 2\n", &sp), MPG_ERR_SPEC,
-             "moe.toml:4:1: experts.epp: unknown key (did you mean \"ep\"?)");
-  EXPECT_ERR(load("[mesh]\ndims = [ { name = \"ep\", size = 2 } ]\n[experts]\nep = 2\n", &sp),
-             MPG_ERR_SPEC, "moe.toml:2:19: mesh.dims[0].name: \"ep\" is a name of the expert grid");
+  for (size_t i = 0; i < sizeof bad_specs / sizeof bad_specs[0]; i++)
+    EXPECT_ERR(load(bad_specs[i].toml, &sp), MPG_ERR_SPEC, bad_specs[i].err);
   /* The expert grid has its own mask bits: a mesh of MPG_MAX_DIMS (8)
    * dims may have one (once limited to 5 dims). */
   cr_assert_eq(load("[mesh]\ndims = [ { name = \"a\", size = 1 }, { name = \"b\", size = 1 }, "
@@ -266,8 +295,7 @@ Test(experts, megatron_checks_at_mesh_create) {
 Test(experts, pp_not_last_is_fine_when_edp_equals_dp) {
   /* Megatron tp-pp-dp with ep replacing tp in experts: etp=1, ep=2. */
   mpg_mesh *m = make("dp=4,pp=2,tp=2", NULL, 1, 2, "tp-ep-pp-dp", 0);
-  EXPECT_GROUPS(m, "ep", "[0,1] [2,3] [4,5] [6,7] [8,9] [10,11] [12,13] [14,15]");
-  EXPECT_GROUPS(m, "edp", "[0,4,8,12] [1,5,9,13] [2,6,10,14] [3,7,11,15]");
+  expect_rows(m, "pp_not_last_is_fine_when_edp_equals_dp");
   mpg_mesh_destroy(m);
 }
 
@@ -403,12 +431,30 @@ Test(experts, property_random_layouts) {
 /* Groups on the thread backend                                              */
 /* ------------------------------------------------------------------------ */
 
+/* The members of rank's group of the dim set `name` (into members, at
+ * most 64); returns the group's size. */
+static int my_group(const mpg_mesh *mesh, const char *name, int rank, int *members) {
+  int set, gi, gs;
+  mpg_mesh_dimset_find(mesh, name, &set);
+  mpg_mesh_group_of(mesh, set, rank, &gi, NULL, &gs);
+  mpg_mesh_group_members(mesh, set, gi, members);
+  return gs;
+}
+
+/* Runs fn on n thread ranks of m (rank_open makes their contexts), expects
+ * success, destroys m. */
+static void run_and_destroy(mpg_mesh *m, int n, mpg_rank_main fn) {
+  mpg_status st = mpg_thread_run(n, 60.0, fn, m, NULL);
+  mpg_mesh_destroy(m);
+  EXPECT_RUN_OK(st);
+}
+
 /* Each rank sums its rank over "edp", "ep", "etp_ep" (by name) and over
  * "etp,ep,pp" (a dim list); the sums must match the mesh's members. */
 static mpg_status sums_main(const mpg_init_opts *opts, void *arg) {
   const mpg_mesh *mesh = arg;
   mpg_ctx *ctx = NULL;
-  mpg_status st = mpg_ctx_create(mesh, opts, &ctx);
+  mpg_status st = rank_open(opts, mesh, &ctx, NULL, NULL);
   if (st) return st;
   const char *names[4] = {"edp", "ep", "etp_ep", "etp,ep,pp"};
   const char *sets[4] = {"edp", "ep", "etp_ep", "etp_ep_pp"};
@@ -420,10 +466,7 @@ static mpg_status sums_main(const mpg_init_opts *opts, void *arg) {
     mpg_work *w = NULL;
     st = mpg_all_reduce(g, &in, &out, 1, MPG_I64, MPG_OP_SUM, NULL, &w);
     if (!st) st = mpg_work_wait(w);
-    int set, gi, gs, members[64];
-    mpg_mesh_dimset_find(mesh, sets[k], &set);
-    mpg_mesh_group_of(mesh, set, opts->rank, &gi, NULL, &gs);
-    mpg_mesh_group_members(mesh, set, gi, members);
+    int members[64], gs = my_group(mesh, sets[k], opts->rank, members);
     int64_t want = 0;
     for (int i = 0; i < gs; i++) want += members[i];
     if (!st && (out != want || mpg_group_size(g) != gs)) st = MPG_ERR_STATE;
@@ -431,15 +474,13 @@ static mpg_status sums_main(const mpg_init_opts *opts, void *arg) {
   /* A mesh dim other than pp does not mix with expert dims. */
   mpg_group *bad = NULL;
   if (!st && mpg_ctx_group_dims(ctx, "tp,ep", &bad) != MPG_ERR_INVALID) st = MPG_ERR_STATE;
+  tl_ctx = NULL;
   mpg_ctx_destroy(ctx);
   return st;
 }
 
 Test(experts, groups_on_the_thread_backend) {
-  mpg_mesh *m = make("pp=2,dp=2,tp=2", NULL, 1, 2, NULL, 0);
-  mpg_status st = mpg_thread_run(8, 60.0, sums_main, m, NULL);
-  cr_expect_eq(st, MPG_OK, "%s: %s", mpg_status_name(st), mpg_last_error());
-  mpg_mesh_destroy(m);
+  run_and_destroy(make("pp=2,dp=2,tp=2", NULL, 1, 2, NULL, 0), 8, sums_main);
 }
 
 /* Gradient sync: an expert parameter reduced over "edp", a dense one over
@@ -447,7 +488,7 @@ Test(experts, groups_on_the_thread_backend) {
 static mpg_status sync_main(const mpg_init_opts *opts, void *arg) {
   const mpg_mesh *mesh = arg;
   mpg_ctx *ctx = NULL;
-  mpg_status st = mpg_ctx_create(mesh, opts, &ctx);
+  mpg_status st = rank_open(opts, mesh, &ctx, NULL, NULL);
   if (st) return st;
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.sync.op = MPG_OP_SUM;
@@ -472,10 +513,7 @@ static mpg_status sync_main(const mpg_init_opts *opts, void *arg) {
   const char *setname[2] = {"edp", "dp"};
   float *grad[2] = {ge, gd};
   for (int k = 0; k < 2 && !st; k++) {
-    int set, gi, gs, members[64];
-    mpg_mesh_dimset_find(mesh, setname[k], &set);
-    mpg_mesh_group_of(mesh, set, opts->rank, &gi, NULL, &gs);
-    mpg_mesh_group_members(mesh, set, gi, members);
+    int members[64], gs = my_group(mesh, setname[k], opts->rank, members);
     for (int i = 0; i < 4; i++) {
       float want = 0;
       for (int p = 0; p < gs; p++) want += (float)(members[p] + i);
@@ -483,13 +521,11 @@ static mpg_status sync_main(const mpg_init_opts *opts, void *arg) {
     }
   }
   mpg_sync_destroy(sync);
+  tl_ctx = NULL;
   mpg_ctx_destroy(ctx);
   return st;
 }
 
 Test(experts, sync_reduces_expert_params_over_edp) {
-  mpg_mesh *m = make("pp=2,dp=4,tp=1", NULL, 1, 2, NULL, 0);
-  mpg_status st = mpg_thread_run(8, 60.0, sync_main, m, NULL);
-  cr_expect_eq(st, MPG_OK, "%s: %s", mpg_status_name(st), mpg_last_error());
-  mpg_mesh_destroy(m);
+  run_and_destroy(make("pp=2,dp=4,tp=1", NULL, 1, 2, NULL, 0), 8, sync_main);
 }
