@@ -547,23 +547,12 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
   if (cfg.nvis == 0) return ret(cfg.init_error);
   if (device < 0 || device >= cfg.nvis) return ret(cudaErrorInvalidDevice);
   if (!prop) return ret(cudaErrorInvalidValue);
-  memset(prop, 0, sizeof *prop);
+  *prop = (struct cudaDeviceProp){
+      .totalGlobalMem = (size_t)80 << 30, .sharedMemPerBlock = 48 << 10, .warpSize = 32,
+      .maxThreadsPerBlock = 1024, .maxThreadsDim = {1024, 1024, 64},
+      .maxGridSize = {0x7fffffff, 65535, 65535}, .major = 9, .minor = 0,
+      .multiProcessorCount = 132, .concurrentKernels = 1, .unifiedAddressing = 1,
+      .pciDomainID = 0, .pciBusID = 0x10 + cfg.phys[device], .pciDeviceID = 0};
   snprintf(prop->name, sizeof prop->name, "meshpg test double (CPU) device %d", device);
-  prop->totalGlobalMem = (size_t)80 << 30;
-  prop->sharedMemPerBlock = 48 << 10;
-  prop->warpSize = 32;
-  prop->maxThreadsPerBlock = 1024;
-  prop->maxThreadsDim[0] = prop->maxThreadsDim[1] = 1024;
-  prop->maxThreadsDim[2] = 64;
-  prop->maxGridSize[0] = 0x7fffffff;
-  prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
-  prop->major = 9;
-  prop->minor = 0;
-  prop->multiProcessorCount = 132;
-  prop->concurrentKernels = 1;
-  prop->unifiedAddressing = 1;
-  prop->pciDomainID = 0;
-  prop->pciBusID = 0x10 + cfg.phys[device];
-  prop->pciDeviceID = 0;
   return cudaSuccess;
 }

@@ -202,15 +202,27 @@ cudaError_t dbl_mem_free(void *p) {
 /* Memory: allocation                                                  */
 /* ------------------------------------------------------------------ */
 
+/* Enters api: the current device into *d, or the error a device call
+ * answers; then a NULL out pointer is cudaErrorInvalidValue. */
+static cudaError_t alloc_enter(const char *api, void **out, int *d) {
+  dbl_cuda_enter(api);
+  cudaError_t e = current_device(d);
+  return !e && !out ? cudaErrorInvalidValue : e;
+}
+
+/* The free calls: NULL is a no-op; pinned says which kind of block p must be. */
+static cudaError_t free_api(const char *api, void *p, int pinned) {
+  dbl_cuda_enter(api);
+  return p ? ret(mem_free_block(p, pinned, api)) : cudaSuccess;
+}
+
 /* A device memory allocation issued between two commands keeps them from
  * running concurrently ([IMPLICIT]); the double models cudaMalloc as a
  * full device wait, like cudaFree. */
 cudaError_t cudaMalloc(void **devPtr, size_t size) {
-  dbl_cuda_enter("cudaMalloc");
   int d;
-  cudaError_t e = current_device(&d);
+  cudaError_t e = alloc_enter("cudaMalloc", devPtr, &d);
   if (e) return ret(e);
-  if (!devPtr) return ret(cudaErrorInvalidValue);
   dbl_device_wait(d, "cudaMalloc");
   if (!size) { /* seen on an H100: success and NULL */
     *devPtr = NULL;
@@ -220,18 +232,13 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
 }
 
 cudaError_t cudaFree(void *devPtr) {
-  dbl_cuda_enter("cudaFree");
-  if (!devPtr) return cudaSuccess;
-  return ret(mem_free_block(devPtr, 0, "cudaFree"));
+  return free_api("cudaFree", devPtr, 0);
 }
 
 cudaError_t cudaMallocHost(void **ptr, size_t size) {
-  dbl_cuda_enter("cudaMallocHost");
   int d;
-  cudaError_t e = current_device(&d);
-  if (e) return ret(e);
-  if (!ptr) return ret(cudaErrorInvalidValue);
-  return ret(mem_new(d, size ? size : 1, 1, 0, ptr));
+  cudaError_t e = alloc_enter("cudaMallocHost", ptr, &d);
+  return e ? ret(e) : ret(mem_new(d, size ? size : 1, 1, 0, ptr));
 }
 
 cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
@@ -242,9 +249,7 @@ cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
 }
 
 cudaError_t cudaFreeHost(void *ptr) {
-  dbl_cuda_enter("cudaFreeHost");
-  if (!ptr) return cudaSuccess;
-  return ret(mem_free_block(ptr, 1, "cudaFreeHost"));
+  return free_api("cudaFreeHost", ptr, 1);
 }
 
 static void run_free_async(void *arg) {
@@ -382,6 +387,17 @@ static cudaError_t check_kind(enum cudaMemcpyKind kind, enum where dw, enum wher
   return cudaErrorInvalidMemcpyDirection;
 }
 
+/* Both ends of a copy, checked at the call, and its kind against them. */
+static cudaError_t copy_ends(const char *api, void *dst, const void *src, size_t count,
+                             enum cudaMemcpyKind kind, enum where *dw, enum where *sw) {
+  struct mem_info md, ms;
+  mem_require(api, "destination", dst, count, "the call", &md);
+  mem_require(api, "source", src, count, "the call", &ms);
+  *dw = where_of(&md);
+  *sw = where_of(&ms);
+  return check_kind(kind, *dw, *sw);
+}
+
 static struct copy_job *copy_job(const char *api, void *dst, const void *src, size_t n,
                                  enum where dw, enum where sw, int stage) {
   struct copy_job *j = calloc(1, sizeof *j);
@@ -421,11 +437,8 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
   if (e) return ret(e);
   if (!count) return (unsigned)kind <= cudaMemcpyDefault ? cudaSuccess
                                                           : ret(cudaErrorInvalidMemcpyDirection);
-  struct mem_info md, ms;
-  mem_require("cudaMemcpy", "destination", dst, count, "the call", &md);
-  mem_require("cudaMemcpy", "source", src, count, "the call", &ms);
-  enum where dw = where_of(&md), sw = where_of(&ms);
-  if ((e = check_kind(kind, dw, sw))) return ret(e);
+  enum where dw, sw;
+  if ((e = copy_ends("cudaMemcpy", dst, src, count, kind, &dw, &sw))) return ret(e);
   int pageable_h2d = dw == W_DEVICE && sw == W_PAGEABLE;
   int async = dw == W_DEVICE && sw != W_PINNED; /* pageable -> device, device -> device */
   pthread_mutex_lock(&G);
@@ -456,11 +469,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
   if (dbl_stream_device(stream) < 0) return ret(cudaErrorInvalidResourceHandle);
   if (!count) return (unsigned)kind <= cudaMemcpyDefault ? cudaSuccess
                                                           : ret(cudaErrorInvalidMemcpyDirection);
-  struct mem_info md, ms;
-  mem_require("cudaMemcpyAsync", "destination", dst, count, "the call", &md);
-  mem_require("cudaMemcpyAsync", "source", src, count, "the call", &ms);
-  enum where dw = where_of(&md), sw = where_of(&ms);
-  cudaError_t e = check_kind(kind, dw, sw);
+  enum where dw, sw;
+  cudaError_t e = copy_ends("cudaMemcpyAsync", dst, src, count, kind, &dw, &sw);
   if (e) return ret(e);
   int h2h = dw != W_DEVICE && sw != W_DEVICE;
   struct copy_job *j =

@@ -28,6 +28,19 @@ cudaError_t cudaStreamCreate(cudaStream_t *pStream) {
   return cudaStreamCreateWithFlags(pStream, cudaStreamDefault);
 }
 
+/* Enters api, takes G and resolves the stream handle h; the caller ends
+ * with unlock_ret, which releases G. */
+static cudaError_t stream_lock(const char *api, cudaStream_t h, struct dstream **s) {
+  dbl_cuda_enter(api);
+  pthread_mutex_lock(&G);
+  return stream_resolve(h, s);
+}
+
+static cudaError_t unlock_ret(cudaError_t e) {
+  pthread_mutex_unlock(&G);
+  return ret(e);
+}
+
 /* Mark s destroyed (G held, released and retaken to join).  Work already
  * queued still runs: the call returns at once and the resources go when the
  * work is done (cudaStreamDestroy docs). */
@@ -50,14 +63,11 @@ static void stream_retire_locked(struct dstream *s) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  dbl_cuda_enter("cudaStreamDestroy");
-  pthread_mutex_lock(&G);
   struct dstream *s;
-  cudaError_t e = stream_resolve(stream, &s);
+  cudaError_t e = stream_lock("cudaStreamDestroy", stream, &s);
   if (!e && s->kind != S_USER) e = cudaErrorInvalidResourceHandle;
   if (!e) stream_retire_locked(s);
-  pthread_mutex_unlock(&G);
-  return ret(e);
+  return unlock_ret(e);
 }
 
 /* A thread's per-thread streams end with the thread. */
@@ -75,27 +85,21 @@ void ptds_release(void *arg) {
  * action in it, so it also waits for the blocking streams' earlier work
  * ([STREAM-SYNC], "Legacy default stream"). */
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  dbl_cuda_enter("cudaStreamSynchronize");
-  pthread_mutex_lock(&G);
   struct dstream *s;
-  cudaError_t e = stream_resolve(stream, &s);
+  cudaError_t e = stream_lock("cudaStreamSynchronize", stream, &s);
   if (!e) {
     if (s->kind == S_LEGACY) e = submit_and_wait(s, "cudaStreamSynchronize", noop, NULL,
                                                  "cudaStreamSynchronize");
     else host_wait(s, s->submitted, "cudaStreamSynchronize");
   }
-  pthread_mutex_unlock(&G);
-  return ret(e);
+  return unlock_ret(e);
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
-  dbl_cuda_enter("cudaStreamQuery");
-  pthread_mutex_lock(&G);
   struct dstream *s;
-  cudaError_t e = stream_resolve(stream, &s);
+  cudaError_t e = stream_lock("cudaStreamQuery", stream, &s);
   if (!e && s->completed < s->submitted) e = cudaErrorNotReady;
-  pthread_mutex_unlock(&G);
-  return ret(e);
+  return unlock_ret(e);
 }
 
 /* ------------------------------------------------------------------ */
@@ -110,6 +114,14 @@ static struct devent *event_resolve(cudaEvent_t h) {
   if (idx >= (uint64_t)netab) return NULL;
   struct devent *ev = &etab[idx];
   return ev->live && (ev->gen & 0xfffffu) == gen ? ev : NULL;
+}
+
+/* Enters api, takes G and resolves the event handle (NULL: not a live
+ * event); the caller ends with unlock_ret. */
+static struct devent *event_lock(const char *api, cudaEvent_t event) {
+  dbl_cuda_enter(api);
+  pthread_mutex_lock(&G);
+  return event_resolve(event);
 }
 
 static int event_slot(void) {
@@ -170,9 +182,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *event) {
  * (cudaEventRecord docs).  The capture is a marker item, so that on the
  * legacy stream it also covers the blocking streams' earlier work. */
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  dbl_cuda_enter("cudaEventRecord");
-  pthread_mutex_lock(&G);
-  struct devent *ev = event_resolve(event);
+  struct devent *ev = event_lock("cudaEventRecord", event);
   struct dstream *s = NULL;
   cudaError_t e = ev ? stream_resolve(stream, &s) : cudaErrorInvalidResourceHandle;
   if (!e && s->device != ev->device) e = cudaErrorInvalidResourceHandle;
@@ -183,47 +193,35 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     ev->stream = s;
     ev->seq = seq;
   }
-  pthread_mutex_unlock(&G);
-  return ret(e);
+  return unlock_ret(e);
 }
 
 /* Before the first record an event is an empty set of work, so a query
  * answers cudaSuccess (cudaEventRecord docs). */
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-  dbl_cuda_enter("cudaEventQuery");
-  pthread_mutex_lock(&G);
-  struct devent *ev = event_resolve(event);
-  cudaError_t e = !ev ? cudaErrorInvalidResourceHandle
-                  : ev->recorded && ev->stream->completed < ev->seq ? cudaErrorNotReady
-                                                                     : cudaSuccess;
-  pthread_mutex_unlock(&G);
-  return ret(e);
+  struct devent *ev = event_lock("cudaEventQuery", event);
+  return unlock_ret(!ev ? cudaErrorInvalidResourceHandle
+                    : ev->recorded && ev->stream->completed < ev->seq ? cudaErrorNotReady
+                                                                       : cudaSuccess);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  dbl_cuda_enter("cudaEventSynchronize");
-  pthread_mutex_lock(&G);
-  struct devent *ev = event_resolve(event);
-  cudaError_t e = ev ? cudaSuccess : cudaErrorInvalidResourceHandle;
+  struct devent *ev = event_lock("cudaEventSynchronize", event);
   if (ev && ev->recorded) host_wait(ev->stream, ev->seq, "cudaEventSynchronize");
-  pthread_mutex_unlock(&G);
-  return ret(e);
+  return unlock_ret(ev ? cudaSuccess : cudaErrorInvalidResourceHandle);
 }
 
 /* Destroying an event others still wait on is allowed: the waits keep the
  * captured point, not the event (cudaStreamWaitEvent below). */
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  dbl_cuda_enter("cudaEventDestroy");
-  pthread_mutex_lock(&G);
-  struct devent *ev = event_resolve(event);
+  struct devent *ev = event_lock("cudaEventDestroy", event);
   if (ev) {
     int i = (int)(ev - etab);
     ev->live = 0;
     efree_next[i] = efree_head;
     efree_head = i;
   }
-  pthread_mutex_unlock(&G);
-  return ev ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+  return unlock_ret(ev ? cudaSuccess : cudaErrorInvalidResourceHandle);
 }
 
 /* All later work of the stream waits for the work the event captured, as
@@ -231,9 +229,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
  * event never recorded captures nothing.  The event may be of another
  * device.  Only flags 0 outside graph capture (seen on an H100). */
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
-  dbl_cuda_enter("cudaStreamWaitEvent");
-  pthread_mutex_lock(&G);
-  struct devent *ev = event_resolve(event);
+  struct devent *ev = event_lock("cudaStreamWaitEvent", event);
   struct dstream *s = NULL;
   cudaError_t e = ev ? stream_resolve(stream, &s) : cudaErrorInvalidResourceHandle;
   if (!e && flags) e = cudaErrorInvalidValue;
@@ -242,8 +238,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     e = submit_locked(s, "cudaStreamWaitEvent", 0, 0, noop, NULL, ev->recorded ? &d : NULL,
                       NULL);
   }
-  pthread_mutex_unlock(&G);
-  return ret(e);
+  return unlock_ret(e);
 }
 
 /* ------------------------------------------------------------------ */

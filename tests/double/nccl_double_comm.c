@@ -304,6 +304,25 @@ int64_t busid_of(int device) {
 /* Join c's segment as c->rank of c->nranks and wait for everybody: the
  * bootstrap all-gather of init.cc:886-908.  Returns ncclSuccess or an
  * error with its text in *msg. */
+/* A joined member's per-peer counts of the sends and receives it issued
+ * (both join paths, shared memory and sockets, end here). */
+ncclResult_t comm_count_issued(struct ncclComm *c, int n, char *msg, size_t msglen) {
+  c->sends_issued = calloc((size_t)n, sizeof(uint64_t));
+  c->recvs_issued = calloc((size_t)n, sizeof(uint64_t));
+  if (c->sends_issued && c->recvs_issued) return ncclSuccess;
+  snprintf(msg, msglen, "meshpg double: out of memory");
+  return ncclSystemError;
+}
+
+/* A wait loop looks at its peers every 50 ms: whether that is due at *now,
+ * read here (and then it counts as done). */
+static int peer_check_due(double *last_check, double *now) {
+  *now = dbl_now();
+  if (*now - *last_check <= 0.05) return 0;
+  *last_check = *now;
+  return 1;
+}
+
 static ncclResult_t do_join(struct ncclComm *c, volatile _Atomic int *parent_abort, char *msg,
                            size_t msglen) {
   volatile _Atomic int *abort_flag = &c->sh->abort;
@@ -364,9 +383,8 @@ static ncclResult_t do_join(struct ncclComm *c, volatile _Atomic int *parent_abo
                "its peers to join", c->name, r);
       return ncclInternalError;
     }
-    double now = dbl_now();
-    if (now - last_check > 0.05) {
-      last_check = now;
+    double now;
+    if (peer_check_due(&last_check, &now)) {
       for (int i = 0; i < n; i++) {
         struct shm_rank *p = seg_rank(h, i);
         int32_t st = atomic_load_explicit(&p->state, memory_order_acquire);
@@ -419,13 +437,7 @@ static ncclResult_t do_join(struct ncclComm *c, volatile _Atomic int *parent_abo
       return ncclInvalidUsage;
     }
   }
-  c->sends_issued = calloc((size_t)n, sizeof(uint64_t));
-  c->recvs_issued = calloc((size_t)n, sizeof(uint64_t));
-  if (!c->sends_issued || !c->recvs_issued) {
-    snprintf(msg, msglen, "meshpg double: out of memory");
-    return ncclSystemError;
-  }
-  return ncclSuccess;
+  return comm_count_issued(c, n, msg, msglen);
 }
 
 /* The split all-gather and child membership of commGetSplitInfo
@@ -456,9 +468,8 @@ static ncclResult_t do_split(struct job *j, char *msg, size_t msglen) {
                "ncclCommSplit", p->name);
       return ncclInternalError;
     }
-    double now = dbl_now();
-    if (now - last_check > 0.05) {
-      last_check = now;
+    double now;
+    if (peer_check_due(&last_check, &now)) {
       for (int i = 0; i < n; i++) {
         struct shm_rank *q = seg_rank(h, i);
         if (atomic_load(&q->split_seq) < j->split_seq && rank_dead(h, i)) {

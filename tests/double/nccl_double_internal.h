@@ -380,6 +380,7 @@ void *job_main(void *arg);
 void job_join(struct job *j);
 void job_free(struct job *j);
 ncclResult_t comm_state(struct ncclComm *c);
+ncclResult_t comm_count_issued(struct ncclComm *c, int n, char *msg, size_t msglen);
 
 /* nccl_double_kernel.c */
 void desc_store(struct shm_desc *d, const struct task *t, uint64_t scalar);

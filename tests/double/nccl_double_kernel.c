@@ -141,13 +141,21 @@ static void coll_geometry(struct launch *L, struct ktask *k) {
   k->nchunks = (k->t.count + k->ch - 1) / k->ch;
 }
 
+/* This rank's staging slot of chunk k->chunk: the element size, the
+ * chunk's first element and its length in elements come back too. */
+static char *chunk_slot(struct launch *L, struct ktask *k, size_t *es, size_t *off,
+                        size_t *len) {
+  *es = dt_size(k->t.dtype);
+  *off = (size_t)k->chunk * k->ch;
+  *len = k->t.count - *off < k->ch ? k->t.count - *off : k->ch;
+  return seg_slot(L->comm->shm, L->comm->rank, (int)(k->chunk & 1));
+}
+
 /* This rank's contribution to chunk k->chunk, into its staging bank. */
 static void coll_write(struct launch *L, struct ktask *k) {
   struct ncclComm *c = L->comm;
-  struct shm_hdr *h = c->shm;
-  size_t es = dt_size(k->t.dtype), off = (size_t)k->chunk * k->ch;
-  size_t len = k->t.count - off < k->ch ? k->t.count - off : k->ch;
-  char *slot = seg_slot(h, c->rank, (int)(k->chunk & 1));
+  size_t es, off, len;
+  char *slot = chunk_slot(L, k, &es, &off, &len);
   const char *send = k->t.send;
   switch (k->t.func) {
     case F_AR: case F_RED: case F_AG:
@@ -168,9 +176,8 @@ static void coll_write(struct launch *L, struct ktask *k) {
 static void coll_pub(struct launch *L, struct ktask *k) {
   struct ncclComm *c = L->comm;
   struct shm_hdr *h = c->shm;
-  size_t es = dt_size(k->t.dtype), off = (size_t)k->chunk * k->ch;
-  size_t len = k->t.count - off < k->ch ? k->t.count - off : k->ch;
-  char *slot = seg_slot(h, c->rank, (int)(k->chunk & 1));
+  size_t es, off, len;
+  char *slot = chunk_slot(L, k, &es, &off, &len);
   if (k->t.func == F_RS) {
     for (int d = 0; d < c->nranks; d++)
       if (d != c->rank) net_pub(h, PUB_COPY, d, slot + (size_t)d * len * es, len * es);

@@ -828,13 +828,7 @@ ncclResult_t net_join(struct ncclComm *c, struct net_peer *peers, uint64_t key,
   c->shm = h;
   dbl_log("nccl double: rank %d/%d of %s joined over sockets (NET: host hashes differ)", r, n,
           c->name);
-  c->sends_issued = calloc((size_t)n, sizeof(uint64_t));
-  c->recvs_issued = calloc((size_t)n, sizeof(uint64_t));
-  if (!c->sends_issued || !c->recvs_issued) {
-    snprintf(msg, msglen, "meshpg double: out of memory");
-    return ncclSystemError;
-  }
-  return ncclSuccess;
+  return comm_count_issued(c, n, msg, msglen);
 }
 
 /* The information of parent rank i, for a child's net_join. */

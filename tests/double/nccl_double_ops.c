@@ -212,20 +212,29 @@ ncclResult_t enqueue(const char *opname, const char *api, struct ncclComm *c,
 
 /* ---- collectives ---- */
 
+/* One task of the collective or point-to-point func (root: the root rank,
+ * or the peer of a send or receive), enqueued under its NCCL names. */
+static ncclResult_t enqueue_task(const char *name, const char *api, int func,
+                                 const void *sendbuff, void *recvbuff, size_t count,
+                                 ncclDataType_t datatype, int root, ncclRedOp_t op,
+                                 ncclComm_t comm, cudaStream_t stream) {
+  struct task t = {.func = func, .send = sendbuff, .recv = recvbuff, .count = count,
+                   .dtype = datatype, .root = root, .stream = stream};
+  return enqueue(name, api, comm, &t, op);
+}
+
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream) {
-  struct task t = {.func = F_AR, .send = sendbuff, .recv = recvbuff, .count = count,
-                   .dtype = datatype, .stream = stream};
-  return enqueue("AllReduce", "ncclAllReduce", comm, &t, op);
+  return enqueue_task("AllReduce", "ncclAllReduce", F_AR, sendbuff, recvbuff, count, datatype,
+                      0, op, comm, stream);
 }
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm,
                            cudaStream_t stream) {
-  struct task t = {.func = F_BC, .send = sendbuff, .recv = recvbuff, .count = count,
-                   .dtype = datatype, .root = root, .stream = stream};
-  return enqueue("Broadcast", "ncclBroadcast", comm, &t, ncclSum);
+  return enqueue_task("Broadcast", "ncclBroadcast", F_BC, sendbuff, recvbuff, count, datatype,
+                      root, ncclSum, comm, stream);
 }
 
 ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
@@ -236,38 +245,33 @@ ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int ro
 ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
                         ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                         cudaStream_t stream) {
-  struct task t = {.func = F_RED, .send = sendbuff, .recv = recvbuff, .count = count,
-                   .dtype = datatype, .root = root, .stream = stream};
-  return enqueue("Reduce", "ncclReduce", comm, &t, op);
+  return enqueue_task("Reduce", "ncclReduce", F_RED, sendbuff, recvbuff, count, datatype, root,
+                      op, comm, stream);
 }
 
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  struct task t = {.func = F_AG, .send = sendbuff, .recv = recvbuff, .count = sendcount,
-                   .dtype = datatype, .stream = stream};
-  return enqueue("AllGather", "ncclAllGather", comm, &t, ncclSum);
+  return enqueue_task("AllGather", "ncclAllGather", F_AG, sendbuff, recvbuff, sendcount,
+                      datatype, 0, ncclSum, comm, stream);
 }
 
 ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream) {
-  struct task t = {.func = F_RS, .send = sendbuff, .recv = recvbuff, .count = recvcount,
-                   .dtype = datatype, .stream = stream};
-  return enqueue("ReduceScatter", "ncclReduceScatter", comm, &t, op);
+  return enqueue_task("ReduceScatter", "ncclReduceScatter", F_RS, sendbuff, recvbuff, recvcount,
+                      datatype, 0, op, comm, stream);
 }
 
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  struct task t = {.func = F_SEND, .send = sendbuff, .count = count, .dtype = datatype,
-                   .root = peer, .stream = stream};
-  return enqueue("Send", "ncclSend", comm, &t, ncclSum);
+  return enqueue_task("Send", "ncclSend", F_SEND, sendbuff, NULL, count, datatype, peer, ncclSum,
+                      comm, stream);
 }
 
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  struct task t = {.func = F_RECV, .recv = recvbuff, .count = count, .dtype = datatype,
-                   .root = peer, .stream = stream};
-  return enqueue("Recv", "ncclRecv", comm, &t, ncclSum);
+  return enqueue_task("Recv", "ncclRecv", F_RECV, NULL, recvbuff, count, datatype, peer, ncclSum,
+                      comm, stream);
 }
 
 /* ---- groups (group.cc:93-110) ---- */

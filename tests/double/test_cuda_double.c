@@ -98,6 +98,14 @@ void settings(int late_us) {
   unsetenv("MESHPG_DOUBLE_OOM_RANK");
 }
 
+/* settings(late_us), then a new non-blocking stream. */
+cudaStream_t settings_stream(int late_us) {
+  settings(late_us);
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
 void sleep_ms(double ms) {
   struct timespec ts = {(time_t)(ms / 1000), (long)(fmod(ms, 1000.0) * 1e6)};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {

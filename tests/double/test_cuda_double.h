@@ -64,6 +64,7 @@ struct child {
 /* test_cuda_double.c */
 extern char last_fail[1024];
 void settings(int late_us);
+cudaStream_t settings_stream(int late_us);
 void sleep_ms(double ms);
 void CUDART_CB hold(void *ms);
 extern atomic_int flag;

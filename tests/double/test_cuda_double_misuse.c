@@ -172,18 +172,23 @@ static void *oom_rank(void *arg) {
   return (void *)(intptr_t)e;
 }
 
+/* settings(late_us) and var=1, then n ranks as threads running fn(rank)
+ * at once; what each returns, in out. */
+static void rank_threads(int late_us, const char *var, int n, void *(*fn)(void *), void **out) {
+  settings(late_us);
+  setenv(var, "1", 1);
+  pthread_t t[8];
+  for (intptr_t r = 0; r < n; r++) pthread_create(&t[r], NULL, fn, (void *)r);
+  for (int r = 0; r < n; r++) pthread_join(t[r], &out[r]);
+}
+
 /* MESHPG_DOUBLE_OOM_RANK fails that rank's cudaMallocAsync only. */
 Test(cuda_double, oom_injection_hits_one_rank, .timeout = 10) {
-  settings(0);
-  setenv("MESHPG_DOUBLE_OOM_RANK", "1", 1);
-  pthread_t t[3];
-  for (intptr_t r = 0; r < 3; r++) pthread_create(&t[r], NULL, oom_rank, (void *)r);
-  for (int r = 0; r < 3; r++) {
-    void *e;
-    pthread_join(t[r], &e);
-    cr_assert_eq((cudaError_t)(intptr_t)e, r == 1 ? cudaErrorMemoryAllocation : cudaSuccess,
-                 "rank %d: %s", r, cudaGetErrorName((cudaError_t)(intptr_t)e));
-  }
+  void *e[3];
+  rank_threads(0, "MESHPG_DOUBLE_OOM_RANK", 3, oom_rank, e);
+  for (int r = 0; r < 3; r++)
+    cr_assert_eq((cudaError_t)(intptr_t)e[r], r == 1 ? cudaErrorMemoryAllocation : cudaSuccess,
+                 "rank %d: %s", r, cudaGetErrorName((cudaError_t)(intptr_t)e[r]));
   cr_assert_eq(dbl_world_rank(), -1, "the test thread has no rank of its own");
 }
 
@@ -218,13 +223,8 @@ static void *busy_rank(void *arg) {
 }
 
 Test(cuda_double, ranks_as_threads, .timeout = 20) {
-  settings(100);
-  setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 1);
-  pthread_t t[4];
-  for (intptr_t r = 0; r < 4; r++) pthread_create(&t[r], NULL, busy_rank, (void *)r);
-  for (int r = 0; r < 4; r++) {
-    void *bad;
-    pthread_join(t[r], &bad);
-    cr_assert_eq((intptr_t)bad, 0, "rank %d read %d wrong values", r, (int)(intptr_t)bad);
-  }
+  void *bad[4];
+  rank_threads(100, "NCCL_LAUNCH_ORDER_IMPLICIT", 4, busy_rank, bad);
+  for (int r = 0; r < 4; r++)
+    cr_assert_eq((intptr_t)bad[r], 0, "rank %d read %d wrong values", r, (int)(intptr_t)bad[r]);
 }

@@ -210,10 +210,8 @@ Test(cuda_double, free_waits_for_the_device_free_async_does_not, .timeout = 10) 
 /* Work queued before cudaStreamDestroy still runs; the handle is dead at
  * once. */
 Test(cuda_double, destroyed_stream_finishes_its_work, .timeout = 10) {
-  settings(300);
   static int ms = 50;
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = settings_stream(300);
   CUDA_OK(cudaLaunchHostFunc(s, hold, &ms));
   CUDA_OK(cudaLaunchHostFunc(s, raise_flag, NULL));
   double t0 = dbl_now();

@@ -66,9 +66,7 @@ static const double scales[] = {1.0, 0.5, -3.0, 0.1, 1.0 / 3.0, 1e-8, 65504.0, 1
 
 /* meshpg's scale kernels on every pattern: f16/bf16 products rounded once. */
 Test(cuda_double, scale_twins_round_like_the_ptx, .timeout = 20) {
-  settings(0);
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = settings_stream(0);
   uint16_t *in = malloc(65536 * 2), *out = malloc(65536 * 2);
   for (int i = 0; i < 65536; i++) in[i] = (uint16_t)i;
   void *din = NULL, *dout = NULL;
@@ -102,9 +100,7 @@ Test(cuda_double, scale_twins_round_like_the_ptx, .timeout = 20) {
  * f16/bf16, NaN kept as a quiet NaN of its sign) kernels, through
  * mpg__nccl_widen / mpg__nccl_narrow. */
 Test(cuda_double, widen_and_narrow_twins_round_like_the_ptx, .timeout = 20) {
-  settings(0);
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = settings_stream(0);
   enum { N = 65536 };
   uint16_t *in = malloc(N * 2), *out = malloc(N * 2);
   float *wide = malloc(N * 4);
@@ -295,10 +291,8 @@ Test(cuda_double, twins_match_the_h100, .timeout = 30) {
 /* A launch copies the argument values: changing them afterwards, before
  * the stream runs the kernel, changes nothing. */
 Test(cuda_double, launch_copies_its_arguments, .timeout = 10) {
-  settings(300);
   static int ms = 50;
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = settings_stream(300);
   float host[4] = {1, 2, 3, 4}, back[4];
   void *buf = NULL;
   CUDA_OK(cudaMalloc(&buf, sizeof host));

@@ -195,29 +195,40 @@ static int in_child(const char *mode, const char *env, char *err, size_t errlen)
   return status;
 }
 
+/* in_child for a child that must end with SIGABRT (a report). */
+static void abort_in_child(const char *mode, const char *env, char *err, size_t errlen) {
+  int st = in_child(mode, env, err, errlen);
+  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child status %d; stderr: %s", st, err);
+}
+
+/* A comm_pair, A from the unique id rk->arg[0] and B from rk->arg[1]: 0,
+ * or -1 after rank_fail. */
+int comm_pair_open(struct rank *rk, struct comm_pair *p) {
+  ncclUniqueId *ids = rk->arg;
+  NCCL_OK(ncclCommInitRank(&p->a, 2, ids[0], rk->rank));
+  NCCL_OK(ncclCommInitRank(&p->b, 2, ids[1], rk->rank));
+  CUDA_OK(cudaMalloc(&p->x, 64));
+  return 0;
+}
+
 /* Aborting A alone while rank 0's kernel on B still waits: A's cudaFree
  * waits for that kernel (R8).  The kernel's watchdog names the abort. */
 static int abort_one_by_one(struct rank *rk) {
-  ncclUniqueId *ids = rk->arg;
-  ncclComm_t a = NULL, b = NULL;
-  NCCL_OK(ncclCommInitRank(&a, 2, ids[0], rk->rank));
-  NCCL_OK(ncclCommInitRank(&b, 2, ids[1], rk->rank));
-  void *x = NULL;
-  CUDA_OK(cudaMalloc(&x, 64));
+  struct comm_pair p = {0};
+  if (comm_pair_open(rk, &p)) return -1;
   if (rk->rank == 1) {
     struct timespec ts = {5, 0};
     nanosleep(&ts, NULL);
     return 0;
   }
-  NCCL_OK(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, b, 0));
-  NCCL_OK(ncclCommAbort(a)); /* hangs */
+  NCCL_OK(ncclAllReduce(p.x, p.x, 4, ncclFloat32, ncclSum, p.b, 0));
+  NCCL_OK(ncclCommAbort(p.a)); /* hangs */
   return rank_fail(rk->rank, __LINE__, "the abort returned");
 }
 
 Test(reports, abort_waiting_for_another_communicators_kernel) {
   char err[32768];
-  int st = in_child("abortonebyone", "MESHPG_DOUBLE_HANG_S=1", err, sizeof err);
-  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child status %d; stderr: %s", st, err);
+  abort_in_child("abortonebyone", "MESHPG_DOUBLE_HANG_S=1", err, sizeof err);
   /* Either watchdog may speak first: the CUDA half's, of the abort's wait
    * for the device, or the kernel's, which names the waiting abort. */
   cr_assert(strstr(err, "ncclCommAbort (cudaFree of the communicator's buffers)") ||
@@ -238,8 +249,7 @@ static int mismatch(struct rank *rk) {
 
 Test(reports, collective_order_mismatch_is_fatal) {
   char err[16384];
-  int st = in_child("mismatch", NULL, err, sizeof err);
-  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child status %d; stderr: %s", st, err);
+  abort_in_child("mismatch", NULL, err, sizeof err);
   cr_assert(strstr(err, "does not match") && strstr(err, "ncclAllReduce(count 4, ncclFloat32, ncclSum)") &&
                 strstr(err, "ncclAllGather(count 4, ncclFloat32)") && strstr(err, "rank 0") &&
                 strstr(err, "rank 1"),
@@ -249,15 +259,11 @@ Test(reports, collective_order_mismatch_is_fatal) {
 /* Two communicators, used in opposite orders on one stream by the two
  * ranks: each kernel waits for a peer that waits for the other. */
 static int cross(struct rank *rk) {
-  ncclUniqueId *ids = rk->arg;
-  ncclComm_t a = NULL, b = NULL;
-  NCCL_OK(ncclCommInitRank(&a, 2, ids[0], rk->rank));
-  NCCL_OK(ncclCommInitRank(&b, 2, ids[1], rk->rank));
-  void *x = NULL;
-  CUDA_OK(cudaMalloc(&x, 64));
-  ncclComm_t first = rk->rank == 0 ? a : b, second = rk->rank == 0 ? b : a;
-  NCCL_OK(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, first, 0));
-  NCCL_OK(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, second, 0));
+  struct comm_pair p = {0};
+  if (comm_pair_open(rk, &p)) return -1;
+  ncclComm_t first = rk->rank == 0 ? p.a : p.b, second = rk->rank == 0 ? p.b : p.a;
+  NCCL_OK(ncclAllReduce(p.x, p.x, 4, ncclFloat32, ncclSum, first, 0));
+  NCCL_OK(ncclAllReduce(p.x, p.x, 4, ncclFloat32, ncclSum, second, 0));
   /* No host wait: the kernels' watchdog reports, not the CUDA half's. */
   struct timespec ts = {5, 0};
   nanosleep(&ts, NULL);
@@ -268,8 +274,7 @@ static int cross(struct rank *rk) {
 Test(reports, cross_communicator_deadlock_is_reported) {
   char err[32768];
   double t0 = now_s();
-  int st = in_child("cross", "MESHPG_DOUBLE_HANG_S=1", err, sizeof err);
-  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child status %d; stderr: %s", st, err);
+  abort_in_child("cross", "MESHPG_DOUBLE_HANG_S=1", err, sizeof err);
   cr_assert(strstr(err, "deadlock") && strstr(err, "collective #1 ncclAllReduce(count 4, ncclFloat32, ncclSum)") &&
                 strstr(err, "rank 0") && strstr(err, "rank 1") && strstr(err, "its kernel is at collective #0"),
             "stderr: %s", err);
@@ -282,8 +287,7 @@ Test(reports, cross_communicator_deadlock_is_reported) {
 
 Test(reports, registration_mismatch_is_fatal) {
   char err[16384];
-  int st = in_child("regmismatch", NULL, err, sizeof err);
-  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child status %d; stderr: %s", st, err);
+  abort_in_child("regmismatch", NULL, err, sizeof err);
   cr_assert(strstr(err, "User Buffer Registration"), "stderr: %s", err);
 }
 
@@ -298,8 +302,7 @@ static int unmatched_send(struct rank *rk) {
 
 Test(reports, send_without_receive_is_reported) {
   char err[16384];
-  int st = in_child("unmatched", "MESHPG_DOUBLE_HANG_S=1", err, sizeof err);
-  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child status %d; stderr: %s", st, err);
+  abort_in_child("unmatched", "MESHPG_DOUBLE_HANG_S=1", err, sizeof err);
   cr_assert(strstr(err, "deadlock") && strstr(err, "it waits in send #1 ncclSend(count 16, ncclFloat32, peer 1)") &&
                 strstr(err, "rank 1's kernels have started 0 receives from rank 0"),
             "stderr: %s", err);
@@ -316,8 +319,7 @@ static int destroy_twice(struct rank *rk) {
 
 Test(reports, destroy_twice_then_use) {
   char err[16384];
-  int st = in_child("destroytwice", NULL, err, sizeof err);
-  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child status %d; stderr: %s", st, err);
+  abort_in_child("destroytwice", NULL, err, sizeof err);
   cr_assert(strstr(err, "ncclGroupStart called after ncclCommDestroy"), "stderr: %s", err);
 }
 
@@ -347,8 +349,7 @@ static int redop_destroy_misuse(struct rank *rk) {
 
 Test(reports, redop_destroy_after_abort) {
   char err[16384];
-  int st = in_child("redopabort", NULL, err, sizeof err);
-  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child status %d; stderr: %s", st, err);
+  abort_in_child("redopabort", NULL, err, sizeof err);
   cr_assert(strstr(err, "ncclRedOpDestroy") && strstr(err, "after ncclCommAbort") &&
                 strstr(err, "init.cc:264"),
             "stderr: %s", err);
@@ -356,8 +357,7 @@ Test(reports, redop_destroy_after_abort) {
 
 Test(reports, redop_destroy_while_in_progress) {
   char err[16384];
-  int st = in_child("redopinprogress", NULL, err, sizeof err);
-  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child status %d; stderr: %s", st, err);
+  abort_in_child("redopinprogress", NULL, err, sizeof err);
   cr_assert(strstr(err, "ncclRedOpDestroy") && strstr(err, "still in progress"), "stderr: %s",
             err);
 }
@@ -478,6 +478,14 @@ Test(processes, killed_rank_gives_remote_error) {
 
 /* The bodies of the children (see in_child and run_procs), run before
  * Criterion's main when MESHPG_NCCL_DOUBLE_CHILD is set. */
+/* Two threads that open a comm_pair with fn. */
+static void child_pair(rank_fn fn) {
+  ncclUniqueId ids[2];
+  ncclGetUniqueId(&ids[0]);
+  ncclGetUniqueId(&ids[1]);
+  world_run(2, 1, 1, fn, ids);
+}
+
 __attribute__((constructor)) static void child_main(void) {
   const char *mode = getenv("MESHPG_NCCL_DOUBLE_CHILD");
   if (!mode) return;
@@ -485,17 +493,11 @@ __attribute__((constructor)) static void child_main(void) {
   if (!strcmp(mode, "mismatch")) {
     world_run(2, 1, 0, mismatch, NULL);
   } else if (!strcmp(mode, "cross")) {
-    ncclUniqueId ids[2];
-    ncclGetUniqueId(&ids[0]);
-    ncclGetUniqueId(&ids[1]);
-    world_run(2, 1, 1, cross, ids);
+    child_pair(cross);
   } else if (!strcmp(mode, "regmismatch")) {
     world_run(2, 1, 0, registered, (void *)1);
   } else if (!strcmp(mode, "abortonebyone")) {
-    ncclUniqueId ids[2];
-    ncclGetUniqueId(&ids[0]);
-    ncclGetUniqueId(&ids[1]);
-    world_run(2, 1, 1, abort_one_by_one, ids);
+    child_pair(abort_one_by_one);
   } else if (!strcmp(mode, "unmatched")) {
     world_run(2, 1, 0, unmatched_send, NULL);
   } else if (!strcmp(mode, "destroytwice")) {

@@ -8,7 +8,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include "../time_bound.h"
+#include "../support/time_bound.h"
 
 #include <errno.h>
 #include <math.h>
@@ -81,6 +81,13 @@ void run_world_cfg(int n, int blocking, rank_fn fn, void *arg);
 void run_world(int n, rank_fn fn, void *arg);
 void run_threads(int n, rank_fn fn, void *arg);
 double now_s(void);
+
+/* Two communicators of 2 ranks, A and B, and 64 bytes of device memory. */
+struct comm_pair {
+  ncclComm_t a, b;
+  void *x;
+};
+int comm_pair_open(struct rank *rk, struct comm_pair *p);
 
 /* test_nccl_double_lifecycle.c */
 int registered(struct rank *rk);

@@ -173,26 +173,36 @@ static int abort_stuck(struct rank *rk) {
 
 Test(lifecycle, abort_unblocks_a_stuck_kernel) { run_world(2, abort_stuck, NULL); }
 
+/* A comm_pair whose rank 0 has an all-reduce on B in flight. */
+static int stuck_on_b(struct rank *rk, struct comm_pair *p) {
+  if (comm_pair_open(rk, p)) return -1;
+  if (rk->rank == 0) NCCL_OK(ncclAllReduce(p->x, p->x, 4, ncclFloat32, ncclSum, p->b, 0));
+  return 0;
+}
+
+/* Two threads that open a comm_pair with fn. */
+static void run_pair(rank_fn fn) {
+  ncclUniqueId ids[2];
+  cr_assert_eq(ncclGetUniqueId(&ids[0]), ncclSuccess);
+  cr_assert_eq(ncclGetUniqueId(&ids[1]), ncclSuccess);
+  run_threads(2, fn, ids);
+}
+
 #ifdef NCCL_REVOKE_DEFAULT /* ncclCommRevoke: nccl.h of 2.28.9 and later */
 /* Rank 0's kernel on B waits for rank 1, which never issues it.  Aborting
  * A first would wait for that kernel (cudaFree); revoking B first stops it,
  * so that A's abort and B's destroy return at once. */
 static int revoke_first(struct rank *rk) {
-  ncclUniqueId *ids = rk->arg;
-  ncclComm_t a = NULL, b = NULL;
-  NCCL_OK(ncclCommInitRank(&a, 2, ids[0], rk->rank));
-  NCCL_OK(ncclCommInitRank(&b, 2, ids[1], rk->rank));
-  void *x = NULL;
-  CUDA_OK(cudaMalloc(&x, 64));
-  if (rk->rank == 0) NCCL_OK(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, b, 0));
+  struct comm_pair p = {0};
+  if (stuck_on_b(rk, &p)) return -1;
   double t0 = now_s();
-  NCCL_OK(ncclCommRevoke(b, NCCL_REVOKE_DEFAULT));
-  EXPECT_ERR(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, b, 0), ncclInvalidUsage,
+  NCCL_OK(ncclCommRevoke(p.b, NCCL_REVOKE_DEFAULT));
+  EXPECT_ERR(ncclAllReduce(p.x, p.x, 4, ncclFloat32, ncclSum, p.b, 0), ncclInvalidUsage,
              "AllReduce: communicator was revoked");
-  NCCL_OK(ncclCommAbort(a));
-  NCCL_OK(ncclCommDestroy(b));
+  NCCL_OK(ncclCommAbort(p.a));
+  NCCL_OK(ncclCommDestroy(p.b));
   RCHECK(now_s() - t0 < 2, "revoke, abort and destroy took %.1f s", now_s() - t0);
-  CUDA_OK(cudaFree(x));
+  CUDA_OK(cudaFree(p.x));
   return 0;
 }
 #endif
@@ -200,37 +210,26 @@ static int revoke_first(struct rank *rk) {
 /* The same with meshpg's other way out: every abort in one group.  NCCL
  * sets each abort flag at the call and frees at the outermost ncclGroupEnd. */
 static int grouped_aborts(struct rank *rk) {
-  ncclUniqueId *ids = rk->arg;
-  ncclComm_t a = NULL, b = NULL;
-  NCCL_OK(ncclCommInitRank(&a, 2, ids[0], rk->rank));
-  NCCL_OK(ncclCommInitRank(&b, 2, ids[1], rk->rank));
-  void *x = NULL;
-  CUDA_OK(cudaMalloc(&x, 64));
-  if (rk->rank == 0) NCCL_OK(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, b, 0));
+  struct comm_pair p = {0};
+  if (stuck_on_b(rk, &p)) return -1;
   double t0 = now_s();
   NCCL_OK(ncclGroupStart());
-  NCCL_OK(ncclCommAbort(a));
-  NCCL_OK(ncclCommAbort(b));
+  NCCL_OK(ncclCommAbort(p.a));
+  NCCL_OK(ncclCommAbort(p.b));
   NCCL_OK(ncclGroupEnd());
   RCHECK(now_s() - t0 < 2, "grouped aborts took %.1f s", now_s() - t0);
-  EXPECT_ERR(ncclCommAbort(b), ncclInvalidArgument, "has already been destroyed");
-  CUDA_OK(cudaFree(x));
+  EXPECT_ERR(ncclCommAbort(p.b), ncclInvalidArgument, "has already been destroyed");
+  CUDA_OK(cudaFree(p.x));
   return 0;
 }
 
 Test(lifecycle, grouped_aborts_never_wait) {
-  ncclUniqueId ids[2];
-  cr_assert_eq(ncclGetUniqueId(&ids[0]), ncclSuccess);
-  cr_assert_eq(ncclGetUniqueId(&ids[1]), ncclSuccess);
-  run_threads(2, grouped_aborts, ids);
+  run_pair(grouped_aborts);
 }
 
 #ifdef NCCL_REVOKE_DEFAULT
 Test(lifecycle, revoke_before_abort_never_waits) {
-  ncclUniqueId ids[2];
-  cr_assert_eq(ncclGetUniqueId(&ids[0]), ncclSuccess);
-  cr_assert_eq(ncclGetUniqueId(&ids[1]), ncclSuccess);
-  run_threads(2, revoke_first, ids);
+  run_pair(revoke_first);
 }
 #endif
 

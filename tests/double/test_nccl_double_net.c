@@ -38,6 +38,7 @@
 #include <nccl.h>
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,42 +47,45 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "double.h"
+#include "test_nccl_net.h"
 
 #define NR 4
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------------ */
 /* The ranks (children)                                               */
 /* ------------------------------------------------------------------ */
 
-#define CK(cond, ...)                                                            \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      fprintf(stderr, "rank %d, line %d: ", rank, __LINE__);                      \
-      fprintf(stderr, __VA_ARGS__);                                              \
-      fprintf(stderr, "\n");                                                     \
-      _exit(3);                                                                  \
-    }                                                                            \
-  } while (0)
-#define NOK(expr)                                                                \
-  do {                                                                           \
-    ncclResult_t r_ = (expr);                                                    \
-    CK(r_ == ncclSuccess, "%s: %s (%s)", #expr, ncclGetErrorString(r_),          \
-       ncclGetLastError(NULL));                                                  \
-  } while (0)
-#define COK(expr)                                                                \
-  do {                                                                           \
-    cudaError_t e_ = (expr);                                                     \
-    CK(e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(e_));              \
-  } while (0)
-
 static int rank;
+
+/* A failed check ends the rank with status 3 and a line on stderr. */
+__attribute__((format(printf, 2, 3))) static void ck_fail(int line, const char *fmt, ...) {
+  fprintf(stderr, "rank %d, line %d: ", rank, line);
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "\n");
+  _exit(3);
+}
+
+static void nccl_ck(ncclResult_t r, const char *what, int line) {
+  if (r != ncclSuccess)
+    ck_fail(line, "%s: %s (%s)", what, ncclGetErrorString(r), ncclGetLastError(NULL));
+}
+
+static void cuda_ck(cudaError_t e, const char *what, int line) {
+  if (e != cudaSuccess) ck_fail(line, "%s: %s", what, cudaGetErrorString(e));
+}
+
+#define CK(cond, ...)                          \
+  do {                                         \
+    if (!(cond)) ck_fail(__LINE__, __VA_ARGS__); \
+  } while (0)
+#define NOK(expr) nccl_ck((expr), #expr, __LINE__)
+#define COK(expr) cuda_ck((expr), #expr, __LINE__)
+
 static FILE *out;
 static cudaStream_t stream;
 
@@ -178,11 +182,10 @@ static void job(ncclComm_t c, int n, const char *want) {
   cudaFree(r);
 }
 
-/* 2 ranks per host when hosts = 2: hosts {0, 1} and {2, 3}. */
-static int child_job(int n, int hosts, const char *path) {
-  out = fopen(path, "wb");
-  CK(out != NULL, "fopen %s: %s", path, strerror(errno));
-  COK(cudaSetDevice(hosts == 2 ? rank % 2 : rank));
+/* The rank's device and stream, and its communicator of n ranks from the
+ * unique id the parent passed in MESHPG_NCCL_NET_ID (hex). */
+static ncclComm_t child_comm(int n, int device) {
+  COK(cudaSetDevice(device));
   COK(cudaStreamCreate(&stream));
   ncclUniqueId id;
   const char *hex = getenv("MESHPG_NCCL_NET_ID");
@@ -192,8 +195,16 @@ static int child_job(int n, int hosts, const char *path) {
     sscanf(hex + 2 * i, "%2x", &v);
     id.internal[i] = (char)v;
   }
-  ncclComm_t c, across, within;
+  ncclComm_t c;
   NOK(ncclCommInitRank(&c, n, id, rank));
+  return c;
+}
+
+/* 2 ranks per host when hosts = 2: hosts {0, 1} and {2, 3}. */
+static int child_job(int n, int hosts, const char *path) {
+  out = fopen(path, "wb");
+  CK(out != NULL, "fopen %s: %s", path, strerror(errno));
+  ncclComm_t c = child_comm(n, hosts == 2 ? rank % 2 : rank), across, within;
   job(c, n, hosts == 2 ? "net" : "shm");
   NOK(ncclCommSplit(c, rank % 2, -rank, &across, NULL));
   job(across, n / 2, hosts == 2 ? "net" : "shm");
@@ -210,17 +221,7 @@ static int child_job(int n, int hosts, const char *path) {
 /* Rank 3 raises SIGKILL at its third operation; the others must see
  * ncclRemoteError within 3 s of starting to wait, then abort in 1 s. */
 static int child_kill(int n) {
-  COK(cudaSetDevice(rank % 2));
-  COK(cudaStreamCreate(&stream));
-  ncclUniqueId id;
-  const char *hex = getenv("MESHPG_NCCL_NET_ID");
-  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
-    unsigned v;
-    sscanf(hex + 2 * i, "%2x", &v);
-    id.internal[i] = (char)v;
-  }
-  ncclComm_t c;
-  NOK(ncclCommInitRank(&c, n, id, rank));
+  ncclComm_t c = child_comm(n, rank % 2);
   CK(!strcmp(dbl_nccl_transport(c), "net"), "transport %s", dbl_nccl_transport(c));
   float *b = fill(300000, ncclFloat32, 9);
   for (int it = 0; it < 5; it++) {
@@ -258,17 +259,7 @@ static int child_kill(int n) {
  * hang:1:2) and nothing closes: the other ranks' watchdogs
  * (MESHPG_DOUBLE_HANG_S=1) report the deadlock from their replicas. */
 static int child_hang(int n) {
-  COK(cudaSetDevice(rank % 2));
-  COK(cudaStreamCreate(&stream));
-  ncclUniqueId id;
-  const char *hex = getenv("MESHPG_NCCL_NET_ID");
-  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
-    unsigned v;
-    sscanf(hex + 2 * i, "%2x", &v);
-    id.internal[i] = (char)v;
-  }
-  ncclComm_t c;
-  NOK(ncclCommInitRank(&c, n, id, rank));
+  ncclComm_t c = child_comm(n, rank % 2);
   float *b = fill(1000, ncclFloat32, 9);
   for (int it = 0; it < 3; it++) {
     NOK(ncclAllReduce(b, b, 1000, ncclFloat32, ncclSum, c, stream));
@@ -351,19 +342,6 @@ static void run(const char *what, int hosts, const char *dir, const char *fault,
   }
 }
 
-static char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  *len = (size_t)n;
-  return b;
-}
-
 static void no_new_segments(char before[][64], int nb) {
   char after[256][64];
   for (int tries = 0; tries < 20; tries++) {
@@ -394,20 +372,9 @@ Test(net, two_hosts_equal_one_host_bit_for_bit, .timeout = 120) {
   for (int r = 0; r < NR; r++)
     cr_assert(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "2 hosts, rank %d: 0x%x", r, st[r]);
   for (int r = 0; r < NR; r++) {
-    char a[600], b[600];
-    snprintf(a, sizeof a, "%s/one-%d.bin", dir, r);
-    snprintf(b, sizeof b, "%s/hosts-%d.bin", dir, r);
-    size_t la, lb;
-    char *x = slurp(a, &la), *y = slurp(b, &lb);
-    cr_assert_eq(la, lb, "rank %d: %zu bytes on one host, %zu on two", r, la, lb);
+    size_t la, at = compare_outputs(dir, "one", "hosts", r, &la);
     cr_assert_gt(la, (size_t)1000000);
-    size_t at = 0;
-    while (at < la && x[at] == y[at]) at++;
     cr_assert_eq(at, la, "rank %d: outputs differ at byte %zu of %zu", r, at, la);
-    free(x);
-    free(y);
-    unlink(a);
-    unlink(b);
   }
   rmdir(dir);
   no_new_segments(before, nb);

@@ -34,16 +34,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "meshpg.h"
+#include "test_nccl_net.h"
 
 #define NR 4
 #define COUNT 70001
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int rank;
 
@@ -219,19 +215,6 @@ static void start(pid_t *pids, int hosts, const char *mode) {
   }
 }
 
-static char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "%s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  *len = (size_t)n;
-  return b;
-}
-
 Test(net_mpg, torchrun_two_hosts_equal_one_host, .timeout = 120) {
   char dir[] = "/tmp/mpg-netmpg-XXXXXX";
   cr_assert_not_null(mkdtemp(dir));
@@ -248,18 +231,9 @@ Test(net_mpg, torchrun_two_hosts_equal_one_host, .timeout = 120) {
     }
   }
   for (int r = 0; r < NR; r++) {
-    char a[700], b[700];
-    snprintf(a, sizeof a, "%s/h1-%d.bin", dir, r);
-    snprintf(b, sizeof b, "%s/h2-%d.bin", dir, r);
-    size_t la, lb;
-    char *x = slurp(a, &la), *y = slurp(b, &lb);
-    cr_assert_eq(la, lb);
+    size_t la, at = compare_outputs(dir, "h1", "h2", r, &la);
     cr_assert_eq(la, (size_t)6 * COUNT * sizeof(float));
-    cr_assert_eq(memcmp(x, y, la), 0, "rank %d: 2 hosts differ from one host", r);
-    free(x);
-    free(y);
-    unlink(a);
-    unlink(b);
+    cr_assert_eq(at, la, "rank %d: 2 hosts differ from one host", r);
   }
   rmdir(dir);
 }
