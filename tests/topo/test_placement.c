@@ -74,6 +74,15 @@ static mpg_placement *place(const mpg_mesh *m, int nodes, int gpn,
   return pl;
 }
 
+/* Mesh rank r is launcher rank r, for every r < world. */
+static void expect_identity(const mpg_placement *pl, int world) {
+  for (int r = 0; r < world; r++) {
+    int L;
+    mpg_placement_of(pl, r, &L, NULL, NULL);
+    cr_assert_eq(L, r);
+  }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Node identity                                                             */
 /* ------------------------------------------------------------------------ */
@@ -199,11 +208,7 @@ Test(placement, block_numbering_keeps_the_identity) {
   /* With block numbering and tp innermost, mesh rank == launcher rank. */
   mpg_mesh *m = make_mesh("dp=4,cp=2,tp=4", NULL, NULL);
   mpg_placement *pl = place(m, 4, 8, MPG_RANK_ORDER_BLOCK);
-  for (int r = 0; r < 32; r++) {
-    int L;
-    mpg_placement_of(pl, r, &L, NULL, NULL);
-    cr_assert_eq(L, r);
-  }
+  expect_identity(pl, 32);
   mpg_placement_destroy(pl);
   mpg_mesh_destroy(m);
 }
@@ -410,11 +415,7 @@ Test(placement, gpu_locality_inside_a_node_without_fabric) {
   mpg_mesh *m8 = make_mesh("dp=2,tp=8", NULL, NULL);
   o.topo = dgx;
   cr_assert_eq(mpg_placement_create(m8, &o, &pl), MPG_OK);
-  for (int r = 0; r < 16; r++) {
-    int L;
-    mpg_placement_of(pl, r, &L, NULL, NULL);
-    cr_assert_eq(L, r);
-  }
+  expect_identity(pl, 16);
   mpg_placement_destroy(pl);
   mpg_mesh_destroy(m8);
   mpg_mesh_destroy(m);
