@@ -1,6 +1,7 @@
 /* meshpg topo and the placement flags of meshpg plan, run as a real
  * program.  Each topology fixture is paired with the output `meshpg topo`
  * must produce for it (tests/topologies/NAME.topo.txt). */
+#include <stdarg.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -15,6 +16,17 @@ static int meshpg(const char *args) {
                  "`if (strcmp(cmd, \"topo\") == 0) return cmd_topo(argc - 1, "
                  "argv + 1);` and tools/cmd.h `int cmd_topo(int argc, char **argv);`");
   return rc;
+}
+
+/* `meshpg ARGS` exits with `code` and its output contains every piece (a
+ * NULL-ended list). */
+static void meshpg_out(const char *args, int code, ...) {
+  cr_assert_eq(meshpg(args), code, "meshpg %s: %s", args, out);
+  va_list ap;
+  va_start(ap, code);
+  for (const char *piece; (piece = va_arg(ap, const char *));)
+    cr_assert(strstr(out, piece), "meshpg %s: no \"%s\" in:\n%s", args, piece, out);
+  va_end(ap);
 }
 
 static char want[1 << 16];
@@ -34,66 +46,50 @@ static const char *expected(const char *name) {
 /* meshpg topo: fixtures paired with their output                            */
 /* ------------------------------------------------------------------------ */
 
-Test(cli_topo, dgx_h100_core_binding) {
-  cr_assert_eq(meshpg("topo --xml tests/topologies/dgx-h100.xml --bind core"), 0, "%s", out);
-  cr_assert_str_eq(out, expected("dgx-h100.topo.txt"));
+/* `meshpg topo --xml tests/topologies/STEM.xml FLAGS` prints exactly
+ * tests/topologies/STEM.topo.txt. */
+static void fixture_output(const char *stem, const char *flags) {
+  char args[512], name[128];
+  snprintf(args, sizeof args, "topo --xml tests/topologies/%s.xml %s", stem, flags);
+  snprintf(name, sizeof name, "%s.topo.txt", stem);
+  meshpg_out(args, 0, NULL);
+  cr_assert_str_eq(out, expected(name), "meshpg %s", args);
 }
 
-Test(cli_topo, workstation_numa_binding_is_the_default) {
-  cr_assert_eq(meshpg("topo --xml tests/topologies/workstation-4gpu.xml"), 0, "%s", out);
-  cr_assert_str_eq(out, expected("workstation-4gpu.topo.txt"));
-}
-
-Test(cli_topo, interleaved_cuda_order) {
-  cr_assert_eq(meshpg("topo --xml tests/topologies/pcie-interleaved.xml --bind core"), 0,
-               "%s", out);
-  cr_assert_str_eq(out, expected("pcie-interleaved.topo.txt"));
-}
-
-Test(cli_topo, cpu_only_local_ranks) {
-  cr_assert_eq(meshpg("topo --xml tests/topologies/cpu-only.xml --local-ranks 4 --bind core"),
-               0, "%s", out);
-  cr_assert_str_eq(out, expected("cpu-only.topo.txt"));
-}
+Test(cli_topo, dgx_h100_core_binding) { fixture_output("dgx-h100", "--bind core"); }
+Test(cli_topo, workstation_numa_binding_is_the_default) { fixture_output("workstation-4gpu", ""); }
+Test(cli_topo, interleaved_cuda_order) { fixture_output("pcie-interleaved", "--bind core"); }
+Test(cli_topo, cpu_only_local_ranks) { fixture_output("cpu-only", "--local-ranks 4 --bind core"); }
 
 Test(cli_topo, synthetic_and_live) {
-  cr_assert_eq(meshpg("topo --synthetic 'pack:2 numa:2 core:8 pu:2' --local-ranks 4"), 0,
-               "%s", out);
-  cr_assert(strstr(out, "2 packages, 4 NUMA nodes, 32 cores, 64 PUs"), "%s", out);
-  cr_assert(strstr(out, "local rank 3 -> no GPU, NUMA 3, CPUs 48-63 (8 cores, 16 PUs)"),
-            "%s", out);
-  cr_assert_eq(meshpg("topo --bind none"), 0, "%s", out);
-  cr_assert(strstr(out, "topology: this machine ("), "%s", out);
-  cr_assert(strstr(out, "not bound"), "%s", out);
+  meshpg_out("topo --synthetic 'pack:2 numa:2 core:8 pu:2' --local-ranks 4", 0,
+             "2 packages, 4 NUMA nodes, 32 cores, 64 PUs",
+             "local rank 3 -> no GPU, NUMA 3, CPUs 48-63 (8 cores, 16 PUs)", NULL);
+  meshpg_out("topo --bind none", 0, "topology: this machine (", "not bound", NULL);
 }
 
 Test(cli_topo, errors_exit_1_with_a_clear_message) {
-  cr_assert_eq(meshpg("topo --xml tests/topologies/no-such.xml"), 1, "%s", out);
-  cr_assert(strstr(out, "meshpg: topology XML \"tests/topologies/no-such.xml\": cannot "
-                        "open: No such file or directory"),
-            "%s", out);
-  cr_assert_eq(meshpg("topo --xml tests/topologies/broken.xml"), 1, "%s", out);
-  cr_assert(strstr(out, "\"tests/topologies/broken.xml\": hwloc cannot load it"), "%s",
-            out);
-  cr_assert_eq(meshpg("topo --xml tests/topologies/workstation-4gpu.xml --local-ranks 5"),
-               1, "%s", out);
-  cr_assert(strstr(out, "5 local ranks but topology "
-                        "tests/topologies/workstation-4gpu.xml has 4 GPUs"),
-            "%s", out);
+  meshpg_out("topo --xml tests/topologies/no-such.xml", 1,
+             "meshpg: topology XML \"tests/topologies/no-such.xml\": cannot "
+             "open: No such file or directory",
+             NULL);
+  meshpg_out("topo --xml tests/topologies/broken.xml", 1,
+             "\"tests/topologies/broken.xml\": hwloc cannot load it", NULL);
+  meshpg_out("topo --xml tests/topologies/workstation-4gpu.xml --local-ranks 5", 1,
+             "5 local ranks but topology "
+             "tests/topologies/workstation-4gpu.xml has 4 GPUs",
+             NULL);
   cr_assert_null(strstr(out, "local rank 0 ->"), "no binding is printed on error");
-  cr_assert_eq(meshpg("topo --synthetic 'pack:2 bogus:1'"), 1, "%s", out);
-  cr_assert(strstr(out, "rejects the synthetic description"), "%s", out);
+  meshpg_out("topo --synthetic 'pack:2 bogus:1'", 1, "rejects the synthetic description", NULL);
 }
 
 Test(cli_topo, usage_errors_exit_2) {
-  cr_assert_eq(meshpg("topo --bind sometimes"), 2, "%s", out);
-  cr_assert(strstr(out, "--bind: expected none, numa or core"), "%s", out);
-  cr_assert_eq(meshpg("topo --local-ranks 0"), 2, "%s", out);
-  cr_assert_eq(meshpg("topo --xml"), 2, "%s", out);
-  cr_assert_eq(meshpg("topo --frobnicate"), 2, "%s", out);
-  cr_assert_eq(meshpg("topo --xml a.xml --synthetic 'pack:1'"), 2, "%s", out);
-  cr_assert_eq(meshpg("topo --help"), 0, "%s", out);
-  cr_assert(strstr(out, "usage: meshpg topo"), "%s", out);
+  meshpg_out("topo --bind sometimes", 2, "--bind: expected none, numa or core", NULL);
+  meshpg_out("topo --local-ranks 0", 2, NULL);
+  meshpg_out("topo --xml", 2, NULL);
+  meshpg_out("topo --frobnicate", 2, NULL);
+  meshpg_out("topo --xml a.xml --synthetic 'pack:1'", 2, NULL);
+  meshpg_out("topo --help", 0, "usage: meshpg topo", NULL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -101,54 +97,51 @@ Test(cli_topo, usage_errors_exit_2) {
 /* ------------------------------------------------------------------------ */
 
 Test(cli_plan, cyclic_placement_text) {
-  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --nodes 2 --gpus-per-node 4 --rank-order cyclic"),
-               0, "%s", out);
-  cr_assert(strstr(out, "2 nodes x 4 GPUs, cyclic launcher numbering; inner dims: tp"),
-            "%s", out);
   /* Mesh rank 1 runs as launcher rank 2 (Slurm cyclic puts it on node 0). */
-  cr_assert(strstr(out, "       1         2     0    1\n"), "%s", out);
-  cr_assert(strstr(out, "  node 0: [0,1,2,3]\n  node 1: [4,5,6,7]\n"), "%s", out);
-  cr_assert(strstr(out, "    dp [0,4] nodes 0,1  crosses\n"), "%s", out);
-  cr_assert(strstr(out, "    tp [0,1,2,3] node 0\n"), "%s", out);
-  cr_assert(strstr(out, "misfits: none"), "%s", out);
+  meshpg_out("plan --mesh dp=2,tp=4 --nodes 2 --gpus-per-node 4 --rank-order cyclic", 0,
+             "2 nodes x 4 GPUs, cyclic launcher numbering; inner dims: tp",
+             "       1         2     0    1\n",
+             "  node 0: [0,1,2,3]\n  node 1: [4,5,6,7]\n",
+             "    dp [0,4] nodes 0,1  crosses\n",
+             "    tp [0,1,2,3] node 0\n",
+             "misfits: none", NULL);
 }
 
 Test(cli_plan, misfits_marked_and_strict_fails) {
-  cr_assert_eq(meshpg("plan --mesh dp=8,tp=3 --nodes 3 --gpus-per-node 8"), 0, "%s", out);
-  cr_assert(strstr(out, "    tp [6,7,8] nodes 0,1  crosses, misfit\n"), "%s", out);
-  cr_assert(strstr(out, "misfits: 2 groups of inner dims cross nodes (warning"), "%s",
-            out);
-  cr_assert_eq(meshpg("plan --mesh dp=8,tp=3 --nodes 3 --strict"), 1, "%s", out);
-  cr_assert(strstr(out, "placement (strict): 2 of 8 \"tp\" groups (size 3)"), "%s", out);
+  meshpg_out("plan --mesh dp=8,tp=3 --nodes 3 --gpus-per-node 8", 0,
+             "    tp [6,7,8] nodes 0,1  crosses, misfit\n",
+             "misfits: 2 groups of inner dims cross nodes (warning", NULL);
+  meshpg_out("plan --mesh dp=8,tp=3 --nodes 3 --strict", 1,
+             "placement (strict): 2 of 8 \"tp\" groups (size 3)", NULL);
 }
 
 Test(cli_plan, json_placement_field) {
-  cr_assert_eq(meshpg("plan --mesh dp=2,tp=2 --nodes 2 --rank-order cyclic --json"), 0,
-               "%s", out);
-  cr_assert(strstr(out, "\"groups\": {\"dp\": [[0, 2], [1, 3]], \"tp\": [[0, 1], [2, 3]]}, "
-                        "\"placement\": {\"nodes\": 2, \"gpus_per_node\": 2, "
-                        "\"rank_order\": \"cyclic\", \"inner_dims\": [\"tp\"], "
-                        "\"ranks\": [{\"rank\": 0, \"launcher_rank\": 0, \"node\": 0, "
-                        "\"gpu\": 0}, {\"rank\": 1, \"launcher_rank\": 2, \"node\": 0, "
-                        "\"gpu\": 1}, {\"rank\": 2, \"launcher_rank\": 1, \"node\": 1, "
-                        "\"gpu\": 0}, {\"rank\": 3, \"launcher_rank\": 3, \"node\": 1, "
-                        "\"gpu\": 1}], \"crossing\": {\"dp\": [0, 1], \"tp\": []}, "
-                        "\"misfits\": 0}}\n"),
-            "%s", out);
+  meshpg_out("plan --mesh dp=2,tp=2 --nodes 2 --rank-order cyclic --json", 0,
+             "\"groups\": {\"dp\": [[0, 2], [1, 3]], \"tp\": [[0, 1], [2, 3]]}, "
+             "\"placement\": {\"nodes\": 2, \"gpus_per_node\": 2, "
+             "\"rank_order\": \"cyclic\", \"inner_dims\": [\"tp\"], "
+             "\"ranks\": [{\"rank\": 0, \"launcher_rank\": 0, \"node\": 0, "
+             "\"gpu\": 0}, {\"rank\": 1, \"launcher_rank\": 2, \"node\": 0, "
+             "\"gpu\": 1}, {\"rank\": 2, \"launcher_rank\": 1, \"node\": 1, "
+             "\"gpu\": 0}, {\"rank\": 3, \"launcher_rank\": 3, \"node\": 1, "
+             "\"gpu\": 1}], \"crossing\": {\"dp\": [0, 1], \"tp\": []}, "
+             "\"misfits\": 0}}\n",
+             NULL);
   /* Without placement flags the JSON keeps its plain form. */
-  cr_assert_eq(meshpg("plan --mesh dp=2,tp=2 --json"), 0, "%s", out);
+  meshpg_out("plan --mesh dp=2,tp=2 --json", 0, NULL);
   cr_assert_null(strstr(out, "placement"), "%s", out);
 }
 
 Test(cli_plan, xml_orders_gpus_by_numa_node) {
   /* The interleaved workstation: tp pairs land on one NUMA node, i.e. on
    * GPUs {0,2} and {1,3}. */
-  cr_assert_eq(meshpg("plan --mesh dp=2,tp=2 --xml tests/topologies/pcie-interleaved.xml "
-                   "--json"),
-               0, "%s", out);
-  cr_assert(strstr(out, "{\"rank\": 0, \"launcher_rank\": 0, \"node\": 0, \"gpu\": 0}, "
-                        "{\"rank\": 1, \"launcher_rank\": 2, \"node\": 0, \"gpu\": 2}"),
-            "%s", out);
+  meshpg_out(
+      "plan --mesh dp=2,tp=2 --xml tests/topologies/pcie-interleaved.xml "
+      "--json",
+      0,
+      "{\"rank\": 0, \"launcher_rank\": 0, \"node\": 0, \"gpu\": 0}, "
+      "{\"rank\": 1, \"launcher_rank\": 2, \"node\": 0, \"gpu\": 2}",
+      NULL);
 }
 
 /* `meshpg plan ARGS --svg FILE`, which must succeed; returns the SVG (a
@@ -183,9 +176,8 @@ Test(cli_plan, svg_draws_nodes_by_gpus) {
   for (const char *p = svg; (p = strstr(p, "(crosses nodes)</title>")); p++) crossing++;
   cr_assert_eq(cells, 16);
   cr_assert_eq(crossing, 16, "tp=4 fills each node, so every cp group crosses");
-  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --nodes 2 --svg /tmp/x.svg --svg-groups nope"),
-               1, "%s", out);
-  cr_assert(strstr(out, "no dim or flattened set named \"nope\""), "%s", out);
+  meshpg_out("plan --mesh dp=2,tp=4 --nodes 2 --svg /tmp/x.svg --svg-groups nope", 1,
+             "no dim or flattened set named \"nope\"", NULL);
 }
 
 /* The value of attribute `name` in the element starting at `el` (up to its
@@ -307,19 +299,14 @@ Test(cli_plan, spec_topology_section_and_errors) {
   fclose(f);
   char args[512];
   snprintf(args, sizeof args, "plan %s --world 8 --json", path);
-  cr_assert_eq(meshpg(args), 0, "%s", out);
-  cr_assert(strstr(out, "\"rank_order\": \"cyclic\""), "%s", out);
-  cr_assert(strstr(out, "{\"rank\": 1, \"launcher_rank\": 2, \"node\": 0, \"gpu\": 1}"),
-            "%s", out);
+  meshpg_out(args, 0, "\"rank_order\": \"cyclic\"",
+             "{\"rank\": 1, \"launcher_rank\": 2, \"node\": 0, \"gpu\": 1}", NULL);
   remove(path);
-  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --nodes 3"), 1, "%s", out);
-  cr_assert(strstr(out, "world size 8 is not a multiple of nodes 3"), "%s", out);
-  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --nodes 2 --gpus-per-node 8"), 1, "%s", out);
-  cr_assert(strstr(out, "world size 8 does not equal nodes 2 x gpus_per_node 8 = 16"),
-            "%s", out);
-  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --rank-order zigzag"), 2, "%s", out);
-  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --nodes 0"), 2, "%s", out);
-  cr_assert_eq(meshpg("plan --mesh dp=2,tp=4 --xml tests/topologies/no-such.xml"), 1, "%s",
-               out);
-  cr_assert(strstr(out, "cannot open"), "%s", out);
+  meshpg_out("plan --mesh dp=2,tp=4 --nodes 3", 1, "world size 8 is not a multiple of nodes 3",
+             NULL);
+  meshpg_out("plan --mesh dp=2,tp=4 --nodes 2 --gpus-per-node 8", 1,
+             "world size 8 does not equal nodes 2 x gpus_per_node 8 = 16", NULL);
+  meshpg_out("plan --mesh dp=2,tp=4 --rank-order zigzag", 2, NULL);
+  meshpg_out("plan --mesh dp=2,tp=4 --nodes 0", 2, NULL);
+  meshpg_out("plan --mesh dp=2,tp=4 --xml tests/topologies/no-such.xml", 1, "cannot open", NULL);
 }
