@@ -14,75 +14,59 @@
  * initialised here.
  *
  * Prints "OK <mode> rank R" on success, "FAIL <mode> rank R: ..." lines
- * otherwise; exit code 0 / 1. */
-#include <mpi.h>
+ * otherwise; exit code 0 / 1 (worker_main.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ckpt_check.h"
+#include "worker_main.h"
 
-static int run_seed(const char *mode, const char *root, int ws, int wl, int version,
-                    unsigned seed, int rank, int world) {
+static void run_seed(const worker *w, int ws, int wl, int version, unsigned seed) {
   static ck_case c;
   static ck_job j;
   char dir[4200];
-  int which = strcmp(mode, "load") == 0;
+  int which = strcmp(w->mode, "load") == 0;
   ck_case_make(&c, seed, ws, wl, 1);
-  if (c.mesh[which].world != world) {
-    printf("FAIL %s rank %d: case %u wants %d ranks, this job has %d\n", mode, rank, seed,
-           c.mesh[which].world, world);
-    return 1;
+  if (c.mesh[which].world != w->world) {
+    fail("case %u wants %d ranks, this job has %d", seed, c.mesh[which].world, w->world);
+    return;
   }
-  snprintf(dir, sizeof dir, "%s/ck%u", root, seed);
+  snprintf(dir, sizeof dir, "%s/ck%u", w->argv[0], seed);
   memset(&j, 0, sizeof j);
   j.c = &c;
   j.which = which;
   j.dir = dir;
   j.version = version;
   j.step = (long)seed;
-  j.async = strcmp(mode, "save-async") == 0;
-  mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend.name = MPG_BACKEND_MPI;
-  opts.backend.timeout_s = 60;
-  opts.rank = rank;
-  opts.world_size = world;
-  if (ck_job_rank(&opts, &j) != MPG_OK) {
-    printf("FAIL %s rank %d: case %u: %s\n", mode, rank, seed, j.msg[rank]);
-    return 1;
+  j.async = strcmp(w->mode, "save-async") == 0;
+  if (ck_job_rank(&w->opts, &j) != MPG_OK) {
+    fail("case %u: %s", seed, j.msg[w->rank]);
+    return;
   }
-  if (rank == 0) {
+  if (w->rank == 0) {
     char desc[4096];
     ck_mesh_describe(&c, &c.mesh[which], desc, sizeof desc);
-    printf("%s case %u, %.3f s: %s\n", mode, seed, j.secs[0], desc);
+    printf("%s case %u, %.3f s: %s\n", w->mode, seed, j.secs[0], desc);
   }
+}
+
+/* One context per seed: MPI is initialised here (WK_MPI). */
+static int run_seeds(worker *w) {
+  if (w->world > CK_MAX_RANKS) {
+    fail("at most %d ranks", CK_MAX_RANKS);
+    return 0;
+  }
+  int ws = atoi(w->argv[1]), wl = atoi(w->argv[2]), version = atoi(w->argv[3]);
+  for (int k = 4; k < w->argc; k++)
+    run_seed(w, ws, wl, version, (unsigned)strtoul(w->argv[k], NULL, 10));
   return 0;
 }
 
-int main(int argc, char **argv) {
-  if (argc < 7 ||
-      (strcmp(argv[1], "save") && strcmp(argv[1], "save-async") && strcmp(argv[1], "load"))) {
-    printf("usage: ckpt_mpi_worker save|save-async|load ROOT WSAVE WLOAD VERSION SEED...\n");
-    return 2;
-  }
-  mpg_launch env = MPG_LAUNCH_INIT;
-  if (mpg_launch_from_env(&env) != MPG_OK || env.world_size < 1) {
-    printf("FAIL %s rank ?: no MPI launch environment: %s\n", argv[1], mpg_last_error());
-    return 1;
-  }
-  if (env.world_size > CK_MAX_RANKS) {
-    printf("FAIL %s rank %d: at most %d ranks\n", argv[1], env.rank, CK_MAX_RANKS);
-    return 1;
-  }
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  int provided, failures = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int ws = atoi(argv[3]), wl = atoi(argv[4]), version = atoi(argv[5]);
-  for (int k = 6; k < argc; k++)
-    failures += run_seed(argv[1], argv[2], ws, wl, version, (unsigned)strtoul(argv[k], NULL, 10),
-                         env.rank, env.world_size);
-  MPI_Finalize();
-  if (!failures) printf("OK %s rank %d\n", argv[1], env.rank);
-  fflush(stdout);
-  return failures ? 1 : 0;
-}
+#define CK_ARGS "ROOT WSAVE WLOAD VERSION SEED..."
+static const worker_case cases[] = {
+    {"save", CK_ARGS, 5, -1, run_seeds, WK_MPI},
+    {"save-async", CK_ARGS, 5, -1, run_seeds, WK_MPI},
+    {"load", CK_ARGS, 5, -1, run_seeds, WK_MPI},
+};
+WORKER_MAIN(cases)

@@ -33,7 +33,7 @@
 #include <time.h>
 
 #include "meshpg.h"
-#include "../time_bound.h"
+#include "../support/time_bound.h"
 
 #define N 4099 /* f32 elements per all-reduce */
 

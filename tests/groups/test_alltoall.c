@@ -12,7 +12,7 @@
  *    which abort nothing; counts that differ between two members
  *    (MPG_ERR_INVALID on the receiver, nothing written); size-1 groups;
  *  - a member that never calls it: the others get MPG_ERR_TIMEOUT naming
- *    it, within tests/time_bound.h's bounds, blocking and async;
+ *    it, within tests/support/time_bound.h's bounds, blocking and async;
  *  - the issue-order checker: members that issue an all-to-all of another
  *    dtype are caught, the call named as all_to_all(...) / all_to_all_v(...);
  *  - the groups' shared-memory channel (groups/shm/a2a.c; the threads of

@@ -43,7 +43,7 @@
  *    reduce-scatter of the same range: MPG_ERR_INVALID on both, naming the
  *    two members and the different operations;
  *  - gather_missing_member: of three members, the last never posts: the
- *    other two fail within the timeout + 1 s (tests/time_bound.h) with
+ *    other two fail within the timeout + 1 s (tests/support/time_bound.h) with
  *    MPG_ERR_TIMEOUT or MPG_ERR_ABORTED naming it by position and rank;
  *  - gather_across_hosts: the hierarchical all-gather (simulated hosts,
  *    init opts host_id): 2 hosts x 2 members (by halves, and interleaved

@@ -9,6 +9,7 @@ static pthread_mutex_t fail_mu = PTHREAD_MUTEX_INITIALIZER;
 char fail_msg[2048];
 _Thread_local int tl_rank = -1;
 _Thread_local mpg_ctx *tl_ctx;
+_Thread_local char tl_fail_msg[512];
 
 mpg_status rank_fail(const char *file, int line, const char *fmt, ...) {
   char buf[1024];
@@ -16,6 +17,9 @@ mpg_status rank_fail(const char *file, int line, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
+  int k = snprintf(tl_fail_msg, sizeof tl_fail_msg, "%s:%d: ", file, line);
+  if (k >= 0 && (size_t)k < sizeof tl_fail_msg)
+    snprintf(tl_fail_msg + k, sizeof tl_fail_msg - (size_t)k, "%.400s", buf);
   pthread_mutex_lock(&fail_mu);
   if (!fail_msg[0])
     snprintf(fail_msg, sizeof fail_msg, "rank %d at %s:%d: %s", tl_rank, file, line, buf);

@@ -34,6 +34,10 @@ extern char fail_msg[2048];
 extern _Thread_local int tl_rank;
 extern _Thread_local mpg_ctx *tl_ctx;
 
+/* This thread's last failure (rank_fail's message, "" until one): what
+ * run_ranks keeps as the rank's message. */
+extern _Thread_local char tl_fail_msg[512];
+
 /* Record the first failure of the run (on rank tl_rank, at file:line) and
  * abort tl_ctx; returns MPG_ERR_STATE for the rank function to return. */
 mpg_status rank_fail(const char *file, int line, const char *fmt, ...)

@@ -1,8 +1,9 @@
-/* The report lines of the MPI and launcher workers that check values
- * (tests/sync/shm_mpi_worker.c, tests/cluster/): "FAIL <mode> rank R: ..."
- * lines counted in `failures`, and TRY, which reports a failed meshpg call
- * with its status and message and jumps to the caller's `done` label.
- * Header only; the including program sets g_mode and g_rank. */
+/* The report lines of the MPI and launcher workers (tests/support/
+ * worker_report.c): "FAIL <mode> rank R: ..." lines counted in `failures`,
+ * and TRY, which reports a failed meshpg call with its status and message
+ * and jumps to the caller's `done` label.  worker_main (worker_main.h) sets
+ * g_mode and g_rank and prints the closing "OK <mode> rank R" line when
+ * `failures` stayed 0; a worker with its own main sets them itself. */
 #ifndef MPG_TESTS_SUPPORT_WORKER_REPORT_H
 #define MPG_TESTS_SUPPORT_WORKER_REPORT_H
 
@@ -11,21 +12,18 @@
 
 #include "meshpg.h"
 
-static const char *g_mode = "?";
-static int g_rank = -1;
-static int failures;
+/* The mode named in the report lines ("?" until set), this process's rank
+ * (-1 until set), and the failures reported so far. */
+extern const char *g_mode;
+extern int g_rank;
+extern int failures;
 
-__attribute__((format(printf, 1, 2), unused)) static void fail(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("FAIL %s rank %d: ", g_mode, g_rank);
-  vprintf(fmt, ap);
-  printf("\n");
-  fflush(stdout);
-  va_end(ap);
-  failures++;
-}
+/* Print "FAIL <g_mode> rank <g_rank>: <message>" and count it; after
+ * WR_MAX_LINES failures the lines stop (the count goes on). */
+enum { WR_MAX_LINES = 20 };
+void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Report a failed meshpg call and `goto done`. */
 #define TRY(call)                                                                        \
   do {                                                                                   \
     mpg_status st_ = (call);                                                             \
@@ -34,6 +32,16 @@ __attribute__((format(printf, 1, 2), unused)) static void fail(const char *fmt, 
            mpg_last_error());                                                            \
       goto done;                                                                         \
     }                                                                                    \
+  } while (0)
+
+/* Report a failed meshpg call (at file:line, with its status and message)
+ * and go on. */
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    mpg_status st_ = (call);                                                             \
+    if (st_ != MPG_OK)                                                                   \
+      fail("%s:%d: %s -> %s: %s", __FILE__, __LINE__, #call, mpg_status_name(st_),      \
+           mpg_last_error());                                                            \
   } while (0)
 
 #endif
