@@ -2,10 +2,13 @@
  * the errors for missing or contradictory ones.  Criterion runs each test in
  * its own process, so setenv() does not leak between tests. */
 #include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "meshpg.h"
+#include "mesh_util.h"
 
 static const char *const all_vars[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -22,6 +25,49 @@ static void clean_env(void) {
 
 TestSuite(launch, .init = clean_env);
 
+/* Sets each "NAME=VALUE" of the space-separated list `env`. */
+static void set_env(const char *env) {
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", env);
+  for (char *save = NULL, *kv = strtok_r(buf, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
+    char *eq = strchr(kv, '=');
+    cr_assert_not_null(eq, "\"%s\" is not NAME=VALUE", kv);
+    *eq = '\0';
+    setenv(kv, eq + 1, 1);
+  }
+}
+
+/* mpg_launch_from_env under `env` succeeds; returns what it read. */
+static mpg_launch launch_with(const char *env) {
+  set_env(env);
+  mpg_launch l = MPG_LAUNCH_INIT;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_OK, "%s: %s", env, mpg_last_error());
+  return l;
+}
+
+/* The launch found rank of world, local_rank of local_world, by source. */
+static void expect_launch(const mpg_launch *l, int rank, int world, int local_rank,
+                          int local_world, const char *source) {
+  cr_assert_eq(l->rank, rank);
+  cr_assert_eq(l->world_size, world);
+  cr_assert_eq(l->local_rank, local_rank);
+  cr_assert_eq(l->local_world_size, local_world);
+  cr_assert_str_eq(l->source, source);
+}
+
+/* mpg_launch_from_env under `env` fails (MPG_ERR_ENV); its message contains
+ * every piece of the NULL-ended list. */
+static void env_fails(const char *env, ...) {
+  set_env(env);
+  mpg_launch l = MPG_LAUNCH_INIT;
+  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV, "%s accepted", env);
+  va_list ap;
+  va_start(ap, env);
+  for (const char *piece; (piece = va_arg(ap, const char *));)
+    cr_assert(strstr(mpg_last_error(), piece), "%s: %s", env, mpg_last_error());
+  va_end(ap);
+}
+
 Test(launch, empty_environment_leaves_everything_unset) {
   mpg_launch l = MPG_LAUNCH_INIT;
   cr_assert_eq(mpg_launch_from_env(&l), MPG_OK);
@@ -33,62 +79,31 @@ Test(launch, empty_environment_leaves_everything_unset) {
 }
 
 Test(launch, torchrun_variables) {
-  setenv("RANK", "5", 1);
-  setenv("WORLD_SIZE", "16", 1);
-  setenv("LOCAL_RANK", "1", 1);
-  setenv("LOCAL_WORLD_SIZE", "4", 1);
-  setenv("MASTER_ADDR", "10.1.2.3", 1);
-  setenv("MASTER_PORT", "29500", 1);
-  mpg_launch l = MPG_LAUNCH_INIT;
-  cr_assert_eq(mpg_launch_from_env(&l), MPG_OK, "%s", mpg_last_error());
-  cr_assert_eq(l.rank, 5);
-  cr_assert_eq(l.world_size, 16);
-  cr_assert_eq(l.local_rank, 1);
-  cr_assert_eq(l.local_world_size, 4);
+  mpg_launch l = launch_with("RANK=5 WORLD_SIZE=16 LOCAL_RANK=1 LOCAL_WORLD_SIZE=4 "
+                             "MASTER_ADDR=10.1.2.3 MASTER_PORT=29500");
+  expect_launch(&l, 5, 16, 1, 4, "torchrun");
   cr_assert_str_eq(l.master_addr, "10.1.2.3");
   cr_assert_eq(l.master_port, 29500);
-  cr_assert_str_eq(l.source, "torchrun");
 }
 
 Test(launch, openmpi_variables) {
-  setenv("OMPI_COMM_WORLD_RANK", "3", 1);
-  setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
-  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
-  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8", 1);
-  mpg_launch l = MPG_LAUNCH_INIT;
-  cr_assert_eq(mpg_launch_from_env(&l), MPG_OK, "%s", mpg_last_error());
-  cr_assert_eq(l.rank, 3);
-  cr_assert_eq(l.world_size, 8);
-  cr_assert_eq(l.local_world_size, 8);
-  cr_assert_str_eq(l.source, "openmpi");
+  mpg_launch l = launch_with("OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=8 "
+                             "OMPI_COMM_WORLD_LOCAL_RANK=3 OMPI_COMM_WORLD_LOCAL_SIZE=8");
+  expect_launch(&l, 3, 8, 3, 8, "openmpi");
 }
 
 Test(launch, pmi_and_slurm_variables) {
-  setenv("PMI_RANK", "2", 1);
-  setenv("PMI_SIZE", "4", 1);
-  setenv("SLURM_PROCID", "2", 1);
-  setenv("SLURM_NTASKS", "4", 1);
-  setenv("SLURM_LOCALID", "0", 1);
-  setenv("SLURM_NTASKS_PER_NODE", "2(x2)", 1);
-  mpg_launch l = MPG_LAUNCH_INIT;
-  cr_assert_eq(mpg_launch_from_env(&l), MPG_OK, "%s", mpg_last_error());
-  cr_assert_eq(l.rank, 2);
-  cr_assert_eq(l.world_size, 4);
-  cr_assert_eq(l.local_rank, 0);
-  cr_assert_eq(l.local_world_size, 2);
-  cr_assert_str_eq(l.source, "pmi");
+  mpg_launch l = launch_with("PMI_RANK=2 PMI_SIZE=4 SLURM_PROCID=2 SLURM_NTASKS=4 "
+                             "SLURM_LOCALID=0 SLURM_NTASKS_PER_NODE=2(x2)");
+  expect_launch(&l, 2, 4, 0, 2, "pmi");
 }
 
 /* srun without --ntasks-per-node: this node's entry of the step's list. */
 static int slurm_local_world(const char *step, const char *job, const char *node) {
-  setenv("SLURM_PROCID", "0", 1);
-  setenv("SLURM_NTASKS", "64", 1);
-  setenv("SLURM_LOCALID", "0", 1);
   if (step) setenv("SLURM_STEP_TASKS_PER_NODE", step, 1);
   if (job) setenv("SLURM_TASKS_PER_NODE", job, 1);
   if (node) setenv("SLURM_NODEID", node, 1);
-  mpg_launch l = MPG_LAUNCH_INIT;
-  cr_assert_eq(mpg_launch_from_env(&l), MPG_OK, "%s", mpg_last_error());
+  mpg_launch l = launch_with("SLURM_PROCID=0 SLURM_NTASKS=64 SLURM_LOCALID=0");
   cr_assert_str_eq(l.source, "slurm");
   return l.local_world_size;
 }
@@ -154,74 +169,35 @@ Test(launch, slurm_tasks_per_node_list_errors_name_the_variable) {
 }
 
 Test(launch, contradiction_names_both_variables) {
-  setenv("RANK", "1", 1);
-  setenv("WORLD_SIZE", "4", 1);
-  setenv("OMPI_COMM_WORLD_RANK", "2", 1);
-  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
-  mpg_launch l = MPG_LAUNCH_INIT;
-  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
-  cr_assert(strstr(mpg_last_error(), "RANK=1"), "%s", mpg_last_error());
-  cr_assert(strstr(mpg_last_error(), "OMPI_COMM_WORLD_RANK=2"), "%s", mpg_last_error());
+  env_fails("RANK=1 WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=2 OMPI_COMM_WORLD_SIZE=4", "RANK=1",
+            "OMPI_COMM_WORLD_RANK=2", NULL);
 }
 
 Test(launch, not_a_number_names_the_variable) {
-  setenv("RANK", "two", 1);
-  setenv("WORLD_SIZE", "4", 1);
-  mpg_launch l = MPG_LAUNCH_INIT;
-  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
-  cr_assert(strstr(mpg_last_error(), "RANK=\"two\""), "%s", mpg_last_error());
+  env_fails("RANK=two WORLD_SIZE=4", "RANK=\"two\"", NULL);
 }
 
 Test(launch, rank_not_below_world) {
-  setenv("RANK", "4", 1);
-  setenv("WORLD_SIZE", "4", 1);
-  mpg_launch l = MPG_LAUNCH_INIT;
-  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
-  cr_assert(strstr(mpg_last_error(), "RANK=4 is not below WORLD_SIZE=4"), "%s",
-            mpg_last_error());
+  env_fails("RANK=4 WORLD_SIZE=4", "RANK=4 is not below WORLD_SIZE=4", NULL);
 }
 
-Test(launch, rank_without_world) {
-  setenv("RANK", "0", 1);
-  mpg_launch l = MPG_LAUNCH_INIT;
-  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
-  cr_assert(strstr(mpg_last_error(), "WORLD_SIZE"), "%s", mpg_last_error());
-}
-
-Test(launch, zero_world_size) {
-  setenv("RANK", "0", 1);
-  setenv("WORLD_SIZE", "0", 1);
-  mpg_launch l = MPG_LAUNCH_INIT;
-  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
-  cr_assert(strstr(mpg_last_error(), "WORLD_SIZE=0"), "%s", mpg_last_error());
-}
+Test(launch, rank_without_world) { env_fails("RANK=0", "WORLD_SIZE", NULL); }
+Test(launch, zero_world_size) { env_fails("RANK=0 WORLD_SIZE=0", "WORLD_SIZE=0", NULL); }
 
 Test(launch, master_port_out_of_range) {
-  setenv("MASTER_ADDR", "localhost", 1);
-  setenv("MASTER_PORT", "70000", 1);
-  mpg_launch l = MPG_LAUNCH_INIT;
-  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
-  cr_assert(strstr(mpg_last_error(), "MASTER_PORT=\"70000\""), "%s", mpg_last_error());
+  env_fails("MASTER_ADDR=localhost MASTER_PORT=70000", "MASTER_PORT=\"70000\"", NULL);
 }
 
 Test(launch, master_addr_without_port) {
-  setenv("MASTER_ADDR", "localhost", 1);
-  mpg_launch l = MPG_LAUNCH_INIT;
-  cr_assert_eq(mpg_launch_from_env(&l), MPG_ERR_ENV);
-  cr_assert(strstr(mpg_last_error(), "MASTER_PORT is not"), "%s", mpg_last_error());
+  env_fails("MASTER_ADDR=localhost", "MASTER_PORT is not", NULL);
 }
 
 /* The context reads the same variables and names what is missing. */
 Test(launch, ctx_create_without_rank_names_the_variables) {
-  mpg_spec spec = MPG_SPEC_INIT;
-  mpg_spec_init(&spec);
-  cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=2"), MPG_OK);
-  mpg_mesh *mesh;
-  cr_assert_eq(mpg_mesh_create(&spec, 0, &mesh), MPG_OK);
+  mpg_mesh *mesh = make_dims_mesh("dp=2");
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
   opts.backend.name = MPG_BACKEND_MPI;
-  setenv("WORLD_SIZE", "2", 1);
-  setenv("RANK", "x", 1);
+  set_env("WORLD_SIZE=2 RANK=x");
   mpg_ctx *ctx = (mpg_ctx *)1;
   mpg_status st = mpg_ctx_create(mesh, &opts, &ctx);
   cr_assert_null(ctx);
@@ -233,11 +209,7 @@ Test(launch, ctx_create_without_rank_names_the_variables) {
 }
 
 Test(launch, thread_backend_needs_a_thread_world) {
-  mpg_spec spec = MPG_SPEC_INIT;
-  mpg_spec_init(&spec);
-  cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=2"), MPG_OK);
-  mpg_mesh *mesh;
-  cr_assert_eq(mpg_mesh_create(&spec, 0, &mesh), MPG_OK);
+  mpg_mesh *mesh = make_dims_mesh("dp=2");
   mpg_ctx *ctx = (mpg_ctx *)1;
   cr_assert_eq(mpg_ctx_create(mesh, NULL, &ctx), MPG_ERR_INVALID);
   cr_assert_null(ctx);
@@ -246,11 +218,7 @@ Test(launch, thread_backend_needs_a_thread_world) {
 }
 
 Test(launch, uninitialised_opts_are_rejected) {
-  mpg_spec spec = MPG_SPEC_INIT;
-  mpg_spec_init(&spec);
-  cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=1"), MPG_OK);
-  mpg_mesh *mesh;
-  cr_assert_eq(mpg_mesh_create(&spec, 0, &mesh), MPG_OK);
+  mpg_mesh *mesh = make_dims_mesh("dp=1");
   mpg_init_opts opts;
   memset(&opts, 0, sizeof opts);
   mpg_ctx *ctx;
@@ -289,8 +257,7 @@ Test(launch, init_opts_hold_the_specs_backend_and_topology) {
  * mpg_thread_run starts; under a launcher the error says which [backend]
  * name to set (issue 30). */
 Test(launch, thread_backend_under_a_launcher_names_the_backend_to_set) {
-  setenv("OMPI_COMM_WORLD_RANK", "1", 1);
-  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  set_env("OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=4");
   mpg_spec spec = MPG_SPEC_INIT;
   cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=4"), MPG_OK);
   mpg_mesh *mesh = NULL;
