@@ -4,7 +4,7 @@
  *   cmd_sim.c          the command: the steps below in order, and the run
  *   sim_args.c         flags, usage text, their checks against each other
  *   sim_report.c       what the command prints: header, table, verdict
- *   sim_rank.c         one simulated rank: its training loop (sim_rank.h)
+ *   sim_rank.c         one simulated rank: its training loop (sim_rank_setup.h)
  *   sim_rank_setup.c   one simulated rank: its setup and teardown
  *   sim_job.c          the job: the model and the options of its syncs
  *   sim_mesh.c         the spec and the mesh the model runs on

@@ -2,13 +2,13 @@
  * loop (forward, backward with the gradients marked ready as they are
  * made, the sync, the optimizer step on the owned elements, the gather of
  * the params in the shard modes), the comparison with the single-process
- * reference, and the thread's entry point.  See sim_rank.h. */
+ * reference, and the thread's entry point.  See sim_rank_setup.h. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "sim_rank.h"
+#include "sim_rank_setup.h"
 
 /* Shard modes: at the first use of a param in the step's forward, wait for
  * its bucket of the gather started after the last update (which starts the

@@ -1,13 +1,13 @@
 /* The setup of one simulated rank of `meshpg sim`: joining the world, its
  * groups checked against the mesh, its syncs with the model's params, the
  * range of each param its optimizer updates, its buffers and initial
- * weights; and its teardown.  See sim_rank.h. */
+ * weights; and its teardown.  See sim_rank_setup.h. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "sim_rank.h"
+#include "sim_rank_setup.h"
 
 /* "[0,1,4,5]", or "[0,1,...,15] (16)" for long lists. */
 static void format_members(char *buf, size_t cap, const int *m, int n) {

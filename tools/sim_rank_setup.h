@@ -1,14 +1,18 @@
-/* One simulated rank of `meshpg sim`, shared by its two files:
- * sim_rank_setup.c (joining the world, groups, syncs, buffers, initial
- * weights; teardown) and sim_rank.c (the training loop, the comparison
- * with the reference, the thread's entry point).
+/* One simulated rank of `meshpg sim`: its state, shared by its two files,
+ * and what sim_rank_setup.c defines for sim_rank.c (joining the world,
+ * groups, syncs, buffers, initial weights; the first failure; teardown).
+ * sim_rank.c (the training loop, the comparison with the reference, the
+ * thread's entry point) calls down into sim_rank_setup.c, never the
+ * reverse, so the header is named for the file that defines it
+ * (tests/layout/check_layout.py, rule 2b: a header belongs to the .c of
+ * its stem).
  *
  * Each rank is a thread that receives its init options from mpg_thread_run
  * and only uses the public API.  The ranks share, read-only, the mesh, the
  * job description and the reference; each writes only its own result slot;
  * only rank 0 prints, and only while the main thread waits. */
-#ifndef TOOLS_SIM_RANK_H
-#define TOOLS_SIM_RANK_H
+#ifndef TOOLS_SIM_RANK_SETUP_H
+#define TOOLS_SIM_RANK_SETUP_H
 
 #include "sim_internal.h"
 
