@@ -26,6 +26,8 @@
  *   cr_log_info line of what ran on the GPU). */
 #include "test_nccl.h"
 
+#include "mesh_util.h"
+
 /* The backend's world_init as rank `rank` of `world` (local rank `rank` of
  * `local_world`, no device chosen, no NCCL id) with master_addr and
  * master_port, in a call that must fail before NCCL makes a communicator:
@@ -51,29 +53,23 @@ static mpg_status nogpu_world_init(int rank, int world, int local_world,
   return st;
 }
 
+/* st is want and the message holds piece, and piece2 unless it is NULL. */
+static void expect_fail(mpg_status st, mpg_status want, const char *piece, const char *piece2) {
+  cr_assert_eq(st, want, "got %s: %s", mpg_status_name(st), mpg_last_error());
+  cr_assert(strstr(mpg_last_error(), piece) && (!piece2 || strstr(mpg_last_error(), piece2)),
+            "message: %s", mpg_last_error());
+}
+
 Test(nccl_nogpu, world_init_reports_missing_device) {
   if (gpu_count(NULL) > 0)
     cr_skip_test("a CUDA GPU is present: the no-device error path cannot be "
                  "shown here");
   mpg_status st = nogpu_world_init(0, 1, 0, "", -1);
-  cr_assert_eq(st, MPG_ERR_UNSUPPORTED, "got %s: %s", mpg_status_name(st),
-               mpg_last_error());
-  cr_assert(strstr(mpg_last_error(), "no CUDA device"), "message: %s",
-            mpg_last_error());
-  cr_assert(strstr(mpg_last_error(), "cudaGetDeviceCount"), "message: %s",
-            mpg_last_error());
+  expect_fail(st, MPG_ERR_UNSUPPORTED, "no CUDA device", "cudaGetDeviceCount");
 
   /* The same through the public API. */
-  mpg_spec spec = MPG_SPEC_INIT;
-  EXPECT_OK(mpg_spec_init(&spec));
-  EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=1"));
-  mpg_mesh *mesh = NULL;
-  EXPECT_OK(mpg_mesh_create(&spec, 1, &mesh));
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend.name = MPG_BACKEND_NCCL;
-  o.rank = 0;
-  o.world_size = 1;
-  o.device = 0;
+  mpg_mesh *mesh = make_dims_mesh("dp=1");
+  mpg_init_opts o = nccl_opts(0, 1, 0, 0);
   mpg_ctx *ctx = (mpg_ctx *)0x1;
   st = mpg_ctx_create(mesh, &o, &ctx);
   cr_assert_eq(st, MPG_ERR_UNSUPPORTED, "got %s: %s", mpg_status_name(st),
@@ -88,12 +84,8 @@ Test(nccl_nogpu, empty_cuda_visible_devices_is_explained) {
   /* CUDA reads the variable at its first call, here in world_init (each
    * test is its own process), so this runs with or without a GPU. */
   setenv("CUDA_VISIBLE_DEVICES", "", 1);
-  mpg_status st = nogpu_world_init(0, 1, 1, "", -1);
-  cr_assert_eq(st, MPG_ERR_UNSUPPORTED, "got %s: %s", mpg_status_name(st),
-               mpg_last_error());
-  cr_assert(strstr(mpg_last_error(), "nccl: rank 0 of 1") &&
-                strstr(mpg_last_error(), "CUDA_VISIBLE_DEVICES=\"\" hides every GPU"),
-            "message: %s", mpg_last_error());
+  expect_fail(nogpu_world_init(0, 1, 1, "", -1), MPG_ERR_UNSUPPORTED, "nccl: rank 0 of 1",
+              "CUDA_VISIBLE_DEVICES=\"\" hides every GPU");
 }
 
 Test(nccl_nogpu, missing_rendezvous_names_master_addr) {
@@ -103,12 +95,7 @@ Test(nccl_nogpu, missing_rendezvous_names_master_addr) {
   unsetenv("MASTER_ADDR");
   unsetenv("MASTER_PORT");
   unsetenv("OMPI_COMM_WORLD_SIZE");
-  mpg_status st = nogpu_world_init(1, 2, 2, "", -1);
-  cr_assert_eq(st, MPG_ERR_ENV, "got %s: %s", mpg_status_name(st),
-               mpg_last_error());
-  cr_assert(strstr(mpg_last_error(), "MASTER_ADDR") &&
-                strstr(mpg_last_error(), "MASTER_PORT"),
-            "message: %s", mpg_last_error());
+  expect_fail(nogpu_world_init(1, 2, 2, "", -1), MPG_ERR_ENV, "MASTER_ADDR", "MASTER_PORT");
 }
 
 /* torchrun's store holds MASTER_PORT: NCCL's root goes to MESHPG_NCCL_PORT
@@ -223,8 +210,7 @@ Test(nccl_public, world1_other_collectives_async_and_stream) {
   require_gpu();
   world1 w = public_world1();
   const size_t n = 513;
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = nonblocking_stream();
   for (size_t d = 0; d < sizeof all_dtypes / sizeof *all_dtypes; d++) {
     mpg_dtype dt = all_dtypes[d];
     void *a = dev_fill(dt, n, 0), *b = dev_zero(dt, n);
@@ -296,8 +282,7 @@ Test(nccl_backend, world1_collectives_async_stream_split_abort) {
   require_gpu();
   mpg__comm *c = backend_world1();
   const size_t n = 1 << 16;
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = nonblocking_stream();
   for (size_t d = 0; d < sizeof all_dtypes / sizeof *all_dtypes; d++) {
     mpg_dtype dt = all_dtypes[d];
     void *a = dev_fill(dt, n, 0), *b = dev_zero(dt, n);
@@ -412,8 +397,7 @@ Test(nccl_backend, world1_post_batch_to_itself) {
   require_gpu();
   mpg__comm *c = backend_world1();
   const size_t n = 1 << 20;
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = nonblocking_stream();
   int r0 = 0, r5 = 5;
   void *a = dev_fill(MPG_F32, n, 0), *b = dev_fill(MPG_BF16, n, 5);
   void *ra = dev_zero(MPG_F32, n), *rb = dev_zero(MPG_BF16, n);

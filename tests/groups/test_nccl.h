@@ -62,6 +62,14 @@ typedef struct {
   mpg_group *dp, *world;
 } world1;
 
+/* What every thread rank of run_nccl_threads starts from: the first member
+ * of each test's job struct. */
+typedef struct {
+  int rank, world, ndev;
+  const ncclUniqueId *id; /* the caller's unique id, or NULL */
+  mpg_mesh *mesh;
+} nccl_job;
+
 int gpu_count(cudaError_t *err);
 int require_gpu(void);
 double get(mpg_dtype dt, const void *buf, size_t i);
@@ -79,6 +87,23 @@ mpg_status backend_run(mpg__comm *c, const mpg__coll *k);
 mpg__coll coll_of(mpg__coll_kind kind, const void *send, void *recv,
                   size_t count, mpg_dtype dt, mpg_op op, void *stream);
 void log_device(void);
+/* MPG_INIT_OPTS_INIT for rank `rank` of `world` on the nccl backend, on
+ * CUDA device `device`, with a collective timeout of timeout_s (0: the
+ * default). */
+mpg_init_opts nccl_opts(int rank, int world, int device, double timeout_s);
+/* nccl_opts for the job's rank: device rank % ndev, local rank = rank of a
+ * local world = world, the job's unique id. */
+mpg_init_opts nccl_job_opts(const nccl_job *j, double timeout_s);
+/* Runs fn on `world` threads and joins them.  jobs: `world` structs of
+ * `size` bytes, each starting with a nccl_job; they are zeroed and their
+ * nccl_job set to (rank, world, ndev, id, mesh) first. */
+void run_nccl_threads(void *(*fn)(void *), void *jobs, size_t size, int world, int ndev,
+                      const ncclUniqueId *id, mpg_mesh *mesh);
+/* A new CUDA stream that does not wait on the legacy default stream. */
+cudaStream_t nonblocking_stream(void);
+/* Destroys a job's context; its failure becomes *st, with msg "destroy:
+ * ...", unless *st holds a failure already. */
+void destroy_keep_first(mpg_ctx *ctx, mpg_status *st, char *msg, size_t cap);
 world1 public_world1(void);
 world1 public_world1_on(int device);
 void world1_free(world1 *w);

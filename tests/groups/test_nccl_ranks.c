@@ -3,14 +3,14 @@
  * peer that never arrives. */
 #include "test_nccl.h"
 
+#include "mesh_util.h"
+
 /* ------------------------------------------------------------------------ */
 /* Two ranks as two threads with a caller-made unique id                     */
 /* ------------------------------------------------------------------------ */
 
 typedef struct {
-  int rank, ndev;
-  const ncclUniqueId *id;
-  mpg_mesh *mesh;
+  nccl_job h;
   mpg_status create_st;
   char create_msg[1024];
   char fail[1024]; /* first failed check after create, "" if none */
@@ -29,14 +29,14 @@ static void job_expect(rank_job *j, const char *what, mpg_dtype dt,
   void *host = malloc(bytes);
   if (!host || cudaDeviceSynchronize() != cudaSuccess ||
       cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
-    JOB_CHECK(j, 0, "rank %d: %s: copy back failed", j->rank, what);
+    JOB_CHECK(j, 0, "rank %d: %s: copy back failed", j->h.rank, what);
     free(host);
     return;
   }
   for (size_t i = 0; i < n; i++) {
     double got = get(dt, host, i), exp = want(i, arg);
     JOB_CHECK(j, got == exp, "rank %d: %s (%s): element %zu is %g, want %g",
-              j->rank, what, mpg_dtype_name(dt), i, got, exp);
+              j->h.rank, what, mpg_dtype_name(dt), i, got, exp);
   }
   free(host);
 }
@@ -54,23 +54,15 @@ static double want_gather2(size_t i, void *p) {
 #define JOB_OK(job, expr)                                                      \
   do {                                                                         \
     mpg_status st_ = (expr);                                                   \
-    JOB_CHECK(job, st_ == MPG_OK, "rank %d: %s: %s: %s", (job)->rank, #expr,   \
+    JOB_CHECK(job, st_ == MPG_OK, "rank %d: %s: %s: %s", (job)->h.rank, #expr,   \
               mpg_status_name(st_), mpg_last_error());                         \
   } while (0)
 
 static void *rank_main(void *p) {
   rank_job *j = p;
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend.name = MPG_BACKEND_NCCL;
-  o.rank = j->rank;
-  o.world_size = 2;
-  o.local_rank = j->rank;
-  o.local_world_size = 2;
-  o.device = j->rank % j->ndev;
-  o.nccl_id = j->id;
-  o.backend.timeout_s = 60;
+  mpg_init_opts o = nccl_job_opts(&j->h, 60);
   mpg_ctx *ctx = NULL;
-  j->create_st = mpg_ctx_create(j->mesh, &o, &ctx);
+  j->create_st = mpg_ctx_create(j->h.mesh, &o, &ctx);
   if (j->create_st != MPG_OK) {
     snprintf(j->create_msg, sizeof j->create_msg, "%s", mpg_last_error());
     return NULL;
@@ -85,7 +77,7 @@ static void *rank_main(void *p) {
   for (size_t d = 0; d < sizeof all_dtypes / sizeof *all_dtypes; d++) {
     mpg_dtype dt = all_dtypes[d];
     for (size_t q = 0; q < sizeof all_ops / sizeof *all_ops; q++) {
-      void *send = dev_fill(dt, n, j->rank), *recv = dev_zero(dt, n);
+      void *send = dev_fill(dt, n, j->h.rank), *recv = dev_zero(dt, n);
       JOB_OK(j, mpg_all_reduce(dp, send, recv, n, dt, all_ops[q], NULL, NULL));
       expect_arg a = {dt, all_ops[q], 2, 1.0, 0};
       job_expect(j, op_names[all_ops[q]], dt, recv, n, want_reduce, &a);
@@ -93,7 +85,7 @@ static void *rank_main(void *p) {
       cudaFree(recv);
     }
     if (dt != MPG_I32 && dt != MPG_I64) {
-      void *buf = dev_fill(dt, n, j->rank);
+      void *buf = dev_fill(dt, n, j->h.rank);
       mpg_work *w = NULL;
       JOB_OK(j, mpg_all_reduce_scaled(dp, buf, buf, n, dt, 0.5, NULL, &w));
       JOB_OK(j, mpg_work_wait(w));
@@ -109,35 +101,35 @@ static void *rank_main(void *p) {
     mpg_dtype dt = h ? MPG_BF16 : MPG_F16;
     for (int q = 0; q < 3; q++) {
       mpg_op op = q == 0 ? MPG_OP_SUM : q == 1 ? MPG_OP_AVG : MPG__OP_PREMUL_SUM;
-      void *send = dev_fill(dt, n, j->rank), *recv = dev_zero(dt, n);
+      void *send = dev_fill(dt, n, j->h.rank), *recv = dev_zero(dt, n);
       JOB_OK(j, mpg__all_reduce_f32acc(dp, send, recv, n, dt, op, 0.5, NULL, NULL));
       expect_arg a = {dt, op, 2, 0.5, 0};
       job_expect(j, "f32acc all_reduce", dt, recv, n, want_reduce, &a);
       cudaFree(send);
       cudaFree(recv);
     }
-    void *rs = dev_fill(dt, 2 * n, j->rank);
-    char *mine = (char *)rs + (size_t)j->rank * n * 2;
+    void *rs = dev_fill(dt, 2 * n, j->h.rank);
+    char *mine = (char *)rs + (size_t)j->h.rank * n * 2;
     JOB_OK(j, mpg__reduce_scatter_f32acc(dp, rs, mine, n, dt, MPG_OP_SUM, 1.0, NULL, NULL));
-    expect_arg a = {dt, MPG_OP_SUM, 2, 1.0, (size_t)j->rank * n};
+    expect_arg a = {dt, MPG_OP_SUM, 2, 1.0, (size_t)j->h.rank * n};
     job_expect(j, "f32acc reduce_scatter in place", dt, mine, n, want_reduce, &a);
     cudaFree(rs);
   }
   /* broadcast from position 1, all_gather, reduce_scatter, send/recv. */
-  void *b = dev_fill(MPG_F32, n, j->rank);
+  void *b = dev_fill(MPG_F32, n, j->h.rank);
   JOB_OK(j, mpg_broadcast(dp, b, n, MPG_F32, 1, NULL, NULL));
   job_expect(j, "broadcast root 1", MPG_F32, b, n, want_bcast1, NULL);
-  void *g = dev_zero(MPG_F32, 2 * n), *s = dev_fill(MPG_F32, n, j->rank);
+  void *g = dev_zero(MPG_F32, 2 * n), *s = dev_fill(MPG_F32, n, j->h.rank);
   size_t nn = n;
   JOB_OK(j, mpg_all_gather(dp, s, g, n, MPG_F32, NULL, NULL));
   job_expect(j, "all_gather", MPG_F32, g, 2 * n, want_gather2, &nn);
-  void *rs_in = dev_fill(MPG_F32, 2 * n, j->rank), *rs_out = dev_zero(MPG_F32, n);
+  void *rs_in = dev_fill(MPG_F32, 2 * n, j->h.rank), *rs_out = dev_zero(MPG_F32, n);
   JOB_OK(j, mpg_reduce_scatter(dp, rs_in, rs_out, n, MPG_F32, MPG_OP_SUM, NULL, NULL));
-  expect_arg ra = {MPG_F32, MPG_OP_SUM, 2, 1.0, (size_t)j->rank * n};
+  expect_arg ra = {MPG_F32, MPG_OP_SUM, 2, 1.0, (size_t)j->h.rank * n};
   job_expect(j, "reduce_scatter", MPG_F32, rs_out, n, want_reduce, &ra);
   JOB_OK(j, mpg_barrier(dp, NULL));
-  void *p2p = j->rank == 0 ? dev_fill(MPG_I64, n, 0) : dev_zero(MPG_I64, n);
-  if (j->rank == 0)
+  void *p2p = j->h.rank == 0 ? dev_fill(MPG_I64, n, 0) : dev_zero(MPG_I64, n);
+  if (j->h.rank == 0)
     JOB_OK(j, mpg_send(dp, p2p, n, MPG_I64, 1, NULL, NULL));
   else
     JOB_OK(j, mpg_recv(dp, p2p, n, MPG_I64, 0, NULL, NULL));
@@ -148,9 +140,9 @@ static void *rank_main(void *p) {
    * matched in order; then the same through a work handle. */
   {
     const size_t big = (size_t)16 << 20; /* int32: 64 MiB */
-    int peer = 1 - j->rank, peer_b = peer + 10;
-    void *sa = dev_fill(MPG_I32, big, j->rank), *ra = dev_zero(MPG_I32, big);
-    void *sb = dev_fill(MPG_BF16, n, j->rank + 10), *rb = dev_zero(MPG_BF16, n);
+    int peer = 1 - j->h.rank, peer_b = peer + 10;
+    void *sa = dev_fill(MPG_I32, big, j->h.rank), *ra = dev_zero(MPG_I32, big);
+    void *sb = dev_fill(MPG_BF16, n, j->h.rank + 10), *rb = dev_zero(MPG_BF16, n);
     mpg_p2p_op ops[4] = {{MPG_P2P_SEND, peer, sa, big, MPG_I32},
                          {MPG_P2P_SEND, peer, sb, n, MPG_BF16},
                          {MPG_P2P_RECV, peer, ra, big, MPG_I32},
@@ -184,22 +176,9 @@ Test(nccl_two_ranks, threads_with_caller_unique_id, .timeout = 300) {
   ncclUniqueId id;
   ncclResult_t r = ncclGetUniqueId(&id);
   cr_assert_eq(r, ncclSuccess, "ncclGetUniqueId: %s", ncclGetErrorString(r));
-  mpg_spec spec = MPG_SPEC_INIT;
-  EXPECT_OK(mpg_spec_init(&spec));
-  EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=2"));
-  mpg_mesh *mesh = NULL;
-  EXPECT_OK(mpg_mesh_create(&spec, 2, &mesh));
+  mpg_mesh *mesh = make_dims_mesh("dp=2");
   rank_job jobs[2];
-  pthread_t th[2];
-  for (int i = 0; i < 2; i++) {
-    memset(&jobs[i], 0, sizeof jobs[i]);
-    jobs[i].rank = i;
-    jobs[i].ndev = ndev;
-    jobs[i].id = &id;
-    jobs[i].mesh = mesh;
-    cr_assert_eq(pthread_create(&th[i], NULL, rank_main, &jobs[i]), 0);
-  }
-  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  run_nccl_threads(rank_main, jobs, sizeof jobs[0], 2, ndev, &id, mesh);
   mpg_mesh_destroy(mesh);
   if (ndev == 1 && (jobs[0].create_st != MPG_OK || jobs[1].create_st != MPG_OK)) {
     const char *msg = jobs[0].create_st ? jobs[0].create_msg : jobs[1].create_msg;
@@ -227,29 +206,21 @@ Test(nccl_two_ranks, threads_with_caller_unique_id, .timeout = 300) {
  * check (which runs after every rank has met at the root) refuses it, which
  * still shows that the rendezvous itself worked. */
 typedef struct {
-  int rank, ndev;
-  mpg_mesh *mesh;
+  nccl_job h;
   mpg_status st;
   char msg[1024];
 } rdv_job;
 
 static void *rdv_main(void *p) {
   rdv_job *j = p;
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend.name = MPG_BACKEND_NCCL;
-  o.rank = j->rank;
-  o.world_size = 2;
-  o.local_rank = j->rank;
-  o.local_world_size = 2;
-  o.device = j->rank % j->ndev;
-  o.backend.timeout_s = 30;
+  mpg_init_opts o = nccl_job_opts(&j->h, 30);
   mpg_ctx *ctx = NULL;
-  j->st = mpg_ctx_create(j->mesh, &o, &ctx);
+  j->st = mpg_ctx_create(j->h.mesh, &o, &ctx);
   snprintf(j->msg, sizeof j->msg, "%s", j->st ? mpg_last_error() : "");
   if (ctx) {
     mpg_group *dp = NULL;
     if (mpg_ctx_group(ctx, "dp", &dp) == MPG_OK) {
-      void *x = dev_fill(MPG_F32, 256, j->rank);
+      void *x = dev_fill(MPG_F32, 256, j->h.rank);
       mpg_status st = mpg_all_reduce(dp, x, x, 256, MPG_F32, MPG_OP_SUM, NULL, NULL);
       if (st && !j->st) {
         j->st = st;
@@ -257,11 +228,7 @@ static void *rdv_main(void *p) {
       }
       cudaFree(x);
     }
-    mpg_status st = mpg_ctx_destroy(ctx);
-    if (st && !j->st) {
-      j->st = st;
-      snprintf(j->msg, sizeof j->msg, "destroy: %s", mpg_last_error());
-    }
+    destroy_keep_first(ctx, &j->st, j->msg, sizeof j->msg);
   }
   return NULL;
 }
@@ -274,21 +241,9 @@ Test(nccl_two_ranks, rendezvous_from_master_addr, .timeout = 120) {
   unsetenv("OMPI_COMM_WORLD_SIZE");
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", port, 1);
-  mpg_spec spec = MPG_SPEC_INIT;
-  EXPECT_OK(mpg_spec_init(&spec));
-  EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=2"));
-  mpg_mesh *mesh = NULL;
-  EXPECT_OK(mpg_mesh_create(&spec, 2, &mesh));
+  mpg_mesh *mesh = make_dims_mesh("dp=2");
   rdv_job jobs[2];
-  pthread_t th[2];
-  for (int i = 0; i < 2; i++) {
-    memset(&jobs[i], 0, sizeof jobs[i]);
-    jobs[i].rank = i;
-    jobs[i].ndev = ndev;
-    jobs[i].mesh = mesh;
-    cr_assert_eq(pthread_create(&th[i], NULL, rdv_main, &jobs[i]), 0);
-  }
-  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  run_nccl_threads(rdv_main, jobs, sizeof jobs[0], 2, ndev, NULL, mesh);
   mpg_mesh_destroy(mesh);
   cr_assert_null(getenv("NCCL_COMM_ID"),
                  "NCCL_COMM_ID was left set to %s", getenv("NCCL_COMM_ID"));
@@ -319,17 +274,9 @@ Test(nccl_timeout, world_init_peer_never_arrives, .timeout = 120) {
   cr_assert_eq(r, ncclSuccess, "ncclGetUniqueId: %s", ncclGetErrorString(r));
 
   /* The backend alone, as rank 1 of 2. */
-  mpg__world_args a;
-  memset(&a, 0, sizeof a);
-  a.rank = 1;
-  a.world_size = 2;
-  a.local_rank = 0;
-  a.local_world_size = 1;
-  a.timeout_s = 2;
-  a.device = 0;
-  a.nccl_id = &id;
-  a.master_addr = "";
-  a.master_port = -1;
+  const mpg__world_args a = {.rank = 1, .world_size = 2, .local_rank = 0,
+                             .local_world_size = 1, .timeout_s = 2, .device = 0,
+                             .nccl_id = &id, .master_addr = "", .master_port = -1};
   mpg__comm *w = (mpg__comm *)0x1;
   double t0 = mpg__now();
   mpg_status st = mpg__backend_nccl.world_init(&a, &w);
@@ -342,18 +289,9 @@ Test(nccl_timeout, world_init_peer_never_arrives, .timeout = 120) {
 
   /* The public API, as rank 0 of 2 with a fresh id. */
   cr_assert_eq(ncclGetUniqueId(&id), ncclSuccess);
-  mpg_spec spec = MPG_SPEC_INIT;
-  EXPECT_OK(mpg_spec_init(&spec));
-  EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=2"));
-  mpg_mesh *mesh = NULL;
-  EXPECT_OK(mpg_mesh_create(&spec, 2, &mesh));
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend.name = MPG_BACKEND_NCCL;
-  o.rank = 0;
-  o.world_size = 2;
-  o.device = 0;
+  mpg_mesh *mesh = make_dims_mesh("dp=2");
+  mpg_init_opts o = nccl_opts(0, 2, 0, 2);
   o.nccl_id = &id;
-  o.backend.timeout_s = 2;
   mpg_ctx *ctx = (mpg_ctx *)0x1;
   t0 = mpg__now();
   st = mpg_ctx_create(mesh, &o, &ctx);

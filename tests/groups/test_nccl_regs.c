@@ -3,6 +3,8 @@
  * collectives) and buffer registrations. */
 #include "test_nccl.h"
 
+#include "mesh_util.h"
+
 /* ------------------------------------------------------------------------ */
 /* Issue 11: scale in f32, asynchronous errors, setup collectives            */
 /* ------------------------------------------------------------------------ */
@@ -66,8 +68,7 @@ Test(nccl_backend, f32_accumulation_of_halves_rounds_once) {
   const double scales[] = {1, 1, 1, 1, 0.3, 1e-7};
   uint16_t *host = malloc(n * 2), *back = malloc(n * 2);
   cr_assert(host && back);
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = nonblocking_stream();
   int cases = 0;
   for (int h = 0; h < 2; h++) {
     mpg_dtype dt = h ? MPG_BF16 : MPG_F16;
@@ -170,17 +171,8 @@ Test(nccl_backend, nccl_argument_error_is_reported) {
  * still called) with the data staged through device memory. */
 Test(nccl_public, setup_collectives_with_placement_and_layout_check) {
   require_gpu();
-  mpg_spec spec = MPG_SPEC_INIT;
-  EXPECT_OK(mpg_spec_init(&spec));
-  EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=1,cp=1,tp=1"));
-  mpg_mesh *mesh = NULL;
-  EXPECT_OK(mpg_mesh_create(&spec, 1, &mesh));
-  mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend.name = MPG_BACKEND_NCCL;
-  opts.rank = 0;
-  opts.world_size = 1;
-  opts.device = 0;
-  opts.backend.timeout_s = 60;
+  mpg_mesh *mesh = make_dims_mesh("dp=1,cp=1,tp=1");
+  mpg_init_opts opts = nccl_opts(0, 1, 0, 60);
   opts.placement = 1;
   opts.host_id = "gpu-host";
   mpg_ctx *ctx = NULL;
@@ -247,9 +239,7 @@ Test(nccl_backend, registration_reaches_every_communicator) {
  * and ncclSuccess; the test double stops the process when that happens (it
  * did before mpg__nccl_lock waited for a settling call). */
 typedef struct reg_race {
-  int rank, world;
-  ncclUniqueId *id;
-  mpg_mesh *mesh;
+  nccl_job h;
   mpg_ctx *ctx;
   _Atomic int stop;
   long allocs;
@@ -259,7 +249,7 @@ typedef struct reg_race {
 
 static void *reg_race_helper(void *p) {
   reg_race *j = p;
-  cudaSetDevice(j->rank);
+  cudaSetDevice(j->h.rank);
   while (!atomic_load(&j->stop) && !j->helper_st) {
     void *buf = NULL;
     mpg_status st = mpg_ctx_mem_alloc(j->ctx, 1 << 16, 1, &buf);
@@ -275,18 +265,10 @@ static void *reg_race_helper(void *p) {
 
 static void *reg_race_rank(void *p) {
   reg_race *j = p;
-  cudaSetDevice(j->rank);
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend.name = MPG_BACKEND_NCCL;
-  o.rank = j->rank;
-  o.world_size = j->world;
-  o.local_rank = j->rank;
-  o.local_world_size = j->world;
-  o.device = j->rank;
-  o.nccl_id = j->id;
+  cudaSetDevice(j->h.rank);
+  mpg_init_opts o = nccl_job_opts(&j->h, 60); /* ndev >= world: device = rank */
   o.backend.lazy_groups = 1;
-  o.backend.timeout_s = 60;
-  j->st = mpg_ctx_create(j->mesh, &o, &j->ctx);
+  j->st = mpg_ctx_create(j->h.mesh, &o, &j->ctx);
   if (j->st) {
     snprintf(j->msg, sizeof j->msg, "ctx_create: %s", mpg_last_error());
     return NULL;
@@ -319,11 +301,7 @@ static void *reg_race_rank(void *p) {
   }
   atomic_store(&j->stop, 1);
   if (started) pthread_join(helper, NULL);
-  mpg_status st = mpg_ctx_destroy(j->ctx);
-  if (st && !j->st) {
-    j->st = st;
-    snprintf(j->msg, sizeof j->msg, "destroy: %s", mpg_last_error());
-  }
+  destroy_keep_first(j->ctx, &j->st, j->msg, sizeof j->msg);
   return NULL;
 }
 
@@ -331,25 +309,11 @@ Test(nccl_threads, registration_from_a_second_thread_while_groups_split, .timeou
   int ndev = require_gpu();
   enum { W = 4 };
   if (ndev < W) cr_skip_test("needs %d GPUs for %d thread ranks, found %d", W, W, ndev);
-  mpg_spec spec = MPG_SPEC_INIT;
-  EXPECT_OK(mpg_spec_init(&spec));
-  EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=2,cp=2"));
-  EXPECT_OK(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"));
-  mpg_mesh *mesh = NULL;
-  EXPECT_OK(mpg_mesh_create(&spec, W, &mesh));
+  mpg_mesh *mesh = make_mesh("dp=2,cp=2", (const char *const[]){"dp_cp=dp,cp", NULL});
   ncclUniqueId id;
   cr_assert_eq(ncclGetUniqueId(&id), ncclSuccess);
   reg_race jobs[W];
-  pthread_t th[W];
-  for (int r = 0; r < W; r++) {
-    memset(&jobs[r], 0, sizeof jobs[r]);
-    jobs[r].rank = r;
-    jobs[r].world = W;
-    jobs[r].id = &id;
-    jobs[r].mesh = mesh;
-    cr_assert_eq(pthread_create(&th[r], NULL, reg_race_rank, &jobs[r]), 0);
-  }
-  for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
+  run_nccl_threads(reg_race_rank, jobs, sizeof jobs[0], W, ndev, &id, mesh);
   mpg_mesh_destroy(mesh);
   long allocs = 0;
   for (int r = 0; r < W; r++) {

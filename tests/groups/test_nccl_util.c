@@ -1,6 +1,8 @@
 /* The helpers of test_nccl.h. */
 #include "test_nccl.h"
 
+#include "mesh_util.h"
+
 /* ------------------------------------------------------------------------ */
 /* Helpers                                                                   */
 /* ------------------------------------------------------------------------ */
@@ -137,17 +139,9 @@ double want_pattern_of(size_t i, void *p) { return pattern(i, *(const int *)p); 
 
 /* The one-rank world communicator of the NCCL backend, made directly. */
 mpg__comm *backend_world1(void) {
-  mpg__world_args a;
-  memset(&a, 0, sizeof a);
-  a.rank = 0;
-  a.world_size = 1;
-  a.local_rank = 0;
-  a.local_world_size = 1;
-  a.timeout_s = 60;
-  a.device = 0;
-  a.nccl_id = NULL;
-  a.master_addr = "";
-  a.master_port = -1;
+  const mpg__world_args a = {.rank = 0, .world_size = 1, .local_rank = 0,
+                             .local_world_size = 1, .timeout_s = 60, .device = 0,
+                             .nccl_id = NULL, .master_addr = "", .master_port = -1};
   mpg__comm *world = NULL;
   EXPECT_OK(mpg__backend_nccl.world_init(&a, &world));
   cr_assert_not_null(world);
@@ -167,17 +161,8 @@ mpg_status backend_run(mpg__comm *c, const mpg__coll *k) {
 
 mpg__coll coll_of(mpg__coll_kind kind, const void *send, void *recv,
                          size_t count, mpg_dtype dt, mpg_op op, void *stream) {
-  mpg__coll k;
-  memset(&k, 0, sizeof k);
-  k.kind = kind;
-  k.send = send;
-  k.recv = recv;
-  k.count = count;
-  k.dtype = dt;
-  k.op = op;
-  k.scale = 1.0;
-  k.stream = stream;
-  return k;
+  return (mpg__coll){.kind = kind, .send = send, .recv = recv, .count = count, .dtype = dt,
+                     .op = op, .scale = 1.0, .stream = stream};
 }
 
 void log_device(void) {
@@ -199,22 +184,60 @@ void log_device(void) {
 /* The public API on a world of one rank                                     */
 /* ------------------------------------------------------------------------ */
 
+mpg_init_opts nccl_opts(int rank, int world, int device, double timeout_s) {
+  mpg_init_opts o = MPG_INIT_OPTS_INIT;
+  o.backend.name = MPG_BACKEND_NCCL;
+  o.rank = rank;
+  o.world_size = world;
+  o.device = device;
+  if (timeout_s > 0) o.backend.timeout_s = timeout_s;
+  return o;
+}
+
+mpg_init_opts nccl_job_opts(const nccl_job *j, double timeout_s) {
+  mpg_init_opts o = nccl_opts(j->rank, j->world, j->rank % j->ndev, timeout_s);
+  o.local_rank = j->rank;
+  o.local_world_size = j->world;
+  o.nccl_id = j->id;
+  return o;
+}
+
+void run_nccl_threads(void *(*fn)(void *), void *jobs, size_t size, int world, int ndev,
+                      const ncclUniqueId *id, mpg_mesh *mesh) {
+  pthread_t th[64];
+  cr_assert_leq(world, 64);
+  for (int r = 0; r < world; r++) {
+    char *job = (char *)jobs + (size_t)r * size;
+    memset(job, 0, size);
+    nccl_job h = {r, world, ndev, id, mesh};
+    memcpy(job, &h, sizeof h);
+    cr_assert_eq(pthread_create(&th[r], NULL, fn, job), 0);
+  }
+  for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
+}
+
+cudaStream_t nonblocking_stream(void) {
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+void destroy_keep_first(mpg_ctx *ctx, mpg_status *st, char *msg, size_t cap) {
+  mpg_status ds = mpg_ctx_destroy(ctx);
+  if (ds && !*st) {
+    *st = ds;
+    snprintf(msg, cap, "destroy: %s", mpg_last_error());
+  }
+}
+
 world1 public_world1(void) { return public_world1_on(0); }
 
 world1 public_world1_on(int device) {
   world1 w;
   memset(&w, 0, sizeof w);
-  mpg_spec spec = MPG_SPEC_INIT;
-  EXPECT_OK(mpg_spec_init(&spec));
-  EXPECT_OK(mpg_spec_set_mesh(&spec, "dp=1"));
-  EXPECT_OK(mpg_mesh_create(&spec, 1, &w.mesh));
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend.name = MPG_BACKEND_NCCL;
-  o.rank = 0;
-  o.world_size = 1;
+  w.mesh = make_dims_mesh("dp=1");
+  mpg_init_opts o = nccl_opts(0, 1, device, 60);
   o.local_rank = 0;
-  o.device = device;
-  o.backend.timeout_s = 60;
   EXPECT_OK(mpg_ctx_create(w.mesh, &o, &w.ctx));
   cr_assert_eq(mpg_ctx_backend(w.ctx), MPG_BACKEND_NCCL);
   EXPECT_OK(mpg_ctx_group(w.ctx, "dp", &w.dp));

@@ -355,18 +355,24 @@ Test(shm_faults, abort_window, .timeout = 120) {
   free(j);
 }
 
+/* Every rank's step 0 succeeds and no later step does (after the `how`
+ * post of step 1). */
+static void expect_fails_from_step_1(const job *j, const char *how) {
+  for (int r = 0; r < WORLD; r++) {
+    cr_expect_eq(j->rec[r][0].st, MPG_OK, "rank %d step 0: %s", r, j->rec[r][0].msg);
+    for (int t = 1; t < j->steps; t++)
+      cr_expect_neq(j->rec[r][t].st, MPG_OK, "rank %d step %d after the %s post: MPG_OK", r,
+                    t, how);
+  }
+}
+
 Test(shm_faults, post_nomem, .timeout = 120) {
   job *j = new_job(CASE_NOMEM, 4, 2.0);
   run_job(j);
   check_never_wrong(j);
   cr_assert_eq(atomic_load(&calloc_failures), 1, "the wrapped calloc failed %d times",
                atomic_load(&calloc_failures));
-  for (int r = 0; r < WORLD; r++) {
-    cr_expect_eq(j->rec[r][0].st, MPG_OK, "rank %d step 0: %s", r, j->rec[r][0].msg);
-    for (int t = 1; t < j->steps; t++)
-      cr_expect_neq(j->rec[r][t].st, MPG_OK, "rank %d step %d after the failed post: MPG_OK",
-                    r, t);
-  }
+  expect_fails_from_step_1(j, "failed");
   cr_expect_eq(j->rec[0][1].st, MPG_ERR_NOMEM, "rank 0 step 1: %s: %s",
                mpg_status_name(j->rec[0][1].st), j->rec[0][1].msg);
   cr_expect_eq(j->rec[1][1].st, MPG_ERR_ABORTED, "rank 1 step 1: %s: %s",
@@ -407,12 +413,7 @@ Test(shm_faults, claim, .timeout = 120) {
   job *j = new_job(CASE_CLAIM, 3, 2.0);
   run_job(j);
   check_never_wrong(j);
-  for (int r = 0; r < WORLD; r++) {
-    cr_expect_eq(j->rec[r][0].st, MPG_OK, "rank %d step 0: %s", r, j->rec[r][0].msg);
-    for (int t = 1; t < j->steps; t++)
-      cr_expect_neq(j->rec[r][t].st, MPG_OK, "rank %d step %d after the refused post: MPG_OK",
-                    r, t);
-  }
+  expect_fails_from_step_1(j, "refused");
   cr_expect_eq(j->rec[0][1].st, MPG_ERR_STATE, "rank 0 step 1: %s: %s",
                mpg_status_name(j->rec[0][1].st), j->rec[0][1].msg);
   cr_expect(strstr(j->rec[0][1].msg, "must not be used from two threads at once"),
@@ -640,6 +641,13 @@ static void ag_check_hosts(const ag_job *j, int nhosts, const char *what) {
   }
 }
 
+/* ag_run_on(kind, world, nhosts, interleave), then ag_check_hosts. */
+static void ag_hosts_case(int kind, int world, int nhosts, int interleave, const char *what) {
+  ag_job *j = ag_run_on(kind, world, nhosts, interleave);
+  ag_check_hosts(j, nhosts, what);
+  free(j);
+}
+
 Test(shm_gather, gather_across_hosts, .timeout = 120) {
   ag_job *j = ag_run_on(AG_VALUES, 4, 2, 0);
   ag_check_hosts(j, 2, "2 hosts x 2");
@@ -648,25 +656,15 @@ Test(shm_gather, gather_across_hosts, .timeout = 120) {
                  j->checked[r]);
   free(j);
   mpg__shm_seams.first_q = UINT32_MAX - 1; /* each segment's third gather is #0 */
-  j = ag_run_on(AG_VALUES, 4, 2, 1);
+  ag_hosts_case(AG_VALUES, 4, 2, 1, "2 hosts x 2 interleaved, counters at the wrap");
   mpg__shm_seams.first_q = 0;
-  ag_check_hosts(j, 2, "2 hosts x 2 interleaved, counters at the wrap");
-  free(j);
-  j = ag_run_on(AG_VALUES, 6, 3, 1);
-  ag_check_hosts(j, 3, "3 hosts x 2 interleaved");
-  free(j);
-  j = ag_run_on(AG_VALUES, 6, 3, 0);
-  ag_check_hosts(j, 3, "3 hosts x 2");
-  free(j);
+  ag_hosts_case(AG_VALUES, 6, 3, 1, "3 hosts x 2 interleaved");
+  ag_hosts_case(AG_VALUES, 6, 3, 0, "3 hosts x 2");
 }
 
 Test(shm_gather, gather_across_hosts_chunked, .timeout = 120) {
-  ag_job *j = ag_run_on(AG_CHUNKED, 4, 2, 0);
-  ag_check_hosts(j, 2, "2 hosts x 2");
-  free(j);
-  j = ag_run_on(AG_CHUNKED, 6, 3, 1);
-  ag_check_hosts(j, 3, "3 hosts x 2 interleaved");
-  free(j);
+  ag_hosts_case(AG_CHUNKED, 4, 2, 0, "2 hosts x 2");
+  ag_hosts_case(AG_CHUNKED, 6, 3, 1, "3 hosts x 2 interleaved");
 }
 
 /* Hosts by halves: members 0, 1 on hostA, 2, 3 on hostB; member 3 never
