@@ -1,16 +1,16 @@
 /* The flight recorder's dump (issue 32): the ring of groups/trace.c as the
- * text of docs/trace.md, "The dump format (version 1)", written to a
- * temporary file DIR/.rank-R.trace.PID.N.XXXXXXXX of a name no other writer
- * uses (created with O_EXCL | O_NOFOLLOW: a file or symlink planted there
- * is never opened) and renamed to DIR/rank-R.trace, so that a reader never
- * sees half a file.  Called on a fault (mpg__trace_fault) and by
- * mpg_ctx_trace_dump, possibly from two threads at once: the dumps of one
+ * text of docs/trace.md, "The dump format (version 1)", built in a string
+ * buffer and written whole (mpg__file_write_whole, base/file.c): to a
+ * temporary file DIR/.rank-R.trace.PID.N.XXXXXXXX of a name no other
+ * writer uses (a file or symlink planted there is never opened), renamed
+ * to DIR/rank-R.trace, so that a reader never sees half a file.  Called
+ * on a fault (mpg__trace_fault) and by mpg_ctx_trace_dump, possibly from
+ * two threads at once: the dumps of one
  * context are serialized (dump_lock), the strings cut at the limits the
  * reader shares (trace_format.h; issue 45, items 12 and 13).  It reads the
  * ring while other threads may still write it (see trace.c). */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,72 +22,32 @@
 #define RLX memory_order_relaxed
 #define ACQ memory_order_acquire
 
-/* The dump's text, built in memory (the library writes no FILE stream):
- * `bad` once an allocation failed. */
-typedef struct text {
-  char *p;
-  size_t len, cap;
-  int bad;
-} text;
-
-static void tput(text *f, const char *fmt, ...) MPG__PRINTF(2, 3);
-static void tput(text *f, const char *fmt, ...) {
-  if (f->bad) return;
-  if (!f->p && !(f->p = malloc(f->cap = 65536))) {
-    f->bad = 1;
-    return;
-  }
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(f->p + f->len, f->cap - f->len, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-      f->bad = 1;
-      return;
-    }
-    if ((size_t)n < f->cap - f->len) {
-      f->len += (size_t)n;
-      return;
-    }
-    size_t cap = 2 * f->cap;
-    while (cap < f->len + (size_t)n + 1) cap *= 2;
-    char *q = realloc(f->p, cap);
-    if (!q) {
-      f->bad = 1;
-      return;
-    }
-    f->p = q;
-    f->cap = cap;
-  }
-}
-
 /* s percent-encoded (docs/trace.md): "-" for an empty string; at most
  * `max` bytes of it (trace_format.h), cut before a UTF-8 continuation byte
  * so that a character is not split. */
-static void put_str_max(text *f, const char *s, size_t max) {
+static void put_str_max(mpg__strbuf *f, const char *s, size_t max) {
   size_t n = s ? strnlen(s, max + 1) : 0;
   if (n > max) {
     n = max;
     while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
   }
   if (n == 0) {
-    tput(f, " -");
+    mpg__strbuf_add(f, " -");
     return;
   }
-  tput(f, " ");
+  mpg__strbuf_add(f, " ");
   if (n == 1 && s[0] == '-') {
-    tput(f, "%%2D");
+    mpg__strbuf_add(f, "%%2D");
     return;
   }
   for (const unsigned char *p = (const unsigned char *)s; p < (const unsigned char *)s + n; p++)
     if (*p <= 0x20 || *p == '%' || *p >= 0x7f)
-      tput(f, "%%%02X", *p);
+      mpg__strbuf_add(f, "%%%02X", *p);
     else
-      tput(f, "%c", *p);
+      mpg__strbuf_add(f, "%c", *p);
 }
 
-static void put_str(text *f, const char *s) { put_str_max(f, s, MPG__TRACE_NAME_MAX); }
+static void put_str(mpg__strbuf *f, const char *s) { put_str_max(f, s, MPG__TRACE_NAME_MAX); }
 
 static const char *kind_name(int kind) {
   if (kind == TRACE_ALL_TO_ALL) return "all_to_all";
@@ -95,13 +55,13 @@ static const char *kind_name(int kind) {
   return mpg__kind_name((mpg__coll_kind)kind);
 }
 
-static void put_status(text *f, int st) {
+static void put_status(mpg__strbuf *f, int st) {
   if (st == TRACE_PENDING)
-    tput(f, " pending");
+    mpg__strbuf_add(f, " pending");
   else if (st == MPG_OK)
-    tput(f, " ok");
+    mpg__strbuf_add(f, " ok");
   else
-    tput(f, " MPG_%s", mpg_status_name((mpg_status)st));
+    mpg__strbuf_add(f, " MPG_%s", mpg_status_name((mpg_status)st));
 }
 
 /* The interned name `id` (0: none), read under the lock. */
@@ -109,21 +69,21 @@ static const char *name_of(const mpg__trace *t, int id) {
   return id > 0 && (size_t)id <= t->names_len ? t->names + id - 1 : "";
 }
 
-static void put_groups(text *f, mpg__trace *t, int ngroups) {
+static void put_groups(mpg__strbuf *f, mpg__trace *t, int ngroups) {
   for (int i = 0; i < ngroups; i++) {
     const mpg_group *g = t->groups[i];
-    tput(f, "group %d", i);
+    mpg__strbuf_add(f, "group %d", i);
     put_str(f, g->name);
-    tput(f, " %d %d %d ", g->index, g->position, g->size);
+    mpg__strbuf_add(f, " %d %d %d ", g->index, g->position, g->size);
     for (int p = 0; p < g->size; p++)
-      tput(f, "%s%d", p ? "," : "", mpg__group_world_rank(g, p));
-    tput(f, "\n");
+      mpg__strbuf_add(f, "%s%d", p ? "," : "", mpg__group_world_rank(g, p));
+    mpg__strbuf_add(f, "\n");
   }
 }
 
 /* One slot as an op line if it held operation `seq` throughout; 1 if
  * written. */
-static int put_op(text *f, mpg__trace *t, uint64_t seq, int ngroups) {
+static int put_op(mpg__strbuf *f, mpg__trace *t, uint64_t seq, int ngroups) {
   const trace_slot *s = &t->ring[seq & t->mask];
   if (atomic_load_explicit(&s->stamp, memory_order_acquire) != seq + 1) return 0;
   /* Acquire loads (plain loads on x86-64): the stamp's second load below
@@ -145,60 +105,33 @@ static int put_op(text *f, mpg__trace *t, uint64_t seq, int ngroups) {
   if (atomic_load_explicit(&s->stamp, RLX) != seq + 1) return 0; /* overwritten meanwhile */
   if (group < 0 || group >= ngroups) return 0; /* registered after the groups were listed */
   if (status != TRACE_PENDING && !end) status = TRACE_PENDING; /* ending meanwhile */
-  tput(f, "op %llu %d %llu %s %s %llu %d %lld %d %lld %lld %lld", (unsigned long long)seq,
-          group, (unsigned long long)gseq, kind_name(kind),
-          dtype < 0 ? "-" : mpg_dtype_name((mpg_dtype)dtype), (unsigned long long)count, peer,
-          (long long)step, bucket, (long long)issue, (long long)start,
-          status == TRACE_PENDING ? 0LL : (long long)end);
+  mpg__strbuf_add(f, "op %llu %d %llu %s %s %llu %d %lld %d %lld %lld %lld",
+                  (unsigned long long)seq, group, (unsigned long long)gseq, kind_name(kind),
+                  dtype < 0 ? "-" : mpg_dtype_name((mpg_dtype)dtype), (unsigned long long)count,
+                  peer, (long long)step, bucket, (long long)issue, (long long)start,
+                  status == TRACE_PENDING ? 0LL : (long long)end);
   put_status(f, status);
   put_str(f, name_of(t, first));
   put_str(f, name_of(t, last));
-  tput(f, "\n");
+  mpg__strbuf_add(f, "\n");
   return 1;
 }
 
-static void put_header(text *f, mpg_ctx *ctx, const char *reason, const char *message,
+static void put_header(mpg__strbuf *f, mpg_ctx *ctx, const char *reason, const char *message,
                        uint64_t head) {
   mpg__trace *t = ctx->trace;
   char host[256] = "";
   if (gethostname(host, sizeof host - 1)) snprintf(host, sizeof host, "?");
   char mesh[MPG__TRACE_MESH_MAX + 2]; /* one byte more: a longer text is cut at a character */
   mpg__mesh_text(ctx->mesh, mesh, sizeof mesh);
-  tput(f, "meshpg-trace 1\nrank %d %d\nprocess", ctx->rank, ctx->world);
+  mpg__strbuf_add(f, "meshpg-trace 1\nrank %d %d\nprocess", ctx->rank, ctx->world);
   put_str(f, host);
-  tput(f, " %ld\nbackend %s\nmesh", (long)getpid(), ctx->ops->name);
+  mpg__strbuf_add(f, " %ld\nbackend %s\nmesh", (long)getpid(), ctx->ops->name);
   put_str_max(f, mesh, MPG__TRACE_MESH_MAX);
-  tput(f, "\njob %016llx\nclock %lld\nreason %s", (unsigned long long)ctx->job,
-          (long long)mpg__trace_now_ns(), reason);
+  mpg__strbuf_add(f, "\njob %016llx\nclock %lld\nreason %s", (unsigned long long)ctx->job,
+                  (long long)mpg__trace_now_ns(), reason);
   put_str_max(f, message, MPG__TRACE_MESSAGE_MAX);
-  tput(f, "\nring %ld %llu\n", t->capacity, (unsigned long long)head);
-}
-
-static mpg_status io_fail(const char *what, const char *path, int err) {
-  return mpg__fail(MPG_ERR_IO, "flight recorder: %s %s: %s", what, path, strerror(err));
-}
-
-/* A new temporary file dir/.rank-R.trace.PID.N.XXXXXXXX of a name no one
- * else uses: O_CREAT | O_EXCL (a file or a symlink already there is an
- * EEXIST, never opened nor followed) and O_NOFOLLOW, a fresh name per try.
- * The fd, or -1 with errno. */
-static int open_temp(const char *dir, int rank, char *tmp, size_t cap) {
-  static _Atomic unsigned long counter;
-  for (int tries = 0; tries < 64; tries++) {
-    unsigned long n = atomic_fetch_add(&counter, 1);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    /* Not a secret: O_EXCL is what makes the name ours; the varying part
-     * only makes a collision (a planted file, a racing writer) unlikely. */
-    uint64_t mix = mpg__hash_mix(mpg__hash_mix((uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec),
-                                 (uint64_t)tries ^ (uint64_t)(uintptr_t)tmp);
-    snprintf(tmp, cap, "%s/.rank-%d.trace.%ld.%lu.%08lx", dir, rank, (long)getpid(), n,
-             (unsigned long)(mix & 0xffffffffu));
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-    if (fd >= 0 || errno != EEXIST) return fd;
-  }
-  errno = EEXIST;
-  return -1;
+  mpg__strbuf_add(f, "\nring %ld %llu\n", t->capacity, (unsigned long long)head);
 }
 
 static _Thread_local int in_dump; /* this thread is inside mpg__trace_write */
@@ -206,10 +139,12 @@ static _Thread_local int in_dump; /* this thread is inside mpg__trace_write */
 static mpg_status write_locked(mpg_ctx *ctx, const char *dir, const char *reason,
                                const char *message) {
   mpg__trace *t = ctx->trace;
-  char path[MPG__TRACE_DIR_MAX + 64], tmp[MPG__TRACE_DIR_MAX + 128];
+  char path[MPG__TRACE_DIR_MAX + 64];
   snprintf(path, sizeof path, "%s/rank-%d.trace", dir, ctx->rank);
-  if (mkdir(dir, 0777) && errno != EEXIST) return io_fail("cannot make the directory", dir, errno);
-  text buf = {NULL, 0, 0, 0}, *f = &buf;
+  if (mkdir(dir, 0777) && errno != EEXIST)
+    return mpg__fail(MPG_ERR_IO, "flight recorder: cannot make the directory %s: %s", dir,
+                     strerror(errno));
+  mpg__strbuf buf = MPG__STRBUF_INIT, *f = &buf;
   pthread_mutex_lock(&t->lock); /* groups and names stay put */
   int ngroups = atomic_load(&t->ngroups);
   /* One head for TOTAL and the op lines: operations recorded meanwhile are
@@ -221,39 +156,14 @@ static mpg_status write_locked(mpg_ctx *ctx, const char *dir, const char *reason
   long nops = 0;
   for (uint64_t seq = from; seq < head; seq++) nops += put_op(f, t, seq, ngroups);
   pthread_mutex_unlock(&t->lock);
-  tput(f, "end %ld\n", nops);
-  if (buf.bad) {
-    free(buf.p);
+  mpg__strbuf_add(f, "end %ld\n", nops);
+  if (buf.st) {
+    mpg__strbuf_free(&buf);
     return mpg__fail(MPG_ERR_NOMEM, "flight recorder: out of memory for the dump of %s", path);
   }
-  int fd = open_temp(dir, ctx->rank, tmp, sizeof tmp);
-  if (fd < 0) {
-    int err = errno;
-    free(buf.p);
-    return io_fail("cannot create a temporary file in", dir, err);
-  }
-  int err = 0;
-  for (size_t off = 0; off < buf.len && !err;) {
-    ssize_t n = write(fd, buf.p + off, buf.len - off);
-    if (n > 0)
-      off += (size_t)n;
-    else if (n < 0 && errno != EINTR)
-      err = errno;
-  }
-  free(buf.p);
-  if (!err && fsync(fd)) err = errno;
-  if (close(fd) && !err) err = errno;
-  if (err) {
-    (void)unlink(tmp);
-    return io_fail("cannot write", tmp, err);
-  }
-  /* rename() replaces the name `path` itself (a symlink there included),
-   * never what a symlink points to. */
-  if (rename(tmp, path)) {
-    err = errno;
-    (void)unlink(tmp);
-    return io_fail("cannot rename to", path, err);
-  }
+  mpg_status st = mpg__file_write_whole(AT_FDCWD, path, path, NULL, buf.s, buf.len, 0666);
+  mpg__strbuf_free(&buf);
+  if (st) return mpg__fail_wrap(st, "flight recorder");
   if (!strcmp(dir, t->dir)) atomic_store(&t->dir_head, head + 1); /* see mpg__trace_at_end */
   return MPG_OK;
 }

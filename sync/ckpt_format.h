@@ -189,15 +189,6 @@ void mpg__ckpt_reader_close(mpg__ckpt_reader *r);
  * checkpoint under it before it gives up (MPG_ERR_IO). */
 #define MPG__CKPT_READ_TRIES 16
 
-/* Open `name` in directory dfd (AT_FDCWD: the working directory) for
- * reading, only when it is a regular file: O_NONBLOCK | O_NOFOLLOW (no
- * hang on a FIFO, no symbolic link followed), fstat, then blocking reads.
- * `shown` names it in messages.  *size: its size.  MPG_ERR_NOT_FOUND when
- * missing; MPG_ERR_IO otherwise ("run/x/meta.mpgc is not a regular file
- * (a FIFO)"). */
-mpg_status mpg__ckpt_open_regular(int dfd, const char *name, const char *shown, int *fd,
-                                  uint64_t *size);
-
 /* Checks of a name for mpg_ckpt_add: printable UTF-8 (no control
  * character, C0, DEL or C1, no invalid or overlong sequence) and not
  * reserved ("__metadata__", the safetensors header's key).  NULL when

@@ -97,14 +97,4 @@ mpg_status mpg__ckpt_save_finish(mpg_ckpt *ck);
 /* Load; ckpt_load.c. */
 mpg_status mpg__ckpt_load(mpg_ckpt *ck, const char *dir, long *step, void *stream);
 
-/* Files (ckpt_files.c).  write_all / read_all: the whole range or an
- * MPG_ERR_IO naming `path`, the offset and errno (a short read is
- * "truncated"). */
-mpg_status mpg__ckpt_write_all(int fd, const void *buf, size_t n, uint64_t off,
-                               const char *path);
-mpg_status mpg__ckpt_read_all(int fd, void *buf, size_t n, uint64_t off, const char *path);
-/* Sleep for `ms` milliseconds (a fraction allowed). */
-void mpg__ckpt_sleep_ms(double ms);
-double mpg__ckpt_now(void);
-
 #endif

@@ -352,7 +352,7 @@ static mpg_status read_block(loader *ld, uint32_t ci, uint64_t b, unsigned char 
   mpg__ckpt_data_path(ld->dir, ld->m.files[c->file].rank, path, sizeof path);
   int fd = -1;
   mpg_status st = mpg__ckpt_reader_file(&ld->r, c->file, &fd);
-  if (!st) st = mpg__ckpt_read_all(fd, buf, (size_t)*len, c->file_off + off, path);
+  if (!st) st = mpg__file_pread_all(fd, buf, (size_t)*len, c->file_off + off, path);
   if (st) return mpg__fail_wrap(st, "tensor \"%s\"", t->name);
   uint64_t want = ld->m.hashes[c->first_hash + b], got = mpg__xxh64(buf, (size_t)*len, 0);
   if (want != got)

@@ -204,7 +204,7 @@ static mpg_status take_lock(mpg__ckpt_save *sv, const char *name) {
         n = pread(fd, head, sizeof head - 1, 0);
         if (n > B_HOLDER && !memcmp(head, board_magic, 8) && head[B_HOLDER]) break;
         n = 0;
-        mpg__ckpt_sleep_ms(2);
+        mpg__sleep_ms(2);
       }
       close(fd);
       if (err != EWOULDBLOCK)
@@ -233,7 +233,7 @@ static mpg_status take_lock(mpg__ckpt_save *sv, const char *name) {
       put_u64(head + B_WORLD, (uint64_t)sv->world);
       holder_text(sv, (char *)head + B_HOLDER, B_HOLDER_LEN);
       sv->lock_fd = fd;
-      return mpg__ckpt_write_all(fd, head, sizeof head, 0, sv->lock);
+      return mpg__file_pwrite_all(fd, head, sizeof head, 0, sv->lock);
     }
     close(fd); /* removed or replaced by its holder meanwhile: again */
   }
@@ -257,7 +257,7 @@ static mpg_status make_board(mpg__ckpt_save *sv) {
   put_u64(head + B_ID, sv->save_id);
   put_u64(head + B_WORLD, (uint64_t)sv->world);
   holder_text(sv, (char *)head + B_HOLDER, B_HOLDER_LEN);
-  mpg_status st = mpg__ckpt_write_all(fd, head, (size_t)slots_at(sv->world), 0, sv->lock);
+  mpg_status st = mpg__file_pwrite_all(fd, head, (size_t)slots_at(sv->world), 0, sv->lock);
   free(head);
   if (!st && fsync(fd)) st = mpg__fail(MPG_ERR_IO, "%s: fsync: %s", sv->lock, strerror(errno));
   return st;
@@ -380,13 +380,13 @@ mpg_status mpg__ckpt_board_set(mpg__ckpt_save *sv, char state, mpg_status st, co
     memset(slot, 0, sizeof slot);
     put_u64((unsigned char *)slot, (uint64_t)st);
     snprintf(slot + 8, sizeof slot - 8, "%s", msg ? msg : "");
-    ws = mpg__ckpt_write_all(fd, slot, sizeof slot,
+    ws = mpg__file_pwrite_all(fd, slot, sizeof slot,
                              slots_at(sv->world) + (uint64_t)sv->rank * MPG__CKPT_MSG, sv->lock);
   }
   /* The state even when the message could not be written. */
   uint64_t at = state == 'P' || state == 'A' ? B_VERDICT : MPG__BOARD_HEAD + (uint64_t)sv->rank;
   unsigned char c = (unsigned char)state;
-  mpg_status ss = mpg__ckpt_write_all(fd, &c, 1, at, sv->lock);
+  mpg_status ss = mpg__file_pwrite_all(fd, &c, 1, at, sv->lock);
   if (!ss && fsync(fd)) ss = mpg__fail(MPG_ERR_IO, "%s: fsync: %s", sv->lock, strerror(errno));
   return ss ? ss : ws;
 }
@@ -416,10 +416,10 @@ mpg_status mpg__ckpt_board_read(mpg__ckpt_save *sv, unsigned char *states, char 
   if (fd < 0) return MPG_ERR_STATE;
   mpg_status st;
   if (states) {
-    st = mpg__ckpt_read_all(fd, states, (size_t)sv->world, MPG__BOARD_HEAD, sv->lock);
+    st = mpg__file_pread_all(fd, states, (size_t)sv->world, MPG__BOARD_HEAD, sv->lock);
   } else {
     unsigned char c = 0;
-    st = mpg__ckpt_read_all(fd, &c, 1, B_VERDICT, sv->lock);
+    st = mpg__file_pread_all(fd, &c, 1, B_VERDICT, sv->lock);
     *verdict = (char)c;
   }
   close(fd);
@@ -434,7 +434,7 @@ mpg_status mpg__ckpt_board_slot(mpg__ckpt_save *sv, int r, char *msg, size_t cap
     snprintf(msg, cap, "%s", mpg_last_error());
     return MPG_ERR_IO;
   }
-  mpg_status rs = mpg__ckpt_read_all(fd, slot, sizeof slot,
+  mpg_status rs = mpg__file_pread_all(fd, slot, sizeof slot,
                                      slots_at(sv->world) + (uint64_t)r * MPG__CKPT_MSG, sv->lock);
   close(fd);
   slot[sizeof slot - 1] = 0;

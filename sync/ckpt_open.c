@@ -13,82 +13,19 @@
 
 #include "ckpt_format.h"
 
-static const char *kind_of(mode_t mode) {
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  return "not a plain file";
-}
-
-mpg_status mpg__ckpt_open_regular(int dfd, const char *name, const char *shown, int *fd,
-                                  uint64_t *size) {
-  *fd = -1;
-  int d = openat(dfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
-  if (d < 0) {
-    int e = errno;
-    if (e == ENOENT)
-      return mpg__fail(MPG_ERR_NOT_FOUND, "cannot open %s: %s", shown, strerror(e));
-    if (e == ELOOP)
-      return mpg__fail(MPG_ERR_IO, "%s is a symbolic link (not followed): only regular files "
-                       "are read", shown);
-    return mpg__fail(MPG_ERR_IO, "cannot open %s: %s", shown, strerror(e));
-  }
-  struct stat sb;
-  if (fstat(d, &sb) != 0) {
-    int e = errno;
-    close(d);
-    return mpg__fail(MPG_ERR_IO, "cannot read %s: fstat: %s", shown, strerror(e));
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    close(d);
-    return mpg__fail(MPG_ERR_IO, "cannot read %s: not a regular file (%s)", shown,
-                     kind_of(sb.st_mode));
-  }
-  int fl = fcntl(d, F_GETFL);
-  if (fl < 0 || fcntl(d, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-    int e = errno;
-    close(d);
-    return mpg__fail(MPG_ERR_IO, "cannot read %s: fcntl: %s", shown, strerror(e));
-  }
-  *fd = d;
-  if (size) *size = (uint64_t)sb.st_size;
-  return MPG_OK;
-}
-
-/* Read n bytes at off (a short file: MPG_ERR_INVALID "truncated"). */
-static mpg_status pread_all(int fd, unsigned char *buf, size_t n, uint64_t off,
-                            const char *path) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t k = pread(fd, buf + got, n - got, (off_t)(off + got));
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0)
-      return mpg__fail(MPG_ERR_IO, "cannot read %s: %s at byte offset %llu", path,
-                       strerror(errno), (unsigned long long)(off + got));
-    if (k == 0)
-      return mpg__fail(MPG_ERR_INVALID, "%s: truncated while read: it ends at byte offset %llu",
-                       path, (unsigned long long)(off + got));
-    got += (size_t)k;
-  }
-  return MPG_OK;
-}
-
 static mpg_status read_meta(mpg__ckpt_reader *r) {
   char path[4200];
   snprintf(path, sizeof path, "%s/%s", r->dir, MPG__CKPT_META);
   int fd;
   uint64_t size;
-  mpg_status st = mpg__ckpt_open_regular(r->dfd, MPG__CKPT_META, path, &fd, &size);
+  mpg_status st = mpg__file_open_regular(r->dfd, MPG__CKPT_META, path, &fd, &size);
   if (st == MPG_ERR_NOT_FOUND)
     return mpg__fail(MPG_ERR_NOT_FOUND, "%s is not a checkpoint: no %s", r->dir,
                      MPG__CKPT_META);
   if (st) return st;
   unsigned char hdr[MPG__CKPT_HEADER_BYTES];
   size_t hn = size < sizeof hdr ? (size_t)size : sizeof hdr;
-  st = pread_all(fd, hdr, hn, 0, path);
+  st = mpg__file_pread_all(fd, hdr, hn, 0, path);
   if (!st) st = mpg__ckpt_meta_precheck(hdr, size, path);
   if (!st && size > SIZE_MAX / 2)
     st = mpg__fail(MPG_ERR_NOMEM, "%s: %llu bytes do not fit in memory", path,
@@ -97,7 +34,7 @@ static mpg_status read_meta(mpg__ckpt_reader *r) {
   if (!st && !(buf = malloc((size_t)size)))
     st = mpg__fail(MPG_ERR_NOMEM, "%s: out of memory (%llu bytes)", path,
                    (unsigned long long)size);
-  if (!st) st = pread_all(fd, buf, (size_t)size, 0, path);
+  if (!st) st = mpg__file_pread_all(fd, buf, (size_t)size, 0, path);
   close(fd);
   if (!st) st = mpg__ckpt_meta_decode(buf, (size_t)size, path, &r->m);
   free(buf);
@@ -148,7 +85,7 @@ mpg_status mpg__ckpt_reader_file(mpg__ckpt_reader *r, uint32_t file, int *fd) {
     mpg__ckpt_data_path(r->dir, f->rank, path, sizeof path);
     uint64_t size;
     int d;
-    mpg_status st = mpg__ckpt_open_regular(r->dfd, name, path, &d, &size);
+    mpg_status st = mpg__file_open_regular(r->dfd, name, path, &d, &size);
     if (st) return st;
     if (size < f->bytes) {
       close(d);
@@ -180,7 +117,7 @@ static uint64_t save_id_now(const char *dir) {
   uint64_t size, id = 0;
   mpg__saved_error keep;
   mpg__error_save(&keep);
-  if (mpg__ckpt_open_regular(AT_FDCWD, path, path, &fd, &size) == MPG_OK) {
+  if (mpg__file_open_regular(AT_FDCWD, path, path, &fd, &size) == MPG_OK) {
     unsigned char h[32];
     if (size >= sizeof h && pread(fd, h, sizeof h, 0) == (ssize_t)sizeof h &&
         memcmp(h, MPG__CKPT_MAGIC, 8) == 0)

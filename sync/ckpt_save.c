@@ -169,9 +169,9 @@ mpg_status mpg__ckpt_save_start(mpg_ckpt *ck, const char *dir, long step, void *
   snprintf(sv->partial, sizeof sv->partial, "%s.partial", sv->dir);
   snprintf(sv->lock, sizeof sv->lock, "%s.lock", sv->dir);
   if (sv->rank == 0) sv->save_id = make_save_id();
-  double t0 = mpg__ckpt_now();
+  double t0 = mpg__now();
   if (!st) st = stage(ck, sv, stream);
-  double t1 = mpg__ckpt_now();
+  double t1 = mpg__now();
   if (!st && sv->rank == 0) st = mpg__ckpt_lock(sv);
   int64_t *mine = NULL;
   size_t n = 0;
@@ -207,7 +207,7 @@ mpg_status mpg__ckpt_save_start(mpg_ckpt *ck, const char *dir, long step, void *
     return mpg__fail_wrap(mpg__error_restore(st, &keep), "mpg_ckpt_save(\"%s\")", dir);
   }
   mpg__log(2, "ckpt save %s rank %d: staged and hashed in %.1f ms, agreed on the plan in "
-           "%.1f ms", sv->dir, sv->rank, 1e3 * (t1 - t0), 1e3 * (mpg__ckpt_now() - t1));
+           "%.1f ms", sv->dir, sv->rank, 1e3 * (t1 - t0), 1e3 * (mpg__now() - t1));
   ck->save = sv;
   return mpg__ckpt_write_start(ck, sv);
 }

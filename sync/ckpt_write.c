@@ -68,16 +68,16 @@ static mpg_status write_data(mpg__ckpt_save *sv, unsigned char *states) {
                   O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return mpg__fail(MPG_ERR_IO, "%s: create: %s", path, strerror(errno));
   mpg_status st = MPG_OK;
-  double last = mpg__ckpt_now();
+  double last = mpg__now();
   const uint64_t piece = (uint64_t)8 << 20;
   for (int i = 0; i < sv->nwrites && !st; i++) {
     const mpg__ckpt_write *w = &sv->writes[i];
     for (uint64_t at = 0; at < w->nbytes && !st; at += piece) {
       uint64_t n = w->nbytes - at < piece ? w->nbytes - at : piece;
-      st = mpg__ckpt_write_all(fd, w->bytes + at, (size_t)n, w->off + at, path);
-      if (!st && mpg__ckpt_now() - last > poll_s(sv)) {
+      st = mpg__file_pwrite_all(fd, w->bytes + at, (size_t)n, w->off + at, path);
+      if (!st && mpg__now() - last > poll_s(sv)) {
         st = others_failed(sv, states);
-        last = mpg__ckpt_now();
+        last = mpg__now();
       }
     }
   }
@@ -96,12 +96,12 @@ static mpg_status wait_markers(mpg__ckpt_save *sv, unsigned char *states, double
     int r = 0;
     while (r < sv->world && states[r] == 'D') r++;
     if (r == sv->world) return MPG_OK;
-    if (mpg__ckpt_now() > deadline)
+    if (mpg__now() > deadline)
       return mpg__fail(MPG_ERR_TIMEOUT,
                        "world rank %d's files were not durable within %g s (timeout_s); the "
                        "checkpoint was not published",
                        r, sv->timeout);
-    mpg__ckpt_sleep_ms(nap);
+    mpg__sleep_ms(nap);
     nap = nap < nap_max_ms(sv) / 2 ? 2 * nap : nap_max_ms(sv);
   }
 }
@@ -112,19 +112,13 @@ static mpg_status wait_markers(mpg__ckpt_save *sv, unsigned char *states, double
  * it (the parent's fsync) says so. */
 static mpg_status publish(mpg__ckpt_save *sv) {
   char shown[4200], pname[4200];
-  snprintf(shown, sizeof shown, "%s/%s.tmp", sv->partial, MPG__CKPT_META);
+  snprintf(shown, sizeof shown, "%s/%s", sv->partial, MPG__CKPT_META);
   snprintf(pname, sizeof pname, "%s.partial", sv->base);
-  int fd = openat(sv->partial_fd, MPG__CKPT_META ".tmp",
-                  O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  mpg_status st = fd < 0 ? mpg__fail(MPG_ERR_IO, "%s: create: %s", shown, strerror(errno))
-                         : mpg__ckpt_write_all(fd, sv->meta, sv->meta_len, 0, shown);
-  if (!st && fsync(fd)) st = mpg__fail(MPG_ERR_IO, "%s: fsync: %s", shown, strerror(errno));
-  if (fd >= 0 && close(fd) && !st)
-    st = mpg__fail(MPG_ERR_IO, "%s: close: %s", shown, strerror(errno));
-  if (!st && renameat(sv->partial_fd, MPG__CKPT_META ".tmp", sv->partial_fd, MPG__CKPT_META))
-    st = mpg__fail(MPG_ERR_IO, "%s: rename: %s", shown, strerror(errno));
-  if (!st && fsync(sv->partial_fd) && errno != EINVAL && errno != EROFS)
-    st = mpg__fail(MPG_ERR_IO, "%s: fsync: %s", sv->partial, strerror(errno));
+  /* The fixed temporary name: dir.partial is this save's own, and the
+   * clean-up of a killed save removes only the names it knows
+   * (ckpt_lock.c). */
+  mpg_status st = mpg__file_write_whole(sv->partial_fd, MPG__CKPT_META, shown,
+                                        MPG__CKPT_META ".tmp", sv->meta, sv->meta_len, 0644);
   if (st) return st;
   int p = sv->parent_fd;
   if (sv->had_old) {
@@ -169,24 +163,24 @@ static mpg_status wait_verdict(mpg__ckpt_save *sv, double deadline) {
       st = mpg__ckpt_board_slot(sv, 0, msg, sizeof msg);
       return mpg__fail(st, "%s", msg);
     }
-    if (mpg__ckpt_now() > deadline) {
+    if (mpg__now() > deadline) {
       sv->relayed = 2;
       return mpg__fail(MPG_ERR_TIMEOUT,
                        "world rank 0 did not publish %s within %g s (timeout_s)", sv->dir,
                        sv->timeout);
     }
-    mpg__ckpt_sleep_ms(nap);
+    mpg__sleep_ms(nap);
     nap = nap < nap_max_ms(sv) / 2 ? 2 * nap : nap_max_ms(sv);
   }
 }
 
 static void *write_main(void *arg) {
   mpg__ckpt_save *sv = arg;
-  double t0 = mpg__ckpt_now(), deadline = t0 + sv->timeout;
+  double t0 = mpg__now(), deadline = t0 + sv->timeout;
   unsigned char *states = malloc((size_t)sv->world + 1);
   mpg_status st = states ? write_data(sv, states)
                          : mpg__fail(MPG_ERR_NOMEM, "checkpoint save: out of memory");
-  double t1 = mpg__ckpt_now();
+  double t1 = mpg__now();
   int own = st && !sv->relayed;
   if (st) snprintf(sv->msg, sizeof sv->msg, "%s", mpg_last_error());
   if (!st || (own && sv->rank)) { /* rank 0's failure is its verdict */
@@ -212,7 +206,7 @@ static void *write_main(void *arg) {
   free(states);
   mpg__log(2, "ckpt save %s rank %d: wrote %llu bytes in %.1f ms, then %.1f ms until %s",
            sv->dir, sv->rank, (unsigned long long)sv->file_bytes, 1e3 * (t1 - t0),
-           1e3 * (mpg__ckpt_now() - t1), sv->published || sv->rank ? "the verdict" : "publishing");
+           1e3 * (mpg__now() - t1), sv->published || sv->rank ? "the verdict" : "publishing");
   sv->result = st;
   if (st && !sv->msg[0]) snprintf(sv->msg, sizeof sv->msg, "%s", mpg_last_error());
   return NULL;

@@ -73,65 +73,33 @@ static void shape_text(const uint64_t *shape, int ndim, char *buf, size_t cap) {
 }
 
 /* ------------------------------------------------------------------ */
-/* A growing string (the JSON of info --json and the safetensors header) */
+/* JSON strings (info --json and the safetensors header; mpg__strbuf) */
 /* ------------------------------------------------------------------ */
-
-typedef struct sbuf {
-  char *s;
-  size_t len, cap;
-  int nomem;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *fmt, ...) TOOL_PRINTF(2, 3);
-static void sb_add(sbuf *b, const char *fmt, ...) {
-  if (b->nomem) return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    size_t room = b->cap - b->len;
-    int n = vsnprintf(b->s ? b->s + b->len : NULL, room, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-      b->nomem = 1;
-      return;
-    }
-    if ((size_t)n < room) {
-      b->len += (size_t)n;
-      return;
-    }
-    size_t cap = b->cap ? b->cap * 2 : 4096;
-    while (cap - b->len <= (size_t)n) cap *= 2;
-    char *s = realloc(b->s, cap);
-    if (!s) {
-      b->nomem = 1;
-      return;
-    }
-    b->s = s;
-    b->cap = cap;
-  }
-}
 
 /* A JSON string: quotes, backslashes and control bytes escaped; UTF-8
  * as it is (names and the mesh text are UTF-8: the decoder checks); a byte
  * that is not UTF-8 (only in DIR as given) as \u00NN, so that the output
  * is always valid JSON. */
-static void sb_json_string(sbuf *b, const char *s) {
-  sb_add(b, "\"");
+static void sb_json_string(mpg__strbuf *b, const char *s) {
+  mpg__strbuf_add(b, "\"");
   for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
     unsigned c = *p;
     size_t k = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2
              : (c & 0xF8) == 0xF0 ? 3 : 9;
     int ok = k < 9 && (k != 1 || c >= 0xC2);
     for (size_t j = 1; ok && j <= k; j++) ok = (p[j] & 0xC0) == 0x80;
-    if (c == '"' || c == '\\') sb_add(b, "\\%c", c);
-    else if (c < 0x20 || !ok) sb_add(b, "\\u%04x", c);
-    else if (k == 0) sb_add(b, "%c", c);
+    if (c == '"' || c == '\\')
+      mpg__strbuf_add(b, "\\%c", c);
+    else if (c < 0x20 || !ok)
+      mpg__strbuf_add(b, "\\u%04x", c);
+    else if (k == 0)
+      mpg__strbuf_add(b, "%c", c);
     else {
-      sb_add(b, "%.*s", (int)(k + 1), (const char *)p);
+      mpg__strbuf_add(b, "%.*s", (int)(k + 1), (const char *)p);
       p += k;
     }
   }
-  sb_add(b, "\"");
+  mpg__strbuf_add(b, "\"");
 }
 
 /* ------------------------------------------------------------------ */
@@ -272,36 +240,39 @@ static int info_json(const char *dir, const mpg__ckpt_meta *m) {
   uint32_t count[3];
   char num[48], num2[48];
   info_totals(m, &bytes, &file_bytes, count);
-  sbuf b = {0};
-  sb_add(&b, "{\"dir\": ");
+  mpg__strbuf b = MPG__STRBUF_INIT;
+  mpg__strbuf_add(&b, "{\"dir\": ");
   sb_json_string(&b, dir);
-  sb_add(&b, ", \"mesh\": ");
+  mpg__strbuf_add(&b, ", \"mesh\": ");
   sb_json_string(&b, m->mesh);
-  sb_add(&b, ", \"step\": %" PRId64 ", \"world_size\": %" PRIu32 ", \"version\": %" PRIu32
-         ", \"block_bytes\": %" PRIu64 ", \"save_id\": \"%016" PRIx64 "\", \"files\": [",
-         m->step, m->world, m->version, m->block_bytes, m->save_id);
+  mpg__strbuf_add(&b,
+                  ", \"step\": %" PRId64 ", \"world_size\": %" PRIu32 ", \"version\": %" PRIu32
+                  ", \"block_bytes\": %" PRIu64 ", \"save_id\": \"%016" PRIx64 "\", \"files\": [",
+                  m->step, m->world, m->version, m->block_bytes, m->save_id);
   for (uint32_t f = 0; f < m->nfiles; f++)
-    sb_add(&b, "%s{\"name\": \"data-%05" PRIu32 ".bin\", \"rank\": %" PRIu32
-           ", \"bytes\": %" PRIu64 "}", f ? ", " : "", m->files[f].rank, m->files[f].rank,
-           m->files[f].bytes);
-  sb_add(&b, "], \"tensors\": [");
+    mpg__strbuf_add(&b,
+                    "%s{\"name\": \"data-%05" PRIu32 ".bin\", \"rank\": %" PRIu32
+                    ", \"bytes\": %" PRIu64 "}",
+                    f ? ", " : "", m->files[f].rank, m->files[f].rank, m->files[f].bytes);
+  mpg__strbuf_add(&b, "], \"tensors\": [");
   for (uint32_t i = 0; i < m->ntensors; i++) {
     const mpg__ckpt_tensor *t = &m->tensors[i];
-    sb_add(&b, "%s{\"name\": ", i ? ", " : "");
+    mpg__strbuf_add(&b, "%s{\"name\": ", i ? ", " : "");
     sb_json_string(&b, t->name);
-    sb_add(&b, ", \"dtype\": \"%s\", \"kind\": \"%s\", \"shape\": [",
-           mpg__ckpt_dtype_name(t->dtype), kind_name(t->kind));
-    for (int a = 0; a < t->ndim; a++) sb_add(&b, "%s%" PRIu64, a ? ", " : "", t->shape[a]);
-    sb_add(&b, "], \"chunks\": %" PRIu32 ", \"bytes\": %" PRIu64 "}", t->nchunks,
-           tensor_bytes(t));
+    mpg__strbuf_add(&b, ", \"dtype\": \"%s\", \"kind\": \"%s\", \"shape\": [",
+                    mpg__ckpt_dtype_name(t->dtype), kind_name(t->kind));
+    for (int a = 0; a < t->ndim; a++) mpg__strbuf_add(&b, "%s%" PRIu64, a ? ", " : "", t->shape[a]);
+    mpg__strbuf_add(&b, "], \"chunks\": %" PRIu32 ", \"bytes\": %" PRIu64 "}", t->nchunks,
+                    tensor_bytes(t));
   }
-  sb_add(&b, "], \"total\": {\"tensors\": %" PRIu32 ", \"chunks\": %" PRIu32
-         ", \"bytes\": %s, \"file_bytes\": %s, \"kinds\": {\"param\": %"
-         PRIu32 ", \"state\": %" PRIu32 ", \"bytes\": %" PRIu32 "}}}\n",
-         m->ntensors, m->nchunks, sum_text(bytes, num, sizeof num),
-         sum_text(file_bytes, num2, sizeof num2), count[0], count[1], count[2]);
+  mpg__strbuf_add(&b,
+                  "], \"total\": {\"tensors\": %" PRIu32 ", \"chunks\": %" PRIu32
+                  ", \"bytes\": %s, \"file_bytes\": %s, \"kinds\": {\"param\": %" PRIu32
+                  ", \"state\": %" PRIu32 ", \"bytes\": %" PRIu32 "}}}\n",
+                  m->ntensors, m->nchunks, sum_text(bytes, num, sizeof num),
+                  sum_text(file_bytes, num2, sizeof num2), count[0], count[1], count[2]);
   int rc = TOOL_EXIT_OK;
-  if (b.nomem) rc = ck_fail("out of memory");
+  if (b.st) rc = ck_fail("out of memory");
   else fputs(b.s, stdout);
   free(b.s);
   return rc;
@@ -473,22 +444,22 @@ static int selected(const mpg__ckpt_tensor *t, int all) {
 }
 
 /* The JSON header, padded with spaces to a multiple of 8 bytes. */
-static int st_header(const mpg__ckpt_meta *m, int all, sbuf *b) {
+static int st_header(const mpg__ckpt_meta *m, int all, mpg__strbuf *b) {
   uint64_t off = 0;
-  sb_add(b, "{\"__metadata__\":{\"format\":\"pt\",\"step\":\"%" PRId64 "\"}", m->step);
+  mpg__strbuf_add(b, "{\"__metadata__\":{\"format\":\"pt\",\"step\":\"%" PRId64 "\"}", m->step);
   for (uint32_t i = 0; i < m->ntensors; i++) {
     const mpg__ckpt_tensor *t = &m->tensors[i];
     if (!selected(t, all)) continue;
-    sb_add(b, ",");
+    mpg__strbuf_add(b, ",");
     sb_json_string(b, t->name);
-    sb_add(b, ":{\"dtype\":\"%s\",\"shape\":[", mpg__ckpt_dtype_name(t->dtype));
-    for (int a = 0; a < t->ndim; a++) sb_add(b, "%s%" PRIu64, a ? "," : "", t->shape[a]);
-    sb_add(b, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off, off + tensor_bytes(t));
+    mpg__strbuf_add(b, ":{\"dtype\":\"%s\",\"shape\":[", mpg__ckpt_dtype_name(t->dtype));
+    for (int a = 0; a < t->ndim; a++) mpg__strbuf_add(b, "%s%" PRIu64, a ? "," : "", t->shape[a]);
+    mpg__strbuf_add(b, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off, off + tensor_bytes(t));
     off += tensor_bytes(t);
   }
-  sb_add(b, "}");
-  while (!b->nomem && b->len % 8) sb_add(b, " ");
-  return b->nomem ? ck_fail("out of memory for the safetensors header") : TOOL_EXIT_OK;
+  mpg__strbuf_add(b, "}");
+  while (!b->st && b->len % 8) mpg__strbuf_add(b, " ");
+  return b->st ? ck_fail("out of memory for the safetensors header") : TOOL_EXIT_OK;
 }
 
 static int st_write(FILE *f, const char *file, const void *p, size_t n) {
@@ -499,7 +470,7 @@ static int st_write(FILE *f, const char *file, const void *p, size_t n) {
 static int export_tensors(const char *dir, mpg__ckpt_reader *r, int all, FILE *f,
                           const char *file, uint32_t *count, uint64_t *bytes) {
   const mpg__ckpt_meta *m = &r->m;
-  sbuf hdr = {0};
+  mpg__strbuf hdr = MPG__STRBUF_INIT;
   int rc = st_header(m, all, &hdr);
   unsigned char len8[8];
   for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hdr.len >> (8 * i));
@@ -581,9 +552,9 @@ static int names_carried(const mpg__ckpt_meta *m, int all) {
   for (uint32_t i = 0; i < m->ntensors; i++) {
     const mpg__ckpt_tensor *t = &m->tensors[i];
     if (!selected(t, all)) continue;
-    sbuf b = {0};
+    mpg__strbuf b = MPG__STRBUF_INIT;
     sb_json_string(&b, t->name);
-    int changed = b.nomem || b.len < 2 || !utf8_only(t->name);
+    int changed = b.st || b.len < 2 || !utf8_only(t->name);
     free(b.s);
     if (changed) {
       char esc[1200];
@@ -598,11 +569,12 @@ static int names_carried(const mpg__ckpt_meta *m, int all) {
 /* Make tmp (a fresh file beside `file`) and write the export into it,
  * starting again when a save replaces the checkpoint while it is read.
  * Returns the exit code; the message is printed. */
-static int export_into(const char *dir, const char *file, const char *tmp, int fd, int all,
-                       uint32_t *count, uint64_t *bytes, int64_t *step) {
-  FILE *f = fdopen(fd, "wb");
+static int export_into(const char *dir, const char *tmp, int fd, int all, uint32_t *count,
+                       uint64_t *bytes, int64_t *step) {
+  int own = dup(fd); /* the stream's: fd stays open for mpg__file_out_commit */
+  FILE *f = own < 0 ? NULL : fdopen(own, "wb");
   if (!f) {
-    close(fd);
+    if (own >= 0) close(own);
     return ck_fail("cannot write %s: %s", tmp, strerror(errno));
   }
   int rc = TOOL_EXIT_FAIL;
@@ -645,52 +617,43 @@ static int export_into(const char *dir, const char *file, const char *tmp, int f
       break;
     }
   }
-  if (rc == TOOL_EXIT_OK && (fflush(f) != 0 || fsync(fd) != 0))
+  if (rc == TOOL_EXIT_OK && fflush(f) != 0)
     rc = ck_fail("cannot write %s: %s", tmp, strerror(errno));
   if (fclose(f) != 0 && rc == TOOL_EXIT_OK)
     rc = ck_fail("cannot write %s: %s", tmp, strerror(errno));
-  (void)file;
   return rc;
 }
 
 /* Export into FILE: complete or absent.  The data goes to a fresh file
- * beside it (.NAME.XXXXXX, never through a symbolic link), fsync'ed, then
- * renamed over FILE, and the folder fsync'ed; an existing FILE stays as it
- * was until then, and a failed export removes only its own file. */
+ * beside it (.NAME.PID.N.XXXXXXXX, never through a symbolic link), then
+ * mpg__file_out_commit fsyncs it, renames it over FILE and fsyncs the
+ * folder; an existing FILE stays as it was until then, and a failed export
+ * removes only its own file.  The export is written by pieces (one tensor
+ * at a time), not whole: the library's mpg__file_out, without
+ * mpg__file_write_whole. */
 static int export_file(const char *dir, const char *file, int all) {
-  char parent[PATH_MAX], tmp[PATH_MAX + 32];
+  char parent[PATH_MAX];
   if (strlen(file) >= PATH_MAX - 16) return ck_fail("%s: the path is too long", file);
   const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
   if (!*base) return ck_fail("%s names a folder: give the file to write", file);
   parent_of(file, parent, sizeof parent);
   int rc = export_target_ok(dir, file, parent);
   if (rc != TOOL_EXIT_OK) return rc;
-  snprintf(tmp, sizeof tmp, "%s/.%s.XXXXXX", parent, base);
-  int fd = mkostemp(tmp, O_CLOEXEC);
-  if (fd < 0) return ck_fail("cannot create a file beside %s: %s", file, strerror(errno));
-  mode_t mask = umask(0);
-  umask(mask);
-  if (fchmod(fd, 0666 & ~mask) != 0) {
-    int e = errno;
-    close(fd);
-    unlink(tmp);
-    return ck_fail("cannot create %s: fchmod: %s", tmp, strerror(e));
-  }
+  mpg__file_out out;
+  mpg_status st = mpg__file_out_open(&out, AT_FDCWD, file, file, NULL, 0666);
+  if (st != MPG_OK) return ck_fail("%s", tool_why(st));
+  char tmp[PATH_MAX + 320];
+  snprintf(tmp, sizeof tmp, "%s/%s", parent, out.tmp);
   uint32_t count = 0;
   uint64_t bytes = 0;
   int64_t step = 0;
-  rc = export_into(dir, file, tmp, fd, all, &count, &bytes, &step);
-  if (rc == TOOL_EXIT_OK && rename(tmp, file) != 0)
-    rc = ck_fail("cannot rename %s to %s: %s", tmp, file, strerror(errno));
+  rc = export_into(dir, tmp, out.fd, all, &count, &bytes, &step);
   if (rc != TOOL_EXIT_OK) {
-    unlink(tmp); /* only this export's file */
+    mpg__file_out_abandon(&out); /* only this export's file */
     return rc;
   }
-  int dfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    if (fsync(dfd) != 0) rc = ck_fail("%s: fsync: %s", parent, strerror(errno));
-    close(dfd);
-  }
+  st = mpg__file_out_commit(&out);
+  if (st != MPG_OK) rc = ck_fail("%s", tool_why(st));
   if (rc != TOOL_EXIT_OK) return rc;
   printf("wrote %s: %" PRIu32 " tensor%s, %" PRIu64 " bytes of data (step %" PRId64 ")\n",
          file, count, count == 1 ? "" : "s", bytes, step);

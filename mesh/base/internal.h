@@ -27,6 +27,80 @@ extern "C" {
 /* The monotonic clock (CLOCK_MONOTONIC) in seconds: every timeout,
  * deadline and duration of the library (base/clock.c). */
 double mpg__now(void);
+/* Sleep for `ms` milliseconds (a fraction allowed), EINTR resumed. */
+void mpg__sleep_ms(double ms);
+
+/* A growing string (base/strbuf.c): the dump of the flight recorder, the
+ * CLI's JSON and reports.  Starts zeroed (MPG__STRBUF_INIT, or a max).
+ * `st` is sticky: after the first failure every append does nothing, and
+ * the writer looks once at the end.  s is NUL-terminated once anything
+ * was appended (NULL before). */
+typedef struct mpg__strbuf {
+  char *s;
+  size_t len, cap;
+  size_t max;     /* most bytes of text it may hold; 0: no bound of its own */
+  mpg_status st;  /* MPG_OK; MPG_ERR_NOMEM, MPG_ERR_RANGE (over max: the text
+                   * holds what came before the append that did not fit),
+                   * MPG_ERR_INVALID (the format's encoding error) */
+} mpg__strbuf;
+#define MPG__STRBUF_INIT {NULL, 0, 0, 0, MPG_OK}
+/* Append the formatted text (the format of the C library's printf). */
+void mpg__strbuf_add(mpg__strbuf *b, const char *fmt, ...) MPG__PRINTF(2, 3);
+void mpg__strbuf_vadd(mpg__strbuf *b, const char *fmt, va_list ap);
+/* The text, the caller's to free ("" when nothing was appended), and the
+ * buffer emptied; NULL (the text freed) after a failure. */
+char *mpg__strbuf_take(mpg__strbuf *b);
+void mpg__strbuf_free(mpg__strbuf *b);
+
+/* Files (base/file.c, where the rules are written): every file is named
+ * by a directory handle `dfd` (AT_FDCWD: the working directory) and a
+ * path relative to it; `shown` is how messages name it.  Each error is
+ * MPG_ERR_IO naming the path and the system's error text unless said. */
+
+/* Open `name` for reading, only when it is a regular file: O_NONBLOCK |
+ * O_NOFOLLOW (no hang on a FIFO, no symbolic link followed), fstat, then
+ * blocking reads.  *size: its size.  MPG_ERR_NOT_FOUND when missing;
+ * MPG_ERR_IO otherwise ("run/x/meta.mpgc is a symbolic link (not
+ * followed)", "cannot read run/x/meta.mpgc: not a regular file (a FIFO)"). */
+mpg_status mpg__file_open_regular(int dfd, const char *name, const char *shown, int *fd,
+                                  uint64_t *size);
+
+/* The whole of `name` (opened as above) into *out, the caller's to free,
+ * NUL-terminated after its *len bytes.  A file over `max` bytes is
+ * MPG_ERR_RANGE naming its size and the bound, refused before any read;
+ * MPG_ERR_NOMEM.  On error *out is NULL. */
+mpg_status mpg__file_read_whole(int dfd, const char *name, const char *shown, size_t max,
+                                char **out, size_t *len);
+
+/* n bytes at offset off of fd, all of them (EINTR retried).  A read that
+ * meets the file's end is MPG_ERR_IO "truncated". */
+mpg_status mpg__file_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *shown);
+mpg_status mpg__file_pwrite_all(int fd, const void *buf, size_t n, uint64_t off,
+                                const char *shown);
+
+/* Replacing a file whole: a temporary file beside `path` (O_CREAT |
+ * O_EXCL | O_NOFOLLOW, mode as open's, less the umask), written through
+ * o->fd, then mpg__file_out_commit: fsync, rename over path (a reader sees
+ * the old file or the new one, never half of one), fsync of the
+ * directory.  The temporary name is `tmp_name` when the caller owns the
+ * directory and its cleanup knows the name, else .NAME.PID.N.XXXXXXXX, a
+ * name no other writer uses.  Commit and abandon release o; on every
+ * failure the temporary file is removed. */
+typedef struct mpg__file_out {
+  int fd;            /* the temporary file, open for writing */
+  int dirfd, own_dir;
+  const char *shown; /* the caller's: must outlive o */
+  char name[256];    /* the target's name in dirfd */
+  char tmp[300];     /* the temporary file's; "" when none is ours */
+} mpg__file_out;
+mpg_status mpg__file_out_open(mpg__file_out *o, int dfd, const char *path, const char *shown,
+                              const char *tmp_name, unsigned mode);
+mpg_status mpg__file_out_commit(mpg__file_out *o);
+void mpg__file_out_abandon(mpg__file_out *o);
+/* Both at once, for `len` bytes already in memory. */
+mpg_status mpg__file_write_whole(int dfd, const char *path, const char *shown,
+                                 const char *tmp_name, const void *buf, size_t len,
+                                 unsigned mode);
 
 /* Record the thread's last error message and return `status`. */
 mpg_status mpg__fail(mpg_status status, const char *fmt, ...) MPG__PRINTF(2, 3);
