@@ -82,29 +82,31 @@ static ta_mismatch *add_mismatch(an *a, int g, int p2p, int from, int to, uint64
 /* ------------------------------------------------------------------ */
 
 /* How an issued op ended, seen from its rank's dump. */
-static void issuer_state(const an *a, int i, const tr_op *o, sb *b) {
+static void issuer_state(const an *a, int i, const tr_op *o, mpg__strbuf *b) {
   if (o->end_ns == 0)
-    ta__sb_add(b, "pending %.1f s at its dump", secs(a->R[i].dump_ns - o->issue_ns));
-  else if (!strcmp(o->status, "ok")) ta__sb_add(b, "ok");
-  else ta__sb_add(b, "%s after %.1f s", o->status, secs(o->end_ns - o->issue_ns));
+    mpg__strbuf_add(b, "pending %.1f s at its dump", secs(a->R[i].dump_ns - o->issue_ns));
+  else if (!strcmp(o->status, "ok"))
+    mpg__strbuf_add(b, "ok");
+  else
+    mpg__strbuf_add(b, "%s after %.1f s", o->status, secs(o->end_ns - o->issue_ns));
 }
 
 /* A member that had not issued: its last op and how it stood at its dump. */
-static void absent_state(an *a, int i, sb *b) {
+static void absent_state(an *a, int i, mpg__strbuf *b) {
   const tr_rank *r = &a->R[i];
   int last = -1;
   for (int j = 0; j < r->nops; j++)
     if (issued(a, &r->ops[j])) last = j;
   if (last < 0) {
-    ta__sb_add(b, "no operation before the failure");
+    mpg__strbuf_add(b, "no operation before the failure");
     return;
   }
   char nm[TR_NAME * 2], st[64];
   ta__op_name(a, i, &r->ops[last], nm, sizeof nm);
   ta__op_state(&r->ops[last], r->dump_ns, st, sizeof st);
   const tr_op *o = &r->ops[last];
-  ta__sb_add(b, "last op %s, %s %s", nm, st,
-             o->end_ns == 0 || o->end_ns > r->dump_ns ? "at its dump" : "its dump");
+  mpg__strbuf_add(b, "last op %s, %s %s", nm, st,
+                  o->end_ns == 0 || o->end_ns > r->dump_ns ? "at its dump" : "its dump");
 }
 
 /* The majority signature at number k of instance g among `cls` (ops of
@@ -167,16 +169,17 @@ static void sig_culprit(an *a, int g, uint64_t k, int xi, const tr_op *x, int wi
       if (j0 >= 0 && j1 >= 0 && same_sig(&a->R[mi].ops[j0], w)) w1 = &a->R[mi].ops[j1];
     }
   }
-  sb b = {0};
-  ta__sb_add(&b, "culprit: world rank %d: ", a->R[xi].rank);
+  mpg__strbuf b = MPG__STRBUF_INIT;
+  mpg__strbuf_add(&b, "culprit: world rank %d: ", a->R[xi].rank);
   if (w1 && same_sig(x, w1) && x1 && same_sig(x1, w))
-    ta__sb_add(&b, "swapped %s #%llu and %s #%llu on %s[%d]: ", w->kind, (unsigned long long)k,
-           w1->kind, (unsigned long long)k + 1, G->name, G->index);
+    mpg__strbuf_add(&b, "swapped %s #%llu and %s #%llu on %s[%d]: ", w->kind, (unsigned long long)k,
+                    w1->kind, (unsigned long long)k + 1, G->name, G->index);
   else if (w1 && same_sig(x, w1))
-    ta__sb_add(&b, "skipped %s #%llu on %s[%d]: ", w->kind, (unsigned long long)k, G->name,
-           G->index);
-  ta__sb_add(&b, "issued %s (%s) as #%llu on %s[%d] where world rank %d issued %s (%s)", x->kind,
-             dx, (unsigned long long)k, G->name, G->index, a->R[wi].rank, w->kind, dw);
+    mpg__strbuf_add(&b, "skipped %s #%llu on %s[%d]: ", w->kind, (unsigned long long)k, G->name,
+                    G->index);
+  mpg__strbuf_add(&b, "issued %s (%s) as #%llu on %s[%d] where world rank %d issued %s (%s)",
+                  x->kind, dx, (unsigned long long)k, G->name, G->index, a->R[wi].rank, w->kind,
+                  dw);
   ta__add_culprit(a, a->R[xi].rank, &b);
   ta__evidence(
       a, a->R[xi].rank,
@@ -272,32 +275,32 @@ static void check_group(an *a, int g) {
     if (!diff && !(nis && (nabs || nlate)) && !(nlate && nabs) && !(nodump && bad)) continue;
     ta_mismatch *mm = add_mismatch(a, g, 0, -1, -1, k);
     if (!mm) break;
-    sb b = {0};
-    ta__sb_add(&b, "%s[%d] #%llu:", G->name, G->index, (unsigned long long)k);
+    mpg__strbuf b = MPG__STRBUF_INIT;
+    mpg__strbuf_add(&b, "%s[%d] #%llu:", G->name, G->index, (unsigned long long)k);
     char done[64] = {0};
     for (int x = 0; x < nis && x < 64; x++) {
       if (done[x]) continue;
       const tr_op *o = &a->R[ci[x]].ops[cj[x]];
       char d[TR_NAME * 3];
       ta__op_detail(o, d, sizeof d);
-      ta__sb_add(&b, "\n  %s (%s) issued by", o->kind, d);
+      mpg__strbuf_add(&b, "\n  %s (%s) issued by", o->kind, d);
       for (int y = x; y < nis && y < 64; y++) {
         const tr_op *p = &a->R[ci[y]].ops[cj[y]];
         if (done[y] || !same_sig(o, p)) continue;
         done[y] = 1;
-        ta__sb_add(&b, "%s world rank %d (", y > x ? "," : "", a->R[ci[y]].rank);
+        mpg__strbuf_add(&b, "%s world rank %d (", y > x ? "," : "", a->R[ci[y]].rank);
         issuer_state(a, ci[y], p, &b);
-        ta__sb_add(&b, ")");
+        mpg__strbuf_add(&b, ")");
       }
     }
     for (int x = 0; x < nlate; x++) {
       int j = ta__coll_at(a, late[x], g, k, &unk);
-      ta__sb_add(&b, "\n  issued late by world rank %d: %.1f s after the first failure; ",
-             a->R[late[x]].rank, secs(a->R[late[x]].ops[j].issue_ns - a->tf));
+      mpg__strbuf_add(&b, "\n  issued late by world rank %d: %.1f s after the first failure; ",
+                      a->R[late[x]].rank, secs(a->R[late[x]].ops[j].issue_ns - a->tf));
       absent_state(a, late[x], &b);
     }
     for (int x = 0; x < nabs; x++) {
-      ta__sb_add(&b, "\n  never issued by world rank %d: ", a->R[absent[x]].rank);
+      mpg__strbuf_add(&b, "\n  never issued by world rank %d: ", a->R[absent[x]].rank);
       absent_state(a, absent[x], &b);
     }
     for (int q = 0; q < G->size; q++) {
@@ -308,12 +311,12 @@ static void check_group(an *a, int g) {
              G->ranks[e + 1] < a->world && a->at[G->ranks[e + 1]] < 0)
         e++;
       if (e == q)
-        ta__sb_add(&b, "\n  no dump from world rank %d", m);
+        mpg__strbuf_add(&b, "\n  no dump from world rank %d", m);
       else
-        ta__sb_add(&b, "\n  no dump from world ranks %d to %d", m, G->ranks[e]);
+        mpg__strbuf_add(&b, "\n  no dump from world ranks %d to %d", m, G->ranks[e]);
       q = e;
     }
-    mm->text = ta__sb_take(&b);
+    mm->text = mpg__strbuf_take(&b);
     if (!mm->text) a->oom = 1;
     if (diff) {
       int w = sig_winner(a, g, k, ci, cj, nis);
@@ -343,27 +346,27 @@ static int pair_at(an *a, int g, int si, int ri, uint64_t k) {
   if (!diff && is == ir) return 0;
   ta_mismatch *mm = add_mismatch(a, g, 1, s, r, k);
   if (!mm) return 1;
-  sb b = {0};
-  ta__sb_add(&b, "%s[%d] send #%llu from world rank %d to world rank %d:", G->name, G->index,
-         (unsigned long long)k, s, r);
+  mpg__strbuf b = MPG__STRBUF_INIT;
+  mpg__strbuf_add(&b, "%s[%d] send #%llu from world rank %d to world rank %d:", G->name, G->index,
+                  (unsigned long long)k, s, r);
   const tr_op *ops[2] = {os, orr};
   int idx[2] = {si, ri};
   for (int x = 0; x < 2; x++) {
     const char *what = x ? "receive" : "send";
     if (ops[x] && issued(a, ops[x])) {
-      ta__sb_add(&b, "\n  %s (%s x %llu) issued by world rank %d (", what, ops[x]->dtype,
-             (unsigned long long)ops[x]->count, a->R[idx[x]].rank);
+      mpg__strbuf_add(&b, "\n  %s (%s x %llu) issued by world rank %d (", what, ops[x]->dtype,
+                      (unsigned long long)ops[x]->count, a->R[idx[x]].rank);
       issuer_state(a, idx[x], ops[x], &b);
-      ta__sb_add(&b, ")");
+      mpg__strbuf_add(&b, ")");
     } else if (ops[x]) {
-      ta__sb_add(&b, "\n  %s issued late by world rank %d: %.1f s after the first failure", what,
-             a->R[idx[x]].rank, secs(ops[x]->issue_ns - a->tf));
+      mpg__strbuf_add(&b, "\n  %s issued late by world rank %d: %.1f s after the first failure",
+                      what, a->R[idx[x]].rank, secs(ops[x]->issue_ns - a->tf));
     } else {
-      ta__sb_add(&b, "\n  %s never issued by world rank %d: ", what, a->R[idx[x]].rank);
+      mpg__strbuf_add(&b, "\n  %s never issued by world rank %d: ", what, a->R[idx[x]].rank);
       absent_state(a, idx[x], &b);
     }
   }
-  mm->text = ta__sb_take(&b);
+  mm->text = mpg__strbuf_take(&b);
   if (!mm->text) a->oom = 1;
   if (!diff) return 1;
   /* Which side is odd: the count the other instances use at #k between
@@ -390,12 +393,14 @@ static int pair_at(an *a, int g, int si, int ri, uint64_t k) {
   }
   if (votes[0] == votes[1]) return 1;
   int odd = votes[0] < votes[1] ? 0 : 1;
-  sb c = {0};
-  ta__sb_add(&c, "culprit: world rank %d: issued %s #%llu %s rank %d on %s[%d] with %s x %llu "
-         "where the other instances of %s use %s x %llu", a->R[idx[odd]].rank,
-         odd ? "recv" : "send", (unsigned long long)k, odd ? "from" : "to", odd ? s : r,
-         G->name, G->index, ops[odd]->dtype, (unsigned long long)cnt[odd], G->name,
-         ops[odd]->dtype, (unsigned long long)cnt[1 - odd]);
+  mpg__strbuf c = MPG__STRBUF_INIT;
+  mpg__strbuf_add(&c,
+                  "culprit: world rank %d: issued %s #%llu %s rank %d on %s[%d] with %s x %llu "
+                  "where the other instances of %s use %s x %llu",
+                  a->R[idx[odd]].rank, odd ? "recv" : "send", (unsigned long long)k,
+                  odd ? "from" : "to", odd ? s : r, G->name, G->index, ops[odd]->dtype,
+                  (unsigned long long)cnt[odd], G->name, ops[odd]->dtype,
+                  (unsigned long long)cnt[1 - odd]);
   ta__add_culprit(a, a->R[idx[odd]].rank, &c);
   ta__evidence(a, a->R[idx[odd]].rank, TA_DIFFERS, g, k, odd ? "recv" : "send", odd ? s : r);
   return 1;
@@ -641,10 +646,10 @@ static int setup(an *a, char *err, size_t errlen) {
       char nm[TR_NAME * 2];
       ta__op_name(a, i, o, nm, sizeof nm);
       free(out->fault_text);
-      sb b = {0};
-      ta__sb_add(&b, "world rank %d: %s failed with %s after %.1f s", R[i].rank, nm, o->status,
-             secs(o->end_ns - o->issue_ns));
-      out->fault_text = ta__sb_take(&b);
+      mpg__strbuf b = MPG__STRBUF_INIT;
+      mpg__strbuf_add(&b, "world rank %d: %s failed with %s after %.1f s", R[i].rank, nm, o->status,
+                      secs(o->end_ns - o->issue_ns));
+      out->fault_text = mpg__strbuf_take(&b);
     }
   }
   for (int i = 0; i < a->n; i++) {
@@ -655,9 +660,9 @@ static int setup(an *a, char *err, size_t errlen) {
     out->fault_rank = R[i].rank;
     snprintf(out->fault_status, sizeof out->fault_status, "%s", R[i].reason);
     free(out->fault_text);
-    sb b = {0};
-    ta__sb_add(&b, "world rank %d: %s: %s", R[i].rank, R[i].reason, R[i].message);
-    out->fault_text = ta__sb_take(&b);
+    mpg__strbuf b = MPG__STRBUF_INIT;
+    mpg__strbuf_add(&b, "world rank %d: %s: %s", R[i].rank, R[i].reason, R[i].message);
+    out->fault_text = mpg__strbuf_take(&b);
   }
   out->fault = tf != INT64_MAX;
   if (!out->fault) {
@@ -731,20 +736,23 @@ int ta_analyze(const tr_rank *ranks, int n, int world, ta_report *out, char *err
       if (a.at[w] >= 0) continue;
       int e = w;
       while (e + 1 < world && a.at[e + 1] < 0) e++;
-      sb b = {0};
+      mpg__strbuf b = MPG__STRBUF_INIT;
       if (e == w)
-        ta__sb_add(&b, "world rank %d: no dump (killed, or hung and never wrote one)", w);
+        mpg__strbuf_add(&b, "world rank %d: no dump (killed, or hung and never wrote one)", w);
       else
-        ta__sb_add(&b, "world ranks %d to %d (%d ranks): no dump (killed, or hung and never wrote "
-               "one)", w, e, e - w + 1);
+        mpg__strbuf_add(&b,
+                        "world ranks %d to %d (%d ranks): no dump (killed, or hung and never wrote "
+                        "one)",
+                        w, e, e - w + 1);
       ta__add_item(&a, &out->missing, &out->nmissing, w, &b);
       w = e;
     }
     /* Nothing else explains the failure: the ranks without a dump. */
     for (int k = 0; k < out->nmissing && out->nculprits == 0 && !a.oom; k++) {
-      sb b = {0};
-      ta__sb_add(&b, "culprit: world rank %d: left no dump (killed, or hung and never wrote one)",
-             out->missing[k].rank);
+      mpg__strbuf b = MPG__STRBUF_INIT;
+      mpg__strbuf_add(&b,
+                      "culprit: world rank %d: left no dump (killed, or hung and never wrote one)",
+                      out->missing[k].rank);
       ta__add_culprit(&a, out->missing[k].rank, &b);
       ta__evidence(&a, out->missing[k].rank, TA_NODUMP, -1, 0, "", -1);
     }

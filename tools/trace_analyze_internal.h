@@ -7,17 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "internal.h" /* mpg__strbuf: the texts of the report */
 #include "trace_analyze.h"
-
-/* A growable string (oom: an allocation failed; sb_take returns NULL). */
-typedef struct sb {
-  char *s;
-  size_t n, cap;
-  int oom;
-} sb;
-
-__attribute__((format(printf, 2, 3))) void ta__sb_add(sb *b, const char *fmt, ...);
-char *ta__sb_take(sb *b);
 
 /* One rank's operations on one group instance (indices into its ops, in
  * ring order). */
@@ -111,11 +102,11 @@ int ta__unmet(an *a, int i, const tr_op *o, int *w);
  * its group only (ascending: w then lists them in position order). */
 int ta__unmet_among(an *a, int i, const tr_op *o, int *w, const int *pos, int npos);
 int ta__blocked(an *a, int i, int *w);
-void ta__last_op(an *a, int i, sb *b);
-void ta__add_culprit(an *a, int rank, sb *b);
+void ta__last_op(an *a, int i, mpg__strbuf *b);
+void ta__add_culprit(an *a, int rank, mpg__strbuf *b);
 int ta__is_failure(const char *status);
 int ta__push(int **v, int *n, int x);
-void ta__add_item(an *a, ta_item **v, int *n, int rank, sb *b);
+void ta__add_item(an *a, ta_item **v, int *n, int rank, mpg__strbuf *b);
 
 /* trace_analyze_seq.c: sequence evidence (issue 46, items 1-2): the
  * member of a group instance whose list of operations lacks one that its

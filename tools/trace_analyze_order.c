@@ -235,22 +235,24 @@ static void order_culprit(an *a, int xi, int yi, long s, int p, const int *win, 
   if (x1) prog_key(a, xi, x1, kx1, sizeof kx1);
   if (y1) prog_key(a, yi, y1, ky1, sizeof ky1);
   ta__op_name(a, xi, x0, n0, sizeof n0);
-  sb b = {0};
-  ta__sb_add(&b, "culprit: world rank %d: ", a->R[xi].rank);
+  mpg__strbuf b = MPG__STRBUF_INIT;
+  mpg__strbuf_add(&b, "culprit: world rank %d: ", a->R[xi].rank);
   if (x1 && y1 && !strcmp(kx0, ky1) && !strcmp(kx1, ky0)) {
     ta__op_name(a, xi, x1, n1, sizeof n1);
-    ta__sb_add(&b, "swapped two operations of step %ld: issued %s before %s", s, n0, n1);
+    mpg__strbuf_add(&b, "swapped two operations of step %ld: issued %s before %s", s, n0, n1);
   } else if (y1 && !strcmp(kx0, ky1)) {
     expected(a, xi, yi, y0, x0, n1, sizeof n1);
-    ta__sb_add(&b, "skipped %s in step %ld: issued %s next", n1, s, n0);
+    mpg__strbuf_add(&b, "skipped %s in step %ld: issued %s next", n1, s, n0);
   } else {
     expected(a, xi, yi, y0, x0, n1, sizeof n1);
-    ta__sb_add(&b, "issued %s as operation %d of step %ld where the ranks of its program issued "
-           "%s", n0, p + 1, s, n1);
+    mpg__strbuf_add(&b,
+                    "issued %s as operation %d of step %ld where the ranks of its program issued "
+                    "%s",
+                    n0, p + 1, s, n1);
   }
-  ta__sb_add(&b, " (as world rank%s", nwin == 1 ? "" : "s");
-  for (int k = 0; k < nwin && k < 6; k++) ta__sb_add(&b, "%s %d", k ? "," : "", win[k]);
-  ta__sb_add(&b, "%s did otherwise)", nwin > 6 ? ", ..." : "");
+  mpg__strbuf_add(&b, " (as world rank%s", nwin == 1 ? "" : "s");
+  for (int k = 0; k < nwin && k < 6; k++) mpg__strbuf_add(&b, "%s %d", k ? "," : "", win[k]);
+  mpg__strbuf_add(&b, "%s did otherwise)", nwin > 6 ? ", ..." : "");
   ta__add_culprit(a, a->R[xi].rank, &b);
   ta__evidence_order(a, xi, y0, yi, x0,
                      x1 && y1 && !strcmp(kx0, ky1) && !strcmp(kx1, ky0) ? TA_SWAPPED
@@ -446,7 +448,7 @@ out:
 /* ------------------------------------------------------------------ */
 
 /* What rank m owed the waiter (rank index wi, op o), in words. */
-static void owed(an *a, int wi, const tr_op *o, int m, sb *b) {
+static void owed(an *a, int wi, const tr_op *o, int m, mpg__strbuf *b) {
   const ta_group *G = &a->gi[inst_of(a, wi, o)];
   int mi = rank_index(a, m), w = a->R[wi].rank, unk = 0, j = -1;
   char what[TR_NAME * 2];
@@ -462,16 +464,17 @@ static void owed(an *a, int wi, const tr_op *o, int m, sb *b) {
   }
   const tr_op *p = j >= 0 ? &a->R[mi].ops[j] : NULL;
   if (p && !issued(a, p))
-    ta__sb_add(b, "issued %s %.1f s after the others had failed", what, secs(p->issue_ns - a->tf));
+    mpg__strbuf_add(b, "issued %s %.1f s after the others had failed", what,
+                    secs(p->issue_ns - a->tf));
   else if (p) {
     char d1[TR_NAME * 3], d2[TR_NAME * 3];
     ta__op_detail(p, d1, sizeof d1);
     ta__op_detail(o, d2, sizeof d2);
-    ta__sb_add(b, "issued %s with %s where world rank %d has %s", what, d1, w, d2);
+    mpg__strbuf_add(b, "issued %s with %s where world rank %d has %s", what, d1, w, d2);
   } else {
-    ta__sb_add(b, "never issued %s", what);
+    mpg__strbuf_add(b, "never issued %s", what);
   }
-  ta__sb_add(b, " (world rank %d waited %.1f s for it)", w, secs(a->tf - o->issue_ns));
+  mpg__strbuf_add(b, " (world rank %d waited %.1f s for it)", w, secs(a->tf - o->issue_ns));
 }
 
 /* Per group instance, whether its members without a dump were listed
@@ -601,10 +604,10 @@ void ta__check_waits(an *a) {
       continue;
     }
     const tr_op *o = &a->R[by_i[m]].ops[by_j[m]];
-    sb b = {0};
-    ta__sb_add(&b, "culprit: world rank %d: ", m);
+    mpg__strbuf b = MPG__STRBUF_INIT;
+    mpg__strbuf_add(&b, "culprit: world rank %d: ", m);
     if (mi < 0) {
-      ta__sb_add(&b, "left no dump (killed, or hung and never wrote one); ");
+      mpg__strbuf_add(&b, "left no dump (killed, or hung and never wrote one); ");
       owed(a, by_i[m], o, m, &b);
     } else {
       owed(a, by_i[m], o, m, &b);
@@ -617,9 +620,11 @@ void ta__check_waits(an *a) {
     int first = -1;
     for (int k = 0, c = 0; k < nroots && first < 0; k++)
       if (rank_index(a, roots[k]) < 0 && ++c > NODUMP_CULPRITS) first = roots[k];
-    sb b = {0};
-    ta__sb_add(&b, "culprit: world rank %d: and %d more ranks without a dump that blocked ranks "
-           "waited for (see the ranks without a dump)", first, more);
+    mpg__strbuf b = MPG__STRBUF_INIT;
+    mpg__strbuf_add(&b,
+                    "culprit: world rank %d: and %d more ranks without a dump that blocked ranks "
+                    "waited for (see the ranks without a dump)",
+                    first, more);
     ta__add_culprit(a, first, &b);
   }
 out:

@@ -323,15 +323,15 @@ static void name_skip(an *a, seq *q, int g) {
     char in[48] = "";
     if (P->step >= 0) snprintf(in, sizeof in, " in step %ld", P->step);
     int before = a->out->nculprits;
-    sb b = {0};
-    ta__sb_add(&b, "culprit: world rank %d: skipped %s #%llu on %s[%d]%s: its peer world rank %d "
-           "issued %d collective%s on %s[%d]%s, it issued %d and went on to %s (%d rank%s of "
-           "the %s groups issued more than %d%s, none that finished %s as few)",
-           a->R[mi].rank, P->kind, (unsigned long long)k, G->name, G->index, in,
-           a->R[ref].rank, cp, cp == 1 ? "" : "s", G->name, G->index, in, cm, next, more,
-           more == 1 ? "" : "s",
-           G->name, cm, P->step >= 0 ? " in that step" : "",
-           P->step >= 0 ? "the step" : "their program");
+    mpg__strbuf b = MPG__STRBUF_INIT;
+    mpg__strbuf_add(
+        &b,
+        "culprit: world rank %d: skipped %s #%llu on %s[%d]%s: its peer world rank %d "
+        "issued %d collective%s on %s[%d]%s, it issued %d and went on to %s (%d rank%s of "
+        "the %s groups issued more than %d%s, none that finished %s as few)",
+        a->R[mi].rank, P->kind, (unsigned long long)k, G->name, G->index, in, a->R[ref].rank, cp,
+        cp == 1 ? "" : "s", G->name, G->index, in, cm, next, more, more == 1 ? "" : "s", G->name,
+        cm, P->step >= 0 ? " in that step" : "", P->step >= 0 ? "the step" : "their program");
     ta__add_culprit(a, a->R[mi].rank, &b);
     if (a->out->nculprits > before)
       ta__evidence(a, a->R[mi].rank, TA_SKIPPED, g, k, P->kind, -1);

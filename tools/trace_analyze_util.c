@@ -1,48 +1,13 @@
-/* The analyzer's shared helpers (trace_analyze_internal.h): strings, the
- * lookups of operations by number, the states of ranks at the fault time,
- * and the report's lists; trace_analyze.c (signatures, the driver) and
- * trace_analyze_order.c (order, the wait-for graph) both call them. */
-#include <stdarg.h>
+/* The analyzer's shared helpers (trace_analyze_internal.h): the lookups
+ * of operations by number, the states of ranks at the fault time, and the
+ * report's lists (their texts built in an mpg__strbuf, base/strbuf.c);
+ * trace_analyze.c (signatures, the driver) and trace_analyze_order.c
+ * (order, the wait-for graph) both call them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "trace_analyze_internal.h"
-
-/* ------------------------------------------------------------------ */
-/* Strings                                                             */
-/* ------------------------------------------------------------------ */
-
-void ta__sb_add(sb *b, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int k = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  if (k < 0 || b->oom) return;
-  if (b->n + (size_t)k + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + (size_t)k + 1) cap *= 2;
-    char *p = realloc(b->s, cap);
-    if (!p) {
-      b->oom = 1;
-      return;
-    }
-    b->s = p;
-    b->cap = cap;
-  }
-  va_start(ap, fmt);
-  vsnprintf(b->s + b->n, b->cap - b->n, fmt, ap);
-  va_end(ap);
-  b->n += (size_t)k;
-}
-
-char *ta__sb_take(sb *b) {
-  if (b->oom || !b->s) {
-    free(b->s);
-    return b->oom ? NULL : strdup("");
-  }
-  return b->s;
-}
 
 static const char *const failing[] = {"MPG_ERR_TIMEOUT", "MPG_ERR_ABORTED", "MPG_ERR_STATE",
                                       "MPG_ERR_BACKEND", NULL};
@@ -286,18 +251,18 @@ static int blocked_at(an *a, int i, int *w, int deep) {
 int ta__blocked(an *a, int i, int *w) { return blocked_at(a, i, w, 1); }
 
 /* The last operation rank i issued by T, described ("; last op ..."). */
-void ta__last_op(an *a, int i, sb *b) {
+void ta__last_op(an *a, int i, mpg__strbuf *b) {
   const tr_rank *r = &a->R[i];
   int last = a->last[i];
   if (last < 0) {
-    ta__sb_add(b, "; no operation recorded before the failure");
+    mpg__strbuf_add(b, "; no operation recorded before the failure");
     return;
   }
   char nm[TR_NAME * 2], st[64];
   ta__op_name(a, i, &r->ops[last], nm, sizeof nm);
   ta__op_state(&r->ops[last], a->tf, st, sizeof st);
-  ta__sb_add(b, "; last op %s, %s%s", nm, st,
-         r->ops[last].end_ns == 0 || r->ops[last].end_ns > a->tf ? "" : " the failure");
+  mpg__strbuf_add(b, "; last op %s, %s%s", nm, st,
+                  r->ops[last].end_ns == 0 || r->ops[last].end_ns > a->tf ? "" : " the failure");
 }
 
 /* ------------------------------------------------------------------ */
@@ -313,8 +278,8 @@ static int has_culprit(const an *a, int rank) {
   return 0;
 }
 
-void ta__add_item(an *a, ta_item **v, int *n, int rank, sb *b) {
-  char *t = ta__sb_take(b);
+void ta__add_item(an *a, ta_item **v, int *n, int rank, mpg__strbuf *b) {
+  char *t = mpg__strbuf_take(b);
   memset(b, 0, sizeof *b);
   ta_item *p = *v;
   /* capacity: the next power of 2 (the lists only grow here) */
@@ -332,9 +297,9 @@ void ta__add_item(an *a, ta_item **v, int *n, int rank, sb *b) {
   (*n)++;
 }
 
-void ta__add_culprit(an *a, int rank, sb *b) {
+void ta__add_culprit(an *a, int rank, mpg__strbuf *b) {
   if (has_culprit(a, rank)) {
-    free(b->s);
+    mpg__strbuf_free(b);
     memset(b, 0, sizeof *b);
     return;
   }
