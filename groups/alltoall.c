@@ -336,7 +336,8 @@ static mpg_status finish_agreeing(mpg_group *g, const a2a *a, mpg__req *req, dou
   int size = g->size, me = g->position;
   size_t es = mpg__dtype_size(a->dtype);
   const size_t *recv_counts = arrays + 2 * size, *recv_displs = arrays + 3 * size;
-  mpg_status st = mpg__group_finish(g, g->ctx->ops, &req, 1, deadline, a->fn, MPG_OK, 0);
+  mpg_status st =
+      mpg__group_finish(g, &g->ctx->ops->transport, &req, 1, deadline, a->fn, MPG_OK, 0);
   for (int p = 0; !st && p < size; p++)
     if (p != me && theirs[2 * p] == rcount(a, p) && rcount(a, p))
       memcpy((char *)a->recv + rdispl(a, p) * es, scratch + recv_displs[p] * es,
@@ -351,7 +352,7 @@ static mpg_status native_work(mpg_group *g, const a2a *a, mpg__req *req, double 
   if (handle) {
     handle->group = g;
     handle->op.kind = -1; /* messages name the group (and the call) */
-    handle->ops = g->ctx->ops;
+    handle->ops = &g->ctx->ops->transport;
     handle->req = req;
     handle->deadline = deadline;
     handle->status = MPG_OK;
@@ -360,7 +361,8 @@ static mpg_status native_work(mpg_group *g, const a2a *a, mpg__req *req, double 
   }
   /* Blocking, or no memory for the handle: finish it here rather than
    * lose it (a failure aborts before the pending request is freed). */
-  mpg_status st = mpg__group_finish(g, g->ctx->ops, &req, 1, deadline, a->fn, MPG_OK, 0);
+  mpg_status st =
+      mpg__group_finish(g, &g->ctx->ops->transport, &req, 1, deadline, a->fn, MPG_OK, 0);
   if (st || !work) return st;
   return mpg__fail(MPG_ERR_NOMEM, "%s on %s: out of memory for the work handle (the "
                    "operation completed)", a->fn, MPG__GROUP_LABEL(g));

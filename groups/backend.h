@@ -9,45 +9,15 @@
 #define MPG_GROUPS_BACKEND_H
 
 #include "internal.h"
+#include "transport.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* A backend communicator (one per group this rank belongs to) and one
- * posted operation; both are defined by each backend. */
-typedef struct mpg__comm mpg__comm;
-typedef struct mpg__req mpg__req;
-
-typedef enum mpg__coll_kind {
-  MPG__ALL_REDUCE,
-  MPG__BROADCAST,
-  MPG__ALL_GATHER,
-  MPG__REDUCE_SCATTER,
-  MPG__BARRIER,
-  MPG__SEND,
-  MPG__RECV
-} mpg__coll_kind;
-
-/* One collective call, already validated by the generic layer. */
-typedef struct mpg__coll {
-  mpg__coll_kind kind;
-  const void *send; /* all_reduce, all_gather, reduce_scatter, send */
-  void *recv;       /* all_reduce, all_gather, reduce_scatter, recv;
-                       broadcast: the buffer (send == recv) */
-  size_t count;     /* all_reduce/broadcast/send/recv: elements of the buffer;
-                       all_gather: elements each member sends;
-                       reduce_scatter: elements each member receives */
-  mpg_dtype dtype;
-  mpg_op op;        /* all_reduce, reduce_scatter; MPG__OP_PREMUL_SUM uses scale */
-  double scale;
-  int root;         /* broadcast: position of the root */
-  int peer;         /* send/recv: position of the peer */
-  void *stream;     /* nccl: cudaStream_t */
-  int acc_f32;      /* all_reduce, reduce_scatter of f16/bf16: accumulate in
-                       f32 (the nccl backend widens, reduces in f32 and
-                       narrows; the CPU backends always do); 0 elsewhere */
-} mpg__coll;
+/* A backend communicator (one per group this rank belongs to), one posted
+ * operation, and the collective call: transport.h (a backend's
+ * communicators are transports). */
 
 /* Every MESHPG_* variable the library reads, parsed once by
  * mpg_ctx_create (groups/settings.c, one rule for all: docs/launchers.md)
@@ -100,7 +70,17 @@ typedef struct mpg__world_args {
 } mpg__world_args;
 
 struct mpg__backend_ops {
-  const char *name;
+  /* The transport table (transport.h): name, post, test,
+   * test_keeps_time, wait, req_free, req_times, abort_comm, abort_comms
+   * and destroy, reached by their names (ops->post) or whole as
+   * &ops->transport, the table of the backend's communicators in the
+   * groups' transport lists and in mpg_work. */
+  union {
+    struct mpg__transport_ops transport;
+    struct {
+      MPG__TRANSPORT_OPS_FIELDS
+    };
+  };
   /* Join the world.  Collective over all ranks.  Must give up with
    * MPG_ERR_TIMEOUT after args->timeout_s. */
   mpg_status (*world_init)(const mpg__world_args *args, mpg__comm **world);
@@ -108,10 +88,6 @@ struct mpg__backend_ops {
    * the group of that colour, ordered by key (ties by parent rank); color
    * < 0 joins nothing and gets *out = NULL.  Bounded by the timeout. */
   mpg_status (*split)(mpg__comm *parent, int color, int key, mpg__comm **out);
-  /* Start one operation.  Never blocks past the timeout.  A receive's post
-   * never waits for its peer; a send's post may wait (bounded by the
-   * timeout) only until the receiver has posted the matching receive. */
-  mpg_status (*post)(mpg__comm *comm, const mpg__coll *coll, mpg__req **req);
   /* Optional: start n >= 1 sends and receives (kinds MPG__SEND and
    * MPG__RECV only, validated; one stream) as one group, with one request
    * for all of them: none may wait for another (nccl: ncclGroupStart ..
@@ -138,37 +114,6 @@ struct mpg__backend_ops {
   mpg_status (*post_alltoallv)(mpg__comm *comm, const void *send, const size_t *scounts,
                                const size_t *sdispls, void *recv, const size_t *rcounts,
                                const size_t *rdispls, mpg_dtype dtype, mpg__req **req);
-  /* *done = 1 when finished; returns the operation's error, if any. */
-  mpg_status (*test)(mpg__req *req, int *done);
-  /* 1: test itself returns MPG_ERR_TIMEOUT once a pending operation is
-   * past its timeout, counted by the backend's own clock (nccl: from when
-   * the GPU reaches the operation, groups/nccl/ops.c), and wait may run
-   * past the host's deadline; mpg_work_test then never calls wait.  0:
-   * mpg_work_test, past the host's deadline, calls wait, which returns at
-   * once with what the backend knows of the missing members. */
-  int test_keeps_time;
-  /* Wait until finished or until `deadline` (mpg__now() seconds):
-   * MPG_ERR_TIMEOUT then, leaving the request pending (the caller aborts
-   * the communicator and frees the request).  nccl reads `deadline` as a
-   * timeout (deadline - the post) counted from when the GPU reaches the
-   * operation (groups/nccl/ops.c), so its wait may run past `deadline`. */
-  mpg_status (*wait)(mpg__req *req, double deadline);
-  void (*req_free)(mpg__req *req);
-  /* Optional (NULL: not known).  When the operation of a finished request
-   * was seen to start and end on the device, in mpg__now() seconds (0:
-   * not seen), for the flight recorder (nccl: its start and end events,
-   * groups/nccl/ops.c). */
-  void (*req_times)(const mpg__req *req, double *start, double *end);
-  /* Wake every waiter of this communicator and fail later calls with
-   * MPG_ERR_ABORTED (or MPG_ERR_TIMEOUT if reason says so).  Never blocks. */
-  void (*abort_comm)(mpg__comm *comm, mpg_status reason);
-  /* Optional (NULL: abort_comm on each).  Abort the n communicators of a
-   * context together, as one step: on nccl, aborting them one after
-   * another could block the first abort on a kernel of the second (see
-   * groups/nccl/lifecycle.c). */
-  void (*abort_comms)(mpg__comm *const *comms, int n, mpg_status reason);
-  /* Release the communicator.  Must not block on peers after an abort. */
-  mpg_status (*destroy)(mpg__comm *comm);
   /* Optional (NULL: mpg__local_host).  Run a collective of a size-1 group,
    * which has no communicator: every kind reduces to a copy of send into
    * recv (times scale for MPG__OP_PREMUL_SUM); barrier does nothing.  The
@@ -243,18 +188,21 @@ struct mpg__backend_ops {
   int host_shm;
 };
 
-/* Shared memory behind this table (groups/shm/).  A node's segment is a
- * communicator of its own, served by a table of its own (static in
- * shm/engine.c: post, test, wait, req_free; test keeps time), and an
- * operation on it runs through the generic layer like any collective
- * (coll.c's mpg__group_run_on: the group claimed, the arguments checked,
- * the issue order noted, a work handle whose mpg_work_test and
- * mpg_work_wait go through the table that posted it, a failure through
- * mpg__group_on_failure).  shm/ decides from `host_shm` whether it may
- * serve a context, splits the group's communicator only through
- * mpg__group_split, and reduces only through the one kernel below
- * (mpg__reduce_sources): it reads no backend kind and keeps no arithmetic
- * of its own. */
+/* Shared memory behind this table (groups/shm/).  A node's segment and a
+ * group's all-to-all channel are transports of their own (transport.h),
+ * each with a transport table of its own (static in shm/engine.c and
+ * shm/a2a.c), held in the group's transport list like the group's backend
+ * communicator, so that the context aborts and destroys them the same way.
+ * An operation on them runs through the generic layer like any collective
+ * (coll.c's mpg__group_run_on and mpg__group_finish: the group claimed,
+ * the arguments checked, the issue order noted, a work handle whose
+ * mpg_work_test and mpg_work_wait go through the table that posted it, a
+ * failure through mpg__group_on_failure).  shm/ decides from `host_shm`
+ * whether it may serve a context, gets its setup collectives (the
+ * all-gathers, the split by local position) from the group through the
+ * callbacks it is given (struct mpg__transport_setup), and reduces only
+ * through the one kernel below (mpg__reduce_sources): it reads no backend
+ * kind and keeps no arithmetic of its own. */
 
 /* The size-1 collective on host memory. */
 mpg_status mpg__local_host(const mpg__coll *coll);

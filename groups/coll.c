@@ -175,7 +175,7 @@ mpg_status mpg__group_on_failure(mpg_group *g, const char *fn, mpg_status st) {
 
 /* The earliest start and latest end the backend saw on the device for
  * req, folded into *t0 and *t1 (nccl; 0 when not known). */
-static void device_times(const struct mpg__backend_ops *ops, const mpg__req *req,
+static void device_times(const struct mpg__transport_ops *ops, const mpg__req *req,
                          double *t0, double *t1) {
   if (!ops->req_times) return;
   double a = 0, b = 0;
@@ -185,7 +185,7 @@ static void device_times(const struct mpg__backend_ops *ops, const mpg__req *req
 }
 
 /* mpg__group_finish, naming c (NULL: several operations) in the messages. */
-static mpg_status finish_op(mpg_group *g, const struct mpg__backend_ops *ops, mpg__req **reqs,
+static mpg_status finish_op(mpg_group *g, const struct mpg__transport_ops *ops, mpg__req **reqs,
                             int n, double deadline, const char *fn, const mpg__op_id *c,
                             mpg_status failed, int skip) {
   mpg_status first = failed;
@@ -211,7 +211,7 @@ static mpg_status finish_op(mpg_group *g, const struct mpg__backend_ops *ops, mp
   return first ? mpg__error_restore(first, &why) : MPG_OK;
 }
 
-mpg_status mpg__group_finish(mpg_group *g, const struct mpg__backend_ops *ops,
+mpg_status mpg__group_finish(mpg_group *g, const struct mpg__transport_ops *ops,
                              mpg__req **reqs, int n, double deadline, const char *fn,
                              mpg_status failed, int skip) {
   return finish_op(g, ops, reqs, n, deadline, fn, NULL, failed, skip);
@@ -265,10 +265,12 @@ void mpg__group_release(mpg_group *g) {
  * its work, or (work NULL) wait for it.  Everything that can fail comes
  * before anything is posted (the handle too), so that a failure never
  * leaves an operation half handed out.  A failed post aborts the context
- * (on_failure); a communicator of another table than the context's
- * backend (shm's segment) is not among the context's, so it is aborted
- * first, with the reason, by its own table. */
-static mpg_status post_on(mpg_group *g, const struct mpg__backend_ops *ops, mpg__comm *comm,
+ * (on_failure, and with it every transport of the context); a transport
+ * of another table than the context's backend (shm's segment) is aborted
+ * first, with the reason, by its own table, since on_failure leaves the
+ * context as it is for an argument error or a refusal while the peers may
+ * have posted theirs on the segment. */
+static mpg_status post_on(mpg_group *g, const struct mpg__transport_ops *ops, mpg__comm *comm,
                           const mpg__coll *c, mpg_work **work, const char *fn,
                           const mpg__trace_mark *mark, const mpg__op_id *id) {
   double deadline = mpg__now() + g->ctx->timeout_s;
@@ -281,7 +283,7 @@ static mpg_status post_on(mpg_group *g, const struct mpg__backend_ops *ops, mpg_
   if (!st) st = ops->post(comm, c, &req);
   if (st) {
     free(w);
-    if (ops != g->ctx->ops) ops->abort_comm(comm, st);
+    if (ops != &g->ctx->ops->transport) ops->abort_comm(comm, st);
     return on_failure_op(g, fn, id, st);
   }
   mpg__trace_posted(mark);
@@ -322,13 +324,13 @@ static mpg_status run_claimed(mpg_group *g, const mpg__coll *c, mpg_work **work,
     if (g->size == 1)
       st = ctx->ops->local ? ctx->ops->local(ctx->world_comm, c) : mpg__local_host(c);
     else
-      st = post_on(g, ctx->ops, g->comm, c, work, fn, &mark, &id);
+      st = post_on(g, &ctx->ops->transport, g->comm, c, work, fn, &mark, &id);
   }
   mpg__trace_hand(&mark, st, work);
   return st;
 }
 
-mpg_status mpg__group_run_on(mpg_group *g, const struct mpg__backend_ops *ops,
+mpg_status mpg__group_run_on(mpg_group *g, const struct mpg__transport_ops *ops,
                              mpg__comm *comm, const mpg__coll *c, mpg_work **work,
                              const char *fn) {
   if (work) *work = NULL;
@@ -414,7 +416,7 @@ mpg_status mpg_work_test(mpg_work *w, int *done) {
     *done = 1;
     return w->status;
   }
-  const struct mpg__backend_ops *ops = w->ops;
+  const struct mpg__transport_ops *ops = w->ops;
   int n;
   mpg__req **reqs = work_reqs(w, &n);
   mpg_status st = MPG_OK;

@@ -84,6 +84,13 @@ static mpg_status resolve_launch(const struct mpg__backend_ops *ops,
   return MPG_OK;
 }
 
+/* Put one of the world's communicators in the context's transport list. */
+static void link_world(mpg_ctx *ctx, mpg__transport *t, mpg__comm *comm) {
+  t->ops = &ctx->ops->transport;
+  t->comm = comm;
+  mpg__ctx_attach(ctx, t);
+}
+
 /* Topology-aware placement: learn which ranks share a node from their host
  * identities, place the mesh so inner dims stay inside nodes, and renumber
  * the world by mesh rank (one split keyed by mesh rank). */
@@ -146,8 +153,13 @@ static mpg_status place(mpg_ctx *ctx, const mpg_init_opts *opts,
     ctx->setup_collectives++;
     st = ctx->ops->split(ctx->world_comm, 0, mesh_rank, &placed);
     if (st) goto done;
+    /* The launcher-ordered world stays (freed last): both in the
+     * context's transport list, the world first. */
+    mpg__ctx_detach(ctx, &ctx->world_link);
     ctx->launch_comm = ctx->world_comm;
     ctx->world_comm = placed;
+    link_world(ctx, &ctx->launch_link, ctx->launch_comm);
+    link_world(ctx, &ctx->world_link, ctx->world_comm);
   }
   ctx->rank = mesh_rank;
 done:
@@ -244,6 +256,10 @@ static mpg_ctx *ctx_new(const mpg_mesh *mesh, const mpg_init_opts *opts,
                         const struct mpg__backend_ops *ops, mpg__world_args *a) {
   mpg_ctx *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return NULL;
+  if (pthread_mutex_init(&ctx->transport_lock, NULL)) {
+    free(ctx);
+    return NULL;
+  }
   mpg__settings_read(&ctx->settings);
   mpg__log_set_level(ctx->settings.log);
   a->settings = &ctx->settings;
@@ -269,6 +285,11 @@ static mpg_ctx *ctx_new(const mpg_mesh *mesh, const mpg_init_opts *opts,
   ctx->job = mpg__hash_mix(mpg__hash_mix((uint64_t)ts.tv_nsec, (uint64_t)ts.tv_sec),
                            ((uint64_t)getpid() << 20) ^ (uint64_t)a->rank);
   return ctx;
+}
+
+static void ctx_free(mpg_ctx *ctx) {
+  pthread_mutex_destroy(&ctx->transport_lock);
+  free(ctx);
 }
 
 /* After world_init: every rank built the same job (agree.c), before
@@ -330,7 +351,7 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
   mpg_ctx *ctx = ctx_new(mesh, opts, ops, &a);
   if (!ctx) return mpg__fail(MPG_ERR_NOMEM, "mpg_ctx_create: out of memory");
   if ((st = mpg__trace_create(ctx, opts))) {
-    free(ctx);
+    ctx_free(ctx);
     return st;
   }
   st = ops->world_init(&a, &ctx->world_comm);
@@ -340,9 +361,10 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
       st = mpg__fail_wrap(st, "mpg_ctx_create (rank %d): %s; joining the world then failed",
                           a.rank, ctx->settings.error);
     mpg__trace_destroy(ctx);
-    free(ctx);
+    ctx_free(ctx);
     return st;
   }
+  link_world(ctx, &ctx->world_link, ctx->world_comm);
   mpg__log(1, "rank %d of %d: %s backend up", ctx->rank, ctx->world, ops->name);
   st = join_checks(ctx, opts, &a, &env);
   if (!st) st = make_groups(ctx);
@@ -360,10 +382,8 @@ mpg_status mpg_ctx_create(const mpg_mesh *mesh, const mpg_init_opts *opts,
   return MPG_OK;
 }
 
-/* Destroy one communicator, keeping the first error of a teardown. */
-static void destroy_comm(mpg_ctx *ctx, mpg__comm *comm, mpg_status *first,
-                         mpg__saved_error *why) {
-  mpg_status st = ctx->ops->destroy(comm);
+/* Keep the first error of a teardown (and its message). */
+static void keep_first(mpg_status st, mpg_status *first, mpg__saved_error *why) {
   if (st && !*first) {
     *first = st;
     mpg__error_save(why);
@@ -387,21 +407,18 @@ mpg_status mpg_ctx_destroy(mpg_ctx *ctx) {
   mpg__order_destroy(ctx); /* frees the record; no check (see order.c) */
   mpg__trace_at_end(ctx);  /* reason "end" unless a fault's dump was written */
   mpg__trace_destroy(ctx);
-  for (int s = 0; s < ctx->nsets; s++) {
-    mpg_group *g = &ctx->groups[s];
-    mpg__a2a_shm_destroy(g->a2a);
-    if (g->comm && g->comm != ctx->world_comm) destroy_comm(ctx, g->comm, &first, &why);
-  }
+  /* Every transport of every group, the same way (setup.c), then the
+   * context's own: the world, the launcher-ordered world last. */
+  for (int s = 0; s < ctx->nsets; s++)
+    keep_first(mpg__group_teardown(&ctx->groups[s]), &first, &why);
   while (ctx->extra) {
     mpg_group *g = ctx->extra;
     ctx->extra = g->next;
-    mpg__a2a_shm_destroy(g->a2a);
-    if (g->comm) destroy_comm(ctx, g->comm, &first, &why);
+    keep_first(mpg__group_teardown(g), &first, &why);
     free(g);
   }
-  if (ctx->world_comm) destroy_comm(ctx, ctx->world_comm, &first, &why);
-  if (ctx->launch_comm) destroy_comm(ctx, ctx->launch_comm, &first, &why);
-  free(ctx);
+  keep_first(mpg__ctx_teardown(ctx), &first, &why);
+  ctx_free(ctx);
   return first ? mpg__error_restore(first, &why) : MPG_OK;
 }
 

@@ -12,6 +12,7 @@
 #ifndef MPG_GROUPS_CTX_INTERNAL_H
 #define MPG_GROUPS_CTX_INTERNAL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "backend.h"
@@ -34,7 +35,14 @@ struct mpg_group {
   int pbase;
   int created;      /* communicator made (or not needed) */
   int member;       /* extra groups: this rank belongs to it */
-  mpg__comm *comm;  /* NULL for size-1 groups; the world comm for "world" */
+  mpg__comm *comm;  /* NULL for size-1 groups; the world comm for "world"
+                       (its backend communicator, also in `transports`
+                       through comm_link unless it is the world's) */
+  mpg__transport *transports; /* every transport of the group, newest
+                       first (transport.h): its backend communicator, its
+                       all-to-all channel, sync's shared-memory segments;
+                       under ctx->transport_lock (setup.c) */
+  mpg__transport comm_link;   /* `comm` in that list */
   char extra_name[128];
   struct mpg_group *next; /* extra groups of the context */
   int trace_id;     /* trace.c: 1 + its number in the flight recorder's
@@ -44,13 +52,10 @@ struct mpg_group {
   _Atomic uint64_t *trace_p2p; /* trace.c: sends to / receives from each
                                   position (2 x size), from its first op */
   _Atomic(struct mpg__a2a *) a2a; /* shm/a2a.c: its all-to-alls'
-                           shared-memory channel, made at the first one
-                           (atomic: mpg__ctx_abort_all reads it from any
-                           thread) */
-  void (*a2a_abort)(struct mpg__a2a *ch, mpg_status reason);
-                    /* mpg__a2a_shm_abort, set before a2a: setup.c's abort
-                       calls it through this pointer (no link from the
-                       abort to shm/, which calls setup.c) */
+                       shared-memory channel, made at the first one, a
+                       transport in `transports` (this is the issuing
+                       thread's way to it; the list aborts and destroys
+                       it) */
   int a2a_off;      /* 1: its all-to-alls go through the backend */
   atomic_int busy;  /* 1 while a call issues on the group (coll.c's
                        mpg__group_claim): a second thread's call fails
@@ -76,6 +81,12 @@ struct mpg_ctx {
                          issues (issuer.c's mpg__ctx_check_issuer); 0 until the
                          first issuing call; 0 from calloc */
   mpg__comm *world_comm;
+  /* The context's transports (transport.h): the world's communicators
+   * (world_link, launch_link), and the lock that guards every list of
+   * transports of the context and the extra groups' list (setup.c). */
+  pthread_mutex_t transport_lock;
+  mpg__transport *transports;
+  mpg__transport world_link, launch_link;
   char host_id[MPG_HOST_ID_MAX]; /* opts.host_id, "" when not given */
   long setup_collectives;
   int nsets;
@@ -169,7 +180,7 @@ struct mpg_work {
    * complete them: the context's backend, or the shared-memory table of
    * one of the group's segments (groups/shm/, posted through
    * mpg__group_run_on): one mechanism for both. */
-  const struct mpg__backend_ops *ops;
+  const struct mpg__transport_ops *ops;
   mpg__req *req;      /* the operation, when reqs is NULL */
   mpg__req **reqs;    /* or several (an mpg_p2p_batch posted one by one):
                          nreq requests, this array owned by the work */
@@ -241,7 +252,7 @@ mpg_status mpg__group_run(mpg_group *g, const mpg__coll *c, mpg_work **work);
  * completed (here without work, or by mpg_work_test / mpg_work_wait
  * through ops, as for any collective); a failure goes through
  * mpg__group_on_failure.  g has two or more members. */
-mpg_status mpg__group_run_on(mpg_group *g, const struct mpg__backend_ops *ops,
+mpg_status mpg__group_run_on(mpg_group *g, const struct mpg__transport_ops *ops,
                              mpg__comm *comm, const mpg__coll *c, mpg_work **work,
                              const char *fn);
 
@@ -290,13 +301,6 @@ typedef struct mpg__a2a mpg__a2a;
 mpg_status mpg__a2a_shm_prepare(mpg_group *g, const char *fn);
 mpg_status mpg__a2a_shm_run(mpg_group *g, const mpg__a2a_call *a, mpg_work **work,
                             int *taken);
-/* Free a channel (NULL: nothing).  Local; mpg_ctx_destroy. */
-void mpg__a2a_shm_destroy(mpg__a2a *ch);
-/* Give up on a channel (NULL: nothing) with `reason`: every member's
- * operation in it fails at once (the others with MPG_ERR_ABORTED naming
- * this member).  mpg__ctx_abort_all, through g->a2a_abort; any thread. */
-void mpg__a2a_shm_abort(mpg__a2a *ch, mpg_status reason);
-
 /* coll.c: split g's communicator (collective over g's members, bounded by
  * the timeout): color >= 0 joins that colour's communicator, ordered by
  * key (ties by position in g); color < 0 joins none (*out NULL).  The
@@ -310,7 +314,7 @@ mpg_status mpg__group_split(mpg_group *g, int color, int key, mpg__comm **out);
  * aborts the context (mpg__group_on_failure) before a pending request is
  * freed.  `failed` is a failure seen before (by mpg_work_test, of
  * reqs[skip]): it is returned and reqs[skip] is not waited for again. */
-mpg_status mpg__group_finish(mpg_group *g, const struct mpg__backend_ops *ops,
+mpg_status mpg__group_finish(mpg_group *g, const struct mpg__transport_ops *ops,
                              mpg__req **reqs, int n, double deadline, const char *fn,
                              mpg_status failed, int skip);
 
@@ -340,8 +344,31 @@ mpg_status mpg__ctx_setup_coll(mpg_ctx *ctx, mpg__comm *comm, int members,
  * variable) on every rank, with the same message, when they differ. */
 mpg_status mpg__ctx_agree(mpg_ctx *ctx, const mpg_init_opts *opts, const mpg__settings *set);
 
-/* setup.c: abort every communicator of the context (once; later calls do
- * nothing) with `reason`, MPG_ERR_TIMEOUT or MPG_ERR_ABORTED. */
+/* setup.c: the transports of the context (transport.h's rules).
+ * _attach: put t (ops and comm set) in g's list (mpg__ctx_attach: the
+ * context's own, the world's communicators); aborted at once when the
+ * context was aborted.  _detach: take it out (its owner then destroys
+ * it).  mpg__ctx_add_group: put an extra group in ctx->extra.
+ * All under the context's transport lock; any thread. */
+void mpg__group_attach(mpg_group *g, mpg__transport *t);
+void mpg__group_detach(mpg_group *g, mpg__transport *t);
+void mpg__ctx_attach(mpg_ctx *ctx, mpg__transport *t);
+void mpg__ctx_detach(mpg_ctx *ctx, mpg__transport *t);
+void mpg__ctx_add_group(mpg_ctx *ctx, mpg_group *g);
+/* setup.c: abort every transport of g with `reason` (any thread, any
+ * state; the context itself stays as it is), for a group that is rebuilt
+ * or torn down alone.  mpg__group_teardown: detach and destroy each of
+ * its transports, newest first (after an abort, or when no operation is
+ * in flight); the first error is returned.  mpg__ctx_teardown: the same
+ * for the context's own list. */
+void mpg__group_abort(mpg_group *g, mpg_status reason);
+mpg_status mpg__group_teardown(mpg_group *g);
+mpg_status mpg__ctx_teardown(mpg_ctx *ctx);
+/* setup.c: abort the context (once; later calls do nothing) with
+ * `reason`, MPG_ERR_TIMEOUT or MPG_ERR_ABORTED: every transport of every
+ * group and of the context, the same way for every kind (setup.c's
+ * abort_lists: tables that abort one at a time first, then each table's
+ * abort_comms over all of its transports at once).  Any thread. */
 void mpg__ctx_abort_all(mpg_ctx *ctx, mpg_status reason);
 
 /* group.c: create g's communicator if it has none yet (collective over the

@@ -77,6 +77,13 @@ static void label_comm(mpg_ctx *ctx, mpg_group *g) {
   ctx->ops->set_label(g->comm, label);
 }
 
+/* Put g's new communicator in its transport list (transport.h). */
+static void attach_comm(mpg_ctx *ctx, mpg_group *g) {
+  g->comm_link.ops = &ctx->ops->transport;
+  g->comm_link.comm = g->comm;
+  mpg__group_attach(g, &g->comm_link);
+}
+
 /* Make g's communicator: nothing for size 1, the world's for "world",
  * else one split of the world (collective over the world). */
 static mpg_status create_one(mpg_ctx *ctx, mpg_group *g) {
@@ -103,6 +110,7 @@ static mpg_status create_one(mpg_ctx *ctx, mpg_group *g) {
     if (!st) st = check_shape(ctx, g);
     if (st) return st;
     label_comm(ctx, g);
+    attach_comm(ctx, g);
   }
   g->created = 1;
   mpg__log(2, "rank %d: group %s #%d, position %d of %d", ctx->rank, g->name,
@@ -270,6 +278,7 @@ static mpg_status make_extra_part(mpg_ctx *ctx, const char *key, unsigned mask,
                          &g->comm);
     if (!st && member) st = check_shape(ctx, g);
     if (!st && member) label_comm(ctx, g);
+    if (!st && member) attach_comm(ctx, g);
   }
   if (st) {
     free(g);
@@ -277,8 +286,7 @@ static mpg_status make_extra_part(mpg_ctx *ctx, const char *key, unsigned mask,
     return st;
   }
   g->created = 1;
-  g->next = ctx->extra;
-  ctx->extra = g;
+  mpg__ctx_add_group(ctx, g);
   mpg__log(2, "rank %d: extra group %s #%d, position %d of %d%s", ctx->rank, key,
            g->index, g->position, g->size, member ? "" : " (not a member)");
   *out = member ? g : NULL;

@@ -69,7 +69,8 @@ static mpg_status hand_out(mpg_group *g, mpg__req *one, mpg__req **reqs, int n,
   if (!w) {
     /* Blocking, or no memory for the handle: finish the batch here rather
      * than lose it. */
-    mpg_status st = mpg__group_finish(g, g->ctx->ops, list, n, deadline, fn, MPG_OK, 0);
+    mpg_status st =
+        mpg__group_finish(g, &g->ctx->ops->transport, list, n, deadline, fn, MPG_OK, 0);
     free(reqs);
     if (st || !work) return st;
     return mpg__fail(MPG_ERR_NOMEM, "%s on %s: out of memory for the work handle "
@@ -77,7 +78,7 @@ static mpg_status hand_out(mpg_group *g, mpg__req *one, mpg__req **reqs, int n,
   }
   w->group = g;
   w->op.kind = -1; /* several operations: the messages name the group */
-  w->ops = g->ctx->ops;
+  w->ops = &g->ctx->ops->transport;
   w->req = one;
   w->reqs = reqs;
   w->nreq = n;
@@ -100,7 +101,7 @@ static mpg_status post_each(mpg_group *g, const mpg__coll *list, int n, double d
   st = mpg__group_on_failure(g, fn, st);
   mpg__saved_error why;
   mpg__error_save(&why);
-  (void)mpg__group_finish(g, g->ctx->ops, reqs, posted, deadline, fn, MPG_OK, 0);
+  (void)mpg__group_finish(g, &g->ctx->ops->transport, reqs, posted, deadline, fn, MPG_OK, 0);
   return mpg__error_restore(st, &why);
 }
 

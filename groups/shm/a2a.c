@@ -471,18 +471,32 @@ static void a2a_req_free(mpg__req *r) {
   free(r);
 }
 
+/* Give up on the channel with `reason`: every member's operation in it
+ * fails at once (the others with MPG_ERR_ABORTED naming this member).
+ * Any thread, any state (the context's abort, through the group's
+ * transport list). */
 static void a2a_abort_comm(mpg__comm *comm, mpg_status reason) {
-  (void)comm;
-  (void)reason; /* the context's abort reaches the channel through healthy() */
+  mpg__a2a *ch = comm->ch;
+  give_up(ch, reason, -1, atomic_load_explicit(&ch->next, memory_order_relaxed));
 }
 
-static const struct mpg__backend_ops a2a_ops = {
+/* Free the channel, detached from its group's list (mpg__group_teardown). */
+static mpg_status a2a_destroy_comm(mpg__comm *comm) {
+  mpg__a2a_shm_destroy(comm->ch);
+  return MPG_OK;
+}
+
+/* The channel as a transport (transport.h): its operations are posted by
+ * mpg__a2a_shm_run below (the all-to-all is not an mpg__coll), completed
+ * through this table like any work. */
+static const struct mpg__transport_ops a2a_ops = {
     .name = "shm all-to-all",
     .test = a2a_test,
     .test_keeps_time = 1,
     .wait = a2a_wait,
     .req_free = a2a_req_free,
     .abort_comm = a2a_abort_comm,
+    .destroy = a2a_destroy_comm,
 };
 
 /* ------------------------------------------------------------------ */
@@ -598,16 +612,17 @@ mpg_status mpg__a2a_shm_prepare(mpg_group *g, const char *fn) {
   if (st) return mpg__fail_wrap(st, "%s on %s: making its shared-memory channel", fn,
                                 MPG__GROUP_LABEL(g));
   if (ch) {
-    g->a2a_abort = mpg__a2a_shm_abort;
-    g->a2a = ch; /* whole, and its abort, before it is seen (mpg__ctx_abort_all) */
+    /* In the group's transport list: the context's abort and teardown
+     * reach it there (aborted at once if the context already was). */
+    ch->self.ch = ch;
+    ch->link.ops = &a2a_ops;
+    ch->link.comm = &ch->self;
+    mpg__group_attach(g, &ch->link);
+    g->a2a = ch;
   } else {
     g->a2a_off = 1;
   }
   return MPG_OK;
-}
-
-void mpg__a2a_shm_abort(mpg__a2a *ch, mpg_status reason) {
-  if (ch) give_up(ch, reason, -1, atomic_load_explicit(&ch->next, memory_order_relaxed));
 }
 
 mpg_status mpg__a2a_shm_run(mpg_group *g, const mpg__a2a_call *a, mpg_work **work,

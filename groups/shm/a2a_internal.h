@@ -50,7 +50,14 @@ typedef struct a2a_map {
 #define FAILED ((uint64_t)1 << 63) /* in the verdict word */
 #define ENTRY(h, j) ((uint64_t *)((char *)(h) + sizeof(a2a_head)) + 3 * (size_t)(j))
 
+/* The channel as the communicator of its transport table (a2a.c). */
+struct mpg__comm {
+  struct mpg__a2a *ch;
+};
+
 struct mpg__a2a {
+  mpg__comm self;       /* this channel as its table's communicator */
+  mpg__transport link;  /* in its group's transport list */
   mpg_group *g;
   mpg__shm *seg;
   int n, me, threads;
@@ -67,7 +74,7 @@ struct mpg__a2a {
                          in flight is complete: (its number + 1) x n */
   int counted;        /* this member added its 1 for it */
   _Atomic uint32_t next; /* the number of this member's next operation
-                            (atomic, relaxed, only for mpg__a2a_shm_abort
+                            (atomic, relaxed, only for a2a.c's abort_comm
                             from another thread) */
   /* The operation in flight (busy), at most one. */
   int busy;
@@ -92,6 +99,9 @@ struct mpg__a2a {
 };
 
 
+/* a2a_chan.c: free a channel (NULL: nothing), out of its group's list.
+ * Local. */
+void mpg__a2a_shm_destroy(mpg__a2a *ch);
 /* a2a_chan.c: the group's channel, made collectively at its first
  * all-to-all (*out NULL: its all-to-alls go through the backend). */
 mpg_status mpg__a2a_channel_make(mpg_group *g, mpg__a2a **out);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -576,9 +577,45 @@ static void shm_abort_comm(mpg__comm *comm, mpg_status reason) {
   mpg__shm_abort(s, reason, -1, atomic_load_explicit(&s->nposted, memory_order_relaxed));
 }
 
-/* The segment's table: what the generic layer calls to post and complete
- * its operations (backend.h, "Shared memory behind this table"). */
-static const struct mpg__backend_ops shm_ops = {
+/* Stop the worker and unmap: the segment out of its group's list. */
+void mpg__shm_release(mpg__shm *s) {
+  if (!s) return;
+  const struct mpg__backend_ops *ops = s->group ? s->group->ctx->ops : NULL;
+  /* A worker blocked in the all-reduce across nodes of a failed step
+   * returns now. */
+  if (s->inter && s->ctl && mpg__shm_aborted(s, NULL))
+    ops->abort_comm(s->inter, MPG_ERR_ABORTED);
+  if (s->worker_up) {
+    atomic_store(&s->stop, 1);
+    mpg__shm_futex_wake(&s->posted[s->pos].v);
+    pthread_join(s->worker, NULL);
+  }
+  if (s->base) {
+    /* Anonymous: the threads share one mapping, freed by the last. */
+    if (!s->anon || atomic_fetch_sub(&s->ctl->refs, 1) == 1) munmap(s->base, s->map_bytes);
+  }
+  if (s->inter) ops->destroy(s->inter);
+  free(s->stage);
+  free(s->across);
+  free(s->members);
+  free(s->scratch);
+  free(s->src);
+  free(s->dst);
+  free(s->region);
+  free(s->deadline);
+  free(s);
+}
+
+static mpg_status shm_destroy_comm(mpg__comm *comm) {
+  mpg__shm_release(comm->shm);
+  return MPG_OK;
+}
+
+/* The segment's transport table (transport.h): what the generic layer
+ * calls to post and complete its operations (backend.h, "Shared memory
+ * behind this table"), and what the context's abort and teardown call
+ * through the group's transport list. */
+const struct mpg__transport_ops mpg__shm_ops = {
     .name = "shm",
     .post = shm_post,
     .test = shm_test,
@@ -586,6 +623,7 @@ static const struct mpg__backend_ops shm_ops = {
     .wait = shm_wait,
     .req_free = shm_req_free,
     .abort_comm = shm_abort_comm,
+    .destroy = shm_destroy_comm,
 };
 
 /* A post that fails (shm_internal.h, "A failed post") before it published
@@ -630,7 +668,7 @@ static mpg_status post(mpg__shm *s, int kind, size_t offset, size_t count, mpg_o
                                             : MPG__ALL_REDUCE,
                  kind == SHM_ALL_GATHER ? mine : at, kind == SHM_REDUCE_SCATTER ? mine : at,
                  count, s->dtype, kind == SHM_ALL_GATHER ? MPG_OP_SUM : op, scale, 0, 0, NULL, 0};
-  mpg_status st = mpg__group_run_on(s->group, &shm_ops, &s->self, &c, work, fn);
+  mpg_status st = mpg__group_run_on(s->group, &mpg__shm_ops, &s->self, &c, work, fn);
   if (st && atomic_load_explicit(&s->nposted, memory_order_relaxed) == q)
     return refuse(s, q, st);
   return st;

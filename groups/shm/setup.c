@@ -225,38 +225,14 @@ static mpg_status map_segment(mpg__shm *s, const int32_t *acct, int32_t *outcome
   return MPG_OK;
 }
 
-static void release(mpg__shm *s) {
-  if (!s) return;
-  const struct mpg__backend_ops *ops = s->group ? s->group->ctx->ops : NULL;
-  /* A worker blocked in the all-reduce across nodes of a failed step
-   * returns now. */
-  if (s->inter && s->ctl && mpg__shm_aborted(s, NULL))
-    ops->abort_comm(s->inter, MPG_ERR_ABORTED);
-  if (s->worker_up) {
-    atomic_store(&s->stop, 1);
-    mpg__shm_futex_wake(&s->posted[s->pos].v);
-    pthread_join(s->worker, NULL);
-  }
-  if (s->base) {
-    /* Anonymous: the threads share one mapping, freed by the last. */
-    if (!s->anon || atomic_fetch_sub(&s->ctl->refs, 1) == 1) munmap(s->base, s->map_bytes);
-  }
-  if (s->inter) ops->destroy(s->inter);
-  free(s->stage);
-  free(s->across);
-  free(s->members);
-  free(s->scratch);
-  free(s->src);
-  free(s->dst);
-  free(s->region);
-  free(s->deadline);
-  free(s);
-}
-
 size_t mpg__shm_mapped_bytes(const mpg__shm *s) { return s ? s->map_bytes : 0; }
 
 mpg_status mpg__shm_destroy(mpg__shm *s) {
-  release(s);
+  if (!s) return MPG_OK;
+  /* Out of its group's transport list (a channel's segment was never in
+   * it), then freed. */
+  mpg__group_detach(s->group, &s->link);
+  mpg__shm_release(s);
   return MPG_OK;
 }
 
@@ -636,7 +612,7 @@ static mpg_status start_worker(mpg__shm *s, const char *gname, const char *what,
   if (pthread_create(&s->worker, NULL, mpg__shm_worker, s)) {
     /* The others fail at their first operation, at once. */
     mpg__shm_abort(s, MPG_ERR_NOMEM, -1, atomic_load(&s->nposted));
-    release(s);
+    mpg__shm_release(s);
     return mpg__fail(MPG_ERR_NOMEM, "shared memory for group %s: cannot start its "
                      "worker thread", gname);
   }
@@ -655,7 +631,7 @@ static void discard(mpg__shm *s, int pos) {
   /* No worker runs yet: the creator unmaps an anonymous mapping alone. */
   if (s && s->anon && s->base && pos != 0) s->base = NULL;
   if (s && s->base && s->anon) atomic_store(&s->ctl->refs, 1);
-  release(s);
+  mpg__shm_release(s);
 }
 
 /* The error of the failure at position `failed`, alike on every member; frees x's words. */
@@ -746,7 +722,15 @@ static mpg_status create(mpg_group *group, size_t bytes, mpg_dtype dtype, int de
 
 mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int depth,
                            int scatter, mpg__shm **out, void **data) {
-  return create(group, bytes, dtype, depth, scatter, 0, out, data);
+  mpg_status st = create(group, bytes, dtype, depth, scatter, 0, out, data);
+  if (!st && *out) {
+    /* A transport of the group from now on (transport.h): the context's
+     * abort reaches it at once, and its teardown frees what sync left. */
+    (*out)->link.ops = &mpg__shm_ops;
+    (*out)->link.comm = &(*out)->self;
+    mpg__group_attach(group, &(*out)->link);
+  }
+  return st;
 }
 
 mpg_status mpg__shm_channel_create(mpg_group *group, size_t bytes, mpg__shm **out) {

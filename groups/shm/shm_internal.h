@@ -209,6 +209,8 @@ struct mpg__req {
 
 struct mpg__shm {
   mpg__comm self;       /* this segment as a communicator of shm's table */
+  mpg__transport link;  /* in its group's transport list (mpg__shm_create's
+                           segments; a channel's belongs to its channel) */
   mpg_group *group;
   int n, pos;           /* members on this node (the segment's), this one's */
   int total;            /* members of the group (n x nodes) */
@@ -259,6 +261,11 @@ struct mpg__shm {
                                   before it publishes the abort */
 };
 
+/* engine.c: the segment's transport table (transport.h), and freeing a
+ * segment (NULL: nothing) that is out of its group's list: the worker
+ * stopped, the mapping unmapped. */
+extern const struct mpg__transport_ops mpg__shm_ops;
+void mpg__shm_release(mpg__shm *s);
 /* engine.c: the worker thread's body. */
 void *mpg__shm_worker(void *arg);
 /* engine.c: give up (first caller wins): store the whole reason in the
