@@ -120,14 +120,8 @@ static SC_UNUSED int shc_position(const mpg_mesh *mesh, const sc_mesh_info *mi, 
  * ranks sharing r's coordinates outside `mask`. */
 static SC_UNUSED double shc_expected(const shard_case *c, const sc_mesh_info *mi, unsigned mask,
                                      int r, int p, size_t i, int step) {
-  long sum = 0;
-  int n = 0;
-  for (int q = 0; q < mi->world; q++) {
-    if (!sc_same_outside(mi, r, q, mask)) continue;
-    n++;
-    for (int m = 0; m < c->microbatches; m++) sum += shc_grad(q, p, i, step, m);
-  }
-  double v = (double)sum;
+  int n;
+  double v = (double)sc_group_sum(mi, mask, r, c->microbatches, 1, p, i, step, &n);
   if (c->op == MPG_OP_AVG) v /= n;
   return v * c->grad_scale;
 }
@@ -136,44 +130,34 @@ static SC_UNUSED double shc_expected(const shard_case *c, const sc_mesh_info *mi
 static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case *c, sc_out *o) {
   mpg_status rc = MPG_OK;
   int rank = opts->rank;
-  mpg_mesh *mesh = NULL;
-  mpg_ctx *ctx = NULL;
-  mpg_sync *sync = NULL;
+  sc_objs h = {0};
   sc_mesh_info *mi = calloc(1, sizeof *mi);
-  scenario *sc = calloc(1, sizeof *sc);
   void *gv[SHC_MAX_PARAMS], *pv[SHC_MAX_PARAMS];
   mpg_shard_info info[SHC_MAX_PARAMS];
   unsigned pmask[SHC_MAX_PARAMS];
   int64_t *mine = NULL, *all = NULL;
   unsigned char *cover = NULL;
   o->msg[0] = '\0';
-  SC_CHECK(mi && sc, "out of memory");
+  SC_CHECK(mi, "out of memory");
   SC_CHECK(c->nparams <= SHC_MAX_PARAMS, "too many params");
-  sc->mesh = c->mesh;
-  sc->flatten = c->flatten[0] ? c->flatten : NULL;
-  SC_TRY(sc_make_mesh(sc, &mesh));
-  SC_TRY(mpg_ctx_create(mesh, opts, &ctx));
-  rank = mpg_ctx_rank(ctx);
-  mi->world = mpg_mesh_world_size(mesh);
-  mi->ndims = mpg_mesh_ndims(mesh);
-  SC_CHECK(mi->world <= SC_MAX_RANKS, "world %d too large", mi->world);
-  for (int r = 0; r < mi->world; r++) SC_TRY(mpg_mesh_coord_of(mesh, r, mi->coord[r]));
+  if ((rc = sc_open(opts, c->mesh, c->flatten[0] ? c->flatten : NULL, 0, &h, mi, o))) goto done;
+  rank = mpg_ctx_rank(h.ctx);
 
   /* The expected groups: shard (default dp_cp), replicate, their union. */
   unsigned smask = 0, rmask = 0;
-  SC_CHECK(shc_mask(mesh, c->shard_dims[0] ? c->shard_dims : "dp_cp", &smask) == 0,
+  SC_CHECK(shc_mask(h.mesh, c->shard_dims[0] ? c->shard_dims : "dp_cp", &smask) == 0,
            "bad shard_dims \"%s\"", c->shard_dims);
-  SC_CHECK(shc_mask(mesh, c->replicate_dims, &rmask) == 0, "bad replicate_dims \"%s\"",
+  SC_CHECK(shc_mask(h.mesh, c->replicate_dims, &rmask) == 0, "bad replicate_dims \"%s\"",
            c->replicate_dims);
   unsigned dmask = smask | rmask;
   int S = 1;
   for (int d = 0; d < mi->ndims; d++)
     if (smask & (1u << d)) {
       int size;
-      mpg_mesh_dim(mesh, d, NULL, &size);
+      mpg_mesh_dim(h.mesh, d, NULL, &size);
       S *= size;
     }
-  int spos = shc_position(mesh, mi, rank, smask);
+  int spos = shc_position(h.mesh, mi, rank, smask);
   size_t L = shc_lcm((size_t)S, 128);
   if (c->pad_for_nccl) L = shc_lcm(L, 65536);
 
@@ -186,7 +170,7 @@ static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case 
   so.sync.first_bucket_mb = c->first_bucket_mb;
   so.sync.op = c->op;
   so.grad_scale = c->grad_scale;
-  SC_TRY(mpg_sync_create(ctx, &so, &sync));
+  SC_TRY(mpg_sync_create(h.ctx, &so, &h.sync));
   for (int p = 0; p < c->nparams; p++) {
     const shc_param *pa = &c->params[p];
     char name[32];
@@ -194,18 +178,18 @@ static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case 
     mpg_param_opts po = MPG_PARAM_OPTS_INIT;
     po.reduce_dims = pa->reduce_dims;
     int id;
-    SC_TRY(mpg_sync_add_param(sync, name, pa->count, pa->dtype, &po, &id));
+    SC_TRY(mpg_sync_add_param(h.sync, name, pa->count, pa->dtype, &po, &id));
     SC_CHECK(id == p, "param %d got id %d", p, id);
     if (pa->reduce_dims)
-      SC_CHECK(shc_mask(mesh, pa->reduce_dims, &pmask[p]) == 0, "bad reduce_dims");
+      SC_CHECK(shc_mask(h.mesh, pa->reduce_dims, &pmask[p]) == 0, "bad reduce_dims");
     else
       pmask[p] = dmask;
   }
-  SC_TRY(mpg_sync_commit(sync));
+  SC_TRY(mpg_sync_commit(h.sync));
 
   /* Layout facts. */
   mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
-  SC_TRY(mpg_sync_get_stats(sync, &stats));
+  SC_TRY(mpg_sync_get_stats(h.sync, &stats));
   o->nbuckets = stats.num_buckets;
   o->nbuffers = stats.num_buffers;
   SC_CHECK(stats.shard_size == S, "shard_size %d, expected %d (shard dims \"%s\")",
@@ -214,9 +198,9 @@ static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case 
   for (int p = 0; p < c->nparams; p++) {
     const shc_param *pa = &c->params[p];
     info[p] = (mpg_shard_info)MPG_SHARD_INFO_INIT;
-    SC_TRY(mpg_sync_get_shard(sync, p, &info[p]));
-    SC_TRY(mpg_sync_grad(sync, p, &gv[p]));
-    SC_TRY(mpg_sync_param(sync, p, &pv[p]));
+    SC_TRY(mpg_sync_get_shard(h.sync, p, &info[p]));
+    SC_TRY(mpg_sync_grad(h.sync, p, &gv[p]));
+    SC_TRY(mpg_sync_param(h.sync, p, &pv[p]));
     SC_CHECK(gv[p] && pv[p] && gv[p] != pv[p], "param p%d: views %p %p", p, gv[p], pv[p]);
     const mpg_shard_info *in = &info[p];
     /* Replicated: reduce dims of its own (other dims than the sync's
@@ -276,7 +260,7 @@ static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case 
 
   /* The owned ranges of each shard group partition every sharded param. */
   mpg_group *world_g = NULL;
-  SC_TRY(mpg_ctx_group(ctx, "world", &world_g));
+  SC_TRY(mpg_ctx_group(h.ctx, "world", &world_g));
   size_t words = 2 * (size_t)c->nparams;
   mine = calloc(words, sizeof *mine);
   all = calloc(words * (size_t)mi->world, sizeof *all);
@@ -324,18 +308,18 @@ static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case 
         order[p] = order[j];
         order[j] = t;
       }
-      SC_TRY(mpg_sync_begin(sync, step, last, NULL));
+      SC_TRY(mpg_sync_begin(h.sync, step, last, NULL));
       for (int k = 0; k < c->nparams; k++) {
         int p = order[k];
         const shc_param *pa = &c->params[p];
         for (size_t i = 0; i < pa->count; i++)
           sc_set(gv[p], pa->dtype, i,
                  sc_get(gv[p], pa->dtype, i) + (double)shc_grad(rank, p, i, step, m));
-        SC_TRY(mpg_sync_mark_ready(sync, p));
+        SC_TRY(mpg_sync_mark_ready(h.sync, p));
       }
-      SC_TRY(mpg_sync_finish(sync));
+      SC_TRY(mpg_sync_finish(h.sync));
     }
-    SC_CHECK(mpg_sync_grads_valid(sync) == 1, "grads_valid is 0 after a good step");
+    SC_CHECK(mpg_sync_grads_valid(h.sync) == 1, "grads_valid is 0 after a good step");
     /* The owned gradients (replicated params: all of it). */
     for (int p = 0; p < c->nparams; p++) {
       const shc_param *pa = &c->params[p];
@@ -343,8 +327,7 @@ static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case 
       for (size_t i = lo; i < hi; i++) {
         double want = shc_expected(c, mi, pmask[p], rank, p, i, step);
         double got = sc_get(gv[p], pa->dtype, i);
-        double tol = sc_tol(pa->dtype) * (fabs(want) > 1 ? fabs(want) : 1);
-        SC_CHECK(fabs(got - want) <= tol,
+        SC_CHECK(sc_near(pa->dtype, got, want),
                  "step %d: param p%d (%zu x %s%s%s) owned element %zu of [%zu, %zu): got "
                  "%.9g, expected %.9g",
                  step, p, pa->count, mpg_dtype_name(pa->dtype),
@@ -357,15 +340,15 @@ static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case 
       size_t lo = info[p].param_offset, hi = lo + info[p].count;
       for (size_t i = lo; i < hi; i++) sc_set(pv[p], c->params[p].dtype, i, shc_pval(p, i, step));
     }
-    SC_TRY(mpg_sync_zero_grads(sync));
-    SC_TRY(mpg_sync_gather_begin(sync, NULL));
+    SC_TRY(mpg_sync_zero_grads(h.sync));
+    SC_TRY(mpg_sync_gather_begin(h.sync, NULL));
     /* Wait per param at first use (forward = registration order), or some
      * then gather_all, or gather_all at once. */
     int pattern = (int)((c->seed + (unsigned)step) % 3), upto = c->nparams;
     if (pattern == 1) upto = c->nparams / 2;
     if (pattern == 2) upto = 0;
     for (int p = 0; p < upto; p++) {
-      SC_TRY(mpg_sync_gather_wait(sync, p));
+      SC_TRY(mpg_sync_gather_wait(h.sync, p));
       for (size_t i = 0; i < c->params[p].count; i++) {
         double want = shc_pval(p, i, step), got = sc_get(pv[p], c->params[p].dtype, i);
         SC_CHECK(got == want,
@@ -374,7 +357,7 @@ static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case 
                  step, p, i, got, want);
       }
     }
-    if (upto < c->nparams) SC_TRY(mpg_sync_gather_all(sync));
+    if (upto < c->nparams) SC_TRY(mpg_sync_gather_all(h.sync));
     for (int p = 0; p < c->nparams; p++)
       for (size_t i = 0; i < c->params[p].count; i++) {
         double want = shc_pval(p, i, step), got = sc_get(pv[p], c->params[p].dtype, i);
@@ -382,22 +365,11 @@ static SC_UNUSED mpg_status shc_run(const mpg_init_opts *opts, const shard_case 
                  "expected %.9g", step, p, i, got, want);
       }
   }
-  SC_TRY(mpg_sync_get_stats(sync, &stats));
+  SC_TRY(mpg_sync_get_stats(h.sync, &stats));
   o->launched = stats.launched_buckets;
 
 done:
-  if (sync) {
-    mpg_status st = mpg_sync_destroy(sync);
-    if (st && !rc) rc = sc_failf(o, "rank %d: mpg_sync_destroy: %s", rank, mpg_last_error());
-  }
-  if (ctx) mpg_ctx_destroy(ctx);
-  mpg_mesh_destroy(mesh);
-  free(mi);
-  free(sc);
-  free(mine);
-  free(all);
-  free(cover);
-  return rc;
+  return sc_destroy(o, rank, rc, &h, 4, (void *[]){mi, mine, all, cover});
 }
 
 /* ------------------------------------------------------------------ */
@@ -406,17 +378,11 @@ done:
 
 static SC_UNUSED void shc_init(shard_case *c, const char *name, const char *mesh,
                                const char *flatten, int world) {
-  memset(c, 0, sizeof *c);
+  *c = (shard_case){.world = world, .bucket_mb = 25.0, .first_bucket_mb = 1.0,
+                    .op = MPG_OP_AVG, .grad_scale = 1.0, .microbatches = 1, .steps = 2};
   snprintf(c->name, sizeof c->name, "%s", name);
   snprintf(c->mesh, sizeof c->mesh, "%s", mesh);
   snprintf(c->flatten, sizeof c->flatten, "%s", flatten ? flatten : "");
-  c->world = world;
-  c->bucket_mb = 25.0;
-  c->first_bucket_mb = 1.0;
-  c->op = MPG_OP_AVG;
-  c->grad_scale = 1.0;
-  c->microbatches = 1;
-  c->steps = 2;
 }
 
 static SC_UNUSED void shc_add(shard_case *c, size_t count, mpg_dtype dt, const char *reduce_dims) {
@@ -433,14 +399,7 @@ static SC_UNUSED void shc_random(shard_case *c, unsigned seed, int world) {
   /* dims: dp (or dp_replicate, dp_shard), cp, tp; world's prime factors
    * dealt to them at random */
   const char *names[4];
-  int size[4] = {1, 1, 1, 1}, nd = 0;
-  if (hsdp) {
-    names[nd++] = "dp_replicate";
-    names[nd++] = "dp_shard";
-  } else {
-    names[nd++] = "dp";
-  }
-  names[nd++] = "cp";
+  int size[4] = {1, 1, 1, 1}, nd = sc_dp_dims(names, hsdp);
   names[nd++] = "tp";
   int w = world;
   for (int f = 2; w > 1; f++)
@@ -450,12 +409,7 @@ static SC_UNUSED void shc_random(shard_case *c, unsigned seed, int world) {
     }
   /* a random mesh order */
   int perm[4] = {0, 1, 2, 3};
-  for (int k = nd - 1; k > 0; k--) {
-    int j = (int)(sc_rand(&s) % (unsigned)(k + 1));
-    int t = perm[k];
-    perm[k] = perm[j];
-    perm[j] = t;
-  }
+  sc_shuffle(perm, nd, &s);
   char mesh[96] = "", flat[96] = "dp_cp=";
   for (int k = 0; k < nd; k++) {
     size_t len = strlen(mesh);

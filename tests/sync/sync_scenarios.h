@@ -159,6 +159,11 @@ static SC_UNUSED double sc_tol(mpg_dtype dt) {
   }
 }
 
+/* got is want within dt's tolerance (relative above 1). */
+static SC_UNUSED int sc_near(mpg_dtype dt, double got, double want) {
+  return fabs(got - want) <= sc_tol(dt) * (fabs(want) > 1 ? fabs(want) : 1);
+}
+
 static SC_UNUSED int sc_is_int(mpg_dtype dt) { return dt == MPG_I32 || dt == MPG_I64; }
 
 /* ------------------------------------------------------------------ */
@@ -206,18 +211,28 @@ static SC_UNUSED int sc_same_outside(const sc_mesh_info *mi, int a, int b, unsig
   return 1;
 }
 
+/* The sum, over the ranks sharing r's coordinates outside mask (*n of
+ * them), of their gradients of element i of param p in mbs micro-batches
+ * of `step`: sc_value, or with odd 2 * sc_value + 1 (shard_check.h's). */
+static SC_UNUSED long sc_group_sum(const sc_mesh_info *mi, unsigned mask, int r, int mbs,
+                                   int odd, int p, size_t i, int step, int *n) {
+  long sum = 0;
+  *n = 0;
+  for (int q = 0; q < mi->world; q++) {
+    if (!sc_same_outside(mi, r, q, mask)) continue;
+    ++*n;
+    for (int m = 0; m < mbs; m++) sum += (odd + 1) * sc_value(q, p, i, step, m) + odd;
+  }
+  return sum;
+}
+
 /* The reduced (not yet tied-summed) value of element i of param p on rank r
  * after the last micro-batch of `step`. */
 static SC_UNUSED double sc_reduced(const scenario *sc, const sc_mesh_info *mi,
                                    unsigned mask, int r, int p, size_t i, int step) {
   const sc_param *pa = &sc->params[p];
-  long sum = 0;
-  int n = 0;
-  for (int q = 0; q < mi->world; q++) {
-    if (!sc_same_outside(mi, r, q, mask)) continue;
-    n++;
-    for (int m = 0; m < sc->microbatches; m++) sum += sc_value(q, p, i, step, m);
-  }
+  int n;
+  long sum = sc_group_sum(mi, mask, r, sc->microbatches, 0, p, i, step, &n);
   if (sc_is_int(pa->dtype)) return (double)(sc->op == MPG_OP_AVG ? sum / n : sum);
   double v = (double)sum;
   if (sc->op == MPG_OP_AVG) v /= n;
@@ -251,6 +266,16 @@ typedef struct sc_out {
   int nbuckets, nbuffers;
 } sc_out;
 
+/* vsnprintf through a helper: GCC's -Wformat-truncation would flag the
+ * intended truncation of long messages. */
+__attribute__((format(printf, 3, 4))) static SC_UNUSED void sc_fmt(char *buf, size_t cap,
+                                                                   const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, cap, fmt, ap);
+  va_end(ap);
+}
+
 static SC_UNUSED mpg_status sc_failf(sc_out *o, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -273,15 +298,82 @@ static SC_UNUSED mpg_status sc_failf(sc_out *o, const char *fmt, ...) {
   do {                                                                       \
     if (!(cond)) {                                                           \
       char m_[700];                                                          \
-      snprintf(m_, sizeof m_, __VA_ARGS__);                                  \
+      sc_fmt(m_, sizeof m_, __VA_ARGS__);                                    \
       rc = sc_failf(o, "rank %d: %s:%d: %s", rank, __FILE__, __LINE__, m_);  \
       goto done;                                                             \
     }                                                                        \
   } while (0)
 
+/* A rank's objects: its mesh, context and sync. */
+typedef struct sc_objs {
+  mpg_mesh *mesh;
+  mpg_ctx *ctx;
+  mpg_sync *sync;
+} sc_objs;
+
+/* The end of a rank's run: destroys its sync (a failure of that becomes
+ * the rank's, unless rc already is one), context and mesh, frees the
+ * nbufs buffers bufs; returns rc. */
+static SC_UNUSED mpg_status sc_destroy(sc_out *o, int rank, mpg_status rc, sc_objs *h,
+                                       int nbufs, void **bufs) {
+  mpg_status st = h->sync ? mpg_sync_destroy(h->sync) : MPG_OK;
+  if (st && !rc) rc = sc_failf(o, "rank %d: mpg_sync_destroy: %s", rank, mpg_last_error());
+  if (h->ctx) mpg_ctx_destroy(h->ctx);
+  mpg_mesh_destroy(h->mesh);
+  for (int k = 0; k < nbufs; k++) free(bufs[k]);
+  return rc;
+}
+
 static SC_UNUSED unsigned sc_rand(unsigned *s) {
   *s = *s * 1103515245u + 12345u;
   return (*s >> 8) & 0xffffffu;
+}
+
+/* Shuffles v[0..n) with sc_rand (Fisher-Yates, from the end). */
+static SC_UNUSED void sc_shuffle(int *v, int n, unsigned *s) {
+  for (int k = n - 1; k > 0; k--) {
+    int j = (int)(sc_rand(s) % (unsigned)(k + 1)), t = v[k];
+    v[k] = v[j];
+    v[j] = t;
+  }
+}
+
+/* The data-parallel dims of a random shard case into names: dp, or
+ * dp_replicate and dp_shard (hsdp), then cp; returns how many. */
+static SC_UNUSED int sc_dp_dims(const char **names, int hsdp) {
+  int nd = 0;
+  if (hsdp) names[nd++] = "dp_replicate", names[nd++] = "dp_shard";
+  else names[nd++] = "dp";
+  names[nd++] = "cp";
+  return nd;
+}
+
+/* Fills mi's world and dims from mesh, and when the world fits, every
+ * rank's coordinates. */
+static SC_UNUSED mpg_status sc_mesh_info_of(const mpg_mesh *mesh, sc_mesh_info *mi) {
+  mi->world = mpg_mesh_world_size(mesh);
+  mi->ndims = mpg_mesh_ndims(mesh);
+  mpg_status st = MPG_OK;
+  for (int r = 0; r < mi->world && r < SC_MAX_RANKS && !st; r++)
+    st = mpg_mesh_coord_of(mesh, r, mi->coord[r]);
+  return st;
+}
+
+/* The start of a rank's run: h's mesh from dims and flatten, the rank's
+ * context on it (lazy: lazy groups), mi filled from the mesh. */
+static SC_UNUSED mpg_status sc_open(const mpg_init_opts *opts, const char *dims,
+                                    const char *flatten, int lazy, sc_objs *h, sc_mesh_info *mi,
+                                    sc_out *o) {
+  mpg_status rc = MPG_OK;
+  int rank = opts->rank;
+  SC_TRY(mesh_build(dims, flatten, 0, &h->mesh));
+  mpg_init_opts copts = *opts;
+  if (lazy) copts.backend.lazy_groups = 1;
+  SC_TRY(mpg_ctx_create(h->mesh, &copts, &h->ctx));
+  SC_TRY(sc_mesh_info_of(h->mesh, mi));
+  SC_CHECK(mi->world <= SC_MAX_RANKS, "world %d too large", mi->world);
+done:
+  return rc;
 }
 
 /* A mesh from the scenario's mesh and flatten strings. */
@@ -294,9 +386,7 @@ static SC_UNUSED mpg_status sc_make_mesh(const scenario *sc, mpg_mesh **mesh) {
 static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc, sc_out *o) {
   mpg_status rc = MPG_OK;
   int rank = opts->rank;
-  mpg_mesh *mesh = NULL;
-  mpg_ctx *ctx = NULL;
-  mpg_sync *sync = NULL;
+  sc_objs h = {0};
   sc_mesh_info *mi = calloc(1, sizeof *mi);
   void **views = calloc(SC_MAX_PARAMS, sizeof *views);
   int *ids = calloc(SC_MAX_PARAMS, sizeof *ids);
@@ -304,23 +394,16 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
   unsigned *masks = calloc(SC_MAX_PARAMS, sizeof *masks);
   o->msg[0] = '\0';
   SC_CHECK(mi && views && ids && order && masks, "out of memory");
-  SC_TRY(sc_make_mesh(sc, &mesh));
-  mpg_init_opts copts = *opts;
-  if (sc->lazy) copts.backend.lazy_groups = 1;
-  SC_TRY(mpg_ctx_create(mesh, &copts, &ctx));
-  rank = mpg_ctx_rank(ctx);
+  if ((rc = sc_open(opts, sc->mesh, sc->flatten, sc->lazy, &h, mi, o))) goto done;
+  rank = mpg_ctx_rank(h.ctx);
   int npresent = 0;
 
-  mi->world = mpg_mesh_world_size(mesh);
-  mi->ndims = mpg_mesh_ndims(mesh);
-  SC_CHECK(mi->world <= SC_MAX_RANKS, "world %d too large", mi->world);
-  for (int r = 0; r < mi->world; r++) SC_TRY(mpg_mesh_coord_of(mesh, r, mi->coord[r]));
   mi->pp_dim = -1;
   mi->pp_size = 1;
   for (int d = 0; d < mi->ndims; d++) {
     const char *name;
     int size;
-    mpg_mesh_dim(mesh, d, &name, &size);
+    mpg_mesh_dim(h.mesh, d, &name, &size);
     if (strcmp(name, "pp") == 0) mi->pp_dim = d, mi->pp_size = size;
   }
 
@@ -331,7 +414,7 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
   if (any_tied) {
     SC_CHECK(mi->pp_dim >= 0, "tied params need a pp dim");
     int pos[2] = {0, mi->pp_size - 1};
-    SC_TRY(mpg_ctx_group_select(ctx, "pp", pos, mi->pp_size > 1 ? 2 : 1, &tied));
+    SC_TRY(mpg_ctx_group_select(h.ctx, "pp", pos, mi->pp_size > 1 ? 2 : 1, &tied));
     int stage = mi->coord[rank][mi->pp_dim];
     int member = stage == 0 || stage == mi->pp_size - 1;
     SC_CHECK((tied != NULL) == member, "tied group: member %d but group %p", member,
@@ -350,12 +433,12 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
   so.sync.first_bucket_mb = sc->first_bucket_mb;
   so.default_dims = sc->default_dims;
   so.sync.reduce_dtype = sc->reduce_dtype;
-  SC_TRY(mpg_sync_create(ctx, &so, &sync));
+  SC_TRY(mpg_sync_create(h.ctx, &so, &h.sync));
 
   for (int p = 0; p < sc->nparams; p++) {
     const sc_param *pa = &sc->params[p];
     ids[p] = -1;
-    SC_CHECK(sc_mask(mesh, pa->expect_dims, &masks[p]) == 0, "bad expect_dims \"%s\"",
+    SC_CHECK(sc_mask(h.mesh, pa->expect_dims, &masks[p]) == 0, "bad expect_dims \"%s\"",
              pa->expect_dims);
     if (!SC_HERE(pa)) continue;
     mpg_param_opts po = MPG_PARAM_OPTS_INIT;
@@ -363,15 +446,15 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
     po.tied_group = pa->tied ? tied : NULL;
     const char *pname = pa->last_name && mi->pp_dim >= 0 && stage == mi->pp_size - 1
                             ? pa->last_name : pa->name;
-    SC_TRY(mpg_sync_add_param(sync, pname, pa->count, pa->dtype, &po, &ids[p]));
+    SC_TRY(mpg_sync_add_param(h.sync, pname, pa->count, pa->dtype, &po, &ids[p]));
     SC_CHECK(ids[p] == npresent, "param %s got id %d, expected %d", pa->name, ids[p],
              npresent);
     npresent++;
   }
-  SC_TRY(mpg_sync_commit(sync));
+  SC_TRY(mpg_sync_commit(h.sync));
 
   mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
-  SC_TRY(mpg_sync_get_stats(sync, &stats));
+  SC_TRY(mpg_sync_get_stats(h.sync, &stats));
   o->nbuckets = stats.num_buckets;
   o->nbuffers = stats.num_buffers;
   SC_CHECK(stats.num_params == npresent, "num_params %d, expected %d", stats.num_params,
@@ -392,14 +475,14 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
   for (int p = 0; p < sc->nparams; p++) {
     const sc_param *pa = &sc->params[p];
     if (!SC_HERE(pa)) continue;
-    SC_TRY(mpg_sync_grad(sync, ids[p], &views[p]));
+    SC_TRY(mpg_sync_grad(h.sync, ids[p], &views[p]));
     SC_CHECK(views[p] != NULL, "param %s: NULL view", pa->name);
     for (size_t i = 0; i < pa->count; i++)
       SC_CHECK(sc_get(views[p], pa->dtype, i) == 0, "param %s[%zu] not zero at start",
                pa->name, i);
     sum_bytes += pa->count * mpg_dtype_size(pa->dtype);
     mpg_group *g = NULL;
-    SC_TRY(mpg_sync_param_group(sync, ids[p], &g));
+    SC_TRY(mpg_sync_param_group(h.sync, ids[p], &g));
     int want = 1;
     for (int q = 0; q < mi->world; q++)
       if (q != rank && sc_same_outside(mi, rank, q, masks[p])) want++;
@@ -450,9 +533,9 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
             sc_set(views[p], sc->params[p].dtype, i,
                    sc_get(views[p], sc->params[p].dtype, i) + (double)sc_value(rank, p, i, step, m));
         }
-        SC_TRY(mpg_sync_all(sync, step, NULL));
+        SC_TRY(mpg_sync_all(h.sync, step, NULL));
       } else {
-        SC_TRY(mpg_sync_begin(sync, step, last, NULL));
+        SC_TRY(mpg_sync_begin(h.sync, step, last, NULL));
         for (int k = 0; k < sc->nparams; k++) {
           int p = order[k];
           const sc_param *pa = &sc->params[p];
@@ -461,22 +544,22 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
             sc_set(views[p], pa->dtype, i,
                    sc_get(views[p], pa->dtype, i) + (double)sc_value(rank, p, i, step, m));
           if (last && sc->unmarked && p % sc->unmarked == 0) continue;
-          SC_TRY(mpg_sync_mark_ready(sync, ids[p]));
+          SC_TRY(mpg_sync_mark_ready(h.sync, ids[p]));
         }
-        SC_TRY(mpg_sync_get_stats(sync, &stats));
+        SC_TRY(mpg_sync_get_stats(h.sync, &stats));
         if (!last)
           SC_CHECK(stats.launched_buckets == launched,
                    "step %d micro-batch %d (not last): %ld buckets launched, expected %ld",
                    step, m, stats.launched_buckets, launched);
-        SC_TRY(mpg_sync_finish(sync));
+        SC_TRY(mpg_sync_finish(h.sync));
       }
-      SC_TRY(mpg_sync_get_stats(sync, &stats));
+      SC_TRY(mpg_sync_get_stats(h.sync, &stats));
       if (last) launched += stats.num_buckets;
       SC_CHECK(stats.launched_buckets == launched,
                "step %d micro-batch %d: %ld buckets launched in all, expected %ld", step, m,
                stats.launched_buckets, launched);
     }
-    SC_CHECK(mpg_sync_grads_valid(sync) == 1, "grads_valid is 0 after a good step");
+    SC_CHECK(mpg_sync_grads_valid(h.sync) == 1, "grads_valid is 0 after a good step");
     /* Every element against the reduction over exactly its group. */
     for (int p = 0; p < sc->nparams; p++) {
       const sc_param *pa = &sc->params[p];
@@ -484,8 +567,7 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
       for (size_t i = 0; i < pa->count; i++) {
         double want = sc_expected(sc, mi, masks[p], rank, p, i, step);
         double got = sc_get(views[p], pa->dtype, i);
-        double tol = sc_tol(pa->dtype) * (fabs(want) > 1 ? fabs(want) : 1);
-        SC_CHECK(fabs(got - want) <= tol,
+        SC_CHECK(sc_near(pa->dtype, got, want),
                  "step %d: param %s (%s, expected dims \"%s\"%s) element %zu: got %.9g, "
                  "expected %.9g",
                  step, pa->name, mpg_dtype_name(pa->dtype), pa->expect_dims,
@@ -496,7 +578,7 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
       /* The reduction leaves `differs_dim` alone: the rank next along it
        * ends with other values (so a reduce over it would have shown). */
       unsigned dmask;
-      SC_CHECK(sc_mask(mesh, sc->differs_dim, &dmask) == 0, "bad differs_dim");
+      SC_CHECK(sc_mask(h.mesh, sc->differs_dim, &dmask) == 0, "bad differs_dim");
       int q = -1;
       for (int r2 = 0; r2 < mi->world && q < 0; r2++)
         if (r2 != rank && sc_same_outside(mi, rank, r2, dmask)) q = r2;
@@ -509,7 +591,7 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
       SC_CHECK(differ, "ranks %d and %d (along %s) end with equal gradients", rank, q,
                sc->differs_dim);
     }
-    SC_TRY(mpg_sync_zero_grads(sync));
+    SC_TRY(mpg_sync_zero_grads(h.sync));
     for (int p = 0; p < sc->nparams; p++)
       for (size_t i = 0; SC_HERE(&sc->params[p]) && i < sc->params[p].count; i++)
         SC_CHECK(sc_get(views[p], sc->params[p].dtype, i) == 0, "param %s[%zu] not zeroed",
@@ -519,18 +601,7 @@ static SC_UNUSED mpg_status sc_run(const mpg_init_opts *opts, const scenario *sc
 #undef SC_HERE
 
 done:
-  if (sync) {
-    mpg_status st = mpg_sync_destroy(sync);
-    if (st && !rc) rc = sc_failf(o, "rank %d: mpg_sync_destroy: %s", rank, mpg_last_error());
-  }
-  if (ctx) mpg_ctx_destroy(ctx);
-  mpg_mesh_destroy(mesh);
-  free(mi);
-  free(views);
-  free(ids);
-  free(order);
-  free(masks);
-  return rc;
+  return sc_destroy(o, rank, rc, &h, 5, (void *[]){mi, views, ids, order, masks});
 }
 
 /* ------------------------------------------------------------------ */
@@ -553,6 +624,12 @@ static SC_UNUSED void sc_init(scenario *sc, const char *name, const char *mesh,
   sc->steps = 2;
   sc->expect_buckets = -1;
   sc->expect_buffers = -1;
+}
+
+/* The scenario's bucket cap and first bucket, in MB. */
+static SC_UNUSED void sc_buckets(scenario *sc, double bucket_mb, double first_bucket_mb) {
+  sc->bucket_mb = bucket_mb;
+  sc->first_bucket_mb = first_bucket_mb;
 }
 
 static SC_UNUSED void sc_add(scenario *sc, const char *name, size_t count, mpg_dtype dtype,
@@ -615,11 +692,7 @@ static SC_UNUSED int sc_build_random(scenario *sc, unsigned seed, int world) {
   snprintf(sc->name, sizeof sc->name, "pp_random:%u", seed);
   const char *dn[4] = {"pp", "dp", "cp", "tp"};
   int ds[4] = {P, size[0], size[1], size[2]}, perm[4] = {0, 1, 2, 3};
-  for (int i = 3; i > 0; i--) {
-    int j = (int)(sc_rand(&r) % (unsigned)(i + 1)), t = perm[i];
-    perm[i] = perm[j];
-    perm[j] = t;
-  }
+  sc_shuffle(perm, 4, &r);
   int n = 0;
   for (int i = 0; i < 4; i++)
     n += snprintf(sc->mesh_buf + n, sizeof sc->mesh_buf - (size_t)n, "%s%s=%d", i ? "," : "",
@@ -777,8 +850,7 @@ static SC_UNUSED int sc_build(scenario *sc, const char *name, int world) {
   } else if (strcmp(name, "buckets_big") == 0 && world == 8) {
     /* Every param larger than a bucket: one bucket each. */
     sc_init(sc, name, "dp=2,cp=2,tp=2", "dp_cp=dp,cp", 8);
-    sc->bucket_mb = 0.001;
-    sc->first_bucket_mb = 0.001;
+    sc_buckets(sc, 0.001, 0.001);
     for (int k = 0; k < 10; k++) sc_add(sc, NULL, 1000 + (size_t)k, MPG_F32, NULL, "dp,cp", 0);
     sc->expect_buckets = 10;
     sc->seed = 1;
@@ -792,8 +864,7 @@ static SC_UNUSED int sc_build(scenario *sc, const char *name, int world) {
     sc->steps = 1;
   } else if (strcmp(name, "buckets_tiny_small_cap") == 0 && world == 8) {
     sc_init(sc, name, "dp=2,cp=2,tp=2", "dp_cp=dp,cp", 8);
-    sc->bucket_mb = 0.001;
-    sc->first_bucket_mb = 0.001;
+    sc_buckets(sc, 0.001, 0.001);
     for (int k = 0; k < 300; k++) sc_add(sc, NULL, 1 + (size_t)(k % 3), MPG_F32, NULL, "dp,cp", 0);
     for (int k = 0; k < 40; k++) sc_add(sc, NULL, 700, MPG_F32, "dp_cp,tp", "dp,cp,tp", 0);
     for (int k = 0; k < 100; k++) sc_add(sc, NULL, 2, MPG_BF16, NULL, "dp,cp", 0);
@@ -805,23 +876,20 @@ static SC_UNUSED int sc_build(scenario *sc, const char *name, int world) {
     sc->microbatches = 4;
     sc->steps = 3;
     sc->seed = 8;
-    sc->bucket_mb = 0.002;
-    sc->first_bucket_mb = 0.0005;
+    sc_buckets(sc, 0.002, 0.0005);
   } else if (strcmp(name, "sync_all") == 0 && (world == 8 || world == 4)) {
     sc_init(sc, name, world == 8 ? "dp=2,cp=2,tp=2" : "dp=2,cp=2", "dp_cp=dp,cp", world);
     sc_add_model(sc, 3, MPG_F32, "dp,cp", NULL);
     sc_add(sc, "half", 99, MPG_BF16, NULL, "dp,cp", 0);
     sc->sync_all = 1;
     sc->microbatches = 2;
-    sc->bucket_mb = 0.003;
-    sc->first_bucket_mb = 0.001;
+    sc_buckets(sc, 0.003, 0.001);
   } else if (strcmp(name, "unmarked") == 0 && world == 8) {
     /* finish launches buckets whose params were never marked. */
     sc_init(sc, name, "dp=2,cp=2,tp=2", "dp_cp=dp,cp", 8);
     sc_add_model(sc, 3, MPG_F32, "dp,cp", "dp,cp,tp");
     sc->unmarked = 3;
-    sc->bucket_mb = 0.002;
-    sc->first_bucket_mb = 0.0005;
+    sc_buckets(sc, 0.002, 0.0005);
     sc->seed = 13;
   } else {
     return -1;

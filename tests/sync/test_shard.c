@@ -11,6 +11,7 @@
 
 #include "shard_check.h"
 #include "../support/mesh_util.h"
+#include "../support/rank_check.h"
 
 typedef struct sarg {
   const shard_case *c;
@@ -43,13 +44,9 @@ static void run_case(const shard_case *c) {
   t->c = c;
   mpg_status st[SC_MAX_RANKS];
   mpg_status rc = mpg_thread_run(c->world, 30.0, shard_rank, t, st);
-  char what[1024], all[8192] = "";
+  char what[1024], all[8192];
   describe(c, what, sizeof what);
-  size_t n = 0;
-  for (int r = 0; r < c->world; r++)
-    if (st[r] != MPG_OK && n < sizeof all)
-      n += (size_t)snprintf(all + n, sizeof all - n, "\n  rank %d: %s: %s", r,
-                            mpg_status_name(st[r]), t->out[r].msg);
+  rank_failures(all, sizeof all, c->world, st, t->out[0].msg, sizeof t->out[0]);
   cr_assert_eq(rc, MPG_OK, "%s\nfailed on %d ranks: %s%s", what, c->world, mpg_last_error(),
                all);
   free(t);
@@ -282,6 +279,17 @@ Test(shard_api, error_paths, .timeout = 60) {
   mpg_mesh_destroy(g_api_mesh);
 }
 
+/* The sync options given spec's sync section hold these. */
+static void expect_opts_sync(const mpg_spec *spec, mpg_sync_mode mode, const char *shard_dims,
+                             const char *replicate_dims, int pad_for_nccl) {
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  so.sync = spec->sync;
+  cr_assert_eq(so.sync.mode, mode);
+  cr_assert_str_eq(so.sync.shard_dims, shard_dims);
+  cr_assert_str_eq(so.sync.replicate_dims, replicate_dims);
+  cr_assert_eq(so.sync.pad_for_nccl, pad_for_nccl);
+}
+
 /* [sync] mode, shard_dims, replicate_dims and pad_for_nccl are the
  * options' sync section. */
 Test(shard_api, opts_hold_the_specs_sync, .timeout = 30) {
@@ -295,19 +303,9 @@ Test(shard_api, opts_hold_the_specs_sync, .timeout = 30) {
       "replicate_dims = \"dp_replicate\"\npad_for_nccl = true\n",
       "hsdp.toml", &spec);
   cr_assert_eq(st, MPG_OK, "%s", mpg_last_error());
-  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.sync = spec.sync;
-  cr_assert_eq(so.sync.mode, MPG_SYNC_SHARD);
-  cr_assert_str_eq(so.sync.shard_dims, "dp_shard,cp");
-  cr_assert_str_eq(so.sync.replicate_dims, "dp_replicate");
-  cr_assert_eq(so.sync.pad_for_nccl, 1);
+  expect_opts_sync(&spec, MPG_SYNC_SHARD, "dp_shard,cp", "dp_replicate", 1);
   /* the default: replicate, no dims */
   mpg_spec plain = MPG_SPEC_INIT;
   cr_assert_eq(mpg_spec_set_mesh(&plain, "dp=2"), MPG_OK);
-  mpg_sync_opts po = MPG_SYNC_OPTS_INIT;
-  po.sync = plain.sync;
-  cr_assert_eq(po.sync.mode, MPG_SYNC_REPLICATE);
-  cr_assert_str_eq(po.sync.shard_dims, "");
-  cr_assert_str_eq(po.sync.replicate_dims, "");
-  cr_assert_eq(po.sync.pad_for_nccl, 0);
+  expect_opts_sync(&plain, MPG_SYNC_REPLICATE, "", "", 0);
 }

@@ -78,9 +78,7 @@ static mpg_status x_rank(const mpg_init_opts *opts, void *arg) {
   int rank = opts->rank;
   sc_out *o = &xa->out[rank];
   mpg_status rc = MPG_OK;
-  mpg_mesh *mesh = NULL;
-  mpg_ctx *ctx = NULL;
-  mpg_sync *sync = NULL;
+  sc_objs h = {0};
   int64_t *mine = NULL, *all = NULL;
   unsigned char *cover = NULL;
   int *members = NULL;
@@ -92,21 +90,21 @@ static mpg_status x_rank(const mpg_init_opts *opts, void *arg) {
   SC_TRY(mpg_spec_set_mesh(&spec, dims));
   SC_TRY(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"));
   SC_TRY(mpg_spec_set_experts(&spec, c->etp, c->ep, NULL));
-  SC_TRY(mpg_mesh_create(&spec, 0, &mesh));
-  SC_TRY(mpg_ctx_create(mesh, opts, &ctx));
-  int world = mpg_mesh_world_size(mesh);
+  SC_TRY(mpg_mesh_create(&spec, 0, &h.mesh));
+  SC_TRY(mpg_ctx_create(h.mesh, opts, &h.ctx));
+  int world = mpg_mesh_world_size(h.mesh);
   members = malloc(sizeof(int) * (size_t)world);
   SC_CHECK(members != NULL, "out of memory");
   int ppds, stage;
-  SC_TRY(mpg_mesh_dimset_find(mesh, "pp", &ppds));
-  SC_TRY(mpg_mesh_group_of(mesh, ppds, rank, NULL, &stage, NULL));
+  SC_TRY(mpg_mesh_dimset_find(h.mesh, "pp", &ppds));
+  SC_TRY(mpg_mesh_group_of(h.mesh, ppds, rank, NULL, &stage, NULL));
 
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.sync.mode = MPG_SYNC_SHARD;
   so.sync.optimizer_instances = c->instances;
   snprintf(so.sync.expert_shard_dims, sizeof so.sync.expert_shard_dims, "%s", c->no_expert_shard ? "none" : "");
   so.sync.bucket_mb = so.sync.first_bucket_mb = c->bucket_mb;
-  SC_TRY(mpg_sync_create(ctx, &so, &sync));
+  SC_TRY(mpg_sync_create(h.ctx, &so, &h.sync));
   int id_of[10];
   for (int p = 0; p < c->nparams; p++) {
     id_of[p] = -1;
@@ -115,18 +113,18 @@ static mpg_status x_rank(const mpg_init_opts *opts, void *arg) {
     snprintf(name, sizeof name, "%s%d", c->p[p].kind == K_EXPERT ? "expert" : "w", p);
     mpg_param_opts po = MPG_PARAM_OPTS_INIT;
     po.reduce_dims = kind_dims[c->p[p].kind];
-    SC_TRY(mpg_sync_add_param(sync, name, c->p[p].count, c->p[p].dtype, &po, &id_of[p]));
+    SC_TRY(mpg_sync_add_param(h.sync, name, c->p[p].count, c->p[p].dtype, &po, &id_of[p]));
   }
-  SC_TRY(mpg_sync_commit(sync));
+  SC_TRY(mpg_sync_commit(h.sync));
 
   void *gv[10], *pv[10];
   mpg_shard_info info[10];
   for (int p = 0; p < c->nparams; p++) {
     info[p] = (mpg_shard_info)MPG_SHARD_INFO_INIT;
     if (id_of[p] < 0) continue;
-    SC_TRY(mpg_sync_get_shard(sync, id_of[p], &info[p]));
-    SC_TRY(mpg_sync_grad(sync, id_of[p], &gv[p]));
-    SC_TRY(mpg_sync_param(sync, id_of[p], &pv[p]));
+    SC_TRY(mpg_sync_get_shard(h.sync, id_of[p], &info[p]));
+    SC_TRY(mpg_sync_grad(h.sync, id_of[p], &gv[p]));
+    SC_TRY(mpg_sync_param(h.sync, id_of[p], &pv[p]));
     /* A norm's "dp_cp,tp" names other dims than the data-parallel group
      * (even with tp = 1): replicated. */
     int want = c->p[p].kind == K_DENSE || (c->p[p].kind == K_EXPERT && !c->no_expert_shard);
@@ -137,7 +135,7 @@ static mpg_status x_rank(const mpg_init_opts *opts, void *arg) {
   unsigned rs = c->seed * 2654435761u + (unsigned)rank * 40503u + 17u;
   for (int step = 0; step < 2; step++) {
     for (int mb = 0; mb < c->microbatches; mb++) {
-      SC_TRY(mpg_sync_begin(sync, step, mb == c->microbatches - 1, NULL));
+      SC_TRY(mpg_sync_begin(h.sync, step, mb == c->microbatches - 1, NULL));
       int order[10], n = 0;
       for (int p = c->nparams - 1; p >= 0; p--)
         if (id_of[p] >= 0) order[n++] = p;
@@ -151,14 +149,14 @@ static mpg_status x_rank(const mpg_init_opts *opts, void *arg) {
         for (size_t i = 0; i < c->p[p].count; i++)
           sc_set(gv[p], c->p[p].dtype, i,
                  sc_get(gv[p], c->p[p].dtype, i) + (double)shc_grad(rank, p, i, step, mb));
-        SC_TRY(mpg_sync_mark_ready(sync, id_of[p]));
+        SC_TRY(mpg_sync_mark_ready(h.sync, id_of[p]));
       }
-      SC_TRY(mpg_sync_finish(sync));
+      SC_TRY(mpg_sync_finish(h.sync));
     }
     /* Owned gradients: the average over the whole reduce group. */
     for (int p = 0; p < c->nparams; p++) {
       if (id_of[p] < 0) continue;
-      int pos, n = group_members(mesh, kind_set[c->p[p].kind], rank, members, &pos);
+      int pos, n = group_members(h.mesh, kind_set[c->p[p].kind], rank, members, &pos);
       SC_CHECK(n > 0, "no group %s", kind_set[c->p[p].kind]);
       for (size_t i = info[p].param_offset; i < info[p].param_offset + info[p].count; i++) {
         long sum = 0;
@@ -166,8 +164,7 @@ static mpg_status x_rank(const mpg_init_opts *opts, void *arg) {
           for (int mb = 0; mb < c->microbatches; mb++)
             sum += shc_grad(members[q], p, i, step, mb);
         double want = (double)sum / n, got = sc_get(gv[p], c->p[p].dtype, i);
-        double tol = sc_tol(c->p[p].dtype) * (fabs(want) > 1 ? fabs(want) : 1);
-        SC_CHECK(fabs(got - want) <= tol,
+        SC_CHECK(sc_near(c->p[p].dtype, got, want),
                  "step %d: param %d (%s, %zu x %s) element %zu: got %.9g, expected %.9g "
                  "(the average over %d members)",
                  step, p, kind_set[c->p[p].kind], c->p[p].count, mpg_dtype_name(c->p[p].dtype),
@@ -176,9 +173,9 @@ static mpg_status x_rank(const mpg_init_opts *opts, void *arg) {
       for (size_t i = info[p].param_offset; i < info[p].param_offset + info[p].count; i++)
         sc_set(pv[p], c->p[p].dtype, i, shc_pval(p, i, step));
     }
-    SC_TRY(mpg_sync_zero_grads(sync));
-    SC_TRY(mpg_sync_gather_begin(sync, NULL));
-    SC_TRY(mpg_sync_gather_all(sync));
+    SC_TRY(mpg_sync_zero_grads(h.sync));
+    SC_TRY(mpg_sync_gather_begin(h.sync, NULL));
+    SC_TRY(mpg_sync_gather_all(h.sync));
     for (int p = 0; p < c->nparams; p++)
       for (size_t i = 0; id_of[p] >= 0 && i < c->p[p].count; i++) {
         double want = shc_pval(p, i, step), got = sc_get(pv[p], c->p[p].dtype, i);
@@ -190,7 +187,7 @@ static mpg_status x_rank(const mpg_init_opts *opts, void *arg) {
   /* The owned ranges of each shard group (part `pos / part` of the reduce
    * group's members) partition every sharded param. */
   mpg_group *wg = NULL;
-  SC_TRY(mpg_ctx_group(ctx, "world", &wg));
+  SC_TRY(mpg_ctx_group(h.ctx, "world", &wg));
   size_t words = 2 * (size_t)c->nparams;
   mine = calloc(words, sizeof *mine);
   all = calloc(words * (size_t)world, sizeof *all);
@@ -203,7 +200,7 @@ static mpg_status x_rank(const mpg_init_opts *opts, void *arg) {
   SC_TRY(mpg_all_gather(wg, mine, all, words, MPG_I64, NULL, NULL));
   for (int p = 0; p < c->nparams; p++) {
     if (id_of[p] < 0 || !info[p].sharded) continue;
-    int pos, n = group_members(mesh, kind_set[c->p[p].kind], rank, members, &pos);
+    int pos, n = group_members(h.mesh, kind_set[c->p[p].kind], rank, members, &pos);
     int part = n / c->instances, lo = pos / part * part;
     memset(cover, 0, c->p[p].count);
     for (int k = lo; k < lo + part; k++) {
@@ -224,17 +221,7 @@ static mpg_status x_rank(const mpg_init_opts *opts, void *arg) {
   }
 
 done:
-  if (sync) {
-    mpg_status st = mpg_sync_destroy(sync);
-    if (st && !rc) rc = sc_failf(o, "rank %d: mpg_sync_destroy: %s", rank, mpg_last_error());
-  }
-  if (ctx) mpg_ctx_destroy(ctx);
-  mpg_mesh_destroy(mesh);
-  free(mine);
-  free(all);
-  free(cover);
-  free(members);
-  return rc;
+  return sc_destroy(o, rank, rc, &h, 4, (void *[]){mine, all, cover, members});
 }
 
 static void run_x(const xcase *c) {

@@ -94,70 +94,103 @@ Test(shm_props, shard_mode_bit_identical_to_no_shm, .timeout = 240) {
                 t.with_shm, t.cases);
 }
 
+/* ------------------------------------------------------------------ */
+/* Fixed cases, one row each                                           */
+/* ------------------------------------------------------------------ */
+
+/* A fixed case: what differs from pc_init's defaults (a zero field keeps
+ * the default), its params (up to the first of count 0), and the buffers
+ * of each kind it must make (checked by the shm_hosts tests). */
+#define ROW_PARAMS 8
+typedef struct pc_row {
+  const char *name, *mesh, *flatten;
+  int world, hosts, shard, param_shm;
+  const char *shard_dims, *replicate_dims;
+  int sum, native;                   /* MPG_OP_SUM; MPG_REDUCE_NATIVE */
+  double grad_scale;                 /* 0: 1.0 */
+  double bucket_mb, first_bucket_mb; /* 0: pc_init's */
+  unsigned seed;                     /* 0: pc_init's */
+  pc_param params[ROW_PARAMS];
+  int local, hier, spanning;         /* expect_kinds */
+} pc_row;
+
+/* shm_buffers counts exactly the buffers on one host plus the
+ * hierarchical ones (see the shm_hosts tests below). */
+static void expect_kinds(const pc_tally *t, const pc_tally *before, int local, int hier,
+                         int spanning, const char *name) {
+  cr_assert_eq(t->local - before->local, local, "%s: one-host shared buffers: %d, expected %d",
+               name, t->local - before->local, local);
+  cr_assert_eq(t->hier - before->hier, hier, "%s: hierarchical buffers: %d, expected %d", name,
+               t->hier - before->hier, hier);
+  cr_assert_eq(t->spanning - before->spanning, spanning,
+               "%s: unshared buffers across hosts: %d, expected %d", name,
+               t->spanning - before->spanning, spanning);
+}
+
+/* run_pair on each row; with check_kinds, expect_kinds after each. */
+static void run_rows(const pc_row *rows, int n, int check_kinds, pc_tally *t) {
+  pcase *c = malloc(sizeof *c);
+  cr_assert_not_null(c);
+  for (const pc_row *w = rows; w < rows + n; w++) {
+    pc_init(c, w->name, w->mesh, w->flatten, w->world);
+    c->hosts = w->hosts;
+    c->shard = w->shard;
+    c->param_shm = w->param_shm;
+    if (w->shard_dims) snprintf(c->shard_dims, sizeof c->shard_dims, "%s", w->shard_dims);
+    if (w->replicate_dims)
+      snprintf(c->replicate_dims, sizeof c->replicate_dims, "%s", w->replicate_dims);
+    if (w->sum) c->op = MPG_OP_SUM;
+    if (w->native) c->reduce_dtype = MPG_REDUCE_NATIVE;
+    if (w->grad_scale) c->grad_scale = w->grad_scale;
+    if (w->bucket_mb) c->bucket_mb = w->bucket_mb;
+    if (w->first_bucket_mb) c->first_bucket_mb = w->first_bucket_mb;
+    if (w->seed) c->seed = w->seed;
+    for (const pc_param *p = w->params; p < w->params + ROW_PARAMS && p->count; p++)
+      pc_add(c, p->count, p->dtype, p->reduce_dims, p->tied);
+    pc_tally before = *t;
+    run_pair(c, t);
+    if (check_kinds) expect_kinds(t, &before, w->local, w->hier, w->spanning, c->name);
+  }
+  free(c);
+}
+
+#define NROWS(a) ((int)(sizeof(a) / sizeof(a)[0]))
+#define HSDP_DIMS .shard_dims = "dp_shard,cp", .replicate_dims = "dp_replicate"
+
 /* Fixed cases: HSDP with the shard group inside a node, a tied embedding,
  * every dtype in many buckets, 16 ranks in one group. */
+static const pc_row fixed_rows[] = {
+    /* 16 ranks in one group, every dtype, many buckets, avg x 0.37 */
+    {.name = "dp16", .mesh = "dp=16", .flatten = "dp_cp=dp", .world = 16, .grad_scale = 0.37,
+     .seed = 7,
+     .params = {{4099, MPG_F32}, {3001, MPG_BF16}, {2047, MPG_F16}, {1023, MPG_F64},
+                {3, MPG_F32}, {777, MPG_BF16}}},
+    /* 12 ranks (not a power of two), sum, native halves */
+    {.name = "dp3cp4", .mesh = "dp=3,cp=4", .flatten = "dp_cp=dp,cp", .world = 12, .sum = 1,
+     .native = 1, .seed = 8,
+     .params = {{1001, MPG_F16}, {999, MPG_BF16, "cp"}, {555, MPG_F32, "dp"}, {9, MPG_F64}}},
+    /* pipeline with a tied embedding and SP norms */
+    {.name = "tied", .mesh = "pp=2,dp=2,cp=2,tp=2", .flatten = "dp_cp=dp,cp", .world = 16,
+     .grad_scale = 0.37, .seed = 9,
+     .params = {{1536, MPG_BF16, NULL, 1}, {700, MPG_F32}, {33, MPG_F32, "dp_cp,tp"},
+                {1200, MPG_BF16}}},
+    /* HSDP: shard over dp_shard,cp, all-reduce over dp_replicate; avg x 0.37 */
+    {.name = "hsdp", .mesh = "dp_replicate=2,dp_shard=2,cp=2,tp=2",
+     .flatten = "dp_cp=dp_replicate,dp_shard,cp", .world = 16, .shard = 1, HSDP_DIMS,
+     .grad_scale = 0.37, .seed = 10,
+     .params = {{2500, MPG_F32}, {1701, MPG_BF16}, {301, MPG_F16}, {17, MPG_F32, "dp_cp,tp"},
+                {129, MPG_F64}}},
+    /* shard mode with a tied param (kept replicated) and one param per bucket */
+    {.name = "shard_tied", .mesh = "dp=2,pp=2,cp=2", .flatten = "dp_cp=dp,cp", .world = 8,
+     .shard = 1, .bucket_mb = 1e-6, .first_bucket_mb = 1e-6, .seed = 11,
+     .params = {{640, MPG_BF16, NULL, 1}, {129, MPG_F32}, {1, MPG_F16}, {1000, MPG_F64}}},
+};
+
 Test(shm_props, fixed_cases_bit_identical_to_no_shm, .timeout = 120) {
-  pcase *c = malloc(sizeof *c);
   pc_tally t = {0};
-  cr_assert_not_null(c);
-  /* 16 ranks in one group, every dtype, many buckets, avg x 0.37 */
-  pc_init(c, "dp16", "dp=16", "dp_cp=dp", 16);
-  snprintf(c->flatten, sizeof c->flatten, "dp_cp=dp");
-  c->grad_scale = 0.37;
-  pc_add(c, 4099, MPG_F32, NULL, 0);
-  pc_add(c, 3001, MPG_BF16, NULL, 0);
-  pc_add(c, 2047, MPG_F16, NULL, 0);
-  pc_add(c, 1023, MPG_F64, NULL, 0);
-  pc_add(c, 3, MPG_F32, NULL, 0);
-  pc_add(c, 777, MPG_BF16, NULL, 0);
-  c->seed = 7;
-  run_pair(c, &t);
-  /* 12 ranks (not a power of two), sum, native halves */
-  pc_init(c, "dp3cp4", "dp=3,cp=4", "dp_cp=dp,cp", 12);
-  c->op = MPG_OP_SUM;
-  c->reduce_dtype = MPG_REDUCE_NATIVE;
-  pc_add(c, 1001, MPG_F16, NULL, 0);
-  pc_add(c, 999, MPG_BF16, "cp", 0);
-  pc_add(c, 555, MPG_F32, "dp", 0);
-  pc_add(c, 9, MPG_F64, NULL, 0);
-  c->seed = 8;
-  run_pair(c, &t);
-  /* pipeline with a tied embedding and SP norms */
-  pc_init(c, "tied", "pp=2,dp=2,cp=2,tp=2", "dp_cp=dp,cp", 16);
-  pc_add(c, 1536, MPG_BF16, NULL, 1);
-  pc_add(c, 700, MPG_F32, NULL, 0);
-  pc_add(c, 33, MPG_F32, "dp_cp,tp", 0);
-  pc_add(c, 1200, MPG_BF16, NULL, 0);
-  c->grad_scale = 0.37;
-  c->seed = 9;
-  run_pair(c, &t);
-  /* HSDP: shard over dp_shard,cp, all-reduce over dp_replicate; avg x 0.37 */
-  pc_init(c, "hsdp", "dp_replicate=2,dp_shard=2,cp=2,tp=2",
-          "dp_cp=dp_replicate,dp_shard,cp", 16);
-  c->shard = 1;
-  snprintf(c->shard_dims, sizeof c->shard_dims, "dp_shard,cp");
-  snprintf(c->replicate_dims, sizeof c->replicate_dims, "dp_replicate");
-  c->grad_scale = 0.37;
-  pc_add(c, 2500, MPG_F32, NULL, 0);
-  pc_add(c, 1701, MPG_BF16, NULL, 0);
-  pc_add(c, 301, MPG_F16, NULL, 0);
-  pc_add(c, 17, MPG_F32, "dp_cp,tp", 0);
-  pc_add(c, 129, MPG_F64, NULL, 0);
-  c->seed = 10;
-  run_pair(c, &t);
-  /* shard mode with a tied param (kept replicated) and one param per bucket */
-  pc_init(c, "shard_tied", "dp=2,pp=2,cp=2", "dp_cp=dp,cp", 8);
-  c->shard = 1;
-  c->bucket_mb = c->first_bucket_mb = 1e-6;
-  pc_add(c, 640, MPG_BF16, NULL, 1);
-  pc_add(c, 129, MPG_F32, NULL, 0);
-  pc_add(c, 1, MPG_F16, NULL, 0);
-  pc_add(c, 1000, MPG_F64, NULL, 0);
-  c->seed = 11;
-  run_pair(c, &t);
+  run_rows(fixed_rows, NROWS(fixed_rows), 0, &t);
   cr_assert_eq(t.with_shm, t.cases, "%d of %d fixed cases used the shared path", t.with_shm,
                t.cases);
-  free(c);
 }
 
 /* Shard mode on one host (issue 34): the params live in a second segment
@@ -167,37 +200,23 @@ Test(shm_props, fixed_cases_bit_identical_to_no_shm, .timeout = 120) {
  * many buckets, 4 ranks and a shard group of 3 inside 6 ranks, avg and
  * avg x 0.37, slices above the size that switches the copy to
  * non-temporal stores (1 MiB). */
+static const pc_row gather_rows[] = {
+    {.name = "gather_dp4", .mesh = "dp=4", .flatten = "dp_cp=dp", .world = 4, .shard = 1,
+     .param_shm = 1, .bucket_mb = 0.3, .first_bucket_mb = 0.3, .seed = 21,
+     .params = {{70001, MPG_F32}, {50003, MPG_BF16}, {40000, MPG_F16}, {30001, MPG_F64},
+                {5, MPG_F32}, {90017, MPG_BF16}}},
+    {.name = "gather_shard3", .mesh = "dp=3,cp=2", .flatten = "dp_cp=dp,cp", .world = 6,
+     .shard = 1, .param_shm = 1, .shard_dims = "dp", .grad_scale = 0.37, .bucket_mb = 4.0,
+     .first_bucket_mb = 0.05, .seed = 22,
+     /* a 1.2 MB slice per rank */
+     .params = {{900001, MPG_F32}, {20001, MPG_F64}, {333, MPG_BF16}}},
+};
+
 Test(shm_props, shard_gather_in_shared_memory, .timeout = 120) {
-  pcase *c = malloc(sizeof *c);
   pc_tally t = {0};
-  cr_assert_not_null(c);
-  pc_init(c, "gather_dp4", "dp=4", "dp_cp=dp", 4);
-  c->shard = 1;
-  c->param_shm = 1;
-  c->bucket_mb = c->first_bucket_mb = 0.3;
-  pc_add(c, 70001, MPG_F32, NULL, 0);
-  pc_add(c, 50003, MPG_BF16, NULL, 0);
-  pc_add(c, 40000, MPG_F16, NULL, 0);
-  pc_add(c, 30001, MPG_F64, NULL, 0);
-  pc_add(c, 5, MPG_F32, NULL, 0);
-  pc_add(c, 90017, MPG_BF16, NULL, 0);
-  c->seed = 21;
-  run_pair(c, &t);
-  pc_init(c, "gather_shard3", "dp=3,cp=2", "dp_cp=dp,cp", 6);
-  c->shard = 1;
-  c->param_shm = 1;
-  snprintf(c->shard_dims, sizeof c->shard_dims, "dp");
-  c->grad_scale = 0.37;
-  c->bucket_mb = 4.0;
-  c->first_bucket_mb = 0.05;
-  pc_add(c, 900001, MPG_F32, NULL, 0); /* a 1.2 MB slice per rank */
-  pc_add(c, 20001, MPG_F64, NULL, 0);
-  pc_add(c, 333, MPG_BF16, NULL, 0);
-  c->seed = 22;
-  run_pair(c, &t);
+  run_rows(gather_rows, NROWS(gather_rows), 0, &t);
   cr_assert_eq(t.with_shm, 2, "%d of 2 cases used the shared path", t.with_shm);
   cr_assert_eq(t.local, 4 + 3, "%d buffers on one host, expected 7", t.local);
-  free(c);
 }
 
 /* ------------------------------------------------------------------ */
@@ -214,74 +233,44 @@ Test(shm_props, shard_gather_in_shared_memory, .timeout = 120) {
  * the hierarchical ones; every result equals MESHPG_SHM=0's bit for bit,
  * except the hierarchical ones, whose order differs: those equal their
  * own reference (node sums in position order, then across nodes). */
-static void expect_kinds(const pc_tally *t, const pc_tally *before, int local, int hier,
-                         int spanning, const char *name) {
-  cr_assert_eq(t->local - before->local, local, "%s: one-host shared buffers: %d, expected %d",
-               name, t->local - before->local, local);
-  cr_assert_eq(t->hier - before->hier, hier, "%s: hierarchical buffers: %d, expected %d", name,
-               t->hier - before->hier, hier);
-  cr_assert_eq(t->spanning - before->spanning, spanning,
-               "%s: unshared buffers across hosts: %d, expected %d", name,
-               t->spanning - before->spanning, spanning);
-}
+static const pc_row spanning_rows[] = {
+    /* dp outermost: dp_cp spans the hosts with 2 on each (hierarchical), dp
+     * has one member on each (not shared), cp and tp stay inside. */
+    {.name = "dp_outer", .mesh = "dp=2,cp=2,tp=2", .flatten = "dp_cp=dp,cp", .world = 8,
+     .hosts = 2, .grad_scale = 0.37,
+     .params = {{1500, MPG_F32},        /* dp_cp: hierarchical */
+                {801, MPG_BF16, "cp"},  /* inside */
+                {99, MPG_F32, "tp"},    /* inside */
+                {64, MPG_F16, "dp"}},   /* one per host */
+     .local = 2, .hier = 1, .spanning = 1},
+    /* HSDP, dp_replicate outermost: the shard group is on one host; the
+     * slices are then all-reduced across hosts by the backend. */
+    {.name = "hsdp_2hosts", .mesh = "dp_replicate=2,dp_shard=2,cp=2",
+     .flatten = "dp_cp=dp_replicate,dp_shard,cp", .world = 8, .hosts = 2, .shard = 1, HSDP_DIMS,
+     .params = {{2000, MPG_F32}, {555, MPG_BF16},
+                {40, MPG_F32, "dp_cp"},          /* the sync's own group: sharded */
+                {41, MPG_F64, "dp_replicate"}},  /* replicated, one per host */
+     .local = 2, .hier = 0, .spanning = 1},
+    /* Shard mode, the shard group across the hosts (2 on each): its
+     * reduce-scatter hierarchical too; a replicated param over dp_cp,tp (4
+     * per host) hierarchical. */
+    {.name = "shard_across", .mesh = "dp=2,cp=2,tp=2", .flatten = "dp_cp=dp,cp", .world = 8,
+     .hosts = 2, .shard = 1, .sum = 1,
+     .params = {{1000, MPG_F32}, {333, MPG_BF16, "dp_cp,tp"}, {17, MPG_F32, "tp"}},
+     .local = 1, .hier = 2, .spanning = 0},
+    /* Hosts interleaved in the group's positions (even and odd ranks: the
+     * tp coordinate): dp_cp,tp hierarchical with 4 per host, alternating;
+     * dp_cp on one host; tp one per host. */
+    {.name = "interleaved", .mesh = "dp=2,cp=2,tp=2", .flatten = "dp_cp=dp,cp", .world = 8,
+     .hosts = 3, .grad_scale = 0.37,
+     .params = {{1000, MPG_BF16, "dp_cp,tp"}, {2001, MPG_F64, "dp_cp,tp"}, {77, MPG_F32},
+                {50, MPG_F32, "tp"}},
+     .local = 1, .hier = 2, .spanning = 1},
+};
 
 Test(shm_hosts, groups_spanning_two_hosts, .timeout = 240) {
-  pcase *c = malloc(sizeof *c);
-  pc_tally t = {0}, before;
-  cr_assert_not_null(c);
-  /* dp outermost: dp_cp spans the hosts with 2 on each (hierarchical), dp
-   * has one member on each (not shared), cp and tp stay inside. */
-  pc_init(c, "dp_outer", "dp=2,cp=2,tp=2", "dp_cp=dp,cp", 8);
-  c->hosts = 2;
-  c->grad_scale = 0.37;
-  pc_add(c, 1500, MPG_F32, NULL, 0); /* dp_cp: hierarchical */
-  pc_add(c, 801, MPG_BF16, "cp", 0); /* inside */
-  pc_add(c, 99, MPG_F32, "tp", 0);   /* inside */
-  pc_add(c, 64, MPG_F16, "dp", 0);   /* one per host */
-  before = t;
-  run_pair(c, &t);
-  expect_kinds(&t, &before, 2, 1, 1, c->name);
-  /* HSDP, dp_replicate outermost: the shard group is on one host; the
-   * slices are then all-reduced across hosts by the backend. */
-  pc_init(c, "hsdp_2hosts", "dp_replicate=2,dp_shard=2,cp=2", "dp_cp=dp_replicate,dp_shard,cp",
-          8);
-  c->hosts = 2;
-  c->shard = 1;
-  snprintf(c->shard_dims, sizeof c->shard_dims, "dp_shard,cp");
-  snprintf(c->replicate_dims, sizeof c->replicate_dims, "dp_replicate");
-  pc_add(c, 2000, MPG_F32, NULL, 0);
-  pc_add(c, 555, MPG_BF16, NULL, 0);
-  pc_add(c, 40, MPG_F32, "dp_cp", 0);        /* the sync's own group: sharded */
-  pc_add(c, 41, MPG_F64, "dp_replicate", 0); /* replicated, one per host */
-  before = t;
-  run_pair(c, &t);
-  expect_kinds(&t, &before, 2, 0, 1, c->name);
-  /* Shard mode, the shard group across the hosts (2 on each): its
-   * reduce-scatter hierarchical too; a replicated param over dp_cp,tp (4
-   * per host) hierarchical. */
-  pc_init(c, "shard_across", "dp=2,cp=2,tp=2", "dp_cp=dp,cp", 8);
-  c->hosts = 2;
-  c->shard = 1;
-  c->op = MPG_OP_SUM;
-  pc_add(c, 1000, MPG_F32, NULL, 0);
-  pc_add(c, 333, MPG_BF16, "dp_cp,tp", 0);
-  pc_add(c, 17, MPG_F32, "tp", 0);
-  before = t;
-  run_pair(c, &t);
-  expect_kinds(&t, &before, 1, 2, 0, c->name);
-  /* Hosts interleaved in the group's positions (even and odd ranks: the
-   * tp coordinate): dp_cp,tp hierarchical with 4 per host, alternating;
-   * dp_cp on one host; tp one per host. */
-  pc_init(c, "interleaved", "dp=2,cp=2,tp=2", "dp_cp=dp,cp", 8);
-  c->hosts = 3;
-  c->grad_scale = 0.37;
-  pc_add(c, 1000, MPG_BF16, "dp_cp,tp", 0);
-  pc_add(c, 2001, MPG_F64, "dp_cp,tp", 0);
-  pc_add(c, 77, MPG_F32, NULL, 0);
-  pc_add(c, 50, MPG_F32, "tp", 0);
-  before = t;
-  run_pair(c, &t);
-  expect_kinds(&t, &before, 1, 2, 1, c->name);
+  pc_tally t = {0};
+  run_rows(spanning_rows, NROWS(spanning_rows), 1, &t);
   /* and random cases, hosts by halves and by parity */
   run_random(201, 4, 0, 2, &t);
   run_random(211, 4, 0, 3, &t);
@@ -292,7 +281,6 @@ Test(shm_hosts, groups_spanning_two_hosts, .timeout = 240) {
   cr_assert_gt(t.hier, 6, "only %d hierarchical buffers", t.hier);
   cr_assert_gt(t.spanning, 6, "only %d unshared buffers across hosts", t.spanning);
   cr_log_info("%d cases, %ld elements checked against the reference", t.cases, t.exact);
-  free(c);
 }
 
 /* Shard mode across two hosts: the sharded buffers (every dtype, many
@@ -304,88 +292,47 @@ Test(shm_hosts, groups_spanning_two_hosts, .timeout = 240) {
  * across the hosts, hosts by halves and interleaved, against the
  * two-level oracle; and a shard group 3 + 1 that keeps to the backend,
  * equal to MESHPG_SHM=0. */
+/* dp_cp = dp,cp: 2 per host; dp alone: one per host (replicated) */
+#define TWO_HOSTS_DTYPES                                                                   \
+  .mesh = "dp=2,cp=2,tp=2", .flatten = "dp_cp=dp,cp", .world = 8, .hosts = 2, .shard = 1, \
+  .params = {{4099, MPG_F32}, {3001, MPG_BF16}, {2047, MPG_F16}, {1023, MPG_F64},         \
+             {3, MPG_F32}, {64, MPG_F16, "dp"}},                                           \
+  .local = 0, .hier = 4, .spanning = 1
+static const pc_row across_rows[] = {
+    {.name = "shard_2hosts_avg", TWO_HOSTS_DTYPES, .seed = 40},
+    {.name = "shard_2hosts_scaled", TWO_HOSTS_DTYPES, .seed = 41, .grad_scale = 0.37},
+    {.name = "shard_2hosts_sum", TWO_HOSTS_DTYPES, .seed = 42, .sum = 1, .native = 1},
+    /* Four per host (world 16), one param per bucket */
+    {.name = "shard_4per_host", .mesh = "dp=4,cp=4", .flatten = "dp_cp=dp,cp", .world = 16,
+     .hosts = 2, .shard = 1, .seed = 44, .bucket_mb = 1e-6, .first_bucket_mb = 1e-6,
+     .params = {{1001, MPG_BF16}, {515, MPG_F32}, {1, MPG_F16}},
+     .local = 0, .hier = 3, .spanning = 0},
+    /* HSDP: shard dp_shard,cp across the hosts (2 on each), replicate
+     * dp_replicate inside a host; avg x 0.37 */
+    {.name = "hsdp_shard_across", .mesh = "dp_shard=2,dp_replicate=2,cp=2",
+     .flatten = "dp_cp=dp_shard,dp_replicate,cp", .world = 8, .hosts = 2, .shard = 1,
+     .seed = 45, HSDP_DIMS, .grad_scale = 0.37,
+     .params = {{2500, MPG_F32}, {1701, MPG_BF16}, {301, MPG_F16}, {129, MPG_F64}},
+     .local = 0, .hier = 4, .spanning = 0},
+    /* HSDP, hosts interleaved (even and odd ranks: cp): the shard group
+     * dp_shard,cp has its hosts alternating in position order; avg */
+    {.name = "hsdp_interleaved", .mesh = "dp_replicate=2,dp_shard=2,cp=2",
+     .flatten = "dp_cp=dp_replicate,dp_shard,cp", .world = 8, .hosts = 3, .shard = 1,
+     .seed = 46, HSDP_DIMS,
+     .params = {{2000, MPG_BF16}, {999, MPG_F32}, {77, MPG_F64}},
+     .local = 0, .hier = 3, .spanning = 0},
+    /* Uneven hosts, 3 + 1: the shard group keeps to the backend's
+     * reduce-scatter (not shared), equal to MESHPG_SHM=0 bit for bit. */
+    {.name = "shard_3plus1", .mesh = "dp=4", .flatten = "dp_cp=dp", .world = 4, .hosts = 4,
+     .shard = 1, .seed = 47, .grad_scale = 0.37,
+     .params = {{1500, MPG_F32}, {777, MPG_BF16}},
+     .local = 0, .hier = 0, .spanning = 2},
+};
+
 Test(shm_hosts, shard_mode_across_two_hosts, .timeout = 240) {
-  pcase *c = malloc(sizeof *c);
-  pc_tally t = {0}, before;
-  cr_assert_not_null(c);
-  for (int k = 0; k < 3; k++) {
-    /* dp_cp = dp,cp: 2 per host; dp alone: one per host */
-    pc_init(c, k == 0 ? "shard_2hosts_avg" : k == 1 ? "shard_2hosts_scaled" : "shard_2hosts_sum",
-            "dp=2,cp=2,tp=2", "dp_cp=dp,cp", 8);
-    c->hosts = 2;
-    c->shard = 1;
-    c->seed = 40 + (unsigned)k;
-    c->op = k == 2 ? MPG_OP_SUM : MPG_OP_AVG;
-    c->grad_scale = k == 1 ? 0.37 : 1.0;
-    c->reduce_dtype = k == 2 ? MPG_REDUCE_NATIVE : MPG_REDUCE_F32;
-    pc_add(c, 4099, MPG_F32, NULL, 0);
-    pc_add(c, 3001, MPG_BF16, NULL, 0);
-    pc_add(c, 2047, MPG_F16, NULL, 0);
-    pc_add(c, 1023, MPG_F64, NULL, 0);
-    pc_add(c, 3, MPG_F32, NULL, 0);
-    pc_add(c, 64, MPG_F16, "dp", 0); /* replicated, one per host */
-    before = t;
-    run_pair(c, &t);
-    expect_kinds(&t, &before, 0, 4, 1, c->name);
-  }
-  /* Four per host (world 16), one param per bucket */
-  pc_init(c, "shard_4per_host", "dp=4,cp=4", "dp_cp=dp,cp", 16);
-  c->hosts = 2;
-  c->shard = 1;
-  c->seed = 44;
-  c->bucket_mb = c->first_bucket_mb = 1e-6;
-  pc_add(c, 1001, MPG_BF16, NULL, 0);
-  pc_add(c, 515, MPG_F32, NULL, 0);
-  pc_add(c, 1, MPG_F16, NULL, 0);
-  before = t;
-  run_pair(c, &t);
-  expect_kinds(&t, &before, 0, 3, 0, c->name);
-  /* HSDP: shard dp_shard,cp across the hosts (2 on each), replicate
-   * dp_replicate inside a host; avg x 0.37 */
-  pc_init(c, "hsdp_shard_across", "dp_shard=2,dp_replicate=2,cp=2",
-          "dp_cp=dp_shard,dp_replicate,cp", 8);
-  c->hosts = 2;
-  c->shard = 1;
-  c->seed = 45;
-  snprintf(c->shard_dims, sizeof c->shard_dims, "dp_shard,cp");
-  snprintf(c->replicate_dims, sizeof c->replicate_dims, "dp_replicate");
-  c->grad_scale = 0.37;
-  pc_add(c, 2500, MPG_F32, NULL, 0);
-  pc_add(c, 1701, MPG_BF16, NULL, 0);
-  pc_add(c, 301, MPG_F16, NULL, 0);
-  pc_add(c, 129, MPG_F64, NULL, 0);
-  before = t;
-  run_pair(c, &t);
-  expect_kinds(&t, &before, 0, 4, 0, c->name);
-  /* HSDP, hosts interleaved (even and odd ranks: cp): the shard group
-   * dp_shard,cp has its hosts alternating in position order; avg */
-  pc_init(c, "hsdp_interleaved", "dp_replicate=2,dp_shard=2,cp=2",
-          "dp_cp=dp_replicate,dp_shard,cp", 8);
-  c->hosts = 3;
-  c->shard = 1;
-  c->seed = 46;
-  snprintf(c->shard_dims, sizeof c->shard_dims, "dp_shard,cp");
-  snprintf(c->replicate_dims, sizeof c->replicate_dims, "dp_replicate");
-  pc_add(c, 2000, MPG_BF16, NULL, 0);
-  pc_add(c, 999, MPG_F32, NULL, 0);
-  pc_add(c, 77, MPG_F64, NULL, 0);
-  before = t;
-  run_pair(c, &t);
-  expect_kinds(&t, &before, 0, 3, 0, c->name);
-  /* Uneven hosts, 3 + 1: the shard group keeps to the backend's
-   * reduce-scatter (not shared), equal to MESHPG_SHM=0 bit for bit. */
-  pc_init(c, "shard_3plus1", "dp=4", "dp_cp=dp", 4);
-  c->hosts = 4;
-  c->shard = 1;
-  c->seed = 47;
-  c->grad_scale = 0.37;
-  pc_add(c, 1500, MPG_F32, NULL, 0);
-  pc_add(c, 777, MPG_BF16, NULL, 0);
-  before = t;
-  run_pair(c, &t);
-  expect_kinds(&t, &before, 0, 0, 2, c->name);
+  pc_tally t = {0};
+  run_rows(across_rows, NROWS(across_rows), 1, &t);
   cr_log_info("%d cases, %ld elements checked against the references", t.cases, t.exact);
-  free(c);
 }
 
 /* Shard mode's gather across hosts in shared memory: a shard group of
@@ -396,40 +343,24 @@ Test(shm_hosts, shard_mode_across_two_hosts, .timeout = 240) {
  * parts set independently of the hierarchical sums), every dtype, many
  * buckets, slices above the size that switches the copy to non-temporal
  * stores (1 MiB). */
+static const pc_row gather_across_rows[] = {
+    {.name = "gather_2x2", .mesh = "dp=4", .flatten = "dp_cp=dp", .world = 4, .hosts = 2,
+     .shard = 1, .param_shm = 1, .bucket_mb = 0.3, .first_bucket_mb = 0.3, .seed = 51,
+     .params = {{70001, MPG_F32}, {50003, MPG_BF16}, {40000, MPG_F16}, {30001, MPG_F64},
+                {5, MPG_F32}},
+     .local = 0, .hier = 4, .spanning = 0},
+    {.name = "gather_2x3_interleaved", .mesh = "dp=6", .flatten = "dp_cp=dp", .world = 6,
+     .hosts = 3, .shard = 1, .param_shm = 1, .grad_scale = 0.37, .bucket_mb = 8.0,
+     .first_bucket_mb = 0.05, .seed = 52,
+     /* a 1.2 MB slice per rank */
+     .params = {{1800001, MPG_F32}, {20001, MPG_F64}, {333, MPG_BF16}},
+     .local = 0, .hier = 3, .spanning = 0},
+};
+
 Test(shm_hosts, shard_gather_across_hosts, .timeout = 240) {
-  pcase *c = malloc(sizeof *c);
-  pc_tally t = {0}, before;
-  cr_assert_not_null(c);
-  pc_init(c, "gather_2x2", "dp=4", "dp_cp=dp", 4);
-  c->hosts = 2;
-  c->shard = 1;
-  c->param_shm = 1;
-  c->bucket_mb = c->first_bucket_mb = 0.3;
-  pc_add(c, 70001, MPG_F32, NULL, 0);
-  pc_add(c, 50003, MPG_BF16, NULL, 0);
-  pc_add(c, 40000, MPG_F16, NULL, 0);
-  pc_add(c, 30001, MPG_F64, NULL, 0);
-  pc_add(c, 5, MPG_F32, NULL, 0);
-  c->seed = 51;
-  before = t;
-  run_pair(c, &t);
-  expect_kinds(&t, &before, 0, 4, 0, c->name);
-  pc_init(c, "gather_2x3_interleaved", "dp=6", "dp_cp=dp", 6);
-  c->hosts = 3;
-  c->shard = 1;
-  c->param_shm = 1;
-  c->grad_scale = 0.37;
-  c->bucket_mb = 8.0;
-  c->first_bucket_mb = 0.05;
-  pc_add(c, 1800001, MPG_F32, NULL, 0); /* a 1.2 MB slice per rank */
-  pc_add(c, 20001, MPG_F64, NULL, 0);
-  pc_add(c, 333, MPG_BF16, NULL, 0);
-  c->seed = 52;
-  before = t;
-  run_pair(c, &t);
-  expect_kinds(&t, &before, 0, 3, 0, c->name);
+  pc_tally t = {0};
+  run_rows(gather_across_rows, NROWS(gather_across_rows), 1, &t);
   cr_assert_eq(t.with_shm, 2, "%d of 2 cases used the shared path", t.with_shm);
-  free(c);
 }
 
 /* ------------------------------------------------------------------ */
@@ -550,83 +481,158 @@ Test(shm_env, bad_value_fails_every_create_with_env, .timeout = 60) {
 #define STALL_TIMEOUT_S 1.0
 #define STALL_RANKS 4
 
+/* A job of STALL_RANKS thread ranks on dp=2,cp=2 in which the last rank
+ * stalls past the timeout: in the middle of a step (stall_rank) or before
+ * its gather (gstall_rank). */
 typedef struct stall_job {
   int hosts; /* 1: ranks 0-1 on "hostA", 2-3 on "hostB" (the hierarchical form);
                 2: the same in shard mode (the hierarchical reduce-scatter) */
-  mpg_status finish[STALL_RANKS], sync_destroy[STALL_RANKS], ctx_destroy[STALL_RANKS];
+  mpg_status finish[STALL_RANKS], gather[STALL_RANKS], late[STALL_RANKS],
+      sync_destroy[STALL_RANKS], ctx_destroy[STALL_RANKS];
   int valid[STALL_RANKS], shm_buffers[STALL_RANKS];
   double secs[STALL_RANKS];
+  size_t shm_bytes[STALL_RANKS], total_bytes[STALL_RANKS];
   char msg[STALL_RANKS][1024];
   char err[STALL_RANKS][512]; /* setup failures */
 } stall_job;
 
+/* A rank's objects, and the call that failed. */
+typedef struct stall_env {
+  mpg_mesh *mesh;
+  mpg_ctx *ctx;
+  mpg_sync *s;
+  const char *where;
+} stall_env;
+
+/* The rank's context (its host per j->hosts) and a committed sync of
+ * nparams params of count elements, f32 and bf16 alternating; records the
+ * sync's stats. */
+static mpg_status stall_setup(stall_job *j, const mpg_init_opts *opts, const mpg_sync_opts *so,
+                              int nparams, size_t count, stall_env *e) {
+  int r = opts->rank;
+  e->where = "mesh";
+  mpg_status st = mesh_build("dp=2,cp=2", "dp_cp=dp,cp", 0, &e->mesh);
+  mpg_init_opts o = *opts;
+  if (j->hosts) o.host_id = r < 2 ? "hostA" : "hostB";
+  if (!st) e->where = "ctx_create", st = mpg_ctx_create(e->mesh, &o, &e->ctx);
+  if (!st) e->where = "sync_create", st = mpg_sync_create(e->ctx, so, &e->s);
+  for (int p = 0; p < nparams && !st; p++) {
+    char name[16];
+    int id;
+    snprintf(name, sizeof name, "w%d", p);
+    e->where = "add_param";
+    st = mpg_sync_add_param(e->s, name, count, p % 2 ? MPG_BF16 : MPG_F32, NULL, &id);
+  }
+  if (!st) e->where = "commit", st = mpg_sync_commit(e->s);
+  mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
+  if (!st) e->where = "get_stats", st = mpg_sync_get_stats(e->s, &stats);
+  j->shm_buffers[r] = stats.shm_buffers;
+  j->shm_bytes[r] = stats.shm_bytes;
+  j->total_bytes[r] = stats.total_bytes;
+  return st;
+}
+
+/* Records a setup failure (st != 0), then destroys the rank's objects. */
+static mpg_status stall_teardown(stall_job *j, int r, mpg_status st, stall_env *e) {
+  if (st)
+    put_msg(j->err[r], sizeof j->err[r], "%s: %s: %s", e->where, mpg_status_name(st),
+            mpg_last_error());
+  j->sync_destroy[r] = mpg_sync_destroy(e->s);
+  j->ctx_destroy[r] = mpg_ctx_destroy(e->ctx);
+  mpg_mesh_destroy(e->mesh);
+  return MPG_OK;
+}
+
+/* Well past the timeout. */
+static void stall(void) { sleep_s(STALL_TIMEOUT_S + 1.5); }
+
 static mpg_status stall_rank(const mpg_init_opts *opts, void *arg) {
   stall_job *j = arg;
   int r = opts->rank;
-  mpg_mesh *mesh = NULL;
-  mpg_ctx *ctx = NULL;
-  mpg_sync *s = NULL;
-  const char *where = "mesh";
+  stall_env e = {0};
   j->finish[r] = MPG_ERR_INVALID;
   j->valid[r] = -1;
-  mpg_status st = mesh_build("dp=2,cp=2", "dp_cp=dp,cp", 0, &mesh);
-  mpg_init_opts o = *opts;
-  if (j->hosts) o.host_id = r < 2 ? "hostA" : "hostB";
-  if (!st) where = "ctx_create", st = mpg_ctx_create(mesh, &o, &ctx);
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.sync.bucket_mb = 0.001;
   so.sync.first_bucket_mb = 0.001;
   if (j->hosts == 2) so.sync.mode = MPG_SYNC_SHARD;
-  if (!st) where = "sync_create", st = mpg_sync_create(ctx, &so, &s);
-  for (int p = 0; p < 6 && !st; p++) {
-    char name[16];
-    int id;
-    snprintf(name, sizeof name, "w%d", p);
-    where = "add_param";
-    st = mpg_sync_add_param(s, name, 300, p % 2 ? MPG_BF16 : MPG_F32, NULL, &id);
-  }
-  if (!st) where = "commit", st = mpg_sync_commit(s);
-  mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
-  if (!st) where = "get_stats", st = mpg_sync_get_stats(s, &stats);
-  j->shm_buffers[r] = stats.shm_buffers;
-  if (!st) where = "step 0", st = mpg_sync_all(s, 0, NULL);
-  if (!st) where = "begin", st = mpg_sync_begin(s, 1, 1, NULL);
-  for (int p = 5; p >= 3 && !st; p--) where = "mark_ready", st = mpg_sync_mark_ready(s, p);
-  if (st) {
-    put_msg(j->err[r], sizeof j->err[r], "%s: %s: %s", where, mpg_status_name(st),
-            mpg_last_error());
-  } else {
+  mpg_status st = stall_setup(j, opts, &so, 6, 300, &e);
+  if (!st) e.where = "step 0", st = mpg_sync_all(e.s, 0, NULL);
+  if (!st) e.where = "begin", st = mpg_sync_begin(e.s, 1, 1, NULL);
+  for (int p = 5; p >= 3 && !st; p--) e.where = "mark_ready", st = mpg_sync_mark_ready(e.s, p);
+  if (!st) {
+    mpg_status mst = MPG_OK;
     if (r == STALL_RANKS - 1) {
-      /* Stalls with w2..w0 unmarked, well past the timeout, then finishes. */
-      struct timespec ts = {(time_t)(STALL_TIMEOUT_S + 1), 500000000L};
-      nanosleep(&ts, NULL);
+      stall(); /* with w2..w0 unmarked, then finishes */
     } else {
-      for (int p = 2; p >= 0 && !st; p--) st = mpg_sync_mark_ready(s, p);
+      for (int p = 2; p >= 0 && !mst; p--) mst = mpg_sync_mark_ready(e.s, p);
     }
     double t0 = now_s();
-    j->finish[r] = st ? st : mpg_sync_finish(s);
+    j->finish[r] = mst ? mst : mpg_sync_finish(e.s);
     j->secs[r] = now_s() - t0;
     put_msg(j->msg[r], sizeof j->msg[r], "%s", mpg_last_error());
-    j->valid[r] = mpg_sync_grads_valid(s);
+    j->valid[r] = mpg_sync_grads_valid(e.s);
   }
-  j->sync_destroy[r] = mpg_sync_destroy(s);
-  j->ctx_destroy[r] = mpg_ctx_destroy(ctx);
-  mpg_mesh_destroy(mesh);
-  return MPG_OK;
+  return stall_teardown(j, r, st, &e);
+}
+
+/* A rank that never posts its gather (issue 34): shard mode, one host, the
+ * params in shared memory; after a good step and gather, rank 3 stalls
+ * past the timeout before mpg_sync_gather_begin.  The others' gathers fail
+ * within the timeout + 1 s, naming it by position and rank; rank 3's late
+ * gather fails too; every sync and context destroys cleanly. */
+static mpg_status gstall_rank(const mpg_init_opts *opts, void *arg) {
+  stall_job *j = arg;
+  int r = opts->rank;
+  stall_env e = {0};
+  j->gather[r] = j->late[r] = MPG_ERR_INVALID;
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  so.sync.mode = MPG_SYNC_SHARD;
+  so.sync.bucket_mb = so.sync.first_bucket_mb = 0.002;
+  mpg_status st = stall_setup(j, opts, &so, 4, 900, &e);
+  if (!st) e.where = "step 0", st = mpg_sync_all(e.s, 0, NULL);
+  if (!st) e.where = "gather 0", st = mpg_sync_gather_begin(e.s, NULL);
+  if (!st) st = mpg_sync_gather_all(e.s);
+  if (!st) e.where = "step 1", st = mpg_sync_all(e.s, 1, NULL);
+  if (!st) {
+    mpg_status *out = r == STALL_RANKS - 1 ? &j->late[r] : &j->gather[r];
+    if (r == STALL_RANKS - 1) stall();
+    double t0 = now_s();
+    *out = mpg_sync_gather_begin(e.s, NULL);
+    if (!*out) *out = mpg_sync_gather_all(e.s);
+    if (r != STALL_RANKS - 1) j->secs[r] = now_s() - t0;
+    put_msg(j->msg[r], sizeof j->msg[r], "%s", mpg_last_error());
+  }
+  return stall_teardown(j, r, st, &e);
+}
+
+/* Runs the job with the shared path on; returns the bound of a failing
+ * wait (the timeout + 1 s + the allowance). */
+static double stall_run(stall_job *j, mpg_rank_main fn) {
+  setenv("MESHPG_SHM", "1", 1);
+  mpg_status rc = mpg_thread_run(STALL_RANKS, STALL_TIMEOUT_S, fn, j, NULL);
+  cr_assert_eq(rc, MPG_OK, "%s", mpg_last_error());
+  return tb_bound(STALL_TIMEOUT_S + 1.0, STALL_RANKS);
+}
+
+/* Rank r set up, and destroyed its sync and context cleanly. */
+static void expect_setup_and_destroys(const stall_job *j, int r) {
+  cr_assert_eq(j->err[r][0], '\0', "rank %d: %s", r, j->err[r]);
+  cr_expect_eq(j->sync_destroy[r], MPG_OK, "rank %d: mpg_sync_destroy -> %s", r,
+               mpg_status_name(j->sync_destroy[r]));
+  cr_expect_eq(j->ctx_destroy[r], MPG_OK, "rank %d: mpg_ctx_destroy -> %s", r,
+               mpg_status_name(j->ctx_destroy[r]));
 }
 
 static void stalled_rank(int hosts) {
   stall_job *j = calloc(1, sizeof *j);
   cr_assert_not_null(j);
   j->hosts = hosts;
-  setenv("MESHPG_SHM", "1", 1);
-  mpg_status rc = mpg_thread_run(STALL_RANKS, STALL_TIMEOUT_S, stall_rank, j, NULL);
-  cr_assert_eq(rc, MPG_OK, "%s", mpg_last_error());
-  double bound = tb_bound(STALL_TIMEOUT_S + 1.0, STALL_RANKS);
+  double bound = stall_run(j, stall_rank);
   for (int r = 0; r < STALL_RANKS; r++) {
     cr_log_info("rank %d: finish -> %s after %.3f s (bound %.3f s), grads_valid %d: %s", r,
                 mpg_status_name(j->finish[r]), j->secs[r], bound, j->valid[r], j->msg[r]);
-    cr_assert_eq(j->err[r][0], '\0', "rank %d: %s", r, j->err[r]);
+    expect_setup_and_destroys(j, r);
     cr_assert_eq(j->shm_buffers[r], 2, "rank %d: %d buffers on the shared path, expected 2",
                  r, j->shm_buffers[r]);
     cr_expect(j->finish[r] == MPG_ERR_TIMEOUT || j->finish[r] == MPG_ERR_ABORTED,
@@ -634,10 +640,6 @@ static void stalled_rank(int hosts) {
               mpg_status_name(j->finish[r]), j->msg[r]);
     cr_expect_eq(j->valid[r], 0, "rank %d: grads_valid %d after a failed step", r,
                  j->valid[r]);
-    cr_expect_eq(j->sync_destroy[r], MPG_OK, "rank %d: mpg_sync_destroy -> %s", r,
-                 mpg_status_name(j->sync_destroy[r]));
-    cr_expect_eq(j->ctx_destroy[r], MPG_OK, "rank %d: mpg_ctx_destroy -> %s", r,
-                 mpg_status_name(j->ctx_destroy[r]));
     if (r == STALL_RANKS - 1) continue;
     cr_expect_leq(j->secs[r], bound,
                   "rank %d: finish failed after %.3f s, bound %.3f s = timeout %.1f s + 1 s "
@@ -661,90 +663,18 @@ Test(shm_faults, stalled_rank_across_hosts, .timeout = 60) { stalled_rank(1); }
  * (its step across hosts is a reduce-scatter) fails alike. */
 Test(shm_faults, stalled_rank_across_hosts_shard_mode, .timeout = 60) { stalled_rank(2); }
 
-/* A rank that never posts its gather (issue 34): shard mode, one host, the
- * params in shared memory; after a good step and gather, rank 3 stalls
- * past the timeout before mpg_sync_gather_begin.  The others' gathers fail
- * within the timeout + 1 s, naming it by position and rank; rank 3's late
- * gather fails too; every sync and context destroys cleanly. */
-typedef struct gstall_job {
-  mpg_status gather[STALL_RANKS], late[STALL_RANKS], sync_destroy[STALL_RANKS],
-      ctx_destroy[STALL_RANKS];
-  double secs[STALL_RANKS];
-  size_t shm_bytes[STALL_RANKS], total_bytes[STALL_RANKS];
-  char msg[STALL_RANKS][1024], err[STALL_RANKS][512];
-} gstall_job;
-
-static mpg_status gstall_rank(const mpg_init_opts *opts, void *arg) {
-  gstall_job *j = arg;
-  int r = opts->rank;
-  mpg_mesh *mesh = NULL;
-  mpg_ctx *ctx = NULL;
-  mpg_sync *s = NULL;
-  const char *where = "mesh";
-  j->gather[r] = j->late[r] = MPG_ERR_INVALID;
-  mpg_status st = mesh_build("dp=2,cp=2", "dp_cp=dp,cp", 0, &mesh);
-  if (!st) where = "ctx_create", st = mpg_ctx_create(mesh, opts, &ctx);
-  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.sync.mode = MPG_SYNC_SHARD;
-  so.sync.bucket_mb = so.sync.first_bucket_mb = 0.002;
-  if (!st) where = "sync_create", st = mpg_sync_create(ctx, &so, &s);
-  for (int p = 0; p < 4 && !st; p++) {
-    char name[16];
-    int id;
-    snprintf(name, sizeof name, "w%d", p);
-    where = "add_param";
-    st = mpg_sync_add_param(s, name, 900, p % 2 ? MPG_BF16 : MPG_F32, NULL, &id);
-  }
-  if (!st) where = "commit", st = mpg_sync_commit(s);
-  mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
-  if (!st) where = "get_stats", st = mpg_sync_get_stats(s, &stats);
-  j->shm_bytes[r] = stats.shm_bytes;
-  j->total_bytes[r] = stats.total_bytes;
-  if (!st) where = "step 0", st = mpg_sync_all(s, 0, NULL);
-  if (!st) where = "gather 0", st = mpg_sync_gather_begin(s, NULL);
-  if (!st) st = mpg_sync_gather_all(s);
-  if (!st) where = "step 1", st = mpg_sync_all(s, 1, NULL);
-  if (st) {
-    put_msg(j->err[r], sizeof j->err[r], "%s: %s: %s", where, mpg_status_name(st),
-            mpg_last_error());
-  } else if (r == STALL_RANKS - 1) {
-    struct timespec ts = {(time_t)(STALL_TIMEOUT_S + 1), 500000000L};
-    nanosleep(&ts, NULL);
-    j->late[r] = mpg_sync_gather_begin(s, NULL);
-    if (!j->late[r]) j->late[r] = mpg_sync_gather_all(s);
-    put_msg(j->msg[r], sizeof j->msg[r], "%s", mpg_last_error());
-  } else {
-    double t0 = now_s();
-    j->gather[r] = mpg_sync_gather_begin(s, NULL);
-    if (!j->gather[r]) j->gather[r] = mpg_sync_gather_all(s);
-    j->secs[r] = now_s() - t0;
-    put_msg(j->msg[r], sizeof j->msg[r], "%s", mpg_last_error());
-  }
-  j->sync_destroy[r] = mpg_sync_destroy(s);
-  j->ctx_destroy[r] = mpg_ctx_destroy(ctx);
-  mpg_mesh_destroy(mesh);
-  return MPG_OK;
-}
-
 Test(shm_faults, stalled_gather_names_the_missing_rank, .timeout = 60) {
-  gstall_job *j = calloc(1, sizeof *j);
+  stall_job *j = calloc(1, sizeof *j);
   cr_assert_not_null(j);
-  setenv("MESHPG_SHM", "1", 1);
-  mpg_status rc = mpg_thread_run(STALL_RANKS, STALL_TIMEOUT_S, gstall_rank, j, NULL);
-  cr_assert_eq(rc, MPG_OK, "%s", mpg_last_error());
-  double bound = tb_bound(STALL_TIMEOUT_S + 1.0, STALL_RANKS);
+  double bound = stall_run(j, gstall_rank);
   for (int r = 0; r < STALL_RANKS; r++) {
     cr_log_info("rank %d: gather -> %s after %.3f s (bound %.3f s), late -> %s: %s", r,
                 mpg_status_name(j->gather[r]), j->secs[r], bound, mpg_status_name(j->late[r]),
                 j->msg[r]);
-    cr_assert_eq(j->err[r][0], '\0', "rank %d: %s", r, j->err[r]);
+    expect_setup_and_destroys(j, r);
     cr_assert_geq(j->shm_bytes[r], (size_t)STALL_RANKS * j->total_bytes[r],
                   "rank %d: shm_bytes %zu, total_bytes %zu: the params are not in shared "
                   "memory", r, j->shm_bytes[r], j->total_bytes[r]);
-    cr_expect_eq(j->sync_destroy[r], MPG_OK, "rank %d: mpg_sync_destroy -> %s", r,
-                 mpg_status_name(j->sync_destroy[r]));
-    cr_expect_eq(j->ctx_destroy[r], MPG_OK, "rank %d: mpg_ctx_destroy -> %s", r,
-                 mpg_status_name(j->ctx_destroy[r]));
     if (r == STALL_RANKS - 1) {
       cr_expect_neq(j->late[r], MPG_OK, "rank %d: the late gather succeeded", r);
       continue;
@@ -813,18 +743,18 @@ Test(shm_segment, thread_failure_names_the_anonymous_mapping, .timeout = 60) {
 static const char *worker(void) { return env_program("MESHPG_SHM_MPI_WORKER"); }
 
 /* Entries of /dev/shm named meshpg-<pid>-... (pid 0: any). */
+static char shm_prefix[64];
+static int has_shm_prefix(const struct dirent *e) {
+  return strncmp(e->d_name, shm_prefix, strlen(shm_prefix)) == 0;
+}
 static int shm_files(long pid) {
-  char prefix[64];
-  if (pid) snprintf(prefix, sizeof prefix, "meshpg-%ld-", pid);
-  else snprintf(prefix, sizeof prefix, "meshpg-");
-  DIR *d = opendir("/dev/shm");
-  if (!d) return 0;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)))
-    if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) n++;
-  closedir(d);
-  return n;
+  if (pid) snprintf(shm_prefix, sizeof shm_prefix, "meshpg-%ld-", pid);
+  else snprintf(shm_prefix, sizeof shm_prefix, "meshpg-");
+  struct dirent **list;
+  int n = scandir("/dev/shm", &list, has_shm_prefix, NULL);
+  for (int k = 0; k < n; k++) free(list[k]);
+  if (n >= 0) free(list);
+  return n < 0 ? 0 : n;
 }
 
 /* mpirun -np N shm_mpi_worker MODE with the shared path on; expect exit
@@ -871,12 +801,15 @@ static void expect_nothing_left(int np, int before) {
   cr_expect_leq(after, before, "/dev/shm/meshpg-*: %d before the job, %d after", before, after);
 }
 
-static void values(int np) {
+/* run_worker(np, mode), its output naming what it checked (want), and
+ * nothing left behind. */
+static void checked(int np, const char *mode, const char *want) {
   int before = shm_files(0);
-  run_worker(np, "values", 200);
-  cr_assert(strstr(out, "shm buffers"), "%s", out);
+  run_worker(np, mode, 200);
+  cr_assert(strstr(out, want), "%s", out);
   expect_nothing_left(np, before);
 }
+static void values(int np) { checked(np, "values", "shm buffers"); }
 
 /* Random non-integer f32 and bf16 gradients: every result equals, bit for
  * bit, the position-order f32 sum (pre-multiplied, averaged, rounded once)
@@ -889,12 +822,7 @@ Test(shm_mpi, values_4_ranks, .timeout = 240) { values(4); }
  * values and, byte for byte, to a context's with MESHPG_SHM=0 (the MPI
  * backend's all-gather); both segments counted in shm_bytes; nothing
  * left in /dev/shm. */
-static void gather(int np) {
-  int before = shm_files(0);
-  run_worker(np, "gather", 200);
-  cr_assert(strstr(out, "checked the shared-memory gather"), "%s", out);
-  expect_nothing_left(np, before);
-}
+static void gather(int np) { checked(np, "gather", "checked the shared-memory gather"); }
 Test(shm_mpi, gather_2_ranks, .timeout = 240) { gather(2); }
 Test(shm_mpi, gather_4_ranks, .timeout = 240) { gather(4); }
 
@@ -903,11 +831,7 @@ Test(shm_mpi, gather_4_ranks, .timeout = 240) { gather(4); }
  * in shard mode (the owned slices also equal to replicate mode's),
  * nothing left behind. */
 Test(shm_mpi, two_hosts_hierarchical_4_ranks, .timeout = 240) {
-  int before = shm_files(0);
-  run_worker(4, "hosts", 200);
-  cr_assert(strstr(out, "checked the hierarchical shm buffers, replicate and shard mode"), "%s",
-            out);
-  expect_nothing_left(4, before);
+  checked(4, "hosts", "checked the hierarchical shm buffers, replicate and shard mode");
 }
 
 /* A param larger than /dev/shm's free space, then one that fits in it

@@ -13,6 +13,7 @@
 #include "shard_check.h"
 #include "../support/clock.h"
 #include "../support/mesh_util.h"
+#include "../support/rank_check.h"
 #include "test_sync_shm.h"
 
 /* ------------------------------------------------------------------ */
@@ -71,7 +72,7 @@ typedef struct pc_res {
   unsigned char sharded_param[PC_MAX_PARAMS]; /* in a sharded buffer */
   int nmem[PC_MAX_PARAMS], mem[PC_MAX_PARAMS][PC_MAX_RANKS]; /* its group's ranks */
   size_t shm_bytes;
-  char msg[1536];
+  sc_out out; /* a failing rank's message */
 } pc_res;
 
 typedef struct pc_run {
@@ -133,15 +134,8 @@ static void pc_random(pcase *c, unsigned seed, int shard, int hosts) {
   if (hosts >= 2 && world % 2) world++;
   int hsdp = shard && sc_rand(&s) % 3 == 0;
   const char *names[5];
-  int size[5] = {1, 1, 1, 1, 1}, nd = 0, ndp;
-  if (hsdp) {
-    names[nd++] = "dp_replicate";
-    names[nd++] = "dp_shard";
-  } else {
-    names[nd++] = "dp";
-  }
-  names[nd++] = "cp";
-  ndp = nd; /* dims of dp_cp */
+  int size[5] = {1, 1, 1, 1, 1}, nd = sc_dp_dims(names, hsdp);
+  int ndp = nd; /* dims of dp_cp */
   int has_tp = sc_rand(&s) % 3 != 0, has_pp = sc_rand(&s) % 2 == 0;
   if (has_tp) names[nd++] = "tp";
   if (has_pp) names[nd++] = "pp";
@@ -155,12 +149,7 @@ static void pc_random(pcase *c, unsigned seed, int shard, int hosts) {
       w /= f;
     }
   int perm[5] = {0, 1, 2, 3, 4};
-  for (int k = nd - 1; k > 0; k--) {
-    int j = (int)(sc_rand(&s) % (unsigned)(k + 1));
-    int t = perm[k];
-    perm[k] = perm[j];
-    perm[j] = t;
-  }
+  sc_shuffle(perm, nd, &s);
   char mesh[96] = "", flat[96] = "dp_cp=";
   int first = 1, pp_size = 1;
   for (int k = 0; k < nd; k++) {
@@ -246,23 +235,8 @@ static void describe(const pcase *c, char *buf, size_t cap) {
 /* One rank                                                            */
 /* ------------------------------------------------------------------ */
 
-#define P_FAIL(...)                                                    \
-  do {                                                                 \
-    put_msg(o->msg, sizeof o->msg, __VA_ARGS__);                       \
-    rc = MPG_ERR_STATE;                                                \
-    goto done;                                                         \
-  } while (0)
-#define P_TRY(call)                                                    \
-  do {                                                                 \
-    mpg_status st_ = (call);                                           \
-    if (st_ != MPG_OK)                                                 \
-      P_FAIL("rank %d: line %d: %s -> %s: %s", rank, __LINE__, #call,  \
-             mpg_status_name(st_), mpg_last_error());                  \
-  } while (0)
-#define P_CHECK(cond, ...)                                             \
-  do {                                                                 \
-    if (!(cond)) P_FAIL(__VA_ARGS__);                                  \
-  } while (0)
+/* prop_rank fails through sync_scenarios.h's SC_TRY and SC_CHECK (o: the
+ * rank's res->out). */
 
 static int record(pc_res *o, int step, int p, int is_param, const void *src, size_t first,
                   size_t bytes) {
@@ -286,15 +260,6 @@ static void fill(const pcase *c, void *g, int rank, int p, int step, int mb, int
   for (size_t i = 0; i < pa->count; i++) {
     double x = gen(c->seed, rank, p, step, mb, i);
     sc_set(g, pa->dtype, i, add ? sc_get(g, pa->dtype, i) + x : x);
-  }
-}
-
-static void shuffle(int *v, int n, unsigned *s) {
-  for (int k = n - 1; k > 0; k--) {
-    int j = (int)(sc_rand(s) % (unsigned)(k + 1));
-    int t = v[k];
-    v[k] = v[j];
-    v[j] = t;
   }
 }
 
@@ -417,15 +382,33 @@ static void shard_ref(const pcase *c, const sc_mesh_info *mi, int shm, unsigned 
   sc_set(out, dt, 0, tot);
 }
 
+/* Destroys the rank's sync, context and mesh; a failing destroy becomes
+ * the rank's failure (its status) unless rc is one already. */
+static mpg_status prop_close(sc_out *o, int rank, mpg_status rc, sc_objs *x) {
+  mpg_status st = x->sync ? mpg_sync_destroy(x->sync) : MPG_OK;
+  const char *what = "mpg_sync_destroy";
+  if (!st && x->ctx) st = mpg_ctx_destroy(x->ctx), what = "mpg_ctx_destroy";
+  else if (x->ctx) mpg_ctx_destroy(x->ctx);
+  if (st && !rc) {
+    sc_fmt(o->msg, sizeof o->msg, "rank %d: %s -> %s: %s", rank, what, mpg_status_name(st),
+           mpg_last_error());
+    rc = st;
+  }
+  mpg_mesh_destroy(x->mesh);
+  return rc;
+}
+
+/* One rank of a run (t->shm: the path on or off): PC_STEPS steps of
+ * case t->c, its results recorded in t->res[rank], checked against the
+ * reference where exact. */
 static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
   pc_run *t = arg;
+  pc_res *res = &t->res[opts->rank];
+  sc_out *o = &res->out;
   const pcase *c = t->c;
   int rank = opts->rank;
-  pc_res *o = &t->res[rank];
   mpg_status rc = MPG_OK;
-  mpg_mesh *mesh = NULL;
-  mpg_ctx *ctx = NULL;
-  mpg_sync *sync = NULL;
+  sc_objs x = {0};
   sc_mesh_info *mi = calloc(1, sizeof *mi);
   void *gv[PC_MAX_PARAMS], *pv[PC_MAX_PARAMS];
   mpg_shard_info info[PC_MAX_PARAMS];
@@ -435,22 +418,20 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
    * node (0: the first member's), whether it is checked exactly. */
   int members[PC_MAX_PARAMS][PC_MAX_RANKS], node[PC_MAX_PARAMS][PC_MAX_RANKS];
   int nmembers[PC_MAX_PARAMS], checked[PC_MAX_PARAMS];
-  P_CHECK(mi, "out of memory");
+  SC_CHECK(mi, "out of memory");
 
-  P_TRY(mesh_build(c->mesh, c->flatten, 0, &mesh));
+  SC_TRY(mesh_build(c->mesh, c->flatten, 0, &x.mesh));
   mpg_init_opts copts = *opts;
   copts.host_id = host_of(c, rank);
-  P_TRY(mpg_ctx_create(mesh, &copts, &ctx));
-  P_CHECK(mpg_ctx_rank(ctx) == rank, "ctx rank %d", mpg_ctx_rank(ctx));
-  mi->world = mpg_mesh_world_size(mesh);
-  mi->ndims = mpg_mesh_ndims(mesh);
-  P_CHECK(mi->world == c->world, "world %d, expected %d", mi->world, c->world);
+  SC_TRY(mpg_ctx_create(x.mesh, &copts, &x.ctx));
+  SC_CHECK(mpg_ctx_rank(x.ctx) == rank, "ctx rank %d", mpg_ctx_rank(x.ctx));
+  SC_TRY(sc_mesh_info_of(x.mesh, mi));
+  SC_CHECK(mi->world == c->world, "world %d, expected %d", mi->world, c->world);
   int pp_dim = -1, pp_size = 1;
-  for (int r = 0; r < mi->world; r++) P_TRY(mpg_mesh_coord_of(mesh, r, mi->coord[r]));
   for (int d = 0; d < mi->ndims; d++) {
     const char *nm;
     int size;
-    mpg_mesh_dim(mesh, d, &nm, &size);
+    mpg_mesh_dim(x.mesh, d, &nm, &size);
     if (strcmp(nm, "pp") == 0) pp_dim = d, pp_size = size;
   }
 
@@ -459,9 +440,9 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
   int any_tied = 0;
   for (int p = 0; p < c->nparams; p++) any_tied |= c->params[p].tied;
   if (any_tied) {
-    P_CHECK(pp_dim >= 0 && pp_size > 1, "a tied param needs pp >= 2");
+    SC_CHECK(pp_dim >= 0 && pp_size > 1, "a tied param needs pp >= 2");
     int pos[2] = {0, pp_size - 1};
-    P_TRY(mpg_ctx_group_select(ctx, "pp", pos, 2, &tied));
+    SC_TRY(mpg_ctx_group_select(x.ctx, "pp", pos, 2, &tied));
   }
 
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
@@ -475,7 +456,7 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
     snprintf(so.sync.shard_dims, sizeof so.sync.shard_dims, "%s", c->shard_dims);
     snprintf(so.sync.replicate_dims, sizeof so.sync.replicate_dims, "%s", c->replicate_dims);
   }
-  P_TRY(mpg_sync_create(ctx, &so, &sync));
+  SC_TRY(mpg_sync_create(x.ctx, &so, &x.sync));
   for (int p = 0; p < c->nparams; p++) {
     char name[16];
     snprintf(name, sizeof name, "p%d", p);
@@ -484,10 +465,10 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
     tied_of[p] = c->params[p].tied ? tied : NULL; /* middle stages: untied */
     po.tied_group = tied_of[p];
     int id;
-    P_TRY(mpg_sync_add_param(sync, name, c->params[p].count, c->params[p].dtype, &po, &id));
-    P_CHECK(id == p, "param %d got id %d", p, id);
+    SC_TRY(mpg_sync_add_param(x.sync, name, c->params[p].count, c->params[p].dtype, &po, &id));
+    SC_CHECK(id == p, "param %d got id %d", p, id);
   }
-  P_TRY(mpg_sync_commit(sync));
+  SC_TRY(mpg_sync_commit(x.sync));
 
   /* Which buffers should be on the shared path: one per (dtype, reduce
    * group, tied group, sharded); reduced over the shard group when
@@ -496,10 +477,10 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
    * >= 2 on each of several hosts: hierarchical. */
   unsigned smask = 0, rmask = 0;
   if (c->shard)
-    P_CHECK(shc_mask(mesh, c->shard_dims[0] ? c->shard_dims : "dp_cp", &smask) == 0,
+    SC_CHECK(shc_mask(x.mesh, c->shard_dims[0] ? c->shard_dims : "dp_cp", &smask) == 0,
             "bad shard dims %s", c->shard_dims);
   if (c->shard && c->replicate_dims[0])
-    P_CHECK(shc_mask(mesh, c->replicate_dims, &rmask) == 0, "bad replicate dims %s",
+    SC_CHECK(shc_mask(x.mesh, c->replicate_dims, &rmask) == 0, "bad replicate dims %s",
             c->replicate_dims);
   struct {
     mpg_dtype dt;
@@ -509,12 +490,12 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
   int nkeys = 0;
   for (int p = 0; p < c->nparams; p++) {
     mpg_group *g = NULL;
-    P_TRY(mpg_sync_param_group(sync, p, &g));
-    P_TRY(mpg_sync_grad(sync, p, &gv[p]));
+    SC_TRY(mpg_sync_param_group(x.sync, p, &g));
+    SC_TRY(mpg_sync_grad(x.sync, p, &gv[p]));
     info[p] = (mpg_shard_info)MPG_SHARD_INFO_INIT;
     if (c->shard) {
-      P_TRY(mpg_sync_get_shard(sync, p, &info[p]));
-      P_TRY(mpg_sync_param(sync, p, &pv[p]));
+      SC_TRY(mpg_sync_get_shard(x.sync, p, &info[p]));
+      SC_TRY(mpg_sync_param(x.sync, p, &pv[p]));
     } else {
       info[p].count = c->params[p].count;
     }
@@ -526,8 +507,8 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
         if (sc_same_outside(mi, rank, q, smask)) mem[n++] = q;
     } else {
       n = mpg_group_size(g);
-      P_CHECK(n <= PC_MAX_RANKS, "group of %d", n);
-      for (int pos = 0; pos < n; pos++) P_TRY(mpg_group_member(g, pos, &mem[pos]));
+      SC_CHECK(n <= PC_MAX_RANKS, "group of %d", n);
+      for (int pos = 0; pos < n; pos++) SC_TRY(mpg_group_member(g, pos, &mem[pos]));
     }
     nmembers[p] = n;
     int count[2] = {0, 0};
@@ -539,10 +520,10 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
      * or reduce-scattered hierarchically); uneven hosts or one member per
      * host: the backend's collectives. */
     int shared = n >= 2 && (!count[1] || (count[0] == count[1] && count[0] >= 2));
-    o->hier_param[p] = (unsigned char)(shared && count[1]);
-    o->sharded_param[p] = (unsigned char)sharded;
-    o->nmem[p] = n;
-    memcpy(o->mem[p], mem, sizeof(int) * (size_t)n);
+    res->hier_param[p] = (unsigned char)(shared && count[1]);
+    res->sharded_param[p] = (unsigned char)sharded;
+    res->nmem[p] = n;
+    memcpy(res->mem[p], mem, sizeof(int) * (size_t)n);
     /* Exactly checked: all-reduced and untied (the reference has no tied
      * sum), or sharded (shard_ref). */
     checked[p] = sharded || !tied_of[p];
@@ -556,36 +537,36 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
     keys[nkeys].tied = tied_of[p];
     keys[nkeys].sharded = sharded;
     nkeys++;
-    o->want_shm += shared;
-    o->local += shared && !count[1];
-    o->hier += shared && count[1];
-    o->spanning += n >= 2 && !shared && count[1];
+    res->want_shm += shared;
+    res->local += shared && !count[1];
+    res->hier += shared && count[1];
+    res->spanning += n >= 2 && !shared && count[1];
   }
   mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
-  P_TRY(mpg_sync_get_stats(sync, &stats));
-  o->shm_buffers = stats.shm_buffers;
-  o->shm_bytes = stats.shm_bytes;
-  o->num_buffers = stats.num_buffers;
-  o->want_buffers = nkeys;
-  P_CHECK(stats.num_buffers == nkeys, "rank %d: %d buffers, the test expected %d", rank,
+  SC_TRY(mpg_sync_get_stats(x.sync, &stats));
+  res->shm_buffers = stats.shm_buffers;
+  res->shm_bytes = stats.shm_bytes;
+  res->num_buffers = stats.num_buffers;
+  res->want_buffers = nkeys;
+  SC_CHECK(stats.num_buffers == nkeys, "rank %d: %d buffers, the test expected %d", rank,
           stats.num_buffers, nkeys);
   if (t->shm) {
-    P_CHECK(stats.shm_buffers == o->want_shm,
+    SC_CHECK(stats.shm_buffers == res->want_shm,
             "rank %d: MESHPG_SHM=1: shm_buffers %d, expected %d (of %d buffers: %d on one "
             "host, %d hierarchical across hosts; %d others span hosts)",
-            rank, stats.shm_buffers, o->want_shm, nkeys, o->local, o->hier, o->spanning);
-    P_CHECK((stats.shm_bytes > 0) == (o->want_shm > 0), "rank %d: shm_bytes %zu with %d shm "
+            rank, stats.shm_buffers, res->want_shm, nkeys, res->local, res->hier, res->spanning);
+    SC_CHECK((stats.shm_bytes > 0) == (res->want_shm > 0), "rank %d: shm_bytes %zu with %d shm "
             "buffers", rank, stats.shm_bytes, stats.shm_buffers);
     /* Each segment maps every local member's copy of its buffer: both
      * (the gradients' and the params') at least the shard group's members
      * on this host x total_bytes (which counts both buffers); across two
      * hosts (hierarchical) half of the shard group is on this host. */
     size_t per_host = (size_t)stats.shard_size / (c->hosts >= 2 ? 2 : 1);
-    P_CHECK(!c->param_shm || stats.shm_bytes >= per_host * stats.total_bytes,
+    SC_CHECK(!c->param_shm || stats.shm_bytes >= per_host * stats.total_bytes,
             "rank %d: shm_bytes %zu < %zu members on this host x total_bytes %zu: the params "
             "are not in shared memory", rank, stats.shm_bytes, per_host, stats.total_bytes);
   } else {
-    P_CHECK(stats.shm_buffers == 0 && stats.shm_bytes == 0,
+    SC_CHECK(stats.shm_buffers == 0 && stats.shm_bytes == 0,
             "rank %d: MESHPG_SHM=0: shm_buffers %d, shm_bytes %zu, expected 0", rank,
             stats.shm_buffers, stats.shm_bytes);
   }
@@ -598,59 +579,59 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
   for (int step = 0; step < PC_STEPS; step++) {
     if (step == 0) {
       for (int p = 0; p < c->nparams; p++) fill(c, gv[p], rank, p, step, 0, 0);
-      P_TRY(mpg_sync_all(sync, step, NULL));
+      SC_TRY(mpg_sync_all(x.sync, step, NULL));
     } else if (step == 1) {
-      P_TRY(mpg_sync_zero_grads(sync));
+      SC_TRY(mpg_sync_zero_grads(x.sync));
       for (int mb = 0; mb < 2; mb++) {
-        P_TRY(mpg_sync_begin(sync, step, mb == 1, NULL));
+        SC_TRY(mpg_sync_begin(x.sync, step, mb == 1, NULL));
         for (int p = 0; p < c->nparams; p++) order[p] = c->nparams - 1 - p;
-        shuffle(order, c->nparams, &rs);
+        sc_shuffle(order, c->nparams, &rs);
         for (int k = 0; k < c->nparams; k++) {
           fill(c, gv[order[k]], rank, order[k], step, mb, 1);
-          P_TRY(mpg_sync_mark_ready(sync, order[k]));
+          SC_TRY(mpg_sync_mark_ready(x.sync, order[k]));
         }
-        P_TRY(mpg_sync_finish(sync));
+        SC_TRY(mpg_sync_finish(x.sync));
       }
     } else {
-      P_TRY(mpg_sync_begin(sync, step, 1, NULL));
+      SC_TRY(mpg_sync_begin(x.sync, step, 1, NULL));
       for (int p = 0; p < c->nparams; p++) order[p] = p;
-      shuffle(order, c->nparams, &rs);
+      sc_shuffle(order, c->nparams, &rs);
       for (int k = 0; k < c->nparams; k++) {
         fill(c, gv[order[k]], rank, order[k], step, 0, 0);
-        if (k < c->nparams / 2) P_TRY(mpg_sync_mark_ready(sync, order[k]));
+        if (k < c->nparams / 2) SC_TRY(mpg_sync_mark_ready(x.sync, order[k]));
       }
-      P_TRY(mpg_sync_finish(sync));
+      SC_TRY(mpg_sync_finish(x.sync));
     }
-    P_CHECK(mpg_sync_grads_valid(sync) == 1, "rank %d: step %d: grads invalid", rank, step);
+    SC_CHECK(mpg_sync_grads_valid(x.sync) == 1, "rank %d: step %d: grads invalid", rank, step);
     /* All-reduced untied params: bit for bit the reference (position
      * order; hierarchical order for a buffer shared across hosts). */
     for (int p = 0; p < c->nparams; p++) {
       if (!checked[p]) continue;
       mpg_dtype dt = c->params[p].dtype;
       size_t es = mpg_dtype_size(dt);
-      int hier = t->shm && o->hier_param[p];
+      int hier = t->shm && res->hier_param[p];
       for (size_t i = info[p].param_offset; i < info[p].param_offset + info[p].count; i++) {
         uint64_t want = 0;
-        if (o->sharded_param[p])
+        if (res->sharded_param[p])
           shard_ref(c, mi, t->shm, smask, rmask, rank, p, step, i, &want);
         else
           reduce_ref(c, p, step, i, members[p], node[p], nmembers[p], hier, &want);
         const char *got = (const char *)gv[p] + i * es;
-        P_CHECK(memcmp(got, &want, es) == 0,
+        SC_CHECK(memcmp(got, &want, es) == 0,
                 "rank %d: MESHPG_SHM=%d: step %d: param p%d (%zu x %s, %sgroup of %d%s) "
                 "element %zu: %.17g, the %s-order reference %.17g",
                 rank, t->shm, step, p, c->params[p].count, mpg_dtype_name(dt),
-                o->sharded_param[p] ? "sharded, shard " : "", nmembers[p],
-                o->hier_param[p] ? " across 2 hosts" : "", i, sc_get(got, dt, 0),
+                res->sharded_param[p] ? "sharded, shard " : "", nmembers[p],
+                res->hier_param[p] ? " across 2 hosts" : "", i, sc_get(got, dt, 0),
                 hier ? "node-then-position" : "position", sc_get(&want, dt, 0));
-        o->exact++;
+        res->exact++;
       }
     }
     /* What is defined: the owned part of each gradient (all of it in
      * replicate mode and for replicated params). */
     for (int p = 0; p < c->nparams; p++) {
       size_t es = mpg_dtype_size(c->params[p].dtype);
-      P_CHECK(record(o, step, p, 0, (char *)gv[p] + info[p].param_offset * es,
+      SC_CHECK(record(res, step, p, 0, (char *)gv[p] + info[p].param_offset * es,
                      info[p].param_offset, info[p].count * es) == 0,
               "out of memory for the results");
     }
@@ -665,7 +646,7 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
       for (int p = 0; p < c->nparams; p++) {
         size_t es = mpg_dtype_size(c->params[p].dtype);
         unsigned char *dst = (unsigned char *)pv[p] + info[p].param_offset * es;
-        if (o->sharded_param[p] && o->hier_param[p]) {
+        if (res->sharded_param[p] && res->hier_param[p]) {
           for (size_t b = 0; b < info[p].count * es; b++) {
             uint32_t g = (uint32_t)(info[p].param_offset * es + b);
             dst[b] = (unsigned char)((g * 2654435761u + (uint32_t)p * 97u +
@@ -676,39 +657,22 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
         memcpy(dst, (char *)gv[p] + info[p].param_offset * es, info[p].count * es);
         for (size_t i = 0; i < info[p].count; i++) dst[i * es + es - 1] ^= 0x80u;
       }
-      P_TRY(mpg_sync_zero_grads(sync));
-      P_TRY(mpg_sync_gather_begin(sync, NULL));
-      P_TRY(mpg_sync_gather_all(sync));
+      SC_TRY(mpg_sync_zero_grads(x.sync));
+      SC_TRY(mpg_sync_gather_begin(x.sync, NULL));
+      SC_TRY(mpg_sync_gather_all(x.sync));
       for (int p = 0; p < c->nparams; p++)
-        P_CHECK(record(o, step, p, 1, pv[p], 0,
+        SC_CHECK(record(res, step, p, 1, pv[p], 0,
                        c->params[p].count * mpg_dtype_size(c->params[p].dtype)) == 0,
                 "out of memory for the results");
     }
   }
-  P_TRY(mpg_sync_get_stats(sync, &stats));
-  P_CHECK(stats.shm_buffers == o->shm_buffers, "rank %d: shm_buffers changed from %d to %d",
-          rank, o->shm_buffers, stats.shm_buffers);
+  SC_TRY(mpg_sync_get_stats(x.sync, &stats));
+  SC_CHECK(stats.shm_buffers == res->shm_buffers, "rank %d: shm_buffers changed from %d to %d",
+          rank, res->shm_buffers, stats.shm_buffers);
 
 done:
-  if (sync) {
-    mpg_status st = mpg_sync_destroy(sync);
-    if (st && !rc) {
-      put_msg(o->msg, sizeof o->msg, "rank %d: mpg_sync_destroy -> %s: %s", rank,
-              mpg_status_name(st), mpg_last_error());
-      rc = st;
-    }
-  }
-  if (ctx) {
-    mpg_status st = mpg_ctx_destroy(ctx);
-    if (st && !rc) {
-      put_msg(o->msg, sizeof o->msg, "rank %d: mpg_ctx_destroy -> %s: %s", rank,
-              mpg_status_name(st), mpg_last_error());
-      rc = st;
-    }
-  }
-  mpg_mesh_destroy(mesh);
   free(mi);
-  return rc;
+  return prop_close(o, rank, rc, &x);
 }
 
 /* ------------------------------------------------------------------ */
@@ -725,13 +689,9 @@ static pc_run *run_once(const pcase *c, int shm, const char *env_value) {
   else unsetenv("MESHPG_SHM");
   mpg_status st[PC_MAX_RANKS];
   mpg_status rc = mpg_thread_run(c->world, 30.0, prop_rank, t, st);
-  char what[2048], all[8192] = "";
+  char what[2048], all[8192];
   describe(c, what, sizeof what);
-  size_t n = 0;
-  for (int r = 0; r < c->world; r++)
-    if (st[r] != MPG_OK && n < sizeof all)
-      n += (size_t)snprintf(all + n, sizeof all - n, "\n  rank %d: %s: %s", r,
-                            mpg_status_name(st[r]), t->res[r].msg);
+  rank_failures(all, sizeof all, c->world, st, t->res[0].out.msg, sizeof t->res[0]);
   cr_assert_eq(rc, MPG_OK, "%s\nMESHPG_SHM=%s: failed: %s%s", what,
                env_value ? env_value : "(unset)", mpg_last_error(), all);
   return t;
