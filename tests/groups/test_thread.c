@@ -28,6 +28,7 @@
 
 #include "meshpg.h"
 #include "../support/rank_check.h"
+#include "run_ranks.h"
 #include "../support/time_bound.h"
 
 /* ------------------------------------------------------------------------ */
@@ -633,13 +634,8 @@ Test(thread_matrix, size_one_dim) {
 /* Several groups in flight at once                                          */
 /* ------------------------------------------------------------------------ */
 
-static mpg_status cross_main(const mpg_init_opts *opts, void *arg) {
-  const mpg_mesh *mesh = arg;
-  tl_rank = opts->rank;
-  mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(mesh, opts, &ctx));
-  tl_ctx = ctx;
-  int nsets = mpg_mesh_num_dimsets(mesh);
+static mpg_status cross_main(rr_rank *r) {
+  int nsets = mpg_mesh_num_dimsets(r->mesh);
   mpg_work *w[32][3];
   int64_t in[32], out[32], gathered[32][64];
   int32_t bc[32];
@@ -648,9 +644,9 @@ static mpg_status cross_main(const mpg_init_opts *opts, void *arg) {
   /* Post on every group before waiting for any. */
   for (int s = 0; s < nsets && !st; s++) {
     const char *name;
-    mpg_mesh_dimset_info(mesh, s, &name, NULL, NULL);
-    st = mpg_ctx_group(ctx, name, &g[s]);
-    in[s] = (int64_t)opts->rank * 1000 + s;
+    mpg_mesh_dimset_info(r->mesh, s, &name, NULL, NULL);
+    st = mpg_ctx_group(r->ctx, name, &g[s]);
+    in[s] = (int64_t)r->rank * 1000 + s;
     bc[s] = mpg_group_position(g[s]) == 0 ? 777 + s : -1;
     if (!st) st = mpg_all_reduce(g[s], &in[s], &out[s], 1, MPG_I64, MPG_OP_SUM, NULL, &w[s][0]);
     if (!st) st = mpg_all_gather(g[s], &in[s], gathered[s], 1, MPG_I64, NULL, &w[s][1]);
@@ -661,8 +657,8 @@ static mpg_status cross_main(const mpg_init_opts *opts, void *arg) {
     for (int k = 2; k >= 0; k--) RCALL(mpg_work_wait(w[s][k]));
   for (int s = 0; s < nsets; s++) {
     int members[64], index, size;
-    mpg_mesh_group_of(mesh, s, opts->rank, &index, NULL, &size);
-    mpg_mesh_group_members(mesh, s, index, members);
+    mpg_mesh_group_of(r->mesh, s, r->rank, &index, NULL, &size);
+    mpg_mesh_group_members(r->mesh, s, index, members);
     int64_t sum = 0;
     for (int p = 0; p < size; p++) {
       sum += (int64_t)members[p] * 1000 + s;
@@ -672,30 +668,21 @@ static mpg_status cross_main(const mpg_init_opts *opts, void *arg) {
            (long long)sum);
     RCHECK(bc[s] == 777 + s, "dim set %d: broadcast gave %d", s, bc[s]);
   }
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
 Test(thread_async, every_group_in_flight_at_once) {
-  const char *const fl[] = {"dp_cp=dp,cp", "pp_tp=pp,tp", NULL};
-  mpg_mesh *mesh = make_mesh("pp=2,dp=2,cp=2,tp=2", fl);
-  EXPECT_RUN_OK(mpg_thread_run(16, 20.0, cross_main, mesh, NULL));
-  mpg_mesh_destroy(mesh);
+  run_ranks_ok("pp=2,dp=2,cp=2,tp=2", 16, cross_main, NULL,
+               &(rr_opts){.flatten = "dp_cp=dp,cp;pp_tp=pp,tp"});
 }
 
 /* Polling with mpg_work_test alone reaches done = 1. */
-static mpg_status poll_main(const mpg_init_opts *opts, void *arg) {
-  const mpg_mesh *mesh = arg;
-  tl_rank = opts->rank;
-  mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(mesh, opts, &ctx));
-  tl_ctx = ctx;
+static mpg_status poll_main(rr_rank *r) {
   mpg_group *g;
-  RCALL(mpg_ctx_group(ctx, "world", &g));
+  RCALL(mpg_ctx_group(r->ctx, "world", &g));
   /* Stagger the ranks so some polls see the work unfinished. */
-  sleep_s(0.01 * opts->rank);
-  double x = opts->rank + 1, y = 0;
+  sleep_s(0.01 * r->rank);
+  double x = r->rank + 1, y = 0;
   mpg_work *w = NULL;
   RCALL(mpg_all_reduce(g, &x, &y, 1, MPG_F64, MPG_OP_MAX, NULL, &w));
   RCHECK(w != NULL, "no work handle for a group of %d", mpg_group_size(g));
@@ -707,36 +694,25 @@ static mpg_status poll_main(const mpg_init_opts *opts, void *arg) {
     if (!done) sleep_s(0.001);
   }
   RCHECK(done == 1, "not done after %d polls", polls);
-  RCHECK(y == opts->world_size, "max is %g", y);
+  RCHECK(y == r->world, "max is %g", y);
   RCALL(mpg_work_wait(w));
   RCALL(mpg_work_wait(NULL));
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
-Test(thread_async, test_polls_to_completion) {
-  mpg_mesh *mesh = make_mesh("dp=2,tp=2", NULL);
-  EXPECT_RUN_OK(mpg_thread_run(4, 20.0, poll_main, mesh, NULL));
-  mpg_mesh_destroy(mesh);
-}
+Test(thread_async, test_polls_to_completion) { run_ranks("dp=2,tp=2", 4, poll_main, NULL); }
 
 /* A rank far ahead of its peer is held back (bounded), and nothing is lost. */
-static mpg_status ahead_main(const mpg_init_opts *opts, void *arg) {
-  const mpg_mesh *mesh = arg;
-  tl_rank = opts->rank;
+static mpg_status ahead_main(rr_rank *r) {
   enum { N = 1500 };
-  mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(mesh, opts, &ctx));
-  tl_ctx = ctx;
   mpg_group *g;
-  RCALL(mpg_ctx_group(ctx, "world", &g));
-  if (opts->rank == 1) sleep_s(0.2);
+  RCALL(mpg_ctx_group(r->ctx, "world", &g));
+  if (r->rank == 1) sleep_s(0.2);
   mpg_work **w = calloc(N, sizeof *w);
   int32_t *in = malloc(sizeof(int32_t) * N), *out = malloc(sizeof(int32_t) * N);
   RCHECK(w && in && out, "out of memory");
   for (int i = 0; i < N; i++) {
-    in[i] = i * (opts->rank + 1);
+    in[i] = i * (r->rank + 1);
     RCALL(mpg_all_reduce(g, &in[i], &out[i], 1, MPG_I32, MPG_OP_SUM, NULL, &w[i]));
   }
   for (int i = 0; i < N; i++) RCALL(mpg_work_wait(w[i]));
@@ -744,13 +720,7 @@ static mpg_status ahead_main(const mpg_init_opts *opts, void *arg) {
   free(w);
   free(in);
   free(out);
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
-Test(thread_async, far_ahead_rank_is_throttled_not_lost) {
-  mpg_mesh *mesh = make_mesh("dp=2", NULL);
-  EXPECT_RUN_OK(mpg_thread_run(2, 20.0, ahead_main, mesh, NULL));
-  mpg_mesh_destroy(mesh);
-}
+Test(thread_async, far_ahead_rank_is_throttled_not_lost) { run_ranks("dp=2", 2, ahead_main, NULL); }

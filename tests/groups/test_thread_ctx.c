@@ -13,23 +13,23 @@
 
 #include "meshpg.h"
 #include "../support/rank_check.h"
+#include "run_ranks.h"
 #include "../support/time_bound.h"
 
 /* ------------------------------------------------------------------------ */
 /* Contexts one after the other and side by side                             */
 /* ------------------------------------------------------------------------ */
 
-static mpg_status two_ctx_main(const mpg_init_opts *opts, void *arg) {
-  const mpg_mesh *mesh = arg;
-  tl_rank = opts->rank;
+/* Without run_ranks' context (no_ctx): two of its own, twice. */
+static mpg_status two_ctx_main(rr_rank *r) {
   for (int round = 0; round < 2; round++) {
     mpg_ctx *a = NULL, *b = NULL;
-    RCALL(mpg_ctx_create(mesh, opts, &a));
-    RCALL(mpg_ctx_create(mesh, opts, &b));
+    RCALL(mpg_ctx_create(r->mesh, r->opts, &a));
+    RCALL(mpg_ctx_create(r->mesh, r->opts, &b));
     mpg_group *ga, *gb;
     RCALL(mpg_ctx_group(a, "tp", &ga));
     RCALL(mpg_ctx_group(b, "tp", &gb));
-    int32_t x = opts->rank, sa = 0, sb = 0;
+    int32_t x = r->rank, sa = 0, sb = 0;
     mpg_work *wa, *wb;
     /* b first on purpose: each context matches its own calls. */
     RCALL(mpg_all_reduce(gb, &x, &sb, 1, MPG_I32, MPG_OP_MAX, NULL, &wb));
@@ -47,9 +47,7 @@ static mpg_status two_ctx_main(const mpg_init_opts *opts, void *arg) {
 }
 
 Test(thread_ctx, contexts_in_sequence_and_side_by_side) {
-  mpg_mesh *mesh = make_mesh("dp=2,tp=2", NULL);
-  EXPECT_RUN_OK(mpg_thread_run(4, 20.0, two_ctx_main, mesh, NULL));
-  mpg_mesh_destroy(mesh);
+  run_ranks_ok("dp=2,tp=2", 4, two_ctx_main, NULL, &(rr_opts){.no_ctx = 1});
 }
 
 /* ------------------------------------------------------------------------ */
@@ -57,22 +55,22 @@ Test(thread_ctx, contexts_in_sequence_and_side_by_side) {
 /* ------------------------------------------------------------------------ */
 
 typedef struct big_arg {
-  const mpg_mesh *mesh;
   double t_create[1024], t_reduce[1024];
 } big_arg;
 
-static mpg_status big_main(const mpg_init_opts *opts, void *arg) {
-  big_arg *ba = arg;
-  tl_rank = opts->rank;
-  mpg_ctx *ctx = NULL;
+/* Makes its context itself (no_ctx), to time it; run_ranks destroys it. */
+static mpg_status big_main(rr_rank *r) {
+  big_arg *ba = r->arg;
   double t0 = now_s();
-  RCALL(mpg_ctx_create(ba->mesh, opts, &ctx));
-  tl_ctx = ctx;
+  RCALL(mpg_ctx_create(r->mesh, r->opts, &r->ctx));
+  tl_ctx = r->ctx;
+  mpg_ctx *ctx = r->ctx;
+  int rank = r->rank;
   double t1 = now_s();
   mpg_group *world, *tp;
   RCALL(mpg_ctx_group(ctx, "world", &world));
   RCALL(mpg_ctx_group(ctx, "tp", &tp));
-  int64_t x[2] = {opts->rank, 1}, s[2];
+  int64_t x[2] = {rank, 1}, s[2];
   RCALL(mpg_all_reduce(world, x, s, 2, MPG_I64, MPG_OP_SUM, NULL, NULL));
   double t2 = now_s();
   RCHECK(s[0] == 1023LL * 1024 / 2 && s[1] == 1024, "world sum %lld %lld", (long long)s[0],
@@ -80,24 +78,20 @@ static mpg_status big_main(const mpg_init_opts *opts, void *arg) {
   float f = 1.0f, avg = 0;
   RCALL(mpg_all_reduce(tp, &f, &avg, 1, MPG_F32, MPG_OP_AVG, NULL, NULL));
   RCHECK(avg == 1.0f, "tp avg %g", avg);
-  int32_t me = opts->rank, first = -1;
+  int32_t me = rank, first = -1;
   RCALL(mpg_broadcast(tp, mpg_group_position(tp) == 0 ? &me : &first, 1, MPG_I32, 0, NULL, NULL));
   int m0;
   RCALL(mpg_group_member(tp, 0, &m0));
   RCHECK(mpg_group_position(tp) == 0 || first == m0, "tp broadcast gave %d, expected %d", first, m0);
-  ba->t_create[opts->rank] = t1 - t0;
-  ba->t_reduce[opts->rank] = t2 - t1;
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
+  ba->t_create[rank] = t1 - t0;
+  ba->t_reduce[rank] = t2 - t1;
   return MPG_OK;
 }
 
 Test(thread_scale, world_of_1024_ranks, .timeout = 120) {
-  mpg_mesh *mesh = make_mesh("dp=32,tp=32", NULL);
   big_arg *ba = calloc(1, sizeof *ba);
-  ba->mesh = mesh;
   double t0 = now_s();
-  EXPECT_RUN_OK(mpg_thread_run(1024, 60.0, big_main, ba, NULL));
+  run_ranks_ok("dp=32,tp=32", 1024, big_main, ba, &(rr_opts){.timeout_s = 60.0, .no_ctx = 1});
   double t = now_s() - t0;
   double cmax = 0, rmax = 0;
   for (int r = 0; r < 1024; r++) {
@@ -108,95 +102,67 @@ Test(thread_scale, world_of_1024_ranks, .timeout = 120) {
           "world all_reduce max %.3f s\n", t, cmax, rmax);
   cr_assert(t < 30.0, "1024 ranks took %.2f s", t);
   free(ba);
-  mpg_mesh_destroy(mesh);
 }
 
 /* The largest world mpg_thread_run accepts. */
-static mpg_status huge_main(const mpg_init_opts *opts, void *arg) {
-  const mpg_mesh *mesh = arg;
-  tl_rank = opts->rank;
-  mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(mesh, opts, &ctx));
-  tl_ctx = ctx;
+static mpg_status huge_main(rr_rank *r) {
   mpg_group *world, *dp;
-  RCALL(mpg_ctx_group(ctx, "world", &world));
-  RCALL(mpg_ctx_group(ctx, "dp", &dp));
-  int64_t x = opts->rank, s = 0, mx = 0;
+  RCALL(mpg_ctx_group(r->ctx, "world", &world));
+  RCALL(mpg_ctx_group(r->ctx, "dp", &dp));
+  int64_t x = r->rank, s = 0, mx = 0;
   RCALL(mpg_all_reduce(world, &x, &s, 1, MPG_I64, MPG_OP_SUM, NULL, NULL));
   RCHECK(s == 4095LL * 4096 / 2, "world sum %lld", (long long)s);
   RCALL(mpg_all_reduce(dp, &x, &mx, 1, MPG_I64, MPG_OP_MAX, NULL, NULL));
   int last;
   RCALL(mpg_group_member(dp, mpg_group_size(dp) - 1, &last));
   RCHECK(mx == last, "dp max %lld, expected %d", (long long)mx, last);
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
 Test(thread_scale, world_of_4096_ranks, .timeout = 120) {
-  mpg_mesh *mesh = make_mesh("dp=64,tp=64", NULL);
   double t0 = now_s();
-  EXPECT_RUN_OK(mpg_thread_run(4096, 60.0, huge_main, mesh, NULL));
+  run_ranks_ok("dp=64,tp=64", 4096, huge_main, NULL, &(rr_opts){.timeout_s = 60.0});
   double t = now_s() - t0;
   fprintf(stderr, "thread 4096 ranks: %.2f s\n", t);
   /* 30 s plain (about 10 s measured on CI's loaded 2 cores); a sanitizer
    * slows each of the 4,096 threads (gcc's TSan measured 31 s). */
   double bound = 30.0 * tb_sanitizer_factor();
   cr_assert(t < bound, "4096 ranks took %.2f s (bound %.0f s)", t, bound);
-  mpg_mesh_destroy(mesh);
 }
 
 /* A world of one rank: every group has size 1. */
-static mpg_status single_main(const mpg_init_opts *opts, void *arg) {
-  const mpg_mesh *mesh = arg;
-  tl_rank = opts->rank;
-  mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(mesh, opts, &ctx));
+static mpg_status single_main(rr_rank *r) {
   mpg_group *g;
-  RCALL(mpg_ctx_group(ctx, "world", &g));
+  RCALL(mpg_ctx_group(r->ctx, "world", &g));
   RCHECK(mpg_group_size(g) == 1 && mpg_group_position(g) == 0, "world of one");
   double x[3] = {1, 2, 3}, y[3] = {0};
   RCALL(mpg_all_reduce_scaled(g, x, y, 3, MPG_F64, 0.5, NULL, NULL));
   RCHECK(y[0] == 0.5 && y[2] == 1.5, "scaled: %g %g", y[0], y[2]);
   RCALL(mpg_barrier(g, NULL));
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
 Test(thread_scale, world_of_one_rank) {
-  mpg_mesh *mesh = make_mesh("dp=1,tp=1", NULL);
-  EXPECT_RUN_OK(mpg_thread_run(1, 5.0, single_main, mesh, NULL));
-  mpg_mesh_destroy(mesh);
+  run_ranks_ok("dp=1,tp=1", 1, single_main, NULL, &(rr_opts){.timeout_s = 5.0});
 }
 
 /* Lazy groups: each is split off the world on first use. */
-static mpg_status lazy_main(const mpg_init_opts *opts, void *arg) {
-  const mpg_mesh *mesh = arg;
-  tl_rank = opts->rank;
-  mpg_init_opts o = *opts;
-  o.backend.lazy_groups = 1;
-  mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(mesh, &o, &ctx));
-  tl_ctx = ctx;
+static mpg_status lazy_main(rr_rank *r) {
   const char *names[] = {"tp", "dp_cp", "cp", "dp", "world"};
   for (int i = 0; i < 5; i++) {
     mpg_group *g;
-    RCALL(mpg_ctx_group(ctx, names[i], &g));
+    RCALL(mpg_ctx_group(r->ctx, names[i], &g));
     int32_t one = 1, n = 0;
     RCALL(mpg_all_reduce(g, &one, &n, 1, MPG_I32, MPG_OP_SUM, NULL, NULL));
     RCHECK(n == mpg_group_size(g), "%s: %d members counted, size %d", names[i], n,
            mpg_group_size(g));
   }
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
 Test(thread_ctx, lazy_groups) {
-  const char *const fl[] = {"dp_cp=dp,cp", NULL};
-  mpg_mesh *mesh = make_mesh("dp=2,cp=2,tp=3", fl);
-  EXPECT_RUN_OK(mpg_thread_run(12, 20.0, lazy_main, mesh, NULL));
-  mpg_mesh_destroy(mesh);
+  run_ranks_ok("dp=2,cp=2,tp=3", 12, lazy_main, NULL,
+               &(rr_opts){.flatten = "dp_cp=dp,cp", .lazy_groups = 1});
 }
 
 /* ------------------------------------------------------------------------ */

@@ -11,20 +11,16 @@
 
 #include "meshpg.h"
 #include "../support/rank_check.h"
+#include "run_ranks.h"
 #include "../support/time_bound.h"
 
 /* ------------------------------------------------------------------------ */
 /* Point to point                                                            */
 /* ------------------------------------------------------------------------ */
 
-static mpg_status p2p_main(const mpg_init_opts *opts, void *arg) {
-  const mpg_mesh *mesh = arg;
-  tl_rank = opts->rank;
-  mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(mesh, opts, &ctx));
-  tl_ctx = ctx;
+static mpg_status p2p_main(rr_rank *r) {
   mpg_group *g;
-  RCALL(mpg_ctx_group(ctx, "world", &g));
+  RCALL(mpg_ctx_group(r->ctx, "world", &g));
   int me = mpg_group_position(g);
   if (me == 0) {
     /* Receives posted before the sends, from two peers, matched in order. */
@@ -81,38 +77,28 @@ static mpg_status p2p_main(const mpg_init_opts *opts, void *arg) {
   RCHECK(mpg_send(g, buf, 1, MPG_I32, me, NULL, NULL) == MPG_ERR_INVALID, "send to self");
   RCHECK(mpg_recv(g, buf, 1, MPG_I32, 99, NULL, NULL) == MPG_ERR_INVALID, "recv from 99");
   RCALL(mpg_barrier(g, NULL));
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
-Test(thread_p2p, fifo_per_peer_and_errors) {
-  mpg_mesh *mesh = make_mesh("dp=4", NULL);
-  EXPECT_RUN_OK(mpg_thread_run(4, 20.0, p2p_main, mesh, NULL));
-  mpg_mesh_destroy(mesh);
-}
+Test(thread_p2p, fifo_per_peer_and_errors) { run_ranks("dp=4", 4, p2p_main, NULL); }
 
 /* Bounded send buffering (back-pressure): with an inbox of 4 messages
  * (MESHPG_THREAD_INBOX_MSGS) or 64 bytes (MESHPG_THREAD_INBOX_BYTES), a
  * send to a full inbox waits until the receiver takes a message; if the
  * receiver takes none within the timeout it fails with MPG_ERR_TIMEOUT. */
 typedef struct bp_arg {
-  const mpg_mesh *mesh;
   int receive;        /* 0: rank 0 never receives (the timeout case) */
   size_t count;       /* int32 elements per message */
   int nsend;
   double blocked_s;   /* the longest of rank 1's sends */
 } bp_arg;
 
-static mpg_status bp_main(const mpg_init_opts *opts, void *arg) {
-  bp_arg *a = arg;
-  tl_rank = opts->rank;
-  mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(a->mesh, opts, &ctx));
+static mpg_status bp_main(rr_rank *r) {
+  bp_arg *a = r->arg;
   mpg_group *g;
-  RCALL(mpg_ctx_group(ctx, "world", &g));
+  RCALL(mpg_ctx_group(r->ctx, "world", &g));
   int32_t buf[32];
-  if (opts->rank == 1) {
+  if (r->rank == 1) {
     for (int k = 0; k < a->nsend; k++) {
       for (size_t i = 0; i < a->count; i++) buf[i] = k * 100 + (int32_t)i;
       double t0 = now_s();
@@ -123,7 +109,7 @@ static mpg_status bp_main(const mpg_init_opts *opts, void *arg) {
         RCHECK(strstr(mpg_last_error(), "the inbox of position 0 (world rank 0) is full") &&
                    strstr(mpg_last_error(), "limits"),
                "message: %s", mpg_last_error());
-        RCHECK(mpg_ctx_status(ctx) == MPG_ERR_TIMEOUT, "the context was not aborted");
+        RCHECK(mpg_ctx_status(r->ctx) == MPG_ERR_TIMEOUT, "the context was not aborted");
       } else {
         RCHECK(st == MPG_OK, "send %d: %s: %s", k, mpg_status_name(st), mpg_last_error());
       }
@@ -139,58 +125,47 @@ static mpg_status bp_main(const mpg_init_opts *opts, void *arg) {
     /* Never receives (and makes no call that could time out first). */
     sleep_s(1.0);
   }
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
 Test(thread_p2p, full_inbox_blocks_the_sender_until_received) {
   setenv("MESHPG_THREAD_INBOX_MSGS", "4", 1);
-  mpg_mesh *mesh = make_mesh("dp=2", NULL);
-  bp_arg a = {mesh, 1, 2, 6, 0};
-  EXPECT_RUN_OK(mpg_thread_run(2, 20.0, bp_main, &a, NULL));
+  bp_arg a = {1, 2, 6, 0};
+  run_ranks("dp=2", 2, bp_main, &a);
   cr_expect_gt(a.blocked_s, 0.1, "the longest send took %.3f s: the 5th should wait for room",
                a.blocked_s);
-  mpg_mesh_destroy(mesh);
 }
 
 Test(thread_p2p, inbox_byte_limit_blocks_but_takes_one_large_message) {
   setenv("MESHPG_THREAD_INBOX_BYTES", "64", 1);
-  mpg_mesh *mesh = make_mesh("dp=2", NULL);
-  bp_arg a = {mesh, 1, 25, 2, 0}; /* 100-byte messages: one fits an empty inbox */
-  EXPECT_RUN_OK(mpg_thread_run(2, 20.0, bp_main, &a, NULL));
+  bp_arg a = {1, 25, 2, 0}; /* 100-byte messages: one fits an empty inbox */
+  run_ranks("dp=2", 2, bp_main, &a);
   cr_expect_gt(a.blocked_s, 0.1, "the 2nd send took %.3f s", a.blocked_s);
-  mpg_mesh_destroy(mesh);
 }
 
 Test(thread_p2p, full_inbox_times_out_with_a_precise_error) {
   setenv("MESHPG_THREAD_INBOX_MSGS", "4", 1);
-  mpg_mesh *mesh = make_mesh("dp=2", NULL);
-  bp_arg a = {mesh, 0, 2, 5, 0};
-  EXPECT_RUN_OK(mpg_thread_run(2, 0.5, bp_main, &a, NULL));
+  bp_arg a = {0, 2, 5, 0};
+  run_ranks_ok("dp=2", 2, bp_main, &a, &(rr_opts){.timeout_s = 0.5});
   cr_expect_geq(a.blocked_s, 0.4, "the send gave up after %.3f s", a.blocked_s);
-  mpg_mesh_destroy(mesh);
 }
 
 /* ------------------------------------------------------------------------ */
 /* Mismatched calls                                                          */
 /* ------------------------------------------------------------------------ */
 
-static mpg_status mismatch_main(const mpg_init_opts *opts, void *arg) {
-  const mpg_mesh *mesh = arg;
-  tl_rank = opts->rank;
-  mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(mesh, opts, &ctx));
+static mpg_status mismatch_main(rr_rank *r) {
   mpg_group *g;
-  RCALL(mpg_ctx_group(ctx, "world", &g));
+  RCALL(mpg_ctx_group(r->ctx, "world", &g));
   float in[5] = {1, 2, 3, 4, 5}, out[5];
-  size_t count = opts->rank == 2 ? 4 : 5;
+  size_t count = r->rank == 2 ? 4 : 5;
   mpg_status st = mpg_all_reduce(g, in, out, count, MPG_F32, MPG_OP_SUM, NULL, NULL);
   RCHECK(st == MPG_ERR_INVALID, "mismatched all_reduce gave %s", mpg_status_name(st));
   RCHECK(strstr(mpg_last_error(), "does not match") && strstr(mpg_last_error(), "count 4") &&
              strstr(mpg_last_error(), "rank 2"),
          "message: %s", mpg_last_error());
   /* A kind mismatch too: the group still works afterwards. */
-  if (opts->rank == 0)
+  if (r->rank == 0)
     st = mpg_barrier(g, NULL);
   else
     st = mpg_broadcast(g, in, 5, MPG_F32, 0, NULL, NULL);
@@ -199,21 +174,18 @@ static mpg_status mismatch_main(const mpg_init_opts *opts, void *arg) {
          "message: %s", mpg_last_error());
   /* The issue-order checker sees them too, on every rank (between ranks 0
    * and 1: the barrier against the broadcast). */
-  st = mpg_ctx_check_order(ctx);
+  st = mpg_ctx_check_order(r->ctx);
   RCHECK(st == MPG_ERR_STATE && strstr(mpg_last_error(), "rank 0 issued barrier on") &&
              strstr(mpg_last_error(), "rank 1 issued broadcast(f32, count 5)"),
          "check_order gave %s: %s", mpg_status_name(st), mpg_last_error());
   RCALL(mpg_all_reduce(g, in, out, 5, MPG_F32, MPG_OP_SUM, NULL, NULL));
   RCHECK(out[4] == 5.0f * 4, "sum after the mismatch: %g", out[4]);
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
 Test(thread_errors, mismatched_collectives_fail_everywhere) {
   setenv("MESHPG_CHECK_ORDER", "1", 1);
-  mpg_mesh *mesh = make_mesh("dp=4", NULL);
-  EXPECT_RUN_OK(mpg_thread_run(4, 20.0, mismatch_main, mesh, NULL));
-  mpg_mesh_destroy(mesh);
+  run_ranks("dp=4", 4, mismatch_main, NULL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -223,7 +195,6 @@ Test(thread_errors, mismatched_collectives_fail_everywhere) {
 #define TIMEOUT_S 0.5
 
 typedef struct timeout_arg {
-  const mpg_mesh *mesh;
   int skipper;
   int async;
   const char *group;
@@ -233,14 +204,21 @@ typedef struct timeout_arg {
   char msg[64][256];
 } timeout_arg;
 
-static mpg_status timeout_main(const mpg_init_opts *opts, void *arg) {
-  timeout_arg *ta = arg;
-  int r = opts->rank;
-  tl_rank = r;
-  mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(ta->mesh, opts, &ctx));
+/* Destroys the rank's context now, its status unchecked, and hands
+ * run_ranks none to destroy. */
+static void leave_ctx(rr_rank *rk) {
+  mpg_ctx *ctx = rk->ctx;
+  rk->ctx = NULL;
+  tl_ctx = NULL;
+  (void)mpg_ctx_destroy(ctx);
+}
+
+static mpg_status timeout_main(rr_rank *rk) {
+  timeout_arg *ta = rk->arg;
+  int r = rk->rank;
+  tl_ctx = NULL; /* a failed check does not abort: the peers time out */
   mpg_group *g;
-  RCALL(mpg_ctx_group(ctx, ta->group, &g));
+  RCALL(mpg_ctx_group(rk->ctx, ta->group, &g));
   double x = 1, y = 0;
   if (r != ta->skipper) {
     double t0 = now_s();
@@ -259,8 +237,7 @@ static mpg_status timeout_main(const mpg_init_opts *opts, void *arg) {
     ta->later[r] = mpg_barrier(g, NULL);
   }
   /* The skipper leaves without joining (destroy never blocks). */
-  mpg_status st = mpg_ctx_destroy(ctx);
-  (void)st;
+  leave_ctx(rk);
   return MPG_OK;
 }
 
@@ -272,12 +249,11 @@ static void run_timeout(const char *dims, int world, const char *group, int skip
   setenv("MESHPG_CHECK_ORDER", "0", 1);
   mpg_mesh *mesh = make_mesh(dims, NULL);
   timeout_arg *ta = calloc(1, sizeof *ta);
-  ta->mesh = mesh;
   ta->skipper = skipper;
   ta->async = async;
   ta->group = group;
   double t0 = now_s();
-  EXPECT_RUN_OK(mpg_thread_run(world, TIMEOUT_S, timeout_main, ta, NULL));
+  run_ranks_ok(dims, world, timeout_main, ta, &(rr_opts){.timeout_s = TIMEOUT_S});
   double total = now_s() - t0;
   int dimset, index, size;
   cr_assert_eq(mpg_mesh_dimset_find(mesh, group, &dimset), MPG_OK);
@@ -320,19 +296,17 @@ Test(thread_timeout, skipped_all_reduce_in_a_subgroup) {
  * timeout, on a group created before the change and on one created after;
  * bad values are refused. */
 typedef struct settime_arg {
-  const mpg_mesh *mesh;
   double elapsed[2][8];
   mpg_status got[2][8], bad[8];
 } settime_arg;
 
-static mpg_status settime_main(const mpg_init_opts *opts, void *arg) {
-  settime_arg *sa = arg;
-  int r = opts->rank;
-  mpg_init_opts o = *opts;
-  o.backend.timeout_s = 120; /* start-up */
-  o.backend.lazy_groups = 1;
-  mpg_ctx *ctx = NULL;
-  RCALL(mpg_ctx_create(sa->mesh, &o, &ctx));
+/* run_ranks makes the context with lazy groups and a 120 s timeout
+ * (start-up). */
+static mpg_status settime_main(rr_rank *rk) {
+  settime_arg *sa = rk->arg;
+  int r = rk->rank;
+  mpg_ctx *ctx = rk->ctx;
+  tl_ctx = NULL; /* as before run_ranks: a failed check does not abort */
   mpg_group *dp = NULL, *tp = NULL;
   RCALL(mpg_ctx_group(ctx, "dp", &dp)); /* created under 120 s */
   sa->bad[r] = mpg_ctx_set_timeout(ctx, 0);
@@ -350,16 +324,14 @@ static mpg_status settime_main(const mpg_init_opts *opts, void *arg) {
     sa->elapsed[k][r] = now_s() - t0;
     if (sa->got[k][r] != MPG_OK) break; /* the context is aborted now */
   }
-  mpg_ctx_destroy(ctx);
+  leave_ctx(rk);
   return MPG_OK;
 }
 
 Test(thread_timeout, set_timeout_shortens_later_operations) {
   setenv("MESHPG_CHECK_ORDER", "0", 1); /* see run_timeout */
-  mpg_mesh *mesh = make_mesh("dp=2,tp=2", NULL);
   settime_arg *sa = calloc(1, sizeof *sa);
-  sa->mesh = mesh;
-  EXPECT_RUN_OK(mpg_thread_run(4, 120, settime_main, sa, NULL));
+  run_ranks_ok("dp=2,tp=2", 4, settime_main, sa, &(rr_opts){.timeout_s = 120, .lazy_groups = 1});
   for (int r = 0; r < 4; r++)
     cr_assert_eq(sa->bad[r], MPG_ERR_INVALID, "rank %d: a bad timeout gave %s", r,
                  mpg_status_name(sa->bad[r]));
@@ -378,44 +350,38 @@ Test(thread_timeout, set_timeout_shortens_later_operations) {
     cr_assert(waited[k] > TIMEOUT_S * 0.5, "gave up after only %.3f s", waited[k]);
   }
   free(sa);
-  mpg_mesh_destroy(mesh);
 }
 
 /* The message of a rank that gave up on its own names the missing rank. */
 Test(thread_timeout, message_names_the_missing_rank) {
   setenv("MESHPG_CHECK_ORDER", "0", 1); /* see run_timeout */
-  mpg_mesh *mesh = make_mesh("dp=2", NULL);
   timeout_arg *ta = calloc(1, sizeof *ta);
-  ta->mesh = mesh;
   ta->skipper = 1;
   ta->group = "world";
-  EXPECT_RUN_OK(mpg_thread_run(2, TIMEOUT_S, timeout_main, ta, NULL));
+  run_ranks_ok("dp=2", 2, timeout_main, ta, &(rr_opts){.timeout_s = TIMEOUT_S});
   cr_assert_eq(ta->got[0], MPG_ERR_TIMEOUT);
   cr_assert(strstr(ta->msg[0], "rank 1") != NULL && strstr(ta->msg[0], "all_reduce") != NULL,
             "message: %s", ta->msg[0]);
   free(ta);
-  mpg_mesh_destroy(mesh);
 }
 
 /* One rank never creates its context: the others give up in time. */
-static mpg_status absent_main(const mpg_init_opts *opts, void *arg) {
-  timeout_arg *ta = arg;
-  if (opts->rank == ta->skipper) return MPG_OK;
-  mpg_ctx *ctx = NULL;
+static mpg_status absent_main(rr_rank *rk) {
+  timeout_arg *ta = rk->arg;
+  int r = rk->rank;
+  if (r == ta->skipper) return MPG_OK;
   double t0 = now_s();
-  ta->got[opts->rank] = mpg_ctx_create(ta->mesh, opts, &ctx);
-  ta->elapsed[opts->rank] = now_s() - t0;
-  snprintf(ta->msg[opts->rank], sizeof ta->msg[0], "%s", mpg_last_error());
-  mpg_ctx_destroy(ctx);
+  ta->got[r] = mpg_ctx_create(rk->mesh, rk->opts, &rk->ctx);
+  ta->elapsed[r] = now_s() - t0;
+  snprintf(ta->msg[r], sizeof ta->msg[0], "%s", mpg_last_error());
+  leave_ctx(rk);
   return MPG_OK;
 }
 
 Test(thread_timeout, absent_rank_at_context_creation) {
-  mpg_mesh *mesh = make_mesh("dp=2,tp=4", NULL);
   timeout_arg *ta = calloc(1, sizeof *ta);
-  ta->mesh = mesh;
   ta->skipper = 5;
-  EXPECT_RUN_OK(mpg_thread_run(8, TIMEOUT_S, absent_main, ta, NULL));
+  run_ranks_ok("dp=2,tp=4", 8, absent_main, ta, &(rr_opts){.timeout_s = TIMEOUT_S, .no_ctx = 1});
   for (int r = 0; r < 8; r++) {
     if (r == 5) continue;
     cr_assert_eq(ta->got[r], MPG_ERR_TIMEOUT, "rank %d: %s (%s)", r,
@@ -425,16 +391,14 @@ Test(thread_timeout, absent_rank_at_context_creation) {
     cr_assert(strstr(ta->msg[r], "world") != NULL, "rank %d: %s", r, ta->msg[r]);
   }
   free(ta);
-  mpg_mesh_destroy(mesh);
 }
 
 /* mpg_ctx_abort wakes the waiting peers long before the timeout. */
-static mpg_status abort_main(const mpg_init_opts *opts, void *arg) {
-  timeout_arg *ta = arg;
-  int r = opts->rank;
-  mpg_ctx *ctx = NULL;
-  tl_rank = r;
-  RCALL(mpg_ctx_create(ta->mesh, opts, &ctx));
+static mpg_status abort_main(rr_rank *rk) {
+  timeout_arg *ta = rk->arg;
+  int r = rk->rank;
+  mpg_ctx *ctx = rk->ctx;
+  tl_ctx = NULL; /* as before run_ranks: a failed check does not abort */
   mpg_group *g;
   RCALL(mpg_ctx_group(ctx, "world", &g));
   if (r == 0) {
@@ -449,15 +413,13 @@ static mpg_status abort_main(const mpg_init_opts *opts, void *arg) {
     ta->elapsed[r] = now_s() - t0;
     snprintf(ta->msg[r], sizeof ta->msg[0], "%s", mpg_last_error());
   }
-  mpg_ctx_destroy(ctx);
+  leave_ctx(rk);
   return MPG_OK;
 }
 
 Test(thread_timeout, abort_wakes_waiters) {
-  mpg_mesh *mesh = make_mesh("dp=4", NULL);
   timeout_arg *ta = calloc(1, sizeof *ta);
-  ta->mesh = mesh;
-  EXPECT_RUN_OK(mpg_thread_run(4, 10.0, abort_main, ta, NULL));
+  run_ranks_ok("dp=4", 4, abort_main, ta, &(rr_opts){.timeout_s = 10.0});
   cr_assert_eq(ta->later[0], MPG_ERR_ABORTED, "after abort: %s", mpg_status_name(ta->later[0]));
   for (int r = 1; r < 4; r++) {
     cr_assert_eq(ta->got[r], MPG_ERR_ABORTED, "rank %d: %s (%s)", r,
@@ -469,5 +431,4 @@ Test(thread_timeout, abort_wakes_waiters) {
     cr_assert(strstr(ta->msg[r], "aborted by world rank 0") != NULL, "rank %d: %s", r, ta->msg[r]);
   }
   free(ta);
-  mpg_mesh_destroy(mesh);
 }
