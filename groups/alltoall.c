@@ -465,7 +465,8 @@ static mpg_status first_call(mpg_group *g, const a2a *a, int *claimed) {
   free(mine);
   if (st) return st;
   mpg__group_release(g);
-  st = mpg__a2a_shm_prepare(g, a->fn);
+  mpg__transport_setup setup = mpg__group_transport_setup(g);
+  st = mpg__a2a_shm_prepare(g, &setup, a->fn);
   mpg_status claim = mpg__group_claim(g, a->fn);
   *claimed = claim == MPG_OK;
   return st ? st : claim;

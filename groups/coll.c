@@ -565,3 +565,20 @@ mpg_status mpg__group_host_all_reduce(mpg_group *g, const void *send, void *recv
   mpg__coll c = {MPG__ALL_REDUCE, send, recv, count, dtype, op, 1.0, 0, 0, NULL, 0};
   return host_coll(g, &c, "all_reduce (host)");
 }
+
+/* The setup callbacks of g's transports (transport.h): its host
+ * all-gather and its split, so that groups/shm/ comes up without calling
+ * up into this file. */
+static mpg_status setup_all_gather(void *arg, const void *send, void *recv, size_t count,
+                                   mpg_dtype dtype) {
+  return mpg__group_host_all_gather(arg, send, recv, count, dtype);
+}
+
+static mpg_status setup_split(void *arg, int color, int key, mpg__comm **out) {
+  return mpg__group_split(arg, color, key, out);
+}
+
+mpg__transport_setup mpg__group_transport_setup(mpg_group *g) {
+  mpg__transport_setup su = {g, setup_all_gather, setup_split, &g->ctx->ops->transport};
+  return su;
+}

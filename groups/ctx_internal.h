@@ -293,12 +293,13 @@ static inline size_t mpg__a2a_rdispl(const mpg__a2a_call *a, int p) {
  * disagree: MPG_ERR_INVALID on both, the other blocks received). */
 typedef struct mpg__a2a mpg__a2a;
 /* Decide, at the group's first all-to-all (fn), whether it gets a
- * channel, and make it: collective over the group (host all-gathers, so
- * g must not be claimed).  Nothing when decided before, for one member,
- * or off the CPU backends.  Errors: the creation's, alike on every member
+ * channel, and make it: collective over the group (setup's all-gathers,
+ * g's host all-gathers: g must not be claimed).  Nothing when decided
+ * before, for one member, or off the CPU backends.  Errors: the creation's, alike on every member
  * (MPG_ERR_ENV from the segment turns the channel off instead, with a log
  * line). */
-mpg_status mpg__a2a_shm_prepare(mpg_group *g, const char *fn);
+mpg_status mpg__a2a_shm_prepare(mpg_group *g, const mpg__transport_setup *setup,
+                                 const char *fn);
 mpg_status mpg__a2a_shm_run(mpg_group *g, const mpg__a2a_call *a, mpg_work **work,
                             int *taken);
 /* coll.c: split g's communicator (collective over g's members, bounded by
@@ -308,6 +309,13 @@ mpg_status mpg__a2a_shm_run(mpg_group *g, const mpg__a2a_call *a, mpg_work **wor
  * it on every member at the same point of g's operations.  For groups/shm/
  * (the members at one local position of every node). */
 mpg_status mpg__group_split(mpg_group *g, int color, int key, mpg__comm **out);
+
+/* coll.c: the setup callbacks a transport of g gets (transport.h): g's
+ * host all-gather (mpg__group_host_all_gather) and its split
+ * (mpg__group_split, the result a communicator of the backend's table,
+ * split_ops), with g as their arg.  For groups/shm/, through
+ * shm_group.c and alltoall.c. */
+mpg__transport_setup mpg__group_transport_setup(mpg_group *g);
 
 /* coll.c: wait for reqs[0..n) (posted through ops) until `deadline`, then free them all.  The
  * first failure is returned (with its message); a timeout or abort of any

@@ -605,10 +605,11 @@ static mpg_status post(mpg__a2a *ch, const mpg__a2a_call *a) {
   return MPG_OK;
 }
 
-mpg_status mpg__a2a_shm_prepare(mpg_group *g, const char *fn) {
+mpg_status mpg__a2a_shm_prepare(mpg_group *g, const mpg__transport_setup *setup,
+                                 const char *fn) {
   if (g->a2a || g->a2a_off || g->size < 2 || !g->ctx->ops->host_shm) return MPG_OK;
   mpg__a2a *ch = NULL;
-  mpg_status st = mpg__a2a_channel_make(g, &ch);
+  mpg_status st = mpg__a2a_channel_make(g, setup, &ch);
   if (st) return mpg__fail_wrap(st, "%s on %s: making its shared-memory channel", fn,
                                 MPG__GROUP_LABEL(g));
   if (ch) {

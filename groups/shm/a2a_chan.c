@@ -121,12 +121,12 @@ static int box_make(mpg__a2a *ch) {
 
 /* Every member makes its outbox and maps every other's: two all-gathers,
  * so that all decide alike.  *ok 0 (one log line) when one cannot. */
-static mpg_status check_boxes(mpg__a2a *ch, int *ok) {
+static mpg_status check_boxes(mpg__a2a *ch, const mpg__transport_setup *su, int *ok) {
   mpg_group *g = ch->g;
   int32_t mine = box_make(ch), *all = malloc(sizeof *all * (size_t)ch->n);
   if (!all) return mpg__fail(MPG_ERR_NOMEM, "all-to-all on \"%s\": out of memory", g->name);
   int32_t made = mine;
-  mpg_status st = mpg__group_host_all_gather(g, &made, all, 1, MPG_I32); /* written */
+  mpg_status st = su->all_gather(su->arg, &made, all, 1, MPG_I32); /* written */
   int bad = ch->me;
   for (int p = 0; !st && p < ch->n && !mine; p++) {
     if (p == ch->me || all[p]) continue; /* its own failure is its own to tell */
@@ -136,7 +136,7 @@ static mpg_status check_boxes(mpg__a2a *ch, int *ok) {
       mine = errno ? errno : EINVAL, bad = p;
   }
   int32_t word = mine ? (int32_t)((uint32_t)mine << 12 | (uint32_t)bad) : 0;
-  if (!st) st = mpg__group_host_all_gather(g, &word, all, 1, MPG_I32);
+  if (!st) st = su->all_gather(su->arg, &word, all, 1, MPG_I32);
   *ok = 1;
   for (int p = 0; !st && p < ch->n && *ok; p++) {
     if (!all[p]) continue;
@@ -219,7 +219,8 @@ static mpg__a2a *book(mpg_group *g, mpg__shm *seg) {
   return ch;
 }
 
-mpg_status mpg__a2a_channel_make(mpg_group *g, mpg__a2a **out) {
+mpg_status mpg__a2a_channel_make(mpg_group *g, const mpg__transport_setup *su,
+                                 mpg__a2a **out) {
   *out = NULL;
   int n = g->size;
   if (n > A2A_MAX_MEMBERS) {
@@ -228,8 +229,8 @@ mpg_status mpg__a2a_channel_make(mpg_group *g, mpg__a2a **out) {
     return MPG_OK;
   }
   mpg__shm *seg = NULL;
-  mpg_status st = mpg__shm_channel_create(g, sizeof(a2a_head) + 3 * sizeof(uint64_t) *
-                                                 (size_t)n, &seg);
+  mpg_status st = mpg__shm_channel_create(g, su, sizeof(a2a_head) + 3 * sizeof(uint64_t) *
+                                                     (size_t)n, &seg);
   if (st == MPG_ERR_ENV) {
     /* Alike on every member (no room in /dev/shm, ...): the backend's path. */
     mpg__log(1, "rank %d: shared memory off for the all-to-alls of group \"%s\": %s",
@@ -242,14 +243,14 @@ mpg_status mpg__a2a_channel_make(mpg_group *g, mpg__a2a **out) {
   /* Every member takes part in the exchanges alike; one without memory
    * says so through them. */
   int32_t nomem = !ch, *all = calloc((size_t)n, sizeof *all);
-  st = all ? mpg__group_host_all_gather(g, &nomem, all, 1, MPG_I32)
+  st = all ? su->all_gather(su->arg, &nomem, all, 1, MPG_I32)
            : mpg__fail(MPG_ERR_NOMEM, "all-to-all on \"%s\": out of memory", g->name);
   for (int p = 0; !st && p < n; p++)
     if (all[p]) st = mpg__fail(MPG_ERR_NOMEM, "all-to-all on \"%s\": position %d is out of "
                                "memory for its shared-memory channel", g->name, p);
   free(all);
   int ok = 1;
-  if (!st && !ch->threads) st = check_boxes(ch, &ok);
+  if (!st && !ch->threads) st = check_boxes(ch, su, &ok);
   if (st || !ok) {
     mpg__a2a_shm_destroy(ch);
     return st;

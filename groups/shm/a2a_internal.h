@@ -103,8 +103,10 @@ struct mpg__a2a {
  * Local. */
 void mpg__a2a_shm_destroy(mpg__a2a *ch);
 /* a2a_chan.c: the group's channel, made collectively at its first
- * all-to-all (*out NULL: its all-to-alls go through the backend). */
-mpg_status mpg__a2a_channel_make(mpg_group *g, mpg__a2a **out);
+ * all-to-all through the group's setup callbacks (*out NULL: its
+ * all-to-alls go through the backend). */
+mpg_status mpg__a2a_channel_make(mpg_group *g, const mpg__transport_setup *setup,
+                                 mpg__a2a **out);
 /* a2a_chan.c: peer p's memfd (fd in its process pid, inode id, len
  * bytes, sealed against shrinking) mapped here read only, *mapped its
  * length (at least len); NULL with errno when it cannot be. */

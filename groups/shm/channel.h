@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "groups_internal.h"
+#include "transport.h"
 
 /* Collective over the group: one segment holding a zeroed `bytes`-byte
  * region per member (64-byte aligned) when the group has two or more
@@ -17,7 +18,15 @@
  * (host_shm) and MESHPG_SHM is not 0 on any; else *out NULL (one log line
  * says why).  Errors alike on every member, as mpg__shm_create's.  Free
  * with mpg__shm_destroy. */
-mpg_status mpg__shm_channel_create(mpg_group *group, size_t bytes, mpg__shm **out);
+mpg_status mpg__shm_channel_create(mpg_group *group, const mpg__transport_setup *setup,
+                                   size_t bytes, mpg__shm **out);
+/* setup.c: mpg__shm_create (groups_internal.h) with the group's setup
+ * callbacks (the all-gathers, the split across nodes) passed in; the
+ * segment joins the group's transport list.  groups/shm_group.c gives
+ * sync this with the group's callbacks. */
+mpg_status mpg__shm_segment_create(mpg_group *group, const mpg__transport_setup *setup,
+                                   size_t bytes, mpg_dtype dtype, int depth, int scatter,
+                                   mpg__shm **out, void **data);
 /* The region of the member at position pos (the group's position). */
 char *mpg__shm_channel_area(const mpg__shm *s, int pos);
 /* 1 when the members are threads of this process (one address space). */

@@ -298,7 +298,7 @@ static void gather_slices(mpg__shm *s, const shm_desc *d) {
  * segment or context that gave up, or a destroy, ends it at once, not at
  * the deadline. */
 static mpg_status inter_run(mpg__shm *s, const mpg__coll *c, double deadline, uint32_t q) {
-  const struct mpg__backend_ops *ops = s->group->ctx->ops;
+  const struct mpg__transport_ops *ops = s->inter_ops;
   mpg__req *r = NULL;
   mpg_status st = ops->post(s->inter, c, &r);
   while (!st) {
@@ -580,7 +580,7 @@ static void shm_abort_comm(mpg__comm *comm, mpg_status reason) {
 /* Stop the worker and unmap: the segment out of its group's list. */
 void mpg__shm_release(mpg__shm *s) {
   if (!s) return;
-  const struct mpg__backend_ops *ops = s->group ? s->group->ctx->ops : NULL;
+  const struct mpg__transport_ops *ops = s->inter_ops;
   /* A worker blocked in the all-reduce across nodes of a failed step
    * returns now. */
   if (s->inter && s->ctl && mpg__shm_aborted(s, NULL))

@@ -1,5 +1,7 @@
-/* mpg__shm_create and mpg__shm_destroy: deciding whether a group's members
- * share a node, and the segment they share (see shm_internal.h).
+/* mpg__shm_segment_create (mpg__shm_create's body, with the group's setup
+ * callbacks: groups/shm_group.c) and mpg__shm_destroy: deciding whether a
+ * group's members share a node, and the segment they share (see
+ * shm_internal.h).
  *
  * Three all-gathers over the group, issued by every member in this order
  * whatever happens (a failure travels in the words, never as a skipped
@@ -236,8 +238,10 @@ mpg_status mpg__shm_destroy(mpg__shm *s) {
   return MPG_OK;
 }
 
-static mpg_status gather(mpg_group *g, const int32_t *mine, int32_t *all, size_t words) {
-  return mpg__group_host_all_gather(g, mine, all, words, MPG_I32);
+/* One all-gather of int32 words over the group, through its setup callback. */
+static mpg_status gather(const mpg__transport_setup *su, const int32_t *mine, int32_t *all,
+                         size_t words) {
+  return su->all_gather(su->arg, mine, all, words, MPG_I32);
 }
 
 /* The nodes of the group, from the gathered host hashes: node[p] (numbered
@@ -400,12 +404,13 @@ static void host_identity(const mpg_ctx *ctx, char *host, size_t cap) {
 }
 
 /* The first exchange (A): every member's host, process and MESHPG_SHM. */
-static mpg_status exchange_identities(mpg_group *group, const char *host, int32_t *words) {
+static mpg_status exchange_identities(mpg_group *group, const mpg__transport_setup *su,
+                                      const char *host, int32_t *words) {
   int32_t ident[A_WORDS] = {0};
   put64(ident + A_HASH_LO, mpg__hash_str(host));
   put64(ident + A_PROC_LO, process_id());
   ident[A_ENV] = env_value(group->ctx);
-  return gather(group, ident, words, A_WORDS);
+  return gather(su, ident, words, A_WORDS);
 }
 
 /* Where this member stands, from the first exchange: the first positions
@@ -648,9 +653,11 @@ static mpg_status explain_failure(mpg_group *group, const char *gname, shm_excha
                           creator_acct);
 }
 
-/* mpg__shm_create, or with channel 1 mpg__shm_channel_create. */
-static mpg_status create(mpg_group *group, size_t bytes, mpg_dtype dtype, int depth,
-                         int scatter, int channel, mpg__shm **out, void **data) {
+/* mpg__shm_segment_create, or with channel 1 mpg__shm_channel_create:
+ * the collectives through su, the group's setup callbacks. */
+static mpg_status create(mpg_group *group, const mpg__transport_setup *su, size_t bytes,
+                         mpg_dtype dtype, int depth, int scatter, int channel,
+                         mpg__shm **out, void **data) {
   *out = NULL;
   *data = NULL;
   mpg_ctx *ctx = group->ctx;
@@ -667,7 +674,7 @@ static mpg_status create(mpg_group *group, size_t bytes, mpg_dtype dtype, int de
   shm_exchange x;
   if (exchange_alloc(&x, total))
     return mpg__fail(MPG_ERR_NOMEM, "shared memory for group %s: out of memory", gname);
-  mpg_status st = exchange_identities(group, host, x.words);
+  mpg_status st = exchange_identities(group, su, host, x.words);
   if (st) {
     exchange_free(&x);
     return mpg__fail_wrap(st, "shared memory for group %s: exchanging host identities", gname);
@@ -690,18 +697,19 @@ static mpg_status create(mpg_group *group, size_t bytes, mpg_dtype dtype, int de
   if (!ok) acct[B_STATUS] = MPG_ERR_NOMEM, acct[B_STEP] = F_BOOK;
   int sfd = -1; /* the creator's descriptor of its segment */
   if (pl.pos == 0 && !acct[B_STATUS]) creator_setup(s, acct, &sfd);
-  st = gather(group, acct, x.accounts, B_WORDS);
+  st = gather(su, acct, x.accounts, B_WORDS);
   const int32_t *creator_acct = x.accounts + (size_t)pl.creator * B_WORDS;
   int32_t outcome[C_WORDS] = {0};
   member_outcome(s, ok, st, creator_acct, &pl, outcome);
-  mpg_status setup_st = st ? st : gather(group, outcome, x.words, C_WORDS);
+  mpg_status setup_st = st ? st : gather(su, outcome, x.words, C_WORDS);
   /* Everyone opened it (or gave up): the creator's descriptor goes now,
    * the segment with the last mapping. */
   if (sfd >= 0) close(sfd);
   int failed = setup_st ? -1 : first_failed(x.words, total);
   /* Across nodes: the members at this local position on every node. */
   if (!setup_st && failed < 0 && pl.nodes > 1) {
-    setup_st = mpg__group_split(group, pl.pos, pl.mynode, &s->inter);
+    setup_st = su->split(su->arg, pl.pos, pl.mynode, &s->inter);
+    if (!setup_st) s->inter_ops = su->split_ops;
     if (setup_st) setup_st = mpg__fail_wrap(setup_st, "splitting the group by local position");
   }
   if (!setup_st && failed < 0) {
@@ -720,9 +728,10 @@ static mpg_status create(mpg_group *group, size_t bytes, mpg_dtype dtype, int de
   return explain_failure(group, gname, &x, pl.n, bytes, failed);
 }
 
-mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int depth,
-                           int scatter, mpg__shm **out, void **data) {
-  mpg_status st = create(group, bytes, dtype, depth, scatter, 0, out, data);
+mpg_status mpg__shm_segment_create(mpg_group *group, const mpg__transport_setup *su,
+                                   size_t bytes, mpg_dtype dtype, int depth, int scatter,
+                                   mpg__shm **out, void **data) {
+  mpg_status st = create(group, su, bytes, dtype, depth, scatter, 0, out, data);
   if (!st && *out) {
     /* A transport of the group from now on (transport.h): the context's
      * abort reaches it at once, and its teardown frees what sync left. */
@@ -733,9 +742,10 @@ mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int 
   return st;
 }
 
-mpg_status mpg__shm_channel_create(mpg_group *group, size_t bytes, mpg__shm **out) {
+mpg_status mpg__shm_channel_create(mpg_group *group, const mpg__transport_setup *su,
+                                   size_t bytes, mpg__shm **out) {
   void *data;
-  return create(group, bytes, MPG_F64, 1, 0, 1, out, &data);
+  return create(group, su, bytes, MPG_F64, 1, 0, 1, out, &data);
 }
 
 char *mpg__shm_channel_area(const mpg__shm *s, int pos) { return s->region[pos]; }

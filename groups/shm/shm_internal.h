@@ -10,7 +10,9 @@
  * (mpg__reduce_sources, groups/reduce.c), the thread backend's and the
  * MPI ring's, so equal results are equal by construction.  Two files,
  * calls going one way:
- *  - setup.c: mpg__shm_create / _destroy: who shares a node (one
+ *  - setup.c: mpg__shm_create (its body, mpg__shm_segment_create, given
+ *    the group's setup callbacks by groups/shm_group.c: transport.h) and
+ *    _destroy: who shares a node (one
  *    all-gather of host identity, process id and MESHPG_SHM), the
  *    segment (an anonymous
  *    mapping when every member is a thread of one process; else a file
@@ -220,6 +222,8 @@ struct mpg__shm {
    * with the members at the same local position on the other nodes, run
    * by the worker over inter, whose rank is this node's number. */
   mpg__comm *inter;
+  const struct mpg__transport_ops *inter_ops; /* inter's table (the setup's
+                           split_ops: the backend's) */
   int nodes, node;      /* the group's nodes (1: one), this member's */
   int scatter;          /* made for a sharded buffer (its reductions
                            across nodes are reduce-scatters; messages) */
