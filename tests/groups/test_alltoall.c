@@ -36,6 +36,7 @@
 
 #include "meshpg.h"
 #include "../support/rank_check.h"
+#include "run_ranks.h"
 #include "../support/time_bound.h"
 
 /* A call that must fail with `want` and a message holding `text`. */
@@ -163,20 +164,17 @@ static mpg_status one_case(mpg_group *g, uint64_t key, mpg_dtype dt, int v, int 
 /* ------------------------------------------------------------------------ */
 
 typedef struct prop_arg {
-  const mpg_mesh *mesh;
   uint64_t seed;
   int cases; /* all-to-alls per group */
 } prop_arg;
 
-static mpg_status prop_main(const mpg_init_opts *opts, void *arg) {
-  const prop_arg *a = arg;
-  mpg_ctx *ctx = NULL;
-  mpg_status st = rank_open(opts, a->mesh, &ctx, NULL, NULL);
-  if (st) return st;
-  int nsets = mpg_mesh_num_dimsets(a->mesh);
+static mpg_status prop_main(rr_rank *r) {
+  const prop_arg *a = r->arg;
+  mpg_status st = MPG_OK;
+  int nsets = mpg_mesh_num_dimsets(r->mesh);
   for (int s = 0; s < nsets; s++) {
     mpg_group *g = NULL;
-    RCALL(mpg_ctx_group_at(ctx, s, &g));
+    RCALL(mpg_ctx_group_at(r->ctx, s, &g));
     int index = mpg_group_index(g);
     for (int c = 0; c < a->cases; c++) {
       /* The same key on every member of this group; other groups of the
@@ -189,11 +187,9 @@ static mpg_status prop_main(const mpg_init_opts *opts, void *arg) {
       if ((st = one_case(g, key, dt, v, async))) return st;
     }
   }
-  RCALL(mpg_ctx_check_order(ctx)); /* recorded alike on every member */
-  RCHECK(mpg_ctx_status(ctx) == MPG_OK, "context status %s",
-         mpg_status_name(mpg_ctx_status(ctx)));
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
+  RCALL(mpg_ctx_check_order(r->ctx)); /* recorded alike on every member */
+  RCHECK(mpg_ctx_status(r->ctx) == MPG_OK, "context status %s",
+         mpg_status_name(mpg_ctx_status(r->ctx)));
   return MPG_OK;
 }
 
@@ -220,14 +216,11 @@ Test(all_to_all, random_meshes_groups_counts_dtypes, .timeout = 300) {
     int dp = pick_divisor(rest, seed >> 16), tp = rest / dp;
     char dims[64];
     snprintf(dims, sizeof dims, "pp=%d,dp=%d,tp=%d", pp, dp, tp);
-    mpg_mesh *mesh = make_dims_mesh(dims);
-    prop_arg a = {mesh, seed, world > 8 ? 2 * MPG_DTYPE_COUNT : 4 * MPG_DTYPE_COUNT};
-    fail_msg[0] = '\0';
+    prop_arg a = {seed, world > 8 ? 2 * MPG_DTYPE_COUNT : 4 * MPG_DTYPE_COUNT};
     double t0 = now_s();
-    EXPECT_RUN_OK(mpg_thread_run(world, 30.0, prop_main, &a, NULL));
-    cr_log_info("%s (world %d): %d all-to-alls per group on %d groups per rank, %.3f s",
-                dims, world, a.cases, mpg_mesh_num_dimsets(mesh), now_s() - t0);
-    mpg_mesh_destroy(mesh);
+    run_ranks_ok(dims, world, prop_main, &a, &(rr_opts){.timeout_s = 30.0});
+    cr_log_info("%s (world %d): %d all-to-alls per group, %.3f s", dims, world, a.cases,
+                now_s() - t0);
   }
 }
 
@@ -243,11 +236,8 @@ Test(all_to_all, random_meshes_without_shared_memory, .timeout = 300) {
     int dp = pick_divisor(world, seed >> 16), tp = world / dp;
     char dims[64];
     snprintf(dims, sizeof dims, "pp=1,dp=%d,tp=%d", dp, tp);
-    mpg_mesh *mesh = make_dims_mesh(dims);
-    prop_arg a = {mesh, seed, 2 * MPG_DTYPE_COUNT};
-    fail_msg[0] = '\0';
-    EXPECT_RUN_OK(mpg_thread_run(world, 30.0, prop_main, &a, NULL));
-    mpg_mesh_destroy(mesh);
+    prop_arg a = {seed, 2 * MPG_DTYPE_COUNT};
+    run_ranks_ok(dims, world, prop_main, &a, &(rr_opts){.timeout_s = 30.0});
   }
   unsetenv("MESHPG_SHM");
 }
@@ -263,11 +253,9 @@ Test(all_to_all, random_meshes_without_shared_memory, .timeout = 300) {
  * waited for, then waited for last first: each post completes the one
  * before it as far as this member's part goes (the channel holds one in
  * flight), and every block arrives. */
-static mpg_status inflight_main(const mpg_init_opts *opts, void *arg) {
-  mpg_ctx *ctx = NULL;
+static mpg_status inflight_main(rr_rank *r) {
   mpg_group *g;
-  mpg_status st = rank_open(opts, arg, &ctx, "dp", &g);
-  if (st) return st;
+  RCALL(mpg_ctx_group(r->ctx, "dp", &g));
   int me = mpg_group_position(g), n = mpg_group_size(g);
   float *send[INFLIGHT], *recv[INFLIGHT];
   mpg_work *w[INFLIGHT];
@@ -293,22 +281,16 @@ static mpg_status inflight_main(const mpg_init_opts *opts, void *arg) {
     free(send[i]);
     free(recv[i]);
   }
-  RCALL(mpg_ctx_check_order(ctx));
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
+  RCALL(mpg_ctx_check_order(r->ctx));
   return MPG_OK;
 }
 
 Test(all_to_all, three_in_flight_waited_last_first) {
   setenv("MESHPG_CHECK_ORDER", "1", 1);
-  mpg_mesh *mesh = make_dims_mesh("dp=4");
-  fail_msg[0] = '\0';
-  EXPECT_RUN_OK(mpg_thread_run(4, 20.0, inflight_main, mesh, NULL));
-  mpg_mesh_destroy(mesh);
+  run_ranks("dp=4", 4, inflight_main, NULL);
 }
 
 typedef struct abort_arg {
-  const mpg_mesh *mesh;
   mpg_status got[4];
   double elapsed[4];
   char msg[4][1024];
@@ -318,36 +300,33 @@ typedef struct abort_arg {
  * instead of issuing the second; the others, waiting for it in the
  * channel, return MPG_ERR_ABORTED at once naming it, long before the
  * timeout. */
-static mpg_status abort_main(const mpg_init_opts *opts, void *arg) {
-  abort_arg *a = arg;
-  mpg_ctx *ctx = NULL;
+static mpg_status abort_main(rr_rank *rk) {
+  abort_arg *a = rk->arg;
   mpg_group *g;
-  mpg_status st = rank_open(opts, a->mesh, &ctx, "dp", &g);
-  if (st) return st;
+  RCALL(mpg_ctx_group(rk->ctx, "dp", &g));
   int32_t s[16], r[16];
   for (int i = 0; i < 16; i++) s[i] = i;
   RCALL(mpg_all_to_all(g, s, r, 4, MPG_I32, NULL, NULL));
-  int me = opts->rank;
+  int me = rk->rank;
   double t0 = now_s();
   if (me == 0) {
     sleep_s(0.3); /* the others wait in the channel by then */
-    a->got[0] = mpg_ctx_abort(ctx);
+    a->got[0] = mpg_ctx_abort(rk->ctx);
   } else {
     a->got[me] = mpg_all_to_all(g, s, r, 4, MPG_I32, NULL, NULL);
     snprintf(a->msg[me], sizeof a->msg[me], "%s", mpg_last_error());
   }
   a->elapsed[me] = now_s() - t0;
   tl_ctx = NULL;
-  (void)mpg_ctx_destroy(ctx);
+  (void)mpg_ctx_destroy(rk->ctx); /* its status unchecked */
+  rk->ctx = NULL;
   return MPG_OK;
 }
 
 Test(all_to_all, an_abort_reaches_the_peers_in_the_channel, .timeout = 60) {
   setenv("MESHPG_CHECK_ORDER", "0", 1); /* rank 0 skips a call, by design */
   abort_arg *a = calloc(1, sizeof *a);
-  a->mesh = make_dims_mesh("dp=4");
-  fail_msg[0] = '\0';
-  EXPECT_RUN_OK(mpg_thread_run(4, 20.0, abort_main, a, NULL));
+  run_ranks("dp=4", 4, abort_main, a);
   cr_assert_eq(a->got[0], MPG_OK, "mpg_ctx_abort: %s", mpg_status_name(a->got[0]));
   for (int r = 1; r < 4; r++) {
     cr_assert_eq(a->got[r], MPG_ERR_ABORTED, "rank %d got %s: %s", r,
@@ -357,7 +336,6 @@ Test(all_to_all, an_abort_reaches_the_peers_in_the_channel, .timeout = 60) {
     cr_assert(a->elapsed[r] < tb_bound(2.0, 4), "rank %d waited %.3f s (timeout 20 s)", r,
               a->elapsed[r]);
   }
-  mpg_mesh_destroy((mpg_mesh *)a->mesh);
   free(a);
 }
 
@@ -365,11 +343,10 @@ Test(all_to_all, an_abort_reaches_the_peers_in_the_channel, .timeout = 60) {
 /* Refusals, mismatched counts, size-1 groups                                */
 /* ------------------------------------------------------------------------ */
 
-static mpg_status args_main(const mpg_init_opts *opts, void *arg) {
-  mpg_ctx *ctx = NULL;
+static mpg_status args_main(rr_rank *rk) {
   mpg_group *g;
-  mpg_status st = rank_open(opts, arg, &ctx, "dp", &g);
-  if (st) return st;
+  RCALL(mpg_ctx_group(rk->ctx, "dp", &g));
+  mpg_status st = MPG_OK;
   int me = mpg_group_position(g), peer = 1 - me;
   float s[8] = {1, 2, 3, 4, 5, 6, 7, 8}, r[8];
   size_t c2[2] = {2, 2}, d2[2] = {0, 2};
@@ -417,7 +394,7 @@ static mpg_status args_main(const mpg_init_opts *opts, void *arg) {
   own[me] = 3;
   REXPECT(mpg_all_to_all_v(g, s, c2, d2, r, own, d2, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
           "sends itself 2 elements");
-  RCHECK(mpg_ctx_status(ctx) == MPG_OK, "a refused call aborted the context");
+  RCHECK(mpg_ctx_status(rk->ctx) == MPG_OK, "a refused call aborted the context");
 
   /* Disjoint blocks of one array are fine: send s[0], s[1], receive into
    * s[4] (from position 0) and s[5] (from position 1). */
@@ -433,7 +410,7 @@ static mpg_status args_main(const mpg_init_opts *opts, void *arg) {
   RCALL(mpg_all_to_all_v(g, NULL, z, z, NULL, z, z, MPG_I64, NULL, &w));
   RCALL(mpg_work_wait(w));
   /* Checked here: the mismatched equal counts below differ on purpose. */
-  RCALL(mpg_ctx_check_order(ctx));
+  RCALL(mpg_ctx_check_order(rk->ctx));
 
   /* Counts that differ between the two members.  (a) equal form, count 2
    * on position 0 and 3 on position 1: each receives a message of the
@@ -471,8 +448,8 @@ static mpg_status args_main(const mpg_init_opts *opts, void *arg) {
     }
   }
   /* Nothing aborted, nothing left over: a correct exchange still works. */
-  RCHECK(mpg_ctx_status(ctx) == MPG_OK, "a count mismatch aborted the context (%s)",
-         mpg_status_name(mpg_ctx_status(ctx)));
+  RCHECK(mpg_ctx_status(rk->ctx) == MPG_OK, "a count mismatch aborted the context (%s)",
+         mpg_status_name(mpg_ctx_status(rk->ctx)));
   RCALL(mpg_barrier(g, NULL));
   float a[4] = {(float)me, (float)me + 10, (float)me + 20, (float)me + 30}, b[4] = {0};
   RCALL(mpg_all_to_all(g, a, b, 2, MPG_F32, NULL, NULL));
@@ -481,7 +458,7 @@ static mpg_status args_main(const mpg_init_opts *opts, void *arg) {
 
   /* A size-1 group: its one block is copied, no work handle is left. */
   mpg_group *solo;
-  RCALL(mpg_ctx_group(ctx, "tp", &solo));
+  RCALL(mpg_ctx_group(rk->ctx, "tp", &solo));
   RCHECK(mpg_group_size(solo) == 1, "tp has %d members", mpg_group_size(solo));
   float x[3] = {7, 8, 9}, y[5] = {0, 0, 0, 0, 0};
   w = (mpg_work *)&w;
@@ -494,16 +471,12 @@ static mpg_status args_main(const mpg_init_opts *opts, void *arg) {
   REXPECT(mpg_all_to_all(solo, x, x, 3, MPG_F32, NULL, NULL), MPG_ERR_INVALID,
           "never in place");
 
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
 Test(all_to_all, refusals_mismatches_and_size_one) {
   setenv("MESHPG_CHECK_ORDER", "1", 1);
-  mpg_mesh *mesh = make_dims_mesh("dp=2,tp=1");
-  EXPECT_RUN_OK(mpg_thread_run(2, 20.0, args_main, mesh, NULL));
-  mpg_mesh_destroy(mesh);
+  run_ranks("dp=2,tp=1", 2, args_main, NULL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -514,7 +487,6 @@ Test(all_to_all, refusals_mismatches_and_size_one) {
 #define TWORLD 8
 
 typedef struct absent_arg {
-  const mpg_mesh *mesh;
   int async, v;
   int warm;          /* 1: an all-to-all on the group first (its channel made) */
   int skipper;       /* world rank that never calls it */
@@ -524,13 +496,12 @@ typedef struct absent_arg {
   char msg[TWORLD][1024];
 } absent_arg;
 
-static mpg_status absent_main(const mpg_init_opts *opts, void *arg) {
-  absent_arg *a = arg;
-  mpg_ctx *ctx = NULL;
+static mpg_status absent_main(rr_rank *rk) {
+  absent_arg *a = rk->arg;
   mpg_group *g;
-  int r = opts->rank;
-  mpg_status st = rank_open(opts, a->mesh, &ctx, "dp", &g);
-  if (st) return st;
+  int r = rk->rank;
+  RCALL(mpg_ctx_group(rk->ctx, "dp", &g));
+  mpg_status st = MPG_OK;
   a->position[r] = mpg_group_position(g);
   int n = mpg_group_size(g);
   int32_t s[4 * TWORLD], rv[4 * TWORLD];
@@ -553,7 +524,8 @@ static mpg_status absent_main(const mpg_init_opts *opts, void *arg) {
     sleep_s(TIMEOUT_S * 3); /* never calls it */
   }
   tl_ctx = NULL;
-  (void)mpg_ctx_destroy(ctx);
+  (void)mpg_ctx_destroy(rk->ctx); /* its status unchecked */
+  rk->ctx = NULL;
   return MPG_OK;
 }
 
@@ -562,13 +534,11 @@ static void run_absent(int async, int v, int skipper, int warm) {
   setenv("MESHPG_CHECK_ORDER", "0", 1); /* the skipper breaks the order, by design */
   mpg_mesh *mesh = make_dims_mesh("dp=4,tp=2");
   absent_arg *a = calloc(1, sizeof *a);
-  a->mesh = mesh;
   a->async = async;
   a->v = v;
   a->skipper = skipper;
   a->warm = warm;
-  fail_msg[0] = '\0';
-  EXPECT_RUN_OK(mpg_thread_run(TWORLD, TIMEOUT_S, absent_main, a, NULL));
+  run_ranks_ok("dp=4,tp=2", TWORLD, absent_main, a, &(rr_opts){.timeout_s = TIMEOUT_S});
   int dimset, index, size, members[TWORLD];
   cr_assert_eq(mpg_mesh_dimset_find(mesh, "dp", &dimset), MPG_OK);
   cr_assert_eq(mpg_mesh_group_of(mesh, dimset, skipper, &index, NULL, &size), MPG_OK);
@@ -625,7 +595,6 @@ Test(all_to_all, absent_member_at_the_first_all_to_all_times_out, .timeout = 60)
 /* ------------------------------------------------------------------------ */
 
 typedef struct order_arg {
-  const mpg_mesh *mesh;
   int v;
   mpg_status got[2];
   char msg[2][1024];
@@ -634,12 +603,10 @@ typedef struct order_arg {
 /* The two members exchange 4-byte elements under different dtypes (f32 on
  * position 0, i32 on position 1): the thread backend moves the bytes, the
  * checker finds the difference. */
-static mpg_status order_main(const mpg_init_opts *opts, void *arg) {
-  order_arg *a = arg;
-  mpg_ctx *ctx = NULL;
+static mpg_status order_main(rr_rank *rk) {
+  order_arg *a = rk->arg;
   mpg_group *g;
-  mpg_status st = rank_open(opts, a->mesh, &ctx, "dp", &g);
-  if (st) return st;
+  RCALL(mpg_ctx_group(rk->ctx, "dp", &g));
   int me = mpg_group_position(g);
   mpg_dtype dt = me == 0 ? MPG_F32 : MPG_I32;
   int32_t s[4] = {1, 2, 3, 4}, r[4];
@@ -647,21 +614,16 @@ static mpg_status order_main(const mpg_init_opts *opts, void *arg) {
   RCALL(mpg_all_to_all(g, s, r, 2, MPG_F32, NULL, NULL)); /* the same on both */
   RCALL(a->v ? mpg_all_to_all_v(g, s, c, d, r, c, d, dt, NULL, NULL)
              : mpg_all_to_all(g, s, r, 2, dt, NULL, NULL));
-  a->got[opts->rank] = mpg_ctx_check_order(ctx);
-  snprintf(a->msg[opts->rank], sizeof a->msg[0], "%s", mpg_last_error());
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
+  a->got[rk->rank] = mpg_ctx_check_order(rk->ctx);
+  snprintf(a->msg[rk->rank], sizeof a->msg[0], "%s", mpg_last_error());
   return MPG_OK;
 }
 
 static void run_order(int v) {
   setenv("MESHPG_CHECK_ORDER", "1", 1);
-  mpg_mesh *mesh = make_dims_mesh("dp=2");
   order_arg *a = calloc(1, sizeof *a);
-  a->mesh = mesh;
   a->v = v;
-  fail_msg[0] = '\0';
-  EXPECT_RUN_OK(mpg_thread_run(2, 20.0, order_main, a, NULL));
+  run_ranks("dp=2", 2, order_main, a);
   const char *want0 = v ? "all_to_all_v(f32) on \"dp\"" : "all_to_all(f32, count 2) on \"dp\"";
   const char *want1 = v ? "all_to_all_v(i32) on \"dp\"" : "all_to_all(i32, count 2) on \"dp\"";
   for (int r = 0; r < 2; r++) {
@@ -672,7 +634,6 @@ static void run_order(int v) {
               "rank %d: %s", r, a->msg[r]);
   }
   free(a);
-  mpg_mesh_destroy(mesh);
 }
 
 Test(all_to_all, order_checker_names_a_differing_all_to_all) { run_order(0); }

@@ -20,6 +20,7 @@
 
 #include "meshpg.h"
 #include "../support/rank_check.h"
+#include "run_ranks.h"
 #include "../support/time_bound.h"
 
 /* A call that must fail with `want` and a message holding `text`. */
@@ -30,13 +31,6 @@
            "%s gave %s (\"%s\"), expected %s with \"%s\"", #expr,               \
            mpg_status_name(st_), mpg_last_error(), mpg_status_name(want), text); \
   } while (0)
-
-/* Run fn on `world` thread ranks over the mesh `dims` (fn's argument). */
-static void run_on(const char *dims, int world, mpg_status (*fn)(const mpg_init_opts *, void *)) {
-  mpg_mesh *mesh = make_dims_mesh(dims);
-  EXPECT_RUN_OK(mpg_thread_run(world, 20.0, fn, mesh, NULL));
-  mpg_mesh_destroy(mesh);
-}
 
 /* The element i of the message that position `src` sends in direction
  * `dir` (0: to the next stage, 1: to the previous; more for extra
@@ -63,19 +57,16 @@ static size_t first_bad(const int32_t *buf, size_t n, int src, int dir) {
 /* ------------------------------------------------------------------------ */
 
 typedef struct ring_arg {
-  const mpg_mesh *mesh;
   const char *group;
   size_t count;   /* int32 elements per message */
   int async;      /* through a work handle, polled with mpg_work_test */
   int rounds;
 } ring_arg;
 
-static mpg_status ring_main(const mpg_init_opts *opts, void *arg) {
-  const ring_arg *a = arg;
-  mpg_ctx *ctx = NULL;
+static mpg_status ring_main(rr_rank *r) {
+  const ring_arg *a = r->arg;
   mpg_group *g;
-  mpg_status st = rank_open(opts, a->mesh, &ctx, a->group, &g);
-  if (st) return st;
+  RCALL(mpg_ctx_group(r->ctx, a->group, &g));
   int me = mpg_group_position(g), size = mpg_group_size(g);
   int next = (me + 1) % size, prev = (me + size - 1) % size;
   size_t n = a->count;
@@ -120,20 +111,16 @@ static mpg_status ring_main(const mpg_init_opts *opts, void *arg) {
   free(to_prev);
   free(from_prev);
   free(from_next);
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
 static void run_ring(const char *dims, int world, const char *group, size_t count,
                      int async, int rounds) {
-  mpg_mesh *mesh = make_dims_mesh(dims);
-  ring_arg a = {mesh, group, count, async, rounds};
+  ring_arg a = {group, count, async, rounds};
   double t0 = now_s();
-  EXPECT_RUN_OK(mpg_thread_run(world, 30.0, ring_main, &a, NULL));
+  run_ranks_ok(dims, world, ring_main, &a, &(rr_opts){.timeout_s = 30.0});
   cr_log_info("ring %s over %s, %zu bytes each way: %.3f s", dims, group, count * 4,
               now_s() - t0);
-  mpg_mesh_destroy(mesh);
 }
 
 enum { MIB64 = 16 << 20 }; /* int32 elements in 64 MiB */
@@ -165,11 +152,9 @@ Test(p2p_batch, ring_never_waits_on_a_full_inbox, .timeout = 120) {
 /* Order, dtypes, mixing with mpg_send / mpg_recv                            */
 /* ------------------------------------------------------------------------ */
 
-static mpg_status order_main(const mpg_init_opts *opts, void *arg) {
-  mpg_ctx *ctx = NULL;
+static mpg_status order_main(rr_rank *rk) {
   mpg_group *g;
-  mpg_status st = rank_open(opts, arg, &ctx, "world", &g);
-  if (st) return st;
+  RCALL(mpg_ctx_group(rk->ctx, "world", &g));
   int me = mpg_group_position(g), peer = 1 - me;
 
   /* Three messages each way to the same peer, sends and receives
@@ -245,11 +230,11 @@ static mpg_status order_main(const mpg_init_opts *opts, void *arg) {
   RCALL(mpg_p2p_batch(g, good, 2, NULL, NULL));
   RCHECK(got[0] == 42 && got[1] == 43, "received %d %d: the refused batch posted its send",
          got[0], got[1]);
-  RCHECK(mpg_ctx_status(ctx) == MPG_OK, "an argument error aborted the context");
+  RCHECK(mpg_ctx_status(rk->ctx) == MPG_OK, "an argument error aborted the context");
 
   /* A size-1 group has no peer at all; n == 0 is still fine there. */
   mpg_group *one;
-  RCALL(mpg_ctx_group(ctx, "tp", &one));
+  RCALL(mpg_ctx_group(rk->ctx, "tp", &one));
   RCHECK(mpg_group_size(one) == 1, "tp has %d members", mpg_group_size(one));
   mpg_p2p_op self = {MPG_P2P_SEND, 0, x, 1, MPG_I32};
   REXPECT(mpg_p2p_batch(one, &self, 1, NULL, NULL), MPG_ERR_INVALID,
@@ -257,22 +242,18 @@ static mpg_status order_main(const mpg_init_opts *opts, void *arg) {
   RCALL(mpg_p2p_batch(one, NULL, 0, NULL, NULL));
 
   RCALL(mpg_barrier(g, NULL));
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
-Test(p2p_batch, order_per_peer_dtypes_and_refusal) { run_on("dp=2,tp=1", 2, order_main); }
+Test(p2p_batch, order_per_peer_dtypes_and_refusal) { run_ranks("dp=2,tp=1", 2, order_main, NULL); }
 
 /* A batch on one side, plain mpg_send / mpg_recv on the other.  The
  * issue-order checker counts each batch as a call of the whole group, so
  * it is off here (MESHPG_CHECK_ORDER=0): mixing is legal for the backends,
  * not for the checker. */
-static mpg_status mixed_main(const mpg_init_opts *opts, void *arg) {
-  mpg_ctx *ctx = NULL;
+static mpg_status mixed_main(rr_rank *r) {
   mpg_group *g;
-  mpg_status st = rank_open(opts, arg, &ctx, "world", &g);
-  if (st) return st;
+  RCALL(mpg_ctx_group(r->ctx, "world", &g));
   int me = mpg_group_position(g), peer = 1 - me;
   int32_t x[8], y[8] = {0};
   fill(x, 8, me, 20);
@@ -291,39 +272,33 @@ static mpg_status mixed_main(const mpg_init_opts *opts, void *arg) {
     RCALL(mpg_work_wait(w));
   }
   RCHECK(first_bad(y, 8, peer, 20) == 8, "mixed exchange: y[0] = %d", y[0]);
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
 Test(p2p_batch, a_batch_matches_plain_send_and_recv) {
   setenv("MESHPG_CHECK_ORDER", "0", 1);
-  run_on("dp=2", 2, mixed_main);
+  run_ranks("dp=2", 2, mixed_main, NULL);
 }
 
 /* A chain (not a ring) of three stages where one step involves only the
  * first two: the idle stage passes n == 0, which the issue-order checker
  * counts like the others' batches, so the check passes. */
-static mpg_status chain_main(const mpg_init_opts *opts, void *arg) {
-  mpg_ctx *ctx = NULL;
+static mpg_status chain_main(rr_rank *r) {
   mpg_group *g;
-  mpg_status st = rank_open(opts, arg, &ctx, "pp", &g);
-  if (st) return st;
+  RCALL(mpg_ctx_group(r->ctx, "pp", &g));
   int me = mpg_group_position(g);
   int32_t buf[16];
   fill(buf, 16, me, 30);
   mpg_p2p_op op = {me == 0 ? MPG_P2P_SEND : MPG_P2P_RECV, 1 - me, buf, 16, MPG_I32};
   RCALL(mpg_p2p_batch(g, &op, me < 2 ? 1 : 0, NULL, NULL));
   if (me == 1) RCHECK(first_bad(buf, 16, 0, 30) == 16, "stage 1 got buf[0] = %d", buf[0]);
-  RCALL(mpg_ctx_check_order(ctx));
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
+  RCALL(mpg_ctx_check_order(r->ctx));
   return MPG_OK;
 }
 
 Test(p2p_batch, an_idle_stage_passes_n_zero_and_the_order_check) {
   setenv("MESHPG_CHECK_ORDER", "1", 1);
-  run_on("pp=3", 3, chain_main);
+  run_ranks("pp=3", 3, chain_main, NULL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -333,19 +308,17 @@ Test(p2p_batch, an_idle_stage_passes_n_zero_and_the_order_check) {
 #define TIMEOUT_S 0.5
 
 typedef struct absent_arg {
-  const mpg_mesh *mesh;
   int async;
   mpg_status got, later;
   double elapsed;
   char msg[1024];
 } absent_arg;
 
-static mpg_status absent_main(const mpg_init_opts *opts, void *arg) {
-  absent_arg *a = arg;
-  mpg_ctx *ctx = NULL;
+static mpg_status absent_main(rr_rank *rk) {
+  absent_arg *a = rk->arg;
   mpg_group *g;
-  mpg_status st = rank_open(opts, a->mesh, &ctx, "pp", &g);
-  if (st) return st;
+  RCALL(mpg_ctx_group(rk->ctx, "pp", &g));
+  mpg_status st = MPG_OK;
   if (mpg_group_position(g) == 0) {
     int32_t s[4] = {1, 2, 3, 4}, r[4];
     mpg_p2p_op ops[2] = {{MPG_P2P_SEND, 1, s, 4, MPG_I32}, {MPG_P2P_RECV, 1, r, 4, MPG_I32}};
@@ -360,7 +333,7 @@ static mpg_status absent_main(const mpg_init_opts *opts, void *arg) {
     a->elapsed = now_s() - t0;
     a->got = st;
     snprintf(a->msg, sizeof a->msg, "%s", mpg_last_error());
-    a->later = mpg_ctx_status(ctx);
+    a->later = mpg_ctx_status(rk->ctx);
     /* The context is aborted: a later batch fails at once. */
     st = mpg_p2p_batch(g, ops, 2, NULL, NULL);
     RCHECK(st == MPG_ERR_ABORTED, "a batch after the timeout gave %s", mpg_status_name(st));
@@ -368,16 +341,15 @@ static mpg_status absent_main(const mpg_init_opts *opts, void *arg) {
     sleep_s(TIMEOUT_S * 3); /* never posts anything */
   }
   tl_ctx = NULL;
-  (void)mpg_ctx_destroy(ctx);
+  (void)mpg_ctx_destroy(rk->ctx); /* its status unchecked */
+  rk->ctx = NULL;
   return MPG_OK;
 }
 
 static void run_absent(int async) {
-  mpg_mesh *mesh = make_dims_mesh("pp=2");
   absent_arg *a = calloc(1, sizeof *a);
-  a->mesh = mesh;
   a->async = async;
-  EXPECT_RUN_OK(mpg_thread_run(2, TIMEOUT_S, absent_main, a, NULL));
+  run_ranks_ok("pp=2", 2, absent_main, a, &(rr_opts){.timeout_s = TIMEOUT_S});
   cr_assert_eq(a->got, MPG_ERR_TIMEOUT, "got %s: %s", mpg_status_name(a->got), a->msg);
   cr_assert(a->elapsed > TIMEOUT_S * 0.5 && a->elapsed < tb_bound(TIMEOUT_S + 1.0, 2),
             "gave up after %.3f s", a->elapsed);
@@ -386,7 +358,6 @@ static void run_absent(int async) {
             "message: %s", a->msg);
   cr_assert_eq(a->later, MPG_ERR_TIMEOUT, "context status %s", mpg_status_name(a->later));
   free(a);
-  mpg_mesh_destroy(mesh);
 }
 
 Test(p2p_batch, absent_peer_times_out_and_aborts) { run_absent(0); }
@@ -398,44 +369,39 @@ Test(p2p_batch, absent_peer_times_out_through_the_work_handle) { run_absent(1); 
  * for room and times out.  The batch fails with that timeout (the context
  * aborted) and the posted receive is released, not left behind. */
 typedef struct midway_arg {
-  const mpg_mesh *mesh;
   mpg_status got;
   char msg[1024];
   mpg_status ctx_status;
 } midway_arg;
 
-static mpg_status midway_main(const mpg_init_opts *opts, void *arg) {
-  midway_arg *a = arg;
-  mpg_ctx *ctx = NULL;
+static mpg_status midway_main(rr_rank *rk) {
+  midway_arg *a = rk->arg;
   mpg_group *g;
-  mpg_status st = rank_open(opts, a->mesh, &ctx, "pp", &g);
-  if (st) return st;
+  RCALL(mpg_ctx_group(rk->ctx, "pp", &g));
   if (mpg_group_position(g) == 0) {
     int32_t first[2] = {1, 2}, s[2] = {3, 4}, r[2];
     RCALL(mpg_send(g, first, 2, MPG_I32, 1, NULL, NULL)); /* fills the inbox */
     mpg_p2p_op ops[2] = {{MPG_P2P_SEND, 1, s, 2, MPG_I32}, {MPG_P2P_RECV, 1, r, 2, MPG_I32}};
     a->got = mpg_p2p_batch(g, ops, 2, NULL, NULL);
     snprintf(a->msg, sizeof a->msg, "%s", mpg_last_error());
-    a->ctx_status = mpg_ctx_status(ctx);
+    a->ctx_status = mpg_ctx_status(rk->ctx);
   } else {
     sleep_s(TIMEOUT_S * 3); /* never receives */
   }
   tl_ctx = NULL;
-  (void)mpg_ctx_destroy(ctx);
+  (void)mpg_ctx_destroy(rk->ctx); /* its status unchecked */
+  rk->ctx = NULL;
   return MPG_OK;
 }
 
 Test(p2p_batch, failed_post_midway_releases_what_was_posted) {
   setenv("MESHPG_THREAD_INBOX_MSGS", "1", 1);
-  mpg_mesh *mesh = make_dims_mesh("pp=2");
   midway_arg *a = calloc(1, sizeof *a);
-  a->mesh = mesh;
-  EXPECT_RUN_OK(mpg_thread_run(2, TIMEOUT_S, midway_main, a, NULL));
+  run_ranks_ok("pp=2", 2, midway_main, a, &(rr_opts){.timeout_s = TIMEOUT_S});
   cr_assert_eq(a->got, MPG_ERR_TIMEOUT, "got %s: %s", mpg_status_name(a->got), a->msg);
   cr_assert(strstr(a->msg, "mpg_p2p_batch") && strstr(a->msg, "(world rank 1) is full"), "message: %s",
             a->msg);
   cr_assert_eq(a->ctx_status, MPG_ERR_TIMEOUT, "context status %s",
                mpg_status_name(a->ctx_status));
   free(a);
-  mpg_mesh_destroy(mesh);
 }
