@@ -71,6 +71,17 @@ struct hello {
   struct net_peer who;
 };
 
+/* A hello of kind from rank of nranks; every byte is set (it goes over a
+ * socket), who stays zero unless the caller fills it. */
+static void hello_init(struct hello *he, int kind, uint64_t key, int rank, int nranks) {
+  memset(he, 0, sizeof *he);
+  he->magic = NET_MAGIC;
+  he->key = key;
+  he->kind = kind;
+  he->rank = rank;
+  he->nranks = nranks;
+}
+
 struct root_reply {
   uint64_t magic;
   int32_t status, bad_rank, nranks, bad_nranks;
@@ -506,12 +517,7 @@ ncclResult_t net_bootstrap(struct ncclComm *c, const char *id, struct net_peer *
     return ncclRemoteError;
   }
   struct hello he;
-  memset(&he, 0, sizeof he);
-  he.magic = NET_MAGIC;
-  he.key = fnv1a(FNV_START, id, NCCL_UNIQUE_ID_BYTES);
-  he.kind = HELLO_ROOT;
-  he.rank = c->rank;
-  he.nranks = c->nranks;
+  hello_init(&he, HELLO_ROOT, fnv1a(FNV_START, id, NCCL_UNIQUE_ID_BYTES), c->rank, c->nranks);
   self_info(c, &he.who);
   if (send_all(fd, &he, sizeof he, abort_flag) != 0) {
     close(fd);
@@ -781,12 +787,7 @@ ncclResult_t net_join(struct ncclComm *c, struct net_peer *peers, uint64_t key,
   for (int i = 0; i < r && ret == ncclSuccess; i++) {
     int fd = connect_to(peers[i].ip, peers[i].port, &c->sh->abort);
     struct hello he;
-    memset(&he, 0, sizeof he);
-    he.magic = NET_MAGIC;
-    he.key = key;
-    he.kind = HELLO_MESH;
-    he.rank = r;
-    he.nranks = n;
+    hello_init(&he, HELLO_MESH, key, r, n);
     if (fd < 0 || send_all(fd, &he, sizeof he, &c->sh->abort) != 0) {
       char a[64];
       addr_text(peers[i].ip, peers[i].port, a, sizeof a);

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "internal.h" /* MPG__OP_PREMUL_SUM */
+#include "on_double.h"
 
 #define MAXW 8
 #define N 1031 /* elements per rank */
@@ -59,7 +60,6 @@ typedef struct job {
   mpg_mesh *mesh;
   int nodes;         /* > 0: placement on that many simulated nodes */
   int mesh_rank[2][MAXW]; /* each launcher rank's mesh rank, per backend */
-  ncclUniqueId id;
   /* outputs[backend][rank][dtype][case]: N * world * 8 bytes each */
   unsigned char *out[2][MAXW][NDT][NCASE];
   mpg_status st[2][MAXW];
@@ -239,46 +239,24 @@ static void place(const job *j, mpg_init_opts *o) {
   o->placement = 1;
 }
 
-static mpg_status thread_rank(const mpg_init_opts *in, void *arg) {
-  job *j = arg;
+/* Backend bk of a job: 0, the thread backend; 1, NCCL on the double. */
+typedef struct backend_arg {
+  job *j;
+  int bk;
+} backend_arg;
+
+static mpg_status backend_rank(const mpg_init_opts *in, void *arg) {
+  const backend_arg *b = arg;
+  job *j = b->j;
   mpg_init_opts o = *in;
-  const mpg_init_opts *opts = &o;
   place(j, &o);
   mpg_ctx *ctx = NULL;
-  mpg_status st = mpg_ctx_create(j->mesh, opts, &ctx);
-  if (!st) j->mesh_rank[0][opts->rank] = mpg_ctx_rank(ctx);
-  if (!st) st = run_cases(j, 0, opts->rank, ctx);
-  note(j, 0, opts->rank, st);
+  mpg_status st = mpg_ctx_create(j->mesh, &o, &ctx);
+  if (!st) j->mesh_rank[b->bk][o.rank] = mpg_ctx_rank(ctx);
+  if (!st) st = run_cases(j, b->bk, o.rank, ctx);
+  note(j, b->bk, o.rank, st);
   mpg_ctx_destroy(ctx);
   return MPG_OK;
-}
-
-typedef struct nccl_arg {
-  job *j;
-  int rank;
-} nccl_arg;
-
-static void *nccl_rank(void *p) {
-  nccl_arg *na = p;
-  job *j = na->j;
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend.name = MPG_BACKEND_NCCL;
-  o.rank = na->rank;
-  o.world_size = j->world;
-  o.local_rank = na->rank;
-  o.local_world_size = j->world;
-  o.device = na->rank;
-  o.nccl_id = &j->id;
-  o.backend.timeout_s = 60;
-  place(j, &o);
-  mpg_ctx *ctx = NULL;
-  cudaSetDevice(na->rank);
-  mpg_status st = mpg_ctx_create(j->mesh, &o, &ctx);
-  if (!st) j->mesh_rank[1][na->rank] = mpg_ctx_rank(ctx);
-  if (!st) st = run_cases(j, 1, na->rank, ctx);
-  note(j, 1, na->rank, st);
-  mpg_ctx_destroy(ctx);
-  return NULL;
 }
 
 /* The collectives on `group` (gsize ranks) of mesh `dims` (world ranks,
@@ -286,10 +264,7 @@ static void *nccl_rank(void *p) {
 static void compare_on(const char *dims, int world, const char *group, int gsize, int nodes) {
   job *j = calloc(1, sizeof *j);
   cr_assert_not_null(j);
-  j->world = world;
-  j->nodes = nodes;
-  j->group = group;
-  j->gsize = gsize;
+  *j = (job){.world = world, .nodes = nodes, .group = group, .gsize = gsize};
   for (int bk = 0; bk < 2; bk++)
     for (int r = 0; r < world; r++)
       for (int d = 0; d < NDT; d++)
@@ -297,21 +272,12 @@ static void compare_on(const char *dims, int world, const char *group, int gsize
           j->out[bk][r][d][c] = calloc(1, case_bytes(gsize, dts[d]));
           cr_assert_not_null(j->out[bk][r][d][c]);
         }
-  mpg_spec spec = MPG_SPEC_INIT;
-  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
-  cr_assert_eq(mpg_spec_set_mesh(&spec, dims), MPG_OK);
-  if (strstr(dims, "cp=")) cr_assert_eq(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"), MPG_OK);
-  cr_assert_eq(mpg_mesh_create(&spec, world, &j->mesh), MPG_OK, "%s", mpg_last_error());
-  cr_assert_eq(mpg_thread_run(world, 60, thread_rank, j, NULL), MPG_OK, "%s",
+  cr_assert_eq(mesh_build(dims, strstr(dims, "cp=") ? "dp_cp=dp,cp" : NULL, world, &j->mesh),
+               MPG_OK, "%s", mpg_last_error());
+  backend_arg thread = {j, 0}, nccl = {j, 1};
+  cr_assert_eq(mpg_thread_run(world, 60, backend_rank, &thread, NULL), MPG_OK, "%s",
                mpg_last_error());
-  cr_assert_eq(ncclGetUniqueId(&j->id), ncclSuccess);
-  pthread_t t[MAXW];
-  nccl_arg na[MAXW];
-  for (int r = 0; r < world; r++) {
-    na[r] = (nccl_arg){j, r};
-    cr_assert_eq(pthread_create(&t[r], NULL, nccl_rank, &na[r]), 0);
-  }
-  for (int r = 0; r < world; r++) pthread_join(t[r], NULL);
+  nccl_thread_run(world, 60, backend_rank, &nccl);
   for (int bk = 0; bk < 2; bk++)
     for (int r = 0; r < world; r++)
       cr_assert_eq(j->st[bk][r], MPG_OK, "%s rank %d: %s: %s", bk ? "nccl" : "thread", r,

@@ -26,23 +26,9 @@
 #include <unistd.h>
 
 #include "meshpg.h"
+#include "on_double.h"
 
 #define N 1024
-
-static void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  while (nanosleep(&ts, &ts) != 0) {
-  }
-}
-
-static mpg_mesh *make_mesh(const char *dims, int world) {
-  mpg_spec spec = MPG_SPEC_INIT;
-  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
-  cr_assert_eq(mpg_spec_set_mesh(&spec, dims), MPG_OK, "%s", mpg_last_error());
-  mpg_mesh *m = NULL;
-  cr_assert_eq(mpg_mesh_create(&spec, world, &m), MPG_OK, "%s", mpg_last_error());
-  return m;
-}
 
 typedef struct job {
   int rank, world;
@@ -54,26 +40,23 @@ typedef struct job {
   int early;              /* the order test: dp done while held */
 } job;
 
-#define CHECK(j, cond, ...)                                                      \
-  do {                                                                           \
-    if (!(cond) && !(j)->fail[0]) snprintf((j)->fail, sizeof (j)->fail, __VA_ARGS__); \
-  } while (0)
+#define CHECK(j, cond, ...) FIRST_FAIL((j)->fail, cond, __VA_ARGS__)
 
 static mpg_ctx *create(job *j) {
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend.name = MPG_BACKEND_NCCL;
-  o.rank = j->rank;
-  o.world_size = j->world;
-  o.local_rank = j->rank;
-  o.local_world_size = j->world;
-  o.device = j->rank;
-  o.nccl_id = j->id;
-  o.backend.timeout_s = 60;
+  mpg_init_opts o = nccl_thread_opts(j->rank, j->world, j->id, 60);
   mpg_ctx *ctx = NULL;
   mpg_status st = mpg_ctx_create(j->mesh, &o, &ctx);
   CHECK(j, st == MPG_OK, "rank %d: mpg_ctx_create: %s: %s", j->rank, mpg_status_name(st),
         mpg_last_error());
   return st == MPG_OK ? ctx : NULL;
+}
+
+/* A rank's end: every rank is done with its collectives before any
+ * context goes. */
+static void *rank_done(job *j, mpg_ctx *ctx) {
+  pthread_barrier_wait(j->bar);
+  mpg_ctx_destroy(ctx);
+  return NULL;
 }
 
 static float *dev_vec(mpg_ctx *ctx, float v) {
@@ -100,7 +83,7 @@ static void check_sum(job *j, const char *what, const float *dev, float want, in
 static void run(job *jobs, int world, void *(*fn)(void *), const char *dims, int with_id) {
   ncclUniqueId id;
   if (with_id) cr_assert_eq(ncclGetUniqueId(&id), ncclSuccess);
-  mpg_mesh *mesh = make_mesh(dims, world);
+  mpg_mesh *mesh = mesh_of(dims, world);
   pthread_barrier_t bar;
   pthread_barrier_init(&bar, NULL, (unsigned)world);
   static _Atomic int gate;
@@ -136,9 +119,7 @@ static void *master_rank(void *p) {
     if (!st) check_sum(j, "x", x, 1.0f, 2);
     mpg_ctx_mem_free(ctx, x);
   }
-  pthread_barrier_wait(j->bar);
-  mpg_ctx_destroy(ctx);
-  return NULL;
+  return rank_done(j, ctx);
 }
 
 Test(nccl_env, master_addr_bootstrap_writes_no_variable, .timeout = 120) {
@@ -199,9 +180,7 @@ static void *order_rank(void *p) {
     mpg_ctx_stream_destroy(ctx, s1);
     mpg_ctx_stream_destroy(ctx, s2);
   }
-  pthread_barrier_wait(j->bar);
-  mpg_ctx_destroy(ctx);
-  return NULL;
+  return rank_done(j, ctx);
 }
 
 Test(nccl_env, meshpg_orders_groups_without_launch_order_variable, .timeout = 120) {

@@ -34,20 +34,9 @@
 
 #include "meshpg.h"
 #include "../support/time_bound.h"
+#include "on_double.h"
 
 #define N 4099 /* f32 elements per all-reduce */
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  while (nanosleep(&ts, &ts) != 0) {
-  }
-}
 
 /* ------------------------------------------------------------------------ */
 /* Two NCCL ranks as threads                                                 */
@@ -58,7 +47,6 @@ typedef struct world world;
 typedef void (*rank_fn)(world *w, int rank, mpg_ctx *ctx);
 
 struct world {
-  ncclUniqueId id;
   mpg_mesh *mesh;
   rank_fn fn;
   double hold_s, timeout_s; /* scenario parameters */
@@ -75,57 +63,29 @@ struct world {
   double longest_test[2];   /* held, polled: the longest mpg_work_test call */
 };
 
-typedef struct {
-  world *w;
-  int rank;
-} rank_arg;
-
-static void *rank_main(void *p) {
-  rank_arg *a = p;
-  world *w = a->w;
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend.name = MPG_BACKEND_NCCL;
-  o.rank = a->rank;
-  o.world_size = 2;
-  o.local_rank = a->rank;
-  o.local_world_size = 2;
-  o.device = a->rank;
-  o.nccl_id = &w->id;
-  o.backend.timeout_s = 60;
-  cudaSetDevice(a->rank);
+static mpg_status rank_main(const mpg_init_opts *o, void *arg) {
+  world *w = arg;
+  int rank = o->rank;
   mpg_ctx *ctx = NULL;
-  w->create[a->rank] = mpg_ctx_create(w->mesh, &o, &ctx);
-  if (w->create[a->rank])
-    snprintf(w->create_msg[a->rank], sizeof w->create_msg[a->rank], "%s", mpg_last_error());
+  w->create[rank] = mpg_ctx_create(w->mesh, o, &ctx);
+  if (w->create[rank])
+    snprintf(w->create_msg[rank], sizeof w->create_msg[rank], "%s", mpg_last_error());
   else
-    w->fn(w, a->rank, ctx);
+    w->fn(w, rank, ctx);
   /* The absent rank keeps its context until rank 0 is done with its
    * collectives, so that nothing but the scenario ends them. */
   pthread_barrier_wait(&w->done);
   mpg_ctx_destroy(ctx);
-  return NULL;
+  return MPG_OK;
 }
 
 static world *world_run(rank_fn fn, double hold_s, double timeout_s, int during) {
   world *w = calloc(1, sizeof *w);
   cr_assert_not_null(w);
-  w->fn = fn;
-  w->during = during;
-  w->hold_s = hold_s;
-  w->timeout_s = timeout_s;
-  mpg_spec spec = MPG_SPEC_INIT;
-  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
-  cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=2"), MPG_OK);
-  cr_assert_eq(mpg_mesh_create(&spec, 2, &w->mesh), MPG_OK, "%s", mpg_last_error());
-  cr_assert_eq(ncclGetUniqueId(&w->id), ncclSuccess);
+  *w = (world){.fn = fn, .during = during, .hold_s = hold_s, .timeout_s = timeout_s};
+  w->mesh = mesh_of("dp=2", 2);
   cr_assert_eq(pthread_barrier_init(&w->done, NULL, 2), 0);
-  pthread_t t[2];
-  rank_arg a[2];
-  for (int r = 0; r < 2; r++) {
-    a[r] = (rank_arg){w, r};
-    cr_assert_eq(pthread_create(&t[r], NULL, rank_main, &a[r]), 0);
-  }
-  for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+  nccl_thread_run(2, 60, rank_main, w);
   pthread_barrier_destroy(&w->done);
   mpg_mesh_destroy(w->mesh);
   for (int r = 0; r < 2; r++)

@@ -35,27 +35,8 @@
 #include <time.h>
 
 #include "meshpg.h"
+#include "on_double.h"
 #include "nccl/nccl_internal.h" /* mpg__nccl_aborts_running */
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  nanosleep(&ts, NULL);
-}
-
-static mpg_mesh *make_mesh(const char *dims, int world) {
-  mpg_spec spec = MPG_SPEC_INIT;
-  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
-  cr_assert_eq(mpg_spec_set_mesh(&spec, dims), MPG_OK, "%s", mpg_last_error());
-  mpg_mesh *m = NULL;
-  cr_assert_eq(mpg_mesh_create(&spec, world, &m), MPG_OK, "%s", mpg_last_error());
-  return m;
-}
 
 /* One rank of a thread world; `fail` keeps the first failed check. */
 typedef struct rank {
@@ -68,28 +49,19 @@ typedef struct rank {
   char fail[1024];
 } rank;
 
-#define CHECK(r, cond, ...)                                                    \
-  do {                                                                         \
-    if (!(cond) && !(r)->fail[0]) snprintf((r)->fail, sizeof (r)->fail, __VA_ARGS__); \
-  } while (0)
+#define CHECK(r, cond, ...) FIRST_FAIL((r)->fail, cond, __VA_ARGS__)
 
-#define CHECK_OK(r, expr)                                                      \
-  do {                                                                         \
-    mpg_status st_ = (expr);                                                   \
-    CHECK(r, st_ == MPG_OK, "rank %d: %s: %s: %s", (r)->rank, #expr,           \
-          mpg_status_name(st_), mpg_last_error());                             \
-  } while (0)
+/* A call that must answer MPG_OK: its text, status and mpg_last_error()
+ * when it does not. */
+static void check_ok(rank *r, mpg_status st, const char *what) {
+  CHECK(r, st == MPG_OK, "rank %d: %s: %s: %s", r->rank, what, mpg_status_name(st),
+        mpg_last_error());
+}
+#define CHECK_OK(r, expr) check_ok((r), (expr), #expr)
 
 static int create(rank *r) {
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend.name = MPG_BACKEND_NCCL;
-  o.rank = r->rank;
-  o.world_size = r->world;
-  o.local_rank = r->rank;
-  o.local_world_size = r->world;
-  o.device = r->rank;
-  o.nccl_id = r->id;
-  o.backend.timeout_s = r->timeout_s > 0 ? r->timeout_s : 30;
+  mpg_init_opts o =
+      nccl_thread_opts(r->rank, r->world, r->id, r->timeout_s > 0 ? r->timeout_s : 30);
   mpg_status st = mpg_ctx_create(r->mesh, &o, &r->ctx);
   CHECK(r, st == MPG_OK, "rank %d: mpg_ctx_create: %s: %s", r->rank, mpg_status_name(st),
         mpg_last_error());
@@ -100,7 +72,7 @@ static void run_world(int world, const char *dims, double timeout_s, void *(*fn)
                       rank *ranks, size_t stride) {
   ncclUniqueId id;
   cr_assert_eq(ncclGetUniqueId(&id), ncclSuccess);
-  mpg_mesh *mesh = make_mesh(dims, world);
+  mpg_mesh *mesh = mesh_of(dims, world);
   pthread_barrier_t bar;
   pthread_barrier_init(&bar, NULL, (unsigned)world);
   pthread_t th[8];
