@@ -133,6 +133,20 @@ static void write_both(const tr_rank *rs, int n, int world) {
   cr_assert_eq(tr_write_chrome(rs, n, world, js, err, sizeof err), 0, "%s", err);
 }
 
+/* The ranks of have[0..k) made (make_ranks) and written (write_both). */
+static tr_rank *ranks_written(const gen *g, const int *have, int k, int world) {
+  tr_rank *rs = make_ranks(have, k, g);
+  write_both(rs, k, world);
+  return rs;
+}
+
+/* check (draw_check.h) of dir/t.svg (mode "svg") or dir/t.json ("chrome"). */
+static void check_written(const char *mode) {
+  char p[300];
+  snprintf(p, sizeof p, "%s/t.%s", dir, strcmp(mode, "svg") ? "json" : "svg");
+  check(mode, p);
+}
+
 static char *slurp(const char *name) {
   char p[300];
   snprintf(p, sizeof p, "%s/%s", dir, name);
@@ -150,11 +164,8 @@ TestSuite(trace_draw, .init = setup, .fini = teardown);
 Test(trace_draw, healthy_run_with_a_rank_missing) {
   gen g = {.fail_rank = -1, .tpname = "tp"};
   int have[] = {3, 0, 1}; /* any order: the writers place rows by rank */
-  tr_rank *rs = make_ranks(have, 3, &g);
-  write_both(rs, 3, WORLD);
-  char p[300];
-  snprintf(p, sizeof p, "%s/t.svg", dir);
-  check("svg", p);
+  tr_rank *rs = ranks_written(&g, have, 3, WORLD);
+  check_written("svg");
   cr_expect_eq(kv_long("rows"), WORLD);
   cr_expect_str_eq(kv("nodump"), "2");
   cr_expect_eq(kv_long("ops"), 3 * STEPS * OPS_PER_STEP);
@@ -165,8 +176,7 @@ Test(trace_draw, healthy_run_with_a_rank_missing) {
   char *svg = slurp("t.svg");
   cr_expect(strstr(svg, "bucket 1") && strstr(svg, "params l0.w .. l0.b"), "tooltips");
   cr_expect(strstr(svg, " ms</text>"), "a time axis in ms");
-  snprintf(p, sizeof p, "%s/t.json", dir);
-  check("chrome", p);
+  check_written("chrome");
   cr_expect_str_eq(kv("pids"), "0,1,2,3");
   /* Each op, plus a wait slice for the three that started after issue. */
   cr_expect_eq(kv_long("complete"), 3 * STEPS * (OPS_PER_STEP + 3));
@@ -179,18 +189,21 @@ Test(trace_draw, healthy_run_with_a_rank_missing) {
   tr_ranks_free(rs, 3);
 }
 
-Test(trace_draw, world_from_the_dumps) {
+/* Dumps of ranks 0 and 1 only, drawn in a world of `world` ranks (0: the
+ * world the dumps give); the SVG checked and its rows counted. */
+static tr_rank *two_dumps(int world, long rows) {
   gen g = {.fail_rank = -1, .tpname = "tp"};
   int have[] = {0, 1};
-  tr_rank *rs = make_ranks(have, 2, &g);
-  write_both(rs, 2, 0);
-  char p[300];
-  snprintf(p, sizeof p, "%s/t.svg", dir);
-  check("svg", p);
-  cr_expect_eq(kv_long("rows"), WORLD);
+  tr_rank *rs = ranks_written(&g, have, 2, world);
+  check_written("svg");
+  cr_expect_eq(kv_long("rows"), rows);
+  return rs;
+}
+
+Test(trace_draw, world_from_the_dumps) {
+  tr_rank *rs = two_dumps(0, WORLD);
   cr_expect_str_eq(kv("nodump"), "2,3");
-  snprintf(p, sizeof p, "%s/t.json", dir);
-  check("chrome", p);
+  check_written("chrome");
   cr_expect_str_eq(kv("pids"), "0,1,2,3");
   tr_ranks_free(rs, 2);
 }
@@ -199,19 +212,11 @@ Test(trace_draw, world_from_the_dumps) {
  * ranks without a dump is one row and one process, so that the drawing
  * grows with the dumps, not with WORLD; a short run keeps a row a rank. */
 Test(trace_draw, long_run_without_dumps_is_one_row) {
-  gen g = {.fail_rank = -1, .tpname = "tp"};
-  int have[] = {0, 1};
-  tr_rank *rs = make_ranks(have, 2, &g);
-  write_both(rs, 2, 40);
-  char p[300];
-  snprintf(p, sizeof p, "%s/t.svg", dir);
-  check("svg", p);
-  cr_expect_eq(kv_long("rows"), 40);
+  tr_rank *rs = two_dumps(40, 40);
   char *svg = slurp("t.svg");
   cr_expect(strstr(svg, ">ranks 2 to 39</text>") && strstr(svg, "data-last=\"39\""));
   cr_expect_eq(strstr(svg, "id=\"rank-3\""), NULL, "rank 3 is in the run's row");
-  snprintf(p, sizeof p, "%s/t.json", dir);
-  check("chrome", p);
+  check_written("chrome");
   cr_expect_str_eq(kv("pids"), "0,1,2");
   char *js = slurp("t.json");
   cr_expect(strstr(js, "\"name\":\"ranks 2 to 39 (no dump)\""));
@@ -221,11 +226,8 @@ Test(trace_draw, long_run_without_dumps_is_one_row) {
 Test(trace_draw, hang_is_marked) {
   gen g = {.fail_rank = 2, .tpname = "tp"};
   int have[] = {0, 1, 2, 3};
-  tr_rank *rs = make_ranks(have, 4, &g);
-  write_both(rs, 4, WORLD);
-  char p[300];
-  snprintf(p, sizeof p, "%s/t.svg", dir);
-  check("svg", p);
+  tr_rank *rs = ranks_written(&g, have, 4, WORLD);
+  check_written("svg");
   cr_expect_eq(kv_long("rows"), WORLD);
   cr_expect_str_eq(kv("nodump"), "");
   cr_expect_eq(kv_long("bad"), WORLD, "the failed op and the three pending ones");
@@ -233,8 +235,7 @@ Test(trace_draw, hang_is_marked) {
   char *svg = slurp("t.svg");
   cr_expect(strstr(svg, "first failure: MPG_ERR_TIMEOUT on world rank 2, barrier #3 on world[0]"),
             "no failure label");
-  snprintf(p, sizeof p, "%s/t.json", dir);
-  check("chrome", p);
+  check_written("chrome");
   cr_expect_eq(kv_long("instants"), 1);
   char *js = slurp("t.json");
   cr_expect(strstr(js, "\"failure: MPG_ERR_TIMEOUT on world rank 2, barrier #3 on world[0]\""));
@@ -248,9 +249,7 @@ Test(trace_draw, error_dump_without_failed_op_marks_the_dump) {
   tr_rank *rs = make_ranks(have, 1, &g);
   strcpy(rs[0].reason, "MPG_ERR_ABORTED");
   write_both(rs, 1, WORLD);
-  char p[300];
-  snprintf(p, sizeof p, "%s/t.svg", dir);
-  check("svg", p);
+  check_written("svg");
   cr_expect_eq(kv_long("failure"), 1);
   cr_expect(strstr(slurp("t.svg"), "first failure: MPG_ERR_ABORTED dump of world rank 1, last "
                                    "operation barrier #3 on world[0] (ok)"));
@@ -264,14 +263,11 @@ Test(trace_draw, names_are_escaped) {
   tr_rank *rs = make_ranks(have, 4, &g);
   cr_assert_str_eq(rs[0].groups[0].name, "t<&>\"'\xff\x01\xc3\xa9p");
   write_both(rs, 4, WORLD);
-  char p[300];
-  snprintf(p, sizeof p, "%s/t.svg", dir);
-  check("svg", p);
+  check_written("svg");
   cr_expect_eq(kv_long("rows"), WORLD);
   cr_expect(strstr(kv("groups"), "t<&>\"'\xef\xbf\xbd\xef\xbf\xbd\xc3\xa9p"), "legend: %s",
             kv("groups"));
-  snprintf(p, sizeof p, "%s/t.json", dir);
-  check("chrome", p);
+  check_written("chrome");
   cr_expect(strstr(kv("cats"), "t<&>\"'\xef\xbf\xbd\x01\xc3\xa9p"), "cats: %s", kv("cats"));
   tr_ranks_free(rs, 4);
 }
@@ -312,8 +308,7 @@ Test(trace_draw, fault_line_label_names_status_rank_and_operation) {
   /* A failed operation. */
   gen g = {.fail_rank = 2, .tpname = "tp"};
   int have[] = {0, 1, 2, 3};
-  tr_rank *rs = make_ranks(have, 4, &g);
-  write_both(rs, 4, WORLD);
+  tr_rank *rs = ranks_written(&g, have, 4, WORLD);
   check("svg", p);
   cr_expect(!strncmp(kv("failure_label"), "first failure: MPG_ERR_TIMEOUT on world rank 2, "
                                           "barrier #3 on world[0] at ", 69),

@@ -20,6 +20,7 @@
 #include "meshpg.h"
 #include "mesh_util.h"
 #include "rank_check.h"
+#include "../trace_rank.h"
 #include "../trace_test_util.h"
 #include "trace_read.h"
 
@@ -95,10 +96,9 @@ static mpg_status two_writers(const mpg_init_opts *o, void *arg) {
   opts.trace_entries = 256;
   mpg_ctx *ctx;
   mpg_group *dp;
-  mpg_status st = rank_open(&opts, mesh, &ctx, "dp", &dp);
-  if (st) return st;
   float x[16] = {0};
-  for (int i = 0; i < 300; i++) RCALL(mpg_all_reduce(dp, x, x, 16, MPG_F32, MPG_OP_SUM, NULL, NULL));
+  mpg_status st = tt_open_ops(&opts, mesh, &ctx, "dp", &dp, 300, x, 16);
+  if (st) return st;
   writers w = {.ctx = ctx, .err_set = ATOMIC_FLAG_INIT};
   pthread_t th[3];
   for (int i = 0; i < 2; i++) RCHECK(!pthread_create(&th[i], NULL, write_loop, &w), "pthread_create");
@@ -124,9 +124,7 @@ static mpg_status two_writers(const mpg_init_opts *o, void *arg) {
          atomic_load(&w.ok), atomic_load(&w.read_ok));
   fprintf(stderr, "two_writers_on_one_rank: rank %d: %d dumps, %d whole reads\n",
           mpg_ctx_rank(ctx), atomic_load(&w.ok), atomic_load(&w.read_ok));
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
-  return MPG_OK;
+  return tt_close(ctx);
 }
 
 Test(trace_dump, two_writers_on_one_rank, .fini = cleanup, .timeout = 120) {
@@ -157,33 +155,30 @@ static mpg_status dump_once(const mpg_init_opts *o, void *arg) {
   dump_arg *d = arg;
   mpg_ctx *ctx;
   mpg_group *dp;
-  mpg_status st = rank_open(o, mesh, &ctx, "dp", &dp);
-  if (st) return st;
   float x[4] = {0};
-  RCALL(mpg_all_reduce(dp, x, x, 4, MPG_F32, MPG_OP_SUM, NULL, NULL));
+  mpg_status st = tt_open_ops(o, mesh, &ctx, "dp", &dp, 1, x, 4);
+  if (st) return st;
   if (mpg_ctx_rank(ctx) == 0) {
     d->st = mpg_ctx_trace_dump(ctx, d->dir);
     snprintf(d->msg, sizeof d->msg, "%s", d->st ? mpg_last_error() : "");
   }
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
-  return MPG_OK;
+  return tt_close(ctx);
 }
 
-static void put_file(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
+/* Writes put into path, or (put NULL) reads path into got[0..cap). */
+static void file_io(const char *path, const char *put, char *got, size_t cap) {
+  FILE *f = fopen(path, put ? "w" : "r");
   cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-  fputs(text, f);
+  if (put) fputs(put, f);
+  else got[fread(got, 1, cap - 1, f)] = '\0';
   fclose(f);
 }
+
+static void put_file(const char *path, const char *text) { file_io(path, text, NULL, 0); }
 
 static void expect_file(const char *path, const char *text) {
   char buf[256] = "";
-  FILE *f = fopen(path, "r");
-  cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  buf[n] = '\0';
-  fclose(f);
+  file_io(path, NULL, buf, sizeof buf);
   cr_expect_str_eq(buf, text, "%s was written through a symlink", path);
 }
 
@@ -273,7 +268,7 @@ static mpg_status sync_names(const mpg_init_opts *o, void *arg) {
   mpg_init_opts opts = *o;
   opts.trace_dir = dir;
   mpg_ctx *ctx;
-  mpg_status st = rank_open(&opts, mesh, &ctx, NULL, NULL);
+  mpg_status st = tt_open_ops(&opts, mesh, &ctx, NULL, NULL, 0, NULL, 0);
   if (st) return st;
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.sync.bucket_mb = 0.0005;
@@ -290,9 +285,7 @@ static mpg_status sync_names(const mpg_init_opts *o, void *arg) {
   RCALL(mpg_sync_finish(s));
   RCALL(mpg_ctx_trace_dump(ctx, dir));
   RCALL(mpg_sync_destroy(s));
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
-  return MPG_OK;
+  return tt_close(ctx);
 }
 
 /* name cut as the writer cuts it: at most MPG__TRACE_NAME_MAX bytes, not
@@ -430,9 +423,7 @@ static mpg_status ops_then_end(const mpg_init_opts *o, void *arg) {
     st = mpg_all_reduce(dp, x, x, 8, MPG_F32, MPG_OP_SUM, NULL, NULL);
   }
   if (skipper < 0) RCALL(st);
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
-  return MPG_OK;
+  return tt_close(ctx);
 }
 
 /* rank-R.trace of dir, parsed (asserts). */

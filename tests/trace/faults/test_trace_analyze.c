@@ -50,54 +50,51 @@ static void expect_only(const ta_report *r, int rank, const char *must) {
   if (must) cr_expect(strstr(r->culprits[0].text, must), "want \"%s\"; culprits:%s", must, got);
 }
 
-static void one(sim_fault f, int victim, int step, int op, const char *must) {
-  sim_job j = {0};
-  j.fault = f;
-  j.victim = victim;
-  j.step = step;
-  j.op = op;
+/* A job whose rank `victim` has fault f at operation op of step `step`. */
+#define JOB(f, victim_, step_, op_) \
+  ((sim_job){.fault = f, .victim = victim_, .step = step_, .op = op_})
+
+/* Job j (fault set) names exactly its victim, the culprit line holding must. */
+static void named(sim_job j, const char *must) {
   ta_report rep;
   analyze(&j, &rep);
-  expect_only(&rep, victim, must);
+  expect_only(&rep, j.victim, must);
   ta_report_free(&rep);
   sim_free(&j);
 }
 
 Test(trace_analyze, hang_before_a_tp_all_reduce) {
-  one(SIM_HANG, 1, 2, 2, "issued all_reduce #6 on tp[0] 0.");
+  named(JOB(SIM_HANG, 1, 2, 2), "issued all_reduce #6 on tp[0] 0.");
 }
 
-Test(trace_analyze, hang_before_a_pipeline_send) { one(SIM_HANG, 2, 1, 1, "never issued all_reduce #3 on dp[0]"); }
-Test(trace_analyze, hang_before_a_sync_bucket) { one(SIM_HANG, 5, 1, 4, "never issued send #3 to rank 1 on pp[1]"); }
-Test(trace_analyze, hang_before_an_all_to_all) { one(SIM_HANG, 7, 3, 5, "all_to_all #8 on dp[3]"); }
+Test(trace_analyze, hang_before_a_pipeline_send) {
+  named(JOB(SIM_HANG, 2, 1, 1), "never issued all_reduce #3 on dp[0]");
+}
+Test(trace_analyze, hang_before_a_sync_bucket) {
+  named(JOB(SIM_HANG, 5, 1, 4), "never issued send #3 to rank 1 on pp[1]");
+}
+Test(trace_analyze, hang_before_an_all_to_all) {
+  named(JOB(SIM_HANG, 7, 3, 5), "all_to_all #8 on dp[3]");
+}
 
 Test(trace_analyze, skip_with_another_signature) {
-  one(SIM_SKIP, 3, 1, 2, "skipped all_reduce #4 on tp[1]");
+  named(JOB(SIM_SKIP, 3, 1, 2), "skipped all_reduce #4 on tp[1]");
 }
 
 Test(trace_analyze, skip_with_the_same_signature) {
-  sim_job j = {0};
-  j.fault = SIM_SKIP;
-  j.victim = 3;
-  j.step = 1;
-  j.op = 2;
-  j.same_counts = 1;
-  ta_report rep;
-  analyze(&j, &rep);
-  expect_only(&rep, 3, "skipped all_reduce #4 on tp[1] in step 1");
-  ta_report_free(&rep);
-  sim_free(&j);
+  named((sim_job){.fault = SIM_SKIP, .victim = 3, .step = 1, .op = 2, .same_counts = 1},
+        "skipped all_reduce #4 on tp[1] in step 1");
 }
 
-Test(trace_analyze, swap_across_groups) { one(SIM_SWAP, 1, 1, 2, "swapped two operations of step 1"); }
-Test(trace_analyze, swap_on_one_group) { one(SIM_SWAP, 5, 2, 1, "all_reduce (f32 x 300) as #5 on tp[2]"); }
+Test(trace_analyze, swap_across_groups) {
+  named(JOB(SIM_SWAP, 1, 1, 2), "swapped two operations of step 1");
+}
+Test(trace_analyze, swap_on_one_group) {
+  named(JOB(SIM_SWAP, 5, 2, 1), "all_reduce (f32 x 300) as #5 on tp[2]");
+}
 
 Test(trace_analyze, killed_rank_left_no_dump) {
-  sim_job j = {0};
-  j.fault = SIM_KILL;
-  j.victim = 6;
-  j.step = 1;
-  j.op = 2;
+  sim_job j = {.fault = SIM_KILL, .victim = 6, .step = 1, .op = 2};
   ta_report rep;
   analyze(&j, &rep);
   expect_only(&rep, 6, "left no dump");
@@ -112,13 +109,7 @@ Test(trace_analyze, killed_rank_left_no_dump) {
 }
 
 Test(trace_analyze, ring_overflow_compares_what_all_hold) {
-  sim_job j = {0};
-  j.fault = SIM_HANG;
-  j.victim = 4;
-  j.step = 7;
-  j.op = 1;
-  j.steps = 9;
-  j.capacity = 8;
+  sim_job j = {.fault = SIM_HANG, .victim = 4, .step = 7, .op = 1, .steps = 9, .capacity = 8};
   ta_report rep;
   analyze(&j, &rep);
   for (int i = 0; i < j.nranks; i++)
@@ -143,11 +134,7 @@ Test(trace_analyze, healthy_job_names_nobody) {
 }
 
 Test(trace_analyze, victims_are_blocked_not_named) {
-  sim_job j = {0};
-  j.fault = SIM_HANG;
-  j.victim = 0;
-  j.step = 2;
-  j.op = 0;
+  sim_job j = {.fault = SIM_HANG, .victim = 0, .step = 2, .op = 0};
   ta_report rep;
   analyze(&j, &rep);
   expect_only(&rep, 0, "issued all_reduce #5 on tp[0] 0.6 s after the others had failed");
@@ -190,12 +177,8 @@ Test(trace_analyze, every_fault_everywhere, .timeout = 300) {
       for (int op = 0; op < 6; op++) {
         if (f == SIM_SWAP && op == 5) continue;
         for (int same = 0; same < (f == SIM_SKIP ? 2 : 1); same++) {
-          sim_job j = {0};
-          j.fault = (sim_fault)f;
-          j.victim = victim;
-          j.step = 1 + (victim + op) % 2;
-          j.op = op;
-          j.same_counts = same;
+          sim_job j = {.fault = (sim_fault)f, .victim = victim, .step = 1 + (victim + op) % 2,
+                          .op = op, .same_counts = same};
           runs++;
           hits += exact(&j, same ? " (same counts)" : "");
         }
@@ -213,14 +196,8 @@ Test(trace_analyze, every_fault_everywhere, .timeout = 300) {
  * all_reduce #k on tp[victim / 2]", and its evidence for the picture.
  * Returns 1 when so (the misses are printed). */
 static int skip_named(int victim, int step, int op, int check_order, int end_dumps, int *ended) {
-  sim_job j = {0};
-  j.fault = SIM_SKIP;
-  j.victim = victim;
-  j.step = step;
-  j.op = op;
-  j.same_counts = 1;
-  j.check_order = check_order;
-  j.end_dumps = end_dumps;
+  sim_job j = {.fault = SIM_SKIP, .victim = victim, .step = step, .op = op, .same_counts = 1,
+                  .check_order = check_order, .end_dumps = end_dumps};
   ta_report rep;
   analyze(&j, &rep);
   char want[64], got[8192];
@@ -328,9 +305,7 @@ Test(trace_analyze, skipped_collective_same_size_end_dumps) {
  * rank with them, never a rank that only waited. */
 Test(trace_analyze, sequence_evidence_names_no_victim) {
   for (int opt = 0; opt < 4; opt++) {
-    sim_job j = {0};
-    j.check_order = opt & 1;
-    j.end_dumps = opt >> 1;
+    sim_job j = {.check_order = opt & 1, .end_dumps = opt >> 1};
     ta_report rep;
     analyze(&j, &rep);
     cr_expect_eq(rep.fault, 0, "options %d", opt);
@@ -346,13 +321,8 @@ Test(trace_analyze, sequence_evidence_names_no_victim) {
       for (int victim = 0; victim < SIM_WORLD; victim++)
         for (int op = 0; op < 6; op++) {
           if (f == SIM_SWAP && op == 5) continue;
-          sim_job j = {0};
-          j.fault = (sim_fault)f;
-          j.victim = victim;
-          j.step = 1 + (victim + op) % 2;
-          j.op = op;
-          j.check_order = opt & 1;
-          j.end_dumps = opt >> 1;
+          sim_job j = {.fault = (sim_fault)f, .victim = victim, .step = 1 + (victim + op) % 2,
+                          .op = op, .check_order = opt & 1, .end_dumps = opt >> 1};
           runs++;
           hits += exact(&j, opt == 1 ? " checker" : opt == 2 ? " end dumps" : " both");
         }
@@ -370,11 +340,7 @@ static int run_cli(const char *args, char *out, size_t cap) {
 Test(trace_cli, report_json_and_exit_codes) {
   char dir[] = "/tmp/meshpg-trace-cli-XXXXXX";
   cr_assert_not_null(mkdtemp(dir));
-  sim_job j = {0};
-  j.fault = SIM_HANG;
-  j.victim = 2;
-  j.step = 1;
-  j.op = 4;
+  sim_job j = {.fault = SIM_HANG, .victim = 2, .step = 1, .op = 4};
   ta_report rep;
   analyze(&j, &rep);
   ta_report_free(&rep);

@@ -25,9 +25,7 @@
 #include "trace_read.h"
 
 #ifdef TM_ON_DOUBLE
-#include <cuda_runtime.h>
-#include <nccl.h>
-#include <pthread.h>
+#include "../../double/on_double.h" /* nccl_thread_run */
 #endif
 
 #define NRANKS 4
@@ -38,9 +36,6 @@
 enum { SKIP, COUNT };
 
 typedef struct job {
-#ifdef TM_ON_DOUBLE
-  ncclUniqueId id;
-#endif
   int mode;
   char dir[256];
   mpg_mesh *mesh;
@@ -87,25 +82,6 @@ static mpg_status rank_main(const mpg_init_opts *in, void *arg) {
   return MPG_OK;
 }
 
-#ifdef TM_ON_DOUBLE
-typedef struct nccl_arg {
-  job *J;
-  int rank;
-} nccl_arg;
-
-static void *nccl_rank(void *p) {
-  nccl_arg *a = p;
-  mpg_init_opts o = MPG_INIT_OPTS_INIT; /* one process: local = world, a device each */
-  o.backend.name = MPG_BACKEND_NCCL;
-  o.backend.timeout_s = 0.5 * tb_sanitizer_factor();
-  o.rank = o.local_rank = o.device = a->rank;
-  o.world_size = o.local_world_size = NRANKS;
-  o.nccl_id = &a->J->id;
-  cudaSetDevice(a->rank);
-  (void)rank_main(&o, a->J);
-  return NULL;
-}
-#endif
 
 /* The GSEQ of the failed all-reduce (status not ok) on tp in rank's dump. */
 static uint64_t failed_gseq(const char *dir, int rank, char *group, size_t cap) {
@@ -135,15 +111,7 @@ static void run_job(job *J, const char *name) {
 #ifndef TM_ON_DOUBLE
   (void)mpg_thread_run(NRANKS, timeout, rank_main, J, NULL);
 #else
-  (void)timeout;
-  cr_assert_eq(ncclGetUniqueId(&J->id), ncclSuccess);
-  pthread_t th[NRANKS];
-  nccl_arg a[NRANKS];
-  for (int r = 0; r < NRANKS; r++) {
-    a[r] = (nccl_arg){J, r};
-    cr_assert_eq(pthread_create(&th[r], NULL, nccl_rank, &a[r]), 0);
-  }
-  for (int r = 0; r < NRANKS; r++) pthread_join(th[r], NULL);
+  nccl_thread_run(NRANKS, timeout, rank_main, J); /* one process: a device each */
 #endif
   mpg_mesh_destroy(J->mesh);
 }

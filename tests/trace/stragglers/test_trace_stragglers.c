@@ -18,6 +18,7 @@
 #include "meshpg.h"
 #include "mesh_util.h"
 #include "rank_check.h"
+#include "../trace_rank.h"
 #include "../trace_test_util.h"
 #include "trace_read.h"
 #include "trace_stragglers.h"
@@ -38,10 +39,10 @@ static mpg_status rank_main(const mpg_init_opts *o, void *arg) {
   opts.trace_dir = ""; /* no automatic dumps: one on request at the end */
   mpg_ctx *ctx;
   mpg_group *tp, *dp;
-  mpg_status st = rank_open(&opts, mesh, &ctx, "tp", &tp);
+  float x[64] = {0};
+  mpg_status st = tt_open_ops(&opts, mesh, &ctx, "tp", &tp, 0, x, 64);
   if (st) return st;
   RCALL(mpg_ctx_group(ctx, "dp", &dp));
-  float x[64] = {0};
   for (int s = 0; s < STEPS; s++) {
     if (mpg_ctx_rank(ctx) == J->slow) {
       struct timespec ts = {0, SLEEP_MS * 1000000L};
@@ -51,9 +52,7 @@ static mpg_status rank_main(const mpg_init_opts *o, void *arg) {
     RCALL(mpg_all_reduce(dp, x, x, 64, MPG_F32, MPG_OP_SUM, NULL, NULL));
   }
   RCALL(mpg_ctx_trace_dump(ctx, dir));
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
-  return MPG_OK;
+  return tt_close(ctx);
 }
 
 /* The job run into a fresh dir, its dumps analyzed into *rep. */
