@@ -309,12 +309,24 @@ Test(topo, xml_fixture_gpus_and_nics) {
   expect_error(MPG_ERR_IO, [] { meshpg::Topo::load_xml("/nonexistent/topo.xml"); });
 }
 
-Test(placement, two_nodes_keep_tp_inside) {
+// The mesh of dims, and placement options of 8 GPUs a node (strict: a
+// misfit throws).
+static meshpg::Mesh dims_mesh(const char* dims) {
   meshpg::Spec s;
-  s.set_mesh("dp=2,tp=8");
-  meshpg::Mesh m(s);
+  s.set_mesh(dims);
+  return meshpg::Mesh(s);
+}
+
+static mpg_placement_opts eight_per_node(int strict) {
   mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
   o.topology.gpus_per_node = 8;
+  o.topology.strict = strict;
+  return o;
+}
+
+Test(placement, two_nodes_keep_tp_inside) {
+  meshpg::Mesh m = dims_mesh("dp=2,tp=8");
+  mpg_placement_opts o = eight_per_node(0);
   meshpg::Placement p(m, o);
   cr_assert_eq(p.num_nodes(), 2);
   cr_assert_eq(p.check_misfits(), 0);
@@ -337,12 +349,8 @@ Test(placement, two_nodes_keep_tp_inside) {
 }
 
 Test(placement, strict_misfit_throws) {
-  meshpg::Spec s;
-  s.set_mesh("dp=1,tp=16");
-  meshpg::Mesh m(s);
-  mpg_placement_opts o = MPG_PLACEMENT_OPTS_INIT;
-  o.topology.gpus_per_node = 8;
-  o.topology.strict = 1;
+  meshpg::Mesh m = dims_mesh("dp=1,tp=16");
+  mpg_placement_opts o = eight_per_node(1);
   meshpg::Error e = expect_error(MPG_ERR_TOPO, [&] { meshpg::Placement p(m, o); });
   cr_assert(has(e.detail(), "tp"), "%s", e.what());
 }

@@ -21,48 +21,48 @@ static void expect_trained(const std::string& cmd, const std::string& out, int r
   cr_assert_eq(count_of(out, "step "), static_cast<size_t>(steps), "%s", out.c_str());
 }
 
+/* `PREFIX trainer ARGS` trains `steps` steps on `ranks` ranks and says
+ * `says`; its output comes back. */
+static std::string trains(const std::string& prefix, const std::string& args, int ranks,
+                          int steps, const char* says) {
+  std::string out, cmd = prefix + trainer() + args;
+  expect_trained(cmd, out, run(cmd, &out), ranks, steps);
+  cr_assert(has(out, says), "%s", out.c_str());
+  return out;
+}
+
 Test(trainer, default_seed_mesh_8_threads, .timeout = 120) {
-  std::string out, cmd = trainer() + " --steps 3";
-  int rc = run(cmd, &out);
-  expect_trained(cmd, out, rc, 8, 3);
-  cr_assert(has(out, "mesh dp=2,tp=2,cp=2 on 8 ranks (thread backend)"), "%s", out.c_str());
+  std::string out =
+      trains("", " --steps 3", 8, 3, "mesh dp=2,tp=2,cp=2 on 8 ranks (thread backend)");
   cr_assert(has(out, "gradients over dp,cp"), "%s", out.c_str());
 }
 
 Test(trainer, explicit_threads_and_microbatches, .timeout = 120) {
-  std::string out,
-      cmd = trainer() + " " + example("seed.toml") + " --threads 8 --steps 2 --microbatches 3";
-  expect_trained(cmd, out, run(cmd, &out), 8, 2);
-  cr_assert(has(out, "2 steps x 3 micro-batches"), "%s", out.c_str());
+  trains("", " " + example("seed.toml") + " --threads 8 --steps 2 --microbatches 3", 8, 2,
+         "2 steps x 3 micro-batches");
 }
 
 Test(trainer, fsdp_reduces_over_cp_only, .timeout = 120) {
-  std::string out, cmd = trainer() + " " + example("fsdp.toml") + " --steps 2";
-  expect_trained(cmd, out, run(cmd, &out), 8, 2);
-  cr_assert(has(out, "gradients over cp"), "%s", out.c_str());
+  trains("", " " + example("fsdp.toml") + " --steps 2", 8, 2, "gradients over cp");
 }
 
 Test(trainer, pipeline_mesh_16_threads, .timeout = 180) {
-  std::string out, cmd = trainer() + " " + example("pp4d.toml") + " --threads 16 --steps 2";
-  expect_trained(cmd, out, run(cmd, &out), 16, 2);
-  cr_assert(has(out, "mesh pp=2,dp=2,cp=2,tp=2"), "%s", out.c_str());
+  trains("", " " + example("pp4d.toml") + " --threads 16 --steps 2", 16, 2,
+         "mesh pp=2,dp=2,cp=2,tp=2");
 }
 
 Test(trainer, mesh_flag_with_an_inferred_dim, .timeout = 120) {
-  std::string out, cmd = trainer() + " --mesh dp=-1,cp=2,tp=2 --threads 4 --steps 2";
-  expect_trained(cmd, out, run(cmd, &out), 4, 2);
-  cr_assert(has(out, "mesh dp=1,cp=2,tp=2"), "%s", out.c_str());
+  trains("", " --mesh dp=-1,cp=2,tp=2 --threads 4 --steps 2", 4, 2, "mesh dp=1,cp=2,tp=2");
   // Without --threads the world size is unknown: a usage error.
-  std::string cmd2 = trainer() + " --mesh dp=-1,cp=2,tp=2";
+  std::string out, cmd2 = trainer() + " --mesh dp=-1,cp=2,tp=2";
   int rc = run(cmd2, &out);
   cr_assert_eq(rc, 2, "%s\n%s", cmd2.c_str(), out.c_str());
   cr_assert(has(out, "--threads"), "%s", out.c_str());
 }
 
 Test(trainer, params_file_with_comments, .timeout = 120) {
-  std::string out, cmd = trainer() + " --params " + fixture("tiny.params") + " --steps 2";
-  expect_trained(cmd, out, run(cmd, &out), 8, 2);
-  cr_assert(has(out, "4 params (1090 floats per rank)"), "%s", out.c_str());
+  trains("", " --params " + fixture("tiny.params") + " --steps 2", 8, 2,
+         "4 params (1090 floats per rank)");
 }
 
 Test(trainer, bad_params_file_names_file_and_line, .timeout = 60) {
@@ -126,19 +126,15 @@ static void require_mpi() {
 
 Test(trainer, mpirun_4_ranks_mpi_backend, .timeout = 300) {
   require_mpi();
-  std::string out, cmd = std::string(MPIRUN "-np 4 ") + trainer() +
-                         " --backend mpi --mesh dp=-1,cp=2,tp=2 --steps 3";
-  expect_trained(cmd, out, run(cmd, &out), 4, 3);
-  cr_assert(has(out, "on 4 ranks (mpi backend)"), "%s", out.c_str());
+  std::string out = trains(MPIRUN "-np 4 ", " --backend mpi --mesh dp=-1,cp=2,tp=2 --steps 3", 4,
+                           3, "on 4 ranks (mpi backend)");
   cr_assert_eq(count_of(out, "OK"), 1u, "only rank 0 says OK:\n%s", out.c_str());
 }
 
 Test(trainer, mpirun_picks_the_mpi_backend_by_default, .timeout = 300) {
   require_mpi();
-  std::string out, cmd = std::string(MPIRUN "-np 2 ") + trainer() + " " + example("fsdp.toml") +
-                         " --mesh dp=-1,cp=2 --steps 2";
-  expect_trained(cmd, out, run(cmd, &out), 2, 2);
-  cr_assert(has(out, "(mpi backend)"), "%s", out.c_str());
+  trains(MPIRUN "-np 2 ", " " + example("fsdp.toml") + " --mesh dp=-1,cp=2 --steps 2", 2, 2,
+         "(mpi backend)");
 }
 
 /* ------------------------------------------------------------------------ */
