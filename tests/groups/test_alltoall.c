@@ -38,6 +38,7 @@
 #include "../support/rank_check.h"
 #include "run_ranks.h"
 #include "../support/time_bound.h"
+#include "values.h" /* tv_mix64 */
 
 /* A call that must fail with `want` and a message holding `text`. */
 #define REXPECT(expr, want, text)                                               \
@@ -52,15 +53,14 @@
 #define MAXC 24     /* elements per block at most */
 #define SENTINEL 0xA5
 
-static uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+/* run_ranks with the issue-order checker on (check 1) or off (0). */
+static void run_order_checked(int check, const char *dims, int n, rr_fn fn, void *arg) {
+  setenv("MESHPG_CHECK_ORDER", check ? "1" : "0", 1);
+  run_ranks(dims, n, fn, arg);
 }
 
 static uint64_t h4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  return mix(mix(mix(mix(a) ^ b) ^ c) ^ d);
+  return tv_mix64(tv_mix64(tv_mix64(tv_mix64(a) ^ b) ^ c) ^ d);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -70,7 +70,7 @@ static uint64_t h4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
 /* Case `key` (the same on every member of the group): the count position
  * s sends to position t (equal form: one count for all pairs). */
 static size_t pair_count(uint64_t key, int v, int s, int t) {
-  if (!v) return (size_t)(mix(key) % 7); /* 0 .. 6, 0 now and then */
+  if (!v) return (size_t)(tv_mix64(key) % 7); /* 0 .. 6, 0 now and then */
   uint64_t h = h4(key, 1, (uint64_t)s, (uint64_t)t);
   return h % 4 == 0 ? 0 : (size_t)(h >> 8) % (MAXC + 1);
 }
@@ -111,6 +111,20 @@ static size_t layout(uint64_t key, int v, int side, int me, int n, size_t *count
 
 /* Run case `key` on g (dtype dt, equal or v, blocking or async) and check
  * every byte of recv.  MPG_OK or rank_fail's status. */
+/* The settings and per-rank results of the abort, absent-member and
+ * issue-order tests (a2a_arg, run_ranks' arg). */
+#define TWORLD 8
+
+typedef struct a2a_arg {
+  int async, v; /* through a work handle; all_to_all_v */
+  int warm;     /* 1: an all-to-all on the group first (its channel made) */
+  int skipper;  /* world rank that never calls it */
+  mpg_status got[TWORLD], later[TWORLD];
+  double elapsed[TWORLD];
+  int position[TWORLD]; /* in "dp" */
+  char msg[TWORLD][1024];
+} a2a_arg;
+
 static mpg_status one_case(mpg_group *g, uint64_t key, mpg_dtype dt, int v, int async) {
   int me = mpg_group_position(g), n = mpg_group_size(g);
   size_t es = mpg_dtype_size(dt);
@@ -210,7 +224,7 @@ Test(all_to_all, random_meshes_groups_counts_dtypes, .timeout = 300) {
   setenv("MESHPG_CHECK_ORDER", "1", 1);
   const int runs = 10;
   for (int r = 0; r < runs; r++) {
-    uint64_t seed = mix(0xa2a0000u + (uint64_t)r);
+    uint64_t seed = tv_mix64(0xa2a0000u + (uint64_t)r);
     int world = r == 0 ? 1 : r == 1 ? 16 : 1 + (int)(seed % 16);
     int pp = pick_divisor(world, seed >> 8), rest = world / pp;
     int dp = pick_divisor(rest, seed >> 16), tp = rest / dp;
@@ -231,7 +245,7 @@ Test(all_to_all, random_meshes_without_shared_memory, .timeout = 300) {
   setenv("MESHPG_CHECK_ORDER", "1", 1);
   setenv("MESHPG_SHM", "0", 1);
   for (int r = 0; r < 4; r++) {
-    uint64_t seed = mix(0xa2a0000u + (uint64_t)r);
+    uint64_t seed = tv_mix64(0xa2a0000u + (uint64_t)r);
     int world = r == 0 ? 2 : 2 + (int)(seed % 7);
     int dp = pick_divisor(world, seed >> 16), tp = world / dp;
     char dims[64];
@@ -286,22 +300,15 @@ static mpg_status inflight_main(rr_rank *r) {
 }
 
 Test(all_to_all, three_in_flight_waited_last_first) {
-  setenv("MESHPG_CHECK_ORDER", "1", 1);
-  run_ranks("dp=4", 4, inflight_main, NULL);
+  run_order_checked(1, "dp=4", 4, inflight_main, NULL);
 }
-
-typedef struct abort_arg {
-  mpg_status got[4];
-  double elapsed[4];
-  char msg[4][1024];
-} abort_arg;
 
 /* After one all-to-all, rank 0 aborts its context (a watchdog would)
  * instead of issuing the second; the others, waiting for it in the
  * channel, return MPG_ERR_ABORTED at once naming it, long before the
  * timeout. */
 static mpg_status abort_main(rr_rank *rk) {
-  abort_arg *a = rk->arg;
+  a2a_arg *a = rk->arg;
   mpg_group *g;
   RCALL(mpg_ctx_group(rk->ctx, "dp", &g));
   int32_t s[16], r[16];
@@ -325,7 +332,7 @@ static mpg_status abort_main(rr_rank *rk) {
 
 Test(all_to_all, an_abort_reaches_the_peers_in_the_channel, .timeout = 60) {
   setenv("MESHPG_CHECK_ORDER", "0", 1); /* rank 0 skips a call, by design */
-  abort_arg *a = calloc(1, sizeof *a);
+  a2a_arg *a = calloc(1, sizeof *a);
   run_ranks("dp=4", 4, abort_main, a);
   cr_assert_eq(a->got[0], MPG_OK, "mpg_ctx_abort: %s", mpg_status_name(a->got[0]));
   for (int r = 1; r < 4; r++) {
@@ -475,8 +482,7 @@ static mpg_status args_main(rr_rank *rk) {
 }
 
 Test(all_to_all, refusals_mismatches_and_size_one) {
-  setenv("MESHPG_CHECK_ORDER", "1", 1);
-  run_ranks("dp=2,tp=1", 2, args_main, NULL);
+  run_order_checked(1, "dp=2,tp=1", 2, args_main, NULL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -484,20 +490,9 @@ Test(all_to_all, refusals_mismatches_and_size_one) {
 /* ------------------------------------------------------------------------ */
 
 #define TIMEOUT_S 0.5
-#define TWORLD 8
-
-typedef struct absent_arg {
-  int async, v;
-  int warm;          /* 1: an all-to-all on the group first (its channel made) */
-  int skipper;       /* world rank that never calls it */
-  mpg_status got[TWORLD], later[TWORLD];
-  double elapsed[TWORLD];
-  int position[TWORLD]; /* in "dp" */
-  char msg[TWORLD][1024];
-} absent_arg;
 
 static mpg_status absent_main(rr_rank *rk) {
-  absent_arg *a = rk->arg;
+  a2a_arg *a = rk->arg;
   mpg_group *g;
   int r = rk->rank;
   RCALL(mpg_ctx_group(rk->ctx, "dp", &g));
@@ -533,7 +528,7 @@ static mpg_status absent_main(rr_rank *rk) {
 static void run_absent(int async, int v, int skipper, int warm) {
   setenv("MESHPG_CHECK_ORDER", "0", 1); /* the skipper breaks the order, by design */
   mpg_mesh *mesh = make_dims_mesh("dp=4,tp=2");
-  absent_arg *a = calloc(1, sizeof *a);
+  a2a_arg *a = calloc(1, sizeof *a);
   a->async = async;
   a->v = v;
   a->skipper = skipper;
@@ -594,17 +589,11 @@ Test(all_to_all, absent_member_at_the_first_all_to_all_times_out, .timeout = 60)
 /* The issue-order checker records all-to-alls as collectives of the group   */
 /* ------------------------------------------------------------------------ */
 
-typedef struct order_arg {
-  int v;
-  mpg_status got[2];
-  char msg[2][1024];
-} order_arg;
-
 /* The two members exchange 4-byte elements under different dtypes (f32 on
  * position 0, i32 on position 1): the thread backend moves the bytes, the
  * checker finds the difference. */
 static mpg_status order_main(rr_rank *rk) {
-  order_arg *a = rk->arg;
+  a2a_arg *a = rk->arg;
   mpg_group *g;
   RCALL(mpg_ctx_group(rk->ctx, "dp", &g));
   int me = mpg_group_position(g);
@@ -621,7 +610,7 @@ static mpg_status order_main(rr_rank *rk) {
 
 static void run_order(int v) {
   setenv("MESHPG_CHECK_ORDER", "1", 1);
-  order_arg *a = calloc(1, sizeof *a);
+  a2a_arg *a = calloc(1, sizeof *a);
   a->v = v;
   run_ranks("dp=2", 2, order_main, a);
   const char *want0 = v ? "all_to_all_v(f32) on \"dp\"" : "all_to_all(f32, count 2) on \"dp\"";

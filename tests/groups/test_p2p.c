@@ -23,14 +23,25 @@
 #include "run_ranks.h"
 #include "../support/time_bound.h"
 
-/* A call that must fail with `want` and a message holding `text`. */
-#define REXPECT(expr, want, text)                                               \
-  do {                                                                          \
-    mpg_status st_ = (expr);                                                    \
-    RCHECK(st_ == (want) && strstr(mpg_last_error(), (text)),                   \
-           "%s gave %s (\"%s\"), expected %s with \"%s\"", #expr,               \
-           mpg_status_name(st_), mpg_last_error(), mpg_status_name(want), text); \
-  } while (0)
+/* The collective timeout of the tests where a peer never arrives. */
+#define TIMEOUT_S 0.5
+
+/* A call that must fail with `want` and a message holding `text` (the
+ * status it gave kept in got_ for the message). */
+static _Thread_local mpg_status got_;
+static int failed_as(mpg_status st, mpg_status want, const char *text) {
+  got_ = st;
+  return st == want && strstr(mpg_last_error(), text) != NULL;
+}
+#define REXPECT(expr, want, text)                                                                  \
+  RCHECK(failed_as((expr), (want), (text)), "%s gave %s (\"%s\"), expected %s with \"%s\"", #expr, \
+         mpg_status_name(got_), mpg_last_error(), mpg_status_name(want), text)
+
+/* run_ranks with the issue-order checker on (check 1) or off (0). */
+static void run_order_checked(int check, const char *dims, int n, rr_fn fn, void *arg) {
+  setenv("MESHPG_CHECK_ORDER", check ? "1" : "0", 1);
+  run_ranks(dims, n, fn, arg);
+}
 
 /* The element i of the message that position `src` sends in direction
  * `dir` (0: to the next stage, 1: to the previous; more for extra
@@ -276,8 +287,7 @@ static mpg_status mixed_main(rr_rank *r) {
 }
 
 Test(p2p_batch, a_batch_matches_plain_send_and_recv) {
-  setenv("MESHPG_CHECK_ORDER", "0", 1);
-  run_ranks("dp=2", 2, mixed_main, NULL);
+  run_order_checked(0, "dp=2", 2, mixed_main, NULL);
 }
 
 /* A chain (not a ring) of three stages where one step involves only the
@@ -297,15 +307,12 @@ static mpg_status chain_main(rr_rank *r) {
 }
 
 Test(p2p_batch, an_idle_stage_passes_n_zero_and_the_order_check) {
-  setenv("MESHPG_CHECK_ORDER", "1", 1);
-  run_ranks("pp=3", 3, chain_main, NULL);
+  run_order_checked(1, "pp=3", 3, chain_main, NULL);
 }
 
 /* ------------------------------------------------------------------------ */
 /* A peer that never arrives                                                 */
 /* ------------------------------------------------------------------------ */
-
-#define TIMEOUT_S 0.5
 
 typedef struct absent_arg {
   int async;

@@ -14,9 +14,18 @@
 #include "run_ranks.h"
 #include "../support/time_bound.h"
 
+/* The collective timeout of the tests where a peer never arrives. */
+#define TIMEOUT_S 0.5
+
 /* ------------------------------------------------------------------------ */
 /* Point to point                                                            */
 /* ------------------------------------------------------------------------ */
+
+/* run_ranks with the issue-order checker on (check 1) or off (0). */
+static void run_order_checked(int check, const char *dims, int n, rr_fn fn, void *arg) {
+  setenv("MESHPG_CHECK_ORDER", check ? "1" : "0", 1);
+  run_ranks(dims, n, fn, arg);
+}
 
 static mpg_status p2p_main(rr_rank *r) {
   mpg_group *g;
@@ -184,15 +193,12 @@ static mpg_status mismatch_main(rr_rank *r) {
 }
 
 Test(thread_errors, mismatched_collectives_fail_everywhere) {
-  setenv("MESHPG_CHECK_ORDER", "1", 1);
-  run_ranks("dp=4", 4, mismatch_main, NULL);
+  run_order_checked(1, "dp=4", 4, mismatch_main, NULL);
 }
 
 /* ------------------------------------------------------------------------ */
 /* Timeouts and abort                                                        */
 /* ------------------------------------------------------------------------ */
-
-#define TIMEOUT_S 0.5
 
 typedef struct timeout_arg {
   int skipper;
