@@ -144,39 +144,29 @@ Test(nccl_torchrun, sync_world_4, .timeout = 300) { torchrun_ok(4, "sync"); }
 Test(nccl_torchrun, lazy_groups_and_p2p_world_4, .timeout = 300) { torchrun_ok(4, "lazy"); }
 Test(nccl_torchrun, alltoall_world_8, .timeout = 300) { torchrun_ok(8, "alltoall"); }
 
-static void sync_world(int np) {
+/* mpirun -np np of the worker in `mode`, on a plain build with devices;
+ * every rank must report OK:
+ * - sync: the gradient sync;
+ * - lazy: lazy groups first used in a different order by even and odd
+ *   ranks, sums on every group, a point-to-point ring, and the issue-order
+ *   check;
+ * - alltoall: mpg_all_to_all and mpg_all_to_all_v (grouped
+ *   ncclSend/ncclRecv) over the world and dp: equal splits, then per-peer
+ *   counts with zeros and gaps, i32 and bf16, every element checked. */
+static void mpi_mode(int np, const char *mode) {
   plain_build_only(np, 0);
   require_devices();
-  all_ranks_ok(np, "sync", -1);
+  all_ranks_ok(np, mode, -1);
 }
 
-Test(nccl_mpi, sync_world_2, .timeout = 300) { sync_world(2); }
-Test(nccl_mpi, sync_world_4, .timeout = 300) { sync_world(4); }
-Test(nccl_mpi, sync_world_8, .timeout = 300) { sync_world(8); }
-
-/* Lazy groups first used in a different order by even and odd ranks, sums
- * on every group, a point-to-point ring, and the issue-order check. */
-static void lazy_world(int np) {
-  plain_build_only(np, 0);
-  require_devices();
-  all_ranks_ok(np, "lazy", -1);
-}
-
-Test(nccl_mpi, lazy_groups_and_p2p_world_4, .timeout = 300) { lazy_world(4); }
-
-/* mpg_all_to_all and mpg_all_to_all_v (grouped ncclSend/ncclRecv) over the
- * world and dp: equal splits, then per-peer counts with zeros and gaps,
- * i32 and bf16, every element checked. */
-static void alltoall_world(int np) {
-  plain_build_only(np, 0);
-  require_devices();
-  all_ranks_ok(np, "alltoall", -1);
-}
-
-Test(nccl_mpi, alltoall_world_2, .timeout = 300) { alltoall_world(2); }
-Test(nccl_mpi, alltoall_world_4, .timeout = 300) { alltoall_world(4); }
-Test(nccl_mpi, alltoall_world_8, .timeout = 300) { alltoall_world(8); }
-Test(nccl_mpi, lazy_groups_and_p2p_world_8, .timeout = 300) { lazy_world(8); }
+Test(nccl_mpi, sync_world_2, .timeout = 300) { mpi_mode(2, "sync"); }
+Test(nccl_mpi, sync_world_4, .timeout = 300) { mpi_mode(4, "sync"); }
+Test(nccl_mpi, sync_world_8, .timeout = 300) { mpi_mode(8, "sync"); }
+Test(nccl_mpi, lazy_groups_and_p2p_world_4, .timeout = 300) { mpi_mode(4, "lazy"); }
+Test(nccl_mpi, alltoall_world_2, .timeout = 300) { mpi_mode(2, "alltoall"); }
+Test(nccl_mpi, alltoall_world_4, .timeout = 300) { mpi_mode(4, "alltoall"); }
+Test(nccl_mpi, alltoall_world_8, .timeout = 300) { mpi_mode(8, "alltoall"); }
+Test(nccl_mpi, lazy_groups_and_p2p_world_8, .timeout = 300) { mpi_mode(8, "lazy"); }
 
 /* The sync's bus bandwidth next to NCCL's own all-reduce of the same bytes
  * (64 MiB), in the same run; printed, not asserted (bench/ has the
