@@ -18,6 +18,7 @@
 #include "meshpg.h"
 #include "mesh_util.h"
 #include "rank_check.h"
+#include "run_ranks.h"
 #include "trace_read.h"
 
 static mpg_mesh *mesh;
@@ -52,16 +53,48 @@ static const tr_group *group_of(const tr_rank *t, const tr_op *op) {
   return &t->groups[op->group];
 }
 
+/* The start of a rank of these tests (run with no_ctx): its context from
+ * run_ranks' options with trace_dir tdir and trace_entries *entries (NULL:
+ * as they are), and the group `group` (NULL: none) in *g. */
+static mpg_status open_traced(rr_rank *r, const char *tdir, const int *entries, const char *group,
+                              mpg_group **g) {
+  mpg_init_opts opts = *r->opts;
+  if (tdir) opts.trace_dir = tdir;
+  if (entries) opts.trace_entries = *entries;
+  RCALL(mpg_ctx_create(r->mesh, &opts, &r->ctx));
+  tl_ctx = r->ctx;
+  if (group) RCALL(mpg_ctx_group(r->ctx, group, g));
+  return MPG_OK;
+}
+
+/* fn on n thread ranks over dims, each opening its context (open_traced),
+ * with collective timeout timeout_s; returns the run's status (asserted
+ * when must_pass). */
+static mpg_status run_traced(const char *dims, int n, double timeout_s, rr_fn fn, void *arg,
+                             int must_pass) {
+  const rr_opts o = {.timeout_s = timeout_s, .no_ctx = 1};
+  if (must_pass) {
+    run_ranks_ok(dims, n, fn, arg, &o);
+    return MPG_OK;
+  }
+  return run_ranks_ex(dims, n, fn, arg, &o);
+}
+
+/* In a fresh directory `name`: fn on the 2 ranks of dims (run_traced, which
+ * must pass), then rank `rank`'s dump read into *t. */
+static void run_and_read(const char *name, const char *dims, double timeout_s, rr_fn fn, int rank,
+                         tr_rank *t) {
+  fresh_dir(name);
+  run_traced(dims, 2, timeout_s, fn, NULL, 1);
+  read_rank(rank, t);
+}
+
 /* ---- every kind of operation ---- */
 
-static mpg_status every_kind(const mpg_init_opts *o, void *arg) {
-  (void)arg;
-  mpg_init_opts opts = *o;
-  opts.trace_dir = dir;
-  mpg_ctx *ctx;
+static mpg_status every_kind(rr_rank *r) {
   mpg_group *dp, *tp;
-  mpg_status st = rank_open(&opts, mesh, &ctx, "dp", &dp);
-  if (st) return st;
+  RCALL(open_traced(r, dir, NULL, "dp", &dp));
+  mpg_ctx *ctx = r->ctx;
   RCALL(mpg_ctx_group(ctx, "tp", &tp));
   float x[64] = {0}, all[128];
   for (int i = 0; i < 3; i++) RCALL(mpg_all_reduce(tp, x, x, 16, MPG_F32, MPG_OP_SUM, NULL, NULL));
@@ -78,15 +111,12 @@ static mpg_status every_kind(const mpg_init_opts *o, void *arg) {
   RCALL(mpg_p2p_batch(dp, ops, 2, NULL, &w));
   RCALL(mpg_work_wait(w));
   RCALL(mpg_ctx_trace_dump(ctx, NULL));
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
 Test(trace, every_kind_of_operation_recorded_with_its_numbers, .fini = cleanup) {
   fresh_dir("kinds");
-  mesh = make_dims_mesh("dp=2,tp=2");
-  EXPECT_RUN_OK(mpg_thread_run(4, 30.0, every_kind, NULL, NULL));
+  run_traced("dp=2,tp=2", 4, 30.0, every_kind, NULL, 1);
   for (int r = 0; r < 4; r++) {
     tr_rank t;
     read_rank(r, &t);
@@ -147,15 +177,12 @@ Test(trace, every_kind_of_operation_recorded_with_its_numbers, .fini = cleanup) 
 
 /* ---- a timeout dumps once, by itself ---- */
 
-static mpg_status stall(const mpg_init_opts *o, void *arg) {
-  const char *tdir = arg;
-  mpg_init_opts opts = *o;
-  opts.trace_dir = tdir;
-  mpg_ctx *ctx;
+static mpg_status stall(rr_rank *r) {
   mpg_group *dp, *tp;
-  mpg_status st = rank_open(&opts, mesh, &ctx, "dp", &dp);
-  if (st) return st;
+  RCALL(open_traced(r, r->arg, NULL, "dp", &dp));
+  mpg_ctx *ctx = r->ctx;
   RCALL(mpg_ctx_group(ctx, "tp", &tp));
+  mpg_status st = MPG_OK;
   float x[16] = {0};
   for (int i = 0; i < 4 && !st; i++) {
     if (mpg_all_reduce(tp, x, x, 16, MPG_F32, MPG_OP_SUM, NULL, NULL)) break;
@@ -164,14 +191,14 @@ static mpg_status stall(const mpg_init_opts *o, void *arg) {
   }
   (void)mpg_all_reduce(dp, x, x, 16, MPG_F32, MPG_OP_SUM, NULL, NULL); /* no second dump */
   tl_ctx = NULL;
-  (void)mpg_ctx_destroy(ctx);
+  (void)mpg_ctx_destroy(ctx); /* its status unchecked */
+  r->ctx = NULL;
   return MPG_OK;
 }
 
 Test(trace, a_timeout_dumps_every_rank_once_with_the_operation_pending, .fini = cleanup) {
   fresh_dir("stall");
-  mesh = make_dims_mesh("dp=2,tp=2");
-  (void)mpg_thread_run(4, 0.5, stall, dir, NULL);
+  (void)run_traced("dp=2,tp=2", 4, 0.5, stall, dir, 0);
   tr_rank t1, t3;
   read_rank(1, &t1);
   read_rank(3, &t3);
@@ -204,39 +231,31 @@ Test(trace, a_timeout_dumps_every_rank_once_with_the_operation_pending, .fini = 
 Test(trace, no_directory_no_automatic_dump, .fini = cleanup) {
   fresh_dir("nodir");
   unsetenv("MESHPG_TRACE_DIR");
-  mesh = make_dims_mesh("dp=2,tp=2");
-  (void)mpg_thread_run(4, 0.5, stall, "", NULL);
+  (void)run_traced("dp=2,tp=2", 4, 0.5, stall, "", 0);
   struct stat sb;
   cr_assert_neq(stat(dir, &sb), 0, "nothing was written");
 }
 
 /* ---- the ring wraps; the switches ---- */
 
-static mpg_status many(const mpg_init_opts *o, void *arg) {
-  const int *entries = arg;
-  mpg_init_opts opts = *o;
-  opts.trace_entries = *entries;
-  mpg_ctx *ctx;
+static mpg_status many(rr_rank *r) {
+  const int *entries = r->arg;
   mpg_group *dp;
-  mpg_status st = rank_open(&opts, mesh, &ctx, "dp", &dp);
-  if (st) return st;
+  RCALL(open_traced(r, NULL, entries, "dp", &dp));
   float x[4] = {0};
   for (int i = 0; i < 20; i++) RCALL(mpg_all_reduce(dp, x, x, 4, MPG_F32, MPG_OP_SUM, NULL, NULL));
-  st = mpg_ctx_trace_dump(ctx, dir);
+  mpg_status st = mpg_ctx_trace_dump(r->ctx, dir);
   if (*entries < 0 || getenv("MESHPG_TRACE_ENTRIES"))
     RCHECK(st == MPG_ERR_STATE, "recording off: %s", mpg_status_name(st));
   else
     RCALL(st);
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
 Test(trace, the_ring_keeps_the_last_operations, .fini = cleanup) {
   fresh_dir("wrap");
-  mesh = make_dims_mesh("dp=2");
   int entries = 6; /* rounded up to 8 */
-  EXPECT_RUN_OK(mpg_thread_run(2, 30.0, many, &entries, NULL));
+  run_traced("dp=2", 2, 30.0, many, &entries, 1);
   tr_rank t;
   read_rank(0, &t);
   cr_assert_eq(t.capacity, 8);
@@ -251,17 +270,15 @@ Test(trace, the_ring_keeps_the_last_operations, .fini = cleanup) {
 
 Test(trace, recording_off_by_opts, .fini = cleanup) {
   fresh_dir("off");
-  mesh = make_dims_mesh("dp=2");
   int entries = -1;
-  EXPECT_RUN_OK(mpg_thread_run(2, 30.0, many, &entries, NULL));
+  run_traced("dp=2", 2, 30.0, many, &entries, 1);
 }
 
 Test(trace, recording_off_by_the_variable, .fini = cleanup) {
   fresh_dir("off-env");
   setenv("MESHPG_TRACE_ENTRIES", "0", 1);
-  mesh = make_dims_mesh("dp=2");
   int entries = 0;
-  EXPECT_RUN_OK(mpg_thread_run(2, 30.0, many, &entries, NULL));
+  run_traced("dp=2", 2, 30.0, many, &entries, 1);
   unsetenv("MESHPG_TRACE_ENTRIES");
 }
 
@@ -285,39 +302,38 @@ Test(trace, a_bad_variable_is_refused, .fini = cleanup) {
 
 /* ---- the sync's buckets ---- */
 
-static mpg_status buckets(const mpg_init_opts *o, void *arg) {
-  (void)arg;
-  mpg_ctx *ctx;
-  mpg_status st = rank_open(o, mesh, &ctx, NULL, NULL);
-  if (st) return st;
+/* Adds the params layer0.weight .. layer{n-1}.weight, count f32 each. */
+static mpg_status add_layers(mpg_sync *s, int n, size_t count) {
+  char name[32];
+  for (int p = 0; p < n; p++) {
+    int id;
+    snprintf(name, sizeof name, "layer%d.weight", p);
+    RCALL(mpg_sync_add_param(s, name, count, MPG_F32, NULL, &id));
+  }
+  return MPG_OK;
+}
+
+static mpg_status buckets(rr_rank *r) {
+  RCALL(open_traced(r, NULL, NULL, NULL, NULL));
+  mpg_ctx *ctx = r->ctx;
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.sync.bucket_mb = 0.001;
   so.sync.first_bucket_mb = 0.001;
   mpg_sync *s;
   RCALL(mpg_sync_create(ctx, &so, &s));
-  for (int p = 0; p < 8; p++) {
-    char name[32];
-    int id;
-    snprintf(name, sizeof name, "layer%d.weight", p);
-    RCALL(mpg_sync_add_param(s, name, 300, MPG_F32, NULL, &id));
-  }
+  RCALL(add_layers(s, 8, 300));
   RCALL(mpg_sync_commit(s));
   RCALL(mpg_sync_begin(s, 7, 1, NULL));
   for (int p = 7; p >= 0; p--) RCALL(mpg_sync_mark_ready(s, p));
   RCALL(mpg_sync_finish(s));
   RCALL(mpg_ctx_trace_dump(ctx, dir));
   RCALL(mpg_sync_destroy(s));
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
 Test(trace, sync_buckets_carry_their_step_and_params, .fini = cleanup) {
-  fresh_dir("sync");
-  mesh = make_dims_mesh("dp=2");
-  EXPECT_RUN_OK(mpg_thread_run(2, 30.0, buckets, NULL, NULL));
   tr_rank t;
-  read_rank(1, &t);
+  run_and_read("sync", "dp=2", 30.0, buckets, 1, &t);
   int tagged = 0, seen[8] = {0};
   for (int i = 0; i < t.nops; i++) {
     const tr_op *op = &t.ops[i];
@@ -338,9 +354,9 @@ Test(trace, sync_buckets_carry_their_step_and_params, .fini = cleanup) {
 /* ---- a dump while the rank records ---- */
 
 typedef struct dumper {
-  mpg_ctx *ctx;
   atomic_int stop;
   int dumps;
+  mpg_ctx *ctx;
 } dumper;
 
 static void *dump_loop(void *arg) {
@@ -350,15 +366,13 @@ static void *dump_loop(void *arg) {
   return NULL;
 }
 
-static mpg_status busy(const mpg_init_opts *o, void *arg) {
-  (void)arg;
-  mpg_init_opts opts = *o;
-  opts.trace_entries = 64;
-  mpg_ctx *ctx;
+static mpg_status busy(rr_rank *r) {
+  static const int entries = 64;
   mpg_group *dp;
-  mpg_status st = rank_open(&opts, mesh, &ctx, "dp", &dp);
-  if (st) return st;
-  dumper d = {ctx, 0, 0};
+  RCALL(open_traced(r, NULL, &entries, "dp", &dp));
+  mpg_ctx *ctx = r->ctx;
+  mpg_status st = MPG_OK;
+  dumper d = {.ctx = ctx};
   pthread_t th;
   int dumping = mpg_ctx_rank(ctx) == 0;
   if (dumping) RCHECK(!pthread_create(&th, NULL, dump_loop, &d), "pthread_create");
@@ -370,17 +384,12 @@ static mpg_status busy(const mpg_init_opts *o, void *arg) {
   }
   RCALL(st);
   RCHECK(!dumping || d.dumps > 0, "no dump while recording");
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
   return MPG_OK;
 }
 
 Test(trace, dumps_while_the_rank_records_are_whole, .fini = cleanup) {
-  fresh_dir("busy");
-  mesh = make_dims_mesh("dp=2");
-  EXPECT_RUN_OK(mpg_thread_run(2, 60.0, busy, NULL, NULL));
   tr_rank t;
-  read_rank(0, &t);
+  run_and_read("busy", "dp=2", 60.0, busy, 0, &t);
   cr_assert_leq(t.nops, 64);
   for (int i = 1; i < t.nops; i++) cr_assert_eq(t.ops[i].seq, t.ops[i - 1].seq + 1);
   tr_rank_free(&t);
