@@ -18,6 +18,7 @@
 #include "../../groups/backend.h"         /* mpg__f32_to_half */
 #include "groups_internal.h" /* the f32acc calls */
 #include "../support/rank_check.h"
+#include "run_ranks.h"
 
 static const mpg_dtype dtypes[] = {MPG_F16, MPG_BF16, MPG_F32};
 static const mpg_op ops[] = {MPG_OP_SUM, MPG_OP_AVG, MPG_OP_MAX, MPG_OP_MIN,
@@ -123,52 +124,37 @@ static mpg_status one_case(mpg_group *g, int rs, int inplace, mpg_dtype dt, mpg_
   return MPG_OK;
 }
 
-typedef struct {
-  mpg_mesh *m;
-  int cases; /* counted by rank 0 */
-} job;
-
-static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
-  job *j = arg;
-  mpg_ctx *ctx = NULL;
-  mpg_status st = rank_open(opts, j->m, &ctx, NULL, NULL);
-  if (st) return st;
+/* Every case on every group of the mesh; rank 0 counts them in *cases. */
+static mpg_status rank_main(rr_rank *r) {
+  int *cases = r->arg;
   const size_t counts[] = {1, 5, 1000};
-  for (int s = 0; s < mpg_mesh_num_dimsets(j->m) && !st; s++) {
+  mpg_status st = MPG_OK;
+  for (int s = 0; s < mpg_mesh_num_dimsets(r->mesh) && !st; s++) {
     mpg_group *g = NULL;
-    if ((st = mpg_ctx_group_at(ctx, s, &g))) break;
+    if ((st = mpg_ctx_group_at(r->ctx, s, &g))) break;
     for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes && !st; d++)
       for (size_t o = 0; o < sizeof ops / sizeof *ops && !st; o++)
         for (int c = 0; c < 3 && !st; c++)
           for (int k = 0; k < 4 && !st; k++) {
             st = one_case(g, k / 2, k % 2, dtypes[d], ops[o], counts[c]);
-            if (!st && opts->rank == 0) j->cases++;
+            if (!st && r->rank == 0) (*cases)++;
           }
   }
-  tl_ctx = NULL;
-  mpg_ctx_destroy(ctx);
   return st;
 }
 
+/* rank_main over the mesh `text` with the flatten items `flatten` (NULL:
+ * none), e.g. "all=dp,tp". */
 static void run_mesh(const char *text, const char *flatten) {
-  mpg_spec spec = MPG_SPEC_INIT;
-  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
-  cr_assert_eq(mpg_spec_set_mesh(&spec, text), MPG_OK, "%s", mpg_last_error());
-  if (flatten)
-    cr_assert_eq(mpg_spec_add_flatten(&spec, "all", flatten), MPG_OK, "%s", mpg_last_error());
-  job j = {NULL, 0};
-  cr_assert_eq(mpg_mesh_create(&spec, 0, &j.m), MPG_OK, "%s", mpg_last_error());
-  fail_msg[0] = '\0';
-  mpg_status st = mpg_thread_run(mpg_mesh_world_size(j.m), 60, rank_main, &j, NULL);
-  cr_assert_eq(st, MPG_OK, "mesh %s: %s | %s", text, mpg_last_error(), fail_msg);
-  cr_log_info("mesh %s: %d f32acc cases equal the plain calls", text, j.cases);
-  mpg_mesh_destroy(j.m);
+  int cases = 0;
+  run_ranks_ok(text, 0, rank_main, &cases, &(rr_opts){.flatten = flatten, .timeout_s = 60});
+  cr_log_info("mesh %s: %d f32acc cases equal the plain calls", text, cases);
 }
 
 /* dp=4,tp=1 gives groups of 4 (dp) and of 1 (tp, a local copy or scale);
  * dp=2,tp=3 groups of 2 and 3 and the flattened 6-rank "all". */
 Test(f32acc, thread_backend_equals_plain_calls_dp4) { run_mesh("dp=4,tp=1", NULL); }
-Test(f32acc, thread_backend_equals_plain_calls_dp2_tp3) { run_mesh("dp=2,tp=3", "dp,tp"); }
+Test(f32acc, thread_backend_equals_plain_calls_dp2_tp3) { run_mesh("dp=2,tp=3", "all=dp,tp"); }
 
 /* The argument checks are the plain calls' (coll.c): a NULL group is
  * refused before anything runs. */

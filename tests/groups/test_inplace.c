@@ -15,11 +15,7 @@
 #include "meshpg.h"
 #include "../../groups/backend.h" /* mpg__f32_to_half */
 #include "../support/rank_check.h"
-
-typedef struct {
-  const char *mesh;
-  mpg_mesh *m;
-} job;
+#include "run_ranks.h"
 
 /* A value every member can predict: member p's element i of block b. */
 static int64_t val(int p, int b, size_t i) { return (int64_t)p * 1000003 + b * 1009 + (int64_t)i; }
@@ -86,35 +82,20 @@ static mpg_status one_group(mpg_ctx *ctx, mpg_group *g, size_t count) {
   return MPG_OK;
 }
 
-static mpg_status rank_main(const mpg_init_opts *opts, void *arg) {
-  job *j = arg;
-  mpg_ctx *ctx = NULL;
-  mpg_status st = rank_open(opts, j->m, &ctx, NULL, NULL);
-  if (st) return st;
+/* one_group on every group of the mesh, for counts 1, 3 and 1000. */
+static mpg_status rank_main(rr_rank *r) {
   const size_t counts[] = {1, 3, 1000};
-  for (int s = 0; s < mpg_mesh_num_dimsets(j->m) && !st; s++) {
+  mpg_status st = MPG_OK;
+  for (int s = 0; s < mpg_mesh_num_dimsets(r->mesh) && !st; s++) {
     mpg_group *g = NULL;
-    if ((st = mpg_ctx_group_at(ctx, s, &g))) break;
-    for (int c = 0; c < 3 && !st; c++) st = one_group(ctx, g, counts[c]);
+    if ((st = mpg_ctx_group_at(r->ctx, s, &g))) break;
+    for (int c = 0; c < 3 && !st; c++) st = one_group(r->ctx, g, counts[c]);
   }
-  tl_ctx = NULL;
-  mpg_ctx_destroy(ctx);
   return st;
 }
 
 static void run_mesh(const char *text) {
-  mpg_spec spec = MPG_SPEC_INIT;
-  cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
-  cr_assert_eq(mpg_spec_set_mesh(&spec, text), MPG_OK, "%s", mpg_last_error());
-  cr_assert_eq(mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp"), MPG_OK, "%s", mpg_last_error());
-  job j = {text, NULL};
-  int world = 1;
-  cr_assert_eq(mpg_mesh_create(&spec, 0, &j.m), MPG_OK, "%s", mpg_last_error());
-  world = mpg_mesh_world_size(j.m);
-  fail_msg[0] = '\0';
-  mpg_status st = mpg_thread_run(world, 30, rank_main, &j, NULL);
-  cr_assert_eq(st, MPG_OK, "mesh %s: %s | %s", text, mpg_last_error(), fail_msg);
-  mpg_mesh_destroy(j.m);
+  run_ranks_ok(text, 0, rank_main, NULL, &(rr_opts){.flatten = "dp_cp=dp,cp", .timeout_s = 30});
 }
 
 Test(inplace, every_position_of_every_group) {
@@ -129,25 +110,20 @@ Test(inplace, every_position_of_every_group) {
  * scale below f16's range (1e-8 underflows to 0 in f16): world 1 scales
  * by s, a world of n by s / n, and the results are equal bit for bit. */
 typedef struct {
-  mpg_mesh *m;
   mpg_dtype dt;
   double scale;
   uint16_t out[64];
 } scaled_job;
 
-static mpg_status scaled_main(const mpg_init_opts *opts, void *arg) {
-  scaled_job *j = arg;
-  mpg_ctx *ctx = NULL;
+static mpg_status scaled_main(rr_rank *r) {
+  scaled_job *j = r->arg;
   mpg_group *g = NULL;
-  mpg_status st = rank_open(opts, j->m, &ctx, "world", &g);
-  if (st) return st;
+  RCALL(mpg_ctx_group(r->ctx, "world", &g));
   uint16_t buf[64];
   for (int i = 0; i < 64; i++) buf[i] = mpg__f32_to_half(j->dt, 50.0f + 37.0f * (float)i);
   double s = j->scale / mpg_group_size(g);
   RCALL(mpg_all_reduce_scaled(g, buf, buf, 64, j->dt, s, NULL, NULL));
-  if (mpg_ctx_rank(ctx) == 0) memcpy(j->out, buf, sizeof buf);
-  tl_ctx = NULL;
-  mpg_ctx_destroy(ctx);
+  if (r->rank == 0) memcpy(j->out, buf, sizeof buf);
   return MPG_OK;
 }
 
@@ -159,18 +135,8 @@ Test(scaled_sum, half_results_agree_across_world_sizes) {
       uint16_t ref[64];
       const char *meshes[] = {"dp=1", "dp=2", "dp=4", "dp=8"};
       for (int w = 0; w < 4; w++) {
-        mpg_spec spec = MPG_SPEC_INIT;
-        cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
-        cr_assert_eq(mpg_spec_set_mesh(&spec, meshes[w]), MPG_OK, "%s", mpg_last_error());
-        scaled_job j;
-        memset(&j, 0, sizeof j);
-        j.dt = dts[d];
-        j.scale = scales[k];
-        cr_assert_eq(mpg_mesh_create(&spec, 0, &j.m), MPG_OK, "%s", mpg_last_error());
-        fail_msg[0] = '\0';
-        mpg_status st = mpg_thread_run(mpg_mesh_world_size(j.m), 30, scaled_main, &j, NULL);
-        cr_assert_eq(st, MPG_OK, "%s | %s", mpg_last_error(), fail_msg);
-        mpg_mesh_destroy(j.m);
+        scaled_job j = {.dt = dts[d], .scale = scales[k]};
+        run_ranks_ok(meshes[w], 0, scaled_main, &j, &(rr_opts){.timeout_s = 30});
         if (w == 0) {
           memcpy(ref, j.out, sizeof ref);
           int nonzero = 0;

@@ -39,6 +39,7 @@
 #include "meshpg.h"
 #include "groups_internal.h" /* f32acc, host all-gather */
 #include "../support/rank_check.h"
+#include "run_ranks.h"
 
 #define TIMEOUT_S 60.0 /* the contexts' timeout: far beyond any wait here */
 #define HOLD_S 30.0    /* how long a rank waits for the forced overlap */
@@ -104,7 +105,7 @@ static mpg_status run_two(int rank, mpg_ctx *ctx, mpg_status (*fn)(void *), void
 }
 
 /* After the threads: one more all-reduce on g is right and the context is
- * still healthy (no MPG_ERR_STATE aborted anything); then destroy it. */
+ * still healthy (no MPG_ERR_STATE aborted anything). */
 static mpg_status finish(mpg_ctx *ctx, mpg_group *g) {
   int size = mpg_group_size(g);
   int64_t x = mpg_group_position(g) + 1;
@@ -113,9 +114,7 @@ static mpg_status finish(mpg_ctx *ctx, mpg_group *g) {
          (long long)x);
   RCHECK(mpg_ctx_status(ctx) == MPG_OK, "the context is %s after the refused calls",
          mpg_status_name(mpg_ctx_status(ctx)));
-  tl_ctx = NULL;
-  RCALL(mpg_ctx_destroy(ctx));
-  return MPG_OK;
+  return MPG_OK; /* run_ranks destroys the context */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -132,7 +131,6 @@ static int64_t contribution(int rank, int tag, int i) {
 }
 
 typedef struct hammer_arg {
-  const mpg_mesh *mesh;
   atomic_int overlap_seen; /* rank 0 saw a MPG_ERR_STATE: the others start */
   atomic_int states[H_WORLD];
   atomic_int seen[H_WORLD][H_WORLD][H_TAGS + 1]; /* [rank][peer][tag]: calls met */
@@ -191,13 +189,13 @@ static mpg_status hammer_one(void *p) {
   return MPG_OK;
 }
 
-static mpg_status hammer_main(const mpg_init_opts *opts, void *arg) {
-  hammer_arg *a = arg;
-  mpg_ctx *ctx = NULL;
+static mpg_status hammer_main(rr_rank *rk) {
+  hammer_arg *a = rk->arg;
+  mpg_ctx *ctx = rk->ctx;
   mpg_group *g = NULL;
-  mpg_status st = rank_open(opts, a->mesh, &ctx, "dp", &g);
-  if (st) return st;
-  int r = opts->rank;
+  RCALL(mpg_ctx_group(ctx, "dp", &g));
+  mpg_status st = MPG_OK;
+  int r = rk->rank;
   hammer_thread h[2] = {{a, g, r, 0}, {a, g, r, 1}};
   if ((st = run_two(r, ctx, hammer_one, &h[0], &h[1]))) return st;
   /* Both threads of every rank completed H_ROUNDS calls each, matched in
@@ -212,9 +210,8 @@ static mpg_status hammer_main(const mpg_init_opts *opts, void *arg) {
 Test(threads, hammer_one_group_from_two_threads, .timeout = 300) {
   hammer_arg *a = calloc(1, sizeof *a);
   cr_assert(a);
-  a->mesh = make_dims_mesh("dp=3");
   double t0 = now_s();
-  EXPECT_RUN_OK(mpg_thread_run(H_WORLD, TIMEOUT_S, hammer_main, a, NULL));
+  run_ranks_ok("dp=3", H_WORLD, hammer_main, a, &(rr_opts){.timeout_s = TIMEOUT_S});
   int total = 0;
   for (int r = 0; r < H_WORLD; r++) total += atomic_load(&a->states[r]);
   cr_log_info("hammer: %d x 2 threads x %d all-reduces in %.2f s; MPG_ERR_STATE seen "
@@ -230,7 +227,6 @@ Test(threads, hammer_one_group_from_two_threads, .timeout = 300) {
                             sizeof a->match[r][t]), 0,
                      "rank %d's call %d met rank %d's call %d, which saw another sum", r, t,
                      q, a->match[r][t][q]);
-  mpg_mesh_destroy((mpg_mesh *)a->mesh);
   free(a);
 }
 
@@ -240,7 +236,6 @@ Test(threads, hammer_one_group_from_two_threads, .timeout = 300) {
 /* ------------------------------------------------------------------------ */
 
 typedef struct refuse_arg {
-  const mpg_mesh *mesh;
   atomic_int prober;  /* rank 0: a thread took the prober's part */
   atomic_int probed;  /* rank 0 tried everything: rank 1 comes in */
   int calls_tried;
@@ -332,17 +327,16 @@ static mpg_status contend(void *p) {
   return MPG_OK;
 }
 
-static mpg_status refuse_main(const mpg_init_opts *opts, void *arg) {
-  refuse_arg *a = arg;
-  mpg_ctx *ctx = NULL;
+static mpg_status refuse_main(rr_rank *rk) {
+  refuse_arg *a = rk->arg;
   mpg_group *g = NULL;
-  mpg_status st = rank_open(opts, a->mesh, &ctx, "dp", &g);
-  if (st) return st;
   mpg_work *w0 = NULL;
+  RCALL(mpg_ctx_group(rk->ctx, "dp", &g));
   RCALL(mpg_barrier(g, &w0)); /* waited for by rank 0's prober */
-  if (opts->rank == 0) {
-    refuse_thread t = {a, ctx, g, w0};
-    if ((st = run_two(0, ctx, contend, &t, &t))) return st;
+  mpg_status st = MPG_OK;
+  if (rk->rank == 0) {
+    refuse_thread t = {a, rk->ctx, g, w0};
+    if ((st = run_two(0, rk->ctx, contend, &t, &t))) return st;
     RCHECK(t.w0 == NULL, "no thread took the prober's part");
   } else {
     RCALL(mpg_work_wait(w0));
@@ -353,16 +347,14 @@ static mpg_status refuse_main(const mpg_init_opts *opts, void *arg) {
       RCHECK(y == 3.0f, "all-reduce %d gave %g, expected 3", k, (double)y);
     }
   }
-  return finish(ctx, g);
+  return finish(rk->ctx, g);
 }
 
 Test(threads, every_issuing_call_refused_while_another_thread_holds_the_group,
      .timeout = 300) {
   refuse_arg *a = calloc(1, sizeof *a);
   cr_assert(a);
-  a->mesh = make_dims_mesh("dp=2");
-  EXPECT_RUN_OK(mpg_thread_run(2, TIMEOUT_S, refuse_main, a, NULL));
+  run_ranks_ok("dp=2", 2, refuse_main, a, &(rr_opts){.timeout_s = TIMEOUT_S});
   cr_assert_eq(a->calls_tried, 17, "%d calls tried", a->calls_tried);
-  mpg_mesh_destroy((mpg_mesh *)a->mesh);
   free(a);
 }
