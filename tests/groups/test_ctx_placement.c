@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "groups_internal.h" /* mpg__ctx_setup_collectives */
+#include "../support/mesh_util.h"
 #include "../support/mpirun_util.h"
 
 typedef struct job {
@@ -30,11 +31,8 @@ static mpg_status rank_main(const mpg_init_opts *in, void *arg) {
   opts.placement = 1;
   opts.topology.strict = j->strict;
 
-  mpg_spec spec = MPG_SPEC_INIT;
-  mpg_spec_init(&spec);
-  mpg_status st = mpg_spec_set_mesh(&spec, j->mesh);
   mpg_mesh *mesh = NULL;
-  if (!st) st = mpg_mesh_create(&spec, world, &mesh);
+  mpg_status st = mesh_build(j->mesh, NULL, world, &mesh);
   mpg_ctx *ctx = NULL;
   if (!st) st = mpg_ctx_create(mesh, &opts, &ctx);
   if (st) {
@@ -73,40 +71,44 @@ static void run_job(job j, int world) {
                j.cyclic ? "cyclic" : "block", mpg_status_name(st), mpg_last_error());
 }
 
-Test(ctx_placement, cyclic_launcher_keeps_tp_and_cp_inside_nodes) {
-  run_job((job){"dp=2,cp=2,tp=4", 2, 1, 0, "tp,cp", MPG_OK}, 16);
-}
+/* The cases, one a Test below: the job and its world size.
+ * - TP_OUTERMOST: tp is the outer dim; placement still keeps its groups on
+ *   a node.
+ * - MISFIT_*: tp=16 cannot fit in nodes of 8: the context still comes up,
+ *   unless strict.
+ * - ONE_NODE: one node, tp listed outermost: placement renumbers ranks 1
+ *   and 2 but not 0 and 3.  The renumbering split is collective over the
+ *   world, so every rank must enter it, whether its own number changes or
+ *   not (issue 11: the ranks whose number stayed skipped it and everyone
+ *   timed out). */
+enum { CYCLIC, BLOCK, TP_OUTERMOST, MANY_NODES, MISFIT_WARNS, MISFIT_STRICT, ONE_NODE };
+static const struct {
+  job j;
+  int world;
+} cases[] = {
+    [CYCLIC] = {{"dp=2,cp=2,tp=4", 2, 1, 0, "tp,cp", MPG_OK}, 16},
+    [BLOCK] = {{"dp=2,cp=2,tp=4", 2, 0, 0, "tp,cp", MPG_OK}, 16},
+    [TP_OUTERMOST] = {{"tp=4,dp=4", 4, 1, 0, "tp", MPG_OK}, 16},
+    [MANY_NODES] = {{"pp=2,dp=4,cp=2,tp=4", 8, 1, 0, "tp,cp", MPG_OK}, 64},
+    [MISFIT_WARNS] = {{"dp=1,tp=16", 2, 1, 0, "", MPG_OK}, 16},
+    [MISFIT_STRICT] = {{"dp=1,tp=16", 2, 1, 1, "", MPG_ERR_TOPO}, 16},
+    [ONE_NODE] = {{"tp=2,dp=2", 1, 0, 0, "tp", MPG_OK}, 4},
+};
 
-Test(ctx_placement, block_launcher_keeps_tp_and_cp_inside_nodes) {
-  run_job((job){"dp=2,cp=2,tp=4", 2, 0, 0, "tp,cp", MPG_OK}, 16);
-}
+static void run_case(int c) { run_job(cases[c].j, cases[c].world); }
 
-Test(ctx_placement, tp_first_even_when_listed_outermost) {
-  /* tp is the outer dim here: placement still keeps its groups on a node. */
-  run_job((job){"tp=4,dp=4", 4, 1, 0, "tp", MPG_OK}, 16);
-}
-
-Test(ctx_placement, many_nodes_cyclic) {
-  run_job((job){"pp=2,dp=4,cp=2,tp=4", 8, 1, 0, "tp,cp", MPG_OK}, 64);
-}
-
-Test(ctx_placement, misfit_is_a_warning_by_default) {
-  /* tp=16 cannot fit in nodes of 8: the context still comes up. */
-  run_job((job){"dp=1,tp=16", 2, 1, 0, "", MPG_OK}, 16);
-}
+Test(ctx_placement, cyclic_launcher_keeps_tp_and_cp_inside_nodes) { run_case(CYCLIC); }
+Test(ctx_placement, block_launcher_keeps_tp_and_cp_inside_nodes) { run_case(BLOCK); }
+Test(ctx_placement, tp_first_even_when_listed_outermost) { run_case(TP_OUTERMOST); }
+Test(ctx_placement, many_nodes_cyclic) { run_case(MANY_NODES); }
+Test(ctx_placement, misfit_is_a_warning_by_default) { run_case(MISFIT_WARNS); }
 
 Test(ctx_placement, misfit_is_an_error_in_strict_mode) {
-  run_job((job){"dp=1,tp=16", 2, 1, 1, "", MPG_ERR_TOPO}, 16);
+  run_case(MISFIT_STRICT);
   cr_assert(strstr(mpg_last_error(), "tp"), "%s", mpg_last_error());
 }
 
-/* One node, tp listed outermost: placement renumbers ranks 1 and 2 but not
- * 0 and 3.  The renumbering split is collective over the world, so every
- * rank must enter it, whether its own number changes or not (issue 11: the
- * ranks whose number stayed skipped it and everyone timed out). */
-Test(ctx_placement, one_node_partial_renumbering_splits_on_every_rank) {
-  run_job((job){"tp=2,dp=2", 1, 0, 0, "tp", MPG_OK}, 4);
-}
+Test(ctx_placement, one_node_partial_renumbering_splits_on_every_rank) { run_case(ONE_NODE); }
 
 /* Lazy groups whose first use differs by rank (issue 11): even ranks ask for
  * "tp" first, odd ranks for "dp".  The first use is one world agreement,
@@ -115,11 +117,8 @@ static mpg_status lazy_main(const mpg_init_opts *in, void *arg) {
   (void)arg;
   mpg_init_opts opts = *in;
   opts.backend.lazy_groups = 1;
-  mpg_spec spec = MPG_SPEC_INIT;
-  mpg_spec_init(&spec);
-  mpg_status st = mpg_spec_set_mesh(&spec, "dp=2,cp=2,tp=2");
   mpg_mesh *mesh = NULL;
-  if (!st) st = mpg_mesh_create(&spec, opts.world_size, &mesh);
+  mpg_status st = mesh_build("dp=2,cp=2,tp=2", NULL, opts.world_size, &mesh);
   mpg_ctx *ctx = NULL;
   if (!st) st = mpg_ctx_create(mesh, &opts, &ctx);
   long before = ctx ? mpg__ctx_setup_collectives(ctx) : 0;
