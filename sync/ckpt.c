@@ -1,11 +1,11 @@
 /* Checkpoints: the handle and registration of the pieces
- * (ckpt_internal.h).  Save and load proper are ckpt_save.c and
+ * (ckpt_shared.h).  Save and load proper are ckpt_save.c and
  * ckpt_load.c; the agreement of every rank on a result is ckpt_common.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt_internal.h"
+#include "ckpt_shared.h"
 #include "groups_internal.h"
 #include "sync_internal.h"
 

@@ -1,11 +1,11 @@
 /* Checkpoints: what save and load share below the handle's functions
  * (ckpt.c calls save and load, so these cannot live there: check_layout
- * refuses the cycle; ckpt_internal.h): the agreement of every rank on a
+ * refuses the cycle; ckpt_shared.h): the agreement of every rank on a
  * result, and the handle's host staging. */
 #include <stdio.h>
 #include <string.h>
 
-#include "ckpt_internal.h"
+#include "ckpt_shared.h"
 #include "groups_internal.h"
 
 mpg_status mpg__ckpt_agree(mpg_ckpt *ck, mpg_status st, int relayed, const char *what) {

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt_internal.h"
+#include "ckpt_shared.h"
 #include "groups_internal.h"
 
 typedef struct seg { /* bytes of one chunk into the staging */

@@ -1,5 +1,5 @@
 /* Checkpoint save: the lock of a directory, the ranks' status board and
- * the directories a save may touch (ckpt_save.h, "The save lock").
+ * the directories a save may touch (ckpt_save_shared.h, "The save lock").
  *
  * Only names relative to a directory opened once are used (openat,
  * unlinkat, mkdirat), with O_NOFOLLOW: a symbolic link where the save
@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ckpt_save.h"
+#include "ckpt_save_shared.h"
 
 mpg_status (*mpg__ckpt_fault)(int rank, const char *where) = NULL;
 

@@ -1,4 +1,4 @@
-/* Checkpoint save: overlapping parts of one tensor (ckpt_save.h,
+/* Checkpoint save: overlapping parts of one tensor (ckpt_save_shared.h,
  * mpg__ckpt_check_overlaps).  Two chunks of a tensor that are not replicas
  * (another box, or another range of the same box) may hold some of the
  * same elements; they must hold the same bytes there, or the checkpoint
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt_save.h"
+#include "ckpt_save_shared.h"
 #include "groups_internal.h"
 
 typedef struct pair {

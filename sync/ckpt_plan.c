@@ -1,4 +1,4 @@
-/* Checkpoint save, step 3 (ckpt_internal.h): from every rank's
+/* Checkpoint save, step 3 (ckpt_shared.h): from every rank's
  * descriptors, the same plan on every rank: one chunk per distinct (name,
  * box, range), written by the holder with the fewest bytes so far, the
  * largest chunks first; then, on rank 0, the metadata. */
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt_save.h"
+#include "ckpt_save_shared.h"
 #include "mesh_internal.h"
 
 /* Decode rank r's entries from its words into recs[*n ...]. */

@@ -1,4 +1,4 @@
-/* Checkpoint save (ckpt_internal.h, steps 1-3): stage and hash this
+/* Checkpoint save (ckpt_shared.h, steps 1-3): stage and hash this
  * rank's pieces, take the lock and make dir.partial (rank 0, ckpt_lock.c),
  * exchange the descriptors, plan who writes what, agree on it.  The
  * writing and publishing (steps 4-5) are ckpt_write.c. */
@@ -8,7 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ckpt_save.h"
+#include "ckpt_save_shared.h"
 #include "groups_internal.h"
 
 /* Step 1: every piece into host memory (staged when needed) and hashed. */
@@ -56,7 +56,7 @@ static mpg_status stage(mpg_ckpt *ck, mpg__ckpt_save *sv, void *stream) {
   return MPG_OK;
 }
 
-/* The descriptor words of this rank (ckpt_save.h, "Descriptors"). */
+/* The descriptor words of this rank (ckpt_save_shared.h, "Descriptors"). */
 static mpg_status encode_desc(const mpg_ckpt *ck, const mpg__ckpt_save *sv, mpg_status st,
                               int64_t **out, size_t *nwords) {
   size_t n = MPG__DESC_HEAD;

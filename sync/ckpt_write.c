@@ -1,4 +1,4 @@
-/* Checkpoint save, steps 4-5 (ckpt_internal.h): each rank writes its file
+/* Checkpoint save, steps 4-5 (ckpt_shared.h): each rank writes its file
  * and its state on the board (dir.lock, ckpt_lock.c); rank 0 waits for
  * every state, writes the metadata, publishes the directory by one rename
  * and writes its verdict; the others wait for the verdict.  A failure on
@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt_save.h"
+#include "ckpt_save_shared.h"
 #include "groups_internal.h"
 
 /* Every rank polls the board at most every poll_s() while it writes, and

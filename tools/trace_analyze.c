@@ -27,7 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trace_analyze_internal.h"
+#include "trace_analyze.h"
+#include "trace_analyze_shared.h"
 
 
 static int cmp_int(const void *x, const void *y) {
@@ -534,7 +535,7 @@ static int cmp_p2p(const void *x, const void *y) {
   return (i > j) - (i < j);
 }
 
-/* The indexes (trace_analyze_internal.h, "What makes the analysis
+/* The indexes (trace_analyze_shared.h, "What makes the analysis
  * linear"): each rank's cells on the instances it is on, the members with
  * a dump and the positions by rank of each instance, the dim sets'
  * numbers, the per-rank and per-world-rank marks.  0 or -1 (oom). */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trace_analyze_internal.h"
+#include "trace_analyze_shared.h"
 
 /* ------------------------------------------------------------------ */
 /* 2. Order: the ranks that run one program, step by step              */

@@ -1,4 +1,4 @@
-/* Sequence evidence (issue 46, items 1-2; trace_analyze_internal.h): a
+/* Sequence evidence (issue 46, items 1-2; trace_analyze_shared.h): a
  * member of a group instance whose list of operations there lacks one
  * that its peers hold, whatever the signatures.  And the setters that
  * fill a culprit's evidence (ta_item: how, group, number, the peers'
@@ -36,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trace_analyze_internal.h"
+#include "trace_analyze_shared.h"
 
 /* How many (dim set, step) pairs are counted; candidates beyond are left
  * to the other rules (precision first). */

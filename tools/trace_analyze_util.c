@@ -1,4 +1,4 @@
-/* The analyzer's shared helpers (trace_analyze_internal.h): the lookups
+/* The analyzer's shared helpers (trace_analyze_shared.h): the lookups
  * of operations by number, the states of ranks at the fault time, and the
  * report's lists (their texts built in an mpg__strbuf, base/strbuf.c);
  * trace_analyze.c (signatures, the driver) and trace_analyze_order.c
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trace_analyze_internal.h"
+#include "trace_analyze_shared.h"
 
 static const char *const failing[] = {"MPG_ERR_TIMEOUT", "MPG_ERR_ABORTED", "MPG_ERR_STATE",
                                       "MPG_ERR_BACKEND", NULL};

@@ -20,7 +20,7 @@
 
 #include "ckpt_check.h"
 #include "ckpt_fs.h"
-#include "ckpt_save.h" /* mpg__ckpt_fault: a failure injected on one rank */
+#include "ckpt_save_shared.h" /* mpg__ckpt_fault: a failure injected on one rank */
 
 #define G_RANKS 4
 #define G_MAXT 3

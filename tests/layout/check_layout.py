@@ -226,24 +226,6 @@ ALLOWED_FILE_CYCLES = {
             "engine and the all-to-all channel call up into coll.c; the transport table "
             "(issue 47, 'The knot: transports') removes it",
     },
-    "sync": {
-        frozenset(["sync/ckpt.c", "sync/ckpt_common.c", "sync/ckpt_files.c",
-                   "sync/ckpt_load.c", "sync/ckpt_lock.c", "sync/ckpt_overlap.c",
-                   "sync/ckpt_plan.c", "sync/ckpt_save.c", "sync/ckpt_write.c"]):
-            "ckpt_internal.h (the handle, included by every checkpoint file) belongs to "
-            "ckpt.c, which calls save and load; ckpt_save.h belongs to ckpt_save.c, which "
-            "calls the lock, overlap, plan and write files that include it; the fix is the "
-            "header split (the handle in a header named for no file), left while issue 47's "
-            "plumbing changes these files",
-    },
-    "tools": {
-        frozenset(["tools/trace_analyze.c", "tools/trace_analyze_order.c",
-                   "tools/trace_analyze_seq.c", "tools/trace_analyze_util.c"]):
-            "trace_analyze_internal.h (the analyzer's shared state and helpers, included by "
-            "its four files) belongs to trace_analyze.c, which calls the other three; the "
-            "fix is a header named for no file, left while issue 47's plumbing changes "
-            "these files (the string buffer)",
-    },
 }
 
 

@@ -1,14 +1,19 @@
-/* What trace_analyze.c (set-up, signatures) and trace_analyze_order.c
- * (order within a step, the wait-for graph) share: the merged view of the
- * dumps.  Internal to the analyzer. */
-#ifndef TOOLS_TRACE_ANALYZE_INTERNAL_H
-#define TOOLS_TRACE_ANALYZE_INTERNAL_H
+/* What the analyzer's four files share: the merged view of the dumps and
+ * the helpers between them.  trace_analyze.c (set-up, signatures) calls
+ * down into trace_analyze_order.c (order within a step, the wait-for
+ * graph), trace_analyze_seq.c (sequence evidence) and
+ * trace_analyze_util.c (lookups, states, the report's lists); none calls
+ * back up.  The header belongs to none of them, so it is named for none
+ * (tests/layout/check_layout.py, rule 2b: a header named X_internal.h
+ * would belong to X.c).  Internal to the analyzer. */
+#ifndef TOOLS_TRACE_ANALYZE_SHARED_H
+#define TOOLS_TRACE_ANALYZE_SHARED_H
 
 #include <stdint.h>
 #include <string.h>
 
 #include "internal.h" /* mpg__strbuf: the texts of the report */
-#include "trace_analyze.h"
+#include "trace_analyze_report.h"
 
 /* One rank's operations on one group instance (indices into its ops, in
  * ring order). */

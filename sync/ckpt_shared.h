@@ -1,7 +1,10 @@
 /* Checkpoints (meshpg.h, "Checkpoints"; docs/checkpoints.md): what
  * sync/ckpt.c (registration, agreement), sync/ckpt_save.c (stage,
  * deduplicate, write, publish) and sync/ckpt_load.c (plan, read, verify)
- * share.  The format itself is sync/ckpt_format.h.
+ * share.  The format itself is sync/ckpt_format.h.  The header belongs to
+ * none of them (ckpt.c calls down into save and load, never the reverse),
+ * so it is named for none (tests/layout/check_layout.py, rule 2b: a
+ * ckpt_internal.h would belong to ckpt.c).
  *
  * A save, on every rank:
  *  1. stage: each registered piece is copied to host staging (always on
@@ -18,7 +21,7 @@
  *     shape;
  *  4. write (the rank's thread with async): its chunks into
  *     dir.partial/data-R.bin, fsync, then its state on the board in
- *     dir.lock ('D', or 'F' with the message; ckpt_save.h); rank 0 waits
+ *     dir.lock ('D', or 'F' with the message; ckpt_save_shared.h); rank 0 waits
  *     for every state, writes meta.mpgc (fsync), renames dir.partial to
  *     dir (or swaps it with an existing checkpoint, RENAME_EXCHANGE, and
  *     removes the old one) and writes its verdict ('P' or 'A'); the other
@@ -27,8 +30,8 @@
  * Rank 0 holds the flock of dir.lock from step 2 to the end of step 5, and
  * the ranks agree on the plan (rank 0's metadata included) and on the
  * overlaps of the boxes before any rank writes. */
-#ifndef MPG_SYNC_CKPT_INTERNAL_H
-#define MPG_SYNC_CKPT_INTERNAL_H
+#ifndef MPG_SYNC_CKPT_SHARED_H
+#define MPG_SYNC_CKPT_SHARED_H
 
 #include <pthread.h>
 #include <stddef.h>
