@@ -78,6 +78,15 @@ static OC_UNUSED mpg_status oc_fail(char *msg, size_t cap, const char *fmt, ...)
     }                                                                             \
   } while (0)
 
+/* mpg_ctx_check_order(ctx) fails with a message holding every piece (the
+ * case `what` named in the failure). */
+#define OC_CHECK_ORDER_FAILS(what, ...)                                                    \
+  do {                                                                                     \
+    st = mpg_ctx_check_order(ctx);                                                         \
+    OC_CHECK(oc_names(st, __VA_ARGS__, (const char *)NULL), "%s: check gave %s: %s", what, \
+             mpg_status_name(st), mpg_last_error());                                       \
+  } while (0)
+
 /* st must be MPG_ERR_STATE with a message holding every one of the
  * strings (NULL-terminated list). */
 static OC_UNUSED int oc_names(mpg_status st, ...) {
@@ -207,38 +216,35 @@ static OC_UNUSED mpg_status oc_run(const mpg_init_opts *opts, const char *mode, 
       OC_CHECK(st == MPG_ERR_INVALID, "mismatched counts gave %s", mpg_status_name(st));
     else
       OC_TRY(st);
-    st = mpg_ctx_check_order(ctx);
-    OC_CHECK(oc_names(st, "call #1 since the last check: rank 2 issued all_reduce(f32, sum, "
-                      "count 4) on \"tp\", rank 3 issued all_reduce(f32, sum, count 8) on "
-                      "\"tp\"", "1 group disagrees", (const char *)NULL),
-             "count: check gave %s: %s", mpg_status_name(st), mpg_last_error());
+    OC_CHECK_ORDER_FAILS("count",
+                         "call #1 since the last check: rank 2 issued all_reduce(f32, sum, "
+                         "count 4) on \"tp\", rank 3 issued all_reduce(f32, sum, count 8) on "
+                         "\"tp\"",
+                         "1 group disagrees");
   } else if (strcmp(mode, "extra") == 0) {
     OC_TRY(oc_two(tp, dp, x, y));
     if (rank == 3) OC_TRY(mpg_all_reduce(pp, x, x, 4, MPG_F32, MPG_OP_SUM, NULL, NULL));
-    st = mpg_ctx_check_order(ctx);
-    OC_CHECK(oc_names(st, "call #3 since the last check: rank 1 issued nothing (2 calls "
-                      "since the last check), rank 3 issued all_reduce(f32, sum, count 4) "
-                      "on \"pp\"", (const char *)NULL),
-             "extra: check gave %s: %s", mpg_status_name(st), mpg_last_error());
+    OC_CHECK_ORDER_FAILS("extra",
+                         "call #3 since the last check: rank 1 issued nothing (2 calls "
+                         "since the last check), rank 3 issued all_reduce(f32, sum, count 4) "
+                         "on \"pp\"");
   } else if (strcmp(mode, "wrap") == 0) {
     /* The swap, then 1100 more calls: older than the 1024 calls kept. */
     OC_TRY(rank == 3 ? oc_two(dp, tp, y, x) : oc_two(tp, dp, x, y));
     for (int k = 0; k < 1100; k++)
       OC_TRY(mpg_all_reduce(pp, x, x, 1, MPG_F32, MPG_OP_MAX, NULL, NULL));
-    st = mpg_ctx_check_order(ctx);
-    OC_CHECK(oc_names(st, "ranks 1 and 3, members of group \"dp\" index 1, issued different "
-                      "calls before the last 1024 calls kept", (const char *)NULL),
-             "wrap: check gave %s: %s", mpg_status_name(st), mpg_last_error());
+    OC_CHECK_ORDER_FAILS("wrap",
+                         "ranks 1 and 3, members of group \"dp\" index 1, issued different "
+                         "calls before the last 1024 calls kept");
     /* A difference inside the log after it wrapped: one more call at the end. */
     OC_TRY(mpg_all_reduce(dp, x, x, 1, MPG_F32, MPG_OP_MAX, NULL, NULL));
     for (int k = 0; k < 1100; k++)
       OC_TRY(mpg_all_reduce(pp, x, x, 1, MPG_F32, MPG_OP_MAX, NULL, NULL));
     if (rank == 3) OC_TRY(mpg_all_reduce(pp, x, x, 2, MPG_F32, MPG_OP_MAX, NULL, NULL));
-    st = mpg_ctx_check_order(ctx);
-    OC_CHECK(oc_names(st, "call #1102 since the last check: rank 1 issued nothing (1101 calls "
-                      "since the last check), rank 3 issued all_reduce(f32, max, count 2) "
-                      "on \"pp\"", (const char *)NULL),
-             "wrap: second check gave %s: %s", mpg_status_name(st), mpg_last_error());
+    OC_CHECK_ORDER_FAILS("wrap, second check",
+                         "call #1102 since the last check: rank 1 issued nothing (1101 calls "
+                         "since the last check), rank 3 issued all_reduce(f32, max, count 2) "
+                         "on \"pp\"");
   } else if (strcmp(mode, "split") == 0) {
     mpg_group *a, *b;
     const char *first = rank == 3 ? "pp,tp" : "pp,dp", *second = rank == 3 ? "pp,dp" : "pp,tp";

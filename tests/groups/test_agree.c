@@ -335,30 +335,33 @@ static void expect_all(int n, int np, const char *status, const char *want) {
   }
 }
 
+/* A job of 4 ranks split into two meshes (run_job's ARGS): every rank
+ * refuses it with MPG_ERR_STATE and a message holding `want`. */
+static void split_refused(const char *args, const char *want) {
+  expect_all(run_job(args), 4, "ERR_STATE", want);
+}
+
 /* The issue: `tp=2,dp=-1` on rank 0 and `dp=-1,tp=2` on the others (the
  * README's first program with one line changed) waited out the 600 s
  * timeout with messages that never said the meshes differ. */
 Test(agree_mpi, mesh_order_differs_on_one_rank, .timeout = 300) {
-  int n = run_job("-np 4 %W split 1 tp=2,dp=-1 - dp=-1,tp=2 -");
-  expect_all(n, 4, "ERR_STATE",
-             "mesh: world rank 0 has \"tp=2,dp=2\", world ranks 1-3 have \"dp=2,tp=2\"");
+  split_refused("-np 4 %W split 1 tp=2,dp=-1 - dp=-1,tp=2 -",
+                "mesh: world rank 0 has \"tp=2,dp=2\", world ranks 1-3 have \"dp=2,tp=2\"");
 }
 
 /* The issue: dp=4,tp=1 against dp=2,tp=2 sat in mpg_ctx_create for the
  * whole create timeout. */
 Test(agree_mpi, mesh_sizes_differ, .timeout = 300) {
-  int n = run_job("-np 4 %W split 2 dp=4,tp=1 - dp=2,tp=2 -");
-  expect_all(n, 4, "ERR_STATE",
-             "mesh: world ranks 0-1 have \"dp=4,tp=1\", world ranks 2-3 have \"dp=2,tp=2\"");
+  split_refused("-np 4 %W split 2 dp=4,tp=1 - dp=2,tp=2 -",
+                "mesh: world ranks 0-1 have \"dp=4,tp=1\", world ranks 2-3 have \"dp=2,tp=2\"");
 }
 
 /* The issue: X = dp,tp on ranks 0-1 and X = dp on ranks 2-3 gave OK
  * everywhere, sums 3 and 1 for 4 and 2, and rank 2's all-gather wrote
  * past its buffer. */
 Test(agree_mpi, flattened_set_differs, .timeout = 300) {
-  int n = run_job("-np 4 %W split 2 dp=2,tp=2 dp,tp dp=2,tp=2 dp");
-  expect_all(n, 4, "ERR_STATE",
-             "flattened dims: world ranks 0-1 have \"X=dp+tp\", world ranks 2-3 have \"X=dp\"");
+  split_refused("-np 4 %W split 2 dp=2,tp=2 dp,tp dp=2,tp=2 dp",
+                "flattened dims: world ranks 0-1 have \"X=dp+tp\", world ranks 2-3 have \"X=dp\"");
 }
 
 /* The property on real processes: 100 random pairs of different jobs
