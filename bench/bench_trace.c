@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "bench_util.h"
-#include "ctx_internal.h"
+#include "core.h"
 
 static long nops = 1000000;
 static int rounds = 7;

@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctx_internal.h"
+#include "core.h"
 
 #define ITEM_TEXT 256 /* bytes of one item's text, NUL included */
 #define ITEM_WORDS (ITEM_TEXT / 8)

@@ -30,15 +30,15 @@
  * timeouts (the
  * receive from a member that never arrived names it) and aborts are
  * p2p.c's and coll.c's.  The issue-order checker records each call as a
- * collective of the group (order.c).  See ctx_internal.h. */
+ * collective of the group (order.c).  See core.h. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctx_internal.h"
+#include "core.h"
 
-typedef mpg__a2a_call a2a; /* ctx_internal.h */
+typedef mpg__a2a_call a2a; /* core.h */
 
 static size_t scount(const a2a *a, int p) { return mpg__a2a_scount(a, p); }
 static size_t sdispl(const a2a *a, int p) { return mpg__a2a_sdispl(a, p); }

@@ -3,7 +3,7 @@
  * and groups/nccl/, that fills one `struct mpg__backend_ops`
  * (mpg__backend_<name>; its files and their jobs are listed in
  * <name>/<name>_internal.h).  The generic layer (groups/ctx.c, group.c,
- * coll.c; see ctx_internal.h) owns the public API: argument checks, size-1
+ * coll.c; see core.h) owns the public API: argument checks, size-1
  * groups, timeouts and abort, work handles.  A backend only moves data. */
 #ifndef MPG_GROUPS_BACKEND_H
 #define MPG_GROUPS_BACKEND_H

@@ -1,6 +1,6 @@
 /* The public collectives and work handles: argument checks, size-1 groups
  * as local copies, the context's timeout, and abort on a failure after
- * the arguments were accepted (on_failure).  See ctx_internal.h.
+ * the arguments were accepted (on_failure).  See core.h.
  *
  * Threads.  A group is used by one thread at a time: every call that
  * issues on it (here, p2p.c's mpg_p2p_batch, alltoall.c's all-to-alls,
@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctx_internal.h"
+#include "core.h"
 
 
 
@@ -238,7 +238,7 @@ mpg_status mpg__group_ready(mpg_group *g, const char *fn) {
   return mpg__group_ready_op(g, fn, NULL);
 }
 
-/* mpg__group_claim and mpg__group_release (ctx_internal.h): the group's
+/* mpg__group_claim and mpg__group_release (core.h): the group's
  * busy flag, see the top of this file; on nccl first the issuing thread. */
 mpg_status mpg__group_claim(mpg_group *g, const char *fn) {
   mpg_status st = mpg__ctx_check_issuer(g->ctx, fn, g->name);

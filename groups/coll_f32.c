@@ -6,7 +6,7 @@
  * stream, runs the NCCL collective in ncclFloat32 and narrows the result
  * (groups/nccl/widen.c).  Other dtypes run exactly as the plain calls,
  * claims of the group included (one thread at a time: coll.c). */
-#include "ctx_internal.h"
+#include "core.h"
 
 static mpg_status run_f32acc(mpg_group *g, mpg__coll_kind kind, const void *send,
                              void *recv, size_t count, mpg_dtype dtype, mpg_op op,

@@ -1,13 +1,13 @@
 /* The context: joining the world (launch environment, backend), placement
  * and binding, the context's accessors, abort and teardown, and the
- * backend's memory and streams.  See ctx_internal.h. */
+ * backend's memory and streams.  See core.h. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "ctx_internal.h"
+#include "core.h"
 #include "mpg_config.h"
 
 static const struct mpg__backend_ops *backend_ops(mpg_backend_kind kind) {

@@ -1,12 +1,12 @@
 /* The groups of a context: one per dim set (created eagerly or on first
  * use by one split of the world), groups over any union of dims, and
- * sub-groups at chosen positions.  See ctx_internal.h. */
+ * sub-groups at chosen positions.  See core.h. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctx_internal.h"
+#include "core.h"
 
 /* After a split: the communicator the backend made has the size, this
  * rank's position and (where the backend can tell) the members that the
@@ -45,13 +45,6 @@ static mpg_status check_shape(mpg_ctx *ctx, mpg_group *g) {
                    "group \"%s\" index %d (rank %d): the %s backend made a communicator %s: "
                    "the ranks do not agree on the mesh (context aborted)",
                    g->name, g->index, ctx->rank, ctx->ops->name, why);
-}
-
-void mpg__group_label(const mpg_group *g, char *buf, size_t n) {
-  if (g->dimset < 0 || strcmp(g->name, "world") == 0)
-    snprintf(buf, n, "%s", g->name);
-  else
-    snprintf(buf, n, "%s[%d]", g->name, g->index);
 }
 
 void mpg__group_op_label(const mpg_group *g, const mpg__op_id *c, char *buf, size_t n) {

@@ -1,5 +1,5 @@
 /* The issuing thread of a context on nccl: mpg__ctx_check_issuer
- * (ctx_internal.h), called by every path that issues on a context (coll.c's
+ * (core.h), called by every path that issues on a context (coll.c's
  * claim, group.c's splits, setup.c's setup collectives, order.c's check).
  * A file of its own, calling nothing of this module, so that those files
  * need not call each other. */
@@ -7,9 +7,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "ctx_internal.h"
+#include "core.h"
 
-/* One issuing thread per context on nccl (ctx_internal.h): the first
+/* One issuing thread per context on nccl (core.h): the first
  * thread whose call issues becomes the context's issuer for its life (a
  * context created on one thread may be handed to another before its first
  * collective: mpg_ctx_create's own setup collectives pass this check and

@@ -4,7 +4,7 @@
  * order anyway.  So each context records what it issues and, at check
  * points, the ranks compare their records over the world.
  *
- * What is recorded (ctx_internal.h: mpg__order_note*), in issue order:
+ * What is recorded (core.h: mpg__order_note*), in issue order:
  *  - every collective that coll.c's run() posts (size-1 groups included):
  *    the group's name and dims (its mask), kind, count, dtype and op.  The
  *    name is the dim set's (or "dp+cp" for a mpg_ctx_group_dims group),
@@ -61,7 +61,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctx_internal.h"
+#include "core.h"
 #include "mpg_config.h"
 
 #define ORDER_LOG 1024   /* calls kept since the last check (a power of 2) */

@@ -9,11 +9,11 @@
  * is reordered only between the two directions.  Waiting, timeouts and
  * aborts go through coll.c (mpg__group_finish, mpg__group_on_failure).
  * The posting part, mpg__group_post_p2p, also carries alltoall.c's
- * all-to-alls.  See ctx_internal.h. */
+ * all-to-alls.  See core.h. */
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "ctx_internal.h"
+#include "core.h"
 
 #define FN "mpg_p2p_batch"
 

@@ -5,12 +5,12 @@
  * staged through the backend's memory when its collectives need it).
  * Calls nothing else of this layer but issuer.c, and the transports only
  * through their tables, so every part (ctx.c, group.c, coll.c, shm/) may
- * use it.  See ctx_internal.h. */
+ * use it.  See core.h. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctx_internal.h"
+#include "core.h"
 
 /* ------------------------------------------------------------------ */
 /* Transports: attach, detach, abort, teardown (transport.h's rules)   */

@@ -4,7 +4,7 @@
  * mpg__group_transport_setup), so that shm/ never calls up into the group
  * layer to come up.  The segment then lives in the group's transport list
  * (shm/setup.c), where the context's abort and teardown reach it. */
-#include "ctx_internal.h"
+#include "core.h"
 #include "shm/channel.h"
 
 mpg_status mpg__shm_create(mpg_group *group, size_t bytes, mpg_dtype dtype, int depth,

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "backend.h"
-#include "ctx_internal.h"
+#include "core.h"
 #include "groups_internal.h"
 
 typedef struct mpg__staging {

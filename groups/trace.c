@@ -19,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "trace_internal.h"
+#include "trace_ring.h"
 
 #define RLX memory_order_relaxed
 #define REL memory_order_release
@@ -73,9 +73,9 @@ void mpg__trace_destroy(mpg_ctx *ctx) {
   if (!t) return;
   int n = atomic_load(&t->ngroups);
   for (int i = 0; i < n; i++) {
-    free(t->groups[i]->trace_p2p);
-    t->groups[i]->trace_p2p = NULL;
-    t->groups[i]->trace_id = 0;
+    free(t->groups[i]->trace.p2p);
+    t->groups[i]->trace.p2p = NULL;
+    t->groups[i]->trace.id = 0;
   }
   pthread_mutex_destroy(&t->lock);
   pthread_mutex_destroy(&t->dump_lock);
@@ -88,18 +88,18 @@ void mpg__trace_destroy(mpg_ctx *ctx) {
 /* g's number in the groups table (registered on first use), or -1 when
  * the table is full (its operations are not recorded). */
 static int group_id(mpg__trace *t, mpg_group *g) {
-  if (g->trace_id > 0) return g->trace_id - 1;
+  if (g->trace.id > 0) return g->trace.id - 1;
   pthread_mutex_lock(&t->lock);
-  int id = g->trace_id - 1;
+  int id = g->trace.id - 1;
   if (id < 0) {
     int n = atomic_load_explicit(&t->ngroups, RLX);
     _Atomic uint64_t *p2p = n < TRACE_MAX_GROUPS ? calloc(2 * (size_t)g->size, sizeof *p2p)
                                                  : NULL;
     if (p2p) {
-      g->trace_p2p = p2p;
+      g->trace.p2p = p2p;
       t->groups[n] = g;
       atomic_store(&t->ngroups, n + 1);
-      g->trace_id = n + 1;
+      g->trace.id = n + 1;
       id = n;
     }
   }
@@ -140,7 +140,7 @@ static void put(mpg__trace *t, uint64_t seq, int gid, uint64_t gseq, int kind, i
 /* The per-peer number of a send to (receive from) position peer of g. */
 static uint64_t p2p_seq(mpg_group *g, int kind, int peer) {
   if (peer < 0 || peer >= g->size) return 0;
-  _Atomic uint64_t *c = &g->trace_p2p[2 * peer + (kind == MPG__RECV)];
+  _Atomic uint64_t *c = &g->trace.p2p[2 * peer + (kind == MPG__RECV)];
   return atomic_fetch_add_explicit(c, 1, RLX) + 1;
 }
 
@@ -155,7 +155,7 @@ mpg__trace_mark mpg__trace_begin(mpg_group *g, int kind, mpg_dtype dtype, size_t
   int p2p = kind == MPG__SEND || kind == MPG__RECV;
   /* Collectives are numbered recording or not: the messages' numbers
    * (issue 46, item 4) are the dump's GSEQ. */
-  if (!p2p) m.gseq = atomic_fetch_add_explicit(&g->trace_seq, 1, RLX) + 1;
+  if (!p2p) m.gseq = atomic_fetch_add_explicit(&g->trace.seq, 1, RLX) + 1;
   mpg__trace *t = g->ctx->trace;
   if (!t) return m;
   int gid = group_id(t, g);

@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "trace_internal.h"
+#include "trace_ring.h"
 
 #define RLX memory_order_relaxed
 #define ACQ memory_order_acquire

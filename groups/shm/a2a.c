@@ -90,7 +90,7 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include "ctx_internal.h"
+#include "core.h"
 #include "channel.h"
 
 #include "a2a_internal.h"

@@ -8,7 +8,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "ctx_internal.h"
+#include "core.h"
 #include "channel.h"
 
 #define LINE 64

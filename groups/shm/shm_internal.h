@@ -143,7 +143,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "ctx_internal.h"
+#include "core.h"
 
 #define SHM_MAGIC 0x6d706773u /* "mpgs" */
 #define SHM_LINE 64

@@ -37,7 +37,7 @@
 #include "../support/mesh_util.h"
 
 /* Internals, for the corrupt mode only: the channel's segment. */
-#include "ctx_internal.h"
+#include "core.h"
 #include "a2a_internal.h"
 
 static int g_rank, g_world;

@@ -1,17 +1,19 @@
 /* The flight recorder (issue 32): groups/trace.c keeps the ring,
  * groups/trace_dump.c writes it (docs/trace.md, "The dump format (version
- * 1)").  What the rest of the groups layer calls is in ctx_internal.h
+ * 1)").  What the rest of the groups layer calls is in trace_types.h
  * (mpg__trace_begin ...), what sync/ calls in groups_internal.h
- * (mpg__trace_tag ...); this header is the two files' shared state. */
-#ifndef MPG_GROUPS_TRACE_INTERNAL_H
-#define MPG_GROUPS_TRACE_INTERNAL_H
+ * (mpg__trace_tag ...); this header is the two files' shared state, the
+ * ring, named for neither file: trace.c calls trace_dump.c
+ * (mpg__trace_write), never the other way. */
+#ifndef MPG_GROUPS_TRACE_RING_H
+#define MPG_GROUPS_TRACE_RING_H
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
 
-#include "ctx_internal.h"
+#include "core.h"
 #include "trace_format.h"
 
 #define TRACE_DEFAULT_ENTRIES 2048

@@ -1,21 +1,36 @@
-/* The groups layer's own state, shared by its three parts: ctx.c (the
- * context: launch, placement, binding, memory), group.c (the groups of a
- * context) and coll.c (collectives and work handles), with p2p.c
- * (mpg_p2p_batch, on top of coll.c), alltoall.c (mpg_all_to_all and
- * mpg_all_to_all_v, on top of p2p.c) and coll_f32.c (f16/bf16 collectives
- * with f32 accumulation, for sync/); calls go one way, from p2p.c and
- * coll_f32.c to coll.c, from alltoall.c to p2p.c and coll.c, and from
- * ctx.c and coll.c to group.c.  The backends (backend.h) only move
- * data: this layer checks arguments, turns size-1 groups into local
- * copies, applies the context's timeout and aborts the whole context when
- * a peer never arrives. */
-#ifndef MPG_GROUPS_CTX_INTERNAL_H
-#define MPG_GROUPS_CTX_INTERNAL_H
+/* The groups core: the types every file of the groups layer shares
+ * (struct mpg_ctx, mpg_group, mpg_work, ...) and the calls between its
+ * files, each declared with the file that defines it.  A header of its
+ * own, named for no file, so that including it ties a file to no
+ * higher-level file (docs/groups.md, "Layers").  The layers, top down,
+ * calls going one way:
+ *  - context: ctx.c (launch, placement, binding, memory, teardown), with
+ *    agree.c (the job agreement) and staging.c;
+ *  - public calls above the group: alltoall.c (on p2p.c, coll.c and
+ *    shm/a2a.c), p2p.c and coll_f32.c (on coll.c), shm_group.c (sync's
+ *    segments: the group's setup callbacks handed to shm/);
+ *  - transports over the group: groups/shm/ (the segment and the
+ *    all-to-all channel), posting through coll.c like any collective;
+ *  - group: coll.c (collectives, work handles, claiming, failures),
+ *    group.c (making groups, labels), order.c and trace.c / trace_dump.c
+ *    (the issue-order record and the flight recorder, called by both);
+ *  - setup.c (the context's transports: attach, detach, abort, teardown;
+ *    setup collectives) and issuer.c, which every layer may call;
+ *  - transport table (transport.h) and backends (backend.h; thread/,
+ *    mpi/, nccl/): they only move data.
+ * This layer checks arguments, turns size-1 groups into local copies,
+ * applies the context's timeout and aborts the whole context, every
+ * transport of it, when a peer never arrives. */
+#ifndef MPG_GROUPS_CORE_H
+#define MPG_GROUPS_CORE_H
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "backend.h"
+#include "trace_types.h"
 #include "groups_internal.h"
 #include "mesh_internal.h"
 
@@ -45,12 +60,8 @@ struct mpg_group {
   mpg__transport comm_link;   /* `comm` in that list */
   char extra_name[128];
   struct mpg_group *next; /* extra groups of the context */
-  int trace_id;     /* trace.c: 1 + its number in the flight recorder's
-                       groups table, 0 until its first operation */
-  _Atomic uint64_t trace_seq;  /* trace.c: collectives numbered on it (the
-                                  recorder's GSEQ; counted recording or not) */
-  _Atomic uint64_t *trace_p2p; /* trace.c: sends to / receives from each
-                                  position (2 x size), from its first op */
+  mpg__group_trace trace; /* the flight recorder's numbering of the
+                       group (trace_types.h) */
   _Atomic(struct mpg__a2a *) a2a; /* shm/a2a.c: its all-to-alls'
                        shared-memory channel, made at the first one, a
                        transport in `transports` (this is the issuing
@@ -112,66 +123,6 @@ static inline int mpg__group_world_rank(const mpg_group *g, int position) {
 /* staging.c: free the context's pinned host blocks (mpg_ctx_destroy). */
 void mpg__ctx_staging_release(mpg_ctx *ctx);
 
-/* The flight recorder (trace.c, trace_dump.c; docs/trace.md).  A mark
- * names the slots of one call's operations (n of them from seq; t NULL:
- * not recorded).  _create: ctx->trace from opts.trace_entries / _dir and
- * MESHPG_TRACE_ENTRIES / _DIR (NULL when recording is off); _destroy
- * frees it.  _begin records one operation of g (kind: an mpg__coll_kind or
- * TRACE_ALL_TO_ALL[_V]; peer: the position of the peer or the broadcast's
- * root, else -1) as issued now, with the sync step and this thread's
- * bucket tag; groups of one member are not recorded.  Every collective
- * of a group of two or more members that is not muted is numbered
- * (mark.gseq), recording or not, with the counter the recorder writes as
- * GSEQ, so that messages and the report give one number (issue 46, item
- * 4); sends and receives are numbered per peer while recording.
- * _begin_batch: the sends and receives list[0..n).  _posted: the operations were handed to
- * the transport (their start off nccl).  _end: they ended with st (the
- * device times of mpg__trace_device_times, else now).  _hand: _end,
- * unless st is MPG_OK and *work was handed out (work may be NULL): then
- * the work carries the mark and mpg_work_test / _wait end it.
- * _device_times: the backend's times (mpg__now() seconds) at which the
- * GPU was seen to start and end the operations finished last on this
- * thread, for the next _end.  _fault: after a failure st of the context
- * (a timeout, an abort, a desync), write the automatic dump once when a
- * trace directory is set; keeps mpg_last_error().  Lock-free but for the
- * first operation of a group. */
-typedef struct mpg__trace mpg__trace;
-/* An operation as messages name it (issue 46, item 4): its kind (an
- * mpg__coll_kind; < 0: none), the peer's position (send, receive; else
- * -1) and its number on the group (mark.gseq; 0: not numbered). */
-typedef struct mpg__op_id {
-  int kind, peer;
-  uint64_t gseq;
-} mpg__op_id;
-/* Kinds beyond mpg__coll_kind (the all-to-alls of alltoall.c). */
-enum { TRACE_ALL_TO_ALL = 16, TRACE_ALL_TO_ALL_V = 17 };
-typedef struct mpg__trace_mark {
-  mpg__trace *t;
-  uint64_t seq;
-  int n;
-  uint64_t gseq; /* _begin: the operation's number on its group (GSEQ),
-                    recording or not; 0: not numbered (a muted operation, a
-                    group of one member, a send / receive while recording
-                    is off) */
-} mpg__trace_mark;
-mpg_status mpg__trace_create(mpg_ctx *ctx, const mpg_init_opts *opts);
-void mpg__trace_destroy(mpg_ctx *ctx);
-mpg__trace_mark mpg__trace_begin(mpg_group *g, int kind, mpg_dtype dtype, size_t count,
-                                 int peer);
-mpg__trace_mark mpg__trace_begin_batch(mpg_group *g, const mpg__coll *list, int n);
-/* Operations this thread begins while muted (mpg__trace_mute(1) ..
- * mpg__trace_mute(-1)) are not recorded: the steps inside one recorded
- * operation (an all-to-all's first call, which makes its channel). */
-void mpg__trace_mute(int delta);
-void mpg__trace_posted(const mpg__trace_mark *m);
-void mpg__trace_end(mpg__trace_mark *m, mpg_status st);
-void mpg__trace_hand(mpg__trace_mark *m, mpg_status st, mpg_work **work);
-void mpg__trace_device_times(double start, double end);
-void mpg__trace_fault(mpg_ctx *ctx, mpg_status st);
-/* At mpg_ctx_destroy: write the dump with reason "end" when a trace
- * directory is set and no automatic dump was written (a fault's is kept). */
-void mpg__trace_at_end(mpg_ctx *ctx);
-
 struct mpg_work {
   mpg_group *group;
   mpg__op_id op;      /* the operation, for the messages (kind < 0: several,
@@ -223,13 +174,20 @@ mpg_status mpg__ctx_check_issuer(mpg_ctx *ctx, const char *fn, const char *group
  * returns st. */
 mpg_status mpg__group_on_failure(mpg_group *g, const char *fn, mpg_status st);
 
-/* group.c: the names a message gives (issue 46, item 4), those of the
- * flight recorder's report: g's label, "tp[1]" (a mesh dim set and the
- * group's index), "world", or an extra group's given name; and an
- * operation's, "all_reduce #8 on tp[1]", "send #3 to world rank 2 on
- * pp[0]" (op->gseq 0: no number), op NULL or op->kind < 0: the label.
- * Formatted only when a message needs them. */
-void mpg__group_label(const mpg_group *g, char *buf, size_t n);
+/* The names a message gives (issue 46, item 4), those of the flight
+ * recorder's report.  mpg__group_label: g's label, "tp[1]" (a mesh dim
+ * set and the group's index), "world", or an extra group's given name
+ * (inline, so that every layer may name a group without calling
+ * group.c).  group.c's mpg__group_op_label: an operation's,
+ * "all_reduce #8 on tp[1]", "send #3 to world rank 2 on pp[0]" (op->gseq
+ * 0: no number), op NULL or op->kind < 0: the label.  Formatted only when
+ * a message needs them. */
+static inline void mpg__group_label(const mpg_group *g, char *buf, size_t n) {
+  if (g->dimset < 0 || strcmp(g->name, "world") == 0)
+    snprintf(buf, n, "%s", g->name);
+  else
+    snprintf(buf, n, "%s[%d]", g->name, g->index);
+}
 void mpg__group_op_label(const mpg_group *g, const mpg__op_id *op, char *buf, size_t n);
 /* g's label in a buffer that lives to the end of the enclosing block, for
  * a message's arguments: mpg__fail(..., "%s on %s", fn, MPG__GROUP_LABEL(g)). */
