@@ -224,10 +224,9 @@ static OC_UNUSED mpg_status oc_run(const mpg_init_opts *opts, const char *mode, 
   } else if (strcmp(mode, "extra") == 0) {
     OC_TRY(oc_two(tp, dp, x, y));
     if (rank == 3) OC_TRY(mpg_all_reduce(pp, x, x, 4, MPG_F32, MPG_OP_SUM, NULL, NULL));
-    OC_CHECK_ORDER_FAILS("extra",
-                         "call #3 since the last check: rank 1 issued nothing (2 calls "
-                         "since the last check), rank 3 issued all_reduce(f32, sum, count 4) "
-                         "on \"pp\"");
+    OC_CHECK_ORDER_FAILS("extra", "call #3 since the last check: rank 1 issued nothing (2 "
+                         "calls since the last check), rank 3 issued all_reduce(f32, sum, "
+                         "count 4) on \"pp\"");
   } else if (strcmp(mode, "wrap") == 0) {
     /* The swap, then 1100 more calls: older than the 1024 calls kept. */
     OC_TRY(rank == 3 ? oc_two(dp, tp, y, x) : oc_two(tp, dp, x, y));
@@ -241,10 +240,9 @@ static OC_UNUSED mpg_status oc_run(const mpg_init_opts *opts, const char *mode, 
     for (int k = 0; k < 1100; k++)
       OC_TRY(mpg_all_reduce(pp, x, x, 1, MPG_F32, MPG_OP_MAX, NULL, NULL));
     if (rank == 3) OC_TRY(mpg_all_reduce(pp, x, x, 2, MPG_F32, MPG_OP_MAX, NULL, NULL));
-    OC_CHECK_ORDER_FAILS("wrap, second check",
-                         "call #1102 since the last check: rank 1 issued nothing (1101 calls "
-                         "since the last check), rank 3 issued all_reduce(f32, max, count 2) "
-                         "on \"pp\"");
+    OC_CHECK_ORDER_FAILS("wrap, second check", "call #1102 since the last check: rank 1 issued "
+                         "nothing (1101 calls since the last check), rank 3 issued "
+                         "all_reduce(f32, max, count 2) on \"pp\"");
   } else if (strcmp(mode, "split") == 0) {
     mpg_group *a, *b;
     const char *first = rank == 3 ? "pp,tp" : "pp,dp", *second = rank == 3 ? "pp,dp" : "pp,tp";

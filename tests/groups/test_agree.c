@@ -168,63 +168,85 @@ static mpg_status plain_main(const mpg_init_opts *opts, void *p) {
 }
 
 /* Every variable the library reads, with values outside its documented
- * set: blanks around a good value, words, signs, out of range. */
+ * set (good 0: blanks around a good value, words, signs, out of range)
+ * and at documented values (good 1). */
+static const struct {
+  const char *var, *value;
+  int good;
+} env_values[] = {
+    {"MESHPG_LOG", "verbose", 0},
+    {"MESHPG_LOG", " info", 0},
+    {"MESHPG_LOG", "INFO", 0},
+    {"MESHPG_CHECK_ORDER", "yes", 0},
+    {"MESHPG_CHECK_ORDER", "1 ", 0},
+    {"MESHPG_SHM", " 1", 0},
+    {"MESHPG_SHM", "2", 0},
+    {"MESHPG_THREAD_INBOX_MSGS", "-1", 0},
+    {"MESHPG_THREAD_INBOX_MSGS", "0", 0},
+    {"MESHPG_THREAD_INBOX_MSGS", "12k", 0},
+    {"MESHPG_THREAD_INBOX_BYTES", "abc", 0},
+    {"MESHPG_THREAD_INBOX_BYTES", "0x10", 0},
+    {"MESHPG_MPI_PROGRESS", "maybe", 0},
+    {"MESHPG_MPI_WINDOW", " 2", 0},
+    {"MESHPG_MPI_WINDOW", "9", 0},
+    {"MESHPG_MPI_MAX_COUNT", "0", 0},
+    {"MESHPG_MPI_MAX_COUNT", "3000000000", 0},
+    {"MESHPG_MPI_PIECE_BYTES", "abc", 0},
+    {"MESHPG_MPI_PIECE_BYTES", "4", 0},
+    {"MESHPG_NCCL_PORT", "70000", 0},
+    {"MESHPG_NCCL_PORT", "+80", 0},
+    {"MESHPG_NCCL_SPLIT_SHARE", "true", 0},
+    {"MESHPG_LOG", "off", 1},
+    {"MESHPG_LOG", "", 1},
+    {"MESHPG_SHM", "0", 1},
+    {"MESHPG_THREAD_INBOX_MSGS", "16", 1},
+    {"MESHPG_MPI_PROGRESS", "off", 1},
+    {"MESHPG_MPI_WINDOW", "2", 1},
+    {"MESHPG_MPI_MAX_COUNT", "1", 1},
+    {"MESHPG_MPI_PIECE_BYTES", "65536", 1},
+    {"MESHPG_NCCL_PORT", "29501", 1},
+    {"MESHPG_NCCL_SPLIT_SHARE", "1", 1},
+};
+#define N_ENV_VALUES (sizeof env_values / sizeof env_values[0])
+
 Test(agree, bad_values_of_every_variable_fail_create) {
-  static const struct {
-    const char *var, *value;
-  } bad[] = {
-      {"MESHPG_LOG", "verbose"},           {"MESHPG_LOG", " info"},
-      {"MESHPG_LOG", "INFO"},              {"MESHPG_CHECK_ORDER", "yes"},
-      {"MESHPG_CHECK_ORDER", "1 "},        {"MESHPG_SHM", " 1"},
-      {"MESHPG_SHM", "2"},                 {"MESHPG_THREAD_INBOX_MSGS", "-1"},
-      {"MESHPG_THREAD_INBOX_MSGS", "0"},   {"MESHPG_THREAD_INBOX_MSGS", "12k"},
-      {"MESHPG_THREAD_INBOX_BYTES", "abc"}, {"MESHPG_THREAD_INBOX_BYTES", "0x10"},
-      {"MESHPG_MPI_PROGRESS", "maybe"},    {"MESHPG_MPI_WINDOW", " 2"},
-      {"MESHPG_MPI_WINDOW", "9"},          {"MESHPG_MPI_MAX_COUNT", "0"},
-      {"MESHPG_MPI_MAX_COUNT", "3000000000"}, {"MESHPG_MPI_PIECE_BYTES", "abc"},
-      {"MESHPG_MPI_PIECE_BYTES", "4"},     {"MESHPG_NCCL_PORT", "70000"},
-      {"MESHPG_NCCL_PORT", "+80"},         {"MESHPG_NCCL_SPLIT_SHARE", "true"},
-  };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    const char *old = getenv(bad[i].var);
+  for (size_t i = 0; i < N_ENV_VALUES; i++) {
+    if (env_values[i].good) continue;
+    const char *var = env_values[i].var, *value = env_values[i].value;
+    const char *old = getenv(var);
     char *saved = old ? strdup(old) : NULL;
-    setenv(bad[i].var, bad[i].value, 1);
+    setenv(var, value, 1);
     mpg_status st[2];
     double t0 = clock_s();
     mpg_status all = mpg_thread_run(2, TIMEOUT_S, plain_main, NULL, st);
     double secs = clock_s() - t0;
     const char *msg = mpg_last_error();
     char want[128];
-    snprintf(want, sizeof want, "%s=\"%s\": expected", bad[i].var, bad[i].value);
-    cr_expect_eq(all, MPG_ERR_ENV, "%s=\"%s\": %s: %s", bad[i].var, bad[i].value,
+    snprintf(want, sizeof want, "%s=\"%s\": expected", var, value);
+    cr_expect_eq(all, MPG_ERR_ENV, "%s=\"%s\": %s: %s", var, value,
                  mpg_status_name(all), msg);
-    cr_expect_eq(st[0], MPG_ERR_ENV, "%s: rank 0: %s", bad[i].var, mpg_status_name(st[0]));
-    cr_expect_eq(st[1], MPG_ERR_ENV, "%s: rank 1: %s", bad[i].var, mpg_status_name(st[1]));
-    cr_expect(strstr(msg, want) && strstr(msg, "rank "), "%s: message: %s", bad[i].var, msg);
-    cr_expect_lt(secs, tb_bound(1.0, 2), "%s: %.2f s", bad[i].var, secs);
+    cr_expect_eq(st[0], MPG_ERR_ENV, "%s: rank 0: %s", var, mpg_status_name(st[0]));
+    cr_expect_eq(st[1], MPG_ERR_ENV, "%s: rank 1: %s", var, mpg_status_name(st[1]));
+    cr_expect(strstr(msg, want) && strstr(msg, "rank "), "%s: message: %s", var, msg);
+    cr_expect_lt(secs, tb_bound(1.0, 2), "%s: %.2f s", var, secs);
     if (saved) {
-      setenv(bad[i].var, saved, 1);
+      setenv(var, saved, 1);
       free(saved);
     } else {
-      unsetenv(bad[i].var);
+      unsetenv(var);
     }
   }
 }
 
 /* Good values still pass: each variable at a documented value. */
 Test(agree, documented_values_pass) {
-  static const char *const good[][2] = {
-      {"MESHPG_LOG", "off"},           {"MESHPG_LOG", ""},
-      {"MESHPG_SHM", "0"},             {"MESHPG_THREAD_INBOX_MSGS", "16"},
-      {"MESHPG_MPI_PROGRESS", "off"},  {"MESHPG_MPI_WINDOW", "2"},
-      {"MESHPG_MPI_MAX_COUNT", "1"},   {"MESHPG_MPI_PIECE_BYTES", "65536"},
-      {"MESHPG_NCCL_PORT", "29501"},   {"MESHPG_NCCL_SPLIT_SHARE", "1"},
-  };
-  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
-    setenv(good[i][0], good[i][1], 1);
+  for (size_t i = 0; i < N_ENV_VALUES; i++) {
+    if (!env_values[i].good) continue;
+    const char *var = env_values[i].var, *value = env_values[i].value;
+    setenv(var, value, 1);
     mpg_status st = mpg_thread_run(2, TIMEOUT_S, plain_main, NULL, NULL);
-    cr_expect_eq(st, MPG_OK, "%s=\"%s\": %s", good[i][0], good[i][1], mpg_last_error());
-    unsetenv(good[i][0]);
+    cr_expect_eq(st, MPG_OK, "%s=\"%s\": %s", var, value, mpg_last_error());
+    unsetenv(var);
   }
 }
 
