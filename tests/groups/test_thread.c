@@ -256,29 +256,22 @@ static void prepare(const gctx *G, int rank, ccase *c) {
   switch (c->kind) {
     case K_AR:
     case K_ARS:
-      c->a = malloc(cnt * es + 1);
-      fill(c->dt, rank, cnt, c->salt, c->a);
+    case K_RS: {
+      /* The send buffer: cnt elements, n * cnt for a reduce-scatter, whose
+       * in-place result is this position's block of it. */
+      size_t in = c->kind == K_RS ? n * cnt : cnt;
+      c->a = malloc(in * es + 1);
+      fill(c->dt, rank, in, c->salt, c->a);
       c->send = c->a;
       if (c->inplace) {
-        c->recv = c->a;
+        c->recv = c->a + (c->kind == K_RS ? (size_t)G->pos * cnt * es : 0);
       } else {
         c->b = malloc(cnt * es + 1);
         memset(c->b, 0xa5, cnt * es);
         c->recv = c->b;
       }
       break;
-    case K_RS:
-      c->a = malloc(n * cnt * es + 1);
-      fill(c->dt, rank, n * cnt, c->salt, c->a);
-      c->send = c->a;
-      if (c->inplace) {
-        c->recv = c->a + (size_t)G->pos * cnt * es;
-      } else {
-        c->b = malloc(cnt * es + 1);
-        memset(c->b, 0xa5, cnt * es);
-        c->recv = c->b;
-      }
-      break;
+    }
     case K_AG:
       c->b = malloc(n * cnt * es + 1);
       memset(c->b, 0xa5, n * cnt * es);
