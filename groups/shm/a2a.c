@@ -93,7 +93,7 @@
 #include "core.h"
 #include "channel.h"
 
-#include "a2a_internal.h"
+#include "a2a_chan.h"
 
 /* One posted operation (a work's request; a2a.c's own). */
 struct mpg__req {

@@ -22,7 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "a2a_internal.h"
+#include "a2a_chan.h"
 
 #define BOX_MIN ((size_t)1 << 20) /* an outbox's first size (no memory until touched) */
 

@@ -38,7 +38,7 @@
 
 /* Internals, for the corrupt mode only: the channel's segment. */
 #include "core.h"
-#include "a2a_internal.h"
+#include "a2a_chan.h"
 
 static int g_rank, g_world;
 static int *g_pids;

@@ -216,16 +216,6 @@ def check_cycles(what, members, errors):
 # outside every entry fails, and so does an entry that no component meets
 # any more (the cycle is gone: remove the entry).
 ALLOWED_FILE_CYCLES = {
-    "groups": {
-        frozenset(["groups/agree.c", "groups/coll.c", "groups/ctx.c", "groups/group.c",
-                   "groups/issuer.c", "groups/order.c", "groups/setup.c", "groups/shm/a2a.c",
-                   "groups/shm/a2a_chan.c", "groups/shm/engine.c", "groups/shm/setup.c",
-                   "groups/staging.c", "groups/trace.c", "groups/trace_dump.c"]):
-            "issue 47's circle: ctx_internal.h (struct mpg_group, included by 15 files) "
-            "belongs to ctx.c, which calls group.c, order.c, setup.c and trace.c; the shm "
-            "engine and the all-to-all channel call up into coll.c; the transport table "
-            "(issue 47, 'The knot: transports') removes it",
-    },
 }
 
 

@@ -1,9 +1,12 @@
 /* The all-to-all channel's shared layout and bookkeeping, for its two
  * files: a2a.c (the protocol: posting, reading, completing) and
  * a2a_chan.c (making the channel, the outboxes, mapping the peers'
- * memory).  The protocol is described at the top of a2a.c. */
-#ifndef MPG_GROUPS_SHM_A2A_INTERNAL_H
-#define MPG_GROUPS_SHM_A2A_INTERNAL_H
+ * memory).  The protocol is described at the top of a2a.c.  a2a.c calls
+ * down into a2a_chan.c, whose functions this header declares, never the
+ * reverse: the header is a2a_chan.c's (tests/layout/check_layout.py, rule
+ * 2b: an a2a_internal.h would belong to a2a.c). */
+#ifndef MPG_GROUPS_SHM_A2A_CHAN_H
+#define MPG_GROUPS_SHM_A2A_CHAN_H
 
 #include <stdatomic.h>
 #include <stdint.h>
