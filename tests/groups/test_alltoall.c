@@ -59,6 +59,15 @@ static void run_order_checked(int check, const char *dims, int n, rr_fn fn, void
   run_ranks(dims, n, fn, arg);
 }
 
+/* Destroys the rank's context now, its status unchecked, and hands
+ * run_ranks none to destroy. */
+static void leave_ctx(rr_rank *rk) {
+  mpg_ctx *ctx = rk->ctx;
+  rk->ctx = NULL;
+  tl_ctx = NULL;
+  (void)mpg_ctx_destroy(ctx);
+}
+
 static uint64_t h4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
   return tv_mix64(tv_mix64(tv_mix64(tv_mix64(a) ^ b) ^ c) ^ d);
 }
@@ -324,9 +333,7 @@ static mpg_status abort_main(rr_rank *rk) {
     snprintf(a->msg[me], sizeof a->msg[me], "%s", mpg_last_error());
   }
   a->elapsed[me] = now_s() - t0;
-  tl_ctx = NULL;
-  (void)mpg_ctx_destroy(rk->ctx); /* its status unchecked */
-  rk->ctx = NULL;
+  leave_ctx(rk);
   return MPG_OK;
 }
 
@@ -518,9 +525,7 @@ static mpg_status absent_main(rr_rank *rk) {
   } else {
     sleep_s(TIMEOUT_S * 3); /* never calls it */
   }
-  tl_ctx = NULL;
-  (void)mpg_ctx_destroy(rk->ctx); /* its status unchecked */
-  rk->ctx = NULL;
+  leave_ctx(rk);
   return MPG_OK;
 }
 

@@ -37,6 +37,15 @@ static int failed_as(mpg_status st, mpg_status want, const char *text) {
   RCHECK(failed_as((expr), (want), (text)), "%s gave %s (\"%s\"), expected %s with \"%s\"", #expr, \
          mpg_status_name(got_), mpg_last_error(), mpg_status_name(want), text)
 
+/* Destroys the rank's context now, its status unchecked, and hands
+ * run_ranks none to destroy. */
+static void leave_ctx(rr_rank *rk) {
+  mpg_ctx *ctx = rk->ctx;
+  rk->ctx = NULL;
+  tl_ctx = NULL;
+  (void)mpg_ctx_destroy(ctx);
+}
+
 /* run_ranks with the issue-order checker on (check 1) or off (0). */
 static void run_order_checked(int check, const char *dims, int n, rr_fn fn, void *arg) {
   setenv("MESHPG_CHECK_ORDER", check ? "1" : "0", 1);
@@ -347,9 +356,7 @@ static mpg_status absent_main(rr_rank *rk) {
   } else {
     sleep_s(TIMEOUT_S * 3); /* never posts anything */
   }
-  tl_ctx = NULL;
-  (void)mpg_ctx_destroy(rk->ctx); /* its status unchecked */
-  rk->ctx = NULL;
+  leave_ctx(rk);
   return MPG_OK;
 }
 
@@ -395,9 +402,7 @@ static mpg_status midway_main(rr_rank *rk) {
   } else {
     sleep_s(TIMEOUT_S * 3); /* never receives */
   }
-  tl_ctx = NULL;
-  (void)mpg_ctx_destroy(rk->ctx); /* its status unchecked */
-  rk->ctx = NULL;
+  leave_ctx(rk);
   return MPG_OK;
 }
 

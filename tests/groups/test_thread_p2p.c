@@ -210,6 +210,17 @@ typedef struct timeout_arg {
   char msg[64][256];
 } timeout_arg;
 
+/* The arguments of a timeout run (free them): the rank that skips (-1:
+ * none skips), async or not, the group. */
+static timeout_arg *new_timeout_arg(int skipper, int async, const char *group) {
+  timeout_arg *ta = calloc(1, sizeof *ta);
+  cr_assert_not_null(ta);
+  ta->skipper = skipper;
+  ta->async = async;
+  ta->group = group;
+  return ta;
+}
+
 /* Destroys the rank's context now, its status unchecked, and hands
  * run_ranks none to destroy. */
 static void leave_ctx(rr_rank *rk) {
@@ -254,10 +265,7 @@ static void run_timeout(const char *dims, int world, const char *group, int skip
    * wait in their world all-reduce (same communicator). */
   setenv("MESHPG_CHECK_ORDER", "0", 1);
   mpg_mesh *mesh = make_mesh(dims, NULL);
-  timeout_arg *ta = calloc(1, sizeof *ta);
-  ta->skipper = skipper;
-  ta->async = async;
-  ta->group = group;
+  timeout_arg *ta = new_timeout_arg(skipper, async, group);
   double t0 = now_s();
   run_ranks_ok(dims, world, timeout_main, ta, &(rr_opts){.timeout_s = TIMEOUT_S});
   double total = now_s() - t0;
@@ -361,9 +369,7 @@ Test(thread_timeout, set_timeout_shortens_later_operations) {
 /* The message of a rank that gave up on its own names the missing rank. */
 Test(thread_timeout, message_names_the_missing_rank) {
   setenv("MESHPG_CHECK_ORDER", "0", 1); /* see run_timeout */
-  timeout_arg *ta = calloc(1, sizeof *ta);
-  ta->skipper = 1;
-  ta->group = "world";
+  timeout_arg *ta = new_timeout_arg(1, 0, "world");
   run_ranks_ok("dp=2", 2, timeout_main, ta, &(rr_opts){.timeout_s = TIMEOUT_S});
   cr_assert_eq(ta->got[0], MPG_ERR_TIMEOUT);
   cr_assert(strstr(ta->msg[0], "rank 1") != NULL && strstr(ta->msg[0], "all_reduce") != NULL,
@@ -385,8 +391,7 @@ static mpg_status absent_main(rr_rank *rk) {
 }
 
 Test(thread_timeout, absent_rank_at_context_creation) {
-  timeout_arg *ta = calloc(1, sizeof *ta);
-  ta->skipper = 5;
+  timeout_arg *ta = new_timeout_arg(5, 0, NULL);
   run_ranks_ok("dp=2,tp=4", 8, absent_main, ta, &(rr_opts){.timeout_s = TIMEOUT_S, .no_ctx = 1});
   for (int r = 0; r < 8; r++) {
     if (r == 5) continue;
@@ -424,7 +429,7 @@ static mpg_status abort_main(rr_rank *rk) {
 }
 
 Test(thread_timeout, abort_wakes_waiters) {
-  timeout_arg *ta = calloc(1, sizeof *ta);
+  timeout_arg *ta = new_timeout_arg(-1, 0, NULL);
   run_ranks_ok("dp=4", 4, abort_main, ta, &(rr_opts){.timeout_s = 10.0});
   cr_assert_eq(ta->later[0], MPG_ERR_ABORTED, "after abort: %s", mpg_status_name(ta->later[0]));
   for (int r = 1; r < 4; r++) {
