@@ -36,6 +36,7 @@
 
 #include "meshpg.h"
 #include "../support/mesh_util.h"
+#include "../support/run_ranks.h"
 
 /* ------------------------------------------------------------------ */
 /* Checks                                                              */
@@ -53,45 +54,19 @@
                 #call, m_, (sub));                                                \
   } while (0)
 
-/* Inside a simulated rank (not the test's thread: no Criterion asserts):
- * the first mismatch is kept in fails[rank] and the rank returns. */
-static char fails[8][1024];
-
+/* Inside a rank of run_ranks (tests/support/run_ranks.h; not the test's
+ * thread: no Criterion asserts): the first mismatch is recorded
+ * (rank_fail, rank_check.h) and the rank returns; run_ranks asserts. */
 #define R_EXPECT(call, want, sub)                                                 \
   do {                                                                            \
     mpg_status st_ = (call);                                                      \
     const char *m_ = mpg_last_error();                                            \
-    if (st_ != (want) || ((want) != MPG_OK && !(m_[0] && strstr(m_, (sub))))) {  \
-      snprintf(fails[rank], sizeof fails[rank],                                   \
-               "line %d: %s: expected %s with \"%s\", got %s (%s)", __LINE__,     \
-               #call, mpg_status_name(want), (sub), mpg_status_name(st_), m_);    \
-      return MPG_ERR_STATE;                                                       \
-    }                                                                             \
+    if (st_ != (want) || ((want) != MPG_OK && !(m_[0] && strstr(m_, (sub)))))     \
+      return rank_fail(__FILE__, __LINE__, "%s: expected %s with \"%s\", got %s (%s)", \
+                       #call, mpg_status_name(want), (sub), mpg_status_name(st_), m_); \
   } while (0)
 
-#define R_TRUE(cond)                                                              \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
-      snprintf(fails[rank], sizeof fails[rank], "line %d: %s is false",           \
-               __LINE__, #cond);                                                  \
-      return MPG_ERR_STATE;                                                       \
-    }                                                                             \
-  } while (0)
-
-
-/* Run `fn` (its arg: the mesh) on the ranks of mesh `dims` as threads and
- * assert that every one passed. */
-static void run_ranks(const char *dims, mpg_rank_main fn) {
-  mpg_mesh *m = make_dims_mesh(dims);
-  int n = mpg_mesh_world_size(m);
-  memset(fails, 0, sizeof fails);
-  mpg_status st[8];
-  mpg_status rc = mpg_thread_run(n, 20.0, fn, m, st);
-  for (int r = 0; r < n; r++)
-    cr_expect_eq(st[r], MPG_OK, "rank %d: %s %s", r, mpg_status_name(st[r]), fails[r]);
-  cr_assert_eq(rc, MPG_OK, "%s", mpg_last_error());
-  mpg_mesh_destroy(m);
-}
+#define R_TRUE(cond) RCHECK(cond, "%s is false", #cond)
 
 static char *slurp(const char *path) {
   FILE *f = fopen(path, "rb");
@@ -549,11 +524,17 @@ Test(api, ctx_create_misuse) {
 /* A context and its groups: 2 thread ranks, mesh dp=2                 */
 /* ------------------------------------------------------------------ */
 
-static mpg_status ctx_rank(const mpg_init_opts *opts, void *arg) {
-  mpg_mesh *m = arg;
-  int rank = opts->rank;
-  mpg_ctx *c = NULL;
-  R_EXPECT(mpg_ctx_create(m, opts, &c), MPG_OK, "");
+/* mpg_p2p_batch(g) of the two ops pb with ops[i] replaced by op. */
+static mpg_status batch_with(mpg_group *g, const mpg_p2p_op *pb, int i, mpg_p2p_op op) {
+  mpg_p2p_op ops[2] = {pb[0], pb[1]};
+  ops[i] = op;
+  return mpg_p2p_batch(g, ops, 2, NULL, NULL);
+}
+
+/* On run_ranks' context, which it destroys after (MPG_OK asserted). */
+static mpg_status ctx_rank(rr_rank *rk) {
+  int rank = rk->rank;
+  mpg_ctx *c = rk->ctx;
   mpg_binding bbad;
   memset(&bbad, 0, sizeof bbad);
   R_EXPECT(mpg_ctx_get_binding(c, NULL), MPG_ERR_INVALID, "NULL");
@@ -648,25 +629,22 @@ static mpg_status ctx_rank(const mpg_init_opts *opts, void *arg) {
   R_EXPECT(mpg_p2p_batch(g, pb, -1, NULL, &pw), MPG_ERR_INVALID, "n is -1");
   R_TRUE(pw == NULL);
   R_EXPECT(mpg_p2p_batch(g, NULL, 2, NULL, NULL), MPG_ERR_INVALID, "ops is NULL");
-  pb[1].peer = 2;
-  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_INVALID, "ops[1] (recv): peer 2");
-  pb[1].peer = -1;
-  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_INVALID, "ops[1] (recv): peer -1");
-  pb[1].peer = rank;
-  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_INVALID, "not another member");
-  pb[1].peer = peer;
-  pb[1].kind = (mpg_p2p_kind)2;
-  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_INVALID, "ops[1].kind is 2");
-  pb[1].kind = MPG_P2P_RECV;
-  pb[1].buf = NULL;
-  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_INVALID, "ops[1] (recv): buf is NULL");
-  pb[1].buf = f;
-  pb[1].dtype = (mpg_dtype)9;
-  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_INVALID, "unknown dtype 9");
-  pb[1].dtype = MPG_F32;
-  pb[0].count = SIZE_MAX / 2;
-  R_EXPECT(mpg_p2p_batch(g, pb, 2, NULL, NULL), MPG_ERR_RANGE, "ops[0] (send): count");
-  pb[0].count = 4;
+  /* pb with one op replaced, one case a line. */
+  const mpg_p2p_kind RECV = MPG_P2P_RECV;
+  R_EXPECT(batch_with(g, pb, 1, (mpg_p2p_op){RECV, 2, f, 4, MPG_F32}), MPG_ERR_INVALID,
+           "ops[1] (recv): peer 2");
+  R_EXPECT(batch_with(g, pb, 1, (mpg_p2p_op){RECV, -1, f, 4, MPG_F32}), MPG_ERR_INVALID,
+           "ops[1] (recv): peer -1");
+  R_EXPECT(batch_with(g, pb, 1, (mpg_p2p_op){RECV, rank, f, 4, MPG_F32}), MPG_ERR_INVALID,
+           "not another member");
+  R_EXPECT(batch_with(g, pb, 1, (mpg_p2p_op){(mpg_p2p_kind)2, peer, f, 4, MPG_F32}),
+           MPG_ERR_INVALID, "ops[1].kind is 2");
+  R_EXPECT(batch_with(g, pb, 1, (mpg_p2p_op){RECV, peer, NULL, 4, MPG_F32}), MPG_ERR_INVALID,
+           "ops[1] (recv): buf is NULL");
+  R_EXPECT(batch_with(g, pb, 1, (mpg_p2p_op){RECV, peer, f, 4, (mpg_dtype)9}), MPG_ERR_INVALID,
+           "unknown dtype 9");
+  R_EXPECT(batch_with(g, pb, 0, (mpg_p2p_op){MPG_P2P_SEND, peer, f, SIZE_MAX / 2, MPG_F32}),
+           MPG_ERR_RANGE, "ops[0] (send): count");
   R_EXPECT(mpg_p2p_batch(g, pb, 0, NULL, &pw), MPG_OK, ""); /* n == 0: a no-op */
   R_TRUE(pw == NULL);
   /* Counts whose byte size overflows size_t fail before touching the
@@ -714,22 +692,19 @@ static mpg_status ctx_rank(const mpg_init_opts *opts, void *arg) {
            "aborted");
   R_TRUE(mpg_ctx_status(c) == MPG_ERR_ABORTED);
   R_EXPECT(mpg_ctx_check_order(c), MPG_ERR_ABORTED, "aborted");
-  R_EXPECT(mpg_ctx_destroy(c), MPG_OK, "");
   return MPG_OK;
 }
 
-Test(api, ctx_groups_and_collectives) { run_ranks("dp=2", ctx_rank); }
+Test(api, ctx_groups_and_collectives) { run_ranks("dp=2", 0, ctx_rank, NULL); }
 
 /* ------------------------------------------------------------------ */
 /* Sync: arguments, wrong order, a foreign tied group                  */
 /* ------------------------------------------------------------------ */
 
-static mpg_status sync_rank(const mpg_init_opts *opts, void *arg) {
-  mpg_mesh *m = arg;
-  int rank = opts->rank;
-  mpg_ctx *c = NULL, *other = NULL;
-  R_EXPECT(mpg_ctx_create(m, opts, &c), MPG_OK, "");
-  R_EXPECT(mpg_ctx_create(m, opts, &other), MPG_OK, "");
+/* On run_ranks' context and a second one of its own. */
+static mpg_status sync_rank(rr_rank *r) {
+  mpg_ctx *c = r->ctx, *other = NULL;
+  R_EXPECT(mpg_ctx_create(r->mesh, r->opts, &other), MPG_OK, "");
   mpg_sync *s = (mpg_sync *)1;
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT, sobad;
   memset(&sobad, 0, sizeof sobad);
@@ -883,22 +858,18 @@ static mpg_status sync_rank(const mpg_init_opts *opts, void *arg) {
   R_EXPECT(mpg_ctx_destroy(c), MPG_ERR_STATE, "mpg_sync_destroy first");
   R_EXPECT(mpg_sync_destroy(s), MPG_OK, "");
   R_EXPECT(mpg_ctx_destroy(other), MPG_OK, "");
-  R_EXPECT(mpg_ctx_destroy(c), MPG_OK, "");
-  return MPG_OK;
+  return MPG_OK; /* run_ranks destroys c, asserting MPG_OK */
 }
 
-Test(api, sync_wrong_order_and_foreign_handles) { run_ranks("dp=2", sync_rank); }
+Test(api, sync_wrong_order_and_foreign_handles) { run_ranks("dp=2", 0, sync_rank, NULL); }
 
 
 /* ------------------------------------------------------------------ */
 /* Checkpoints: arguments, layouts, state before commit, a missing dir */
 /* ------------------------------------------------------------------ */
 
-static mpg_status ckpt_rank(const mpg_init_opts *opts, void *arg) {
-  mpg_mesh *m = arg;
-  int rank = opts->rank;
-  mpg_ctx *c = NULL;
-  R_EXPECT(mpg_ctx_create(m, opts, &c), MPG_OK, "");
+static mpg_status ckpt_rank(rr_rank *r) {
+  mpg_ctx *c = r->ctx;
   mpg_ckpt *ck = (mpg_ckpt *)1;
   mpg_ckpt_opts co = MPG_CKPT_OPTS_INIT, cobad;
   memset(&cobad, 0, sizeof cobad);
@@ -951,8 +922,7 @@ static mpg_status ckpt_rank(const mpg_init_opts *opts, void *arg) {
   R_EXPECT(mpg_ckpt_destroy(NULL), MPG_OK, "");
   R_EXPECT(mpg_ckpt_destroy(ck), MPG_OK, "");
   R_EXPECT(mpg_sync_destroy(s), MPG_OK, "");
-  R_EXPECT(mpg_ctx_destroy(c), MPG_OK, "");
   return MPG_OK;
 }
 
-Test(api, ckpt_arguments_and_state) { run_ranks("dp=2", ckpt_rank); }
+Test(api, ckpt_arguments_and_state) { run_ranks("dp=2", 0, ckpt_rank, NULL); }
