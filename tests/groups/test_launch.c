@@ -231,13 +231,12 @@ Test(launch, uninitialised_opts_are_rejected) {
  * mpg_ctx_create's options hold: one assignment each honours them and
  * leaves the launcher's fields. */
 Test(launch, init_opts_hold_the_specs_backend_and_topology) {
+  static const char toml[] =
+      "[mesh]\ndims = [ { name = \"dp\", size = 2 } ]\n"
+      "[topology]\nbind = \"numa\"\nstrict = true\n"
+      "[backend]\nname = \"mpi\"\ntimeout_s = 2.5\nlazy_groups = true\n";
   mpg_spec spec = MPG_SPEC_INIT;
-  cr_assert_eq(mpg_spec_load_string(
-                   "[mesh]\ndims = [ { name = \"dp\", size = 2 } ]\n"
-                   "[topology]\nbind = \"numa\"\nstrict = true\n"
-                   "[backend]\nname = \"mpi\"\ntimeout_s = 2.5\nlazy_groups = true\n",
-                   "init.toml", &spec),
-               MPG_OK, "%s", mpg_last_error());
+  cr_assert_eq(mpg_spec_load_string(toml, "init.toml", &spec), MPG_OK, "%s", mpg_last_error());
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
   o.rank = 1;
   o.world_size = 2;
