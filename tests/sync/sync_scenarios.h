@@ -25,6 +25,7 @@
 
 #include "meshpg.h"
 #include "../support/mesh_util.h"
+#include "../support/values.h"
 
 #if defined(__GNUC__)
 #define SC_UNUSED __attribute__((unused))
@@ -80,19 +81,7 @@ typedef struct scenario {
 /* Halves and element access                                           */
 /* ------------------------------------------------------------------ */
 
-static SC_UNUSED float sc_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static SC_UNUSED uint16_t sc_f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
-  return (uint16_t)(u >> 16);
-}
+/* bf16: tv_bf16_to_f32 and tv_f32_to_bf16 (tests/support/values.h). */
 
 static SC_UNUSED float sc_f16_to_f32(uint16_t h) {
   int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
@@ -130,7 +119,7 @@ static SC_UNUSED double sc_get(const void *v, mpg_dtype dt, size_t i) {
     case MPG_F32: return ((const float *)v)[i];
     case MPG_F64: return ((const double *)v)[i];
     case MPG_F16: return sc_f16_to_f32(((const uint16_t *)v)[i]);
-    case MPG_BF16: return sc_bf16_to_f32(((const uint16_t *)v)[i]);
+    case MPG_BF16: return tv_bf16_to_f32(((const uint16_t *)v)[i]);
     case MPG_I32: return ((const int32_t *)v)[i];
     case MPG_I64: return (double)((const int64_t *)v)[i];
   }
@@ -142,7 +131,7 @@ static SC_UNUSED void sc_set(void *v, mpg_dtype dt, size_t i, double x) {
     case MPG_F32: ((float *)v)[i] = (float)x; break;
     case MPG_F64: ((double *)v)[i] = x; break;
     case MPG_F16: ((uint16_t *)v)[i] = sc_f32_to_f16((float)x); break;
-    case MPG_BF16: ((uint16_t *)v)[i] = sc_f32_to_bf16((float)x); break;
+    case MPG_BF16: ((uint16_t *)v)[i] = tv_f32_to_bf16((float)x); break;
     case MPG_I32: ((int32_t *)v)[i] = (int32_t)x; break;
     case MPG_I64: ((int64_t *)v)[i] = (int64_t)x; break;
   }
@@ -284,22 +273,43 @@ static SC_UNUSED mpg_status sc_failf(sc_out *o, const char *fmt, ...) {
   return MPG_ERR_STATE;
 }
 
-#define SC_TRY(call)                                                         \
-  do {                                                                       \
-    mpg_status st_ = (call);                                                 \
-    if (st_ != MPG_OK) {                                                     \
-      rc = sc_failf(o, "rank %d: %s:%d: %s -> %s: %s", rank, __FILE__,       \
-                    __LINE__, #call, mpg_status_name(st_), mpg_last_error()); \
-      goto done;                                                             \
-    }                                                                        \
+/* A failure at file:line of rank's run: "rank R: FILE:LINE: " and the
+ * message into o->msg; MPG_ERR_STATE. */
+__attribute__((format(printf, 5, 6))) static SC_UNUSED mpg_status
+sc_fail_at(sc_out *o, int rank, const char *file, int line, const char *fmt, ...) {
+  char m[700];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(m, sizeof m, fmt, ap);
+  va_end(ap);
+  return sc_failf(o, "rank %d: %s:%d: %s", rank, file, line, m);
+}
+
+/* In a rank's run (rc, o, rank and a label done in scope): unless cond
+ * holds, record the failure and go to done. */
+#define SC_CHECK(cond, ...)                                           \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      rc = sc_fail_at(o, rank, __FILE__, __LINE__, __VA_ARGS__);      \
+      goto done;                                                      \
+    }                                                                 \
   } while (0)
 
-#define SC_CHECK(cond, ...)                                                  \
+/* st, the status of expr at file:line: MPG_OK, or a failure naming expr,
+ * st and mpg_last_error(). */
+static SC_UNUSED mpg_status sc_try(sc_out *o, int rank, const char *file, int line,
+                                   mpg_status st, const char *expr) {
+  if (st == MPG_OK) return MPG_OK;
+  return sc_fail_at(o, rank, file, line, "%s -> %s: %s", expr, mpg_status_name(st),
+                    mpg_last_error());
+}
+
+/* SC_CHECK that call gives MPG_OK. */
+#define SC_TRY(call)                                                         \
   do {                                                                       \
-    if (!(cond)) {                                                           \
-      char m_[700];                                                          \
-      sc_fmt(m_, sizeof m_, __VA_ARGS__);                                    \
-      rc = sc_failf(o, "rank %d: %s:%d: %s", rank, __FILE__, __LINE__, m_);  \
+    mpg_status e_ = sc_try(o, rank, __FILE__, __LINE__, (call), #call);      \
+    if (e_) {                                                                \
+      rc = e_;                                                               \
       goto done;                                                             \
     }                                                                        \
   } while (0)

@@ -13,6 +13,7 @@
 #include "../support/time_bound.h"
 #include "../support/clock.h"
 #include "../support/rank_check.h"
+#include "../support/run_ranks.h"
 #include "sync_scenarios.h"
 
 /* ------------------------------------------------------------------ */
@@ -163,8 +164,9 @@ Test(sync_policy, reduce_dtype_native) { run_scenario_with("dtypes", 8, set_nati
 /* ------------------------------------------------------------------ */
 
 typedef struct hand hand;
-/* A rank body: its opts (opts->rank its rank), its o, and x's mesh and context made (x->sync is the
- * body's, destroyed after it). */
+/* A rank body of run_hand: its opts (opts->rank its rank), its o, and x's
+ * context (run_ranks' over h's mesh; x->sync is the body's, destroyed
+ * after it). */
 typedef mpg_status (*hand_body)(hand *h, const mpg_init_opts *opts, sc_out *o, sc_objs *x);
 
 struct hand {
@@ -195,35 +197,15 @@ static int has_text(const char *msg, const char *needle) {
              mpg_last_error(), (needle) ? (const char *)(needle) : "");                  \
   } while (0)
 
-/* The rank's mesh and context (x->mesh, x->ctx) from h's mesh. */
-static mpg_status hand_ctx(hand *h, const mpg_init_opts *opts, sc_objs *x) {
-  mpg_status st = mesh_build(h->mesh, h->flatten, 0, &x->mesh);
-  if (!st) st = mpg_ctx_create(x->mesh, opts, &x->ctx);
-  return st;
-}
-
-/* The end of a rank body: destroys x's sync, context and mesh; returns rc. */
-static mpg_status hand_close(sc_objs *x, mpg_status rc) {
-  mpg_sync_destroy(x->sync);
-  mpg_ctx_destroy(x->ctx);
-  mpg_mesh_destroy(x->mesh);
+/* A rank of run_ranks (tests/support/run_ranks.h) running h's body;
+ * destroys the sync the body left, and keeps a failure's message. */
+static mpg_status hand_rank(rr_rank *rr) {
+  hand *h = rr->arg;
+  sc_out *o = &h->out[rr->rank];
+  sc_objs x = {.ctx = rr->ctx};
+  mpg_status rc = h->body(h, rr->opts, o, &x);
+  mpg_sync_destroy(x.sync);
   return rc;
-}
-
-/* A rank of run_hand with a body: its context, the body, then
- * hand_close. */
-static mpg_status hand_rank(const mpg_init_opts *opts, void *arg) {
-  hand *h = arg;
-  int rank = opts->rank;
-  sc_out *o = &h->out[rank];
-  mpg_status rc = MPG_OK;
-  sc_objs x = {0};
-  mpg_init_opts lo = *opts;
-  if (h->lazy) lo.backend.lazy_groups = 1;
-  SC_TRY(hand_ctx(h, &lo, &x));
-  rc = h->body(h, opts, o, &x);
-done:
-  return hand_close(&x, rc);
 }
 
 /* x->sync, committed: buckets of bucket_mb (the first of first_mb), n
@@ -256,7 +238,9 @@ static hand *new_hand(const char *mesh, const char *flatten, int world) {
 static void run_hand(hand *h, hand_body body, double timeout_s) {
   mpg_status st[SC_MAX_RANKS];
   h->body = body;
-  mpg_status rc = mpg_thread_run(h->world, timeout_s, hand_rank, h, st);
+  rr_opts ro = {.flatten = h->flatten, .timeout_s = timeout_s, .lazy_groups = h->lazy,
+                .statuses = st};
+  mpg_status rc = run_ranks_ex(h->mesh, h->world, hand_rank, h, &ro);
   char all[8192];
   rank_failures(all, sizeof all, h->world, st, h->out[0].msg, sizeof h->out[0]);
   cr_assert_eq(rc, MPG_OK, "%s%s", mpg_last_error(), all);
@@ -665,13 +649,13 @@ static mpg_status single_body(hand *h, const mpg_init_opts *opts, sc_out *o, sc_
   SC_TRY(mpg_sync_grad(x->sync, 1, (void **)&hb));
   for (int i = 0; i < 100; i++) {
     w[i] = (float)i;
-    hb[i] = sc_f32_to_bf16((float)(i % 16));
+    hb[i] = tv_f32_to_bf16((float)(i % 16));
   }
   SC_TRY(mpg_sync_all(x->sync, 0, NULL));
   for (int i = 0; i < 100; i++) {
     SC_CHECK(w[i] == (float)i * 0.25f, "w[%d] = %g", i, w[i]);
-    SC_CHECK(sc_bf16_to_f32(hb[i]) == (float)(i % 16) * 0.25f, "h[%d] = %g", i,
-            sc_bf16_to_f32(hb[i]));
+    SC_CHECK(tv_bf16_to_f32(hb[i]) == (float)(i % 16) * 0.25f, "h[%d] = %g", i,
+            tv_bf16_to_f32(hb[i]));
   }
   /* A sync without parameters is valid and does nothing. */
   {
@@ -700,18 +684,16 @@ Test(sync_step, single_rank_world) {
  * collectives fail commit alike, naming the option, instead of hanging on
  * mismatched buckets. */
 typedef struct {
-  mpg_mesh *mesh;
   int field; /* 0: bucket_mb, 1: reduce_dtype, 2: mode, 3: register_buffers */
   mpg_status st[4];
   char msg[4][512];
 } opts_job;
 
-static mpg_status differing_opts_rank(const mpg_init_opts *opts, void *arg) {
-  opts_job *j = arg;
-  mpg_ctx *ctx = NULL;
-  mpg_status st = mpg_ctx_create(j->mesh, opts, &ctx);
-  if (st) return st;
-  int r = mpg_ctx_rank(ctx);
+/* A rank of run_ranks (tests/support/run_ranks.h) over dp=4. */
+static mpg_status differing_opts_rank(rr_rank *rr) {
+  opts_job *j = rr->arg;
+  int r = mpg_ctx_rank(rr->ctx);
+  mpg_status st;
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   if (r == 3) {
     if (j->field == 0) so.sync.bucket_mb = 4;
@@ -721,13 +703,12 @@ static mpg_status differing_opts_rank(const mpg_init_opts *opts, void *arg) {
   }
   mpg_sync *s = NULL;
   int id;
-  st = mpg_sync_create(ctx, &so, &s);
+  st = mpg_sync_create(rr->ctx, &so, &s);
   if (!st) st = mpg_sync_add_param(s, "w", 1000, MPG_BF16, NULL, &id);
   if (!st) st = mpg_sync_commit(s);
   j->st[r] = st;
   snprintf(j->msg[r], sizeof j->msg[r], "%s", st ? mpg_last_error() : "");
   mpg_sync_destroy(s);
-  mpg_ctx_destroy(ctx);
   return MPG_OK;
 }
 
@@ -737,20 +718,12 @@ Test(sync_errors, ranks_with_different_options_fail_commit_alike) {
                          "opts.sync.mode is 0 on world rank 0 but 1 on world rank 3",
                          "opts.register_buffers is 0 on world rank 0 but 1 on world rank 3"};
   for (int f = 0; f < 4; f++) {
-    mpg_spec spec = MPG_SPEC_INIT;
-    cr_assert_eq(mpg_spec_init(&spec), MPG_OK);
-    cr_assert_eq(mpg_spec_set_mesh(&spec, "dp=4"), MPG_OK);
-    opts_job j;
-    memset(&j, 0, sizeof j);
-    j.field = f;
-    cr_assert_eq(mpg_mesh_create(&spec, 4, &j.mesh), MPG_OK, "%s", mpg_last_error());
-    cr_assert_eq(mpg_thread_run(4, 20, differing_opts_rank, &j, NULL), MPG_OK, "%s",
-                 mpg_last_error());
+    opts_job j = {.field = f};
+    run_ranks("dp=4", 4, differing_opts_rank, &j);
     for (int r = 0; r < 4; r++) {
       cr_assert_eq(j.st[r], MPG_ERR_STATE, "field %d rank %d: %s: %s", f, r,
                    mpg_status_name(j.st[r]), j.msg[r]);
       cr_assert(strstr(j.msg[r], names[f]), "rank %d: %s", r, j.msg[r]);
     }
-    mpg_mesh_destroy(j.mesh);
   }
 }

@@ -19,12 +19,11 @@ static void require_gpu(void) {
                  e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
 }
 
-#define EXPECT_OK(expr)                                                     \
-  do {                                                                      \
-    mpg_status st_ = (expr);                                                \
-    cr_assert_eq(st_, MPG_OK, "%s: %s: %s", #expr, mpg_status_name(st_),    \
-                 mpg_last_error());                                         \
-  } while (0)
+/* Asserts that a call (expr: its text) gave MPG_OK. */
+static void expect_ok(mpg_status st, const char *expr) {
+  cr_assert_eq(st, MPG_OK, "%s: %s: %s", expr, mpg_status_name(st), mpg_last_error());
+}
+#define EXPECT_OK(expr) expect_ok((expr), #expr)
 
 static void one_rank(mpg_mesh **mesh, mpg_ctx **ctx) {
   mpg_spec spec = MPG_SPEC_INIT;
@@ -39,6 +38,14 @@ static void one_rank(mpg_mesh **mesh, mpg_ctx **ctx) {
   opts.device = 0;
   opts.backend.timeout_s = 60;
   EXPECT_OK(mpg_ctx_create(*mesh, &opts, ctx));
+}
+
+/* Destroys one_rank's context and mesh, and sync (when not NULL) before
+ * them; asserted. */
+static void close_one_rank(mpg_sync *sync, mpg_ctx *ctx, mpg_mesh *mesh) {
+  if (sync) EXPECT_OK(mpg_sync_destroy(sync));
+  EXPECT_OK(mpg_ctx_destroy(ctx));
+  mpg_mesh_destroy(mesh);
 }
 
 static void run_sync(int registered, double scale) {
@@ -103,8 +110,7 @@ static void run_sync(int registered, double scale) {
   free(host);
   EXPECT_OK(mpg_sync_destroy(sync));
   cudaStreamDestroy(caller);
-  EXPECT_OK(mpg_ctx_destroy(ctx));
-  mpg_mesh_destroy(mesh);
+  close_one_rank(NULL, ctx, mesh);
 }
 
 Test(sync_nccl, device_views_plain_average) { run_sync(0, 1.0); }
@@ -191,8 +197,7 @@ Test(sync_nccl, reduce_dtype_f32_of_half_gradients) {
   free(host);
   free(back);
   cudaStreamDestroy(caller);
-  EXPECT_OK(mpg_ctx_destroy(ctx));
-  mpg_mesh_destroy(mesh);
+  close_one_rank(NULL, ctx, mesh);
 }
 
 /* A host function that holds the caller's stream for a while, as a long
@@ -249,7 +254,5 @@ Test(sync_nccl, zero_grads_waits_for_the_callers_stream) {
   free(host);
   cudaFree(seen);
   cudaStreamDestroy(caller);
-  EXPECT_OK(mpg_sync_destroy(sync));
-  EXPECT_OK(mpg_ctx_destroy(ctx));
-  mpg_mesh_destroy(mesh);
+  close_one_rank(sync, ctx, mesh);
 }

@@ -155,6 +155,11 @@ static void run_rows(const pc_row *rows, int n, int check_kinds, pc_tally *t) {
 }
 
 #define NROWS(a) ((int)(sizeof(a) / sizeof(a)[0]))
+/* A row's param: count elements of dtype dt over the sync's reduce group
+ * (P), over reduce dims rd (PD), tied over the first and last stage (PT). */
+#define P(count, dt) {count, dt, NULL, 0}
+#define PD(count, dt, rd) {count, dt, rd, 0}
+#define PT(count, dt) {count, dt, NULL, 1}
 #define HSDP_DIMS .shard_dims = "dp_shard,cp", .replicate_dims = "dp_replicate"
 
 /* Fixed cases: HSDP with the shard group inside a node, a tied embedding,
@@ -163,27 +168,27 @@ static const pc_row fixed_rows[] = {
     /* 16 ranks in one group, every dtype, many buckets, avg x 0.37 */
     {.name = "dp16", .mesh = "dp=16", .flatten = "dp_cp=dp", .world = 16, .grad_scale = 0.37,
      .seed = 7,
-     .params = {{4099, MPG_F32}, {3001, MPG_BF16}, {2047, MPG_F16}, {1023, MPG_F64},
-                {3, MPG_F32}, {777, MPG_BF16}}},
+     .params = {P(4099, MPG_F32), P(3001, MPG_BF16), P(2047, MPG_F16), P(1023, MPG_F64),
+                P(3, MPG_F32), P(777, MPG_BF16)}},
     /* 12 ranks (not a power of two), sum, native halves */
     {.name = "dp3cp4", .mesh = "dp=3,cp=4", .flatten = "dp_cp=dp,cp", .world = 12, .sum = 1,
      .native = 1, .seed = 8,
-     .params = {{1001, MPG_F16}, {999, MPG_BF16, "cp"}, {555, MPG_F32, "dp"}, {9, MPG_F64}}},
+     .params = {P(1001, MPG_F16), PD(999, MPG_BF16, "cp"), PD(555, MPG_F32, "dp"), P(9, MPG_F64)}},
     /* pipeline with a tied embedding and SP norms */
     {.name = "tied", .mesh = "pp=2,dp=2,cp=2,tp=2", .flatten = "dp_cp=dp,cp", .world = 16,
      .grad_scale = 0.37, .seed = 9,
-     .params = {{1536, MPG_BF16, NULL, 1}, {700, MPG_F32}, {33, MPG_F32, "dp_cp,tp"},
-                {1200, MPG_BF16}}},
+     .params = {PT(1536, MPG_BF16), P(700, MPG_F32), PD(33, MPG_F32, "dp_cp,tp"),
+                P(1200, MPG_BF16)}},
     /* HSDP: shard over dp_shard,cp, all-reduce over dp_replicate; avg x 0.37 */
     {.name = "hsdp", .mesh = "dp_replicate=2,dp_shard=2,cp=2,tp=2",
      .flatten = "dp_cp=dp_replicate,dp_shard,cp", .world = 16, .shard = 1, HSDP_DIMS,
      .grad_scale = 0.37, .seed = 10,
-     .params = {{2500, MPG_F32}, {1701, MPG_BF16}, {301, MPG_F16}, {17, MPG_F32, "dp_cp,tp"},
-                {129, MPG_F64}}},
+     .params = {P(2500, MPG_F32), P(1701, MPG_BF16), P(301, MPG_F16), PD(17, MPG_F32, "dp_cp,tp"),
+                P(129, MPG_F64)}},
     /* shard mode with a tied param (kept replicated) and one param per bucket */
     {.name = "shard_tied", .mesh = "dp=2,pp=2,cp=2", .flatten = "dp_cp=dp,cp", .world = 8,
      .shard = 1, .bucket_mb = 1e-6, .first_bucket_mb = 1e-6, .seed = 11,
-     .params = {{640, MPG_BF16, NULL, 1}, {129, MPG_F32}, {1, MPG_F16}, {1000, MPG_F64}}},
+     .params = {PT(640, MPG_BF16), P(129, MPG_F32), P(1, MPG_F16), P(1000, MPG_F64)}},
 };
 
 Test(shm_props, fixed_cases_bit_identical_to_no_shm, .timeout = 120) {
@@ -203,13 +208,13 @@ Test(shm_props, fixed_cases_bit_identical_to_no_shm, .timeout = 120) {
 static const pc_row gather_rows[] = {
     {.name = "gather_dp4", .mesh = "dp=4", .flatten = "dp_cp=dp", .world = 4, .shard = 1,
      .param_shm = 1, .bucket_mb = 0.3, .first_bucket_mb = 0.3, .seed = 21,
-     .params = {{70001, MPG_F32}, {50003, MPG_BF16}, {40000, MPG_F16}, {30001, MPG_F64},
-                {5, MPG_F32}, {90017, MPG_BF16}}},
+     .params = {P(70001, MPG_F32), P(50003, MPG_BF16), P(40000, MPG_F16), P(30001, MPG_F64),
+                P(5, MPG_F32), P(90017, MPG_BF16)}},
     {.name = "gather_shard3", .mesh = "dp=3,cp=2", .flatten = "dp_cp=dp,cp", .world = 6,
      .shard = 1, .param_shm = 1, .shard_dims = "dp", .grad_scale = 0.37, .bucket_mb = 4.0,
      .first_bucket_mb = 0.05, .seed = 22,
      /* a 1.2 MB slice per rank */
-     .params = {{900001, MPG_F32}, {20001, MPG_F64}, {333, MPG_BF16}}},
+     .params = {P(900001, MPG_F32), P(20001, MPG_F64), P(333, MPG_BF16)}},
 };
 
 Test(shm_props, shard_gather_in_shared_memory, .timeout = 120) {
@@ -238,33 +243,33 @@ static const pc_row spanning_rows[] = {
      * has one member on each (not shared), cp and tp stay inside. */
     {.name = "dp_outer", .mesh = "dp=2,cp=2,tp=2", .flatten = "dp_cp=dp,cp", .world = 8,
      .hosts = 2, .grad_scale = 0.37,
-     .params = {{1500, MPG_F32},        /* dp_cp: hierarchical */
-                {801, MPG_BF16, "cp"},  /* inside */
-                {99, MPG_F32, "tp"},    /* inside */
-                {64, MPG_F16, "dp"}},   /* one per host */
+     .params = {P(1500, MPG_F32),        /* dp_cp: hierarchical */
+                PD(801, MPG_BF16, "cp"),  /* inside */
+                PD(99, MPG_F32, "tp"),    /* inside */
+                PD(64, MPG_F16, "dp")},   /* one per host */
      .local = 2, .hier = 1, .spanning = 1},
     /* HSDP, dp_replicate outermost: the shard group is on one host; the
      * slices are then all-reduced across hosts by the backend. */
     {.name = "hsdp_2hosts", .mesh = "dp_replicate=2,dp_shard=2,cp=2",
      .flatten = "dp_cp=dp_replicate,dp_shard,cp", .world = 8, .hosts = 2, .shard = 1, HSDP_DIMS,
-     .params = {{2000, MPG_F32}, {555, MPG_BF16},
-                {40, MPG_F32, "dp_cp"},          /* the sync's own group: sharded */
-                {41, MPG_F64, "dp_replicate"}},  /* replicated, one per host */
+     .params = {P(2000, MPG_F32), P(555, MPG_BF16),
+                PD(40, MPG_F32, "dp_cp"),          /* the sync's own group: sharded */
+                PD(41, MPG_F64, "dp_replicate")},  /* replicated, one per host */
      .local = 2, .hier = 0, .spanning = 1},
     /* Shard mode, the shard group across the hosts (2 on each): its
      * reduce-scatter hierarchical too; a replicated param over dp_cp,tp (4
      * per host) hierarchical. */
     {.name = "shard_across", .mesh = "dp=2,cp=2,tp=2", .flatten = "dp_cp=dp,cp", .world = 8,
      .hosts = 2, .shard = 1, .sum = 1,
-     .params = {{1000, MPG_F32}, {333, MPG_BF16, "dp_cp,tp"}, {17, MPG_F32, "tp"}},
+     .params = {P(1000, MPG_F32), PD(333, MPG_BF16, "dp_cp,tp"), PD(17, MPG_F32, "tp")},
      .local = 1, .hier = 2, .spanning = 0},
     /* Hosts interleaved in the group's positions (even and odd ranks: the
      * tp coordinate): dp_cp,tp hierarchical with 4 per host, alternating;
      * dp_cp on one host; tp one per host. */
     {.name = "interleaved", .mesh = "dp=2,cp=2,tp=2", .flatten = "dp_cp=dp,cp", .world = 8,
      .hosts = 3, .grad_scale = 0.37,
-     .params = {{1000, MPG_BF16, "dp_cp,tp"}, {2001, MPG_F64, "dp_cp,tp"}, {77, MPG_F32},
-                {50, MPG_F32, "tp"}},
+     .params = {PD(1000, MPG_BF16, "dp_cp,tp"), PD(2001, MPG_F64, "dp_cp,tp"), P(77, MPG_F32),
+                PD(50, MPG_F32, "tp")},
      .local = 1, .hier = 2, .spanning = 1},
 };
 
@@ -295,8 +300,8 @@ Test(shm_hosts, groups_spanning_two_hosts, .timeout = 240) {
 /* dp_cp = dp,cp: 2 per host; dp alone: one per host (replicated) */
 #define TWO_HOSTS_DTYPES                                                                   \
   .mesh = "dp=2,cp=2,tp=2", .flatten = "dp_cp=dp,cp", .world = 8, .hosts = 2, .shard = 1, \
-  .params = {{4099, MPG_F32}, {3001, MPG_BF16}, {2047, MPG_F16}, {1023, MPG_F64},         \
-             {3, MPG_F32}, {64, MPG_F16, "dp"}},                                           \
+  .params = {P(4099, MPG_F32), P(3001, MPG_BF16), P(2047, MPG_F16), P(1023, MPG_F64),         \
+             P(3, MPG_F32), PD(64, MPG_F16, "dp")},                                           \
   .local = 0, .hier = 4, .spanning = 1
 static const pc_row across_rows[] = {
     {.name = "shard_2hosts_avg", TWO_HOSTS_DTYPES, .seed = 40},
@@ -305,27 +310,27 @@ static const pc_row across_rows[] = {
     /* Four per host (world 16), one param per bucket */
     {.name = "shard_4per_host", .mesh = "dp=4,cp=4", .flatten = "dp_cp=dp,cp", .world = 16,
      .hosts = 2, .shard = 1, .seed = 44, .bucket_mb = 1e-6, .first_bucket_mb = 1e-6,
-     .params = {{1001, MPG_BF16}, {515, MPG_F32}, {1, MPG_F16}},
+     .params = {P(1001, MPG_BF16), P(515, MPG_F32), P(1, MPG_F16)},
      .local = 0, .hier = 3, .spanning = 0},
     /* HSDP: shard dp_shard,cp across the hosts (2 on each), replicate
      * dp_replicate inside a host; avg x 0.37 */
     {.name = "hsdp_shard_across", .mesh = "dp_shard=2,dp_replicate=2,cp=2",
      .flatten = "dp_cp=dp_shard,dp_replicate,cp", .world = 8, .hosts = 2, .shard = 1,
      .seed = 45, HSDP_DIMS, .grad_scale = 0.37,
-     .params = {{2500, MPG_F32}, {1701, MPG_BF16}, {301, MPG_F16}, {129, MPG_F64}},
+     .params = {P(2500, MPG_F32), P(1701, MPG_BF16), P(301, MPG_F16), P(129, MPG_F64)},
      .local = 0, .hier = 4, .spanning = 0},
     /* HSDP, hosts interleaved (even and odd ranks: cp): the shard group
      * dp_shard,cp has its hosts alternating in position order; avg */
     {.name = "hsdp_interleaved", .mesh = "dp_replicate=2,dp_shard=2,cp=2",
      .flatten = "dp_cp=dp_replicate,dp_shard,cp", .world = 8, .hosts = 3, .shard = 1,
      .seed = 46, HSDP_DIMS,
-     .params = {{2000, MPG_BF16}, {999, MPG_F32}, {77, MPG_F64}},
+     .params = {P(2000, MPG_BF16), P(999, MPG_F32), P(77, MPG_F64)},
      .local = 0, .hier = 3, .spanning = 0},
     /* Uneven hosts, 3 + 1: the shard group keeps to the backend's
      * reduce-scatter (not shared), equal to MESHPG_SHM=0 bit for bit. */
     {.name = "shard_3plus1", .mesh = "dp=4", .flatten = "dp_cp=dp", .world = 4, .hosts = 4,
      .shard = 1, .seed = 47, .grad_scale = 0.37,
-     .params = {{1500, MPG_F32}, {777, MPG_BF16}},
+     .params = {P(1500, MPG_F32), P(777, MPG_BF16)},
      .local = 0, .hier = 0, .spanning = 2},
 };
 
@@ -346,14 +351,14 @@ Test(shm_hosts, shard_mode_across_two_hosts, .timeout = 240) {
 static const pc_row gather_across_rows[] = {
     {.name = "gather_2x2", .mesh = "dp=4", .flatten = "dp_cp=dp", .world = 4, .hosts = 2,
      .shard = 1, .param_shm = 1, .bucket_mb = 0.3, .first_bucket_mb = 0.3, .seed = 51,
-     .params = {{70001, MPG_F32}, {50003, MPG_BF16}, {40000, MPG_F16}, {30001, MPG_F64},
-                {5, MPG_F32}},
+     .params = {P(70001, MPG_F32), P(50003, MPG_BF16), P(40000, MPG_F16), P(30001, MPG_F64),
+                P(5, MPG_F32)},
      .local = 0, .hier = 4, .spanning = 0},
     {.name = "gather_2x3_interleaved", .mesh = "dp=6", .flatten = "dp_cp=dp", .world = 6,
      .hosts = 3, .shard = 1, .param_shm = 1, .grad_scale = 0.37, .bucket_mb = 8.0,
      .first_bucket_mb = 0.05, .seed = 52,
      /* a 1.2 MB slice per rank */
-     .params = {{1800001, MPG_F32}, {20001, MPG_F64}, {333, MPG_BF16}},
+     .params = {P(1800001, MPG_F32), P(20001, MPG_F64), P(333, MPG_BF16)},
      .local = 0, .hier = 3, .spanning = 0},
 };
 

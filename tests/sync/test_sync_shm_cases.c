@@ -446,13 +446,13 @@ static mpg_status prop_rank(const mpg_init_opts *opts, void *arg) {
   }
 
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.sync.op = c->op;
   so.grad_scale = c->grad_scale;
-  so.sync.reduce_dtype = c->reduce_dtype;
-  so.sync.bucket_mb = c->bucket_mb;
-  so.sync.first_bucket_mb = c->first_bucket_mb;
+  /* the settings' other fields keep their defaults (0, "") */
+  so.sync = (mpg_sync_settings){.op = c->op, .bucket_mb = c->bucket_mb,
+                                .first_bucket_mb = c->first_bucket_mb,
+                                .reduce_dtype = c->reduce_dtype,
+                                .mode = c->shard ? MPG_SYNC_SHARD : MPG_SYNC_REPLICATE};
   if (c->shard) {
-    so.sync.mode = MPG_SYNC_SHARD;
     snprintf(so.sync.shard_dims, sizeof so.sync.shard_dims, "%s", c->shard_dims);
     snprintf(so.sync.replicate_dims, sizeof so.sync.replicate_dims, "%s", c->replicate_dims);
   }
