@@ -22,36 +22,18 @@
 
 #include "ckpt_check.h"
 #include "ckpt_fs.h"
+#include "ckpt_root.h"
 
-static char g_root[4096]; /* this test's directory */
-
-static void root_fini(void) {
-  if (g_root[0]) ckf_rm_rf(g_root);
-}
-
-static void root_init(const char *tag) {
-  cr_assert_eq(ckf_tmpdir(g_root, sizeof g_root, tag), 0, "mkdtemp: %s", strerror(errno));
-}
-
-static void path_in(char *buf, size_t cap, const char *name) {
-  snprintf(buf, cap, "%s/%s", g_root, name);
-}
 
 /* Run one save (which 0) or load (which 1) of case c on its thread ranks;
  * assert that every rank got `expect` (and, for a load, the values).
  * Returns the job (free it). */
 static ck_job *run_job_ex(const ck_case *c, int which, const char *dir, int version, long step,
                           int async, mpg_status expect, void (*before)(ck_rank *, ck_job *)) {
-  ck_job *j = calloc(1, sizeof *j);
+  ck_job *j = malloc(sizeof *j);
   cr_assert_not_null(j);
-  j->c = c;
-  j->which = which;
-  j->dir = dir;
-  j->version = version;
-  j->step = step;
-  j->async = async;
-  j->expect = expect;
-  j->before = before;
+  *j = (ck_job){.c = c, .which = which, .dir = dir, .version = version, .step = step,
+                .async = async, .expect = expect, .before = before};
   int world = c->mesh[which].world;
   mpg_status rc = mpg_thread_run(world, 120.0, ck_job_thread, j, NULL);
   if (rc != MPG_OK) {
@@ -67,6 +49,18 @@ static ck_job *run_job_ex(const ck_case *c, int which, const char *dir, int vers
 static void run_job(const ck_case *c, int which, const char *dir, int version, long step,
                     int async) {
   free(run_job_ex(c, which, dir, version, step, async, MPG_OK, NULL));
+}
+
+/* Under a new root (root_init(tag)): the random case of seed over ws,
+ * then wl ranks (not big), to free; dir: the root's "ck". */
+static ck_case *case_in_ck(const char *tag, unsigned seed, int ws, int wl, char *dir,
+                           size_t cap) {
+  root_init(tag);
+  ck_case *c = malloc(sizeof *c);
+  cr_assert_not_null(c);
+  ck_case_make(c, seed, ws, wl, 0);
+  path_in(dir, cap, "ck");
+  return c;
 }
 
 /* The files of a save of mesh `which` of c (ckf_meta_check). */
@@ -91,6 +85,31 @@ static unsigned pick_world(unsigned seed, unsigned salt) {
   return w[(seed * 2654435761u + salt * 40503u) % 13u];
 }
 
+/* The random case of seed over ws and wl ranks (ck_case_make's, big
+ * included), made in c and round-tripped in a directory of its own under
+ * g_root (removed after). */
+static void roundtrip_seed(ck_case *c, unsigned seed, int ws, int wl, int big, int async) {
+  ck_case_make(c, seed, ws, wl, big);
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s/ck%u", g_root, seed);
+  roundtrip(c, dir, (int)seed, async);
+  ckf_rm_rf(dir);
+}
+
+/* Under root (root_init): the round trips of seeds [first, end) over
+ * pick_world(seed, salt) and pick_world(seed, salt + 1) ranks; big is
+ * ck_case_make's (-1: every other seed); async saves or not. */
+static void roundtrip_seeds(const char *root, unsigned first, unsigned end, unsigned salt,
+                            int big, int async) {
+  root_init(root);
+  ck_case *c = malloc(sizeof *c);
+  cr_assert_not_null(c);
+  for (unsigned seed = first; seed < end; seed++)
+    roundtrip_seed(c, seed, (int)pick_world(seed, salt), (int)pick_world(seed, salt + 1),
+                   big < 0 ? (int)(seed % 2) : big, async);
+  free(c);
+}
+
 /* ------------------------------------------------------------------ */
 /* Properties                                                          */
 /* ------------------------------------------------------------------ */
@@ -105,7 +124,7 @@ Test(ckpt_props, random_meshes_reshard, .timeout = 900, .fini = root_fini) {
   const int n = getenv("MESHPG_SANITIZER") ? 200 : 500; /* the bounds below scale */
   for (unsigned seed = 1; seed <= (unsigned)n; seed++) {
     int ws = (int)pick_world(seed, 1), wl = (int)pick_world(seed, 2);
-    ck_case_make(c, seed, ws, wl, seed % 5 == 0);
+    roundtrip_seed(c, seed, ws, wl, seed % 5 == 0, 0);
     for (int w = 0; w < 2; w++) {
       const ck_mesh *m = &c->mesh[w];
       hsdp += strstr(m->dims, "dp_shard") != NULL;
@@ -117,10 +136,6 @@ Test(ckpt_props, random_meshes_reshard, .timeout = 900, .fini = root_fini) {
       }
     }
     ws_ne_wl += ws != wl;
-    char dir[4200];
-    snprintf(dir, sizeof dir, "%s/ck%u", g_root, seed);
-    roundtrip(c, dir, (int)seed, 0);
-    ckf_rm_rf(dir);
   }
   cr_log_info("modes whole %d box %d range %d state %d; hsdp %d shard %d pp %d split %d",
               n_mode[0], n_mode[1], n_mode[2], n_mode[3], hsdp, shard, pp, split);
@@ -138,33 +153,13 @@ Test(ckpt_props, random_meshes_reshard, .timeout = 900, .fini = root_fini) {
  * checksum blocks, so that chunks span many blocks and loads read parts
  * of them. */
 Test(ckpt_props, large_tensors_many_blocks, .timeout = 600, .fini = root_fini) {
-  root_init("large");
-  ck_case *c = malloc(sizeof *c);
-  cr_assert_not_null(c);
-  for (unsigned seed = 1000; seed < 1040; seed++) {
-    ck_case_make(c, seed, (int)pick_world(seed, 3), (int)pick_world(seed, 4), 1);
-    char dir[4200];
-    snprintf(dir, sizeof dir, "%s/ck%u", g_root, seed);
-    roundtrip(c, dir, (int)seed, 0);
-    ckf_rm_rf(dir);
-  }
-  free(c);
+  roundtrip_seeds("large", 1000, 1040, 3, 1, 0);
 }
 
 /* Async saves: the buffers change as soon as save returns; the checkpoint
  * holds the values they had at the call. */
 Test(ckpt_props, async_save_keeps_the_values_at_the_call, .timeout = 600, .fini = root_fini) {
-  root_init("async");
-  ck_case *c = malloc(sizeof *c);
-  cr_assert_not_null(c);
-  for (unsigned seed = 2000; seed < 2030; seed++) {
-    ck_case_make(c, seed, (int)pick_world(seed, 5), (int)pick_world(seed, 6), seed % 2);
-    char dir[4200];
-    snprintf(dir, sizeof dir, "%s/ck%u", g_root, seed);
-    roundtrip(c, dir, (int)seed, 1);
-    ckf_rm_rf(dir);
-  }
-  free(c);
+  roundtrip_seeds("async", 2000, 2030, 5, -1, 1);
 }
 
 /* ------------------------------------------------------------------ */
@@ -333,13 +328,10 @@ static void expect_listing(const char *dir, const char *want) {
  * the new files (no data file of ranks 2, 3 left), nothing beside it; then
  * an async save over it again. */
 Test(ckpt_dir, save_over_a_checkpoint_replaces_it, .timeout = 300, .fini = root_fini) {
-  root_init("replace");
-  ck_case *a = malloc(sizeof *a), *b = malloc(sizeof *b);
-  cr_assert(a && b);
-  ck_case_make(a, 500, 4, 3, 0);
-  ck_case_make(b, 501, 2, 4, 0);
   char dir[4200];
-  path_in(dir, sizeof dir, "ck");
+  ck_case *a = case_in_ck("replace", 500, 4, 3, dir, sizeof dir), *b = malloc(sizeof *b);
+  cr_assert_not_null(b);
+  ck_case_make(b, 501, 2, 4, 0);
   run_job(a, 0, dir, 1, 10, 0);
   check_files(a, 0, dir, 10, 1);
   run_job(b, 0, dir, 2, 20, 0);
@@ -357,12 +349,8 @@ Test(ckpt_dir, save_over_a_checkpoint_replaces_it, .timeout = 300, .fini = root_
 /* An existing directory that is not a checkpoint (with a file, empty) or
  * an existing file: every rank MPG_ERR_INVALID, nothing touched. */
 Test(ckpt_dir, refuses_what_is_not_a_checkpoint, .timeout = 120, .fini = root_fini) {
-  root_init("refuse");
-  ck_case *a = malloc(sizeof *a);
-  cr_assert_not_null(a);
-  ck_case_make(a, 510, 4, 2, 0);
   char dir[4200], keep[4300];
-  path_in(dir, sizeof dir, "ck");
+  ck_case *a = case_in_ck("refuse", 510, 4, 2, dir, sizeof dir);
   snprintf(keep, sizeof keep, "%s/keep.txt", dir);
   cr_assert_eq(mkdir(dir, 0755), 0);
   FILE *f = fopen(keep, "w");
@@ -391,11 +379,16 @@ Test(ckpt_dir, refuses_what_is_not_a_checkpoint, .timeout = 120, .fini = root_fi
 /* Bad inputs                                                          */
 /* ------------------------------------------------------------------ */
 
-/* A case saved by 4 ranks (version 1, step 7), loaded by 3. */
-static void bad_setup(ck_case *c, unsigned seed, char *dir, size_t cap) {
+/* Under a new root (root_init(tag)): a case saved in dir (the root's "ck")
+ * by 4 ranks (version 1, step 7), to be loaded by 3; to free. */
+static ck_case *bad_case(const char *tag, unsigned seed, char *dir, size_t cap) {
+  root_init(tag);
+  ck_case *c = malloc(sizeof *c);
+  cr_assert_not_null(c);
   ck_case_make(c, seed, 4, 3, 1);
   snprintf(dir, cap, "%s/ck", g_root);
   run_job(c, 0, dir, 1, 7, 0);
+  return c;
 }
 
 /* A load of c that must fail with `expect` on every rank, every message
@@ -426,14 +419,20 @@ static int largest_tensor(const ck_case *c) {
   return best;
 }
 
+/* The largest tensor of c (its index) and, in dir, the file and the bytes
+ * [off, off + bytes) that hold its chunk (asserted). */
+static int largest_chunk(const ck_case *c, const char *dir, char *path, size_t cap, uint64_t *off,
+                         uint64_t *bytes) {
+  int k = largest_tensor(c);
+  cr_assert_eq(ckf_chunk_of(dir, c->t[k].name, path, cap, off, bytes), 0);
+  return k;
+}
+
 Test(ckpt_bad, truncated_data_file, .timeout = 120, .fini = root_fini) {
-  root_init("trunc");
-  ck_case *c = malloc(sizeof *c);
   char dir[4200], path[4300];
   uint64_t off, bytes;
-  bad_setup(c, 600, dir, sizeof dir);
-  int k = largest_tensor(c);
-  cr_assert_eq(ckf_chunk_of(dir, c->t[k].name, path, sizeof path, &off, &bytes), 0);
+  ck_case *c = bad_case("trunc", 600, dir, sizeof dir);
+  largest_chunk(c, dir, path, sizeof path, &off, &bytes);
   cr_assert_eq(truncate(path, (off_t)(off + bytes / 2)), 0);
   const char *needles[] = {strrchr(path, '/') + 1, NULL};
   load_fails(c, dir, MPG_ERR_IO, needles);
@@ -441,13 +440,10 @@ Test(ckpt_bad, truncated_data_file, .timeout = 120, .fini = root_fini) {
 }
 
 Test(ckpt_bad, flipped_byte_names_tensor_file_and_offset, .timeout = 120, .fini = root_fini) {
-  root_init("flip");
-  ck_case *c = malloc(sizeof *c);
   char dir[4200], path[4300];
   uint64_t off, bytes;
-  bad_setup(c, 601, dir, sizeof dir);
-  int k = largest_tensor(c);
-  cr_assert_eq(ckf_chunk_of(dir, c->t[k].name, path, sizeof path, &off, &bytes), 0);
+  ck_case *c = bad_case("flip", 601, dir, sizeof dir);
+  int k = largest_chunk(c, dir, path, sizeof path, &off, &bytes);
   cr_assert_eq(ckf_flip(path, off + bytes / 2), 0);
   /* the message names the damaged block's byte offset in the file */
   uint64_t bb = c->mesh[0].block_bytes, lo = off + bytes / 2 / bb * bb;
@@ -459,12 +455,8 @@ Test(ckpt_bad, flipped_byte_names_tensor_file_and_offset, .timeout = 120, .fini 
 }
 
 Test(ckpt_bad, missing_tensor_and_missing_part, .timeout = 120, .fini = root_fini) {
-  root_init("missing");
-  ck_case *c = malloc(sizeof *c);
-  cr_assert_not_null(c);
-  ck_case_make(c, 602, 4, 3, 0);
   char dir[4200];
-  path_in(dir, sizeof dir, "ck");
+  ck_case *c = case_in_ck("missing", 602, 4, 3, dir, sizeof dir);
   c->mesh[0].skip[0] = 1; /* saved without tensor 0 */
   run_job(c, 0, dir, 1, 7, 0);
   const char *needles[] = {c->t[0].name, NULL};
@@ -489,10 +481,8 @@ Test(ckpt_bad, missing_tensor_and_missing_part, .timeout = 120, .fini = root_fin
 
 /* A dtype of the same size, another shape, another kind. */
 Test(ckpt_bad, dtype_shape_kind_mismatch, .timeout = 120, .fini = root_fini) {
-  root_init("mismatch");
-  ck_case *c = malloc(sizeof *c), *c2 = malloc(sizeof *c2);
   char dir[4200];
-  bad_setup(c, 603, dir, sizeof dir);
+  ck_case *c = bad_case("mismatch", 603, dir, sizeof dir), *c2 = malloc(sizeof *c2);
   int k = largest_tensor(c);
   static const mpg_dtype twin[6] = {MPG_I32, MPG_I64, MPG_BF16, MPG_F16, MPG_F32, MPG_F64};
   *c2 = *c;
@@ -515,10 +505,8 @@ Test(ckpt_bad, dtype_shape_kind_mismatch, .timeout = 120, .fini = root_fini) {
 }
 
 Test(ckpt_bad, future_version_and_corrupt_metadata, .timeout = 120, .fini = root_fini) {
-  root_init("version");
-  ck_case *c = malloc(sizeof *c);
   char dir[4200], meta[4300];
-  bad_setup(c, 604, dir, sizeof dir);
+  ck_case *c = bad_case("version", 604, dir, sizeof dir);
   cr_assert_eq(ckf_patch_version(dir, 2), 0);
   load_fails(c, dir, MPG_ERR_UNSUPPORTED, NULL);
   cr_assert_eq(ckf_patch_version(dir, 1), 0);
@@ -531,10 +519,8 @@ Test(ckpt_bad, future_version_and_corrupt_metadata, .timeout = 120, .fini = root
 }
 
 Test(ckpt_bad, not_a_checkpoint, .timeout = 120, .fini = root_fini) {
-  root_init("notckpt");
-  ck_case *c = malloc(sizeof *c);
   char dir[4200], meta[4300];
-  bad_setup(c, 605, dir, sizeof dir);
+  ck_case *c = bad_case("notckpt", 605, dir, sizeof dir);
   snprintf(meta, sizeof meta, "%s/meta.mpgc", dir);
   cr_assert_eq(remove(meta), 0); /* the data files without metadata */
   load_fails(c, dir, MPG_ERR_NOT_FOUND, NULL);
@@ -624,15 +610,6 @@ static int enospc_child(const char *mnt, char *msg, size_t cap) {
 
 Test(ckpt_bad, no_space_left, .timeout = 120, .fini = root_fini) {
   root_init("enospc");
-  if (geteuid() != 0) cr_skip_test("not root: no tmpfs can be mounted for ENOSPC");
-  char mnt[4200];
-  path_in(mnt, sizeof mnt, "mnt");
-  cr_assert_eq(mkdir(mnt, 0755), 0);
-  static char msg[4096];
-  int rc = ckf_in_private_tmpfs(mnt, "size=1m", enospc_child, msg, sizeof msg);
-  cr_assert_neq(rc, -1, "the child died: %s", msg);
-  if (rc == 77) cr_skip_test("no private tmpfs: %s", msg);
-  cr_log_info("ENOSPC: %s", msg);
-  cr_assert_neq(rc, 2, "ENOSPC left files behind in the tmpfs: %s", msg);
-  cr_assert_eq(rc, 0, "%s", msg);
+  expect_tmpfs_child("size=1m", enospc_child, " for ENOSPC", "ENOSPC",
+                     "ENOSPC left files behind in the tmpfs");
 }

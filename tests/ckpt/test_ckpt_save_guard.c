@@ -20,20 +20,12 @@
 
 #include "ckpt_check.h"
 #include "ckpt_fs.h"
+#include "ckpt_root.h"
 #include "ckpt_save_shared.h" /* mpg__ckpt_fault: a failure injected on one rank */
 
 #define G_RANKS 4
 #define G_MAXT 3
 
-static char g_root[4096];
-
-static void root_fini(void) {
-  if (g_root[0]) ckf_rm_rf(g_root);
-}
-
-static void root_init(const char *tag) {
-  cr_assert_eq(ckf_tmpdir(g_root, sizeof g_root, tag), 0, "mkdtemp: %s", strerror(errno));
-}
 
 static double now_s(void) {
   struct timespec ts;
@@ -214,9 +206,6 @@ static void expect_holds(const g_job *like, long step) {
   free(l);
 }
 
-static void path_in(char *buf, size_t cap, const char *name) {
-  snprintf(buf, cap, "%s/%s", g_root, name);
-}
 
 static void put_file(const char *path, const char *text) {
   FILE *f = fopen(path, "w");
@@ -512,35 +501,34 @@ Test(ckpt_guard, ranks_return_the_same_status, .timeout = 120, .fini = root_fini
 /* Item 8: overlapping boxes with different values                     */
 /* ------------------------------------------------------------------ */
 
+/* A 1-D tensor of n elements, its box [off, off + len), its range
+ * (ro, rc). */
 static void box1(g_tensor *t, const char *name, size_t n, size_t off, size_t len, size_t ro,
                  size_t rc) {
-  memset(t, 0, sizeof *t);
+  *t = (g_tensor){.ndim = 1, .shape = {n}, .box_off = {off}, .box_shape = {len},
+                  .range_off = ro, .range_count = rc};
   snprintf(t->name, sizeof t->name, "%s", name);
-  t->ndim = 1;
-  t->shape[0] = n;
-  t->box_off[0] = off;
-  t->box_shape[0] = len;
-  t->range_off = ro;
-  t->range_count = rc;
 }
 
+/* A rows x cols tensor, its box rows [r0, r0 + nr). */
 static void box2(g_tensor *t, const char *name, size_t rows, size_t cols, size_t r0, size_t nr) {
-  memset(t, 0, sizeof *t);
+  *t = (g_tensor){.ndim = 2, .shape = {rows, cols}, .box_off = {r0}, .box_shape = {nr, cols}};
   snprintf(t->name, sizeof t->name, "%s", name);
-  t->ndim = 2;
-  t->shape[0] = rows;
-  t->shape[1] = cols;
-  t->box_off[0] = r0;
-  t->box_shape[0] = nr;
-  t->box_shape[1] = cols;
+}
+
+/* Under a new root (root_init(tag)): a job of step 1 saving to dir
+ * (root/ck) on 2 ranks, one tensor each (box1, box2). */
+static g_job *two_ranks_one_tensor(const char *tag, char *dir, size_t cap) {
+  root_init(tag);
+  path_in(dir, cap, "ck");
+  g_job *j = g_new(2, dir, 1);
+  j->nt[0] = j->nt[1] = 1;
+  return j;
 }
 
 Test(ckpt_guard, overlapping_boxes_that_differ, .timeout = 120, .fini = root_fini) {
-  root_init("overlap");
   char dir[4200];
-  path_in(dir, sizeof dir, "ck");
-  g_job *j = g_new(2, dir, 1);
-  j->nt[0] = j->nt[1] = 1;
+  g_job *j = two_ranks_one_tensor("overlap", dir, sizeof dir);
   /* [8]: rank 0 elements 0-5, rank 1 elements 2-7, equal: saved, loads. */
   box1(&j->t[0][0], "t", 8, 0, 6, 0, 0);
   box1(&j->t[1][0], "t", 8, 2, 6, 0, 0);
@@ -585,14 +573,11 @@ Test(ckpt_guard, overlapping_boxes_that_differ, .timeout = 120, .fini = root_fin
 /* ------------------------------------------------------------------ */
 
 Test(ckpt_guard, published_means_ok, .timeout = 120, .fini = root_fini) {
-  root_init("published");
-  char dir[4200];
-  path_in(dir, sizeof dir, "ck");
   /* Rank 0 writes 48 MB, rank 1 a little and waits for the verdict with a
    * timeout far shorter than rank 0's writing: rank 1 gives up waiting,
    * rank 0 publishes. */
-  g_job *j = g_new(2, dir, 1);
-  j->nt[0] = j->nt[1] = 1;
+  char dir[4200];
+  g_job *j = two_ranks_one_tensor("published", dir, sizeof dir);
   box1(&j->t[0][0], "big0", (size_t)12 << 20, 0, (size_t)12 << 20, 0, 0);
   box1(&j->t[1][0], "small1", 1000, 0, 1000, 0, 0);
   g_run(j);
@@ -666,15 +651,6 @@ static int inodes_child(const char *mnt, char *msg, size_t cap) {
 
 Test(ckpt_guard, write_error_reaches_every_rank, .timeout = 120, .fini = root_fini) {
   root_init("inodes");
-  if (geteuid() != 0) cr_skip_test("not root: no tmpfs can be mounted");
-  char mnt[4200];
-  path_in(mnt, sizeof mnt, "mnt");
-  cr_assert_eq(mkdir(mnt, 0755), 0);
-  static char msg[4096];
-  int rc = ckf_in_private_tmpfs(mnt, "size=4m,nr_inodes=4", inodes_child, msg, sizeof msg);
-  cr_assert_neq(rc, -1, "the child died: %s", msg);
-  if (rc == 77) cr_skip_test("no private tmpfs: %s", msg);
-  cr_log_info("out of inodes: %s", msg);
-  cr_assert_neq(rc, 2, "the failed save left files behind: %s", msg);
-  cr_assert_eq(rc, 0, "%s", msg);
+  expect_tmpfs_child("size=4m,nr_inodes=4", inodes_child, "", "out of inodes",
+                     "the failed save left files behind");
 }

@@ -14,6 +14,7 @@
 
 #include "../../../sync/ckpt_format.h"
 #include "../../support/run_util.h"
+#include "../../sync/cli_check.h"
 
 /* ------------------------------------------------------------------ */
 /* The checkpoint                                                       */
@@ -528,18 +529,16 @@ Test(ckpt_export, not_a_checkpoint) {
   cr_expect(strstr(out, "meta.mpgc: length field "), "%s", out);
 }
 
-Test(ckpt_export, usage_errors) {
-  cr_expect_eq(ckpt(""), 2, "%s", out);
-  cr_expect_eq(ckpt("frobnicate x"), 2, "%s", out);
-  cr_expect(strstr(out, "unknown subcommand \"frobnicate\""), "%s", out);
-  cr_expect_eq(ckpt("info"), 2, "%s", out);
-  cr_expect_eq(ckpt("info a b"), 2, "%s", out);
-  cr_expect_eq(ckpt("info a --all"), 2, "%s", out);
-  cr_expect_eq(ckpt("export a"), 2, "%s", out);
-  cr_expect(strstr(out, "export needs --safetensors FILE"), "%s", out);
-  cr_expect_eq(ckpt("export a --safetensors"), 2, "%s", out);
-  cr_expect_eq(ckpt("--help"), 0, "%s", out);
-  cr_expect(strstr(out, "--safetensors FILE") && strstr(out, "--json") && strstr(out, "--all"),
-            "%s", out);
-  cr_expect_eq(ckpt("export --help"), 0, "%s", out);
-}
+/* `meshpg ckpt ARGS`: its exit code and what its output holds. */
+static const cli_row usage_rows[] = {
+    {.args = "", .code = 2},
+    {"frobnicate x", 2, {"unknown subcommand \"frobnicate\""}},
+    {.args = "info", .code = 2},
+    {.args = "info a b", .code = 2},
+    {.args = "info a --all", .code = 2},
+    {"export a", 2, {"export needs --safetensors FILE"}},
+    {.args = "export a --safetensors", .code = 2},
+    {"--help", 0, {"--safetensors FILE", "--json", "--all"}},
+    {.args = "export --help", .code = 0},
+};
+Test(ckpt_export, usage_errors) { CLI_ROWS(usage_rows, ckpt, 0); }
