@@ -87,7 +87,9 @@ mpg_status mpg__ctx_check_order(mpg_ctx *ctx, const char *where);
  * 64-byte aligned: page aligned only for the node's first member, since
  * the members' buffers are whole pages plus 5 cache lines apart, against
  * 4 KiB aliasing; it lives until mpg__shm_destroy).  Otherwise *out is NULL (one
- * log line says why) and the caller allocates as before.  depth: how
+ * log line says why) and the caller allocates as before.  The segment
+ * is a transport of the group (groups/transport.h) until
+ * mpg__shm_destroy: a context abort reaches it at once.  depth: how
  * many operations a member may post before the first is complete
  * everywhere (more wait, bounded by the timeout).  Errors, on every
  * member alike: MPG_ERR_ENV when /dev/shm lacks the space (the message

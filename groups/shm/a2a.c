@@ -4,6 +4,12 @@
  * and every block is copied once by its receiver, or twice when its
  * sender's buffer cannot be mapped by the receiver.
  *
+ * The channel is a transport of its group (groups/transport.h): its table
+ * (a2a_ops below: test, wait, free, abort, destroy) sits in the group's
+ * transport list, where the context's abort and teardown reach it like
+ * any other, and it comes up through the setup callbacks the group hands
+ * it (its all-gathers), never calling up into the group's code.
+ *
  * The channel (a2a_chan.c).  The group's first all-to-all makes it,
  * collectively (every member reaches that call, after a round of the
  * counts point to point that names a member that never arrives): a

@@ -570,8 +570,9 @@ static mpg_status shm_post(mpg__comm *comm, const mpg__coll *c, mpg__req **out) 
 }
 
 /* A member gives up on a segment only through its abort word (every
- * member sees it); the context's abort reaches the worker through
- * gave_up. */
+ * member sees it): a failed post, and the context's abort, which reaches
+ * the segment through its group's transport list (the worker also sees
+ * the context's flag in gave_up).  Any thread, any state. */
 static void shm_abort_comm(mpg__comm *comm, mpg_status reason) {
   mpg__shm *s = comm->shm;
   mpg__shm_abort(s, reason, -1, atomic_load_explicit(&s->nposted, memory_order_relaxed));

@@ -2,10 +2,14 @@
  * one-pass all-reduce and reduce-scatter that sync/ runs on the CPU
  * backends when the members of a group share a node (docs/sync.md,
  * "Shared memory"), and the one-pass all-gather of a sharded buffer's
- * parameters (hierarchical across hosts too).  It sits behind the backend table (backend.h,
- * "Shared memory behind this table"): the segment is a communicator of
- * its own table, its operations run through the generic layer
- * (mpg__group_run_on) and complete through mpg_work like any other, and
+ * parameters (hierarchical across hosts too).  It is a transport of its
+ * group (groups/transport.h; backend.h, "Shared memory behind this
+ * table"): the segment is a communicator of its own transport table
+ * (engine.c's mpg__shm_ops), held in the group's transport list so that
+ * the context's abort and teardown reach it like any other, its setup
+ * collectives come from the group as callbacks, its operations run
+ * through the generic layer (mpg__group_run_on) and complete through
+ * mpg_work like any other, and
  * its arithmetic is the library's one reduction kernel
  * (mpg__reduce_sources, groups/reduce.c), the thread backend's and the
  * MPI ring's, so equal results are equal by construction.  Two files,
