@@ -2,6 +2,7 @@
  * CPU twins, against a careful reference and the H100's outputs. */
 
 #include "test_cuda_double.h"
+#include "../support/values.h" /* tv_mix64 */
 
 /* ------------------------------------------------------------------ */
 /* The PTX twins                                                       */
@@ -156,13 +157,6 @@ static uint64_t fnv(const void *p, size_t n, uint64_t h) {
   return h;
 }
 
-static uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 /* The scales the H100 ran each kernel with (NaN, infinities, f32
  * subnormals and f64 values that f32 rounds included). */
 static const double gpu_scales[16] = {1.0, 0.5, 2.0, -3.0, 1.0 / 3.0, 0.1, 1e-8, 65504.0,
@@ -199,13 +193,14 @@ static void *gpu_inputs(int which, size_t *n, size_t *isz) {
     uint32_t *y = malloc(131072 * 4);
     for (uint32_t hi = 0; hi < 65536; hi++) {
       y[2 * hi] = hi << 16;
-      y[2 * hi + 1] = (hi << 16) | (uint32_t)(mix(hi) & 0xffff);
+      y[2 * hi + 1] = (hi << 16) | (uint32_t)(tv_mix64(hi) & 0xffff);
     }
     *n = 131072, *isz = 4;
     return y;
   }
   uint64_t *z = malloc(65536 * 8);
-  for (uint64_t hi = 0; hi < 65536; hi++) z[hi] = (hi << 48) | (mix(hi + 7) & 0xffffffffffffull);
+  for (uint64_t hi = 0; hi < 65536; hi++)
+    z[hi] = (hi << 48) | (tv_mix64(hi + 7) & 0xffffffffffffull);
   *n = 65536, *isz = 8;
   return z;
 }

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "train.h"
+
 static inline uint8_t *load_data(size_t *len) {
   FILE *f = fopen(GPT_DEFAULT_DATA, "rb");
   cr_assert_not_null(f, "cannot open %s", GPT_DEFAULT_DATA);
@@ -19,6 +21,16 @@ static inline uint8_t *load_data(size_t *len) {
   fclose(f);
   cr_assert_gt(*len, 1000);
   return buf;
+}
+
+/* The data (load_data, its length in *len) and the single-process
+ * reference run of c over `steps`: its model in *ref, the losses in
+ * rloss[0..steps) and, when g1 is not NULL, the gradients of step 1. */
+static inline uint8_t *reference_run(const gpt_config *c, int steps, size_t *len, gpt_model *ref,
+                                     double *rloss, float ***g1) {
+  uint8_t *data = load_data(len);
+  cr_assert_eq(gpt_reference_train(c, data, *len, steps, ref, rloss, g1), 0);
+  return data;
 }
 
 #endif

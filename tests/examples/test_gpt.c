@@ -69,11 +69,10 @@ static void check_cfg(const gpt_config *cfg, const char *mesh, int sp, int shard
   const int steps = 3;
   const char *what = shard ? (sp ? " sp shard" : " shard") : (sp ? " sp" : "");
   size_t len;
-  uint8_t *data = load_data(&len);
   gpt_model ref;
   double rloss[3];
   float **g1 = NULL;
-  cr_assert_eq(gpt_reference_train(&c, data, len, steps, &ref, rloss, &g1), 0);
+  uint8_t *data = reference_run(&c, steps, &len, &ref, rloss, &g1);
   gpt_par_result res;
   gpt_par_opts o = {sp, shard, 0, 0, 0};
   int rc = gpt_parallel_train_opts(&c, data, len, mesh, &o, steps, &ref, g1, &res);
@@ -155,10 +154,9 @@ Test(gpt, detects_difference) {
   gpt_config c = {.n_layer = 2, .d_model = 32, .n_head = 4, .seq = 16, .batch = 4,
                   .micro = 1, .lr = 3e-3f, .seed = 7};
   size_t len;
-  uint8_t *data = load_data(&len);
   gpt_model ref;
   double rloss[2];
-  cr_assert_eq(gpt_reference_train(&c, data, len, 2, &ref, rloss, NULL), 0);
+  uint8_t *data = reference_run(&c, 2, &len, &ref, rloss, NULL);
   c.seed = 8;
   gpt_par_result res;
   cr_assert_eq(gpt_parallel_train(&c, data, len, "dp=2", 0, 2, &ref, NULL, &res), 0);

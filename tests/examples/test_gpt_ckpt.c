@@ -269,34 +269,42 @@ static void pair(const gpt_config *cfg, const side *a, const side *b) {
 }
 
 #ifndef GPT_CKPT_ON_DOUBLE
-/* tp, cp and sp gone; the owned ranges of 8 dp shards */
-Test(gpt_ckpt, tp2_cp2_dp2_sp_shard_to_dp8_shard, .timeout = 300) {
-  gpt_config c = base_cfg;
-  c.batch = 8, c.micro = 1;
-  pair(&c, &(side){"tp=2,cp=2,dp=2", 1, 1, 0, 0, 0}, &(side){"dp=8", 0, 1, 0, 0, 0});
+/* The pairs run on thread ranks (pair) and as mpirun jobs (mpirun_pair),
+ * one row a test: the config (moe_cfg or base_cfg, with batch, micro and
+ * d_model where not 0) and the saving and resuming sides. */
+typedef struct pair_row {
+  int moe, batch, micro, d_model;
+  side a, b;
+} pair_row;
+
+static const pair_row pair_rows[] = {
+    /* tp, cp and sp gone; the owned ranges of 8 dp shards */
+    {0, 8, 1, 0, {"tp=2,cp=2,dp=2", 1, 1, 0, 0, 0}, {"dp=8", 0, 1, 0, 0, 0}},
+    /* replicate mode with pp and the tied wte -> tp 4 in shard mode */
+    {0, 0, 0, 0, {"pp=2,dp=2,tp=2", 1, 0, 0, 0, 0}, {"tp=4,dp=2", 1, 1, 0, 0, 0}},
+    /* whole moments -> owned ranges, all-reduced over dp_replicate */
+    {0, 8, 0, 0, {"dp=4", 0, 0, 0, 0, 0}, {"dp_replicate=2,dp_shard=2", 0, 1, 0, 0, 0}},
+    /* experts over ep 2 (whole) -> ep 4, each split over etp 2 */
+    {1, 0, 0, 0, {"dp=4,tp=2", 1, 1, 2, 1, 0}, {"dp=4,tp=2", 1, 1, 4, 2, 0}},
+    /* three shards of sizes not divisible by 3 -> two */
+    {0, 6, 1, 20, {"dp=3", 0, 1, 0, 0, 0}, {"dp=2", 0, 1, 0, 0, 0}},
+};
+
+/* Row k of pair_rows run by fn. */
+static void run_pair_row(int k, void (*fn)(const gpt_config *, const side *, const side *)) {
+  const pair_row *r = &pair_rows[k];
+  gpt_config c = r->moe ? moe_cfg : base_cfg;
+  if (r->batch) c.batch = r->batch;
+  if (r->micro) c.micro = r->micro;
+  if (r->d_model) c.d_model = r->d_model;
+  fn(&c, &r->a, &r->b);
 }
-/* replicate mode with pp and the tied wte -> tp 4 in shard mode */
-Test(gpt_ckpt, pp2_dp2_tp2_sp_to_tp4_dp2_sp_shard, .timeout = 300) {
-  pair(&base_cfg, &(side){"pp=2,dp=2,tp=2", 1, 0, 0, 0, 0},
-       &(side){"tp=4,dp=2", 1, 1, 0, 0, 0});
-}
-/* whole moments -> owned ranges, all-reduced over dp_replicate */
-Test(gpt_ckpt, dp4_to_hsdp, .timeout = 300) {
-  gpt_config c = base_cfg;
-  c.batch = 8;
-  pair(&c, &(side){"dp=4", 0, 0, 0, 0, 0},
-       &(side){"dp_replicate=2,dp_shard=2", 0, 1, 0, 0, 0});
-}
-/* experts over ep 2 (whole) -> ep 4, each split over etp 2 */
-Test(gpt_ckpt, moe_ep2_etp1_to_ep4_etp2_shard, .timeout = 300) {
-  pair(&moe_cfg, &(side){"dp=4,tp=2", 1, 1, 2, 1, 0}, &(side){"dp=4,tp=2", 1, 1, 4, 2, 0});
-}
-/* three shards of sizes not divisible by 3 -> two */
-Test(gpt_ckpt, dp3_uneven_shard_to_dp2_shard, .timeout = 300) {
-  gpt_config c = base_cfg;
-  c.d_model = 20, c.batch = 6, c.micro = 1;
-  pair(&c, &(side){"dp=3", 0, 1, 0, 0, 0}, &(side){"dp=2", 0, 1, 0, 0, 0});
-}
+
+Test(gpt_ckpt, tp2_cp2_dp2_sp_shard_to_dp8_shard, .timeout = 300) { run_pair_row(0, pair); }
+Test(gpt_ckpt, pp2_dp2_tp2_sp_to_tp4_dp2_sp_shard, .timeout = 300) { run_pair_row(1, pair); }
+Test(gpt_ckpt, dp4_to_hsdp, .timeout = 300) { run_pair_row(2, pair); }
+Test(gpt_ckpt, moe_ep2_etp1_to_ep4_etp2_shard, .timeout = 300) { run_pair_row(3, pair); }
+Test(gpt_ckpt, dp3_uneven_shard_to_dp2_shard, .timeout = 300) { run_pair_row(4, pair); }
 
 /* A saving job SIGKILLed at random moments while it writes a new
  * checkpoint over the old one (saved at step 5) in the same directory:
@@ -443,10 +451,9 @@ Test(gpt_ckpt, export_holds_global_tensors, .timeout = 300) {
   const size_t size = fread(file, 1, sizeof file, f);
   fclose(f);
   size_t len;
-  uint8_t *data = load_data(&len);
   gpt_model ref;
   double rloss[K];
-  cr_assert_eq(gpt_reference_train(&c, data, len, K, &ref, rloss, NULL), 0);
+  uint8_t *data = reference_run(&c, K, &len, &ref, rloss, NULL);
   double worst = 0;
   int tensors = 0;
   for (int id = 0; id < ref.nt; id++) {
@@ -601,28 +608,17 @@ static void mpirun_pair(const gpt_config *c, const side *a, const side *b) {
 }
 
 Test(gpt_ckpt, mpirun_tp2_cp2_dp2_sp_shard_to_dp8_shard, .timeout = 600) {
-  gpt_config c = base_cfg;
-  c.batch = 8, c.micro = 1;
-  mpirun_pair(&c, &(side){"tp=2,cp=2,dp=2", 1, 1, 0, 0, 0}, &(side){"dp=8", 0, 1, 0, 0, 0});
+  run_pair_row(0, mpirun_pair);
 }
 Test(gpt_ckpt, mpirun_pp2_dp2_tp2_sp_to_tp4_dp2_sp_shard, .timeout = 600) {
-  mpirun_pair(&base_cfg, &(side){"pp=2,dp=2,tp=2", 1, 0, 0, 0, 0},
-              &(side){"tp=4,dp=2", 1, 1, 0, 0, 0});
+  run_pair_row(1, mpirun_pair);
 }
-Test(gpt_ckpt, mpirun_dp4_to_hsdp, .timeout = 600) {
-  gpt_config c = base_cfg;
-  c.batch = 8;
-  mpirun_pair(&c, &(side){"dp=4", 0, 0, 0, 0, 0},
-              &(side){"dp_replicate=2,dp_shard=2", 0, 1, 0, 0, 0});
-}
+Test(gpt_ckpt, mpirun_dp4_to_hsdp, .timeout = 600) { run_pair_row(2, mpirun_pair); }
 Test(gpt_ckpt, mpirun_moe_ep2_etp1_to_ep4_etp2_shard, .timeout = 600) {
-  mpirun_pair(&moe_cfg, &(side){"dp=4,tp=2", 1, 1, 2, 1, 0},
-              &(side){"dp=4,tp=2", 1, 1, 4, 2, 0});
+  run_pair_row(3, mpirun_pair);
 }
 Test(gpt_ckpt, mpirun_dp3_uneven_shard_to_dp2_shard, .timeout = 600) {
-  gpt_config c = base_cfg;
-  c.d_model = 20, c.batch = 6, c.micro = 1;
-  mpirun_pair(&c, &(side){"dp=3", 0, 1, 0, 0, 0}, &(side){"dp=2", 0, 1, 0, 0, 0});
+  run_pair_row(4, mpirun_pair);
 }
 
 /* The program's errors: a directory that is no checkpoint (exit 1, the

@@ -334,67 +334,64 @@ static void check_moe_mode(const gpt_config *cfg, const char *mesh, int sp, int 
   free(data);
 }
 
-static void check_moe(const gpt_config *cfg, const char *mesh, int sp) {
-  check_moe_mode(cfg, mesh, sp, 0);
+/* One MoE mesh (a test): moe_cfg with the fields given here that are not
+ * 0, on mesh (sp: sequence parallel; shard: sharded data parallel). */
+typedef struct moe_row {
+  const char *mesh;
+  int sp, shard;
+  int n_layer, moe, topk, ep, etp, dense_layers, micro;
+} moe_row;
+
+static void check_row(moe_row r) {
+  gpt_config c = moe_cfg;
+  if (r.n_layer) c.n_layer = r.n_layer;
+  if (r.moe) c.moe = r.moe;
+  if (r.topk) c.topk = r.topk;
+  if (r.ep) c.ep = r.ep;
+  if (r.etp) c.etp = r.etp;
+  if (r.dense_layers) c.dense_layers = r.dense_layers;
+  if (r.micro) c.micro = r.micro;
+  check_moe_mode(&c, r.mesh, r.sp, r.shard);
 }
 
 /* etp (1) != tp (2); ep * edp = 4 * 2 = world; experts see rows of two
  * tp ranks' sequence chunks. */
-Test(gpt_moe, dp4_tp2_sp_ep4_etp1) {
-  gpt_config c = moe_cfg;
-  c.ep = 4, c.etp = 1;
-  check_moe(&c, "dp=4,tp=2", 1);
-}
+Test(gpt_moe, dp4_tp2_sp_ep4_etp1) { check_row((moe_row){"dp=4,tp=2", 1, 0, .ep = 4, .etp = 1}); }
 /* etp 2 (the all-gather / reduce-scatter over etp), cp 2 (the aux
  * statistics over tp then cp), ep * edp = dp * cp = 4. */
 Test(gpt_moe, tp2_cp2_dp2_sp_ep2_etp2) {
-  gpt_config c = moe_cfg;
-  c.ep = 2, c.etp = 2;
-  check_moe(&c, "tp=2,cp=2,dp=2", 1);
+  check_row((moe_row){"tp=2,cp=2,dp=2", 1, 0, .ep = 2, .etp = 2});
 }
 /* Stage 0 dense, stage 1 MoE. */
 Test(gpt_moe, pp2_dp2_tp2_sp_dense1) {
-  gpt_config c = moe_cfg;
-  c.ep = 2, c.etp = 1, c.dense_layers = 1;
-  check_moe(&c, "pp=2,dp=2,tp=2", 1);
+  check_row((moe_row){"pp=2,dp=2,tp=2", 1, 0, .ep = 2, .etp = 1, .dense_layers = 1});
 }
 /* Four layers, two dense then two MoE, top-1, one sequence per group. */
 Test(gpt_moe, pp2_dp4_dense2_top1) {
-  gpt_config c = moe_cfg;
-  c.n_layer = 4, c.dense_layers = 2, c.ep = 4, c.etp = 1, c.topk = 1;
-  check_moe(&c, "pp=2,dp=4", 0);
+  check_row((moe_row){"pp=2,dp=4", 0, 0, .n_layer = 4, .dense_layers = 2, .ep = 4, .etp = 1,
+                      .topk = 1});
 }
 /* Several experts per ep rank: 8 experts over ep 2 (4 each), etp 2. */
 Test(gpt_moe, dp4_tp2_sp_e8_ep2_etp2) {
-  gpt_config c = moe_cfg;
-  c.moe = 8, c.ep = 2, c.etp = 2;
-  check_moe(&c, "dp=4,tp=2", 1);
+  check_row((moe_row){"dp=4,tp=2", 1, 0, .moe = 8, .ep = 2, .etp = 2});
 }
 /* 6 experts over ep 2 (3 each), top-3, tp 1: etp defaults to tp. */
 Test(gpt_moe, dp8_e6_ep2_top3) {
-  gpt_config c = moe_cfg;
-  c.moe = 6, c.topk = 3, c.ep = 2, c.etp = 0, c.micro = 1;
-  check_moe(&c, "dp=8", 0);
+  check_row((moe_row){"dp=8", 0, 0, .moe = 6, .topk = 3, .ep = 2, .micro = 1});
 }
 
 /* Sharded data parallel (a distributed optimizer): dense params shard over
  * dp_cp, expert params over edp (the sync's expert domain), and the grad
  * norm counts each rank's owned ranges of both. */
 Test(gpt_moe, shard_dp4_tp2_sp_ep4_etp1) {
-  gpt_config c = moe_cfg;
-  c.ep = 4, c.etp = 1;
-  check_moe_mode(&c, "dp=4,tp=2", 1, 1);
+  check_row((moe_row){"dp=4,tp=2", 1, 1, .ep = 4, .etp = 1});
 }
 Test(gpt_moe, shard_tp2_cp2_dp2_sp_ep2_etp2) {
-  gpt_config c = moe_cfg;
-  c.ep = 2, c.etp = 2;
-  check_moe_mode(&c, "tp=2,cp=2,dp=2", 1, 1);
+  check_row((moe_row){"tp=2,cp=2,dp=2", 1, 1, .ep = 2, .etp = 2});
 }
 /* Stage 0 dense (no expert params to shard), stage 1 MoE. */
 Test(gpt_moe, shard_pp2_dp2_tp2_sp_dense1) {
-  gpt_config c = moe_cfg;
-  c.ep = 2, c.etp = 1, c.dense_layers = 1;
-  check_moe_mode(&c, "pp=2,dp=2,tp=2", 1, 1);
+  check_row((moe_row){"pp=2,dp=2,tp=2", 1, 1, .ep = 2, .etp = 1, .dense_layers = 1});
 }
 
 /* ---- the comparison catches mistakes -------------------------------------- */

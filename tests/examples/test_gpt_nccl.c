@@ -55,11 +55,10 @@ static void check_nccl(const gpt_config *cfg, const char *mesh, int sp, int shar
   char what[160];
   snprintf(what, sizeof what, "%s%s%s", mesh, sp ? " sp" : "", shard ? " shard" : "");
   size_t len;
-  uint8_t *data = load_data(&len);
   gpt_model ref;
   double rloss[3];
   float **g1 = NULL;
-  cr_assert_eq(gpt_reference_train(&c, data, len, steps, &ref, rloss, &g1), 0);
+  uint8_t *data = reference_run(&c, steps, &len, &ref, rloss, &g1);
 
   gpt_par_result thr, nc;
   gpt_par_opts o = {sp, shard, 0, 0, 1};

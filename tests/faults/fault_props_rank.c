@@ -276,6 +276,25 @@ static void fp_a2a_wait(fp_rank *R, mpg_work **aw, int32_t *send, const int32_t 
 /* One epoch of rank R: a fresh context from `start` until the steps end,
  * its context dies, or another rank's did.  Returns 1 when the rank left
  * (FP_KILL on thread / nccl). */
+/* The sync of case c: its op, scale, reduce dtype, buckets and, sharded,
+ * its shard and replicate dims. */
+static mpg_sync_opts case_sync_opts(const fp_case *c) {
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  mpg_sync_settings *s = &so.sync;
+  so.grad_scale = c->grad_scale;
+  s->op = c->op;
+  s->reduce_dtype = c->reduce_dtype;
+  s->bucket_mb = c->bucket_mb;
+  s->first_bucket_mb = c->first_bucket_mb;
+  if (c->shard) {
+    s->mode = MPG_SYNC_SHARD;
+    snprintf(s->shard_dims, sizeof s->shard_dims, "%s", c->shard_dims ? c->shard_dims : "");
+    snprintf(s->replicate_dims, sizeof s->replicate_dims, "%s",
+             c->replicate_dims ? c->replicate_dims : "");
+  }
+  return so;
+}
+
 int fp_epoch(fp_rank *R, int start) {
   const fp_case *c = R->c;
   int rank = R->rank, left = 0;
@@ -304,17 +323,7 @@ int fp_epoch(fp_rank *R, int start) {
     what = "mpg_ctx_create";
     st = mpg_ctx_create(mesh, &o, &ctx);
   }
-  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.sync.op = c->op;
-  so.grad_scale = c->grad_scale;
-  so.sync.reduce_dtype = c->reduce_dtype;
-  so.sync.bucket_mb = c->bucket_mb;
-  so.sync.first_bucket_mb = c->first_bucket_mb;
-  if (c->shard) {
-    so.sync.mode = MPG_SYNC_SHARD;
-    snprintf(so.sync.shard_dims, sizeof so.sync.shard_dims, "%s", c->shard_dims ? c->shard_dims : "");
-    snprintf(so.sync.replicate_dims, sizeof so.sync.replicate_dims, "%s", c->replicate_dims ? c->replicate_dims : "");
-  }
+  mpg_sync_opts so = case_sync_opts(c);
   if (!st) {
     what = "mpg_sync_create";
     st = mpg_sync_create(ctx, &so, &s);

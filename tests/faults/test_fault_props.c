@@ -42,7 +42,7 @@
 #include "fault_props.h"
 
 #ifdef FP_ON_DOUBLE
-#include <nccl.h>
+#include "../double/on_double.h" /* nccl_thread_run */
 #endif
 
 /* ------------------------------------------------------------------ */
@@ -168,9 +168,6 @@ typedef struct fp_job {
   int start;
   pthread_mutex_t mu;
   fp_totals *T;
-#ifdef FP_ON_DOUBLE
-  ncclUniqueId id;
-#endif
 } fp_job;
 
 static void job_note(fp_rank *R, const char *line) {
@@ -181,7 +178,8 @@ static void job_note(fp_rank *R, const char *line) {
   pthread_mutex_unlock(&j->mu);
 }
 
-#ifndef FP_ON_DOUBLE
+/* A rank of either backend (mpg_thread_run's, or nccl_thread_run's on the
+ * double): its epoch from j->start. */
 static mpg_status thread_rank(const mpg_init_opts *opts, void *arg) {
   fp_job *j = arg;
   fp_rank *R = &j->ranks[opts->rank];
@@ -189,30 +187,6 @@ static mpg_status thread_rank(const mpg_init_opts *opts, void *arg) {
   fp_epoch(R, j->start);
   return MPG_OK;
 }
-#else
-typedef struct nccl_arg {
-  fp_job *j;
-  int rank;
-} nccl_arg;
-
-static void *nccl_rank(void *p) {
-  nccl_arg *a = p;
-  fp_job *j = a->j;
-  fp_rank *R = &j->ranks[a->rank];
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend.name = MPG_BACKEND_NCCL;
-  o.rank = a->rank;
-  o.world_size = j->c.world;
-  o.local_rank = a->rank;
-  o.local_world_size = j->c.world;
-  o.device = a->rank;
-  o.nccl_id = &j->id;
-  cudaSetDevice(a->rank);
-  R->base = o;
-  fp_epoch(R, j->start);
-  return NULL;
-}
-#endif
 
 /* One epoch: every rank from j->start until the epoch ends. */
 static void run_epoch(fp_job *j) {
@@ -221,14 +195,7 @@ static void run_epoch(fp_job *j) {
   mpg_status st = mpg_thread_run(j->c.world, FP_SETUP_TIMEOUT_S, thread_rank, j, NULL);
   cr_assert_eq(st, MPG_OK, "mpg_thread_run: %s: %s", mpg_status_name(st), mpg_last_error());
 #else
-  cr_assert_eq(ncclGetUniqueId(&j->id), ncclSuccess);
-  pthread_t th[FP_MAX_RANKS];
-  nccl_arg a[FP_MAX_RANKS];
-  for (int r = 0; r < j->c.world; r++) {
-    a[r] = (nccl_arg){j, r};
-    cr_assert_eq(pthread_create(&th[r], NULL, nccl_rank, &a[r]), 0);
-  }
-  for (int r = 0; r < j->c.world; r++) pthread_join(th[r], NULL);
+  nccl_thread_run(j->c.world, 0, thread_rank, j);
 #endif
 }
 

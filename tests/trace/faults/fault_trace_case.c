@@ -11,6 +11,7 @@
 
 #include "../../../tools/trace_analyze.h"
 #include "../../support/time_bound.h"
+#include "../../support/values.h" /* tv_mix64 */
 
 const char *const tf_kind_names[TF_NKINDS] = {"hang", "skip", "swap", "count"};
 const char *const tf_draw_names[TF_NDRAWS] = {"any", "skip with the checker",
@@ -50,20 +51,13 @@ const char *tf_slot_name(int stage, int k, char *buf, size_t cap) {
 /* Cases                                                               */
 /* ------------------------------------------------------------------ */
 
-static uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 typedef struct rng {
   uint64_t s;
 } rng;
 
 static unsigned below(rng *r, unsigned n) {
   r->s += 0x9e3779b97f4a7c15ull;
-  return n ? (unsigned)(mix(r->s) % n) : 0;
+  return n ? (unsigned)(tv_mix64(r->s) % n) : 0;
 }
 
 /* May `kind` strike slot k of `stage` on `backend`? */
@@ -114,8 +108,8 @@ static int same_size_skip(int backend, int stage, int k) {
 void tf_case_make(unsigned seed, int backend, int index, tf_draw draw, const char *base,
                   tf_case *c) {
   memset(c, 0, sizeof *c);
-  rng r = {mix(((uint64_t)seed << 24) ^ ((uint64_t)(unsigned)backend << 20) ^
-               ((uint64_t)(unsigned)draw << 16) ^ (uint64_t)(unsigned)index ^ 0x32u)};
+  rng r = {tv_mix64(((uint64_t)seed << 24) ^ ((uint64_t)(unsigned)backend << 20) ^
+                    ((uint64_t)(unsigned)draw << 16) ^ (uint64_t)(unsigned)index ^ 0x32u)};
   c->seed = seed;
   c->index = index;
   c->backend = backend;

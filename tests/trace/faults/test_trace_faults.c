@@ -39,8 +39,7 @@
 #include "fault_trace.h"
 
 #ifdef TF_ON_DOUBLE
-#include <cuda_runtime_api.h>
-#include <nccl.h>
+#include "../../double/on_double.h" /* nccl_thread_run */
 #endif
 
 static double now_mono(void) {
@@ -180,38 +179,15 @@ static void make_dir(const tf_case *c) {
 typedef struct tf_job {
   tf_case c;
   tf_outcome outs[TF_WORLD];
-#ifdef TF_ON_DOUBLE
-  ncclUniqueId id;
-#endif
 } tf_job;
 
-#ifndef TF_ON_DOUBLE
+/* A rank of either backend (mpg_thread_run's, or nccl_thread_run's on the
+ * double). */
 static mpg_status thread_rank(const mpg_init_opts *opts, void *arg) {
   tf_job *j = arg;
   tf_rank_run(&j->c, opts, &j->outs[opts->rank]);
   return MPG_OK;
 }
-#else
-typedef struct nccl_arg {
-  tf_job *j;
-  int rank;
-} nccl_arg;
-
-static void *nccl_rank(void *p) {
-  nccl_arg *a = p;
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend.name = MPG_BACKEND_NCCL;
-  o.rank = a->rank;
-  o.world_size = TF_WORLD;
-  o.local_rank = a->rank;
-  o.local_world_size = TF_WORLD;
-  o.device = a->rank;
-  o.nccl_id = &a->j->id;
-  cudaSetDevice(a->rank);
-  tf_rank_run(&a->j->c, &o, &a->j->outs[a->rank]);
-  return NULL;
-}
-#endif
 
 static void run_threads(int backend, tf_draw draw, int count, unsigned seed, int index) {
   tf_run T;
@@ -228,14 +204,7 @@ static void run_threads(int backend, tf_draw draw, int count, unsigned seed, int
     mpg_status st = mpg_thread_run(TF_WORLD, TF_SETUP_TIMEOUT_S, thread_rank, j, NULL);
     cr_assert_eq(st, MPG_OK, "mpg_thread_run: %s", mpg_last_error());
 #else
-    cr_assert_eq(ncclGetUniqueId(&j->id), ncclSuccess);
-    pthread_t th[TF_WORLD];
-    nccl_arg a[TF_WORLD];
-    for (int r = 0; r < TF_WORLD; r++) {
-      a[r] = (nccl_arg){j, r};
-      cr_assert_eq(pthread_create(&th[r], NULL, nccl_rank, &a[r]), 0);
-    }
-    for (int r = 0; r < TF_WORLD; r++) pthread_join(th[r], NULL);
+    nccl_thread_run(TF_WORLD, 0, thread_rank, j);
 #endif
     judge_case(&T, &j->c, j->outs, NULL);
   }
