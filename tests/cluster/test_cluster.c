@@ -118,73 +118,88 @@ Test(cluster, placement_block_and_cyclic) {
             out);
 }
 
+/* Worker jobs as rows: mpirun --host HOSTS -np NP EXTRA cluster_worker
+ * MODE MESH must pass (worker_ok) with an output holding each text of
+ * want (up to the first NULL). */
+typedef struct worker_job {
+  const char *hosts;
+  int np;
+  const char *extra, *mode, *mesh;
+  const char *want[3];
+} worker_job;
+
+/* The jobs in turn on a fresh cluster of nhosts hosts; with shm_empty,
+ * nothing is left in host1's and host2's /dev/shm after them. */
+static void worker_jobs(int nhosts, const worker_job *jobs, int n, int shm_empty) {
+  mpi_worker();
+  cluster_up(nhosts, NULL);
+  for (const worker_job *w = jobs; w < jobs + n; w++) {
+    worker_ok(w->hosts, w->np, w->extra, w->mode, w->mesh);
+    for (int k = 0; k < 3 && w->want[k]; k++)
+      cr_assert(strstr(out, w->want[k]), "%s %s: no \"%s\" in:\n%s", w->mode, w->mesh,
+                w->want[k], out);
+  }
+  if (shm_empty) {
+    assert_shm_empty("host1");
+    assert_shm_empty("host2");
+  }
+}
+#define WORKER_JOBS(nhosts, jobs, shm_empty) \
+  worker_jobs(nhosts, jobs, (int)(sizeof(jobs) / sizeof(jobs)[0]), shm_empty)
+
 /* Two hosts of four ranks, numbered cyclically: tp and cp both inside a
  * host, dp across. */
-Test(cluster, placement_tp_cp_cyclic) {
-  mpi_worker();
-  cluster_up(2, NULL);
-  worker_ok("host1:4,host2:4", 8, "--map-by node", "place", "tp=2,cp=2,dp=2");
-  cr_assert(strstr(out, "nodes 2"), "%s", out);
-}
+static const worker_job tp_cp_cyclic[] = {
+    {"host1:4,host2:4", 8, "--map-by node", "place", "tp=2,cp=2,dp=2", {"nodes 2"}},
+};
+Test(cluster, placement_tp_cp_cyclic) { WORKER_JOBS(2, tp_cp_cyclic, 0); }
 
 /* Four hosts of two ranks: tp inside a host, dp across. */
-Test(cluster, placement_four_hosts) {
-  mpi_worker();
-  cluster_up(4, NULL);
-  worker_ok("host1:2,host2:2,host3:2,host4:2", 8, "--map-by node", "place", "tp=2,dp=4");
-  cr_assert(strstr(out, "nodes 4"), "%s", out);
-}
+static const worker_job four_hosts[] = {
+    {"host1:2,host2:2,host3:2,host4:2", 8, "--map-by node", "place", "tp=2,dp=4", {"nodes 4"}},
+};
+Test(cluster, placement_four_hosts) { WORKER_JOBS(4, four_hosts, 0); }
 
 /* The sync in every mode on two hosts of two ranks: dp_cp hierarchical
- * (a segment per host), shard and HSDP too, bit for bit as documented. */
-Test(cluster, sync_two_hosts) {
-  mpi_worker();
-  cluster_up(2, NULL);
-  worker_ok("host1:2,host2:2", 4, "-x MESHPG_SHM=1", "sync", "dp=2,cp=2");
-  /* all but bdp (over dp: one member a host) in shared memory */
-  cr_assert(strstr(out, "replicate: 4 buffers, 3 in shared memory (MESHPG_SHM=1)"), "%s", out);
-  cr_assert(strstr(out, "shard: 4 buffers, 3 in shared memory (MESHPG_SHM=1)"), "%s", out);
-  cr_assert(strstr(out, "hsdp: 2 buffers, 2 in shared memory (MESHPG_SHM=1)"), "%s", out);
-  assert_shm_empty("host1");
-  assert_shm_empty("host2");
-}
+ * (a segment per host), shard and HSDP too, bit for bit as documented;
+ * all but bdp (over dp: one member a host) in shared memory. */
+static const worker_job sync_two[] = {
+    {"host1:2,host2:2", 4, "-x MESHPG_SHM=1", "sync", "dp=2,cp=2",
+     {"replicate: 4 buffers, 3 in shared memory (MESHPG_SHM=1)",
+      "shard: 4 buffers, 3 in shared memory (MESHPG_SHM=1)",
+      "hsdp: 2 buffers, 2 in shared memory (MESHPG_SHM=1)"}},
+};
+Test(cluster, sync_two_hosts) { WORKER_JOBS(2, sync_two, 1); }
 
 /* All-to-alls on 2 hosts x 2: tp inside a host (its shared-memory
  * channel), dp and the world across (the backend's MPI_Ialltoallv), on
  * malloc'ed and mpg_ctx_mem_alloc buffers; then every rank claiming one
  * host id, so that a channel across the two /dev/shm turns itself off:
  * every byte right both times, both /dev/shm empty. */
-Test(cluster, all_to_all_inside_and_across_hosts) {
-  mpi_worker();
-  cluster_up(2, NULL);
-  worker_ok("host1:2,host2:2", 4, "--map-by slot", "a2a", "tp=2,dp=2");
-  cr_assert(strstr(out, "A2A 36 cases per rank"), "%s", out);
-  worker_ok("host1:2,host2:2", 4, "--map-by slot", "a2a-samehost", "tp=2,dp=2");
-  assert_shm_empty("host1");
-  assert_shm_empty("host2");
-}
+static const worker_job a2a_jobs[] = {
+    {"host1:2,host2:2", 4, "--map-by slot", "a2a", "tp=2,dp=2", {"A2A 36 cases per rank"}},
+    {"host1:2,host2:2", 4, "--map-by slot", "a2a-samehost", "tp=2,dp=2", {NULL}},
+};
+Test(cluster, all_to_all_inside_and_across_hosts) { WORKER_JOBS(2, a2a_jobs, 1); }
 
 /* Uneven hosts (3 + 1): a group across them falls back to the backend's
  * collectives, equal to MESHPG_SHM=0 bit for bit. */
-Test(cluster, sync_uneven_hosts) {
-  mpi_worker();
-  cluster_up(2, NULL);
-  worker_ok("host1:3,host2:1", 4, "-x MESHPG_SHM=1", "sync", "dp=4");
-  cr_assert(strstr(out, "equal to the MESHPG_SHM=0 run's"), "%s", out);
-}
+static const worker_job uneven[] = {
+    {"host1:3,host2:1", 4, "-x MESHPG_SHM=1", "sync", "dp=4",
+     {"equal to the MESHPG_SHM=0 run's"}},
+};
+Test(cluster, sync_uneven_hosts) { WORKER_JOBS(2, uneven, 0); }
 
 /* Two /dev/shm under one host id (every rank claims "one-host", the ranks
  * are on two hosts with their own pid numbers): the members on host2
  * cannot open the creator's segment, the path turns off with a log line,
  * and the results equal MESHPG_SHM=0's. */
-Test(cluster, one_host_id_two_dev_shm) {
-  mpi_worker();
-  cluster_up(2, NULL);
-  worker_ok("host1:2,host2:2", 4, "-x MESHPG_LOG=info", "samehost", "dp=4");
-  cr_assert(strstr(out, "shared memory off for group \"dp\" index 0 (rank "), "%s", out);
-  cr_assert(strstr(out, "another pid namespace?"), "%s", out);
-  cr_assert(strstr(out, "0 elements differ from the MESHPG_SHM=0 run"), "%s", out);
-}
+static const worker_job same_host[] = {
+    {"host1:2,host2:2", 4, "-x MESHPG_LOG=info", "samehost", "dp=4",
+     {"shared memory off for group \"dp\" index 0 (rank ", "another pid namespace?",
+      "0 elements differ from the MESHPG_SHM=0 run"}},
+};
+Test(cluster, one_host_id_two_dev_shm) { WORKER_JOBS(2, same_host, 0); }
 
 /* examples/gpt under mpirun across two hosts equals one process. */
 Test(cluster, gpt_two_hosts) {
