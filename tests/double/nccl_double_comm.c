@@ -301,9 +301,6 @@ int64_t busid_of(int device) {
   return (int64_t)strtoll(hex, NULL, 16);
 }
 
-/* Join c's segment as c->rank of c->nranks and wait for everybody: the
- * bootstrap all-gather of init.cc:886-908.  Returns ncclSuccess or an
- * error with its text in *msg. */
 /* A joined member's per-peer counts of the sends and receives it issued
  * (both join paths, shared memory and sockets, end here). */
 ncclResult_t comm_count_issued(struct ncclComm *c, int n, char *msg, size_t msglen) {
@@ -323,6 +320,9 @@ static int peer_check_due(double *last_check, double *now) {
   return 1;
 }
 
+/* Join c's segment as c->rank of c->nranks and wait for everybody: the
+ * bootstrap all-gather of init.cc:886-908.  Returns ncclSuccess or an
+ * error with its text in *msg. */
 static ncclResult_t do_join(struct ncclComm *c, volatile _Atomic int *parent_abort, char *msg,
                            size_t msglen) {
   volatile _Atomic int *abort_flag = &c->sh->abort;
