@@ -12,6 +12,7 @@
 #include "shard_check.h"
 #include "../support/mesh_util.h"
 #include "../support/rank_check.h"
+#include "../support/run_ranks.h"
 
 typedef struct sarg {
   const shard_case *c;
@@ -168,20 +169,14 @@ typedef struct api_arg {
             mpg_last_error());                                             \
   } while (0)
 
-static mpg_mesh *api_mesh(const char *dims, const char *flatten) {
-  mpg_mesh *m = NULL;
-  return mesh_build(dims, flatten, 0, &m) == MPG_OK ? m : NULL;
-}
-
-static mpg_mesh *g_api_mesh;
-
-static mpg_status api_rank(const mpg_init_opts *opts, void *arg) {
-  api_arg *a = arg;
-  int r = opts->rank;
+/* A rank of run_ranks (tests/support/run_ranks.h): its context on the
+ * run's mesh. */
+static mpg_status api_rank(rr_rank *rr) {
+  api_arg *a = rr->arg;
+  int r = rr->rank;
   mpg_status rc = MPG_OK;
-  mpg_ctx *ctx = NULL;
+  mpg_ctx *ctx = rr->ctx;
   mpg_sync *rep = NULL, *sh = NULL, *bad = NULL;
-  A_EXPECT(mpg_ctx_create(g_api_mesh, opts, &ctx), MPG_OK);
   mpg_shard_info info = MPG_SHARD_INFO_INIT;
   void *v = NULL;
   int id;
@@ -261,22 +256,19 @@ done:
   mpg_sync_destroy(bad);
   mpg_sync_destroy(sh);
   mpg_sync_destroy(rep);
-  mpg_ctx_destroy(ctx);
   return rc;
 }
 
 Test(shard_api, error_paths, .timeout = 60) {
-  g_api_mesh = api_mesh("dp=2,cp=2,tp=2", "dp_cp=dp,cp");
-  cr_assert_not_null(g_api_mesh);
   api_arg *a = calloc(1, sizeof *a);
   cr_assert_not_null(a);
   mpg_status st[SC_MAX_RANKS];
-  mpg_status rc = mpg_thread_run(8, 20.0, api_rank, a, st);
+  rr_opts ro = {.flatten = "dp_cp=dp,cp", .statuses = st};
+  mpg_status rc = run_ranks_ex("dp=2,cp=2,tp=2", 8, api_rank, a, &ro);
   for (int r = 0; r < 8; r++)
     cr_expect_eq(st[r], MPG_OK, "rank %d: %s", r, a->msg[r]);
   cr_assert_eq(rc, MPG_OK, "%s", mpg_last_error());
   free(a);
-  mpg_mesh_destroy(g_api_mesh);
 }
 
 /* The sync options given spec's sync section hold these. */
