@@ -4,7 +4,11 @@
  * (mpg__backend_<name>; its files and their jobs are listed in
  * <name>/<name>_internal.h).  The generic layer (groups/ctx.c, group.c,
  * coll.c; see core.h) owns the public API: argument checks, size-1
- * groups, timeouts and abort, work handles.  A backend only moves data. */
+ * groups, timeouts and abort, work handles.  A backend only moves data.
+ * The table begins with the transport table (transport.h), so that a
+ * backend's communicators are transports like the shared-memory segment
+ * and channel below: held in their group's list, aborted and destroyed
+ * the same way (docs/groups.md, "Layers"). */
 #ifndef MPG_GROUPS_BACKEND_H
 #define MPG_GROUPS_BACKEND_H
 
