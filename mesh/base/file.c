@@ -1,11 +1,13 @@
-/* Safe files (internal.h, "Files"): the one place of the rules every file
- * the library or its CLI reads or replaces follows.
+/* Safe files (internal.h, "Files"): the rules for the files the library
+ * and its CLI read from or write into directories others may share (a
+ * checkpoint, the flight recorder's dumps, meshpg ckpt export), in one
+ * place.
  *  - Reading: opened relative to a directory handle, O_NOFOLLOW (a
  *    symbolic link is refused, never followed), O_NONBLOCK (a FIFO does
  *    not block the open), then fstat: regular files only, a FIFO, a
- *    directory or a device refused naming the path.  A whole read is
- *    bounded: a file larger than the caller's bound is refused before a
- *    byte of it is allocated.
+ *    directory or a device refused naming the path; its size is known
+ *    before a byte is read, for the caller's bound (a checkpoint's
+ *    meta.mpgc: the bound its header's counts give, sync/ckpt_open.c).
  *  - Replacing: the data goes to a temporary file beside the target,
  *    created with O_CREAT | O_EXCL | O_NOFOLLOW (a file or a symbolic link
  *    planted at that name is never opened), fsync'ed, renamed over the
@@ -14,7 +16,12 @@
  *    every failure the temporary file is removed.  O_TMPFILE + linkat is
  *    not used: linkat cannot replace an existing name, so a replacement
  *    needs a named temporary file and a rename anyway.
- * Every message names the path and the system's error text. */
+ * Every message names the path and the system's error text.
+ * The one reader that keeps its own open and whole read is meshpg
+ * trace's (tools/trace_read.c, tr_read_file): the trace tools are also
+ * linked into programs of the shared library, and these functions report
+ * through mpg__fail, whose object would give such a program a second
+ * thread's last error and a second mpg_last_error hiding the library's. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -94,48 +101,6 @@ mpg_status mpg__file_pread_all(int fd, void *buf, size_t n, uint64_t off, const 
     n -= (size_t)r;
     off += (uint64_t)r;
   }
-  return MPG_OK;
-}
-
-mpg_status mpg__file_read_whole(int dfd, const char *name, const char *shown, size_t max,
-                                char **out, size_t *len) {
-  *out = NULL;
-  *len = 0;
-  int fd;
-  uint64_t size;
-  mpg_status st = mpg__file_open_regular(dfd, name, shown, &fd, &size);
-  if (st) return st;
-  if (size > (uint64_t)max) {
-    close(fd);
-    return mpg__fail(MPG_ERR_RANGE, "%s is %llu bytes, more than the %zu bytes it may have",
-                     shown, (unsigned long long)size, max);
-  }
-  /* The size it has now bounds what is read: a file that grows meanwhile
-   * is read as it was, one that shrinks as far as it goes. */
-  char *buf = malloc((size_t)size + 1);
-  if (!buf) {
-    close(fd);
-    return mpg__fail(MPG_ERR_NOMEM, "%s: out of memory (%llu bytes)", shown,
-                     (unsigned long long)size);
-  }
-  size_t n = 0;
-  while (n < (size_t)size) {
-    ssize_t k = read(fd, buf + n, (size_t)size - n);
-    if (k > 0) {
-      n += (size_t)k;
-    } else if (k == 0) {
-      break;
-    } else if (errno != EINTR) {
-      int e = errno;
-      close(fd);
-      free(buf);
-      return mpg__fail(MPG_ERR_IO, "cannot read %s: %s", shown, strerror(e));
-    }
-  }
-  close(fd);
-  buf[n] = '\0';
-  *out = buf;
-  *len = n;
   return MPG_OK;
 }
 

@@ -44,7 +44,7 @@ typedef struct mpg__strbuf {
                    * MPG_ERR_INVALID (the format's encoding error) */
 } mpg__strbuf;
 #define MPG__STRBUF_INIT {NULL, 0, 0, 0, MPG_OK}
-/* Append the formatted text (the format of the C library's printf). */
+/* Append the formatted text (C's format strings, checked by the compiler). */
 void mpg__strbuf_add(mpg__strbuf *b, const char *fmt, ...) MPG__PRINTF(2, 3);
 void mpg__strbuf_vadd(mpg__strbuf *b, const char *fmt, va_list ap);
 /* The text, the caller's to free ("" when nothing was appended), and the
@@ -64,13 +64,6 @@ void mpg__strbuf_free(mpg__strbuf *b);
  * followed)", "cannot read run/x/meta.mpgc: not a regular file (a FIFO)"). */
 mpg_status mpg__file_open_regular(int dfd, const char *name, const char *shown, int *fd,
                                   uint64_t *size);
-
-/* The whole of `name` (opened as above) into *out, the caller's to free,
- * NUL-terminated after its *len bytes.  A file over `max` bytes is
- * MPG_ERR_RANGE naming its size and the bound, refused before any read;
- * MPG_ERR_NOMEM.  On error *out is NULL. */
-mpg_status mpg__file_read_whole(int dfd, const char *name, const char *shown, size_t max,
-                                char **out, size_t *len);
 
 /* n bytes at offset off of fd, all of them (EINTR retried).  A read that
  * meets the file's end is MPG_ERR_IO "truncated". */

@@ -1,8 +1,9 @@
 /* The base module's string buffer and safe files (mesh/base/strbuf.c,
  * mesh/base/file.c; internal.h): growth, the bound and the sticky error
  * of mpg__strbuf; a whole-file replacement that is atomic and leaves no
- * temporary file behind when it fails; reads of regular files only
- * (O_NOFOLLOW, S_ISREG) and bounded. */
+ * temporary file behind when it fails; opens for reading of regular files
+ * only (O_NOFOLLOW, S_ISREG) that give the size before a read, and whole
+ * positioned reads and writes. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
@@ -130,14 +131,23 @@ static void put(const char *path, const char *text) {
                MPG_OK, "%s", mpg_last_error());
 }
 
-static void expect_text(const char *path, const char *text) {
-  char *s;
-  size_t n;
-  cr_assert_eq(mpg__file_read_whole(AT_FDCWD, path, path, 1 << 20, &s, &n), MPG_OK, "%s",
+/* Read through the base module: a regular file of exactly `text`. */
+static void expect_text_at(int dfd, const char *path, const char *text) {
+  int fd;
+  uint64_t size;
+  cr_assert_eq(mpg__file_open_regular(dfd, path, path, &fd, &size), MPG_OK, "%s",
                mpg_last_error());
-  cr_expect_eq(n, strlen(text));
-  cr_expect_str_eq(s, text);
-  free(s);
+  char buf[64] = "";
+  cr_expect_eq(size, strlen(text), "%s", path);
+  cr_assert_lt(size, sizeof buf);
+  cr_expect_eq(mpg__file_pread_all(fd, buf, (size_t)size, 0, path), MPG_OK, "%s",
+               mpg_last_error());
+  cr_expect_str_eq(buf, text);
+  close(fd);
+}
+
+static void expect_text(const char *path, const char *text) {
+  expect_text_at(AT_FDCWD, path, text);
 }
 
 Test(base_file, write_whole_replaces_atomically, .fini = cleanup) {
@@ -165,13 +175,7 @@ Test(base_file, write_whole_replaces_atomically, .fini = cleanup) {
   cr_assert_eq(mpg__file_write_whole(dfd, "meta", "shown/meta", "meta.tmp", "", 0, 0600),
                MPG_OK, "%s", mpg_last_error());
   cr_expect_eq(entries(dir, NULL, 0), 2);
-  char *s;
-  size_t n;
-  cr_assert_eq(mpg__file_read_whole(dfd, "meta", "shown/meta", 16, &s, &n), MPG_OK, "%s",
-               mpg_last_error());
-  cr_expect_eq(n, 0, "an empty file reads as empty");
-  cr_expect_str_eq(s, "");
-  free(s);
+  expect_text_at(dfd, "meta", ""); /* an empty file: size 0 */
   /* The fixed temporary name taken already: refused (O_EXCL), and the
    * file there is not the writer's to remove. */
   int fd = openat(dfd, "meta.tmp", O_WRONLY | O_CREAT | O_EXCL, 0600);
@@ -245,10 +249,10 @@ Test(base_file, symlink_target_is_replaced_not_followed, .fini = cleanup) {
   put(victim, "precious");
   cr_assert_eq(symlink(victim, link), 0);
   /* Reading through the link: refused, naming it. */
-  char *s;
-  size_t n;
-  cr_expect_eq(mpg__file_read_whole(AT_FDCWD, link, link, 100, &s, &n), MPG_ERR_IO);
-  cr_expect_null(s);
+  int fd;
+  uint64_t size;
+  cr_expect_eq(mpg__file_open_regular(AT_FDCWD, link, link, &fd, &size), MPG_ERR_IO);
+  cr_expect_eq(fd, -1);
   cr_expect(strstr(mpg_last_error(), link) &&
                 strstr(mpg_last_error(), "is a symbolic link (not followed)"),
             "%s", mpg_last_error());
@@ -270,41 +274,22 @@ Test(base_file, reads_regular_files_only, .fini = cleanup) {
   snprintf(missing, sizeof missing, "%s/missing", dir);
   cr_assert_eq(mkfifo(fifo, 0600), 0);
   cr_assert_eq(mkdir(sub, 0700), 0);
-  char *s;
-  size_t n;
+  int fd;
+  uint64_t size;
   /* A FIFO with no writer: refused at once (O_NONBLOCK), not waited on. */
-  cr_expect_eq(mpg__file_read_whole(AT_FDCWD, fifo, fifo, 100, &s, &n), MPG_ERR_IO);
+  cr_expect_eq(mpg__file_open_regular(AT_FDCWD, fifo, fifo, &fd, &size), MPG_ERR_IO);
   cr_expect(strstr(mpg_last_error(), fifo) &&
                 strstr(mpg_last_error(), "not a regular file (a FIFO)"),
             "%s", mpg_last_error());
-  cr_expect_eq(mpg__file_read_whole(AT_FDCWD, sub, sub, 100, &s, &n), MPG_ERR_IO);
+  cr_expect_eq(mpg__file_open_regular(AT_FDCWD, sub, sub, &fd, &size), MPG_ERR_IO);
   cr_expect(strstr(mpg_last_error(), "not a regular file (a directory)"), "%s",
             mpg_last_error());
-  cr_expect_eq(mpg__file_read_whole(AT_FDCWD, missing, missing, 100, &s, &n),
+  cr_expect_eq(mpg__file_open_regular(AT_FDCWD, missing, missing, &fd, &size),
                MPG_ERR_NOT_FOUND);
   cr_expect(strstr(mpg_last_error(), missing), "%s", mpg_last_error());
-  cr_expect_eq(mpg__file_read_whole(AT_FDCWD, "/dev/null", "/dev/null", 100, &s, &n),
+  cr_expect_eq(mpg__file_open_regular(AT_FDCWD, "/dev/null", "/dev/null", &fd, &size),
                MPG_ERR_IO);
   cr_expect(strstr(mpg_last_error(), "a character device"), "%s", mpg_last_error());
-}
-
-Test(base_file, bounded_read_names_sizes, .fini = cleanup) {
-  fresh_dir();
-  char path[400];
-  snprintf(path, sizeof path, "%s/big", dir);
-  put(path, "0123456789");
-  char *s;
-  size_t n;
-  cr_expect_eq(mpg__file_read_whole(AT_FDCWD, path, path, 9, &s, &n), MPG_ERR_RANGE);
-  cr_expect_null(s);
-  cr_expect(strstr(mpg_last_error(), path) && strstr(mpg_last_error(), "is 10 bytes") &&
-                strstr(mpg_last_error(), "9 bytes"),
-            "%s", mpg_last_error());
-  cr_assert_eq(mpg__file_read_whole(AT_FDCWD, path, path, 10, &s, &n), MPG_OK, "%s",
-               mpg_last_error());
-  cr_expect_eq(n, 10);
-  cr_expect_str_eq(s, "0123456789");
-  free(s);
 }
 
 Test(base_file, pread_pwrite_all, .fini = cleanup) {
