@@ -476,8 +476,6 @@ Test(processes, killed_rank_gives_remote_error) {
               status[r]);
 }
 
-/* The bodies of the children (see in_child and run_procs), run before
- * Criterion's main when MESHPG_NCCL_DOUBLE_CHILD is set. */
 /* Two threads that open a comm_pair with fn. */
 static void child_pair(rank_fn fn) {
   ncclUniqueId ids[2];
@@ -486,6 +484,8 @@ static void child_pair(rank_fn fn) {
   world_run(2, 1, 1, fn, ids);
 }
 
+/* The bodies of the children (see in_child and run_procs), run before
+ * Criterion's main when MESHPG_NCCL_DOUBLE_CHILD is set. */
 __attribute__((constructor)) static void child_main(void) {
   const char *mode = getenv("MESHPG_NCCL_DOUBLE_CHILD");
   if (!mode) return;

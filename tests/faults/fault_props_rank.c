@@ -273,9 +273,6 @@ static void fp_a2a_wait(fp_rank *R, mpg_work **aw, int32_t *send, const int32_t 
     }
 }
 
-/* One epoch of rank R: a fresh context from `start` until the steps end,
- * its context dies, or another rank's did.  Returns 1 when the rank left
- * (FP_KILL on thread / nccl). */
 /* The sync of case c: its op, scale, reduce dtype, buckets and, sharded,
  * its shard and replicate dims. */
 static mpg_sync_opts case_sync_opts(const fp_case *c) {
@@ -295,6 +292,9 @@ static mpg_sync_opts case_sync_opts(const fp_case *c) {
   return so;
 }
 
+/* One epoch of rank R: a fresh context from `start` until the steps end,
+ * its context dies, or another rank's did.  Returns 1 when the rank left
+ * (FP_KILL on thread / nccl). */
 int fp_epoch(fp_rank *R, int start) {
   const fp_case *c = R->c;
   int rank = R->rank, left = 0;
