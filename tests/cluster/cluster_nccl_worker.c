@@ -33,20 +33,13 @@
 #include <unistd.h>
 
 #include "meshpg.h"
+#include "../support/sync_util.h"
 #include "../support/values.h"
-#include "../support/worker_report.h"
+#include "../support/mesh_util.h"
+#include "../support/cuda_report.h"
 
 static char g_hostname[64];
 
-
-#define CUDA_TRY(call)                                                                   \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) {                                                             \
-      fail("line %d: %s -> %s", __LINE__, #call, cudaGetErrorString(e_));                \
-      goto done;                                                                         \
-    }                                                                                    \
-  } while (0)
 
 static double now_ms(void) {
   struct timespec t;
@@ -60,13 +53,10 @@ static double g_create_ms;
 
 static mpg_ctx *open_ctx(const char *dims, mpg_mesh **mesh) {
   mpg_ctx *ctx = NULL;
-  mpg_spec spec = MPG_SPEC_INIT;
   mpg_launch L = MPG_LAUNCH_INIT;
   *mesh = NULL;
   TRY(mpg_launch_from_env(&L));
-  TRY(mpg_spec_init(&spec));
-  TRY(mpg_spec_set_mesh(&spec, dims));
-  TRY(mpg_mesh_create(&spec, L.world_size, mesh));
+  TRY(mesh_build(dims, NULL, L.world_size, mesh));
   mpg_init_opts o = MPG_INIT_OPTS_INIT;
   o.backend.name = MPG_BACKEND_NCCL;
   o.backend.timeout_s = 120; /* start-up; the steps set their own */
@@ -86,12 +76,8 @@ static float gen(int r, int p, size_t i) { return (float)((r * 7 + p * 3 + (int)
 
 static void run_sync(mpg_ctx *ctx, int shard) {
   const char *mname = shard ? "shard" : "replicate";
-  const struct {
-    const char *name;
-    size_t count;
-    mpg_dtype dt;
-    const char *dims;
-  } ps[] = {{"f0", 3001, MPG_F32, NULL}, {"b0", 1501, MPG_BF16, NULL}, {"fcp", 37, MPG_F32, "cp"}};
+  const sync_param ps[] = {
+      {"f0", 3001, MPG_F32, NULL}, {"b0", 1501, MPG_BF16, NULL}, {"fcp", 37, MPG_F32, "cp"}};
   enum { NP = 3 };
   mpg_sync *s = NULL;
   void *host = malloc(3001 * 4);
@@ -99,20 +85,13 @@ static void run_sync(mpg_ctx *ctx, int shard) {
   so.sync.bucket_mb = 0.004;
   so.sync.first_bucket_mb = 0.001;
   if (shard) so.sync.mode = MPG_SYNC_SHARD;
-  TRY(mpg_sync_create(ctx, &so, &s));
-  for (int p = 0; p < NP; p++) {
-    mpg_param_opts po = MPG_PARAM_OPTS_INIT;
-    po.reduce_dims = ps[p].dims;
-    int id;
-    TRY(mpg_sync_add_param(s, ps[p].name, ps[p].count, ps[p].dt, &po, &id));
-  }
-  TRY(mpg_sync_commit(s));
+  TRY(sync_make_params(ctx, &so, ps, NP, &s));
   const int me = mpg_ctx_rank(ctx);
   for (int p = 0; p < NP; p++) {
     void *g;
-    size_t es = ps[p].dt == MPG_BF16 ? 2 : 4;
+    size_t es = ps[p].dtype == MPG_BF16 ? 2 : 4;
     for (size_t i = 0; i < ps[p].count; i++) {
-      if (ps[p].dt == MPG_BF16) ((uint16_t *)host)[i] = tv_f32_to_bf16(gen(me, p, i));
+      if (ps[p].dtype == MPG_BF16) ((uint16_t *)host)[i] = tv_f32_to_bf16(gen(me, p, i));
       else ((float *)host)[i] = gen(me, p, i);
     }
     TRY(mpg_sync_grad(s, p, &g));
@@ -125,7 +104,7 @@ static void run_sync(mpg_ctx *ctx, int shard) {
     void *g;
     mpg_group *grp;
     mpg_shard_info info = MPG_SHARD_INFO_INIT;
-    size_t es = ps[p].dt == MPG_BF16 ? 2 : 4;
+    size_t es = ps[p].dtype == MPG_BF16 ? 2 : 4;
     TRY(mpg_sync_grad(s, p, &g));
     TRY(mpg_sync_param_group(s, p, &grp));
     if (shard) TRY(mpg_sync_get_shard(s, p, &info));
@@ -137,8 +116,8 @@ static void run_sync(mpg_ctx *ctx, int shard) {
       float sum = 0;
       for (int k = 0; k < n; k++) sum += gen(m[k], p, i);
       float want = sum / (float)n, got;
-      got = ps[p].dt == MPG_BF16 ? tv_bf16_to_f32(((uint16_t *)host)[i]) : ((float *)host)[i];
-      if (ps[p].dt == MPG_BF16) want = tv_bf16_to_f32(tv_f32_to_bf16(want));
+      got = ps[p].dtype == MPG_BF16 ? tv_bf16_to_f32(((uint16_t *)host)[i]) : ((float *)host)[i];
+      if (ps[p].dtype == MPG_BF16) want = tv_bf16_to_f32(tv_f32_to_bf16(want));
       if (got != want && bad++ < 5)
         fail("%s: param %s element %zu: got %g, expected %g (group of %d)", mname, ps[p].name,
              i, (double)got, (double)want, n);
@@ -156,10 +135,8 @@ static void mode_sync(const char *dims) {
   if (ctx) {
     run_sync(ctx, 0);
     run_sync(ctx, 1);
-    mpg_status st = mpg_ctx_destroy(ctx);
-    if (st) fail("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
   }
-  mpg_mesh_destroy(mesh);
+  ctx_close(ctx, mesh);
 }
 
 static void mode_steps(const char *dims, int steps, double timeout_s) {
@@ -167,11 +144,9 @@ static void mode_steps(const char *dims, int steps, double timeout_s) {
   mpg_ctx *ctx = open_ctx(dims, &mesh);
   mpg_sync *s = NULL;
   if (!ctx) {
-    if (g_create_st)
-      printf("END rank %d host %s status %s ms %.0f step -1: %s\n", g_rank, g_hostname,
-             mpg_status_name(g_create_st), g_create_ms, "mpg_ctx_create failed");
-    printf("DESTROYED rank %d status OK OK\n", g_rank); /* nothing to destroy */
-    mpg_mesh_destroy(mesh);
+    if (g_create_st) steps_end(g_rank, g_hostname, g_create_st, g_create_ms, -1,
+                               "mpg_ctx_create failed");
+    steps_destroy(g_rank, NULL, NULL, mesh); /* nothing to destroy: OK OK */
     return;
   }
   const int me = mpg_ctx_rank(ctx);
@@ -199,17 +174,9 @@ static void mode_steps(const char *dims, int steps, double timeout_s) {
     if (!st) st = mpg_sync_finish(s);
     if (!st) usleep(100000);
   }
-  if (st)
-    printf("END rank %d host %s status %s ms %.0f step %d: %s\n", me, g_hostname,
-           mpg_status_name(st), now_ms() - t0, k - 1, mpg_last_error());
-  else
-    printf("END rank %d host %s status OK ms 0 step %d: all steps\n", me, g_hostname, steps);
-  fflush(stdout);
-  mpg_status sst = s ? mpg_sync_destroy(s) : MPG_OK;
-  mpg_status dst = mpg_ctx_destroy(ctx);
-  printf("DESTROYED rank %d status %s %s\n", me, mpg_status_name(sst), mpg_status_name(dst));
-  fflush(stdout);
-  mpg_mesh_destroy(mesh);
+  if (st) steps_end(me, g_hostname, st, now_ms() - t0, k - 1, mpg_last_error());
+  else steps_end(me, g_hostname, MPG_OK, 0, steps, "all steps");
+  steps_destroy(me, s, ctx, mesh);
   free(host);
 }
 

@@ -51,7 +51,7 @@
  *                                "DESTROYED rank R status NAME"
  *
  * Every rank prints "HOST rank R launcher L host NAME", then "OK <mode> rank
- * R" or "FAIL <mode> rank R: ..." lines; exit code 0 / 1. */
+ * R" or "FAIL <mode> rank R: ..." lines; exit code 0 / 1 (worker_main.h). */
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -62,8 +62,10 @@
 #include <unistd.h>
 
 #include "meshpg.h"
+#include "../support/sync_util.h"
 #include "../support/values.h"
-#include "../support/worker_report.h"
+#include "../support/mesh_util.h"
+#include "../support/worker_main.h"
 
 enum { MAXR = 64, HOSTLEN = 64 };
 
@@ -152,12 +154,7 @@ static uint32_t to_bits(mpg_dtype dt, float acc) {
   return u;
 }
 
-typedef struct vparam {
-  const char *name;
-  size_t count;
-  mpg_dtype dtype;
-  const char *reduce_dims;
-} vparam;
+typedef sync_param vparam; /* sync_util.h */
 
 static const vparam PS[] = {
     {"f0", 701, MPG_F32, NULL},  {"b0", 1501, MPG_BF16, NULL}, {"f1", 3001, MPG_F32, NULL},
@@ -209,14 +206,12 @@ static void run_mode(mpg_ctx *ctx, int mode, int shm_on, run *out, const run *re
     snprintf(so.sync.shard_dims, sizeof so.sync.shard_dims, "cp");
     snprintf(so.sync.replicate_dims, sizeof so.sync.replicate_dims, "dp");
   }
-  TRY(mpg_sync_create(ctx, &so, &s));
+  sync_param sel[NP]; /* HSDP: every param over the sync's dims */
   for (int p = 0; p < np; p++) {
-    mpg_param_opts po = MPG_PARAM_OPTS_INIT;
-    po.reduce_dims = mode == 2 ? NULL : ps[p]->reduce_dims;
-    int id;
-    TRY(mpg_sync_add_param(s, ps[p]->name, ps[p]->count, ps[p]->dtype, &po, &id));
+    sel[p] = *ps[p];
+    if (mode == 2) sel[p].reduce_dims = NULL;
   }
-  TRY(mpg_sync_commit(s));
+  TRY(sync_make_params(ctx, &so, sel, np, &s));
   /* The buffers the rules put in shared memory: distinct (dtype, group)
    * whose (shard) group takes the flat or hierarchical path. */
   int want = 0;
@@ -326,13 +321,9 @@ done:
 static mpg_ctx *open_ctx(const char *dims, const char *host_id, double timeout_s,
                          mpg_mesh **mesh) {
   mpg_ctx *ctx = NULL;
-  mpg_spec spec = MPG_SPEC_INIT;
   int world;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  *mesh = NULL;
-  TRY(mpg_spec_init(&spec));
-  TRY(mpg_spec_set_mesh(&spec, dims));
-  TRY(mpg_mesh_create(&spec, world, mesh));
+  TRY(mesh_build(dims, NULL, world, mesh));
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
   opts.backend.name = MPG_BACKEND_MPI;
   opts.backend.timeout_s = timeout_s;
@@ -350,18 +341,11 @@ done:
   return ctx;
 }
 
-static void close_ctx(mpg_ctx *ctx, mpg_mesh *mesh) {
-  if (ctx) {
-    mpg_status st = mpg_ctx_destroy(ctx);
-    if (st) fail("mpg_ctx_destroy -> %s", mpg_status_name(st));
-  }
-  mpg_mesh_destroy(mesh);
-}
-
-static void mode_place(const char *dims) {
+static int mode_place(worker *w) {
+  const char *dims = w->argv[0];
   mpg_mesh *mesh;
   mpg_ctx *ctx = open_ctx(dims, NULL, 60, &mesh);
-  if (!ctx) return;
+  if (!ctx) return 0;
   int world = mpg_ctx_world_size(ctx), hosts = 0;
   for (int r = 0; r < world; r++) {
     int k = 0;
@@ -381,10 +365,12 @@ static void mode_place(const char *dims) {
   }
   printf("PLACE rank %d launcher %d host %s nodes %d\n", mpg_ctx_rank(ctx),
          mpg_ctx_launcher_rank(ctx), g_host[mpg_ctx_rank(ctx)], mpg_ctx_num_nodes(ctx));
-  close_ctx(ctx, mesh);
+  ctx_close(ctx, mesh);
+  return 0;
 }
 
-static void mode_sync(const char *dims, const char *host_id) {
+static int mode_sync(worker *w) {
+  const char *dims = w->argv[0], *host_id = strstr(w->mode, "samehost") ? "one-host" : NULL;
   const char *env = getenv("MESHPG_SHM");
   int shm_on = !(env && strcmp(env, "0") == 0);
   run a = {0}, b = {0};
@@ -394,10 +380,10 @@ static void mode_sync(const char *dims, const char *host_id) {
   snprintf(launched, sizeof launched, "%s", env ? env : "");
   setenv("MESHPG_SHM", "0", 1);
   mpg_ctx *ctx = open_ctx(dims, host_id, 60, &mesh);
-  if (!ctx) return;
+  if (!ctx) return 0;
   int modes = has_dim(mesh, "cp") && has_dim(mesh, "dp") ? 3 : 2;
   for (int m = 0; m < modes; m++) run_mode(ctx, m, 0, &b, NULL);
-  close_ctx(ctx, mesh);
+  ctx_close(ctx, mesh);
   if (launched[0]) setenv("MESHPG_SHM", launched, 1);
   else unsetenv("MESHPG_SHM");
   /* one host id for ranks on two hosts: the path must turn itself off */
@@ -405,7 +391,7 @@ static void mode_sync(const char *dims, const char *host_id) {
   ctx = open_ctx(dims, host_id, 60, &mesh);
   if (ctx)
     for (int m = 0; m < modes; m++) run_mode(ctx, m, eff, &a, &b);
-  close_ctx(ctx, mesh);
+  ctx_close(ctx, mesh);
   /* The first run against the second, element by element: where the
    * path is on, the orders differ by design (each run was checked against
    * its own); where it is off, not a bit may differ. */
@@ -420,6 +406,7 @@ static void mode_sync(const char *dims, const char *host_id) {
   if (!eff && diff) fail("%ld elements differ from the MESHPG_SHM=0 run with the path off", diff);
   for (int m = 0; m < NMODES; m++)
     for (int p = 0; p < NP; p++) free(a.bits[m][p]), free(b.bits[m][p]);
+  return 0;
 }
 
 /* One all-to-all of case `key` on g: position s sends position t
@@ -480,10 +467,11 @@ done:
   }
 }
 
-static void mode_a2a(const char *dims, const char *host_id) {
+static int mode_a2a(worker *w) {
+  const char *dims = w->argv[0], *host_id = strstr(w->mode, "samehost") ? "one-host" : NULL;
   mpg_mesh *mesh;
   mpg_ctx *ctx = open_ctx(dims, host_id, 60, &mesh);
-  if (!ctx) return;
+  if (!ctx) return 0;
   int nsets = mpg_mesh_num_dimsets(mesh), cases = 0;
   for (int d = 0; d < nsets && !failures; d++) {
     mpg_group *g = NULL;
@@ -498,14 +486,26 @@ static void mode_a2a(const char *dims, const char *host_id) {
                c % 3 != 2, c % 2, c / 2 % 2);
   }
   if (g_rank == 0 && !failures) printf("A2A %d cases per rank\n", cases);
-  close_ctx(ctx, mesh);
+  ctx_close(ctx, mesh);
+  return 0;
 }
 
-static mpg_status mode_steps(const char *dims, int steps, double timeout_s) {
+/* Leave without a collective finalize: the world may be cut in two (the
+ * tests run these jobs with --enable-recovery, so that mpirun lets the
+ * other ranks report). */
+static void leave_cut(void) {
+  fflush(stdout);
+  _exit(0);
+}
+
+static int mode_steps(worker *w) {
+  const char *dims = w->argv[0];
+  int steps = atoi(w->argv[1]);
+  double timeout_s = atof(w->argv[2]);
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = open_ctx(dims, NULL, timeout_s, &mesh);
   mpg_sync *s = NULL;
-  if (!ctx) return MPG_ERR_STATE;
+  if (!ctx) leave_cut();
   const int me = mpg_ctx_rank(ctx);
   mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
   so.sync.bucket_mb = 1;
@@ -526,55 +526,28 @@ static mpg_status mode_steps(const char *dims, int steps, double timeout_s) {
     }
     if (!st) usleep(100000);
   }
-  if (st)
-    printf("END rank %d host %s status %s ms %.0f step %d: %s\n", me, g_host[me],
-           mpg_status_name(st), now_ms() - t0, k - 1, mpg_last_error());
-  else
-    printf("END rank %d host %s status OK ms 0 step %d: all steps\n", me, g_host[me], steps);
-  fflush(stdout);
-  mpg_status sst = s ? mpg_sync_destroy(s) : MPG_OK;
-  mpg_status dst = mpg_ctx_destroy(ctx);
-  printf("DESTROYED rank %d status %s %s\n", me, mpg_status_name(sst), mpg_status_name(dst));
-  fflush(stdout);
-  mpg_mesh_destroy(mesh);
-  return st;
+  if (st) steps_end(me, g_host[me], st, now_ms() - t0, k - 1, mpg_last_error());
+  else steps_end(me, g_host[me], MPG_OK, 0, steps, "all steps");
+  steps_destroy(me, s, ctx, mesh);
+  if (st != MPG_OK && st != MPG_ERR_ENV) leave_cut();
+  return 0;
 }
 
-int main(int argc, char **argv) {
-  if (argc < 3) {
-    printf("usage: cluster_worker place|sync|samehost|a2a|a2a-samehost MESH | "
-           "steps MESH N TIMEOUT_S\n");
-    return 2;
-  }
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  g_mode = argv[1];
-  int provided, world;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+/* Every rank's host first; at most MAXR ranks. */
+static int hello(worker *w) {
   char host[HOSTLEN] = "";
   gethostname(host, sizeof host - 1);
-  printf("HOST rank %d host %s pid %ld\n", g_rank, host, (long)getpid());
-  if (world > MAXR) fail("at most %d ranks", MAXR);
-  else if (strcmp(g_mode, "place") == 0) mode_place(argv[2]);
-  else if (strcmp(g_mode, "sync") == 0) mode_sync(argv[2], NULL);
-  else if (strcmp(g_mode, "samehost") == 0) mode_sync(argv[2], "one-host");
-  else if (strcmp(g_mode, "a2a") == 0) mode_a2a(argv[2], NULL);
-  else if (strcmp(g_mode, "a2a-samehost") == 0) mode_a2a(argv[2], "one-host");
-  else if (strcmp(g_mode, "steps") == 0 && argc > 4) {
-    mpg_status st = mode_steps(argv[2], atoi(argv[3]), atof(argv[4]));
-    if (st != MPG_OK && st != MPG_ERR_ENV) {
-      /* The world may be cut in two: no collective finalize (the tests
-       * run these jobs with --enable-recovery, so that mpirun lets the
-       * other ranks report). */
-      fflush(stdout);
-      _exit(0);
-    }
-  } else {
-    fail("unknown mode");
-  }
-  MPI_Finalize();
-  if (!failures) printf("OK %s rank %d\n", g_mode, g_rank);
-  fflush(stdout);
-  return failures ? 1 : 0;
+  printf("HOST rank %d host %s pid %ld\n", w->rank, host, (long)getpid());
+  if (w->world > MAXR) fail("at most %d ranks", MAXR);
+  return 0;
 }
+
+static const worker_case cases[] = {
+    {"place", "MESH", 1, 1, mode_place, WK_MPI},
+    {"sync", "MESH", 1, 1, mode_sync, WK_MPI},
+    {"samehost", "MESH", 1, 1, mode_sync, WK_MPI},
+    {"a2a", "MESH", 1, 1, mode_a2a, WK_MPI},
+    {"a2a-samehost", "MESH", 1, 1, mode_a2a, WK_MPI},
+    {"steps", "MESH N TIMEOUT_S", 3, 3, mode_steps, WK_MPI},
+};
+WORKER_MAIN_WITH(cases, hello)

@@ -20,7 +20,7 @@
  *     its dtype) before
  *     position 0 reads it: "CORRUPT case rank status msg".
  *
- * Prints "FAIL ..." on a setup failure; "DONE rank" last. */
+ * Prints "FAIL ..." on a setup failure; "DONE rank" last (worker_main.h). */
 #include <mpi.h>
 
 #include <errno.h>
@@ -35,12 +35,13 @@
 #include "a2a_faults.h"
 #include "../support/clock.h"
 #include "../support/mesh_util.h"
+#include "../support/worker_main.h"
 
 /* Internals, for the corrupt mode only: the channel's segment. */
 #include "core.h"
 #include "a2a_chan.h"
 
-static int g_rank, g_world;
+static int g_world;
 static int *g_pids;
 
 static void signal_victim(void *arg, int sig) {
@@ -220,27 +221,44 @@ static int run_corrupt(void) {
   return bad;
 }
 
-int main(int argc, char **argv) {
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+/* Every rank's pid, for the scenarios that signal the victim. */
+static int gather_pids(worker *w) {
+  g_world = w->world;
   g_pids = calloc((size_t)g_world, sizeof *g_pids);
   int pid = (int)getpid();
   MPI_Allgather(&pid, 1, MPI_INT, g_pids, 1, MPI_INT, MPI_COMM_WORLD);
-  int rc = 2;
-  if (argc >= 4 && !strcmp(argv[1], "fault") && g_world == AF_N)
-    rc = run_faults((size_t)strtoull(argv[2], NULL, 10), argv[3]);
-  else if (argc >= 4 && !strcmp(argv[1], "memory") && g_world == AF_N)
-    rc = run_memory(atoi(argv[2]), (size_t)strtoull(argv[3], NULL, 10));
-  else if (argc >= 2 && !strcmp(argv[1], "corrupt") && g_world == 2)
-    rc = run_corrupt();
-  else
-    printf("FAIL rank %d: usage (world %d)\n", g_rank, g_world);
+  return 0;
+}
+
+/* A mode's last line, "DONE rank rc", after "FAIL ... usage" when the
+ * job is not of the `want` ranks the mode needs (rc 2). */
+static int done_line(int want, int rc) {
+  if (g_world != want) printf("FAIL rank %d: usage (world %d)\n", g_rank, g_world);
   printf("DONE %d %d\n", g_rank, rc);
-  fflush(stdout);
   free(g_pids);
-  MPI_Finalize();
   return rc;
 }
+
+static int mode_fault(worker *w) {
+  return done_line(AF_N, g_world != AF_N ? 2
+                                         : run_faults((size_t)strtoull(w->argv[0], NULL, 10),
+                                                      w->argv[1]));
+}
+
+static int mode_memory(worker *w) {
+  return done_line(AF_N, g_world != AF_N ? 2
+                                         : run_memory(atoi(w->argv[0]),
+                                                      (size_t)strtoull(w->argv[1], NULL, 10)));
+}
+
+static int mode_corrupt(worker *w) {
+  (void)w;
+  return done_line(2, g_world != 2 ? 2 : run_corrupt());
+}
+
+static const worker_case cases[] = {
+    {"fault", "COUNT SCEN[,SCEN...]", 2, -1, mode_fault, WK_MPI | WK_OWN_LINES},
+    {"memory", "ROUNDS MIB", 2, -1, mode_memory, WK_MPI | WK_OWN_LINES},
+    {"corrupt", "", 0, -1, mode_corrupt, WK_MPI | WK_OWN_LINES},
+};
+WORKER_MAIN_WITH(cases, gather_pids)

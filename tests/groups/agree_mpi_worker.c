@@ -16,25 +16,20 @@
  *   RESULT rank R case I status NAME secs S msg MESSAGE
  * and, for a create that succeeded, runs an all-gather over the first dim
  * set sized by this rank's own mesh (under ASan, a write past it would
- * show).  Exit 0 when it ran (the test judges the lines). */
+ * show).  Exit 0 when it ran (the test judges the lines; worker_main.h). */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "meshpg.h"
 #include "agree_cases.h"
-
-static double clock_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "../support/clock.h"
+#include "../support/worker_main.h"
 
 #define LINE 1200
 
-static int g_rank, g_world;
+static int g_world;
 
 static void one_create(int i, const agree_job *job) {
   mpg_mesh *mesh = NULL;
@@ -44,9 +39,9 @@ static void one_create(int i, const agree_job *job) {
   opts.backend.timeout_s = 60.0; /* far beyond the promise: waiting it out would show */
   mpg_ctx *ctx = NULL;
   MPI_Barrier(MPI_COMM_WORLD);
-  double t0 = clock_s();
+  double t0 = now_s();
   if (!st) st = mpg_ctx_create(mesh, &opts, &ctx);
-  double secs = clock_s() - t0;
+  double secs = now_s() - t0;
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", st ? mpg_last_error() : "");
   for (char *c = msg; *c; c++)
@@ -70,34 +65,38 @@ static void job_from(const char *dims, const char *x, agree_job *j) {
   if (strcmp(x, "-")) snprintf(j->flatten[0], sizeof j->flatten[0], "%s", x);
 }
 
-int main(int argc, char **argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
-  int rc = 0;
-  if (argc == 7 && !strcmp(argv[1], "split")) {
-    agree_job j;
-    int b = g_rank >= atoi(argv[2]);
-    job_from(argv[b ? 5 : 3], argv[b ? 6 : 4], &j);
-    one_create(0, &j);
-  } else if (argc == 4 && !strcmp(argv[1], "random")) {
-    int n = atoi(argv[2]);
-    uint64_t seed = strtoull(argv[3], NULL, 10);
-    for (int i = 0; i < n; i++) {
-      agree_case c;
-      agree_make_case(seed, i, g_world, &c);
-      one_create(i, &c.job[c.uses_b[g_rank]]);
-    }
-  } else if (argc == 2 && !strcmp(argv[1], "plain")) {
-    agree_job j;
-    job_from("dp=-1", "-", &j);
-    one_create(0, &j);
-  } else {
-    fprintf(stderr, "usage: agree_mpi_worker split K DIMS_A X_A DIMS_B X_B | random N SEED | "
-                    "plain\n");
-    rc = 2;
-  }
-  MPI_Finalize();
-  return rc;
+static int run_split(worker *w) {
+  agree_job j;
+  g_world = w->world;
+  int b = w->rank >= atoi(w->argv[0]);
+  job_from(w->argv[b ? 3 : 1], w->argv[b ? 4 : 2], &j);
+  one_create(0, &j);
+  return 0;
 }
+
+static int run_random(worker *w) {
+  int n = atoi(w->argv[0]);
+  uint64_t seed = strtoull(w->argv[1], NULL, 10);
+  g_world = w->world;
+  for (int i = 0; i < n; i++) {
+    agree_case c;
+    agree_make_case(seed, i, g_world, &c);
+    one_create(i, &c.job[c.uses_b[g_rank]]);
+  }
+  return 0;
+}
+
+static int run_plain(worker *w) {
+  agree_job j;
+  g_world = w->world;
+  job_from("dp=-1", "-", &j);
+  one_create(0, &j);
+  return 0;
+}
+
+static const worker_case cases[] = {
+    {"split", "K DIMS_A X_A DIMS_B X_B", 5, 5, run_split, WK_MPI | WK_OWN_LINES},
+    {"random", "N SEED", 2, 2, run_random, WK_MPI | WK_OWN_LINES},
+    {"plain", "", 0, 0, run_plain, WK_MPI | WK_OWN_LINES},
+};
+WORKER_MAIN(cases)

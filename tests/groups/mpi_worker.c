@@ -53,7 +53,7 @@
  *                            and the halves reduce separately.
  *
  * Prints "OK <mode> rank R" on success, "FAIL <mode> rank R: ..." lines
- * otherwise; exit code 0 / 1.
+ * otherwise; exit code 0 / 1 (worker_main.h).
  *
  * Meshes: 8 ranks (dp=2, tp=2, cp=2), 4 ranks (dp=2, tp=2, cp=1: cp groups
  * have size 1), 2 ranks (dp=2, tp=1, cp=1), else (dp=-1, tp=1, cp=1); the
@@ -70,12 +70,9 @@
 
 #include "internal.h" /* MPG__OP_PREMUL_SUM */
 #include "../support/clock.h"
+#include "../support/mesh_util.h"
 #include "../support/time_bound.h"
 #include "mpi_worker.h"
-
-const char *g_mode = "?";
-int g_rank = -1;
-int g_failures;
 
 /* The timeout of the timeout modes: 1 s, or MESHPG_TEST_TIMEOUT_S (for
  * slow runs such as valgrind, whose start-up alone takes seconds). */
@@ -187,12 +184,8 @@ static mpg_status make_ctx(int world, double timeout_s, int lazy,
   const char *dims = world == 8 ? "dp=2,tp=2,cp=2"
                    : world == 4 ? "dp=2,tp=2,cp=1"
                    : world == 2 ? "dp=2,tp=1,cp=1" : "dp=-1,tp=1,cp=1";
-  mpg_spec spec = MPG_SPEC_INIT;
-  mpg_status st;
-  if ((st = mpg_spec_init(&spec)) || (st = mpg_spec_set_mesh(&spec, dims)) ||
-      (st = mpg_spec_add_flatten(&spec, "dp_cp", "dp,cp")) ||
-      (st = mpg_spec_validate(&spec)) || (st = mpg_mesh_create(&spec, world, mesh)))
-    return st;
+  mpg_status st = mesh_build(dims, "dp_cp=dp,cp", world, mesh);
+  if (st) return st;
   mpg_init_opts opts = MPG_INIT_OPTS_INIT;
   opts.backend.name = MPG_BACKEND_MPI;
   opts.rank = -1;       /* from OMPI_COMM_WORLD_RANK */
@@ -202,25 +195,40 @@ static mpg_status make_ctx(int world, double timeout_s, int lazy,
   return mpg_ctx_create(*mesh, &opts, ctx);
 }
 
-/* 1 (after a summary FAIL line) if any check of this mode failed. */
-int failed(void) {
-  if (!g_failures) return 0;
-  printf("FAIL %s rank %d: %d check(s) failed\n", g_mode, g_rank, g_failures);
-  return 1;
+/* A call of `what` that waited for an absent rank: MPG_ERR_TIMEOUT after
+ * 0.9 x timeout .. tb_bound(timeout + 1 s), its message naming `call`
+ * (NULL: not checked).  1 when so, else 0 (reported). */
+int timed_out(const char *what, const char *call, mpg_status st, double dt, double timeout,
+              int world) {
+  double bound = tb_bound(timeout + 1.0, world);
+  if (st != MPG_ERR_TIMEOUT)
+    fail("%s returned %s, expected ERR_TIMEOUT: %s", what, mpg_status_name(st),
+         mpg_last_error());
+  else if (dt < timeout * 0.9 || dt > bound)
+    fail("ERR_TIMEOUT after %.3f s, expected %.1f .. %.1f s", dt, timeout * 0.9, bound);
+  else if (call && !strstr(mpg_last_error(), call))
+    fail("the message does not name the call: %s", mpg_last_error());
+  else
+    return 1;
+  return 0;
 }
+
+/* 1 if any check of this mode failed. */
+int failed(void) { return failures != 0; }
 
 /* make_ctx, or print why not (then 1, with nothing left to free). */
 int setup(int world, double timeout_s, int lazy, mpg_mesh **mesh,
           mpg_ctx **ctx) {
   mpg_status st = make_ctx(world, timeout_s, lazy, mesh, ctx);
   if (!st) return 0;
-  FAIL("setup -> %s: %s", mpg_status_name(st), mpg_last_error());
+  fail("setup -> %s: %s", mpg_status_name(st), mpg_last_error());
   mpg_mesh_destroy(*mesh);
   *mesh = NULL;
   return 1;
 }
 
-static int run_collectives(int world) {
+static int run_collectives(worker *wk) {
+  int world = wk->world;
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
   double t0 = now_s();
@@ -228,7 +236,7 @@ static int run_collectives(int world) {
   if (setup(world, 60, 0, &mesh, &ctx)) return 1;
   if (mpg_ctx_rank(ctx) != g_rank || mpg_ctx_world_size(ctx) != world ||
       mpg_ctx_backend(ctx) != MPG_BACKEND_MPI)
-    FAIL("context says rank %d of %d, backend %d", mpg_ctx_rank(ctx),
+    fail("context says rank %d of %d, backend %d", mpg_ctx_rank(ctx),
          mpg_ctx_world_size(ctx), (int)mpg_ctx_backend(ctx));
   int nsets = mpg_mesh_num_dimsets(mesh);
   for (int s = 0; s < nsets; s++) {
@@ -236,7 +244,7 @@ static int run_collectives(int world) {
     memset(&G, 0, sizeof G);
     st = mpg_ctx_group_at(ctx, s, &G.g);
     if (st) {
-      FAIL("mpg_ctx_group_at(%d) -> %s: %s", s, mpg_status_name(st), mpg_last_error());
+      fail("mpg_ctx_group_at(%d) -> %s: %s", s, mpg_status_name(st), mpg_last_error());
       continue;
     }
     G.name = mpg_group_name(G.g);
@@ -256,12 +264,12 @@ static int run_collectives(int world) {
   double t1 = now_s();
   CHECK(mpg_ctx_destroy(ctx));
   mpg_mesh_destroy(mesh);
-  if (failed()) return 1;
-  printf("OK %s rank %d (%d dim sets, %.2f s)\n", g_mode, g_rank, nsets, t1 - t0);
+  printf("rank %d: %d dim sets, %.2f s\n", g_rank, nsets, t1 - t0);
   return 0;
 }
 
-static int run_timeout(int world) {
+static int run_timeout(worker *wk) {
+  int world = wk->world;
   const double timeout = test_timeout();
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
@@ -273,7 +281,7 @@ static int run_timeout(int world) {
   float x = 1.0f, y = 0;
   /* Everybody is healthy first. */
   CHECK(mpg_all_reduce(wg, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL));
-  if (y != (float)world) FAIL("warm-up all_reduce gave %g, expected %d", y, world);
+  if (y != (float)world) fail("warm-up all_reduce gave %g, expected %d", y, world);
   /* The operation that times out runs in place on mpg_ctx_mem_alloc
    * memory (zero-copy on MPI): freeing it after the timeout must defer the
    * release, so that the late peer's completion inside MPI_Finalize lands
@@ -288,45 +296,35 @@ static int run_timeout(int world) {
     double t0 = now_s();
     st = mpg_all_reduce(wg, ob, ob, NOB, MPG_F32, MPG_OP_SUM, NULL, NULL);
     double dt = now_s() - t0;
-    if (st != MPG_ERR_TIMEOUT)
-      FAIL("all_reduce without rank %d returned %s, expected ERR_TIMEOUT: %s",
-           world - 1, mpg_status_name(st), mpg_last_error());
-    else if (dt < timeout * 0.9 || dt > tb_bound(timeout + 1.0, world))
-      FAIL("ERR_TIMEOUT after %.3f s, expected %.1f .. %.1f s", dt, timeout * 0.9,
-           tb_bound(timeout + 1.0, world));
-    else
+    if (timed_out("all_reduce without the last rank", NULL, st, dt, timeout, world))
       printf("rank %d: ERR_TIMEOUT after %.3f s: %s\n", g_rank, dt, mpg_last_error());
     /* The context is aborted now: every group refuses work at once. */
     t0 = now_s();
     st = mpg_all_reduce(dp, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
     if (st != MPG_ERR_ABORTED)
-      FAIL("all_reduce on dp after the timeout returned %s, expected ERR_ABORTED",
+      fail("all_reduce on dp after the timeout returned %s, expected ERR_ABORTED",
            mpg_status_name(st));
     st = mpg_barrier(wg, NULL);
     if (st != MPG_ERR_ABORTED)
-      FAIL("barrier on world after the timeout returned %s, expected ERR_ABORTED",
+      fail("barrier on world after the timeout returned %s, expected ERR_ABORTED",
            mpg_status_name(st));
     if (now_s() - t0 > tb_bound(0.5, world))
-      FAIL("calls after the abort took %.3f s", now_s() - t0);
+      fail("calls after the abort took %.3f s", now_s() - t0);
     CHECK(mpg_ctx_mem_free(ctx, ob)); /* still in use by MPI: deferred */
   } else {
     /* Arrive long after the others gave up, then post the op they waited
      * for.  It may complete (their abandoned requests still progress
      * while they are inside MPI) or time out: both are fine, a hang is
      * not. */
-    double until = now_s() + timeout + 1.5;
-    while (now_s() < until) {
-      struct timespec ts = {0, 50000000L};
-      nanosleep(&ts, NULL);
-    }
+    sleep_s(timeout + 1.5);
     double t0 = now_s();
     st = mpg_all_reduce(wg, ob, ob, NOB, MPG_F32, MPG_OP_SUM, NULL, NULL);
     double dt = now_s() - t0;
     CHECK(mpg_ctx_mem_free(ctx, ob));
     if (st != MPG_OK && st != MPG_ERR_TIMEOUT)
-      FAIL("late all_reduce returned %s: %s", mpg_status_name(st), mpg_last_error());
+      fail("late all_reduce returned %s: %s", mpg_status_name(st), mpg_last_error());
     else if (dt > tb_bound(timeout + 1.0, world))
-      FAIL("late all_reduce took %.3f s", dt);
+      fail("late all_reduce took %.3f s", dt);
     else
       printf("rank %d (late): all_reduce -> %s after %.3f s\n", g_rank,
              mpg_status_name(st), dt);
@@ -334,12 +332,10 @@ static int run_timeout(int world) {
   double t0 = now_s();
   st = mpg_ctx_destroy(ctx);
   double dt = now_s() - t0;
-  if (st) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
+  if (st) fail("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
   if (!late && dt > tb_bound(0.5, world))
-    FAIL("mpg_ctx_destroy after the abort took %.3f s", dt);
+    fail("mpg_ctx_destroy after the abort took %.3f s", dt);
   mpg_mesh_destroy(mesh);
-  if (failed()) return 1;
-  printf("OK %s rank %d\n", g_mode, g_rank);
   return 0;
 }
 
@@ -356,7 +352,8 @@ static int run_timeout(int world) {
  * the progress thread both must be finished at the first test; with
  * MESHPG_MPI_PROGRESS=off neither can be (the contrast that shows the
  * check can fail).  Then both must hold the exact average. */
-static int run_progress(int world) {
+static int run_progress(worker *wk) {
+  int world = wk->world;
   const char *env = getenv("MESHPG_MPI_PROGRESS");
   int want_done = !(env && strcmp(env, "off") == 0);
   mpg_mesh *mesh = NULL;
@@ -375,26 +372,22 @@ static int run_progress(int world) {
     for (size_t i = 0; i < N; i++) bufs[b][i] = (float)(g_rank + 1) * (float)(i % 7);
     CHECK(mpg_all_reduce(wg, bufs[b], bufs[b], N, MPG_F32, MPG_OP_AVG, NULL, &w[b]));
   }
-  double until = now_s() + 2.0;
-  while (now_s() < until) {
-    struct timespec ts = {0, 20000000L};
-    nanosleep(&ts, NULL);
-  }
+  sleep_s(2.0);
   float avg = (float)(world + 1) / 2.0f;
   for (int b = 0; b < 2; b++) {
     if (!w[b]) continue;
     int done = -1;
     CHECK(mpg_work_test(w[b], &done));
     if (done != want_done)
-      FAIL("%s: after 2 s without calls, mpg_work_test said done=%d, expected %d "
+      fail("%s: after 2 s without calls, mpg_work_test said done=%d, expected %d "
            "(progress thread %s)", names[b], done, want_done, want_done ? "on" : "off");
     CHECK(mpg_work_wait(w[b]));
     long bad = 0;
     for (size_t i = 0; i < N; i++)
       if (bufs[b][i] != avg * (float)(i % 7) && bad++ == 0)
-        FAIL("%s: element %zu is %g, expected %g", names[b], i, (double)bufs[b][i],
+        fail("%s: element %zu is %g, expected %g", names[b], i, (double)bufs[b][i],
              (double)(avg * (float)(i % 7)));
-    if (bad) FAIL("%s: %ld wrong elements", names[b], bad);
+    if (bad) fail("%s: %ld wrong elements", names[b], bad);
   }
   free(bufs[1]);
   CHECK(mpg_ctx_mem_free(ctx, owned));
@@ -402,13 +395,11 @@ static int run_progress(int world) {
   int local = 0;
   st = mpg_ctx_mem_free(ctx, &local);
   if (st != MPG_ERR_INVALID || !strstr(mpg_last_error(), "mpg_ctx_mem_alloc"))
-    FAIL("mpg_ctx_mem_free of a stack pointer -> %s: %s", mpg_status_name(st),
+    fail("mpg_ctx_mem_free of a stack pointer -> %s: %s", mpg_status_name(st),
          mpg_last_error());
   CHECK(mpg_ctx_destroy(ctx));
   mpg_mesh_destroy(mesh);
-  if (failed()) return 1;
-  printf("OK %s rank %d (progress thread %s)\n", g_mode, g_rank,
-         want_done ? "on" : "off");
+  printf("rank %d (progress thread %s)\n", g_rank, want_done ? "on" : "off");
   return 0;
 }
 
@@ -425,7 +416,8 @@ static double cpu_seconds(void) {
  * (it spins only while operations move, plus a 0.2 s window) and whose
  * waiting thread sleeps.  Spinning through the wait would cost about 2 s
  * of CPU per process here. */
-static int run_idle_cpu(int world) {
+static int run_idle_cpu(worker *wk) {
+  int world = wk->world;
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
   if (setup(world, 30, 0, &mesh, &ctx)) return 1;
@@ -441,14 +433,13 @@ static int run_idle_cpu(int world) {
   double t0 = now_s(), c0 = cpu_seconds();
   CHECK(mpg_all_reduce(wg, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL));
   double dt = now_s() - t0, cpu = cpu_seconds() - c0;
-  if (y != (float)world) FAIL("all_reduce gave %g, expected %d", y, world);
-  if (!late && dt < 2.5) FAIL("the wait took only %.2f s: the late rank was not late", dt);
+  if (y != (float)world) fail("all_reduce gave %g, expected %d", y, world);
+  if (!late && dt < 2.5) fail("the wait took only %.2f s: the late rank was not late", dt);
   if (!late && cpu > 1.0)
-    FAIL("waiting %.2f s for a late peer cost %.2f s of CPU (expected < 1 s)", dt, cpu);
+    fail("waiting %.2f s for a late peer cost %.2f s of CPU (expected < 1 s)", dt, cpu);
   CHECK(mpg_ctx_destroy(ctx));
   mpg_mesh_destroy(mesh);
-  if (g_failures) return 1;
-  printf("OK %s rank %d (waited %.2f s, %.3f s CPU)\n", g_mode, g_rank, dt, cpu);
+  printf("rank %d: waited %.2f s, %.3f s CPU\n", g_rank, dt, cpu);
   return 0;
 }
 
@@ -462,15 +453,14 @@ static int run_env_refused(int world, const char *what, const char *also) {
   mpg_status st = make_ctx(world, 60, 0, &mesh, &ctx);
   if (st != MPG_ERR_ENV || !strstr(mpg_last_error(), what) ||
       !strstr(mpg_last_error(), also))
-    FAIL("mpg_ctx_create with %s -> %s: %s", what, mpg_status_name(st), mpg_last_error());
+    fail("mpg_ctx_create with %s -> %s: %s", what, mpg_status_name(st), mpg_last_error());
   if (ctx) mpg_ctx_destroy(ctx);
   mpg_mesh_destroy(mesh);
-  if (g_failures) return 1;
-  printf("OK %s rank %d\n", g_mode, g_rank);
   return 0;
 }
 
-static int run_split_timeout(int world) {
+static int run_split_timeout(worker *wk) {
+  int world = wk->world;
   const double timeout = test_timeout();
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
@@ -478,23 +468,14 @@ static int run_split_timeout(int world) {
   if (setup(world, timeout, 1, &mesh, &ctx)) return 1;
   int late = g_rank == world - 1;
   if (late) {
-    double until = now_s() + timeout + 1.5;
-    while (now_s() < until) {
-      struct timespec ts = {0, 50000000L};
-      nanosleep(&ts, NULL);
-    }
+    sleep_s(timeout + 1.5);
   }
   mpg_group *dp = NULL;
   double t0 = now_s();
   st = mpg_ctx_group(ctx, "dp", &dp);
   double dt = now_s() - t0;
-  if (st != MPG_ERR_TIMEOUT)
-    FAIL("%screating the dp group returned %s, expected ERR_TIMEOUT: %s",
-         late ? "late rank: " : "", mpg_status_name(st), mpg_last_error());
-  else if (dt < timeout * 0.9 || dt > tb_bound(timeout + 1.0, world))
-    FAIL("ERR_TIMEOUT after %.3f s, expected %.1f .. %.1f s", dt, timeout * 0.9,
-         tb_bound(timeout + 1.0, world));
-  else
+  if (timed_out(late ? "late rank: creating the dp group" : "creating the dp group", NULL, st,
+                dt, timeout, world))
     printf("rank %d%s: ERR_TIMEOUT after %.3f s: %s\n", g_rank,
            late ? " (late)" : "", dt, mpg_last_error());
   mpg_group *wg = NULL;
@@ -502,22 +483,20 @@ static int run_split_timeout(int world) {
   st = mpg_ctx_group(ctx, "world", &wg);
   if (!st) st = mpg_all_reduce(wg, &x, &y, 1, MPG_F32, MPG_OP_SUM, NULL, NULL);
   if (st != MPG_ERR_ABORTED)
-    FAIL("all_reduce on world after the timeout returned %s, expected ERR_ABORTED",
+    fail("all_reduce on world after the timeout returned %s, expected ERR_ABORTED",
          mpg_status_name(st));
   t0 = now_s();
   st = mpg_ctx_destroy(ctx);
   dt = now_s() - t0;
-  if (st) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
-  if (dt > tb_bound(0.5, world)) FAIL("mpg_ctx_destroy after the abort took %.3f s", dt);
+  if (st) fail("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
+  if (dt > tb_bound(0.5, world)) fail("mpg_ctx_destroy after the abort took %.3f s", dt);
   mpg_mesh_destroy(mesh);
-  if (failed()) return 1;
-  printf("OK %s rank %d\n", g_mode, g_rank);
   return 0;
 }
 
-static int run_sub_comm(int world) {
-  int provided = 0;
-  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+/* MPI is the program's (WK_MPI): worker_main initialises and finalises it. */
+static int run_sub_comm(worker *wk) {
+  int world = wk->world;
   int half = world / 2, color = g_rank < half ? 0 : 1;
   MPI_Comm sub = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, color, g_rank, &sub);
@@ -538,14 +517,14 @@ static int run_sub_comm(int world) {
   CHECK(mpg_ctx_create(mesh, &opts, &ctx));
   if (ctx) {
     if (mpg_ctx_rank(ctx) != sub_rank || mpg_ctx_world_size(ctx) != half)
-      FAIL("ctx rank %d of %d, expected %d of %d (the half's, not the launcher's %d of %d)",
+      fail("ctx rank %d of %d, expected %d of %d (the half's, not the launcher's %d of %d)",
            mpg_ctx_rank(ctx), mpg_ctx_world_size(ctx), sub_rank, half, g_rank, world);
     mpg_group *dp = NULL;
     CHECK(mpg_ctx_group(ctx, "dp", &dp));
     int64_t v = g_rank, sum = -1, want = 0;
     for (int r = color * half; r < (color + 1) * half; r++) want += r;
     CHECK(mpg_all_reduce(dp, &v, &sum, 1, MPG_I64, MPG_OP_SUM, NULL, NULL));
-    if (sum != want) FAIL("half %d summed %lld, expected %lld", color, (long long)sum,
+    if (sum != want) fail("half %d summed %lld, expected %lld", color, (long long)sum,
                           (long long)want);
     CHECK(mpg_ctx_destroy(ctx));
   }
@@ -556,51 +535,40 @@ static int run_sub_comm(int world) {
   CHECK(mpg_mesh_create(&spec, 0, &big));
   mpg_status st = mpg_ctx_create(big, &opts, &ctx);
   if (st != MPG_ERR_INVALID || !strstr(mpg_last_error(), "opts.mpi_comm"))
-    FAIL("a %d-rank mesh over a half gave %s: %s", world, mpg_status_name(st),
+    fail("a %d-rank mesh over a half gave %s: %s", world, mpg_status_name(st),
          mpg_last_error());
   /* MPI_COMM_NULL is refused, not handed to MPI. */
   MPI_Comm none = MPI_COMM_NULL;
   opts.mpi_comm = &none;
   st = mpg_ctx_create(mesh, &opts, &ctx);
   if (st != MPG_ERR_INVALID || !strstr(mpg_last_error(), "MPI_COMM_NULL"))
-    FAIL("MPI_COMM_NULL gave %s: %s", mpg_status_name(st), mpg_last_error());
+    fail("MPI_COMM_NULL gave %s: %s", mpg_status_name(st), mpg_last_error());
   mpg_mesh_destroy(big);
   mpg_mesh_destroy(mesh);
   MPI_Comm_free(&sub);
-  MPI_Finalize();
-  if (g_failures) return 1;
-  printf("OK %s rank %d\n", g_mode, g_rank);
   return 0;
 }
 
-int main(int argc, char **argv) {
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  g_mode = argc > 1 ? argv[1] : "?";
-  mpg_launch env = MPG_LAUNCH_INIT;
-  mpg_status st = mpg_launch_from_env(&env);
-  if (st || env.rank < 0 || env.world_size <= 0) {
-    printf("FAIL %s rank -1: no launch environment (%s: %s); run under mpirun\n",
-           g_mode, mpg_status_name(st), mpg_last_error());
-    return 1;
-  }
-  g_rank = env.rank;
-  if (strcmp(g_mode, "collectives") == 0) return run_collectives(env.world_size);
-  if (strcmp(g_mode, "timeout") == 0) return run_timeout(env.world_size);
-  if (strcmp(g_mode, "split_timeout") == 0) return run_split_timeout(env.world_size);
-  if (strcmp(g_mode, "progress") == 0) return run_progress(env.world_size);
-  if (strcmp(g_mode, "progress_env") == 0)
-    return run_env_refused(env.world_size, "MESHPG_MPI_PROGRESS=\"sometimes\"", "");
-  if (strcmp(g_mode, "window_env") == 0)
-    return run_env_refused(env.world_size, "MESHPG_MPI_WINDOW=\"9\"", "from 1 to 8");
-  if (strcmp(g_mode, "idle_cpu") == 0) return run_idle_cpu(env.world_size);
-  if (strcmp(g_mode, "sub_comm") == 0) return run_sub_comm(env.world_size);
-  if (strcmp(g_mode, "p2p_batch") == 0) return run_p2p_batch(env.world_size);
-  if (strcmp(g_mode, "p2p_timeout") == 0) return run_p2p_timeout(env.world_size);
-  if (strcmp(g_mode, "all_to_all") == 0) return run_all_to_all(env.world_size);
-  if (strcmp(g_mode, "a2a_timeout") == 0) return run_a2a_timeout(env.world_size);
-  printf("FAIL %s rank %d: unknown mode (collectives | timeout | split_timeout | "
-         "progress | progress_env | window_env | idle_cpu | sub_comm | p2p_batch | p2p_timeout | "
-         "all_to_all | a2a_timeout)\n",
-         g_mode, g_rank);
-  return 1;
+static int run_progress_env(worker *wk) {
+  return run_env_refused(wk->world, "MESHPG_MPI_PROGRESS=\"sometimes\"", "");
 }
+
+static int run_window_env(worker *wk) {
+  return run_env_refused(wk->world, "MESHPG_MPI_WINDOW=\"9\"", "from 1 to 8");
+}
+
+static const worker_case cases[] = {
+    {"collectives", "", 0, 0, run_collectives, 0},
+    {"timeout", "", 0, 0, run_timeout, 0},
+    {"split_timeout", "", 0, 0, run_split_timeout, 0},
+    {"progress", "", 0, 0, run_progress, 0},
+    {"progress_env", "", 0, 0, run_progress_env, 0},
+    {"window_env", "", 0, 0, run_window_env, 0},
+    {"idle_cpu", "", 0, 0, run_idle_cpu, 0},
+    {"sub_comm", "", 0, 0, run_sub_comm, WK_MPI},
+    {"p2p_batch", "", 0, 0, run_p2p_batch, 0},
+    {"p2p_timeout", "", 0, 0, run_p2p_timeout, 0},
+    {"all_to_all", "", 0, 0, run_all_to_all, 0},
+    {"a2a_timeout", "", 0, 0, run_a2a_timeout, 0},
+};
+WORKER_MAIN(cases)

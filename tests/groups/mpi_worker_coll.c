@@ -25,7 +25,7 @@ static void check_buf(const grp *G, const char *what, mpg_dtype dt, const void *
   for (size_t i = 0; i < n; i++) {
     double got = get(dt, buf, i);
     if (got != expect[i]) {
-      FAIL("group %s (size %d, position %d): %s dtype %s: element %zu is %.17g, "
+      fail("group %s (size %d, position %d): %s dtype %s: element %zu is %.17g, "
            "expected %.17g",
            G->name, G->size, G->pos, what, mpg_dtype_name(dt), i, got, expect[i]);
       return;
@@ -58,7 +58,7 @@ void test_all_reduce(const grp *G) {
             ? mpg_all_reduce_scaled(G->g, s, recv, COUNT, dt, scale, NULL, NULL)
             : mpg_all_reduce(G->g, s, recv, COUNT, dt, op, NULL, NULL);
         if (st) {
-          FAIL("group %s: %s dtype %s -> %s: %s", G->name, what,
+          fail("group %s: %s dtype %s -> %s: %s", G->name, what,
                mpg_dtype_name(dt), mpg_status_name(st), mpg_last_error());
           continue;
         }
@@ -80,7 +80,7 @@ void test_async(const grp *G) {
     mpg_status st = mpg_all_reduce(G->g, bufs[d], bufs[d], COUNT, all_dtypes[d],
                                    MPG_OP_SUM, NULL, &w[d]);
     if (st) {
-      FAIL("group %s: async all_reduce %s -> %s: %s", G->name,
+      fail("group %s: async all_reduce %s -> %s: %s", G->name,
            mpg_dtype_name(all_dtypes[d]), mpg_status_name(st), mpg_last_error());
       w[d] = NULL;
     }
@@ -91,16 +91,16 @@ void test_async(const grp *G) {
   while (!done && now_s() - t0 < 30) {
     mpg_status st = mpg_work_test(w[0], &done);
     if (st) {
-      FAIL("group %s: mpg_work_test -> %s: %s", G->name, mpg_status_name(st),
+      fail("group %s: mpg_work_test -> %s: %s", G->name, mpg_status_name(st),
            mpg_last_error());
       break;
     }
   }
-  if (!done) FAIL("group %s: mpg_work_test never reported completion", G->name);
+  if (!done) fail("group %s: mpg_work_test never reported completion", G->name);
   for (int d = NDTYPES - 1; d >= 0; d--) {
     mpg_status st = mpg_work_wait(w[d]);
     if (st) {
-      FAIL("group %s: mpg_work_wait %s -> %s: %s", G->name,
+      fail("group %s: mpg_work_wait %s -> %s: %s", G->name,
            mpg_dtype_name(all_dtypes[d]), mpg_status_name(st), mpg_last_error());
       continue;
     }
@@ -125,7 +125,7 @@ void test_broadcast(const grp *G) {
       snprintf(what, sizeof what, "broadcast root %d", root);
       mpg_status st = mpg_broadcast(G->g, buf, COUNT, dt, root, NULL, NULL);
       if (st) {
-        FAIL("group %s: %s dtype %s -> %s: %s", G->name, what, mpg_dtype_name(dt),
+        fail("group %s: %s dtype %s -> %s: %s", G->name, what, mpg_dtype_name(dt),
              mpg_status_name(st), mpg_last_error());
         continue;
       }
@@ -162,12 +162,12 @@ void test_all_gather(const grp *G) {
       mpg_status st = mpg_all_gather(G->g, s, recv, COUNT, dt, NULL, NULL);
       if (mode == 2) {
         if (st != MPG_ERR_INVALID || !strstr(mpg_last_error(), "position * count"))
-          FAIL("group %s: %s dtype %s -> %s (expected ERR_INVALID): %s", G->name, what,
+          fail("group %s: %s dtype %s -> %s (expected ERR_INVALID): %s", G->name, what,
                mpg_dtype_name(dt), mpg_status_name(st), mpg_last_error());
         continue;
       }
       if (st) {
-        FAIL("group %s: %s dtype %s -> %s: %s", G->name, what, mpg_dtype_name(dt),
+        fail("group %s: %s dtype %s -> %s: %s", G->name, what, mpg_dtype_name(dt),
              mpg_status_name(st), mpg_last_error());
         continue;
       }
@@ -203,7 +203,7 @@ void test_reduce_scatter(const grp *G) {
                  inplace ? " in place (own block)" : "");
         mpg_status st = mpg_reduce_scatter(G->g, send, r, COUNT, dt, op, NULL, NULL);
         if (st) {
-          FAIL("group %s: %s dtype %s -> %s: %s", G->name, what,
+          fail("group %s: %s dtype %s -> %s: %s", G->name, what,
                mpg_dtype_name(dt), mpg_status_name(st), mpg_last_error());
           continue;
         }
@@ -231,7 +231,7 @@ void test_send_recv(const grp *G) {
     CHECK(mpg_send(G->g, sbuf, COUNT, dt, to, NULL, &ws));
     mpg_status a = mpg_work_wait(ws), b = mpg_work_wait(wr);
     if (a || b) {
-      FAIL("group %s: send/recv dtype %s -> %s / %s: %s", G->name,
+      fail("group %s: send/recv dtype %s -> %s / %s: %s", G->name,
            mpg_dtype_name(dt), mpg_status_name(a), mpg_status_name(b),
            mpg_last_error());
       continue;
@@ -246,20 +246,20 @@ void test_membership(const grp *G, const mpg_mesh *mesh, int s) {
   CHECK(mpg_mesh_group_of(mesh, s, g_rank, &index, &pos, &size));
   if (mpg_group_size(G->g) != size || mpg_group_position(G->g) != pos ||
       mpg_group_index(G->g) != index)
-    FAIL("group %s: size/position/index %d/%d/%d, mesh says %d/%d/%d", G->name,
+    fail("group %s: size/position/index %d/%d/%d, mesh says %d/%d/%d", G->name,
          mpg_group_size(G->g), mpg_group_position(G->g), mpg_group_index(G->g), size,
          pos, index);
   for (int p = 0; p < size; p++) {
     int r = -1;
     CHECK(mpg_group_member(G->g, p, &r));
     if (r != G->members[p])
-      FAIL("group %s: member %d is %d, mesh says %d", G->name, p, r, G->members[p]);
+      fail("group %s: member %d is %d, mesh says %d", G->name, p, r, G->members[p]);
   }
   int32_t me = g_rank, got[64];
   CHECK(mpg_all_gather(G->g, &me, got, 1, MPG_I32, NULL, NULL));
   for (int p = 0; p < size; p++)
     if (got[p] != G->members[p])
-      FAIL("group %s: position %d holds world rank %d, mpg_mesh_group_members "
+      fail("group %s: position %d holds world rank %d, mpg_mesh_group_members "
            "says %d", G->name, p, (int)got[p], G->members[p]);
   CHECK(mpg_barrier(G->g, NULL));
 }
@@ -281,7 +281,7 @@ void test_design(mpg_ctx *ctx, const mpg_mesh *mesh) {
   CHECK(mpg_mesh_group_members(mesh, ds, mpg_group_index(dpcp), members));
   double expect = 0;
   for (int p = 0; p < 4; p++) expect += (tp + 1) * 1000.0 + members[p];
-  if (r != expect) FAIL("design: dp_cp sum is %g, expected %g", r, expect);
+  if (r != expect) fail("design: dp_cp sum is %g, expected %g", r, expect);
   double all[8];
   CHECK(mpg_all_gather(wg, &r, all, 1, MPG_F64, NULL, NULL));
   for (int a = 0; a < world; a++)
@@ -292,10 +292,10 @@ void test_design(mpg_ctx *ctx, const mpg_mesh *mesh) {
       mpg_mesh_group_of(mesh, ds, a, &ga, NULL, NULL);
       mpg_mesh_group_of(mesh, ds, b, &gb, NULL, NULL);
       if (ca[1] != cb[1] && all[a] == all[b])
-        FAIL("design: ranks %d (tp %d) and %d (tp %d) both ended with %g", a,
+        fail("design: ranks %d (tp %d) and %d (tp %d) both ended with %g", a,
              ca[1], b, cb[1], all[a]);
       if (ga == gb && all[a] != all[b])
-        FAIL("design: ranks %d and %d share dp_cp group %d but ended with %g "
+        fail("design: ranks %d and %d share dp_cp group %d but ended with %g "
              "and %g", a, b, ga, all[a], all[b]);
     }
 }

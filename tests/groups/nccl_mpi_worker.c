@@ -71,43 +71,28 @@
 #include <unistd.h>
 
 #include "meshpg.h"
+#include "../support/cuda_report.h" /* and worker_report.h */
 #include "../support/time_bound.h"
 #ifdef MPG_ON_DOUBLE
 #include "../double/double.h"
 #endif
 
-static int g_rank = -1, g_world = 0, g_fail = 0;
-static char g_mode[32];
-
-#define FAIL(...)                                                 \
-  do {                                                            \
-    printf("FAIL %s rank %d: ", g_mode, g_rank);                  \
-    printf(__VA_ARGS__);                                          \
-    printf("\n");                                                 \
-    fflush(stdout);                                               \
-    g_fail = 1;                                                   \
-  } while (0)
-#define TRY(call)                                                               \
-  do {                                                                          \
-    mpg_status st_ = (call);                                                    \
-    if (st_) {                                                                  \
-      FAIL("%s -> %s: %s", #call, mpg_status_name(st_), mpg_last_error());      \
-      goto out;                                                                 \
-    }                                                                           \
-  } while (0)
-#define CUDA_TRY(call)                                                          \
-  do {                                                                          \
-    cudaError_t e_ = (call);                                                    \
-    if (e_ != cudaSuccess) {                                                    \
-      FAIL("%s -> %s", #call, cudaGetErrorString(e_));                          \
-      goto out;                                                                 \
-    }                                                                           \
-  } while (0)
+static int g_world = 0;
+static char g_mode_buf[32]; /* g_mode: "MODE" or "MODE ARG" */
 
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The end of a mode: destroy the context (a failure reported) and the
+ * mesh, then "OK <mode> rank R" unless something failed; 1 after a
+ * failure. */
+static int finish(mpg_ctx *ctx, mpg_mesh *mesh) {
+  ctx_close(ctx, mesh);
+  if (!failures) printf("OK %s rank %d\n", g_mode, g_rank);
+  return failures != 0;
 }
 
 static const char *mesh_of(int world) {
@@ -280,18 +265,18 @@ static int run_sync_case(mpg_ctx *ctx, const sync_case *sc) {
                     : dt == MPG_F16 ? from_f16(((uint16_t *)host)[i])
                                     : ((float *)host)[i];
         if ((double)got != want) {
-          FAIL("%s step %ld: %s[%zu] = %g, want %g (average over %d ranks)", sc->name, step,
+          fail("%s step %ld: %s[%zu] = %g, want %g (average over %d ranks)", sc->name, step,
                ps[p].name, i, (double)got, want, size);
-          goto out;
+          goto done;
         }
       }
     }
   }
   ok = 1;
-out:
+done:
   if (s) {
     mpg_status d = mpg_sync_destroy(s);
-    if (d) FAIL("mpg_sync_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
+    if (d) fail("mpg_sync_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
   }
   if (bwd) cudaStreamDestroy(bwd);
   free(host);
@@ -324,18 +309,18 @@ static int run_sync(void) {
   int n = (int)(sizeof cases / sizeof cases[0]);
   TRY(make_ctx(120, &mesh, &ctx));
   for (int c = 0; c < n; c++)
-    if (run_sync_case(ctx, &cases[c])) goto out;
-out:
+    if (run_sync_case(ctx, &cases[c])) goto done;
+done:
   if (ctx) {
     mpg_status d = mpg_ctx_destroy(ctx);
-    if (d) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
+    if (d) fail("mpg_ctx_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
   }
   mpg_mesh_destroy(mesh);
-  if (!g_fail)
+  if (!failures)
     printf("OK %s rank %d: %d configurations (replicate, shard, HSDP, fsdp_owns_dp, "
            "registered, overlapping backward; f32, bf16, f16 native), 3 steps each\n", g_mode,
            g_rank, n);
-  return g_fail;
+  return failures != 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -444,43 +429,43 @@ static int run_fault(enum fault_kind kind, int k) {
   int may_pass = kind == FAULT_COUNT || (kind == FAULT_ASYNC && !victim);
   if (may_pass && st == MPG_OK) {
     printf("rank %d: finish -> OK after %.3f s\n", g_rank, dt);
-    goto done;
+    goto destroy;
   }
   if (kind == FAULT_COUNT)
-    FAIL("%s -> %s in a healthy step: %s", stage, mpg_status_name(st), mpg_last_error());
+    fail("%s -> %s in a healthy step: %s", stage, mpg_status_name(st), mpg_last_error());
   else if ((kind == FAULT_ASYNC || kind == FAULT_ASYNC_WAIT) && victim &&
            st != MPG_ERR_BACKEND)
-    FAIL("%s -> %s, expected the injected error (MPG_ERR_BACKEND): %s", stage,
+    fail("%s -> %s, expected the injected error (MPG_ERR_BACKEND): %s", stage,
          mpg_status_name(st), mpg_last_error());
   else if (kind == FAULT_ASYNC_WAIT && dt > timeout / 2)
-    FAIL("%s failed after %.3f s: the error on another communicator was not seen before "
+    fail("%s failed after %.3f s: the error on another communicator was not seen before "
          "the %.1f s timeout (R4): %s", stage, dt, timeout, mpg_last_error());
   else if (st != MPG_ERR_TIMEOUT && st != MPG_ERR_ABORTED && st != MPG_ERR_BACKEND)
-    FAIL("%s -> %s, expected a timeout or abort: %s", stage, mpg_status_name(st),
+    fail("%s -> %s, expected a timeout or abort: %s", stage, mpg_status_name(st),
          mpg_last_error());
   else if (dt > bound)
-    FAIL("%s failed after %.3f s, bound %.3f s: %s", stage, dt, bound, mpg_last_error());
+    fail("%s failed after %.3f s, bound %.3f s: %s", stage, dt, bound, mpg_last_error());
   else
     printf("rank %d: %s -> %s after %.3f s (timeout %.1f s, %d group(s)): %s\n", g_rank,
            stage, mpg_status_name(st), dt, timeout, k, mpg_last_error());
-  if (mpg_sync_grads_valid(s) != 0) FAIL("grads_valid is 1 after a failed step");
-done:
+  if (mpg_sync_grads_valid(s) != 0) fail("grads_valid is 1 after a failed step");
+destroy:
   t0 = now();
   mpg_status d = mpg_sync_destroy(s);
   s = NULL;
-  if (d) FAIL("mpg_sync_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
+  if (d) fail("mpg_sync_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
   d = mpg_ctx_destroy(ctx);
   ctx = NULL;
-  if (d) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
+  if (d) fail("mpg_ctx_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
   if (now() - t0 > tb_bound(1.0, g_world))
-    FAIL("the destroys after the failure took %.3f s", now() - t0);
-out:
+    fail("the destroys after the failure took %.3f s", now() - t0);
+done:
   if (s) mpg_sync_destroy(s);
   if (ctx) mpg_ctx_destroy(ctx);
   mpg_mesh_destroy(mesh);
-  if (!g_fail) printf("OK %s rank %d\n", g_mode, g_rank);
+  if (!failures) printf("OK %s rank %d\n", g_mode, g_rank);
   fflush(stdout);
-  return g_fail;
+  return failures != 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -527,8 +512,8 @@ static int run_bw(size_t mib) {
    * communicator of its own (the id travels by meshpg's broadcast). */
   ncclUniqueId nid;
   if (g_rank == 0 && ncclGetUniqueId(&nid) != ncclSuccess) {
-    FAIL("ncclGetUniqueId failed");
-    goto out;
+    fail("ncclGetUniqueId failed");
+    goto done;
   }
   TRY(mpg_ctx_mem_alloc(ctx, sizeof nid, 0, &idbuf));
   CUDA_TRY(cudaMemcpy(idbuf, &nid, sizeof nid, cudaMemcpyHostToDevice));
@@ -537,8 +522,8 @@ static int run_bw(size_t mib) {
   CUDA_TRY(cudaDeviceSynchronize());
   CUDA_TRY(cudaMemcpy(&nid, idbuf, sizeof nid, cudaMemcpyDeviceToHost));
   if (ncclCommInitRank(&raw, g_world, nid, g_rank) != ncclSuccess) {
-    FAIL("ncclCommInitRank failed: %s", ncclGetLastError(NULL));
-    goto out;
+    fail("ncclCommInitRank failed: %s", ncclGetLastError(NULL));
+    goto done;
   }
   CUDA_TRY(cudaMalloc(&x, bytes));
   CUDA_TRY(cudaMemset(x, 0, bytes));
@@ -551,8 +536,8 @@ static int run_bw(size_t mib) {
       t_raw = now();
     }
     if (ncclAllReduce(x, x, count, ncclFloat32, ncclSum, raw, st) != ncclSuccess) {
-      FAIL("ncclAllReduce failed: %s", ncclGetLastError(NULL));
-      goto out;
+      fail("ncclAllReduce failed: %s", ncclGetLastError(NULL));
+      goto done;
     }
   }
   CUDA_TRY(cudaStreamSynchronize(st));
@@ -561,7 +546,7 @@ static int run_bw(size_t mib) {
          "%.3f ms (busbw %.2f GB/s), sync/nccl time %.2f\n",
          g_rank, mib, g_world, t_sync * 1e3, busbw(bytes, g_world, t_sync), t_raw * 1e3,
          busbw(bytes, g_world, t_raw), t_raw > 0 ? t_sync / t_raw : 0);
-out:
+done:
   if (st) cudaStreamDestroy(st);
   if (x) cudaFree(x);
   if (raw) ncclCommDestroy(raw);
@@ -569,8 +554,8 @@ out:
   if (s) mpg_sync_destroy(s);
   if (ctx) mpg_ctx_destroy(ctx);
   mpg_mesh_destroy(mesh);
-  if (!g_fail) printf("OK %s rank %d\n", g_mode, g_rank);
-  return g_fail;
+  if (!failures) printf("OK %s rank %d\n", g_mode, g_rank);
+  return failures != 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -591,10 +576,10 @@ static int check_group_sum(mpg_ctx *ctx, mpg_group *g, int32_t *dev) {
   TRY(mpg_all_reduce(g, dev, dev, 1, MPG_I32, MPG_OP_SUM, NULL, NULL));
   CUDA_TRY(cudaDeviceSynchronize());
   CUDA_TRY(cudaMemcpy(&got, dev, 4, cudaMemcpyDeviceToHost));
-  if (got != want) FAIL("group %s: sum %d, want %d", mpg_group_name(g), got, want);
+  if (got != want) fail("group %s: sum %d, want %d", mpg_group_name(g), got, want);
   (void)ctx;
-out:
-  return g_fail;
+done:
+  return failures != 0;
 }
 
 static int run_lazy(void) {
@@ -617,7 +602,7 @@ static int run_lazy(void) {
   for (int i = 0; i < 4; i++) {
     mpg_group *g = NULL;
     TRY(mpg_ctx_group_dims(ctx, all[i], &g));
-    if (check_group_sum(ctx, g, dev)) goto out;
+    if (check_group_sum(ctx, g, dev)) goto done;
   }
   /* A ring of point-to-point sends over the world in one batch. */
   {
@@ -637,21 +622,15 @@ static int run_lazy(void) {
     CUDA_TRY(cudaMemcpy(got, recv, sizeof got, cudaMemcpyDeviceToHost));
     for (int i = 0; i < 256; i++)
       if (got[i] != left * 1000 + i) {
-        FAIL("p2p ring: element %d is %d, want %d", i, got[i], left * 1000 + i);
+        fail("p2p ring: element %d is %d, want %d", i, got[i], left * 1000 + i);
         break;
       }
   }
   TRY(mpg_ctx_check_order(ctx));
-out:
+done:
   if (ring) mpg_ctx_mem_free(ctx, ring);
   if (dev) mpg_ctx_mem_free(ctx, dev);
-  if (ctx) {
-    mpg_status d = mpg_ctx_destroy(ctx);
-    if (d) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
-  }
-  mpg_mesh_destroy(mesh);
-  if (!g_fail) printf("OK %s rank %d\n", g_mode, g_rank);
-  return g_fail;
+  return finish(ctx, mesh);
 }
 
 /* ------------------------------------------------------------------ */
@@ -682,8 +661,8 @@ static int run_alltoall(void) {
   hs = calloc(cap, 4);
   hr = calloc(cap, 4);
   if (!hs || !hr) {
-    FAIL("out of memory");
-    goto out;
+    fail("out of memory");
+    goto done;
   }
   static const char *const names[] = {"world", "dp"};
   for (int gi = 0; gi < 2; gi++) {
@@ -699,15 +678,15 @@ static int run_alltoall(void) {
     TRY(mpg_all_to_all(g, send, recv, 16, MPG_F32, NULL, NULL));
     CUDA_TRY(cudaDeviceSynchronize());
     CUDA_TRY(cudaMemcpy(hr, recv, (size_t)n * 16 * 4, cudaMemcpyDeviceToHost));
-    for (int q = 0; q < n && !g_fail; q++)
+    for (int q = 0; q < n && !failures; q++)
       for (int i = 0; i < 16; i++)
         if (hr[q * 16 + i] != (float)(q * 4096 + me * 64 + i)) {
-          FAIL("%s all_to_all: from position %d element %d is %g, want %d", names[gi], q, i,
+          fail("%s all_to_all: from position %d element %d is %g, want %d", names[gi], q, i,
                (double)hr[q * 16 + i], q * 4096 + me * 64 + i);
           break;
         }
     /* Per-peer counts, 3 rounds, i32 then bf16. */
-    for (int round = 0; round < 3 && !g_fail; round++) {
+    for (int round = 0; round < 3 && !failures; round++) {
       int bf = round == 1;
       size_t sc[8], sd[8], rc[8], rd[8], off = 0, roff = 0;
       for (int q = 0; q < n; q++) {
@@ -740,7 +719,7 @@ static int run_alltoall(void) {
       CUDA_TRY(cudaDeviceSynchronize());
       CUDA_TRY(cudaMemcpy(hr, recv, cap * 4, cudaMemcpyDeviceToHost));
       unsigned char *rb = (unsigned char *)hr;
-      for (int q = 0; q < n && !g_fail; q++)
+      for (int q = 0; q < n && !failures; q++)
         for (size_t i = 0; i < rc[q]; i++) {
           long got, want;
           if (bf) {
@@ -758,7 +737,7 @@ static int run_alltoall(void) {
             want = q * 4096 + me * 64 + (long)i;
           }
           if (got != want) {
-            FAIL("%s all_to_all_v round %d (%s): from position %d element %zu of %zu is %ld, "
+            fail("%s all_to_all_v round %d (%s): from position %d element %zu of %zu is %ld, "
                  "want %ld", names[gi], round, bf ? "bf16" : "i32", q, i, rc[q], got, want);
             break;
           }
@@ -766,18 +745,12 @@ static int run_alltoall(void) {
     }
   }
   TRY(mpg_ctx_check_order(ctx));
-out:
+done:
   free(hs);
   free(hr);
   if (send) mpg_ctx_mem_free(ctx, send);
   if (recv) mpg_ctx_mem_free(ctx, recv);
-  if (ctx) {
-    mpg_status d = mpg_ctx_destroy(ctx);
-    if (d) FAIL("mpg_ctx_destroy -> %s: %s", mpg_status_name(d), mpg_last_error());
-  }
-  mpg_mesh_destroy(mesh);
-  if (!g_fail) printf("OK %s rank %d\n", g_mode, g_rank);
-  return g_fail;
+  return finish(ctx, mesh);
 }
 
 /* ------------------------------------------------------------------ */
@@ -830,7 +803,7 @@ static int run_gather(int armed) {
     nanosleep(&ts, NULL);
   }
   if (q != cudaSuccess)
-    FAIL("forward on p0 did not run within 2 s (%s): the caller's stream waits for p1's "
+    fail("forward on p0 did not run within 2 s (%s): the caller's stream waits for p1's "
          "all-gather (L3)", cudaGetErrorString(q));
   else
     printf("rank %d: forward on p0 ran after %.3f s%s\n", g_rank, now() - t0,
@@ -839,17 +812,17 @@ static int run_gather(int armed) {
    * group (its timeout); the other shard groups finish it. */
   mpg_status st = mpg_sync_gather_all(s);
   if (!armed && st != MPG_OK)
-    FAIL("gather_all -> %s: %s", mpg_status_name(st), mpg_last_error());
+    fail("gather_all -> %s: %s", mpg_status_name(st), mpg_last_error());
   else if (armed)
     printf("rank %d: gather_all -> %s\n", g_rank, mpg_status_name(st));
-out:
+done:
   if (ev) cudaEventDestroy(ev);
   if (s) mpg_sync_destroy(s);
   if (fwd) cudaStreamDestroy(fwd);
   if (ctx) mpg_ctx_destroy(ctx);
   mpg_mesh_destroy(mesh);
-  if (!g_fail) printf("OK %s rank %d\n", g_mode, g_rank);
-  return g_fail;
+  if (!failures) printf("OK %s rank %d\n", g_mode, g_rank);
+  return failures != 0;
 }
 
 int main(int argc, char **argv) {
@@ -859,7 +832,9 @@ int main(int argc, char **argv) {
            "count K | async K | async_wait K | bw MIB\n");
     return 2;
   }
-  snprintf(g_mode, sizeof g_mode, "%s%s%s", argv[1], argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
+  snprintf(g_mode_buf, sizeof g_mode_buf, "%s%s%s", argv[1], argc > 2 ? " " : "",
+           argc > 2 ? argv[2] : "");
+  g_mode = g_mode_buf;
   mpg_launch env = MPG_LAUNCH_INIT;
   if (mpg_launch_from_env(&env) != MPG_OK || env.world_size < 2) {
     printf("FAIL %s: no launch environment (run under mpirun): %s\n", g_mode, mpg_last_error());

@@ -74,24 +74,12 @@ Test(order_thread, a_bad_value_is_an_env_error) {
 }
 
 /* mpirun -np 4 order_mpi_worker MODE with the checker on; every rank must
- * print "OK MODE rank R". */
+ * print "OK MODE rank R" (mpirun_ok). */
 static void run_mpi(const char *mode) {
   const char *worker = getenv("MESHPG_ORDER_MPI_WORKER");
   if (!worker) cr_skip_test("built without MPI");
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd,
-           "timeout -k 5 200 " MPIRUN "-x MESHPG_CHECK_ORDER=1 -np %d '%s' %s", OC_WORLD,
-           worker, mode);
-  double secs = 0;
-  int rc = run(cmd, &secs);
-  cr_log_info("%s: exit %d after %.2f s", cmd, rc, secs);
-  cr_assert_eq(rc, 0, "%s\nexit code %d after %.2f s; output:\n%s", cmd, rc, secs, out);
-  for (int r = 0; r < OC_WORLD; r++) {
-    char ok[64];
-    snprintf(ok, sizeof ok, "OK %s rank %d", mode, r);
-    cr_assert(strstr(out, ok), "%s\nno \"%s\" line; output:\n%s", cmd, ok, out);
-  }
-  cr_assert_null(strstr(out, "FAIL "), "%s\noutput:\n%s", cmd, out);
+  mpirun_ok(&(mpirun_job){.np = OC_WORLD, .worker = worker, .args = mode, .limit_s = 200,
+                          .opts = "-x MESHPG_CHECK_ORDER=1"});
 }
 
 Test(order_mpi, same_collectives_pass, .timeout = 240) { run_mpi("agree"); }

@@ -1,6 +1,7 @@
 /* Running real programs from the suites: see run_util.h. */
 #include "run_util.h"
 
+#include <string.h>
 #include <sys/wait.h>
 
 char out[1 << 20];
@@ -31,4 +32,10 @@ int cli(const char *args) {
   snprintf(cmd, sizeof cmd, "cd '%s/..' && '%s' %s",
            env_program("MESHPG_TEST_DATA"), env_program("MESHPG_CLI"), args);
   return run(cmd, NULL);
+}
+
+void out_has(const char *text) { cr_assert(strstr(out, text), "no \"%s\" in:\n%s", text, out); }
+
+void out_lacks(const char *text) {
+  cr_assert_null(strstr(out, text), "\"%s\" in:\n%s", text, out);
 }

@@ -22,6 +22,10 @@ const char *env_program(const char *var);
  * keep the output in `out` (*seconds: its wall time, when not NULL). */
 int run(const char *cmd, double *seconds);
 
+/* Assert that the output of the last run() holds `text` / does not. */
+void out_has(const char *text);
+void out_lacks(const char *text);
+
 /* Run `meshpg ARGS` (MESHPG_CLI) from the source root (the parent of
  * MESHPG_TEST_DATA); the output is in `out`.  Returns the exit code. */
 int cli(const char *args);

@@ -25,7 +25,8 @@ static void usage(const char *prog, const worker_case *cases, int ncases) {
   printf("\n");
 }
 
-int worker_main(int argc, char **argv, const worker_case *cases, int ncases) {
+int worker_main(int argc, char **argv, const worker_case *cases, int ncases,
+                int (*begin)(worker *w)) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const worker_case *c = find(argc, argv, cases, ncases);
   if (!c) {
@@ -57,13 +58,17 @@ int worker_main(int argc, char **argv, const worker_case *cases, int ncases) {
   w.opts.backend.timeout_s = 60;
   w.opts.rank = w.rank;
   w.opts.world_size = w.world;
-  int rc = c->run(&w);
+  int rc = begin ? begin(&w) : 0;
+  if (!rc && !failures) rc = c->run(&w);
   if (own_mpi) MPI_Finalize();
   if (c->flags & WK_OWN_LINES) {
     fflush(stdout);
     return rc;
   }
   failures += rc;
+  if (failures > WR_MAX_LINES)
+    printf("FAIL %s rank %d: %d failures, the first %d shown\n", w.mode, w.rank, failures,
+           WR_MAX_LINES);
   if (!failures) printf("OK %s rank %d\n", w.mode, w.rank);
   fflush(stdout);
   return failures ? 1 : 0;

@@ -49,13 +49,21 @@ typedef struct worker_case {
   unsigned flags;            /* WK_... */
 } worker_case;
 
-/* Run the case argv[1] names; returns the exit code (see above). */
-int worker_main(int argc, char **argv, const worker_case *cases, int ncases);
+/* Run the case argv[1] names; returns the exit code (see above).  begin
+ * (NULL for none) runs first, once rank and world are known, for what
+ * every mode of the worker prints or checks; when it returns non-zero
+ * (failures it did not report through fail()) or reports a failure, the
+ * case does not run. */
+int worker_main(int argc, char **argv, const worker_case *cases, int ncases,
+                int (*begin)(worker *w));
 
 /* main() for a worker whose modes are the array `cases`. */
-#define WORKER_MAIN(cases)                                                     \
-  int main(int argc, char **argv) {                                            \
-    return worker_main(argc, argv, cases, (int)(sizeof cases / sizeof *cases)); \
+#define WORKER_MAIN(cases) WORKER_MAIN_WITH(cases, NULL)
+
+/* The same with a begin function. */
+#define WORKER_MAIN_WITH(cases, begin)                                                    \
+  int main(int argc, char **argv) {                                                       \
+    return worker_main(argc, argv, cases, (int)(sizeof cases / sizeof *cases), begin);     \
   }
 
 #endif

@@ -34,6 +34,25 @@ void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
     }                                                                                    \
   } while (0)
 
+/* The closing lines of a steps mode (tests/cluster's workers): "END rank R
+ * host H status S ms MS step K: MSG" (how the steps ended: S the failing
+ * call's status, MS how long it took; OK, 0, the step count and "all
+ * steps" when none failed), then steps_destroy's "DESTROYED rank R status
+ * SYNC CTX" (the statuses of destroying the sync, NULL allowed, and the
+ * context, NULL: nothing to destroy, both OK) before the mesh goes. */
+void steps_end(int rank, const char *host, mpg_status st, double ms, int step, const char *msg);
+void steps_destroy(int rank, mpg_sync *s, mpg_ctx *ctx, mpg_mesh *mesh);
+
+/* Destroy ctx (when not NULL; a failure reported) and mesh. */
+void ctx_close(mpg_ctx *ctx, mpg_mesh *mesh);
+
+/* Report a failure and `goto done`. */
+#define FAIL_DONE(...)      \
+  do {                      \
+    fail(__VA_ARGS__);      \
+    goto done;              \
+  } while (0)
+
 /* Report a failed meshpg call (at file:line, with its status and message)
  * and go on. */
 #define CHECK(call)                                                                      \

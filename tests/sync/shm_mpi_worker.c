@@ -80,7 +80,8 @@
  *                            those files alone; rank 0 then removes them.
  *
  * Every rank prints "pid of rank R: PID", then "OK <mode> rank R" on
- * success or "FAIL <mode> rank R: ..." lines; exit code 0 / 1. */
+ * success or "FAIL <mode> rank R: ..." lines; exit code 0 / 1
+ * (worker_main.h). */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -98,8 +99,9 @@
 #include <unistd.h>
 
 #include "meshpg.h"
+#include "../support/sync_util.h"
 #include "../support/values.h"
-#include "../support/worker_report.h"
+#include "../support/worker_main.h"
 
 #define TMPFS_MAGIC_ 0x01021994
 
@@ -123,12 +125,7 @@ static float input(mpg_dtype dt, int r, int p, int s, size_t i) {
   return dt == MPG_BF16 ? tv_bf16_to_f32(tv_f32_to_bf16(x)) : x;
 }
 
-typedef struct vparam {
-  const char *name;
-  size_t count;
-  mpg_dtype dtype;
-  const char *reduce_dims;
-} vparam;
+typedef sync_param vparam; /* sync_util.h */
 
 /* The expected reduced value of element i of param p: the members of its
  * group (g, or the ranks listed in members[] for a sharded buffer) in
@@ -148,6 +145,29 @@ static uint32_t expect_bits(mpg_dtype dt, const int *members, int n, int p, int 
   uint32_t u;
   memcpy(&u, &acc, 4);
   return u;
+}
+
+/* This rank's gradients of step `step` into gv (f32 or bf16 each). */
+static void fill_grads(const vparam *ps, int np, void *const *gv, int step) {
+  for (int p = 0; p < np; p++)
+    for (size_t i = 0; i < ps[p].count; i++) {
+      float x = gen(g_rank, p, step, i);
+      if (ps[p].dtype == MPG_BF16) ((uint16_t *)gv[p])[i] = tv_f32_to_bf16(x);
+      else ((float *)gv[p])[i] = x;
+    }
+}
+
+/* A sync of the params ps[0 .. np-1] (buckets of 4 KB, the first 1 KB),
+ * replicate or shard mode, gradients scaled by grad_scale, committed; *s
+ * as soon as it exists. */
+static mpg_status vsync_make(mpg_ctx *ctx, const vparam *ps, int np, double grad_scale,
+                             int shard, mpg_sync **s) {
+  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
+  so.sync.bucket_mb = 0.004;
+  so.sync.first_bucket_mb = 0.001;
+  so.grad_scale = grad_scale;
+  if (shard) so.sync.mode = MPG_SYNC_SHARD;
+  return sync_make_params(ctx, &so, ps, np, s);
 }
 
 static int no_segment_of_mine(void) {
@@ -175,19 +195,7 @@ static void run_values(mpg_ctx *ctx, int shard) {
   mpg_sync *s = NULL;
   void *gv[16];
   mpg_shard_info info[16];
-  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.sync.bucket_mb = 0.004;
-  so.sync.first_bucket_mb = 0.001;
-  so.grad_scale = grad_scale;
-  if (shard) so.sync.mode = MPG_SYNC_SHARD;
-  TRY(mpg_sync_create(ctx, &so, &s));
-  for (int p = 0; p < np; p++) {
-    mpg_param_opts po = MPG_PARAM_OPTS_INIT;
-    po.reduce_dims = ps[p].reduce_dims;
-    int id;
-    TRY(mpg_sync_add_param(s, ps[p].name, ps[p].count, ps[p].dtype, &po, &id));
-  }
-  TRY(mpg_sync_commit(s));
+  TRY(vsync_make(ctx, ps, np, grad_scale, shard, &s));
   if (!no_segment_of_mine())
     fail("%s: a /dev/shm/meshpg-%ld-* entry still exists after commit", shard ? "shard" : "replicate",
          (long)getpid());
@@ -232,12 +240,7 @@ static void run_values(mpg_ctx *ctx, int shard) {
   long bad = 0;
   for (int step = 0; step < 2; step++) {
     if (step) TRY(mpg_sync_zero_grads(s));
-    for (int p = 0; p < np; p++)
-      for (size_t i = 0; i < ps[p].count; i++) {
-        float x = gen(g_rank, p, step, i);
-        if (ps[p].dtype == MPG_BF16) ((uint16_t *)gv[p])[i] = tv_f32_to_bf16(x);
-        else ((float *)gv[p])[i] = x;
-      }
+    fill_grads(ps, np, gv, step);
     TRY(mpg_sync_all(s, step, NULL));
     if (!mpg_sync_grads_valid(s)) fail("step %d: grads invalid", step);
     for (int p = 0; p < np; p++) {
@@ -318,17 +321,7 @@ static void run_hosts(mpg_ctx *ctx, double grad_scale, int shard) {
   mpg_sync *s = NULL;
   void *gv[4];
   mpg_shard_info info[4];
-  mpg_sync_opts so = MPG_SYNC_OPTS_INIT;
-  so.sync.bucket_mb = 0.004;
-  so.sync.first_bucket_mb = 0.001;
-  so.grad_scale = grad_scale;
-  if (shard) so.sync.mode = MPG_SYNC_SHARD;
-  TRY(mpg_sync_create(ctx, &so, &s));
-  for (int p = 0; p < np; p++) {
-    int id;
-    TRY(mpg_sync_add_param(s, ps[p].name, ps[p].count, ps[p].dtype, NULL, &id));
-  }
-  TRY(mpg_sync_commit(s));
+  TRY(vsync_make(ctx, ps, np, grad_scale, shard, &s));
   mpg_sync_stats stats = MPG_SYNC_STATS_INIT;
   TRY(mpg_sync_get_stats(s, &stats));
   /* both buffers (f32, bf16) hierarchical: shard mode's reduce-scatter too */
@@ -344,12 +337,7 @@ static void run_hosts(mpg_ctx *ctx, double grad_scale, int shard) {
   long bad = 0, owned = 0;
   for (int step = 0; step < 2; step++) {
     if (step && shard) TRY(mpg_sync_zero_grads(s));
-    for (int p = 0; p < np; p++)
-      for (size_t i = 0; i < ps[p].count; i++) {
-        float x = gen(g_rank, p, step, i);
-        if (ps[p].dtype == MPG_BF16) ((uint16_t *)gv[p])[i] = tv_f32_to_bf16(x);
-        else ((float *)gv[p])[i] = x;
-      }
+    fill_grads(ps, np, gv, step);
     TRY(mpg_sync_all(s, step, NULL));
     int premul = grad_scale != 1.0;
     for (int p = 0; p < np; p++)
@@ -404,18 +392,11 @@ done:
   return ctx;
 }
 
-static void close_ctx(mpg_ctx *ctx, mpg_mesh *mesh) {
-  if (ctx) {
-    mpg_status st = mpg_ctx_destroy(ctx);
-    if (st) fail("mpg_ctx_destroy -> %s", mpg_status_name(st));
-  }
-  mpg_mesh_destroy(mesh);
-}
-
-static void mode_hosts(int world) {
+static int mode_hosts(worker *w) {
+  int world = w->world;
   if (world != 4) {
     fail("hosts needs 4 ranks, not %d", world);
-    return;
+    return 0;
   }
   mpg_mesh *mesh;
   mpg_ctx *ctx = open_ctx("dp=4", 0, world, g_rank < 2 ? "hostA" : "hostB", &mesh);
@@ -427,13 +408,15 @@ static void mode_hosts(int world) {
     if (g_rank == 0 && !failures)
       printf("checked the hierarchical shm buffers, replicate and shard mode\n");
   }
-  close_ctx(ctx, mesh);
+  ctx_close(ctx, mesh);
+  return 0;
 }
 
-static void mode_values(int world) {
+static int mode_values(worker *w) {
+  int world = w->world;
   if (world != 2 && world != 4) {
     fail("values needs 2 or 4 ranks, not %d", world);
-    return;
+    return 0;
   }
   char dims[64];
   snprintf(dims, sizeof dims, "dp=2,cp=%d", world / 2);
@@ -444,7 +427,8 @@ static void mode_values(int world) {
     run_values(ctx, 1);
     if (g_rank == 0) printf("checked the shm buffers\n");
   }
-  close_ctx(ctx, mesh);
+  ctx_close(ctx, mesh);
+  return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -476,12 +460,7 @@ static mpg_sync *gather_sync(mpg_ctx *ctx, const vparam *ps, int np, double buck
   so.sync.mode = MPG_SYNC_SHARD;
   so.sync.bucket_mb = so.sync.first_bucket_mb = bucket_mb;
   snprintf(so.sync.shard_dims, sizeof so.sync.shard_dims, "%s", shard_dims);
-  TRY(mpg_sync_create(ctx, &so, &s));
-  for (int p = 0; p < np; p++) {
-    int id;
-    TRY(mpg_sync_add_param(s, ps[p].name, ps[p].count, ps[p].dtype, NULL, &id));
-  }
-  TRY(mpg_sync_commit(s));
+  TRY(sync_make_params(ctx, &so, ps, np, &s)); /* reduce_dims all NULL */
   return s;
 done:
   mpg_sync_destroy(s);
@@ -565,17 +544,19 @@ static void gather_round(int world, int round) {
 done:
   if (s_on && mpg_sync_destroy(s_on)) fail("mpg_sync_destroy (shared path) failed");
   if (s_off && mpg_sync_destroy(s_off)) fail("mpg_sync_destroy (MESHPG_SHM=0) failed");
-  close_ctx(on, mesh_on);
-  close_ctx(off, mesh_off);
+  ctx_close(on, mesh_on);
+  ctx_close(off, mesh_off);
 }
 
-static void mode_gather(int world) {
+static int mode_gather(worker *w) {
+  int world = w->world;
   if (world != 2 && world != 4) {
     fail("gather needs 2 or 4 ranks, not %d", world);
-    return;
+    return 0;
   }
   for (int round = 0; round < GATHER_ROUNDS && !failures; round++) gather_round(world, round);
   if (g_rank == 0 && !failures) printf("checked the shared-memory gather\n");
+  return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -652,7 +633,8 @@ done:
   if ((st = mpg_sync_destroy(s)) != MPG_OK) fail("mpg_sync_destroy -> %s", mpg_status_name(st));
 }
 
-static void mode_overflow(int world) {
+static int mode_overflow(worker *w) {
+  int world = w->world;
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
   /* Rank 0 decides (so both register the same counts):
@@ -684,15 +666,16 @@ static void mode_overflow(int world) {
            plan[0] == 1   ? "/dev/shm is not a mounted tmpfs"
            : plan[0] == 2 ? "statvfs(/dev/shm) failed"
                           : "/dev/shm is so large that the param would overflow");
-    return;
+    return 0;
   }
-  if (!ranks_are(world, 2)) return;
+  if (!ranks_are(world, 2)) return 0;
   if (!(ctx = open_ctx("dp=2", 0, world, NULL, &mesh))) goto done;
   overflow_case(ctx, (size_t)plan[1], plan[2], 0);
   if (plan[3]) overflow_case(ctx, (size_t)plan[3], plan[2], 1);
   else printf("SKIP overflow (slack): /dev/shm has only %llu bytes free\n", plan[2]);
 done:
-  close_ctx(ctx, mesh);
+  ctx_close(ctx, mesh);
+  return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -732,13 +715,15 @@ int posix_fallocate(int fd, off_t offset, off_t len) {
   return rc;
 }
 
-static void mode_killed(int world, const char *sig) {
+static int mode_killed(worker *w) {
+  int world = w->world;
+  const char *sig = w->argc > 0 ? w->argv[0] : NULL;
   int signo = !sig ? 0 : !strcmp(sig, "TERM") ? SIGTERM : !strcmp(sig, "KILL") ? SIGKILL : 0;
   if (!signo) {
     fail("killed needs KILL or TERM, not %s", sig ? sig : "nothing");
-    return;
+    return 0;
   }
-  if (!ranks_are(world, 2)) return;
+  if (!ranks_are(world, 2)) return 0;
   mpg_mesh *mesh;
   mpg_ctx *ctx = open_ctx("dp=2", 0, world, NULL, &mesh);
   mpg_sync *s = ctx ? one_param_sync(ctx, KILLED_COUNT) : NULL;
@@ -751,15 +736,17 @@ static void mode_killed(int world, const char *sig) {
          mpg_status_name(st), st ? mpg_last_error() : "");
     mpg_sync_destroy(s);
   }
-  close_ctx(ctx, mesh);
+  ctx_close(ctx, mesh);
+  return 0;
 }
 
 /* ------------------------------------------------------------------ */
 /* Names that exist already                                            */
 /* ------------------------------------------------------------------ */
 
-static void mode_existing(int world) {
-  if (!ranks_are(world, 2)) return;
+static int mode_existing(worker *w) {
+  int world = w->world;
+  if (!ranks_are(world, 2)) return 0;
   char names[4][96];
   int made = 0;
   if (g_rank == 0)
@@ -796,34 +783,23 @@ done:
     mpg_status st = mpg_sync_destroy(s);
     if (st) fail("mpg_sync_destroy -> %s", mpg_status_name(st));
   }
-  close_ctx(ctx, mesh);
+  ctx_close(ctx, mesh);
   for (int k = 0; k < made; k++)
     if (unlink(names[k]) != 0)
       fail("%s: %s (did the library remove a file it did not make?)", names[k], strerror(errno));
+  return 0;
 }
 
-int main(int argc, char **argv) {
-  if (argc < 2) {
-    printf("usage: shm_mpi_worker values | hosts | gather | overflow | killed KILL|TERM | "
-           "existing\n");
-    return 2;
-  }
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  g_mode = argv[1];
-  int provided, world;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  printf("pid of rank %d: %ld\n", g_rank, (long)getpid());
-  if (strcmp(g_mode, "values") == 0) mode_values(world);
-  else if (strcmp(g_mode, "hosts") == 0) mode_hosts(world);
-  else if (strcmp(g_mode, "gather") == 0) mode_gather(world);
-  else if (strcmp(g_mode, "overflow") == 0) mode_overflow(world);
-  else if (strcmp(g_mode, "killed") == 0) mode_killed(world, argc > 2 ? argv[2] : NULL);
-  else if (strcmp(g_mode, "existing") == 0) mode_existing(world);
-  else fail("unknown mode");
-  MPI_Finalize();
-  if (!failures) printf("OK %s rank %d\n", g_mode, g_rank);
-  fflush(stdout);
-  return failures ? 1 : 0;
+/* Every rank's pid first (the test looks for what a killed job left). */
+static int print_pid(worker *w) {
+  printf("pid of rank %d: %ld\n", w->rank, (long)getpid());
+  return 0;
 }
+
+/* Mode NAME runs mode_NAME; this program initialises MPI (serialized). */
+#define MODE(name, args, max_args) {#name, args, 0, max_args, mode_##name, WK_MPI_SERIALIZED}
+static const worker_case cases[] = {
+    MODE(values, "", 0), MODE(hosts, "", 0), MODE(gather, "", 0),
+    MODE(overflow, "", 0), MODE(killed, "KILL|TERM", 1), MODE(existing, "", 0),
+};
+WORKER_MAIN_WITH(cases, print_pid)

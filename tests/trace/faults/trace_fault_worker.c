@@ -12,7 +12,7 @@
  *   TF case K rank R STATUS STEP SLOT INJECTED REQUESTED WHAT|MESSAGE
  *
  * (STATUS: the first error's mpg_status number, 0 when every call was
- * OK); the test judges the dumps. */
+ * OK); the test judges the dumps (worker_main.h). */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,28 +20,18 @@
 #include <sys/stat.h>
 
 #include "fault_trace.h"
+#include "worker_main.h"
 
-int main(int argc, char **argv) {
-  if (argc < 5) {
-    printf("FAIL usage: trace_fault_worker SEED FIRST COUNT BASE [DRAW]\n");
-    return 2;
-  }
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  unsigned seed = (unsigned)strtoul(argv[1], NULL, 10);
-  int first = atoi(argv[2]), count = atoi(argv[3]);
-  const char *base = argv[4];
-  int draw = argc > 5 ? atoi(argv[5]) : TF_DRAW_ANY;
-  if (draw < 0 || draw >= TF_NDRAWS) {
-    printf("FAIL draw %d (0 to %d)\n", draw, TF_NDRAWS - 1);
-    return 2;
-  }
-  int provided = 0, rank = 0, world = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != TF_WORLD || provided < MPI_THREAD_MULTIPLE) {
-    printf("FAIL world %d (want %d), thread level %d\n", world, TF_WORLD, provided);
-    MPI_Finalize();
+static int run_cases(worker *w) {
+  unsigned seed = (unsigned)strtoul(w->argv[0], NULL, 10);
+  int first = atoi(w->argv[1]), count = atoi(w->argv[2]);
+  const char *base = w->argv[3];
+  int draw = w->argc > 4 ? atoi(w->argv[4]) : TF_DRAW_ANY;
+  int provided = 0, rank = w->rank, world = w->world;
+  MPI_Query_thread(&provided);
+  if (draw < 0 || draw >= TF_NDRAWS || world != TF_WORLD || provided < MPI_THREAD_MULTIPLE) {
+    printf("FAIL draw %d (0 to %d), world %d (want %d), thread level %d\n", draw,
+           TF_NDRAWS - 1, world, TF_WORLD, provided);
     return 1;
   }
   for (int k = first; k < first + count; k++) {
@@ -51,7 +41,7 @@ int main(int argc, char **argv) {
     tf_case_env(&c);
     if (rank == 0) mkdir(c.dir, 0700);
     MPI_Barrier(MPI_COMM_WORLD);
-    mpg_init_opts o = MPG_INIT_OPTS_INIT;
+    mpg_init_opts o = MPG_INIT_OPTS_INIT; /* the case's timeout, not worker_main's */
     o.backend.name = MPG_BACKEND_MPI;
     o.rank = rank;
     o.world_size = world;
@@ -61,9 +51,12 @@ int main(int argc, char **argv) {
       if (*p == '\n') *p = ' ';
     printf("TF case %d rank %d %d %d %d %d %d %s|%s\n", k, rank, (int)res.status, res.step,
            res.slot, res.injected, res.requested, res.what, res.message);
-    fflush(stdout);
     MPI_Barrier(MPI_COMM_WORLD);
   }
-  MPI_Finalize();
   return 0;
 }
+
+static const worker_case cases[] = {
+    {NULL, "SEED FIRST COUNT BASE [DRAW]", 4, 5, run_cases, WK_MPI | WK_OWN_LINES},
+};
+WORKER_MAIN(cases)

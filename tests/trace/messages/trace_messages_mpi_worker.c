@@ -4,7 +4,7 @@
  * dp=2,tp=2 (tp[1] = world ranks 2 and 3); world rank 2 skips the 8th of
  * its 8 tp all-reduces, then every rank calls a world barrier.  Each rank
  * prints one line, "TMSG R STATUS|MESSAGE" (OK and nothing when all its
- * calls succeeded), and exits 0; the dumps go to DIR.  The issue-order
+ * calls succeeded), and exits 0 (worker_main.h); the dumps go to DIR.  The issue-order
  * checker is off, so that MPI itself meets the skip. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,21 +12,16 @@
 
 #include "meshpg.h"
 #include "mesh_util.h"
+#include "worker_main.h"
 
-int main(int argc, char **argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: trace_messages_mpi_worker DIR TIMEOUT_S\n");
-    return 2;
-  }
-  setvbuf(stdout, NULL, _IOLBF, 0);
+static int run_job(worker *w) {
   setenv("MESHPG_CHECK_ORDER", "0", 1);
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
   mpg_group *tp = NULL, *world = NULL;
-  mpg_init_opts opts = MPG_INIT_OPTS_INIT;
-  opts.backend.name = MPG_BACKEND_MPI;
-  opts.backend.timeout_s = atof(argv[2]);
-  opts.trace_dir = argv[1];
+  mpg_init_opts opts = w->opts;
+  opts.backend.timeout_s = atof(w->argv[1]);
+  opts.trace_dir = w->argv[0];
   mpg_status st = mesh_build("dp=2,tp=2", NULL, 4, &mesh);
   if (st == MPG_OK) st = mpg_ctx_create(mesh, &opts, &ctx);
   if (st == MPG_OK) st = mpg_ctx_group(ctx, "tp", &tp);
@@ -44,3 +39,6 @@ int main(int argc, char **argv) {
   mpg_mesh_destroy(mesh);
   return 0;
 }
+
+static const worker_case cases[] = {{NULL, "DIR TIMEOUT_S", 2, 2, run_job, WK_OWN_LINES}};
+WORKER_MAIN(cases)

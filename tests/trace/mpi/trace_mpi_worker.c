@@ -14,7 +14,8 @@
  *   TM rank R STATUS|MESSAGE
  *
  * (STATUS: the first failing call's status name, OK when none failed),
- * destroys its context and exits 0; the flight recorder dumps go to DIR. */
+ * destroys its context and exits 0 (worker_main.h); the flight recorder
+ * dumps go to DIR. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,25 +23,20 @@
 
 #include "meshpg.h"
 #include "mesh_util.h"
+#include "worker_main.h"
 
 #define TM_WORLD 4
 #define TM_OPS 4
 
-int main(int argc, char **argv) {
-  if (argc < 4) {
-    printf("FAIL usage: trace_mpi_worker DIR OWN TIMEOUT_S\n");
-    return 2;
-  }
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  int own = atoi(argv[2]), provided = 0;
+static int run_job(worker *w) {
+  int own = atoi(w->argv[1]), provided = 0;
   setenv("MESHPG_CHECK_ORDER", "0", 1);
-  if (own) MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  if (own) MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
   mpg_mesh *mesh = NULL;
   mpg_status st = mesh_build("dp=2,tp=2", NULL, TM_WORLD, &mesh);
-  mpg_init_opts o = MPG_INIT_OPTS_INIT;
-  o.backend.name = MPG_BACKEND_MPI; /* rank and world from mpirun's environment */
-  o.backend.timeout_s = atof(argv[3]);
-  o.trace_dir = argv[1];
+  mpg_init_opts o = w->opts; /* rank and world from mpirun's environment */
+  o.backend.timeout_s = atof(w->argv[2]);
+  o.trace_dir = w->argv[0];
   mpg_ctx *ctx = NULL;
   mpg_group *tp = NULL, *world = NULL;
   if (!st) st = mpg_ctx_create(mesh, &o, &ctx);
@@ -64,3 +60,6 @@ int main(int argc, char **argv) {
   if (own) MPI_Finalize();
   return 0;
 }
+
+static const worker_case cases[] = {{NULL, "DIR OWN TIMEOUT_S", 3, 3, run_job, WK_OWN_LINES}};
+WORKER_MAIN(cases)
