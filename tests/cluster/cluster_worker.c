@@ -83,18 +83,13 @@ static double now_ms(void) {
 /* Values                                                              */
 /* ------------------------------------------------------------------ */
 
-/* Rank r's gradient element i of param p at step s: in [-3, 3), a full
- * f32 mantissa. */
-static float gen(int r, int p, int s, size_t i) {
-  uint64_t h = tv_mix64(tv_mix64(tv_mix64(0xc1u + (uint64_t)r) ^
-                                 ((uint64_t)p << 32 | (uint64_t)s)) ^
-                        (uint64_t)i);
-  return (float)(((double)(h >> 11) * 0x1p-53 - 0.5) * 6.0);
-}
+/* Rank r's gradient element i of param p at step s (values.h's tv_grad
+ * under this worker's seed), and as it writes it in dtype dt. */
+#define GEN_SEED 0xc1u
+static float gen(int r, int p, int s, size_t i) { return tv_grad(GEN_SEED, r, p, s, i); }
 
 static float input(mpg_dtype dt, int r, int p, int s, size_t i) {
-  float x = gen(r, p, s, i);
-  return dt == MPG_BF16 ? tv_bf16_to_f32(tv_f32_to_bf16(x)) : x;
+  return tv_grad_in(GEN_SEED, dt == MPG_BF16, r, p, s, i);
 }
 
 /* How a group is reduced, by the rules of sync.md ("Shared memory"). */

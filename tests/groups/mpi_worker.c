@@ -268,6 +268,16 @@ static int run_collectives(worker *wk) {
   return 0;
 }
 
+/* Destroy an aborted context and its mesh; timed: within tb_bound(0.5 s). */
+static void destroy_aborted(mpg_ctx *ctx, mpg_mesh *mesh, int world, int timed) {
+  double t0 = now_s();
+  mpg_status st = mpg_ctx_destroy(ctx);
+  double dt = now_s() - t0;
+  if (st) fail("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
+  if (timed && dt > tb_bound(0.5, world)) fail("mpg_ctx_destroy after the abort took %.3f s", dt);
+  mpg_mesh_destroy(mesh);
+}
+
 static int run_timeout(worker *wk) {
   int world = wk->world;
   const double timeout = test_timeout();
@@ -329,13 +339,7 @@ static int run_timeout(worker *wk) {
       printf("rank %d (late): all_reduce -> %s after %.3f s\n", g_rank,
              mpg_status_name(st), dt);
   }
-  double t0 = now_s();
-  st = mpg_ctx_destroy(ctx);
-  double dt = now_s() - t0;
-  if (st) fail("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
-  if (!late && dt > tb_bound(0.5, world))
-    fail("mpg_ctx_destroy after the abort took %.3f s", dt);
-  mpg_mesh_destroy(mesh);
+  destroy_aborted(ctx, mesh, world, !late);
   return 0;
 }
 
@@ -462,11 +466,11 @@ static int run_env_refused(int world, const char *what, const char *also) {
 static int run_split_timeout(worker *wk) {
   int world = wk->world;
   const double timeout = test_timeout();
+  int late = g_rank == world - 1;
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
   mpg_status st = MPG_OK;
   if (setup(world, timeout, 1, &mesh, &ctx)) return 1;
-  int late = g_rank == world - 1;
   if (late) {
     sleep_s(timeout + 1.5);
   }
@@ -485,12 +489,7 @@ static int run_split_timeout(worker *wk) {
   if (st != MPG_ERR_ABORTED)
     fail("all_reduce on world after the timeout returned %s, expected ERR_ABORTED",
          mpg_status_name(st));
-  t0 = now_s();
-  st = mpg_ctx_destroy(ctx);
-  dt = now_s() - t0;
-  if (st) fail("mpg_ctx_destroy -> %s: %s", mpg_status_name(st), mpg_last_error());
-  if (dt > tb_bound(0.5, world)) fail("mpg_ctx_destroy after the abort took %.3f s", dt);
-  mpg_mesh_destroy(mesh);
+  destroy_aborted(ctx, mesh, world, 1);
   return 0;
 }
 

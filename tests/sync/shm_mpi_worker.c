@@ -110,19 +110,13 @@
 /* Values                                                              */
 /* ------------------------------------------------------------------ */
 
-/* Rank r's gradient element i of param p at step s: a non-integer in
- * [-3, 3) with a full f32 mantissa. */
-static float gen(int r, int p, int s, size_t i) {
-  uint64_t h = tv_mix64(tv_mix64(tv_mix64(0x5eedull + (uint64_t)r) ^
-                                 ((uint64_t)p << 32 | (uint64_t)s)) ^
-                        (uint64_t)i);
-  return (float)(((double)(h >> 11) * 0x1p-53 - 0.5) * 6.0);
-}
+/* Rank r's gradient element i of param p at step s (values.h's tv_grad
+ * under this worker's seed), and as it writes it in dtype dt. */
+#define GEN_SEED 0x5eedull
+static float gen(int r, int p, int s, size_t i) { return tv_grad(GEN_SEED, r, p, s, i); }
 
-/* What rank r writes: f32 as generated, bf16 rounded from it. */
 static float input(mpg_dtype dt, int r, int p, int s, size_t i) {
-  float x = gen(r, p, s, i);
-  return dt == MPG_BF16 ? tv_bf16_to_f32(tv_f32_to_bf16(x)) : x;
+  return tv_grad_in(GEN_SEED, dt == MPG_BF16, r, p, s, i);
 }
 
 typedef sync_param vparam; /* sync_util.h */
