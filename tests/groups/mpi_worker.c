@@ -213,6 +213,16 @@ int timed_out(const char *what, const char *call, mpg_status st, double dt, doub
   return 0;
 }
 
+/* The start of the modes whose waiters time out: setup with `timeout`,
+ * the world group (*wg), one healthy barrier on it.  1 when setup failed
+ * (reported; nothing left to free). */
+int healthy_world(int world, double timeout, mpg_mesh **mesh, mpg_ctx **ctx, mpg_group **wg) {
+  if (setup(world, timeout, 0, mesh, ctx)) return 1;
+  CHECK(mpg_ctx_group(*ctx, "world", wg));
+  CHECK(mpg_barrier(*wg, NULL)); /* everybody is healthy first */
+  return 0;
+}
+
 /* 1 if any check of this mode failed. */
 int failed(void) { return failures != 0; }
 

@@ -34,6 +34,7 @@ int failed(void);
 int timed_out(const char *what, const char *call, mpg_status st, double dt, double timeout,
               int world);
 int setup(int world, double timeout_s, int lazy, mpg_mesh **mesh, mpg_ctx **ctx);
+int healthy_world(int world, double timeout, mpg_mesh **mesh, mpg_ctx **ctx, mpg_group **wg);
 void test_all_reduce(const grp *G);
 void test_async(const grp *G);
 void test_broadcast(const grp *G);

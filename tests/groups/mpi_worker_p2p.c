@@ -379,14 +379,12 @@ int run_all_to_all(worker *wk) {
 
 /* Rank 0 exchanges with the last rank, which never posts its side. */
 int run_p2p_timeout(worker *wk) {
-  int world = wk->world;
   const double timeout = test_timeout();
+  int world = wk->world;
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
-  if (setup(world, timeout, 0, &mesh, &ctx)) return 1;
   mpg_group *wg = NULL;
-  CHECK(mpg_ctx_group(ctx, "world", &wg));
-  CHECK(mpg_barrier(wg, NULL)); /* everybody is healthy first */
+  if (healthy_world(world, timeout, &mesh, &ctx, &wg)) return 1;
   if (g_rank == 0) {
     int32_t s[4] = {1, 2, 3, 4}, r[4];
     mpg_p2p_op ops[2] = {{MPG_P2P_SEND, world - 1, s, 4, MPG_I32},
@@ -405,8 +403,7 @@ int run_p2p_timeout(worker *wk) {
   } else if (g_rank == world - 1) {
     sleep_s(timeout + 1.5); /* never posts */
   }
-  CHECK(mpg_ctx_destroy(ctx));
-  mpg_mesh_destroy(mesh);
+  ctx_close(ctx, mesh);
   return 0;
 }
 
@@ -415,15 +412,13 @@ int run_p2p_timeout(worker *wk) {
  * scribbled over after the timeout (staged: MPI must never write them
  * late), the rest from mpg_ctx_mem_alloc (zero-copy: freed late). */
 int run_a2a_timeout(worker *wk) {
+  enum { N = 1000 }; /* per member: past the eager limit */
   int world = wk->world;
   const double timeout = test_timeout();
   mpg_mesh *mesh = NULL;
   mpg_ctx *ctx = NULL;
-  if (setup(world, timeout, 0, &mesh, &ctx)) return 1;
   mpg_group *wg = NULL;
-  CHECK(mpg_ctx_group(ctx, "world", &wg));
-  CHECK(mpg_barrier(wg, NULL)); /* everybody is healthy first */
-  enum { N = 1000 };            /* per member: past the eager limit */
+  if (healthy_world(world, timeout, &mesh, &ctx, &wg)) return 1;
   size_t bytes = (size_t)world * N * sizeof(float);
   float *send = malloc(bytes), *recv = NULL;
   CHECK(mpg_ctx_mem_alloc(ctx, bytes, 0, (void **)&recv));
