@@ -7,7 +7,7 @@
 
 #include "ckpt_shared.h"
 #include "groups_internal.h"
-#include "sync_internal.h"
+#include "sync_core.h"
 
 mpg_status mpg_ckpt_create(mpg_ctx *ctx, const mpg_ckpt_opts *opts, mpg_ckpt **out) {
   if (out) *out = NULL;

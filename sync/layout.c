@@ -1,12 +1,12 @@
 /* mpg_sync_commit: resolve each parameter's reduce group, lay out one
  * buffer per (dtype, reduce group, tied group) in backward order, and cut
- * the buckets (see sync_internal.h). */
+ * the buckets (see sync_core.h). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "sync_internal.h"
+#include "sync_core.h"
 
 static size_t mib_bytes(double mb) {
   double b = mb * MIB;

@@ -1,6 +1,6 @@
 /* Shard mode (opts.sync.mode = MPG_SYNC_SHARD): a distributed optimizer and
  * HSDP on top of the replicate layout (see include/meshpg.h, "Sharded data
- * parallel", and sync_internal.h).
+ * parallel", and sync_core.h).
  *
  *  - Groups: the shard group (shard_dims, default the default reduce
  *    group's dims) and, with replicate_dims, the replicate group.  The
@@ -34,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sync_internal.h"
+#include "sync_core.h"
 
 static size_t gcd_size(size_t a, size_t b) {
   while (b) {

@@ -1,11 +1,11 @@
 /* The step: begin, mark_ready (launch buckets in order as they fill),
  * finish (wait, sum tied buffers, order the caller's stream), zero_grads
- * (see sync_internal.h). */
+ * (see sync_core.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "sync_internal.h"
+#include "sync_core.h"
 
 /* Wait for (and release) every bucket still in flight. */
 void mpg__sync_wait_all(mpg_sync *s) {

@@ -1,13 +1,13 @@
 /* The sync module's front: options, create and destroy, parameter
  * registration and the getters.  The design is described in
- * sync_internal.h; commit lives in layout.c, the step in step.c. */
+ * sync_core.h; commit lives in layout.c, the step in step.c. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "sync_internal.h"
+#include "sync_core.h"
 
 /* ------------------------------------------------------------------ */
 /* Helpers                                                             */

@@ -23,8 +23,8 @@ usage: check_layout.py SOURCE_ROOT LIBMESHPG_A TOOLS_OBJECTS...
    groups/include, to the .c of its stem in the module's root); a header
    with no .c of its stem (backend.h, groups_internal.h, channel.h), and a
    header named for its directory or module (topo/topo_internal.h,
-   sync/sync_internal.h, mesh/include/mesh_internal.h: the directory's
-   shared header, whatever file shares its name), is a room of its own: including it depends on nobody, but what it includes
+   mesh/include/mesh_internal.h: the directory's shared header, whatever
+   file shares its name), is a room of its own: including it depends on nobody, but what it includes
    counts for the file that includes it, and what a header includes counts
    for the file it belongs to.  A cycle through a struct of a header or a
    function pointer, which nm cannot see, shows here (issue 47).  Each

@@ -1,4 +1,5 @@
-/* The sync module's internals, shared by sync.c (options, create, params,
+/* The sync module's core (sync_core.h, named for no file: it is shared,
+ * not sync.c's), included by sync.c (options, create, params,
  * getters), layout.c (commit), step.c (begin .. finish) and shard.c (shard
  * mode).  struct mpg_sync keeps its options and identity at the top and
  * the rest by phase: `layout` (the params, and what mpg_sync_commit lays
@@ -69,8 +70,8 @@
  *    it): the next begin says so.
  *
  * Nothing here knows which backend runs: only the public groups API. */
-#ifndef MPG_SYNC_INTERNAL_H
-#define MPG_SYNC_INTERNAL_H
+#ifndef MPG_SYNC_CORE_H
+#define MPG_SYNC_CORE_H
 
 #include <stddef.h>
 
